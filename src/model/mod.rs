@@ -1,1 +1,102 @@
-//! TODO
+//! The se_e2_a + ener model: hyper-parameters, the flat parameter vector and its layout,
+//! statistics (davg/dstd, energy bias) and file formats.
+
+mod init;
+mod layout;
+
+pub use init::init_params;
+pub use layout::{embed_net_index, Layer, Net, ParamLayout, Skip, TensorInfo};
+
+use serde::{Deserialize, Serialize};
+
+/// Hyper-parameters of the se_e2_a descriptor (spec §3–§6).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DescriptorSpec {
+    pub rcut: f64,
+    pub rcut_smth: f64,
+    pub sel: Vec<usize>,
+    pub neuron: Vec<usize>,
+    pub axis_neuron: usize,
+    pub resnet_dt: bool,
+    pub type_one_side: bool,
+    pub env_protection: f64,
+    pub set_davg_zero: bool,
+}
+
+impl DescriptorSpec {
+    pub fn nnei(&self) -> usize {
+        self.sel.iter().sum()
+    }
+    /// Width of the embedding output (M1).
+    pub fn m1(&self) -> usize {
+        *self.neuron.last().expect("neuron is never empty")
+    }
+    /// Start of each neighbour-type section within a centre's slots, plus the total at the end.
+    pub fn sections(&self) -> Vec<usize> {
+        let mut s = vec![0];
+        for &n in &self.sel {
+            s.push(s.last().unwrap() + n);
+        }
+        s
+    }
+}
+
+/// Hyper-parameters of the `ener` fitting net (spec §7).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FittingSpec {
+    pub neuron: Vec<usize>,
+    pub resnet_dt: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    pub type_map: Vec<String>,
+    pub descriptor: DescriptorSpec,
+    pub fitting: FittingSpec,
+}
+
+impl ModelSpec {
+    pub fn ntypes(&self) -> usize {
+        self.type_map.len()
+    }
+    pub fn dim_descrpt(&self) -> usize {
+        self.descriptor.m1() * self.descriptor.axis_neuron
+    }
+}
+
+/// A complete model: hyper-parameters, trainable parameters (always stored in f64; backends
+/// convert to their precision) and the non-trainable statistics.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Model {
+    pub spec: ModelSpec,
+    pub params: Vec<f64>,
+    /// davg row per centre type, `[ntypes][4]` (DeePMD stores `[ntypes][nnei][4]` with equal rows).
+    pub davg: Vec<f64>,
+    /// dstd row per centre type, `[ntypes][4]`.
+    pub dstd: Vec<f64>,
+    /// Energy added to every atom of a type: DeePMD's `out_bias + bias_atom_e`, `[ntypes]`.
+    pub bias: Vec<f64>,
+    /// Residual energy std per type after the bias fit (DeePMD's `out_std`), kept for export.
+    pub out_std: Vec<f64>,
+}
+
+impl Model {
+    pub fn layout(&self) -> ParamLayout {
+        ParamLayout::new(&self.spec)
+    }
+
+    /// A model with freshly initialised parameters, zero mean and unit std statistics, zero bias.
+    pub fn new(spec: ModelSpec, seed: u64) -> Self {
+        let layout = ParamLayout::new(&spec);
+        let nt = spec.ntypes();
+        let params = init_params(&layout, seed);
+        Model {
+            spec,
+            params,
+            davg: vec![0.0; nt * 4],
+            dstd: vec![1.0; nt * 4],
+            bias: vec![0.0; nt],
+            out_std: vec![1.0; nt],
+        }
+    }
+}
