@@ -1,1 +1,248 @@
-//! TODO
+//! The op-level Backend trait. The training step (`crate::train::step`) calls only these ops, so
+//! a backend is a folder implementing them and nothing else changes. Ops are named alike in
+//! `src/backend/cpu/`, `shaders/` and `kernels/`.
+//!
+//! Shapes (see [`Dims`]): C centres, S slots, per slot `rhat[4]`, `jac[4][3]` (∂R̂/∂r_ij),
+//! `rij[3]`; per centre `a[M1][4]`, `desc[M1·M2]`. Dense-layer ops work on a row range of
+//! row-major matrices, so one call serves the atoms of one type or the slots of one block.
+
+pub mod cpu;
+mod dims;
+mod real;
+
+pub use dims::Dims;
+pub use real::Real;
+
+use std::ops::Range;
+
+use crate::model::Layer;
+
+/// Switch-function and protection parameters of the environment matrix (spec §3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EnvParams {
+    pub rcut: f64,
+    pub rcut_smth: f64,
+    pub protection: f64,
+}
+
+/// Loss prefactors in effect at a step, already multiplied by the label's presence (spec §9).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Prefactors {
+    pub e: f64,
+    pub f: f64,
+    pub v: f64,
+}
+
+/// Per-batch sums from which the loss and the displayed RMSEs follow (all in f64).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossSums {
+    /// Σ_frames ΔE², Σ ΔF² (all components), Σ ΔW² (all components).
+    pub e2: f64,
+    pub f2: f64,
+    pub v2: f64,
+}
+
+/// Adam hyper-parameters for one update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamStep {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// 1-based step count for the bias corrections.
+    pub t: u64,
+}
+
+/// Buffers of one dense layer, for the rows of one op call.
+pub struct DenseIo<'a, B> {
+    /// Input `[rows][nin]`.
+    pub x: &'a B,
+    /// tanh(z) (or z for the linear layer) `[rows][nout]`.
+    pub h: &'a B,
+}
+
+pub trait Backend<T: Real>: Sync {
+    /// A device vector of T.
+    type Buf: Send + Sync;
+    /// A device vector of i32.
+    type Idx: Send + Sync;
+
+    fn name(&self) -> String;
+
+    fn upload(&self, x: &[T]) -> Self::Buf;
+    fn upload_idx(&self, x: &[i32]) -> Self::Idx;
+    fn download(&self, b: &Self::Buf) -> Vec<T>;
+    fn zeros(&self, n: usize) -> Self::Buf;
+    fn fill(&self, b: &mut Self::Buf, v: T);
+    fn len(&self, b: &Self::Buf) -> usize;
+
+    /// R̂, ∂R̂/∂r_ij and s = R̂[0] of every slot; padded slots (owner < 0) get R = 0, J = 0.
+    #[allow(clippy::too_many_arguments)]
+    fn env_mat(
+        &self,
+        d: &Dims,
+        env: EnvParams,
+        rij: &Self::Buf,
+        owner: &Self::Idx,
+        davg: &Self::Buf,
+        dstd: &Self::Buf,
+        rhat: &mut Self::Buf,
+        jac: &mut Self::Buf,
+        s: &mut Self::Buf,
+    );
+
+    /// One dense layer forward on `rows`: z = xW + b, h = tanh(z) (z if linear),
+    /// y = h·idt + skip(x).
+    fn dense_forward(
+        &self,
+        layer: &Layer,
+        params: &Self::Buf,
+        rows: Range<usize>,
+        x: &Self::Buf,
+        h: &mut Self::Buf,
+        y: &mut Self::Buf,
+    );
+
+    /// Input gradient of one layer: x̄ = (φ'(z)⊙(ȳ·idt))Wᵀ + skipᵀ(ȳ).
+    fn dense_backward(
+        &self,
+        layer: &Layer,
+        params: &Self::Buf,
+        rows: Range<usize>,
+        io: DenseIo<Self::Buf>,
+        ybar: &Self::Buf,
+        xbar: &mut Self::Buf,
+    );
+
+    /// Forward tangent: ż = ẋW, ẏ = φ'(z)⊙ż·idt + skip(ẋ).
+    #[allow(clippy::too_many_arguments)]
+    fn dense_tangent(
+        &self,
+        layer: &Layer,
+        params: &Self::Buf,
+        rows: Range<usize>,
+        h: &Self::Buf,
+        xdot: &Self::Buf,
+        zdot: &mut Self::Buf,
+        ydot: &mut Self::Buf,
+    );
+
+    /// Reverse pass on (value, tangent) pairs (DESIGN.md, "dual reverse"): accumulates W̄, b̄,
+    /// īdt into `grad` at the layer's offsets and, when asked, writes x̄ and ẋ̄. When `scale` is
+    /// given, the stored tangents ẋ, ż of row r are multiplied by `scale[r]` (the embedding
+    /// net stores its tangents for a unit input tangent).
+    #[allow(clippy::too_many_arguments)]
+    fn dense_dual_backward(
+        &self,
+        layer: &Layer,
+        params: &Self::Buf,
+        rows: Range<usize>,
+        io: DenseIo<Self::Buf>,
+        xdot: &Self::Buf,
+        zdot: &Self::Buf,
+        scale: Option<&Self::Buf>,
+        ybar: &Self::Buf,
+        ydotbar: &Self::Buf,
+        grad: &mut Self::Buf,
+        xbar: Option<(&mut Self::Buf, &mut Self::Buf)>,
+    );
+
+    /// A_c = (1/nnei) Σ_slots G ⊗ R̂ and D_c = A_c A_c<ᵀ.
+    fn contract_forward(&self, d: &Dims, g: &Self::Buf, rhat: &Self::Buf, a: &mut Self::Buf, desc: &mut Self::Buf);
+
+    /// Ā = D̄ A< + [D̄ᵀ A] in the first M2 rows.
+    fn contract_backward(&self, d: &Dims, a: &Self::Buf, dbar: &Self::Buf, abar: &mut Self::Buf);
+
+    /// Per slot: R̄ = (1/nnei)(Āᵀ G) + e₀ (1/nnei)(G'·Ā R̂), q = Jᵀ R̄ = ∂E/∂r_ij.
+    #[allow(clippy::too_many_arguments)]
+    fn slot_backward(
+        &self,
+        d: &Dims,
+        abar: &Self::Buf,
+        g: &Self::Buf,
+        gp: &Self::Buf,
+        rhat: &Self::Buf,
+        jac: &Self::Buf,
+        q: &mut Self::Buf,
+    );
+
+    /// Tangent of the contraction: Ȧ = (1/nnei) Σ (G'ṡ ⊗ R̂ + G ⊗ Ṙ), Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ.
+    #[allow(clippy::too_many_arguments)]
+    fn contract_tangent(
+        &self,
+        d: &Dims,
+        g: &Self::Buf,
+        gp: &Self::Buf,
+        rhat: &Self::Buf,
+        rdot: &Self::Buf,
+        a: &Self::Buf,
+        adot: &mut Self::Buf,
+        ddot: &mut Self::Buf,
+    );
+
+    /// Dual reverse of the contraction down to the slots: Ḡ and Ġ̄ per slot.
+    #[allow(clippy::too_many_arguments)]
+    fn contract_dual(
+        &self,
+        d: &Dims,
+        a: &Self::Buf,
+        adot: &Self::Buf,
+        dbar: &Self::Buf,
+        ddotbar: &Self::Buf,
+        rhat: &Self::Buf,
+        rdot: &Self::Buf,
+        gbar: &mut Self::Buf,
+        gdotbar: &mut Self::Buf,
+    );
+
+    /// Per-frame energy E_f = Σ atoms (E_atom + bias[type]) and the per-centre energies with bias.
+    fn energy(&self, d: &Dims, e_fit: &Self::Buf, bias: &Self::Buf, e_atom: &mut Self::Buf, energy: &mut Self::Buf);
+
+    /// F = Σ own slots q − Σ slots owned q; W = −Σ q ⊗ r_ij per frame. `centre_atom[c]` and
+    /// `owner` are batch atom indices `frame·natoms + atom`.
+    #[allow(clippy::too_many_arguments)]
+    fn force_virial(
+        &self,
+        d: &Dims,
+        q: &Self::Buf,
+        rij: &Self::Buf,
+        owner: &Self::Idx,
+        centre_atom: &Self::Idx,
+        force: &mut Self::Buf,
+        virial: &mut Self::Buf,
+    );
+
+    /// Residuals of a batch and the seeds of the gradient pass: `ebar[c]` = ∂L/∂E of the
+    /// centre's frame; `fres`, `vres` = ∂L/∂F, ∂L/∂W (the loss is a mean over frames).
+    #[allow(clippy::too_many_arguments)]
+    fn loss(
+        &self,
+        d: &Dims,
+        pref: Prefactors,
+        pred: [&Self::Buf; 3],
+        label: [&Self::Buf; 3],
+        centre_atom: &Self::Idx,
+        ebar: &mut Self::Buf,
+        fres: &mut Self::Buf,
+        vres: &mut Self::Buf,
+    ) -> LossSums;
+
+    /// The force/virial seed as a tangent of the environment: u_ij = fres_i − fres_owner(j) −
+    /// vres·r_ij, Ṙ = J u.
+    #[allow(clippy::too_many_arguments)]
+    fn virtual_tangent(
+        &self,
+        d: &Dims,
+        fres: &Self::Buf,
+        vres: &Self::Buf,
+        jac: &Self::Buf,
+        rij: &Self::Buf,
+        owner: &Self::Idx,
+        centre_atom: &Self::Idx,
+        rdot: &mut Self::Buf,
+        sdot: &mut Self::Buf,
+    );
+
+    /// Adam (torch's form, bias-corrected) on the whole parameter vector.
+    fn adam(&self, s: AdamStep, params: &mut Self::Buf, grad: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf);
+}

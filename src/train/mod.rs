@@ -1,1 +1,5 @@
-//! TODO
+//! Training: batch assembly, the step over the Backend trait, and (later) the trainer loop.
+
+pub mod batch;
+pub mod step;
+pub mod predict;

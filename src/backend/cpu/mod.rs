@@ -1,0 +1,208 @@
+//! The reference backend: plain Rust on host memory, parallel with rayon.
+
+mod adam;
+mod contract;
+mod dense;
+mod env_mat;
+mod loss;
+mod scatter;
+
+pub use env_mat::env_row;
+
+use std::ops::Range;
+
+use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
+use crate::model::Layer;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+impl Cpu {
+    pub fn threads(&self) -> usize {
+        rayon::current_num_threads()
+    }
+}
+
+impl<T: Real> Backend<T> for Cpu {
+    type Buf = Vec<T>;
+    type Idx = Vec<i32>;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.threads())
+    }
+    fn upload(&self, x: &[T]) -> Vec<T> {
+        x.to_vec()
+    }
+    fn upload_idx(&self, x: &[i32]) -> Vec<i32> {
+        x.to_vec()
+    }
+    fn download(&self, b: &Vec<T>) -> Vec<T> {
+        b.clone()
+    }
+    fn zeros(&self, n: usize) -> Vec<T> {
+        vec![T::zero(); n]
+    }
+    fn fill(&self, b: &mut Vec<T>, v: T) {
+        b.fill(v);
+    }
+    fn len(&self, b: &Vec<T>) -> usize {
+        b.len()
+    }
+
+    fn env_mat(
+        &self,
+        d: &Dims,
+        env: EnvParams,
+        rij: &Vec<T>,
+        owner: &Vec<i32>,
+        davg: &Vec<T>,
+        dstd: &Vec<T>,
+        rhat: &mut Vec<T>,
+        jac: &mut Vec<T>,
+        s: &mut Vec<T>,
+    ) {
+        env_mat::env_mat(d, env, rij, owner, davg, dstd, rhat, jac, s);
+    }
+
+    fn dense_forward(&self, l: &Layer, p: &Vec<T>, rows: Range<usize>, x: &Vec<T>, h: &mut Vec<T>, y: &mut Vec<T>) {
+        dense::forward(l, p, rows, x, h, y);
+    }
+
+    fn dense_backward(&self, l: &Layer, p: &Vec<T>, rows: Range<usize>, io: DenseIo<Vec<T>>, ybar: &Vec<T>, xbar: &mut Vec<T>) {
+        dense::backward(l, p, rows, io.h, ybar, xbar);
+    }
+
+    fn dense_tangent(
+        &self,
+        l: &Layer,
+        p: &Vec<T>,
+        rows: Range<usize>,
+        h: &Vec<T>,
+        xdot: &Vec<T>,
+        zdot: &mut Vec<T>,
+        ydot: &mut Vec<T>,
+    ) {
+        dense::tangent(l, p, rows, h, xdot, zdot, ydot);
+    }
+
+    fn dense_dual_backward(
+        &self,
+        l: &Layer,
+        p: &Vec<T>,
+        rows: Range<usize>,
+        io: DenseIo<Vec<T>>,
+        xdot: &Vec<T>,
+        zdot: &Vec<T>,
+        scale: Option<&Vec<T>>,
+        ybar: &Vec<T>,
+        ydotbar: &Vec<T>,
+        grad: &mut Vec<T>,
+        xbar: Option<(&mut Vec<T>, &mut Vec<T>)>,
+    ) {
+        let xbar = xbar.map(|(a, b)| (a.as_mut_slice(), b.as_mut_slice()));
+        let scale = scale.map(|s| s.as_slice());
+        dense::dual_backward(l, p, rows, io.x, io.h, xdot, zdot, scale, ybar, ydotbar, grad, xbar);
+    }
+
+    fn contract_forward(&self, d: &Dims, g: &Vec<T>, rhat: &Vec<T>, a: &mut Vec<T>, desc: &mut Vec<T>) {
+        contract::forward(d, g, rhat, a, desc);
+    }
+
+    fn contract_backward(&self, d: &Dims, a: &Vec<T>, dbar: &Vec<T>, abar: &mut Vec<T>) {
+        contract::backward(d, a, dbar, abar);
+    }
+
+    fn slot_backward(
+        &self,
+        d: &Dims,
+        abar: &Vec<T>,
+        g: &Vec<T>,
+        gp: &Vec<T>,
+        rhat: &Vec<T>,
+        jac: &Vec<T>,
+        q: &mut Vec<T>,
+    ) {
+        contract::slot_backward(d, abar, g, gp, rhat, jac, q);
+    }
+
+    fn contract_tangent(
+        &self,
+        d: &Dims,
+        g: &Vec<T>,
+        gp: &Vec<T>,
+        rhat: &Vec<T>,
+        rdot: &Vec<T>,
+        a: &Vec<T>,
+        adot: &mut Vec<T>,
+        ddot: &mut Vec<T>,
+    ) {
+        contract::tangent(d, g, gp, rhat, rdot, a, adot, ddot);
+    }
+
+    fn contract_dual(
+        &self,
+        d: &Dims,
+        a: &Vec<T>,
+        adot: &Vec<T>,
+        dbar: &Vec<T>,
+        ddotbar: &Vec<T>,
+        rhat: &Vec<T>,
+        rdot: &Vec<T>,
+        gbar: &mut Vec<T>,
+        gdotbar: &mut Vec<T>,
+    ) {
+        contract::dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar);
+    }
+
+    fn energy(&self, d: &Dims, e_fit: &Vec<T>, bias: &Vec<T>, e_atom: &mut Vec<T>, energy: &mut Vec<T>) {
+        scatter::energy(d, e_fit, bias, e_atom, energy);
+    }
+
+    fn force_virial(
+        &self,
+        d: &Dims,
+        q: &Vec<T>,
+        rij: &Vec<T>,
+        owner: &Vec<i32>,
+        centre_atom: &Vec<i32>,
+        force: &mut Vec<T>,
+        virial: &mut Vec<T>,
+    ) {
+        scatter::force_virial(d, q, rij, owner, centre_atom, force, virial);
+    }
+
+    fn loss(
+        &self,
+        d: &Dims,
+        pref: Prefactors,
+        pred: [&Vec<T>; 3],
+        label: [&Vec<T>; 3],
+        _centre_atom: &Vec<i32>,
+        ebar: &mut Vec<T>,
+        fres: &mut Vec<T>,
+        vres: &mut Vec<T>,
+    ) -> LossSums {
+        let pred = pred.map(|b| b.as_slice());
+        let label = label.map(|b| b.as_slice());
+        loss::loss(d, pref, pred, label, ebar, fres, vres)
+    }
+
+    fn virtual_tangent(
+        &self,
+        d: &Dims,
+        fres: &Vec<T>,
+        vres: &Vec<T>,
+        jac: &Vec<T>,
+        rij: &Vec<T>,
+        owner: &Vec<i32>,
+        centre_atom: &Vec<i32>,
+        rdot: &mut Vec<T>,
+        sdot: &mut Vec<T>,
+    ) {
+        loss::virtual_tangent(d, fres, vres, jac, rij, owner, centre_atom, rdot, sdot);
+    }
+
+    fn adam(&self, s: AdamStep, params: &mut Vec<T>, grad: &Vec<T>, m: &mut Vec<T>, v: &mut Vec<T>) {
+        adam::adam(s, params, grad, m, v);
+    }
+}

@@ -1,0 +1,87 @@
+//! Shapes of one batch as every backend sees them.
+//!
+//! Centres (the atoms of all frames of the batch) are ordered by type first, so the atoms of a
+//! type form one contiguous row range for the fitting nets. Neighbour slots are ordered in
+//! blocks `(ti, tj)` (centre type, neighbour type): inside a block, centre by centre, the
+//! `sel[tj]` slots of that section. Every embedding net thus runs on contiguous rows.
+
+use std::ops::Range;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dims {
+    pub nframes: usize,
+    pub natoms: usize,
+    pub ntypes: usize,
+    pub sel: Vec<usize>,
+    pub nnei: usize,
+    pub m1: usize,
+    pub m2: usize,
+    /// Centres of type t are `centre_start[t]..centre_start[t+1]`.
+    pub centre_start: Vec<usize>,
+    /// Slots of block (ti, tj) start at `block_start[ti * ntypes + tj]`; the last entry is the total.
+    pub block_start: Vec<usize>,
+}
+
+impl Dims {
+    /// `type_counts[t]` atoms of type t per frame.
+    pub fn new(nframes: usize, type_counts: &[usize], sel: &[usize], m1: usize, m2: usize) -> Self {
+        let ntypes = sel.len();
+        let mut centre_start = vec![0];
+        for &c in type_counts {
+            centre_start.push(centre_start.last().unwrap() + c * nframes);
+        }
+        let mut block_start = vec![0];
+        for ti in 0..ntypes {
+            let nc = type_counts[ti] * nframes;
+            for &s in sel {
+                block_start.push(block_start.last().unwrap() + nc * s);
+            }
+        }
+        Dims {
+            nframes,
+            natoms: type_counts.iter().sum(),
+            ntypes,
+            sel: sel.to_vec(),
+            nnei: sel.iter().sum(),
+            m1,
+            m2,
+            centre_start,
+            block_start,
+        }
+    }
+
+    pub fn ncentres(&self) -> usize {
+        self.nframes * self.natoms
+    }
+
+    pub fn nslots(&self) -> usize {
+        *self.block_start.last().unwrap()
+    }
+
+    pub fn centres(&self, t: usize) -> Range<usize> {
+        self.centre_start[t]..self.centre_start[t + 1]
+    }
+
+    pub fn block(&self, ti: usize, tj: usize) -> Range<usize> {
+        let k = ti * self.ntypes + tj;
+        self.block_start[k]..self.block_start[k + 1]
+    }
+
+    /// Slot of (centre c of type ti, j-th slot of section tj).
+    pub fn slot(&self, ti: usize, c: usize, tj: usize, j: usize) -> usize {
+        self.block(ti, tj).start + (c - self.centre_start[ti]) * self.sel[tj] + j
+    }
+
+    pub fn centre_type(&self, c: usize) -> usize {
+        (0..self.ntypes).find(|&t| c < self.centre_start[t + 1]).expect("centre in range")
+    }
+}
+
+impl Dims {
+    /// Frame of centre c: centres of a type are ordered frame by frame.
+    pub fn centre_frame(&self, c: usize) -> usize {
+        let t = self.centre_type(c);
+        let per_frame = (self.centre_start[t + 1] - self.centre_start[t]) / self.nframes;
+        (c - self.centre_start[t]) / per_frame
+    }
+}

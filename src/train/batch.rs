@@ -1,0 +1,92 @@
+//! Host-side assembly of one batch: neighbour lists of every frame rearranged into the slot
+//! layout of [`Dims`], plus the labels in batch-atom order (`frame·natoms + atom`).
+
+use anyhow::{bail, Result};
+
+use crate::backend::Dims;
+use crate::geometry::{build_nlist, Cell};
+use crate::model::ModelSpec;
+
+/// One frame as the model sees it; atoms sorted by type.
+#[derive(Clone, Copy, Debug)]
+pub struct Frame<'a> {
+    pub coord: &'a [f64],
+    pub cell: Option<&'a [f64]>,
+    pub energy: f64,
+    pub force: &'a [f64],
+    pub virial: Option<&'a [f64]>,
+}
+
+#[derive(Clone, Debug)]
+pub struct HostBatch {
+    pub dims: Dims,
+    pub rij: Vec<f64>,
+    pub owner: Vec<i32>,
+    pub centre_atom: Vec<i32>,
+    pub energy: Vec<f64>,
+    pub force: Vec<f64>,
+    pub virial: Vec<f64>,
+    /// Every frame has a virial label.
+    pub has_virial: bool,
+}
+
+pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<HostBatch> {
+    let d = &spec.descriptor;
+    let nt = spec.ntypes();
+    let n = atype.len();
+    if atype.windows(2).any(|w| w[0] > w[1]) {
+        bail!("atoms of a batch must be sorted by type");
+    }
+    let counts: Vec<usize> = (0..nt).map(|t| atype.iter().filter(|&&x| x == t).count()).collect();
+    let type_start: Vec<usize> = (0..nt).map(|t| atype.iter().take_while(|&&x| x < t).count()).collect();
+    let dims = Dims::new(frames.len(), &counts, &d.sel, d.m1(), d.axis_neuron);
+    let sections = d.sections();
+    let (ns, nc) = (dims.nslots(), dims.ncentres());
+    let mut rij = vec![0.0; 3 * ns];
+    let mut owner = vec![-1i32; ns];
+    let mut centre_atom = vec![0i32; nc];
+    let nlists = frames
+        .iter()
+        .enumerate()
+        .map(|(f, fr)| {
+            let cell = match fr.cell {
+                Some(c) => Some(Cell::new(c).ok_or_else(|| anyhow::anyhow!("frame {f}: the cell is singular"))?),
+                None => None,
+            };
+            Ok(build_nlist(fr.coord, cell.as_ref(), atype, d.rcut, &d.sel))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for ti in 0..nt {
+        for (f, nl) in nlists.iter().enumerate() {
+            for k in 0..counts[ti] {
+                let i = type_start[ti] + k;
+                let c = dims.centre_start[ti] + f * counts[ti] + k;
+                centre_atom[c] = (f * n + i) as i32;
+                for tj in 0..nt {
+                    for j in 0..d.sel[tj] {
+                        let src = i * d.nnei() + sections[tj] + j;
+                        let s = dims.slot(ti, c, tj, j);
+                        if nl.owner[src] >= 0 {
+                            owner[s] = (f * n) as i32 + nl.owner[src];
+                            rij[3 * s..3 * s + 3].copy_from_slice(&nl.rij[3 * src..3 * src + 3]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let has_virial = frames.iter().all(|f| f.virial.is_some());
+    Ok(HostBatch {
+        dims,
+        rij,
+        owner,
+        centre_atom,
+        energy: frames.iter().map(|f| f.energy).collect(),
+        force: frames.iter().flat_map(|f| f.force.iter().copied()).collect(),
+        virial: frames
+            .iter()
+            .flat_map(|f| f.virial.map_or([0.0; 9].to_vec(), |v| v.to_vec()))
+            .collect(),
+        has_virial,
+    })
+}

@@ -1,0 +1,65 @@
+//! Whole-batch conveniences over the step: predictions, and the loss with its gradient.
+
+use anyhow::Result;
+
+use crate::backend::{Backend, LossSums, Prefactors, Real};
+use crate::model::Model;
+
+use super::batch::{assemble, Frame, HostBatch};
+use super::step::{forward, gradient, DeviceModel, Workspace};
+
+/// Predictions for a batch, per frame, atoms in the order given (sorted by type).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prediction {
+    pub energy: Vec<f64>,
+    /// `[nframes][natoms]`
+    pub atom_energy: Vec<f64>,
+    /// `[nframes][natoms][3]`
+    pub force: Vec<f64>,
+    /// `[nframes][9]`
+    pub virial: Vec<f64>,
+}
+
+fn f64s<T: Real>(x: Vec<T>) -> Vec<f64> {
+    x.into_iter().map(|v| v.f64()).collect()
+}
+
+pub fn read_prediction<T: Real, B: Backend<T>>(b: &B, w: &Workspace<T, B>, batch: &HostBatch) -> Prediction {
+    let e_atom = b.download(&w.e_atom);
+    let mut atom_energy = vec![0.0; e_atom.len()];
+    for (c, &a) in batch.centre_atom.iter().enumerate() {
+        atom_energy[a as usize] = e_atom[c].f64();
+    }
+    Prediction {
+        energy: f64s(b.download(&w.energy)),
+        atom_energy,
+        force: f64s(b.download(&w.force)),
+        virial: f64s(b.download(&w.virial)),
+    }
+}
+
+pub fn predict<T: Real, B: Backend<T>>(b: &B, model: &Model, atype: &[usize], frames: &[Frame]) -> Result<Prediction> {
+    let batch = assemble(&model.spec, atype, frames)?;
+    let dm = DeviceModel::<T, B>::new(b, model);
+    let mut w = Workspace::new(b, &dm.layout, &batch.dims);
+    w.load(b, &batch);
+    forward(b, &dm, &mut w);
+    Ok(read_prediction(b, &w, &batch))
+}
+
+/// The loss sums and the gradient (f64, in the layout's order) of one batch.
+pub fn loss_and_grad<T: Real, B: Backend<T>>(
+    b: &B,
+    model: &Model,
+    atype: &[usize],
+    frames: &[Frame],
+    pref: Prefactors,
+) -> Result<(LossSums, Vec<f64>, Prediction)> {
+    let batch = assemble(&model.spec, atype, frames)?;
+    let mut dm = DeviceModel::<T, B>::new(b, model);
+    let mut w = Workspace::new(b, &dm.layout, &batch.dims);
+    w.load(b, &batch);
+    forward(b, &dm, &mut w);
+    let sums = gradient(b, &mut dm, &mut w, pref);
+    Ok((sums, dm.grad_f64(b), read_prediction(b, &w, &batch)))
+}

@@ -1,0 +1,298 @@
+//! One evaluation or training step over the [`Backend`] trait: forward with G', forces and
+//! virial, then (training) the loss residuals, the tangent pass and the dual reverse pass that
+//! give the parameter gradient of the full loss, energy + force + virial (DESIGN.md).
+
+use crate::backend::{Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
+use crate::model::{embed_net_index, Model, Net, ParamLayout};
+
+use super::batch::HostBatch;
+
+/// Model state on the device: parameters in the backend's precision, statistics, Adam moments.
+pub struct DeviceModel<T: Real, B: Backend<T>> {
+    pub layout: ParamLayout,
+    pub env: EnvParams,
+    pub type_one_side: bool,
+    pub params: B::Buf,
+    pub davg: B::Buf,
+    pub dstd: B::Buf,
+    pub bias: B::Buf,
+    pub grad: B::Buf,
+    pub m: B::Buf,
+    pub v: B::Buf,
+}
+
+fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
+    x.iter().map(|&v| T::of(v)).collect()
+}
+
+impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
+    pub fn new(b: &B, model: &Model) -> Self {
+        let layout = model.layout();
+        let d = &model.spec.descriptor;
+        let n = layout.len;
+        DeviceModel {
+            env: EnvParams { rcut: d.rcut, rcut_smth: d.rcut_smth, protection: d.env_protection },
+            type_one_side: d.type_one_side,
+            params: b.upload(&to_t(&model.params)),
+            davg: b.upload(&to_t(&model.davg)),
+            dstd: b.upload(&to_t(&model.dstd)),
+            bias: b.upload(&to_t(&model.bias)),
+            grad: b.zeros(n),
+            m: b.zeros(n),
+            v: b.zeros(n),
+            layout,
+        }
+    }
+
+    /// The parameters as f64, for checkpoints and model files.
+    pub fn params_f64(&self, b: &B) -> Vec<f64> {
+        b.download(&self.params).iter().map(|x| x.f64()).collect()
+    }
+
+    pub fn grad_f64(&self, b: &B) -> Vec<f64> {
+        b.download(&self.grad).iter().map(|x| x.f64()).collect()
+    }
+
+    fn embed_net(&self, d: &Dims, ti: usize, tj: usize) -> &Net {
+        &self.layout.embed[embed_net_index(self.type_one_side, d.ntypes, ti, tj)]
+    }
+}
+
+/// Per-layer buffers of one net over its rows: input-side tangents and adjoints are per layer
+/// too, since layer widths differ.
+struct NetCache<Buf> {
+    h: Vec<Buf>,
+    y: Vec<Buf>,
+    zdot: Vec<Buf>,
+    ydot: Vec<Buf>,
+    xbar: Vec<Buf>,
+    xdotbar: Vec<Buf>,
+}
+
+impl<Buf> NetCache<Buf> {
+    fn new<T: Real, B: Backend<T, Buf = Buf>>(b: &B, net: &Net, rows: usize) -> Self {
+        let out = |f: &dyn Fn(&crate::model::Layer) -> usize| net.layers.iter().map(|l| b.zeros(rows * f(l))).collect();
+        NetCache {
+            h: out(&|l| l.nout),
+            y: out(&|l| l.nout),
+            zdot: out(&|l| l.nout),
+            ydot: out(&|l| l.nout),
+            xbar: out(&|l| l.nin),
+            xdotbar: out(&|l| l.nin),
+        }
+    }
+}
+
+/// Every buffer of a step for one batch shape.
+pub struct Workspace<T: Real, B: Backend<T>> {
+    pub dims: Dims,
+    rij: B::Buf,
+    owner: B::Idx,
+    centre_atom: B::Idx,
+    labels: [B::Buf; 3],
+    rhat: B::Buf,
+    jac: B::Buf,
+    s: B::Buf,
+    ones_s: B::Buf,
+    ones_c: B::Buf,
+    embed: NetCache<B::Buf>,
+    a: B::Buf,
+    desc: B::Buf,
+    fit: NetCache<B::Buf>,
+    pub e_atom: B::Buf,
+    pub energy: B::Buf,
+    pub force: B::Buf,
+    pub virial: B::Buf,
+    abar: B::Buf,
+    q: B::Buf,
+    ebar: B::Buf,
+    fres: B::Buf,
+    vres: B::Buf,
+    rdot: B::Buf,
+    sdot: B::Buf,
+    adot: B::Buf,
+    ddot: B::Buf,
+    gbar: B::Buf,
+    gdotbar: B::Buf,
+}
+
+impl<T: Real, B: Backend<T>> Workspace<T, B> {
+    pub fn new(b: &B, layout: &ParamLayout, dims: &Dims) -> Self {
+        let (ns, nc, na) = (dims.nslots(), dims.ncentres(), dims.nframes * dims.natoms);
+        let (m1, m2, nf) = (dims.m1, dims.m2, dims.nframes);
+        let ones = |n| b.upload(&vec![T::one(); n]);
+        Workspace {
+            dims: dims.clone(),
+            rij: b.zeros(3 * ns),
+            owner: b.upload_idx(&vec![-1; ns]),
+            centre_atom: b.upload_idx(&vec![0; nc]),
+            labels: [b.zeros(nf), b.zeros(3 * na), b.zeros(9 * nf)],
+            rhat: b.zeros(4 * ns),
+            jac: b.zeros(12 * ns),
+            s: b.zeros(ns),
+            ones_s: ones(ns),
+            ones_c: ones(nc),
+            embed: NetCache::new(b, &layout.embed[0], ns),
+            a: b.zeros(4 * m1 * nc),
+            desc: b.zeros(m1 * m2 * nc),
+            fit: NetCache::new(b, &layout.fit[0], nc),
+            e_atom: b.zeros(nc),
+            energy: b.zeros(nf),
+            force: b.zeros(3 * na),
+            virial: b.zeros(9 * nf),
+            abar: b.zeros(4 * m1 * nc),
+            q: b.zeros(3 * ns),
+            ebar: b.zeros(nc),
+            fres: b.zeros(3 * na),
+            vres: b.zeros(9 * nf),
+            rdot: b.zeros(4 * ns),
+            sdot: b.zeros(ns),
+            adot: b.zeros(4 * m1 * nc),
+            ddot: b.zeros(m1 * m2 * nc),
+            gbar: b.zeros(m1 * ns),
+            gdotbar: b.zeros(m1 * ns),
+        }
+    }
+
+    /// Sends a batch's geometry and labels to the device.
+    pub fn load(&mut self, b: &B, batch: &HostBatch) {
+        assert_eq!(batch.dims, self.dims, "workspace built for another batch shape");
+        self.rij = b.upload(&to_t(&batch.rij));
+        self.owner = b.upload_idx(&batch.owner);
+        self.centre_atom = b.upload_idx(&batch.centre_atom);
+        self.labels = [b.upload(&to_t(&batch.energy)), b.upload(&to_t(&batch.force)), b.upload(&to_t(&batch.virial))];
+    }
+}
+
+/// Energy, forces and virial of the loaded batch (the forward and first-derivative passes).
+pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
+    let d = w.dims.clone();
+    b.env_mat(&d, m.env, &w.rij, &w.owner, &m.davg, &m.dstd, &mut w.rhat, &mut w.jac, &mut w.s);
+    // Embedding nets with G' = dG/ds (the tangent for a unit input tangent).
+    for ti in 0..d.ntypes {
+        for tj in 0..d.ntypes {
+            let rows = d.block(ti, tj);
+            let net = m.embed_net(&d, ti, tj);
+            let c = &mut w.embed;
+            for (l, layer) in net.layers.iter().enumerate() {
+                let (head_y, tail_y) = c.y.split_at_mut(l);
+                let (head_yd, tail_yd) = c.ydot.split_at_mut(l);
+                let (x, xdot) = if l == 0 { (&w.s, &w.ones_s) } else { (&head_y[l - 1], &head_yd[l - 1]) };
+                b.dense_forward(layer, &m.params, rows.clone(), x, &mut c.h[l], &mut tail_y[0]);
+                b.dense_tangent(layer, &m.params, rows.clone(), &c.h[l], xdot, &mut c.zdot[l], &mut tail_yd[0]);
+            }
+        }
+    }
+    let (g, gp) = (w.embed.y.last().unwrap(), w.embed.ydot.last().unwrap());
+    b.contract_forward(&d, g, &w.rhat, &mut w.a, &mut w.desc);
+    // Fitting nets, forward then back to g = ∂E_i/∂D_i.
+    for t in 0..d.ntypes {
+        let net = &m.layout.fit[t];
+        let rows = d.centres(t);
+        let c = &mut w.fit;
+        for (l, layer) in net.layers.iter().enumerate() {
+            let (head, tail) = c.y.split_at_mut(l);
+            let x = if l == 0 { &w.desc } else { &head[l - 1] };
+            b.dense_forward(layer, &m.params, rows.clone(), x, &mut c.h[l], &mut tail[0]);
+        }
+        for (l, layer) in net.layers.iter().enumerate().rev() {
+            let (head, tail) = c.xbar.split_at_mut(l + 1);
+            let ybar = if l + 1 == net.layers.len() { &w.ones_c } else { &tail[0] };
+            let x = if l == 0 { &w.desc } else { &c.y[l - 1] };
+            b.dense_backward(layer, &m.params, rows.clone(), DenseIo { x, h: &c.h[l] }, ybar, &mut head[l]);
+        }
+    }
+    let e_fit = w.fit.y.last().unwrap();
+    b.energy(&d, e_fit, &m.bias, &mut w.e_atom, &mut w.energy);
+    b.contract_backward(&d, &w.a, &w.fit.xbar[0], &mut w.abar);
+    b.slot_backward(&d, &w.abar, g, gp, &w.rhat, &w.jac, &mut w.q);
+    b.force_virial(&d, &w.q, &w.rij, &w.owner, &w.centre_atom, &mut w.force, &mut w.virial);
+}
+
+/// After [`forward`]: the loss of the batch and its gradient with respect to every parameter,
+/// left in `m.grad`.
+pub fn gradient<T: Real, B: Backend<T>>(
+    b: &B,
+    m: &mut DeviceModel<T, B>,
+    w: &mut Workspace<T, B>,
+    pref: Prefactors,
+) -> LossSums {
+    let d = w.dims.clone();
+    let sums = b.loss(
+        &d,
+        pref,
+        [&w.energy, &w.force, &w.virial],
+        [&w.labels[0], &w.labels[1], &w.labels[2]],
+        &w.centre_atom,
+        &mut w.ebar,
+        &mut w.fres,
+        &mut w.vres,
+    );
+    b.virtual_tangent(&d, &w.fres, &w.vres, &w.jac, &w.rij, &w.owner, &w.centre_atom, &mut w.rdot, &mut w.sdot);
+    let (g, gp) = (w.embed.y.last().unwrap(), w.embed.ydot.last().unwrap());
+    b.contract_tangent(&d, g, gp, &w.rhat, &w.rdot, &w.a, &mut w.adot, &mut w.ddot);
+    b.fill(&mut m.grad, T::zero());
+    // Fitting nets: tangent forward from Ḋ, then the dual reverse seeded with (∂L/∂E, 1).
+    for t in 0..d.ntypes {
+        let net = &m.layout.fit[t];
+        let rows = d.centres(t);
+        let c = &mut w.fit;
+        for (l, layer) in net.layers.iter().enumerate() {
+            let (head, tail) = c.ydot.split_at_mut(l);
+            let xdot = if l == 0 { &w.ddot } else { &head[l - 1] };
+            b.dense_tangent(layer, &m.params, rows.clone(), &c.h[l], xdot, &mut c.zdot[l], &mut tail[0]);
+        }
+        for (l, layer) in net.layers.iter().enumerate().rev() {
+            let last = l + 1 == net.layers.len();
+            let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
+            let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
+            let (ybar, ydotbar) = if last { (&w.ebar, &w.ones_c) } else { (&xb_tail[0], &xdb_tail[0]) };
+            let (x, xdot) = if l == 0 { (&w.desc, &w.ddot) } else { (&c.y[l - 1], &c.ydot[l - 1]) };
+            b.dense_dual_backward(
+                layer,
+                &m.params,
+                rows.clone(),
+                DenseIo { x, h: &c.h[l] },
+                xdot,
+                &c.zdot[l],
+                None,
+                ybar,
+                ydotbar,
+                &mut m.grad,
+                Some((&mut xb_head[l], &mut xdb_head[l])),
+            );
+        }
+    }
+    b.contract_dual(&d, &w.a, &w.adot, &w.fit.xbar[0], &w.fit.xdotbar[0], &w.rhat, &w.rdot, &mut w.gbar, &mut w.gdotbar);
+    // Embedding nets: dual reverse with the stored unit tangents scaled by ṡ; nothing flows
+    // into R̂ (coordinates are data), so layer 0 computes no input adjoint.
+    for ti in 0..d.ntypes {
+        for tj in 0..d.ntypes {
+            let rows = d.block(ti, tj);
+            let net = &m.layout.embed[embed_net_index(m.type_one_side, d.ntypes, ti, tj)];
+            let c = &mut w.embed;
+            for (l, layer) in net.layers.iter().enumerate().rev() {
+                let last = l + 1 == net.layers.len();
+                let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
+                let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
+                let (ybar, ydotbar) = if last { (&w.gbar, &w.gdotbar) } else { (&xb_tail[0], &xdb_tail[0]) };
+                let (x, xdot) = if l == 0 { (&w.s, &w.ones_s) } else { (&c.y[l - 1], &c.ydot[l - 1]) };
+                let xbar = (l > 0).then(|| (&mut xb_head[l], &mut xdb_head[l]));
+                b.dense_dual_backward(
+                    layer,
+                    &m.params,
+                    rows.clone(),
+                    DenseIo { x, h: &c.h[l] },
+                    xdot,
+                    &c.zdot[l],
+                    Some(&w.sdot),
+                    ybar,
+                    ydotbar,
+                    &mut m.grad,
+                    xbar,
+                );
+            }
+        }
+    }
+    sums
+}

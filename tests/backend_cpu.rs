@@ -1,0 +1,5 @@
+//! The backend suite on the CPU backend.
+mod common;
+mod suite;
+
+backend_suite!(dpw::backend::cpu::Cpu);

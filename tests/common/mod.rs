@@ -1,0 +1,155 @@
+//! Helpers shared by the integration tests: DeePMD-kit's reference model and frames.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use ndarray::{ArrayD, IxDyn};
+use ndarray_npy::{NpzReader, ReadNpyExt};
+
+use dpw::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
+use dpw::train::batch::Frame;
+
+pub fn shared() -> Option<PathBuf> {
+    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared"));
+    if p.join("reference").is_dir() {
+        Some(p)
+    } else {
+        eprintln!("note: ../shared is absent; skipping a test that reads DeePMD-kit's reference");
+        None
+    }
+}
+
+pub fn model_a_dir() -> Option<PathBuf> {
+    shared().map(|s| s.join("reference/deepmd-3.2.0/model_A"))
+}
+
+pub fn read_npy(path: &std::path::Path) -> ArrayD<f64> {
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    ArrayD::<f64>::read_npy(f).unwrap()
+}
+
+pub fn npz(path: &std::path::Path) -> NpzReader<std::fs::File> {
+    NpzReader::new(std::fs::File::open(path).unwrap()).unwrap()
+}
+
+pub fn npz_array(z: &mut NpzReader<std::fs::File>, name: &str) -> ArrayD<f64> {
+    z.by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+pub fn npz_i64(z: &mut NpzReader<std::fs::File>, name: &str) -> ArrayD<i64> {
+    z.by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn flat(a: &ArrayD<f64>) -> Vec<f64> {
+    a.iter().copied().collect()
+}
+
+/// Fills a model's parameters from a folder of `<tensor name>.npy` files.
+pub fn load_params(model: &mut Model, dir: &std::path::Path) {
+    for t in model.layout().tensors {
+        let a = read_npy(&dir.join(format!("{}.npy", t.name)));
+        assert_eq!(a.len(), t.len(), "{}", t.name);
+        model.params[t.offset..t.offset + t.len()].copy_from_slice(&flat(&a));
+    }
+}
+
+/// model_A from its per-tensor npy export (independent of dpw's YAML reader).
+pub fn model_a() -> Option<Model> {
+    let dir = model_a_dir()?;
+    let spec = ModelSpec {
+        type_map: vec!["O".into(), "H".into()],
+        descriptor: DescriptorSpec {
+            rcut: 6.0,
+            rcut_smth: 0.5,
+            sel: vec![46, 92],
+            neuron: vec![8, 16, 32],
+            axis_neuron: 4,
+            resnet_dt: false,
+            type_one_side: true,
+            env_protection: 0.0,
+            set_davg_zero: false,
+        },
+        fitting: FittingSpec { neuron: vec![32, 32, 32], resnet_dt: true },
+    };
+    let mut m = Model::new(spec, 0);
+    load_params(&mut m, &dir.join("npy"));
+    let davg = read_npy(&dir.join("npy/descrpt.davg.npy"));
+    let dstd = read_npy(&dir.join("npy/descrpt.dstd.npy"));
+    for t in 0..2 {
+        for k in 0..4 {
+            m.davg[4 * t + k] = davg[[t, 0, k]];
+            m.dstd[4 * t + k] = dstd[[t, 0, k]];
+        }
+    }
+    let ob = read_npy(&dir.join("npy/out_bias.npy"));
+    let be = read_npy(&dir.join("npy/fit.bias_atom_e.npy"));
+    for t in 0..2 {
+        m.bias[t] = ob[[0, t, 0]] + be[[t, 0]];
+    }
+    Some(m)
+}
+
+/// Reference frames, with atoms sorted by type (stable) as dpw requires.
+pub struct RefFrames {
+    pub atype: Vec<usize>,
+    /// `perm[i]` = original index of sorted atom i.
+    pub perm: Vec<usize>,
+    pub coord: Vec<Vec<f64>>,
+    pub cell: Vec<Vec<f64>>,
+    pub energy_label: Vec<f64>,
+    pub force_label: Vec<Vec<f64>>,
+    pub z: NpzReader<std::fs::File>,
+}
+
+impl RefFrames {
+    pub fn frame(&self, f: usize) -> Frame<'_> {
+        Frame {
+            coord: &self.coord[f],
+            cell: Some(&self.cell[f]),
+            energy: self.energy_label[f],
+            force: &self.force_label[f],
+            virial: None,
+        }
+    }
+
+    /// A per-atom reference array `[nframes][natoms][k]` permuted to sorted order, frame f.
+    pub fn sorted(&self, a: &ArrayD<f64>, f: usize) -> Vec<f64> {
+        let k = a.len() / (a.shape()[0] * self.perm.len());
+        let a = a.to_shape(IxDyn(&[a.shape()[0], self.perm.len(), k])).unwrap();
+        self.perm.iter().flat_map(|&i| (0..k).map(move |c| (i, c))).map(|(i, c)| a[[f, i, c]]).collect()
+    }
+}
+
+pub fn ref_frames() -> Option<RefFrames> {
+    let dir = model_a_dir()?;
+    let mut z = npz(&dir.join("eval_3frames.npz"));
+    let atype_raw = npz_i64(&mut z, "atype");
+    let atype_raw: Vec<usize> = atype_raw.iter().map(|&t| t as usize).collect();
+    let mut perm: Vec<usize> = (0..atype_raw.len()).collect();
+    perm.sort_by_key(|&i| atype_raw[i]);
+    let atype = perm.iter().map(|&i| atype_raw[i]).collect();
+    let coord = npz_array(&mut z, "coord");
+    let cell = npz_array(&mut z, "box");
+    let e = npz_array(&mut z, "energy_label");
+    let fl = npz_array(&mut z, "force_label");
+    let mut rf = RefFrames {
+        atype,
+        perm,
+        coord: vec![],
+        cell: vec![],
+        energy_label: e.iter().copied().collect(),
+        force_label: vec![],
+        z,
+    };
+    for f in 0..3 {
+        rf.coord.push(rf.sorted(&coord, f));
+        rf.force_label.push(rf.sorted(&fl, f));
+        rf.cell.push(cell.index_axis(ndarray::Axis(0), f).iter().copied().collect());
+    }
+    Some(rf)
+}
+
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
