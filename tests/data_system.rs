@@ -53,6 +53,19 @@ fn water_loads_sorted_and_equal_to_raw() {
 }
 
 #[test]
+fn all_water_systems_load() {
+    for i in 0..4 {
+        let Some(dir) = shared(&format!("water/data_{i}")) else {
+            return;
+        };
+        let sys = load_system(&dir, &names(&["O", "H"])).unwrap();
+        assert_eq!((sys.natoms, sys.type_counts(2)), (192, vec![64, 128]));
+        assert!(sys.cell.is_some() && sys.nframes > 0);
+        assert_eq!(sys.coord.len(), sys.nframes * 192 * 3);
+    }
+}
+
+#[test]
 fn nopbc_loads_without_cell_and_permutes_atoms() {
     let Some(dir) = shared("nopbc/C4H3O1") else {
         return;
