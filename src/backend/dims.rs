@@ -31,8 +31,8 @@ impl Dims {
             centre_start.push(centre_start.last().unwrap() + c * nframes);
         }
         let mut block_start = vec![0];
-        for ti in 0..ntypes {
-            let nc = type_counts[ti] * nframes;
+        for &count in type_counts {
+            let nc = count * nframes;
             for &s in sel {
                 block_start.push(block_start.last().unwrap() + nc * s);
             }
@@ -73,7 +73,9 @@ impl Dims {
     }
 
     pub fn centre_type(&self, c: usize) -> usize {
-        (0..self.ntypes).find(|&t| c < self.centre_start[t + 1]).expect("centre in range")
+        (0..self.ntypes)
+            .find(|&t| c < self.centre_start[t + 1])
+            .expect("centre in range")
     }
 }
 

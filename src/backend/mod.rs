@@ -148,7 +148,14 @@ pub trait Backend<T: Real>: Sync {
     );
 
     /// A_c = (1/nnei) Σ_slots G ⊗ R̂ and D_c = A_c A_c<ᵀ.
-    fn contract_forward(&self, d: &Dims, g: &Self::Buf, rhat: &Self::Buf, a: &mut Self::Buf, desc: &mut Self::Buf);
+    fn contract_forward(
+        &self,
+        d: &Dims,
+        g: &Self::Buf,
+        rhat: &Self::Buf,
+        a: &mut Self::Buf,
+        desc: &mut Self::Buf,
+    );
 
     /// Ā = D̄ A< + [D̄ᵀ A] in the first M2 rows.
     fn contract_backward(&self, d: &Dims, a: &Self::Buf, dbar: &Self::Buf, abar: &mut Self::Buf);
@@ -196,7 +203,14 @@ pub trait Backend<T: Real>: Sync {
     );
 
     /// Per-frame energy E_f = Σ atoms (E_atom + bias[type]) and the per-centre energies with bias.
-    fn energy(&self, d: &Dims, e_fit: &Self::Buf, bias: &Self::Buf, e_atom: &mut Self::Buf, energy: &mut Self::Buf);
+    fn energy(
+        &self,
+        d: &Dims,
+        e_fit: &Self::Buf,
+        bias: &Self::Buf,
+        e_atom: &mut Self::Buf,
+        energy: &mut Self::Buf,
+    );
 
     /// F = Σ own slots q − Σ slots owned q; W = −Σ q ⊗ r_ij per frame. `centre_atom[c]` and
     /// `owner` are batch atom indices `frame·natoms + atom`.
@@ -244,5 +258,12 @@ pub trait Backend<T: Real>: Sync {
     );
 
     /// Adam (torch's form, bias-corrected) on the whole parameter vector.
-    fn adam(&self, s: AdamStep, params: &mut Self::Buf, grad: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf);
+    fn adam(
+        &self,
+        s: AdamStep,
+        params: &mut Self::Buf,
+        grad: &Self::Buf,
+        m: &mut Self::Buf,
+        v: &mut Self::Buf,
+    );
 }

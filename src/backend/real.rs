@@ -7,7 +7,17 @@ use std::ops::{AddAssign, MulAssign, SubAssign};
 use num_traits::Float;
 
 pub trait Real:
-    Float + AddAssign + SubAssign + MulAssign + Sum + Default + Debug + Send + Sync + bytemuck::Pod + 'static
+    Float
+    + AddAssign
+    + SubAssign
+    + MulAssign
+    + Sum
+    + Default
+    + Debug
+    + Send
+    + Sync
+    + bytemuck::Pod
+    + 'static
 {
     const NAME: &'static str;
 

@@ -2,8 +2,8 @@
 
 mod cell;
 mod nlist;
-
+mod stat;
 
 pub use cell::Cell;
 pub use nlist::{build_nlist, NeighborList};
-
+pub use stat::{energy_bias, EnvStats};

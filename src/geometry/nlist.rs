@@ -61,10 +61,19 @@ pub fn build_nlist(
                 if si == 0 && j == i {
                     continue;
                 }
-                let d = [pj[0] + sh[0] - pos[i][0], pj[1] + sh[1] - pos[i][1], pj[2] + sh[2] - pos[i][2]];
+                let d = [
+                    pj[0] + sh[0] - pos[i][0],
+                    pj[1] + sh[1] - pos[i][1],
+                    pj[2] + sh[2] - pos[i][2],
+                ];
                 let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
                 if d2 <= rc2 {
-                    cands.push(Candidate { d2, ext: si * n + j, owner: j, rij: d });
+                    cands.push(Candidate {
+                        d2,
+                        ext: si * n + j,
+                        owner: j,
+                        rij: d,
+                    });
                 }
             }
         }
@@ -91,7 +100,13 @@ pub fn build_nlist(
             }
         }
     }
-    NeighborList { nnei, owner, rij, max_count, min_dist: min_d2.sqrt() }
+    NeighborList {
+        nnei,
+        owner,
+        rij,
+        max_count,
+        min_dist: min_d2.sqrt(),
+    }
 }
 
 /// Cartesian shifts of the periodic images that can hold a neighbour within rcut, the
@@ -110,5 +125,7 @@ fn image_shifts(cell: Option<&Cell>, rcut: f64) -> Vec<[f64; 3]> {
         }
     }
     ints.sort_by_key(|s| s[0] * s[0] + s[1] * s[1] + s[2] * s[2]);
-    ints.iter().map(|s| c.to_cart(s.map(|x| x as f64))).collect()
+    ints.iter()
+        .map(|s| c.to_cart(s.map(|x| x as f64)))
+        .collect()
 }

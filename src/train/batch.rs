@@ -17,6 +17,18 @@ pub struct Frame<'a> {
     pub virial: Option<&'a [f64]>,
 }
 
+impl<'a> Frame<'a> {
+    pub fn of(sys: &'a crate::data::System, f: usize) -> Self {
+        Frame {
+            coord: sys.frame_coord(f),
+            cell: sys.frame_cell(f),
+            energy: sys.energy[f],
+            force: sys.frame_force(f),
+            virial: sys.frame_virial(f),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct HostBatch {
     pub dims: Dims,
@@ -37,8 +49,12 @@ pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<H
     if atype.windows(2).any(|w| w[0] > w[1]) {
         bail!("atoms of a batch must be sorted by type");
     }
-    let counts: Vec<usize> = (0..nt).map(|t| atype.iter().filter(|&&x| x == t).count()).collect();
-    let type_start: Vec<usize> = (0..nt).map(|t| atype.iter().take_while(|&&x| x < t).count()).collect();
+    let counts: Vec<usize> = (0..nt)
+        .map(|t| atype.iter().filter(|&&x| x == t).count())
+        .collect();
+    let type_start: Vec<usize> = (0..nt)
+        .map(|t| atype.iter().take_while(|&&x| x < t).count())
+        .collect();
     let dims = Dims::new(frames.len(), &counts, &d.sel, d.m1(), d.axis_neuron);
     let sections = d.sections();
     let (ns, nc) = (dims.nslots(), dims.ncentres());
@@ -50,21 +66,24 @@ pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<H
         .enumerate()
         .map(|(f, fr)| {
             let cell = match fr.cell {
-                Some(c) => Some(Cell::new(c).ok_or_else(|| anyhow::anyhow!("frame {f}: the cell is singular"))?),
+                Some(c) => Some(
+                    Cell::new(c)
+                        .ok_or_else(|| anyhow::anyhow!("frame {f}: the cell is singular"))?,
+                ),
                 None => None,
             };
             Ok(build_nlist(fr.coord, cell.as_ref(), atype, d.rcut, &d.sel))
         })
         .collect::<Result<Vec<_>>>()?;
-    for ti in 0..nt {
+    for (ti, &count) in counts.iter().enumerate() {
         for (f, nl) in nlists.iter().enumerate() {
-            for k in 0..counts[ti] {
+            for k in 0..count {
                 let i = type_start[ti] + k;
-                let c = dims.centre_start[ti] + f * counts[ti] + k;
+                let c = dims.centre_start[ti] + f * count + k;
                 centre_atom[c] = (f * n + i) as i32;
-                for tj in 0..nt {
-                    for j in 0..d.sel[tj] {
-                        let src = i * d.nnei() + sections[tj] + j;
+                for (tj, (&sel, &sec)) in d.sel.iter().zip(&sections).enumerate() {
+                    for j in 0..sel {
+                        let src = i * d.nnei() + sec + j;
                         let s = dims.slot(ti, c, tj, j);
                         if nl.owner[src] >= 0 {
                             owner[s] = (f * n) as i32 + nl.owner[src];
@@ -82,7 +101,10 @@ pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<H
         owner,
         centre_atom,
         energy: frames.iter().map(|f| f.energy).collect(),
-        force: frames.iter().flat_map(|f| f.force.iter().copied()).collect(),
+        force: frames
+            .iter()
+            .flat_map(|f| f.force.iter().copied())
+            .collect(),
         virial: frames
             .iter()
             .flat_map(|f| f.virial.map_or([0.0; 9].to_vec(), |v| v.to_vec()))

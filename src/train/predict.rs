@@ -24,7 +24,11 @@ fn f64s<T: Real>(x: Vec<T>) -> Vec<f64> {
     x.into_iter().map(|v| v.f64()).collect()
 }
 
-pub fn read_prediction<T: Real, B: Backend<T>>(b: &B, w: &Workspace<T, B>, batch: &HostBatch) -> Prediction {
+pub fn read_prediction<T: Real, B: Backend<T>>(
+    b: &B,
+    w: &Workspace<T, B>,
+    batch: &HostBatch,
+) -> Prediction {
     let e_atom = b.download(&w.e_atom);
     let mut atom_energy = vec![0.0; e_atom.len()];
     for (c, &a) in batch.centre_atom.iter().enumerate() {
@@ -38,7 +42,12 @@ pub fn read_prediction<T: Real, B: Backend<T>>(b: &B, w: &Workspace<T, B>, batch
     }
 }
 
-pub fn predict<T: Real, B: Backend<T>>(b: &B, model: &Model, atype: &[usize], frames: &[Frame]) -> Result<Prediction> {
+pub fn predict<T: Real, B: Backend<T>>(
+    b: &B,
+    model: &Model,
+    atype: &[usize],
+    frames: &[Frame],
+) -> Result<Prediction> {
     let batch = assemble(&model.spec, atype, frames)?;
     let dm = DeviceModel::<T, B>::new(b, model);
     let mut w = Workspace::new(b, &dm.layout, &batch.dims);

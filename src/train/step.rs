@@ -31,7 +31,11 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
         let d = &model.spec.descriptor;
         let n = layout.len;
         DeviceModel {
-            env: EnvParams { rcut: d.rcut, rcut_smth: d.rcut_smth, protection: d.env_protection },
+            env: EnvParams {
+                rcut: d.rcut,
+                rcut_smth: d.rcut_smth,
+                protection: d.env_protection,
+            },
             type_one_side: d.type_one_side,
             params: b.upload(&to_t(&model.params)),
             davg: b.upload(&to_t(&model.davg)),
@@ -71,7 +75,9 @@ struct NetCache<Buf> {
 
 impl<Buf> NetCache<Buf> {
     fn new<T: Real, B: Backend<T, Buf = Buf>>(b: &B, net: &Net, rows: usize) -> Self {
-        let out = |f: &dyn Fn(&crate::model::Layer) -> usize| net.layers.iter().map(|l| b.zeros(rows * f(l))).collect();
+        let out = |f: &dyn Fn(&crate::model::Layer) -> usize| {
+            net.layers.iter().map(|l| b.zeros(rows * f(l))).collect()
+        };
         NetCache {
             h: out(&|l| l.nout),
             y: out(&|l| l.nout),
@@ -154,20 +160,47 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         }
     }
 
+    /// R̂ of every slot, `[nslots][4]` in the block order of [`Dims`].
+    pub fn rhat(&self) -> &B::Buf {
+        &self.rhat
+    }
+
+    /// The descriptor of every centre, `[ncentres][M1·M2]`.
+    pub fn descriptor(&self) -> &B::Buf {
+        &self.desc
+    }
+
     /// Sends a batch's geometry and labels to the device.
     pub fn load(&mut self, b: &B, batch: &HostBatch) {
-        assert_eq!(batch.dims, self.dims, "workspace built for another batch shape");
+        assert_eq!(
+            batch.dims, self.dims,
+            "workspace built for another batch shape"
+        );
         self.rij = b.upload(&to_t(&batch.rij));
         self.owner = b.upload_idx(&batch.owner);
         self.centre_atom = b.upload_idx(&batch.centre_atom);
-        self.labels = [b.upload(&to_t(&batch.energy)), b.upload(&to_t(&batch.force)), b.upload(&to_t(&batch.virial))];
+        self.labels = [
+            b.upload(&to_t(&batch.energy)),
+            b.upload(&to_t(&batch.force)),
+            b.upload(&to_t(&batch.virial)),
+        ];
     }
 }
 
 /// Energy, forces and virial of the loaded batch (the forward and first-derivative passes).
 pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
     let d = w.dims.clone();
-    b.env_mat(&d, m.env, &w.rij, &w.owner, &m.davg, &m.dstd, &mut w.rhat, &mut w.jac, &mut w.s);
+    b.env_mat(
+        &d,
+        m.env,
+        &w.rij,
+        &w.owner,
+        &m.davg,
+        &m.dstd,
+        &mut w.rhat,
+        &mut w.jac,
+        &mut w.s,
+    );
     // Embedding nets with G' = dG/ds (the tangent for a unit input tangent).
     for ti in 0..d.ntypes {
         for tj in 0..d.ntypes {
@@ -177,9 +210,28 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
             for (l, layer) in net.layers.iter().enumerate() {
                 let (head_y, tail_y) = c.y.split_at_mut(l);
                 let (head_yd, tail_yd) = c.ydot.split_at_mut(l);
-                let (x, xdot) = if l == 0 { (&w.s, &w.ones_s) } else { (&head_y[l - 1], &head_yd[l - 1]) };
-                b.dense_forward(layer, &m.params, rows.clone(), x, &mut c.h[l], &mut tail_y[0]);
-                b.dense_tangent(layer, &m.params, rows.clone(), &c.h[l], xdot, &mut c.zdot[l], &mut tail_yd[0]);
+                let (x, xdot) = if l == 0 {
+                    (&w.s, &w.ones_s)
+                } else {
+                    (&head_y[l - 1], &head_yd[l - 1])
+                };
+                b.dense_forward(
+                    layer,
+                    &m.params,
+                    rows.clone(),
+                    x,
+                    &mut c.h[l],
+                    &mut tail_y[0],
+                );
+                b.dense_tangent(
+                    layer,
+                    &m.params,
+                    rows.clone(),
+                    &c.h[l],
+                    xdot,
+                    &mut c.zdot[l],
+                    &mut tail_yd[0],
+                );
             }
         }
     }
@@ -197,16 +249,35 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
         }
         for (l, layer) in net.layers.iter().enumerate().rev() {
             let (head, tail) = c.xbar.split_at_mut(l + 1);
-            let ybar = if l + 1 == net.layers.len() { &w.ones_c } else { &tail[0] };
+            let ybar = if l + 1 == net.layers.len() {
+                &w.ones_c
+            } else {
+                &tail[0]
+            };
             let x = if l == 0 { &w.desc } else { &c.y[l - 1] };
-            b.dense_backward(layer, &m.params, rows.clone(), DenseIo { x, h: &c.h[l] }, ybar, &mut head[l]);
+            b.dense_backward(
+                layer,
+                &m.params,
+                rows.clone(),
+                DenseIo { x, h: &c.h[l] },
+                ybar,
+                &mut head[l],
+            );
         }
     }
     let e_fit = w.fit.y.last().unwrap();
     b.energy(&d, e_fit, &m.bias, &mut w.e_atom, &mut w.energy);
     b.contract_backward(&d, &w.a, &w.fit.xbar[0], &mut w.abar);
     b.slot_backward(&d, &w.abar, g, gp, &w.rhat, &w.jac, &mut w.q);
-    b.force_virial(&d, &w.q, &w.rij, &w.owner, &w.centre_atom, &mut w.force, &mut w.virial);
+    b.force_virial(
+        &d,
+        &w.q,
+        &w.rij,
+        &w.owner,
+        &w.centre_atom,
+        &mut w.force,
+        &mut w.virial,
+    );
 }
 
 /// After [`forward`]: the loss of the batch and its gradient with respect to every parameter,
@@ -228,7 +299,17 @@ pub fn gradient<T: Real, B: Backend<T>>(
         &mut w.fres,
         &mut w.vres,
     );
-    b.virtual_tangent(&d, &w.fres, &w.vres, &w.jac, &w.rij, &w.owner, &w.centre_atom, &mut w.rdot, &mut w.sdot);
+    b.virtual_tangent(
+        &d,
+        &w.fres,
+        &w.vres,
+        &w.jac,
+        &w.rij,
+        &w.owner,
+        &w.centre_atom,
+        &mut w.rdot,
+        &mut w.sdot,
+    );
     let (g, gp) = (w.embed.y.last().unwrap(), w.embed.ydot.last().unwrap());
     b.contract_tangent(&d, g, gp, &w.rhat, &w.rdot, &w.a, &mut w.adot, &mut w.ddot);
     b.fill(&mut m.grad, T::zero());
@@ -240,14 +321,30 @@ pub fn gradient<T: Real, B: Backend<T>>(
         for (l, layer) in net.layers.iter().enumerate() {
             let (head, tail) = c.ydot.split_at_mut(l);
             let xdot = if l == 0 { &w.ddot } else { &head[l - 1] };
-            b.dense_tangent(layer, &m.params, rows.clone(), &c.h[l], xdot, &mut c.zdot[l], &mut tail[0]);
+            b.dense_tangent(
+                layer,
+                &m.params,
+                rows.clone(),
+                &c.h[l],
+                xdot,
+                &mut c.zdot[l],
+                &mut tail[0],
+            );
         }
         for (l, layer) in net.layers.iter().enumerate().rev() {
             let last = l + 1 == net.layers.len();
             let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
             let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
-            let (ybar, ydotbar) = if last { (&w.ebar, &w.ones_c) } else { (&xb_tail[0], &xdb_tail[0]) };
-            let (x, xdot) = if l == 0 { (&w.desc, &w.ddot) } else { (&c.y[l - 1], &c.ydot[l - 1]) };
+            let (ybar, ydotbar) = if last {
+                (&w.ebar, &w.ones_c)
+            } else {
+                (&xb_tail[0], &xdb_tail[0])
+            };
+            let (x, xdot) = if l == 0 {
+                (&w.desc, &w.ddot)
+            } else {
+                (&c.y[l - 1], &c.ydot[l - 1])
+            };
             b.dense_dual_backward(
                 layer,
                 &m.params,
@@ -263,7 +360,17 @@ pub fn gradient<T: Real, B: Backend<T>>(
             );
         }
     }
-    b.contract_dual(&d, &w.a, &w.adot, &w.fit.xbar[0], &w.fit.xdotbar[0], &w.rhat, &w.rdot, &mut w.gbar, &mut w.gdotbar);
+    b.contract_dual(
+        &d,
+        &w.a,
+        &w.adot,
+        &w.fit.xbar[0],
+        &w.fit.xdotbar[0],
+        &w.rhat,
+        &w.rdot,
+        &mut w.gbar,
+        &mut w.gdotbar,
+    );
     // Embedding nets: dual reverse with the stored unit tangents scaled by ṡ; nothing flows
     // into R̂ (coordinates are data), so layer 0 computes no input adjoint.
     for ti in 0..d.ntypes {
@@ -275,8 +382,16 @@ pub fn gradient<T: Real, B: Backend<T>>(
                 let last = l + 1 == net.layers.len();
                 let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
                 let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
-                let (ybar, ydotbar) = if last { (&w.gbar, &w.gdotbar) } else { (&xb_tail[0], &xdb_tail[0]) };
-                let (x, xdot) = if l == 0 { (&w.s, &w.ones_s) } else { (&c.y[l - 1], &c.ydot[l - 1]) };
+                let (ybar, ydotbar) = if last {
+                    (&w.gbar, &w.gdotbar)
+                } else {
+                    (&xb_tail[0], &xdb_tail[0])
+                };
+                let (x, xdot) = if l == 0 {
+                    (&w.s, &w.ones_s)
+                } else {
+                    (&c.y[l - 1], &c.ydot[l - 1])
+                };
                 let xbar = (l > 0).then(|| (&mut xb_head[l], &mut xdb_head[l]));
                 b.dense_dual_backward(
                     layer,

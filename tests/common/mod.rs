@@ -69,7 +69,10 @@ pub fn model_a() -> Option<Model> {
             env_protection: 0.0,
             set_davg_zero: false,
         },
-        fitting: FittingSpec { neuron: vec![32, 32, 32], resnet_dt: true },
+        fitting: FittingSpec {
+            neuron: vec![32, 32, 32],
+            resnet_dt: true,
+        },
     };
     let mut m = Model::new(spec, 0);
     load_params(&mut m, &dir.join("npy"));
@@ -115,8 +118,14 @@ impl RefFrames {
     /// A per-atom reference array `[nframes][natoms][k]` permuted to sorted order, frame f.
     pub fn sorted(&self, a: &ArrayD<f64>, f: usize) -> Vec<f64> {
         let k = a.len() / (a.shape()[0] * self.perm.len());
-        let a = a.to_shape(IxDyn(&[a.shape()[0], self.perm.len(), k])).unwrap();
-        self.perm.iter().flat_map(|&i| (0..k).map(move |c| (i, c))).map(|(i, c)| a[[f, i, c]]).collect()
+        let a = a
+            .to_shape(IxDyn(&[a.shape()[0], self.perm.len(), k]))
+            .unwrap();
+        self.perm
+            .iter()
+            .flat_map(|&i| (0..k).map(move |c| (i, c)))
+            .map(|(i, c)| a[[f, i, c]])
+            .collect()
     }
 }
 
@@ -144,12 +153,20 @@ pub fn ref_frames() -> Option<RefFrames> {
     for f in 0..3 {
         rf.coord.push(rf.sorted(&coord, f));
         rf.force_label.push(rf.sorted(&fl, f));
-        rf.cell.push(cell.index_axis(ndarray::Axis(0), f).iter().copied().collect());
+        rf.cell.push(
+            cell.index_axis(ndarray::Axis(0), f)
+                .iter()
+                .copied()
+                .collect(),
+        );
     }
     Some(rf)
 }
 
 pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }

@@ -1,6 +1,7 @@
 //! One body per property, instantiated for every backend by [`backend_suite!`].
 #![allow(dead_code)]
 
+pub mod fd;
 pub mod reference;
 
 /// Instantiates the whole suite for a backend expression implementing `Backend<f64>`.
@@ -10,6 +11,26 @@ macro_rules! backend_suite {
         #[test]
         fn reference_predictions() {
             suite::reference::predictions(&$backend);
+        }
+        #[test]
+        fn fd_forces() {
+            suite::fd::forces(&$backend);
+        }
+        #[test]
+        fn fd_virial() {
+            suite::fd::virial(&$backend);
+        }
+        #[test]
+        fn fd_loss_gradient() {
+            suite::fd::loss_gradient(&$backend);
+        }
+        #[test]
+        fn reference_env_mat_and_descriptor() {
+            suite::reference::env_mat_and_descriptor(&$backend);
+        }
+        #[test]
+        fn reference_adam_steps() {
+            suite::reference::adam_steps(&$backend);
         }
         #[test]
         fn reference_training_gradients() {

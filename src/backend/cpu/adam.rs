@@ -8,7 +8,12 @@ pub fn adam<T: Real>(s: AdamStep, params: &mut [T], grad: &[T], m: &mut [T], v: 
     let bc1 = 1.0 - s.beta1.powi(s.t as i32);
     let bc2_sqrt = (1.0 - s.beta2.powi(s.t as i32)).sqrt();
     let step = T::of(s.lr / bc1);
-    let (b1, b2, eps, bc2) = (T::of(s.beta1), T::of(s.beta2), T::of(s.eps), T::of(bc2_sqrt));
+    let (b1, b2, eps, bc2) = (
+        T::of(s.beta1),
+        T::of(s.beta2),
+        T::of(s.eps),
+        T::of(bc2_sqrt),
+    );
     params
         .par_iter_mut()
         .zip(grad.par_iter())

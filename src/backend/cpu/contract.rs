@@ -75,13 +75,23 @@ pub fn backward<T: Real>(d: &Dims, a: &[T], dbar: &[T], abar: &mut [T]) {
     let (m1, m2) = (d.m1, d.m2);
     abar.par_chunks_mut(4 * m1).enumerate().for_each(|(c, ab)| {
         ab.fill(T::zero());
-        axis_backward(d, &dbar[c * m1 * m2..(c + 1) * m1 * m2], &a[c * 4 * m1..(c + 1) * 4 * m1], ab);
+        axis_backward(
+            d,
+            &dbar[c * m1 * m2..(c + 1) * m1 * m2],
+            &a[c * 4 * m1..(c + 1) * 4 * m1],
+            ab,
+        );
     });
 }
 
 /// Runs `f(c, slot, out_row)` over every slot, in parallel per centre, where `out` has
 /// `width` values per slot.
-fn per_slot<T: Real>(d: &Dims, out: &mut [T], width: usize, f: impl Fn(usize, usize, &mut [T]) + Sync) {
+fn per_slot<T: Real>(
+    d: &Dims,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(usize, usize, &mut [T]) + Sync,
+) {
     for ti in 0..d.ntypes {
         for tj in 0..d.ntypes {
             let blk = d.block(ti, tj);
@@ -103,12 +113,24 @@ fn per_slot<T: Real>(d: &Dims, out: &mut [T], width: usize, f: impl Fn(usize, us
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn slot_backward<T: Real>(d: &Dims, abar: &[T], g: &[T], gp: &[T], rhat: &[T], jac: &[T], q: &mut [T]) {
+pub fn slot_backward<T: Real>(
+    d: &Dims,
+    abar: &[T],
+    g: &[T],
+    gp: &[T],
+    rhat: &[T],
+    jac: &[T],
+    q: &mut [T],
+) {
     let m1 = d.m1;
     let f = inv_nnei::<T>(d);
     per_slot(d, q, 3, |c, s, qs| {
         let ab = &abar[c * 4 * m1..(c + 1) * 4 * m1];
-        let (gs, gps, rh) = (&g[s * m1..(s + 1) * m1], &gp[s * m1..(s + 1) * m1], &rhat[4 * s..4 * s + 4]);
+        let (gs, gps, rh) = (
+            &g[s * m1..(s + 1) * m1],
+            &gp[s * m1..(s + 1) * m1],
+            &rhat[4 * s..4 * s + 4],
+        );
         let mut rbar = [T::zero(); 4];
         for a in 0..m1 {
             let arow = &ab[4 * a..4 * a + 4];
@@ -192,7 +214,10 @@ pub fn dual<T: Real>(
         let (ab, adb) = &per_centre[c];
         let (rh, rd) = (&rhat[4 * s..4 * s + 4], &rdot[4 * s..4 * s + 4]);
         for i in 0..m1 {
-            gb[i] = f * (0..4).map(|k| ab[4 * i + k] * rh[k] + adb[4 * i + k] * rd[k]).sum::<T>();
+            gb[i] = f
+                * (0..4)
+                    .map(|k| ab[4 * i + k] * rh[k] + adb[4 * i + k] * rd[k])
+                    .sum::<T>();
         }
     });
     per_slot(d, gdotbar, m1, |c, s, gdb| {

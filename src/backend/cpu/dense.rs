@@ -32,12 +32,40 @@ fn split_rows<'a, T>(buf: &'a mut [T], width: usize, parts: &[Range<usize>]) -> 
 
 /// `c = x·W` (+ `beta`·c) for the rows of one chunk.
 fn matmul_w<T: Real>(l: &Layer, w: &[T], n: usize, x: &[T], beta: T, c: &mut [T]) {
-    T::gemm(n, l.nin, l.nout, T::one(), x, l.nin as isize, 1, w, l.nout as isize, 1, beta, c, l.nout as isize);
+    T::gemm(
+        n,
+        l.nin,
+        l.nout,
+        T::one(),
+        x,
+        l.nin as isize,
+        1,
+        w,
+        l.nout as isize,
+        1,
+        beta,
+        c,
+        l.nout as isize,
+    );
 }
 
 /// `c = z·Wᵀ` for the rows of one chunk.
 fn matmul_wt<T: Real>(l: &Layer, w: &[T], n: usize, z: &[T], c: &mut [T]) {
-    T::gemm(n, l.nout, l.nin, T::one(), z, l.nout as isize, 1, w, 1, l.nout as isize, T::zero(), c, l.nin as isize);
+    T::gemm(
+        n,
+        l.nout,
+        l.nin,
+        T::one(),
+        z,
+        l.nout as isize,
+        1,
+        w,
+        1,
+        l.nout as isize,
+        T::zero(),
+        c,
+        l.nin as isize,
+    );
 }
 
 fn dphi<T: Real>(l: &Layer, h: T) -> T {
@@ -77,14 +105,21 @@ fn idt<'a, T: Real>(l: &Layer, p: &'a [T]) -> Option<&'a [T]> {
 }
 
 pub fn forward<T: Real>(l: &Layer, p: &[T], rows: Range<usize>, x: &[T], h: &mut [T], y: &mut [T]) {
-    let (w, b, idt) = (&p[l.w..l.w + l.nin * l.nout], &p[l.b..l.b + l.nout], idt(l, p));
+    let (w, b, idt) = (
+        &p[l.w..l.w + l.nin * l.nout],
+        &p[l.b..l.b + l.nout],
+        idt(l, p),
+    );
     let parts = chunks(&rows);
     let hs = split_rows(h, l.nout, &parts);
     let ys = split_rows(y, l.nout, &parts);
     parts.par_iter().zip(hs).zip(ys).for_each(|((r, h), y)| {
         let xr = &x[r.start * l.nin..r.end * l.nin];
         matmul_w(l, w, r.len(), xr, T::zero(), h);
-        for (hrow, (yrow, xrow)) in h.chunks_mut(l.nout).zip(y.chunks_mut(l.nout).zip(xr.chunks(l.nin))) {
+        for (hrow, (yrow, xrow)) in h
+            .chunks_mut(l.nout)
+            .zip(y.chunks_mut(l.nout).zip(xr.chunks(l.nin)))
+        {
             for k in 0..l.nout {
                 let z = hrow[k] + b[k];
                 hrow[k] = if l.tanh { z.tanh() } else { z };
@@ -95,7 +130,14 @@ pub fn forward<T: Real>(l: &Layer, p: &[T], rows: Range<usize>, x: &[T], h: &mut
     });
 }
 
-pub fn backward<T: Real>(l: &Layer, p: &[T], rows: Range<usize>, h: &[T], ybar: &[T], xbar: &mut [T]) {
+pub fn backward<T: Real>(
+    l: &Layer,
+    p: &[T],
+    rows: Range<usize>,
+    h: &[T],
+    ybar: &[T],
+    xbar: &mut [T],
+) {
     let (w, idt) = (&p[l.w..l.w + l.nin * l.nout], idt(l, p));
     let parts = chunks(&rows);
     let xs = split_rows(xbar, l.nin, &parts);
@@ -171,12 +213,16 @@ pub fn dual_backward<T: Real>(
     let (w, idt) = (&p[l.w..l.w + l.nin * l.nout], idt(l, p));
     let (nin, nout) = (l.nin, l.nout);
     let parts = chunks(&rows);
-    let (xbs, xdbs): (Vec<Option<&mut [T]>>, Vec<Option<&mut [T]>>) = match xbar {
+    type Pieces<'a, T> = Vec<Option<&'a mut [T]>>;
+    let (xbs, xdbs): (Pieces<T>, Pieces<T>) = match xbar {
         Some((xb, xdb)) => (
             split_rows(xb, nin, &parts).into_iter().map(Some).collect(),
             split_rows(xdb, nin, &parts).into_iter().map(Some).collect(),
         ),
-        None => (parts.iter().map(|_| None).collect(), parts.iter().map(|_| None).collect()),
+        None => (
+            parts.iter().map(|_| None).collect(),
+            parts.iter().map(|_| None).collect(),
+        ),
     };
     let partials: Vec<Partial<T>> = parts
         .par_iter()
@@ -186,7 +232,9 @@ pub fn dual_backward<T: Real>(
             let n = r.len();
             let so = |row: usize| scale.map_or(T::one(), |s| s[row]);
             let xr = &x[r.start * nin..r.end * nin];
-            let xd: Vec<T> = (0..n * nin).map(|i| xdot[r.start * nin + i] * so(r.start + i / nin)).collect();
+            let xd: Vec<T> = (0..n * nin)
+                .map(|i| xdot[r.start * nin + i] * so(r.start + i / nin))
+                .collect();
             let mut zbar = vec![T::zero(); n * nout];
             let mut zdbar = vec![T::zero(); n * nout];
             let mut gidt = vec![T::zero(); if idt.is_some() { nout } else { 0 }];
@@ -210,8 +258,36 @@ pub fn dual_backward<T: Real>(
             }
             let mut gw = vec![T::zero(); nin * nout];
             // W̄ = xᵀ z̄ + ẋᵀ ż̄
-            T::gemm(nin, n, nout, T::one(), xr, 1, nin as isize, &zbar, nout as isize, 1, T::zero(), &mut gw, nout as isize);
-            T::gemm(nin, n, nout, T::one(), &xd, 1, nin as isize, &zdbar, nout as isize, 1, T::one(), &mut gw, nout as isize);
+            T::gemm(
+                nin,
+                n,
+                nout,
+                T::one(),
+                xr,
+                1,
+                nin as isize,
+                &zbar,
+                nout as isize,
+                1,
+                T::zero(),
+                &mut gw,
+                nout as isize,
+            );
+            T::gemm(
+                nin,
+                n,
+                nout,
+                T::one(),
+                &xd,
+                1,
+                nin as isize,
+                &zdbar,
+                nout as isize,
+                1,
+                T::one(),
+                &mut gw,
+                nout as isize,
+            );
             let mut gb = vec![T::zero(); nout];
             for (i, z) in zbar.iter().enumerate() {
                 gb[i % nout] += *z;
@@ -220,13 +296,18 @@ pub fn dual_backward<T: Real>(
                 matmul_wt(l, w, n, &zbar, xb);
                 matmul_wt(l, w, n, &zdbar, xdb);
                 let span = r.start * nout..r.end * nout;
-                for (row, (xrow, xdrow)) in xb.chunks_mut(nin).zip(xdb.chunks_mut(nin)).enumerate() {
+                for (row, (xrow, xdrow)) in xb.chunks_mut(nin).zip(xdb.chunks_mut(nin)).enumerate()
+                {
                     let o = span.start + row * nout;
                     add_skip_t(l, &ybar[o..o + nout], xrow);
                     add_skip_t(l, &ydotbar[o..o + nout], xdrow);
                 }
             }
-            Partial { w: gw, b: gb, idt: gidt }
+            Partial {
+                w: gw,
+                b: gb,
+                idt: gidt,
+            }
         })
         .collect();
     for part in partials {

@@ -58,9 +58,15 @@ pub fn virtual_tangent<T: Real>(
             sdot[s] = T::zero();
             return;
         }
-        let (i, o, fr) = (centre_atom[c] as usize, owner[s] as usize, d.centre_frame(c));
+        let (i, o, fr) = (
+            centre_atom[c] as usize,
+            owner[s] as usize,
+            d.centre_frame(c),
+        );
         let u: [T; 3] = std::array::from_fn(|a| {
-            let wr = (0..3).map(|b| vres[9 * fr + 3 * a + b] * rij[3 * s + b]).sum::<T>();
+            let wr = (0..3)
+                .map(|b| vres[9 * fr + 3 * a + b] * rij[3 * s + b])
+                .sum::<T>();
             fres[3 * i + a] - fres[3 * o + a] - wr
         });
         for (k, r) in rd.iter_mut().enumerate() {

@@ -64,11 +64,27 @@ impl<T: Real> Backend<T> for Cpu {
         env_mat::env_mat(d, env, rij, owner, davg, dstd, rhat, jac, s);
     }
 
-    fn dense_forward(&self, l: &Layer, p: &Vec<T>, rows: Range<usize>, x: &Vec<T>, h: &mut Vec<T>, y: &mut Vec<T>) {
+    fn dense_forward(
+        &self,
+        l: &Layer,
+        p: &Vec<T>,
+        rows: Range<usize>,
+        x: &Vec<T>,
+        h: &mut Vec<T>,
+        y: &mut Vec<T>,
+    ) {
         dense::forward(l, p, rows, x, h, y);
     }
 
-    fn dense_backward(&self, l: &Layer, p: &Vec<T>, rows: Range<usize>, io: DenseIo<Vec<T>>, ybar: &Vec<T>, xbar: &mut Vec<T>) {
+    fn dense_backward(
+        &self,
+        l: &Layer,
+        p: &Vec<T>,
+        rows: Range<usize>,
+        io: DenseIo<Vec<T>>,
+        ybar: &Vec<T>,
+        xbar: &mut Vec<T>,
+    ) {
         dense::backward(l, p, rows, io.h, ybar, xbar);
     }
 
@@ -101,10 +117,19 @@ impl<T: Real> Backend<T> for Cpu {
     ) {
         let xbar = xbar.map(|(a, b)| (a.as_mut_slice(), b.as_mut_slice()));
         let scale = scale.map(|s| s.as_slice());
-        dense::dual_backward(l, p, rows, io.x, io.h, xdot, zdot, scale, ybar, ydotbar, grad, xbar);
+        dense::dual_backward(
+            l, p, rows, io.x, io.h, xdot, zdot, scale, ybar, ydotbar, grad, xbar,
+        );
     }
 
-    fn contract_forward(&self, d: &Dims, g: &Vec<T>, rhat: &Vec<T>, a: &mut Vec<T>, desc: &mut Vec<T>) {
+    fn contract_forward(
+        &self,
+        d: &Dims,
+        g: &Vec<T>,
+        rhat: &Vec<T>,
+        a: &mut Vec<T>,
+        desc: &mut Vec<T>,
+    ) {
         contract::forward(d, g, rhat, a, desc);
     }
 
@@ -154,7 +179,14 @@ impl<T: Real> Backend<T> for Cpu {
         contract::dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar);
     }
 
-    fn energy(&self, d: &Dims, e_fit: &Vec<T>, bias: &Vec<T>, e_atom: &mut Vec<T>, energy: &mut Vec<T>) {
+    fn energy(
+        &self,
+        d: &Dims,
+        e_fit: &Vec<T>,
+        bias: &Vec<T>,
+        e_atom: &mut Vec<T>,
+        energy: &mut Vec<T>,
+    ) {
         scatter::energy(d, e_fit, bias, e_atom, energy);
     }
 
@@ -202,7 +234,14 @@ impl<T: Real> Backend<T> for Cpu {
         loss::virtual_tangent(d, fres, vres, jac, rij, owner, centre_atom, rdot, sdot);
     }
 
-    fn adam(&self, s: AdamStep, params: &mut Vec<T>, grad: &Vec<T>, m: &mut Vec<T>, v: &mut Vec<T>) {
+    fn adam(
+        &self,
+        s: AdamStep,
+        params: &mut Vec<T>,
+        grad: &Vec<T>,
+        m: &mut Vec<T>,
+        v: &mut Vec<T>,
+    ) {
         adam::adam(s, params, grad, m, v);
     }
 }

@@ -5,9 +5,9 @@ use crate::backend::{Dims, Real};
 
 pub fn energy<T: Real>(d: &Dims, e_fit: &[T], bias: &[T], e_atom: &mut [T], energy: &mut [T]) {
     let mut acc = vec![0.0f64; d.nframes];
-    for t in 0..d.ntypes {
+    for (t, &bt) in bias.iter().enumerate().take(d.ntypes) {
         for c in d.centres(t) {
-            e_atom[c] = e_fit[c] + bias[t];
+            e_atom[c] = e_fit[c] + bt;
             acc[d.centre_frame(c)] += e_atom[c].f64();
         }
     }

@@ -1,0 +1,305 @@
+//! Finite-difference checks in f64: F = −∂E/∂r, W from a strain of the cell, and the parameter
+//! gradient of the full loss (energy + force + virial terms) for sampled parameters of every
+//! layer kind, on periodic, triclinic and non-periodic systems.
+
+use dpw::backend::{Backend, Prefactors};
+use dpw::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
+use dpw::train::batch::Frame;
+use dpw::train::predict::{loss_and_grad, predict, Prediction};
+
+/// A small owned system.
+pub struct Sys {
+    pub atype: Vec<usize>,
+    pub coord: Vec<f64>,
+    pub cell: Option<Vec<f64>>,
+    pub energy: f64,
+    pub force: Vec<f64>,
+    pub virial: Vec<f64>,
+}
+
+impl Sys {
+    fn frame(&self) -> Frame<'_> {
+        Frame {
+            coord: &self.coord,
+            cell: self.cell.as_deref(),
+            energy: self.energy,
+            force: &self.force,
+            virial: Some(&self.virial),
+        }
+    }
+}
+
+/// Deterministic pseudo-random numbers in [0, 1).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// `n_per_type` atoms of each type at random positions at least 1.2 Å apart, in a triclinic
+/// cell (rows a, b, c) or, without a cell, in a 6 Å cube.
+pub fn random_system(n_per_type: &[usize], cell: Option<[f64; 9]>, seed: u64) -> Sys {
+    let mut rng = Lcg(seed);
+    let atype: Vec<usize> = n_per_type
+        .iter()
+        .enumerate()
+        .flat_map(|(t, &n)| std::iter::repeat_n(t, n))
+        .collect();
+    let mut pos: Vec<[f64; 3]> = Vec::new();
+    while pos.len() < atype.len() {
+        let s = [rng.next(), rng.next(), rng.next()];
+        let r: [f64; 3] = match cell {
+            Some(c) => std::array::from_fn(|j| (0..3).map(|i| s[i] * c[3 * i + j]).sum()),
+            None => s.map(|x| 6.0 * x),
+        };
+        // Only the non-periodic distance is checked: enough to keep atoms apart for these tests.
+        if pos
+            .iter()
+            .all(|p| (0..3).map(|k| (p[k] - r[k]).powi(2)).sum::<f64>() > 1.44)
+        {
+            pos.push(r);
+        }
+    }
+    let n = atype.len();
+    Sys {
+        atype,
+        coord: pos.concat(),
+        cell: cell.map(|c| c.to_vec()),
+        energy: -3.0 * n as f64,
+        force: (0..3 * n).map(|_| rng.next() - 0.5).collect(),
+        virial: (0..9).map(|_| rng.next() - 0.5).collect(),
+    }
+}
+
+pub fn small_model(ntypes: usize, type_one_side: bool, sel: Vec<usize>, seed: u64) -> Model {
+    let spec = ModelSpec {
+        type_map: ["A", "B", "C"][..ntypes]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        descriptor: DescriptorSpec {
+            rcut: 4.0,
+            rcut_smth: 1.0,
+            sel,
+            neuron: vec![4, 8, 16],
+            axis_neuron: 4,
+            resnet_dt: true,
+            type_one_side,
+            env_protection: 0.0,
+            set_davg_zero: false,
+        },
+        fitting: FittingSpec {
+            neuron: vec![12, 12],
+            resnet_dt: true,
+        },
+    };
+    let mut m = Model::new(spec, seed);
+    for t in 0..ntypes {
+        m.davg[4 * t] = 0.1 + 0.05 * t as f64;
+        for k in 0..4 {
+            m.dstd[4 * t + k] = 0.3 + 0.1 * k as f64;
+        }
+        m.bias[t] = -1.0 - t as f64;
+    }
+    m
+}
+
+pub fn cases() -> Vec<(&'static str, Model, Sys)> {
+    vec![
+        (
+            "periodic orthorhombic",
+            small_model(2, true, vec![20, 30], 1),
+            random_system(
+                &[6, 10],
+                Some([7.0, 0.0, 0.0, 0.0, 7.5, 0.0, 0.0, 0.0, 8.0]),
+                11,
+            ),
+        ),
+        (
+            // A cell smaller than 2·rcut along every direction: several images per atom.
+            "periodic triclinic",
+            small_model(2, false, vec![40, 40], 2),
+            random_system(
+                &[4, 5],
+                Some([5.0, 0.0, 0.0, 1.2, 5.2, 0.0, -0.9, 0.8, 5.5]),
+                12,
+            ),
+        ),
+        (
+            "non-periodic",
+            small_model(3, false, vec![6, 8, 6], 3),
+            random_system(&[3, 6, 4], None, 13),
+        ),
+    ]
+}
+
+fn energy_of<B: Backend<f64>>(b: &B, m: &Model, s: &Sys) -> f64 {
+    predict(b, m, &s.atype, &[s.frame()]).unwrap().energy[0]
+}
+
+pub fn forces<B: Backend<f64>>(b: &B) {
+    for (name, m, s) in cases() {
+        let p = predict(b, &m, &s.atype, &[s.frame()]).unwrap();
+        let h = 1e-5;
+        let mut worst = 0.0f64;
+        for k in 0..s.coord.len() {
+            let mut sp = Sys {
+                coord: s.coord.clone(),
+                cell: s.cell.clone(),
+                ..s.clone_labels()
+            };
+            sp.coord[k] += h;
+            let ep = energy_of(b, &m, &sp);
+            sp.coord[k] -= 2.0 * h;
+            let em = energy_of(b, &m, &sp);
+            let fd = -(ep - em) / (2.0 * h);
+            worst = worst.max((fd - p.force[k]).abs());
+        }
+        let scale = p.force.iter().fold(0.0f64, |a, x| a.max(x.abs()));
+        eprintln!("{name}: max |F − FD| = {worst:.2e} (max |F| {scale:.2e})");
+        assert!(
+            worst < 1e-7 * scale.max(1.0),
+            "{name}: force vs FD off by {worst}"
+        );
+    }
+}
+
+impl Sys {
+    fn clone_labels(&self) -> Sys {
+        Sys {
+            atype: self.atype.clone(),
+            coord: vec![],
+            cell: None,
+            energy: self.energy,
+            force: self.force.clone(),
+            virial: self.virial.clone(),
+        }
+    }
+
+    /// The system under a homogeneous deformation r → r(I + ε) of atoms and cell.
+    fn strained(&self, eps: &[f64; 9]) -> Sys {
+        let map = |v: &[f64]| -> Vec<f64> {
+            v.chunks(3)
+                .flat_map(|r| {
+                    (0..3).map(move |b| {
+                        (0..3)
+                            .map(|a| r[a] * (f64::from(u8::from(a == b)) + eps[3 * a + b]))
+                            .sum::<f64>()
+                    })
+                })
+                .collect()
+        };
+        Sys {
+            coord: map(&self.coord),
+            cell: self.cell.as_deref().map(map),
+            ..self.clone_labels()
+        }
+    }
+}
+
+pub fn virial<B: Backend<f64>>(b: &B) {
+    for (name, m, s) in cases().into_iter().filter(|c| c.2.cell.is_some()) {
+        let p = predict(b, &m, &s.atype, &[s.frame()]).unwrap();
+        let h = 1e-6;
+        let mut worst = 0.0f64;
+        for ab in 0..9 {
+            let mut e = [0.0; 9];
+            e[ab] = h;
+            let ep = energy_of(b, &m, &s.strained(&e));
+            e[ab] = -h;
+            let em = energy_of(b, &m, &s.strained(&e));
+            // W[a][b] = −∂E/∂ε[b][a]
+            let (a, bb) = (ab / 3, ab % 3);
+            let fd = -(ep - em) / (2.0 * h);
+            worst = worst.max((fd - p.virial[3 * bb + a]).abs());
+        }
+        let scale = p.virial.iter().fold(0.0f64, |a, x| a.max(x.abs()));
+        eprintln!("{name}: max |W − FD| = {worst:.2e} (max |W| {scale:.2e})");
+        assert!(
+            worst < 1e-6 * scale.max(1.0),
+            "{name}: virial vs FD off by {worst}"
+        );
+    }
+}
+
+/// The loss as DeePMD-kit defines it (spec §9), mean over frames.
+pub fn loss_of(p: &Prediction, frames: &[Frame], pref: Prefactors, natoms: usize) -> f64 {
+    let n = natoms as f64;
+    let mut l = 0.0;
+    for (f, fr) in frames.iter().enumerate() {
+        let de = p.energy[f] - fr.energy;
+        let df: f64 = (0..3 * natoms)
+            .map(|k| (p.force[3 * natoms * f + k] - fr.force[k]).powi(2))
+            .sum();
+        let dv: f64 = (0..9)
+            .map(|k| (p.virial[9 * f + k] - fr.virial.unwrap()[k]).powi(2))
+            .sum();
+        l += pref.e * de * de / n + pref.f * df / (3.0 * n) + pref.v * dv / (9.0 * n);
+    }
+    l / frames.len() as f64
+}
+
+pub fn loss_gradient<B: Backend<f64>>(b: &B) {
+    let pref = Prefactors {
+        e: 0.7,
+        f: 3.0,
+        v: 0.9,
+    };
+    for (name, m, s) in cases() {
+        // Two frames (the second displaced), so the mean over frames is exercised too.
+        let mut s2 = Sys {
+            coord: s.coord.clone(),
+            cell: s.cell.clone(),
+            ..s.clone_labels()
+        };
+        s2.coord
+            .iter_mut()
+            .enumerate()
+            .for_each(|(k, x)| *x += 0.05 * ((k as f64) * 0.7).sin());
+        s2.energy += 0.8;
+        let frames = [s.frame(), s2.frame()];
+        let n = s.atype.len();
+        let (_, grad, _) = loss_and_grad(b, &m, &s.atype, &frames, pref).unwrap();
+        let loss_at = |p: &[f64]| {
+            let mut mm = m.clone();
+            mm.params.copy_from_slice(p);
+            loss_of(
+                &predict(b, &mm, &s.atype, &frames).unwrap(),
+                &frames,
+                pref,
+                n,
+            )
+        };
+        let h = 1e-6;
+        let mut worst = 0.0f64;
+        let mut checked = 0;
+        for t in m.layout().tensors {
+            // First, middle and last entry of every tensor: every layer kind of every net.
+            for k in [0, t.len() / 2, t.len() - 1] {
+                let i = t.offset + k;
+                let mut p = m.params.clone();
+                p[i] += h;
+                let lp = loss_at(&p);
+                p[i] -= 2.0 * h;
+                let lm = loss_at(&p);
+                let fd = (lp - lm) / (2.0 * h);
+                let err = (fd - grad[i]).abs() / (fd.abs() + grad[i].abs()).max(1e-3);
+                if err > 1e-5 {
+                    eprintln!(
+                        "  {name} {}[{k}]: analytic {} vs FD {}",
+                        t.name, grad[i], fd
+                    );
+                }
+                worst = worst.max(err);
+                checked += 1;
+            }
+        }
+        eprintln!("{name}: {checked} parameters, worst relative |∂L/∂θ − FD| = {worst:.2e}");
+        assert!(worst < 1e-5, "{name}: loss gradient vs FD off by {worst}");
+    }
+}
