@@ -191,9 +191,12 @@ fn water_input_with_auto_sel_and_string_and_list_batch_sizes() {
     assert_eq!(t.numb_steps, 1_000_000);
     assert_eq!(t.training_data.batch_size, BatchSizeSpec::Auto(32));
     // 192 atoms ⇒ auto:32 gives batch size 1 (the water example's value).
-    assert_eq!(t.training_data.batch_size.for_system(0, 192), 1);
-    assert_eq!(BatchSizeSpec::Auto(32).for_system(0, 5), 7);
-    assert_eq!(BatchSizeSpec::Max(32).for_system(0, 5), 6);
+    assert_eq!(t.training_data.batch_size.for_system(0, 192), Some(1));
+    assert_eq!(BatchSizeSpec::Auto(32).for_system(0, 5), Some(7));
+    assert_eq!(BatchSizeSpec::Max(32).for_system(0, 5), Some(6));
+    assert_eq!(BatchSizeSpec::Filter(32).for_system(0, 64), Some(1));
+    assert!(!BatchSizeSpec::Filter(32).keeps_system(64));
+    assert_eq!(BatchSizeSpec::PerSystem(vec![2]).for_system(1, 5), None);
     assert_eq!(
         t.training_data.system_paths[1],
         dir.path().join("data/data_1")

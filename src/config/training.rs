@@ -70,15 +70,16 @@ pub enum BatchSizeSpec {
 }
 
 impl BatchSizeSpec {
-    /// The batch size of system `index` with `natoms` atoms per frame.
-    pub fn for_system(&self, index: usize, natoms: usize) -> usize {
+    /// The batch size of system `index` with `natoms` atoms per frame. `None` only for a
+    /// per-system list without an entry at `index`: parsing checks one entry per listed system,
+    /// but a `systems` directory can expand to more systems than the list has.
+    pub fn for_system(&self, index: usize, natoms: usize) -> Option<usize> {
         let natoms = natoms.max(1);
         match self {
-            BatchSizeSpec::Fixed(bs) => *bs,
-            // Parsing checked one entry per system; the fallback only guards a caller bug.
-            BatchSizeSpec::PerSystem(v) => v.get(index).copied().unwrap_or(1),
-            BatchSizeSpec::Auto(n) => n.div_ceil(natoms).max(1),
-            BatchSizeSpec::Max(n) | BatchSizeSpec::Filter(n) => (n / natoms).max(1),
+            BatchSizeSpec::Fixed(bs) => Some(*bs),
+            BatchSizeSpec::PerSystem(v) => v.get(index).copied(),
+            BatchSizeSpec::Auto(n) => Some(n.div_ceil(natoms).max(1)),
+            BatchSizeSpec::Max(n) | BatchSizeSpec::Filter(n) => Some((n / natoms).max(1)),
         }
     }
 
