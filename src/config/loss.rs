@@ -1,0 +1,125 @@
+//! The `loss` section (type `ener`).
+
+use serde_json::{json, Value};
+
+use super::keys::{non_negative, Fixed, Schema, Section};
+use super::model::object;
+use super::ConfigError;
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// Prefactors move from `start_pref_X` to `limit_pref_X` as the lr decays. A term is active only
+/// when both are non-zero (DeePMD-kit's rule), see [`LossConfig::has_e`] etc.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LossConfig {
+    pub start_pref_e: f64,
+    pub limit_pref_e: f64,
+    pub start_pref_f: f64,
+    pub limit_pref_f: f64,
+    pub start_pref_v: f64,
+    pub limit_pref_v: f64,
+    /// `Some(c)`: force error divided by `|F| + c` (DeePMD-kit's relative force loss).
+    pub relative_f: Option<f64>,
+    /// true: energy and virial terms scaled by 1/N² instead of 1/N.
+    pub intensive_ener_virial: bool,
+}
+
+impl LossConfig {
+    pub fn has_e(&self) -> bool {
+        self.start_pref_e != 0.0 && self.limit_pref_e != 0.0
+    }
+    pub fn has_f(&self) -> bool {
+        self.start_pref_f != 0.0 && self.limit_pref_f != 0.0
+    }
+    pub fn has_v(&self) -> bool {
+        self.start_pref_v != 0.0 && self.limit_pref_v != 0.0
+    }
+}
+
+const NO_AE: &str = "atomic-energy labels are not trained";
+const NO_PF: &str = "atom-prefactor forces are not trained";
+const NO_GF: &str = "generalized forces are not trained";
+
+static LOSS: Schema = Schema {
+    keys: &[
+        "start_pref_e",
+        "limit_pref_e",
+        "start_pref_f",
+        "limit_pref_f",
+        "start_pref_v",
+        "limit_pref_v",
+        "relative_f",
+        "intensive_ener_virial",
+    ],
+    aliases: &[],
+    fixed: &[
+        ("type", Fixed::Str("ener"), "the only loss dpw implements"),
+        ("start_pref_ae", Fixed::Zero, NO_AE),
+        ("limit_pref_ae", Fixed::Zero, NO_AE),
+        ("start_pref_pf", Fixed::Zero, NO_PF),
+        ("limit_pref_pf", Fixed::Zero, NO_PF),
+        ("start_pref_gf", Fixed::Zero, NO_GF),
+        ("limit_pref_gf", Fixed::Zero, NO_GF),
+        ("numb_generalized_coord", Fixed::ZeroCount, NO_GF),
+        ("enable_atom_ener_coeff", Fixed::False, NO_AE),
+        (
+            "loss_func",
+            Fixed::Str("mse"),
+            "the MAE loss is not implemented",
+        ),
+        (
+            "use_huber",
+            Fixed::False,
+            "the Huber loss is not implemented",
+        ),
+    ],
+    // Only meaningful with use_huber, which must be false.
+    ignored: &["huber_delta"],
+};
+
+pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
+    let empty = json!({});
+    let sec = Section::new(v.unwrap_or(&empty), path, &LOSS)?;
+    let pref = |key: &str, default: f64| -> Result<f64> {
+        non_negative(sec.f64_or(key, default)?, &sec.path_of(key))
+    };
+    let relative_f = sec.opt_f64("relative_f")?;
+    if let Some(r) = relative_f {
+        non_negative(r, &sec.path_of("relative_f"))?;
+    }
+    let loss = LossConfig {
+        start_pref_e: pref("start_pref_e", 0.02)?,
+        limit_pref_e: pref("limit_pref_e", 1.0)?,
+        start_pref_f: pref("start_pref_f", 1000.0)?,
+        limit_pref_f: pref("limit_pref_f", 1.0)?,
+        start_pref_v: pref("start_pref_v", 0.0)?,
+        limit_pref_v: pref("limit_pref_v", 0.0)?,
+        relative_f,
+        intensive_ener_virial: sec.bool_or("intensive_ener_virial", false)?,
+    };
+    if !(loss.has_e() || loss.has_f() || loss.has_v()) {
+        return Err(ConfigError::invalid(
+            sec.path().to_string(),
+            "no loss term is active: each of energy, force and virial needs both its \
+             start_pref and limit_pref non-zero to be trained",
+        ));
+    }
+    Ok(loss)
+}
+
+impl LossConfig {
+    pub(super) fn to_json(&self) -> Value {
+        let mut v = json!({
+            "start_pref_e": self.start_pref_e,
+            "limit_pref_e": self.limit_pref_e,
+            "start_pref_f": self.start_pref_f,
+            "limit_pref_f": self.limit_pref_f,
+            "start_pref_v": self.start_pref_v,
+            "limit_pref_v": self.limit_pref_v,
+            "relative_f": self.relative_f,
+            "intensive_ener_virial": self.intensive_ener_virial,
+        });
+        LOSS.write_fixed(object(&mut v));
+        v
+    }
+}

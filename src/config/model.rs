@@ -1,0 +1,437 @@
+//! The `model` section: type map, the se_e2_a descriptor and the ener fitting net.
+
+use serde_json::{json, Map, Value};
+
+use super::keys::{
+    at_least_one, join, non_negative, positive, to_f64, to_list, to_str, to_usize_list, wrong_type,
+    Fixed, Schema, Section,
+};
+use super::ConfigError;
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Element names; type index i of the data is `type_map[i]`.
+    pub type_map: Vec<String>,
+    pub descriptor: DescriptorConfig,
+    pub fitting_net: FittingConfig,
+    /// Batches per system used for the davg/dstd and energy-bias statistics.
+    pub data_stat_nbatch: usize,
+    /// Lower bound on a std in the fitting input statistics.
+    pub data_stat_protect: f64,
+}
+
+/// Floating-point precision of a net's parameters. DeePMD-kit's `"default"` is float64 (unless
+/// `DP_INTERFACE_PREC=low`, which dpw does not read), so it loads as [`Precision::F64`] and is
+/// written back as `"float64"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    F64,
+    F32,
+}
+
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::F64 => "float64",
+            Precision::F32 => "float32",
+        }
+    }
+
+    fn parse(v: &Value, path: &str) -> Result<Self> {
+        match to_str(v, path)? {
+            "default" | "float64" => Ok(Precision::F64),
+            "float32" => Ok(Precision::F32),
+            other => Err(ConfigError::unsupported(
+                path,
+                format!("precision {other:?} is not supported; use \"default\", \"float64\" or \"float32\""),
+            )),
+        }
+    }
+}
+
+/// Neighbours kept per type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sel {
+    /// `"auto"` (factor 1.1) or `"auto:<factor>"`: the trainer counts the largest number of
+    /// neighbours of each type in the data and scales it by the factor.
+    Auto(f64),
+    /// One count per type, in `type_map` order.
+    Fixed(Vec<usize>),
+}
+
+impl Sel {
+    fn parse(v: &Value, path: &str, ntypes: usize) -> Result<Self> {
+        const EXPECTED: &str = "a list of integers (one per type), \"auto\" or \"auto:<factor>\"";
+        match v {
+            Value::String(s) if s == "auto" => Ok(Sel::Auto(1.1)),
+            Value::String(s) => {
+                let factor = s
+                    .strip_prefix("auto:")
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .filter(|f| f.is_finite() && *f > 0.0)
+                    .ok_or_else(|| wrong_type(path, EXPECTED, v))?;
+                Ok(Sel::Auto(factor))
+            }
+            Value::Array(_) => {
+                let sel = to_usize_list(v, path)?;
+                if sel.len() != ntypes {
+                    return Err(ConfigError::invalid(
+                        path,
+                        format!(
+                            "has {} entries but type_map has {ntypes} types; give one count per type",
+                            sel.len()
+                        ),
+                    ));
+                }
+                Ok(Sel::Fixed(sel))
+            }
+            _ => Err(wrong_type(path, EXPECTED, v)),
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        match self {
+            Sel::Auto(f) => Value::from(format!("auto:{f}")),
+            Sel::Fixed(sel) => json!(sel),
+        }
+    }
+}
+
+/// `se_e2_a` (alias `se_a`): the smooth two-body embedding with full relative coordinates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DescriptorConfig {
+    /// The `type` key as given, `"se_e2_a"` or `"se_a"` (kept for out.json).
+    pub r#type: String,
+    pub sel: Sel,
+    pub rcut: f64,
+    pub rcut_smth: f64,
+    /// Embedding-net widths.
+    pub neuron: Vec<usize>,
+    /// M2: how many rows of the embedding matrix form the second factor of the descriptor.
+    pub axis_neuron: usize,
+    pub resnet_dt: bool,
+    /// true: one embedding net per neighbour type; false: one per (centre, neighbour) pair.
+    pub type_one_side: bool,
+    pub precision: Precision,
+    pub trainable: bool,
+    pub seed: Option<u64>,
+    pub env_protection: f64,
+    pub set_davg_zero: bool,
+}
+
+/// `ener` fitting net: one net per atom type mapping the descriptor to an atomic energy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FittingConfig {
+    pub neuron: Vec<usize>,
+    pub resnet_dt: bool,
+    pub precision: Precision,
+    /// Cut-off ratio of the least-squares solve for the energy bias; `None` = machine default.
+    pub rcond: Option<f64>,
+    /// Fixed atomic energy per type (`null` = not fixed); empty = none fixed.
+    pub atom_ener: Vec<Option<f64>>,
+    pub trainable: bool,
+    pub seed: Option<u64>,
+}
+
+const TANH_ONLY: &str = "the only activation dpw implements";
+
+static MODEL: Schema = Schema {
+    keys: &[
+        "type_map",
+        "descriptor",
+        "fitting_net",
+        "data_stat_nbatch",
+        "data_stat_protect",
+    ],
+    aliases: &[],
+    fixed: &[
+        (
+            "pair_exclude_types",
+            Fixed::EmptyList,
+            "type exclusion is not implemented",
+        ),
+        (
+            "atom_exclude_types",
+            Fixed::EmptyList,
+            "type exclusion is not implemented",
+        ),
+        (
+            "preset_out_bias",
+            Fixed::Null,
+            "the energy bias is always computed from data",
+        ),
+    ],
+    ignored: &[],
+};
+
+static DESCRIPTOR: Schema = Schema {
+    keys: &[
+        "type",
+        "sel",
+        "rcut",
+        "rcut_smth",
+        "neuron",
+        "axis_neuron",
+        "resnet_dt",
+        "type_one_side",
+        "precision",
+        "trainable",
+        "seed",
+        "env_protection",
+        "set_davg_zero",
+    ],
+    aliases: &[("n_axis_neuron", "axis_neuron")],
+    fixed: &[
+        ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
+        (
+            "exclude_types",
+            Fixed::EmptyList,
+            "type exclusion is not implemented",
+        ),
+    ],
+    ignored: &[],
+};
+
+static FITTING: Schema = Schema {
+    keys: &[
+        "neuron",
+        "resnet_dt",
+        "precision",
+        "rcond",
+        "atom_ener",
+        "trainable",
+        "seed",
+    ],
+    aliases: &[("n_neuron", "neuron")],
+    fixed: &[
+        (
+            "type",
+            Fixed::Str("ener"),
+            "the only fitting dpw implements",
+        ),
+        ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
+        (
+            "numb_fparam",
+            Fixed::ZeroCount,
+            "frame parameters are not implemented",
+        ),
+        (
+            "numb_aparam",
+            Fixed::ZeroCount,
+            "atomic parameters are not implemented",
+        ),
+    ],
+    ignored: &[],
+};
+
+/// Layer widths: a non-empty list of positive integers.
+fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+    let v = sec.usize_list_or(key, default)?;
+    let path = sec.path_of(key);
+    if v.is_empty() {
+        return Err(ConfigError::invalid(
+            path,
+            "must list at least one layer width",
+        ));
+    }
+    if let Some(i) = v.iter().position(|&n| n == 0) {
+        return Err(ConfigError::invalid(
+            format!("{path}[{i}]"),
+            "a layer width must be >= 1",
+        ));
+    }
+    Ok(v)
+}
+
+fn precision(sec: &Section) -> Result<Precision> {
+    sec.get("precision").map_or(Ok(Precision::F64), |v| {
+        Precision::parse(v, &sec.path_of("precision"))
+    })
+}
+
+pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
+    let sec = Section::new(v, path, &MODEL)?;
+    let type_map = parse_type_map(&sec)?;
+    let descriptor = parse_descriptor(
+        sec.required("descriptor", "an object with \"type\": \"se_e2_a\"")?,
+        &sec.path_of("descriptor"),
+        type_map.len(),
+    )?;
+    let fitting_net = match sec.get("fitting_net") {
+        Some(v) => parse_fitting(v, &sec.path_of("fitting_net"))?,
+        None => parse_fitting(&json!({}), &sec.path_of("fitting_net"))?,
+    };
+    let data_stat_nbatch = sec.usize_or("data_stat_nbatch", 10)?;
+    at_least_one(data_stat_nbatch, &sec.path_of("data_stat_nbatch"))?;
+    let data_stat_protect = sec.f64_or("data_stat_protect", 0.01)?;
+    non_negative(data_stat_protect, &sec.path_of("data_stat_protect"))?;
+    Ok(ModelConfig {
+        type_map,
+        descriptor,
+        fitting_net,
+        data_stat_nbatch,
+        data_stat_protect,
+    })
+}
+
+fn parse_type_map(sec: &Section) -> Result<Vec<String>> {
+    let path = sec.path_of("type_map");
+    let expected = "a non-empty list of element names, e.g. [\"O\", \"H\"]";
+    let items = to_list(sec.required("type_map", expected)?, &path, expected)?;
+    if items.is_empty() {
+        return Err(ConfigError::invalid(
+            &path,
+            format!("is empty; expected {expected}"),
+        ));
+    }
+    let mut names: Vec<String> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let p = format!("{path}[{i}]");
+        let name = to_str(item, &p)?;
+        if name.is_empty() {
+            return Err(ConfigError::invalid(p, "an element name must not be empty"));
+        }
+        if names.iter().any(|n| n == name) {
+            return Err(ConfigError::invalid(p, format!("{name:?} appears twice")));
+        }
+        names.push(name.to_string());
+    }
+    Ok(names)
+}
+
+fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig> {
+    // The type decides which keys are valid, so it is checked before the keys are.
+    let type_path = join(path, "type");
+    let kind = match v.get("type") {
+        Some(t) => to_str(t, &type_path)?,
+        None if v.is_object() => {
+            return Err(ConfigError::Missing {
+                path: type_path,
+                expected: "\"se_e2_a\" (or its alias \"se_a\")".into(),
+            })
+        }
+        None => return Err(wrong_type(path, "an object", v)),
+    };
+    if kind != "se_e2_a" && kind != "se_a" {
+        return Err(ConfigError::unsupported(
+            type_path,
+            format!("descriptor type '{kind}' is not supported; dpw supports se_e2_a (se_a)"),
+        ));
+    }
+    let sec = Section::new(v, path, &DESCRIPTOR)?;
+    let sel = match sec.get("sel") {
+        Some(v) => Sel::parse(v, &sec.path_of("sel"), ntypes)?,
+        None => Sel::Auto(1.1),
+    };
+    let rcut = positive(sec.f64_or("rcut", 6.0)?, &sec.path_of("rcut"))?;
+    let rcut_smth = non_negative(sec.f64_or("rcut_smth", 0.5)?, &sec.path_of("rcut_smth"))?;
+    if rcut_smth >= rcut {
+        return Err(ConfigError::invalid(
+            sec.path_of("rcut_smth"),
+            format!("must be smaller than rcut ({rcut:?}), found {rcut_smth:?}"),
+        ));
+    }
+    let neuron = widths(&sec, "neuron", &[10, 20, 40])?;
+    let axis_neuron = sec.usize_or("axis_neuron", 4)?;
+    let m1 = *neuron.last().expect("widths() is non-empty");
+    if axis_neuron == 0 || axis_neuron > m1 {
+        return Err(ConfigError::invalid(
+            sec.path_of("axis_neuron"),
+            format!("must be between 1 and the last embedding width ({m1}), found {axis_neuron}"),
+        ));
+    }
+    Ok(DescriptorConfig {
+        r#type: kind.to_string(),
+        sel,
+        rcut,
+        rcut_smth,
+        neuron,
+        axis_neuron,
+        resnet_dt: sec.bool_or("resnet_dt", false)?,
+        type_one_side: sec.bool_or("type_one_side", false)?,
+        precision: precision(&sec)?,
+        trainable: sec.bool_or("trainable", true)?,
+        seed: sec.opt_u64("seed")?,
+        env_protection: sec.f64_or("env_protection", 0.0)?,
+        set_davg_zero: sec.bool_or("set_davg_zero", false)?,
+    })
+}
+
+fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
+    let sec = Section::new(v, path, &FITTING)?;
+    let atom_ener = match sec.get("atom_ener") {
+        None => vec![],
+        Some(v) => {
+            let p = sec.path_of("atom_ener");
+            let items = to_list(v, &p, "a list of numbers or nulls, one per type")?;
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match x {
+                    Value::Null => Ok(None),
+                    x => to_f64(x, &format!("{p}[{i}]")).map(Some),
+                })
+                .collect::<Result<_>>()?
+        }
+    };
+    Ok(FittingConfig {
+        neuron: widths(&sec, "neuron", &[120, 120, 120])?,
+        resnet_dt: sec.bool_or("resnet_dt", true)?,
+        precision: precision(&sec)?,
+        rcond: sec.opt_f64("rcond")?,
+        atom_ener,
+        trainable: sec.bool_or("trainable", true)?,
+        seed: sec.opt_u64("seed")?,
+    })
+}
+
+impl ModelConfig {
+    pub(super) fn to_json(&self) -> Value {
+        let d = &self.descriptor;
+        let mut descriptor = json!({
+            "type": d.r#type,
+            "sel": d.sel.to_value(),
+            "rcut": d.rcut,
+            "rcut_smth": d.rcut_smth,
+            "neuron": d.neuron,
+            "axis_neuron": d.axis_neuron,
+            "resnet_dt": d.resnet_dt,
+            "type_one_side": d.type_one_side,
+            "precision": d.precision.as_str(),
+            "trainable": d.trainable,
+            "seed": d.seed,
+            "env_protection": d.env_protection,
+            "set_davg_zero": d.set_davg_zero,
+        });
+        DESCRIPTOR.write_fixed(object(&mut descriptor));
+
+        let f = &self.fitting_net;
+        let mut fitting = json!({
+            "neuron": f.neuron,
+            "resnet_dt": f.resnet_dt,
+            "precision": f.precision.as_str(),
+            "rcond": f.rcond,
+            "atom_ener": f.atom_ener,
+            "trainable": f.trainable,
+            "seed": f.seed,
+        });
+        FITTING.write_fixed(object(&mut fitting));
+
+        let mut model = json!({
+            "type_map": self.type_map,
+            "descriptor": descriptor,
+            "fitting_net": fitting,
+            "data_stat_nbatch": self.data_stat_nbatch,
+            "data_stat_protect": self.data_stat_protect,
+        });
+        MODEL.write_fixed(object(&mut model));
+        model
+    }
+}
+
+/// The map inside a `json!({...})` literal.
+pub(super) fn object(v: &mut Value) -> &mut Map<String, Value> {
+    v.as_object_mut().expect("built from an object literal")
+}

@@ -1,0 +1,530 @@
+//! input.json → Config: DeePMD-kit's defaults, aliases, the expanded round trip, and one test
+//! per class of error, each checking that the message points at the offending key.
+
+use std::path::{Path, PathBuf};
+
+use dpw::config::{
+    load_config, AutoProb, BatchSizeSpec, Config, ConfigError, Precision, ProbBlock, ScaleByWorker,
+    Sel,
+};
+use serde_json::{json, Value};
+
+const MODEL_A: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/reference/deepmd-3.2.0/model_A/input.json"
+);
+
+/// A water input in the style of DeePMD-kit's examples/water/se_e2_a, using the forms that
+/// model_A does not: automatic sel, string and list batch sizes, aliases, comments.
+fn water() -> Value {
+    json!({
+        "_comment": "that's all",
+        "model": {
+            "type_map": ["O", "H"],
+            "descriptor": {
+                "type": "se_a",
+                "sel": "auto:1.1",
+                "rcut_smth": 0.50,
+                "rcut": 6.00,
+                "neuron": [25, 50, 100],
+                "resnet_dt": false,
+                "n_axis_neuron": 16,
+                "type_one_side": true,
+                "seed": 1,
+                "_comment": " that's all"
+            },
+            "fitting_net": {"neuron": [240, 240, 240], "resnet_dt": true, "seed": 1},
+            "_comment": " that's all"
+        },
+        "learning_rate": {"type": "exp", "decay_steps": 5000, "start_lr": 0.001, "stop_lr": 3.51e-8},
+        "loss": {
+            "type": "ener",
+            "start_pref_e": 0.02, "limit_pref_e": 1,
+            "start_pref_f": 1000, "limit_pref_f": 1,
+            "start_pref_v": 0, "limit_pref_v": 0
+        },
+        "training": {
+            "training_data": {
+                "systems": ["data/data_0", "data/data_1", "data/data_2"],
+                "batch_size": "auto:32",
+                "_comment": "that's all"
+            },
+            "validation_data": {
+                "systems": ["data/data_3"],
+                "batch_size": [1],
+                "numb_btch": 3
+            },
+            "numb_steps": 1000000,
+            "seed": 10,
+            "disp_file": "lcurve.out",
+            "disp_freq": 100,
+            "save_freq": 1000
+        }
+    })
+}
+
+/// Writes `input` as input.json in a fresh directory and loads it.
+fn load(input: &Value) -> (tempfile::TempDir, Result<Config, ConfigError>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("input.json");
+    std::fs::write(&path, serde_json::to_string_pretty(input).unwrap()).unwrap();
+    let result = load_config(&path);
+    (dir, result)
+}
+
+/// The water input with the value at JSON pointer `ptr` replaced (or added).
+fn water_with(ptr: &str, value: Value) -> Value {
+    let mut v = water();
+    let (parent, key) = ptr.rsplit_once('/').unwrap();
+    v.pointer_mut(parent)
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .insert(key.to_string(), value);
+    v
+}
+
+/// The message of a load that must fail.
+fn error_of(input: &Value) -> String {
+    let (_dir, result) = load(input);
+    let err = result.expect_err("input should be rejected");
+    err.to_string()
+}
+
+fn assert_mentions(msg: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(msg.contains(p), "message {msg:?} should mention {p:?}");
+    }
+}
+
+#[test]
+fn model_a_loads_with_values_and_defaults() {
+    if !Path::new(MODEL_A).exists() {
+        eprintln!("skipped: {MODEL_A} not found (shared/ is not next to the crate)");
+        return;
+    }
+    let c = load_config(MODEL_A).unwrap();
+
+    let m = &c.model;
+    assert_eq!(m.type_map, ["O", "H"]);
+    assert_eq!(m.data_stat_nbatch, 10);
+    assert_eq!(m.data_stat_protect, 0.01);
+    let d = &m.descriptor;
+    assert_eq!(d.r#type, "se_e2_a");
+    assert_eq!(d.sel, Sel::Fixed(vec![46, 92]));
+    assert_eq!((d.rcut, d.rcut_smth), (6.0, 0.5));
+    assert_eq!(d.neuron, [8, 16, 32]);
+    assert_eq!(d.axis_neuron, 4);
+    assert!(!d.resnet_dt && d.type_one_side && d.trainable && !d.set_davg_zero);
+    assert_eq!(d.precision, Precision::F64);
+    assert_eq!(d.seed, Some(1));
+    assert_eq!(d.env_protection, 0.0);
+    let f = &m.fitting_net;
+    assert_eq!(f.neuron, [32, 32, 32]);
+    assert!(f.resnet_dt && f.trainable);
+    assert_eq!(f.precision, Precision::F64);
+    assert_eq!((f.rcond, f.seed), (None, Some(1)));
+    assert!(f.atom_ener.is_empty());
+
+    let lr = &c.learning_rate;
+    assert_eq!(lr.start_lr, 1e-3);
+    assert_eq!(lr.stop_lr, Some(3.51e-8));
+    assert_eq!(lr.final_lr(), 3.51e-8);
+    assert_eq!(lr.decay_steps, 5000);
+    assert_eq!(lr.decay_rate, None);
+    assert!(!lr.smooth);
+    assert_eq!(lr.warmup_steps_for(100_000), 0);
+    assert_eq!(lr.warmup_start_factor, 0.0);
+    assert_eq!(lr.scale_by_worker, ScaleByWorker::Linear);
+
+    let l = &c.loss;
+    assert_eq!((l.start_pref_e, l.limit_pref_e), (0.02, 1.0));
+    assert_eq!((l.start_pref_f, l.limit_pref_f), (1000.0, 1.0));
+    assert_eq!((l.start_pref_v, l.limit_pref_v), (0.0, 0.0));
+    assert!(l.has_e() && l.has_f() && !l.has_v());
+    assert_eq!(l.relative_f, None);
+    assert!(!l.intensive_ener_virial);
+
+    assert_eq!(
+        (c.optimizer.adam_beta1, c.optimizer.adam_beta2),
+        (0.9, 0.999)
+    );
+
+    let t = &c.training;
+    assert_eq!(t.numb_steps, 100_000);
+    assert_eq!(t.seed, Some(10));
+    assert_eq!(t.disp_file, "lcurve.out");
+    assert_eq!((t.disp_freq, t.save_freq), (100, 100_000));
+    assert_eq!((t.save_ckpt.as_str(), t.max_ckpt_keep), ("model.ckpt", 5));
+    assert!(!t.disp_avg && t.disp_training && t.time_training);
+    assert_eq!(t.gradient_max_norm, 0.0);
+    assert!(t.validation_data.is_none());
+    let td = &t.training_data;
+    assert_eq!(td.batch_size, BatchSizeSpec::Fixed(1));
+    assert_eq!(td.auto_prob, AutoProb::SysSize);
+    assert_eq!(td.sys_probs, None);
+    assert_eq!(td.systems[0], "../../../data/water/data_0");
+    // Resolved against model_A/, i.e. shared/data/water/data_{0,1,2}.
+    let shared = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared"));
+    for (i, p) in td.system_paths.iter().enumerate() {
+        let want = shared.join(format!("data/water/data_{i}"));
+        assert_eq!(p.canonicalize().unwrap(), want.canonicalize().unwrap());
+    }
+}
+
+#[test]
+fn water_input_with_auto_sel_and_string_and_list_batch_sizes() {
+    let (dir, result) = load(&water());
+    let c = result.unwrap();
+    let d = &c.model.descriptor;
+    assert_eq!(d.r#type, "se_a");
+    assert_eq!(d.sel, Sel::Auto(1.1));
+    assert_eq!(
+        d.axis_neuron, 16,
+        "n_axis_neuron is an alias of axis_neuron"
+    );
+    assert_eq!(d.neuron, [25, 50, 100]);
+    assert!(d.type_one_side);
+    assert_eq!(c.model.fitting_net.neuron, [240, 240, 240]);
+
+    let t = &c.training;
+    assert_eq!(t.numb_steps, 1_000_000);
+    assert_eq!(t.training_data.batch_size, BatchSizeSpec::Auto(32));
+    // 192 atoms ⇒ auto:32 gives batch size 1 (the water example's value).
+    assert_eq!(t.training_data.batch_size.for_system(0, 192), Some(1));
+    assert_eq!(BatchSizeSpec::Auto(32).for_system(0, 5), Some(7));
+    assert_eq!(BatchSizeSpec::Max(32).for_system(0, 5), Some(6));
+    assert_eq!(BatchSizeSpec::Filter(32).for_system(0, 64), Some(1));
+    assert!(!BatchSizeSpec::Filter(32).keeps_system(64));
+    assert_eq!(BatchSizeSpec::PerSystem(vec![2]).for_system(1, 5), None);
+    assert_eq!(
+        t.training_data.system_paths[1],
+        dir.path().join("data/data_1")
+    );
+    let v = t.validation_data.as_ref().unwrap();
+    assert_eq!(v.numb_btch, 3);
+    assert_eq!(v.data.batch_size, BatchSizeSpec::PerSystem(vec![1]));
+    assert_eq!(v.data.system_paths, [dir.path().join("data/data_3")]);
+}
+
+#[test]
+fn other_accepted_forms() {
+    // "auto" alone, a single systems string, max:/filter: batch sizes, block probabilities.
+    let mut v = water_with("/model/descriptor/sel", json!("auto"));
+    let td = v.pointer_mut("/training/training_data").unwrap();
+    *td = json!({"systems": "data", "batch_size": "auto", "auto_prob": "prob_sys_size;0:1:1.0"});
+    let (_d, c) = load(&v);
+    let c = c.unwrap();
+    assert_eq!(c.model.descriptor.sel, Sel::Auto(1.1));
+    let td = &c.training.training_data;
+    assert_eq!(td.systems, ["data"]);
+    assert_eq!(td.batch_size, BatchSizeSpec::Auto(32));
+    let block = ProbBlock {
+        start: 0,
+        end: 1,
+        weight: 1.0,
+    };
+    assert_eq!(td.auto_prob, AutoProb::SysSizeBlocks(vec![block]));
+
+    for (given, want) in [
+        (json!("max:100"), BatchSizeSpec::Max(100)),
+        (json!("filter:200"), BatchSizeSpec::Filter(200)),
+        (json!([1, 2, 3]), BatchSizeSpec::PerSystem(vec![1, 2, 3])),
+        (json!(4), BatchSizeSpec::Fixed(4)),
+    ] {
+        let (_d, c) = load(&water_with("/training/training_data/batch_size", given));
+        assert_eq!(c.unwrap().training.training_data.batch_size, want);
+    }
+
+    // Sections left out get DeePMD-kit's defaults; stop_lr_ratio replaces stop_lr.
+    let mut v = water();
+    let root = v.as_object_mut().unwrap();
+    root.remove("loss");
+    root.insert("learning_rate".into(), json!({"stop_lr_ratio": 1e-3}));
+    root.insert(
+        "optimizer".into(),
+        json!({"type": "Adam", "adam_beta2": 0.99}),
+    );
+    let (_d, c) = load(&v);
+    let c = c.unwrap();
+    assert_eq!(c.loss.start_pref_f, 1000.0);
+    assert_eq!(
+        (c.learning_rate.stop_lr, c.learning_rate.stop_lr_ratio),
+        (None, Some(1e-3))
+    );
+    assert_eq!(c.learning_rate.final_lr(), 1e-6);
+    assert_eq!(c.optimizer.adam_beta2, 0.99);
+    // `1e6` steps written as a float is still an integer.
+    let (_d, c) = load(&water_with("/training/numb_steps", json!(1e6)));
+    assert_eq!(c.unwrap().training.numb_steps, 1_000_000);
+    // Unsupported keys at their DeePMD-kit default value are fine.
+    let (_d, c) = load(&water_with("/loss/start_pref_ae", json!(0.0)));
+    c.unwrap();
+}
+
+#[test]
+fn expanded_json_round_trips() {
+    let mut inputs = vec![water()];
+    if Path::new(MODEL_A).exists() {
+        inputs.push(serde_json::from_str(&std::fs::read_to_string(MODEL_A).unwrap()).unwrap());
+    }
+    for input in inputs {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::from_value(&input, dir.path()).unwrap();
+        let expanded = c.to_expanded_json();
+
+        // Every default is present and aliases are normalised.
+        let d = &expanded["model"]["descriptor"];
+        assert!(d.get("axis_neuron").is_some() && d.get("n_axis_neuron").is_none());
+        assert_eq!(d["type"], input["model"]["descriptor"]["type"]);
+        assert_eq!(d["activation_function"], "tanh");
+        assert_eq!(d["exclude_types"], json!([]));
+        assert_eq!(expanded["model"]["fitting_net"]["numb_fparam"], json!(0));
+        assert_eq!(expanded["loss"]["loss_func"], "mse");
+        assert_eq!(expanded["optimizer"]["type"], "Adam");
+        assert_eq!(expanded["training"]["save_ckpt"], "model.ckpt");
+        assert_eq!(expanded["training"]["tensorboard"], false);
+
+        // Loading it again, from a file beside the original, gives the same config.
+        let path = dir.path().join("out.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&expanded).unwrap()).unwrap();
+        assert_eq!(load_config(&path).unwrap(), c);
+        assert_eq!(
+            Config::from_value(&expanded, dir.path())
+                .unwrap()
+                .to_expanded_json(),
+            expanded
+        );
+    }
+}
+
+// ---- errors -------------------------------------------------------------------------------
+
+#[test]
+fn unknown_key_names_path_and_valid_keys() {
+    let msg = error_of(&water_with("/model/descriptor/nueron", json!([10, 20])));
+    assert_mentions(
+        &msg,
+        &[
+            "'nueron'",
+            "model.descriptor.nueron",
+            "valid keys",
+            "neuron",
+            "axis_neuron",
+            "rcut_smth",
+        ],
+    );
+    let msg = error_of(&water_with("/trainig", json!({})));
+    assert_mentions(&msg, &["trainig", "<root>", "training", "learning_rate"]);
+    // The typed variant carries the same facts.
+    let (_d, r) = load(&water_with("/loss/start_pref_x", json!(1)));
+    match r.unwrap_err().inner() {
+        ConfigError::UnknownKey {
+            key, path, valid, ..
+        } => {
+            assert_eq!(
+                (key.as_str(), path.as_str()),
+                ("start_pref_x", "loss.start_pref_x")
+            );
+            assert!(valid.iter().any(|k| k == "start_pref_e"));
+        }
+        other => panic!("expected UnknownKey, got {other:?}"),
+    }
+}
+
+#[test]
+fn wrong_type_names_path_and_expectation() {
+    let msg = error_of(&water_with("/model/descriptor/rcut", json!("six")));
+    assert_mentions(
+        &msg,
+        &["model.descriptor.rcut", "expected a number", "\"six\""],
+    );
+    let msg = error_of(&water_with("/training/disp_avg", json!(1)));
+    assert_mentions(&msg, &["training.disp_avg", "true or false"]);
+    let msg = error_of(&water_with("/model/descriptor/neuron", json!([10, 2.5])));
+    assert_mentions(
+        &msg,
+        &["model.descriptor.neuron[1]", "non-negative integer"],
+    );
+    let msg = error_of(&water_with("/model/descriptor/sel", json!("many")));
+    assert_mentions(&msg, &["model.descriptor.sel", "auto:<factor>"]);
+}
+
+#[test]
+fn zero_batch_size_is_rejected() {
+    let msg = error_of(&water_with("/training/training_data/batch_size", json!(0)));
+    assert_mentions(&msg, &["training.training_data.batch_size", ">= 1"]);
+    let msg = error_of(&water_with(
+        "/training/training_data/batch_size",
+        json!([1, 0, 1]),
+    ));
+    assert_mentions(&msg, &["training.training_data.batch_size[1]", ">= 1"]);
+    let msg = error_of(&water_with(
+        "/training/training_data/batch_size",
+        json!([1, 1]),
+    ));
+    assert_mentions(&msg, &["training.training_data.batch_size", "3 systems"]);
+    let msg = error_of(&water_with(
+        "/training/training_data/batch_size",
+        json!("auto:0"),
+    ));
+    assert_mentions(&msg, &["training.training_data.batch_size", "auto:N"]);
+}
+
+#[test]
+fn negative_or_missing_numb_steps_is_rejected() {
+    let msg = error_of(&water_with("/training/numb_steps", json!(-5)));
+    assert_mentions(&msg, &["training.numb_steps", "non-negative integer", "-5"]);
+    let mut v = water();
+    v["training"].as_object_mut().unwrap().remove("numb_steps");
+    assert_mentions(&error_of(&v), &["training.numb_steps", "missing"]);
+}
+
+#[test]
+fn zero_disp_freq_is_rejected() {
+    let msg = error_of(&water_with("/training/disp_freq", json!(0)));
+    assert_mentions(&msg, &["training.disp_freq", ">= 1"]);
+    let msg = error_of(&water_with("/training/save_freq", json!(0)));
+    assert_mentions(&msg, &["training.save_freq", ">= 1"]);
+}
+
+#[test]
+fn empty_systems_is_rejected() {
+    let msg = error_of(&water_with("/training/training_data/systems", json!([])));
+    assert_mentions(&msg, &["training.training_data.systems", "empty"]);
+    let msg = error_of(&water_with("/training/validation_data/systems", json!([])));
+    assert_mentions(&msg, &["training.validation_data.systems", "empty"]);
+}
+
+#[test]
+fn unknown_auto_prob_is_rejected() {
+    for bad in ["prob_size", "prob_sys_size;0:1", "prob_sys_size;2:1:0.5"] {
+        let msg = error_of(&water_with("/training/training_data/auto_prob", json!(bad)));
+        assert_mentions(
+            &msg,
+            &["training.training_data.auto_prob", "prob_uniform", bad],
+        );
+    }
+}
+
+#[test]
+fn sel_length_must_match_type_map() {
+    let msg = error_of(&water_with("/model/descriptor/sel", json!([46, 92, 10])));
+    assert_mentions(&msg, &["model.descriptor.sel", "3 entries", "2 types"]);
+}
+
+#[test]
+fn rcut_smth_must_be_below_rcut() {
+    let msg = error_of(&water_with("/model/descriptor/rcut_smth", json!(6.0)));
+    assert_mentions(&msg, &["model.descriptor.rcut_smth", "smaller than rcut"]);
+}
+
+#[test]
+fn empty_type_map_is_rejected() {
+    let msg = error_of(&water_with("/model/type_map", json!([])));
+    assert_mentions(&msg, &["model.type_map", "empty"]);
+    let msg = error_of(&water_with("/model/type_map", json!(["O", "O"])));
+    assert_mentions(&msg, &["model.type_map[1]", "twice"]);
+}
+
+#[test]
+fn malformed_json_names_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("input.json");
+    std::fs::write(&path, "{\n  \"model\": {\n    \"rcut\": 6.0,\n  }\n}\n").unwrap();
+    let err = load_config(&path).unwrap_err();
+    match &err {
+        ConfigError::Json { file, line, .. } => {
+            assert_eq!(file, &path);
+            assert_eq!(*line, 4);
+        }
+        other => panic!("expected Json, got {other:?}"),
+    }
+    assert_mentions(&err.to_string(), &["input.json", "line 4", "column"]);
+
+    let missing = dir.path().join("nope.json");
+    assert_mentions(
+        &load_config(&missing).unwrap_err().to_string(),
+        &["nope.json"],
+    );
+}
+
+#[test]
+fn key_errors_name_the_file() {
+    let (dir, r) = load(&water_with("/model/descriptor/rcut", json!("six")));
+    let msg = r.unwrap_err().to_string();
+    assert!(msg.starts_with(&dir.path().join("input.json").display().to_string()));
+}
+
+#[test]
+fn unsupported_settings_are_errors() {
+    let msg = error_of(&water_with("/model/descriptor/type", json!("se_e2_r")));
+    assert_mentions(
+        &msg,
+        &[
+            "descriptor type 'se_e2_r' is not supported",
+            "se_e2_a (se_a)",
+        ],
+    );
+    let cases = [
+        (
+            "/model/descriptor/activation_function",
+            json!("gelu"),
+            "model.descriptor.activation_function",
+        ),
+        (
+            "/model/descriptor/exclude_types",
+            json!([[0, 1]]),
+            "model.descriptor.exclude_types",
+        ),
+        (
+            "/model/descriptor/precision",
+            json!("float16"),
+            "model.descriptor.precision",
+        ),
+        (
+            "/model/fitting_net/numb_fparam",
+            json!(2),
+            "model.fitting_net.numb_fparam",
+        ),
+        (
+            "/model/fitting_net/type",
+            json!("dipole"),
+            "model.fitting_net.type",
+        ),
+        ("/loss/start_pref_pf", json!(1.0), "loss.start_pref_pf"),
+        ("/loss/limit_pref_ae", json!(1.0), "loss.limit_pref_ae"),
+        ("/loss/loss_func", json!("mae"), "loss.loss_func"),
+        ("/loss/use_huber", json!(true), "loss.use_huber"),
+        ("/learning_rate/type", json!("cosine"), "learning_rate.type"),
+        ("/optimizer", json!({"type": "AdamW"}), "optimizer.type"),
+        (
+            "/optimizer",
+            json!({"weight_decay": 0.01}),
+            "optimizer.weight_decay",
+        ),
+        ("/training/tensorboard", json!(true), "training.tensorboard"),
+    ];
+    for (ptr, value, path) in cases {
+        let (_d, r) = load(&water_with(ptr, value));
+        let err = r.expect_err(ptr);
+        assert!(
+            matches!(err.inner(), ConfigError::Unsupported { .. }),
+            "{ptr}: {err}"
+        );
+        assert_mentions(&err.to_string(), &[path]);
+    }
+}
+
+#[test]
+fn conflicting_keys_are_rejected() {
+    let msg = error_of(&water_with("/learning_rate/stop_lr_ratio", json!(0.01)));
+    assert_mentions(&msg, &["learning_rate.stop_lr_ratio", "not both"]);
+    let msg = error_of(&water_with("/model/descriptor/axis_neuron", json!(4)));
+    assert_mentions(&msg, &["model.descriptor.n_axis_neuron", "alias"]);
+    let msg = error_of(&water_with("/model/descriptor/n_axis_neuron", json!(200)));
+    assert_mentions(
+        &msg,
+        &["model.descriptor.axis_neuron", "last embedding width (100)"],
+    );
+}
