@@ -2,6 +2,7 @@
 //! fitting net), with one training step written against an op-level [`backend::Backend`] trait.
 
 pub mod backend;
+pub mod cli;
 pub mod config;
 pub mod data;
 pub mod geometry;

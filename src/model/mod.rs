@@ -1,6 +1,7 @@
 //! The se_e2_a + ener model: hyper-parameters, the flat parameter vector and its layout,
 //! statistics (davg/dstd, energy bias) and file formats.
 
+pub mod file;
 mod init;
 mod layout;
 

@@ -1,0 +1,49 @@
+//! The `dpw` command line: subcommands, logging and backend selection.
+
+pub mod backend;
+pub mod test;
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use tracing_subscriber::fmt::writer::MakeWriterExt;
+
+use crate::model::file::{is_container, model_from_container, read_container};
+use crate::model::Model;
+
+/// Logs to stderr (and to `log_path` when given), `RUST_LOG` overriding the level.
+pub fn init_logging(log_path: Option<&Path>) -> Result<()> {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    match log_path {
+        Some(p) => {
+            let file = std::fs::File::create(p)
+                .with_context(|| format!("cannot create log file {}", p.display()))?;
+            let file = std::sync::Mutex::new(file);
+            builder
+                .with_writer(std::io::stderr.and(file))
+                .with_ansi(false)
+                .init();
+        }
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
+}
+
+/// A model from a dpw model or checkpoint file.
+pub fn load_model(path: &Path) -> Result<Model> {
+    if !path.exists() {
+        anyhow::bail!("model file {} does not exist", path.display());
+    }
+    if is_container(path) {
+        return model_from_container(&read_container(path)?)
+            .with_context(|| format!("reading {}", path.display()));
+    }
+    anyhow::bail!(
+        "{}: not a model file dpw can read (a dpw model or checkpoint)",
+        path.display()
+    )
+}

@@ -1,0 +1,237 @@
+//! `dpw test`: errors of a model on labelled systems, reported like `dp test`, with dp test's
+//! detail files.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::backend::Job;
+use crate::backend::{Backend, Real};
+use crate::data::load_system;
+use crate::model::file::write_atomic;
+use crate::model::Model;
+use crate::train::batch::Frame;
+use crate::train::predict::predict;
+
+pub struct TestJob {
+    pub model: Model,
+    pub systems: Vec<PathBuf>,
+    pub nframes: usize,
+    pub detail: Option<PathBuf>,
+}
+
+/// MAE and RMSE of one quantity, with the number of values they cover.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Err {
+    pub mae: f64,
+    pub rmse: f64,
+    pub size: usize,
+}
+
+impl Err {
+    fn of(pred: &[f64], label: &[f64], scale: f64) -> Err {
+        let n = pred.len().max(1) as f64;
+        let d = pred.iter().zip(label).map(|(p, l)| (p - l) * scale);
+        let (sa, s2) = d.fold((0.0, 0.0), |(a, b), x: f64| (a + x.abs(), b + x * x));
+        Err {
+            mae: sa / n,
+            rmse: (s2 / n).sqrt(),
+            size: pred.len(),
+        }
+    }
+
+    /// dp test's weighted average over systems (weights: number of values).
+    fn average(errs: &[Err]) -> Err {
+        let n: usize = errs.iter().map(|e| e.size).sum();
+        let w = |f: &dyn Fn(&Err) -> f64| {
+            errs.iter().map(|e| f(e) * e.size as f64).sum::<f64>() / n.max(1) as f64
+        };
+        Err {
+            mae: w(&|e| e.mae),
+            rmse: w(&|e| e.rmse * e.rmse).sqrt(),
+            size: n,
+        }
+    }
+}
+
+/// Errors of one system: energy, energy per atom, force, and (with labels) virial and per atom.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SystemErrors {
+    pub nframes: usize,
+    pub e: Err,
+    pub e_atom: Err,
+    pub f: Err,
+    pub v: Option<(Err, Err)>,
+}
+
+fn report(out: &mut String, s: &SystemErrors) {
+    let line = |out: &mut String, name: &str, e: f64, unit: &str| {
+        let _ = writeln!(out, "{name:<19}: {e:.6e} {unit}");
+    };
+    line(out, "Energy MAE", s.e.mae, "eV");
+    line(out, "Energy RMSE", s.e.rmse, "eV");
+    line(out, "Energy MAE/Natoms", s.e_atom.mae, "eV");
+    line(out, "Energy RMSE/Natoms", s.e_atom.rmse, "eV");
+    line(out, "Force  MAE", s.f.mae, "eV/A");
+    line(out, "Force  RMSE", s.f.rmse, "eV/A");
+    if let Some((v, va)) = &s.v {
+        line(out, "Virial MAE", v.mae, "eV");
+        line(out, "Virial RMSE", v.rmse, "eV");
+        line(out, "Virial MAE/Natoms", va.mae, "eV");
+        line(out, "Virial RMSE/Natoms", va.rmse, "eV");
+    }
+}
+
+/// Appends rows to a dp test detail file: `# header` for each system, then `%.18e` columns.
+fn detail_rows(buf: &mut String, header: &str, rows: impl Iterator<Item = Vec<f64>>) {
+    let _ = writeln!(buf, "# {header}");
+    for r in rows {
+        let cols: Vec<String> = r.iter().map(|x| format!("{x:.18e}")).collect();
+        let _ = writeln!(buf, "{}", cols.join(" "));
+    }
+}
+
+const FRAMES_PER_CALL: usize = 8;
+
+impl Job for TestJob {
+    type Output = (Vec<SystemErrors>, String);
+
+    fn run<T: Real, B: Backend<T>>(self, b: &B) -> Result<Self::Output> {
+        let mut out = String::new();
+        let mut all = Vec::new();
+        let mut detail = [
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ];
+        for path in &self.systems {
+            let sys = load_system(path, &self.model.spec.type_map)?;
+            let nf = sys.nframes.min(self.nframes);
+            let n = sys.natoms;
+            let (mut e, mut f, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            for start in (0..nf).step_by(FRAMES_PER_CALL) {
+                let frames: Vec<Frame> = (start..(start + FRAMES_PER_CALL).min(nf))
+                    .map(|i| Frame::of(&sys, i))
+                    .collect();
+                let p = predict(b, &self.model, &sys.atype, &frames)
+                    .with_context(|| format!("system {}", path.display()))?;
+                e.extend(p.energy);
+                f.extend(p.force);
+                v.extend(p.virial);
+            }
+            let (le, lf) = (&sys.energy[..nf], &sys.force[..3 * n * nf]);
+            let inv_n = 1.0 / n as f64;
+            let errs = SystemErrors {
+                nframes: nf,
+                e: Err::of(&e, le, 1.0),
+                e_atom: Err::of(&e, le, inv_n),
+                f: Err::of(&f, lf, 1.0),
+                v: sys.virial.as_ref().map(|lv| {
+                    (
+                        Err::of(&v, &lv[..9 * nf], 1.0),
+                        Err::of(&v, &lv[..9 * nf], inv_n),
+                    )
+                }),
+            };
+            let name = path.display();
+            let _ = writeln!(out, "# ---------------output of dpw test---------------");
+            let _ = writeln!(out, "# testing system : {name}");
+            let _ = writeln!(out, "# number of test data : {nf}");
+            report(&mut out, &errs);
+            let _ = writeln!(out, "# -----------------------------------------------");
+            if self.detail.is_some() {
+                detail_rows(
+                    &mut detail[0],
+                    &format!("{name}: data_e pred_e"),
+                    (0..nf).map(|i| vec![le[i], e[i]]),
+                );
+                detail_rows(
+                    &mut detail[1],
+                    &format!("{name}: data_e pred_e"),
+                    (0..nf).map(|i| vec![le[i] * inv_n, e[i] * inv_n]),
+                );
+                detail_rows(
+                    &mut detail[2],
+                    &format!("{name}: data_fx data_fy data_fz pred_fx pred_fy pred_fz"),
+                    (0..n * nf).map(|k| [&lf[3 * k..3 * k + 3], &f[3 * k..3 * k + 3]].concat()),
+                );
+                if let Some(lv) = &sys.virial {
+                    let cols = ["xx", "xy", "xz", "yx", "yy", "yz", "zx", "zy", "zz"];
+                    let head = |p: &str| {
+                        cols.iter()
+                            .map(|c| format!("{p}_v{c}"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    };
+                    let h = format!("{name}: {} {}", head("data"), head("pred"));
+                    let (lv, v) = (lv.as_slice(), v.as_slice());
+                    let rows = move |s: f64| {
+                        (0..nf).map(move |i| {
+                            [&lv[9 * i..9 * i + 9], &v[9 * i..9 * i + 9]]
+                                .concat()
+                                .iter()
+                                .map(|x| x * s)
+                                .collect()
+                        })
+                    };
+                    detail_rows(&mut detail[3], &h, rows(1.0));
+                    detail_rows(&mut detail[4], &h, rows(inv_n));
+                }
+            }
+            all.push(errs);
+        }
+        if all.len() > 1 {
+            let avg = |f: &dyn Fn(&SystemErrors) -> Err| {
+                Err::average(&all.iter().map(f).collect::<Vec<_>>())
+            };
+            let vs: Vec<&SystemErrors> = all.iter().filter(|s| s.v.is_some()).collect();
+            let v = (!vs.is_empty()).then(|| {
+                let pick = |k: usize| {
+                    Err::average(
+                        &vs.iter()
+                            .map(|s| {
+                                if k == 0 {
+                                    s.v.unwrap().0
+                                } else {
+                                    s.v.unwrap().1
+                                }
+                            })
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                (pick(0), pick(1))
+            });
+            let mean = SystemErrors {
+                nframes: all.iter().map(|s| s.nframes).sum(),
+                e: avg(&|s| s.e),
+                e_atom: avg(&|s| s.e_atom),
+                f: avg(&|s| s.f),
+                v,
+            };
+            let _ = writeln!(out, "# ----------weighted average of errors-----------");
+            let _ = writeln!(out, "# number of systems : {}", all.len());
+            report(&mut out, &mean);
+            let _ = writeln!(out, "# -----------------------------------------------");
+        }
+        if let Some(prefix) = &self.detail {
+            for (suffix, body) in ["e", "e_peratom", "f", "v", "v_peratom"]
+                .iter()
+                .zip(&detail)
+            {
+                if !body.is_empty() {
+                    write_atomic(&detail_path(prefix, suffix), body.as_bytes())?;
+                }
+            }
+        }
+        Ok((all, out))
+    }
+}
+
+fn detail_path(prefix: &Path, suffix: &str) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(format!(".{suffix}.out"));
+    PathBuf::from(s)
+}
