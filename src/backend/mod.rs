@@ -15,7 +15,7 @@ pub use real::Real;
 
 use std::ops::Range;
 
-use crate::model::Layer;
+use crate::model::{Layer, Net};
 
 /// Switch-function and protection parameters of the environment matrix (spec §3).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -146,6 +146,48 @@ pub trait Backend<T: Real>: Sync {
         grad: &mut Self::Buf,
         xbar: Option<(&mut Self::Buf, &mut Self::Buf)>,
     );
+
+    /// Whether this backend runs the embedding nets fused ([`Backend::embed_forward`] and
+    /// [`Backend::embed_dual_backward`]); otherwise the step runs the per-layer dense ops and
+    /// keeps every layer's values.
+    fn fused_embedding(&self) -> bool {
+        false
+    }
+
+    /// Every embedding net at once (`nets[ti·ntypes + tj]` serves block (ti, tj)): G and
+    /// G' = dG/ds of every slot, `[nslots][M1]`, from s. Called only when
+    /// [`Backend::fused_embedding`] is true.
+    #[allow(clippy::too_many_arguments)]
+    fn embed_forward(
+        &self,
+        _d: &Dims,
+        _nets: &[&Net],
+        _params: &Self::Buf,
+        _s: &Self::Buf,
+        _owner: &Self::Idx,
+        _g: &mut Self::Buf,
+        _gp: &mut Self::Buf,
+    ) {
+        unreachable!("embed_forward is only called when fused_embedding() is true")
+    }
+
+    /// The dual reverse of every embedding net from (Ḡ, Ġ̄) with input tangent ṡ, accumulated
+    /// into `grad`. Called only when [`Backend::fused_embedding`] is true.
+    #[allow(clippy::too_many_arguments)]
+    fn embed_dual_backward(
+        &self,
+        _d: &Dims,
+        _nets: &[&Net],
+        _params: &Self::Buf,
+        _s: &Self::Buf,
+        _owner: &Self::Idx,
+        _sdot: &Self::Buf,
+        _gbar: &Self::Buf,
+        _gdotbar: &Self::Buf,
+        _grad: &mut Self::Buf,
+    ) {
+        unreachable!("embed_dual_backward is only called when fused_embedding() is true")
+    }
 
     /// A_c = (1/nnei) Σ_slots G ⊗ R̂ and D_c = A_c A_c<ᵀ.
     fn contract_forward(

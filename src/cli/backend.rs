@@ -23,9 +23,9 @@ pub fn run_job<J: Job>(choice: BackendChoice, float64: bool, job: J) -> Result<J
     let cpu = match choice {
         BackendChoice::Auto => {
             tracing::info!("backend: cpu (no GPU backend is built into this dpw)");
-            Cpu
+            Cpu::default()
         }
-        BackendChoice::Cpu => Cpu,
+        BackendChoice::Cpu => Cpu::default(),
     };
     if float64 {
         job.run::<f64, _>(&cpu)

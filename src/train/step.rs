@@ -89,6 +89,21 @@ impl<Buf> NetCache<Buf> {
     }
 }
 
+/// Embedding values: G and G' alone when the backend fuses the nets, else every layer's.
+enum Embed<Buf> {
+    Fused { g: Buf, gp: Buf },
+    Layered(NetCache<Buf>),
+}
+
+impl<Buf> Embed<Buf> {
+    fn g_gp(&self) -> (&Buf, &Buf) {
+        match self {
+            Embed::Fused { g, gp } => (g, gp),
+            Embed::Layered(c) => (c.y.last().unwrap(), c.ydot.last().unwrap()),
+        }
+    }
+}
+
 /// Every buffer of a step for one batch shape.
 pub struct Workspace<T: Real, B: Backend<T>> {
     pub dims: Dims,
@@ -101,7 +116,7 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     s: B::Buf,
     ones_s: B::Buf,
     ones_c: B::Buf,
-    embed: NetCache<B::Buf>,
+    embed: Embed<B::Buf>,
     a: B::Buf,
     desc: B::Buf,
     fit: NetCache<B::Buf>,
@@ -138,7 +153,14 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             s: b.zeros(ns),
             ones_s: ones(ns),
             ones_c: ones(nc),
-            embed: NetCache::new(b, &layout.embed[0], ns),
+            embed: if b.fused_embedding() {
+                Embed::Fused {
+                    g: b.zeros(ns * m1),
+                    gp: b.zeros(ns * m1),
+                }
+            } else {
+                Embed::Layered(NetCache::new(b, &layout.embed[0], ns))
+            },
             a: b.zeros(4 * m1 * nc),
             desc: b.zeros(m1 * m2 * nc),
             fit: NetCache::new(b, &layout.fit[0], nc),
@@ -201,41 +223,12 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
         &mut w.jac,
         &mut w.s,
     );
-    // Embedding nets with G' = dG/ds (the tangent for a unit input tangent).
-    for ti in 0..d.ntypes {
-        for tj in 0..d.ntypes {
-            let rows = d.block(ti, tj);
-            let net = m.embed_net(&d, ti, tj);
-            let c = &mut w.embed;
-            for (l, layer) in net.layers.iter().enumerate() {
-                let (head_y, tail_y) = c.y.split_at_mut(l);
-                let (head_yd, tail_yd) = c.ydot.split_at_mut(l);
-                let (x, xdot) = if l == 0 {
-                    (&w.s, &w.ones_s)
-                } else {
-                    (&head_y[l - 1], &head_yd[l - 1])
-                };
-                b.dense_forward(
-                    layer,
-                    &m.params,
-                    rows.clone(),
-                    x,
-                    &mut c.h[l],
-                    &mut tail_y[0],
-                );
-                b.dense_tangent(
-                    layer,
-                    &m.params,
-                    rows.clone(),
-                    &c.h[l],
-                    xdot,
-                    &mut c.zdot[l],
-                    &mut tail_yd[0],
-                );
-            }
-        }
+    let nets = embed_nets(&m.layout, m.type_one_side, &d);
+    match &mut w.embed {
+        Embed::Fused { g, gp } => b.embed_forward(&d, &nets, &m.params, &w.s, &w.owner, g, gp),
+        Embed::Layered(c) => embed_forward_layered(b, m, &d, &w.s, &w.ones_s, c),
     }
-    let (g, gp) = (w.embed.y.last().unwrap(), w.embed.ydot.last().unwrap());
+    let (g, gp) = w.embed.g_gp();
     b.contract_forward(&d, g, &w.rhat, &mut w.a, &mut w.desc);
     // Fitting nets, forward then back to g = ∂E_i/∂D_i.
     for t in 0..d.ntypes {
@@ -310,7 +303,7 @@ pub fn gradient<T: Real, B: Backend<T>>(
         &mut w.rdot,
         &mut w.sdot,
     );
-    let (g, gp) = (w.embed.y.last().unwrap(), w.embed.ydot.last().unwrap());
+    let (g, gp) = w.embed.g_gp();
     b.contract_tangent(&d, g, gp, &w.rhat, &w.rdot, &w.a, &mut w.adot, &mut w.ddot);
     b.fill(&mut m.grad, T::zero());
     // Fitting nets: tangent forward from Ḋ, then the dual reverse seeded with (∂L/∂E, 1).
@@ -371,24 +364,99 @@ pub fn gradient<T: Real, B: Backend<T>>(
         &mut w.gbar,
         &mut w.gdotbar,
     );
-    // Embedding nets: dual reverse with the stored unit tangents scaled by ṡ; nothing flows
-    // into R̂ (coordinates are data), so layer 0 computes no input adjoint.
+    // Embedding nets: dual reverse with input tangent ṡ; nothing flows into R̂ (coordinates
+    // are data), so no input adjoint leaves layer 0.
+    let nets = embed_nets(&m.layout, m.type_one_side, &d);
+    match &mut w.embed {
+        Embed::Fused { .. } => b.embed_dual_backward(
+            &d,
+            &nets,
+            &m.params,
+            &w.s,
+            &w.owner,
+            &w.sdot,
+            &w.gbar,
+            &w.gdotbar,
+            &mut m.grad,
+        ),
+        Embed::Layered(c) => {
+            embed_dual_layered(b, m, &d, &w.s, &w.ones_s, &w.sdot, &w.gbar, &w.gdotbar, c)
+        }
+    }
+    sums
+}
+
+/// G and G' layer by layer through the dense ops, keeping every layer for the dual pass.
+fn embed_forward_layered<T: Real, B: Backend<T>>(
+    b: &B,
+    m: &DeviceModel<T, B>,
+    d: &Dims,
+    s: &B::Buf,
+    ones: &B::Buf,
+    c: &mut NetCache<B::Buf>,
+) {
+    for ti in 0..d.ntypes {
+        for tj in 0..d.ntypes {
+            let rows = d.block(ti, tj);
+            let net = m.embed_net(d, ti, tj);
+            for (l, layer) in net.layers.iter().enumerate() {
+                let (head_y, tail_y) = c.y.split_at_mut(l);
+                let (head_yd, tail_yd) = c.ydot.split_at_mut(l);
+                let (x, xdot) = if l == 0 {
+                    (s, ones)
+                } else {
+                    (&head_y[l - 1], &head_yd[l - 1])
+                };
+                b.dense_forward(
+                    layer,
+                    &m.params,
+                    rows.clone(),
+                    x,
+                    &mut c.h[l],
+                    &mut tail_y[0],
+                );
+                b.dense_tangent(
+                    layer,
+                    &m.params,
+                    rows.clone(),
+                    &c.h[l],
+                    xdot,
+                    &mut c.zdot[l],
+                    &mut tail_yd[0],
+                );
+            }
+        }
+    }
+}
+
+/// The embedding dual reverse layer by layer, the stored unit tangents scaled by ṡ.
+#[allow(clippy::too_many_arguments)]
+fn embed_dual_layered<T: Real, B: Backend<T>>(
+    b: &B,
+    m: &mut DeviceModel<T, B>,
+    d: &Dims,
+    s: &B::Buf,
+    ones: &B::Buf,
+    sdot: &B::Buf,
+    gbar: &B::Buf,
+    gdotbar: &B::Buf,
+    c: &mut NetCache<B::Buf>,
+) {
     for ti in 0..d.ntypes {
         for tj in 0..d.ntypes {
             let rows = d.block(ti, tj);
             let net = &m.layout.embed[embed_net_index(m.type_one_side, d.ntypes, ti, tj)];
-            let c = &mut w.embed;
             for (l, layer) in net.layers.iter().enumerate().rev() {
                 let last = l + 1 == net.layers.len();
                 let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
                 let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
                 let (ybar, ydotbar) = if last {
-                    (&w.gbar, &w.gdotbar)
+                    (gbar, gdotbar)
                 } else {
                     (&xb_tail[0], &xdb_tail[0])
                 };
                 let (x, xdot) = if l == 0 {
-                    (&w.s, &w.ones_s)
+                    (s, ones)
                 } else {
                     (&c.y[l - 1], &c.ydot[l - 1])
                 };
@@ -400,7 +468,7 @@ pub fn gradient<T: Real, B: Backend<T>>(
                     DenseIo { x, h: &c.h[l] },
                     xdot,
                     &c.zdot[l],
-                    Some(&w.sdot),
+                    Some(sdot),
                     ybar,
                     ydotbar,
                     &mut m.grad,
@@ -409,5 +477,12 @@ pub fn gradient<T: Real, B: Backend<T>>(
             }
         }
     }
-    sums
+}
+
+/// The embedding net of every block, `[ti·ntypes + tj]`.
+fn embed_nets<'a>(layout: &'a ParamLayout, type_one_side: bool, d: &Dims) -> Vec<&'a Net> {
+    let nt = d.ntypes;
+    (0..nt * nt)
+        .map(|k| &layout.embed[embed_net_index(type_one_side, nt, k / nt, k % nt)])
+        .collect()
 }

@@ -10,31 +10,31 @@ macro_rules! backend_suite {
     ($backend:expr) => {
         #[test]
         fn reference_predictions() {
-            suite::reference::predictions(&$backend);
+            $crate::suite::reference::predictions(&$backend);
         }
         #[test]
         fn fd_forces() {
-            suite::fd::forces(&$backend);
+            $crate::suite::fd::forces(&$backend);
         }
         #[test]
         fn fd_virial() {
-            suite::fd::virial(&$backend);
+            $crate::suite::fd::virial(&$backend);
         }
         #[test]
         fn fd_loss_gradient() {
-            suite::fd::loss_gradient(&$backend);
+            $crate::suite::fd::loss_gradient(&$backend);
         }
         #[test]
         fn reference_env_mat_and_descriptor() {
-            suite::reference::env_mat_and_descriptor(&$backend);
+            $crate::suite::reference::env_mat_and_descriptor(&$backend);
         }
         #[test]
         fn reference_adam_steps() {
-            suite::reference::adam_steps(&$backend);
+            $crate::suite::reference::adam_steps(&$backend);
         }
         #[test]
         fn reference_training_gradients() {
-            suite::reference::training_gradients(&$backend);
+            $crate::suite::reference::training_gradients(&$backend);
         }
     };
 }

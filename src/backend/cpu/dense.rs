@@ -1,73 +1,89 @@
-//! Dense layers as GEMMs over row ranges: forward, input backward, tangent, dual backward.
-//! Rows are processed in fixed chunks on the rayon pool; per-chunk weight-gradient partials
-//! are summed in chunk order, so results never depend on the number of threads.
+//! Dense layers over row ranges: forward, input backward, tangent, dual backward.
+//!
+//! Each op is one whole-range GEMM (matrixmultiply, split over blocks of output rows) plus elementwise passes over fixed chunks of rows on the rayon pool. Row sums (b̄,
+//! īdt) are per-chunk partials added in chunk order, so no result depends on the thread count.
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::tanh::tanh_bias;
 use crate::backend::Real;
 use crate::model::{Layer, Skip};
 
-const CHUNK: usize = 256;
+/// Rows per elementwise task and per reduction partial.
+const CHUNK: usize = 512;
 
-fn chunks(rows: &Range<usize>) -> Vec<Range<usize>> {
-    (rows.start..rows.end)
-        .step_by(CHUNK)
-        .map(|s| s..(s + CHUNK).min(rows.end))
-        .collect()
+fn weights<'a, T>(l: &Layer, p: &'a [T]) -> (&'a [T], &'a [T], Option<&'a [T]>) {
+    (
+        &p[l.w..l.w + l.nin * l.nout],
+        &p[l.b..l.b + l.nout],
+        l.idt.map(|o| &p[o..o + l.nout]),
+    )
 }
 
-/// Splits `buf` (row-major, `width` per row) into the chunks' disjoint mutable pieces.
-fn split_rows<'a, T>(buf: &'a mut [T], width: usize, parts: &[Range<usize>]) -> Vec<&'a mut [T]> {
-    let mut rest = &mut buf[parts.first().map_or(0, |p| p.start * width)..];
-    let mut out = Vec::with_capacity(parts.len());
-    for p in parts {
-        let (head, tail) = rest.split_at_mut(p.len() * width);
-        out.push(head);
-        rest = tail;
-    }
-    out
+/// `c[m×n] = a·b + beta·c` for row-major a (`a_rs`, `a_cs` strides) and b, split over blocks of
+/// rows of c on the rayon pool. Each element's k-sum runs the same way whatever the split, so
+/// the result does not depend on the number of threads.
+#[allow(clippy::too_many_arguments)]
+fn par_gemm<T: Real>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[T],
+    b_rs: usize,
+    b_cs: usize,
+    beta: T,
+    c: &mut [T],
+) {
+    const MIN_ROWS: usize = 32;
+    let parts = rayon::current_num_threads()
+        .min(m.div_ceil(MIN_ROWS))
+        .max(1);
+    let rows = m.div_ceil(parts);
+    c[..m * n]
+        .par_chunks_mut(rows * n)
+        .enumerate()
+        .for_each(|(i, c)| {
+            let r0 = i * rows;
+            let mm = c.len() / n;
+            T::gemm(
+                mm,
+                k,
+                n,
+                T::one(),
+                &a[r0 * a_rs..],
+                a_rs as isize,
+                a_cs as isize,
+                b,
+                b_rs as isize,
+                b_cs as isize,
+                beta,
+                c,
+                n as isize,
+            );
+        });
 }
 
-/// `c = x·W` (+ `beta`·c) for the rows of one chunk.
+/// `c = x·W + beta·c` over n rows.
 fn matmul_w<T: Real>(l: &Layer, w: &[T], n: usize, x: &[T], beta: T, c: &mut [T]) {
-    T::gemm(
-        n,
-        l.nin,
-        l.nout,
-        T::one(),
-        x,
-        l.nin as isize,
-        1,
-        w,
-        l.nout as isize,
-        1,
-        beta,
-        c,
-        l.nout as isize,
-    );
+    par_gemm(n, l.nin, l.nout, x, l.nin, 1, w, l.nout, 1, beta, c);
 }
 
-/// `c = z·Wᵀ` for the rows of one chunk.
+/// `c = z·Wᵀ` over n rows.
 fn matmul_wt<T: Real>(l: &Layer, w: &[T], n: usize, z: &[T], c: &mut [T]) {
-    T::gemm(
-        n,
-        l.nout,
-        l.nin,
-        T::one(),
-        z,
-        l.nout as isize,
-        1,
-        w,
-        1,
-        l.nout as isize,
-        T::zero(),
-        c,
-        l.nin as isize,
-    );
+    par_gemm(n, l.nout, l.nin, z, l.nout, 1, w, 1, l.nout, T::zero(), c);
 }
 
+/// `gw += xᵀ·z` summed over n rows.
+fn matmul_grad<T: Real>(l: &Layer, n: usize, x: &[T], z: &[T], gw: &mut [T]) {
+    par_gemm(l.nin, n, l.nout, x, 1, l.nin, z, l.nout, 1, T::one(), gw);
+}
+
+#[inline(always)]
 fn dphi<T: Real>(l: &Layer, h: T) -> T {
     if l.tanh {
         T::one() - h * h
@@ -76,6 +92,7 @@ fn dphi<T: Real>(l: &Layer, h: T) -> T {
     }
 }
 
+/// `y += skip(x)` for one row.
 fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
     match l.skip {
         Skip::None => {}
@@ -88,46 +105,66 @@ fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
     }
 }
 
-/// The adjoint of the skip connection, added to x̄.
+/// `xbar += skipᵀ(ybar)` for one row.
 fn add_skip_t<T: Real>(l: &Layer, ybar: &[T], xbar: &mut [T]) {
     match l.skip {
         Skip::None => {}
         Skip::Identity => xbar.iter_mut().zip(ybar).for_each(|(x, y)| *x += *y),
-        Skip::Double => xbar
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, x)| *x += ybar[i] + ybar[i + l.nin]),
+        Skip::Double => {
+            let (a, b) = ybar.split_at(l.nin);
+            xbar.iter_mut()
+                .zip(a.iter().zip(b))
+                .for_each(|(x, (y0, y1))| *x += *y0 + *y1);
+        }
     }
 }
 
-fn idt<'a, T: Real>(l: &Layer, p: &'a [T]) -> Option<&'a [T]> {
-    l.idt.map(|o| &p[o..o + l.nout])
+/// `y = h·idt + skip(x)` row by row, in parallel chunks.
+fn finish_rows<T: Real>(l: &Layer, idt: Option<&[T]>, h: &[T], x: &[T], y: &mut [T]) {
+    y.par_chunks_mut(CHUNK * l.nout)
+        .zip(
+            h.par_chunks(CHUNK * l.nout)
+                .zip(x.par_chunks(CHUNK * l.nin)),
+        )
+        .for_each(|(y, (h, x))| {
+            for (yr, (hr, xr)) in y
+                .chunks_mut(l.nout)
+                .zip(h.chunks(l.nout).zip(x.chunks(l.nin)))
+            {
+                match idt {
+                    Some(t) => yr
+                        .iter_mut()
+                        .zip(hr.iter().zip(t))
+                        .for_each(|(y, (h, t))| *y = *h * *t),
+                    None => yr.copy_from_slice(hr),
+                }
+                add_skip(l, xr, yr);
+            }
+        });
 }
 
 pub fn forward<T: Real>(l: &Layer, p: &[T], rows: Range<usize>, x: &[T], h: &mut [T], y: &mut [T]) {
-    let (w, b, idt) = (
-        &p[l.w..l.w + l.nin * l.nout],
-        &p[l.b..l.b + l.nout],
-        idt(l, p),
+    let (w, b, idt) = weights(l, p);
+    let (xr, hr) = (
+        &x[rows.start * l.nin..rows.end * l.nin],
+        &mut h[rows.start * l.nout..rows.end * l.nout],
     );
-    let parts = chunks(&rows);
-    let hs = split_rows(h, l.nout, &parts);
-    let ys = split_rows(y, l.nout, &parts);
-    parts.par_iter().zip(hs).zip(ys).for_each(|((r, h), y)| {
-        let xr = &x[r.start * l.nin..r.end * l.nin];
-        matmul_w(l, w, r.len(), xr, T::zero(), h);
-        for (hrow, (yrow, xrow)) in h
-            .chunks_mut(l.nout)
-            .zip(y.chunks_mut(l.nout).zip(xr.chunks(l.nin)))
-        {
-            for k in 0..l.nout {
-                let z = hrow[k] + b[k];
-                hrow[k] = if l.tanh { z.tanh() } else { z };
-                yrow[k] = idt.map_or(hrow[k], |t| hrow[k] * t[k]);
-            }
-            add_skip(l, xrow, yrow);
+    matmul_w(l, w, rows.len(), xr, T::zero(), hr);
+    hr.par_chunks_mut(CHUNK * l.nout).for_each(|c| {
+        if l.tanh {
+            tanh_bias(c, b);
+        } else {
+            c.chunks_mut(l.nout)
+                .for_each(|r| r.iter_mut().zip(b).for_each(|(v, b)| *v += *b));
         }
     });
+    finish_rows(
+        l,
+        idt,
+        hr,
+        xr,
+        &mut y[rows.start * l.nout..rows.end * l.nout],
+    );
 }
 
 pub fn backward<T: Real>(
@@ -138,22 +175,30 @@ pub fn backward<T: Real>(
     ybar: &[T],
     xbar: &mut [T],
 ) {
-    let (w, idt) = (&p[l.w..l.w + l.nin * l.nout], idt(l, p));
-    let parts = chunks(&rows);
-    let xs = split_rows(xbar, l.nin, &parts);
-    parts.par_iter().zip(xs).for_each(|(r, xb)| {
-        let span = r.start * l.nout..r.end * l.nout;
-        let zbar: Vec<T> = h[span.clone()]
-            .iter()
-            .zip(&ybar[span.clone()])
-            .enumerate()
-            .map(|(i, (&h, &yb))| dphi(l, h) * idt.map_or(yb, |t| yb * t[i % l.nout]))
-            .collect();
-        matmul_wt(l, w, r.len(), &zbar, xb);
-        for (xrow, yrow) in xb.chunks_mut(l.nin).zip(ybar[span].chunks(l.nout)) {
-            add_skip_t(l, yrow, xrow);
-        }
-    });
+    let (w, _, idt) = weights(l, p);
+    let span = rows.start * l.nout..rows.end * l.nout;
+    let mut zbar = vec![T::zero(); span.len()];
+    zbar.par_chunks_mut(CHUNK * l.nout)
+        .zip(
+            h[span.clone()]
+                .par_chunks(CHUNK * l.nout)
+                .zip(ybar[span.clone()].par_chunks(CHUNK * l.nout)),
+        )
+        .for_each(|(z, (h, yb))| {
+            for (zr, (hr, yr)) in z
+                .chunks_mut(l.nout)
+                .zip(h.chunks(l.nout).zip(yb.chunks(l.nout)))
+            {
+                for k in 0..l.nout {
+                    zr[k] = dphi(l, hr[k]) * idt.map_or(yr[k], |t| yr[k] * t[k]);
+                }
+            }
+        });
+    let xr = &mut xbar[rows.start * l.nin..rows.end * l.nin];
+    matmul_wt(l, w, rows.len(), &zbar, xr);
+    for (x, y) in xr.chunks_mut(l.nin).zip(ybar[span].chunks(l.nout)) {
+        add_skip_t(l, y, x);
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -166,31 +211,28 @@ pub fn tangent<T: Real>(
     zdot: &mut [T],
     ydot: &mut [T],
 ) {
-    let (w, idt) = (&p[l.w..l.w + l.nin * l.nout], idt(l, p));
-    let parts = chunks(&rows);
-    let zs = split_rows(zdot, l.nout, &parts);
-    let ys = split_rows(ydot, l.nout, &parts);
-    parts.par_iter().zip(zs).zip(ys).for_each(|((r, zd), yd)| {
-        let xr = &xdot[r.start * l.nin..r.end * l.nin];
-        matmul_w(l, w, r.len(), xr, T::zero(), zd);
-        let hr = &h[r.start * l.nout..r.end * l.nout];
-        for ((zrow, yrow), (hrow, xrow)) in zd
-            .chunks(l.nout)
-            .zip(yd.chunks_mut(l.nout))
-            .zip(hr.chunks(l.nout).zip(xr.chunks(l.nin)))
-        {
-            for k in 0..l.nout {
-                let v = dphi(l, hrow[k]) * zrow[k];
-                yrow[k] = idt.map_or(v, |t| v * t[k]);
+    let (w, _, idt) = weights(l, p);
+    let span = rows.start * l.nout..rows.end * l.nout;
+    let xr = &xdot[rows.start * l.nin..rows.end * l.nin];
+    let zr = &mut zdot[span.clone()];
+    matmul_w(l, w, rows.len(), xr, T::zero(), zr);
+    // ḣ = φ'(z)·ż, then ẏ = ḣ·idt + skip(ẋ) exactly as the value pass.
+    let mut hdot = vec![T::zero(); span.len()];
+    hdot.par_chunks_mut(CHUNK * l.nout)
+        .zip(
+            zr.par_chunks(CHUNK * l.nout)
+                .zip(h[span.clone()].par_chunks(CHUNK * l.nout)),
+        )
+        .for_each(|(hd, (z, h))| {
+            for ((hd, z), h) in hd.iter_mut().zip(z).zip(h) {
+                *hd = dphi(l, *h) * *z;
             }
-            add_skip(l, xrow, yrow);
-        }
-    });
+        });
+    finish_rows(l, idt, &hdot, xr, &mut ydot[span]);
 }
 
-/// Gradient partials of one chunk: W̄, b̄, īdt.
+/// Per-chunk sums of b̄ and īdt.
 struct Partial<T> {
-    w: Vec<T>,
     b: Vec<T>,
     idt: Vec<T>,
 }
@@ -210,111 +252,89 @@ pub fn dual_backward<T: Real>(
     grad: &mut [T],
     xbar: Option<(&mut [T], &mut [T])>,
 ) {
-    let (w, idt) = (&p[l.w..l.w + l.nin * l.nout], idt(l, p));
-    let (nin, nout) = (l.nin, l.nout);
-    let parts = chunks(&rows);
-    type Pieces<'a, T> = Vec<Option<&'a mut [T]>>;
-    let (xbs, xdbs): (Pieces<T>, Pieces<T>) = match xbar {
-        Some((xb, xdb)) => (
-            split_rows(xb, nin, &parts).into_iter().map(Some).collect(),
-            split_rows(xdb, nin, &parts).into_iter().map(Some).collect(),
-        ),
-        None => (
-            parts.iter().map(|_| None).collect(),
-            parts.iter().map(|_| None).collect(),
-        ),
-    };
-    let partials: Vec<Partial<T>> = parts
-        .par_iter()
-        .zip(xbs)
-        .zip(xdbs)
-        .map(|((r, xb), xdb)| {
-            let n = r.len();
-            let so = |row: usize| scale.map_or(T::one(), |s| s[row]);
-            let xr = &x[r.start * nin..r.end * nin];
-            let xd: Vec<T> = (0..n * nin)
-                .map(|i| xdot[r.start * nin + i] * so(r.start + i / nin))
-                .collect();
-            let mut zbar = vec![T::zero(); n * nout];
-            let mut zdbar = vec![T::zero(); n * nout];
-            let mut gidt = vec![T::zero(); if idt.is_some() { nout } else { 0 }];
-            for i in 0..n * nout {
-                let row = r.start + i / nout;
-                let k = i % nout;
-                let g = r.start * nout + i;
-                let (hv, zd) = (h[g], zdot[g] * so(row));
-                let d1 = dphi(l, hv);
-                let (hb, hdb) = match idt {
-                    Some(t) => {
-                        gidt[k] += ybar[g] * hv + ydotbar[g] * d1 * zd;
-                        (ybar[g] * t[k], ydotbar[g] * t[k])
-                    }
-                    None => (ybar[g], ydotbar[g]),
-                };
-                zdbar[i] = d1 * hdb;
-                // tanh'' = −2 h (1 − h²); the linear layer has no second-order term.
-                let d2 = if l.tanh { -(hv + hv) * d1 } else { T::zero() };
-                zbar[i] = d1 * hb + d2 * zd * hdb;
-            }
-            let mut gw = vec![T::zero(); nin * nout];
-            // W̄ = xᵀ z̄ + ẋᵀ ż̄
-            T::gemm(
-                nin,
-                n,
-                nout,
-                T::one(),
-                xr,
-                1,
-                nin as isize,
-                &zbar,
-                nout as isize,
-                1,
-                T::zero(),
-                &mut gw,
-                nout as isize,
+    let (w, _, idt) = weights(l, p);
+    let (nin, nout, n) = (l.nin, l.nout, rows.len());
+    let span = rows.start * nout..rows.end * nout;
+    let xr = &x[rows.start * nin..rows.end * nin];
+    let xd_stored = &xdot[rows.start * nin..rows.end * nin];
+    let scale = scale.map(|s| &s[rows.clone()]);
+    // The embedding net stores tangents for a unit input tangent: scale them by ṡ per row.
+    let xd_scaled: Option<Vec<T>> = scale.map(|s| {
+        let mut v = xd_stored.to_vec();
+        v.par_chunks_mut(CHUNK * nin)
+            .zip(s.par_chunks(CHUNK))
+            .for_each(|(v, s)| {
+                v.chunks_mut(nin)
+                    .zip(s)
+                    .for_each(|(r, s)| r.iter_mut().for_each(|x| *x *= *s))
+            });
+        v
+    });
+    let xd = xd_scaled.as_deref().unwrap_or(xd_stored);
+    let mut zbar = vec![T::zero(); n * nout];
+    let mut zdbar = vec![T::zero(); n * nout];
+    let c = CHUNK * nout;
+    let partials: Vec<Partial<T>> = zbar
+        .par_chunks_mut(c)
+        .zip(zdbar.par_chunks_mut(c))
+        .enumerate()
+        .map(|(ci, (zb, zdb))| {
+            let o = span.start + ci * c;
+            let (hh, zd, yb, ydb) = (
+                &h[o..o + zb.len()],
+                &zdot[o..o + zb.len()],
+                &ybar[o..o + zb.len()],
+                &ydotbar[o..o + zb.len()],
             );
-            T::gemm(
-                nin,
-                n,
-                nout,
-                T::one(),
-                &xd,
-                1,
-                nin as isize,
-                &zdbar,
-                nout as isize,
-                1,
-                T::one(),
-                &mut gw,
-                nout as isize,
-            );
-            let mut gb = vec![T::zero(); nout];
-            for (i, z) in zbar.iter().enumerate() {
-                gb[i % nout] += *z;
-            }
-            if let (Some(xb), Some(xdb)) = (xb, xdb) {
-                matmul_wt(l, w, n, &zbar, xb);
-                matmul_wt(l, w, n, &zdbar, xdb);
-                let span = r.start * nout..r.end * nout;
-                for (row, (xrow, xdrow)) in xb.chunks_mut(nin).zip(xdb.chunks_mut(nin)).enumerate()
-                {
-                    let o = span.start + row * nout;
-                    add_skip_t(l, &ybar[o..o + nout], xrow);
-                    add_skip_t(l, &ydotbar[o..o + nout], xdrow);
+            let mut part = Partial {
+                b: vec![T::zero(); nout],
+                idt: vec![T::zero(); if idt.is_some() { nout } else { 0 }],
+            };
+            for (r, (zbr, zdbr)) in zb.chunks_mut(nout).zip(zdb.chunks_mut(nout)).enumerate() {
+                let s = scale.map_or(T::one(), |s| s[ci * CHUNK + r]);
+                let q = r * nout;
+                for k in 0..nout {
+                    let (hv, zdv) = (hh[q + k], zd[q + k] * s);
+                    let d1 = dphi(l, hv);
+                    let (hb, hdb) = match idt {
+                        Some(t) => {
+                            part.idt[k] += yb[q + k] * hv + ydb[q + k] * d1 * zdv;
+                            (yb[q + k] * t[k], ydb[q + k] * t[k])
+                        }
+                        None => (yb[q + k], ydb[q + k]),
+                    };
+                    // tanh'' = −2 h (1 − h²); the linear layer has no second-order term.
+                    let d2 = if l.tanh { -(hv + hv) * d1 } else { T::zero() };
+                    zdbr[k] = d1 * hdb;
+                    zbr[k] = d1 * hb + d2 * zdv * hdb;
+                    part.b[k] += zbr[k];
                 }
             }
-            Partial {
-                w: gw,
-                b: gb,
-                idt: gidt,
-            }
+            part
         })
         .collect();
-    for part in partials {
-        add(&mut grad[l.w..l.w + nin * nout], &part.w);
+    {
+        let gw = &mut grad[l.w..l.w + nin * nout];
+        matmul_grad(l, n, xr, &zbar, gw);
+        matmul_grad(l, n, xd, &zdbar, gw);
+    }
+    for part in &partials {
         add(&mut grad[l.b..l.b + nout], &part.b);
         if let Some(o) = l.idt {
             add(&mut grad[o..o + nout], &part.idt);
+        }
+    }
+    if let Some((xb, xdb)) = xbar {
+        let (xb, xdb) = (
+            &mut xb[rows.start * nin..rows.end * nin],
+            &mut xdb[rows.start * nin..rows.end * nin],
+        );
+        matmul_wt(l, w, n, &zbar, xb);
+        matmul_wt(l, w, n, &zdbar, xdb);
+        for (r, (xrow, xdrow)) in xb.chunks_mut(nin).zip(xdb.chunks_mut(nin)).enumerate() {
+            let o = span.start + r * nout;
+            add_skip_t(l, &ybar[o..o + nout], xrow);
+            add_skip_t(l, &ydotbar[o..o + nout], xdrow);
         }
     }
 }

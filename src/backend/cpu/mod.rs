@@ -3,19 +3,31 @@
 mod adam;
 mod contract;
 mod dense;
+mod embed;
 mod env_mat;
 mod loss;
 mod scatter;
+mod tanh;
 
 pub use env_mat::env_row;
 
 use std::ops::Range;
 
 use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
-use crate::model::Layer;
+use crate::model::{Layer, Net};
 
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Cpu;
+#[derive(Clone, Copy, Debug)]
+pub struct Cpu {
+    /// Run the embedding nets fused (the fast path). Off, the step runs them layer by layer
+    /// through the dense ops, as GPU backends do; the test suite runs both.
+    pub fused: bool,
+}
+
+impl Default for Cpu {
+    fn default() -> Self {
+        Cpu { fused: true }
+    }
+}
 
 impl Cpu {
     pub fn threads(&self) -> usize {
@@ -120,6 +132,38 @@ impl<T: Real> Backend<T> for Cpu {
         dense::dual_backward(
             l, p, rows, io.x, io.h, xdot, zdot, scale, ybar, ydotbar, grad, xbar,
         );
+    }
+
+    fn fused_embedding(&self) -> bool {
+        self.fused
+    }
+
+    fn embed_forward(
+        &self,
+        d: &Dims,
+        nets: &[&Net],
+        p: &Vec<T>,
+        s: &Vec<T>,
+        owner: &Vec<i32>,
+        g: &mut Vec<T>,
+        gp: &mut Vec<T>,
+    ) {
+        embed::forward(d, nets, p, s, owner, g, gp);
+    }
+
+    fn embed_dual_backward(
+        &self,
+        d: &Dims,
+        nets: &[&Net],
+        p: &Vec<T>,
+        s: &Vec<T>,
+        owner: &Vec<i32>,
+        sdot: &Vec<T>,
+        gbar: &Vec<T>,
+        gdotbar: &Vec<T>,
+        grad: &mut Vec<T>,
+    ) {
+        embed::dual_backward(d, nets, p, s, owner, sdot, gbar, gdotbar, grad);
     }
 
     fn contract_forward(
