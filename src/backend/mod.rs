@@ -3,7 +3,8 @@
 //! `src/backend/cpu/`, `shaders/` and `kernels/`.
 //!
 //! Shapes (see [`Dims`]): C centres, S slots, per slot `rhat[4]`, `jac[4][3]` (∂R̂/∂r_ij),
-//! `rij[3]`; per centre `a[M1][4]`, `desc[M1·M2]`. Dense-layer ops work on a row range of
+//! `rij[3]`; per centre `desc[M1][M2]` and the A-shaped buffers (`a`, `abar`, `adot`: 4·M1
+//! values each, laid out as the backend's contraction ops like, since only they read them). Dense-layer ops work on a row range of
 //! row-major matrices, so one call serves the atoms of one type or the slots of one block.
 
 pub mod cpu;

@@ -1,71 +1,75 @@
 //! The descriptor contraction A = (1/nnei) Σ G ⊗ R̂, D = A A<ᵀ, and its derivatives.
-//! Work is split per centre; a centre's slots are one run of `sel[tj]` rows in each block.
+//!
+//! Work is split per centre; a centre's slots are one run of `sel[tj]` rows in each block. The
+//! CPU keeps A-shaped buffers (A, Ā, Ȧ) transposed, `[4][M1]` per centre, so that every
+//! per-slot update is a contiguous length-M1 axpy or dot that vectorises.
 
 use rayon::prelude::*;
 
 use crate::backend::{Dims, Real};
 
-/// Calls `f(tj, slots)` for every section of centre c (slots: the slot range in that section).
-fn for_sections(d: &Dims, c: usize, mut f: impl FnMut(std::ops::Range<usize>)) {
+#[inline(always)]
+fn axpy<T: Real>(y: &mut [T], a: T, x: &[T]) {
+    y.iter_mut().zip(x).for_each(|(y, x)| *y += a * *x);
+}
+
+#[inline(always)]
+fn dot<T: Real>(x: &[T], y: &[T]) -> T {
+    x.iter().zip(y).fold(T::zero(), |s, (a, b)| s + *a * *b)
+}
+
+/// The slot ranges (one per neighbour-type section) of centre c.
+fn sections(d: &Dims, c: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
     let ti = d.centre_type(c);
-    for tj in 0..d.ntypes {
+    (0..d.ntypes).map(move |tj| {
         let first = d.slot(ti, c, tj, 0);
-        f(first..first + d.sel[tj]);
-    }
+        first..first + d.sel[tj]
+    })
 }
 
 fn inv_nnei<T: Real>(d: &Dims) -> T {
     T::of(1.0 / d.nnei as f64)
 }
 
-/// A_c accumulated from per-slot factors: A[a][k] += Σ_slots u[slot][a]·v[slot][k] / nnei.
-fn accumulate_a<T: Real>(d: &Dims, c: usize, u: &[T], v: &[T], out: &mut [T]) {
-    let m1 = d.m1;
-    for_sections(d, c, |slots| {
-        for s in slots {
-            let (us, vs) = (&u[s * m1..(s + 1) * m1], &v[4 * s..4 * s + 4]);
-            for a in 0..m1 {
-                for k in 0..4 {
-                    out[4 * a + k] += us[a] * vs[k];
-                }
-            }
-        }
-    });
-    let f = inv_nnei::<T>(d);
-    out.iter_mut().for_each(|x| *x *= f);
-}
-
-/// out[a][b] (+)= Σ_k x[a][k]·y[b][k] for b < M2: the D = X Y<ᵀ product.
+/// out[a][b] += Σ_k x[k][a]·y[k][b] for b < M2 (x, y transposed `[4][M1]`; out `[M1][M2]`).
 fn outer_m2<T: Real>(d: &Dims, x: &[T], y: &[T], out: &mut [T]) {
-    for a in 0..d.m1 {
-        for b in 0..d.m2 {
-            out[a * d.m2 + b] += (0..4).map(|k| x[4 * a + k] * y[4 * b + k]).sum::<T>();
+    let m1 = d.m1;
+    for k in 0..4 {
+        let (xk, yk) = (&x[k * m1..(k + 1) * m1], &y[k * m1..(k + 1) * m1]);
+        for (a, row) in out.chunks_mut(d.m2).enumerate() {
+            axpy(row, xk[a], &yk[..d.m2]);
         }
     }
 }
 
-/// Adjoint of D = A A<ᵀ: out[a][k] += Σ_b D̄[a][b] A[b][k] + [a < M2] Σ_a' D̄[a'][a] A[a'][k].
+/// Adjoint of D = A A<ᵀ: out += B(D̄, A) with out[k][a] += Σ_b D̄[a][b] A[k][b] +
+/// [a < M2] Σ_a' D̄[a'][a] A[k][a'] (all A-shaped buffers transposed).
 fn axis_backward<T: Real>(d: &Dims, dbar: &[T], a: &[T], out: &mut [T]) {
     let (m1, m2) = (d.m1, d.m2);
-    for i in 0..m1 {
-        for b in 0..m2 {
-            let g = dbar[i * m2 + b];
-            for k in 0..4 {
-                out[4 * i + k] += g * a[4 * b + k];
-                out[4 * b + k] += g * a[4 * i + k];
-            }
+    for k in 0..4 {
+        let (ak, ok) = (&a[k * m1..(k + 1) * m1], &mut out[k * m1..(k + 1) * m1]);
+        for (i, row) in dbar.chunks(m2).enumerate() {
+            ok[i] += dot(row, &ak[..m2]);
+            let aik = ak[i];
+            axpy(&mut ok[..m2], aik, row);
         }
     }
 }
 
 pub fn forward<T: Real>(d: &Dims, g: &[T], rhat: &[T], a: &mut [T], desc: &mut [T]) {
     let (m1, m2) = (d.m1, d.m2);
+    let f = inv_nnei::<T>(d);
     a.par_chunks_mut(4 * m1)
         .zip(desc.par_chunks_mut(m1 * m2))
         .enumerate()
         .for_each(|(c, (ac, dc))| {
             ac.fill(T::zero());
-            accumulate_a(d, c, g, rhat, ac);
+            for s in sections(d, c).flatten() {
+                let gs = &g[s * m1..(s + 1) * m1];
+                for k in 0..4 {
+                    axpy(&mut ac[k * m1..(k + 1) * m1], rhat[4 * s + k] * f, gs);
+                }
+            }
             dc.fill(T::zero());
             outer_m2(d, ac, ac, dc);
         });
@@ -131,14 +135,11 @@ pub fn slot_backward<T: Real>(
             &gp[s * m1..(s + 1) * m1],
             &rhat[4 * s..4 * s + 4],
         );
-        let mut rbar = [T::zero(); 4];
-        for a in 0..m1 {
-            let arow = &ab[4 * a..4 * a + 4];
-            for k in 0..4 {
-                rbar[k] += arow[k] * gs[a];
-            }
-            rbar[0] += gps[a] * (0..4).map(|k| arow[k] * rh[k]).sum::<T>();
-        }
+        // R̄[k] = Ā[k]·G, plus on k = 0 the s-path: G'·(Σ_k Ā[k] R̂[k]).
+        let mut rbar: [T; 4] = std::array::from_fn(|k| dot(&ab[k * m1..(k + 1) * m1], gs));
+        rbar[0] += (0..4)
+            .map(|k| rh[k] * dot(&ab[k * m1..(k + 1) * m1], gps))
+            .sum::<T>();
         let js = &jac[12 * s..12 * s + 12];
         for x in 0..3 {
             qs[x] = f * (0..4).map(|k| js[3 * k + x] * rbar[k]).sum::<T>();
@@ -164,18 +165,15 @@ pub fn tangent<T: Real>(
         .enumerate()
         .for_each(|(c, (ad, dd))| {
             ad.fill(T::zero());
-            for_sections(d, c, |slots| {
-                for s in slots {
-                    let sdot = rdot[4 * s];
-                    for i in 0..m1 {
-                        let (gv, gd) = (g[s * m1 + i], gp[s * m1 + i] * sdot);
-                        for k in 0..4 {
-                            ad[4 * i + k] += gd * rhat[4 * s + k] + gv * rdot[4 * s + k];
-                        }
-                    }
+            for s in sections(d, c).flatten() {
+                let (gs, gps) = (&g[s * m1..(s + 1) * m1], &gp[s * m1..(s + 1) * m1]);
+                let sdot = rdot[4 * s];
+                for k in 0..4 {
+                    let adk = &mut ad[k * m1..(k + 1) * m1];
+                    axpy(adk, f * sdot * rhat[4 * s + k], gps);
+                    axpy(adk, f * rdot[4 * s + k], gs);
                 }
-            });
-            ad.iter_mut().for_each(|x| *x *= f);
+            }
             let ac = &a[c * 4 * m1..(c + 1) * 4 * m1];
             dd.fill(T::zero());
             outer_m2(d, ad, ac, dd);
@@ -212,19 +210,17 @@ pub fn dual<T: Real>(
     let f = inv_nnei::<T>(d);
     per_slot(d, gbar, m1, |c, s, gb| {
         let (ab, adb) = &per_centre[c];
-        let (rh, rd) = (&rhat[4 * s..4 * s + 4], &rdot[4 * s..4 * s + 4]);
-        for i in 0..m1 {
-            gb[i] = f
-                * (0..4)
-                    .map(|k| ab[4 * i + k] * rh[k] + adb[4 * i + k] * rd[k])
-                    .sum::<T>();
+        gb.fill(T::zero());
+        for k in 0..4 {
+            axpy(gb, f * rhat[4 * s + k], &ab[k * m1..(k + 1) * m1]);
+            axpy(gb, f * rdot[4 * s + k], &adb[k * m1..(k + 1) * m1]);
         }
     });
     per_slot(d, gdotbar, m1, |c, s, gdb| {
         let adb = &per_centre[c].1;
-        let rh = &rhat[4 * s..4 * s + 4];
-        for i in 0..m1 {
-            gdb[i] = f * (0..4).map(|k| adb[4 * i + k] * rh[k]).sum::<T>();
+        gdb.fill(T::zero());
+        for k in 0..4 {
+            axpy(gdb, f * rhat[4 * s + k], &adb[k * m1..(k + 1) * m1]);
         }
     });
 }
