@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Trains the water example with DeePMD-kit 3.2.0 (`dp --tf train`, and `dp --pt train` with
+# COMPARE_PT=1) and with dpw on this machine, one after the other, and prints s/step, peak memory
+# and the ratio. DeePMD-kit is installed into a virtual environment on first use.
+#
+#   bench/compare-deepmd.sh [STEPS]        (default 300 steps; DeePMD-kit's average skips the
+#                                           first 100, dpw's bench times the steps after warm-up)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-300}
+venv=${DEEPMD_VENV:-.bench/deepmd-venv}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+if [ ! -x "$venv/bin/dp" ]; then
+  echo "installing deepmd-kit[cpu]==3.2.0 into $venv ..." >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "deepmd-kit[cpu]==3.2.0"
+fi
+
+# The example input with absolute data paths, a fixed number of steps and no checkpoints.
+python3 - "$work/input.json" "$steps" <<'PY'
+import json, os, sys
+src = "examples/water/input.json"
+d = json.load(open(src))
+base = os.path.dirname(os.path.abspath(src))
+for key in ("training_data", "validation_data"):
+    if key in d["training"]:
+        d["training"][key]["systems"] = [os.path.join(base, s) for s in d["training"][key]["systems"]]
+d["training"]["numb_steps"] = int(sys.argv[2])
+d["training"]["disp_freq"] = 100
+d["training"]["save_freq"] = 10 ** 9
+json.dump(d, open(sys.argv[1], "w"), indent=2)
+PY
+
+cargo build --release -q
+dpw=$PWD/target/release/dpw
+
+peak_mb() { awk '/Maximum resident set size/ {printf "%.0f", $6 / 1024}' "$1"; }
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+results=()
+for b in tf ${COMPARE_PT:+pt}; do
+  (cd "$work" && mkdir -p "$b" && cd "$b" && OMP_NUM_THREADS=$(nproc) /usr/bin/time -v -o time.txt \
+    "$OLDPWD/$venv/bin/dp" --"$b" train ../input.json >log 2>&1) || { tail -30 "$work/$b/log" >&2; exit 1; }
+  s=$(grep -oE "average training time: [0-9.]+ s/batch" "$work/$b/log" | awk '{print $4}' | tail -1)
+  echo "DeePMD-kit 3.2.0 (--$b): ${s} s/step, peak memory $(peak_mb "$work/$b/time.txt") MB"
+  results+=("$s")
+done
+
+(cd "$work" && /usr/bin/time -v -o dpw-time.txt "$dpw" bench input.json --steps "$steps" --json dpw.json >dpw.log 2>&1) \
+  || { tail -30 "$work/dpw.log" >&2; exit 1; }
+ours=$(python3 -c "import json; print(json.load(open('$work/dpw.json'))['median_s_per_step'])")
+echo "dpw (cpu, float64): ${ours} s/step, peak memory $(peak_mb "$work/dpw-time.txt") MB"
+python3 -c "print(f'dpw is {float(\"${results[0]}\") / float(\"$ours\"):.2f}x faster per step than DeePMD-kit --tf')"
