@@ -2,6 +2,8 @@
 //! learning-rate schedule, statistics, lcurve.out and checkpoints.
 
 pub mod batch;
+pub mod lcurve;
+pub mod loss;
 pub mod lr;
 pub mod predict;
 pub mod step;
