@@ -2,8 +2,10 @@
 //! learning-rate schedule, statistics, lcurve.out and checkpoints.
 
 pub mod batch;
+pub mod dataset;
 pub mod lcurve;
 pub mod loss;
 pub mod lr;
 pub mod predict;
+pub mod stats;
 pub mod step;
