@@ -10,3 +10,4 @@ pub mod lr;
 pub mod predict;
 pub mod stats;
 pub mod step;
+pub mod trainer;
