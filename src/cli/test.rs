@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use super::backend::Job;
 use crate::backend::{Backend, Real};
 use crate::data::load_system;
+use crate::fmt::sci;
 use crate::model::file::write_atomic;
 use crate::model::Model;
 use crate::train::batch::Frame;
@@ -67,7 +68,7 @@ pub struct SystemErrors {
 
 fn report(out: &mut String, s: &SystemErrors) {
     let line = |out: &mut String, name: &str, e: f64, unit: &str| {
-        let _ = writeln!(out, "{name:<19}: {e:.6e} {unit}");
+        let _ = writeln!(out, "{name:<19}: {} {unit}", sci(e, 6, 0));
     };
     line(out, "Energy MAE", s.e.mae, "eV");
     line(out, "Energy RMSE", s.e.rmse, "eV");
@@ -87,7 +88,7 @@ fn report(out: &mut String, s: &SystemErrors) {
 fn detail_rows(buf: &mut String, header: &str, rows: impl Iterator<Item = Vec<f64>>) {
     let _ = writeln!(buf, "# {header}");
     for r in rows {
-        let cols: Vec<String> = r.iter().map(|x| format!("{x:.18e}")).collect();
+        let cols: Vec<String> = r.iter().map(|&x| sci(x, 18, 0)).collect();
         let _ = writeln!(buf, "{}", cols.join(" "));
     }
 }

@@ -4,9 +4,11 @@
 pub mod file;
 mod init;
 mod layout;
+mod yaml;
 
 pub use init::init_params;
 pub use layout::{embed_net_index, Layer, Net, ParamLayout, Skip, TensorInfo};
+pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,740 @@
+//! DeePMD-kit v3's own model file in YAML (spec §14): the dict of `model.serialize()` with every
+//! array written as `{'@class': np.ndarray, '@is_variable': true, '@version': 1, dtype, value}`.
+//! `dp convert-backend model.yaml model.pth` and `DeepPot("model.yaml")` read it, so this is how
+//! dpw models go to and come from DeePMD-kit.
+//!
+//! Reading walks the tree once with [`At`], a value that remembers its path for error messages.
+//! Writing builds the same tree as DeePMD-kit 3.2.0 does (checked key by key against
+//! `reference/deepmd-3.2.0/model_A/model.yaml` in the tests) and prints it with a small emitter of
+//! our own, because the file must be read by PyYAML, whose YAML 1.1 resolver treats `1e-5` (no
+//! dot) and `1.5e16` (no exponent sign) as strings and `No` (nobelium) as `false`; the serde
+//! emitter would print all three that way.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use serde_yaml_ng::Value;
+
+use super::{DescriptorSpec, FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout};
+
+/// Reads a DeePMD-kit v3 `.yaml` model; only a `standard` model with an `se_e2_a` descriptor and
+/// an `ener` fitting, without exclusions or frame/atom parameters, is accepted.
+pub fn read_deepmd_yaml(path: &Path) -> Result<Model> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let root: Value = serde_yaml_ng::from_str(&text)
+        .with_context(|| format!("{}: not valid YAML", path.display()))?;
+    model_from_tree(&root).with_context(|| format!("reading DeePMD-kit model {}", path.display()))
+}
+
+/// Writes `model` as DeePMD-kit 3.2.0 would (`dp convert-backend x.pth out.yaml`). Atomic: the
+/// text goes to a temporary file in the same directory, which is then renamed over `path`.
+pub fn write_deepmd_yaml(model: &Model, path: &Path) -> Result<()> {
+    let mut text = String::new();
+    emit(&mut text, &model_to_tree(model), 0, true);
+    let name = path
+        .file_name()
+        .ok_or_else(|| anyhow!("{}: not a file path", path.display()))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        anyhow!("writing {}: {e}", path.display())
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reading
+
+/// A node of the parsed tree and its path (`model.descriptor.sel[1]`), so that every error names
+/// the key that was wrong.
+struct At<'a> {
+    v: &'a Value,
+    path: String,
+}
+
+impl<'a> At<'a> {
+    fn child(&self, v: &'a Value, key: &str) -> At<'a> {
+        let path = if self.path.is_empty() {
+            key.to_string()
+        } else if key.starts_with('[') {
+            format!("{}{key}", self.path)
+        } else {
+            format!("{}.{key}", self.path)
+        };
+        At { v, path }
+    }
+
+    /// The value under `key`; `null` counts as present.
+    fn key(&self, key: &str) -> Result<At<'a>> {
+        let v = self.v.as_mapping().and_then(|m| m.get(key));
+        v.map(|v| self.child(v, key))
+            .ok_or_else(|| anyhow!("{}: missing key `{key}`", self.display()))
+    }
+
+    /// The value under `key`, or `None` where it is missing or `null`.
+    fn opt(&self, key: &str) -> Option<At<'a>> {
+        let v = self.v.as_mapping().and_then(|m| m.get(key))?;
+        (!v.is_null()).then(|| self.child(v, key))
+    }
+
+    fn display(&self) -> &str {
+        if self.path.is_empty() {
+            "<root>"
+        } else {
+            &self.path
+        }
+    }
+
+    fn fail<T>(&self, what: &str) -> Result<T> {
+        bail!(
+            "{}: expected {what}, found {}",
+            self.display(),
+            brief(self.v)
+        )
+    }
+
+    fn seq(&self) -> Result<Vec<At<'a>>> {
+        match self.v {
+            Value::Sequence(s) => Ok(s
+                .iter()
+                .enumerate()
+                .map(|(i, v)| self.child(v, &format!("[{i}]")))
+                .collect()),
+            _ => self.fail("a list"),
+        }
+    }
+    fn str(&self) -> Result<&'a str> {
+        self.v.as_str().map_or_else(|| self.fail("a string"), Ok)
+    }
+    fn bool(&self) -> Result<bool> {
+        self.v
+            .as_bool()
+            .map_or_else(|| self.fail("true or false"), Ok)
+    }
+    fn f64(&self) -> Result<f64> {
+        self.v.as_f64().map_or_else(|| self.fail("a number"), Ok)
+    }
+    fn usize(&self) -> Result<usize> {
+        match self.v.as_u64() {
+            Some(n) => Ok(n as usize),
+            None => self.fail("a non-negative integer"),
+        }
+    }
+    fn usizes(&self) -> Result<Vec<usize>> {
+        self.seq()?.iter().map(At::usize).collect()
+    }
+
+    /// A string field that must have one of the values dpw implements.
+    fn expect(&self, key: &str, allowed: &[&str]) -> Result<()> {
+        let at = self.key(key)?;
+        let s = at.str()?;
+        ensure!(
+            allowed.contains(&s),
+            "{}: unsupported value {s:?} (dpw supports {})",
+            at.path,
+            allowed.join(", ")
+        );
+        Ok(())
+    }
+
+    /// A feature dpw does not implement must be absent, `null`, `false`, `0` or empty.
+    fn expect_off(&self, key: &str) -> Result<()> {
+        let Some(at) = self.opt(key) else {
+            return Ok(());
+        };
+        let off = match at.v {
+            Value::Bool(b) => !b,
+            Value::Number(n) => n.as_f64() == Some(0.0),
+            Value::Sequence(s) => s.is_empty(),
+            Value::Mapping(m) => m.is_empty(),
+            _ => false,
+        };
+        ensure!(
+            off,
+            "{}: unsupported value {} (dpw supports only none)",
+            at.path,
+            brief(at.v)
+        );
+        Ok(())
+    }
+
+    /// An `np.ndarray` node of the given shape, flattened row-major.
+    fn array(&self, shape: &[usize]) -> Result<Vec<f64>> {
+        self.expect("@class", &["np.ndarray"])?;
+        // float32 models are read exactly and then computed in f64 like everything in dpw.
+        self.expect("dtype", &["float64", "float32"])?;
+        let value = self.key("value")?;
+        let mut found = Vec::new();
+        let mut v = value.v;
+        while let Value::Sequence(s) = v {
+            found.push(s.len());
+            match s.first() {
+                Some(first) => v = first,
+                None => break,
+            }
+        }
+        ensure!(
+            found == shape,
+            "{}: expected shape {shape:?}, found {found:?}",
+            self.path
+        );
+        let mut out = Vec::with_capacity(shape.iter().product());
+        flatten(value.v, shape, &mut out).map_err(|e| anyhow!("{}{e}", value.path))?;
+        Ok(out)
+    }
+}
+
+/// The leaves of a nested list of the given shape, row-major. Paths are only built on error (as
+/// the index suffix of the culprit), since arrays can hold millions of numbers.
+fn flatten(v: &Value, shape: &[usize], out: &mut Vec<f64>) -> Result<(), String> {
+    match (shape.split_first(), v) {
+        (None, v) => out.push(
+            v.as_f64()
+                .ok_or_else(|| format!(": expected a number, found {}", brief(v)))?,
+        ),
+        (Some((&n, rest)), Value::Sequence(s)) if s.len() == n => {
+            for (i, x) in s.iter().enumerate() {
+                flatten(x, rest, out).map_err(|e| format!("[{i}]{e}"))?;
+            }
+        }
+        (Some((&n, _)), v) => {
+            return Err(format!(
+                ": ragged array, expected a list of {n}, found {}",
+                brief(v)
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// A value shortened for error messages (arrays can be megabytes).
+fn brief(v: &Value) -> String {
+    match v {
+        Value::Mapping(_) => "a mapping".into(),
+        Value::Sequence(s) => format!("a list of {}", s.len()),
+        Value::Tagged(_) => "a tagged value".into(),
+        _ => serde_yaml_ng::to_string(v).map_or_else(|_| "?".into(), |s| s.trim().into()),
+    }
+}
+
+fn model_from_tree(root: &Value) -> Result<Model> {
+    let root = At {
+        v: root,
+        path: String::new(),
+    };
+    let m = root.key("model")?;
+    m.expect("@class", &["Model"])?;
+    m.expect("type", &["standard"])?;
+    m.expect_off("atom_exclude_types")?;
+    m.expect_off("pair_exclude_types")?;
+    let type_map: Vec<String> = (m.key("type_map")?.seq()?.iter())
+        .map(|t| t.str().map(str::to_string))
+        .collect::<Result<_>>()?;
+    let nt = type_map.len();
+
+    let d = m.key("descriptor")?;
+    d.expect("@class", &["Descriptor"])?;
+    d.expect("type", &["se_e2_a"])?;
+    d.expect("activation_function", &["tanh"])?;
+    d.expect_off("exclude_types")?;
+    d.expect_off("spin")?;
+    if let Some(env) = d.opt("env_mat") {
+        env.expect_off("use_exp_switch")?;
+    }
+    let descriptor = DescriptorSpec {
+        rcut: d.key("rcut")?.f64()?,
+        rcut_smth: d.key("rcut_smth")?.f64()?,
+        sel: d.key("sel")?.usizes()?,
+        neuron: d.key("neuron")?.usizes()?,
+        axis_neuron: d.key("axis_neuron")?.usize()?,
+        resnet_dt: d.key("resnet_dt")?.bool()?,
+        type_one_side: d.key("type_one_side")?.bool()?,
+        // Older files may lack these two; DeePMD's defaults apply.
+        env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
+        set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
+    };
+    ensure!(
+        descriptor.sel.len() == nt,
+        "{}.sel: {} entries for {nt} types",
+        d.path,
+        descriptor.sel.len()
+    );
+    ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
+
+    let f = m.key("fitting")?;
+    f.expect("@class", &["Fitting"])?;
+    f.expect("type", &["ener"])?;
+    f.expect("activation_function", &["tanh"])?;
+    for key in [
+        "numb_fparam",
+        "numb_aparam",
+        "dim_case_embd",
+        "exclude_types",
+    ] {
+        f.expect_off(key)?;
+    }
+    f.expect_off("mixed_types")?;
+    let fitting = FittingSpec {
+        neuron: f.key("neuron")?.usizes()?,
+        resnet_dt: f.key("resnet_dt")?.bool()?,
+    };
+    let spec = ModelSpec {
+        type_map,
+        descriptor,
+        fitting,
+    };
+    let layout = ParamLayout::new(&spec);
+    let mut params = vec![0.0; layout.len];
+
+    let embed_ndim = if spec.descriptor.type_one_side { 1 } else { 2 };
+    read_nets(
+        &d.key("embeddings")?,
+        &layout.embed,
+        embed_ndim,
+        &mut params,
+    )?;
+    read_nets(&f.key("nets")?, &layout.fit, 1, &mut params)?;
+
+    // DeePMD keeps one davg/dstd row per neighbour slot; its statistics make them equal per type,
+    // and dpw stores only one. Refuse files where they differ rather than silently change them.
+    let nnei = spec.descriptor.nnei();
+    let dv = d.key("@variables")?;
+    let mut stats = [Vec::new(), Vec::new()];
+    for (name, out) in ["davg", "dstd"].iter().zip(&mut stats) {
+        let at = dv.key(name)?;
+        let full = at.array(&[nt, nnei, 4])?;
+        for t in 0..nt {
+            let row0 = &full[t * nnei * 4..t * nnei * 4 + 4];
+            for j in 1..nnei {
+                let row = &full[(t * nnei + j) * 4..(t * nnei + j) * 4 + 4];
+                let differs =
+                    (row.iter().zip(row0)).any(|(a, b)| (a - b).abs() > 1e-12 * b.abs().max(1.0));
+                ensure!(
+                    !differs,
+                    "{}: rows of type {t} differ (slot {j}: {row:?} vs slot 0: {row0:?}); dpw needs one row per type",
+                    at.path
+                );
+            }
+            out.extend_from_slice(row0);
+        }
+    }
+    let [davg, dstd] = stats;
+
+    let bias_atom_e = f.key("@variables")?.key("bias_atom_e")?.array(&[nt, 1])?;
+    let mv = m.key("@variables")?;
+    let out_bias = mv.key("out_bias")?.array(&[1, nt, 1])?;
+    let out_std = mv.key("out_std")?.array(&[1, nt, 1])?;
+    // Adding a zero bias_atom_e (DeePMD's usual case) keeps out_bias bit-exact, even for -0.0.
+    let bias = (out_bias.iter().zip(&bias_atom_e))
+        .map(|(&o, &b)| if b == 0.0 { o } else { o + b })
+        .collect();
+
+    Ok(Model {
+        spec,
+        params,
+        davg,
+        dstd,
+        bias,
+        out_std,
+    })
+}
+
+/// Copies one `NetworkCollection` into `params`, checking every layer against the layout.
+/// `want_ndim` is 1 for one net per type (fitting, or embedding with type_one_side) and 2 for one
+/// per type pair, stored at flat index ti + tj*nt, which is how the layout orders them.
+fn read_nets(coll: &At, nets: &[Net], want: usize, params: &mut [f64]) -> Result<()> {
+    coll.expect("@class", &["NetworkCollection"])?;
+    let ndim = coll.key("ndim")?;
+    ensure!(
+        ndim.usize()? == want,
+        "{}: expected {want}, found {}",
+        ndim.path,
+        brief(ndim.v)
+    );
+    let networks = coll.key("networks")?.seq()?;
+    ensure!(
+        networks.len() == nets.len(),
+        "{}.networks: expected {} networks, found {}",
+        coll.path,
+        nets.len(),
+        networks.len()
+    );
+    for (net, at) in nets.iter().zip(&networks) {
+        let layers = at.key("layers")?.seq()?;
+        ensure!(
+            layers.len() == net.layers.len(),
+            "{}.layers: expected {} layers, found {}",
+            at.path,
+            net.layers.len(),
+            layers.len()
+        );
+        for (l, at) in net.layers.iter().zip(&layers) {
+            // Hidden layers are tanh with width-decided skips; the fitting output is linear.
+            if l.tanh {
+                at.expect("activation_function", &["tanh"])?;
+                let resnet = at.key("resnet")?;
+                ensure!(resnet.bool()?, "{}: unsupported value false", resnet.path);
+            } else {
+                at.expect("activation_function", &["none", "linear"])?;
+                at.expect_off("resnet")?;
+            }
+            let vars = at.key("@variables")?;
+            let w = vars.key("w")?.array(&[l.nin, l.nout])?;
+            params[l.w..l.w + w.len()].copy_from_slice(&w);
+            let Some(b) = vars.opt("b") else {
+                bail!("{}.b: missing (dpw needs a bias)", vars.path)
+            };
+            params[l.b..l.b + l.nout].copy_from_slice(&b.array(&[l.nout])?);
+            match (l.idt, vars.opt("idt")) {
+                (Some(off), Some(idt)) => {
+                    params[off..off + l.nout].copy_from_slice(&idt.array(&[l.nout])?)
+                }
+                (None, None) => {}
+                (Some(_), None) => bail!(
+                    "{}.idt: expected shape [{}] (resnet_dt), found null",
+                    vars.path,
+                    l.nout
+                ),
+                (None, Some(_)) => bail!(
+                    "{}.idt: expected null (no resnet_dt timestep on this layer), found an array",
+                    vars.path
+                ),
+            }
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// Writing
+
+/// `obj! { "key" => value, ... }`: a YAML mapping, each value converted with `Value::from`
+/// (numbers, bools, strings, slices and vectors of them, or a `Value`). Key order does not matter:
+/// the emitter sorts keys like PyYAML.
+macro_rules! obj {
+    ($($k:literal => $v:expr),* $(,)?) => {
+        Value::Mapping([$(($k.into(), Value::from($v))),*].into_iter().collect())
+    };
+}
+
+/// An `np.ndarray` node: float64, row-major `data` nested to `shape`.
+fn ndarray(shape: &[usize], data: &[f64]) -> Value {
+    fn nest(shape: &[usize], data: &[f64]) -> Value {
+        match shape.split_first() {
+            None => data[0].into(),
+            Some((&n, rest)) => {
+                let step = rest.iter().product::<usize>();
+                Value::Sequence((0..n).map(|i| nest(rest, &data[i * step..])).collect())
+            }
+        }
+    }
+    obj! {
+        "@class" => "np.ndarray", "@is_variable" => true, "@version" => 1, "dtype" => "float64",
+        "value" => nest(shape, data),
+    }
+}
+
+/// One `NetworkCollection` as DeePMD serializes it: embedding nets (`ndim` 1 or 2) or the
+/// fitting nets (`ndim` 1; hidden layers, then a linear output layer).
+struct Nets<'a> {
+    nets: &'a [Net],
+    ndim: usize,
+    fitting: bool,
+    neuron: &'a [usize],
+    resnet_dt: bool,
+}
+
+fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
+    let layer = |l: &Layer| {
+        obj! {
+            "@class" => "Layer", "@version" => 2,
+            "@variables" => obj! {
+                "w" => ndarray(&[l.nin, l.nout], &p[l.w..]),
+                "b" => ndarray(&[l.nout], &p[l.b..]),
+                "idt" => l.idt.map_or(Value::Null, |o| ndarray(&[l.nout], &p[o..])),
+            },
+            "activation_function" => if l.tanh { "tanh" } else { "none" },
+            "bias" => true, "precision" => "float64", "resnet" => l.tanh, "trainable" => true,
+            "use_timestep" => l.idt.is_some(),
+        }
+    };
+    let network = |net: &Net| {
+        let mut v = obj! {
+            "@version" => if n.fitting { 1 } else { 2 },
+            "activation_function" => "tanh", "in_dim" => net.layers[0].nin,
+            "layers" => net.layers.iter().map(layer).collect::<Vec<_>>(),
+            "neuron" => n.neuron, "precision" => "float64", "resnet_dt" => n.resnet_dt,
+        };
+        let extra = if n.fitting {
+            obj! { "@class" => "FittingNetwork", "bias_out" => true, "out_dim" => 1 }
+        } else {
+            obj! { "@class" => "EmbeddingNetwork", "bias" => true }
+        };
+        if let (Value::Mapping(m), Value::Mapping(e)) = (&mut v, extra) {
+            m.extend(e);
+        }
+        v
+    };
+    obj! {
+        "@class" => "NetworkCollection", "@version" => 1, "ndim" => n.ndim, "ntypes" => nt,
+        "network_type" => if n.fitting { "fitting_network" } else { "embedding_network" },
+        "networks" => n.nets.iter().map(network).collect::<Vec<_>>(),
+    }
+}
+
+fn model_to_tree(model: &Model) -> Value {
+    let spec = &model.spec;
+    let (d, fit) = (&spec.descriptor, &spec.fitting);
+    let (nt, nnei) = (spec.ntypes(), d.nnei());
+    let layout = model.layout();
+    let p = &model.params;
+    let type_map = spec.type_map.as_slice();
+    let none: &[usize] = &[];
+    // dpw's one row per type goes back to DeePMD's row per neighbour slot.
+    let expand = |rows: &[f64]| -> Vec<f64> {
+        let row = |t: usize| rows[t * 4..t * 4 + 4].iter().copied();
+        (0..nt)
+            .flat_map(|t| (0..nnei).flat_map(move |_| row(t)))
+            .collect()
+    };
+    let embeddings = Nets {
+        nets: &layout.embed,
+        ndim: if d.type_one_side { 1 } else { 2 },
+        fitting: false,
+        neuron: &d.neuron,
+        resnet_dt: d.resnet_dt,
+    };
+    let descriptor = obj! {
+        "@class" => "Descriptor", "@version" => 2,
+        "@variables" => obj! {
+            "davg" => ndarray(&[nt, nnei, 4], &expand(&model.davg)),
+            "dstd" => ndarray(&[nt, nnei, 4], &expand(&model.dstd)),
+        },
+        "activation_function" => "tanh", "axis_neuron" => d.axis_neuron,
+        "embeddings" => nets_tree(embeddings, p, nt),
+        "env_mat" => obj! {
+            "protection" => d.env_protection, "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
+            "use_exp_switch" => false,
+        },
+        "env_protection" => d.env_protection, "exclude_types" => none, "neuron" => &d.neuron[..],
+        "precision" => "float64", "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
+        "resnet_dt" => d.resnet_dt, "sel" => &d.sel[..], "set_davg_zero" => d.set_davg_zero,
+        "spin" => Value::Null, "trainable" => true, "type" => "se_e2_a", "type_map" => type_map,
+        "type_one_side" => d.type_one_side,
+    };
+
+    let nets = Nets {
+        nets: &layout.fit,
+        ndim: 1,
+        fitting: true,
+        neuron: &fit.neuron,
+        resnet_dt: fit.resnet_dt,
+    };
+    // dpw keeps the whole energy bias in out_bias (as DeePMD v3 training does); bias_atom_e is 0.
+    let fitting = obj! {
+        "@class" => "Fitting", "@version" => 4,
+        "@variables" => obj! {
+            "aparam_avg" => Value::Null, "aparam_inv_std" => Value::Null,
+            "bias_atom_e" => ndarray(&[nt, 1], &vec![0.0; nt]),
+            "case_embd" => Value::Null, "fparam_avg" => Value::Null, "fparam_inv_std" => Value::Null,
+        },
+        "activation_function" => "tanh", "atom_ener" => none, "default_fparam" => Value::Null,
+        "dim_case_embd" => 0, "dim_descrpt" => spec.dim_descrpt(), "dim_out" => 1,
+        "exclude_types" => none, "layer_name" => Value::Null, "mixed_types" => false,
+        "nets" => nets_tree(nets, p, nt), "neuron" => &fit.neuron[..], "ntypes" => nt,
+        "numb_aparam" => 0, "numb_fparam" => 0, "precision" => "float64", "rcond" => Value::Null,
+        "resnet_dt" => fit.resnet_dt, "spin" => Value::Null, "tot_ener_zero" => false,
+        "trainable" => vec![true; fit.neuron.len() + 1], "type" => "ener", "type_map" => type_map,
+        "use_aparam_as_mask" => false, "var_name" => "energy",
+    };
+
+    // The `model` section of a DeePMD input that builds this model: `dp convert-backend` to
+    // `.pth` requires it (and stores it), and DeePMD rebuilds the model from it on the way back.
+    let model_def_script = obj! {
+        "type_map" => type_map,
+        "descriptor" => obj! {
+            "type" => "se_e2_a", "sel" => &d.sel[..], "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
+            "neuron" => &d.neuron[..], "axis_neuron" => d.axis_neuron, "resnet_dt" => d.resnet_dt,
+            "type_one_side" => d.type_one_side, "env_protection" => d.env_protection,
+            "set_davg_zero" => d.set_davg_zero, "exclude_types" => none,
+            "activation_function" => "tanh", "precision" => "float64",
+        },
+        "fitting_net" => obj! {
+            "type" => "ener", "neuron" => &fit.neuron[..], "resnet_dt" => fit.resnet_dt,
+            "activation_function" => "tanh", "precision" => "float64",
+        },
+    };
+
+    // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
+    obj! {
+        "backend" => "dpw",
+        "model" => obj! {
+            "@class" => "Model", "@version" => 2,
+            "@variables" => obj! {
+                "out_bias" => ndarray(&[1, nt, 1], &model.bias),
+                "out_std" => ndarray(&[1, nt, 1], &model.out_std),
+            },
+            "atom_exclude_types" => none, "descriptor" => descriptor, "fitting" => fitting,
+            "pair_exclude_types" => none, "preset_out_bias" => Value::Null, "rcond" => Value::Null,
+            "type" => "standard", "type_map" => type_map,
+        },
+        "model_def_script" => model_def_script,
+        "software" => "dpw",
+        "time" => utc_now(),
+        "version" => env!("CARGO_PKG_VERSION"),
+    }
+}
+
+/// Now in UTC as Python's `str(datetime.now(timezone.utc))`: `2026-11-22 04:59:50.455372+00:00`.
+fn utc_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let (days, secs) = ((now.as_secs() / 86400) as i64, now.as_secs() % 86400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:06}+00:00",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        now.subsec_micros()
+    )
+}
+
+// ------------------------------------------------------------------------------------------------
+// Emitting, in PyYAML's `safe_dump` block style: sorted keys, sequences inside mappings not
+// indented, `- - x` for nested lists.
+
+/// Writes `v` starting at column `col`; `fresh` says the cursor is at the start of a line (else
+/// it is right after `- `, where the first entry continues the line).
+fn emit(out: &mut String, v: &Value, col: usize, fresh: bool) {
+    let pad = |out: &mut String, first: bool| {
+        if !first || fresh {
+            out.extend(std::iter::repeat_n(' ', col));
+        }
+    };
+    match v {
+        Value::Mapping(m) if !m.is_empty() => {
+            let mut entries: Vec<_> = m.iter().collect();
+            entries.sort_by(|a, b| a.0.as_str().cmp(&b.0.as_str()));
+            for (i, (k, val)) in entries.into_iter().enumerate() {
+                pad(out, i == 0);
+                out.push_str(&scalar(k));
+                out.push(':');
+                match val {
+                    Value::Mapping(c) if !c.is_empty() => {
+                        out.push('\n');
+                        emit(out, val, col + 2, true);
+                    }
+                    Value::Sequence(c) if !c.is_empty() => {
+                        out.push('\n');
+                        emit(out, val, col, true);
+                    }
+                    _ => {
+                        out.push(' ');
+                        out.push_str(&scalar(val));
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        Value::Sequence(s) if !s.is_empty() => {
+            for (i, item) in s.iter().enumerate() {
+                pad(out, i == 0);
+                out.push_str("- ");
+                match item {
+                    Value::Mapping(c) if !c.is_empty() => emit(out, item, col + 2, false),
+                    Value::Sequence(c) if !c.is_empty() => emit(out, item, col + 2, false),
+                    _ => {
+                        out.push_str(&scalar(item));
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        _ => {
+            pad(out, true);
+            out.push_str(&scalar(v));
+            out.push('\n');
+        }
+    }
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) if n.is_f64() => float(n.as_f64().expect("is f64")),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => string(s),
+        Value::Sequence(_) => "[]".into(),
+        Value::Mapping(_) => "{}".into(),
+        Value::Tagged(_) => unreachable!("the writer builds no tagged values"),
+    }
+}
+
+/// Shortest digits that parse back to the same f64 (Rust's `{:?}`), spelled so PyYAML's YAML 1.1
+/// float pattern matches: a dot in the mantissa and a signed exponent (`1.0e-05`, `1.5e+16`).
+/// Rust and Python switch to exponents at the same magnitudes (below 1e-4, from 1e16 on).
+fn float(x: f64) -> String {
+    if x.is_nan() {
+        return ".nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { ".inf" } else { "-.inf" }.into();
+    }
+    let s = format!("{x:?}");
+    let Some((mant, exp)) = s.split_once('e') else {
+        return s; // `{:?}` always prints a fractional part here: `6.0`, `-0.5`
+    };
+    let mut out = String::with_capacity(s.len() + 3);
+    out.push_str(mant);
+    if !mant.contains('.') {
+        out.push_str(".0");
+    }
+    // Python's repr, which PyYAML uses, also pads the exponent to two digits: `1e-05`.
+    let (sign, digits) = exp.strip_prefix('-').map_or(('+', exp), |d| ('-', d));
+    let _ = write!(out, "e{sign}{digits:0>2}");
+    out
+}
+
+/// Plain where PyYAML reads the text back as the same string, else quoted: single quotes like
+/// PyYAML for printable text, JSON's double quotes (valid YAML) for anything else.
+fn string(s: &str) -> String {
+    const RESERVED: &[&str] = &[
+        "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "true", "True", "TRUE", "false",
+        "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF", "null", "Null", "NULL",
+    ];
+    let plain = s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+        && !RESERVED.contains(&s);
+    if plain {
+        s.into()
+    } else if s.chars().all(|c| (' '..='~').contains(&c)) {
+        format!("'{}'", s.replace('\'', "''"))
+    } else {
+        serde_json::to_string(s).expect("strings always serialize")
+    }
+}

@@ -1,0 +1,406 @@
+//! DeePMD-kit v3 YAML model files: reading the real DeePMD-kit 3.2.0 export of model_A, bit-exact
+//! write → read round trips, the written file's structure against DeePMD's, and bad files.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use dpw::model::{
+    read_deepmd_yaml, write_deepmd_yaml, DescriptorSpec, FittingSpec, Model, ModelSpec,
+};
+use ndarray::ArrayD;
+use serde_yaml_ng::Value;
+
+fn model_a_dir() -> Option<PathBuf> {
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared"))
+        .join("reference/deepmd-3.2.0/model_A");
+    if dir.join("model.yaml").exists() {
+        Some(dir)
+    } else {
+        eprintln!("skipped: {} not found", dir.display());
+        None
+    }
+}
+
+fn npy(dir: &Path, name: &str) -> ArrayD<f64> {
+    let path = dir.join("npy").join(format!("{name}.npy"));
+    ndarray_npy::read_npy(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn bits(x: &[f64]) -> Vec<u64> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+fn assert_same(a: &Model, b: &Model) {
+    assert_eq!(a.spec, b.spec);
+    assert_eq!(bits(&a.params), bits(&b.params), "params");
+    assert_eq!(bits(&a.davg), bits(&b.davg), "davg");
+    assert_eq!(bits(&a.dstd), bits(&b.dstd), "dstd");
+    assert_eq!(bits(&a.bias), bits(&b.bias), "bias");
+    assert_eq!(bits(&a.out_std), bits(&b.out_std), "out_std");
+}
+
+fn parse(path: &Path) -> Value {
+    serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn reads_model_a_exactly() {
+    let Some(dir) = model_a_dir() else { return };
+    let m = read_deepmd_yaml(&dir.join("model.yaml")).unwrap();
+
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    let expect = ModelSpec {
+        type_map: vec!["O".into(), "H".into()],
+        descriptor: DescriptorSpec {
+            rcut: 6.0,
+            rcut_smth: 0.5,
+            sel: vec![46, 92],
+            neuron: vec![8, 16, 32],
+            axis_neuron: 4,
+            resnet_dt: false,
+            type_one_side: true,
+            env_protection: 0.0,
+            set_davg_zero: false,
+        },
+        fitting: FittingSpec {
+            neuron: vec![32, 32, 32],
+            resnet_dt: true,
+        },
+    };
+    assert_eq!(m.spec, expect);
+    let md = &meta["descriptor"];
+    assert_eq!(md["sel"], serde_json::json!(m.spec.descriptor.sel));
+    assert_eq!(md["neuron"], serde_json::json!(m.spec.descriptor.neuron));
+    assert_eq!(md["rcut"].as_f64(), Some(m.spec.descriptor.rcut));
+    assert_eq!(md["type_one_side"], serde_json::json!(true));
+    assert_eq!(
+        meta["fitting"]["neuron"],
+        serde_json::json!(m.spec.fitting.neuron)
+    );
+
+    // Every trainable tensor, bit for bit, and every npy tensor accounted for.
+    let layout = m.layout();
+    let index: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("npy/index.json")).unwrap())
+            .unwrap();
+    let mut seen = 0;
+    for t in &layout.tensors {
+        let want = npy(&dir, &t.name);
+        assert_eq!(want.shape(), t.shape.as_slice(), "{}", t.name);
+        let got = &m.params[t.offset..t.offset + t.len()];
+        assert_eq!(bits(got), bits(want.as_slice().unwrap()), "{}", t.name);
+        assert!(index.contains_key(&t.name), "{} not in index.json", t.name);
+        seen += 1;
+    }
+    let trainable = index
+        .keys()
+        .filter(|k| k.starts_with("embed.") || k.starts_with("fit.t"))
+        .count();
+    assert_eq!(
+        seen, trainable,
+        "layout and npy export list the same tensors"
+    );
+
+    // Statistics: every davg/dstd row of a type equals the stored one.
+    let nt = 2;
+    for (name, stored) in [("descrpt.davg", &m.davg), ("descrpt.dstd", &m.dstd)] {
+        let a = npy(&dir, name);
+        assert_eq!(a.shape(), &[nt, 138, 4]);
+        for t in 0..nt {
+            for j in 0..138 {
+                for c in 0..4 {
+                    assert_eq!(a[[t, j, c]].to_bits(), stored[t * 4 + c].to_bits());
+                }
+            }
+        }
+    }
+    let out_bias = npy(&dir, "out_bias");
+    let bias_atom_e = npy(&dir, "fit.bias_atom_e");
+    for t in 0..nt {
+        assert_eq!(m.bias[t], out_bias[[0, t, 0]] + bias_atom_e[[t, 0]]);
+    }
+}
+
+#[test]
+fn model_a_round_trips_and_matches_deepmd_structure() {
+    let Some(dir) = model_a_dir() else { return };
+    let m = read_deepmd_yaml(&dir.join("model.yaml")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("model_A.yaml");
+    write_deepmd_yaml(&m, &out).unwrap();
+    assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
+
+    // Same key paths as DeePMD's own file, except the provenance keys at the top.
+    let (orig, ours) = (parse(&dir.join("model.yaml")), parse(&out));
+    let provenance = ["backend", "model_def_script", "software", "time", "version"];
+    let top = |v: &Value| -> BTreeSet<String> {
+        v.as_mapping()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str().unwrap().to_string())
+            .filter(|k| !provenance.contains(&k.as_str()))
+            .collect()
+    };
+    assert_eq!(top(&orig), top(&ours));
+    let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
+    key_paths(&orig["model"], "model", &mut ko);
+    key_paths(&ours["model"], "model", &mut kw);
+    let missing: Vec<_> = ko.difference(&kw).collect();
+    let extra: Vec<_> = kw.difference(&ko).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing {missing:?}, extra {extra:?}"
+    );
+    // model_A has equal davg rows and zero bias_atom_e, so even the values agree everywhere,
+    // and the printing follows PyYAML's so closely that the text of the section is the same.
+    assert!(orig["model"] == ours["model"], "model sections differ");
+    let orig_text = std::fs::read_to_string(dir.join("model.yaml")).unwrap();
+    let section = &orig_text[..orig_text.find("\nsoftware:").unwrap() + 1];
+    assert!(std::fs::read_to_string(&out).unwrap().contains(section));
+
+    // The top level says who wrote it and how to rebuild the model in DeePMD-kit.
+    for key in provenance {
+        assert!(ours.get(key).is_some(), "{key}");
+    }
+    let def = &ours["model_def_script"];
+    assert_eq!(def["descriptor"]["type"], Value::from("se_e2_a"));
+    assert_eq!(def["type_map"], orig["model"]["type_map"]);
+}
+
+/// Every mapping key path; list items share one path (`networks[]`), values are not compared.
+fn key_paths(v: &Value, path: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Mapping(m) => {
+            for (k, v) in m {
+                let p = format!("{path}.{}", k.as_str().unwrap());
+                out.insert(p.clone());
+                key_paths(v, &p, out);
+            }
+        }
+        Value::Sequence(s) => s
+            .iter()
+            .for_each(|v| key_paths(v, &format!("{path}[]"), out)),
+        _ => {}
+    }
+}
+
+fn two_sided_spec() -> ModelSpec {
+    ModelSpec {
+        type_map: vec!["O".into(), "H".into(), "No".into()],
+        descriptor: DescriptorSpec {
+            rcut: 5.25,
+            rcut_smth: 0.1,
+            sel: vec![7, 12, 3],
+            neuron: vec![4, 8, 16],
+            axis_neuron: 3,
+            resnet_dt: true,
+            type_one_side: false,
+            env_protection: 1e-7,
+            set_davg_zero: true,
+        },
+        fitting: FittingSpec {
+            neuron: vec![10, 20, 20],
+            resnet_dt: true,
+        },
+    }
+}
+
+#[test]
+fn two_sided_model_round_trips_bit_exactly() {
+    let mut m = Model::new(two_sided_spec(), 7);
+    assert_eq!(m.layout().embed.len(), 9);
+    // Statistics that exercise the float printer: tiny, huge, negative zero, many digits.
+    m.davg = vec![
+        0.1,
+        -0.0,
+        1e-5,
+        3e-300,
+        1.5e16,
+        -2.5e-8,
+        0.3,
+        1.0 / 3.0,
+        5e-324,
+        7.0,
+        1e22,
+        -1e-7,
+    ];
+    m.dstd = (0..12)
+        .map(|i| 1.0 + i as f64 * 0.123456789012345)
+        .collect();
+    m.bias = vec![-93.5734023030599, -187.1468046061198, 0.0];
+    m.out_std = vec![0.5712937217877426, 1.0, f64::MIN_POSITIVE];
+    // Half the parameters as arbitrary finite bit patterns (all exponents, subnormals included).
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for (i, p) in m.params.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let x = f64::from_bits(state ^ (state >> 29) ^ i as u64);
+        *p = if x.is_finite() { x } else { -0.0 };
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.yaml");
+    write_deepmd_yaml(&m, &out).unwrap();
+    let back = read_deepmd_yaml(&out).unwrap();
+    assert_same(&back, &m);
+
+    // Writing again over an existing file works and leaves no temporary behind.
+    write_deepmd_yaml(&back, &out).unwrap();
+    let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert_eq!(names.len(), 1);
+
+    let text = std::fs::read_to_string(&out).unwrap();
+    // PyYAML reads `1e-05` as a string: exponents carry a dot and a sign. `No` must be quoted.
+    assert!(text.contains("- 1.0e-05\n"));
+    assert!(text.contains("- 3.0e-300\n"));
+    assert!(text.contains("- 1.5e+16\n"));
+    assert!(text.contains("- 'No'\n"));
+    let tree = parse(&out);
+    let emb = &tree["model"]["descriptor"]["embeddings"];
+    assert_eq!(emb["ndim"], Value::from(2));
+    assert_eq!(emb["networks"].as_sequence().unwrap().len(), 9);
+    // Integers stay integers.
+    assert_eq!(tree["model"]["descriptor"]["sel"][1], Value::from(12u64));
+    assert!(tree["model"]["fitting"]["dim_descrpt"].is_u64());
+}
+
+#[test]
+fn embedding_nets_are_ordered_like_networkcollection() {
+    // (centre ti, neighbour tj) is network ti + tj*nt in DeePMD's collection; the layout names
+    // net k `embed.c{k % nt}_n{k / nt}`. Check that the file's k-th network is the layout's.
+    let m = Model::new(two_sided_spec(), 3);
+    let layout = m.layout();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.yaml");
+    write_deepmd_yaml(&m, &out).unwrap();
+    let tree = parse(&out);
+    let nets = tree["model"]["descriptor"]["embeddings"]["networks"]
+        .as_sequence()
+        .unwrap();
+    for (ti, tj) in [(0, 1), (2, 0), (1, 2)] {
+        let k = dpw::model::embed_net_index(false, 3, ti, tj);
+        assert_eq!(k, ti + tj * 3);
+        let t = layout
+            .tensor(&format!("embed.c{ti}_n{tj}.layer0.w"))
+            .unwrap();
+        let w = nets[k]["layers"][0]["@variables"]["w"]["value"][0]
+            .as_sequence()
+            .unwrap();
+        for (c, v) in w.iter().enumerate() {
+            assert_eq!(v.as_f64().unwrap(), m.params[t.offset + c]);
+        }
+    }
+}
+
+fn edit(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "fixture lacks {from:?}");
+    text.replacen(from, to, 1)
+}
+
+fn read_err(text: &str) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("bad.yaml");
+    std::fs::write(&p, text).unwrap();
+    format!("{:#}", read_deepmd_yaml(&p).unwrap_err())
+}
+
+#[test]
+fn bad_files_name_the_culprit() {
+    let m = Model::new(two_sided_spec(), 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("good.yaml");
+    write_deepmd_yaml(&m, &p).unwrap();
+    let good = std::fs::read_to_string(&p).unwrap();
+
+    let e = read_err("model:\n  descriptor: [1, 2\n");
+    assert!(e.contains("not valid YAML"), "{e}");
+
+    let e = read_err(&edit(&good, "type: se_e2_a", "type: se_e3"));
+    assert!(
+        e.contains("model.descriptor.type: unsupported value \"se_e3\""),
+        "{e}"
+    );
+
+    let e = read_err(&edit(&good, "type: standard", "type: zbl"));
+    assert!(e.contains("model.type: unsupported value \"zbl\""), "{e}");
+
+    let e = read_err(&edit(&good, "numb_fparam: 0", "numb_fparam: 2"));
+    assert!(e.contains("model.fitting.numb_fparam: unsupported"), "{e}");
+
+    let e = read_err(&edit(
+        &good,
+        "exclude_types: []",
+        "exclude_types:\n    - - 0\n      - 1",
+    ));
+    assert!(e.contains("exclude_types: unsupported"), "{e}");
+
+    // A wrong weight shape: declare sel so that the layout expects other widths than the file.
+    let mut other = two_sided_spec();
+    other.descriptor.neuron = vec![4, 8, 12];
+    let q = tmp.path().join("other.yaml");
+    write_deepmd_yaml(&Model::new(other, 1), &q).unwrap();
+    let text = std::fs::read_to_string(&q).unwrap();
+    let fixed = text.replace(
+        "    neuron:\n    - 4\n    - 8\n    - 12\n",
+        "    neuron:\n    - 4\n    - 8\n    - 16\n",
+    );
+    assert_ne!(fixed, text);
+    let e = read_err(&fixed);
+    assert!(
+        e.contains("model.descriptor.embeddings.networks[0].layers[2].@variables.w: expected shape [8, 16], found [8, 12]"),
+        "{e}"
+    );
+
+    // A ragged nested list.
+    let tree: Value = serde_yaml_ng::from_str(&good).unwrap();
+    let mut tree = tree;
+    let b = &mut tree["model"]["fitting"]["nets"]["networks"][1]["layers"][0]["@variables"]["w"]
+        ["value"][2];
+    b.as_sequence_mut().unwrap().pop();
+    let e = read_err(&serde_yaml_ng::to_string(&tree).unwrap());
+    assert!(
+        e.contains("model.fitting.nets.networks[1].layers[0].@variables.w.value[2]: ragged"),
+        "{e}"
+    );
+
+    // davg rows that differ within a type cannot be stored in dpw.
+    let mut tree: Value = serde_yaml_ng::from_str(&good).unwrap();
+    tree["model"]["descriptor"]["@variables"]["davg"]["value"][1][3][0] = Value::from(0.5);
+    let e = read_err(&serde_yaml_ng::to_string(&tree).unwrap());
+    assert!(
+        e.contains("model.descriptor.@variables.davg: rows of type 1 differ"),
+        "{e}"
+    );
+
+    // A missing key.
+    let mut tree: Value = serde_yaml_ng::from_str(&good).unwrap();
+    tree["model"]["descriptor"]
+        .as_mapping_mut()
+        .unwrap()
+        .remove("axis_neuron");
+    let e = read_err(&serde_yaml_ng::to_string(&tree).unwrap());
+    assert!(
+        e.contains("model.descriptor: missing key `axis_neuron`"),
+        "{e}"
+    );
+}
+
+/// For checking with real DeePMD-kit (`dp convert-backend`, `DeepPot`): with
+/// `DPW_YAML_EXPORT_DIR` set, writes model_A re-exported by dpw and the two-sided model there.
+#[test]
+fn export_for_deepmd_check() {
+    let Some(dir) = std::env::var_os("DPW_YAML_EXPORT_DIR").map(PathBuf::from) else {
+        return;
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    if let Some(a) = model_a_dir() {
+        let m = read_deepmd_yaml(&a.join("model.yaml")).unwrap();
+        write_deepmd_yaml(&m, &dir.join("model_A_dpw.yaml")).unwrap();
+    }
+    let mut m = Model::new(two_sided_spec(), 11);
+    m.davg = (0..12).map(|i| 0.01 * i as f64).collect();
+    m.dstd = (0..12).map(|i| 0.5 + 0.1 * i as f64).collect();
+    m.bias = vec![-93.5, -187.1, -10.0];
+    write_deepmd_yaml(&m, &dir.join("two_sided_dpw.yaml")).unwrap();
+}
