@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use crate::fmt::sci;
+
 /// The displayed metrics of a batch (or an average of batches): `None` = the loss term is not
 /// active, so the column is absent; NaN = active but without reference data.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -52,25 +54,6 @@ impl Metrics {
     }
 }
 
-/// Python's `"%{width}.{prec}e" % x`: at least two exponent digits with a sign, `nan`/`inf`
-/// spelled as Python does, right-aligned to `width`.
-pub fn py_e(x: f64, width: usize, prec: usize) -> String {
-    let body = if x.is_nan() {
-        "nan".to_string()
-    } else if x.is_infinite() {
-        if x > 0.0 { "inf" } else { "-inf" }.to_string()
-    } else {
-        let s = format!("{x:.prec$e}");
-        let (mant, exp) = s
-            .split_once('e')
-            .expect("Rust's {:e} always has an exponent");
-        let exp: i32 = exp.parse().expect("integer exponent");
-        let sign = if exp < 0 { '-' } else { '+' };
-        format!("{mant}e{sign}{:02}", exp.abs())
-    };
-    format!("{body:>width$}")
-}
-
 /// The two header lines (`has_val`: validation columns present).
 pub fn header(keys: &[&str], has_val: bool) -> String {
     let mut s = format!("# {:<5}", "step");
@@ -98,16 +81,16 @@ pub fn line(step: usize, lr: f64, trn: &Metrics, val: Option<&Metrics>) -> Strin
     match val {
         Some(v) => {
             for ((_, tv), (_, vv)) in t.iter().zip(v.entries()) {
-                let _ = write!(s, "   {} {}", py_e(vv, 11, 2), py_e(*tv, 11, 2));
+                let _ = write!(s, "   {} {}", sci(vv, 2, 11), sci(*tv, 2, 11));
             }
         }
         None => {
             for (_, tv) in &t {
-                let _ = write!(s, "   {}", py_e(*tv, 11, 2));
+                let _ = write!(s, "   {}", sci(*tv, 2, 11));
             }
         }
     }
-    let _ = writeln!(s, "   {}", py_e(lr, 8, 1));
+    let _ = writeln!(s, "   {}", sci(lr, 1, 8));
     s
 }
 
@@ -124,18 +107,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn python_e_format() {
+    fn python_e_format_of_lcurve_fields() {
         // Values checked against CPython's "%11.2e" / "%8.1e".
-        assert_eq!(py_e(0.012345, 11, 2), "   1.23e-02");
-        assert_eq!(py_e(1234.5, 11, 2), "   1.23e+03");
-        assert_eq!(py_e(0.0, 11, 2), "   0.00e+00");
-        assert_eq!(py_e(-0.5, 11, 2), "  -5.00e-01");
-        assert_eq!(py_e(1e-100, 11, 2), "  1.00e-100");
-        assert_eq!(py_e(f64::NAN, 11, 2), "        nan");
-        assert_eq!(py_e(1e-3, 8, 1), " 1.0e-03");
-        assert_eq!(py_e(9.96e-4, 8, 1), " 1.0e-03");
-        assert_eq!(py_e(3.51e-8, 8, 1), " 3.5e-08");
-        assert_eq!(py_e(9.999, 11, 2), "   1.00e+01");
+        assert_eq!(sci(0.012345, 2, 11), "   1.23e-02");
+        assert_eq!(sci(1234.5, 2, 11), "   1.23e+03");
+        assert_eq!(sci(0.0, 2, 11), "   0.00e+00");
+        assert_eq!(sci(-0.5, 2, 11), "  -5.00e-01");
+        assert_eq!(sci(1e-100, 2, 11), "  1.00e-100");
+        assert_eq!(sci(f64::NAN, 2, 11), "        nan");
+        assert_eq!(sci(1e-3, 1, 8), " 1.0e-03");
+        assert_eq!(sci(9.96e-4, 1, 8), " 1.0e-03");
+        assert_eq!(sci(3.51e-8, 1, 8), " 3.5e-08");
+        assert_eq!(sci(9.999, 2, 11), "   1.00e+01");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use serde_json::Value;
 use crate::backend::{AdamStep, Backend, Real};
 use crate::config::{load_config, Config, OptimizerConfig, Precision, Sel};
 use crate::data::{Sampler, System};
+use crate::fmt::sci;
 use crate::model::file::{model_from_container, read_container, write_atomic};
 use crate::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
 
@@ -545,7 +546,7 @@ fn reopen_lcurve(path: &Path, step: usize) -> Result<File> {
 fn fmt_metrics(m: &Metrics) -> String {
     m.entries()
         .iter()
-        .map(|(k, v)| format!("{k} = {}", lcurve::py_e(*v, 8, 2)))
+        .map(|(k, v)| format!("{k} = {}", sci(*v, 2, 8)))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -821,7 +822,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 target: PROGRESS_TARGET,
                 "batch {done:7}: trn: {}, lr = {}",
                 fmt_metrics(&shown),
-                lcurve::py_e(lr, 8, 2)
+                sci(lr, 2, 8)
             );
             if let Some(v) = &val {
                 tracing::info!(target: PROGRESS_TARGET, "batch {done:7}: val: {}", fmt_metrics(v));
@@ -837,12 +838,15 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             }
             if let Some(bar) = &progress {
                 let m = val.as_ref().unwrap_or(&shown);
-                bar.set_message(format!(
-                    "{} rmse_f {:.3e} rmse_e {:.3e}",
-                    if val.is_some() { "val" } else { "trn" },
-                    m.rmse_f.unwrap_or(f64::NAN),
-                    m.rmse_e.unwrap_or(f64::NAN)
-                ));
+                let mut msg = format!(
+                    "{:.2} steps/s  {}:",
+                    nsteps as f64 / dt.max(1e-9),
+                    if val.is_some() { "val" } else { "trn" }
+                );
+                for (k, v) in m.entries().iter().skip(1) {
+                    msg.push_str(&format!(" {k} {}", sci(*v, 2, 8).trim_start()));
+                }
+                bar.set_message(msg);
             }
             report.last_trn = Some(shown);
             report.last_val = val;
@@ -862,9 +866,6 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         }
     }
     drop(batches);
-    if let Some(bar) = &progress {
-        bar.finish();
-    }
     let wall = t_loop.elapsed().as_secs_f64();
     report.steps = numb_steps - start;
     report.wall_s = wall;
