@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 
 use dpw::cli::backend::{run_job, BackendChoice};
 use dpw::cli::test::TestJob;
-use dpw::cli::train::{freeze, run_train, wants_progress_bar, TrainArgs};
+use dpw::cli::train::{convert, freeze, run_train, wants_progress_bar, TrainArgs};
 use dpw::cli::{init_logging, load_model};
 
 /// dpw trains Deep Potential models (DeePMD-kit se_e2_a + ener) on CPU and GPU.
@@ -62,6 +62,15 @@ enum Command {
         checkpoint: PathBuf,
         /// The model file to write.
         #[arg(short = 'o', long, default_value = "frozen_model.dpw")]
+        output: PathBuf,
+    },
+    /// Convert a model between DeePMD-kit's .yaml and dpw's model file (by the output's
+    /// extension), like `dp convert-backend`.
+    #[command(alias = "convert-backend")]
+    Convert {
+        /// A DeePMD-kit .yaml model, or a dpw model or checkpoint.
+        input: PathBuf,
+        /// Output: `.yaml`/`.yml` for DeePMD-kit, any other name for a dpw model file.
         output: PathBuf,
     },
 }
@@ -125,6 +134,7 @@ fn run(command: Command, t0: std::time::Instant) -> anyhow::Result<()> {
             run_train(args, t0)?;
         }
         Command::Freeze { checkpoint, output } => freeze(&checkpoint, &output)?,
+        Command::Convert { input, output } => convert(&input, &output)?,
     }
     Ok(())
 }

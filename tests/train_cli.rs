@@ -353,6 +353,11 @@ fn init_model_and_freeze() {
         &["test", "-m", "frozen.dpw", "-s", &sys("data_3"), "-n", "2"],
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("Force  RMSE"));
+    // convert: to DeePMD-kit's yaml and back, bit for bit.
+    run_ok(a.path(), &["convert", "model.ckpt", "model.yaml"]);
+    run_ok(a.path(), &["convert", "model.yaml", "back.dpw"]);
+    let back = model_from_container(&read_container(&a.path().join("back.dpw")).unwrap()).unwrap();
+    assert_eq!(back, ma.model);
     // A frozen model cannot be restarted from.
     let out = run(
         a.path(),

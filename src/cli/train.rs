@@ -17,6 +17,7 @@ use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
 use crate::config::Precision;
 use crate::model::file::{model_from_container, read_container, save_model};
+use crate::model::write_deepmd_yaml;
 use crate::train::checkpoint::Checkpoint;
 use crate::train::trainer::{prepare, train, Start, TrainReport, TrainSetup, PROGRESS_TARGET};
 
@@ -127,7 +128,7 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
         bar.set_style(
             ProgressStyle::with_template(
-                "{elapsed_precise} [{wide_bar}] {pos}/{len} {per_sec} eta {eta} {msg}",
+                "{elapsed_precise} [{wide_bar}] {pos}/{len} eta {eta} {msg}",
             )
             .expect("valid template")
             .progress_chars("=> "),
@@ -139,7 +140,7 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
     let float64 = setup.precision == Precision::F64;
     let r = run_job(args.backend, float64, TrainJob { setup });
     if let Some(bar) = ACTIVE_BAR.lock().expect("bar lock").take() {
-        bar.abandon();
+        bar.finish_and_clear();
     }
     r
 }
@@ -168,5 +169,21 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
         c.header["step"],
         out.display()
     );
+    Ok(())
+}
+
+/// `dpw convert`: a model (DeePMD-kit `.yaml`, dpw model or checkpoint) to DeePMD-kit's `.yaml`
+/// (by the output's extension `.yaml`/`.yml`) or to a dpw model file (any other name), like
+/// `dp convert-backend`.
+pub fn convert(input: &Path, output: &Path) -> Result<()> {
+    let model = super::load_model(input)?;
+    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if ext == "yaml" || ext == "yml" {
+        write_deepmd_yaml(&model, output)?;
+        tracing::info!("wrote DeePMD-kit model {}", output.display());
+    } else {
+        save_model(output, &model)?;
+        tracing::info!("wrote dpw model {}", output.display());
+    }
     Ok(())
 }
