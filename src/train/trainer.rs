@@ -4,7 +4,7 @@
 //! backend in the chosen precision: sampling, the step, Adam, lcurve.out, validation and
 //! checkpoints.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -463,18 +463,25 @@ fn to_f64<T: Real>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.f64()).collect()
 }
 
-type Cache<T, B> = HashMap<(usize, usize), Workspace<T, B>>;
+/// Workspaces by batch shape: systems of the same composition and batch size share one (a
+/// workspace holds nothing of a batch that [`Workspace::load`] does not replace), and so do
+/// training and validation.
+type Cache<T, B> = Vec<Workspace<T, B>>;
 
 fn workspace<'a, T: Real, B: Backend<T>>(
     cache: &'a mut Cache<T, B>,
     b: &B,
     dm: &DeviceModel<T, B>,
-    sys: usize,
     batch: &HostBatch,
 ) -> &'a mut Workspace<T, B> {
-    cache
-        .entry((sys, batch.dims.nframes))
-        .or_insert_with(|| Workspace::new(b, &dm.layout, &batch.dims))
+    let i = match cache.iter().position(|w| w.dims == batch.dims) {
+        Some(i) => i,
+        None => {
+            cache.push(Workspace::new(b, &dm.layout, &batch.dims));
+            cache.len() - 1
+        }
+    };
+    &mut cache[i]
 }
 
 /// Atom-weighted average of the metrics of `nbtch` validation batches (spec §9).
@@ -498,7 +505,7 @@ fn validate<T: Real, B: Backend<T>>(
         let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
         let batch = assemble(spec, &sys.atype, &fr)
             .with_context(|| format!("validation system {}", sys.path.display()))?;
-        let w = workspace(cache, b, dm, s, &batch);
+        let w = workspace(cache, b, dm, &batch);
         w.load(b, &batch);
         forward(b, dm, w);
         let p = read_prediction(b, w, &batch);
@@ -698,8 +705,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     }
 
     let mut batches = Prefetcher::new(Arc::clone(&systems), spec.clone(), sampler, 1);
-    let mut cache: Cache<T, B> = HashMap::new();
-    let mut vcache: Cache<T, B> = HashMap::new();
+    let mut cache: Cache<T, B> = Vec::new();
     let clip = tc.gradient_max_norm;
     if let Some(bar) = &progress {
         bar.set_length(numb_steps as u64);
@@ -723,7 +729,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         let (s, batch) = batches.next()?;
         let natoms = natoms_of[s];
         let nf = batch.dims.nframes;
-        let w = workspace(&mut cache, b, &dm, s, &batch);
+        let w = workspace(&mut cache, b, &dm, &batch);
         w.load(b, &batch);
         forward(b, &dm, w);
         let pf = loss.prefactors(pref_lr, natoms, batch.has_virial);
@@ -794,7 +800,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                     vd,
                     vs,
                     tc.validation_data.as_ref().map_or(1, |v| v.numb_btch),
-                    &mut vcache,
+                    &mut cache,
                     &loss,
                     pref_lr,
                 )?),
