@@ -459,3 +459,34 @@ fn bad_inputs_fail_cleanly_without_touching_outputs() {
         "not a dpw model or checkpoint",
     );
 }
+
+#[test]
+fn restart_with_more_steps_or_other_data() {
+    let d = tempfile::tempdir().unwrap();
+    train(d.path(), &tiny_input(2), &[]);
+    // More steps on the same data: continues (the lr schedule follows the new numb_steps).
+    let out = train(d.path(), &tiny_input(4), &["--restart", "model.ckpt"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("new batch stream"));
+    assert_eq!(ckpt(&d.path().join("model.ckpt")).step, 4);
+    // Other data: a new batch stream, with a warning.
+    let mut input = tiny_input(6);
+    input["training"]["training_data"]["systems"] = json!([sys("data_0"), sys("data_2")]);
+    let out = train(d.path(), &input, &["--restart", "model.ckpt"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("new batch stream"));
+    let lc = lcurve(d.path());
+    let steps: Vec<&str> = data_lines(&lc).iter().map(|l| &l[..7]).collect();
+    assert_eq!(
+        steps,
+        ["      1", "      2", "      3", "      4", "      5", "      6"]
+    );
+    // A different model is refused.
+    let mut input = tiny_input(8);
+    input["model"]["fitting_net"]["neuron"] = json!([8, 16]);
+    write_input(d.path(), &input);
+    let out = run(
+        d.path(),
+        &["train", "input.json", "--restart", "model.ckpt"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fitting.neuron"));
+}

@@ -18,11 +18,13 @@ use crate::model::Model;
 pub const KIND: &str = "checkpoint";
 const VERSION: u64 = 1;
 
-/// Shape of a run's data, to refuse restarting on different data.
+/// Shape of a run's data: a restart continues the checkpoint's batch stream only on data of
+/// the same shape.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DataShape {
     pub nframes: Vec<usize>,
     pub batch_sizes: Vec<usize>,
+    pub probs: Vec<f64>,
 }
 
 #[derive(Clone, Debug)]

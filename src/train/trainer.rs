@@ -176,6 +176,7 @@ fn shape(d: &DataSet) -> DataShape {
     DataShape {
         nframes: d.nframes(),
         batch_sizes: d.batch_sizes.clone(),
+        probs: d.probs.clone(),
     }
 }
 
@@ -266,18 +267,6 @@ pub fn prepare(input: &Path, start: Start, out_dir: &Path, t0: Instant) -> Resul
                 ck.precision.as_str(),
                 precision.as_str()
             );
-        }
-        if ck.train_shape != shape(&train) {
-            bail!(
-                "the training data differ from the checkpoint's (frames per system {:?} with batch sizes {:?} there, {:?} / {:?} here)",
-                ck.train_shape.nframes,
-                ck.train_shape.batch_sizes,
-                shape(&train).nframes,
-                shape(&train).batch_sizes
-            );
-        }
-        if ck.valid_shape != valid.as_ref().map(shape) {
-            bail!("the validation data differ from the checkpoint's");
         }
     } else {
         tracing::info!("seed {seed}{seed_note}");
@@ -601,6 +590,29 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let lcurve_path = out_dir.join(&tc.disp_file);
 
     let start = restart.as_ref().map_or(0, |c| c.step);
+    let train_shape = shape(&train_data);
+    let valid_shape = valid.as_ref().map(shape);
+    // A restart on other data (or other batch sizes or probabilities) cannot continue the
+    // checkpoint's batch stream; it starts a new one, seeded from the seed and the step.
+    let stream_seed = seed.wrapping_add(start as u64);
+    let new_train_sampler = || {
+        Sampler::new(
+            &train_data.nframes(),
+            &train_data.batch_sizes,
+            train_data.probs.clone(),
+            stream_seed,
+        )
+    };
+    let new_valid_sampler = || {
+        valid.as_ref().map(|v| {
+            Sampler::new(
+                &v.nframes(),
+                &v.batch_sizes,
+                v.probs.clone(),
+                stream_seed ^ 0x5641_4c49_4400,
+            )
+        })
+    };
     let mut dm = DeviceModel::<T, B>::new(b, &model);
     let (sampler, mut valid_sampler, mut acc_count, mut acc_sum) = match &restart {
         Some(ck) => {
@@ -614,35 +626,33 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 rmse_f: z.rmse_f.map(|_| a[3]),
                 rmse_v: z.rmse_v.map(|_| a[4]),
             };
-            (
-                ck.sampler.clone(),
-                ck.valid_sampler.clone(),
-                a[0] as usize,
-                sum,
-            )
+            let ts = if ck.train_shape == train_shape {
+                ck.sampler.clone()
+            } else {
+                tracing::warn!(
+                    "the training data (frames per system, batch sizes or probabilities) differ \
+                     from the checkpoint's: starting a new batch stream"
+                );
+                new_train_sampler()
+            };
+            let vs = if ck.valid_shape == valid_shape {
+                ck.valid_sampler.clone()
+            } else {
+                tracing::warn!(
+                    "the validation data differ from the checkpoint's: starting a new batch stream"
+                );
+                new_valid_sampler()
+            };
+            (ts, vs, a[0] as usize, sum)
         }
         None => (
-            Sampler::new(
-                &train_data.nframes(),
-                &train_data.batch_sizes,
-                train_data.probs.clone(),
-                seed,
-            ),
-            valid.as_ref().map(|v| {
-                Sampler::new(
-                    &v.nframes(),
-                    &v.batch_sizes,
-                    v.probs.clone(),
-                    seed ^ 0x5641_4c49_4400,
-                )
-            }),
+            new_train_sampler(),
+            new_valid_sampler(),
             0,
             loss.zero_metrics(),
         ),
     };
     drop(restart);
-    let train_shape = shape(&train_data);
-    let valid_shape = valid.as_ref().map(shape);
     let systems = Arc::new(std::mem::take(&mut train_data.systems));
     let natoms_of: Vec<usize> = systems.iter().map(|s| s.natoms).collect();
 
