@@ -60,7 +60,7 @@ enum Command {
         /// The checkpoint, or a folder holding `model.ckpt`.
         #[arg(short = 'c', long, default_value = ".")]
         checkpoint: PathBuf,
-        /// The model file to write.
+        /// The model file to write: DeePMD-kit's format if it ends in .yaml, else dpw's.
         #[arg(short = 'o', long, default_value = "frozen_model.dpw")]
         output: PathBuf,
     },

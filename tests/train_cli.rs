@@ -358,6 +358,11 @@ fn init_model_and_freeze() {
     run_ok(a.path(), &["convert", "model.yaml", "back.dpw"]);
     let back = model_from_container(&read_container(&a.path().join("back.dpw")).unwrap()).unwrap();
     assert_eq!(back, ma.model);
+    run_ok(a.path(), &["freeze", "-c", ".", "-o", "frozen.yaml"]);
+    assert_eq!(
+        dpw::model::read_deepmd_yaml(&a.path().join("frozen.yaml")).unwrap(),
+        ma.model
+    );
     // A frozen model cannot be restarted from.
     let out = run(
         a.path(),

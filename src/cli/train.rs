@@ -17,7 +17,7 @@ use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
 use crate::config::Precision;
 use crate::model::file::{model_from_container, read_container, save_model};
-use crate::model::write_deepmd_yaml;
+use crate::model::{write_deepmd_yaml, Model};
 use crate::train::checkpoint::Checkpoint;
 use crate::train::trainer::{prepare, train, Start, TrainReport, TrainSetup, PROGRESS_TARGET};
 
@@ -154,7 +154,21 @@ fn checkpoint_path(c: &Path) -> PathBuf {
     }
 }
 
-/// `dpw freeze`: a self-contained model file (parameters and statistics) from a checkpoint.
+/// Writes `model` as DeePMD-kit's `.yaml` when `out` ends in `.yaml`/`.yml`, else as a dpw
+/// model file.
+fn write_model(model: &Model, out: &Path) -> Result<&'static str> {
+    let ext = out.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if ext == "yaml" || ext == "yml" {
+        write_deepmd_yaml(model, out)?;
+        Ok("DeePMD-kit .yaml")
+    } else {
+        save_model(out, model)?;
+        Ok("dpw")
+    }
+}
+
+/// `dpw freeze`: a self-contained model file (parameters and statistics) from a checkpoint;
+/// DeePMD-kit's `.yaml` when the output name ends in `.yaml`.
 pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
     let path = checkpoint_path(ckpt);
     if !path.exists() {
@@ -162,9 +176,9 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
     }
     let c = read_container(&path)?;
     let model = model_from_container(&c).with_context(|| format!("reading {}", path.display()))?;
-    save_model(out, &model)?;
+    let kind = write_model(&model, out)?;
     tracing::info!(
-        "froze {} (step {}) into {}",
+        "froze {} (step {}) into the {kind} model {}",
         path.display(),
         c.header["step"],
         out.display()
@@ -177,13 +191,7 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
 /// `dp convert-backend`.
 pub fn convert(input: &Path, output: &Path) -> Result<()> {
     let model = super::load_model(input)?;
-    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if ext == "yaml" || ext == "yml" {
-        write_deepmd_yaml(&model, output)?;
-        tracing::info!("wrote DeePMD-kit model {}", output.display());
-    } else {
-        save_model(output, &model)?;
-        tracing::info!("wrote dpw model {}", output.display());
-    }
+    let kind = write_model(&model, output)?;
+    tracing::info!("wrote the {kind} model {}", output.display());
     Ok(())
 }
