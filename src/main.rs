@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 use dpw::cli::backend::{run_job, BackendChoice};
 use dpw::cli::test::TestJob;
+use dpw::cli::train::{convert, freeze, run_train, wants_progress_bar, TrainArgs};
 use dpw::cli::{init_logging, load_model};
 
 /// dpw trains Deep Potential models (DeePMD-kit se_e2_a + ener) on CPU and GPU.
@@ -37,15 +38,57 @@ enum Command {
         #[arg(long)]
         float32: bool,
     },
+    /// Train a model from a DeePMD-kit input.json, like `dp train`; outputs (out.json,
+    /// lcurve.out, checkpoints) go to the working directory.
+    Train {
+        /// DeePMD-kit's input.json (se_e2_a descriptor, ener fitting).
+        input: PathBuf,
+        /// Continue the run of this checkpoint (optimizer state, step and data stream included).
+        #[arg(short = 'r', long, conflicts_with = "init_model")]
+        restart: Option<PathBuf>,
+        /// Start a new run from this checkpoint's or model's parameters and statistics.
+        #[arg(short = 'i', long)]
+        init_model: Option<PathBuf>,
+        /// Also write the log to this file.
+        #[arg(short = 'l', long)]
+        log_path: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
+    },
+    /// Write a self-contained model file from a training checkpoint, like `dp freeze`.
+    Freeze {
+        /// The checkpoint, or a folder holding `model.ckpt`.
+        #[arg(short = 'c', long, default_value = ".")]
+        checkpoint: PathBuf,
+        /// The model file to write: DeePMD-kit's format if it ends in .yaml, else dpw's.
+        #[arg(short = 'o', long, default_value = "frozen_model.dpw")]
+        output: PathBuf,
+    },
+    /// Convert a model between DeePMD-kit's .yaml and dpw's model file (by the output's
+    /// extension), like `dp convert-backend`.
+    #[command(alias = "convert-backend")]
+    Convert {
+        /// A DeePMD-kit .yaml model, or a dpw model or checkpoint.
+        input: PathBuf,
+        /// Output: `.yaml`/`.yml` for DeePMD-kit, any other name for a dpw model file.
+        output: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
+    let t0 = std::time::Instant::now();
     let cli = Cli::parse();
-    if let Err(e) = init_logging(None) {
+    let logging = match &cli.command {
+        Command::Train { log_path, .. } => {
+            dpw::cli::train::init_logging(log_path.as_deref(), wants_progress_bar())
+        }
+        _ => init_logging(None),
+    };
+    if let Err(e) = logging {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }
-    match run(cli.command) {
+    match run(cli.command, t0) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -54,7 +97,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<()> {
+fn run(command: Command, t0: std::time::Instant) -> anyhow::Result<()> {
     match command {
         Command::Test {
             model,
@@ -74,6 +117,24 @@ fn run(command: Command) -> anyhow::Result<()> {
             let (_, report) = run_job(backend, !float32, job)?;
             print!("{report}");
         }
+        Command::Train {
+            input,
+            restart,
+            init_model,
+            log_path: _,
+            backend,
+        } => {
+            let args = TrainArgs {
+                input,
+                restart,
+                init_model,
+                backend,
+                progress_bar: wants_progress_bar(),
+            };
+            run_train(args, t0)?;
+        }
+        Command::Freeze { checkpoint, output } => freeze(&checkpoint, &output)?,
+        Command::Convert { input, output } => convert(&input, &output)?,
     }
     Ok(())
 }

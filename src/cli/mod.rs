@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod test;
+pub mod train;
 
 use std::path::Path;
 

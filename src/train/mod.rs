@@ -1,5 +1,13 @@
-//! Training: batch assembly, the step over the Backend trait, and (later) the trainer loop.
+//! Training: batch assembly, the step over the Backend trait, and the trainer loop with its
+//! learning-rate schedule, statistics, lcurve.out and checkpoints.
 
 pub mod batch;
+pub mod checkpoint;
+pub mod dataset;
+pub mod lcurve;
+pub mod loss;
+pub mod lr;
 pub mod predict;
+pub mod stats;
 pub mod step;
+pub mod trainer;

@@ -1,0 +1,197 @@
+//! `dpw train`, `dpw freeze` and their logging: stderr (with an indicatif progress bar when it is
+//! a terminal) and, with `-l FILE`, every line in FILE too.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+use super::backend::{run_job, BackendChoice, Job};
+use crate::backend::{Backend, Real};
+use crate::config::Precision;
+use crate::model::file::{model_from_container, read_container, save_model};
+use crate::model::{write_deepmd_yaml, Model};
+use crate::train::checkpoint::Checkpoint;
+use crate::train::trainer::{prepare, train, Start, TrainReport, TrainSetup, PROGRESS_TARGET};
+
+/// The bar log lines must step around while it is drawn.
+static ACTIVE_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// stderr that clears the progress bar around each log line.
+struct BarAwareStderr;
+
+impl Write for BarAwareStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let bar = ACTIVE_BAR.lock().ok().and_then(|b| b.clone());
+        match bar {
+            Some(bar) => bar.suspend(|| std::io::stderr().write_all(buf)),
+            None => std::io::stderr().write_all(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// Whether `dpw train` draws a progress bar (stderr is a terminal).
+pub fn wants_progress_bar() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+fn env_filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())
+}
+
+/// Logging for `dpw train`: like [`super::init_logging`], except that with a progress bar the
+/// per-display progress lines go to the log file only (the bar shows progress on stderr).
+pub fn init_logging(log_path: Option<&Path>, progress_bar: bool) -> Result<()> {
+    let stderr_layer = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(|| BarAwareStderr)
+        .with_filter(env_filter().and(filter_fn(move |m| {
+            !(progress_bar && m.target() == PROGRESS_TARGET)
+        })));
+    let file_layer = match log_path {
+        Some(p) => {
+            let file = std::fs::File::create(p)
+                .with_context(|| format!("cannot create log file {}", p.display()))?;
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_target(false)
+                    .with_ansi(false)
+                    .with_writer(Mutex::new(file))
+                    .with_filter(env_filter()),
+            )
+        }
+        None => None,
+    };
+    tracing_subscriber::registry()
+        .with(stderr_layer)
+        .with(file_layer)
+        .try_init()
+        .context("cannot set up logging")
+}
+
+/// Training on whatever backend and precision [`run_job`] picks.
+pub struct TrainJob {
+    pub setup: TrainSetup,
+}
+
+impl Job for TrainJob {
+    type Output = TrainReport;
+
+    fn run<T: Real, B: Backend<T>>(self, backend: &B) -> Result<TrainReport> {
+        train::<T, B>(backend, self.setup)
+    }
+}
+
+pub struct TrainArgs {
+    pub input: PathBuf,
+    pub restart: Option<PathBuf>,
+    pub init_model: Option<PathBuf>,
+    pub backend: BackendChoice,
+    pub progress_bar: bool,
+}
+
+/// `dpw train`: outputs go to the working directory, as with `dp train`.
+pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
+    tracing::info!(
+        "dpw {} train {} (working directory {})",
+        env!("CARGO_PKG_VERSION"),
+        args.input.display(),
+        std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|_| "?".into())
+    );
+    let start = match (args.restart, args.init_model) {
+        (Some(_), Some(_)) => anyhow::bail!("give either --restart or --init-model, not both"),
+        (Some(r), None) => Start::Restart(Box::new(Checkpoint::read(&r)?)),
+        (None, Some(p)) => Start::InitModel(p),
+        (None, None) => Start::Fresh,
+    };
+    let mut setup = prepare(&args.input, start, Path::new("."), t0)?;
+    if args.progress_bar {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{wide_bar}] {pos}/{len} eta {eta} {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        bar.enable_steady_tick(Duration::from_millis(500));
+        *ACTIVE_BAR.lock().expect("bar lock") = Some(bar.clone());
+        setup.progress = Some(bar);
+    }
+    let float64 = setup.precision == Precision::F64;
+    let r = run_job(args.backend, float64, TrainJob { setup });
+    if let Some(bar) = ACTIVE_BAR.lock().expect("bar lock").take() {
+        bar.finish_and_clear();
+    }
+    r
+}
+
+/// The checkpoint a `-c` argument names: a file, or `model.ckpt` in a folder.
+fn checkpoint_path(c: &Path) -> PathBuf {
+    if c.is_dir() {
+        c.join("model.ckpt")
+    } else {
+        c.to_path_buf()
+    }
+}
+
+/// Writes `model` as DeePMD-kit's `.yaml` when `out` ends in `.yaml`/`.yml`, else as a dpw
+/// model file.
+fn write_model(model: &Model, out: &Path) -> Result<&'static str> {
+    let ext = out.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if ext == "yaml" || ext == "yml" {
+        write_deepmd_yaml(model, out)?;
+        Ok("DeePMD-kit .yaml")
+    } else {
+        save_model(out, model)?;
+        Ok("dpw")
+    }
+}
+
+/// `dpw freeze`: a self-contained model file (parameters and statistics) from a checkpoint;
+/// DeePMD-kit's `.yaml` when the output name ends in `.yaml`.
+pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
+    let path = checkpoint_path(ckpt);
+    if !path.exists() {
+        anyhow::bail!("checkpoint {} does not exist", path.display());
+    }
+    let c = read_container(&path)?;
+    let model = model_from_container(&c).with_context(|| format!("reading {}", path.display()))?;
+    let kind = write_model(&model, out)?;
+    tracing::info!(
+        "froze {} (step {}) into the {kind} model {}",
+        path.display(),
+        c.header["step"],
+        out.display()
+    );
+    Ok(())
+}
+
+/// `dpw convert`: a model (DeePMD-kit `.yaml`, dpw model or checkpoint) to DeePMD-kit's `.yaml`
+/// (by the output's extension `.yaml`/`.yml`) or to a dpw model file (any other name), like
+/// `dp convert-backend`.
+pub fn convert(input: &Path, output: &Path) -> Result<()> {
+    let model = super::load_model(input)?;
+    let kind = write_model(&model, output)?;
+    tracing::info!("wrote the {kind} model {}", output.display());
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! Training checkpoints: everything needed to continue a run bit for bit (parameters in the
+//! training precision stored exactly as f64, statistics, Adam moments, step, sampler states,
+//! display accumulators), in dpw's container format. Saving writes `<save_ckpt>-<step>`
+//! atomically, then points `<save_ckpt>` at it (a symlink swapped in by rename, or an atomic
+//! copy where symlinks are unavailable), then prunes old checkpoints. A crash at any moment
+//! leaves `<save_ckpt>` naming a complete checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::{json, Value};
+
+use crate::config::Precision;
+use crate::data::Sampler;
+use crate::model::file::{model_from_container, model_parts, read_container, write_container};
+use crate::model::Model;
+
+pub const KIND: &str = "checkpoint";
+const VERSION: u64 = 1;
+
+/// Shape of a run's data: a restart continues the checkpoint's batch stream only on data of
+/// the same shape.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DataShape {
+    pub nframes: Vec<usize>,
+    pub batch_sizes: Vec<usize>,
+    pub probs: Vec<f64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    pub model: Model,
+    pub precision: Precision,
+    /// Steps done (the next step index, 0-based).
+    pub step: usize,
+    /// lr of the last step done (informative).
+    pub lr: f64,
+    pub adam_m: Vec<f64>,
+    pub adam_v: Vec<f64>,
+    pub sampler: Sampler,
+    pub valid_sampler: Option<Sampler>,
+    pub train_shape: DataShape,
+    pub valid_shape: Option<DataShape>,
+    /// `disp_avg` running sums since the last display: `[count, rmse, rmse_e, rmse_f, rmse_v]`.
+    pub disp_acc: [f64; 5],
+}
+
+impl Checkpoint {
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let (mut header, mut arrays) = model_parts(&self.model);
+        let h = header.as_object_mut().expect("model header is an object");
+        h.insert("kind".into(), json!(KIND));
+        h.insert("version".into(), json!(VERSION));
+        h.insert("precision".into(), json!(self.precision.as_str()));
+        h.insert("step".into(), json!(self.step));
+        h.insert("lr".into(), json!(self.lr));
+        h.insert("sampler".into(), serde_json::to_value(&self.sampler)?);
+        h.insert(
+            "valid_sampler".into(),
+            serde_json::to_value(&self.valid_sampler)?,
+        );
+        h.insert(
+            "train_shape".into(),
+            serde_json::to_value(&self.train_shape)?,
+        );
+        h.insert(
+            "valid_shape".into(),
+            serde_json::to_value(&self.valid_shape)?,
+        );
+        arrays.push(("adam_m", &self.adam_m));
+        arrays.push(("adam_v", &self.adam_v));
+        arrays.push(("disp_acc", &self.disp_acc));
+        write_container(path, &header, &arrays)
+    }
+
+    pub fn read(path: &Path) -> Result<Checkpoint> {
+        if !path.exists() {
+            bail!("checkpoint {} does not exist", path.display());
+        }
+        let c = read_container(path)?;
+        let h = &c.header;
+        if h["kind"] != json!(KIND) {
+            bail!(
+                "{} is a frozen model, not a training checkpoint: it has no optimizer state \
+                 (use --init-model to start a new run from it)",
+                path.display()
+            );
+        }
+        let ctx = || format!("reading checkpoint {}", path.display());
+        ensure!(
+            h["version"].as_u64() == Some(VERSION),
+            "{}: checkpoint version {} is not supported (this dpw reads version {VERSION})",
+            path.display(),
+            h["version"]
+        );
+        let model = model_from_container(&c).with_context(ctx)?;
+        let precision = match h["precision"].as_str() {
+            Some("float64") => Precision::F64,
+            Some("float32") => Precision::F32,
+            other => bail!("{}: unknown precision {other:?}", path.display()),
+        };
+        let field = |k: &str| -> Result<Value> { Ok(h[k].clone()) };
+        let adam_m = c.array("adam_m").with_context(ctx)?.to_vec();
+        let adam_v = c.array("adam_v").with_context(ctx)?.to_vec();
+        ensure!(
+            adam_m.len() == model.params.len() && adam_v.len() == model.params.len(),
+            "{}: optimizer state has the wrong size",
+            path.display()
+        );
+        let acc = c.array("disp_acc").with_context(ctx)?;
+        ensure!(acc.len() == 5, "{}: bad disp_acc", path.display());
+        Ok(Checkpoint {
+            model,
+            precision,
+            step: h["step"].as_u64().context("no step").with_context(ctx)? as usize,
+            lr: h["lr"].as_f64().unwrap_or(f64::NAN),
+            adam_m,
+            adam_v,
+            sampler: serde_json::from_value(field("sampler")?).with_context(ctx)?,
+            valid_sampler: serde_json::from_value(field("valid_sampler")?).with_context(ctx)?,
+            train_shape: serde_json::from_value(field("train_shape")?).with_context(ctx)?,
+            valid_shape: serde_json::from_value(field("valid_shape")?).with_context(ctx)?,
+            disp_acc: acc.try_into().expect("length checked"),
+        })
+    }
+}
+
+/// `<save_ckpt>-<step>`.
+pub fn numbered(save_ckpt: &Path, step: usize) -> PathBuf {
+    let mut s = save_ckpt.as_os_str().to_owned();
+    s.push(format!("-{step}"));
+    PathBuf::from(s)
+}
+
+/// Saves `ck` as `<save_ckpt>-<step>`, points `<save_ckpt>` at it and keeps the newest `keep`
+/// numbered checkpoints (at least the one just written). Returns the numbered path.
+pub fn save(ck: &Checkpoint, save_ckpt: &Path, keep: usize) -> Result<PathBuf> {
+    let file = numbered(save_ckpt, ck.step);
+    ck.write(&file)?;
+    point_to(save_ckpt, &file, ck)?;
+    prune(save_ckpt, &file, keep.max(1))?;
+    Ok(file)
+}
+
+fn dir_of(p: &Path) -> &Path {
+    p.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+#[cfg(unix)]
+fn point_to(link: &Path, target: &Path, _ck: &Checkpoint) -> Result<()> {
+    let name = target.file_name().context("checkpoint has no file name")?;
+    let link_name = link
+        .file_name()
+        .context("save_ckpt has no file name")?
+        .to_string_lossy();
+    let tmp = dir_of(link).join(format!(".{link_name}.link{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(name, &tmp)
+        .with_context(|| format!("cannot create symlink {}", tmp.display()))?;
+    std::fs::rename(&tmp, link)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), link.display()))
+}
+
+#[cfg(not(unix))]
+fn point_to(link: &Path, _target: &Path, ck: &Checkpoint) -> Result<()> {
+    ck.write(link)
+}
+
+/// Removes the oldest numbered checkpoints beyond `keep` (by modification time, then step),
+/// never `current`.
+fn prune(save_ckpt: &Path, current: &Path, keep: usize) -> Result<()> {
+    let prefix = format!(
+        "{}-",
+        save_ckpt
+            .file_name()
+            .context("save_ckpt has no file name")?
+            .to_string_lossy()
+    );
+    let dir = dir_of(save_ckpt);
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(step) = name
+            .strip_prefix(&prefix)
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        let mtime = meta.modified().ok();
+        found.push((mtime, step, e.path()));
+    }
+    found.sort();
+    let cur_name = current.file_name();
+    let mut n = found.len();
+    for (_, _, p) in &found {
+        if n <= keep {
+            break;
+        }
+        if p.file_name() == cur_name {
+            continue;
+        }
+        std::fs::remove_file(p).with_context(|| format!("cannot remove {}", p.display()))?;
+        n -= 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! What `dp train` computes from the data before the first step: the neighbour statistics that
+//! turn `sel: "auto"` into numbers (spec §2.5), and the davg/dstd and energy-bias statistics
+//! over `data_stat_nbatch` batches per training system (spec §4, §7).
+
+use rayon::prelude::*;
+
+use crate::data::{Sampler, System};
+use crate::geometry::{energy_bias, Cell, EnvStats};
+use crate::model::DescriptorSpec;
+
+/// Largest number of neighbours of each type inside rcut over all frames, and the smallest
+/// pair distance seen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NeighborStats {
+    pub max_count: Vec<usize>,
+    pub min_dist: f64,
+    pub nframes: usize,
+}
+
+fn cell_of(sys: &System, f: usize) -> Option<Cell> {
+    sys.frame_cell(f).and_then(Cell::new)
+}
+
+/// Cartesian shifts of every periodic image that can hold a neighbour within `rcut`.
+fn image_shifts(cell: Option<&Cell>, rcut: f64) -> Vec<[f64; 3]> {
+    let Some(c) = cell else {
+        return vec![[0.0; 3]];
+    };
+    let nb = c.face_distances().map(|f| (rcut / f).ceil() as i64);
+    let mut out = Vec::new();
+    for a in -nb[0]..=nb[0] {
+        for b in -nb[1]..=nb[1] {
+            for k in -nb[2]..=nb[2] {
+                out.push(c.to_cart([a as f64, b as f64, k as f64]));
+            }
+        }
+    }
+    out
+}
+
+/// Per type, the largest number of neighbours of that type any atom of the frame has within
+/// `rcut` (all periodic images), and the smallest pair distance.
+fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>, f64) {
+    let cell = cell_of(sys, f);
+    let pos: Vec<[f64; 3]> = sys
+        .frame_coord(f)
+        .chunks_exact(3)
+        .map(|r| {
+            let r = [r[0], r[1], r[2]];
+            cell.as_ref().map_or(r, |c| c.wrap(r))
+        })
+        .collect();
+    let shifts = image_shifts(cell.as_ref(), rcut);
+    let rc2 = rcut * rcut;
+    let mut max_count = vec![0usize; ntypes];
+    let mut min_d2 = f64::INFINITY;
+    let mut count = vec![0usize; ntypes];
+    for (i, pi) in pos.iter().enumerate() {
+        count.fill(0);
+        for sh in &shifts {
+            let zero = sh == &[0.0; 3];
+            let o = [sh[0] - pi[0], sh[1] - pi[1], sh[2] - pi[2]];
+            for (j, pj) in pos.iter().enumerate() {
+                if zero && j == i {
+                    continue;
+                }
+                let d = [pj[0] + o[0], pj[1] + o[1], pj[2] + o[2]];
+                let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                if d2 <= rc2 {
+                    count[sys.atype[j]] += 1;
+                    min_d2 = min_d2.min(d2);
+                }
+            }
+        }
+        for (m, &c) in max_count.iter_mut().zip(&count) {
+            *m = (*m).max(c);
+        }
+    }
+    (max_count, min_d2.sqrt())
+}
+
+/// Neighbour statistics over every frame of `systems` (DeePMD-kit's `NeighborStat`).
+pub fn neighbor_stats(systems: &[System], ntypes: usize, rcut: f64) -> NeighborStats {
+    let frames: Vec<(usize, usize)> = systems
+        .iter()
+        .enumerate()
+        .flat_map(|(s, sys)| (0..sys.nframes).map(move |f| (s, f)))
+        .collect();
+    let per_frame: Vec<(Vec<usize>, f64)> = frames
+        .par_iter()
+        .map(|&(s, f)| frame_counts(&systems[s], f, ntypes, rcut))
+        .collect();
+    let mut max_count = vec![0; ntypes];
+    let mut min_dist = f64::INFINITY;
+    for (mc, md) in per_frame {
+        for (m, c) in max_count.iter_mut().zip(mc) {
+            *m = (*m).max(c);
+        }
+        min_dist = min_dist.min(md);
+    }
+    NeighborStats {
+        max_count,
+        min_dist,
+        nframes: frames.len(),
+    }
+}
+
+/// `sel` from neighbour counts as DeePMD-kit's `wrap_up_4(count * factor)` computes it:
+/// `4 * ((int(count * factor) + 3) // 4)`.
+pub fn auto_sel(max_count: &[usize], factor: f64) -> Vec<usize> {
+    max_count
+        .iter()
+        .map(|&c| {
+            let x = (c as f64 * factor).floor() as usize;
+            4 * x.div_ceil(4)
+        })
+        .collect()
+}
+
+/// Frames used for the statistics: `nbatch` batches drawn from each training system's own
+/// shuffled stream (batch size of that system), like DeePMD-kit's `make_stat_input`.
+pub fn stat_frames(
+    systems: &[System],
+    batch_sizes: &[usize],
+    nbatch: usize,
+    seed: u64,
+) -> Vec<Vec<usize>> {
+    systems
+        .iter()
+        .zip(batch_sizes)
+        .enumerate()
+        .map(|(i, (sys, &bs))| {
+            let mut s = Sampler::new(
+                &[sys.nframes],
+                &[bs],
+                vec![1.0],
+                seed.wrapping_add(i as u64),
+            );
+            (0..nbatch).flat_map(|_| s.next_batch().1).collect()
+        })
+        .collect()
+}
+
+/// The statistics a model starts from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DataStats {
+    pub davg: Vec<f64>,
+    pub dstd: Vec<f64>,
+    pub bias: Vec<f64>,
+    pub out_std: Vec<f64>,
+    pub nframes: usize,
+}
+
+/// davg/dstd (environment matrix) and the least-squares energy bias (one row per frame) over
+/// the given frames of each system.
+pub fn data_stats(
+    d: &DescriptorSpec,
+    ntypes: usize,
+    systems: &[System],
+    frames: &[Vec<usize>],
+) -> DataStats {
+    let mut env = EnvStats::new(ntypes);
+    let (mut counts, mut energy) = (Vec::new(), Vec::new());
+    for (sys, fr) in systems.iter().zip(frames) {
+        let c: Vec<f64> = sys.type_counts(ntypes).iter().map(|&n| n as f64).collect();
+        for &f in fr {
+            env.add_frame(d, sys.frame_coord(f), cell_of(sys, f).as_ref(), &sys.atype);
+            counts.push(c.clone());
+            energy.push(sys.energy[f]);
+        }
+    }
+    let (davg, dstd) = env.davg_dstd(d.set_davg_zero);
+    let (bias, std) = energy_bias(&counts, &energy);
+    DataStats {
+        davg,
+        dstd,
+        bias,
+        out_std: vec![std; ntypes],
+        nframes: energy.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrap_up_4_like_deepmd() {
+        // water, rcut 6: counts [38, 72] → [44, 80] with the default factor 1.1
+        assert_eq!(auto_sel(&[38, 72], 1.1), vec![44, 80]);
+        assert_eq!(auto_sel(&[40, 0], 1.0), vec![40, 0]);
+        // int(40.5) = 40 → 40 (DeePMD truncates before rounding up to 4)
+        assert_eq!(auto_sel(&[27], 1.5), vec![40]);
+        assert_eq!(auto_sel(&[41], 1.0), vec![44]);
+    }
+}

@@ -1,0 +1,902 @@
+//! `dpw train`: everything `dp train` does for an se_e2_a + ener model. [`prepare`] checks the
+//! input, loads the data, resolves `sel`, computes (or loads) the statistics and reads any
+//! checkpoint, all before a single output file is touched; [`train`] then runs the loop on a
+//! backend in the chosen precision: sampling, the step, Adam, lcurve.out, validation and
+//! checkpoints.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::ProgressBar;
+use serde_json::Value;
+
+use crate::backend::{AdamStep, Backend, Real};
+use crate::config::{load_config, Config, OptimizerConfig, Precision, Sel};
+use crate::data::{Sampler, System};
+use crate::fmt::sci;
+use crate::model::file::{model_from_container, read_container, write_atomic};
+use crate::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
+
+use super::batch::{assemble, Frame, HostBatch};
+use super::checkpoint::{self, Checkpoint, DataShape};
+use super::dataset::{load_data, DataSet};
+use super::lcurve::{self, Metrics};
+use super::loss::{host_sums, Loss};
+use super::lr::LrSchedule;
+use super::predict::read_prediction;
+use super::stats::{auto_sel, data_stats, neighbor_stats, stat_frames};
+use super::step::{forward, gradient, DeviceModel, Workspace};
+
+/// Target of the per-display progress lines: shown on stderr only without a progress bar.
+pub const PROGRESS_TARGET: &str = "dpw::progress";
+
+/// How a run starts.
+pub enum Start {
+    Fresh,
+    /// `--restart`: continue a checkpoint's run.
+    Restart(Box<Checkpoint>),
+    /// `--init-model`: a new run from a model's parameters and statistics.
+    InitModel(PathBuf),
+}
+
+/// Everything checked and loaded before training; nothing has been written yet.
+pub struct TrainSetup {
+    /// The input with `sel` resolved to numbers (what out.json holds).
+    pub config: Config,
+    pub train: DataSet,
+    pub valid: Option<DataSet>,
+    pub model: Model,
+    pub precision: Precision,
+    pub restart: Option<Box<Checkpoint>>,
+    /// Seed of the training sampler (and of the validation and statistics streams).
+    pub seed: u64,
+    pub schedule: LrSchedule,
+    /// Directory for out.json, lcurve.out and checkpoints (the working directory).
+    pub out_dir: PathBuf,
+    pub progress: Option<ProgressBar>,
+    /// When the command started, for the time to the first step.
+    pub t0: Instant,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    pub steps: usize,
+    pub wall_s: f64,
+    pub s_per_step: f64,
+    pub last_trn: Option<Metrics>,
+    pub last_val: Option<Metrics>,
+    pub last_ckpt: Option<PathBuf>,
+}
+
+/// Settings DeePMD-kit accepts that dpw stores but does not implement.
+fn check_supported(cfg: &Config) -> Result<()> {
+    let m = &cfg.model;
+    if m.descriptor.precision != m.fitting_net.precision {
+        bail!(
+            "model.descriptor.precision ({}) and model.fitting_net.precision ({}) differ; \
+             dpw trains the whole model in one precision, so make them equal",
+            m.descriptor.precision.as_str(),
+            m.fitting_net.precision.as_str()
+        );
+    }
+    if !m.descriptor.trainable {
+        bail!("model.descriptor.trainable: false (a frozen descriptor) is not supported");
+    }
+    if !m.fitting_net.trainable {
+        bail!("model.fitting_net.trainable: false (a frozen fitting net) is not supported");
+    }
+    if m.fitting_net.rcond.is_some() {
+        bail!(
+            "model.fitting_net.rcond: only the default (null, numpy's machine-precision cut-off) \
+             is supported for the energy-bias fit"
+        );
+    }
+    if m.fitting_net.atom_ener.iter().any(Option::is_some) {
+        bail!("model.fitting_net.atom_ener: fixed atomic energies are not supported");
+    }
+    if cfg.loss.relative_f.is_some() {
+        bail!("loss.relative_f: the relative force loss is not supported");
+    }
+    Ok(())
+}
+
+fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
+    let d = &cfg.model.descriptor;
+    let f = &cfg.model.fitting_net;
+    ModelSpec {
+        type_map: cfg.model.type_map.clone(),
+        descriptor: DescriptorSpec {
+            rcut: d.rcut,
+            rcut_smth: d.rcut_smth,
+            sel,
+            neuron: d.neuron.clone(),
+            axis_neuron: d.axis_neuron,
+            resnet_dt: d.resnet_dt,
+            type_one_side: d.type_one_side,
+            env_protection: d.env_protection,
+            set_davg_zero: d.set_davg_zero,
+        },
+        fitting: FittingSpec {
+            neuron: f.neuron.clone(),
+            resnet_dt: f.resnet_dt,
+        },
+    }
+}
+
+/// Paths where two JSON values differ, for a readable "model differs" error.
+fn json_diff(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, va) in x {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                json_diff(va, y.get(k).unwrap_or(&Value::Null), &p, out);
+            }
+        }
+        _ if a != b => out.push(format!("{path}: {a} here, {b} in the checkpoint")),
+        _ => {}
+    }
+}
+
+fn check_same_spec(mine: &ModelSpec, theirs: &ModelSpec, what: &str) -> Result<()> {
+    if mine == theirs {
+        return Ok(());
+    }
+    let mut diffs = Vec::new();
+    json_diff(
+        &serde_json::to_value(mine)?,
+        &serde_json::to_value(theirs)?,
+        "",
+        &mut diffs,
+    );
+    bail!(
+        "the model of {what} does not match input.json's: {}",
+        diffs.join("; ")
+    )
+}
+
+fn random_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (t ^ (u64::from(std::process::id()) << 32)) % (1 << 31)
+}
+
+fn shape(d: &DataSet) -> DataShape {
+    DataShape {
+        nframes: d.nframes(),
+        batch_sizes: d.batch_sizes.clone(),
+        probs: d.probs.clone(),
+    }
+}
+
+/// Reads and checks everything a run needs. Writes nothing.
+pub fn prepare(input: &Path, start: Start, out_dir: &Path, t0: Instant) -> Result<TrainSetup> {
+    let mut cfg = load_config(input)?;
+    check_supported(&cfg)?;
+    let type_map = cfg.model.type_map.clone();
+    let ntypes = type_map.len();
+
+    let train = load_data(&cfg.training.training_data, &type_map, "training")?;
+    for l in train.summary("training") {
+        tracing::info!("{l}");
+    }
+    let valid = match &cfg.training.validation_data {
+        Some(v) => {
+            let d = load_data(&v.data, &type_map, "validation")?;
+            for l in d.summary("validation") {
+                tracing::info!("{l}");
+            }
+            Some(d)
+        }
+        None => None,
+    };
+
+    let (restart, init) = match start {
+        Start::Fresh => (None, None),
+        Start::Restart(ck) => (Some(ck), None),
+        Start::InitModel(p) => {
+            if !p.exists() {
+                bail!("--init-model: {} does not exist", p.display());
+            }
+            let m = model_from_container(&read_container(&p)?)
+                .with_context(|| format!("reading {}", p.display()))?;
+            tracing::info!("initial parameters and statistics from {}", p.display());
+            (None, Some(m))
+        }
+    };
+    let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
+
+    let d = cfg.model.descriptor.clone();
+    let sel = match (&d.sel, given) {
+        (Sel::Auto(_), Some(m)) => {
+            tracing::info!(
+                "sel {:?} taken from the checkpoint (input.json asks for auto)",
+                m.spec.descriptor.sel
+            );
+            m.spec.descriptor.sel.clone()
+        }
+        (Sel::Auto(factor), None) => {
+            let t = Instant::now();
+            let ns = neighbor_stats(&train.systems, ntypes, d.rcut);
+            let sel = auto_sel(&ns.max_count, *factor);
+            tracing::info!(
+                "neighbour statistics over {} training frames (rcut {}): max neighbours per type {:?} ({}), min pair distance {:.4} ({:.2} s)",
+                ns.nframes,
+                d.rcut,
+                ns.max_count,
+                type_map.join(", "),
+                ns.min_dist,
+                t.elapsed().as_secs_f64()
+            );
+            tracing::info!("sel = {sel:?} (auto, factor {factor})");
+            sel
+        }
+        (Sel::Fixed(s), _) => s.clone(),
+    };
+    let spec = spec_of(&cfg, sel.clone());
+    cfg.model.descriptor.sel = Sel::Fixed(sel);
+    if let Some(m) = given {
+        let what = if restart.is_some() {
+            "the restart checkpoint"
+        } else {
+            "the --init-model file"
+        };
+        check_same_spec(&spec, &m.spec, what)?;
+    }
+
+    let precision = cfg.model.descriptor.precision;
+    let (seed, seed_note) = match cfg.training.seed {
+        Some(s) => (s, ""),
+        None => (random_seed(), " (training.seed not set: drawn at random)"),
+    };
+    if let Some(ck) = &restart {
+        if ck.precision != precision {
+            bail!(
+                "the checkpoint was trained in {}, input.json asks for {}; a restart must keep the precision",
+                ck.precision.as_str(),
+                precision.as_str()
+            );
+        }
+    } else {
+        tracing::info!("seed {seed}{seed_note}");
+    }
+
+    let model = if let Some(ck) = &restart {
+        tracing::info!("restarting from step {} (lr {:.3e})", ck.step, ck.lr);
+        ck.model.clone()
+    } else if let Some(m) = init {
+        m
+    } else {
+        let init_seed = d.seed.or(cfg.model.fitting_net.seed).unwrap_or(seed);
+        let mut m = Model::new(spec.clone(), init_seed);
+        let t = Instant::now();
+        let frames = stat_frames(
+            &train.systems,
+            &train.batch_sizes,
+            cfg.model.data_stat_nbatch,
+            seed ^ 0x5354_4154,
+        );
+        let st = data_stats(&spec.descriptor, ntypes, &train.systems, &frames);
+        tracing::info!(
+            "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}, energy bias {:?} ({}), residual std {:.4} ({:.2} s)",
+            st.nframes,
+            cfg.model.data_stat_nbatch,
+            st.davg.chunks(4).map(|r| r[0]).collect::<Vec<_>>(),
+            st.dstd.chunks(4).map(|r| [r[0], r[1]]).collect::<Vec<_>>(),
+            st.bias,
+            type_map.join(", "),
+            st.out_std[0],
+            t.elapsed().as_secs_f64()
+        );
+        (m.davg, m.dstd, m.bias, m.out_std) = (st.davg, st.dstd, st.bias, st.out_std);
+        m
+    };
+    let layout = model.layout();
+    let nembed: usize = layout
+        .embed
+        .iter()
+        .flat_map(|n| &n.layers)
+        .map(|l| l.nin * l.nout + l.nout * (1 + usize::from(l.idt.is_some())))
+        .sum();
+    tracing::info!(
+        "model: se_e2_a sel {:?} rcut {} neuron {:?} axis {} type_one_side {}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
+        spec.descriptor.sel,
+        spec.descriptor.rcut,
+        spec.descriptor.neuron,
+        spec.descriptor.axis_neuron,
+        spec.descriptor.type_one_side,
+        spec.fitting.neuron,
+        layout.len,
+        nembed,
+        layout.len - nembed,
+        precision.as_str()
+    );
+
+    let schedule = LrSchedule::new(&cfg.learning_rate, cfg.training.numb_steps);
+    let shrunk = if schedule.decay_steps != cfg.learning_rate.decay_steps {
+        format!(
+            " (shrunk from {} for this short run)",
+            cfg.learning_rate.decay_steps
+        )
+    } else {
+        String::new()
+    };
+    tracing::info!(
+        "learning rate: exp from {:e} to {:e}, decay_steps {}{shrunk}, decay_rate {:.6}{}{}",
+        schedule.start_lr,
+        schedule.stop_lr,
+        schedule.decay_steps,
+        schedule.decay_rate,
+        if schedule.smooth { ", smooth" } else { "" },
+        if schedule.warmup_steps > 0 {
+            format!(
+                ", warmup {} steps from {:e}",
+                schedule.warmup_steps,
+                schedule.warmup_start_factor * schedule.start_lr
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(TrainSetup {
+        config: cfg,
+        train,
+        valid,
+        model,
+        precision,
+        restart,
+        seed,
+        schedule,
+        out_dir: out_dir.to_path_buf(),
+        progress: None,
+        t0,
+    })
+}
+
+/// Draws training batches and assembles them on a helper thread one step ahead, so the host
+/// work of step t+1 overlaps the device work of step t. The sampler state it reports is the
+/// one from which the next batch *handed out* is drawn, whatever has been prefetched.
+struct Prefetcher {
+    sampler: Sampler,
+    /// (sampler state before the draw, system) of each batch requested and not yet handed out.
+    pending: VecDeque<(Sampler, usize)>,
+    req: Option<mpsc::Sender<(usize, Vec<usize>)>>,
+    res: mpsc::Receiver<Result<HostBatch>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    fn new(systems: Arc<Vec<System>>, spec: ModelSpec, sampler: Sampler, depth: usize) -> Self {
+        let (req_tx, req_rx) = mpsc::channel::<(usize, Vec<usize>)>();
+        let (res_tx, res_rx) = mpsc::channel();
+        let worker = std::thread::Builder::new()
+            .name("dpw-batches".into())
+            .spawn(move || {
+                for (s, frames) in req_rx {
+                    let sys = &systems[s];
+                    let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
+                    let r = assemble(&spec, &sys.atype, &fr)
+                        .with_context(|| format!("training system {}", sys.path.display()));
+                    if res_tx.send(r).is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("cannot start the batch thread");
+        let mut p = Prefetcher {
+            sampler,
+            pending: VecDeque::new(),
+            req: Some(req_tx),
+            res: res_rx,
+            worker: Some(worker),
+        };
+        for _ in 0..depth.max(1) {
+            p.request();
+        }
+        p
+    }
+
+    fn request(&mut self) {
+        let before = self.sampler.clone();
+        let (s, frames) = self.sampler.next_batch();
+        self.pending.push_back((before, s));
+        if let Some(tx) = &self.req {
+            let _ = tx.send((s, frames));
+        }
+    }
+
+    fn next(&mut self) -> Result<(usize, HostBatch)> {
+        let (_, s) = self.pending.pop_front().expect("always one pending");
+        let batch = self
+            .res
+            .recv()
+            .map_err(|_| anyhow!("the batch thread stopped"))??;
+        self.request();
+        Ok((s, batch))
+    }
+
+    fn state(&self) -> Sampler {
+        self.pending
+            .front()
+            .map_or_else(|| self.sampler.clone(), |(s, _)| s.clone())
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        self.req = None;
+        if let Some(w) = self.worker.take() {
+            // Unblock the worker if it is waiting to send, then wait for it.
+            while self.res.try_recv().is_ok() {}
+            let _ = w.join();
+        }
+    }
+}
+
+fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
+    x.iter().map(|&v| T::of(v)).collect()
+}
+
+fn to_f64<T: Real>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|v| v.f64()).collect()
+}
+
+/// Workspaces by batch shape: systems of the same composition and batch size share one (a
+/// workspace holds nothing of a batch that [`Workspace::load`] does not replace), and so do
+/// training and validation.
+type Cache<T, B> = Vec<Workspace<T, B>>;
+
+fn workspace<'a, T: Real, B: Backend<T>>(
+    cache: &'a mut Cache<T, B>,
+    b: &B,
+    dm: &DeviceModel<T, B>,
+    batch: &HostBatch,
+) -> &'a mut Workspace<T, B> {
+    let i = match cache.iter().position(|w| w.dims == batch.dims) {
+        Some(i) => i,
+        None => {
+            cache.push(Workspace::new(b, &dm.layout, &batch.dims));
+            cache.len() - 1
+        }
+    };
+    &mut cache[i]
+}
+
+/// Atom-weighted average of the metrics of `nbtch` validation batches (spec §9).
+#[allow(clippy::too_many_arguments)]
+fn validate<T: Real, B: Backend<T>>(
+    b: &B,
+    dm: &DeviceModel<T, B>,
+    spec: &ModelSpec,
+    data: &DataSet,
+    sampler: &mut Sampler,
+    nbtch: usize,
+    cache: &mut Cache<T, B>,
+    loss: &Loss,
+    pref_lr: f64,
+) -> Result<Metrics> {
+    let mut acc = loss.zero_metrics();
+    let mut natoms = 0usize;
+    for _ in 0..nbtch {
+        let (s, frames) = sampler.next_batch();
+        let sys = &data.systems[s];
+        let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
+        let batch = assemble(spec, &sys.atype, &fr)
+            .with_context(|| format!("validation system {}", sys.path.display()))?;
+        let w = workspace(cache, b, dm, &batch);
+        w.load(b, &batch);
+        forward(b, dm, w);
+        let p = read_prediction(b, w, &batch);
+        let sums = host_sums(
+            (&p.energy, &p.force, &p.virial),
+            (
+                &batch.energy,
+                &batch.force,
+                batch.has_virial.then_some(batch.virial.as_slice()),
+            ),
+        );
+        let pf = loss.prefactors(pref_lr, sys.natoms, batch.has_virial);
+        let m = loss.metrics(&sums, fr.len(), sys.natoms, &pf);
+        acc.add_scaled(&m, sys.natoms as f64);
+        natoms += sys.natoms;
+    }
+    Ok(acc.scaled(1.0 / natoms as f64))
+}
+
+/// Keeps the lines of an existing lcurve.out up to `step` (drops what a killed run wrote after
+/// its last checkpoint), and opens it for appending.
+fn reopen_lcurve(path: &Path, step: usize) -> Result<File> {
+    if path.exists() {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let kept: String = text
+            .split_inclusive('\n')
+            .filter(|l| lcurve::line_step(l).is_none_or(|s| s <= step))
+            .collect();
+        if kept.len() != text.len() {
+            tracing::info!(
+                "{}: dropped the lines after step {step} (written after the checkpoint)",
+                path.display()
+            );
+            write_atomic(path, kept.as_bytes())?;
+        }
+    }
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))
+}
+
+fn fmt_metrics(m: &Metrics) -> String {
+    m.entries()
+        .iter()
+        .map(|(k, v)| format!("{k} = {}", sci(*v, 2, 8)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn fmt_duration(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// Trains on backend `b` in precision `T` (which must be the setup's precision).
+pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainReport> {
+    let TrainSetup {
+        config: cfg,
+        train: mut train_data,
+        valid,
+        model,
+        precision,
+        restart,
+        seed,
+        schedule,
+        out_dir,
+        progress,
+        t0,
+    } = setup;
+    if T::NAME != precision.as_str() {
+        bail!(
+            "internal: training in {} but the model asks for {}",
+            T::NAME,
+            precision.as_str()
+        );
+    }
+    let tc = &cfg.training;
+    let numb_steps = tc.numb_steps;
+    let loss = Loss::new(&cfg.loss, schedule.start_lr);
+    let opt = &cfg.optimizer;
+    let spec = model.spec.clone();
+    tracing::info!("backend: {}, precision {}", b.name(), T::NAME);
+
+    // Outputs: out.json first, as dp train does.
+    let out_json = out_dir.join("out.json");
+    let mut text = serde_json::to_string_pretty(&cfg.to_expanded_json())?;
+    text.push('\n');
+    write_atomic(&out_json, text.as_bytes())?;
+    let save_ckpt = out_dir.join(&tc.save_ckpt);
+    let lcurve_path = out_dir.join(&tc.disp_file);
+
+    let start = restart.as_ref().map_or(0, |c| c.step);
+    let train_shape = shape(&train_data);
+    let valid_shape = valid.as_ref().map(shape);
+    // A restart on other data (or other batch sizes or probabilities) cannot continue the
+    // checkpoint's batch stream; it starts a new one, seeded from the seed and the step.
+    let stream_seed = seed.wrapping_add(start as u64);
+    let new_train_sampler = || {
+        Sampler::new(
+            &train_data.nframes(),
+            &train_data.batch_sizes,
+            train_data.probs.clone(),
+            stream_seed,
+        )
+    };
+    let new_valid_sampler = || {
+        valid.as_ref().map(|v| {
+            Sampler::new(
+                &v.nframes(),
+                &v.batch_sizes,
+                v.probs.clone(),
+                stream_seed ^ 0x5641_4c49_4400,
+            )
+        })
+    };
+    let mut dm = DeviceModel::<T, B>::new(b, &model);
+    let (sampler, mut valid_sampler, mut acc_count, mut acc_sum) = match &restart {
+        Some(ck) => {
+            dm.m = b.upload(&to_t(&ck.adam_m));
+            dm.v = b.upload(&to_t(&ck.adam_v));
+            let a = ck.disp_acc;
+            let z = loss.zero_metrics();
+            let sum = Metrics {
+                rmse: a[1],
+                rmse_e: z.rmse_e.map(|_| a[2]),
+                rmse_f: z.rmse_f.map(|_| a[3]),
+                rmse_v: z.rmse_v.map(|_| a[4]),
+            };
+            let ts = if ck.train_shape == train_shape {
+                ck.sampler.clone()
+            } else {
+                tracing::warn!(
+                    "the training data (frames per system, batch sizes or probabilities) differ \
+                     from the checkpoint's: starting a new batch stream"
+                );
+                new_train_sampler()
+            };
+            let vs = if ck.valid_shape == valid_shape {
+                ck.valid_sampler.clone()
+            } else {
+                tracing::warn!(
+                    "the validation data differ from the checkpoint's: starting a new batch stream"
+                );
+                new_valid_sampler()
+            };
+            (ts, vs, a[0] as usize, sum)
+        }
+        None => (
+            new_train_sampler(),
+            new_valid_sampler(),
+            0,
+            loss.zero_metrics(),
+        ),
+    };
+    drop(restart);
+    let systems = Arc::new(std::mem::take(&mut train_data.systems));
+    let natoms_of: Vec<usize> = systems.iter().map(|s| s.natoms).collect();
+
+    let mut fout = if start > 0 {
+        reopen_lcurve(&lcurve_path, start)?
+    } else {
+        File::create(&lcurve_path)
+            .with_context(|| format!("cannot create {}", lcurve_path.display()))?
+    };
+    let mut header_done = false;
+
+    let save = |dm: &DeviceModel<T, B>,
+                step: usize,
+                lr: f64,
+                sampler: Sampler,
+                valid_sampler: &Option<Sampler>,
+                acc: [f64; 5]|
+     -> Result<PathBuf> {
+        let mut m = model.clone();
+        m.params = dm.params_f64(b);
+        let ck = Checkpoint {
+            model: m,
+            precision,
+            step,
+            lr,
+            adam_m: to_f64(&b.download(&dm.m)),
+            adam_v: to_f64(&b.download(&dm.v)),
+            sampler,
+            valid_sampler: valid_sampler.clone(),
+            train_shape: train_shape.clone(),
+            valid_shape: valid_shape.clone(),
+            disp_acc: acc,
+        };
+        checkpoint::save(&ck, &save_ckpt, tc.max_ckpt_keep)
+    };
+
+    let mut report = TrainReport {
+        steps: 0,
+        wall_s: 0.0,
+        s_per_step: 0.0,
+        last_trn: None,
+        last_val: None,
+        last_ckpt: None,
+    };
+    if start >= numb_steps {
+        if start == 0 {
+            // numb_steps 0: DeePMD-kit still saves the initial model.
+            let p = save(&dm, 0, 0.0, sampler, &valid_sampler, [0.0; 5])?;
+            tracing::info!(
+                "numb_steps is 0: saved the initial model to {}",
+                p.display()
+            );
+            report.last_ckpt = Some(p);
+        } else {
+            tracing::info!(
+                "the checkpoint is at step {start} >= numb_steps {numb_steps}: nothing to train"
+            );
+        }
+        return Ok(report);
+    }
+
+    let mut batches = Prefetcher::new(Arc::clone(&systems), spec.clone(), sampler, 1);
+    let mut cache: Cache<T, B> = Vec::new();
+    let clip = tc.gradient_max_norm;
+    if let Some(bar) = &progress {
+        bar.set_length(numb_steps as u64);
+        bar.set_position(start as u64);
+    }
+    tracing::info!(
+        "start training: steps {}..{} ({} to go), setup took {:.2} s",
+        start + 1,
+        numb_steps,
+        numb_steps - start,
+        t0.elapsed().as_secs_f64()
+    );
+    let t_loop = Instant::now();
+    let mut t_disp = Instant::now();
+    let mut last_disp_step = start;
+    let mut timed = (0.0f64, 0usize);
+
+    for step in start..numb_steps {
+        let lr = schedule.value(step);
+        let pref_lr = schedule.pref_lr(step);
+        let (s, batch) = batches.next()?;
+        let natoms = natoms_of[s];
+        let nf = batch.dims.nframes;
+        let w = workspace(&mut cache, b, &dm, &batch);
+        w.load(b, &batch);
+        forward(b, &dm, w);
+        let pf = loss.prefactors(pref_lr, natoms, batch.has_virial);
+        let sums = gradient(b, &mut dm, w, pf.op);
+        let trn = loss.metrics(&sums, nf, natoms, &pf);
+        if !trn.rmse.is_finite() {
+            bail!(
+                "the loss is {} at step {} (system {}); stopping{}",
+                trn.rmse,
+                step + 1,
+                systems[s].path.display(),
+                report.last_ckpt.as_ref().map_or(String::new(), |p| format!(
+                    "; the last checkpoint is {}",
+                    p.display()
+                ))
+            );
+        }
+        if clip > 0.0 {
+            let g = b.download(&dm.grad);
+            let norm = g.iter().map(|x| x.f64() * x.f64()).sum::<f64>().sqrt();
+            if !norm.is_finite() {
+                bail!("the gradient norm is {norm} at step {}", step + 1);
+            }
+            let coef = clip / (norm + 1e-6);
+            if coef < 1.0 {
+                let c = T::of(coef);
+                let scaled: Vec<T> = g.iter().map(|&x| x * c).collect();
+                dm.grad = b.upload(&scaled);
+            }
+        }
+        let a = AdamStep {
+            lr,
+            beta1: opt.adam_beta1,
+            beta2: opt.adam_beta2,
+            eps: OptimizerConfig::EPS,
+            t: step as u64 + 1,
+        };
+        b.adam(a, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
+        if step == start {
+            tracing::info!(
+                "first step done {:.2} s after start",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        if tc.disp_avg {
+            acc_count += 1;
+            acc_sum.add_scaled(&trn, 1.0);
+        }
+        let done = step + 1;
+        if let Some(bar) = &progress {
+            bar.set_position(done as u64);
+        }
+
+        if tc.disp_training && (done % tc.disp_freq == 0 || done == 1) {
+            let shown = if tc.disp_avg {
+                let m = acc_sum.scaled(1.0 / acc_count.max(1) as f64);
+                acc_count = 0;
+                acc_sum = loss.zero_metrics();
+                m
+            } else {
+                trn
+            };
+            let val = match (&valid, valid_sampler.as_mut()) {
+                (Some(vd), Some(vs)) => Some(validate(
+                    b,
+                    &dm,
+                    &spec,
+                    vd,
+                    vs,
+                    tc.validation_data.as_ref().map_or(1, |v| v.numb_btch),
+                    &mut cache,
+                    &loss,
+                    pref_lr,
+                )?),
+                _ => None,
+            };
+            if !header_done {
+                let keys: Vec<&str> = shown.entries().iter().map(|e| e.0).collect();
+                fout.write_all(lcurve::header(&keys, val.is_some()).as_bytes())?;
+                header_done = true;
+            }
+            fout.write_all(lcurve::line(done, lr, &shown, val.as_ref()).as_bytes())?;
+            fout.flush()
+                .with_context(|| format!("cannot write {}", lcurve_path.display()))?;
+
+            let dt = t_disp.elapsed().as_secs_f64();
+            let nsteps = done - last_disp_step;
+            t_disp = Instant::now();
+            last_disp_step = done;
+            // As DeePMD-kit, leave the first interval (start-up) out of the average.
+            if done - start > tc.disp_freq || numb_steps - start < 2 * tc.disp_freq {
+                timed.0 += dt;
+                timed.1 += nsteps;
+            }
+            tracing::info!(
+                target: PROGRESS_TARGET,
+                "batch {done:7}: trn: {}, lr = {}",
+                fmt_metrics(&shown),
+                sci(lr, 2, 8)
+            );
+            if let Some(v) = &val {
+                tracing::info!(target: PROGRESS_TARGET, "batch {done:7}: val: {}", fmt_metrics(v));
+            }
+            if tc.time_training {
+                let rate = nsteps as f64 / dt.max(1e-9);
+                tracing::info!(
+                    target: PROGRESS_TARGET,
+                    "batch {done:7}: wall time {:.2} s for {nsteps} steps, {rate:.2} steps/s, eta {}",
+                    dt,
+                    fmt_duration((numb_steps - done) as f64 / rate)
+                );
+            }
+            if let Some(bar) = &progress {
+                let m = val.as_ref().unwrap_or(&shown);
+                let mut msg = format!(
+                    "{:.2} steps/s  {}:",
+                    nsteps as f64 / dt.max(1e-9),
+                    if val.is_some() { "val" } else { "trn" }
+                );
+                for (k, v) in m.entries().iter().skip(1) {
+                    msg.push_str(&format!(" {k} {}", sci(*v, 2, 8).trim_start()));
+                }
+                bar.set_message(msg);
+            }
+            report.last_trn = Some(shown);
+            report.last_val = val;
+        }
+
+        if (done % tc.save_freq == 0 && step != start) || done == numb_steps {
+            let acc = [
+                acc_count as f64,
+                acc_sum.rmse,
+                acc_sum.rmse_e.unwrap_or(0.0),
+                acc_sum.rmse_f.unwrap_or(0.0),
+                acc_sum.rmse_v.unwrap_or(0.0),
+            ];
+            let p = save(&dm, done, lr, batches.state(), &valid_sampler, acc)?;
+            tracing::info!(target: PROGRESS_TARGET, "saved checkpoint {}", p.display());
+            report.last_ckpt = Some(p);
+        }
+    }
+    drop(batches);
+    let wall = t_loop.elapsed().as_secs_f64();
+    report.steps = numb_steps - start;
+    report.wall_s = wall;
+    report.s_per_step = if timed.1 > 0 {
+        timed.0 / timed.1 as f64
+    } else {
+        wall / report.steps as f64
+    };
+    tracing::info!(
+        "trained {} steps in {:.2} s: {:.4} s/step on average ({:.4} s/step leaving out the first display interval)",
+        report.steps,
+        wall,
+        wall / report.steps as f64,
+        report.s_per_step
+    );
+    tracing::info!("trained model has been saved to: {}", save_ckpt.display());
+    Ok(report)
+}

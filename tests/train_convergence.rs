@@ -1,0 +1,73 @@
+//! Convergence of the water example's model (not timed; minutes in release mode on a laptop).
+//! Run it with `cargo test --release --test train_convergence -- --ignored --nocapture`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+fn water() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/water"))
+}
+
+/// `Force  RMSE : 1.234e-01 eV/A` → 0.1234, from dpw test's report.
+fn report_value(report: &str, key: &str) -> f64 {
+    let line = report
+        .lines()
+        .rev()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key:?} in\n{report}"));
+    line.split(':')
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+#[ignore = "minutes of training; run in release mode (see the file's doc)"]
+fn convergence_water_2000_steps() {
+    let mut input: Value =
+        serde_json::from_str(&std::fs::read_to_string(water().join("input.json")).unwrap())
+            .unwrap();
+    input["learning_rate"] = json!({"type": "exp", "start_lr": 1e-3, "stop_lr": 3.51e-8,
+                                    "decay_steps": 200, "decay_rate": 0.95});
+    input["training"]["numb_steps"] = json!(2000);
+    input["training"]["disp_freq"] = json!(100);
+    input["training"]["save_freq"] = json!(2000);
+    let abs = |s: &str| water().join(s).display().to_string();
+    input["training"]["training_data"]["systems"] =
+        json!([abs("data_0"), abs("data_1"), abs("data_2")]);
+    input["training"]["validation_data"]["systems"] = json!([abs("data_3")]);
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("input.json"), input.to_string()).unwrap();
+    let st = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(d.path())
+        .args(["train", "input.json"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(d.path())
+        .args(["test", "-m", "model.ckpt", "-s", &abs("data_3"), "-n", "80"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let report = String::from_utf8_lossy(&out.stdout);
+    let f = report_value(&report, "Force  RMSE");
+    let e = report_value(&report, "Energy RMSE/Natoms");
+    eprintln!(
+        "validation (data_3, 80 frames): force RMSE {f:.4} eV/Å, energy RMSE {e:.3e} eV/atom"
+    );
+    eprintln!(
+        "{}",
+        std::fs::read_to_string(d.path().join("lcurve.out")).unwrap()
+    );
+    assert!(
+        f < 0.20,
+        "validation force RMSE {f} ≥ 0.20 eV/Å after 2000 steps"
+    );
+}
