@@ -8,6 +8,8 @@
 //! row-major matrices, so one call serves the atoms of one type or the slots of one block.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod dims;
 mod real;
 

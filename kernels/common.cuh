@@ -1,0 +1,77 @@
+// Helpers shared by every kernel file. NVRTC sees no file system, so the backend prepends this
+// text to each .cu source before compiling it (src/backend/cuda/kernels.rs).
+//
+// Conventions of all kernels:
+// - Every op is a `template <typename T> __device__` function, instantiated for float and
+//   double as the extern "C" kernels `op_f32` / `op_f64` by DPW_INSTANTIATE.
+// - Buffers are row-major, laid out as src/backend/dims.rs and src/backend/mod.rs say; the
+//   pointers a kernel gets never alias (they come from distinct Rust borrows), hence __restrict__.
+// - Deterministic: no floating-point atomics. Every sum runs in a fixed order that depends only
+//   on the shapes, never on scheduling, so two runs give the same bits.
+
+typedef long long i64;
+
+// `template <typename T> __device__ void NAME PARAMS(T)` as the kernels NAME_f32 and NAME_f64.
+// PARAMS is a function-like macro giving the parameter list for a type, ARGS the argument list.
+#define DPW_INSTANTIATE(NAME, PARAMS, ARGS)                                      \
+  extern "C" __global__ void NAME##_f32 PARAMS(float) { NAME<float> ARGS; }    \
+  extern "C" __global__ void NAME##_f64 PARAMS(double) { NAME<double> ARGS; }
+
+// Global index of this thread in a 1-D grid.
+__device__ __forceinline__ i64 global_index() {
+  return (i64)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// The batch layout (src/backend/dims.rs) as a table of ints in device memory, built once per
+// batch shape by the backend:
+//   [ntypes, nnei, m1, m2, nframes, natoms, ncentres, nslots,
+//    sel[ntypes], centre_start[ntypes + 1], block_start[ntypes * ntypes + 1]]
+// A table rather than a by-value struct: no limit on the number of types, and lookups are
+// uniform across a warp, so they hit the cache.
+struct Dims {
+  const int* p;
+  __device__ explicit Dims(const int* table) : p(table) {}
+  __device__ int ntypes() const { return __ldg(p + 0); }
+  __device__ int nnei() const { return __ldg(p + 1); }
+  __device__ int m1() const { return __ldg(p + 2); }
+  __device__ int m2() const { return __ldg(p + 3); }
+  __device__ int nframes() const { return __ldg(p + 4); }
+  __device__ int natoms() const { return __ldg(p + 5); }
+  __device__ int ncentres() const { return __ldg(p + 6); }
+  __device__ int nslots() const { return __ldg(p + 7); }
+  __device__ int sel(int t) const { return __ldg(p + 8 + t); }
+  __device__ int centre_start(int t) const { return __ldg(p + 8 + ntypes() + t); }
+  __device__ int block_start(int k) const { return __ldg(p + 9 + 2 * ntypes() + k); }
+
+  // Type of centre c (centres are ordered by type).
+  __device__ int centre_type(int c) const {
+    int t = 0;
+    while (c >= centre_start(t + 1)) ++t;
+    return t;
+  }
+  // Frame of centre c: inside a type, centres are ordered frame by frame.
+  __device__ int centre_frame(int c) const {
+    int t = centre_type(c);
+    int per_frame = (centre_start(t + 1) - centre_start(t)) / nframes();
+    return (c - centre_start(t)) / per_frame;
+  }
+  // First slot of centre c (of type ti) in the section of neighbour type tj.
+  __device__ int first_slot(int ti, int c, int tj) const {
+    return block_start(ti * ntypes() + tj) + (c - centre_start(ti)) * sel(tj);
+  }
+  // The centre that owns slot s: find its block (ti, tj), then the row inside the block.
+  // Empty blocks have block_start(k) == block_start(k + 1) and are stepped over.
+  __device__ int slot_centre(int s) const {
+    int k = 0;
+    while (s >= block_start(k + 1)) ++k;
+    int nt = ntypes();
+    int ti = k / nt, tj = k % nt;
+    return centre_start(ti) + (s - block_start(k)) / sel(tj);
+  }
+};
+
+// tanh and its derivatives written in terms of h = tanh(z), as the CPU reference does.
+template <typename T>
+__device__ __forceinline__ T dphi(bool is_tanh, T h) {
+  return is_tanh ? T(1) - h * h : T(1);
+}

@@ -1,0 +1,165 @@
+// Dense layers on a row range [r0, r0 + rows) of row-major matrices (CPU reference:
+// src/backend/cpu/dense.rs). The matrix products (xW, z̄Wᵀ, W̄ = xᵀz̄ + ẋᵀż̄) run in cuBLAS;
+// these kernels are the element-wise parts around them and the bias / timestep reductions.
+//
+// Layer: z = xW + b, h = tanh(z) (z for the linear output layer), y = h·idt + skip(x), where
+// skip is 0 (none), 1 (identity, nout == nin) or 2 (doubled [x, x], nout == 2 nin). `idt` is
+// null when the layer has no timestep. Buffers indexed by global row (x, h, y, ...) are passed
+// whole; "local" scratch buffers start at row r0.
+
+// Value of skip(x) at output column k of a row (x_row points at the row's nin inputs).
+template <typename T>
+__device__ __forceinline__ T skip_value(int skip, const T* __restrict__ x_row, int nin, int k) {
+  if (skip == 1) return x_row[k];
+  if (skip == 2) return x_row[k % nin];  // y[:nin] += x and y[nin:] += x
+  return T(0);
+}
+
+// Forward epilogue: on entry h holds xW for the rows; leaves h = φ(xW + b), y = h·idt + skip(x).
+#define DENSE_FORWARD_PARAMS(T)                                                            \
+  (int r0, int rows, int nin, int nout, int is_tanh, int skip, const T* __restrict__ b,    \
+   const T* __restrict__ idt, const T* __restrict__ x, T* __restrict__ h, T* __restrict__ y)
+
+template <typename T>
+__device__ void dense_forward DENSE_FORWARD_PARAMS(T) {
+  i64 i = global_index();
+  if (i >= (i64)rows * nout) return;
+  i64 row = r0 + i / nout;
+  int k = (int)(i % nout);
+  i64 g = row * nout + k;
+  T z = h[g] + b[k];
+  T hv = is_tanh ? tanh(z) : z;
+  h[g] = hv;
+  T yv = idt ? hv * idt[k] : hv;
+  y[g] = yv + skip_value(skip, x + row * nin, nin, k);
+}
+DPW_INSTANTIATE(dense_forward, DENSE_FORWARD_PARAMS, (r0, rows, nin, nout, is_tanh, skip, b, idt, x, h, y))
+
+// Backward, first half: z̄ = φ'(z) ⊙ (ȳ·idt) into local scratch (x̄ = z̄Wᵀ follows in cuBLAS).
+#define DENSE_ZBAR_PARAMS(T)                                                                \
+  (int r0, int rows, int nout, int is_tanh, const T* __restrict__ idt,                      \
+   const T* __restrict__ h, const T* __restrict__ ybar, T* __restrict__ zbar)
+
+template <typename T>
+__device__ void dense_zbar DENSE_ZBAR_PARAMS(T) {
+  i64 i = global_index();
+  if (i >= (i64)rows * nout) return;
+  int k = (int)(i % nout);
+  i64 g = (i64)r0 * nout + i;
+  T yb = ybar[g];
+  zbar[i] = dphi<T>(is_tanh, h[g]) * (idt ? yb * idt[k] : yb);
+}
+DPW_INSTANTIATE(dense_zbar, DENSE_ZBAR_PARAMS, (r0, rows, nout, is_tanh, idt, h, ybar, zbar))
+
+// The adjoint of the skip connection, written into x̄ before the cuBLAS product adds z̄Wᵀ to it
+// (beta = 1): identity gives ȳ, the doubled skip the sum of the two halves.
+#define DENSE_SKIP_ADJOINT_PARAMS(T) \
+  (int r0, int rows, int nin, int nout, int skip, const T* __restrict__ ybar, T* __restrict__ xbar)
+
+template <typename T>
+__device__ void dense_skip_adjoint DENSE_SKIP_ADJOINT_PARAMS(T) {
+  i64 i = global_index();
+  if (i >= (i64)rows * nin) return;
+  i64 row = r0 + i / nin;
+  int k = (int)(i % nin);
+  const T* yrow = ybar + row * nout;
+  xbar[row * nin + k] = skip == 2 ? yrow[k] + yrow[k + nin] : yrow[k];
+}
+DPW_INSTANTIATE(dense_skip_adjoint, DENSE_SKIP_ADJOINT_PARAMS, (r0, rows, nin, nout, skip, ybar, xbar))
+
+// Tangent epilogue: on entry ż holds ẋW; writes ẏ = φ'(z) ż · idt + skip(ẋ).
+#define DENSE_TANGENT_PARAMS(T)                                                                \
+  (int r0, int rows, int nin, int nout, int is_tanh, int skip, const T* __restrict__ idt,      \
+   const T* __restrict__ h, const T* __restrict__ xdot, const T* __restrict__ zdot,            \
+   T* __restrict__ ydot)
+
+template <typename T>
+__device__ void dense_tangent DENSE_TANGENT_PARAMS(T) {
+  i64 i = global_index();
+  if (i >= (i64)rows * nout) return;
+  i64 row = r0 + i / nout;
+  int k = (int)(i % nout);
+  i64 g = row * nout + k;
+  T v = dphi<T>(is_tanh, h[g]) * zdot[g];
+  T yv = idt ? v * idt[k] : v;
+  ydot[g] = yv + skip_value(skip, xdot + row * nin, nin, k);
+}
+DPW_INSTANTIATE(dense_tangent, DENSE_TANGENT_PARAMS, (r0, rows, nin, nout, is_tanh, skip, idt, h, xdot, zdot, ydot))
+
+// ẋ·scale[row] into local scratch (the embedding net stores tangents for a unit ṡ).
+#define DENSE_SCALE_ROWS_PARAMS(T) \
+  (int r0, int rows, int nin, const T* __restrict__ xdot, const T* __restrict__ scale, T* __restrict__ out)
+
+template <typename T>
+__device__ void dense_scale_rows DENSE_SCALE_ROWS_PARAMS(T) {
+  i64 i = global_index();
+  if (i >= (i64)rows * nin) return;
+  i64 row = r0 + i / nin;
+  out[i] = xdot[(i64)r0 * nin + i] * scale[row];
+}
+DPW_INSTANTIATE(dense_scale_rows, DENSE_SCALE_ROWS_PARAMS, (r0, rows, nin, xdot, scale, out))
+
+// Dual reverse, element-wise part (DESIGN.md "dual reverse"), for one chunk of `chunk` rows
+// (blockIdx.x) and one output column k per thread:
+//   ż̄ = φ'(z) ⊙ ḣ̄,  z̄ = φ'(z) ⊙ h̄ + φ''(z) ⊙ ż ⊙ ḣ̄,  with h̄ = ȳ·idt, ḣ̄ = ẏ̄·idt,
+// written to local scratch, plus this chunk's partial sums over its rows, in row order, of
+// b̄ = Σ z̄ and īdt = Σ (ȳ h + ẏ̄ φ'(z) ż). dense_dual_finish adds the partials in chunk order:
+// a fixed summation order (the CPU backend's, with the same chunk size).
+#define DENSE_DUAL_ROWS_PARAMS(T)                                                             \
+  (int r0, int rows, int nout, int chunk, int is_tanh, const T* __restrict__ idt,             \
+   const T* __restrict__ h, const T* __restrict__ zdot, const T* __restrict__ scale,          \
+   const T* __restrict__ ybar, const T* __restrict__ ydotbar, T* __restrict__ zbar,           \
+   T* __restrict__ zdbar, T* __restrict__ part_b, T* __restrict__ part_idt)
+
+template <typename T>
+__device__ void dense_dual_rows DENSE_DUAL_ROWS_PARAMS(T) {
+  int k = blockIdx.y * blockDim.x + threadIdx.x;
+  if (k >= nout) return;
+  int c = blockIdx.x;
+  int lo = c * chunk, hi = min(rows, lo + chunk);
+  T gb = T(0), gidt = T(0);
+  for (int r = lo; r < hi; ++r) {
+    i64 row = (i64)r0 + r;
+    i64 g = row * nout + k;
+    T hv = h[g];
+    T zd = scale ? zdot[g] * scale[row] : zdot[g];
+    T d1 = dphi<T>(is_tanh, hv);
+    T hb = ybar[g], hdb = ydotbar[g];
+    if (idt) {
+      gidt += hb * hv + hdb * d1 * zd;
+      hb = hb * idt[k];
+      hdb = hdb * idt[k];
+    }
+    // tanh'' = −2h(1 − h²); the linear layer has no second-order term.
+    T d2 = is_tanh ? -(hv + hv) * d1 : T(0);
+    T zb = d1 * hb + d2 * zd * hdb;
+    i64 l = (i64)r * nout + k;
+    zdbar[l] = d1 * hdb;
+    zbar[l] = zb;
+    gb += zb;
+  }
+  part_b[(i64)c * nout + k] = gb;
+  if (part_idt) part_idt[(i64)c * nout + k] = gidt;
+}
+DPW_INSTANTIATE(dense_dual_rows, DENSE_DUAL_ROWS_PARAMS,
+                (r0, rows, nout, chunk, is_tanh, idt, h, zdot, scale, ybar, ydotbar, zbar, zdbar, part_b, part_idt))
+
+// grad_b[k] += Σ_chunks part_b[chunk][k] in chunk order; the same for īdt when present.
+#define DENSE_DUAL_FINISH_PARAMS(T)                                                         \
+  (int nchunks, int nout, const T* __restrict__ part_b, const T* __restrict__ part_idt,     \
+   T* __restrict__ grad_b, T* __restrict__ grad_idt)
+
+template <typename T>
+__device__ void dense_dual_finish DENSE_DUAL_FINISH_PARAMS(T) {
+  i64 k = global_index();
+  if (k >= nout) return;
+  T gb = grad_b[k];
+  for (int c = 0; c < nchunks; ++c) gb += part_b[(i64)c * nout + k];
+  grad_b[k] = gb;
+  if (part_idt) {
+    T gi = grad_idt[k];
+    for (int c = 0; c < nchunks; ++c) gi += part_idt[(i64)c * nout + k];
+    grad_idt[k] = gi;
+  }
+}
+DPW_INSTANTIATE(dense_dual_finish, DENSE_DUAL_FINISH_PARAMS, (nchunks, nout, part_b, part_idt, grad_b, grad_idt))

@@ -1,0 +1,1006 @@
+//! The CUDA backend: NVIDIA GPUs through the driver API (cudarc), kernels from `kernels/*.cu`
+//! compiled at run time with NVRTC, cuBLAS for the dense-layer matrix products.
+//!
+//! Everything runs in order on one stream; buffers are device vectors ([`CudaBuf`]), and every
+//! op only enqueues work, except `download` and `loss` (which returns its sums), which wait.
+//! Results are deterministic: the kernels sum in fixed orders (no floating-point atomics) and
+//! cuBLAS is deterministic for a fixed device and configuration on one stream.
+//!
+//! The driver, NVRTC and cuBLAS libraries are loaded at run time (cudarc's dynamic loading), so
+//! building with `--features cuda` needs no CUDA toolkit; [`Cuda::new`] reports a missing library
+//! as an error instead of panicking.
+//!
+//! Later (not here yet): capturing a training step in a CUDA graph (every op is already
+//! launch-only on one stream, and scratch memory comes from the stream-ordered pool, which
+//! graph capture supports), and NCCL all-reduce of the gradient across GPUs.
+
+mod dense;
+pub mod kernels;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{anyhow, bail, Context, Result};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    ValidAsZeroBits,
+};
+use cudarc::nvrtc::Ptx;
+
+use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
+use crate::model::Layer;
+
+/// The message when no driver library can be loaded.
+pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend cpu or wgpu";
+
+/// Entries per thread in the chunked loss sums (their partials are added on the host in order).
+const LOSS_CHUNK: usize = 256;
+
+/// A float type the kernels are instantiated for (`op_f32`, `op_f64`), with its cuBLAS GEMM.
+pub trait CudaReal: Real + DeviceRepr + ValidAsZeroBits {
+    /// Kernel-name suffix.
+    const SUFFIX: &'static str;
+
+    /// Column-major `c = alpha·op(a)·op(b) + beta·c` on raw device pointers (cuBLAS).
+    ///
+    /// # Safety
+    /// The pointers must be valid device memory of this context, large enough for the shapes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn cublas_gemm(
+        handle: cudarc::cublas::sys::cublasHandle_t,
+        ta: cudarc::cublas::sys::cublasOperation_t,
+        tb: cudarc::cublas::sys::cublasOperation_t,
+        m: i32,
+        n: i32,
+        k: i32,
+        alpha: Self,
+        a: u64,
+        lda: i32,
+        b: u64,
+        ldb: i32,
+        beta: Self,
+        c: u64,
+        ldc: i32,
+    ) -> Result<(), cudarc::cublas::result::CublasError>;
+}
+
+macro_rules! impl_cuda_real {
+    ($t:ty, $suffix:literal, $gemm:ident) => {
+        impl CudaReal for $t {
+            const SUFFIX: &'static str = $suffix;
+            unsafe fn cublas_gemm(
+                handle: cudarc::cublas::sys::cublasHandle_t,
+                ta: cudarc::cublas::sys::cublasOperation_t,
+                tb: cudarc::cublas::sys::cublasOperation_t,
+                m: i32,
+                n: i32,
+                k: i32,
+                alpha: Self,
+                a: u64,
+                lda: i32,
+                b: u64,
+                ldb: i32,
+                beta: Self,
+                c: u64,
+                ldc: i32,
+            ) -> Result<(), cudarc::cublas::result::CublasError> {
+                cudarc::cublas::result::$gemm(
+                    handle,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    &alpha,
+                    a as *const $t,
+                    lda,
+                    b as *const $t,
+                    ldb,
+                    &beta,
+                    c as *mut $t,
+                    ldc,
+                )
+            }
+        }
+    };
+}
+impl_cuda_real!(f32, "_f32", sgemm);
+impl_cuda_real!(f64, "_f64", dgemm);
+
+/// A device vector of T. The allocation has at least one element (CUDA allocations of zero
+/// bytes are not portable); `len` is the logical length.
+pub struct CudaBuf<T> {
+    data: CudaSlice<T>,
+    len: usize,
+}
+
+/// A device vector of i32, with a host copy: index buffers are uploaded once per batch and the
+/// host copy lets the backend build, once, the inverse lists that forces are gathered with.
+pub struct CudaIdx {
+    data: CudaSlice<i32>,
+    host: Vec<i32>,
+    owned: OnceLock<Owned>,
+}
+
+/// For an `owner` index buffer: the slots each atom owns, as a CSR list in increasing slot order.
+struct Owned {
+    /// Atoms with an entry: max(owner) + 1.
+    n: usize,
+    start: CudaSlice<i32>,
+    slot: CudaSlice<i32>,
+}
+
+/// The CUDA backend on one device.
+pub struct Cuda {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// A cuBLAS handle must not be used by two threads at once.
+    blas: Mutex<CudaBlas>,
+    /// Every kernel of every file, by full name (`env_mat_f64`), loaded once at start.
+    funcs: HashMap<String, CudaFunction>,
+    /// The device table of each batch shape seen (kernels/common.cuh, `struct Dims`).
+    dims: Mutex<HashMap<Vec<i32>, Arc<CudaSlice<i32>>>>,
+    device: String,
+    arch: String,
+}
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+impl Cuda {
+    /// Opens CUDA device `ordinal`: checks that the driver, NVRTC and cuBLAS libraries load,
+    /// compiles every kernel file for the device's architecture and loads it.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // cudarc panics on the first call into a library it cannot load: check first.
+        // SAFETY: these only try to dlopen the libraries under their usual names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            bail!(NO_DRIVER);
+        }
+        if !kernels::nvrtc_present() {
+            bail!(
+                "libnvrtc not found: the CUDA backend compiles its kernels at run time; install \
+                 the CUDA toolkit's NVRTC (or `pip install nvidia-cuda-nvrtc-cu12`) and put its \
+                 lib folder on LD_LIBRARY_PATH, or use --backend cpu or wgpu"
+            );
+        }
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            bail!(
+                "libcublas not found: install the CUDA toolkit's cuBLAS (or `pip install \
+                 nvidia-cublas-cu12`) and put its lib folder on LD_LIBRARY_PATH, or use \
+                 --backend cpu or wgpu"
+            );
+        }
+        // A symbol missing from an old library would still panic inside cudarc: report it.
+        std::panic::catch_unwind(|| Self::open(ordinal))
+            .unwrap_or_else(|p| Err(anyhow!("CUDA initialisation failed: {}", panic_text(p))))
+    }
+
+    fn open(ordinal: usize) -> Result<Self> {
+        let count = CudaContext::device_count().context("CUDA driver: counting devices")?;
+        if count <= 0 {
+            bail!("no CUDA device found; use --backend cpu or wgpu");
+        }
+        if ordinal >= count as usize {
+            bail!("CUDA device {ordinal} does not exist ({count} found)");
+        }
+        let ctx = CudaContext::new(ordinal).context("CUDA: creating the context")?;
+        // One stream orders everything, so cudarc's per-buffer event tracking (for several
+        // streams) is not needed.
+        // SAFETY: every buffer is used on the one stream below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().context("CUDA: creating a stream")?;
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = format!("sm_{major}{minor}");
+        let device = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        // NVRTC runs on the host: compile the files in parallel.
+        let compiled: Vec<Result<kernels::Compiled>> = std::thread::scope(|s| {
+            let handles: Vec<_> = kernels::FILES
+                .iter()
+                .map(|f| s.spawn(|| kernels::compile(f, &arch, &[])))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| Err(anyhow!(panic_text(p)))))
+                .collect()
+        });
+        let mut funcs = HashMap::new();
+        for (file, c) in kernels::FILES.iter().zip(compiled) {
+            let c = c?;
+            let module = ctx
+                .load_module(Ptx::from_binary(c.cubin))
+                .with_context(|| format!("CUDA: loading kernels/{} for {arch}", file.name))?;
+            for k in file.kernels {
+                for suffix in kernels::SUFFIXES {
+                    let name = format!("{k}{suffix}");
+                    let f = module
+                        .load_function(&name)
+                        .with_context(|| format!("CUDA: kernel {name} in kernels/{}", file.name))?;
+                    funcs.insert(name, f);
+                }
+            }
+        }
+        let blas = CudaBlas::new(stream.clone()).context("cuBLAS: creating a handle")?;
+        // Default math: full precision (no TF32 for f32), tensor cores where they keep it.
+        // SAFETY: a valid handle.
+        unsafe {
+            cudarc::cublas::sys::cublasSetMathMode(
+                *blas.handle(),
+                cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
+            )
+        }
+        .result()
+        .context("cuBLAS: setting the math mode")?;
+        Ok(Cuda {
+            ctx,
+            stream,
+            blas: Mutex::new(blas),
+            funcs,
+            dims: Mutex::new(HashMap::new()),
+            device,
+            arch,
+        })
+    }
+
+    /// The GPU's name and architecture, for logs: `NVIDIA H100 80GB HBM3 (sm_90)`.
+    pub fn device_name(&self) -> String {
+        format!("{} ({})", self.device, self.arch)
+    }
+
+    /// Waits until all queued work is done.
+    pub fn synchronize(&self) {
+        self.stream.synchronize().expect("cuda: synchronize");
+    }
+
+    fn function(&self, name: &str) -> &CudaFunction {
+        self.funcs.get(name).unwrap_or_else(|| {
+            panic!("cuda: no kernel {name} (kernels.rs and kernels/*.cu disagree)")
+        })
+    }
+
+    /// Raw device address of a slice.
+    fn addr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        // With event tracking off the returned guard does nothing.
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p
+    }
+
+    /// Device address of element `offset` of a buffer.
+    fn at<T>(&self, b: &CudaBuf<T>, offset: usize) -> u64 {
+        assert!(
+            offset <= b.len,
+            "cuda: offset {offset} past a buffer of {}",
+            b.len
+        );
+        self.addr(&b.data) + (offset * std::mem::size_of::<T>()) as u64
+    }
+
+    fn ptr<T>(&self, b: &CudaBuf<T>) -> u64 {
+        self.addr(&b.data)
+    }
+
+    fn idx(&self, b: &CudaIdx) -> u64 {
+        self.addr(&b.data)
+    }
+
+    /// Uninitialised device scratch of n elements (at least one), freed in stream order when
+    /// dropped: the stream-ordered memory pool makes this cheap.
+    fn scratch<T: DeviceRepr>(&self, n: usize) -> CudaSlice<T> {
+        // SAFETY: every scratch buffer is written by a kernel before it is read.
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.expect("cuda: allocating scratch memory")
+    }
+
+    fn upload_vec<T: DeviceRepr + ValidAsZeroBits>(&self, x: &[T]) -> CudaSlice<T> {
+        if x.is_empty() {
+            return self.stream.alloc_zeros(1).expect("cuda: allocation");
+        }
+        self.stream.clone_htod(x).expect("cuda: upload")
+    }
+
+    /// The device table of a batch shape (kernels/common.cuh, `struct Dims`), made once.
+    fn dims_table(&self, d: &Dims) -> Arc<CudaSlice<i32>> {
+        let int = |v: usize| i32::try_from(v).expect("cuda: batch dimension above 2^31");
+        let mut t: Vec<i32> = [
+            d.ntypes,
+            d.nnei,
+            d.m1,
+            d.m2,
+            d.nframes,
+            d.natoms,
+            d.ncentres(),
+            d.nslots(),
+        ]
+        .map(int)
+        .to_vec();
+        t.extend(d.sel.iter().map(|&v| int(v)));
+        t.extend(d.centre_start.iter().map(|&v| int(v)));
+        t.extend(d.block_start.iter().map(|&v| int(v)));
+        let mut map = self.dims.lock().unwrap();
+        if let Some(b) = map.get(&t) {
+            return b.clone();
+        }
+        let b = Arc::new(self.upload_vec(&t));
+        map.insert(t, b.clone());
+        b
+    }
+
+    /// The slots each atom owns, built on first use from the host copy of `owner`.
+    fn owned<'a>(&self, owner: &'a CudaIdx) -> &'a Owned {
+        owner.owned.get_or_init(|| {
+            let n = owner.host.iter().map(|&o| o + 1).max().unwrap_or(0).max(0) as usize;
+            let mut start = vec![0i32; n + 1];
+            for &o in owner.host.iter().filter(|&&o| o >= 0) {
+                start[o as usize + 1] += 1;
+            }
+            for i in 0..n {
+                start[i + 1] += start[i];
+            }
+            let mut next = start.clone();
+            let mut slot = vec![0i32; start[n] as usize];
+            for (s, &o) in owner.host.iter().enumerate().filter(|(_, &o)| o >= 0) {
+                let k = &mut next[o as usize];
+                slot[*k as usize] = s as i32;
+                *k += 1;
+            }
+            Owned {
+                n,
+                start: self.upload_vec(&start),
+                slot: self.upload_vec(&slot),
+            }
+        })
+    }
+
+    /// Launches `name` after raising its dynamic shared-memory limit when it needs more than
+    /// the default 48 KiB.
+    fn prepare(&self, name: &str, cfg: &LaunchConfig) -> &CudaFunction {
+        let f = self.function(name);
+        if cfg.shared_mem_bytes > 48 * 1024 {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                cfg.shared_mem_bytes as i32,
+            )
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cuda: {name} needs {} bytes of shared memory: {e}",
+                    cfg.shared_mem_bytes
+                )
+            });
+        }
+        f
+    }
+
+    /// Column-major cuBLAS GEMM on raw addresses; `ta`/`tb` transpose a and b.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm<T: CudaReal>(
+        &self,
+        ta: bool,
+        tb: bool,
+        (m, n, k): (usize, usize, usize),
+        a: (u64, usize),
+        b: (u64, usize),
+        beta: T,
+        c: (u64, usize),
+    ) {
+        use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        if m == 0 || n == 0 {
+            return;
+        }
+        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let int = |v: usize| i32::try_from(v).expect("cuda: GEMM dimension above 2^31");
+        let blas = self.blas.lock().unwrap();
+        self.ctx
+            .bind_to_thread()
+            .expect("cuda: binding the context");
+        // SAFETY: callers pass addresses of live buffers sized for these shapes.
+        unsafe {
+            T::cublas_gemm(
+                *blas.handle(),
+                op(ta),
+                op(tb),
+                int(m),
+                int(n),
+                int(k),
+                T::one(),
+                a.0,
+                int(a.1),
+                b.0,
+                int(b.1),
+                beta,
+                c.0,
+                int(c.1),
+            )
+        }
+        .expect("cuBLAS: gemm");
+    }
+}
+
+/// Launches a kernel: `launch!(cuda, "name_f64", cfg, [arg, ...])`. Arguments are passed by
+/// value: device addresses as u64, sizes as i32/i64, scalars as T or f64, in the order of the
+/// kernel's parameter list in kernels/*.cu.
+macro_rules! launch {
+    ($cuda:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let name: &str = $name;
+        let cfg: LaunchConfig = $cfg;
+        let func = $cuda.prepare(name, &cfg);
+        let mut args = $cuda.stream.launch_builder(func);
+        $(
+            let a = $arg;
+            cudarc::driver::PushKernelArg::arg(&mut args, &a);
+        )*
+        // SAFETY: the arguments match the kernel's parameters (kernels/*.cu) and every address
+        // is that of a live buffer large enough for the shapes passed.
+        unsafe { args.launch(cfg) }.unwrap_or_else(|e| panic!("cuda: launching {name}: {e}"));
+    }};
+}
+use launch;
+
+/// A 1-D grid of `block`-thread blocks covering n threads.
+fn grid(n: usize, block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(block as usize).max(1) as u32, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block per centre, threads over the M1 rows (a multiple of 32, at most 256), with
+/// `shared` bytes of dynamic shared memory.
+fn per_centre(d: &Dims, shared: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (d.ncentres() as u32, 1, 1),
+        block_dim: ((d.m1.div_ceil(32) * 32).clamp(32, 256) as u32, 1, 1),
+        shared_mem_bytes: shared as u32,
+    }
+}
+
+fn name<T: CudaReal>(base: &str) -> String {
+    format!("{base}{}", T::SUFFIX)
+}
+
+const BLOCK: u32 = 256;
+
+impl<T: CudaReal> Backend<T> for Cuda {
+    type Buf = CudaBuf<T>;
+    type Idx = CudaIdx;
+
+    fn name(&self) -> String {
+        format!("cuda ({})", self.device_name())
+    }
+
+    fn upload(&self, x: &[T]) -> CudaBuf<T> {
+        CudaBuf {
+            data: self.upload_vec(x),
+            len: x.len(),
+        }
+    }
+
+    fn upload_idx(&self, x: &[i32]) -> CudaIdx {
+        CudaIdx {
+            data: self.upload_vec(x),
+            host: x.to_vec(),
+            owned: OnceLock::new(),
+        }
+    }
+
+    fn download(&self, b: &CudaBuf<T>) -> Vec<T> {
+        if b.len == 0 {
+            return Vec::new();
+        }
+        let v = self
+            .stream
+            .clone_dtoh(&b.data.slice(0..b.len))
+            .expect("cuda: download");
+        self.synchronize();
+        v
+    }
+
+    fn zeros(&self, n: usize) -> CudaBuf<T> {
+        CudaBuf {
+            data: self.stream.alloc_zeros(n.max(1)).expect("cuda: allocation"),
+            len: n,
+        }
+    }
+
+    fn fill(&self, b: &mut CudaBuf<T>, v: T) {
+        if b.len == 0 {
+            return;
+        }
+        launch!(
+            self,
+            &name::<T>("fill"),
+            grid(b.len, BLOCK),
+            [b.len as i64, v, self.ptr(b)]
+        );
+    }
+
+    fn len(&self, b: &CudaBuf<T>) -> usize {
+        b.len
+    }
+
+    fn env_mat(
+        &self,
+        d: &Dims,
+        env: EnvParams,
+        rij: &CudaBuf<T>,
+        owner: &CudaIdx,
+        davg: &CudaBuf<T>,
+        dstd: &CudaBuf<T>,
+        rhat: &mut CudaBuf<T>,
+        jac: &mut CudaBuf<T>,
+        s: &mut CudaBuf<T>,
+    ) {
+        if d.nslots() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("env_mat"),
+            grid(d.nslots(), 128),
+            [
+                self.addr(&*dims),
+                env.rcut,
+                env.rcut_smth,
+                env.protection,
+                self.ptr(rij),
+                self.idx(owner),
+                self.ptr(davg),
+                self.ptr(dstd),
+                self.ptr(rhat),
+                self.ptr(jac),
+                self.ptr(s),
+            ]
+        );
+    }
+
+    fn dense_forward(
+        &self,
+        l: &Layer,
+        p: &CudaBuf<T>,
+        rows: Range<usize>,
+        x: &CudaBuf<T>,
+        h: &mut CudaBuf<T>,
+        y: &mut CudaBuf<T>,
+    ) {
+        dense::forward(self, l, p, rows, x, h, y);
+    }
+
+    fn dense_backward(
+        &self,
+        l: &Layer,
+        p: &CudaBuf<T>,
+        rows: Range<usize>,
+        io: DenseIo<CudaBuf<T>>,
+        ybar: &CudaBuf<T>,
+        xbar: &mut CudaBuf<T>,
+    ) {
+        dense::backward(self, l, p, rows, io.h, ybar, xbar);
+    }
+
+    fn dense_tangent(
+        &self,
+        l: &Layer,
+        p: &CudaBuf<T>,
+        rows: Range<usize>,
+        h: &CudaBuf<T>,
+        xdot: &CudaBuf<T>,
+        zdot: &mut CudaBuf<T>,
+        ydot: &mut CudaBuf<T>,
+    ) {
+        dense::tangent(self, l, p, rows, h, xdot, zdot, ydot);
+    }
+
+    fn dense_dual_backward(
+        &self,
+        l: &Layer,
+        p: &CudaBuf<T>,
+        rows: Range<usize>,
+        io: DenseIo<CudaBuf<T>>,
+        xdot: &CudaBuf<T>,
+        zdot: &CudaBuf<T>,
+        scale: Option<&CudaBuf<T>>,
+        ybar: &CudaBuf<T>,
+        ydotbar: &CudaBuf<T>,
+        grad: &mut CudaBuf<T>,
+        xbar: Option<(&mut CudaBuf<T>, &mut CudaBuf<T>)>,
+    ) {
+        dense::dual_backward(
+            self,
+            l,
+            p,
+            rows,
+            dense::DualIn {
+                x: io.x,
+                h: io.h,
+                xdot,
+                zdot,
+                scale,
+                ybar,
+                ydotbar,
+            },
+            grad,
+            xbar,
+        );
+    }
+
+    fn contract_forward(
+        &self,
+        d: &Dims,
+        g: &CudaBuf<T>,
+        rhat: &CudaBuf<T>,
+        a: &mut CudaBuf<T>,
+        desc: &mut CudaBuf<T>,
+    ) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        let shared = 4 * d.m1 * std::mem::size_of::<T>();
+        launch!(
+            self,
+            &name::<T>("contract_forward"),
+            per_centre(d, shared),
+            [
+                self.addr(&*dims),
+                self.ptr(g),
+                self.ptr(rhat),
+                self.ptr(a),
+                self.ptr(desc)
+            ]
+        );
+    }
+
+    fn contract_backward(
+        &self,
+        d: &Dims,
+        a: &CudaBuf<T>,
+        dbar: &CudaBuf<T>,
+        abar: &mut CudaBuf<T>,
+    ) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        let shared = 4 * d.m1 * std::mem::size_of::<T>();
+        launch!(
+            self,
+            &name::<T>("contract_backward"),
+            per_centre(d, shared),
+            [
+                self.addr(&*dims),
+                self.ptr(a),
+                self.ptr(dbar),
+                self.ptr(abar)
+            ]
+        );
+    }
+
+    fn slot_backward(
+        &self,
+        d: &Dims,
+        abar: &CudaBuf<T>,
+        g: &CudaBuf<T>,
+        gp: &CudaBuf<T>,
+        rhat: &CudaBuf<T>,
+        jac: &CudaBuf<T>,
+        q: &mut CudaBuf<T>,
+    ) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        // Four warps per centre, one slot per warp at a time.
+        let cfg = LaunchConfig {
+            block_dim: (128, 1, 1),
+            ..per_centre(d, 4 * d.m1 * std::mem::size_of::<T>())
+        };
+        launch!(
+            self,
+            &name::<T>("slot_backward"),
+            cfg,
+            [
+                self.addr(&*dims),
+                self.ptr(abar),
+                self.ptr(g),
+                self.ptr(gp),
+                self.ptr(rhat),
+                self.ptr(jac),
+                self.ptr(q)
+            ]
+        );
+    }
+
+    fn contract_tangent(
+        &self,
+        d: &Dims,
+        g: &CudaBuf<T>,
+        gp: &CudaBuf<T>,
+        rhat: &CudaBuf<T>,
+        rdot: &CudaBuf<T>,
+        a: &CudaBuf<T>,
+        adot: &mut CudaBuf<T>,
+        ddot: &mut CudaBuf<T>,
+    ) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        let shared = 8 * d.m1 * std::mem::size_of::<T>();
+        launch!(
+            self,
+            &name::<T>("contract_tangent"),
+            per_centre(d, shared),
+            [
+                self.addr(&*dims),
+                self.ptr(g),
+                self.ptr(gp),
+                self.ptr(rhat),
+                self.ptr(rdot),
+                self.ptr(a),
+                self.ptr(adot),
+                self.ptr(ddot)
+            ]
+        );
+    }
+
+    fn contract_dual(
+        &self,
+        d: &Dims,
+        a: &CudaBuf<T>,
+        adot: &CudaBuf<T>,
+        dbar: &CudaBuf<T>,
+        ddotbar: &CudaBuf<T>,
+        rhat: &CudaBuf<T>,
+        rdot: &CudaBuf<T>,
+        gbar: &mut CudaBuf<T>,
+        gdotbar: &mut CudaBuf<T>,
+    ) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        let shared = 16 * d.m1 * std::mem::size_of::<T>();
+        launch!(
+            self,
+            &name::<T>("contract_dual"),
+            per_centre(d, shared),
+            [
+                self.addr(&*dims),
+                self.ptr(a),
+                self.ptr(adot),
+                self.ptr(dbar),
+                self.ptr(ddotbar),
+                self.ptr(rhat),
+                self.ptr(rdot),
+                self.ptr(gbar),
+                self.ptr(gdotbar)
+            ]
+        );
+    }
+
+    fn energy(
+        &self,
+        d: &Dims,
+        e_fit: &CudaBuf<T>,
+        bias: &CudaBuf<T>,
+        e_atom: &mut CudaBuf<T>,
+        energy: &mut CudaBuf<T>,
+    ) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("energy_atoms"),
+            grid(d.ncentres(), BLOCK),
+            [
+                self.addr(&*dims),
+                self.ptr(e_fit),
+                self.ptr(bias),
+                self.ptr(e_atom)
+            ]
+        );
+        launch!(
+            self,
+            &name::<T>("energy_frames"),
+            grid(d.nframes, 32),
+            [self.addr(&*dims), self.ptr(e_atom), self.ptr(energy)]
+        );
+    }
+
+    fn force_virial(
+        &self,
+        d: &Dims,
+        q: &CudaBuf<T>,
+        rij: &CudaBuf<T>,
+        owner: &CudaIdx,
+        centre_atom: &CudaIdx,
+        force: &mut CudaBuf<T>,
+        virial: &mut CudaBuf<T>,
+    ) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        let owned = self.owned(owner);
+        let wpart = self.scratch::<f64>(9 * d.ncentres());
+        // Every atom is a centre, so every force is written below; zero first all the same,
+        // so an atom that is no centre can never keep stale values.
+        self.stream
+            .memset_zeros(&mut force.data)
+            .expect("cuda: memset");
+        launch!(
+            self,
+            &name::<T>("force_centres"),
+            grid(d.ncentres(), 128),
+            [
+                self.addr(&*dims),
+                self.ptr(q),
+                self.ptr(rij),
+                self.idx(owner),
+                self.idx(centre_atom),
+                owned.n as i32,
+                self.addr(&owned.start),
+                self.addr(&owned.slot),
+                self.ptr(force),
+                self.addr(&wpart)
+            ]
+        );
+        launch!(
+            self,
+            &name::<T>("virial_frames"),
+            grid(9 * d.nframes, 64),
+            [self.addr(&*dims), self.addr(&wpart), self.ptr(virial)]
+        );
+    }
+
+    fn loss(
+        &self,
+        d: &Dims,
+        pref: Prefactors,
+        pred: [&CudaBuf<T>; 3],
+        label: [&CudaBuf<T>; 3],
+        _centre_atom: &CudaIdx,
+        ebar: &mut CudaBuf<T>,
+        fres: &mut CudaBuf<T>,
+        vres: &mut CudaBuf<T>,
+    ) -> LossSums {
+        let dims = self.dims_table(d);
+        let (n, nf) = (d.natoms as f64, d.nframes as f64);
+        let ce = self.scratch::<T>(d.nframes);
+        // (entries, 2·prefactor, denominator, output) per label, as the CPU rounds them.
+        let parts = [
+            (d.nframes, 2.0 * pref.e, n * nf, self.addr(&ce)),
+            (
+                3 * d.nframes * d.natoms,
+                2.0 * pref.f,
+                3.0 * n * nf,
+                self.ptr(fres),
+            ),
+            (9 * d.nframes, 2.0 * pref.v, 9.0 * n * nf, self.ptr(vres)),
+        ];
+        let mut partials = Vec::new();
+        for (k, &(len, num, den, out)) in parts.iter().enumerate() {
+            let chunks = len.div_ceil(LOSS_CHUNK);
+            let part = self.scratch::<f64>(chunks);
+            if len > 0 {
+                launch!(
+                    self,
+                    &name::<T>("loss_residual"),
+                    grid(chunks, 64),
+                    [
+                        len as i32,
+                        LOSS_CHUNK as i32,
+                        num,
+                        den,
+                        self.ptr(pred[k]),
+                        self.ptr(label[k]),
+                        out,
+                        self.addr(&part)
+                    ]
+                );
+            }
+            partials.push((part, chunks));
+        }
+        if d.ncentres() > 0 {
+            launch!(
+                self,
+                &name::<T>("loss_ebar"),
+                grid(d.ncentres(), BLOCK),
+                [self.addr(&*dims), self.addr(&ce), self.ptr(ebar)]
+            );
+        }
+        let sums: Vec<f64> = partials
+            .iter()
+            .map(|(part, chunks)| {
+                if *chunks == 0 {
+                    return 0.0;
+                }
+                let v = self
+                    .stream
+                    .clone_dtoh(&part.slice(0..*chunks))
+                    .expect("cuda: download");
+                self.synchronize();
+                v.iter().sum()
+            })
+            .collect();
+        LossSums {
+            e2: sums[0],
+            f2: sums[1],
+            v2: sums[2],
+        }
+    }
+
+    fn virtual_tangent(
+        &self,
+        d: &Dims,
+        fres: &CudaBuf<T>,
+        vres: &CudaBuf<T>,
+        jac: &CudaBuf<T>,
+        rij: &CudaBuf<T>,
+        owner: &CudaIdx,
+        centre_atom: &CudaIdx,
+        rdot: &mut CudaBuf<T>,
+        sdot: &mut CudaBuf<T>,
+    ) {
+        if d.nslots() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("virtual_tangent"),
+            grid(d.nslots(), 128),
+            [
+                self.addr(&*dims),
+                self.ptr(fres),
+                self.ptr(vres),
+                self.ptr(jac),
+                self.ptr(rij),
+                self.idx(owner),
+                self.idx(centre_atom),
+                self.ptr(rdot),
+                self.ptr(sdot)
+            ]
+        );
+    }
+
+    fn adam(
+        &self,
+        s: AdamStep,
+        params: &mut CudaBuf<T>,
+        grad: &CudaBuf<T>,
+        m: &mut CudaBuf<T>,
+        v: &mut CudaBuf<T>,
+    ) {
+        if params.len == 0 {
+            return;
+        }
+        // The bias corrections in f64 on the host, exactly as the CPU backend computes them.
+        let bc1 = 1.0 - s.beta1.powi(s.t as i32);
+        let bc2_sqrt = (1.0 - s.beta2.powi(s.t as i32)).sqrt();
+        launch!(
+            self,
+            &name::<T>("adam"),
+            grid(params.len, BLOCK),
+            [
+                params.len as i64,
+                T::of(s.lr / bc1),
+                T::of(s.beta1),
+                T::of(s.beta2),
+                T::of(s.eps),
+                T::of(bc2_sqrt),
+                self.ptr(params),
+                self.ptr(grad),
+                self.ptr(m),
+                self.ptr(v)
+            ]
+        );
+    }
+}
