@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: installs the system packages the tests need (when run as root on
-# Debian/Ubuntu and they are missing), then formatting, lints, and every test in release mode
-# (the finite-difference and convergence tests are slow in debug builds).
+# The whole test suite: installs what the tests need (system packages when run as root on
+# Debian/Ubuntu and they are missing; NVRTC from PyPI into .deps/ for the CUDA kernel check),
+# then formatting, lints, and every test in release mode (the finite-difference and convergence
+# tests are slow in debug builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# libnvrtc without a CUDA toolkit, so every CUDA kernel is compiled for sm_80 and sm_90 here.
+nvrtc=.deps/nvrtc
+if [ ! -e "$nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
+  pkg=nvidia-cuda-nvrtc-cu12==12.9.86
+  python3 -m pip install -q --target "$nvrtc" "$pkg" ||
+    python3 -m pip install -q --break-system-packages --target "$nvrtc" "$pkg"
+fi
+export LD_LIBRARY_PATH="$PWD/$nvrtc/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
 cargo fmt --check
 cargo clippy --release --all-targets -- -D warnings
+cargo clippy --release --all-targets --features cuda -- -D warnings
 cargo test --release --all-targets
+DPW_REQUIRE_NVRTC=1 cargo test --release --features cuda --test kernels_nvrtc --test backend_cuda
+# Training convergence on the water data (minutes; not a timed test).
+cargo test --release --test train_convergence -- --ignored --nocapture
