@@ -9,6 +9,8 @@
 pub mod cpu;
 mod dims;
 mod real;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use dims::Dims;
 pub use real::Real;
