@@ -51,6 +51,9 @@ pub struct Wgpu {
     /// threads never interleave on the same scratch.
     scratch_lock: Mutex<()>,
     next_id: AtomicU64,
+    /// With `DPW_WGPU_PROFILE` set: every dispatch waits for the device, and its wall time is
+    /// added up per kernel (calls, seconds). For finding slow kernels, not for production runs.
+    profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
 }
 
 impl std::fmt::Debug for Wgpu {
@@ -143,6 +146,7 @@ impl Wgpu {
             force_lists: Mutex::new(None),
             scratch_lock: Mutex::new(()),
             next_id: AtomicU64::new(1),
+            profile: std::env::var_os("DPW_WGPU_PROFILE").map(|_| Mutex::default()),
         })
     }
 
@@ -275,6 +279,10 @@ impl Wgpu {
             return;
         }
         let p = self.pipeline(k, prec);
+        let t0 = self.profile.as_ref().map(|_| {
+            self.synchronize();
+            std::time::Instant::now()
+        });
         let ubuf = self
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -306,6 +314,27 @@ impl Wgpu {
             pass.set_bind_group(0, &bg, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         });
+        if let (Some(prof), Some(t0)) = (&self.profile, t0) {
+            self.synchronize();
+            let key = format!("{}:{} {}", k.shader.file_name(), k.entry, prec.name());
+            let mut prof = prof.lock().unwrap();
+            let e = prof.entry(key).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed().as_secs_f64();
+        }
+    }
+
+    /// Time per kernel, slowest first, when `DPW_WGPU_PROFILE` is set.
+    pub fn profile_report(&self) -> Option<String> {
+        let prof = self.profile.as_ref()?.lock().unwrap();
+        let mut rows: Vec<_> = prof.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        let total: f64 = rows.iter().map(|r| r.1 .1).sum();
+        let mut out = format!("wgpu kernels, {:.1} ms in all:\n", total * 1e3);
+        for (name, (n, t)) in rows {
+            out += &format!("  {:9.2} ms {n:6} calls  {name}\n", t * 1e3);
+        }
+        Some(out)
     }
 
     /// Appends commands to the pending encoder, submitting it when it grows long.
