@@ -322,6 +322,9 @@ fn timing_forward_gradient() {
     if let Some(w) = wgpu_for::<f64>("timing_forward_gradient (f64)") {
         time_step::<f64, Wgpu>(w, &c, &format!("wgpu {}", w.adapter_name()));
     }
+    if let Some(report) = wgpu().and_then(|w| w.profile_report()) {
+        eprintln!("{report}");
+    }
 }
 
 #[test]
@@ -334,5 +337,132 @@ fn f64_without_shader_f64_is_a_clear_error() {
     match w.require::<f64>() {
         Ok(()) => assert!(w.supports_f64()),
         Err(e) => assert!(e.to_string().contains("float32"), "{e}"),
+    }
+}
+
+/// Another shape of model than model_A: one embedding net per (centre, neighbour) type pair,
+/// timesteps in the embedding net, M2 = 3, narrow fitting net, smaller cutoff (so padded slots),
+/// env protection, and two frames.
+fn other_case() -> Option<Case> {
+    let rf = ref_frames()?;
+    let base = model_a()?;
+    let mut spec = base.spec.clone();
+    spec.descriptor.rcut = 4.5;
+    spec.descriptor.rcut_smth = 1.0;
+    spec.descriptor.sel = vec![20, 40];
+    spec.descriptor.neuron = vec![4, 8, 16];
+    spec.descriptor.axis_neuron = 3;
+    spec.descriptor.resnet_dt = true;
+    spec.descriptor.type_one_side = false;
+    spec.descriptor.env_protection = 0.01;
+    spec.fitting.neuron = vec![20, 20];
+    let mut model = dpw::model::Model::new(spec, 7);
+    model.davg = base.davg.clone();
+    model.dstd = base.dstd.clone();
+    model.bias = vec![-93.5, -187.25];
+    Some(Case { model, rf })
+}
+
+fn parity_other<T: GpuReal>(test: &str, tol: f64)
+where
+    Cpu: Backend<T>,
+{
+    let Some(w) = wgpu_for::<T>(test) else { return };
+    let Some(c) = other_case() else { return };
+    let cpu = run::<T, Cpu>(&Cpu, &c, 2);
+    let gpu = run::<T, Wgpu>(w, &c, 2);
+    let dev = deviations(&gpu, &cpu);
+    let line: Vec<String> = dev.iter().map(|(n, d)| format!("{n} {d:.2e}")).collect();
+    eprintln!(
+        "{} other model, 2 frames, wgpu vs cpu: {}",
+        T::NAME,
+        line.join(", ")
+    );
+    for (name, d) in dev {
+        assert!(
+            d <= tol,
+            "{}: {name} deviates by {d:.3e} > {tol:.0e}",
+            T::NAME
+        );
+    }
+}
+
+#[test]
+fn parity_other_model_f64() {
+    parity_other::<f64>("parity_other_model_f64", 1e-12);
+}
+
+#[test]
+fn parity_other_model_f32() {
+    parity_other::<f32>("parity_other_model_f32", 1e-5);
+}
+
+/// The exact sum of f32 values rounded once to f32 (fixed point with LSB 2^-64 in an i128).
+fn exact_f32_sum(x: &[f32]) -> f32 {
+    let s: i128 = x.iter().map(|&v| (v as f64 * 2f64.powi(64)) as i128).sum();
+    (s as f32) * 2f32.powi(-64)
+}
+
+/// The float32 per-frame energy is the exact sum rounded once (what the CPU's f64 accumulation
+/// gives unless f64 itself rounds): checked on sums with heavy cancellation and wide magnitudes.
+#[test]
+fn f32_frame_energy_is_the_rounded_exact_sum() {
+    let Some(w) = wgpu_for::<f32>("f32_frame_energy_is_the_rounded_exact_sum") else {
+        return;
+    };
+    let d = dpw::backend::Dims::new(3, &[50, 77], &[1, 1], 1, 1);
+    let nc = d.ncentres();
+    let mut x = 0x2545f4914f6cdd1du64;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let cases: Vec<Vec<f32>> = vec![
+        (0..nc).map(|_| (-150.0 - 40.0 * rnd()) as f32).collect(),
+        (0..nc)
+            .map(|_| ((rnd() - 0.5) * 10f64.powf(12.0 * rnd() - 6.0)) as f32)
+            .collect(),
+        (0..nc)
+            .map(|i| {
+                if i % 2 == 0 {
+                    1.0e6 + rnd() as f32
+                } else {
+                    -1.0e6
+                }
+            })
+            .collect(),
+        (0..nc)
+            .map(|i| [3.0e7f32, -3.0e7, 1e-3, -2.5e-9][i % 4])
+            .collect(),
+        (0..nc)
+            .map(|i| if i % 3 == 0 { -1e-12 } else { 5e-13 })
+            .collect(),
+        vec![0.0; nc],
+    ];
+    for bias in [[0.0f32, 0.0], [-93.0625, 187.1]] {
+        for (k, e_fit) in cases.iter().enumerate() {
+            let (mut ea, mut en) = (vec![0.0f32; nc], vec![0.0f32; 3]);
+            Backend::<f32>::energy(&Cpu, &d, e_fit, &bias.to_vec(), &mut ea, &mut en);
+            let (ef, bb) = (w.upload(e_fit), w.upload(&bias));
+            let (mut ga, mut ge) = (Backend::<f32>::zeros(w, nc), Backend::<f32>::zeros(w, 3));
+            w.energy(&d, &ef, &bb, &mut ga, &mut ge);
+            assert_eq!(w.download(&ga), ea);
+            let exact: Vec<f32> = (0..3)
+                .map(|f| {
+                    let terms: Vec<f32> = (0..nc)
+                        .filter(|&c| d.centre_frame(c) == f)
+                        .map(|c| ea[c])
+                        .collect();
+                    exact_f32_sum(&terms)
+                })
+                .collect();
+            let got = w.download(&ge);
+            assert_eq!(
+                got, exact,
+                "case {k}: per-frame energies (cpu's f64 sum gives {en:?})"
+            );
+        }
     }
 }
