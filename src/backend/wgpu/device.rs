@@ -17,6 +17,8 @@ const MAX_PENDING_PASSES: u32 = 64;
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     passes: u32,
+    /// The latest submission, to wait for.
+    last: Option<wgpu::SubmissionIndex>,
 }
 
 /// Pipelines are keyed by (shader file, entry point, precision).
@@ -50,6 +52,10 @@ pub struct Wgpu {
     /// Held by every op that uses a scratch buffer while it records, so that ops of different
     /// threads never interleave on the same scratch.
     scratch_lock: Mutex<()>,
+    /// On GL only: every call into the device goes through this lock. wgpu's GLES backend holds
+    /// one context lock per call and panics when another thread waits for it over a second,
+    /// which long submits on a slow GL device exceed.
+    gl_lock: Option<Mutex<()>>,
     next_id: AtomicU64,
     /// With `DPW_WGPU_PROFILE` set: every dispatch waits for the device, and its wall time is
     /// added up per kernel (calls, seconds). For finding slow kernels, not for production runs.
@@ -129,6 +135,7 @@ impl Wgpu {
             })
             .await
             .map_err(|e| anyhow!("wgpu device on {} ({:?}): {e}", info.name, info.backend))?;
+        let gl_lock = (info.backend == wgpu::Backend::Gl).then(Mutex::default);
         Ok(Wgpu {
             adapter,
             info,
@@ -140,11 +147,13 @@ impl Wgpu {
             pending: Mutex::new(Pending {
                 encoder: None,
                 passes: 0,
+                last: None,
             }),
             scratch: Mutex::default(),
             dims: Mutex::new(None),
             force_lists: Mutex::new(None),
             scratch_lock: Mutex::new(()),
+            gl_lock,
             next_id: AtomicU64::new(1),
             profile: std::env::var_os("DPW_WGPU_PROFILE").map(|_| Mutex::default()),
         })
@@ -278,9 +287,10 @@ impl Wgpu {
         if groups.contains(&0) {
             return;
         }
+        let _gl = self.gl_guard();
         let p = self.pipeline(k, prec);
         let t0 = self.profile.as_ref().map(|_| {
-            self.synchronize();
+            self.sync_inner();
             std::time::Instant::now()
         });
         let ubuf = self
@@ -315,7 +325,7 @@ impl Wgpu {
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         });
         if let (Some(prof), Some(t0)) = (&self.profile, t0) {
-            self.synchronize();
+            self.sync_inner();
             let key = format!("{}:{} {}", k.shader.file_name(), k.entry, prec.name());
             let mut prof = prof.lock().unwrap();
             let e = prof.entry(key).or_default();
@@ -355,26 +365,60 @@ impl Wgpu {
 
     fn submit(&self, p: &mut Pending) {
         if let Some(enc) = p.encoder.take() {
-            self.queue.submit(std::iter::once(enc.finish()));
+            p.last = Some(self.queue.submit(std::iter::once(enc.finish())));
         }
         p.passes = 0;
     }
 
     /// Submits everything recorded so far.
     pub fn flush(&self) {
+        let _gl = self.gl_guard();
         let mut p = self.pending.lock().unwrap();
         self.submit(&mut p);
     }
 
     /// Submits everything and waits for the device to finish it.
     pub fn synchronize(&self) {
-        self.flush();
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .expect("wgpu device lost");
+        let _gl = self.gl_guard();
+        self.sync_inner();
+    }
+
+    fn sync_inner(&self) {
+        let last = {
+            let mut p = self.pending.lock().unwrap();
+            self.submit(&mut p);
+            p.last.clone()
+        };
+        if let Some(idx) = last {
+            self.wait_for(idx, || false);
+        }
+    }
+
+    /// Waits until submission `idx` is done and `ready()` holds, polling in short slices: the
+    /// GL backend holds its context for a whole wait and other threads give up on it after a
+    /// second, which slow (software) devices exceed. The submission index is explicit since
+    /// concurrent submits and index-less waits trip an assertion in wgpu-core.
+    fn wait_for(&self, idx: wgpu::SubmissionIndex, mut ready: impl FnMut() -> bool) {
+        let mut done = false;
+        while !(done && ready()) {
+            let slice = wgpu::PollType::Wait {
+                submission_index: Some(idx.clone()),
+                timeout: Some(std::time::Duration::from_millis(5)),
+            };
+            match self.device.poll(slice) {
+                Ok(_) => done = true,
+                Err(wgpu::PollError::Timeout) => {}
+                Err(e) => panic!("wgpu device: {e}"),
+            }
+        }
+    }
+
+    fn gl_guard(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        self.gl_lock.as_ref().map(|l| l.lock().unwrap())
     }
 
     pub(super) fn buf_from<T: bytemuck::Pod>(&self, x: &[T]) -> wgpu::Buffer {
+        let _gl = self.gl_guard();
         let bytes: &[u8] = bytemuck::cast_slice(x);
         let mut data = bytes.to_vec();
         data.resize(padded(bytes.len() as u64) as usize, 0);
@@ -404,6 +448,7 @@ impl Wgpu {
 
     /// A zero-filled buffer (wgpu zero-initialises new buffers).
     pub(super) fn zeros_raw(&self, bytes: u64) -> wgpu::Buffer {
+        let _gl = self.gl_guard();
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size: padded(bytes),
@@ -425,6 +470,7 @@ impl Wgpu {
         if bytes == 0 {
             return Vec::new();
         }
+        let _gl = self.gl_guard();
         let size = bytes.div_ceil(4) * 4;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("download"),
@@ -432,7 +478,7 @@ impl Wgpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        {
+        let idx = {
             let mut p = self.pending.lock().unwrap();
             let enc = p.encoder.get_or_insert_with(|| {
                 self.device
@@ -442,15 +488,18 @@ impl Wgpu {
             });
             enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
             self.submit(&mut p);
-        }
+            p.last.clone().expect("just submitted")
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .expect("wgpu device lost");
-        rx.recv()
+        let mut mapped = None;
+        self.wait_for(idx, || {
+            mapped = mapped.take().or_else(|| rx.try_recv().ok());
+            mapped.is_some()
+        });
+        mapped
             .expect("map callback")
             .expect("mapping a download buffer");
         let out = staging.get_mapped_range(..).expect("mapped range")[..bytes as usize].to_vec();
@@ -465,6 +514,7 @@ impl Wgpu {
 
     /// Zeroes a buffer, in order with the recorded ops.
     pub(super) fn clear(&self, buf: &wgpu::Buffer) {
+        let _gl = self.gl_guard();
         self.record(|enc| enc.clear_buffer(buf, 0, None));
     }
 
