@@ -57,9 +57,18 @@ fn wgpu_for<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
     Some(w)
 }
 
+/// The running test's name (libtest names each test's thread after it).
+fn this_test() -> String {
+    std::thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .unwrap_or("a backend suite test")
+        .to_string()
+}
+
 macro_rules! wgpu_f64_or_skip {
     () => {
-        *match wgpu_for::<f64>(module_path!()) {
+        *match wgpu_for::<f64>(&this_test()) {
             Some(w) => w,
             None => return,
         }
