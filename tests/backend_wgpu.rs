@@ -475,3 +475,25 @@ fn f32_frame_energy_is_the_rounded_exact_sum() {
         }
     }
 }
+
+/// Launches too large for one dispatch dimension (65535 workgroups) spill over y (1-D kernels)
+/// and z (tiled kernels).
+#[test]
+fn large_launches_spill_over() {
+    let Some(w) = wgpu_for::<f32>("large_launches_spill_over") else { return };
+    let n = 65535 * 64 + 1000;
+    let mut b = Backend::<f32>::zeros(w, n);
+    w.fill(&mut b, 1.5f32);
+    let got = w.download(&b);
+    assert!(got.iter().all(|&v| v == 1.5), "fill missed elements");
+    let rows = 65535 * 16 + 100;
+    let layer = Layer { nin: 1, nout: 1, tanh: false, skip: Skip::None, w: 0, b: 1, idt: None };
+    let xs: Vec<f32> = (0..rows).map(|i| (i % 1000) as f32).collect();
+    let params = w.upload(&[2.0f32, 0.5]);
+    let x = w.upload(&xs);
+    let (mut h, mut y) = (Backend::<f32>::zeros(w, rows), Backend::<f32>::zeros(w, rows));
+    w.dense_forward(&layer, &params, 0..rows, &x, &mut h, &mut y);
+    let got = w.download(&y);
+    let bad = (0..rows).find(|&i| got[i] != 2.0 * xs[i] + 0.5);
+    assert_eq!(bad, None, "dense forward missed rows");
+}

@@ -56,6 +56,8 @@ pub struct Wgpu {
     /// one context lock per call and panics when another thread waits for it over a second,
     /// which long submits on a slow GL device exceed.
     gl_lock: Option<Mutex<()>>,
+    /// The largest buffer one storage binding may cover on this device.
+    max_binding: u64,
     next_id: AtomicU64,
     /// With `DPW_WGPU_PROFILE` set: every dispatch waits for the device, and its wall time is
     /// added up per kernel (calls, seconds). For finding slow kernels, not for production runs.
@@ -135,6 +137,7 @@ impl Wgpu {
             })
             .await
             .map_err(|e| anyhow!("wgpu device on {} ({:?}): {e}", info.name, info.backend))?;
+        let max_binding = device.limits().max_storage_buffer_binding_size;
         let gl_lock = (info.backend == wgpu::Backend::Gl).then(Mutex::default);
         Ok(Wgpu {
             adapter,
@@ -154,6 +157,7 @@ impl Wgpu {
             force_lists: Mutex::new(None),
             scratch_lock: Mutex::new(()),
             gl_lock,
+            max_binding,
             next_id: AtomicU64::new(1),
             profile: std::env::var_os("DPW_WGPU_PROFILE").map(|_| Mutex::default()),
         })
@@ -413,11 +417,24 @@ impl Wgpu {
         }
     }
 
+    /// Fails clearly where wgpu would reject a binding later, far from its cause.
+    fn check_size(&self, bytes: u64) {
+        assert!(
+            bytes <= self.max_binding,
+            "a {:.1} MiB buffer exceeds this adapter's largest storage binding ({:.1} MiB, {}): \
+             use a smaller batch",
+            bytes as f64 / 1048576.0,
+            self.max_binding as f64 / 1048576.0,
+            self.info.name
+        );
+    }
+
     fn gl_guard(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
         self.gl_lock.as_ref().map(|l| l.lock().unwrap())
     }
 
     pub(super) fn buf_from<T: bytemuck::Pod>(&self, x: &[T]) -> wgpu::Buffer {
+        self.check_size(size_of_val(x) as u64);
         let _gl = self.gl_guard();
         let bytes: &[u8] = bytemuck::cast_slice(x);
         let mut data = bytes.to_vec();
@@ -448,6 +465,7 @@ impl Wgpu {
 
     /// A zero-filled buffer (wgpu zero-initialises new buffers).
     pub(super) fn zeros_raw(&self, bytes: u64) -> wgpu::Buffer {
+        self.check_size(bytes);
         let _gl = self.gl_guard();
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
