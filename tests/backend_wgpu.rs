@@ -289,6 +289,7 @@ fn fill_and_zeros() {
     let mut b = Backend::<f32>::zeros(w, 7);
     assert_eq!(Backend::<f32>::download(w, &b), vec![0.0; 7]);
     w.fill(&mut b, 2.5f32);
+    w.synchronize();
     assert_eq!(Backend::<f32>::download(w, &b), vec![2.5; 7]);
     w.fill(&mut b, 0.0f32);
     assert_eq!(Backend::<f32>::download(w, &b), vec![0.0; 7]);

@@ -394,7 +394,7 @@ impl Wgpu {
             p.last.clone()
         };
         if let Some(idx) = last {
-            self.wait_for(idx, || false);
+            self.wait_for(idx, || true);
         }
     }
 
