@@ -1,12 +1,19 @@
-//! The wgpu backend: the ops of [`Backend`] as WGSL compute shaders (`shaders/*.wgsl`), run
-//! through wgpu on Vulkan, Metal, DX12, GL or WebGPU, in float32 or (with `SHADER_F64`) float64.
+//! The wgpu backend: the ops of [`Backend`](super::Backend) as WGSL compute shaders
+//! (`shaders/*.wgsl`), run through wgpu on Vulkan, Metal, DX12, GL or WebGPU, in float32 or
+//! (with `SHADER_F64`) float64.
 //!
 //! Buffers live on the device. Ops only record work into a pending command encoder, which is
 //! submitted when a result is read back (or every few dozen ops); no op reads the device
 //! synchronously except `download` and `loss` (which returns its sums).
 //!
 //! Every reduction is computed by one thread in a fixed order (or as fixed chunks summed in
-//! order), never with atomics, so a run is bit-for-bit repeatable.
+//! order), never with atomics, so a run is bit-for-bit repeatable on one device.
+//!
+//! Environment: `WGPU_BACKEND` (vulkan, metal, dx12, gl), `WGPU_ADAPTER_NAME` (part of a name),
+//! `WGPU_POWER_PREF` (low, high) choose the adapter; `DPW_WGPU_PROFILE` makes every dispatch
+//! wait for the device and adds up time per kernel ([`Wgpu::profile_report`]). Without a GPU,
+//! Mesa's lavapipe (Debian: `mesa-vulkan-drivers`, `libvulkan1`) is a Vulkan CPU adapter with
+//! float64.
 
 mod device;
 mod ops;
