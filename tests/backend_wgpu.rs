@@ -498,3 +498,22 @@ fn large_launches_spill_over() {
     let bad = (0..rows).find(|&i| got[i] != 2.0 * xs[i] + 0.5);
     assert_eq!(bad, None, "dense forward missed rows");
 }
+
+/// A real adapter without SHADER_F64 (Mesa's GL driver, where present): float64 is refused with
+/// advice to use float32, and float32 works.
+#[test]
+fn adapter_without_f64_refuses_float64() {
+    let gl = pollster::block_on(Wgpu::with_backends(wgpu::Backends::GL, PowerPreference::HighPerformance));
+    let Ok(gl) = gl else {
+        eprintln!("SKIPPED adapter_without_f64_refuses_float64: no GL adapter");
+        return;
+    };
+    if gl.supports_f64() {
+        eprintln!("SKIPPED adapter_without_f64_refuses_float64: the GL adapter has float64");
+        return;
+    }
+    let e = gl.require::<f64>().unwrap_err().to_string();
+    assert!(e.contains("\"precision\": \"float32\""), "{e}");
+    let b = gl.upload(&[1.0f32, 2.0]);
+    assert_eq!(gl.download(&b), vec![1.0, 2.0]);
+}

@@ -101,8 +101,16 @@ impl Wgpu {
     }
 
     pub async fn new_async(power: wgpu::PowerPreference) -> Result<Self> {
-        let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-        let backends = desc.backends;
+        Self::with_backends(wgpu::Backends::default().with_env(), power).await
+    }
+
+    /// As [`Wgpu::new_async`] on the given graphics APIs only (`WGPU_BACKEND` is not read).
+    pub async fn with_backends(
+        backends: wgpu::Backends,
+        power: wgpu::PowerPreference,
+    ) -> Result<Self> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        desc.backends = backends;
         let instance = wgpu::Instance::new(desc);
         let adapter = match std::env::var("WGPU_ADAPTER_NAME") {
             Ok(want) => {
