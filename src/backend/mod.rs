@@ -12,6 +12,8 @@ pub mod cpu;
 pub mod cuda;
 mod dims;
 mod real;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use dims::Dims;
 pub use real::Real;

@@ -1,0 +1,280 @@
+// The descriptor contraction A = (1/nnei) Σ G ⊗ R̂, D = A A<ᵀ, and its derivatives (see
+// cpu/contract.rs). Per-centre kernels run one thread per (centre, row of A) and visit the
+// centre's slots in the CPU's order; per-slot kernels are launched once per (ti, tj) block.
+
+struct Contract {
+    ncentres: u32,
+    m1: u32,
+    m2: u32,
+    nnei: u32,
+    ntypes: u32,
+    // per-slot kernels: the block's first slot, its slot count, sel[tj] and first centre
+    slot0: u32,
+    nslots: u32,
+    sel: u32,
+    centre0: u32,
+    // d_outer: 0 for D = A A<ᵀ, 1 for Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ
+    mode: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> u: Contract;
+// [centre_start (ntypes+1) | block_start (ntypes²+1) | sel (ntypes)], as in Dims
+@group(0) @binding(1) var<storage, read> dims: array<u32>;
+@group(0) @binding(2) var<storage, read> g: array<real>;
+@group(0) @binding(3) var<storage, read> gp: array<real>;
+@group(0) @binding(4) var<storage, read> rhat: array<real>;
+@group(0) @binding(5) var<storage, read> rdot: array<real>;
+@group(0) @binding(6) var<storage, read> a: array<real>;
+@group(0) @binding(7) var<storage, read> adot: array<real>;
+@group(0) @binding(8) var<storage, read> dbar: array<real>;
+@group(0) @binding(9) var<storage, read> ddotbar: array<real>;
+// A, Ȧ, Ā (a_backward) or the per-centre Ā of contract_dual; per slot: Ḡ
+@group(0) @binding(10) var<storage, read_write> out_a: array<real>;
+// D, Ḋ, or the per-centre Ǡ of contract_dual; per slot: Ġ̄
+@group(0) @binding(11) var<storage, read_write> out_d: array<real>;
+@group(0) @binding(12) var<storage, read> jac: array<real>;
+// Ā (slot_backward) or the per-centre Ā of contract_dual
+@group(0) @binding(13) var<storage, read> abar: array<real>;
+@group(0) @binding(14) var<storage, read_write> q: array<real>;
+// the per-centre Ǡ of contract_dual
+@group(0) @binding(15) var<storage, read> adotbar: array<real>;
+
+fn inv_nnei() -> real {
+    return real(1) / real(u.nnei);
+}
+
+fn centre_type(c: u32) -> u32 {
+    var t = 0u;
+    while (t + 1u < u.ntypes && c >= dims[t + 1u]) {
+        t++;
+    }
+    return t;
+}
+
+// First slot of centre c (of type ti) in section tj.
+fn first_slot(ti: u32, c: u32, tj: u32) -> u32 {
+    let nt = u.ntypes;
+    let block = dims[nt + 1u + ti * nt + tj];
+    let sel = dims[nt + 1u + nt * nt + 1u + tj];
+    return block + (c - dims[ti]) * sel;
+}
+
+fn sel_of(tj: u32) -> u32 {
+    let nt = u.ntypes;
+    return dims[nt + 1u + nt * nt + 1u + tj];
+}
+
+// A[c][i][·] = (1/nnei) Σ_slots G[slot][i] R̂[slot][·]
+@compute @workgroup_size(64)
+fn a_forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.ncentres * u.m1) {
+        return;
+    }
+    let c = id / u.m1;
+    let i = id % u.m1;
+    let ti = centre_type(c);
+    var acc = vec4<real>();
+    for (var tj = 0u; tj < u.ntypes; tj++) {
+        let s0 = first_slot(ti, c, tj);
+        for (var s = s0; s < s0 + sel_of(tj); s++) {
+            let gv = g[s * u.m1 + i];
+            acc += gv * vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
+        }
+    }
+    acc *= inv_nnei();
+    for (var k = 0u; k < 4u; k++) {
+        out_a[id * 4u + k] = acc[k];
+    }
+}
+
+// D[c][i][j] = Σ_k X[i][k] Y[j][k] for j < M2: D = A A<ᵀ (mode 0) or Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ (mode 1).
+@compute @workgroup_size(64)
+fn d_outer(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.ncentres * u.m1 * u.m2) {
+        return;
+    }
+    let c = id / (u.m1 * u.m2);
+    let i = (id / u.m2) % u.m1;
+    let j = id % u.m2;
+    let ai = c * 4u * u.m1 + 4u * i;
+    let aj = c * 4u * u.m1 + 4u * j;
+    var s = real(0);
+    if (u.mode == 0u) {
+        for (var k = 0u; k < 4u; k++) {
+            s += a[ai + k] * a[aj + k];
+        }
+    } else {
+        var s2 = real(0);
+        for (var k = 0u; k < 4u; k++) {
+            s += adot[ai + k] * a[aj + k];
+            s2 += a[ai + k] * adot[aj + k];
+        }
+        s += s2;
+    }
+    out_d[id] = s;
+}
+
+// The adjoint B(X̄, Y) of D = A A<ᵀ at row i of centre c, for the three (X̄, Y) pairs used:
+// Σ_j X̄[i][j] Y[j][·] + [i < M2] Σ_i' X̄[i'][i] Y[i'][·]. Three copies, since WGSL cannot pass a
+// storage array to a function and each entry point should bind only what it reads.
+fn b_dbar_a(c: u32, i: u32) -> vec4<real> {
+    let dm = c * u.m1 * u.m2;
+    let am = c * 4u * u.m1;
+    var out = vec4<real>();
+    for (var j = 0u; j < u.m2; j++) {
+        let y = am + 4u * j;
+        out += dbar[dm + i * u.m2 + j] * vec4<real>(a[y], a[y + 1u], a[y + 2u], a[y + 3u]);
+    }
+    if (i < u.m2) {
+        for (var i2 = 0u; i2 < u.m1; i2++) {
+            let y = am + 4u * i2;
+            out += dbar[dm + i2 * u.m2 + i] * vec4<real>(a[y], a[y + 1u], a[y + 2u], a[y + 3u]);
+        }
+    }
+    return out;
+}
+
+fn b_ddotbar_a(c: u32, i: u32) -> vec4<real> {
+    let dm = c * u.m1 * u.m2;
+    let am = c * 4u * u.m1;
+    var out = vec4<real>();
+    for (var j = 0u; j < u.m2; j++) {
+        let y = am + 4u * j;
+        out += ddotbar[dm + i * u.m2 + j] * vec4<real>(a[y], a[y + 1u], a[y + 2u], a[y + 3u]);
+    }
+    if (i < u.m2) {
+        for (var i2 = 0u; i2 < u.m1; i2++) {
+            let y = am + 4u * i2;
+            out += ddotbar[dm + i2 * u.m2 + i] * vec4<real>(a[y], a[y + 1u], a[y + 2u], a[y + 3u]);
+        }
+    }
+    return out;
+}
+
+fn b_ddotbar_adot(c: u32, i: u32) -> vec4<real> {
+    let dm = c * u.m1 * u.m2;
+    let am = c * 4u * u.m1;
+    var out = vec4<real>();
+    for (var j = 0u; j < u.m2; j++) {
+        let y = am + 4u * j;
+        out += ddotbar[dm + i * u.m2 + j] * vec4<real>(adot[y], adot[y + 1u], adot[y + 2u], adot[y + 3u]);
+    }
+    if (i < u.m2) {
+        for (var i2 = 0u; i2 < u.m1; i2++) {
+            let y = am + 4u * i2;
+            out += ddotbar[dm + i2 * u.m2 + i] * vec4<real>(adot[y], adot[y + 1u], adot[y + 2u], adot[y + 3u]);
+        }
+    }
+    return out;
+}
+
+fn store_a(id: u32, v: vec4<real>) {
+    for (var k = 0u; k < 4u; k++) {
+        out_a[4u * id + k] = v[k];
+    }
+}
+
+// Ā = D̄ A< + [D̄ᵀ A] in the first M2 rows; one thread per (centre, row).
+@compute @workgroup_size(64)
+fn a_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.ncentres * u.m1) {
+        return;
+    }
+    store_a(id, b_dbar_a(id / u.m1, id % u.m1));
+}
+
+// Per slot of one block: R̄ = (1/nnei)(Āᵀ G) + e₀ (1/nnei)(G'·Ā R̂), q = Jᵀ R̄.
+@compute @workgroup_size(64)
+fn slot_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.nslots) {
+        return;
+    }
+    let s = u.slot0 + id;
+    let c = u.centre0 + id / u.sel;
+    let ab = c * 4u * u.m1;
+    let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
+    var rbar = vec4<real>();
+    for (var i = 0u; i < u.m1; i++) {
+        let y = ab + 4u * i;
+        let arow = vec4<real>(abar[y], abar[y + 1u], abar[y + 2u], abar[y + 3u]);
+        rbar += arow * g[s * u.m1 + i];
+        rbar.x += gp[s * u.m1 + i] * dot(arow, rh);
+    }
+    let f = inv_nnei();
+    for (var x = 0u; x < 3u; x++) {
+        let j = 12u * s + x;
+        q[3u * s + x] = f * (jac[j] * rbar.x + jac[j + 3u] * rbar.y + jac[j + 6u] * rbar.z + jac[j + 9u] * rbar.w);
+    }
+}
+
+// Ȧ[c][i][·] = (1/nnei) Σ_slots (G'[slot][i] ṡ R̂[slot][·] + G[slot][i] Ṙ[slot][·])
+@compute @workgroup_size(64)
+fn a_tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.ncentres * u.m1) {
+        return;
+    }
+    let c = id / u.m1;
+    let i = id % u.m1;
+    let ti = centre_type(c);
+    var acc = vec4<real>();
+    for (var tj = 0u; tj < u.ntypes; tj++) {
+        let s0 = first_slot(ti, c, tj);
+        for (var s = s0; s < s0 + sel_of(tj); s++) {
+            let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
+            let rd = vec4<real>(rdot[4u * s], rdot[4u * s + 1u], rdot[4u * s + 2u], rdot[4u * s + 3u]);
+            let gd = gp[s * u.m1 + i] * rd.x;
+            acc += gd * rh + g[s * u.m1 + i] * rd;
+        }
+    }
+    store_a(id, acc * inv_nnei());
+}
+
+// contract_dual, per centre: Ā = B(D̄, A) + B(Ḋ̄, Ȧ) into out_a, Ǡ = B(Ḋ̄, A) into out_d.
+@compute @workgroup_size(64)
+fn dual_centre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.ncentres * u.m1) {
+        return;
+    }
+    let c = id / u.m1;
+    let i = id % u.m1;
+    store_a(id, b_dbar_a(c, i) + b_ddotbar_adot(c, i));
+    let adb = b_ddotbar_a(c, i);
+    for (var k = 0u; k < 4u; k++) {
+        out_d[4u * id + k] = adb[k];
+    }
+}
+
+// contract_dual, per (slot, i) of one block: Ḡ = (1/nnei)(Ā R̂ + Ǡ Ṙ), Ġ̄ = (1/nnei) Ǡ R̂.
+@compute @workgroup_size(64)
+fn dual_slot(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.nslots * u.m1) {
+        return;
+    }
+    let s = u.slot0 + id / u.m1;
+    let i = id % u.m1;
+    let c = u.centre0 + (id / u.m1) / u.sel;
+    let y = (c * u.m1 + i) * 4u;
+    let ab = vec4<real>(abar[y], abar[y + 1u], abar[y + 2u], abar[y + 3u]);
+    let adb = vec4<real>(adotbar[y], adotbar[y + 1u], adotbar[y + 2u], adotbar[y + 3u]);
+    let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
+    let rd = vec4<real>(rdot[4u * s], rdot[4u * s + 1u], rdot[4u * s + 2u], rdot[4u * s + 3u]);
+    let f = inv_nnei();
+    out_a[s * u.m1 + i] = f * (dot(ab, rh) + dot(adb, rd));
+    out_d[s * u.m1 + i] = f * dot(adb, rh);
+}

@@ -1,0 +1,605 @@
+//! Adapter and device selection, buffers, pipelines and the pending command encoder.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Result};
+use wgpu::util::DeviceExt;
+
+use super::shaders::{source, Access, Kernel, Precision, Shader};
+use super::{Buf, GpuReal, Idx};
+use crate::backend::Dims;
+
+/// Ops recorded before a submit: bounds the per-op uniform buffers and bind groups held alive.
+const MAX_PENDING_PASSES: u32 = 64;
+
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    passes: u32,
+    /// The latest submission, to wait for.
+    last: Option<wgpu::SubmissionIndex>,
+}
+
+/// Pipelines are keyed by (shader file, entry point, precision).
+type PipelineKey = (&'static str, &'static str, Precision);
+
+struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// The CSR gather lists of the force op, for one (owner, centre_atom, dims) triple.
+pub(super) struct ForceLists {
+    key: (u64, u64, Dims),
+    pub ptr: wgpu::Buffer,
+    pub ent: wgpu::Buffer,
+}
+
+/// A wgpu device with its queue and the compute pipelines built so far.
+pub struct Wgpu {
+    adapter: wgpu::Adapter,
+    info: wgpu::AdapterInfo,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    f64_ok: bool,
+    modules: Mutex<HashMap<(Shader, Precision), wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
+    pending: Mutex<Pending>,
+    scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
+    dims: Mutex<Option<(Dims, wgpu::Buffer)>>,
+    pub(super) force_lists: Mutex<Option<Arc<ForceLists>>>,
+    /// Held by every op that uses a scratch buffer while it records, so that ops of different
+    /// threads never interleave on the same scratch.
+    scratch_lock: Mutex<()>,
+    /// Every call into the device goes through this lock. wgpu-core 30 asserts when one thread
+    /// polls for a submission index that another thread's submit has returned but not yet
+    /// recorded; and wgpu's GLES backend panics when a thread waits over a second for its
+    /// context, which long submits on a slow GL device exceed.
+    device_lock: Mutex<()>,
+    /// The largest buffer one storage binding may cover on this device.
+    max_binding: u64,
+    next_id: AtomicU64,
+    /// With `DPW_WGPU_PROFILE` set: every dispatch waits for the device, and its wall time is
+    /// added up per kernel (calls, seconds). For finding slow kernels, not for production runs.
+    profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
+}
+
+impl std::fmt::Debug for Wgpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wgpu")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .finish()
+    }
+}
+
+fn storage_usage() -> wgpu::BufferUsages {
+    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST
+}
+
+/// Device buffers are never smaller than this: a binding must hold at least one f64, and copies
+/// go in multiples of 4 bytes.
+const MIN_BYTES: u64 = 16;
+
+fn padded(bytes: u64) -> u64 {
+    bytes.max(MIN_BYTES).div_ceil(4) * 4
+}
+
+impl Wgpu {
+    /// Opens the adapter wgpu prefers: `WGPU_BACKEND` (vulkan, metal, dx12, gl, ...) restricts the
+    /// backends, `WGPU_ADAPTER_NAME` picks an adapter by a part of its name, `WGPU_POWER_PREF`
+    /// (low, high) overrides `power`. The device gets `SHADER_F64` whenever the adapter has it.
+    pub fn new(power: wgpu::PowerPreference) -> Result<Self> {
+        pollster::block_on(Self::new_async(power))
+    }
+
+    /// As [`Wgpu::new`], failing unless the adapter can run float64 shaders.
+    pub fn new_f64(power: wgpu::PowerPreference) -> Result<Self> {
+        let w = Self::new(power)?;
+        w.require::<f64>()?;
+        Ok(w)
+    }
+
+    pub async fn new_async(power: wgpu::PowerPreference) -> Result<Self> {
+        Self::with_backends(wgpu::Backends::default().with_env(), power).await
+    }
+
+    /// As [`Wgpu::new_async`] on the given graphics APIs only (`WGPU_BACKEND` is not read).
+    pub async fn with_backends(
+        backends: wgpu::Backends,
+        power: wgpu::PowerPreference,
+    ) -> Result<Self> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapter = match std::env::var("WGPU_ADAPTER_NAME") {
+            Ok(want) => {
+                let want = want.to_lowercase();
+                let all = instance.enumerate_adapters(backends).await;
+                let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
+                all.into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&want))
+                    .ok_or_else(|| anyhow!("WGPU_ADAPTER_NAME={want}: no such adapter among {names:?}"))?
+            }
+            Err(_) => instance
+                .request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::from_env().unwrap_or(power),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| anyhow!("no wgpu adapter ({e}); on Linux without a GPU, install lavapipe (mesa-vulkan-drivers)"))?,
+        };
+        let info = adapter.get_info();
+        let f64_ok = adapter.features().contains(wgpu::Features::SHADER_F64);
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("dpw"),
+                required_features: if f64_ok {
+                    wgpu::Features::SHADER_F64
+                } else {
+                    wgpu::Features::empty()
+                },
+                // The adapter's own limits: large batches need large storage bindings.
+                required_limits: adapter.limits(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| anyhow!("wgpu device on {} ({:?}): {e}", info.name, info.backend))?;
+        let max_binding = device.limits().max_storage_buffer_binding_size;
+        Ok(Wgpu {
+            adapter,
+            info,
+            device,
+            queue,
+            f64_ok,
+            modules: Mutex::default(),
+            pipelines: Mutex::default(),
+            pending: Mutex::new(Pending {
+                encoder: None,
+                passes: 0,
+                last: None,
+            }),
+            scratch: Mutex::default(),
+            dims: Mutex::new(None),
+            force_lists: Mutex::new(None),
+            scratch_lock: Mutex::new(()),
+            device_lock: Mutex::default(),
+            max_binding,
+            next_id: AtomicU64::new(1),
+            profile: std::env::var_os("DPW_WGPU_PROFILE").map(|_| Mutex::default()),
+        })
+    }
+
+    pub fn adapter_name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// The graphics API in use: "vulkan", "metal", "dx12", "gl" or "webgpu".
+    pub fn backend_name(&self) -> String {
+        self.info.backend.to_string()
+    }
+
+    /// A software rasteriser (lavapipe, llvmpipe, SwiftShader, WARP): correct, not fast.
+    pub fn is_cpu_adapter(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    pub fn supports_f64(&self) -> bool {
+        self.f64_ok
+    }
+
+    pub fn adapter(&self) -> &wgpu::Adapter {
+        &self.adapter
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// Fails with advice when this adapter cannot compute in T.
+    pub fn require<T: GpuReal>(&self) -> Result<()> {
+        if T::PRECISION == Precision::F64 && !self.f64_ok {
+            bail!(
+                "the GPU adapter '{}' ({}) has no 64-bit floats in shaders (wgpu SHADER_F64): \
+                 set \"precision\": \"float32\" to train on it, or use the cpu backend",
+                self.info.name,
+                self.backend_name()
+            );
+        }
+        Ok(())
+    }
+
+    fn module(&self, shader: Shader, prec: Precision) -> wgpu::ShaderModule {
+        let mut modules = self.modules.lock().unwrap();
+        modules
+            .entry((shader, prec))
+            .or_insert_with(|| {
+                self.device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(shader.file_name()),
+                        source: wgpu::ShaderSource::Wgsl(source(shader, prec).into()),
+                    })
+            })
+            .clone()
+    }
+
+    fn pipeline(&self, k: &Kernel, prec: Precision) -> Arc<Pipeline> {
+        if prec == Precision::F64 && !self.f64_ok {
+            panic!("{}", self.require::<f64>().unwrap_err());
+        }
+        let key = (k.shader.file_name(), k.entry, prec);
+        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
+            return p.clone();
+        }
+        let module = self.module(k.shader, prec);
+        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let mut entries = vec![entry(0, wgpu::BufferBindingType::Uniform)];
+        for &(b, a) in k.bindings {
+            entries.push(entry(
+                b,
+                wgpu::BufferBindingType::Storage {
+                    read_only: a == Access::Read,
+                },
+            ));
+        }
+        let label = format!("{}:{}:{}", k.shader.file_name(), k.entry, prec.name());
+        let layout = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(&label),
+                entries: &entries,
+            });
+        let pl = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(&label),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: Some(&pl),
+                module: &module,
+                entry_point: Some(k.entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        let p = Arc::new(Pipeline { pipeline, layout });
+        self.pipelines.lock().unwrap().insert(key, p.clone());
+        p
+    }
+
+    /// Records one dispatch of `k` with its uniform block and storage buffers (in the order of
+    /// `k.bindings`).
+    pub(super) fn run(
+        &self,
+        k: &Kernel,
+        prec: Precision,
+        uniform: &[u32],
+        bufs: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) {
+        assert_eq!(bufs.len(), k.bindings.len(), "{}: buffers", k.entry);
+        assert!(
+            uniform.len() % 4 == 0,
+            "uniform blocks are whole 16-byte rows"
+        );
+        if groups.contains(&0) {
+            return;
+        }
+        let _device = self.device_guard();
+        let p = self.pipeline(k, prec);
+        let t0 = self.profile.as_ref().map(|_| {
+            self.sync_inner();
+            std::time::Instant::now()
+        });
+        let ubuf = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(k.entry),
+                contents: bytemuck::cast_slice(uniform),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        }];
+        for (&(b, _), buf) in k.bindings.iter().zip(bufs) {
+            entries.push(wgpu::BindGroupEntry {
+                binding: b,
+                resource: buf.as_entire_binding(),
+            });
+        }
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.entry),
+            layout: &p.layout,
+            entries: &entries,
+        });
+        self.record(|enc| {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(k.entry),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&p.pipeline);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        });
+        if let (Some(prof), Some(t0)) = (&self.profile, t0) {
+            self.sync_inner();
+            let key = format!("{}:{} {}", k.shader.file_name(), k.entry, prec.name());
+            let mut prof = prof.lock().unwrap();
+            let e = prof.entry(key).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed().as_secs_f64();
+        }
+    }
+
+    /// Time per kernel, slowest first, when `DPW_WGPU_PROFILE` is set.
+    pub fn profile_report(&self) -> Option<String> {
+        let prof = self.profile.as_ref()?.lock().unwrap();
+        let mut rows: Vec<_> = prof.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        let total: f64 = rows.iter().map(|r| r.1 .1).sum();
+        let mut out = format!("wgpu kernels, {:.1} ms in all:\n", total * 1e3);
+        for (name, (n, t)) in rows {
+            out += &format!("  {:9.2} ms {n:6} calls  {name}\n", t * 1e3);
+        }
+        Some(out)
+    }
+
+    /// Appends commands to the pending encoder, submitting it when it grows long.
+    pub(super) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut p = self.pending.lock().unwrap();
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("dpw ops"),
+                })
+        });
+        f(enc);
+        p.passes += 1;
+        if p.passes >= MAX_PENDING_PASSES {
+            self.submit(&mut p);
+        }
+    }
+
+    fn submit(&self, p: &mut Pending) {
+        if let Some(enc) = p.encoder.take() {
+            p.last = Some(self.queue.submit(std::iter::once(enc.finish())));
+        }
+        p.passes = 0;
+    }
+
+    /// Submits everything recorded so far.
+    pub fn flush(&self) {
+        let _device = self.device_guard();
+        let mut p = self.pending.lock().unwrap();
+        self.submit(&mut p);
+    }
+
+    /// Submits everything and waits for the device to finish it.
+    pub fn synchronize(&self) {
+        let _device = self.device_guard();
+        self.sync_inner();
+    }
+
+    fn sync_inner(&self) {
+        let last = {
+            let mut p = self.pending.lock().unwrap();
+            self.submit(&mut p);
+            p.last.clone()
+        };
+        if let Some(idx) = last {
+            self.wait_for(idx, || true);
+        }
+    }
+
+    /// Waits until submission `idx` is done and `ready()` holds, polling in short slices: the
+    /// GL backend holds its context for a whole wait and other threads give up on it after a
+    /// second, which slow (software) devices exceed. The submission index is explicit since
+    /// concurrent submits and index-less waits trip an assertion in wgpu-core.
+    fn wait_for(&self, idx: wgpu::SubmissionIndex, mut ready: impl FnMut() -> bool) {
+        let mut done = false;
+        while !(done && ready()) {
+            let slice = wgpu::PollType::Wait {
+                submission_index: Some(idx.clone()),
+                timeout: Some(std::time::Duration::from_millis(5)),
+            };
+            match self.device.poll(slice) {
+                Ok(_) => done = true,
+                Err(wgpu::PollError::Timeout) => {}
+                Err(e) => panic!("wgpu device: {e}"),
+            }
+        }
+    }
+
+    /// Fails clearly where wgpu would reject a binding later, far from its cause.
+    fn check_size(&self, bytes: u64) {
+        assert!(
+            bytes <= self.max_binding,
+            "a {:.1} MiB buffer exceeds this adapter's largest storage binding ({:.1} MiB, {}): \
+             use a smaller batch",
+            bytes as f64 / 1048576.0,
+            self.max_binding as f64 / 1048576.0,
+            self.info.name
+        );
+    }
+
+    fn device_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.device_lock.lock().unwrap()
+    }
+
+    pub(super) fn buf_from<T: bytemuck::Pod>(&self, x: &[T]) -> wgpu::Buffer {
+        self.check_size(size_of_val(x) as u64);
+        let _device = self.device_guard();
+        let bytes: &[u8] = bytemuck::cast_slice(x);
+        let mut data = bytes.to_vec();
+        data.resize(padded(bytes.len() as u64) as usize, 0);
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents: &data,
+                usage: storage_usage(),
+            })
+    }
+
+    pub(super) fn upload_real<T: GpuReal>(&self, x: &[T]) -> Buf<T> {
+        Buf {
+            buf: self.buf_from(x),
+            len: x.len(),
+            _t: Default::default(),
+        }
+    }
+
+    pub(super) fn upload_i32(&self, x: &[i32]) -> Idx {
+        Idx {
+            buf: self.buf_from(x),
+            host: Arc::new(x.to_vec()),
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// A zero-filled buffer (wgpu zero-initialises new buffers).
+    pub(super) fn zeros_raw(&self, bytes: u64) -> wgpu::Buffer {
+        self.check_size(bytes);
+        let _device = self.device_guard();
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: padded(bytes),
+            usage: storage_usage(),
+            mapped_at_creation: false,
+        })
+    }
+
+    pub(super) fn zeros_real<T: GpuReal>(&self, n: usize) -> Buf<T> {
+        Buf {
+            buf: self.zeros_raw((n * size_of::<T>()) as u64),
+            len: n,
+            _t: Default::default(),
+        }
+    }
+
+    /// Copies the first `bytes` of a buffer back to the host, after all recorded work.
+    pub(super) fn read_bytes(&self, buf: &wgpu::Buffer, bytes: u64) -> Vec<u8> {
+        if bytes == 0 {
+            return Vec::new();
+        }
+        let _device = self.device_guard();
+        let size = bytes.div_ceil(4) * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("download"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let idx = {
+            let mut p = self.pending.lock().unwrap();
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("dpw ops"),
+                    })
+            });
+            enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
+            self.submit(&mut p);
+            p.last.clone().expect("just submitted")
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        let mut mapped = None;
+        self.wait_for(idx, || {
+            mapped = mapped.take().or_else(|| rx.try_recv().ok());
+            mapped.is_some()
+        });
+        mapped
+            .expect("map callback")
+            .expect("mapping a download buffer");
+        let out = staging.get_mapped_range(..).expect("mapped range")[..bytes as usize].to_vec();
+        staging.unmap();
+        out
+    }
+
+    pub(super) fn download_real<T: GpuReal>(&self, b: &Buf<T>) -> Vec<T> {
+        let bytes = self.read_bytes(&b.buf, (b.len * size_of::<T>()) as u64);
+        bytemuck::pod_collect_to_vec(&bytes)
+    }
+
+    /// Zeroes a buffer, in order with the recorded ops.
+    pub(super) fn clear(&self, buf: &wgpu::Buffer) {
+        let _device = self.device_guard();
+        self.record(|enc| enc.clear_buffer(buf, 0, None));
+    }
+
+    /// To be held while recording an op that uses [`Wgpu::scratch`].
+    pub(super) fn exclusive(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.scratch_lock.lock().unwrap()
+    }
+
+    /// A grow-only scratch buffer private to one op; ops run in order on the device, so one
+    /// op's scratch is free again when the next op starts.
+    pub(super) fn scratch(&self, name: &'static str, bytes: u64) -> wgpu::Buffer {
+        let mut s = self.scratch.lock().unwrap();
+        match s.get(name) {
+            Some(b) if b.size() >= padded(bytes) => b.clone(),
+            _ => {
+                let b = self.zeros_raw(bytes.max(1024));
+                s.insert(name, b.clone());
+                b
+            }
+        }
+    }
+
+    /// The batch layout tables as the shaders read them: centre_start, block_start, sel.
+    pub(super) fn dims_buf(&self, d: &Dims) -> wgpu::Buffer {
+        let mut cache = self.dims.lock().unwrap();
+        if let Some((cd, b)) = cache.as_ref() {
+            if cd == d {
+                return b.clone();
+            }
+        }
+        let table: Vec<u32> = d
+            .centre_start
+            .iter()
+            .chain(&d.block_start)
+            .chain(&d.sel)
+            .map(|&x| u32::try_from(x).expect("batch too large for 32-bit indices"))
+            .collect();
+        let b = self.buf_from(&table);
+        *cache = Some((d.clone(), b.clone()));
+        b
+    }
+
+    /// The force gather lists of a batch (see `shaders/scatter.wgsl`), cached per upload of the
+    /// owner and centre tables.
+    pub(super) fn force_lists(&self, d: &Dims, owner: &Idx, centre_atom: &Idx) -> Arc<ForceLists> {
+        let key = (owner.id, centre_atom.id, d.clone());
+        let mut cache = self.force_lists.lock().unwrap();
+        if let Some(fl) = cache.as_ref() {
+            if fl.key == key {
+                return fl.clone();
+            }
+        }
+        let (ptr, ent) = super::ops::force_csr(d, &owner.host, &centre_atom.host);
+        let fl = Arc::new(ForceLists {
+            key,
+            ptr: self.buf_from(&ptr),
+            ent: self.buf_from(&ent),
+        });
+        *cache = Some(fl.clone());
+        fl
+    }
+}

@@ -1,0 +1,672 @@
+//! `Backend<f32>` and `Backend<f64>` for [`Wgpu`]: uniform blocks, launch grids and the order of
+//! kernels of every op. The shaders' own comments say what each kernel computes.
+
+use std::ops::Range;
+
+use super::shaders::{self as k, Kernel};
+use super::{Buf, GpuReal, Idx, Wgpu};
+use crate::backend::{AdamStep, Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors};
+use crate::model::{Layer, Skip};
+
+/// Threads per workgroup of the 1-D kernels (`WG` in shaders/common.wgsl).
+const WG: u32 = 64;
+/// Tile edge of the dense kernels (`TS` in shaders/dense.wgsl).
+const TS: u32 = 16;
+/// Rows per weight-gradient partial sum in the dense dual backward.
+const CHUNK: u32 = 256;
+const MAX_GROUPS: u32 = 65535;
+
+fn u32_of(x: usize) -> u32 {
+    u32::try_from(x).expect("batch too large for 32-bit indices")
+}
+
+/// Workgroups for n threads of a 1-D kernel, spilling over y past the per-dimension limit.
+fn grid1(n: usize) -> [u32; 3] {
+    let groups = u32_of(n).div_ceil(WG);
+    if groups <= MAX_GROUPS {
+        [groups, 1, 1]
+    } else {
+        [MAX_GROUPS, groups.div_ceil(MAX_GROUPS), 1]
+    }
+}
+
+/// Workgroups of a 16×16-tiled kernel: columns along x, row tiles along y then z.
+fn grid_tiles(cols: usize, rows: usize) -> [u32; 3] {
+    let rt = u32_of(rows).div_ceil(TS);
+    let (y, z) = if rt <= MAX_GROUPS {
+        (rt, 1)
+    } else {
+        (MAX_GROUPS, rt.div_ceil(MAX_GROUPS))
+    };
+    [u32_of(cols).div_ceil(TS), y, z]
+}
+
+fn dense_uniform(l: &Layer, rows: &Range<usize>, scale: bool, nchunks: u32) -> [u32; 12] {
+    let skip = match l.skip {
+        Skip::None => 0,
+        Skip::Identity => 1,
+        Skip::Double => 2,
+    };
+    let flags =
+        u32::from(l.tanh) | u32::from(l.idt.is_some()) << 1 | u32::from(scale) << 2 | skip << 8;
+    [
+        u32_of(rows.start),
+        u32_of(rows.len()),
+        u32_of(l.nin),
+        u32_of(l.nout),
+        u32_of(l.w),
+        u32_of(l.b),
+        u32_of(l.idt.unwrap_or(0)),
+        flags,
+        CHUNK,
+        nchunks,
+        0,
+        0,
+    ]
+}
+
+/// Uniform block of the contraction kernels; the per-slot fields are filled per block.
+fn contract_uniform(d: &Dims, mode: u32) -> [u32; 12] {
+    [
+        u32_of(d.ncentres()),
+        u32_of(d.m1),
+        u32_of(d.m2),
+        u32_of(d.nnei),
+        u32_of(d.ntypes),
+        0,
+        0,
+        0,
+        0,
+        mode,
+        0,
+        0,
+    ]
+}
+
+/// Calls `f(slots, sel, first centre)` for every non-empty (ti, tj) block.
+fn for_blocks(d: &Dims, mut f: impl FnMut(Range<usize>, usize, usize)) {
+    for ti in 0..d.ntypes {
+        for tj in 0..d.ntypes {
+            let b = d.block(ti, tj);
+            if !b.is_empty() {
+                f(b, d.sel[tj], d.centre_start[ti]);
+            }
+        }
+    }
+}
+
+/// Gather lists for the forces: per batch atom, `slot + 1` for the slots it is the centre of
+/// and `−(slot + 1)` for the slots it owns, in the CPU's visiting order (cpu/scatter.rs), so
+/// that each atom's force is summed in the same order as there. Padded slots are left out.
+pub(super) fn force_csr(d: &Dims, owner: &[i32], centre_atom: &[i32]) -> (Vec<u32>, Vec<i32>) {
+    let natoms = d.nframes * d.natoms;
+    let mut visit = Vec::new();
+    for ti in 0..d.ntypes {
+        for c in d.centres(ti) {
+            for tj in 0..d.ntypes {
+                let first = d.slot(ti, c, tj, 0);
+                for (s, &o) in owner.iter().enumerate().skip(first).take(d.sel[tj]) {
+                    if o >= 0 {
+                        let e = i32::try_from(s + 1).expect("too many slots");
+                        visit.push((centre_atom[c] as usize, e));
+                        visit.push((o as usize, -e));
+                    }
+                }
+            }
+        }
+    }
+    let mut ptr = vec![0u32; natoms + 1];
+    for &(a, _) in &visit {
+        ptr[a + 1] += 1;
+    }
+    for a in 0..natoms {
+        ptr[a + 1] += ptr[a];
+    }
+    let mut fill = ptr.clone();
+    let mut ent = vec![0i32; visit.len()];
+    for (a, e) in visit {
+        ent[fill[a] as usize] = e;
+        fill[a] += 1;
+    }
+    (ptr, ent)
+}
+
+impl Wgpu {
+    fn go<T: GpuReal>(
+        &self,
+        kern: &Kernel,
+        uniform: &[u32],
+        bufs: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) {
+        self.run(kern, T::PRECISION, uniform, bufs, groups);
+    }
+
+    fn reals<T: GpuReal>(&self, x: &[f64]) -> wgpu::Buffer {
+        let v: Vec<T> = x.iter().map(|&v| T::of(v)).collect();
+        self.buf_from(&v)
+    }
+}
+
+impl<T: GpuReal> Backend<T> for Wgpu {
+    type Buf = Buf<T>;
+    type Idx = Idx;
+
+    fn name(&self) -> String {
+        format!("wgpu ({}, {})", self.adapter_name(), self.backend_name())
+    }
+
+    fn upload(&self, x: &[T]) -> Buf<T> {
+        self.upload_real(x)
+    }
+
+    fn upload_idx(&self, x: &[i32]) -> Idx {
+        self.upload_i32(x)
+    }
+
+    fn download(&self, b: &Buf<T>) -> Vec<T> {
+        self.download_real(b)
+    }
+
+    fn zeros(&self, n: usize) -> Buf<T> {
+        self.zeros_real(n)
+    }
+
+    fn fill(&self, b: &mut Buf<T>, v: T) {
+        if v == T::zero() {
+            self.clear(&b.buf);
+        } else {
+            let val = self.buf_from(&[v]);
+            self.go::<T>(
+                &k::FILL,
+                &[u32_of(b.len), 0, 0, 0],
+                &[&val, &b.buf],
+                grid1(b.len),
+            );
+        }
+    }
+
+    fn len(&self, b: &Buf<T>) -> usize {
+        b.len
+    }
+
+    fn env_mat(
+        &self,
+        d: &Dims,
+        env: EnvParams,
+        rij: &Buf<T>,
+        owner: &Idx,
+        davg: &Buf<T>,
+        dstd: &Buf<T>,
+        rhat: &mut Buf<T>,
+        jac: &mut Buf<T>,
+        s: &mut Buf<T>,
+    ) {
+        let envp = self.reals::<T>(&[env.rcut, env.rcut_smth, env.protection]);
+        for ti in 0..d.ntypes {
+            let lo = d.block(ti, 0).start;
+            let hi = d.block(ti, d.ntypes - 1).end;
+            self.go::<T>(
+                &k::ENV_MAT,
+                &[u32_of(lo), u32_of(hi - lo), u32_of(ti), 0],
+                &[
+                    &rij.buf, &owner.buf, &davg.buf, &dstd.buf, &envp, &rhat.buf, &jac.buf, &s.buf,
+                ],
+                grid1(hi - lo),
+            );
+        }
+    }
+
+    fn dense_forward(
+        &self,
+        l: &Layer,
+        p: &Buf<T>,
+        rows: Range<usize>,
+        x: &Buf<T>,
+        h: &mut Buf<T>,
+        y: &mut Buf<T>,
+    ) {
+        let u = dense_uniform(l, &rows, false, 0);
+        self.go::<T>(
+            &k::DENSE_FORWARD,
+            &u,
+            &[&p.buf, &x.buf, &h.buf, &y.buf],
+            grid_tiles(l.nout, rows.len()),
+        );
+    }
+
+    fn dense_backward(
+        &self,
+        l: &Layer,
+        p: &Buf<T>,
+        rows: Range<usize>,
+        io: DenseIo<Buf<T>>,
+        ybar: &Buf<T>,
+        xbar: &mut Buf<T>,
+    ) {
+        let u = dense_uniform(l, &rows, false, 0);
+        self.go::<T>(
+            &k::DENSE_BACKWARD,
+            &u,
+            &[&p.buf, &io.h.buf, &ybar.buf, &xbar.buf],
+            grid_tiles(l.nin, rows.len()),
+        );
+    }
+
+    fn dense_tangent(
+        &self,
+        l: &Layer,
+        p: &Buf<T>,
+        rows: Range<usize>,
+        h: &Buf<T>,
+        xdot: &Buf<T>,
+        zdot: &mut Buf<T>,
+        ydot: &mut Buf<T>,
+    ) {
+        let u = dense_uniform(l, &rows, false, 0);
+        self.go::<T>(
+            &k::DENSE_TANGENT,
+            &u,
+            &[&p.buf, &xdot.buf, &h.buf, &zdot.buf, &ydot.buf],
+            grid_tiles(l.nout, rows.len()),
+        );
+    }
+
+    fn dense_dual_backward(
+        &self,
+        l: &Layer,
+        p: &Buf<T>,
+        rows: Range<usize>,
+        io: DenseIo<Buf<T>>,
+        xdot: &Buf<T>,
+        zdot: &Buf<T>,
+        scale: Option<&Buf<T>>,
+        ybar: &Buf<T>,
+        ydotbar: &Buf<T>,
+        grad: &mut Buf<T>,
+        xbar: Option<(&mut Buf<T>, &mut Buf<T>)>,
+    ) {
+        if rows.is_empty() {
+            return;
+        }
+        let _one_op = self.exclusive();
+        let sz = size_of::<T>() as u64;
+        let m = (rows.len() * l.nout) as u64;
+        let nchunks = u32_of(rows.len()).div_ceil(CHUNK);
+        let u = dense_uniform(l, &rows, scale.is_some(), nchunks);
+        let scratch = self.scratch("dense.z", 3 * m * sz);
+        let partial = self.scratch(
+            "dense.partial",
+            u64::from(nchunks) * ((l.nin + 2) * l.nout) as u64 * sz,
+        );
+        // Without a scale the binding is never read; any buffer will do.
+        let scale = scale.map_or(&io.h.buf, |s| &s.buf);
+        self.go::<T>(
+            &k::DENSE_DUAL_Z,
+            &u,
+            &[
+                &p.buf,
+                &io.h.buf,
+                &zdot.buf,
+                scale,
+                &ybar.buf,
+                &ydotbar.buf,
+                &scratch,
+            ],
+            grid1(m as usize),
+        );
+        self.go::<T>(
+            &k::DENSE_DUAL_WGRAD,
+            &u,
+            &[&io.x.buf, &xdot.buf, scale, &scratch, &partial],
+            [
+                u32_of(l.nout).div_ceil(TS),
+                u32_of(l.nin).div_ceil(TS),
+                nchunks,
+            ],
+        );
+        self.go::<T>(
+            &k::DENSE_DUAL_BSUM,
+            &u,
+            &[&scratch, &partial],
+            grid1(nchunks as usize * l.nout),
+        );
+        self.go::<T>(
+            &k::DENSE_DUAL_WSUM,
+            &u,
+            &[&partial, &grad.buf],
+            grid1((l.nin + 2) * l.nout),
+        );
+        if let Some((xb, xdb)) = xbar {
+            self.go::<T>(
+                &k::DENSE_DUAL_XBAR,
+                &u,
+                &[&p.buf, &scratch, &ybar.buf, &ydotbar.buf, &xb.buf, &xdb.buf],
+                grid_tiles(l.nin, rows.len()),
+            );
+        }
+    }
+
+    fn contract_forward(
+        &self,
+        d: &Dims,
+        g: &Buf<T>,
+        rhat: &Buf<T>,
+        a: &mut Buf<T>,
+        desc: &mut Buf<T>,
+    ) {
+        let dims = self.dims_buf(d);
+        let u = contract_uniform(d, 0);
+        let nc = d.ncentres();
+        self.go::<T>(
+            &k::CONTRACT_A_FORWARD,
+            &u,
+            &[&dims, &g.buf, &rhat.buf, &a.buf],
+            grid1(nc * d.m1),
+        );
+        // mode 0 reads only A; the Ȧ binding is a stand-in.
+        self.go::<T>(
+            &k::CONTRACT_D_OUTER,
+            &u,
+            &[&a.buf, &a.buf, &desc.buf],
+            grid1(nc * d.m1 * d.m2),
+        );
+    }
+
+    fn contract_backward(&self, d: &Dims, a: &Buf<T>, dbar: &Buf<T>, abar: &mut Buf<T>) {
+        let u = contract_uniform(d, 0);
+        self.go::<T>(
+            &k::CONTRACT_A_BACKWARD,
+            &u,
+            &[&a.buf, &dbar.buf, &abar.buf],
+            grid1(d.ncentres() * d.m1),
+        );
+    }
+
+    fn slot_backward(
+        &self,
+        d: &Dims,
+        abar: &Buf<T>,
+        g: &Buf<T>,
+        gp: &Buf<T>,
+        rhat: &Buf<T>,
+        jac: &Buf<T>,
+        q: &mut Buf<T>,
+    ) {
+        for_blocks(d, |slots, sel, c0| {
+            let mut u = contract_uniform(d, 0);
+            u[5..9].copy_from_slice(&[
+                u32_of(slots.start),
+                u32_of(slots.len()),
+                u32_of(sel),
+                u32_of(c0),
+            ]);
+            self.go::<T>(
+                &k::CONTRACT_SLOT_BACKWARD,
+                &u,
+                &[&abar.buf, &g.buf, &gp.buf, &rhat.buf, &jac.buf, &q.buf],
+                grid1(slots.len()),
+            );
+        });
+    }
+
+    fn contract_tangent(
+        &self,
+        d: &Dims,
+        g: &Buf<T>,
+        gp: &Buf<T>,
+        rhat: &Buf<T>,
+        rdot: &Buf<T>,
+        a: &Buf<T>,
+        adot: &mut Buf<T>,
+        ddot: &mut Buf<T>,
+    ) {
+        let dims = self.dims_buf(d);
+        let nc = d.ncentres();
+        let u = contract_uniform(d, 1);
+        self.go::<T>(
+            &k::CONTRACT_A_TANGENT,
+            &u,
+            &[&dims, &g.buf, &gp.buf, &rhat.buf, &rdot.buf, &adot.buf],
+            grid1(nc * d.m1),
+        );
+        self.go::<T>(
+            &k::CONTRACT_D_OUTER,
+            &u,
+            &[&a.buf, &adot.buf, &ddot.buf],
+            grid1(nc * d.m1 * d.m2),
+        );
+    }
+
+    fn contract_dual(
+        &self,
+        d: &Dims,
+        a: &Buf<T>,
+        adot: &Buf<T>,
+        dbar: &Buf<T>,
+        ddotbar: &Buf<T>,
+        rhat: &Buf<T>,
+        rdot: &Buf<T>,
+        gbar: &mut Buf<T>,
+        gdotbar: &mut Buf<T>,
+    ) {
+        let _one_op = self.exclusive();
+        let nc = d.ncentres();
+        let bytes = (nc * 4 * d.m1 * size_of::<T>()) as u64;
+        let ab = self.scratch("contract.abar", bytes);
+        let adb = self.scratch("contract.adotbar", bytes);
+        let u = contract_uniform(d, 0);
+        self.go::<T>(
+            &k::CONTRACT_DUAL_CENTRE,
+            &u,
+            &[&a.buf, &adot.buf, &dbar.buf, &ddotbar.buf, &ab, &adb],
+            grid1(nc * d.m1),
+        );
+        for_blocks(d, |slots, sel, c0| {
+            let mut u = contract_uniform(d, 0);
+            u[5..9].copy_from_slice(&[
+                u32_of(slots.start),
+                u32_of(slots.len()),
+                u32_of(sel),
+                u32_of(c0),
+            ]);
+            self.go::<T>(
+                &k::CONTRACT_DUAL_SLOT,
+                &u,
+                &[&ab, &adb, &rhat.buf, &rdot.buf, &gbar.buf, &gdotbar.buf],
+                grid1(slots.len() * d.m1),
+            );
+        });
+    }
+
+    fn energy(
+        &self,
+        d: &Dims,
+        e_fit: &Buf<T>,
+        bias: &Buf<T>,
+        e_atom: &mut Buf<T>,
+        energy: &mut Buf<T>,
+    ) {
+        let dims = self.dims_buf(d);
+        let u = [
+            u32_of(d.ncentres()),
+            u32_of(d.nframes),
+            u32_of(d.natoms),
+            u32_of(d.ntypes),
+        ];
+        self.go::<T>(
+            &k::SCATTER_ATOM_ENERGY,
+            &u,
+            &[&dims, &e_fit.buf, &bias.buf, &e_atom.buf],
+            grid1(d.ncentres()),
+        );
+        self.go::<T>(
+            &k::SCATTER_FRAME_ENERGY,
+            &u,
+            &[&dims, &e_atom.buf, &energy.buf],
+            grid1(d.nframes),
+        );
+    }
+
+    fn force_virial(
+        &self,
+        d: &Dims,
+        q: &Buf<T>,
+        rij: &Buf<T>,
+        owner: &Idx,
+        centre_atom: &Idx,
+        force: &mut Buf<T>,
+        virial: &mut Buf<T>,
+    ) {
+        let _one_op = self.exclusive();
+        let dims = self.dims_buf(d);
+        let lists = self.force_lists(d, owner, centre_atom);
+        let u = [
+            u32_of(d.ncentres()),
+            u32_of(d.nframes),
+            u32_of(d.natoms),
+            u32_of(d.ntypes),
+        ];
+        self.go::<T>(
+            &k::SCATTER_GATHER_FORCE,
+            &u,
+            &[&lists.ptr, &lists.ent, &q.buf, &force.buf],
+            grid1(d.nframes * d.natoms),
+        );
+        let wpart = self.scratch("scatter.wpart", (9 * d.ncentres() * size_of::<T>()) as u64);
+        self.go::<T>(
+            &k::SCATTER_CENTRE_VIRIAL,
+            &u,
+            &[&dims, &q.buf, &rij.buf, &owner.buf, &wpart],
+            grid1(d.ncentres()),
+        );
+        self.go::<T>(
+            &k::SCATTER_FRAME_VIRIAL,
+            &u,
+            &[&dims, &wpart, &virial.buf],
+            grid1(9 * d.nframes),
+        );
+    }
+
+    fn loss(
+        &self,
+        d: &Dims,
+        pref: Prefactors,
+        pred: [&Buf<T>; 3],
+        label: [&Buf<T>; 3],
+        centre_atom: &Idx,
+        ebar: &mut Buf<T>,
+        fres: &mut Buf<T>,
+        vres: &mut Buf<T>,
+    ) -> LossSums {
+        let (n, nf) = (d.natoms as f64, d.nframes as f64);
+        let coef = self.reals::<T>(&[
+            2.0 * pref.e / (n * nf),
+            2.0 * pref.f / (3.0 * n * nf),
+            2.0 * pref.v / (9.0 * n * nf),
+        ]);
+        let natoms = u32_of(d.natoms);
+        let nc = d.ncentres();
+        self.go::<T>(
+            &k::LOSS_ENERGY_BAR,
+            &[u32_of(nc), 0, natoms, 0, 0, 0, 0, 0],
+            &[
+                &coef,
+                &pred[0].buf,
+                &label[0].buf,
+                &centre_atom.buf,
+                &ebar.buf,
+            ],
+            grid1(nc),
+        );
+        for (which, out) in [(1u32, &*fres), (2, &*vres)] {
+            let len = pred[which as usize].len;
+            self.go::<T>(
+                &k::LOSS_RESIDUAL,
+                &[u32_of(len), which, natoms, 0, 0, 0, 0, 0],
+                &[
+                    &coef,
+                    &pred[which as usize].buf,
+                    &label[which as usize].buf,
+                    &out.buf,
+                ],
+                grid1(len),
+            );
+        }
+        let sums = self.zeros_real::<T>(3);
+        for which in 0..3 {
+            self.go::<T>(
+                &k::LOSS_SUMSQ,
+                &[u32_of(pred[which].len), which as u32, natoms, 0, 0, 0, 0, 0],
+                &[&pred[which].buf, &label[which].buf, &sums.buf],
+                [1, 1, 1],
+            );
+        }
+        let s = self.download_real(&sums);
+        LossSums {
+            e2: s[0].f64(),
+            f2: s[1].f64(),
+            v2: s[2].f64(),
+        }
+    }
+
+    fn virtual_tangent(
+        &self,
+        d: &Dims,
+        fres: &Buf<T>,
+        vres: &Buf<T>,
+        jac: &Buf<T>,
+        rij: &Buf<T>,
+        owner: &Idx,
+        centre_atom: &Idx,
+        rdot: &mut Buf<T>,
+        sdot: &mut Buf<T>,
+    ) {
+        for_blocks(d, |slots, sel, c0| {
+            let u = [
+                u32_of(slots.len()),
+                0,
+                u32_of(d.natoms),
+                u32_of(slots.start),
+                u32_of(sel),
+                u32_of(c0),
+                0,
+                0,
+            ];
+            self.go::<T>(
+                &k::LOSS_VIRTUAL_TANGENT,
+                &u,
+                &[
+                    &fres.buf,
+                    &vres.buf,
+                    &jac.buf,
+                    &rij.buf,
+                    &owner.buf,
+                    &centre_atom.buf,
+                    &rdot.buf,
+                    &sdot.buf,
+                ],
+                grid1(slots.len()),
+            );
+        });
+    }
+
+    fn adam(
+        &self,
+        s: AdamStep,
+        params: &mut Buf<T>,
+        grad: &Buf<T>,
+        m: &mut Buf<T>,
+        v: &mut Buf<T>,
+    ) {
+        let bc1 = 1.0 - s.beta1.powi(s.t as i32);
+        let bc2_sqrt = (1.0 - s.beta2.powi(s.t as i32)).sqrt();
+        let hyper = self.reals::<T>(&[s.lr / bc1, s.beta1, s.beta2, s.eps, bc2_sqrt]);
+        self.go::<T>(
+            &k::ADAM,
+            &[u32_of(params.len), 0, 0, 0],
+            &[&hyper, &grad.buf, &params.buf, &m.buf, &v.buf],
+            grid1(params.len),
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! WGSL sources and the kernel table. Every op shader is written once against `real`; the
+//! precision prelude (`shaders/real_f32.wgsl` or `real_f64.wgsl`) is prepended at pipeline
+//! creation, then `shaders/common.wgsl`.
+
+/// The precision a pipeline is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    F32,
+    F64,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "float32",
+            Precision::F64 => "float64",
+        }
+    }
+}
+
+/// One op-family shader file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shader {
+    EnvMat,
+    Dense,
+    Contract,
+    Scatter,
+    Loss,
+    Adam,
+    Fill,
+}
+
+impl Shader {
+    pub const ALL: [Shader; 7] = [
+        Shader::EnvMat,
+        Shader::Dense,
+        Shader::Contract,
+        Shader::Scatter,
+        Shader::Loss,
+        Shader::Adam,
+        Shader::Fill,
+    ];
+
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Shader::EnvMat => "env_mat.wgsl",
+            Shader::Dense => "dense.wgsl",
+            Shader::Contract => "contract.wgsl",
+            Shader::Scatter => "scatter.wgsl",
+            Shader::Loss => "loss.wgsl",
+            Shader::Adam => "adam.wgsl",
+            Shader::Fill => "fill.wgsl",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            Shader::EnvMat => include_str!("../../../shaders/env_mat.wgsl"),
+            Shader::Dense => include_str!("../../../shaders/dense.wgsl"),
+            Shader::Contract => include_str!("../../../shaders/contract.wgsl"),
+            Shader::Scatter => include_str!("../../../shaders/scatter.wgsl"),
+            Shader::Loss => include_str!("../../../shaders/loss.wgsl"),
+            Shader::Adam => include_str!("../../../shaders/adam.wgsl"),
+            Shader::Fill => include_str!("../../../shaders/fill.wgsl"),
+        }
+    }
+}
+
+/// The complete WGSL of one shader in one precision.
+pub fn source(shader: Shader, prec: Precision) -> String {
+    let prelude = match prec {
+        Precision::F32 => include_str!("../../../shaders/real_f32.wgsl"),
+        Precision::F64 => include_str!("../../../shaders/real_f64.wgsl"),
+    };
+    let common = include_str!("../../../shaders/common.wgsl");
+    format!("{prelude}\n{common}\n{}", shader.body())
+}
+
+/// How an entry point uses one storage binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// An entry point with the storage bindings it uses, in the order the host passes buffers.
+/// Binding 0 is always the op's uniform block.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub shader: Shader,
+    pub entry: &'static str,
+    pub bindings: &'static [(u32, Access)],
+}
+
+use Access::{Read as R, Write as W};
+
+macro_rules! kernel {
+    ($name:ident, $shader:ident, $entry:literal, [$(($b:literal, $a:ident)),* $(,)?]) => {
+        pub const $name: Kernel = Kernel { shader: Shader::$shader, entry: $entry, bindings: &[$(($b, $a)),*] };
+    };
+}
+
+kernel!(
+    ENV_MAT,
+    EnvMat,
+    "env_mat",
+    [
+        (1, R),
+        (2, R),
+        (3, R),
+        (4, R),
+        (5, R),
+        (6, W),
+        (7, W),
+        (8, W)
+    ]
+);
+
+// dense: params 1, xin 2, out0 3, out1 4, hin 5, ybar 6, ydotbar 7, zdot 8, scale 9, scratch 10,
+// xdot 11, partial 12, grad 13
+kernel!(
+    DENSE_FORWARD,
+    Dense,
+    "forward",
+    [(1, R), (2, R), (3, W), (4, W)]
+);
+kernel!(
+    DENSE_TANGENT,
+    Dense,
+    "tangent",
+    [(1, R), (2, R), (5, R), (3, W), (4, W)]
+);
+kernel!(
+    DENSE_BACKWARD,
+    Dense,
+    "backward",
+    [(1, R), (5, R), (6, R), (3, W)]
+);
+kernel!(
+    DENSE_DUAL_Z,
+    Dense,
+    "dual_z",
+    [(1, R), (5, R), (8, R), (9, R), (6, R), (7, R), (10, W)]
+);
+kernel!(
+    DENSE_DUAL_WGRAD,
+    Dense,
+    "dual_wgrad",
+    [(2, R), (11, R), (9, R), (10, W), (12, W)]
+);
+kernel!(DENSE_DUAL_BSUM, Dense, "dual_bsum", [(10, W), (12, W)]);
+kernel!(DENSE_DUAL_WSUM, Dense, "dual_wsum", [(12, W), (13, W)]);
+kernel!(
+    DENSE_DUAL_XBAR,
+    Dense,
+    "dual_xbar",
+    [(1, R), (10, W), (6, R), (7, R), (3, W), (4, W)]
+);
+
+// contract: dims 1, g 2, gp 3, rhat 4, rdot 5, a 6, adot 7, dbar 8, ddotbar 9, out_a 10,
+// out_d 11, jac 12, abar 13, q 14, adotbar 15
+kernel!(
+    CONTRACT_A_FORWARD,
+    Contract,
+    "a_forward",
+    [(1, R), (2, R), (4, R), (10, W)]
+);
+kernel!(
+    CONTRACT_D_OUTER,
+    Contract,
+    "d_outer",
+    [(6, R), (7, R), (11, W)]
+);
+kernel!(
+    CONTRACT_A_BACKWARD,
+    Contract,
+    "a_backward",
+    [(6, R), (8, R), (10, W)]
+);
+kernel!(
+    CONTRACT_SLOT_BACKWARD,
+    Contract,
+    "slot_backward",
+    [(13, R), (2, R), (3, R), (4, R), (12, R), (14, W)]
+);
+kernel!(
+    CONTRACT_A_TANGENT,
+    Contract,
+    "a_tangent",
+    [(1, R), (2, R), (3, R), (4, R), (5, R), (10, W)]
+);
+kernel!(
+    CONTRACT_DUAL_CENTRE,
+    Contract,
+    "dual_centre",
+    [(6, R), (7, R), (8, R), (9, R), (10, W), (11, W)]
+);
+kernel!(
+    CONTRACT_DUAL_SLOT,
+    Contract,
+    "dual_slot",
+    [(13, R), (15, R), (4, R), (5, R), (10, W), (11, W)]
+);
+
+// scatter: dims 1, e_fit 2, bias 3, e_atom 4, energy 5, csr_ptr 6, csr_ent 7, q 8, force 9,
+// rij 10, owner 11, wpart 12, virial 13
+kernel!(
+    SCATTER_ATOM_ENERGY,
+    Scatter,
+    "atom_energy",
+    [(1, R), (2, R), (3, R), (4, W)]
+);
+kernel!(
+    SCATTER_FRAME_ENERGY,
+    Scatter,
+    "frame_energy",
+    [(1, R), (4, W), (5, W)]
+);
+kernel!(
+    SCATTER_GATHER_FORCE,
+    Scatter,
+    "gather_force",
+    [(6, R), (7, R), (8, R), (9, W)]
+);
+kernel!(
+    SCATTER_CENTRE_VIRIAL,
+    Scatter,
+    "centre_virial",
+    [(1, R), (8, R), (10, R), (11, R), (12, W)]
+);
+kernel!(
+    SCATTER_FRAME_VIRIAL,
+    Scatter,
+    "frame_virial",
+    [(1, R), (12, W), (13, W)]
+);
+
+// loss: coef 1, pred 2, label 3, res 4, centre_atom 5, sums 6, fres 7, vres 8, jac 9, rij 10,
+// owner 11, rdot 12, sdot 13
+kernel!(
+    LOSS_RESIDUAL,
+    Loss,
+    "residual",
+    [(1, R), (2, R), (3, R), (4, W)]
+);
+kernel!(
+    LOSS_ENERGY_BAR,
+    Loss,
+    "energy_bar",
+    [(1, R), (2, R), (3, R), (5, R), (4, W)]
+);
+kernel!(LOSS_SUMSQ, Loss, "sumsq", [(2, R), (3, R), (6, W)]);
+kernel!(
+    LOSS_VIRTUAL_TANGENT,
+    Loss,
+    "virtual_tangent",
+    [
+        (7, R),
+        (8, R),
+        (9, R),
+        (10, R),
+        (11, R),
+        (5, R),
+        (12, W),
+        (13, W)
+    ]
+);
+
+kernel!(ADAM, Adam, "adam", [(1, R), (2, R), (3, W), (4, W), (5, W)]);
+kernel!(FILL, Fill, "fill", [(1, R), (2, W)]);
+
+/// Every kernel, for the shader validation tests.
+pub const ALL_KERNELS: &[&Kernel] = &[
+    &ENV_MAT,
+    &DENSE_FORWARD,
+    &DENSE_TANGENT,
+    &DENSE_BACKWARD,
+    &DENSE_DUAL_Z,
+    &DENSE_DUAL_WGRAD,
+    &DENSE_DUAL_BSUM,
+    &DENSE_DUAL_WSUM,
+    &DENSE_DUAL_XBAR,
+    &CONTRACT_A_FORWARD,
+    &CONTRACT_D_OUTER,
+    &CONTRACT_A_BACKWARD,
+    &CONTRACT_SLOT_BACKWARD,
+    &CONTRACT_A_TANGENT,
+    &CONTRACT_DUAL_CENTRE,
+    &CONTRACT_DUAL_SLOT,
+    &SCATTER_ATOM_ENERGY,
+    &SCATTER_FRAME_ENERGY,
+    &SCATTER_GATHER_FORCE,
+    &SCATTER_CENTRE_VIRIAL,
+    &SCATTER_FRAME_VIRIAL,
+    &LOSS_RESIDUAL,
+    &LOSS_ENERGY_BAR,
+    &LOSS_SUMSQ,
+    &LOSS_VIRTUAL_TANGENT,
+    &ADAM,
+    &FILL,
+];

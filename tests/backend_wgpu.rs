@@ -1,0 +1,535 @@
+//! The backend suite on the wgpu backend in float64, plus parity with the CPU backend (f64 and
+//! f32), run-to-run repeatability, the f64 tanh/sqrt of the shaders, and a timing print.
+//!
+//! Without a GPU adapter (or, for the f64 tests, without SHADER_F64) every test prints that it
+//! was skipped and passes. On Linux CI, lavapipe (Debian: mesa-vulkan-drivers, libvulkan1) is
+//! enough: it is a Vulkan CPU adapter with float64.
+#![cfg(feature = "wgpu")]
+
+mod common;
+mod suite;
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use dpw::backend::cpu::Cpu;
+use dpw::backend::wgpu::{GpuReal, PowerPreference, Wgpu};
+use dpw::backend::{AdamStep, Backend, LossSums, Prefactors};
+use dpw::model::{Layer, Skip};
+use dpw::train::batch::assemble;
+use dpw::train::predict::{loss_and_grad, Prediction};
+use dpw::train::step::{forward, gradient, DeviceModel, Workspace};
+
+use common::*;
+
+/// One device for the whole test binary (pipelines are compiled once).
+fn wgpu() -> Option<&'static Wgpu> {
+    static W: OnceLock<Option<Wgpu>> = OnceLock::new();
+    W.get_or_init(|| match Wgpu::new(PowerPreference::HighPerformance) {
+        Ok(w) => {
+            eprintln!(
+                "wgpu adapter: {} ({}, cpu adapter: {}, f64: {})",
+                w.adapter_name(),
+                w.backend_name(),
+                w.is_cpu_adapter(),
+                w.supports_f64()
+            );
+            Some(w)
+        }
+        Err(e) => {
+            eprintln!("no wgpu adapter: {e:#}");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// The backend for a test in T, or None after printing why the test is skipped.
+fn wgpu_for<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
+    let Some(w) = wgpu() else {
+        eprintln!("SKIPPED {test}: no wgpu adapter on this machine");
+        return None;
+    };
+    if let Err(e) = w.require::<T>() {
+        eprintln!("SKIPPED {test}: {e}");
+        return None;
+    }
+    Some(w)
+}
+
+/// The running test's name (libtest names each test's thread after it).
+fn this_test() -> String {
+    std::thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .unwrap_or("a backend suite test")
+        .to_string()
+}
+
+macro_rules! wgpu_f64_or_skip {
+    () => {
+        *match wgpu_for::<f64>(&this_test()) {
+            Some(w) => w,
+            None => return,
+        }
+    };
+}
+
+backend_suite!(wgpu_f64_or_skip!());
+
+/// max |a − b| / max |b|: a deviation relative to the size of the quantity.
+fn rel_dev(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    max_abs_diff(a, b) / scale.max(1e-300)
+}
+
+struct Case {
+    model: dpw::model::Model,
+    rf: RefFrames,
+}
+
+fn case() -> Option<Case> {
+    Some(Case {
+        model: model_a()?,
+        rf: ref_frames()?,
+    })
+}
+
+/// Prefactors that exercise all three loss terms (the virial labels of these frames are absent,
+/// so the virial residual is the prediction itself).
+const PREF: Prefactors = Prefactors {
+    e: 0.5,
+    f: 1000.0,
+    v: 0.2,
+};
+
+fn run<T: GpuReal, B: Backend<T>>(
+    b: &B,
+    c: &Case,
+    nframes: usize,
+) -> (LossSums, Vec<f64>, Prediction) {
+    let frames: Vec<_> = (0..nframes).map(|f| c.rf.frame(f)).collect();
+    loss_and_grad::<T, B>(b, &c.model, &c.rf.atype, &frames, PREF).unwrap()
+}
+
+/// Largest relative deviation of every quantity of `got` from `want`.
+fn deviations(
+    got: &(LossSums, Vec<f64>, Prediction),
+    want: &(LossSums, Vec<f64>, Prediction),
+) -> [(&'static str, f64); 6] {
+    let (gs, gg, gp) = got;
+    let (ws, wg, wp) = want;
+    let sums = [gs.e2, gs.f2, gs.v2];
+    let wsums = [ws.e2, ws.f2, ws.v2];
+    [
+        ("energy", rel_dev(&gp.energy, &wp.energy)),
+        ("force", rel_dev(&gp.force, &wp.force)),
+        ("virial", rel_dev(&gp.virial, &wp.virial)),
+        ("atom energy", rel_dev(&gp.atom_energy, &wp.atom_energy)),
+        (
+            "loss sums",
+            (0..3)
+                .map(|i| (sums[i] - wsums[i]).abs() / wsums[i].abs().max(1e-300))
+                .fold(0.0, f64::max),
+        ),
+        ("gradient", rel_dev(gg, wg)),
+    ]
+}
+
+fn parity<T: GpuReal>(test: &str, tol: f64)
+where
+    Cpu: Backend<T>,
+{
+    let Some(w) = wgpu_for::<T>(test) else { return };
+    let Some(c) = case() else { return };
+    for nframes in [1, 3] {
+        let cpu = run::<T, Cpu>(&Cpu::default(), &c, nframes);
+        let gpu = run::<T, Wgpu>(w, &c, nframes);
+        let dev = deviations(&gpu, &cpu);
+        let line: Vec<String> = dev.iter().map(|(n, d)| format!("{n} {d:.2e}")).collect();
+        eprintln!(
+            "{} {nframes} frame(s), wgpu vs cpu, max relative deviation: {}",
+            T::NAME,
+            line.join(", ")
+        );
+        for (name, d) in dev {
+            assert!(
+                d <= tol,
+                "{}: {name} deviates by {d:.3e} > {tol:.0e}",
+                T::NAME
+            );
+        }
+    }
+}
+
+#[test]
+fn parity_with_cpu_f64() {
+    parity::<f64>("parity_with_cpu_f64", 1e-12);
+}
+
+#[test]
+fn parity_with_cpu_f32() {
+    parity::<f32>("parity_with_cpu_f32", 1e-5);
+}
+
+fn repeatable<T: GpuReal>(test: &str) {
+    let Some(w) = wgpu_for::<T>(test) else { return };
+    let Some(c) = case() else { return };
+    let a = run::<T, Wgpu>(w, &c, 2);
+    let b = run::<T, Wgpu>(w, &c, 2);
+    let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&a.1), bits(&b.1), "gradient differs between runs");
+    for (x, y) in [
+        (&a.2.energy, &b.2.energy),
+        (&a.2.force, &b.2.force),
+        (&a.2.virial, &b.2.virial),
+    ] {
+        assert_eq!(bits(x), bits(y), "predictions differ between runs");
+    }
+    assert_eq!(a.0, b.0, "loss sums differ between runs");
+}
+
+#[test]
+fn repeatable_bit_for_bit_f64() {
+    repeatable::<f64>("repeatable_bit_for_bit_f64");
+}
+
+#[test]
+fn repeatable_bit_for_bit_f32() {
+    repeatable::<f32>("repeatable_bit_for_bit_f32");
+}
+
+/// A 1→n tanh layer with unit weights turns the shader's tanh into an observable: compare it with
+/// the host's over a wide range of arguments.
+#[test]
+fn f64_tanh_is_accurate() {
+    let Some(w) = wgpu_for::<f64>("f64_tanh_is_accurate") else {
+        return;
+    };
+    let xs: Vec<f64> = (-4000..=4000)
+        .map(|i| i as f64 * 0.0075)
+        .chain([1e-300, -1e-20, 3e-9, 19.5, -25.0, 700.0])
+        .collect();
+    let layer = Layer {
+        nin: 1,
+        nout: 1,
+        tanh: true,
+        skip: Skip::None,
+        w: 0,
+        b: 1,
+        idt: None,
+    };
+    let params = Backend::<f64>::upload(w, &[1.0, 0.0]);
+    let x = Backend::<f64>::upload(w, &xs);
+    let (mut h, mut y) = (
+        Backend::<f64>::zeros(w, xs.len()),
+        Backend::<f64>::zeros(w, xs.len()),
+    );
+    w.dense_forward(&layer, &params, 0..xs.len(), &x, &mut h, &mut y);
+    let got = Backend::<f64>::download(w, &h);
+    let worst = xs
+        .iter()
+        .zip(&got)
+        .map(|(x, g)| (g - x.tanh()).abs() / x.tanh().abs().max(1e-300))
+        .fold(0.0, f64::max);
+    eprintln!("f64 tanh in WGSL: max relative error {worst:.2e}");
+    assert!(worst < 1e-15, "tanh off by {worst:e}");
+}
+
+/// Adam's denominator needs sqrt; the shader builds it from an f32 seed. Against the CPU Adam
+/// over gradients from 1e-200 to 1e200.
+#[test]
+fn f64_sqrt_in_adam_is_accurate() {
+    let Some(w) = wgpu_for::<f64>("f64_sqrt_in_adam_is_accurate") else {
+        return;
+    };
+    let g: Vec<f64> = (-400..=400)
+        .map(|i| (if i % 2 == 0 { 1.0 } else { -1.7 }) * 10f64.powf(i as f64 * 0.5))
+        .collect();
+    let step = AdamStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-300,
+        t: 3,
+    };
+    let p0: Vec<f64> = (0..g.len()).map(|i| 1.0 + i as f64).collect();
+    let m0: Vec<f64> = g.iter().map(|x| 0.3 * x).collect();
+    let v0: Vec<f64> = g.iter().map(|x| 0.2 * x * x).collect();
+    let (mut pc, mut mc, mut vc) = (p0.clone(), m0.clone(), v0.clone());
+    Backend::<f64>::adam(&Cpu::default(), step, &mut pc, &g, &mut mc, &mut vc);
+    let (mut p, mut m, mut v) = (w.upload(&p0), w.upload(&m0), w.upload(&v0));
+    let gb = w.upload(&g);
+    w.adam(step, &mut p, &gb, &mut m, &mut v);
+    let dp: Vec<f64> = Backend::<f64>::download(w, &p)
+        .iter()
+        .zip(&p0)
+        .map(|(a, b)| a - b)
+        .collect();
+    let dpc: Vec<f64> = pc.iter().zip(&p0).map(|(a, b)| a - b).collect();
+    let worst = dp
+        .iter()
+        .zip(&dpc)
+        .map(|(a, b)| (a - b).abs() / b.abs())
+        .fold(0.0, f64::max);
+    eprintln!("f64 Adam step vs cpu: max relative deviation {worst:.2e}");
+    // Parameter updates are differences of O(1) numbers: a few ulp of p.
+    assert!(worst < 1e-9, "Adam off by {worst:e}");
+    assert_eq!(Backend::<f64>::download(w, &m), mc);
+    assert!(rel_dev(&Backend::<f64>::download(w, &v), &vc) < 1e-15);
+}
+
+/// The fill op with a value other than zero, and zeros of odd sizes.
+#[test]
+fn fill_and_zeros() {
+    let Some(w) = wgpu_for::<f32>("fill_and_zeros") else {
+        return;
+    };
+    let mut b = Backend::<f32>::zeros(w, 7);
+    assert_eq!(Backend::<f32>::download(w, &b), vec![0.0; 7]);
+    w.fill(&mut b, 2.5f32);
+    w.synchronize();
+    assert_eq!(Backend::<f32>::download(w, &b), vec![2.5; 7]);
+    w.fill(&mut b, 0.0f32);
+    assert_eq!(Backend::<f32>::download(w, &b), vec![0.0; 7]);
+    let e = Backend::<f32>::zeros(w, 0);
+    assert!(Backend::<f32>::download(w, &e).is_empty());
+}
+
+fn time_step<T: GpuReal, B: Backend<T>>(b: &B, c: &Case, label: &str) {
+    let frames = [c.rf.frame(0)];
+    let batch = assemble(&c.model.spec, &c.rf.atype, &frames).unwrap();
+    let mut dm = DeviceModel::<T, B>::new(b, &c.model);
+    let mut ws = Workspace::new(b, &dm.layout, &batch.dims);
+    ws.load(b, &batch);
+    let mut times = vec![];
+    for _ in 0..4 {
+        let t = Instant::now();
+        forward(b, &dm, &mut ws);
+        gradient(b, &mut dm, &mut ws, PREF);
+        let g = b.download(&dm.grad);
+        assert!(g[0].is_finite());
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    // The first step also compiles the pipelines.
+    let best = times[1..].iter().copied().fold(f64::INFINITY, f64::min);
+    eprintln!(
+        "{label} {}: forward + gradient, 1 water frame (192 atoms): first {:.0} ms, best of the next {} {best:.1} ms",
+        T::NAME,
+        times[0],
+        times.len() - 1
+    );
+}
+
+#[test]
+fn timing_forward_gradient() {
+    let Some(c) = case() else { return };
+    time_step::<f64, Cpu>(&Cpu::default(), &c, "cpu");
+    if let Some(w) = wgpu_for::<f32>("timing_forward_gradient (f32)") {
+        time_step::<f32, Wgpu>(w, &c, &format!("wgpu {}", w.adapter_name()));
+    }
+    if let Some(w) = wgpu_for::<f64>("timing_forward_gradient (f64)") {
+        time_step::<f64, Wgpu>(w, &c, &format!("wgpu {}", w.adapter_name()));
+    }
+    if let Some(report) = wgpu().and_then(|w| w.profile_report()) {
+        eprintln!("{report}");
+    }
+}
+
+#[test]
+fn f64_without_shader_f64_is_a_clear_error() {
+    let Some(w) = wgpu() else {
+        eprintln!("SKIPPED f64_without_shader_f64_is_a_clear_error: no wgpu adapter");
+        return;
+    };
+    assert!(w.require::<f32>().is_ok());
+    match w.require::<f64>() {
+        Ok(()) => assert!(w.supports_f64()),
+        Err(e) => assert!(e.to_string().contains("float32"), "{e}"),
+    }
+}
+
+/// Another shape of model than model_A: one embedding net per (centre, neighbour) type pair,
+/// timesteps in the embedding net, M2 = 3, narrow fitting net, smaller cutoff (so padded slots),
+/// env protection, and two frames.
+fn other_case() -> Option<Case> {
+    let rf = ref_frames()?;
+    let base = model_a()?;
+    let mut spec = base.spec.clone();
+    spec.descriptor.rcut = 4.5;
+    spec.descriptor.rcut_smth = 1.0;
+    spec.descriptor.sel = vec![20, 40];
+    spec.descriptor.neuron = vec![4, 8, 16];
+    spec.descriptor.axis_neuron = 3;
+    spec.descriptor.resnet_dt = true;
+    spec.descriptor.type_one_side = false;
+    spec.descriptor.env_protection = 0.01;
+    spec.fitting.neuron = vec![20, 20];
+    let mut model = dpw::model::Model::new(spec, 7);
+    model.davg = base.davg.clone();
+    model.dstd = base.dstd.clone();
+    model.bias = vec![-93.5, -187.25];
+    Some(Case { model, rf })
+}
+
+fn parity_other<T: GpuReal>(test: &str, tol: f64)
+where
+    Cpu: Backend<T>,
+{
+    let Some(w) = wgpu_for::<T>(test) else { return };
+    let Some(c) = other_case() else { return };
+    let cpu = run::<T, Cpu>(&Cpu::default(), &c, 2);
+    let gpu = run::<T, Wgpu>(w, &c, 2);
+    let dev = deviations(&gpu, &cpu);
+    let line: Vec<String> = dev.iter().map(|(n, d)| format!("{n} {d:.2e}")).collect();
+    eprintln!(
+        "{} other model, 2 frames, wgpu vs cpu: {}",
+        T::NAME,
+        line.join(", ")
+    );
+    for (name, d) in dev {
+        assert!(
+            d <= tol,
+            "{}: {name} deviates by {d:.3e} > {tol:.0e}",
+            T::NAME
+        );
+    }
+}
+
+#[test]
+fn parity_other_model_f64() {
+    parity_other::<f64>("parity_other_model_f64", 1e-12);
+}
+
+#[test]
+fn parity_other_model_f32() {
+    parity_other::<f32>("parity_other_model_f32", 1e-5);
+}
+
+/// The exact sum of f32 values rounded once to f32 (fixed point with LSB 2^-64 in an i128).
+fn exact_f32_sum(x: &[f32]) -> f32 {
+    let s: i128 = x.iter().map(|&v| (v as f64 * 2f64.powi(64)) as i128).sum();
+    (s as f32) * 2f32.powi(-64)
+}
+
+/// The float32 per-frame energy is the exact sum rounded once (what the CPU's f64 accumulation
+/// gives unless f64 itself rounds): checked on sums with heavy cancellation and wide magnitudes.
+#[test]
+fn f32_frame_energy_is_the_rounded_exact_sum() {
+    let Some(w) = wgpu_for::<f32>("f32_frame_energy_is_the_rounded_exact_sum") else {
+        return;
+    };
+    let d = dpw::backend::Dims::new(3, &[50, 77], &[1, 1], 1, 1);
+    let nc = d.ncentres();
+    let mut x = 0x2545f4914f6cdd1du64;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let cases: Vec<Vec<f32>> = vec![
+        (0..nc).map(|_| (-150.0 - 40.0 * rnd()) as f32).collect(),
+        (0..nc)
+            .map(|_| ((rnd() - 0.5) * 10f64.powf(12.0 * rnd() - 6.0)) as f32)
+            .collect(),
+        (0..nc)
+            .map(|i| {
+                if i % 2 == 0 {
+                    1.0e6 + rnd() as f32
+                } else {
+                    -1.0e6
+                }
+            })
+            .collect(),
+        (0..nc)
+            .map(|i| [3.0e7f32, -3.0e7, 1e-3, -2.5e-9][i % 4])
+            .collect(),
+        (0..nc)
+            .map(|i| if i % 3 == 0 { -1e-12 } else { 5e-13 })
+            .collect(),
+        vec![0.0; nc],
+    ];
+    for bias in [[0.0f32, 0.0], [-93.0625, 187.1]] {
+        for (k, e_fit) in cases.iter().enumerate() {
+            let (mut ea, mut en) = (vec![0.0f32; nc], vec![0.0f32; 3]);
+            Backend::<f32>::energy(&Cpu::default(), &d, e_fit, &bias.to_vec(), &mut ea, &mut en);
+            let (ef, bb) = (w.upload(e_fit), w.upload(&bias));
+            let (mut ga, mut ge) = (Backend::<f32>::zeros(w, nc), Backend::<f32>::zeros(w, 3));
+            w.energy(&d, &ef, &bb, &mut ga, &mut ge);
+            assert_eq!(w.download(&ga), ea);
+            let exact: Vec<f32> = (0..3)
+                .map(|f| {
+                    let terms: Vec<f32> = (0..nc)
+                        .filter(|&c| d.centre_frame(c) == f)
+                        .map(|c| ea[c])
+                        .collect();
+                    exact_f32_sum(&terms)
+                })
+                .collect();
+            let got = w.download(&ge);
+            assert_eq!(
+                got, exact,
+                "case {k}: per-frame energies (cpu's f64 sum gives {en:?})"
+            );
+        }
+    }
+}
+
+/// Launches too large for one dispatch dimension (65535 workgroups) spill over y (1-D kernels)
+/// and z (tiled kernels).
+#[test]
+fn large_launches_spill_over() {
+    let Some(w) = wgpu_for::<f32>("large_launches_spill_over") else {
+        return;
+    };
+    let n = 65535 * 64 + 1000;
+    let mut b = Backend::<f32>::zeros(w, n);
+    w.fill(&mut b, 1.5f32);
+    let got = w.download(&b);
+    assert!(got.iter().all(|&v| v == 1.5), "fill missed elements");
+    let rows = 65535 * 16 + 100;
+    let layer = Layer {
+        nin: 1,
+        nout: 1,
+        tanh: false,
+        skip: Skip::None,
+        w: 0,
+        b: 1,
+        idt: None,
+    };
+    let xs: Vec<f32> = (0..rows).map(|i| (i % 1000) as f32).collect();
+    let params = w.upload(&[2.0f32, 0.5]);
+    let x = w.upload(&xs);
+    let (mut h, mut y) = (
+        Backend::<f32>::zeros(w, rows),
+        Backend::<f32>::zeros(w, rows),
+    );
+    w.dense_forward(&layer, &params, 0..rows, &x, &mut h, &mut y);
+    let got = w.download(&y);
+    let bad = (0..rows).find(|&i| got[i] != 2.0 * xs[i] + 0.5);
+    assert_eq!(bad, None, "dense forward missed rows");
+}
+
+/// A real adapter without SHADER_F64 (Mesa's GL driver, where present): float64 is refused with
+/// advice to use float32, and float32 works.
+#[test]
+fn adapter_without_f64_refuses_float64() {
+    let gl = pollster::block_on(Wgpu::with_backends(
+        wgpu::Backends::GL,
+        PowerPreference::HighPerformance,
+    ));
+    let Ok(gl) = gl else {
+        eprintln!("SKIPPED adapter_without_f64_refuses_float64: no GL adapter");
+        return;
+    };
+    if gl.supports_f64() {
+        eprintln!("SKIPPED adapter_without_f64_refuses_float64: the GL adapter has float64");
+        return;
+    }
+    let e = gl.require::<f64>().unwrap_err().to_string();
+    assert!(e.contains("\"precision\": \"float32\""), "{e}");
+    let b = gl.upload(&[1.0f32, 2.0]);
+    assert_eq!(gl.download(&b), vec![1.0, 2.0]);
+}

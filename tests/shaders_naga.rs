@@ -1,0 +1,107 @@
+//! Every WGSL shader parses and validates with naga in both precisions (float64 with the FLOAT64
+//! capability), and every kernel's table of bindings (src/backend/wgpu/shaders.rs) is exactly
+//! what its entry point uses. No GPU needed.
+#![cfg(feature = "wgpu")]
+
+use std::collections::BTreeSet;
+
+use dpw::backend::wgpu::shaders::{source, Access, Precision, Shader, ALL_KERNELS};
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+fn module(shader: Shader, prec: Precision) -> (naga::Module, naga::valid::ModuleInfo) {
+    let src = source(shader, prec);
+    let m = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {
+        panic!(
+            "{} ({}): {}",
+            shader.file_name(),
+            prec.name(),
+            e.emit_to_string(&src)
+        )
+    });
+    let caps = match prec {
+        Precision::F32 => Capabilities::empty(),
+        Precision::F64 => Capabilities::FLOAT64,
+    };
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .validate(&m)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} ({}): {}",
+                shader.file_name(),
+                prec.name(),
+                e.emit_to_string(&src)
+            )
+        });
+    (m, info)
+}
+
+#[test]
+fn shaders_validate_in_both_precisions() {
+    for prec in [Precision::F32, Precision::F64] {
+        for shader in Shader::ALL {
+            module(shader, prec);
+        }
+    }
+}
+
+#[test]
+fn f64_shaders_need_the_capability() {
+    let src = source(Shader::Dense, Precision::F64);
+    let m = naga::front::wgsl::parse_str(&src).unwrap();
+    assert!(
+        Validator::new(ValidationFlags::all(), Capabilities::empty())
+            .validate(&m)
+            .is_err()
+    );
+}
+
+#[test]
+fn kernel_bindings_match_entry_points() {
+    for prec in [Precision::F32, Precision::F64] {
+        for k in ALL_KERNELS {
+            let (m, info) = module(k.shader, prec);
+            let ep = m
+                .entry_points
+                .iter()
+                .position(|e| e.name == k.entry)
+                .unwrap_or_else(|| panic!("{}: no entry point {}", k.shader.file_name(), k.entry));
+            let fi = info.get_entry_point(ep);
+            let mut used = BTreeSet::new();
+            for (h, var) in m.global_variables.iter() {
+                if fi[h].is_empty() {
+                    continue;
+                }
+                let Some(rb) = &var.binding else { continue };
+                assert_eq!(rb.group, 0);
+                match var.space {
+                    naga::AddressSpace::Uniform => {
+                        assert_eq!(rb.binding, 0, "{}: uniform binding", k.entry)
+                    }
+                    naga::AddressSpace::Storage { access } => {
+                        let rw = access.contains(naga::StorageAccess::STORE);
+                        used.insert((rb.binding, rw));
+                    }
+                    _ => {}
+                }
+            }
+            let declared: BTreeSet<_> = k
+                .bindings
+                .iter()
+                .map(|&(b, a)| (b, a == Access::Write))
+                .collect();
+            assert_eq!(
+                declared.len(),
+                k.bindings.len(),
+                "{}: a binding listed twice",
+                k.entry
+            );
+            assert_eq!(
+                used,
+                declared,
+                "{}:{}: (binding, read_write) used vs declared",
+                k.shader.file_name(),
+                k.entry
+            );
+        }
+    }
+}
