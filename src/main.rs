@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use dpw::cli::backend::{run_job, BackendChoice};
+use dpw::cli::bench::{run_bench, BenchArgs};
 use dpw::cli::test::TestJob;
 use dpw::cli::train::{convert, freeze, run_train, wants_progress_bar, TrainArgs};
 use dpw::cli::{init_logging, load_model};
@@ -63,6 +64,27 @@ enum Command {
         /// The model file to write: DeePMD-kit's format if it ends in .yaml, else dpw's.
         #[arg(short = 'o', long, default_value = "frozen_model.dpw")]
         output: PathBuf,
+    },
+    /// Benchmark training: median s/step, steps/s, peak memory and start-up time of an input
+    /// (no output files are kept).
+    Bench {
+        /// The input.json to train (default: the shipped water example).
+        #[arg(default_value = "examples/water/input.json")]
+        input: PathBuf,
+        /// Timed steps.
+        #[arg(long, default_value_t = 50)]
+        steps: usize,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
+        /// Train in float32 whatever the input's precision.
+        #[arg(long)]
+        float32: bool,
+        /// Also write the results as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Convert a model between DeePMD-kit's .yaml and dpw's model file (by the output's
     /// extension), like `dp convert-backend`.
@@ -132,6 +154,26 @@ fn run(command: Command, t0: std::time::Instant) -> anyhow::Result<()> {
                 progress_bar: wants_progress_bar(),
             };
             run_train(args, t0)?;
+        }
+        Command::Bench {
+            input,
+            steps,
+            warmup,
+            backend,
+            float32,
+            json,
+        } => {
+            run_bench(
+                BenchArgs {
+                    input,
+                    steps,
+                    warmup,
+                    backend,
+                    float32,
+                    json,
+                },
+                t0,
+            )?;
         }
         Command::Freeze { checkpoint, output } => freeze(&checkpoint, &output)?,
         Command::Convert { input, output } => convert(&input, &output)?,

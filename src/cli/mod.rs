@@ -1,6 +1,7 @@
 //! The `dpw` command line: subcommands, logging and backend selection.
 
 pub mod backend;
+pub mod bench;
 pub mod test;
 pub mod train;
 

@@ -68,6 +68,11 @@ pub struct TrainSetup {
 #[derive(Clone, Debug)]
 pub struct TrainReport {
     pub steps: usize,
+    /// Seconds from the command's start to the first training step.
+    pub startup_s: f64,
+    /// Wall time of each step's compute (batch, forward, gradient, update), without display,
+    /// validation and checkpoints: what `dpw bench` reports.
+    pub step_s: Vec<f64>,
     pub wall_s: f64,
     pub s_per_step: f64,
     pub last_trn: Option<Metrics>,
@@ -691,6 +696,8 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
 
     let mut report = TrainReport {
         steps: 0,
+        startup_s: 0.0,
+        step_s: Vec::new(),
         wall_s: 0.0,
         s_per_step: 0.0,
         last_trn: None,
@@ -728,12 +735,14 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         numb_steps - start,
         t0.elapsed().as_secs_f64()
     );
+    report.startup_s = t0.elapsed().as_secs_f64();
     let t_loop = Instant::now();
     let mut t_disp = Instant::now();
     let mut last_disp_step = start;
     let mut timed = (0.0f64, 0usize);
 
     for step in start..numb_steps {
+        let t_step = Instant::now();
         let lr = schedule.value(step);
         let pref_lr = schedule.pref_lr(step);
         let (s, batch) = batches.next()?;
@@ -778,6 +787,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             t: step as u64 + 1,
         };
         b.adam(a, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
+        report.step_s.push(t_step.elapsed().as_secs_f64());
         if step == start {
             tracing::info!(
                 "first step done {:.2} s after start",
