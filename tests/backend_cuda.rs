@@ -353,7 +353,7 @@ where
         let frames = [frame_of(&s), frame_of(&s)];
         let batch = assemble(&m.spec, &s.atype, &frames).unwrap();
         eprintln!("{name} ({}):", T::NAME);
-        let cpu = op_outputs::<T, _>(&Cpu, &m, &batch);
+        let cpu = op_outputs::<T, _>(&Cpu::default(), &m, &batch);
         let dev = op_outputs::<T, _>(gpu, &m, &batch);
         for ((what, c), (_, g)) in cpu.iter().zip(&dev) {
             check(&format!("{name}: {what}"), g, c, tol, &mut failures);
@@ -391,7 +391,7 @@ fn step_parity<T: Real>(
         f: 1000.0,
         v: 1.0,
     };
-    let (cs, cg, cp) = loss_and_grad::<T, _>(&Cpu, m, atype, frames, pref).unwrap();
+    let (cs, cg, cp) = loss_and_grad::<T, _>(&Cpu::default(), m, atype, frames, pref).unwrap();
     let (gs, gg, gp) = loss_and_grad::<T, _>(gpu, m, atype, frames, pref).unwrap();
     let w = format!("{what} ({})", T::NAME);
     check(
