@@ -265,10 +265,25 @@ fn sigkill_during_checkpoints_leaves_a_loadable_one_and_restart_recovers() {
     let d = tempfile::tempdir().unwrap();
     write_input(d.path(), &input);
     let link = d.path().join("model.ckpt");
+    // The step model.ckpt points at (0 when there is none yet).
+    let linked_step = || {
+        std::fs::read_link(&link)
+            .ok()
+            .and_then(|t| {
+                t.to_string_lossy()
+                    .strip_prefix("model.ckpt-")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0usize)
+    };
     let mut kills = 0;
-    for delay_ms in [150u64, 260, 330, 410, 520, 700] {
+    // Each run is killed a little after it has saved a new checkpoint, at varying offsets into
+    // the step-and-save cycle (save_freq 1: most of the time is spent saving).
+    for delay_us in [0u64, 1500, 3000, 5000, 8000, 13000, 21000] {
+        let before = linked_step();
         let mut args = vec!["train", "input.json"];
-        if link.exists() {
+        if before > 0 {
             args.extend(["--restart", "model.ckpt"]);
         }
         let mut child = dpw(d.path())
@@ -277,15 +292,26 @@ fn sigkill_during_checkpoints_leaves_a_loadable_one_and_restart_recovers() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
+        let t = std::time::Instant::now();
+        while linked_step() <= before
+            && child.try_wait().unwrap().is_none()
+            && t.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        std::thread::sleep(Duration::from_micros(delay_us));
         if child.try_wait().unwrap().is_none() {
             child.kill().unwrap(); // SIGKILL
             kills += 1;
+            eprintln!(
+                "killed {delay_us} µs after the save of step {}",
+                linked_step()
+            );
         }
         child.wait().unwrap();
         if link.exists() {
             let c = read_container(&link).unwrap_or_else(|e| {
-                panic!("model.ckpt unreadable after a kill at {delay_ms} ms: {e:#}")
+                panic!("model.ckpt unreadable after a kill {delay_us} µs after a save: {e:#}")
             });
             model_from_container(&c).unwrap();
             Checkpoint::read(&link).unwrap();
