@@ -4,37 +4,51 @@
 pub mod fd;
 pub mod reference;
 
-/// Instantiates the whole suite for a backend expression implementing `Backend<f64>`.
+/// Instantiates the whole suite for a backend expression implementing `Backend<f64>`; attributes
+/// before it (e.g. `#[ignore = "..."]`) go on every test.
 #[macro_export]
 macro_rules! backend_suite {
-    ($backend:expr) => {
+    (@tests [$($attr:meta)?] $backend:expr) => {
         #[test]
+        $(#[$attr])?
         fn reference_predictions() {
             $crate::suite::reference::predictions(&$backend);
         }
         #[test]
+        $(#[$attr])?
         fn fd_forces() {
             $crate::suite::fd::forces(&$backend);
         }
         #[test]
+        $(#[$attr])?
         fn fd_virial() {
             $crate::suite::fd::virial(&$backend);
         }
         #[test]
+        $(#[$attr])?
         fn fd_loss_gradient() {
             $crate::suite::fd::loss_gradient(&$backend);
         }
         #[test]
+        $(#[$attr])?
         fn reference_env_mat_and_descriptor() {
             $crate::suite::reference::env_mat_and_descriptor(&$backend);
         }
         #[test]
+        $(#[$attr])?
         fn reference_adam_steps() {
             $crate::suite::reference::adam_steps(&$backend);
         }
         #[test]
+        $(#[$attr])?
         fn reference_training_gradients() {
             $crate::suite::reference::training_gradients(&$backend);
         }
+    };
+    (#[$attr:meta] $backend:expr) => {
+        $crate::backend_suite!(@tests [$attr] $backend);
+    };
+    ($backend:expr) => {
+        $crate::backend_suite!(@tests [] $backend);
     };
 }
