@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
-venv=${DEEPMD_VENV:-.bench/deepmd-venv}
+venv=$(realpath -m "${DEEPMD_VENV:-.bench/deepmd-venv}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -42,7 +42,7 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 results=()
 for b in tf ${COMPARE_PT:+pt}; do
   (cd "$work" && mkdir -p "$b" && cd "$b" && OMP_NUM_THREADS=$(nproc) /usr/bin/time -v -o time.txt \
-    "$OLDPWD/$venv/bin/dp" --"$b" train ../input.json >log 2>&1) || { tail -30 "$work/$b/log" >&2; exit 1; }
+    "$venv/bin/dp" --"$b" train ../input.json >log 2>&1) || { tail -30 "$work/$b/log" >&2; exit 1; }
   s=$(grep -oE "average training time: [0-9.]+ s/batch" "$work/$b/log" | awk '{print $4}' | tail -1)
   echo "DeePMD-kit 3.2.0 (--$b): ${s} s/step, peak memory $(peak_mb "$work/$b/time.txt") MB"
   results+=("$s")
