@@ -407,3 +407,48 @@ fn a_failure_on_all_ranks_is_reported_once() {
     assert!(!out.status.success(), "{err}");
     assert_eq!(err.matches("/nonexistent/data").count(), 1, "{err}");
 }
+
+/// A 2-rank run continued from its checkpoint comes out identical; and the checkpoint of a
+/// 2-rank run can be continued by one rank (the batch stream carries on, only the global batch
+/// is smaller).
+#[test]
+fn restart_under_mpi_and_with_another_rank_count() {
+    mpi_or_skip!("restart_under_mpi_and_with_another_rank_count");
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(16, 1, "none");
+    input["training"]["save_freq"] = json!(8);
+    input["training"]["disp_freq"] = json!(2);
+    write_input(d.path(), &input);
+    ok(mpirun(d.path(), 2, &[]), "2 ranks, 16 steps");
+    let first = lcurve(d.path());
+    let p16 = params(d.path());
+    std::fs::remove_file(d.path().join("model.ckpt-16")).unwrap();
+    ok(
+        mpirun(d.path(), 2, &["--restart", "model.ckpt-8"]),
+        "2 ranks, restart",
+    );
+    let lines = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(lines(&first), lines(&lcurve(d.path())));
+    assert_eq!(p16, params(d.path()));
+
+    std::fs::remove_file(d.path().join("model.ckpt-16")).unwrap();
+    let out = ok(
+        Command::new(dpw_exe())
+            .args(["train", "input.json", "--restart", "model.ckpt-8"])
+            .current_dir(d.path())
+            .output()
+            .unwrap(),
+        "1 rank, restart of a 2-rank run",
+    );
+    let err = stderr(&out);
+    assert!(!err.contains("new batch stream"), "{err}");
+    let l = lines(&lcurve(d.path()));
+    assert_eq!(l.len(), lines(&first).len());
+    assert_eq!(l[..4], lines(&first)[..4]);
+    assert_ne!(p16, params(d.path()));
+}
