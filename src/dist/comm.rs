@@ -20,7 +20,7 @@ mod without_mpi {
     }
 
     // Never called: the world is serial.
-    pub fn sum_in_place(_: &mut [f64]) {}
+    pub fn sum_into(_: &[f64], _: &mut [f64]) {}
     pub fn min_max(x: u64) -> (u64, u64) {
         (x, x)
     }
@@ -94,10 +94,8 @@ mod with_mpi {
         ))
     }
 
-    pub fn sum_in_place(buf: &mut [f64]) {
-        let mut out = vec![0.0f64; buf.len()];
-        world().all_reduce_into(buf, &mut out[..], SystemOperation::sum());
-        buf.copy_from_slice(&out);
+    pub fn sum_into(send: &[f64], recv: &mut [f64]) {
+        world().all_reduce_into(send, recv, SystemOperation::sum());
     }
 
     pub fn min_max(x: u64) -> (u64, u64) {

@@ -141,10 +141,14 @@ impl World {
         &self.host
     }
 
-    /// Element-wise sum over all ranks, in place; every rank gets the same result.
-    pub fn sum_in_place(&self, buf: &mut [f64]) {
+    /// Element-wise sum over all ranks into `recv` (as long as `send`); every rank gets the
+    /// same result.
+    pub fn sum_into(&self, send: &[f64], recv: &mut [f64]) {
+        assert_eq!(send.len(), recv.len(), "sum_into: buffer lengths differ");
         if self.size > 1 {
-            comm::sum_in_place(buf);
+            comm::sum_into(send, recv);
+        } else {
+            recv.copy_from_slice(send);
         }
     }
 
@@ -274,6 +278,69 @@ impl World {
 fn eprintln_flush() {
     use std::io::Write as _;
     let _ = std::io::stderr().flush();
+}
+
+/// The gradient exchange of each step: one all-reduce of every rank's share-weighted gradient
+/// with the loss sums appended; the buffers persist across steps, and it keeps where the time
+/// goes (waiting for the slowest rank, the all-reduce itself, and, filled in by the caller, the
+/// whole exchange with the device copies).
+#[derive(Default)]
+pub struct GradExchange {
+    send: Vec<f64>,
+    recv: Vec<f64>,
+    pub steps: usize,
+    /// Seconds in a barrier before the all-reduce: waiting for the slowest rank.
+    pub t_wait: f64,
+    /// Seconds in the all-reduce proper.
+    pub t_reduce: f64,
+    /// Seconds of the whole exchange, device copies included (kept by the caller).
+    pub t_total: f64,
+}
+
+impl GradExchange {
+    /// Sums `share × grad` and `extra` over the ranks: (the summed gradient, the summed extra).
+    pub fn run(
+        &mut self,
+        w: &World,
+        grad: impl Iterator<Item = f64>,
+        share: f64,
+        extra: [f64; 3],
+    ) -> (&[f64], [f64; 3]) {
+        self.send.clear();
+        self.send.extend(grad.map(|g| g * share));
+        let n = self.send.len();
+        self.send.extend(extra);
+        self.recv.resize(self.send.len(), 0.0);
+        let t = std::time::Instant::now();
+        w.barrier();
+        let t1 = std::time::Instant::now();
+        w.sum_into(&self.send, &mut self.recv);
+        self.t_reduce += t1.elapsed().as_secs_f64();
+        self.t_wait += (t1 - t).as_secs_f64();
+        self.steps += 1;
+        let r = &self.recv;
+        (&r[..n], [r[n], r[n + 1], r[n + 2]])
+    }
+
+    /// One line for the end of the run, with `s_per_step` the average step time.
+    pub fn summary(&self, w: &World, s_per_step: f64) -> String {
+        let n = self.steps.max(1) as f64;
+        let ms = |t: f64| 1e3 * t / n;
+        let pct = |t: f64| 100.0 * t / n / s_per_step;
+        format!(
+            "gradient all-reduce over {} ranks ({} values): {:.3} ms/step ({:.2}% of a step); \
+             waiting for the slowest rank {:.3} ms/step ({:.2}%); the whole exchange with the \
+             device copies {:.3} ms/step ({:.2}%)",
+            w.size(),
+            self.send.len(),
+            ms(self.t_reduce),
+            pct(self.t_reduce),
+            ms(self.t_wait),
+            pct(self.t_wait),
+            ms(self.t_total),
+            pct(self.t_total)
+        )
+    }
 }
 
 /// An error already reported by some rank: exit non-zero without another message.

@@ -806,8 +806,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let mut t_disp = Instant::now();
     let mut last_disp_step = start;
     let mut timed = (0.0f64, 0usize);
-    // Seconds in the gradient all-reduce, and in it plus the device copies around it.
-    let (mut t_reduce, mut t_exchange) = (0.0f64, 0.0f64);
+    let mut exchange = dist::GradExchange::default();
 
     for step in start..numb_steps {
         // scale_by_worker scales the applied (and printed) lr; the prefactors follow the schedule.
@@ -837,23 +836,16 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             // frames, summed, with the loss sums riding along in the same all-reduce.
             let t = Instant::now();
             let share = nf as f64 / nglobal as f64;
-            let mut buf: Vec<f64> = b
-                .download(&dm.grad)
-                .iter()
-                .map(|x| x.f64() * share)
-                .collect();
-            let n = buf.len();
-            buf.extend([sums.e2, sums.f2, sums.v2]);
-            let t_mpi = Instant::now();
-            world.sum_in_place(&mut buf);
-            t_reduce += t_mpi.elapsed().as_secs_f64();
-            sums = LossSums {
-                e2: buf[n],
-                f2: buf[n + 1],
-                v2: buf[n + 2],
-            };
-            dm.grad = b.upload(&to_t(&buf[..n]));
-            t_exchange += t.elapsed().as_secs_f64();
+            let g = b.download(&dm.grad);
+            let (grad, [e2, f2, v2]) = exchange.run(
+                world,
+                g.iter().map(|x| x.f64()),
+                share,
+                [sums.e2, sums.f2, sums.v2],
+            );
+            sums = LossSums { e2, f2, v2 };
+            dm.grad = b.upload(&to_t(grad));
+            exchange.t_total += t.elapsed().as_secs_f64();
         }
         let trn = loss.metrics(&sums, nglobal, natoms, &pf);
         if !trn.rmse.is_finite() {
@@ -1025,15 +1017,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     );
     if world.is_distributed() {
         let per_step = wall / report.steps as f64;
-        tracing::info!(
-            "gradient all-reduce over {} ranks: {:.3} ms/step ({:.2}% of a step); with the device \
-             copies around it {:.3} ms/step ({:.2}%)",
-            world.size(),
-            1e3 * t_reduce / report.steps as f64,
-            100.0 * t_reduce / report.steps as f64 / per_step,
-            1e3 * t_exchange / report.steps as f64,
-            100.0 * t_exchange / report.steps as f64 / per_step
-        );
+        tracing::info!("{}", exchange.summary(world, per_step));
     }
     if root {
         tracing::info!("trained model has been saved to: {}", save_ckpt.display());
