@@ -5,6 +5,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod fmt;
 pub mod geometry;
 pub mod model;

@@ -8,6 +8,7 @@ use dpw::cli::bench::{run_bench, BenchArgs};
 use dpw::cli::test::TestJob;
 use dpw::cli::train::{convert, freeze, run_train, wants_progress_bar, TrainArgs};
 use dpw::cli::{init_logging, load_model};
+use dpw::dist::log::MpiLog;
 
 /// dpw trains Deep Potential models (DeePMD-kit se_e2_a + ener) on CPU and GPU.
 #[derive(Parser)]
@@ -53,6 +54,11 @@ enum Command {
         /// Also write the log to this file.
         #[arg(short = 'l', long)]
         log_path: Option<PathBuf>,
+        /// Under MPI: master = rank 0 logs; collect = every rank's lines, prefixed with
+        /// [rank], printed by rank 0; workers = each rank prints its own (and writes its own
+        /// log file FILE_rank.ext with -l).
+        #[arg(short = 'm', long, value_enum, default_value = "master")]
+        mpi_log: MpiLog,
         #[arg(long, value_enum, default_value = "auto")]
         backend: BackendChoice,
     },
@@ -100,18 +106,43 @@ enum Command {
 fn main() -> ExitCode {
     let t0 = std::time::Instant::now();
     let cli = Cli::parse();
+    // The MPI world (training only); MPI stays initialized while `_mpi` lives.
+    let _mpi = match &cli.command {
+        Command::Train { .. } => match dpw::dist::init() {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    let world = dpw::dist::world();
     let logging = match &cli.command {
-        Command::Train { log_path, .. } => {
-            dpw::cli::train::init_logging(log_path.as_deref(), wants_progress_bar())
-        }
+        Command::Train {
+            log_path, mpi_log, ..
+        } => dpw::dist::log::init(
+            log_path.as_deref(),
+            wants_progress_bar() && !world.is_distributed(),
+            world,
+            *mpi_log,
+        ),
         _ => init_logging(None),
     };
     if let Err(e) = logging {
+        if world.is_distributed() {
+            eprintln!("[{}] error: {e:#}", world.rank());
+            world.abort(1);
+        }
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }
     match run(cli.command, t0) {
         Ok(()) => ExitCode::SUCCESS,
+        // Reported by the rank that failed, or by rank 0 when all did.
+        Err(e) if e.downcast_ref::<dpw::dist::Reported>().is_some() => ExitCode::FAILURE,
+        // One rank's failure: it must end the whole job, or the others wait for it forever.
+        Err(e) if world.is_distributed() => world.fail(&e),
         Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE
@@ -144,6 +175,7 @@ fn run(command: Command, t0: std::time::Instant) -> anyhow::Result<()> {
             restart,
             init_model,
             log_path: _,
+            mpi_log: _,
             backend,
         } => {
             let args = TrainArgs {
@@ -151,7 +183,7 @@ fn run(command: Command, t0: std::time::Instant) -> anyhow::Result<()> {
                 restart,
                 init_model,
                 backend,
-                progress_bar: wants_progress_bar(),
+                progress_bar: wants_progress_bar() && !dpw::dist::world().is_distributed(),
             };
             run_train(args, t0)?;
         }

@@ -117,13 +117,17 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "?".into())
     );
-    let start = match (args.restart, args.init_model) {
-        (Some(_), Some(_)) => anyhow::bail!("give either --restart or --init-model, not both"),
-        (Some(r), None) => Start::Restart(Box::new(Checkpoint::read(&r)?)),
-        (None, Some(p)) => Start::InitModel(p),
-        (None, None) => Start::Fresh,
-    };
-    let mut setup = prepare(&args.input, start, Path::new("."), t0)?;
+    let setup = (|| {
+        let start = match (args.restart, args.init_model) {
+            (Some(_), Some(_)) => anyhow::bail!("give either --restart or --init-model, not both"),
+            (Some(r), None) => Start::Restart(Box::new(Checkpoint::read(&r)?)),
+            (None, Some(p)) => Start::InitModel(p),
+            (None, None) => Start::Fresh,
+        };
+        prepare(&args.input, start, Path::new("."), t0)
+    })();
+    // Under MPI the ranks agree on whether all of them could start (a collective).
+    let mut setup = crate::dist::world().agree(setup)?;
     if args.progress_bar {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
         bar.set_style(

@@ -282,13 +282,24 @@ impl Sampler {
 
     /// Next batch: (system index, frame indices into that system, all from one system).
     pub fn next_batch(&mut self) -> (usize, Vec<usize>) {
+        self.next_batches(1)
+    }
+
+    /// `k` batches' worth of frames from one system: exactly the draw of a sampler whose batch
+    /// sizes are `k` times these (the global batch of `k` data-parallel ranks). Fewer frames
+    /// when the system's epoch runs out first.
+    ///
+    /// # Panics
+    /// If `k` is 0.
+    pub fn next_batches(&mut self, k: usize) -> (usize, Vec<usize>) {
+        assert!(k > 0, "Sampler::next_batches: k must be positive");
         let sys = self.draw_system();
         let epoch = &mut self.systems[sys];
         if epoch.next == epoch.order.len() {
             epoch.order.shuffle(&mut self.rng);
             epoch.next = 0;
         }
-        let end = (epoch.next + epoch.batch_size).min(epoch.order.len());
+        let end = (epoch.next + k * epoch.batch_size).min(epoch.order.len());
         let frames = epoch.order[epoch.next..end].to_vec();
         epoch.next = end;
         (sys, frames)

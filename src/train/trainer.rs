@@ -16,9 +16,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use indicatif::ProgressBar;
 use serde_json::Value;
 
-use crate::backend::{AdamStep, Backend, Real};
+use crate::backend::{AdamStep, Backend, LossSums, Real};
 use crate::config::{load_config, Config, OptimizerConfig, Precision, Sel};
 use crate::data::{Sampler, System};
+use crate::dist;
 use crate::fmt::sci;
 use crate::model::file::{model_from_container, read_container, write_atomic};
 use crate::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
@@ -286,9 +287,15 @@ pub fn prepare(input: &Path, start: Start, out_dir: &Path, t0: Instant) -> Resul
         let init_seed = d.seed.or(cfg.model.fitting_net.seed).unwrap_or(seed);
         let mut m = Model::new(spec.clone(), init_seed);
         let t = Instant::now();
+        // Over `data_stat_nbatch` global batches: with N data-parallel ranks N × batch_size.
+        let global_bs: Vec<usize> = train
+            .batch_sizes
+            .iter()
+            .map(|b| b * dist::world().size())
+            .collect();
         let frames = stat_frames(
             &train.systems,
-            &train.batch_sizes,
+            &global_bs,
             cfg.model.data_stat_nbatch,
             seed ^ 0x5354_4154,
         );
@@ -372,17 +379,39 @@ pub fn prepare(input: &Path, start: Start, out_dir: &Path, t0: Instant) -> Resul
 /// Draws training batches and assembles them on a helper thread one step ahead, so the host
 /// work of step t+1 overlaps the device work of step t. The sampler state it reports is the
 /// one from which the next batch *handed out* is drawn, whatever has been prefetched.
+///
+/// With `size` data-parallel ranks every rank draws the global batch (`size` batches' worth of
+/// frames) from the same sampler and assembles only its own slice of it ([`dist::rank_slice`]).
 struct Prefetcher {
     sampler: Sampler,
-    /// (sampler state before the draw, system) of each batch requested and not yet handed out.
-    pending: VecDeque<(Sampler, usize)>,
+    /// (sampler state before the draw, system, frames in the global batch) of each batch
+    /// requested and not yet handed out.
+    pending: VecDeque<(Sampler, usize, usize)>,
     req: Option<mpsc::Sender<(usize, Vec<usize>)>>,
-    res: mpsc::Receiver<Result<HostBatch>>,
+    res: mpsc::Receiver<Result<Option<HostBatch>>>,
     worker: Option<JoinHandle<()>>,
+    /// (rank, size) of the data-parallel world.
+    world: (usize, usize),
+    batch_sizes: Vec<usize>,
+}
+
+/// A rank's part of one step: the system, the rank's frames (none at the end of an epoch when
+/// the global batch is short), and the number of frames in the global batch.
+struct StepBatch {
+    sys: usize,
+    batch: Option<HostBatch>,
+    nglobal: usize,
 }
 
 impl Prefetcher {
-    fn new(systems: Arc<Vec<System>>, spec: ModelSpec, sampler: Sampler, depth: usize) -> Self {
+    fn new(
+        systems: Arc<Vec<System>>,
+        spec: ModelSpec,
+        sampler: Sampler,
+        depth: usize,
+        batch_sizes: Vec<usize>,
+        world: (usize, usize),
+    ) -> Self {
         let (req_tx, req_rx) = mpsc::channel::<(usize, Vec<usize>)>();
         let (res_tx, res_rx) = mpsc::channel();
         let worker = std::thread::Builder::new()
@@ -391,8 +420,13 @@ impl Prefetcher {
                 for (s, frames) in req_rx {
                     let sys = &systems[s];
                     let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
-                    let r = assemble(&spec, &sys.atype, &fr)
-                        .with_context(|| format!("training system {}", sys.path.display()));
+                    let r = if fr.is_empty() {
+                        Ok(None)
+                    } else {
+                        assemble(&spec, &sys.atype, &fr).map(Some).with_context(|| {
+                            format!("training system {} (frames {frames:?})", sys.path.display())
+                        })
+                    };
                     if res_tx.send(r).is_err() {
                         break;
                     }
@@ -405,6 +439,8 @@ impl Prefetcher {
             req: Some(req_tx),
             res: res_rx,
             worker: Some(worker),
+            world,
+            batch_sizes,
         };
         for _ in 0..depth.max(1) {
             p.request();
@@ -414,27 +450,33 @@ impl Prefetcher {
 
     fn request(&mut self) {
         let before = self.sampler.clone();
-        let (s, frames) = self.sampler.next_batch();
-        self.pending.push_back((before, s));
+        let (rank, size) = self.world;
+        let (s, frames) = self.sampler.next_batches(size);
+        let mine = frames[dist::rank_slice(frames.len(), self.batch_sizes[s], rank)].to_vec();
+        self.pending.push_back((before, s, frames.len()));
         if let Some(tx) = &self.req {
-            let _ = tx.send((s, frames));
+            let _ = tx.send((s, mine));
         }
     }
 
-    fn next(&mut self) -> Result<(usize, HostBatch)> {
-        let (_, s) = self.pending.pop_front().expect("always one pending");
+    fn next(&mut self) -> Result<StepBatch> {
+        let (_, sys, nglobal) = self.pending.pop_front().expect("always one pending");
         let batch = self
             .res
             .recv()
             .map_err(|_| anyhow!("the batch thread stopped"))??;
         self.request();
-        Ok((s, batch))
+        Ok(StepBatch {
+            sys,
+            batch,
+            nglobal,
+        })
     }
 
     fn state(&self) -> Sampler {
         self.pending
             .front()
-            .map_or_else(|| self.sampler.clone(), |(s, _)| s.clone())
+            .map_or_else(|| self.sampler.clone(), |(s, _, _)| s.clone())
     }
 }
 
@@ -585,16 +627,37 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let opt = &cfg.optimizer;
     let spec = model.spec.clone();
     tracing::info!("backend: {}, precision {}", b.name(), T::NAME);
+    // Data-parallel over MPI: rank 0 alone writes files and validates (DESIGN: src/dist).
+    let world = dist::world();
+    let root = world.is_root();
+    for l in dist::summary(world, &b.name()) {
+        tracing::info!("{l}");
+    }
+    let lr_scale = world.lr_scale(cfg.learning_rate.scale_by_worker);
+    if world.is_distributed() {
+        tracing::info!(
+            "data-parallel over {} ranks: batch_size is per rank, the global batch is {} × it; \
+             learning rate × {lr_scale} (scale_by_worker {})",
+            world.size(),
+            world.size(),
+            cfg.learning_rate.scale_by_worker.as_str()
+        );
+    }
+    dist::log::flush(world);
 
     // Outputs: out.json first, as dp train does.
     let out_json = out_dir.join("out.json");
     let mut text = serde_json::to_string_pretty(&cfg.to_expanded_json())?;
     text.push('\n');
-    write_atomic(&out_json, text.as_bytes())?;
+    if root {
+        write_atomic(&out_json, text.as_bytes())?;
+    }
     let save_ckpt = out_dir.join(&tc.save_ckpt);
     let lcurve_path = out_dir.join(&tc.disp_file);
 
     let start = restart.as_ref().map_or(0, |c| c.step);
+    let mut model = model;
+    world.broadcast_model(&mut model);
     let train_shape = shape(&train_data);
     let valid_shape = valid.as_ref().map(shape);
     // A restart on other data (or other batch sizes or probabilities) cannot continue the
@@ -661,11 +724,15 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let systems = Arc::new(std::mem::take(&mut train_data.systems));
     let natoms_of: Vec<usize> = systems.iter().map(|s| s.natoms).collect();
 
-    let mut fout = if start > 0 {
-        reopen_lcurve(&lcurve_path, start)?
+    let mut fout = if !root {
+        None
+    } else if start > 0 {
+        Some(reopen_lcurve(&lcurve_path, start)?)
     } else {
-        File::create(&lcurve_path)
-            .with_context(|| format!("cannot create {}", lcurve_path.display()))?
+        Some(
+            File::create(&lcurve_path)
+                .with_context(|| format!("cannot create {}", lcurve_path.display()))?,
+        )
     };
     let mut header_done = false;
 
@@ -705,7 +772,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         last_ckpt: None,
     };
     if start >= numb_steps {
-        if start == 0 {
+        if start == 0 && root {
             // numb_steps 0: DeePMD-kit still saves the initial model.
             let p = save(&dm, 0, 0.0, sampler, &valid_sampler, [0.0; 5])?;
             tracing::info!(
@@ -713,7 +780,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 p.display()
             );
             report.last_ckpt = Some(p);
-        } else {
+        } else if start > 0 {
             tracing::info!(
                 "the checkpoint is at step {start} >= numb_steps {numb_steps}: nothing to train"
             );
@@ -721,7 +788,14 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         return Ok(report);
     }
 
-    let mut batches = Prefetcher::new(Arc::clone(&systems), spec.clone(), sampler, 1);
+    let mut batches = Prefetcher::new(
+        Arc::clone(&systems),
+        spec.clone(),
+        sampler,
+        1,
+        train_data.batch_sizes.clone(),
+        (world.rank(), world.size()),
+    );
     let mut cache: Cache<T, B> = Vec::new();
     let clip = tc.gradient_max_norm;
     if let Some(bar) = &progress {
@@ -740,20 +814,49 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let mut t_disp = Instant::now();
     let mut last_disp_step = start;
     let mut timed = (0.0f64, 0usize);
+    let mut exchange = dist::GradExchange::default();
 
     for step in start..numb_steps {
         let t_step = Instant::now();
-        let lr = schedule.value(step);
+        // scale_by_worker scales the applied (and printed) lr; the prefactors follow the schedule.
+        let lr = schedule.value(step) * lr_scale;
         let pref_lr = schedule.pref_lr(step);
-        let (s, batch) = batches.next()?;
+        let StepBatch {
+            sys: s,
+            batch,
+            nglobal,
+        } = batches.next()?;
         let natoms = natoms_of[s];
-        let nf = batch.dims.nframes;
-        let w = workspace(&mut cache, b, &dm, &batch);
-        w.load(b, &batch);
-        forward(b, &dm, w);
-        let pf = loss.prefactors(pref_lr, natoms, batch.has_virial);
-        let sums = gradient(b, &mut dm, w, pf.op);
-        let trn = loss.metrics(&sums, nf, natoms, &pf);
+        let pf = loss.prefactors(pref_lr, natoms, systems[s].virial.is_some());
+        let (mut sums, nf) = match &batch {
+            Some(batch) => {
+                let w = workspace(&mut cache, b, &dm, batch);
+                w.load(b, batch);
+                forward(b, &dm, w);
+                (gradient(b, &mut dm, w, pf.op), batch.dims.nframes)
+            }
+            None => {
+                b.fill(&mut dm.grad, T::zero());
+                (LossSums::default(), 0)
+            }
+        };
+        if world.is_distributed() {
+            // The mean over the global batch: each rank's mean weighted by its share of the
+            // frames, summed, with the loss sums riding along in the same all-reduce.
+            let t = Instant::now();
+            let share = nf as f64 / nglobal as f64;
+            let g = b.download(&dm.grad);
+            let (grad, [e2, f2, v2]) = exchange.run(
+                world,
+                g.iter().map(|x| x.f64()),
+                share,
+                [sums.e2, sums.f2, sums.v2],
+            );
+            sums = LossSums { e2, f2, v2 };
+            dm.grad = b.upload(&to_t(grad));
+            exchange.t_total += t.elapsed().as_secs_f64();
+        }
+        let trn = loss.metrics(&sums, nglobal, natoms, &pf);
         if !trn.rmse.is_finite() {
             bail!(
                 "the loss is {} at step {} (system {}); stopping{}",
@@ -802,6 +905,18 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         if let Some(bar) = &progress {
             bar.set_position(done as u64);
         }
+        if world.is_distributed() && done % tc.disp_freq == 0 {
+            let (lo, hi) = world.min_max(dist::checksum(&dm.params_f64(b)));
+            if lo != hi {
+                if !root {
+                    return Err(dist::Reported.into());
+                }
+                bail!(
+                    "after step {done} the parameters differ between the ranks (checksums \
+                     {lo:#x} to {hi:#x}); the data-parallel update has diverged"
+                );
+            }
+        }
 
         if tc.disp_training && (done % tc.disp_freq == 0 || done == 1) {
             let shown = if tc.disp_avg {
@@ -813,7 +928,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 trn
             };
             let val = match (&valid, valid_sampler.as_mut()) {
-                (Some(vd), Some(vs)) => Some(validate(
+                (Some(vd), Some(vs)) if root => Some(validate(
                     b,
                     &dm,
                     &spec,
@@ -826,14 +941,16 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 )?),
                 _ => None,
             };
-            if !header_done {
-                let keys: Vec<&str> = shown.entries().iter().map(|e| e.0).collect();
-                fout.write_all(lcurve::header(&keys, val.is_some()).as_bytes())?;
-                header_done = true;
+            if let Some(fout) = fout.as_mut() {
+                if !header_done {
+                    let keys: Vec<&str> = shown.entries().iter().map(|e| e.0).collect();
+                    fout.write_all(lcurve::header(&keys, val.is_some()).as_bytes())?;
+                    header_done = true;
+                }
+                fout.write_all(lcurve::line(done, lr, &shown, val.as_ref()).as_bytes())?;
+                fout.flush()
+                    .with_context(|| format!("cannot write {}", lcurve_path.display()))?;
             }
-            fout.write_all(lcurve::line(done, lr, &shown, val.as_ref()).as_bytes())?;
-            fout.flush()
-                .with_context(|| format!("cannot write {}", lcurve_path.display()))?;
 
             let dt = t_disp.elapsed().as_secs_f64();
             let nsteps = done - last_disp_step;
@@ -876,9 +993,10 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             }
             report.last_trn = Some(shown);
             report.last_val = val;
+            dist::log::flush(world);
         }
 
-        if (done % tc.save_freq == 0 && step != start) || done == numb_steps {
+        if root && ((done % tc.save_freq == 0 && step != start) || done == numb_steps) {
             let acc = [
                 acc_count as f64,
                 acc_sum.rmse,
@@ -907,6 +1025,13 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         wall / report.steps as f64,
         report.s_per_step
     );
-    tracing::info!("trained model has been saved to: {}", save_ckpt.display());
+    if world.is_distributed() {
+        let per_step = wall / report.steps as f64;
+        tracing::info!("{}", exchange.summary(world, per_step));
+    }
+    if root {
+        tracing::info!("trained model has been saved to: {}", save_ckpt.display());
+    }
+    dist::log::flush(world);
     Ok(report)
 }
