@@ -93,7 +93,7 @@ fn dphi<T: Real>(l: &Layer, h: T) -> T {
 }
 
 /// `y += skip(x)` for one row.
-fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
+pub(super) fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
     match l.skip {
         Skip::None => {}
         Skip::Identity => y.iter_mut().zip(x).for_each(|(y, x)| *y += *x),
@@ -106,7 +106,7 @@ fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
 }
 
 /// `xbar += skipᵀ(ybar)` for one row.
-fn add_skip_t<T: Real>(l: &Layer, ybar: &[T], xbar: &mut [T]) {
+pub(super) fn add_skip_t<T: Real>(l: &Layer, ybar: &[T], xbar: &mut [T]) {
     match l.skip {
         Skip::None => {}
         Skip::Identity => xbar.iter_mut().zip(ybar).for_each(|(x, y)| *x += *y),

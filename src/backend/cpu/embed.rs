@@ -7,9 +7,10 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::dense::{add_skip, add_skip_t};
 use super::tanh::tanh_bias;
 use crate::backend::{Dims, Real};
-use crate::model::{Layer, Net, Skip};
+use crate::model::Net;
 
 /// Centres per task: enough rows for efficient small GEMMs, few enough to stay in cache.
 const CENTRES_PER_TASK: usize = 2;
@@ -74,39 +75,14 @@ fn trace<T: Real>(net: &Net, p: &[T], s: &[T]) -> (Vec<LayerTrace<T>>, Vec<T>, V
                 y[o + k] = hv * t;
                 yp[o + k] = (T::one() - hv * hv) * zp[o + k] * t;
             }
-            skip(l, &x[oi..oi + l.nin], &mut y[o..o + l.nout]);
-            skip(l, &xp[oi..oi + l.nin], &mut yp[o..o + l.nout]);
+            add_skip(l, &x[oi..oi + l.nin], &mut y[o..o + l.nout]);
+            add_skip(l, &xp[oi..oi + l.nin], &mut yp[o..o + l.nout]);
         }
         layers.push(LayerTrace { x, xp, h, zp });
         x = y;
         xp = yp;
     }
     (layers, x, xp)
-}
-
-fn skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
-    match l.skip {
-        Skip::None => {}
-        Skip::Identity => y.iter_mut().zip(x).for_each(|(y, x)| *y += *x),
-        Skip::Double => {
-            let (a, b) = y.split_at_mut(l.nin);
-            a.iter_mut().zip(x).for_each(|(y, x)| *y += *x);
-            b.iter_mut().zip(x).for_each(|(y, x)| *y += *x);
-        }
-    }
-}
-
-fn skip_t<T: Real>(l: &Layer, ybar: &[T], xbar: &mut [T]) {
-    match l.skip {
-        Skip::None => {}
-        Skip::Identity => xbar.iter_mut().zip(ybar).for_each(|(x, y)| *x += *y),
-        Skip::Double => {
-            let (a, b) = ybar.split_at(l.nin);
-            xbar.iter_mut()
-                .zip(a.iter().zip(b))
-                .for_each(|(x, (y0, y1))| *x += *y0 + *y1);
-        }
-    }
 }
 
 /// The dual reverse through a traced net for n rows with input tangents `sdot`, seeds `ybar`
@@ -222,8 +198,8 @@ fn dual<T: Real>(
         );
         for r in 0..n {
             let (o, oi) = (r * l.nout, r * l.nin);
-            skip_t(l, &yb[o..o + l.nout], &mut xb[oi..oi + l.nin]);
-            skip_t(l, &ydb[o..o + l.nout], &mut xdb[oi..oi + l.nin]);
+            add_skip_t(l, &yb[o..o + l.nout], &mut xb[oi..oi + l.nin]);
+            add_skip_t(l, &ydb[o..o + l.nout], &mut xdb[oi..oi + l.nin]);
         }
         yb = xb;
         ydb = xdb;
