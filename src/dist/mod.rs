@@ -78,6 +78,13 @@ pub fn launcher_world_size() -> Option<usize> {
     .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
 }
 
+/// The rank an MPI launcher announces in the environment, if any.
+pub fn launcher_rank() -> Option<usize> {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+}
+
 /// The rank on this node an MPI launcher announces, if any.
 pub fn launcher_local_rank() -> Option<usize> {
     [
