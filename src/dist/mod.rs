@@ -488,7 +488,7 @@ pub fn summary(w: &World, backend: &str) -> Vec<String> {
 fn install_panic_hook(rank: usize, size: usize) {
     let prev = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        eprintln!("[{rank}] error: rank {rank} of {size} panicked: {info}");
+        eprintln!("[{rank}] error: rank {rank} of {size}: {info}");
         prev(info);
         eprintln!("[{rank}] aborting the MPI job");
         eprintln_flush();
