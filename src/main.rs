@@ -111,7 +111,10 @@ fn main() -> ExitCode {
         Command::Train { .. } => match dpw::dist::init() {
             Ok(g) => Some(g),
             Err(e) => {
-                eprintln!("error: {e:#}");
+                // Once per job, not once per process.
+                if dpw::dist::launcher_rank().unwrap_or(0) == 0 {
+                    eprintln!("error: {e:#}");
+                }
                 return ExitCode::FAILURE;
             }
         },

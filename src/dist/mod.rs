@@ -78,6 +78,13 @@ pub fn launcher_world_size() -> Option<usize> {
     .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
 }
 
+/// The rank an MPI launcher announces in the environment, if any.
+pub fn launcher_rank() -> Option<usize> {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+}
+
 /// The rank on this node an MPI launcher announces, if any.
 pub fn launcher_local_rank() -> Option<usize> {
     [
@@ -481,7 +488,7 @@ pub fn summary(w: &World, backend: &str) -> Vec<String> {
 fn install_panic_hook(rank: usize, size: usize) {
     let prev = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        eprintln!("[{rank}] error: rank {rank} of {size} panicked: {info}");
+        eprintln!("[{rank}] error: rank {rank} of {size}: {info}");
         prev(info);
         eprintln!("[{rank}] aborting the MPI job");
         eprintln_flush();

@@ -627,7 +627,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let opt = &cfg.optimizer;
     let spec = model.spec.clone();
     tracing::info!("backend: {}, precision {}", b.name(), T::NAME);
-    // Data-parallel over MPI: rank 0 alone writes files and validates (DESIGN: src/dist).
+    // Data-parallel over MPI (src/dist): rank 0 alone writes files and validates.
     let world = dist::world();
     let root = world.is_root();
     for l in dist::summary(world, &b.name()) {
