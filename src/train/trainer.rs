@@ -815,6 +815,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let mut last_disp_step = start;
     let mut timed = (0.0f64, 0usize);
     let mut exchange = dist::GradExchange::default();
+    let mut grad_t: Vec<T> = Vec::new();
 
     for step in start..numb_steps {
         let t_step = Instant::now();
@@ -853,7 +854,9 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 [sums.e2, sums.f2, sums.v2],
             );
             sums = LossSums { e2, f2, v2 };
-            dm.grad = b.upload(&to_t(grad));
+            grad_t.clear();
+            grad_t.extend(grad.iter().map(|&x| T::of(x)));
+            dm.grad = b.upload(&grad_t);
             exchange.t_total += t.elapsed().as_secs_f64();
         }
         let trn = loss.metrics(&sums, nglobal, natoms, &pf);
