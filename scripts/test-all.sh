@@ -33,6 +33,6 @@ cargo clippy --release --all-targets --features mpi -- -D warnings
 cargo test --release --all-targets
 DPW_REQUIRE_NVRTC=1 cargo test --release --features cuda --test kernels_nvrtc --test backend_cuda
 # Multi-process training under mpirun (2 ranks).
-cargo test --release --features mpi --test mpi_train
+DPW_REQUIRE_MPI=1 cargo test --release --features mpi --test mpi_train
 # Training convergence on the water data (minutes; not a timed test).
 cargo test --release --test train_convergence -- --ignored --nocapture
