@@ -103,7 +103,7 @@ function showInfo(info) {
     const n = $('notice');
     n.textContent =
       'WebGPU is not available in this browser, so the model trains on the CPU in WebAssembly instead ' +
-      `(slower). ${info.note ? `Reason: ${info.note}` : ''}`;
+      '(slower). The reason is below the backend. Chrome and Edge have WebGPU; elsewhere it may have to be enabled.';
     n.hidden = false;
   }
 }
@@ -307,6 +307,7 @@ async function main() {
     await loadData();
     await createTrainer();
   } catch (e) {
+    if (!dpw.info) $('backend').textContent = 'not started';
     fail(errText(e));
     return;
   }
