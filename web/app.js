@@ -7,7 +7,7 @@
 //
 // For tests and the curious, window.dpw holds the state:
 //   {state: "loading"|"ready"|"training"|"paused"|"done"|"error", info, records: [...],
-//    errors: [...], stepsPerSec, timing: {steps, wallSecs, trainSecs}}
+//    errors: [...], stepsPerSec, timing: {steps, wallSecs, trainSecs}, busy}
 // Each record is a line of lcurve.out as returned by Trainer.train(), plus `t`: the seconds of
 // training (pauses excluded) when it arrived.
 
@@ -31,6 +31,7 @@ const dpw = {
   errors: [],
   stepsPerSec: null,
   timing: { steps: 0, wallSecs: 0, trainSecs: 0 },
+  busy: false, // a call into the trainer is in flight (a pause takes effect when it returns)
 };
 window.dpw = dpw;
 
@@ -73,20 +74,38 @@ let recent = []; // [t, step] of the last records, for the live steps/s
 
 function setState(s) {
   dpw.state = s;
+  showState();
+  $('start').disabled = !(s === 'ready' || s === 'paused');
+  $('start').textContent = s === 'paused' ? 'Resume' : 'Start';
+  $('pause').disabled = s !== 'training';
+  $('reset').disabled = !(s === 'ready' || s === 'paused' || s === 'done' || (s === 'error' && trainer));
+}
+
+function showState() {
+  const s = dpw.state;
   const el = $('state');
   el.textContent = {
     loading: 'loading…',
     ready: 'ready',
     training: 'training',
-    paused: 'paused',
+    // The steps up to the next display step finish first.
+    paused: dpw.busy ? 'pausing…' : 'paused',
     done: 'done',
     error: 'stopped by an error',
   }[s];
   el.className = `state ${s}`;
-  $('start').disabled = !(s === 'ready' || s === 'paused');
-  $('start').textContent = s === 'paused' ? 'Resume' : 'Start';
-  $('pause').disabled = s !== 'training';
-  $('reset').disabled = !(s === 'ready' || s === 'paused' || s === 'done' || (s === 'error' && trainer));
+}
+
+/** Runs one call into the trainer, with dpw.busy set meanwhile. */
+async function call(f) {
+  dpw.busy = true;
+  showState();
+  try {
+    return await f();
+  } finally {
+    dpw.busy = false;
+    showState();
+  }
 }
 
 const sci = (x) => (x == null || !isFinite(x) ? '–' : x.toExponential(2));
@@ -178,7 +197,7 @@ async function loadData() {
 async function createTrainer() {
   const backend = BACKENDS.includes(backendParam) ? backendParam : 'auto';
   try {
-    trainer = await mod.Trainer.create(inputText, files, backend);
+    trainer = await call(() => mod.Trainer.create(inputText, files, backend));
   } catch (e) {
     trainer = null;
     throw new Error(`The model could not be set up: ${errText(e)}`);
@@ -190,7 +209,7 @@ async function createTrainer() {
 
 async function refreshFrame() {
   try {
-    viewer.setFrame(JSON.parse(await trainer.frame()));
+    viewer.setFrame(JSON.parse(await call(() => trainer.frame())));
   } catch (e) {
     showError(`The water frame could not be shown: ${errText(e)}`);
   }
@@ -205,7 +224,7 @@ async function trainLoop() {
     const s0 = trainer.step_count();
     let rec;
     try {
-      rec = JSON.parse(await trainer.train());
+      rec = JSON.parse(await call(() => trainer.train()));
     } catch (e) {
       fail(`Training stopped: ${errText(e)}`);
       return;

@@ -5,7 +5,8 @@
 //   node --test --test-concurrency=1 web/tests/
 //
 // Environment:
-//   DPW_TEST_STEPS   steps to train on each backend (default 200)
+//   DPW_TEST_STEPS   steps to train on each backend (default: 40 on WebGPU, which is slow on
+//                    SwiftShader, 200 on the CPU; at least 3·disp_freq for the parity test)
 //   DPW_TEST_MOCK=1  test the page against dev/mock_dpw_web.js (no wasm build; no parity test)
 //   DPW_BIN          the native dpw binary (default target/release/dpw, built if missing)
 //   DPW_CHROMIUM     the browser (default /usr/bin/chromium)
@@ -19,7 +20,10 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { serve, launch, watch, ROOT, WEB, RESULTS } from './helpers.mjs';
 
-const STEPS = Number(process.env.DPW_TEST_STEPS || 200);
+const STEPS = {
+  webgpu: Number(process.env.DPW_TEST_STEPS || 40),
+  cpu: Number(process.env.DPW_TEST_STEPS || 200),
+};
 const MOCK = process.env.DPW_TEST_MOCK === '1';
 const TIMEOUT_MS = 30 * 60 * 1000;
 const input = JSON.parse(fs.readFileSync(path.join(WEB, 'input.json'), 'utf8'));
@@ -61,7 +65,10 @@ const latency = (page) =>
       }),
   );
 
-async function trainOnPage(backend) {
+const pausedAndIdle = (page) =>
+  page.waitForFunction(() => window.dpw.state === 'paused' && !window.dpw.busy, null, { timeout: TIMEOUT_MS, polling: 100 });
+
+async function trainOnPage(backend, steps) {
   const b = await launch();
   const problems = watch(b.page);
   try {
@@ -84,37 +91,37 @@ async function trainOnPage(backend) {
         const d = window.dpw;
         return d.state === 'error' || d.state === 'done' || (d.records.length > 0 && d.records[d.records.length - 1].step >= n);
       },
-      STEPS,
+      steps,
       { timeout: TIMEOUT_MS, polling: 250 },
     );
     s = await state(page);
     assert.notEqual(s.state, 'error', `the page stopped with an error: ${s.errors.join(' | ')}`);
 
-    // Pause: the steps stop; the state says so.
+    // Pause: the state says so at once; the train() call in flight finishes, then nothing more.
     await page.click('#pause');
     await page.waitForFunction(() => window.dpw.state === 'paused', null, { timeout: 5_000 });
-    // The in-flight train() call finishes, then nothing more.
-    await page.waitForTimeout(1500);
+    await pausedAndIdle(page);
     const n1 = (await state(page)).records.length;
-    await page.waitForTimeout(1000);
+    await page.waitForTimeout(1500);
     const paused = await state(page);
     assert.equal(paused.records.length, n1, 'records kept coming while paused');
     assert.equal(await page.textContent('#state'), 'paused');
 
     await page.screenshot({ path: path.join(RESULTS, `screenshot-${backend}.png`) });
 
-    // Resume for one record, then reset and check the first record comes back the same.
+    // Resume, pause, then reset and check that the first record comes back the same.
     await page.click('#start');
-    await page.waitForFunction((n) => window.dpw.records.length > n, n1, { timeout: 120_000, polling: 100 });
+    await page.waitForFunction(() => window.dpw.state === 'training', null, { timeout: 5_000 });
+    await page.waitForTimeout(300);
     await page.click('#pause');
-    await page.waitForFunction(() => window.dpw.state === 'paused', null, { timeout: 5_000 });
+    await pausedAndIdle(page);
     await page.click('#reset');
-    await page.waitForFunction(() => window.dpw.state === 'ready' || window.dpw.state === 'error', null, { timeout: 120_000, polling: 100 });
+    await page.waitForFunction(() => window.dpw.state === 'ready' || window.dpw.state === 'error', null, { timeout: TIMEOUT_MS, polling: 100 });
     let r = await state(page);
     assert.equal(r.state, 'ready', `reset failed: ${r.errors.join(' | ')}`);
     assert.equal(r.records.length, 0);
     await page.click('#start');
-    await page.waitForFunction(() => window.dpw.records.length >= 1 || window.dpw.state === 'error', null, { timeout: 120_000, polling: 100 });
+    await page.waitForFunction(() => window.dpw.records.length >= 1 || window.dpw.state === 'error', null, { timeout: TIMEOUT_MS, polling: 100 });
     await page.click('#pause');
     r = await state(page);
     assert.equal(r.state, 'paused', `after reset: ${r.errors.join(' | ')}`);
@@ -127,13 +134,13 @@ async function trainOnPage(backend) {
   }
 }
 
-function checkRun(backend, run) {
+function checkRun(backend, run, steps) {
   assert.deepEqual(run.problems, [], `page problems: ${run.problems.join('\n')}`);
   assert.deepEqual(run.errors, [], `errors shown on the page: ${run.errors.join('\n')}`);
   assert.equal(run.errorVisible, false, 'the error box is visible');
   const recs = run.records;
   assert.ok(recs.length >= 3, `only ${recs.length} records`);
-  assert.ok(recs[recs.length - 1].step >= STEPS, `stopped at step ${recs[recs.length - 1].step}`);
+  assert.ok(recs[recs.length - 1].step >= steps, `stopped at step ${recs[recs.length - 1].step}`);
   assert.equal(recs[0].step, 1, 'the first record is step 1');
   for (const r of recs) {
     assert.ok(r.val, `no validation at step ${r.step}`);
@@ -187,21 +194,21 @@ function report(t, backend, run) {
 }
 
 test('WebGPU: trains on the WebGPU adapter (SwiftShader here) and the validation force RMSE falls', { timeout: TIMEOUT_MS }, async (t) => {
-  const run = await trainOnPage('auto');
+  const run = await trainOnPage('auto', STEPS.webgpu);
   runs.webgpu = run;
   assert.equal(run.info.backend, 'webgpu', `the page used ${run.info.backend}: ${run.info.note}`);
   assert.equal(run.info.fallback, false);
   assert.ok(run.info.adapter, 'no adapter name');
   assert.equal(run.info.precision, 'float32');
-  checkRun('webgpu', run);
+  checkRun('webgpu', run, STEPS.webgpu);
   report(t, 'webgpu', run);
 });
 
 test('CPU fallback (?backend=cpu): trains in wasm and the validation force RMSE falls', { timeout: TIMEOUT_MS }, async (t) => {
-  const run = await trainOnPage('cpu');
+  const run = await trainOnPage('cpu', STEPS.cpu);
   runs.cpu = run;
   assert.equal(run.info.backend, 'cpu', `the page used ${run.info.backend}: ${run.info.note}`);
-  checkRun('cpu', run);
+  checkRun('cpu', run, STEPS.cpu);
   report(t, 'cpu', run);
 });
 
