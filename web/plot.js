@@ -12,6 +12,7 @@ export class LearningCurve {
     const force = css.getPropertyValue('--force').trim() || '#2563eb';
     const energy = css.getPropertyValue('--energy').trim() || '#d97706';
     const opts = {
+      legend: { live: false },
       width: this.width(),
       height: 340,
       scales: {
