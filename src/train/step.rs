@@ -129,6 +129,7 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     ebar: B::Buf,
     fres: B::Buf,
     vres: B::Buf,
+    sums: B::Buf,
     rdot: B::Buf,
     sdot: B::Buf,
     adot: B::Buf,
@@ -173,6 +174,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             ebar: b.zeros(nc),
             fres: b.zeros(3 * na),
             vres: b.zeros(9 * nf),
+            sums: b.zeros(3),
             rdot: b.zeros(4 * ns),
             sdot: b.zeros(ns),
             adot: b.zeros(4 * m1 * nc),
@@ -190,6 +192,16 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
     /// The descriptor of every centre, `[ncentres][M1·M2]`.
     pub fn descriptor(&self) -> &B::Buf {
         &self.desc
+    }
+
+    /// The loss sums of the last [`gradient`], on the device.
+    pub fn sums(&self) -> &B::Buf {
+        &self.sums
+    }
+
+    /// The loss sums of the last [`gradient`] (a read-back).
+    pub fn loss_sums(&self, b: &B) -> LossSums {
+        LossSums::from_values(&b.download(&self.sums))
     }
 
     /// Sends a batch's geometry and labels to the device.
@@ -274,15 +286,15 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
 }
 
 /// After [`forward`]: the loss of the batch and its gradient with respect to every parameter,
-/// left in `m.grad`.
+/// left in `m.grad`; the loss sums stay on the device ([`Workspace::loss_sums`]).
 pub fn gradient<T: Real, B: Backend<T>>(
     b: &B,
     m: &mut DeviceModel<T, B>,
     w: &mut Workspace<T, B>,
     pref: Prefactors,
-) -> LossSums {
+) {
     let d = w.dims.clone();
-    let sums = b.loss(
+    b.loss(
         &d,
         pref,
         [&w.energy, &w.force, &w.virial],
@@ -291,6 +303,7 @@ pub fn gradient<T: Real, B: Backend<T>>(
         &mut w.ebar,
         &mut w.fres,
         &mut w.vres,
+        &mut w.sums,
     );
     b.virtual_tangent(
         &d,
@@ -383,7 +396,6 @@ pub fn gradient<T: Real, B: Backend<T>>(
             embed_dual_layered(b, m, &d, &w.s, &w.ones_s, &w.sdot, &w.gbar, &w.gdotbar, c)
         }
     }
-    sums
 }
 
 /// G and G' layer by layer through the dense ops, keeping every layer for the dual pass.
