@@ -2,6 +2,8 @@
 //! virial, then (training) the loss residuals, the tangent pass and the dual reverse pass that
 //! give the parameter gradient of the full loss, energy + force + virial (DESIGN.md).
 
+use std::ops::Range;
+
 use crate::backend::{Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
 use crate::model::{embed_net_index, Model, Net, ParamLayout};
 
@@ -337,34 +339,13 @@ pub fn gradient<T: Real, B: Backend<T>>(
                 &mut tail[0],
             );
         }
-        for (l, layer) in net.layers.iter().enumerate().rev() {
-            let last = l + 1 == net.layers.len();
-            let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
-            let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
-            let (ybar, ydotbar) = if last {
-                (&w.ebar, &w.ones_c)
-            } else {
-                (&xb_tail[0], &xdb_tail[0])
-            };
-            let (x, xdot) = if l == 0 {
-                (&w.desc, &w.ddot)
-            } else {
-                (&c.y[l - 1], &c.ydot[l - 1])
-            };
-            b.dense_dual_backward(
-                layer,
-                &m.params,
-                rows.clone(),
-                DenseIo { x, h: &c.h[l] },
-                xdot,
-                &c.zdot[l],
-                None,
-                ybar,
-                ydotbar,
-                &mut m.grad,
-                Some((&mut xb_head[l], &mut xdb_head[l])),
-            );
-        }
+        let dual = NetDual {
+            input: (&w.desc, &w.ddot),
+            seed: (&w.ebar, &w.ones_c),
+            scale: None,
+            input_adjoint: true,
+        };
+        net_dual_backward(b, &m.params, &mut m.grad, net, rows, c, dual);
     }
     b.contract_dual(
         &d,
@@ -456,38 +437,65 @@ fn embed_dual_layered<T: Real, B: Backend<T>>(
 ) {
     for ti in 0..d.ntypes {
         for tj in 0..d.ntypes {
-            let rows = d.block(ti, tj);
             let net = &m.layout.embed[embed_net_index(m.type_one_side, d.ntypes, ti, tj)];
-            for (l, layer) in net.layers.iter().enumerate().rev() {
-                let last = l + 1 == net.layers.len();
-                let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
-                let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
-                let (ybar, ydotbar) = if last {
-                    (gbar, gdotbar)
-                } else {
-                    (&xb_tail[0], &xdb_tail[0])
-                };
-                let (x, xdot) = if l == 0 {
-                    (s, ones)
-                } else {
-                    (&c.y[l - 1], &c.ydot[l - 1])
-                };
-                let xbar = (l > 0).then(|| (&mut xb_head[l], &mut xdb_head[l]));
-                b.dense_dual_backward(
-                    layer,
-                    &m.params,
-                    rows.clone(),
-                    DenseIo { x, h: &c.h[l] },
-                    xdot,
-                    &c.zdot[l],
-                    Some(sdot),
-                    ybar,
-                    ydotbar,
-                    &mut m.grad,
-                    xbar,
-                );
-            }
+            let dual = NetDual {
+                input: (s, ones),
+                seed: (gbar, gdotbar),
+                scale: Some(sdot),
+                input_adjoint: false,
+            };
+            net_dual_backward(b, &m.params, &mut m.grad, net, d.block(ti, tj), c, dual);
         }
+    }
+}
+
+/// What one net's dual reverse starts from: its input (value, tangent), the adjoints of its
+/// output (ȳ, ẏ̄), the per-row tangent scale of [`Backend::dense_dual_backward`], and
+/// whether the adjoints of the input are wanted (they are `c.xbar[0]`, `c.xdotbar[0]`).
+struct NetDual<'a, Buf> {
+    input: (&'a Buf, &'a Buf),
+    seed: (&'a Buf, &'a Buf),
+    scale: Option<&'a Buf>,
+    input_adjoint: bool,
+}
+
+/// The dual reverse through the layers of `net` on `rows`, accumulating into `grad`.
+fn net_dual_backward<T: Real, B: Backend<T>>(
+    b: &B,
+    params: &B::Buf,
+    grad: &mut B::Buf,
+    net: &Net,
+    rows: Range<usize>,
+    c: &mut NetCache<B::Buf>,
+    dual: NetDual<B::Buf>,
+) {
+    for (l, layer) in net.layers.iter().enumerate().rev() {
+        let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
+        let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
+        let (ybar, ydotbar) = if l + 1 == net.layers.len() {
+            dual.seed
+        } else {
+            (&xb_tail[0], &xdb_tail[0])
+        };
+        let (x, xdot) = if l == 0 {
+            dual.input
+        } else {
+            (&c.y[l - 1], &c.ydot[l - 1])
+        };
+        let xbar = (l > 0 || dual.input_adjoint).then(|| (&mut xb_head[l], &mut xdb_head[l]));
+        b.dense_dual_backward(
+            layer,
+            params,
+            rows.clone(),
+            DenseIo { x, h: &c.h[l] },
+            xdot,
+            &c.zdot[l],
+            dual.scale,
+            ybar,
+            ydotbar,
+            grad,
+            xbar,
+        );
     }
 }
 
