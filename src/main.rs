@@ -104,7 +104,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let t0 = std::time::Instant::now();
+    let t0 = web_time::Instant::now();
     let cli = Cli::parse();
     // The MPI world (training only); MPI stays initialized while `_mpi` lives.
     let _mpi = match &cli.command {
@@ -153,7 +153,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command, t0: std::time::Instant) -> anyhow::Result<()> {
+fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
     match command {
         Command::Test {
             model,

@@ -297,6 +297,22 @@ fn fill_and_zeros() {
     assert!(Backend::<f32>::download(w, &e).is_empty());
 }
 
+/// The awaited read-back the web page uses gives what the blocking one gives, after ops that
+/// are still only recorded.
+#[test]
+fn awaited_download_matches_blocking() {
+    let Some(w) = wgpu_for::<f32>("awaited_download_matches_blocking") else {
+        return;
+    };
+    let mut b = Backend::<f32>::upload(w, &[1.0, -2.0, 3.5]);
+    w.fill(&mut b, 4.25f32);
+    let got = pollster::block_on(w.download_async(&b)).unwrap();
+    assert_eq!(got, vec![4.25; 3]);
+    assert_eq!(got, Backend::<f32>::download(w, &b));
+    let e = Backend::<f32>::zeros(w, 0);
+    assert!(pollster::block_on(w.download_async(&e)).unwrap().is_empty());
+}
+
 fn time_step<T: GpuReal, B: Backend<T>>(b: &B, c: &Case, label: &str) {
     let frames = [c.rf.frame(0)];
     let batch = assemble(&c.model.spec, &c.rf.atype, &frames).unwrap();

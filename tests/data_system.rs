@@ -284,3 +284,50 @@ fn error_integer_npy_is_rejected() {
         &["energy.npy", "float32/float64"],
     );
 }
+
+/// Every file below `root`, by path relative to `base`, in memory (what the web page fetches).
+fn mem_copy(root: &Path, base: &Path, out: &mut dpw::data::MemFiles) {
+    for e in fs::read_dir(root).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            mem_copy(&p, base, out);
+        } else {
+            out.insert(p.strip_prefix(base).unwrap(), fs::read(&p).unwrap());
+        }
+    }
+}
+
+#[test]
+fn memory_files_read_as_the_disk() {
+    use dpw::data::{load_system_in, Files, MemFiles};
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/water");
+    let mut mem = MemFiles::default();
+    mem_copy(&base.join("data_1"), &base, &mut mem);
+    mem.insert("data_1/nopbc_not_here.txt", Vec::new());
+    let tm = names(&["O", "H"]);
+    let disk = load_system(&base.join("data_1"), &tm).unwrap();
+    let from_mem = load_system_in(&mem, Path::new("data_1"), &tm).unwrap();
+    assert_eq!(disk.nframes, from_mem.nframes);
+    assert_eq!(disk.coord, from_mem.coord);
+    assert_eq!(disk.cell, from_mem.cell);
+    assert_eq!(disk.force, from_mem.force);
+    assert_eq!(disk.energy, from_mem.energy);
+    assert_eq!(disk.atype, from_mem.atype);
+    // Two sets, found and ordered as on disk.
+    assert!(mem.is_dir(Path::new("data_1/set.001")));
+    assert_eq!(
+        mem.list(Path::new("data_1")).unwrap(),
+        [
+            "nopbc_not_here.txt",
+            "set.000",
+            "set.001",
+            "type.raw",
+            "type_map.raw"
+        ]
+        .map(|n| PathBuf::from("data_1").join(n))
+    );
+    // A missing file is named as on disk.
+    let err = load_system_in(&mem, Path::new("data_9"), &tm).unwrap_err();
+    assert!(matches!(err, DataError::Missing { .. }), "{err}");
+    assert!(err.to_string().contains("data_9/type.raw"), "{err}");
+}

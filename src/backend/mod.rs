@@ -38,13 +38,24 @@ pub struct Prefactors {
     pub v: f64,
 }
 
-/// Per-batch sums from which the loss and the displayed RMSEs follow (all in f64).
+/// Per-batch sums from which the loss and the displayed RMSEs follow.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LossSums {
     /// Σ_frames ΔE², Σ ΔF² (all components), Σ ΔW² (all components).
     pub e2: f64,
     pub f2: f64,
     pub v2: f64,
+}
+
+impl LossSums {
+    /// From the 3-value buffer the [`Backend::loss`] op writes.
+    pub fn from_values<T: Real>(v: &[T]) -> Self {
+        LossSums {
+            e2: v[0].f64(),
+            f2: v[1].f64(),
+            v2: v[2].f64(),
+        }
+    }
 }
 
 /// Adam hyper-parameters for one update.
@@ -274,7 +285,9 @@ pub trait Backend<T: Real>: Sync {
     );
 
     /// Residuals of a batch and the seeds of the gradient pass: `ebar[c]` = ∂L/∂E of the
-    /// centre's frame; `fres`, `vres` = ∂L/∂F, ∂L/∂W (the loss is a mean over frames).
+    /// centre's frame; `fres`, `vres` = ∂L/∂F, ∂L/∂W (the loss is a mean over frames); and
+    /// `sums` = [Σ ΔE², Σ ΔF², Σ ΔW²] ([`LossSums::from_values`]). The sums stay on the device so
+    /// that a step needs no read-back (a browser cannot wait for one).
     #[allow(clippy::too_many_arguments)]
     fn loss(
         &self,
@@ -286,7 +299,8 @@ pub trait Backend<T: Real>: Sync {
         ebar: &mut Self::Buf,
         fres: &mut Self::Buf,
         vres: &mut Self::Buf,
-    ) -> LossSums;
+        sums: &mut Self::Buf,
+    );
 
     /// The force/virial seed as a tangent of the environment: u_ij = fres_i − fres_owner(j) −
     /// vres·r_ij, Ṙ = J u.

@@ -2,7 +2,7 @@
 //! files kept, and reports the median s/step, steps/s, peak memory and start-up time.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use web_time::Instant;
 
 use anyhow::{Context, Result};
 use serde_json::json;

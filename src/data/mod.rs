@@ -1,7 +1,9 @@
-//! Training data: deepmd/npy systems on disk and the batch sampler over them.
+//! Training data: deepmd/npy systems (on disk or in memory) and the batch sampler over them.
 
+mod files;
 mod sampler;
 mod system;
 
+pub use files::{Disk, Files, MemFiles};
 pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
-pub use system::{load_system, DataError, System};
+pub use system::{load_system, load_system_in, DataError, System};

@@ -1,11 +1,12 @@
 //! Reading one deepmd/npy system (spec §1).
 
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use ndarray::ArrayD;
 use ndarray_npy::{ReadNpyError, ReadNpyExt};
+
+use super::files::{Disk, Files};
 
 /// Anything wrong with a system on disk. Every message names the offending file.
 #[derive(Debug, thiserror::Error)]
@@ -105,15 +106,24 @@ impl System {
 
 /// Load the system in directory `path`, mapping its atom types onto the model's `type_map`.
 pub fn load_system(path: &Path, type_map: &[String]) -> Result<System, DataError> {
-    let model_types = read_types(path, type_map)?;
+    load_system_in(&Disk, path, type_map)
+}
+
+/// [`load_system`] from the files of `fs`.
+pub fn load_system_in(
+    fs: &dyn Files,
+    path: &Path,
+    type_map: &[String],
+) -> Result<System, DataError> {
+    let model_types = read_types(fs, path, type_map)?;
     let natoms = model_types.len();
     // Stable sort by type, as DeePMD's `np.lexsort((arange(natoms), atom_type))`.
     let mut orig_index: Vec<usize> = (0..natoms).collect();
     orig_index.sort_by_key(|&i| model_types[i]);
     let atype = orig_index.iter().map(|&i| model_types[i]).collect();
 
-    let sets = set_dirs(path)?;
-    let pbc = !path.join("nopbc").exists();
+    let sets = set_dirs(fs, path)?;
+    let pbc = !fs.is_file(&path.join("nopbc"));
     let mut coord = Vec::new();
     let mut cell = Vec::new();
     let mut energy = Vec::new();
@@ -122,10 +132,10 @@ pub fn load_system(path: &Path, type_map: &[String]) -> Result<System, DataError
     let mut all_have_virial = true;
     for set in &sets {
         let coord_path = set.join("coord.npy");
-        let (nf, c) = read_frames(&coord_path, &[&[natoms * 3], &[natoms, 3]])?;
+        let (nf, c) = read_frames(fs, &coord_path, &[&[natoms * 3], &[natoms, 3]])?;
         let frames = |name: &str, tails: &[&[usize]]| {
             let p = set.join(name);
-            let (found, data) = read_frames(&p, tails)?;
+            let (found, data) = read_frames(fs, &p, tails)?;
             if found != nf {
                 return Err(DataError::FrameCount {
                     path: p,
@@ -142,7 +152,7 @@ pub fn load_system(path: &Path, type_map: &[String]) -> Result<System, DataError
         force.extend(permute_atoms(&f, &orig_index));
         if pbc {
             let box_path = set.join("box.npy");
-            if !box_path.exists() {
+            if !fs.is_file(&box_path) {
                 return Err(DataError::Invalid {
                     path: box_path,
                     reason: "missing (a non-periodic system needs an empty `nopbc` file instead)"
@@ -151,7 +161,7 @@ pub fn load_system(path: &Path, type_map: &[String]) -> Result<System, DataError
             }
             cell.extend(frames("box.npy", &[&[9], &[3, 3]])?);
         }
-        if set.join("virial.npy").exists() {
+        if fs.is_file(&set.join("virial.npy")) {
             virial.extend(frames("virial.npy", &[&[9], &[3, 3]])?);
         } else {
             all_have_virial = false;
@@ -185,9 +195,9 @@ pub fn load_system(path: &Path, type_map: &[String]) -> Result<System, DataError
 }
 
 /// Model type index of each atom, in `type.raw` order.
-fn read_types(dir: &Path, type_map: &[String]) -> Result<Vec<usize>, DataError> {
+fn read_types(fs: &dyn Files, dir: &Path, type_map: &[String]) -> Result<Vec<usize>, DataError> {
     let type_path = dir.join("type.raw");
-    let text = read_text(&type_path)?;
+    let text = read_text(fs, &type_path)?;
     let types = text
         .split_whitespace()
         .map(|tok| {
@@ -205,7 +215,7 @@ fn read_types(dir: &Path, type_map: &[String]) -> Result<Vec<usize>, DataError> 
     }
 
     let map_path = dir.join("type_map.raw");
-    if !map_path.exists() {
+    if !fs.is_file(&map_path) {
         return match types.iter().position(|&t| t >= type_map.len()) {
             Some(atom) => Err(DataError::TypeOutOfRange {
                 path: type_path,
@@ -216,7 +226,7 @@ fn read_types(dir: &Path, type_map: &[String]) -> Result<Vec<usize>, DataError> 
             None => Ok(types),
         };
     }
-    let data_names: Vec<String> = read_text(&map_path)?
+    let data_names: Vec<String> = read_text(fs, &map_path)?
         .split_whitespace()
         .map(String::from)
         .collect();
@@ -244,8 +254,12 @@ fn read_types(dir: &Path, type_map: &[String]) -> Result<Vec<usize>, DataError> 
         .collect()
 }
 
-fn read_text(path: &Path) -> Result<String, DataError> {
-    fs::read_to_string(path).map_err(|e| io_error(path, e))
+fn read_text(fs: &dyn Files, path: &Path) -> Result<String, DataError> {
+    let bytes = fs.read(path).map_err(|e| io_error(path, e))?;
+    String::from_utf8(bytes).map_err(|_| DataError::Invalid {
+        path: path.to_path_buf(),
+        reason: "not a UTF-8 text file".into(),
+    })
 }
 
 fn io_error(path: &Path, source: io::Error) -> DataError {
@@ -258,12 +272,14 @@ fn io_error(path: &Path, source: io::Error) -> DataError {
 }
 
 /// The `set.*` subdirectories of a system, sorted by name.
-fn set_dirs(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
+fn set_dirs(fs: &dyn Files, dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     let mut sets = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
-        let entry = entry.map_err(|e| io_error(dir, e))?;
-        if entry.file_name().to_string_lossy().starts_with("set.") && entry.path().is_dir() {
-            sets.push(entry.path());
+    for entry in fs.list(dir).map_err(|e| io_error(dir, e))? {
+        let is_set = entry
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("set."));
+        if is_set && fs.is_dir(&entry) {
+            sets.push(entry);
         }
     }
     if sets.is_empty() {
@@ -278,8 +294,12 @@ fn set_dirs(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
 
 /// Read a per-frame npy array whose shape is `[nframes]` followed by one of `tails`;
 /// returns the frame count and the values (as f64, C order), all checked finite.
-fn read_frames(path: &Path, tails: &[&[usize]]) -> Result<(usize, Vec<f64>), DataError> {
-    let array = read_npy_f64(path)?;
+fn read_frames(
+    fs: &dyn Files,
+    path: &Path,
+    tails: &[&[usize]],
+) -> Result<(usize, Vec<f64>), DataError> {
+    let array = read_npy_f64(fs, path)?;
     let shape = array.shape();
     if shape.is_empty() || !tails.contains(&&shape[1..]) {
         let expected = tails
@@ -310,8 +330,8 @@ fn read_frames(path: &Path, tails: &[&[usize]]) -> Result<(usize, Vec<f64>), Dat
 }
 
 /// npy files are float32 or float64 depending on who wrote them; both become f64.
-fn read_npy_f64(path: &Path) -> Result<ArrayD<f64>, DataError> {
-    let bytes = fs::read(path).map_err(|e| io_error(path, e))?;
+fn read_npy_f64(fs: &dyn Files, path: &Path) -> Result<ArrayD<f64>, DataError> {
+    let bytes = fs.read(path).map_err(|e| io_error(path, e))?;
     let npy_error = |source| DataError::Npy {
         path: path.to_path_buf(),
         source,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::config::DataConfig;
-use crate::data::{load_system, nbatches, system_probs, System};
+use crate::data::{load_system_in, nbatches, system_probs, Disk, Files, Sampler, System};
 
 pub struct DataSet {
     pub systems: Vec<System>,
@@ -18,6 +18,11 @@ pub struct DataSet {
 impl DataSet {
     pub fn nframes(&self) -> Vec<usize> {
         self.systems.iter().map(|s| s.nframes).collect()
+    }
+
+    /// A batch stream over these systems.
+    pub fn sampler(&self, seed: u64) -> Sampler {
+        Sampler::new(&self.nframes(), &self.batch_sizes, self.probs.clone(), seed)
     }
 
     /// DeePMD-kit's "Summary of DataSystem" table, one line per system.
@@ -59,40 +64,33 @@ impl DataSet {
     }
 }
 
-fn is_system(p: &Path) -> bool {
-    p.join("type.raw").is_file()
-}
-
 /// DeePMD-kit's `expand_sys_str`: every directory at or below `root` that holds a `type.raw`.
-fn search_systems(root: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    if is_system(root) {
+fn search_systems(fs: &dyn Files, root: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    if fs.is_file(&root.join("type.raw")) {
         out.push(root.to_path_buf());
         return Ok(());
     }
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .with_context(|| format!("cannot list {}", root.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
-    for d in dirs {
-        search_systems(&d, out)?;
+    let entries = fs
+        .list(root)
+        .with_context(|| format!("cannot list {}", root.display()))?;
+    for d in entries.iter().filter(|p| fs.is_dir(p)) {
+        search_systems(fs, d, out)?;
     }
     Ok(())
 }
 
 /// The system folders of `systems`: each one a system, or a folder searched for systems.
-pub fn find_systems(paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>> {
+pub fn find_systems(fs: &dyn Files, paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for p in paths {
-        if !p.exists() {
+        if !fs.is_dir(p) {
+            if fs.is_file(p) {
+                bail!("{what} system {} is not a folder", p.display());
+            }
             bail!("{what} system folder {} does not exist", p.display());
         }
-        if !p.is_dir() {
-            bail!("{what} system {} is not a folder", p.display());
-        }
         let before = out.len();
-        search_systems(p, &mut out)?;
+        search_systems(fs, p, &mut out)?;
         if out.len() == before {
             bail!(
                 "{what} system folder {} holds no deepmd/npy system (no type.raw in it or below it)",
@@ -105,7 +103,17 @@ pub fn find_systems(paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>> {
 
 /// Finds, loads and sizes the systems of one data section.
 pub fn load_data(cfg: &DataConfig, type_map: &[String], what: &str) -> Result<DataSet> {
-    let paths = find_systems(&cfg.system_paths, what)?;
+    load_data_in(&Disk, cfg, type_map, what)
+}
+
+/// [`load_data`] from the files of `fs`.
+pub fn load_data_in(
+    fs: &dyn Files,
+    cfg: &DataConfig,
+    type_map: &[String],
+    what: &str,
+) -> Result<DataSet> {
+    let paths = find_systems(fs, &cfg.system_paths, what)?;
     if let Some(p) = &cfg.sys_probs {
         if p.len() != paths.len() {
             bail!(
@@ -119,7 +127,8 @@ pub fn load_data(cfg: &DataConfig, type_map: &[String], what: &str) -> Result<Da
     let mut batch_sizes = Vec::new();
     let mut kept_probs = Vec::new();
     for (i, p) in paths.iter().enumerate() {
-        let sys = load_system(p, type_map).with_context(|| format!("loading {what} data"))?;
+        let sys =
+            load_system_in(fs, p, type_map).with_context(|| format!("loading {what} data"))?;
         if !cfg.batch_size.keeps_system(sys.natoms) {
             tracing::info!(
                 "{what} system {} ({} atoms) dropped by batch_size filter",

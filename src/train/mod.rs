@@ -11,3 +11,5 @@ pub mod predict;
 pub mod stats;
 pub mod step;
 pub mod trainer;
+pub mod validation;
+pub mod workspaces;

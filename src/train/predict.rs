@@ -69,6 +69,10 @@ pub fn loss_and_grad<T: Real, B: Backend<T>>(
     let mut w = Workspace::new(b, &dm.layout, &batch.dims);
     w.load(b, &batch);
     forward(b, &dm, &mut w);
-    let sums = gradient(b, &mut dm, &mut w, pref);
-    Ok((sums, dm.grad_f64(b), read_prediction(b, &w, &batch)))
+    gradient(b, &mut dm, &mut w, pref);
+    Ok((
+        w.loss_sums(b),
+        dm.grad_f64(b),
+        read_prediction(b, &w, &batch),
+    ))
 }

@@ -2,6 +2,8 @@
 //! virial, then (training) the loss residuals, the tangent pass and the dual reverse pass that
 //! give the parameter gradient of the full loss, energy + force + virial (DESIGN.md).
 
+use std::ops::Range;
+
 use crate::backend::{Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
 use crate::model::{embed_net_index, Model, Net, ParamLayout};
 
@@ -129,6 +131,7 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     ebar: B::Buf,
     fres: B::Buf,
     vres: B::Buf,
+    sums: B::Buf,
     rdot: B::Buf,
     sdot: B::Buf,
     adot: B::Buf,
@@ -173,6 +176,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             ebar: b.zeros(nc),
             fres: b.zeros(3 * na),
             vres: b.zeros(9 * nf),
+            sums: b.zeros(3),
             rdot: b.zeros(4 * ns),
             sdot: b.zeros(ns),
             adot: b.zeros(4 * m1 * nc),
@@ -190,6 +194,16 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
     /// The descriptor of every centre, `[ncentres][M1·M2]`.
     pub fn descriptor(&self) -> &B::Buf {
         &self.desc
+    }
+
+    /// The loss sums of the last [`gradient`], on the device.
+    pub fn sums(&self) -> &B::Buf {
+        &self.sums
+    }
+
+    /// The loss sums of the last [`gradient`] (a read-back).
+    pub fn loss_sums(&self, b: &B) -> LossSums {
+        LossSums::from_values(&b.download(&self.sums))
     }
 
     /// Sends a batch's geometry and labels to the device.
@@ -274,15 +288,15 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
 }
 
 /// After [`forward`]: the loss of the batch and its gradient with respect to every parameter,
-/// left in `m.grad`.
+/// left in `m.grad`; the loss sums stay on the device ([`Workspace::loss_sums`]).
 pub fn gradient<T: Real, B: Backend<T>>(
     b: &B,
     m: &mut DeviceModel<T, B>,
     w: &mut Workspace<T, B>,
     pref: Prefactors,
-) -> LossSums {
+) {
     let d = w.dims.clone();
-    let sums = b.loss(
+    b.loss(
         &d,
         pref,
         [&w.energy, &w.force, &w.virial],
@@ -291,6 +305,7 @@ pub fn gradient<T: Real, B: Backend<T>>(
         &mut w.ebar,
         &mut w.fres,
         &mut w.vres,
+        &mut w.sums,
     );
     b.virtual_tangent(
         &d,
@@ -324,34 +339,13 @@ pub fn gradient<T: Real, B: Backend<T>>(
                 &mut tail[0],
             );
         }
-        for (l, layer) in net.layers.iter().enumerate().rev() {
-            let last = l + 1 == net.layers.len();
-            let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
-            let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
-            let (ybar, ydotbar) = if last {
-                (&w.ebar, &w.ones_c)
-            } else {
-                (&xb_tail[0], &xdb_tail[0])
-            };
-            let (x, xdot) = if l == 0 {
-                (&w.desc, &w.ddot)
-            } else {
-                (&c.y[l - 1], &c.ydot[l - 1])
-            };
-            b.dense_dual_backward(
-                layer,
-                &m.params,
-                rows.clone(),
-                DenseIo { x, h: &c.h[l] },
-                xdot,
-                &c.zdot[l],
-                None,
-                ybar,
-                ydotbar,
-                &mut m.grad,
-                Some((&mut xb_head[l], &mut xdb_head[l])),
-            );
-        }
+        let dual = NetDual {
+            input: (&w.desc, &w.ddot),
+            seed: (&w.ebar, &w.ones_c),
+            scale: None,
+            input_adjoint: true,
+        };
+        net_dual_backward(b, &m.params, &mut m.grad, net, rows, c, dual);
     }
     b.contract_dual(
         &d,
@@ -383,7 +377,6 @@ pub fn gradient<T: Real, B: Backend<T>>(
             embed_dual_layered(b, m, &d, &w.s, &w.ones_s, &w.sdot, &w.gbar, &w.gdotbar, c)
         }
     }
-    sums
 }
 
 /// G and G' layer by layer through the dense ops, keeping every layer for the dual pass.
@@ -444,38 +437,65 @@ fn embed_dual_layered<T: Real, B: Backend<T>>(
 ) {
     for ti in 0..d.ntypes {
         for tj in 0..d.ntypes {
-            let rows = d.block(ti, tj);
             let net = &m.layout.embed[embed_net_index(m.type_one_side, d.ntypes, ti, tj)];
-            for (l, layer) in net.layers.iter().enumerate().rev() {
-                let last = l + 1 == net.layers.len();
-                let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
-                let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
-                let (ybar, ydotbar) = if last {
-                    (gbar, gdotbar)
-                } else {
-                    (&xb_tail[0], &xdb_tail[0])
-                };
-                let (x, xdot) = if l == 0 {
-                    (s, ones)
-                } else {
-                    (&c.y[l - 1], &c.ydot[l - 1])
-                };
-                let xbar = (l > 0).then(|| (&mut xb_head[l], &mut xdb_head[l]));
-                b.dense_dual_backward(
-                    layer,
-                    &m.params,
-                    rows.clone(),
-                    DenseIo { x, h: &c.h[l] },
-                    xdot,
-                    &c.zdot[l],
-                    Some(sdot),
-                    ybar,
-                    ydotbar,
-                    &mut m.grad,
-                    xbar,
-                );
-            }
+            let dual = NetDual {
+                input: (s, ones),
+                seed: (gbar, gdotbar),
+                scale: Some(sdot),
+                input_adjoint: false,
+            };
+            net_dual_backward(b, &m.params, &mut m.grad, net, d.block(ti, tj), c, dual);
         }
+    }
+}
+
+/// What one net's dual reverse starts from: its input (value, tangent), the adjoints of its
+/// output (ȳ, ẏ̄), the per-row tangent scale of [`Backend::dense_dual_backward`], and
+/// whether the adjoints of the input are wanted (they are `c.xbar[0]`, `c.xdotbar[0]`).
+struct NetDual<'a, Buf> {
+    input: (&'a Buf, &'a Buf),
+    seed: (&'a Buf, &'a Buf),
+    scale: Option<&'a Buf>,
+    input_adjoint: bool,
+}
+
+/// The dual reverse through the layers of `net` on `rows`, accumulating into `grad`.
+fn net_dual_backward<T: Real, B: Backend<T>>(
+    b: &B,
+    params: &B::Buf,
+    grad: &mut B::Buf,
+    net: &Net,
+    rows: Range<usize>,
+    c: &mut NetCache<B::Buf>,
+    dual: NetDual<B::Buf>,
+) {
+    for (l, layer) in net.layers.iter().enumerate().rev() {
+        let (xb_head, xb_tail) = c.xbar.split_at_mut(l + 1);
+        let (xdb_head, xdb_tail) = c.xdotbar.split_at_mut(l + 1);
+        let (ybar, ydotbar) = if l + 1 == net.layers.len() {
+            dual.seed
+        } else {
+            (&xb_tail[0], &xdb_tail[0])
+        };
+        let (x, xdot) = if l == 0 {
+            dual.input
+        } else {
+            (&c.y[l - 1], &c.ydot[l - 1])
+        };
+        let xbar = (l > 0 || dual.input_adjoint).then(|| (&mut xb_head[l], &mut xdb_head[l]));
+        b.dense_dual_backward(
+            layer,
+            params,
+            rows.clone(),
+            DenseIo { x, h: &c.h[l] },
+            xdot,
+            &c.zdot[l],
+            dual.scale,
+            ybar,
+            ydotbar,
+            grad,
+            xbar,
+        );
     }
 }
 

@@ -10,15 +10,15 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::ProgressBar;
 use serde_json::Value;
+use web_time::Instant;
 
-use crate::backend::{AdamStep, Backend, LossSums, Real};
-use crate::config::{load_config, Config, OptimizerConfig, Precision, Sel};
-use crate::data::{Sampler, System};
+use crate::backend::{Backend, LossSums, Real};
+use crate::config::{load_config, Config, Precision, Sel};
+use crate::data::{Disk, Files, Sampler, System};
 use crate::dist;
 use crate::fmt::sci;
 use crate::model::file::{model_from_container, read_container, write_atomic};
@@ -26,13 +26,14 @@ use crate::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
 
 use super::batch::{assemble, Frame, HostBatch};
 use super::checkpoint::{self, Checkpoint, DataShape};
-use super::dataset::{load_data, DataSet};
+use super::dataset::{load_data_in, DataSet};
 use super::lcurve::{self, Metrics};
-use super::loss::{host_sums, Loss};
+use super::loss::Loss;
 use super::lr::LrSchedule;
-use super::predict::read_prediction;
 use super::stats::{auto_sel, data_stats, neighbor_stats, stat_frames};
-use super::step::{forward, gradient, DeviceModel, Workspace};
+use super::step::DeviceModel;
+use super::validation::{validate, VALID_STREAM};
+use super::workspaces::{adam_step, batch_gradient, Cache};
 
 /// Target of the per-display progress lines: shown on stderr only without a progress bar.
 pub const PROGRESS_TARGET: &str = "dpw::progress";
@@ -188,18 +189,28 @@ fn shape(d: &DataSet) -> DataShape {
 
 /// Reads and checks everything a run needs. Writes nothing.
 pub fn prepare(input: &Path, start: Start, out_dir: &Path, t0: Instant) -> Result<TrainSetup> {
-    let mut cfg = load_config(input)?;
+    prepare_in(&Disk, load_config(input)?, start, out_dir, t0)
+}
+
+/// [`prepare`] for a parsed input whose data are read from `fs`.
+pub fn prepare_in(
+    fs: &dyn Files,
+    mut cfg: Config,
+    start: Start,
+    out_dir: &Path,
+    t0: Instant,
+) -> Result<TrainSetup> {
     check_supported(&cfg)?;
     let type_map = cfg.model.type_map.clone();
     let ntypes = type_map.len();
 
-    let train = load_data(&cfg.training.training_data, &type_map, "training")?;
+    let train = load_data_in(fs, &cfg.training.training_data, &type_map, "training")?;
     for l in train.summary("training") {
         tracing::info!("{l}");
     }
     let valid = match &cfg.training.validation_data {
         Some(v) => {
-            let d = load_data(&v.data, &type_map, "validation")?;
+            let d = load_data_in(fs, &v.data, &type_map, "validation")?;
             for l in d.summary("validation") {
                 tracing::info!("{l}");
             }
@@ -499,68 +510,6 @@ fn to_f64<T: Real>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.f64()).collect()
 }
 
-/// Workspaces by batch shape: systems of the same composition and batch size share one (a
-/// workspace holds nothing of a batch that [`Workspace::load`] does not replace), and so do
-/// training and validation.
-type Cache<T, B> = Vec<Workspace<T, B>>;
-
-fn workspace<'a, T: Real, B: Backend<T>>(
-    cache: &'a mut Cache<T, B>,
-    b: &B,
-    dm: &DeviceModel<T, B>,
-    batch: &HostBatch,
-) -> &'a mut Workspace<T, B> {
-    let i = match cache.iter().position(|w| w.dims == batch.dims) {
-        Some(i) => i,
-        None => {
-            cache.push(Workspace::new(b, &dm.layout, &batch.dims));
-            cache.len() - 1
-        }
-    };
-    &mut cache[i]
-}
-
-/// Atom-weighted average of the metrics of `nbtch` validation batches (spec §9).
-#[allow(clippy::too_many_arguments)]
-fn validate<T: Real, B: Backend<T>>(
-    b: &B,
-    dm: &DeviceModel<T, B>,
-    spec: &ModelSpec,
-    data: &DataSet,
-    sampler: &mut Sampler,
-    nbtch: usize,
-    cache: &mut Cache<T, B>,
-    loss: &Loss,
-    pref_lr: f64,
-) -> Result<Metrics> {
-    let mut acc = loss.zero_metrics();
-    let mut natoms = 0usize;
-    for _ in 0..nbtch {
-        let (s, frames) = sampler.next_batch();
-        let sys = &data.systems[s];
-        let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
-        let batch = assemble(spec, &sys.atype, &fr)
-            .with_context(|| format!("validation system {}", sys.path.display()))?;
-        let w = workspace(cache, b, dm, &batch);
-        w.load(b, &batch);
-        forward(b, dm, w);
-        let p = read_prediction(b, w, &batch);
-        let sums = host_sums(
-            (&p.energy, &p.force, &p.virial),
-            (
-                &batch.energy,
-                &batch.force,
-                batch.has_virial.then_some(batch.virial.as_slice()),
-            ),
-        );
-        let pf = loss.prefactors(pref_lr, sys.natoms, batch.has_virial);
-        let m = loss.metrics(&sums, fr.len(), sys.natoms, &pf);
-        acc.add_scaled(&m, sys.natoms as f64);
-        natoms += sys.natoms;
-    }
-    Ok(acc.scaled(1.0 / natoms as f64))
-}
-
 /// Keeps the lines of an existing lcurve.out up to `step` (drops what a killed run wrote after
 /// its last checkpoint), and opens it for appending.
 fn reopen_lcurve(path: &Path, step: usize) -> Result<File> {
@@ -663,23 +612,11 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     // A restart on other data (or other batch sizes or probabilities) cannot continue the
     // checkpoint's batch stream; it starts a new one, seeded from the seed and the step.
     let stream_seed = seed.wrapping_add(start as u64);
-    let new_train_sampler = || {
-        Sampler::new(
-            &train_data.nframes(),
-            &train_data.batch_sizes,
-            train_data.probs.clone(),
-            stream_seed,
-        )
-    };
+    let new_train_sampler = || train_data.sampler(stream_seed);
     let new_valid_sampler = || {
-        valid.as_ref().map(|v| {
-            Sampler::new(
-                &v.nframes(),
-                &v.batch_sizes,
-                v.probs.clone(),
-                stream_seed ^ 0x5641_4c49_4400,
-            )
-        })
+        valid
+            .as_ref()
+            .map(|v| v.sampler(stream_seed ^ VALID_STREAM))
     };
     let mut dm = DeviceModel::<T, B>::new(b, &model);
     let (sampler, mut valid_sampler, mut acc_count, mut acc_sum) = match &restart {
@@ -831,10 +768,8 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         let pf = loss.prefactors(pref_lr, natoms, systems[s].virial.is_some());
         let (mut sums, nf) = match &batch {
             Some(batch) => {
-                let w = workspace(&mut cache, b, &dm, batch);
-                w.load(b, batch);
-                forward(b, &dm, w);
-                (gradient(b, &mut dm, w, pf.op), batch.dims.nframes)
+                let w = batch_gradient(b, &mut dm, &mut cache, batch, pf.op);
+                (w.loss_sums(b), batch.dims.nframes)
             }
             None => {
                 b.fill(&mut dm.grad, T::zero());
@@ -885,14 +820,13 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 dm.grad = b.upload(&scaled);
             }
         }
-        let a = AdamStep {
-            lr,
-            beta1: opt.adam_beta1,
-            beta2: opt.adam_beta2,
-            eps: OptimizerConfig::EPS,
-            t: step as u64 + 1,
-        };
-        b.adam(a, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
+        b.adam(
+            adam_step(opt, lr, step),
+            &mut dm.params,
+            &dm.grad,
+            &mut dm.m,
+            &mut dm.v,
+        );
         report.step_s.push(t_step.elapsed().as_secs_f64());
         if step == start {
             tracing::info!(

@@ -29,7 +29,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
+use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
 use crate::model::Layer;
 
 /// The message when no driver library can be loaded.
@@ -870,7 +870,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
         ebar: &mut CudaBuf<T>,
         fres: &mut CudaBuf<T>,
         vres: &mut CudaBuf<T>,
-    ) -> LossSums {
+        sums: &mut CudaBuf<T>,
+    ) {
         let dims = self.dims_table(d);
         let (n, nf) = (d.natoms as f64, d.nframes as f64);
         let ce = self.scratch::<T>(d.nframes);
@@ -916,7 +917,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 [self.addr(&*dims), self.addr(&ce), self.ptr(ebar)]
             );
         }
-        let sums: Vec<f64> = partials
+        // The chunk partials are summed on the host in f64, in order, as the CPU sums.
+        let total: Vec<f64> = partials
             .iter()
             .map(|(part, chunks)| {
                 if *chunks == 0 {
@@ -930,11 +932,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 v.iter().sum()
             })
             .collect();
-        LossSums {
-            e2: sums[0],
-            f2: sums[1],
-            v2: sums[2],
-        }
+        *sums = self.upload(&total.iter().map(|&x| T::of(x)).collect::<Vec<_>>());
     }
 
     fn virtual_tangent(

@@ -21,6 +21,13 @@ struct Pending {
     last: Option<wgpu::SubmissionIndex>,
 }
 
+/// Where a buffer mapping's callback leaves its result for the future awaiting it.
+#[derive(Default)]
+struct MapSlot {
+    result: Option<Result<(), wgpu::BufferAsyncError>>,
+    waker: Option<std::task::Waker>,
+}
+
 /// Pipelines are keyed by (shader file, entry point, precision).
 type PipelineKey = (&'static str, &'static str, Precision);
 
@@ -491,12 +498,9 @@ impl Wgpu {
         }
     }
 
-    /// Copies the first `bytes` of a buffer back to the host, after all recorded work.
-    pub(super) fn read_bytes(&self, buf: &wgpu::Buffer, bytes: u64) -> Vec<u8> {
-        if bytes == 0 {
-            return Vec::new();
-        }
-        let _device = self.device_guard();
+    /// Records a copy of the first `bytes` (rounded up to 4) of `buf` into a new mappable
+    /// buffer after all recorded work, and submits it.
+    fn stage(&self, buf: &wgpu::Buffer, bytes: u64) -> (wgpu::Buffer, wgpu::SubmissionIndex) {
         let size = bytes.div_ceil(4) * 4;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("download"),
@@ -504,18 +508,31 @@ impl Wgpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let idx = {
-            let mut p = self.pending.lock().unwrap();
-            let enc = p.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("dpw ops"),
-                    })
-            });
-            enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
-            self.submit(&mut p);
-            p.last.clone().expect("just submitted")
-        };
+        let mut p = self.pending.lock().unwrap();
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("dpw ops"),
+                })
+        });
+        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
+        self.submit(&mut p);
+        (staging, p.last.clone().expect("just submitted"))
+    }
+
+    fn unstage(staging: wgpu::Buffer, bytes: u64) -> Vec<u8> {
+        let out = staging.get_mapped_range(..).expect("mapped range")[..bytes as usize].to_vec();
+        staging.unmap();
+        out
+    }
+
+    /// Copies the first `bytes` of a buffer back to the host, after all recorded work.
+    pub(super) fn read_bytes(&self, buf: &wgpu::Buffer, bytes: u64) -> Vec<u8> {
+        if bytes == 0 {
+            return Vec::new();
+        }
+        let _device = self.device_guard();
+        let (staging, idx) = self.stage(buf, bytes);
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -528,14 +545,63 @@ impl Wgpu {
         mapped
             .expect("map callback")
             .expect("mapping a download buffer");
-        let out = staging.get_mapped_range(..).expect("mapped range")[..bytes as usize].to_vec();
-        staging.unmap();
-        out
+        Self::unstage(staging, bytes)
+    }
+
+    /// [`Wgpu::read_bytes`] without blocking the thread: in a browser the mapping completes only
+    /// after control returns to the page's event loop, so a download there must be awaited.
+    async fn read_bytes_async(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = {
+            let _device = self.device_guard();
+            self.stage(buf, bytes).0
+        };
+        let slot: Arc<Mutex<MapSlot>> = Arc::default();
+        let done = Arc::clone(&slot);
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let mut s = done.lock().unwrap();
+            s.result = Some(r);
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        });
+        std::future::poll_fn(|cx| {
+            // Native devices deliver the callback only when polled; a browser ignores this.
+            {
+                let _device = self.device_guard();
+                let _ = self.device.poll(wgpu::PollType::Poll);
+            }
+            let mut s = slot.lock().unwrap();
+            match s.result.take() {
+                Some(r) => std::task::Poll::Ready(r),
+                None => {
+                    s.waker = Some(cx.waker().clone());
+                    if cfg!(not(target_arch = "wasm32")) {
+                        cx.waker().wake_by_ref();
+                    }
+                    std::task::Poll::Pending
+                }
+            }
+        })
+        .await
+        .map_err(|e| anyhow!("reading back a GPU buffer on {}: {e}", self.info.name))?;
+        Ok(Self::unstage(staging, bytes))
     }
 
     pub(super) fn download_real<T: GpuReal>(&self, b: &Buf<T>) -> Vec<T> {
         let bytes = self.read_bytes(&b.buf, (b.len * size_of::<T>()) as u64);
         bytemuck::pod_collect_to_vec(&bytes)
+    }
+
+    /// A buffer's values, awaited rather than waited for (see [`Wgpu::read_bytes_async`]); the
+    /// way to read results in a browser. Fails if the device is lost.
+    pub async fn download_async<T: GpuReal>(&self, b: &Buf<T>) -> Result<Vec<T>> {
+        let bytes = self
+            .read_bytes_async(&b.buf, (b.len * size_of::<T>()) as u64)
+            .await?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
     /// Zeroes a buffer, in order with the recorded ops.

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
-use crate::backend::{AdamStep, Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors};
+use crate::backend::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors};
 use crate::model::{Layer, Skip};
 
 /// Threads per workgroup of the 1-D kernels (`WG` in shaders/common.wgsl).
@@ -558,7 +558,8 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         ebar: &mut Buf<T>,
         fres: &mut Buf<T>,
         vres: &mut Buf<T>,
-    ) -> LossSums {
+        sums: &mut Buf<T>,
+    ) {
         let (n, nf) = (d.natoms as f64, d.nframes as f64);
         let coef = self.reals::<T>(&[
             2.0 * pref.e / (n * nf),
@@ -593,7 +594,6 @@ impl<T: GpuReal> Backend<T> for Wgpu {
                 grid1(len),
             );
         }
-        let sums = self.zeros_real::<T>(3);
         for which in 0..3 {
             self.go::<T>(
                 &k::LOSS_SUMSQ,
@@ -601,12 +601,6 @@ impl<T: GpuReal> Backend<T> for Wgpu {
                 &[&pred[which].buf, &label[which].buf, &sums.buf],
                 [1, 1, 1],
             );
-        }
-        let s = self.download_real(&sums);
-        LossSums {
-            e2: s[0].f64(),
-            f2: s[1].f64(),
-            v2: s[2].f64(),
         }
     }
 

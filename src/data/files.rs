@@ -1,0 +1,89 @@
+//! Where data files come from: the file system, or files already in memory (a web page fetches
+//! them, having no file system). The readers go through [`Files`] so one reader serves both.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub trait Files: Sync {
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    fn is_file(&self, path: &Path) -> bool;
+    fn is_dir(&self, path: &Path) -> bool;
+    /// The entries directly inside `dir`, sorted by name.
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+}
+
+/// The real file system.
+pub struct Disk;
+
+impl Files for Disk {
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+
+    fn is_file(&self, path: &Path) -> bool {
+        path.is_file()
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out = std::fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<io::Result<Vec<_>>>()?;
+        out.sort();
+        Ok(out)
+    }
+}
+
+/// Files held in memory by relative path ("data/train/set.000/coord.npy"); a folder exists
+/// when some file lies below it.
+#[derive(Default)]
+pub struct MemFiles {
+    files: BTreeMap<PathBuf, Vec<u8>>,
+}
+
+impl MemFiles {
+    pub fn insert(&mut self, path: impl Into<PathBuf>, bytes: Vec<u8>) {
+        self.files.insert(path.into(), bytes);
+    }
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{} was not among the files given", path.display()),
+    )
+}
+
+impl Files for MemFiles {
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.files.get(path).cloned().ok_or_else(|| not_found(path))
+    }
+
+    fn is_file(&self, path: &Path) -> bool {
+        self.files.contains_key(path)
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        self.files
+            .keys()
+            .any(|p| p.starts_with(path) && p.as_path() != path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter_map(|p| p.strip_prefix(dir).ok()?.components().next())
+            .map(|c| dir.join(c))
+            .collect();
+        out.dedup();
+        if out.is_empty() && !self.is_dir(dir) {
+            return Err(not_found(dir));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,98 @@
+//! Validation metrics as `dp train` prints them: the atom-weighted average over `numb_btch`
+//! batches (spec §9).
+
+use anyhow::{Context, Result};
+
+use crate::backend::{Backend, Real};
+use crate::data::Sampler;
+use crate::model::ModelSpec;
+
+use super::batch::{assemble, Frame, HostBatch};
+use super::dataset::DataSet;
+use super::lcurve::Metrics;
+use super::loss::{host_sums, Loss};
+use super::predict::read_prediction;
+use super::step::DeviceModel;
+use super::workspaces::{predict_batch, Cache};
+
+/// Offset of the validation sampler's seed from the training one.
+pub const VALID_STREAM: u64 = 0x5641_4c49_4400;
+
+/// The next validation batch: its system and the assembled frames.
+pub fn next_batch(
+    spec: &ModelSpec,
+    data: &DataSet,
+    sampler: &mut Sampler,
+) -> Result<(usize, HostBatch)> {
+    let (s, frames) = sampler.next_batch();
+    let sys = &data.systems[s];
+    let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
+    let batch = assemble(spec, &sys.atype, &fr)
+        .with_context(|| format!("validation system {}", sys.path.display()))?;
+    Ok((s, batch))
+}
+
+/// The running atom-weighted average.
+pub struct Average {
+    sum: Metrics,
+    natoms: usize,
+}
+
+impl Average {
+    pub fn new(loss: &Loss) -> Self {
+        Average {
+            sum: loss.zero_metrics(),
+            natoms: 0,
+        }
+    }
+
+    /// Adds one batch's predictions (energy, force, virial; f64) against its labels.
+    pub fn add(
+        &mut self,
+        loss: &Loss,
+        pref_lr: f64,
+        batch: &HostBatch,
+        pred: (&[f64], &[f64], &[f64]),
+    ) {
+        let natoms = batch.dims.natoms;
+        let sums = host_sums(
+            pred,
+            (
+                &batch.energy,
+                &batch.force,
+                batch.has_virial.then_some(batch.virial.as_slice()),
+            ),
+        );
+        let pf = loss.prefactors(pref_lr, natoms, batch.has_virial);
+        let m = loss.metrics(&sums, batch.dims.nframes, natoms, &pf);
+        self.sum.add_scaled(&m, natoms as f64);
+        self.natoms += natoms;
+    }
+
+    pub fn finish(&self) -> Metrics {
+        self.sum.scaled(1.0 / self.natoms as f64)
+    }
+}
+
+/// The validation metrics of `nbtch` batches.
+#[allow(clippy::too_many_arguments)]
+pub fn validate<T: Real, B: Backend<T>>(
+    b: &B,
+    dm: &DeviceModel<T, B>,
+    spec: &ModelSpec,
+    data: &DataSet,
+    sampler: &mut Sampler,
+    nbtch: usize,
+    cache: &mut Cache<T, B>,
+    loss: &Loss,
+    pref_lr: f64,
+) -> Result<Metrics> {
+    let mut avg = Average::new(loss);
+    for _ in 0..nbtch {
+        let (_, batch) = next_batch(spec, data, sampler)?;
+        let w = predict_batch(b, dm, cache, &batch);
+        let p = read_prediction(b, w, &batch);
+        avg.add(loss, pref_lr, &batch, (&p.energy, &p.force, &p.virial));
+    }
+    Ok(avg.finish())
+}

@@ -1,0 +1,66 @@
+//! Workspaces by batch shape, and the forward + gradient of one training batch on them: the
+//! part of a training step shared by `dpw train` and the web page.
+
+use crate::backend::{AdamStep, Backend, Prefactors, Real};
+use crate::config::OptimizerConfig;
+
+use super::batch::HostBatch;
+use super::step::{forward, gradient, DeviceModel, Workspace};
+
+/// Systems of the same composition and batch size share one workspace (it holds nothing of a
+/// batch that [`Workspace::load`] does not replace), and so do training and validation.
+pub type Cache<T, B> = Vec<Workspace<T, B>>;
+
+pub fn workspace<'a, T: Real, B: Backend<T>>(
+    cache: &'a mut Cache<T, B>,
+    b: &B,
+    dm: &DeviceModel<T, B>,
+    batch: &HostBatch,
+) -> &'a mut Workspace<T, B> {
+    let i = match cache.iter().position(|w| w.dims == batch.dims) {
+        Some(i) => i,
+        None => {
+            cache.push(Workspace::new(b, &dm.layout, &batch.dims));
+            cache.len() - 1
+        }
+    };
+    &mut cache[i]
+}
+
+/// Loads `batch` and runs the forward pass: predictions are left in the returned workspace.
+pub fn predict_batch<'a, T: Real, B: Backend<T>>(
+    b: &B,
+    dm: &DeviceModel<T, B>,
+    cache: &'a mut Cache<T, B>,
+    batch: &HostBatch,
+) -> &'a mut Workspace<T, B> {
+    let w = workspace(cache, b, dm, batch);
+    w.load(b, batch);
+    forward(b, dm, w);
+    w
+}
+
+/// Forward and gradient of one training batch: the gradient is left in `dm.grad`, the loss
+/// sums on the device in the returned workspace ([`Workspace::loss_sums`]).
+pub fn batch_gradient<'a, T: Real, B: Backend<T>>(
+    b: &B,
+    dm: &mut DeviceModel<T, B>,
+    cache: &'a mut Cache<T, B>,
+    batch: &HostBatch,
+    pref: Prefactors,
+) -> &'a Workspace<T, B> {
+    let w = predict_batch(b, dm, cache, batch);
+    gradient(b, dm, w, pref);
+    w
+}
+
+/// The Adam update of (0-based) step `step` at learning rate `lr`.
+pub fn adam_step(opt: &OptimizerConfig, lr: f64, step: usize) -> AdamStep {
+    AdamStep {
+        lr,
+        beta1: opt.adam_beta1,
+        beta2: opt.adam_beta2,
+        eps: OptimizerConfig::EPS,
+        t: step as u64 + 1,
+    }
+}
