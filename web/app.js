@@ -203,8 +203,22 @@ async function createTrainer() {
     throw new Error(`The model could not be set up: ${errText(e)}`);
   }
   dpw.info = JSON.parse(trainer.info());
+  if (dpw.info.backend === 'webgpu' && !dpw.info.adapter) dpw.info.adapter = await adapterName();
   showInfo(dpw.info);
   await refreshFrame();
+}
+
+/** The WebGPU adapter as the browser describes it (wgpu gives no name on the web). */
+async function adapterName() {
+  try {
+    const a = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
+    const i = a?.info;
+    if (!i) return '';
+    const name = [i.vendor, i.architecture, i.device, i.description].filter(Boolean).join(' ');
+    return (name || 'unnamed adapter') + (a.isFallbackAdapter || i.isFallbackAdapter ? ' (software)' : '');
+  } catch {
+    return '';
+  }
 }
 
 async function refreshFrame() {

@@ -172,7 +172,7 @@ function steadyRate(records) {
 
 function report(t, backend, run) {
   const line =
-    `steps/s on the page, ${backend} (${run.info.adapter || 'wasm'}): ` +
+    `steps/s on the page, ${backend} (${backend === 'cpu' ? 'wasm' : run.info.adapter}): ` +
     `${steadyRate(run.records).toFixed(2)} steady (steps ${run.records[0].step}–${run.records[run.records.length - 1].step}), ` +
     `${run.stepsPerSec.toFixed(2)} overall incl. start-up and frame refreshes; ` +
     `time in train(): ${run.timing.trainSecs.toFixed(1)} s of ${run.timing.wallSecs.toFixed(1)} s; ` +
