@@ -36,3 +36,6 @@ DPW_REQUIRE_NVRTC=1 cargo test --release --features cuda --test kernels_nvrtc --
 DPW_REQUIRE_MPI=1 cargo test --release --features mpi --test mpi_train
 # Training convergence on the water data (minutes; not a timed test).
 cargo test --release --test train_convergence -- --ignored --nocapture
+# The browser demo in headless Chromium: WebGPU (SwiftShader) and CPU-in-wasm training, parity
+# with the native CPU backend (minutes; builds the wasm crate, wasm-bindgen CLI and npm packages).
+web/test.sh
