@@ -26,8 +26,12 @@ if [ ! -e "$nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
 fi
 export LD_LIBRARY_PATH="$PWD/$nvrtc/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-cargo fmt --check
+cargo fmt --all --check
 cargo clippy --release --all-targets -- -D warnings
+# The web page's crate (web/src) is built for wasm32 only.
+rustup target list --installed | grep -qx wasm32-unknown-unknown ||
+  rustup target add wasm32-unknown-unknown
+cargo clippy --release -p dpw-web --target wasm32-unknown-unknown -- -D warnings
 cargo clippy --release --all-targets --features cuda -- -D warnings
 cargo clippy --release --all-targets --features mpi -- -D warnings
 cargo test --release --all-targets
