@@ -46,7 +46,12 @@ pub fn run_job<J: Job>(choice: BackendChoice, float64: bool, job: J) -> Result<J
         }
         BackendChoice::Wgpu => {
             let w = open_wgpu(float64, false)?;
-            with_precision!(&w)
+            let out = with_precision!(&w);
+            #[cfg(feature = "wgpu")]
+            if let Some(report) = w.profile_report() {
+                tracing::info!("{report}");
+            }
+            out
         }
         BackendChoice::Auto => {
             #[cfg(feature = "cuda")]
