@@ -231,6 +231,70 @@ pub fn tangent<T: Real>(
     finish_rows(l, idt, &hdot, xr, &mut ydot[span]);
 }
 
+/// The dual step of one row through φ and the timestep (DESIGN.md, "dual reverse"): from the
+/// adjoints `yb` = ȳ, `ydb` = ẏ̄ of the layer's output, its tanh values `h` (z for a linear
+/// layer) and tangent ż = `zd`·`zd_scale`, writes z̄ and ż̄ and adds the row's b̄ into `gb`
+/// and, with a timestep, its īdt into `gidt`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn dual_row<T: Real>(
+    tanh: bool,
+    idt: Option<&[T]>,
+    h: &[T],
+    zd: &[T],
+    zd_scale: T,
+    yb: &[T],
+    ydb: &[T],
+    zb: &mut [T],
+    zdb: &mut [T],
+    gb: &mut [T],
+    gidt: Option<&mut [T]>,
+) {
+    let n = h.len();
+    let (zd, yb, ydb, zb, zdb, gb) = (
+        &zd[..n],
+        &yb[..n],
+        &ydb[..n],
+        &mut zb[..n],
+        &mut zdb[..n],
+        &mut gb[..n],
+    );
+    // φ' and φ'' from the output: tanh' = 1 − h², tanh'' = −2h(1 − h²); linear: 1 and 0.
+    let d12 = |hv: T| {
+        if tanh {
+            let d1 = T::one() - hv * hv;
+            (d1, -(hv + hv) * d1)
+        } else {
+            (T::one(), T::zero())
+        }
+    };
+    match idt {
+        Some(t) => {
+            let gi = gidt.expect("a layer with a timestep accumulates its gradient");
+            let (t, gi) = (&t[..n], &mut gi[..n]);
+            for k in 0..n {
+                let (hv, zdv) = (h[k], zd[k] * zd_scale);
+                let (d1, d2) = d12(hv);
+                gi[k] += yb[k] * hv + ydb[k] * d1 * zdv;
+                let (hb, hdb) = (yb[k] * t[k], ydb[k] * t[k]);
+                zdb[k] = d1 * hdb;
+                zb[k] = d1 * hb + d2 * zdv * hdb;
+                gb[k] += zb[k];
+            }
+        }
+        None => {
+            for k in 0..n {
+                let (hv, zdv) = (h[k], zd[k] * zd_scale);
+                let (d1, d2) = d12(hv);
+                let (hb, hdb) = (yb[k], ydb[k]);
+                zdb[k] = d1 * hdb;
+                zb[k] = d1 * hb + d2 * zdv * hdb;
+                gb[k] += zb[k];
+            }
+        }
+    }
+}
+
 /// Per-chunk sums of b̄ and īdt.
 struct Partial<T> {
     b: Vec<T>,
@@ -292,23 +356,20 @@ pub fn dual_backward<T: Real>(
             };
             for (r, (zbr, zdbr)) in zb.chunks_mut(nout).zip(zdb.chunks_mut(nout)).enumerate() {
                 let s = scale.map_or(T::one(), |s| s[ci * CHUNK + r]);
-                let q = r * nout;
-                for k in 0..nout {
-                    let (hv, zdv) = (hh[q + k], zd[q + k] * s);
-                    let d1 = dphi(l, hv);
-                    let (hb, hdb) = match idt {
-                        Some(t) => {
-                            part.idt[k] += yb[q + k] * hv + ydb[q + k] * d1 * zdv;
-                            (yb[q + k] * t[k], ydb[q + k] * t[k])
-                        }
-                        None => (yb[q + k], ydb[q + k]),
-                    };
-                    // tanh'' = −2 h (1 − h²); the linear layer has no second-order term.
-                    let d2 = if l.tanh { -(hv + hv) * d1 } else { T::zero() };
-                    zdbr[k] = d1 * hdb;
-                    zbr[k] = d1 * hb + d2 * zdv * hdb;
-                    part.b[k] += zbr[k];
-                }
+                let q = r * nout..(r + 1) * nout;
+                dual_row(
+                    l.tanh,
+                    idt,
+                    &hh[q.clone()],
+                    &zd[q.clone()],
+                    s,
+                    &yb[q.clone()],
+                    &ydb[q],
+                    zbr,
+                    zdbr,
+                    &mut part.b,
+                    idt.is_some().then_some(part.idt.as_mut_slice()),
+                );
             }
             part
         })
