@@ -93,6 +93,7 @@ fn dphi<T: Real>(l: &Layer, h: T) -> T {
 }
 
 /// `y += skip(x)` for one row.
+#[inline(always)]
 pub(super) fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
     match l.skip {
         Skip::None => {}
@@ -106,6 +107,7 @@ pub(super) fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
 }
 
 /// `xbar += skipᵀ(ybar)` for one row.
+#[inline(always)]
 pub(super) fn add_skip_t<T: Real>(l: &Layer, ybar: &[T], xbar: &mut [T]) {
     match l.skip {
         Skip::None => {}

@@ -20,6 +20,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::dense::{add_skip, add_skip_t, dual_row};
+use super::simd::simd_dispatch;
 use super::tanh::tanh_bias;
 use crate::backend::{Dims, Real};
 use crate::model::{Layer, Net};
@@ -64,6 +65,7 @@ fn resize<T: Real>(v: &mut Vec<T>, n: usize) {
 }
 
 /// `y = h·idt + skip(x)` and `y' = φ'(z)·z'·idt + skip(x')` on the stacked rows of one layer.
+#[inline(always)]
 fn finish<T: Real>(l: &Layer, p: &[T], n: usize, hz: &[T], x: &[T], y: &mut [T]) {
     let (ni, no) = (l.nin, l.nout);
     let idt = l.idt.map(|o| &p[o..o + no]);
@@ -93,6 +95,7 @@ fn finish<T: Real>(l: &Layer, p: &[T], n: usize, hz: &[T], x: &[T], y: &mut [T])
     }
 }
 
+simd_dispatch! {
 /// Runs the net forward on the n inputs `scr.s`, filling `tr` and leaving every layer's
 /// stacked input in `scr.xs` and the stacked output (G; G') in `scr.out`.
 fn run<T: Real>(net: &Net, p: &[T], tr: &mut Trace<T>, scr: &mut Scratch<T>) {
@@ -138,7 +141,9 @@ fn run<T: Real>(net: &Net, p: &[T], tr: &mut Trace<T>, scr: &mut Scratch<T>) {
         finish(l, p, n, hz, &head[li], y);
     }
 }
+}
 
+simd_dispatch! {
 /// The layer inputs `scr.xs` of a traced group, from its traces alone (elementwise).
 fn inputs<T: Real>(net: &Net, p: &[T], tr: &Trace<T>, scr: &mut Scratch<T>) {
     let n = tr.n;
@@ -156,7 +161,9 @@ fn inputs<T: Real>(net: &Net, p: &[T], tr: &Trace<T>, scr: &mut Scratch<T>) {
         finish(l, p, n, &tr.hz[li], &head[li], &mut tail[0]);
     }
 }
+}
 
+simd_dispatch! {
 /// The dual reverse through a traced group with input tangents `scr.sdot` and stacked seeds
 /// `scr.yb` = `[Ḡ; Ġ̄]`; adds W̄, b̄, īdt into `g`, laid out like the parameter vector over
 /// this net's span starting at `base`. Needs `scr.xs` from [`run`] or [`inputs`].
@@ -260,6 +267,7 @@ fn dual<T: Real>(
         }
         std::mem::swap(&mut scr.yb, &mut scr.xb);
     }
+}
 }
 
 /// Parameter span of a net: all its tensors are allocated contiguously.
