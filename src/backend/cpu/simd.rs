@@ -35,3 +35,22 @@ macro_rules! simd_dispatch {
 }
 
 pub(super) use simd_dispatch;
+
+/// Runs `f` in a function compiled with AVX2 + FMA where the CPU has them. `f` is called once
+/// from there, so it is inlined and compiled wide too, along with what it calls that is
+/// `#[inline(always)]`.
+#[inline(always)]
+pub(super) fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features `run` is compiled for.
+            return unsafe { run(f) };
+        }
+    }
+    f()
+}
