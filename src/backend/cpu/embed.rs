@@ -20,7 +20,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::dense::{add_skip, add_skip_t, dual_row};
-use super::simd::simd_dispatch;
+use super::simd::wide;
 use super::tanh::tanh_bias;
 use crate::backend::{Dims, Real};
 use crate::model::{Layer, Net};
@@ -95,9 +95,9 @@ fn finish<T: Real>(l: &Layer, p: &[T], n: usize, hz: &[T], x: &[T], y: &mut [T])
     }
 }
 
-simd_dispatch! {
 /// Runs the net forward on the n inputs `scr.s`, filling `tr` and leaving every layer's
 /// stacked input in `scr.xs` and the stacked output (G; G') in `scr.out`.
+#[inline(always)]
 fn run<T: Real>(net: &Net, p: &[T], tr: &mut Trace<T>, scr: &mut Scratch<T>) {
     let n = scr.s.len();
     let nl = net.layers.len();
@@ -141,10 +141,9 @@ fn run<T: Real>(net: &Net, p: &[T], tr: &mut Trace<T>, scr: &mut Scratch<T>) {
         finish(l, p, n, hz, &head[li], y);
     }
 }
-}
 
-simd_dispatch! {
 /// The layer inputs `scr.xs` of a traced group, from its traces alone (elementwise).
+#[inline(always)]
 fn inputs<T: Real>(net: &Net, p: &[T], tr: &Trace<T>, scr: &mut Scratch<T>) {
     let n = tr.n;
     let nl = net.layers.len();
@@ -161,12 +160,11 @@ fn inputs<T: Real>(net: &Net, p: &[T], tr: &Trace<T>, scr: &mut Scratch<T>) {
         finish(l, p, n, &tr.hz[li], &head[li], &mut tail[0]);
     }
 }
-}
 
-simd_dispatch! {
 /// The dual reverse through a traced group with input tangents `scr.sdot` and stacked seeds
 /// `scr.yb` = `[Ḡ; Ġ̄]`; adds W̄, b̄, īdt into `g`, laid out like the parameter vector over
 /// this net's span starting at `base`. Needs `scr.xs` from [`run`] or [`inputs`].
+#[inline(always)]
 fn dual<T: Real>(
     net: &Net,
     p: &[T],
@@ -267,7 +265,6 @@ fn dual<T: Real>(
         }
         std::mem::swap(&mut scr.yb, &mut scr.xb);
     }
-}
 }
 
 /// Parameter span of a net: all its tensors are allocated contiguously.
@@ -411,7 +408,10 @@ fn forward_into<T: Real>(
             let work = |scr: &mut Scratch<T>, r: &Range<usize>, tr: &mut Trace<T>| {
                 let reals = real_rows(owner, r.clone(), sel);
                 gather_inputs(&reals, s, None, scr);
-                run(net, p, tr, scr);
+                wide(
+                    #[inline(always)]
+                    || run(net, p, tr, scr),
+                );
                 reals
             };
             match out.as_mut() {
@@ -518,8 +518,13 @@ pub fn dual_backward<T: Real>(
                                     .flat_map(|r| src[r.start * m1..r.end * m1].iter().copied()),
                             );
                         }
-                        inputs(net, p, tr, scr);
-                        dual(net, p, tr, scr, part, sp.start);
+                        wide(
+                            #[inline(always)]
+                            || {
+                                inputs(net, p, tr, scr);
+                                dual(net, p, tr, scr, part, sp.start);
+                            },
+                        );
                     });
                 let g = &mut grad[sp.clone()];
                 for part in partials.chunks(sp.len()) {
