@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::simd::wide;
 use super::tanh::tanh_bias;
 use crate::backend::Real;
 use crate::model::{Layer, Skip};
@@ -129,19 +130,24 @@ fn finish_rows<T: Real>(l: &Layer, idt: Option<&[T]>, h: &[T], x: &[T], y: &mut 
                 .zip(x.par_chunks(CHUNK * l.nin)),
         )
         .for_each(|(y, (h, x))| {
-            for (yr, (hr, xr)) in y
-                .chunks_mut(l.nout)
-                .zip(h.chunks(l.nout).zip(x.chunks(l.nin)))
-            {
-                match idt {
-                    Some(t) => yr
-                        .iter_mut()
-                        .zip(hr.iter().zip(t))
-                        .for_each(|(y, (h, t))| *y = *h * *t),
-                    None => yr.copy_from_slice(hr),
-                }
-                add_skip(l, xr, yr);
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for (yr, (hr, xr)) in y
+                        .chunks_mut(l.nout)
+                        .zip(h.chunks(l.nout).zip(x.chunks(l.nin)))
+                    {
+                        match idt {
+                            Some(t) => yr
+                                .iter_mut()
+                                .zip(hr.iter().zip(t))
+                                .for_each(|(y, (h, t))| *y = *h * *t),
+                            None => yr.copy_from_slice(hr),
+                        }
+                        add_skip(l, xr, yr);
+                    }
+                },
+            )
         });
 }
 
@@ -153,12 +159,17 @@ pub fn forward<T: Real>(l: &Layer, p: &[T], rows: Range<usize>, x: &[T], h: &mut
     );
     matmul_w(l, w, rows.len(), xr, T::zero(), hr);
     hr.par_chunks_mut(CHUNK * l.nout).for_each(|c| {
-        if l.tanh {
-            tanh_bias(c, b);
-        } else {
-            c.chunks_mut(l.nout)
-                .for_each(|r| r.iter_mut().zip(b).for_each(|(v, b)| *v += *b));
-        }
+        wide(
+            #[inline(always)]
+            || {
+                if l.tanh {
+                    tanh_bias(c, b);
+                } else {
+                    c.chunks_mut(l.nout)
+                        .for_each(|r| r.iter_mut().zip(b).for_each(|(v, b)| *v += *b));
+                }
+            },
+        )
     });
     finish_rows(
         l,
@@ -187,14 +198,19 @@ pub fn backward<T: Real>(
                 .zip(ybar[span.clone()].par_chunks(CHUNK * l.nout)),
         )
         .for_each(|(z, (h, yb))| {
-            for (zr, (hr, yr)) in z
-                .chunks_mut(l.nout)
-                .zip(h.chunks(l.nout).zip(yb.chunks(l.nout)))
-            {
-                for k in 0..l.nout {
-                    zr[k] = dphi(l, hr[k]) * idt.map_or(yr[k], |t| yr[k] * t[k]);
-                }
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for (zr, (hr, yr)) in z
+                        .chunks_mut(l.nout)
+                        .zip(h.chunks(l.nout).zip(yb.chunks(l.nout)))
+                    {
+                        for k in 0..l.nout {
+                            zr[k] = dphi(l, hr[k]) * idt.map_or(yr[k], |t| yr[k] * t[k]);
+                        }
+                    }
+                },
+            )
         });
     let xr = &mut xbar[rows.start * l.nin..rows.end * l.nin];
     matmul_wt(l, w, rows.len(), &zbar, xr);
@@ -226,9 +242,14 @@ pub fn tangent<T: Real>(
                 .zip(h[span.clone()].par_chunks(CHUNK * l.nout)),
         )
         .for_each(|(hd, (z, h))| {
-            for ((hd, z), h) in hd.iter_mut().zip(z).zip(h) {
-                *hd = dphi(l, *h) * *z;
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for ((hd, z), h) in hd.iter_mut().zip(z).zip(h) {
+                        *hd = dphi(l, *h) * *z;
+                    }
+                },
+            )
         });
     finish_rows(l, idt, &hdot, xr, &mut ydot[span]);
 }
@@ -345,35 +366,42 @@ pub fn dual_backward<T: Real>(
         .zip(zdbar.par_chunks_mut(c))
         .enumerate()
         .map(|(ci, (zb, zdb))| {
-            let o = span.start + ci * c;
-            let (hh, zd, yb, ydb) = (
-                &h[o..o + zb.len()],
-                &zdot[o..o + zb.len()],
-                &ybar[o..o + zb.len()],
-                &ydotbar[o..o + zb.len()],
-            );
-            let mut part = Partial {
-                b: vec![T::zero(); nout],
-                idt: vec![T::zero(); if idt.is_some() { nout } else { 0 }],
-            };
-            for (r, (zbr, zdbr)) in zb.chunks_mut(nout).zip(zdb.chunks_mut(nout)).enumerate() {
-                let s = scale.map_or(T::one(), |s| s[ci * CHUNK + r]);
-                let q = r * nout..(r + 1) * nout;
-                dual_row(
-                    l.tanh,
-                    idt,
-                    &hh[q.clone()],
-                    &zd[q.clone()],
-                    s,
-                    &yb[q.clone()],
-                    &ydb[q],
-                    zbr,
-                    zdbr,
-                    &mut part.b,
-                    idt.is_some().then_some(part.idt.as_mut_slice()),
-                );
-            }
-            part
+            wide(
+                #[inline(always)]
+                || {
+                    let o = span.start + ci * c;
+                    let (hh, zd, yb, ydb) = (
+                        &h[o..o + zb.len()],
+                        &zdot[o..o + zb.len()],
+                        &ybar[o..o + zb.len()],
+                        &ydotbar[o..o + zb.len()],
+                    );
+                    let mut part = Partial {
+                        b: vec![T::zero(); nout],
+                        idt: vec![T::zero(); if idt.is_some() { nout } else { 0 }],
+                    };
+                    for (r, (zbr, zdbr)) in
+                        zb.chunks_mut(nout).zip(zdb.chunks_mut(nout)).enumerate()
+                    {
+                        let s = scale.map_or(T::one(), |s| s[ci * CHUNK + r]);
+                        let q = r * nout..(r + 1) * nout;
+                        dual_row(
+                            l.tanh,
+                            idt,
+                            &hh[q.clone()],
+                            &zd[q.clone()],
+                            s,
+                            &yb[q.clone()],
+                            &ydb[q],
+                            zbr,
+                            zdbr,
+                            &mut part.b,
+                            idt.is_some().then_some(part.idt.as_mut_slice()),
+                        );
+                    }
+                    part
+                },
+            )
         })
         .collect();
     {
