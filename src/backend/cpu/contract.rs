@@ -172,12 +172,19 @@ pub fn slot_backward<T: Real>(
             );
             // R̄[k] = Ā[k]·G, plus on k = 0 the s-path: G'·(Σ_k Ā[k] R̂[k]).
             let mut rbar: [T; 4] = std::array::from_fn(|k| dot(&ab[k * m1..(k + 1) * m1], gs));
-            rbar[0] += (0..4)
-                .map(|k| rh[k] * dot(&ab[k * m1..(k + 1) * m1], gps))
-                .sum::<T>();
+            // Plain loops, not iterator sums: those are not inlined into the wide version.
+            let mut sp = T::zero();
+            for k in 0..4 {
+                sp += rh[k] * dot(&ab[k * m1..(k + 1) * m1], gps);
+            }
+            rbar[0] += sp;
             let js = &jac[12 * s..12 * s + 12];
             for x in 0..3 {
-                qs[x] = f * (0..4).map(|k| js[3 * k + x] * rbar[k]).sum::<T>();
+                let mut q = T::zero();
+                for k in 0..4 {
+                    q += js[3 * k + x] * rbar[k];
+                }
+                qs[x] = f * q;
             }
         },
     );

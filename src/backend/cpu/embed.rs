@@ -371,12 +371,12 @@ fn gather_inputs<T: Real>(
     scr: &mut Scratch<T>,
 ) {
     scr.s.clear();
-    scr.s
-        .extend(reals.iter().flat_map(|r| s[r.clone()].iter().copied()));
     scr.sdot.clear();
-    if let Some(sd) = sdot {
-        scr.sdot
-            .extend(reals.iter().flat_map(|r| sd[r.clone()].iter().copied()));
+    for r in reals {
+        scr.s.extend_from_slice(&s[r.clone()]);
+        if let Some(sd) = sdot {
+            scr.sdot.extend_from_slice(&sd[r.clone()]);
+        }
     }
 }
 
@@ -512,11 +512,9 @@ pub fn dual_backward<T: Real>(
                         gather_inputs(&reals, s, Some(sdot), scr);
                         scr.yb.clear();
                         for src in [gbar, gdotbar] {
-                            scr.yb.extend(
-                                reals
-                                    .iter()
-                                    .flat_map(|r| src[r.start * m1..r.end * m1].iter().copied()),
-                            );
+                            for r in &reals {
+                                scr.yb.extend_from_slice(&src[r.start * m1..r.end * m1]);
+                            }
                         }
                         wide(
                             #[inline(always)]
