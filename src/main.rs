@@ -91,6 +91,9 @@ enum Command {
         /// Also write the results as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Time every backend op and report ms/step, share and GFLOP/s per op (cpu backend).
+        #[arg(long)]
+        profile: bool,
     },
     /// Convert a model between DeePMD-kit's .yaml and dpw's model file (by the output's
     /// extension), like `dp convert-backend`.
@@ -197,6 +200,7 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             backend,
             float32,
             json,
+            profile,
         } => {
             run_bench(
                 BenchArgs {
@@ -206,6 +210,7 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
                     backend,
                     float32,
                     json,
+                    profile,
                 },
                 t0,
             )?;

@@ -10,3 +10,78 @@ mod fused {
 mod layered {
     crate::backend_suite!(dpw::backend::cpu::Cpu { fused: false });
 }
+
+/// The profiling decorator forwards every op unchanged, the fused embedding ops included.
+mod timed {
+    crate::backend_suite!(dpw::backend::timed::Timed::new(dpw::backend::cpu::Cpu {
+        fused: true
+    }));
+
+    /// One step per `adam` call, every op of a training step booked with FLOPs > 0.
+    #[test]
+    fn profile_counts_steps_and_ops() {
+        use dpw::backend::timed::{Op, Timed};
+        use dpw::backend::{AdamStep, Backend, Prefactors};
+        use dpw::train::batch::assemble;
+        use dpw::train::step::{forward, gradient, DeviceModel, Workspace};
+        let model = crate::suite::fd::small_model(2, true, vec![6, 10], 7);
+        let sys = crate::suite::fd::random_system(
+            &[3, 5],
+            Some([7.0, 0., 0., 0., 7.5, 0., 0., 0., 8.0]),
+            3,
+        );
+        let b = Timed::new(dpw::backend::cpu::Cpu::default());
+        let mut dm = DeviceModel::<f64, _>::new(&b, &model);
+        let pref = Prefactors {
+            e: 1.0,
+            f: 10.0,
+            v: 0.1,
+        };
+        let frame = dpw::train::batch::Frame {
+            coord: &sys.coord,
+            cell: sys.cell.as_deref(),
+            energy: sys.energy,
+            force: &sys.force,
+            virial: Some(&sys.virial),
+        };
+        for t in 1..=3 {
+            let batch = assemble(&model.spec, &sys.atype, &[frame]).unwrap();
+            let mut w = Workspace::new(&b, &dm.layout, &batch.dims);
+            w.load(&b, &batch);
+            forward(&b, &dm, &mut w);
+            gradient(&b, &mut dm, &mut w, pref);
+            let s = AdamStep {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                t,
+            };
+            b.adam(s, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
+        }
+        assert_eq!(b.steps(), 3);
+        let p = b.profile(1);
+        assert_eq!(p.steps, 2);
+        for op in [
+            Op::EnvMat,
+            Op::EmbedForward,
+            Op::EmbedDualBackward,
+            Op::ContractForward,
+            Op::ContractDual,
+            Op::DenseDualBackward,
+            Op::Adam,
+        ] {
+            let o = p
+                .ops
+                .iter()
+                .find(|o| o.op == op)
+                .unwrap_or_else(|| panic!("{op:?} missing"));
+            assert!(
+                o.flops_per_step > 0.0 && o.s_per_step > 0.0,
+                "{op:?}: {o:?}"
+            );
+        }
+        let adam = p.ops.iter().find(|o| o.op == Op::Adam).unwrap();
+        assert_eq!(adam.calls_per_step, 1.0);
+    }
+}

@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod cuda;
 mod dims;
 mod real;
+pub mod timed;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 

@@ -1,5 +1,7 @@
 //! `dpw bench`: trains an input for a fixed number of steps after a warm-up, with no output
-//! files kept, and reports the median s/step, steps/s, peak memory and start-up time.
+//! files kept, and reports the median s/step, steps/s, peak memory and start-up time. With
+//! `--profile`, the backend runs wrapped in [`Timed`] and the report adds, per op, the time per
+//! step, its share of the step, the FLOPs per step and the achieved GFLOP/s.
 
 use std::path::{Path, PathBuf};
 use web_time::Instant;
@@ -7,10 +9,13 @@ use web_time::Instant;
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use super::backend::{run_job, BackendChoice};
+use super::backend::{run_job, BackendChoice, Job};
 use super::train::TrainJob;
+use crate::backend::cpu::Cpu;
+use crate::backend::timed::{Profile, Timed};
+use crate::backend::Real;
 use crate::config::Precision;
-use crate::train::trainer::{prepare, Start};
+use crate::train::trainer::{prepare, Start, TrainReport};
 
 pub struct BenchArgs {
     pub input: PathBuf,
@@ -20,6 +25,8 @@ pub struct BenchArgs {
     /// Overrides the input's precision with float32.
     pub float32: bool,
     pub json: Option<PathBuf>,
+    /// Time every backend op (see [`crate::backend::timed`]).
+    pub profile: bool,
 }
 
 /// Peak resident memory of this process (Linux `VmHWM`), in MB.
@@ -60,13 +67,26 @@ pub fn run_bench(args: BenchArgs, t0: Instant) -> Result<serde_json::Value> {
             setup.precision = Precision::F32;
         }
         let precision = setup.precision;
-        let report = run_job(
-            args.backend,
-            precision == Precision::F64,
-            TrainJob { setup },
-        )?;
+        let job = TrainJob { setup };
+        let (report, profile) = if args.profile {
+            anyhow::ensure!(
+                args.backend == BackendChoice::Cpu,
+                "--profile is implemented for --backend cpu only"
+            );
+            let (r, p) = if precision == Precision::F64 {
+                profiled::<f64>(job, args.warmup)?
+            } else {
+                profiled::<f32>(job, args.warmup)?
+            };
+            (r, Some(p))
+        } else {
+            let r = run_job(args.backend, precision == Precision::F64, job)?;
+            (r, None)
+        };
         let timed = report.step_s[args.warmup.min(report.step_s.len())..].to_vec();
         let med = median(timed.clone());
+        let mean = timed.iter().sum::<f64>() / timed.len() as f64;
+        let profile = profile.map(|p| profile_json(&p, mean));
         Ok(json!({
             "input": args.input.display().to_string(),
             "backend": format!("{:?}", args.backend).to_lowercase(),
@@ -75,10 +95,11 @@ pub fn run_bench(args: BenchArgs, t0: Instant) -> Result<serde_json::Value> {
             "warmup_steps": args.warmup,
             "timed_steps": timed.len(),
             "median_s_per_step": med,
-            "mean_s_per_step": timed.iter().sum::<f64>() / timed.len() as f64,
+            "mean_s_per_step": mean,
             "steps_per_s": 1.0 / med,
             "startup_s": report.startup_s,
             "peak_memory_mb": peak_memory_mb(),
+            "profile": profile,
         }))
     })();
     let _ = std::fs::remove_dir_all(&dir);
@@ -95,8 +116,101 @@ pub fn run_bench(args: BenchArgs, t0: Instant) -> Result<serde_json::Value> {
         r["startup_s"].as_f64().unwrap_or(f64::NAN),
         r["peak_memory_mb"].as_f64().map_or("?".into(), |m| format!("{m:.0}")),
     );
+    if let Some(p) = r.get("profile").filter(|p| !p.is_null()) {
+        print_profile(p);
+    }
     if let Some(p) = &args.json {
         crate::model::file::write_atomic(p, serde_json::to_string_pretty(&r)?.as_bytes())?;
     }
     Ok(r)
+}
+
+/// Trains on the CPU backend wrapped in [`Timed`]; the profile skips the warm-up steps.
+fn profiled<T: Real>(job: TrainJob, warmup: usize) -> Result<(TrainReport, Profile)>
+where
+    Cpu: crate::backend::timed::Timeable<T>,
+{
+    let timed = Timed::new(Cpu::default());
+    tracing::info!(
+        "backend: {}, precision {}",
+        crate::backend::Backend::<T>::name(&timed),
+        T::NAME
+    );
+    let report = job.run::<T, Timed<Cpu>>(&timed)?;
+    Ok((report, timed.profile(warmup)))
+}
+
+/// The profile as JSON: one entry per op, plus the part of the mean step spent outside ops
+/// (batch assembly and neighbour lists on the host, the trainer's own work).
+fn profile_json(p: &Profile, mean_step_s: f64) -> serde_json::Value {
+    let share = |s: f64| {
+        if mean_step_s > 0.0 {
+            s / mean_step_s
+        } else {
+            0.0
+        }
+    };
+    let ops: Vec<serde_json::Value> = p
+        .ops
+        .iter()
+        .map(|o| {
+            json!({
+                "op": o.op.name(),
+                "calls_per_step": o.calls_per_step,
+                "ms_per_step": 1e3 * o.s_per_step,
+                "share": share(o.s_per_step),
+                "flops_per_step": o.flops_per_step,
+                "gflops": o.gflops(),
+            })
+        })
+        .collect();
+    let outside = mean_step_s - p.s_per_step();
+    json!({
+        "steps": p.steps,
+        "mean_step_ms": 1e3 * mean_step_s,
+        "ops": ops,
+        "outside_ops_ms_per_step": 1e3 * outside,
+        "outside_ops_share": share(outside),
+        "flops_per_step": p.flops_per_step(),
+        "gflops_step": if mean_step_s > 0.0 { p.flops_per_step() / mean_step_s * 1e-9 } else { 0.0 },
+    })
+}
+
+fn print_profile(p: &serde_json::Value) {
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "per-op profile, mean over {} steps (wall time of each call; FLOPs from the shapes, a multiply-add = 2):",
+        p["steps"]
+    );
+    println!(
+        "{:<20} {:>8} {:>9} {:>7} {:>12} {:>8}",
+        "op", "calls", "ms/step", "share", "MFLOP/step", "GFLOP/s"
+    );
+    for o in p["ops"].as_array().into_iter().flatten() {
+        println!(
+            "{:<20} {:>8.1} {:>9.2} {:>6.1}% {:>12.1} {:>8.2}",
+            o["op"].as_str().unwrap_or("?"),
+            f(o, "calls_per_step"),
+            f(o, "ms_per_step"),
+            100.0 * f(o, "share"),
+            1e-6 * f(o, "flops_per_step"),
+            f(o, "gflops"),
+        );
+    }
+    println!(
+        "{:<20} {:>8} {:>9.2} {:>6.1}%",
+        "(outside ops)",
+        "",
+        f(p, "outside_ops_ms_per_step"),
+        100.0 * f(p, "outside_ops_share"),
+    );
+    println!(
+        "{:<20} {:>8} {:>9.2} {:>6.1}% {:>12.1} {:>8.2}",
+        "step (mean)",
+        "",
+        f(p, "mean_step_ms"),
+        100.0,
+        1e-6 * f(p, "flops_per_step"),
+        f(p, "gflops_step"),
+    );
 }

@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use super::simd::wide;
 use crate::backend::{Dims, Real};
 
 #[inline(always)]
@@ -13,9 +14,21 @@ fn axpy<T: Real>(y: &mut [T], a: T, x: &[T]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += a * *x);
 }
 
+/// x·y with eight partial sums, so that it vectorises (a single running sum cannot be
+/// reordered by the compiler).
 #[inline(always)]
 fn dot<T: Real>(x: &[T], y: &[T]) -> T {
-    x.iter().zip(y).fold(T::zero(), |s, (a, b)| s + *a * *b)
+    let n = x.len().min(y.len());
+    let (xc, yc) = (x[..n].chunks_exact(8), y[..n].chunks_exact(8));
+    let (xr, yr) = (xc.remainder(), yc.remainder());
+    let mut acc = [T::zero(); 8];
+    for (a, b) in xc.zip(yc) {
+        for k in 0..8 {
+            acc[k] += a[k] * b[k];
+        }
+    }
+    let tail = xr.iter().zip(yr).fold(T::zero(), |s, (a, b)| s + *a * *b);
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 /// The slot ranges (one per neighbour-type section) of centre c.
@@ -32,6 +45,7 @@ fn inv_nnei<T: Real>(d: &Dims) -> T {
 }
 
 /// out[a][b] += Σ_k x[k][a]·y[k][b] for b < M2 (x, y transposed `[4][M1]`; out `[M1][M2]`).
+#[inline(always)]
 fn outer_m2<T: Real>(d: &Dims, x: &[T], y: &[T], out: &mut [T]) {
     let m1 = d.m1;
     for k in 0..4 {
@@ -44,6 +58,7 @@ fn outer_m2<T: Real>(d: &Dims, x: &[T], y: &[T], out: &mut [T]) {
 
 /// Adjoint of D = A A<ᵀ: out += B(D̄, A) with out[k][a] += Σ_b D̄[a][b] A[k][b] +
 /// [a < M2] Σ_a' D̄[a'][a] A[k][a'] (all A-shaped buffers transposed).
+#[inline(always)]
 fn axis_backward<T: Real>(d: &Dims, dbar: &[T], a: &[T], out: &mut [T]) {
     let (m1, m2) = (d.m1, d.m2);
     for k in 0..4 {
@@ -63,28 +78,38 @@ pub fn forward<T: Real>(d: &Dims, g: &[T], rhat: &[T], a: &mut [T], desc: &mut [
         .zip(desc.par_chunks_mut(m1 * m2))
         .enumerate()
         .for_each(|(c, (ac, dc))| {
-            ac.fill(T::zero());
-            for s in sections(d, c).flatten() {
-                let gs = &g[s * m1..(s + 1) * m1];
-                for k in 0..4 {
-                    axpy(&mut ac[k * m1..(k + 1) * m1], rhat[4 * s + k] * f, gs);
-                }
-            }
-            dc.fill(T::zero());
-            outer_m2(d, ac, ac, dc);
+            wide(
+                #[inline(always)]
+                || {
+                    ac.fill(T::zero());
+                    for s in sections(d, c).flatten() {
+                        let gs = &g[s * m1..(s + 1) * m1];
+                        for k in 0..4 {
+                            axpy(&mut ac[k * m1..(k + 1) * m1], rhat[4 * s + k] * f, gs);
+                        }
+                    }
+                    dc.fill(T::zero());
+                    outer_m2(d, ac, ac, dc);
+                },
+            )
         });
 }
 
 pub fn backward<T: Real>(d: &Dims, a: &[T], dbar: &[T], abar: &mut [T]) {
     let (m1, m2) = (d.m1, d.m2);
     abar.par_chunks_mut(4 * m1).enumerate().for_each(|(c, ab)| {
-        ab.fill(T::zero());
-        axis_backward(
-            d,
-            &dbar[c * m1 * m2..(c + 1) * m1 * m2],
-            &a[c * 4 * m1..(c + 1) * 4 * m1],
-            ab,
-        );
+        wide(
+            #[inline(always)]
+            || {
+                ab.fill(T::zero());
+                axis_backward(
+                    d,
+                    &dbar[c * m1 * m2..(c + 1) * m1 * m2],
+                    &a[c * 4 * m1..(c + 1) * 4 * m1],
+                    ab,
+                );
+            },
+        )
     });
 }
 
@@ -108,9 +133,14 @@ fn per_slot<T: Real>(
                 .par_chunks_mut(sel * width)
                 .enumerate()
                 .for_each(|(i, rows)| {
-                    for (j, row) in rows.chunks_mut(width).enumerate() {
-                        f(c0 + i, blk.start + i * sel + j, row);
-                    }
+                    wide(
+                        #[inline(always)]
+                        || {
+                            for (j, row) in rows.chunks_mut(width).enumerate() {
+                                f(c0 + i, blk.start + i * sel + j, row);
+                            }
+                        },
+                    )
                 });
         }
     }
@@ -128,23 +158,36 @@ pub fn slot_backward<T: Real>(
 ) {
     let m1 = d.m1;
     let f = inv_nnei::<T>(d);
-    per_slot(d, q, 3, |c, s, qs| {
-        let ab = &abar[c * 4 * m1..(c + 1) * 4 * m1];
-        let (gs, gps, rh) = (
-            &g[s * m1..(s + 1) * m1],
-            &gp[s * m1..(s + 1) * m1],
-            &rhat[4 * s..4 * s + 4],
-        );
-        // R̄[k] = Ā[k]·G, plus on k = 0 the s-path: G'·(Σ_k Ā[k] R̂[k]).
-        let mut rbar: [T; 4] = std::array::from_fn(|k| dot(&ab[k * m1..(k + 1) * m1], gs));
-        rbar[0] += (0..4)
-            .map(|k| rh[k] * dot(&ab[k * m1..(k + 1) * m1], gps))
-            .sum::<T>();
-        let js = &jac[12 * s..12 * s + 12];
-        for x in 0..3 {
-            qs[x] = f * (0..4).map(|k| js[3 * k + x] * rbar[k]).sum::<T>();
-        }
-    });
+    per_slot(
+        d,
+        q,
+        3,
+        #[inline(always)]
+        |c, s, qs| {
+            let ab = &abar[c * 4 * m1..(c + 1) * 4 * m1];
+            let (gs, gps, rh) = (
+                &g[s * m1..(s + 1) * m1],
+                &gp[s * m1..(s + 1) * m1],
+                &rhat[4 * s..4 * s + 4],
+            );
+            // R̄[k] = Ā[k]·G, plus on k = 0 the s-path: G'·(Σ_k Ā[k] R̂[k]).
+            let mut rbar: [T; 4] = std::array::from_fn(|k| dot(&ab[k * m1..(k + 1) * m1], gs));
+            // Plain loops, not iterator sums: those are not inlined into the wide version.
+            let mut sp = T::zero();
+            for k in 0..4 {
+                sp += rh[k] * dot(&ab[k * m1..(k + 1) * m1], gps);
+            }
+            rbar[0] += sp;
+            let js = &jac[12 * s..12 * s + 12];
+            for x in 0..3 {
+                let mut q = T::zero();
+                for k in 0..4 {
+                    q += js[3 * k + x] * rbar[k];
+                }
+                qs[x] = f * q;
+            }
+        },
+    );
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -164,20 +207,25 @@ pub fn tangent<T: Real>(
         .zip(ddot.par_chunks_mut(m1 * m2))
         .enumerate()
         .for_each(|(c, (ad, dd))| {
-            ad.fill(T::zero());
-            for s in sections(d, c).flatten() {
-                let (gs, gps) = (&g[s * m1..(s + 1) * m1], &gp[s * m1..(s + 1) * m1]);
-                let sdot = rdot[4 * s];
-                for k in 0..4 {
-                    let adk = &mut ad[k * m1..(k + 1) * m1];
-                    axpy(adk, f * sdot * rhat[4 * s + k], gps);
-                    axpy(adk, f * rdot[4 * s + k], gs);
-                }
-            }
-            let ac = &a[c * 4 * m1..(c + 1) * 4 * m1];
-            dd.fill(T::zero());
-            outer_m2(d, ad, ac, dd);
-            outer_m2(d, ac, ad, dd);
+            wide(
+                #[inline(always)]
+                || {
+                    ad.fill(T::zero());
+                    for s in sections(d, c).flatten() {
+                        let (gs, gps) = (&g[s * m1..(s + 1) * m1], &gp[s * m1..(s + 1) * m1]);
+                        let sdot = rdot[4 * s];
+                        for k in 0..4 {
+                            let adk = &mut ad[k * m1..(k + 1) * m1];
+                            axpy(adk, f * sdot * rhat[4 * s + k], gps);
+                            axpy(adk, f * rdot[4 * s + k], gs);
+                        }
+                    }
+                    let ac = &a[c * 4 * m1..(c + 1) * 4 * m1];
+                    dd.fill(T::zero());
+                    outer_m2(d, ad, ac, dd);
+                    outer_m2(d, ac, ad, dd);
+                },
+            )
         });
 }
 
@@ -198,29 +246,46 @@ pub fn dual<T: Real>(
     let per_centre: Vec<(Vec<T>, Vec<T>)> = (0..d.ncentres())
         .into_par_iter()
         .map(|c| {
-            let (am, dm) = (c * 4 * m1..(c + 1) * 4 * m1, c * m1 * m2..(c + 1) * m1 * m2);
-            let mut ab = vec![T::zero(); 4 * m1];
-            let mut adb = vec![T::zero(); 4 * m1];
-            axis_backward(d, &dbar[dm.clone()], &a[am.clone()], &mut ab);
-            axis_backward(d, &ddotbar[dm.clone()], &adot[am.clone()], &mut ab);
-            axis_backward(d, &ddotbar[dm], &a[am], &mut adb);
-            (ab, adb)
+            wide(
+                #[inline(always)]
+                || {
+                    let (am, dm) = (c * 4 * m1..(c + 1) * 4 * m1, c * m1 * m2..(c + 1) * m1 * m2);
+                    let mut ab = vec![T::zero(); 4 * m1];
+                    let mut adb = vec![T::zero(); 4 * m1];
+                    axis_backward(d, &dbar[dm.clone()], &a[am.clone()], &mut ab);
+                    axis_backward(d, &ddotbar[dm.clone()], &adot[am.clone()], &mut ab);
+                    axis_backward(d, &ddotbar[dm], &a[am], &mut adb);
+                    (ab, adb)
+                },
+            )
         })
         .collect();
     let f = inv_nnei::<T>(d);
-    per_slot(d, gbar, m1, |c, s, gb| {
-        let (ab, adb) = &per_centre[c];
-        gb.fill(T::zero());
-        for k in 0..4 {
-            axpy(gb, f * rhat[4 * s + k], &ab[k * m1..(k + 1) * m1]);
-            axpy(gb, f * rdot[4 * s + k], &adb[k * m1..(k + 1) * m1]);
-        }
-    });
-    per_slot(d, gdotbar, m1, |c, s, gdb| {
-        let adb = &per_centre[c].1;
-        gdb.fill(T::zero());
-        for k in 0..4 {
-            axpy(gdb, f * rhat[4 * s + k], &adb[k * m1..(k + 1) * m1]);
-        }
-    });
+    per_slot(
+        d,
+        gbar,
+        m1,
+        #[inline(always)]
+        |c, s, gb| {
+            let (ab, adb) = &per_centre[c];
+            gb.fill(T::zero());
+            for k in 0..4 {
+                axpy(gb, f * rhat[4 * s + k], &ab[k * m1..(k + 1) * m1]);
+                axpy(gb, f * rdot[4 * s + k], &adb[k * m1..(k + 1) * m1]);
+            }
+        },
+    );
+    per_slot(
+        d,
+        gdotbar,
+        m1,
+        #[inline(always)]
+        |c, s, gdb| {
+            let adb = &per_centre[c].1;
+            gdb.fill(T::zero());
+            for k in 0..4 {
+                axpy(gdb, f * rhat[4 * s + k], &adb[k * m1..(k + 1) * m1]);
+            }
+        },
+    );
 }

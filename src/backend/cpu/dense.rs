@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::simd::wide;
 use super::tanh::tanh_bias;
 use crate::backend::Real;
 use crate::model::{Layer, Skip};
@@ -93,6 +94,7 @@ fn dphi<T: Real>(l: &Layer, h: T) -> T {
 }
 
 /// `y += skip(x)` for one row.
+#[inline(always)]
 pub(super) fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
     match l.skip {
         Skip::None => {}
@@ -106,6 +108,7 @@ pub(super) fn add_skip<T: Real>(l: &Layer, x: &[T], y: &mut [T]) {
 }
 
 /// `xbar += skipᵀ(ybar)` for one row.
+#[inline(always)]
 pub(super) fn add_skip_t<T: Real>(l: &Layer, ybar: &[T], xbar: &mut [T]) {
     match l.skip {
         Skip::None => {}
@@ -127,19 +130,24 @@ fn finish_rows<T: Real>(l: &Layer, idt: Option<&[T]>, h: &[T], x: &[T], y: &mut 
                 .zip(x.par_chunks(CHUNK * l.nin)),
         )
         .for_each(|(y, (h, x))| {
-            for (yr, (hr, xr)) in y
-                .chunks_mut(l.nout)
-                .zip(h.chunks(l.nout).zip(x.chunks(l.nin)))
-            {
-                match idt {
-                    Some(t) => yr
-                        .iter_mut()
-                        .zip(hr.iter().zip(t))
-                        .for_each(|(y, (h, t))| *y = *h * *t),
-                    None => yr.copy_from_slice(hr),
-                }
-                add_skip(l, xr, yr);
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for (yr, (hr, xr)) in y
+                        .chunks_mut(l.nout)
+                        .zip(h.chunks(l.nout).zip(x.chunks(l.nin)))
+                    {
+                        match idt {
+                            Some(t) => yr
+                                .iter_mut()
+                                .zip(hr.iter().zip(t))
+                                .for_each(|(y, (h, t))| *y = *h * *t),
+                            None => yr.copy_from_slice(hr),
+                        }
+                        add_skip(l, xr, yr);
+                    }
+                },
+            )
         });
 }
 
@@ -151,12 +159,17 @@ pub fn forward<T: Real>(l: &Layer, p: &[T], rows: Range<usize>, x: &[T], h: &mut
     );
     matmul_w(l, w, rows.len(), xr, T::zero(), hr);
     hr.par_chunks_mut(CHUNK * l.nout).for_each(|c| {
-        if l.tanh {
-            tanh_bias(c, b);
-        } else {
-            c.chunks_mut(l.nout)
-                .for_each(|r| r.iter_mut().zip(b).for_each(|(v, b)| *v += *b));
-        }
+        wide(
+            #[inline(always)]
+            || {
+                if l.tanh {
+                    tanh_bias(c, b);
+                } else {
+                    c.chunks_mut(l.nout)
+                        .for_each(|r| r.iter_mut().zip(b).for_each(|(v, b)| *v += *b));
+                }
+            },
+        )
     });
     finish_rows(
         l,
@@ -185,14 +198,19 @@ pub fn backward<T: Real>(
                 .zip(ybar[span.clone()].par_chunks(CHUNK * l.nout)),
         )
         .for_each(|(z, (h, yb))| {
-            for (zr, (hr, yr)) in z
-                .chunks_mut(l.nout)
-                .zip(h.chunks(l.nout).zip(yb.chunks(l.nout)))
-            {
-                for k in 0..l.nout {
-                    zr[k] = dphi(l, hr[k]) * idt.map_or(yr[k], |t| yr[k] * t[k]);
-                }
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for (zr, (hr, yr)) in z
+                        .chunks_mut(l.nout)
+                        .zip(h.chunks(l.nout).zip(yb.chunks(l.nout)))
+                    {
+                        for k in 0..l.nout {
+                            zr[k] = dphi(l, hr[k]) * idt.map_or(yr[k], |t| yr[k] * t[k]);
+                        }
+                    }
+                },
+            )
         });
     let xr = &mut xbar[rows.start * l.nin..rows.end * l.nin];
     matmul_wt(l, w, rows.len(), &zbar, xr);
@@ -224,11 +242,80 @@ pub fn tangent<T: Real>(
                 .zip(h[span.clone()].par_chunks(CHUNK * l.nout)),
         )
         .for_each(|(hd, (z, h))| {
-            for ((hd, z), h) in hd.iter_mut().zip(z).zip(h) {
-                *hd = dphi(l, *h) * *z;
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for ((hd, z), h) in hd.iter_mut().zip(z).zip(h) {
+                        *hd = dphi(l, *h) * *z;
+                    }
+                },
+            )
         });
     finish_rows(l, idt, &hdot, xr, &mut ydot[span]);
+}
+
+/// The dual step of one row through φ and the timestep (DESIGN.md, "dual reverse"): from the
+/// adjoints `yb` = ȳ, `ydb` = ẏ̄ of the layer's output, its tanh values `h` (z for a linear
+/// layer) and tangent ż = `zd`·`zd_scale`, writes z̄ and ż̄ and adds the row's b̄ into `gb`
+/// and, with a timestep, its īdt into `gidt`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn dual_row<T: Real>(
+    tanh: bool,
+    idt: Option<&[T]>,
+    h: &[T],
+    zd: &[T],
+    zd_scale: T,
+    yb: &[T],
+    ydb: &[T],
+    zb: &mut [T],
+    zdb: &mut [T],
+    gb: &mut [T],
+    gidt: Option<&mut [T]>,
+) {
+    let n = h.len();
+    let (zd, yb, ydb, zb, zdb, gb) = (
+        &zd[..n],
+        &yb[..n],
+        &ydb[..n],
+        &mut zb[..n],
+        &mut zdb[..n],
+        &mut gb[..n],
+    );
+    // φ' and φ'' from the output: tanh' = 1 − h², tanh'' = −2h(1 − h²); linear: 1 and 0.
+    let d12 = |hv: T| {
+        if tanh {
+            let d1 = T::one() - hv * hv;
+            (d1, -(hv + hv) * d1)
+        } else {
+            (T::one(), T::zero())
+        }
+    };
+    match idt {
+        Some(t) => {
+            let gi = gidt.expect("a layer with a timestep accumulates its gradient");
+            let (t, gi) = (&t[..n], &mut gi[..n]);
+            for k in 0..n {
+                let (hv, zdv) = (h[k], zd[k] * zd_scale);
+                let (d1, d2) = d12(hv);
+                gi[k] += yb[k] * hv + ydb[k] * d1 * zdv;
+                let (hb, hdb) = (yb[k] * t[k], ydb[k] * t[k]);
+                zdb[k] = d1 * hdb;
+                zb[k] = d1 * hb + d2 * zdv * hdb;
+                gb[k] += zb[k];
+            }
+        }
+        None => {
+            for k in 0..n {
+                let (hv, zdv) = (h[k], zd[k] * zd_scale);
+                let (d1, d2) = d12(hv);
+                let (hb, hdb) = (yb[k], ydb[k]);
+                zdb[k] = d1 * hdb;
+                zb[k] = d1 * hb + d2 * zdv * hdb;
+                gb[k] += zb[k];
+            }
+        }
+    }
 }
 
 /// Per-chunk sums of b̄ and īdt.
@@ -279,38 +366,42 @@ pub fn dual_backward<T: Real>(
         .zip(zdbar.par_chunks_mut(c))
         .enumerate()
         .map(|(ci, (zb, zdb))| {
-            let o = span.start + ci * c;
-            let (hh, zd, yb, ydb) = (
-                &h[o..o + zb.len()],
-                &zdot[o..o + zb.len()],
-                &ybar[o..o + zb.len()],
-                &ydotbar[o..o + zb.len()],
-            );
-            let mut part = Partial {
-                b: vec![T::zero(); nout],
-                idt: vec![T::zero(); if idt.is_some() { nout } else { 0 }],
-            };
-            for (r, (zbr, zdbr)) in zb.chunks_mut(nout).zip(zdb.chunks_mut(nout)).enumerate() {
-                let s = scale.map_or(T::one(), |s| s[ci * CHUNK + r]);
-                let q = r * nout;
-                for k in 0..nout {
-                    let (hv, zdv) = (hh[q + k], zd[q + k] * s);
-                    let d1 = dphi(l, hv);
-                    let (hb, hdb) = match idt {
-                        Some(t) => {
-                            part.idt[k] += yb[q + k] * hv + ydb[q + k] * d1 * zdv;
-                            (yb[q + k] * t[k], ydb[q + k] * t[k])
-                        }
-                        None => (yb[q + k], ydb[q + k]),
+            wide(
+                #[inline(always)]
+                || {
+                    let o = span.start + ci * c;
+                    let (hh, zd, yb, ydb) = (
+                        &h[o..o + zb.len()],
+                        &zdot[o..o + zb.len()],
+                        &ybar[o..o + zb.len()],
+                        &ydotbar[o..o + zb.len()],
+                    );
+                    let mut part = Partial {
+                        b: vec![T::zero(); nout],
+                        idt: vec![T::zero(); if idt.is_some() { nout } else { 0 }],
                     };
-                    // tanh'' = −2 h (1 − h²); the linear layer has no second-order term.
-                    let d2 = if l.tanh { -(hv + hv) * d1 } else { T::zero() };
-                    zdbr[k] = d1 * hdb;
-                    zbr[k] = d1 * hb + d2 * zdv * hdb;
-                    part.b[k] += zbr[k];
-                }
-            }
-            part
+                    for (r, (zbr, zdbr)) in
+                        zb.chunks_mut(nout).zip(zdb.chunks_mut(nout)).enumerate()
+                    {
+                        let s = scale.map_or(T::one(), |s| s[ci * CHUNK + r]);
+                        let q = r * nout..(r + 1) * nout;
+                        dual_row(
+                            l.tanh,
+                            idt,
+                            &hh[q.clone()],
+                            &zd[q.clone()],
+                            s,
+                            &yb[q.clone()],
+                            &ydb[q],
+                            zbr,
+                            zdbr,
+                            &mut part.b,
+                            idt.is_some().then_some(part.idt.as_mut_slice()),
+                        );
+                    }
+                    part
+                },
+            )
         })
         .collect();
     {

@@ -1,208 +1,269 @@
 //! The embedding nets fused per group of centres: the layers run on a few hundred rows that stay
-//! in cache, nothing but G and G' is stored, and the dual reverse recomputes its forward values
-//! instead of reading them back from memory. Padded slots all have the same input
+//! in cache, and only G and G' go to the step's buffers. Padded slots all have the same input
 //! s = −davg₀/dstd₀ and ṡ = 0, so each block evaluates them once.
+//!
+//! Each group's value and s-derivative rows are stacked, `[x; x']` (2n rows), so one GEMM per
+//! layer serves both, and likewise `[z̄; ż̄]` in the dual reverse.
+//!
+//! The forward pass keeps every layer's tanh values h and z' = x'W of the real slots (its
+//! "traces", 2 × 175 values per real slot for the water model: 48 MB in float64) so that the
+//! dual reverse recomputes no tanh and no GEMM of the forward; the layer inputs follow from
+//! them elementwise. The traces live in a cache of the calling thread, tagged with the s,
+//! owner and parameters they were made from: the dual reverse uses them only when those are
+//! unchanged, and otherwise recomputes them, so the ops stay correct whatever is called
+//! in between.
 
+use std::any::Any;
+use std::cell::RefCell;
 use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::dense::{add_skip, add_skip_t};
+use super::dense::{add_skip, add_skip_t, dual_row};
+use super::simd::wide;
 use super::tanh::tanh_bias;
 use crate::backend::{Dims, Real};
-use crate::model::Net;
+use crate::model::{Layer, Net};
 
 /// Centres per task: enough rows for efficient small GEMMs, few enough to stay in cache.
 const CENTRES_PER_TASK: usize = 2;
 
-/// Forward values of one layer for a group of rows: input x and its s-derivative x', tanh
-/// output h and z' = x'W.
-struct LayerTrace<T> {
-    x: Vec<T>,
-    xp: Vec<T>,
-    h: Vec<T>,
-    zp: Vec<T>,
+/// The forward values of one group of n rows: per layer `[2n][nout]`, rows `0..n` the tanh
+/// values h, rows `n..2n` z' = x'W.
+#[derive(Default)]
+struct Trace<T> {
+    n: usize,
+    hz: Vec<Vec<T>>,
 }
 
-/// Runs the net on inputs `s`, returning every layer's trace and the output (G, G').
-fn trace<T: Real>(net: &Net, p: &[T], s: &[T]) -> (Vec<LayerTrace<T>>, Vec<T>, Vec<T>) {
-    let n = s.len();
-    let (mut x, mut xp) = (s.to_vec(), vec![T::one(); n]);
-    let mut layers = Vec::with_capacity(net.layers.len());
-    for l in &net.layers {
-        let w = &p[l.w..l.w + l.nin * l.nout];
-        let mut h = vec![T::zero(); n * l.nout];
-        let mut zp = vec![T::zero(); n * l.nout];
-        let (ni, no) = (l.nin as isize, l.nout as isize);
-        T::gemm(
-            n,
-            l.nin,
-            l.nout,
-            T::one(),
-            &x,
-            ni,
-            1,
-            w,
-            no,
-            1,
-            T::zero(),
-            &mut h,
-            no,
-        );
-        T::gemm(
-            n,
-            l.nin,
-            l.nout,
-            T::one(),
-            &xp,
-            ni,
-            1,
-            w,
-            no,
-            1,
-            T::zero(),
-            &mut zp,
-            no,
-        );
-        tanh_bias(&mut h, &p[l.b..l.b + l.nout]);
-        let idt = l.idt.map(|o| &p[o..o + l.nout]);
-        let mut y = vec![T::zero(); n * l.nout];
-        let mut yp = vec![T::zero(); n * l.nout];
-        for r in 0..n {
-            let (o, oi) = (r * l.nout, r * l.nin);
-            for k in 0..l.nout {
-                let (hv, t) = (h[o + k], idt.map_or(T::one(), |t| t[k]));
-                y[o + k] = hv * t;
-                yp[o + k] = (T::one() - hv * hv) * zp[o + k] * t;
-            }
-            add_skip(l, &x[oi..oi + l.nin], &mut y[o..o + l.nout]);
-            add_skip(l, &xp[oi..oi + l.nin], &mut yp[o..o + l.nout]);
-        }
-        layers.push(LayerTrace { x, xp, h, zp });
-        x = y;
-        xp = yp;
+/// Per-worker buffers, reused from task to task.
+#[derive(Default)]
+struct Scratch<T> {
+    /// Stacked layer inputs `[x; x']` of every layer (the dual reverse needs them all).
+    xs: Vec<Vec<T>>,
+    /// Stacked output `[y; y']` of the last layer.
+    out: Vec<T>,
+    /// Stacked adjoints `[z̄; ż̄]`, `[ȳ; ẏ̄]` and `[x̄; ẋ̄]`.
+    zb: Vec<T>,
+    yb: Vec<T>,
+    xb: Vec<T>,
+    /// Input and input tangent of the gathered real slots.
+    s: Vec<T>,
+    sdot: Vec<T>,
+}
+
+/// Makes `v` n long for a caller that overwrites every element: old values stay, only growth
+/// is zeroed, and capacity grows to n exactly (the traces are kept from step to step, and their
+/// row counts vary a little with the frame).
+fn resize<T: Real>(v: &mut Vec<T>, n: usize) {
+    if v.len() > n {
+        v.truncate(n);
+    } else {
+        v.reserve_exact(n - v.len());
+        v.resize(n, T::zero());
     }
-    (layers, x, xp)
 }
 
-/// The dual reverse through a traced net for n rows with input tangents `sdot`, seeds `ybar`
-/// and `ydotbar` (`[n][M1]`); adds W̄, b̄, īdt into `g`, a gradient laid out like the
-/// parameter vector but only over this net's span starting at `base`.
-#[allow(clippy::too_many_arguments)]
+/// `y = h·idt + skip(x)` and `y' = φ'(z)·z'·idt + skip(x')` on the stacked rows of one layer.
+#[inline(always)]
+fn finish<T: Real>(l: &Layer, p: &[T], n: usize, hz: &[T], x: &[T], y: &mut [T]) {
+    let (ni, no) = (l.nin, l.nout);
+    let idt = l.idt.map(|o| &p[o..o + no]);
+    let (h, zp) = hz.split_at(n * no);
+    let (yv, yp) = y.split_at_mut(n * no);
+    let (xv, xp) = x.split_at(n * ni);
+    for r in 0..n {
+        let (o, oi) = (r * no, r * ni);
+        let (hr, zr) = (&h[o..o + no], &zp[o..o + no]);
+        let (yr, ypr) = (&mut yv[o..o + no], &mut yp[o..o + no]);
+        match idt {
+            Some(t) => {
+                for k in 0..no {
+                    yr[k] = hr[k] * t[k];
+                    ypr[k] = (T::one() - hr[k] * hr[k]) * zr[k] * t[k];
+                }
+            }
+            None => {
+                for k in 0..no {
+                    yr[k] = hr[k];
+                    ypr[k] = (T::one() - hr[k] * hr[k]) * zr[k];
+                }
+            }
+        }
+        add_skip(l, &xv[oi..oi + ni], yr);
+        add_skip(l, &xp[oi..oi + ni], ypr);
+    }
+}
+
+/// Runs the net forward on the n inputs `scr.s`, filling `tr` and leaving every layer's
+/// stacked input in `scr.xs` and the stacked output (G; G') in `scr.out`.
+#[inline(always)]
+fn run<T: Real>(net: &Net, p: &[T], tr: &mut Trace<T>, scr: &mut Scratch<T>) {
+    let n = scr.s.len();
+    let nl = net.layers.len();
+    tr.n = n;
+    tr.hz.resize_with(nl, Vec::new);
+    scr.xs.resize_with(nl, Vec::new);
+    {
+        let x0 = &mut scr.xs[0];
+        x0.clear();
+        x0.extend_from_slice(&scr.s);
+        x0.resize(2 * n, T::one());
+    }
+    for (li, l) in net.layers.iter().enumerate() {
+        let (ni, no) = (l.nin, l.nout);
+        let hz = &mut tr.hz[li];
+        resize(hz, 2 * n * no);
+        let x = &scr.xs[li];
+        T::gemm(
+            2 * n,
+            ni,
+            no,
+            T::one(),
+            x,
+            ni as isize,
+            1,
+            &p[l.w..l.w + ni * no],
+            no as isize,
+            1,
+            T::zero(),
+            hz,
+            no as isize,
+        );
+        tanh_bias(&mut hz[..n * no], &p[l.b..l.b + no]);
+        let (head, tail) = scr.xs.split_at_mut(li + 1);
+        let y = if li + 1 < nl {
+            &mut tail[0]
+        } else {
+            &mut scr.out
+        };
+        resize(y, 2 * n * no);
+        finish(l, p, n, hz, &head[li], y);
+    }
+}
+
+/// The layer inputs `scr.xs` of a traced group, from its traces alone (elementwise).
+#[inline(always)]
+fn inputs<T: Real>(net: &Net, p: &[T], tr: &Trace<T>, scr: &mut Scratch<T>) {
+    let n = tr.n;
+    let nl = net.layers.len();
+    scr.xs.resize_with(nl, Vec::new);
+    {
+        let x0 = &mut scr.xs[0];
+        x0.clear();
+        x0.extend_from_slice(&scr.s);
+        x0.resize(2 * n, T::one());
+    }
+    for (li, l) in net.layers.iter().enumerate().take(nl - 1) {
+        let (head, tail) = scr.xs.split_at_mut(li + 1);
+        resize(&mut tail[0], 2 * n * l.nout);
+        finish(l, p, n, &tr.hz[li], &head[li], &mut tail[0]);
+    }
+}
+
+/// The dual reverse through a traced group with input tangents `scr.sdot` and stacked seeds
+/// `scr.yb` = `[Ḡ; Ġ̄]`; adds W̄, b̄, īdt into `g`, laid out like the parameter vector over
+/// this net's span starting at `base`. Needs `scr.xs` from [`run`] or [`inputs`].
+#[inline(always)]
 fn dual<T: Real>(
     net: &Net,
     p: &[T],
-    tr: &[LayerTrace<T>],
-    sdot: &[T],
-    ybar: Vec<T>,
-    ydotbar: Vec<T>,
+    tr: &Trace<T>,
+    scr: &mut Scratch<T>,
     g: &mut [T],
     base: usize,
 ) {
-    let n = sdot.len();
-    let (mut yb, mut ydb) = (ybar, ydotbar);
-    for (li, (l, t)) in net.layers.iter().zip(tr).enumerate().rev() {
-        let idt = l.idt.map(|o| &p[o..o + l.nout]);
-        let mut zbar = vec![T::zero(); n * l.nout];
-        let mut zdbar = vec![T::zero(); n * l.nout];
-        for (r, &sd) in sdot.iter().enumerate() {
-            for k in 0..l.nout {
-                let i = r * l.nout + k;
-                let (hv, zd) = (t.h[i], t.zp[i] * sd);
-                let d1 = T::one() - hv * hv;
-                let (hb, hdb) = match idt {
-                    Some(tt) => {
-                        g[l.idt.unwrap() - base + k] += yb[i] * hv + ydb[i] * d1 * zd;
-                        (yb[i] * tt[k], ydb[i] * tt[k])
+    let n = tr.n;
+    for (li, l) in net.layers.iter().enumerate().rev() {
+        let (ni, no) = (l.nin, l.nout);
+        let idt = l.idt.map(|o| &p[o..o + no]);
+        let (h, zp) = tr.hz[li].split_at(n * no);
+        resize(&mut scr.zb, 2 * n * no);
+        {
+            let (zb, zdb) = scr.zb.split_at_mut(n * no);
+            let (yb, ydb) = scr.yb.split_at(n * no);
+            let (gb, gi) = match l.idt {
+                // b and idt of a layer are separate tensors; borrow both.
+                Some(oi) => {
+                    let (lo, hi) = (l.b.min(oi) - base, l.b.max(oi) - base);
+                    let (a, b) = g.split_at_mut(hi);
+                    let (first, second) = (&mut a[lo..lo + no], &mut b[..no]);
+                    if l.b < oi {
+                        (first, Some(second))
+                    } else {
+                        (second, Some(first))
                     }
-                    None => (yb[i], ydb[i]),
-                };
-                zdbar[i] = d1 * hdb;
-                zbar[i] = d1 * hb - (hv + hv) * d1 * zd * hdb;
-                g[l.b - base + k] += zbar[i];
+                }
+                None => (&mut g[l.b - base..l.b - base + no], None),
+            };
+            let mut gi = gi;
+            for (r, &sd) in scr.sdot.iter().enumerate() {
+                let q = r * no..(r + 1) * no;
+                dual_row(
+                    true,
+                    idt,
+                    &h[q.clone()],
+                    &zp[q.clone()],
+                    sd,
+                    &yb[q.clone()],
+                    &ydb[q.clone()],
+                    &mut zb[q.clone()],
+                    &mut zdb[q],
+                    gb,
+                    gi.as_deref_mut(),
+                );
             }
         }
-        // ẋ of the row is x'·ṡ.
-        let xd: Vec<T> =
-            t.xp.iter()
-                .enumerate()
-                .map(|(i, v)| *v * sdot[i / l.nin])
-                .collect();
-        let (ni, no) = (l.nin as isize, l.nout as isize);
-        let gw = &mut g[l.w - base..l.w - base + l.nin * l.nout];
+        // The stacked input's tangent half holds x' for a unit ṡ: scale it to ẋ = x'·ṡ.
+        let x = &mut scr.xs[li];
+        for (r, &sd) in scr.sdot.iter().enumerate() {
+            x[(n + r) * ni..(n + r + 1) * ni]
+                .iter_mut()
+                .for_each(|v| *v *= sd);
+        }
+        let gw = &mut g[l.w - base..l.w - base + ni * no];
         T::gemm(
-            l.nin,
-            n,
-            l.nout,
-            T::one(),
-            &t.x,
-            1,
             ni,
-            &zbar,
+            2 * n,
             no,
+            T::one(),
+            x,
+            1,
+            ni as isize,
+            &scr.zb,
+            no as isize,
             1,
             T::one(),
             gw,
-            no,
-        );
-        T::gemm(
-            l.nin,
-            n,
-            l.nout,
-            T::one(),
-            &xd,
-            1,
-            ni,
-            &zdbar,
-            no,
-            1,
-            T::one(),
-            gw,
-            no,
+            no as isize,
         );
         if li == 0 {
             break;
         }
-        let w = &p[l.w..l.w + l.nin * l.nout];
-        let mut xb = vec![T::zero(); n * l.nin];
-        let mut xdb = vec![T::zero(); n * l.nin];
+        resize(&mut scr.xb, 2 * n * ni);
         T::gemm(
-            n,
-            l.nout,
-            l.nin,
-            T::one(),
-            &zbar,
+            2 * n,
             no,
-            1,
-            w,
-            1,
-            no,
-            T::zero(),
-            &mut xb,
             ni,
-        );
-        T::gemm(
-            n,
-            l.nout,
-            l.nin,
             T::one(),
-            &zdbar,
-            no,
+            &scr.zb,
+            no as isize,
             1,
-            w,
+            &p[l.w..l.w + ni * no],
             1,
-            no,
+            no as isize,
             T::zero(),
-            &mut xdb,
-            ni,
+            &mut scr.xb,
+            ni as isize,
         );
-        for r in 0..n {
-            let (o, oi) = (r * l.nout, r * l.nin);
-            add_skip_t(l, &yb[o..o + l.nout], &mut xb[oi..oi + l.nin]);
-            add_skip_t(l, &ydb[o..o + l.nout], &mut xdb[oi..oi + l.nin]);
+        for r in 0..2 * n {
+            add_skip_t(
+                l,
+                &scr.yb[r * no..(r + 1) * no],
+                &mut scr.xb[r * ni..(r + 1) * ni],
+            );
         }
-        yb = xb;
-        ydb = xdb;
+        std::mem::swap(&mut scr.yb, &mut scr.xb);
     }
 }
 
@@ -234,6 +295,173 @@ fn pad_input<T: Real>(owner: &[i32], s: &[T], rows: Range<usize>) -> Option<T> {
     rows.clone().find(|&r| owner[r] < 0).map(|r| s[r])
 }
 
+/// Task row ranges of a block: `CENTRES_PER_TASK` centres each.
+fn tasks(rows: Range<usize>, sel: usize) -> Vec<Range<usize>> {
+    let task = CENTRES_PER_TASK * sel;
+    (rows.start..rows.end)
+        .step_by(task.max(1))
+        .map(|r0| r0..(r0 + task).min(rows.end))
+        .collect()
+}
+
+/// The traces of the last forward pass of this thread and what they were computed from.
+struct Cache<T> {
+    dims: Option<Dims>,
+    s: Vec<T>,
+    owner: Vec<i32>,
+    /// The parameters of every block's net, concatenated.
+    params: Vec<T>,
+    /// Per block `ti·ntypes + tj`, per task.
+    traces: Vec<Vec<Trace<T>>>,
+}
+
+impl<T: Real> Cache<T> {
+    fn new() -> Self {
+        Cache {
+            dims: None,
+            s: Vec::new(),
+            owner: Vec::new(),
+            params: Vec::new(),
+            traces: Vec::new(),
+        }
+    }
+
+    fn block_params<'a>(nets: &'a [&Net], p: &'a [T]) -> impl Iterator<Item = &'a T> + 'a {
+        nets.iter().flat_map(move |n| p[span(n)].iter())
+    }
+
+    fn matches(&self, d: &Dims, nets: &[&Net], p: &[T], s: &[T], owner: &[i32]) -> bool {
+        self.dims.as_ref() == Some(d)
+            && self.s == s
+            && self.owner == owner
+            && self.params.iter().eq(Self::block_params(nets, p))
+    }
+
+    fn tag(&mut self, d: &Dims, nets: &[&Net], p: &[T], s: &[T], owner: &[i32]) {
+        self.dims = Some(d.clone());
+        self.s.clear();
+        self.s.extend_from_slice(s);
+        self.owner.clear();
+        self.owner.extend_from_slice(owner);
+        self.params.clear();
+        self.params.extend(Self::block_params(nets, p).copied());
+    }
+}
+
+thread_local! {
+    static CACHE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` on this thread's cache of traces for T (made empty if it held another type).
+fn with_cache<T: Real, R>(f: impl FnOnce(&mut Cache<T>) -> R) -> R {
+    CACHE.with(|c| {
+        let mut slot = c.borrow_mut();
+        if !slot.as_ref().is_some_and(|b| b.is::<Cache<T>>()) {
+            *slot = Some(Box::new(Cache::<T>::new()));
+        }
+        f(slot.as_mut().unwrap().downcast_mut::<Cache<T>>().unwrap())
+    })
+}
+
+/// Gathers the real slots' inputs of a task into the scratch buffers.
+fn gather_inputs<T: Real>(
+    reals: &[Range<usize>],
+    s: &[T],
+    sdot: Option<&[T]>,
+    scr: &mut Scratch<T>,
+) {
+    scr.s.clear();
+    scr.sdot.clear();
+    for r in reals {
+        scr.s.extend_from_slice(&s[r.clone()]);
+        if let Some(sd) = sdot {
+            scr.sdot.extend_from_slice(&sd[r.clone()]);
+        }
+    }
+}
+
+/// The forward pass over every block, traces kept in `cache`; writes G and G' when given.
+#[allow(clippy::too_many_arguments)]
+fn forward_into<T: Real>(
+    d: &Dims,
+    nets: &[&Net],
+    p: &[T],
+    s: &[T],
+    owner: &[i32],
+    cache: &mut Cache<T>,
+    mut out: Option<(&mut [T], &mut [T])>,
+) {
+    let m1 = d.m1;
+    cache.traces.resize_with(d.ntypes * d.ntypes, Vec::new);
+    for ti in 0..d.ntypes {
+        for tj in 0..d.ntypes {
+            let k = ti * d.ntypes + tj;
+            let (rows, sel) = (d.block(ti, tj), d.sel[tj]);
+            let traces = &mut cache.traces[k];
+            if rows.is_empty() {
+                traces.clear();
+                continue;
+            }
+            let net = nets[k];
+            let ts = tasks(rows.clone(), sel);
+            traces.resize_with(ts.len(), Trace::default);
+            let work = |scr: &mut Scratch<T>, r: &Range<usize>, tr: &mut Trace<T>| {
+                let reals = real_rows(owner, r.clone(), sel);
+                gather_inputs(&reals, s, None, scr);
+                wide(
+                    #[inline(always)]
+                    || run(net, p, tr, scr),
+                );
+                reals
+            };
+            match out.as_mut() {
+                None => ts.par_iter().zip(traces.par_iter_mut()).for_each_init(
+                    Scratch::default,
+                    |scr, (r, tr)| {
+                        work(scr, r, tr);
+                    },
+                ),
+                Some((g, gp)) => {
+                    let pad = pad_input(owner, s, rows.clone()).map(|sp| {
+                        let mut scr = Scratch::default();
+                        scr.s.push(sp);
+                        run(net, p, &mut Trace::default(), &mut scr);
+                        scr.out
+                    });
+                    let pad = pad.as_ref().map(|o| o.split_at(m1));
+                    let task = CENTRES_PER_TASK * sel * m1;
+                    g[rows.start * m1..rows.end * m1]
+                        .par_chunks_mut(task)
+                        .zip(gp[rows.start * m1..rows.end * m1].par_chunks_mut(task))
+                        .zip(ts.par_iter().zip(traces.par_iter_mut()))
+                        .for_each_init(Scratch::default, |scr, ((gc, gpc), (r, tr))| {
+                            let reals = work(scr, r, tr);
+                            let n = tr.n;
+                            let (y, yp) = scr.out.split_at(n * m1);
+                            let mut k = 0;
+                            for (ci, rr) in reals.iter().enumerate() {
+                                for j in 0..sel {
+                                    let dst = (ci * sel + j) * m1..(ci * sel + j + 1) * m1;
+                                    let src = if j < rr.len() {
+                                        k += 1;
+                                        Some((&y[(k - 1) * m1..k * m1], &yp[(k - 1) * m1..k * m1]))
+                                    } else {
+                                        pad
+                                    };
+                                    if let Some((a, b)) = src {
+                                        gc[dst.clone()].copy_from_slice(a);
+                                        gpc[dst].copy_from_slice(b);
+                                    }
+                                }
+                            }
+                        });
+                }
+            }
+        }
+    }
+    cache.tag(d, nets, p, s, owner);
+}
+
 pub fn forward<T: Real>(
     d: &Dims,
     nets: &[&Net],
@@ -243,50 +471,7 @@ pub fn forward<T: Real>(
     g: &mut [T],
     gp: &mut [T],
 ) {
-    let m1 = d.m1;
-    for ti in 0..d.ntypes {
-        for tj in 0..d.ntypes {
-            let (rows, sel) = (d.block(ti, tj), d.sel[tj]);
-            if rows.is_empty() {
-                continue;
-            }
-            let net = nets[ti * d.ntypes + tj];
-            let pad = pad_input(owner, s, rows.clone()).map(|sp| {
-                let (_, y, yp) = trace(net, p, &[sp]);
-                (y, yp)
-            });
-            let task = CENTRES_PER_TASK * sel;
-            g[rows.start * m1..rows.end * m1]
-                .par_chunks_mut(task * m1)
-                .zip(gp[rows.start * m1..rows.end * m1].par_chunks_mut(task * m1))
-                .enumerate()
-                .for_each(|(i, (gc, gpc))| {
-                    let r0 = rows.start + i * task;
-                    let reals = real_rows(owner, r0..r0 + gc.len() / m1, sel);
-                    let sv: Vec<T> = reals
-                        .iter()
-                        .flat_map(|r| s[r.clone()].iter().copied())
-                        .collect();
-                    let (_, y, yp) = trace(net, p, &sv);
-                    let mut k = 0;
-                    for (ci, r) in reals.iter().enumerate() {
-                        for j in 0..sel {
-                            let dst = (ci * sel + j) * m1..(ci * sel + j + 1) * m1;
-                            let src = if j < r.len() {
-                                k += 1;
-                                Some((&y[(k - 1) * m1..k * m1], &yp[(k - 1) * m1..k * m1]))
-                            } else {
-                                pad.as_ref().map(|(a, b)| (a.as_slice(), b.as_slice()))
-                            };
-                            if let Some((a, b)) = src {
-                                gc[dst.clone()].copy_from_slice(a);
-                                gpc[dst].copy_from_slice(b);
-                            }
-                        }
-                    }
-                });
-        }
-    }
+    with_cache::<T, _>(|cache| forward_into(d, nets, p, s, owner, cache, Some((g, gp))));
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -301,70 +486,169 @@ pub fn dual_backward<T: Real>(
     gdotbar: &[T],
     grad: &mut [T],
 ) {
-    let m1 = d.m1;
-    for ti in 0..d.ntypes {
-        for tj in 0..d.ntypes {
-            let (rows, sel) = (d.block(ti, tj), d.sel[tj]);
-            if rows.is_empty() {
-                continue;
-            }
-            let net = nets[ti * d.ntypes + tj];
-            let sp = span(net);
-            let task = CENTRES_PER_TASK * sel;
-            let starts: Vec<usize> = (rows.start..rows.end).step_by(task).collect();
-            let mut partials: Vec<Vec<T>> = starts
-                .par_iter()
-                .map(|&r0| {
-                    let reals = real_rows(owner, r0..(r0 + task).min(rows.end), sel);
-                    let idx: Vec<usize> = reals.iter().flat_map(|r| r.clone()).collect();
-                    let sv: Vec<T> = idx.iter().map(|&r| s[r]).collect();
-                    let sd: Vec<T> = idx.iter().map(|&r| sdot[r]).collect();
-                    let gather = |src: &[T]| -> Vec<T> {
-                        idx.iter()
-                            .flat_map(|&r| src[r * m1..(r + 1) * m1].iter().copied())
-                            .collect()
-                    };
-                    let (tr, _, _) = trace(net, p, &sv);
-                    let mut part = vec![T::zero(); sp.len()];
-                    dual(
-                        net,
-                        p,
-                        &tr,
-                        &sd,
-                        gather(gbar),
-                        gather(gdotbar),
-                        &mut part,
-                        sp.start,
-                    );
-                    part
-                })
-                .collect();
-            // Padded slots: ṡ = 0, so only the sum of their Ḡ flows back, through one evaluation.
-            if let Some(spad) = pad_input(owner, s, rows.clone()) {
-                let mut sum = vec![T::zero(); m1];
-                for r in rows.clone().filter(|&r| owner[r] < 0) {
-                    sum.iter_mut()
-                        .zip(&gbar[r * m1..(r + 1) * m1])
-                        .for_each(|(a, b)| *a += *b);
+    with_cache::<T, _>(|cache| {
+        if !cache.matches(d, nets, p, s, owner) {
+            forward_into(d, nets, p, s, owner, cache, None);
+        }
+        let m1 = d.m1;
+        for ti in 0..d.ntypes {
+            for tj in 0..d.ntypes {
+                let k = ti * d.ntypes + tj;
+                let (rows, sel) = (d.block(ti, tj), d.sel[tj]);
+                if rows.is_empty() {
+                    continue;
                 }
-                let (tr, _, _) = trace(net, p, &[spad]);
-                let mut part = vec![T::zero(); sp.len()];
-                dual(
-                    net,
-                    p,
-                    &tr,
-                    &[T::zero()],
-                    sum,
-                    vec![T::zero(); m1],
-                    &mut part,
-                    sp.start,
-                );
-                partials.push(part);
-            }
-            let g = &mut grad[sp.clone()];
-            for part in partials {
-                g.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+                let net = nets[k];
+                let sp = span(net);
+                let ts = tasks(rows.clone(), sel);
+                // Per-task partial gradients, summed in task order: the result does not depend on
+                // the number of threads.
+                let mut partials = vec![T::zero(); ts.len() * sp.len()];
+                partials
+                    .par_chunks_mut(sp.len())
+                    .zip(ts.par_iter().zip(cache.traces[k].par_iter()))
+                    .for_each_init(Scratch::default, |scr, (part, (r, tr))| {
+                        let reals = real_rows(owner, r.clone(), sel);
+                        gather_inputs(&reals, s, Some(sdot), scr);
+                        scr.yb.clear();
+                        for src in [gbar, gdotbar] {
+                            for r in &reals {
+                                scr.yb.extend_from_slice(&src[r.start * m1..r.end * m1]);
+                            }
+                        }
+                        wide(
+                            #[inline(always)]
+                            || {
+                                inputs(net, p, tr, scr);
+                                dual(net, p, tr, scr, part, sp.start);
+                            },
+                        );
+                    });
+                let g = &mut grad[sp.clone()];
+                for part in partials.chunks(sp.len()) {
+                    g.iter_mut().zip(part).for_each(|(a, b)| *a += *b);
+                }
+                // Padded slots: ṡ = 0, so only the sum of their Ḡ flows back, through one evaluation.
+                if let Some(spad) = pad_input(owner, s, rows.clone()) {
+                    let mut scr = Scratch {
+                        yb: vec![T::zero(); 2 * m1],
+                        ..Scratch::default()
+                    };
+                    for r in rows.clone().filter(|&r| owner[r] < 0) {
+                        scr.yb[..m1]
+                            .iter_mut()
+                            .zip(&gbar[r * m1..(r + 1) * m1])
+                            .for_each(|(a, b)| *a += *b);
+                    }
+                    scr.s.push(spad);
+                    scr.sdot.push(T::zero());
+                    let mut tr = Trace::default();
+                    run(net, p, &mut tr, &mut scr);
+                    let mut part = vec![T::zero(); sp.len()];
+                    dual(net, p, &tr, &mut scr, &mut part, sp.start);
+                    g.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+                }
             }
         }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Skip;
+
+    /// A net 1 → 4 → 8 → 16 (the last two with [x, x] skips and a timestep) and its parameters.
+    fn net() -> (Net, Vec<f64>) {
+        let mut off = 0;
+        let mut layers = Vec::new();
+        for (nin, nout, skip) in [
+            (1, 4, Skip::None),
+            (4, 8, Skip::Double),
+            (8, 16, Skip::Double),
+        ] {
+            let (w, b) = (off, off + nin * nout);
+            let idt = (skip != Skip::None).then_some(b + nout);
+            off = b + nout + if idt.is_some() { nout } else { 0 };
+            layers.push(Layer {
+                nin,
+                nout,
+                tanh: true,
+                skip,
+                w,
+                b,
+                idt,
+            });
+        }
+        let p = (0..off)
+            .map(|i| ((i * 37 % 101) as f64 / 101.0 - 0.5) * 0.8)
+            .collect();
+        (
+            Net {
+                name: "e".into(),
+                layers,
+            },
+            p,
+        )
+    }
+
+    fn grad_of(
+        d: &Dims,
+        nets: &[&Net],
+        p: &[f64],
+        s: &[f64],
+        owner: &[i32],
+        sdot: &[f64],
+    ) -> Vec<f64> {
+        let n = d.nslots() * d.m1;
+        let gbar: Vec<f64> = (0..n)
+            .map(|i| ((i * 13 % 29) as f64 - 14.0) / 29.0)
+            .collect();
+        let gdotbar: Vec<f64> = (0..n)
+            .map(|i| ((i * 7 % 31) as f64 - 15.0) / 31.0)
+            .collect();
+        let mut grad = vec![0.0; p.len()];
+        dual_backward(d, nets, p, s, owner, sdot, &gbar, &gdotbar, &mut grad);
+        grad
+    }
+
+    /// The dual reverse gives the same bits from the forward pass's traces and from traces it
+    /// recomputes because the parameters changed in between.
+    #[test]
+    fn cached_traces_match_recomputed_ones() {
+        let (net, p) = net();
+        let d = Dims::new(1, &[3, 2], &[4, 3], 16, 4);
+        let ns = d.nslots();
+        // Each section: real slots first, then padding.
+        let owner: Vec<i32> = (0..ns)
+            .map(|i| if i % 4 == 3 || i % 7 == 6 { -1 } else { 0 })
+            .collect();
+        let s: Vec<f64> = (0..ns)
+            .map(|i| {
+                if owner[i] < 0 {
+                    -0.3
+                } else {
+                    (i as f64 * 0.37).sin()
+                }
+            })
+            .collect();
+        let sdot: Vec<f64> = (0..ns)
+            .map(|i| {
+                if owner[i] < 0 {
+                    0.0
+                } else {
+                    (i as f64 * 0.11).cos()
+                }
+            })
+            .collect();
+        let nets = vec![&net; 4];
+        let (mut g, mut gp) = (vec![0.0; ns * 16], vec![0.0; ns * 16]);
+        forward(&d, &nets, &p, &s, &owner, &mut g, &mut gp);
+        let cached = grad_of(&d, &nets, &p, &s, &owner, &sdot);
+        let p2: Vec<f64> = p.iter().map(|x| x * 1.1).collect();
+        forward(&d, &nets, &p2, &s, &owner, &mut g, &mut gp);
+        let recomputed = grad_of(&d, &nets, &p, &s, &owner, &sdot);
+        assert_eq!(cached, recomputed);
+        assert!(cached.iter().any(|x| *x != 0.0));
     }
 }

@@ -7,6 +7,7 @@ mod embed;
 mod env_mat;
 mod loss;
 mod scatter;
+mod simd;
 mod tanh;
 
 pub use env_mat::env_row;

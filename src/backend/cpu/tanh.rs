@@ -55,6 +55,7 @@ pub fn tanh64(x: f64) -> f64 {
 }
 
 /// `x[i] = tanh(x[i] + b[i % b.len()])` for a row-major block whose rows have `b.len()` values.
+#[inline(always)]
 pub fn tanh_bias<T: Real>(x: &mut [T], b: &[T]) {
     for row in x.chunks_mut(b.len()) {
         for (v, &bb) in row.iter_mut().zip(b) {
