@@ -48,7 +48,7 @@ for b in tf ${COMPARE_PT:+pt}; do
   results+=("$s")
 done
 
-(cd "$work" && /usr/bin/time -v -o dpw-time.txt "$dpw" bench input.json --steps "$steps" --json dpw.json >dpw.log 2>&1) \
+(cd "$work" && /usr/bin/time -v -o dpw-time.txt "$dpw" bench input.json --backend cpu --steps "$steps" --json dpw.json >dpw.log 2>&1) \
   || { tail -30 "$work/dpw.log" >&2; exit 1; }
 ours=$(python3 -c "import json; print(json.load(open('$work/dpw.json'))['median_s_per_step'])")
 echo "dpw (cpu, float64): ${ours} s/step, peak memory $(peak_mb "$work/dpw-time.txt") MB"

@@ -17,7 +17,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
+use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
 use crate::model::{Layer, Net};
 
 /// What profiling needs from a backend beyond its ops.
@@ -512,10 +512,11 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         ebar: &mut Self::Buf,
         fres: &mut Self::Buf,
         vres: &mut Self::Buf,
-    ) -> LossSums {
+        sums: &mut Self::Buf,
+    ) {
         let flops = 4.0 * (d.nframes * (d.natoms * 3 + 10)) as f64;
         self.time::<T, _>(Op::Loss, flops, |b| {
-            b.loss(d, pref, pred, label, centre_atom, ebar, fres, vres)
+            b.loss(d, pref, pred, label, centre_atom, ebar, fres, vres, sums)
         })
     }
 

@@ -15,6 +15,15 @@ const MAGIC: &[u8; 8] = b"DPWFILE1";
 
 /// Writes `bytes` to `path` through a temporary sibling and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// As [`write_atomic`], the contents streamed by `fill` (a checkpoint is tens of MB: no copy of
+/// it is built in memory).
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -24,10 +33,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .context("output path has no file name")?
         .to_string_lossy();
     let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let mut f =
-        fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
+    let f = fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    fill(&mut w)
+        .and_then(|_| w.flush())
+        .and_then(|_| w.get_ref().sync_all())
         .with_context(|| format!("cannot write {}", tmp.display()))?;
     fs::rename(&tmp, path)
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
@@ -37,16 +47,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn write_container(path: &Path, header: &Value, arrays: &[(&str, &[f64])]) -> Result<()> {
     let lens: Vec<Value> = arrays.iter().map(|(n, a)| json!([n, a.len()])).collect();
     let head = serde_json::to_vec(&json!({ "header": header, "arrays": lens }))?;
-    let mut bytes =
-        Vec::with_capacity(16 + head.len() + arrays.iter().map(|a| 8 * a.1.len()).sum::<usize>());
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&(head.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&head);
-    for (_, a) in arrays {
-        a.iter()
-            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
-    }
-    write_atomic(path, &bytes)
+    write_atomic_with(path, |w| {
+        w.write_all(MAGIC)?;
+        w.write_all(&(head.len() as u64).to_le_bytes())?;
+        w.write_all(&head)?;
+        for (_, a) in arrays {
+            for x in a.iter() {
+                w.write_all(&x.to_le_bytes())?;
+            }
+        }
+        Ok(())
+    })
 }
 
 pub struct Container {
