@@ -52,7 +52,13 @@ function fail(message) {
   setState('error');
 }
 
-const errText = (e) => (e && typeof e === 'object' && 'message' in e ? e.message : String(e));
+function errText(e) {
+  // A panic inside the wasm module reaches JavaScript as a bare RuntimeError ("unreachable");
+  // the module kept its message.
+  const panic = e instanceof WebAssembly.RuntimeError && mod?.lastPanic?.();
+  if (panic) return panic;
+  return e && typeof e === 'object' && 'message' in e ? e.message : String(e);
+}
 
 window.addEventListener('error', (e) => {
   showError(`Something went wrong in the page: ${e.message || errText(e.error)}`);
