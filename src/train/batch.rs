@@ -1,7 +1,7 @@
 //! Host-side assembly of one batch: neighbour lists of every frame rearranged into the slot
 //! layout of [`Dims`], plus the labels in batch-atom order (`frame·natoms + atom`).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
 use crate::geometry::{build_nlist, Cell};
@@ -40,6 +40,19 @@ pub struct HostBatch {
     pub virial: Vec<f64>,
     /// Every frame has a virial label.
     pub has_virial: bool,
+}
+
+/// The batch of frames `frames` of `sys`; an error names the (`what`: training, validation)
+/// system and the frames.
+pub fn assemble_frames(
+    spec: &ModelSpec,
+    sys: &crate::data::System,
+    frames: &[usize],
+    what: &str,
+) -> Result<HostBatch> {
+    let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
+    assemble(spec, &sys.atype, &fr)
+        .with_context(|| format!("{what} system {} (frames {frames:?})", sys.path.display()))
 }
 
 pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<HostBatch> {

@@ -24,7 +24,7 @@ use crate::fmt::sci;
 use crate::model::file::{model_from_container, read_container, write_atomic};
 use crate::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
 
-use super::batch::{assemble, Frame, HostBatch};
+use super::batch::{assemble_frames, HostBatch};
 use super::checkpoint::{self, Checkpoint, DataShape};
 use super::dataset::{load_data_in, DataSet};
 use super::lcurve::{self, Metrics};
@@ -429,14 +429,10 @@ impl Prefetcher {
             .name("dpw-batches".into())
             .spawn(move || {
                 for (s, frames) in req_rx {
-                    let sys = &systems[s];
-                    let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
-                    let r = if fr.is_empty() {
+                    let r = if frames.is_empty() {
                         Ok(None)
                     } else {
-                        assemble(&spec, &sys.atype, &fr).map(Some).with_context(|| {
-                            format!("training system {} (frames {frames:?})", sys.path.display())
-                        })
+                        assemble_frames(&spec, &systems[s], &frames, "training").map(Some)
                     };
                     if res_tx.send(r).is_err() {
                         break;

@@ -1,13 +1,13 @@
 //! Validation metrics as `dp train` prints them: the atom-weighted average over `numb_btch`
 //! batches (spec §9).
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::backend::{Backend, Real};
 use crate::data::Sampler;
 use crate::model::ModelSpec;
 
-use super::batch::{assemble, Frame, HostBatch};
+use super::batch::{assemble_frames, HostBatch};
 use super::dataset::DataSet;
 use super::lcurve::Metrics;
 use super::loss::{host_sums, Loss};
@@ -25,10 +25,7 @@ pub fn next_batch(
     sampler: &mut Sampler,
 ) -> Result<(usize, HostBatch)> {
     let (s, frames) = sampler.next_batch();
-    let sys = &data.systems[s];
-    let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
-    let batch = assemble(spec, &sys.atype, &fr)
-        .with_context(|| format!("validation system {}", sys.path.display()))?;
+    let batch = assemble_frames(spec, &data.systems[s], &frames, "validation")?;
     Ok((s, batch))
 }
 

@@ -6,7 +6,7 @@ use dpw::backend::{LossSums, Real};
 use dpw::config::{OptimizerConfig, Precision};
 use dpw::data::Sampler;
 use dpw::model::ModelSpec;
-use dpw::train::batch::{assemble, Frame, HostBatch};
+use dpw::train::batch::{assemble_frames, HostBatch};
 use dpw::train::dataset::DataSet;
 use dpw::train::lcurve::Metrics;
 use dpw::train::loss::Loss;
@@ -124,9 +124,8 @@ impl<B: Fetch> Session<B> {
 
     fn next_train_batch(&mut self) -> Result<(usize, HostBatch)> {
         let (s, frames) = self.sampler.next_batch();
-        let sys = &self.train.systems[s];
-        let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
-        Ok((s, assemble(&self.spec, &sys.atype, &fr)?))
+        let batch = assemble_frames(&self.spec, &self.train.systems[s], &frames, "training")?;
+        Ok((s, batch))
     }
 
     /// Trains up to the next step that `dp train` would print (step 1, then every disp_freq
@@ -207,7 +206,7 @@ impl<B: Fetch> Session<B> {
             Some(v) => &v.systems[0],
             None => &self.train.systems[0],
         };
-        let batch = assemble(&self.spec, &sys.atype, &[Frame::of(sys, 0)])?;
+        let batch = assemble_frames(&self.spec, sys, &[0], "display")?;
         let w = predict_batch(&self.b, &self.dm, &mut self.cache, &batch);
         let force = fetch(&self.b, &*self.device_error, &w.force).await?;
         Ok(json!({
