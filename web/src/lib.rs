@@ -27,8 +27,19 @@ enum Engine {
     Cpu(Box<Session<Cpu>>),
 }
 
+/// The same code on whichever session the engine holds.
+macro_rules! on_session {
+    ($engine:expr, $s:ident => $body:expr) => {
+        match $engine {
+            Engine::Gpu($s) => $body,
+            Engine::Cpu($s) => $body,
+        }
+    };
+}
+
 /// A training run in the page. A call takes the engine out while it runs, so a second call
-/// meanwhile finds none and is refused instead of interleaving with the first.
+/// meanwhile finds none and is refused instead of interleaving with the first; the step count
+/// is kept beside it so that it can be read meanwhile.
 #[wasm_bindgen]
 pub struct Trainer {
     engine: Rc<RefCell<Option<Engine>>>,
@@ -94,7 +105,13 @@ async fn create(input: &str, files: &js_sys::Map, backend: &str) -> Result<(Engi
         bail!("input.json: the page needs training.seed (it has no clock-based seed)");
     }
     let fs = mem_files(files)?;
-    let setup = prepare_in(&fs, cfg, Start::Fresh, Path::new(""), web_time_now())?;
+    let setup = prepare_in(
+        &fs,
+        cfg,
+        Start::Fresh,
+        Path::new(""),
+        web_time::Instant::now(),
+    )?;
     let (gpu, note, fallback) = match backend {
         "cpu" => (
             None,
@@ -128,10 +145,12 @@ async fn create(input: &str, files: &js_sys::Map, backend: &str) -> Result<(Engi
             (Engine::Cpu(Box::new(s)), "cpu", String::new())
         }
     };
-    let (natoms, nparams, numb_steps, disp_freq) = match &engine {
-        Engine::Gpu(s) => (s.natoms(), s.nparams(), s.numb_steps(), s.disp_freq()),
-        Engine::Cpu(s) => (s.natoms(), s.nparams(), s.numb_steps(), s.disp_freq()),
-    };
+    let (natoms, nparams, numb_steps, disp_freq) = on_session!(&engine, s => (
+        s.natoms(),
+        s.nparams(),
+        s.numb_steps(),
+        s.disp_freq()
+    ));
     let info = json!({
         "backend": name,
         "adapter": adapter,
@@ -144,10 +163,6 @@ async fn create(input: &str, files: &js_sys::Map, backend: &str) -> Result<(Engi
         "disp_freq": disp_freq,
     });
     Ok((engine, info))
-}
-
-fn web_time_now() -> web_time::Instant {
-    web_time::Instant::now()
 }
 
 #[wasm_bindgen]
@@ -181,33 +196,25 @@ impl Trainer {
 
     /// Trains to the next displayed step; resolves to that lcurve.out line as JSON.
     pub fn train(&self) -> js_sys::Promise {
-        let (engine, steps) = (Rc::clone(&self.engine), Rc::clone(&self.steps));
-        wasm_bindgen_futures::future_to_promise(async move {
-            let mut e = take(&engine)?;
-            let rec = match &mut e {
-                Engine::Gpu(s) => s.train_to_display().await,
-                Engine::Cpu(s) => s.train_to_display().await,
-            };
-            *steps.borrow_mut() = match &e {
-                Engine::Gpu(s) => s.step(),
-                Engine::Cpu(s) => s.step(),
-            };
-            *engine.borrow_mut() = Some(e);
-            Ok(rec.map_err(js_error)?.to_string().into())
-        })
+        self.call(async |e| on_session!(e, s => s.train_to_display().await))
     }
 
     /// The first validation frame with reference and predicted forces, as JSON.
     pub fn frame(&self) -> js_sys::Promise {
-        let engine = Rc::clone(&self.engine);
+        self.call(async |e| on_session!(e, s => s.frame().await))
+    }
+}
+
+impl Trainer {
+    /// Runs `f` on the engine, taken out for the call's duration; resolves to its JSON as text.
+    fn call(&self, f: impl AsyncFnOnce(&mut Engine) -> Result<Value> + 'static) -> js_sys::Promise {
+        let (engine, steps) = (Rc::clone(&self.engine), Rc::clone(&self.steps));
         wasm_bindgen_futures::future_to_promise(async move {
             let mut e = take(&engine)?;
-            let fr = match &mut e {
-                Engine::Gpu(s) => s.frame().await,
-                Engine::Cpu(s) => s.frame().await,
-            };
+            let out = f(&mut e).await;
+            *steps.borrow_mut() = on_session!(&e, s => s.step());
             *engine.borrow_mut() = Some(e);
-            Ok(fr.map_err(js_error)?.to_string().into())
+            Ok(out.map_err(js_error)?.to_string().into())
         })
     }
 }
