@@ -521,3 +521,48 @@ fn restart_with_more_steps_or_other_data() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("fitting.neuron"));
 }
+
+/// Whether libcuda loads here (then the CUDA error paths below cannot be reached).
+#[cfg(feature = "cuda")]
+fn cuda_driver_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda under its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn backend_cuda_without_a_driver_fails_clearly_before_any_output() {
+    if cuda_driver_present() {
+        eprintln!("SKIPPED: a CUDA driver is present (the GPU tests are tests/backend_cuda.rs)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(1));
+    let out = run(d.path(), &["train", "input.json", "--backend", "cuda"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "dpw succeeded without CUDA:\n{err}");
+    assert!(err.contains("no CUDA driver found"), "{err}");
+    assert!(!d.path().join("lcurve.out").exists());
+    assert!(!d.path().join("model.ckpt").exists());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn backend_auto_without_a_driver_says_why_and_trains_elsewhere() {
+    if cuda_driver_present() {
+        eprintln!("SKIPPED: a CUDA driver is present, so auto may take it");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let out = train(d.path(), &tiny_input(1), &["--backend", "auto"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("auto backend: not cuda (no CUDA driver found"),
+        "{err}"
+    );
+    assert!(
+        err.contains("auto backend: wgpu") || err.contains("auto backend: cpu"),
+        "{err}"
+    );
+    assert!(!data_lines(&lcurve(d.path())).is_empty());
+}
