@@ -522,21 +522,23 @@ fn restart_with_more_steps_or_other_data() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("fitting.neuron"));
 }
 
-/// Whether libcuda loads here (then the CUDA error paths below cannot be reached).
+/// A fresh folder where no libcuda loads; where one does, the calling test's error path cannot
+/// be reached: None, after saying it was skipped (the GPU tests are tests/backend_cuda.rs).
 #[cfg(feature = "cuda")]
-fn cuda_driver_present() -> bool {
+fn driverless_dir() -> Option<tempfile::TempDir> {
     // SAFETY: only tries to dlopen libcuda under its usual names.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        eprintln!("SKIPPED: {test}: a CUDA driver is present");
+        return None;
+    }
+    Some(tempfile::tempdir().unwrap())
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 fn backend_cuda_without_a_driver_fails_clearly_before_any_output() {
-    if cuda_driver_present() {
-        eprintln!("SKIPPED: a CUDA driver is present (the GPU tests are tests/backend_cuda.rs)");
-        return;
-    }
-    let d = tempfile::tempdir().unwrap();
+    let Some(d) = driverless_dir() else { return };
     write_input(d.path(), &tiny_input(1));
     let out = run(d.path(), &["train", "input.json", "--backend", "cuda"]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -549,11 +551,7 @@ fn backend_cuda_without_a_driver_fails_clearly_before_any_output() {
 #[cfg(feature = "cuda")]
 #[test]
 fn backend_auto_without_a_driver_says_why_and_trains_elsewhere() {
-    if cuda_driver_present() {
-        eprintln!("SKIPPED: a CUDA driver is present, so auto may take it");
-        return;
-    }
-    let d = tempfile::tempdir().unwrap();
+    let Some(d) = driverless_dir() else { return };
     let out = train(d.path(), &tiny_input(1), &["--backend", "auto"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
