@@ -99,7 +99,7 @@ __device__ void dense_scale_rows DENSE_SCALE_ROWS_PARAMS(T) {
 }
 DPW_INSTANTIATE(dense_scale_rows, DENSE_SCALE_ROWS_PARAMS, (r0, rows, nin, xdot, scale, out))
 
-// Dual reverse, element-wise part (DESIGN.md "dual reverse"), for one chunk of `chunk` rows
+// Dual reverse, element-wise part (docs/design.md §3.2 "dual reverse"), for one chunk of `chunk` rows
 // (blockIdx.x) and one output column k per thread:
 //   ż̄ = φ'(z) ⊙ ḣ̄,  z̄ = φ'(z) ⊙ h̄ + φ''(z) ⊙ ż ⊙ ḣ̄,  with h̄ = ȳ·idt, ḣ̄ = ẏ̄·idt,
 // written to local scratch, plus this chunk's partial sums over its rows, in row order, of

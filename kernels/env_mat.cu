@@ -1,5 +1,5 @@
 // Environment matrix R̂ = (R − davg[t_i]) / dstd[t_i] and its derivative J = ∂R̂/∂r_ij
-// (spec §3; CPU reference: src/backend/cpu/env_mat.rs). One thread per slot.
+// (docs/deepmd-spec.md §3; CPU reference: src/backend/cpu/env_mat.rs). One thread per slot.
 //
 // The arithmetic runs in double for both precisions, then is rounded to T, exactly as the CPU
 // backend does: the expressions below keep the CPU's order of operations.

@@ -1,5 +1,5 @@
 // Loss residuals and the virtual displacement that turns the force/virial terms of the loss
-// into a tangent of the environment (CPU reference: src/backend/cpu/loss.rs; DESIGN.md "the
+// into a tangent of the environment (CPU reference: src/backend/cpu/loss.rs; docs/design.md §3.2 "the
 // second derivative").
 
 // For one label array: out[i] = T(num · (pred[i] − label[i]) / den), and per chunk of `chunk`

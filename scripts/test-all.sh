@@ -27,15 +27,15 @@ fi
 export LD_LIBRARY_PATH="$PWD/$nvrtc/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 cargo fmt --all --check
+# The default features include cuda (loaded at run time), so this also lints the CUDA backend.
 cargo clippy --release --all-targets -- -D warnings
 # The web page's crate (web/src) is built for wasm32 only.
 rustup target list --installed | grep -qx wasm32-unknown-unknown ||
   rustup target add wasm32-unknown-unknown
 cargo clippy --release -p dpw-web --target wasm32-unknown-unknown -- -D warnings
-cargo clippy --release --all-targets --features cuda -- -D warnings
 cargo clippy --release --all-targets --features mpi -- -D warnings
 cargo test --release --all-targets
-DPW_REQUIRE_NVRTC=1 cargo test --release --features cuda --test kernels_nvrtc --test backend_cuda
+DPW_REQUIRE_NVRTC=1 cargo test --release --test kernels_nvrtc --test backend_cuda
 # Multi-process training under mpirun (2 ranks).
 DPW_REQUIRE_MPI=1 cargo test --release --features mpi --test mpi_train
 # Training convergence on the water data (minutes; not a timed test).

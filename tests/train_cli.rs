@@ -521,3 +521,46 @@ fn restart_with_more_steps_or_other_data() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("fitting.neuron"));
 }
+
+/// A fresh folder where no libcuda loads; where one does, the calling test's error path cannot
+/// be reached: None, after saying it was skipped (the GPU tests are tests/backend_cuda.rs).
+#[cfg(feature = "cuda")]
+fn driverless_dir() -> Option<tempfile::TempDir> {
+    // SAFETY: only tries to dlopen libcuda under its usual names.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        eprintln!("SKIPPED: {test}: a CUDA driver is present");
+        return None;
+    }
+    Some(tempfile::tempdir().unwrap())
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn backend_cuda_without_a_driver_fails_clearly_before_any_output() {
+    let Some(d) = driverless_dir() else { return };
+    write_input(d.path(), &tiny_input(1));
+    let out = run(d.path(), &["train", "input.json", "--backend", "cuda"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "dpw succeeded without CUDA:\n{err}");
+    assert!(err.contains("no CUDA driver found"), "{err}");
+    assert!(!d.path().join("lcurve.out").exists());
+    assert!(!d.path().join("model.ckpt").exists());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn backend_auto_without_a_driver_says_why_and_trains_elsewhere() {
+    let Some(d) = driverless_dir() else { return };
+    let out = train(d.path(), &tiny_input(1), &["--backend", "auto"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("auto backend: not cuda (no CUDA driver found"),
+        "{err}"
+    );
+    assert!(
+        err.contains("auto backend: wgpu") || err.contains("auto backend: cpu"),
+        "{err}"
+    );
+    assert!(!data_lines(&lcurve(d.path())).is_empty());
+}

@@ -23,7 +23,7 @@ use std::ops::Range;
 
 use crate::model::{Layer, Net};
 
-/// Switch-function and protection parameters of the environment matrix (spec §3).
+/// Switch-function and protection parameters of the environment matrix (docs/deepmd-spec.md §3).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EnvParams {
     pub rcut: f64,
@@ -31,7 +31,7 @@ pub struct EnvParams {
     pub protection: f64,
 }
 
-/// Loss prefactors in effect at a step, already multiplied by the label's presence (spec §9).
+/// Loss prefactors in effect at a step, already multiplied by the label's presence (docs/deepmd-spec.md §9).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Prefactors {
     pub e: f64,
@@ -144,7 +144,7 @@ pub trait Backend<T: Real>: Sync {
         ydot: &mut Self::Buf,
     );
 
-    /// Reverse pass on (value, tangent) pairs (DESIGN.md, "dual reverse"): accumulates W̄, b̄,
+    /// Reverse pass on (value, tangent) pairs (docs/design.md §3.2, "dual reverse"): accumulates W̄, b̄,
     /// īdt into `grad` at the layer's offsets and, when asked, writes x̄ and ẋ̄. When `scale` is
     /// given, the stored tangents ẋ, ż of row r are multiplied by `scale[r]` (the embedding
     /// net stores its tangents for a unit input tangent).

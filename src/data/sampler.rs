@@ -1,4 +1,4 @@
-//! Batch sizes, system probabilities and the batch sampler (spec §12).
+//! Batch sizes, system probabilities and the batch sampler (docs/deepmd-spec.md §12).
 
 use std::str::FromStr;
 

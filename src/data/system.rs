@@ -1,4 +1,4 @@
-//! Reading one deepmd/npy system (spec §1).
+//! Reading one deepmd/npy system (docs/deepmd-spec.md §1).
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -431,20 +431,16 @@ pub fn visible_devices() -> Option<(&'static str, String)> {
 }
 
 /// Collective: DeePMD-kit's start-up summary of the run's processes: distributed or not, the
-/// world size, this rank, the node list, each rank's host and computing device, and for GPU
-/// backends the visible devices and the GPU each rank takes by its local rank.
+/// world size, this rank, the node list, each rank's host and the computing device it opened,
+/// and for GPU backends the visible devices.
 pub fn summary(w: &World, backend: &str) -> Vec<String> {
     let gpu = !backend.starts_with("cpu");
     let visible = visible_devices();
-    let nvisible = visible
-        .as_ref()
-        .map(|(_, v)| v.split(',').filter(|s| !s.trim().is_empty()).count());
+    // The backend's name is the device this rank opened (cli/backend.rs picks it by local rank).
     let device = if gpu {
         format!(
-            "{backend} (local rank {} of {} → GPU {})",
-            w.local_rank,
-            w.local_size,
-            gpu_ordinal(w.local_rank, nvisible.unwrap_or(w.local_size))
+            "{backend} (local rank {} of {})",
+            w.local_rank, w.local_size
         )
     } else {
         backend.to_string()

@@ -1,4 +1,4 @@
-//! DeePMD-kit's neighbour list (spec §2): the `Σsel` nearest atoms (any type) inside rcut over
+//! DeePMD-kit's neighbour list (docs/deepmd-spec.md §2): the `Σsel` nearest atoms (any type) inside rcut over
 //! all periodic images, then split into type sections of `sel[t]` slots, nearest first.
 
 use super::Cell;

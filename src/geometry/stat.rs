@@ -1,5 +1,5 @@
 //! Input statistics DeePMD-kit computes before training: davg/dstd of the environment matrix
-//! (spec §4) and the per-type energy bias by least squares (spec §7).
+//! (docs/deepmd-spec.md §4) and the per-type energy bias by least squares (docs/deepmd-spec.md §7).
 
 use super::{build_nlist, Cell};
 use crate::backend::cpu::env_row;

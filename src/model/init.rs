@@ -1,4 +1,4 @@
-//! DeePMD-kit's initial distributions (spec §5): `W ~ N(0, 1/sqrt(n_in+n_out))`, `b ~ N(0, 1)`,
+//! DeePMD-kit's initial distributions (docs/deepmd-spec.md §5): `W ~ N(0, 1/sqrt(n_in+n_out))`, `b ~ N(0, 1)`,
 //! `idt ~ N(0.1, 0.001)`. DeePMD's own streams come from torch's RNG and cannot be reproduced,
 //! so dpw draws from its own seeded generator: the same seed gives the same model everywhere.
 

@@ -3,7 +3,7 @@
 
 use super::ModelSpec;
 
-/// The skip connection of a layer, decided by its widths alone (spec §5).
+/// The skip connection of a layer, decided by its widths alone (docs/deepmd-spec.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Skip {
     None,
@@ -65,7 +65,7 @@ pub struct ParamLayout {
 }
 
 /// The embedding net used for a (centre type, neighbour type) pair: one net per neighbour type
-/// when `type_one_side`, else DeePMD's flat index `ti + tj * ntypes` (spec §5).
+/// when `type_one_side`, else DeePMD's flat index `ti + tj * ntypes` (docs/deepmd-spec.md §5).
 pub fn embed_net_index(type_one_side: bool, ntypes: usize, ti: usize, tj: usize) -> usize {
     if type_one_side {
         tj

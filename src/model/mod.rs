@@ -12,7 +12,7 @@ pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};
 
-/// Hyper-parameters of the se_e2_a descriptor (spec §3–§6).
+/// Hyper-parameters of the se_e2_a descriptor (docs/deepmd-spec.md §3–§6).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DescriptorSpec {
     pub rcut: f64,
@@ -44,7 +44,7 @@ impl DescriptorSpec {
     }
 }
 
-/// Hyper-parameters of the `ener` fitting net (spec §7).
+/// Hyper-parameters of the `ener` fitting net (docs/deepmd-spec.md §7).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FittingSpec {
     pub neuron: Vec<usize>,

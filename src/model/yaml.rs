@@ -1,4 +1,4 @@
-//! DeePMD-kit v3's own model file in YAML (spec §14): the dict of `model.serialize()` with every
+//! DeePMD-kit v3's own model file in YAML (docs/deepmd-spec.md §14): the dict of `model.serialize()` with every
 //! array written as `{'@class': np.ndarray, '@is_variable': true, '@version': 1, dtype, value}`.
 //! `dp convert-backend model.yaml model.pth` and `DeepPot("model.yaml")` read it, so this is how
 //! dpw models go to and come from DeePMD-kit.

@@ -1,5 +1,5 @@
 //! The training / validation data of a run: systems found and loaded, batch sizes, number of
-//! batches and system probabilities (spec §12), and the summary `dp train` prints.
+//! batches and system probabilities (docs/deepmd-spec.md §12), and the summary `dp train` prints.
 
 use std::path::{Path, PathBuf};
 

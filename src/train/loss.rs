@@ -1,4 +1,4 @@
-//! DeePMD-kit's `ener` loss around the backend's residual op (spec §9): prefactor interpolation,
+//! DeePMD-kit's `ener` loss around the backend's residual op (docs/deepmd-spec.md §9): prefactor interpolation,
 //! the loss value and the displayed RMSEs, from the per-batch sums of squared errors.
 
 use crate::backend::{LossSums, Prefactors};

@@ -1,4 +1,4 @@
-//! DeePMD-kit's exponential learning-rate schedule (spec §10, `dpmodel/utils/learning_rate.py`),
+//! DeePMD-kit's exponential learning-rate schedule (docs/deepmd-spec.md §10, `dpmodel/utils/learning_rate.py`),
 //! with its optional linear warmup.
 //!
 //! ```text

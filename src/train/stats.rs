@@ -1,6 +1,6 @@
 //! What `dp train` computes from the data before the first step: the neighbour statistics that
-//! turn `sel: "auto"` into numbers (spec §2.5), and the davg/dstd and energy-bias statistics
-//! over `data_stat_nbatch` batches per training system (spec §4, §7).
+//! turn `sel: "auto"` into numbers (docs/deepmd-spec.md §2 item 5), and the davg/dstd and energy-bias statistics
+//! over `data_stat_nbatch` batches per training system (docs/deepmd-spec.md §4, §7).
 
 use rayon::prelude::*;
 

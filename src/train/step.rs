@@ -1,6 +1,6 @@
 //! One evaluation or training step over the [`Backend`] trait: forward with G', forces and
 //! virial, then (training) the loss residuals, the tangent pass and the dual reverse pass that
-//! give the parameter gradient of the full loss, energy + force + virial (DESIGN.md).
+//! give the parameter gradient of the full loss, energy + force + virial (docs/design.md §3).
 
 use std::ops::Range;
 

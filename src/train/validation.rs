@@ -1,5 +1,5 @@
 //! Validation metrics as `dp train` prints them: the atom-weighted average over `numb_btch`
-//! batches (spec §9).
+//! batches (docs/deepmd-spec.md §9).
 
 use anyhow::Result;
 

@@ -227,7 +227,7 @@ pub fn virial<B: Backend<f64>>(b: &B) {
     }
 }
 
-/// The loss as DeePMD-kit defines it (spec §9), mean over frames.
+/// The loss as DeePMD-kit defines it (docs/deepmd-spec.md §9), mean over frames.
 pub fn loss_of(p: &Prediction, frames: &[Frame], pref: Prefactors, natoms: usize) -> f64 {
     let n = natoms as f64;
     let mut l = 0.0;

@@ -1,4 +1,4 @@
-//! Adam exactly as torch.optim.Adam computes it (the reference's optimizer, spec §11).
+//! Adam exactly as torch.optim.Adam computes it (the reference's optimizer, docs/deepmd-spec.md §11).
 
 use rayon::prelude::*;
 

@@ -254,7 +254,7 @@ pub fn tangent<T: Real>(
     finish_rows(l, idt, &hdot, xr, &mut ydot[span]);
 }
 
-/// The dual step of one row through φ and the timestep (DESIGN.md, "dual reverse"): from the
+/// The dual step of one row through φ and the timestep (docs/design.md §3.2, "dual reverse"): from the
 /// adjoints `yb` = ȳ, `ydb` = ẏ̄ of the layer's output, its tanh values `h` (z for a linear
 /// layer) and tangent ż = `zd`·`zd_scale`, writes z̄ and ż̄ and adds the row's b̄ into `gb`
 /// and, with a timestep, its īdt into `gidt`.

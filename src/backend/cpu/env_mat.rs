@@ -1,10 +1,10 @@
-//! Environment matrix with its derivative (spec §3).
+//! Environment matrix with its derivative (docs/deepmd-spec.md §3).
 
 use rayon::prelude::*;
 
 use crate::backend::{Dims, EnvParams, Real};
 
-/// Switch value and its derivative with respect to r (C2-smooth quintic, spec §3).
+/// Switch value and its derivative with respect to r (C2-smooth quintic, docs/deepmd-spec.md §3).
 pub fn switch(r: f64, env: &EnvParams) -> (f64, f64) {
     if r <= env.rcut_smth {
         return (1.0, 0.0);

@@ -1,5 +1,5 @@
 //! Loss residuals and the virtual displacement that turns the force/virial terms of the loss
-//! into a tangent of the environment (DESIGN.md, "the second derivative").
+//! into a tangent of the environment (docs/design.md §3.2).
 
 use crate::backend::{Dims, LossSums, Prefactors, Real};
 

@@ -7,7 +7,7 @@
 //! cuBLAS is deterministic for a fixed device and configuration on one stream.
 //!
 //! The driver, NVRTC and cuBLAS libraries are loaded at run time (cudarc's dynamic loading), so
-//! building with `--features cuda` needs no CUDA toolkit; [`Cuda::new`] reports a missing library
+//! building needs no CUDA toolkit (the feature is on by default); [`Cuda::new`] reports a missing library
 //! as an error instead of panicking.
 //!
 //! Later (not here yet): capturing a training step in a CUDA graph (every op is already
@@ -158,10 +158,7 @@ impl Cuda {
     /// compiles every kernel file for the device's architecture and loads it.
     pub fn new(ordinal: usize) -> Result<Self> {
         // cudarc panics on the first call into a library it cannot load: check first.
-        // SAFETY: these only try to dlopen the libraries under their usual names.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            bail!(NO_DRIVER);
-        }
+        Self::require_driver()?;
         if !kernels::nvrtc_present() {
             bail!(
                 "libnvrtc not found: the CUDA backend compiles its kernels at run time; install \
@@ -181,6 +178,25 @@ impl Cuda {
             .unwrap_or_else(|p| Err(anyhow!("CUDA initialisation failed: {}", panic_text(p))))
     }
 
+    /// Fails with [`NO_DRIVER`] unless libcuda loads.
+    fn require_driver() -> Result<()> {
+        // SAFETY: only tries to dlopen the library under its usual names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            bail!(NO_DRIVER);
+        }
+        Ok(())
+    }
+
+    /// The number of CUDA devices this process sees (`CUDA_VISIBLE_DEVICES` applied).
+    pub fn device_count() -> Result<usize> {
+        Self::require_driver()?;
+        std::panic::catch_unwind(|| {
+            CudaContext::device_count().context("CUDA driver: counting devices")
+        })
+        .unwrap_or_else(|p| Err(anyhow!("CUDA initialisation failed: {}", panic_text(p))))
+        .map(|n| n.max(0) as usize)
+    }
+
     fn open(ordinal: usize) -> Result<Self> {
         let count = CudaContext::device_count().context("CUDA driver: counting devices")?;
         if count <= 0 {
@@ -197,7 +213,10 @@ impl Cuda {
         let stream = ctx.new_stream().context("CUDA: creating a stream")?;
         let (major, minor) = ctx.compute_capability()?;
         let arch = format!("sm_{major}{minor}");
-        let device = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let device = format!(
+            "GPU {ordinal}: {}",
+            ctx.name().unwrap_or_else(|_| "unknown".into())
+        );
         // NVRTC runs on the host: compile the files in parallel.
         let compiled: Vec<Result<kernels::Compiled>> = std::thread::scope(|s| {
             let handles: Vec<_> = kernels::FILES
@@ -247,7 +266,7 @@ impl Cuda {
         })
     }
 
-    /// The GPU's name and architecture, for logs: `NVIDIA H100 80GB HBM3 (sm_90)`.
+    /// The GPU's name and architecture, for logs: `GPU 0: NVIDIA H100 80GB HBM3 (sm_90)`.
     pub fn device_name(&self) -> String {
         format!("{} ({})", self.device, self.arch)
     }

@@ -137,6 +137,19 @@ impl Wgpu {
                 .await
                 .map_err(|e| anyhow!("no wgpu adapter ({e}); on Linux without a GPU, install lavapipe (mesa-vulkan-drivers)"))?,
         };
+        Self::on_adapter(adapter).await
+    }
+
+    /// Every adapter of the graphics APIs `WGPU_BACKEND` allows, in wgpu's order.
+    pub async fn adapters() -> Vec<wgpu::Adapter> {
+        let backends = wgpu::Backends::default().with_env();
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        desc.backends = backends;
+        wgpu::Instance::new(desc).enumerate_adapters(backends).await
+    }
+
+    /// Opens a device on `adapter`.
+    pub async fn on_adapter(adapter: wgpu::Adapter) -> Result<Self> {
         let info = adapter.get_info();
         let f64_ok = adapter.features().contains(wgpu::Features::SHADER_F64);
         let (device, queue) = adapter

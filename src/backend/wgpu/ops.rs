@@ -153,7 +153,15 @@ impl<T: GpuReal> Backend<T> for Wgpu {
     type Idx = Idx;
 
     fn name(&self) -> String {
-        format!("wgpu ({}, {})", self.adapter_name(), self.backend_name())
+        match self.adapter().get_info().device_pci_bus_id {
+            // The bus id tells apart the identical GPUs of a node (the rank's device, opened).
+            bus if !bus.is_empty() => format!(
+                "wgpu ({}, {}, PCI {bus})",
+                self.adapter_name(),
+                self.backend_name()
+            ),
+            _ => format!("wgpu ({}, {})", self.adapter_name(), self.backend_name()),
+        }
     }
 
     fn upload(&self, x: &[T]) -> Buf<T> {

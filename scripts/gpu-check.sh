@@ -1,0 +1,430 @@
+#!/usr/bin/env bash
+# The GPU verification kit (issue 13): everything a lent GPU machine needs to check dpw's CUDA and
+# wgpu backends in one call, built here where Rust is, run there where the GPU is.
+#
+#   scripts/gpu-check.sh build   (here, in the checkout the device tool sends) builds the release
+#       dpw and the GPU test executables, strips them, packs them with DeePMD-kit's reference
+#       numbers, a cpu lcurve.out to compare with and the Vulkan loader packages into
+#       .gpu-kit/kit.tar.xz (git-ignored), checks that the working tree and the kit fit in the
+#       device tool's 64 MiB, and prints the exact call to make.
+#   scripts/gpu-check.sh run     (on the GPU machine; no Rust there) prints the GPU and driver,
+#       finds libcuda, libnvrtc and libcublas, runs the CUDA tests, a 200-step float64 training on
+#       cuda against the cpu lcurve.out, `dpw bench` on cuda (float64 and float32, batch 1, 4, 16),
+#       the wgpu tests and bench through Vulkan, compute-sanitizer's memcheck on a short run, and
+#       writes report.md, report.json and logs.tar.gz under $OUT. Every step has a time limit and
+#       the whole run stays under GPU_CHECK_BUDGET seconds (default 520). Without a GPU it says
+#       so, writes the report and exits 1 within seconds (GPU_CHECK_FORCE=1 goes on: a dry run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+KIT=$ROOT/.gpu-kit
+# The test executables DeePMD-kit's reference and the water data are read by.
+TESTS=(backend_cuda kernels_nvrtc backend_wgpu train_wgpu_parity)
+LIMIT_BYTES=$((64 * 1024 * 1024))
+
+die() {
+  echo "gpu-check: $*" >&2
+  exit 1
+}
+
+# An input for the water example: the shipped model on data_0..2 (validation data_3), with
+# absolute paths, `steps` steps, displayed every `disp` steps, at batch size `batch`.
+write_input() { # water_dir out_file steps disp batch
+  python3 - "$@" <<'EOF'
+import json, sys
+water, out, steps, disp, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+v = json.load(open(f"{water}/input.json"))
+v.pop("_comment", None)
+t = v["training"]
+t["training_data"]["systems"] = [f"{water}/data_{i}" for i in range(3)]
+t["training_data"]["batch_size"] = batch
+t["validation_data"]["systems"] = [f"{water}/data_3"]
+t.update(numb_steps=steps, disp_freq=disp, save_freq=steps)
+json.dump(v, open(out, "w"), indent=1)
+EOF
+}
+
+build() {
+  set -e
+  for c in cargo python3 strip git; do
+    command -v "$c" >/dev/null || die "build needs $c"
+  done
+  # The tests read ../shared beside the checkout; the kit recreates it on the device.
+  local shared=${DPW_SHARED:-$(cd "$ROOT/.." && pwd)/shared}
+  [ -d "$shared/reference/deepmd-3.2.0" ] ||
+    die "$shared/reference is missing: the GPU tests compare with DeePMD-kit's numbers there"
+  grep -qx '/.gpu-kit' .gitignore || die ".gpu-kit must be git-ignored (.gitignore)"
+  rm -rf "$KIT"
+  local stage=$KIT/stage
+  mkdir -p "$stage/bin" "$stage/shared/reference"
+
+  echo "== release dpw (default features: wgpu and cuda)"
+  cargo build --release --bin dpw
+  echo "== GPU test executables"
+  local args=()
+  for t in "${TESTS[@]}"; do args+=(--test "$t"); done
+  cargo test --release --no-run --message-format=json "${args[@]}" >"$KIT/artifacts.json"
+  python3 - "$KIT/artifacts.json" "${TESTS[@]}" >"$KIT/executables.txt" <<'EOF'
+import json, sys
+want = set(sys.argv[2:])
+found = {}
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
+        found[m["target"]["name"]] = m["executable"]
+missing = want - found.keys()
+if missing:
+    sys.exit(f"no executable for test(s) {sorted(missing)}")
+for name, exe in sorted(found.items()):
+    print(name, exe)
+EOF
+  while read -r name exe; do
+    strip -o "$stage/bin/$name" "$exe"
+  done <"$KIT/executables.txt"
+  strip -o "$stage/bin/dpw" target/release/dpw
+
+  echo "== DeePMD-kit's reference numbers and data (the tests read ../shared)"
+  cp -r "$shared/reference/deepmd-3.2.0" "$stage/shared/reference/"
+  cp -r "$shared/data" "$stage/shared/"
+
+  echo "== the cpu lcurve.out the cuda run must equal (200 steps, float64)"
+  local work=$KIT/cpu-run
+  mkdir -p "$work"
+  write_input "$ROOT/examples/water" "$work/input.json" 200 20 1
+  (cd "$work" && "$ROOT/target/release/dpw" train input.json --backend cpu)
+  cp "$work/lcurve.out" "$stage/cpu-lcurve.out"
+  rm -rf "$work"
+
+  echo "== Vulkan loader packages (unpacked on the device only if it has no libvulkan)"
+  mkdir -p "$stage/gl" /tmp/amd64/partial
+  local o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64)
+  if apt-get "${o[@]}" update >"$KIT/apt.log" 2>&1 &&
+    (cd "$stage/gl" && apt-get "${o[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 \
+      libgl1 libglx0 libgles2 >>"$KIT/apt.log" 2>&1); then
+    ls "$stage/gl"
+  else
+    echo "warning: could not download the Vulkan loader packages (see $KIT/apt.log);" \
+      "the wgpu steps will run only if the device has libvulkan" >&2
+  fi
+
+  {
+    echo "MANIFEST_DIR=$ROOT"
+    echo "GIT_REV=$(git rev-parse HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo -dirty)"
+    echo "BUILT=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  } >"$stage/kit.env"
+
+  echo "== packing"
+  python3 -c 'import sys, tarfile
+with tarfile.open(sys.argv[1], "w:xz", preset=6) as t:
+    t.add(sys.argv[2], arcname="kit")' "$KIT/kit.tar.xz" "$stage"
+  rm -rf "$stage"
+
+  local tree kit total
+  tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+  kit=$(du -sb "$KIT" | cut -f1)
+  total=$((tree + kit))
+  awk -v t="$tree" -v k="$kit" 'BEGIN { m = 1048576
+    printf "working tree %.1f MiB + kit %.1f MiB = %.1f MiB (limit 64 MiB)\n", t/m, k/m, (t+k)/m }'
+  [ "$total" -le "$LIMIT_BYTES" ] || die "over the device tool's 64 MiB: it would refuse the call"
+  cat <<EOF
+
+Kit ready ($(git rev-parse --short HEAD)). The device runs the checkout the session was started
+in, so build in that checkout (this is $ROOT). Then make this device call:
+
+  run(carry=[".gpu-kit"], command="bash scripts/gpu-check.sh run", timeout_s=600)
+
+and read report.md (report.json, logs.tar.gz) from the files it brings back.
+EOF
+}
+
+# ---------------------------------------------------------------------------------------- run
+
+now() { date +%s; }
+
+run_checks() {
+  OUT=${OUT:-$KIT/out}
+  mkdir -p "$OUT"
+  local budget=${GPU_CHECK_BUDGET:-520}
+  local t0
+  t0=$(now)
+  W=$(mktemp -d /tmp/gpu-check.XXXXXX)
+  LOGS=$W/logs
+  mkdir -p "$LOGS"
+  RESULTS=$W/results.tsv
+  : >"$RESULTS"
+  INFO=$W/info.tsv
+  : >"$INFO"
+
+  info() { printf '%s\t%s\n' "$1" "$2" >>"$INFO"; echo "$1: $2"; }
+  # One step: `step NAME LIMIT_S command...`: its output goes to $LOGS/NAME.log; the limit is cut
+  # to what the budget has left; a step with under 5 s left is skipped.
+  step() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$((budget - ($(now) - t0) - 15))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 5 ]; then
+      printf '%s\tskipped\t0\t-\tno time left in the %s s budget\n' "$name" "$budget" >>"$RESULTS"
+      echo "-- $name: skipped (time budget)"
+      return 0
+    fi
+    echo "-- $name (limit ${limit}s)"
+    local s rc status
+    s=$(now)
+    timeout -k 5 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    rc=$?
+    case $rc in
+      # A test that found no device skips and passes: here that is a failure to check.
+      0) if grep -qE 'SKIPPED|shared is absent' "$LOGS/$name.log"; then status=skipped_inside; else status=pass; fi ;;
+      124 | 137) status=timeout ;;
+      *) status=fail ;;
+    esac
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$(($(now) - s))" "$rc" \
+      "$(summary_of "$LOGS/$name.log")" >>"$RESULTS"
+    echo "   $status (rc $rc, $(($(now) - s)) s): $(summary_of "$LOGS/$name.log")"
+    return 0
+  }
+  # A step that is not run, with why.
+  skip() { printf '%s\tskipped\t0\t-\t%s\n' "$1" "$2" >>"$RESULTS"; echo "-- $1: skipped ($2)"; }
+
+  # What stops the run before any step, all of it said at once.
+  local problems=()
+  if [ ! -f "$KIT/kit.tar.xz" ]; then
+    problems+=("the kit is missing: run \`scripts/gpu-check.sh build\` in the checkout first and carry .gpu-kit")
+  fi
+
+  # The GPU and its driver.
+  if command -v nvidia-smi >/dev/null; then
+    local q
+    if q=$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap \
+      --format=csv,noheader 2>&1) && [ -n "$q" ]; then
+      info gpu "$q"
+      timeout 20 nvidia-smi >"$LOGS/nvidia-smi.log" 2>&1
+    else
+      info gpu "none"
+      problems+=("nvidia-smi found no usable GPU: $q")
+    fi
+  else
+    info gpu "none"
+    problems+=("no NVIDIA GPU here: nvidia-smi is not installed (run this half on the lent GPU machine)")
+  fi
+
+  # libcuda (the driver), libnvrtc and libcublas, where cudarc looks for them. cudarc built for
+  # CUDA 12.8 tries libX.so and libX.so.12 (not .so.13): a folder of libX.so links to what is
+  # found makes any version loadable.
+  local libs=$W/libs
+  mkdir -p "$libs"
+  local sp dirs=()
+  sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+  for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu \
+    /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64; do
+    [ -d "$d" ] && dirs+=("$d")
+  done
+  for d in $sp; do
+    [ -d "$d/nvidia" ] && dirs+=("$d/nvidia")
+  done
+  find_lib() { # name: the newest libNAME.so* by version, from ldconfig or under $dirs
+    { ldconfig -p 2>/dev/null | awk -v n="lib$1.so" 'index($1, n) == 1 {print $NF}'
+      find "${dirs[@]}" -maxdepth 4 -name "lib$1.so*" 2>/dev/null; } |
+      grep -v /stubs/ | awk -F/ '{print $NF "\t" $0}' | sort -V | tail -1 | cut -f2
+  }
+  local ldp="$libs" name f
+  for name in cuda nvrtc cublas cublasLt nvrtc-builtins; do
+    f=$(find_lib "$name")
+    if [ -n "$f" ]; then
+      info "lib$name" "$f"
+      ln -sf "$f" "$libs/lib$name.so"
+      case ":$ldp:" in *":$(dirname "$f"):"*) ;; *) ldp="$ldp:$(dirname "$f")" ;; esac
+    else
+      info "lib$name" "not found"
+      [ "$name" = cuda ] && problems+=("libcuda (the NVIDIA driver library) not found")
+    fi
+  done
+  export LD_LIBRARY_PATH="$ldp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+  # GPU_CHECK_FORCE=1 goes on without a GPU (a dry run of the kit: the cuda steps fail, wgpu
+  # runs on whatever Vulkan adapter there is); a missing kit always stops.
+  if [ ${#problems[@]} -gt 0 ] && { [ "${GPU_CHECK_FORCE:-0}" != 1 ] || [ ! -f "$KIT/kit.tar.xz" ]; }; then
+    local fatal
+    fatal=$(printf '%s; ' "${problems[@]}")
+    fatal=${fatal%; }
+    echo "gpu-check: $fatal" >&2
+    report "$fatal"
+    return 1
+  fi
+
+  # The kit, and the paths its test executables were built with (CARGO_MANIFEST_DIR of the build
+  # machine): the water example, ../shared and the dpw binary must be found there.
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$KIT/kit.tar.xz" "$W" || { report "could not unpack $KIT/kit.tar.xz"; return 1; }
+  local K=$W/kit
+  # shellcheck disable=SC1091
+  . "$K/kit.env"
+  info kit "$GIT_REV built $BUILT"
+  info tree "$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+  # A dry run (GPU_CHECK_FORCE=1, on a developer's machine) changes nothing outside $W.
+  if [ "${GPU_CHECK_FORCE:-0}" != 1 ]; then
+    if [ ! -e "$MANIFEST_DIR" ]; then
+      mkdir -p "$(dirname "$MANIFEST_DIR")" && ln -s "$ROOT" "$MANIFEST_DIR"
+    fi
+    local shared_at
+    shared_at=$(cd "$MANIFEST_DIR/.." && pwd -P)/shared
+    [ -e "$shared_at/reference" ] || ln -sfn "$K/shared" "$shared_at"
+    mkdir -p "$MANIFEST_DIR/target/release"
+    cp "$K/bin/dpw" "$MANIFEST_DIR/target/release/dpw"
+  fi
+  local dpw=$K/bin/dpw water=$ROOT/examples/water
+
+  # CUDA: the kernels compile, the backend suite and the parity tests pass.
+  export DPW_REQUIRE_CUDA=1 DPW_REQUIRE_NVRTC=1 RUST_LOG=info NO_COLOR=1
+  step cuda_kernels_nvrtc 60 "$K/bin/kernels_nvrtc" --nocapture
+  step cuda_backend_suite 180 "$K/bin/backend_cuda" --include-ignored --test-threads=1 --nocapture
+
+  # 200 float64 steps on cuda: lcurve.out equal to the cpu one.
+  mkdir -p "$W/train"
+  write_input "$water" "$W/train/input.json" 200 20 1
+  cat >"$W/compare.py" <<'EOF'
+import sys
+a, b = (open(p).read() for p in sys.argv[1:3])
+if a == b:
+    print('lcurve.out identical to the cpu one'); sys.exit(0)
+num = lambda s: [[float(x) for x in l.split()] for l in s.splitlines() if l and not l.startswith('#')]
+na, nb = num(a), num(b)
+err = max((abs(x - y) / max(abs(x), 1e-300) for ra, rb in zip(na, nb) for x, y in zip(ra, rb)), default=float('nan'))
+print(f'lcurve.out differs from the cpu one ({len(na)} vs {len(nb)} lines, max relative difference {err:.3e})')
+sys.exit(1)
+EOF
+  step cuda_train_200 90 bash -c "cd '$W/train' && '$dpw' train input.json --backend cuda &&
+    python3 '$W/compare.py' '$K/cpu-lcurve.out' lcurve.out"
+
+  info cuda_device "$(grep -m1 -o 'CUDA device .*' "$LOGS/cuda_train_200.log" 2>/dev/null || echo unknown)"
+
+  # Speed: dpw bench on cuda, float64 and float32, batch 1, 4, 16.
+  local b p flag
+  for b in 1 4 16; do write_input "$water" "$W/bench-b$b.json" 100 100 "$b"; done
+  for p in f64 f32; do
+    flag=""
+    [ "$p" = f32 ] && flag=--float32
+    for b in 1 4 16; do
+      step "bench_cuda_${p}_b$b" 60 "$dpw" bench "$W/bench-b$b.json" --backend cuda $flag \
+        --steps 30 --warmup 5 --json "$LOGS/bench_cuda_${p}_b$b.json"
+    done
+  done
+
+  # compute-sanitizer memcheck on a short cuda run.
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$cs" ]; then
+    mkdir -p "$W/san"
+    write_input "$water" "$W/san/input.json" 2 1 1
+    step cuda_memcheck 150 bash -c "cd '$W/san' && '$cs' --tool memcheck --error-exitcode 9 \
+      --print-limit 20 '$dpw' train input.json --backend cuda"
+  else
+    skip cuda_memcheck "compute-sanitizer not found"
+  fi
+
+  # wgpu through Vulkan on the same GPU: the loader from the kit if the image lacks one.
+  if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1'; then
+    if compgen -G "$K/gl/*.deb" >/dev/null; then
+      for f in "$K"/gl/*.deb; do dpkg -x "$f" /; done
+      ldconfig
+      info vulkan "loader unpacked from the kit"
+    else
+      info vulkan "no libvulkan and none in the kit"
+    fi
+  else
+    info vulkan "loader present"
+  fi
+  local icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  if [ -f "$icd" ] && ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
+    export VK_DRIVER_FILES=$icd
+    info vulkan_icd "$icd"
+  fi
+  export WGPU_BACKEND=vulkan
+  step wgpu_backend_suite 150 "$K/bin/backend_wgpu" --test-threads=1 --nocapture
+  local adapter
+  adapter=$(grep -m1 -o 'wgpu adapter:.*' "$LOGS/wgpu_backend_suite.log" 2>/dev/null || echo unknown)
+  info wgpu_adapter "$adapter"
+  # Passing on a software adapter (lavapipe) proves nothing about the GPU.
+  case $adapter in
+    *"cpu adapter: false"*) printf 'wgpu_on_the_gpu\tpass\t0\t0\t%s\n' "$adapter" >>"$RESULTS" ;;
+    *) printf 'wgpu_on_the_gpu\tfail\t0\t-\tnot a GPU adapter: %s\n' "$adapter" >>"$RESULTS" ;;
+  esac
+  step wgpu_train_parity 90 "$K/bin/train_wgpu_parity" --nocapture
+  for p in f64 f32; do
+    flag=""
+    [ "$p" = f32 ] && flag=--float32
+    step "bench_wgpu_${p}_b1" 60 "$dpw" bench "$W/bench-b1.json" --backend wgpu $flag \
+      --steps 30 --warmup 5 --json "$LOGS/bench_wgpu_${p}_b1.json"
+  done
+
+  report ""
+  grep -qv $'\tpass\t' "$RESULTS" && return 1
+  return 0
+}
+
+# The last useful line of a step's log: a test summary, an error, or the last line.
+summary_of() {
+  local l
+  l=$(grep -E '^test result:|lcurve.out|SKIPPED|ERROR SUMMARY|median|^Error|error:|panicked' "$1" 2>/dev/null |
+    grep -v '^\s*$' | tail -1)
+  [ -z "$l" ] && l=$(grep -v '^\s*$' "$1" 2>/dev/null | tail -1)
+  printf '%s' "${l//$'\t'/ }" | sed 's/\x1b\[[0-9;]*m//g' | tr -d '\r' | cut -c1-300
+}
+
+# report.md and report.json under $OUT, and the logs as logs.tar.gz.
+report() {
+  local fatal=$1
+  python3 - "$RESULTS" "$INFO" "$LOGS" "$OUT" "$fatal" <<'EOF'
+import glob, json, os, sys, tarfile
+results, info, logs, out, fatal = sys.argv[1:6]
+steps = []
+for line in open(results):
+    name, status, secs, rc, detail = (line.rstrip("\n").split("\t") + [""] * 5)[:5]
+    steps.append(dict(name=name, status=status, seconds=int(secs), rc=rc, detail=detail))
+facts = dict(l.rstrip("\n").split("\t", 1) for l in open(info) if "\t" in l)
+bench = []
+for f in sorted(glob.glob(f"{logs}/bench_*.json")):
+    _, backend, prec, b = os.path.basename(f)[:-5].split("_")
+    try:
+        j = json.load(open(f))
+    except ValueError:
+        continue
+    bench.append(dict(backend=backend, precision=j.get("precision", prec), batch=int(b[1:]),
+                      median_s_per_step=j.get("median_s_per_step"),
+                      startup_s=j.get("startup_s"), peak_memory_mb=j.get("peak_memory_mb")))
+ok = not fatal and steps and all(s["status"] == "pass" for s in steps)
+verdict = "pass" if ok else "fail"
+doc = dict(verdict=verdict, fatal=fatal or None, facts=facts, steps=steps, bench=bench)
+json.dump(doc, open(f"{out}/report.json", "w"), indent=1)
+md = [f"# dpw GPU check: {verdict.upper()}", ""]
+if fatal:
+    md += [f"**Stopped:** {fatal}", ""]
+md += ["| fact | value |", "|---|---|"] + [f"| {k} | `{v}` |" for k, v in facts.items()] + [""]
+if steps:
+    md += ["| step | status | s | detail |", "|---|---|---|---|"]
+    md += [f"| {s['name']} | {s['status']} | {s['seconds']} | {s['detail'].replace('|', '/')} |" for s in steps]
+    md.append("")
+if bench:
+    md += ["| backend | precision | batch | median s/step | start-up s |", "|---|---|---|---|---|"]
+    md += [f"| {b['backend']} | {b['precision']} | {b['batch']} | {b['median_s_per_step']:.6f} | {b['startup_s']:.2f} |"
+           for b in bench if b["median_s_per_step"] is not None]
+    md.append("")
+open(f"{out}/report.md", "w").write("\n".join(md))
+with tarfile.open(f"{out}/logs.tar.gz", "w:gz") as t:
+    t.add(logs, arcname="logs")
+print("\n".join(md))
+EOF
+}
+
+case "${1:-}" in
+  build) (build) ;;
+  run) run_checks ;;
+  *)
+    echo "usage: scripts/gpu-check.sh build|run   (see the comment at its top)" >&2
+    exit 2
+    ;;
+esac
