@@ -6,13 +6,14 @@ output is deterministic for a given ASE/numpy version (seeded random numbers).
 Each frame: a random symmetric strain (up to 2%) of the Vegard's-law cell, atoms scaled with
 it, then 20 Langevin MD steps (2 fs) at the system's temperature, and the frame is recorded.
 The virial is W = -V * stress (DeePMD-kit's convention, W = -dE/d(strain)); the script checks
-it against a finite difference of the energy under strain on the first frame of each system.
+it against a finite difference of the energy under strain on the first frame of each system,
+and every written frame's labels against a fresh EMT evaluation of its written coordinates.
 """
 
 import os
 
 import numpy as np
-from ase import units
+from ase import Atoms, units
 from ase.build import bulk
 from ase.calculators.emt import EMT
 from ase.md.langevin import Langevin
@@ -79,8 +80,8 @@ def generate(name, counts, temp, nframes, seed):
         virial = -atoms.get_volume() * atoms.get_stress(voigt=False)
         if f == 0:
             check_virial(atoms, virial)
-        rec["coord"].append(atoms.positions.reshape(-1))
-        rec["box"].append(atoms.cell.array.reshape(-1))
+        rec["coord"].append(atoms.get_positions().reshape(-1))  # a copy: MD moves atoms in place
+        rec["box"].append(atoms.cell.array.copy().reshape(-1))
         rec["energy"].append(atoms.get_potential_energy())
         rec["force"].append(atoms.get_forces().reshape(-1))
         rec["virial"].append(virial.reshape(-1))
@@ -94,8 +95,21 @@ def generate(name, counts, temp, nframes, seed):
     np.savetxt(os.path.join(root, "type.raw"), types, fmt="%d")
     with open(os.path.join(root, "type_map.raw"), "w") as fh:
         fh.write("\n".join(TYPE_MAP) + "\n")
+    verify(root)
     e = np.array(rec["energy"])
     print(f"{name}: {nframes} frames, E/atom {e.mean() / 108:.4f} ± {e.std() / 108:.4f} eV")
+
+
+def verify(root):
+    """The labels as written belong to the coordinates as written (float32 rounding aside)."""
+    types = np.loadtxt(os.path.join(root, "type.raw"), dtype=int)
+    s = {k: np.load(os.path.join(root, "set.000", f"{k}.npy")) for k in ["coord", "box", "energy", "force", "virial"]}
+    for f in range(len(s["energy"])):
+        a = Atoms([TYPE_MAP[t] for t in types], s["coord"][f].reshape(-1, 3), cell=s["box"][f].reshape(3, 3), pbc=True)
+        a.calc = EMT()
+        assert abs(a.get_potential_energy() - s["energy"][f]) < 1e-4
+        assert np.abs(a.get_forces().reshape(-1) - s["force"][f]).max() < 1e-4
+        assert np.abs(-a.get_volume() * a.get_stress(voigt=False).reshape(-1) - s["virial"][f]).max() < 1e-3
 
 
 if __name__ == "__main__":
