@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use common::max_abs_diff;
+use common::{json_strings, max_abs_diff};
 use dpw::data::load_system;
 use dpw::geometry::energy_bias;
 
@@ -31,12 +31,7 @@ fn floats(v: &Value) -> Vec<f64> {
 /// The bias over every frame of the case's systems, against DeePMD-kit's `compute_output_stats`.
 fn bias_case(case: &str) {
     let r = reference("energy_bias.json");
-    let type_map: Vec<String> = r["type_map"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect();
+    let type_map = json_strings(&r["type_map"]);
     let (mut counts, mut energy) = (Vec::new(), Vec::new());
     for s in r[case]["systems"].as_array().unwrap() {
         let path = repo("examples/alloy/data").join(s.as_str().unwrap());

@@ -27,6 +27,28 @@ fn report_value(report: &str, key: &str) -> f64 {
         .unwrap()
 }
 
+/// Trains `input` in a temporary directory, then runs `dpw test -m model.ckpt` with
+/// `test_args`; returns the test report and lcurve.out.
+fn train_and_test(input: &Value, test_args: &[&str]) -> (String, String) {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("input.json"), input.to_string()).unwrap();
+    let st = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(d.path())
+        .args(["train", "input.json"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(d.path())
+        .args(["test", "-m", "model.ckpt"])
+        .args(test_args)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let lcurve = std::fs::read_to_string(d.path().join("lcurve.out")).unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), lcurve)
+}
+
 #[test]
 #[ignore = "minutes of training; run in release mode (see the file's doc)"]
 fn convergence_water_2000_steps() {
@@ -42,30 +64,13 @@ fn convergence_water_2000_steps() {
     input["training"]["training_data"]["systems"] =
         json!([abs("data_0"), abs("data_1"), abs("data_2")]);
     input["training"]["validation_data"]["systems"] = json!([abs("data_3")]);
-    let d = tempfile::tempdir().unwrap();
-    std::fs::write(d.path().join("input.json"), input.to_string()).unwrap();
-    let st = Command::new(env!("CARGO_BIN_EXE_dpw"))
-        .current_dir(d.path())
-        .args(["train", "input.json"])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
-        .current_dir(d.path())
-        .args(["test", "-m", "model.ckpt", "-s", &abs("data_3"), "-n", "80"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let report = String::from_utf8_lossy(&out.stdout);
+    let (report, lcurve) = train_and_test(&input, &["-s", &abs("data_3"), "-n", "80"]);
     let f = report_value(&report, "Force  RMSE");
     let e = report_value(&report, "Energy RMSE/Natoms");
     eprintln!(
         "validation (data_3, 80 frames): force RMSE {f:.4} eV/Å, energy RMSE {e:.3e} eV/atom"
     );
-    eprintln!(
-        "{}",
-        std::fs::read_to_string(d.path().join("lcurve.out")).unwrap()
-    );
+    eprintln!("{lcurve}");
     assert!(
         f < 0.20,
         "validation force RMSE {f} ≥ 0.20 eV/Å after 2000 steps"
@@ -85,22 +90,8 @@ fn convergence_alloy_example() {
         let systems = &mut input["training"][key]["systems"];
         *systems = systems.as_array().unwrap().iter().map(abs).collect();
     }
-    let d = tempfile::tempdir().unwrap();
-    std::fs::write(d.path().join("input.json"), input.to_string()).unwrap();
-    let st = Command::new(env!("CARGO_BIN_EXE_dpw"))
-        .current_dir(d.path())
-        .args(["train", "input.json"])
-        .status()
-        .unwrap();
-    assert!(st.success());
     let unseen = alloy.join("data/valid/Cu48Ni30Al30").display().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
-        .current_dir(d.path())
-        .args(["test", "-m", "model.ckpt", "-s", &unseen])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let report = String::from_utf8_lossy(&out.stdout);
+    let (report, lcurve) = train_and_test(&input, &["-s", &unseen]);
     let f = report_value(&report, "Force  RMSE");
     let e = report_value(&report, "Energy RMSE/Natoms");
     let v = report_value(&report, "Virial RMSE/Natoms");
@@ -108,10 +99,7 @@ fn convergence_alloy_example() {
         "validation (Cu48Ni30Al30, not trained on): force RMSE {f:.4} eV/Å, energy RMSE \
          {e:.3e} eV/atom, virial RMSE {v:.3e} eV/atom"
     );
-    eprintln!(
-        "{}",
-        std::fs::read_to_string(d.path().join("lcurve.out")).unwrap()
-    );
+    eprintln!("{lcurve}");
     // Untrained: forces 0.7 eV/Å, virial 0.18 eV/atom (the labels' RMS); after 1500 steps about
     // 0.08, 6e-3 and 0.03.
     assert!(f < 0.15, "force RMSE {f} ≥ 0.15 eV/Å");

@@ -38,12 +38,7 @@ fn f(v: &Value) -> f64 {
 /// The case's model, from its meta data and the `param.*` tensors of its npz.
 fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
     let d = &meta["descriptor"];
-    let type_map: Vec<String> = meta["type_map"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().into())
-        .collect();
+    let type_map = json_strings(&meta["type_map"]);
     let nt = type_map.len();
     let spec = ModelSpec {
         type_map,
