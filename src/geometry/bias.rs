@@ -49,7 +49,7 @@ fn min_norm_lstsq(rows: &[Vec<f64>], y: &[f64], nt: usize) -> Vec<f64> {
     let cutoff = f64::EPSILON * rows.len().max(nt) as f64;
     let mut bias = vec![0.0; nt];
     if groups.len() < nt {
-        // Aᵀ = G Σ⁻¹·Σ Vᵀ with G's columns the rotated rows of A: b = Σ_k g_k (v_k·y) / σ_k².
+        // Aᵀ = G Vᵀ with G's columns the rotated rows of A, so A = V Gᵀ: b = Σ_k g_k (v_k·y) / σ_k².
         let svd = one_sided_jacobi(w);
         for (g, v, s2) in svd.kept(cutoff) {
             let c = v.iter().zip(&wy).map(|(a, b)| a * b).sum::<f64>() / s2;
