@@ -1,9 +1,11 @@
 //! Host-side geometry: periodic images, neighbour lists and the statistics built on them.
 
+mod bias;
 mod cell;
 mod nlist;
 mod stat;
 
+pub use bias::energy_bias;
 pub use cell::Cell;
 pub use nlist::{build_nlist, NeighborList};
-pub use stat::{energy_bias, EnvStats};
+pub use stat::EnvStats;

@@ -170,3 +170,9 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f64::max)
 }
+
+/// A JSON array of strings (a type map in a reference file).
+pub fn json_strings(v: &serde_json::Value) -> Vec<String> {
+    let items = v.as_array().expect("a JSON array");
+    items.iter().map(|s| s.as_str().unwrap().into()).collect()
+}

@@ -3,6 +3,7 @@
 
 pub mod fd;
 pub mod reference;
+pub mod virial;
 
 /// Instantiates the whole suite for a backend expression implementing `Backend<f64>`; attributes
 /// before it (e.g. `#[ignore = "..."]`) go on every test.
@@ -43,6 +44,11 @@ macro_rules! backend_suite {
         $(#[$attr])?
         fn reference_training_gradients() {
             $crate::suite::reference::training_gradients(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_virial_training_gradients() {
+            $crate::suite::virial::training_gradients(&$backend);
         }
     };
     (#[$attr:meta] $backend:expr) => {
