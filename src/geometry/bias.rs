@@ -1,4 +1,4 @@
-//! The per-type energy bias as DeePMD-kit 3.2.0 computes it (spec §7; `utils/out_stat.py:
+//! The per-type energy bias as DeePMD-kit 3.2.0 computes it (docs/deepmd-spec.md §7; `utils/out_stat.py:
 //! compute_stats_from_redu`): `numpy.linalg.lstsq(natoms, energy, rcond=None)` over one row per
 //! statistics frame, then the std of the residual.
 //!
