@@ -114,5 +114,7 @@ if want web; then
   web/test.sh
 fi
 phase ""
-printf '\n== test-all: wall time per phase\n'
-printf '  %s\n' "${timings[@]}"
+if [ ${#timings[@]} -gt 0 ]; then
+  printf '\n== test-all: wall time per phase\n'
+  printf '  %s\n' "${timings[@]}"
+fi
