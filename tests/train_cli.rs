@@ -751,7 +751,7 @@ fn dpw_test_all_frames_searched_systems_and_virial_files() {
 }
 
 #[test]
-fn wgpu_probe_under_auto_prints_no_wayland_errors() {
+fn wgpu_probe_under_auto_is_quiet_and_piped_logs_have_no_colour() {
     let d = tempfile::tempdir().unwrap();
     train(d.path(), &tiny_input(0), &[]);
     let out = dpw(d.path())
@@ -773,4 +773,6 @@ fn wgpu_probe_under_auto_prints_no_wayland_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+    // Not a terminal: no colour codes.
+    assert!(!err.contains('\u{1b}'), "{err:?}");
 }

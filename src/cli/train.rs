@@ -9,7 +9,7 @@ use std::time::Duration;
 use web_time::Instant;
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use tracing_subscriber::filter::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -121,9 +121,12 @@ fn progress_bar() -> ProgressBar {
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
     bar.set_style(
         ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:20}] {pos}/{len} {per_sec:.1} eta {eta} {wide_msg}",
+            "{elapsed_precise} [{bar:20}] {pos}/{len} {rate} eta {eta} {wide_msg}",
         )
         .expect("valid template")
+        .with_key("rate", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.1} steps/s", s.per_sec());
+        })
         .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(250));

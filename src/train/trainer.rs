@@ -36,7 +36,7 @@ use super::step::DeviceModel;
 use super::validation::{validate, VALID_STREAM};
 use super::workspaces::{adam_step, batch_gradient, Cache};
 
-/// Target of the per-display progress lines: shown on stderr only without a progress bar.
+/// Target of the per-display progress lines (`RUST_LOG=info,dpw::progress=off` hides them).
 pub const PROGRESS_TARGET: &str = "dpw::progress";
 
 /// How a run starts.
@@ -742,6 +742,8 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     if let Some(bar) = &progress {
         bar.set_length(numb_steps as u64);
         bar.set_position(start as u64);
+        // A restart's steps so far are not this run's speed.
+        bar.reset_eta();
     }
     tracing::info!(
         "start training: steps {}..{} ({} to go), setup took {:.2} s",
