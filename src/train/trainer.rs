@@ -935,8 +935,8 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             dist::log::flush(world);
         }
 
-        // Ctrl-C / SIGTERM: the step is finished; save it and stop.
-        let stop = interrupt::requested();
+        // Ctrl-C / SIGTERM: the step is finished; save it and stop (unless it was the last).
+        let stop = interrupt::requested().filter(|_| done < numb_steps);
         if root
             && ((done % tc.save_freq == 0 && step != start) || done == numb_steps || stop.is_some())
         {
