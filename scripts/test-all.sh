@@ -2,44 +2,119 @@
 # The whole test suite: installs what the tests need (system packages when run as root on
 # Debian/Ubuntu and they are missing; NVRTC from PyPI into .deps/ for the CUDA kernel check),
 # then formatting, lints, and every test in release mode (the finite-difference and convergence
-# tests are slow in debug builds).
+# tests are slow in debug builds). CI runs it without arguments: every phase.
+#
+# Usage: scripts/test-all.sh [--quick] [--only PHASE,...] [--skip PHASE,...]
+#   phases, in order: setup lint test cuda mpi convergence web
+#   --quick       setup, rustfmt, clippy on the default features and the default-feature tests
+#                 (what to run before a commit; no CUDA/MPI/wasm builds, convergence or browser)
+#   --only LIST   run just these phases; --skip LIST: all but these
+# Each phase's wall time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-mapfile -t pkgs < <(grep -v '^#' scripts/apt-packages.txt | sed '/^$/d')
-missing=()
-for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update && apt-get install -y "${missing[@]}"
-  else
-    echo "warning: missing system packages: ${missing[*]} (install them as root)" >&2
+all_phases=(setup lint test cuda mpi convergence web)
+phases=("${all_phases[@]}")
+quick=0
+list() { tr ',' ' ' <<<"$1"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; phases=(setup lint test) ;;
+    --only) shift; read -ra phases <<<"$(list "${1:?--only needs a list}")" ;;
+    --skip)
+      shift
+      skip=" $(list "${1:?--skip needs a list}") "
+      kept=()
+      for p in "${phases[@]}"; do [[ "$skip" == *" $p "* ]] || kept+=("$p"); done
+      phases=("${kept[@]}")
+      ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "test-all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+for p in "${phases[@]}"; do
+  [[ " ${all_phases[*]} " == *" $p "* ]] ||
+    { echo "test-all.sh: unknown phase $p (phases: ${all_phases[*]})" >&2; exit 2; }
+done
+want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
+timings=()
+started=$SECONDS
+phase() {
+  [ -z "${current:-}" ] || timings+=("$current $((SECONDS - started)) s")
+  current="$1"
+  started=$SECONDS
+  [ -z "$1" ] || printf '\n== test-all: %s\n' "$1"
+}
+
+if want setup; then
+  phase setup
+  mapfile -t pkgs < <(grep -v '^#' scripts/apt-packages.txt | sed '/^$/d')
+  missing=()
+  for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update && apt-get install -y "${missing[@]}"
+    else
+      echo "warning: missing system packages: ${missing[*]} (install them as root)" >&2
+    fi
   fi
 fi
 
 # libnvrtc without a CUDA toolkit, so every CUDA kernel is compiled for sm_80 and sm_90 here.
 nvrtc=.deps/nvrtc
-if [ ! -e "$nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
+if want cuda && [ ! -e "$nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
   pkg=nvidia-cuda-nvrtc-cu12==12.9.86
   python3 -m pip install -q --target "$nvrtc" "$pkg" ||
     python3 -m pip install -q --break-system-packages --target "$nvrtc" "$pkg"
 fi
 export LD_LIBRARY_PATH="$PWD/$nvrtc/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-cargo fmt --all --check
-# The default features include cuda (loaded at run time), so this also lints the CUDA backend.
-cargo clippy --release --all-targets -- -D warnings
-# The web page's crate (web/src) is built for wasm32 only.
-rustup target list --installed | grep -qx wasm32-unknown-unknown ||
-  rustup target add wasm32-unknown-unknown
-cargo clippy --release -p dpw-web --target wasm32-unknown-unknown -- -D warnings
-cargo clippy --release --all-targets --features mpi -- -D warnings
-cargo test --release --all-targets
-DPW_REQUIRE_NVRTC=1 cargo test --release --test kernels_nvrtc --test backend_cuda
-# Multi-process training under mpirun (2 ranks).
-DPW_REQUIRE_MPI=1 cargo test --release --features mpi --test mpi_train
-# Training convergence on the water data (minutes; not a timed test).
-cargo test --release --test train_convergence -- --ignored --nocapture
-# The browser demo in headless Chromium: WebGPU (SwiftShader) and CPU-in-wasm training, parity
-# with the native CPU backend (minutes; builds the wasm crate, wasm-bindgen CLI and npm packages).
-web/test.sh
+if want lint; then
+  phase lint
+  cargo fmt --all --check
+  # The default features include cuda (loaded at run time), so this also lints the CUDA backend.
+  cargo clippy --release --all-targets -- -D warnings
+  if [ "$quick" = 0 ]; then
+    # The web page's crate (web/src) is built for wasm32 only.
+    rustup target list --installed | grep -qx wasm32-unknown-unknown ||
+      rustup target add wasm32-unknown-unknown
+    cargo clippy --release -p dpw-web --target wasm32-unknown-unknown -- -D warnings
+    cargo clippy --release --all-targets --features mpi -- -D warnings
+  fi
+fi
+if want test; then
+  phase test
+  cargo test --release --all-targets
+fi
+if want cuda; then
+  phase cuda
+  DPW_REQUIRE_NVRTC=1 cargo test --release --test kernels_nvrtc --test backend_cuda
+fi
+if want mpi; then
+  phase mpi
+  # Multi-process training under mpirun (2 ranks).
+  DPW_REQUIRE_MPI=1 cargo test --release --features mpi --test mpi_train
+fi
+if want convergence; then
+  phase convergence
+  # Training convergence on the water data (minutes; not a timed test).
+  cargo test --release --test train_convergence -- --ignored --nocapture
+fi
+if want web; then
+  phase web
+  # The browser demo in headless Chromium: WebGPU (SwiftShader) and CPU-in-wasm training,
+  # parity with the native CPU backend (minutes; builds the wasm crate, the wasm-bindgen CLI
+  # once per machine, and npm packages). The parity test takes the release dpw the test phase
+  # built: a plain `cargo build --release` would compile wgpu and dpw again (5 min), since the
+  # tests' dev-dependency tempfile turns on bitflags' `std` feature, which wgpu depends on.
+  if [ -z "${DPW_BIN:-}" ] && want test; then
+    export DPW_BIN="$PWD/target/release/dpw"
+  fi
+  web/test.sh
+fi
+phase ""
+if [ ${#timings[@]} -gt 0 ]; then
+  printf '\n== test-all: wall time per phase\n'
+  printf '  %s\n' "${timings[@]}"
+fi

@@ -3,12 +3,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use dpw::cli::backend::{run_job, BackendChoice};
+use dpw::cli::backend::{quiet_vulkan_probe, run_job, BackendChoice};
 use dpw::cli::bench::{run_bench, BenchArgs};
+use dpw::cli::neighbor_stat::{neighbor_stat, report};
 use dpw::cli::test::TestJob;
 use dpw::cli::train::{convert, freeze, run_train, wants_progress_bar, TrainArgs};
 use dpw::cli::{init_logging, load_model};
 use dpw::dist::log::MpiLog;
+use dpw::train::interrupt::Interrupted;
 
 /// dpw trains Deep Potential models (DeePMD-kit se_e2_a + ener) on CPU and GPU.
 #[derive(Parser)]
@@ -25,11 +27,11 @@ enum Command {
         /// A DeePMD-kit .yaml model, or a dpw model or checkpoint.
         #[arg(short, long)]
         model: PathBuf,
-        /// A deepmd/npy system folder (repeatable).
+        /// A deepmd/npy system folder, or a folder searched for them (repeatable).
         #[arg(short, long = "system", required = true)]
         systems: Vec<PathBuf>,
-        /// Number of frames tested per system (the first ones).
-        #[arg(short = 'n', long, default_value_t = 100)]
+        /// Number of frames tested per system (the first ones); 0: all of them.
+        #[arg(short = 'n', long, default_value_t = 0)]
         numb_test: usize,
         /// Write PREFIX.e.out, .e_peratom.out, .f.out, .v.out, .v_peratom.out.
         #[arg(short = 'd', long)]
@@ -41,16 +43,26 @@ enum Command {
         float32: bool,
     },
     /// Train a model from a DeePMD-kit input.json, like `dp train`; outputs (out.json,
-    /// lcurve.out, checkpoints) go to the working directory.
+    /// lcurve.out, checkpoints model.ckpt-STEP) go to the working directory. Ctrl-C or SIGTERM
+    /// finishes the step, saves a checkpoint and exits with 130 / 143.
     Train {
         /// DeePMD-kit's input.json (se_e2_a descriptor, ener fitting).
         input: PathBuf,
         /// Continue the run of this checkpoint (optimizer state, step and data stream included).
-        #[arg(short = 'r', long, conflicts_with = "init_model")]
+        #[arg(short = 'r', long, conflicts_with_all = ["init_model", "init_frz_model"])]
         restart: Option<PathBuf>,
-        /// Start a new run from this checkpoint's or model's parameters and statistics.
-        #[arg(short = 'i', long)]
+        /// Start a new run from this checkpoint's or dpw model's parameters and statistics.
+        #[arg(short = 'i', long, conflicts_with = "init_frz_model")]
         init_model: Option<PathBuf>,
+        /// Start a new run from a frozen model: DeePMD-kit's .yaml or a dpw model file.
+        #[arg(short = 't', long)]
+        init_frz_model: Option<PathBuf>,
+        /// Where to write the input with every default filled in.
+        #[arg(short = 'o', long, default_value = "out.json")]
+        output: PathBuf,
+        /// Skip the scan of the data for neighbour counts (then sel must be numbers).
+        #[arg(long)]
+        skip_neighbor_stat: bool,
         /// Also write the log to this file.
         #[arg(short = 'l', long)]
         log_path: Option<PathBuf>,
@@ -95,6 +107,19 @@ enum Command {
         #[arg(long)]
         profile: bool,
     },
+    /// Smallest pair distance and largest neighbour count per type within rcut over some
+    /// systems, like `dp neighbor-stat`.
+    NeighborStat {
+        /// A deepmd/npy system folder, or a folder searched for them (repeatable).
+        #[arg(short, long = "system", default_value = ".")]
+        systems: Vec<PathBuf>,
+        /// Cut-off radius (Å).
+        #[arg(short, long, default_value_t = 6.0)]
+        rcut: f64,
+        /// Element names in type order, e.g. `-t O H`.
+        #[arg(short, long, num_args = 1.., required = true)]
+        type_map: Vec<String>,
+    },
     /// Convert a model between DeePMD-kit's .yaml and dpw's model file (by the output's
     /// extension), like `dp convert-backend`.
     #[command(alias = "convert-backend")]
@@ -108,6 +133,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let t0 = web_time::Instant::now();
+    quiet_vulkan_probe();
     let cli = Cli::parse();
     // The MPI world (training only); MPI stays initialized while `_mpi` lives.
     let _mpi = match &cli.command {
@@ -127,12 +153,7 @@ fn main() -> ExitCode {
     let logging = match &cli.command {
         Command::Train {
             log_path, mpi_log, ..
-        } => dpw::dist::log::init(
-            log_path.as_deref(),
-            wants_progress_bar() && !world.is_distributed(),
-            world,
-            *mpi_log,
-        ),
+        } => dpw::dist::log::init(log_path.as_deref(), world, *mpi_log),
         _ => init_logging(None),
     };
     if let Err(e) = logging {
@@ -145,6 +166,11 @@ fn main() -> ExitCode {
     }
     match run(cli.command, t0) {
         Ok(()) => ExitCode::SUCCESS,
+        // Ctrl-C / SIGTERM: the trainer has said where its checkpoint is.
+        Err(e) if e.downcast_ref::<Interrupted>().is_some() => ExitCode::from(
+            e.downcast_ref::<Interrupted>()
+                .map_or(1, Interrupted::exit_code),
+        ),
         // Reported by the rank that failed, or by rank 0 when all did.
         Err(e) if e.downcast_ref::<dpw::dist::Reported>().is_some() => ExitCode::FAILURE,
         // One rank's failure: it must end the whole job, or the others wait for it forever.
@@ -180,6 +206,9 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             input,
             restart,
             init_model,
+            init_frz_model,
+            output,
+            skip_neighbor_stat,
             log_path: _,
             mpi_log: _,
             backend,
@@ -188,6 +217,9 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
                 input,
                 restart,
                 init_model,
+                init_frz_model,
+                output,
+                skip_neighbor_stat,
                 backend,
                 progress_bar: wants_progress_bar() && !dpw::dist::world().is_distributed(),
             };
@@ -217,6 +249,11 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
         }
         Command::Freeze { checkpoint, output } => freeze(&checkpoint, &output)?,
         Command::Convert { input, output } => convert(&input, &output)?,
+        Command::NeighborStat {
+            systems,
+            rcut,
+            type_map,
+        } => print!("{}", report(&neighbor_stat(&systems, rcut, &type_map)?)),
     }
     Ok(())
 }

@@ -564,3 +564,258 @@ fn backend_auto_without_a_driver_says_why_and_trains_elsewhere() {
     );
     assert!(!data_lines(&lcurve(d.path())).is_empty());
 }
+
+/// The step `checkpoint saved to …model.ckpt-N` names in a log.
+fn saved_step(log: &str) -> Option<usize> {
+    let tail = log.rsplit("checkpoint saved to ").next()?;
+    let name = tail.split_whitespace().next()?.trim_end_matches(';');
+    name.rsplit("model.ckpt-").next()?.parse().ok()
+}
+
+#[test]
+fn sigint_and_sigterm_save_the_step_and_restart_bit_for_bit() {
+    let mut input = tiny_input(600);
+    input["training"]["disp_freq"] = json!(5);
+    let reference = tempfile::tempdir().unwrap();
+    train(reference.path(), &input, &[]);
+    for (sig, code) in [("INT", 130), ("TERM", 143)] {
+        let d = tempfile::tempdir().unwrap();
+        write_input(d.path(), &input);
+        let log = d.path().join("stderr.log");
+        let mut child = dpw(d.path())
+            .args(["train", "input.json"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        // Signalled once training is under way (step 10 displayed).
+        let t = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(120) {
+            let lines = std::fs::read_to_string(d.path().join("lcurve.out")).unwrap_or_default();
+            if data_lines(&lines).len() >= 3 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended first");
+        let kill = Command::new("kill")
+            .args([format!("-{sig}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let status = child.wait().unwrap();
+        let err = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(status.code(), Some(code), "SIG{sig}:\n{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        let step = saved_step(&err).unwrap_or_else(|| panic!("no checkpoint named:\n{err}"));
+        assert!((10..600).contains(&step), "step {step}");
+        assert!(
+            err.contains(&format!("interrupted by SIG{sig} after step {step}"))
+                && err.contains(&format!("--restart ./model.ckpt-{step}")),
+            "{err}"
+        );
+        assert_eq!(
+            ckpt(&d.path().join(format!("model.ckpt-{step}"))).step,
+            step
+        );
+        // Continued from it: the same lines and final state as the uninterrupted run.
+        run_ok(
+            d.path(),
+            &[
+                "train",
+                "input.json",
+                "--restart",
+                &format!("model.ckpt-{step}"),
+            ],
+        );
+        assert_eq!(
+            data_lines(&lcurve(reference.path())),
+            data_lines(&lcurve(d.path())),
+            "SIG{sig}"
+        );
+        assert_same_state(
+            &ckpt(&reference.path().join("model.ckpt")),
+            &ckpt(&d.path().join("model.ckpt")),
+        );
+    }
+}
+
+#[test]
+fn dp_train_options_and_neighbor_stat() {
+    let d = tempfile::tempdir().unwrap();
+    // `sel: "auto"` is made from the counts `dpw neighbor-stat` prints for the training
+    // systems (DeePMD-kit's factor 1.1, rounded up to a multiple of 4).
+    let out = run_ok(
+        d.path(),
+        &[
+            "neighbor-stat",
+            "-s",
+            &sys("data_0"),
+            "-s",
+            &sys("data_1"),
+            "-s",
+            &sys("data_2"),
+            "-r",
+            "4.0",
+            "-t",
+            "O",
+            "H",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let min_dist: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("min_nbor_dist: "))
+        .unwrap_or_else(|| panic!("{text}"))
+        .parse()
+        .unwrap();
+    assert!(min_dist > 0.5 && min_dist < 1.5, "{text}");
+    let max: Vec<usize> = serde_json::from_str(
+        text.lines()
+            .find_map(|l| l.strip_prefix("max_nbor_size: "))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut input = tiny_input(0);
+    input["model"]["descriptor"]["sel"] = json!("auto");
+    // -o names the expanded input; --skip-neighbor-stat refuses "auto".
+    train(d.path(), &input, &["-o", "expanded.json"]);
+    assert!(!d.path().join("out.json").exists());
+    let expanded: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("expanded.json")).unwrap())
+            .unwrap();
+    let want: Vec<usize> = max
+        .iter()
+        .map(|&c| 4 * ((c * 11 / 10).div_ceil(4)))
+        .collect();
+    assert_eq!(expanded["model"]["descriptor"]["sel"], json!(want));
+    let out = run(d.path(), &["train", "input.json", "--skip-neighbor-stat"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--skip-neighbor-stat"),
+        "{err}"
+    );
+    // Log lines to a pipe carry no colour codes.
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+
+    // -t: a new run from a frozen DeePMD-kit yaml, bit for bit its parameters.
+    let a = tempfile::tempdir().unwrap();
+    train(a.path(), &tiny_input(3), &["--skip-neighbor-stat"]);
+    run_ok(a.path(), &["freeze", "-o", "frozen.yaml"]);
+    let frozen = a.path().join("frozen.yaml").display().to_string();
+    let b = tempfile::tempdir().unwrap();
+    train(b.path(), &tiny_input(0), &["-t", &frozen]);
+    assert_eq!(
+        ckpt(&b.path().join("model.ckpt-0")).model,
+        ckpt(&a.path().join("model.ckpt")).model
+    );
+    let out = run(
+        b.path(),
+        &["train", "input.json", "-t", &frozen, "-i", &frozen],
+    );
+    assert!(!out.status.success());
+}
+
+#[test]
+fn dpw_test_all_frames_searched_systems_and_virial_files() {
+    let d = tempfile::tempdir().unwrap();
+    train(d.path(), &tiny_input(0), &[]);
+    let frames = |args: &[&str]| -> Vec<usize> {
+        let out = run_ok(d.path(), args);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("# number of test data : "))
+            .map(|n| n.parse().unwrap())
+            .collect()
+    };
+    let data_3 = sys("data_3");
+    // -n 0 is every frame, as in DeePMD-kit 3 (and the default).
+    let all = frames(&["test", "-m", "model.ckpt", "-s", &data_3, "-n", "0"]);
+    assert_eq!(all.len(), 1);
+    assert!(all[0] > 2);
+    assert_eq!(
+        frames(&["test", "-m", "model.ckpt", "-s", &data_3, "-n", "100000"]),
+        all
+    );
+    assert_eq!(frames(&["test", "-m", "model.ckpt", "-s", &data_3]), all);
+    // A folder is searched for systems, as `dpw train` does.
+    let searched = frames(&[
+        "test",
+        "-m",
+        "model.ckpt",
+        "-s",
+        &water().display().to_string(),
+        "-n",
+        "1",
+    ]);
+    assert_eq!(searched, vec![1, 1, 1, 1]);
+    // Data without virial labels: dp test's .v.out and .v_peratom.out all the same, with zeros
+    // for the data and the predicted virial.
+    let out = run_ok(
+        d.path(),
+        &[
+            "test",
+            "-m",
+            "model.ckpt",
+            "-s",
+            &data_3,
+            "-n",
+            "2",
+            "-d",
+            "detail",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("Virial"), "{stdout}");
+    for (suffix, scale) in [("v", 1.0), ("v_peratom", 192.0)] {
+        let text = std::fs::read_to_string(d.path().join(format!("detail.{suffix}.out"))).unwrap();
+        assert!(text.starts_with(&format!("# {data_3}: data_vxx")), "{text}");
+        let rows: Vec<Vec<f64>> = data_lines(&text)
+            .iter()
+            .map(|l| l.split_whitespace().map(|x| x.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), 2);
+        for r in &rows {
+            assert_eq!(r.len(), 18);
+            assert!(r[..9].iter().all(|&x| x == 0.0), "{r:?}");
+            assert!(r[9..].iter().any(|&x| x != 0.0), "{r:?}");
+        }
+        if suffix == "v_peratom" {
+            let v = std::fs::read_to_string(d.path().join("detail.v.out")).unwrap();
+            let first: f64 = data_lines(&v)[0]
+                .split_whitespace()
+                .nth(9)
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((rows[0][9] * scale - first).abs() <= 1e-12 * first.abs());
+        }
+    }
+}
+
+#[test]
+fn wgpu_probe_under_auto_is_quiet_and_piped_logs_have_no_colour() {
+    let d = tempfile::tempdir().unwrap();
+    train(d.path(), &tiny_input(0), &[]);
+    let out = dpw(d.path())
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .args([
+            "test",
+            "-m",
+            "model.ckpt",
+            "-s",
+            &sys("data_3"),
+            "-n",
+            "1",
+            "--backend",
+            "auto",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+    // Not a terminal: no colour codes.
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+}

@@ -17,6 +17,19 @@ pub enum BackendChoice {
     Cuda,
 }
 
+/// Keeps the wgpu probe quiet where no desktop session runs (ssh, batch jobs): Mesa's
+/// device-select Vulkan layer then tries to reach a Wayland display to order the GPUs, and
+/// libwayland prints "XDG_RUNTIME_DIR is invalid" for each probe. wgpu picks its adapter by
+/// power preference and `WGPU_ADAPTER_NAME`, not by that order, so the layer is switched off
+/// (its documented `NODEVICE_SELECT`) unless the user set it. Call before any thread starts.
+pub fn quiet_vulkan_probe() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        && std::env::var_os("NODEVICE_SELECT").is_none()
+    {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 /// Work that runs on any backend and precision.
 pub trait Job {
     type Output;

@@ -2,9 +2,11 @@
 
 pub mod backend;
 pub mod bench;
+pub mod neighbor_stat;
 pub mod test;
 pub mod train;
 
+use std::io::IsTerminal;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -12,6 +14,12 @@ use tracing_subscriber::fmt::writer::MakeWriterExt;
 
 use crate::model::file::{is_container, model_from_container, read_container};
 use crate::model::{read_deepmd_yaml, Model};
+
+/// Whether log lines on stderr get colours: only on a terminal, and not when `NO_COLOR` is set
+/// to anything non-empty (no-color.org).
+pub fn stderr_colour() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
 
 /// Logs to stderr (and to `log_path` when given), `RUST_LOG` overriding the level.
 pub fn init_logging(log_path: Option<&Path>) -> Result<()> {
@@ -30,7 +38,10 @@ pub fn init_logging(log_path: Option<&Path>) -> Result<()> {
                 .with_ansi(false)
                 .init();
         }
-        None => builder.with_writer(std::io::stderr).init(),
+        None => builder
+            .with_writer(std::io::stderr)
+            .with_ansi(stderr_colour())
+            .init(),
     }
     Ok(())
 }

@@ -8,16 +8,19 @@ use anyhow::{Context, Result};
 
 use super::backend::Job;
 use crate::backend::{Backend, Real};
-use crate::data::load_system;
+use crate::data::{load_system, Disk};
 use crate::fmt::sci;
 use crate::model::file::write_atomic;
 use crate::model::Model;
 use crate::train::batch::Frame;
+use crate::train::dataset::find_systems;
 use crate::train::predict::predict;
 
 pub struct TestJob {
     pub model: Model,
+    /// System folders, or folders searched for systems (as `dpw train` does).
     pub systems: Vec<PathBuf>,
+    /// Frames tested per system, the first ones; 0: all (as in DeePMD-kit 3).
     pub nframes: usize,
     pub detail: Option<PathBuf>,
 }
@@ -93,7 +96,15 @@ fn detail_rows(buf: &mut String, header: &str, rows: impl Iterator<Item = Vec<f6
     }
 }
 
-const FRAMES_PER_CALL: usize = 8;
+/// Neighbour slots (frames × atoms × the sum of sel) evaluated per call: the workspace holds
+/// every embedding layer's output for each slot, so this bounds the memory `dpw test` needs
+/// whatever the number of frames (about 120 MB in float64 for the water example's model).
+const SLOTS_PER_CALL: usize = 1 << 15;
+
+/// Frames per call for systems of `natoms` atoms (at least one).
+fn frames_per_call(natoms: usize, nnei: usize) -> usize {
+    (SLOTS_PER_CALL / (natoms * nnei).max(1)).max(1)
+}
 
 impl Job for TestJob {
     type Output = (Vec<SystemErrors>, String);
@@ -108,13 +119,18 @@ impl Job for TestJob {
             String::new(),
             String::new(),
         ];
-        for path in &self.systems {
+        let nnei: usize = self.model.spec.descriptor.sel.iter().sum();
+        for path in &find_systems(&Disk, &self.systems, "test")? {
             let sys = load_system(path, &self.model.spec.type_map)?;
-            let nf = sys.nframes.min(self.nframes);
+            let nf = match self.nframes {
+                0 => sys.nframes,
+                n => sys.nframes.min(n),
+            };
             let n = sys.natoms;
             let (mut e, mut f, mut v) = (Vec::new(), Vec::new(), Vec::new());
-            for start in (0..nf).step_by(FRAMES_PER_CALL) {
-                let frames: Vec<Frame> = (start..(start + FRAMES_PER_CALL).min(nf))
+            let per_call = frames_per_call(n, nnei);
+            for start in (0..nf).step_by(per_call) {
+                let frames: Vec<Frame> = (start..(start + per_call).min(nf))
                     .map(|i| Frame::of(&sys, i))
                     .collect();
                 let p = predict(b, &self.model, &sys.atype, &frames)
@@ -159,28 +175,29 @@ impl Job for TestJob {
                     &format!("{name}: data_fx data_fy data_fz pred_fx pred_fy pred_fz"),
                     (0..n * nf).map(|k| [&lf[3 * k..3 * k + 3], &f[3 * k..3 * k + 3]].concat()),
                 );
-                if let Some(lv) = &sys.virial {
-                    let cols = ["xx", "xy", "xz", "yx", "yy", "yz", "zx", "zy", "zz"];
-                    let head = |p: &str| {
-                        cols.iter()
-                            .map(|c| format!("{p}_v{c}"))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    };
-                    let h = format!("{name}: {} {}", head("data"), head("pred"));
-                    let (lv, v) = (lv.as_slice(), v.as_slice());
-                    let rows = move |s: f64| {
-                        (0..nf).map(move |i| {
-                            [&lv[9 * i..9 * i + 9], &v[9 * i..9 * i + 9]]
-                                .concat()
-                                .iter()
-                                .map(|x| x * s)
-                                .collect()
-                        })
-                    };
-                    detail_rows(&mut detail[3], &h, rows(1.0));
-                    detail_rows(&mut detail[4], &h, rows(inv_n));
-                }
+                // Without virial labels dp test still writes the predictions, next to zeros.
+                let zeros = vec![0.0; 9 * nf];
+                let lv = sys.virial.as_deref().unwrap_or(&zeros);
+                let cols = ["xx", "xy", "xz", "yx", "yy", "yz", "zx", "zy", "zz"];
+                let head = |p: &str| {
+                    cols.iter()
+                        .map(|c| format!("{p}_v{c}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                let h = format!("{name}: {} {}", head("data"), head("pred"));
+                let v = v.as_slice();
+                let rows = move |s: f64| {
+                    (0..nf).map(move |i| {
+                        [&lv[9 * i..9 * i + 9], &v[9 * i..9 * i + 9]]
+                            .concat()
+                            .iter()
+                            .map(|x| x * s)
+                            .collect()
+                    })
+                };
+                detail_rows(&mut detail[3], &h, rows(1.0));
+                detail_rows(&mut detail[4], &h, rows(inv_n));
             }
             all.push(errs);
         }

@@ -9,19 +9,21 @@ use std::time::Duration;
 use web_time::Instant;
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
+use tracing_subscriber::filter::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
-use crate::config::Precision;
+use crate::config::{load_config, Precision, Sel};
+use crate::data::Disk;
 use crate::model::file::{model_from_container, read_container, save_model};
 use crate::model::{write_deepmd_yaml, Model};
 use crate::train::checkpoint::Checkpoint;
-use crate::train::trainer::{prepare, train, Start, TrainReport, TrainSetup, PROGRESS_TARGET};
+use crate::train::interrupt::{self, Interrupted};
+use crate::train::trainer::{prepare_in, train, Start, TrainReport, TrainSetup};
 
 /// The bar log lines must step around while it is drawn.
 static ACTIVE_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
@@ -57,16 +59,14 @@ fn env_filter() -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())
 }
 
-/// Logging for `dpw train`: like [`super::init_logging`], except that with a progress bar the
-/// per-display progress lines go to the log file only (the bar shows progress on stderr).
-pub fn init_logging(log_path: Option<&Path>, progress_bar: bool) -> Result<()> {
+/// Logging for `dpw train`: like [`super::init_logging`], with the lines on stderr printed
+/// above the progress bar while one is drawn.
+pub fn init_logging(log_path: Option<&Path>) -> Result<()> {
     let stderr_layer = tracing_subscriber::fmt::layer()
         .with_target(false)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(super::stderr_colour())
         .with_writer(|| BarAwareStderr)
-        .with_filter(env_filter().and(filter_fn(move |m| {
-            !(progress_bar && m.target() == PROGRESS_TARGET)
-        })));
+        .with_filter(env_filter());
     let file_layer = match log_path {
         Some(p) => {
             let file = std::fs::File::create(p)
@@ -105,8 +105,32 @@ pub struct TrainArgs {
     pub input: PathBuf,
     pub restart: Option<PathBuf>,
     pub init_model: Option<PathBuf>,
+    /// `-t/--init-frz-model`: a frozen model file (DeePMD-kit .yaml or dpw's).
+    pub init_frz_model: Option<PathBuf>,
+    /// `-o`: where the expanded input goes (out.json).
+    pub output: PathBuf,
+    /// `--skip-neighbor-stat`: refuse `sel: "auto"` rather than scan the data for it.
+    pub skip_neighbor_stat: bool,
     pub backend: BackendChoice,
     pub progress_bar: bool,
+}
+
+/// The progress bar: fixed-width so that at 80 columns the bar keeps its room and the message
+/// (the last validation errors) is cut instead; steps/s from indicatif's running estimate.
+fn progress_bar() -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:20}] {pos}/{len} {rate} eta {eta} {wide_msg}",
+        )
+        .expect("valid template")
+        .with_key("rate", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.1} steps/s", s.per_sec());
+        })
+        .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(250));
+    bar
 }
 
 /// `dpw train`: outputs go to the working directory, as with `dp train`.
@@ -119,27 +143,47 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "?".into())
     );
+    let input = args.input.clone();
     let setup = (|| {
-        let start = match (args.restart, args.init_model) {
-            (Some(_), Some(_)) => anyhow::bail!("give either --restart or --init-model, not both"),
-            (Some(r), None) => Start::Restart(Box::new(Checkpoint::read(&r)?)),
-            (None, Some(p)) => Start::InitModel(p),
-            (None, None) => Start::Fresh,
+        let cfg = load_config(&args.input)?;
+        let start = match (args.restart, args.init_model, args.init_frz_model) {
+            (None, None, None) => Start::Fresh,
+            (Some(r), None, None) => Start::Restart(Box::new(Checkpoint::read(&r)?)),
+            (None, Some(p), None) => Start::InitModel(p),
+            (None, None, Some(t)) => {
+                let m = super::load_model(&t)?;
+                tracing::info!(
+                    "initial parameters and statistics from the frozen model {}",
+                    t.display()
+                );
+                Start::InitFrozen(Box::new(m))
+            }
+            _ => anyhow::bail!("give at most one of --restart, --init-model and --init-frz-model"),
         };
-        prepare(&args.input, start, Path::new("."), t0)
+        if args.skip_neighbor_stat
+            && matches!(cfg.model.descriptor.sel, Sel::Auto(_))
+            && matches!(start, Start::Fresh)
+        {
+            anyhow::bail!(
+                "{}: model.descriptor.sel is \"auto\", which needs the neighbour statistics \
+                 that --skip-neighbor-stat skips; give sel as numbers (`dpw neighbor-stat` \
+                 prints the largest neighbour counts)",
+                args.input.display()
+            );
+        }
+        let mut setup = prepare_in(&Disk, cfg, start, Path::new("."), t0)?;
+        setup.out_json = args.output;
+        Ok(setup)
     })();
     // Under MPI the ranks agree on whether all of them could start (a collective).
     let mut setup = crate::dist::world().agree(setup)?;
+    // Under MPI a signal reaches the ranks at different steps, and stopping one alone would
+    // leave the others waiting in a collective: there the default (an immediate stop) stays.
+    if !crate::dist::world().is_distributed() {
+        interrupt::install()?;
+    }
     if args.progress_bar {
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{elapsed_precise} [{wide_bar}] {pos}/{len} eta {eta} {msg}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
-        bar.enable_steady_tick(Duration::from_millis(500));
+        let bar = progress_bar();
         *ACTIVE_BAR.lock().expect("bar lock") = Some(bar.clone());
         setup.progress = Some(bar);
     }
@@ -147,6 +191,18 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
     let r = run_job(args.backend, float64, TrainJob { setup });
     if let Some(bar) = ACTIVE_BAR.lock().expect("bar lock").take() {
         bar.finish_and_clear();
+    }
+    if let Err(e) = &r {
+        if let Some(i) = e.downcast_ref::<Interrupted>() {
+            let how = i.checkpoint.as_ref().map_or(String::new(), |p| {
+                format!(
+                    "; continue the run with `dpw train {} --restart {}`",
+                    input.display(),
+                    p.display()
+                )
+            });
+            tracing::warn!("{i}{how}");
+        }
     }
     r
 }

@@ -143,14 +143,9 @@ fn open(p: &Path) -> Result<Arc<Mutex<File>>> {
 
 /// Logging for `dpw train` in `world`: a serial world logs as before
 /// ([`crate::cli::train::init_logging`]); an MPI world by `mode`.
-pub fn init(
-    log_path: Option<&Path>,
-    progress_bar: bool,
-    world: &World,
-    mode: MpiLog,
-) -> Result<()> {
+pub fn init(log_path: Option<&Path>, world: &World, mode: MpiLog) -> Result<()> {
     if !world.is_distributed() {
-        return crate::cli::train::init_logging(log_path, progress_bar);
+        return crate::cli::train::init_logging(log_path);
     }
     let rank = world.rank();
     let tag: Arc<str> = Arc::from(format!("[{rank}] "));

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod dataset;
+pub mod interrupt;
 pub mod lcurve;
 pub mod loss;
 pub mod lr;

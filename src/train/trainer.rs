@@ -27,6 +27,7 @@ use crate::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
 use super::batch::{assemble_frames, HostBatch};
 use super::checkpoint::{self, Checkpoint, DataShape};
 use super::dataset::{load_data_in, DataSet};
+use super::interrupt;
 use super::lcurve::{self, Metrics};
 use super::loss::Loss;
 use super::lr::LrSchedule;
@@ -35,7 +36,7 @@ use super::step::DeviceModel;
 use super::validation::{validate, VALID_STREAM};
 use super::workspaces::{adam_step, batch_gradient, Cache};
 
-/// Target of the per-display progress lines: shown on stderr only without a progress bar.
+/// Target of the per-display progress lines (`RUST_LOG=info,dpw::progress=off` hides them).
 pub const PROGRESS_TARGET: &str = "dpw::progress";
 
 /// How a run starts.
@@ -45,6 +46,8 @@ pub enum Start {
     Restart(Box<Checkpoint>),
     /// `--init-model`: a new run from a model's parameters and statistics.
     InitModel(PathBuf),
+    /// `--init-frz-model`: the same from a model already read (a frozen model file).
+    InitFrozen(Box<Model>),
 }
 
 /// Everything checked and loaded before training; nothing has been written yet.
@@ -61,6 +64,8 @@ pub struct TrainSetup {
     pub schedule: LrSchedule,
     /// Directory for out.json, lcurve.out and checkpoints (the working directory).
     pub out_dir: PathBuf,
+    /// The expanded input (`dp train -o`; out.json in `out_dir` by default).
+    pub out_json: PathBuf,
     pub progress: Option<ProgressBar>,
     /// When the command started, for the time to the first step.
     pub t0: Instant,
@@ -231,6 +236,7 @@ pub fn prepare_in(
             tracing::info!("initial parameters and statistics from {}", p.display());
             (None, Some(m))
         }
+        Start::InitFrozen(m) => (None, Some(*m)),
     };
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
@@ -356,8 +362,10 @@ pub fn prepare_in(
         String::new()
     };
     tracing::info!(
-        "learning rate: exp from {:e} to {:e}, decay_steps {}{shrunk}, decay_rate {:.6}{}{}",
+        "learning rate: exp from {:e} to {:.3e} at step {} (stop_lr {:e}), decay_steps {}{shrunk}, decay_rate {:.6}{}{}",
         schedule.start_lr,
+        schedule.value(cfg.training.numb_steps.saturating_sub(1)),
+        cfg.training.numb_steps,
         schedule.stop_lr,
         schedule.decay_steps,
         schedule.decay_rate,
@@ -382,6 +390,7 @@ pub fn prepare_in(
         seed,
         schedule,
         out_dir: out_dir.to_path_buf(),
+        out_json: out_dir.join("out.json"),
         progress: None,
         t0,
     })
@@ -556,6 +565,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         seed,
         schedule,
         out_dir,
+        out_json,
         progress,
         t0,
     } = setup;
@@ -571,7 +581,6 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let loss = Loss::new(&cfg.loss, schedule.start_lr);
     let opt = &cfg.optimizer;
     let spec = model.spec.clone();
-    tracing::info!("backend: {}, precision {}", b.name(), T::NAME);
     // Data-parallel over MPI (src/dist): rank 0 alone writes files and validates.
     let world = dist::world();
     let root = world.is_root();
@@ -591,7 +600,6 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     dist::log::flush(world);
 
     // Outputs: out.json first, as dp train does.
-    let out_json = out_dir.join("out.json");
     let mut text = serde_json::to_string_pretty(&cfg.to_expanded_json())?;
     text.push('\n');
     if root {
@@ -734,6 +742,8 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     if let Some(bar) = &progress {
         bar.set_length(numb_steps as u64);
         bar.set_position(start as u64);
+        // A restart's steps so far are not this run's speed.
+        bar.reset_eta();
     }
     tracing::info!(
         "start training: steps {}..{} ({} to go), setup took {:.2} s",
@@ -914,11 +924,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             }
             if let Some(bar) = &progress {
                 let m = val.as_ref().unwrap_or(&shown);
-                let mut msg = format!(
-                    "{:.2} steps/s  {}:",
-                    nsteps as f64 / dt.max(1e-9),
-                    if val.is_some() { "val" } else { "trn" }
-                );
+                let mut msg = format!("{}:", if val.is_some() { "val" } else { "trn" });
                 for (k, v) in m.entries().iter().skip(1) {
                     msg.push_str(&format!(" {k} {}", sci(*v, 2, 8).trim_start()));
                 }
@@ -929,7 +935,11 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             dist::log::flush(world);
         }
 
-        if root && ((done % tc.save_freq == 0 && step != start) || done == numb_steps) {
+        // Ctrl-C / SIGTERM: the step is finished; save it and stop (unless it was the last).
+        let stop = interrupt::requested().filter(|_| done < numb_steps);
+        if root
+            && ((done % tc.save_freq == 0 && step != start) || done == numb_steps || stop.is_some())
+        {
             let acc = [
                 acc_count as f64,
                 acc_sum.rmse,
@@ -938,8 +948,16 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 acc_sum.rmse_v.unwrap_or(0.0),
             ];
             let p = save(&dm, done, lr, batches.state(), &valid_sampler, acc)?;
-            tracing::info!(target: PROGRESS_TARGET, "saved checkpoint {}", p.display());
+            tracing::info!("checkpoint saved to {}", p.display());
             report.last_ckpt = Some(p);
+        }
+        if let Some(signal) = stop {
+            return Err(interrupt::Interrupted {
+                signal,
+                step: done,
+                checkpoint: report.last_ckpt.filter(|_| root),
+            }
+            .into());
         }
     }
     drop(batches);
