@@ -6,4 +6,4 @@ mod stat;
 
 pub use cell::Cell;
 pub use nlist::{build_nlist, NeighborList};
-pub use stat::{energy_bias, EnvStats};
+pub use stat::{energy_bias, frame_rows, EnvStats};
