@@ -34,7 +34,10 @@ rustup target list --installed | grep -qx wasm32-unknown-unknown ||
 cargo clippy --release -p dpw-web --target wasm32-unknown-unknown -- -D warnings
 cargo clippy --release --all-targets --features cuda -- -D warnings
 cargo clippy --release --all-targets --features mpi -- -D warnings
+cargo clippy --release --all-targets --features hdf5 -- -D warnings
 cargo test --release --all-targets
+# deepmd/hdf5 data (feature hdf5, against the system libhdf5).
+cargo test --release --features hdf5 --test data_hdf5
 DPW_REQUIRE_NVRTC=1 cargo test --release --features cuda --test kernels_nvrtc --test backend_cuda
 # Multi-process training under mpirun (2 ranks).
 DPW_REQUIRE_MPI=1 cargo test --release --features mpi --test mpi_train

@@ -3,10 +3,12 @@
 //! named errors for bad files.
 #![cfg(feature = "hdf5")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use dpw::data::{load_system, search_systems, DataError};
-use dpw::model::{DescriptorSpec, FittingSpec, ModelSpec};
+use dpw::model::{FittingSpec, ModelSpec};
 use dpw::train::batch::assemble_frames;
 use hdf5_metno as h5;
 use ndarray::ArrayD;
@@ -77,17 +79,7 @@ fn water_file(dir: &Path) -> PathBuf {
 fn spec() -> ModelSpec {
     ModelSpec {
         type_map: names(&["O", "H"]),
-        descriptor: DescriptorSpec {
-            rcut: 6.0,
-            rcut_smth: 0.5,
-            sel: vec![46, 92],
-            neuron: vec![4, 8],
-            axis_neuron: 4,
-            resnet_dt: false,
-            type_one_side: true,
-            env_protection: 0.0,
-            set_davg_zero: false,
-        },
+        descriptor: common::water_descriptor(),
         fitting: FittingSpec {
             neuron: vec![8],
             resnet_dt: true,
@@ -195,22 +187,7 @@ fn training_on_hdf5_equals_training_on_npy() {
     let npy: Vec<PathBuf> = (0..3).map(|k| water(&format!("data_{k}"))).collect();
     for systems in [serde_json::json!(file), serde_json::json!(npy)] {
         let run = TempDir::new().unwrap();
-        let input = serde_json::json!({
-            "model": {
-                "type_map": ["O", "H"],
-                "descriptor": {"type": "se_e2_a", "sel": [20, 28], "rcut_smth": 0.5, "rcut": 4.0,
-                               "neuron": [4, 8], "axis_neuron": 4, "type_one_side": true, "seed": 1},
-                "fitting_net": {"neuron": [8, 8], "resnet_dt": true, "seed": 1},
-                "data_stat_nbatch": 2
-            },
-            "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-5, "decay_steps": 5},
-            "loss": {"type": "ener", "start_pref_e": 0.02, "limit_pref_e": 1,
-                     "start_pref_f": 1000, "limit_pref_f": 1, "start_pref_v": 0, "limit_pref_v": 0},
-            "training": {
-                "training_data": {"systems": systems, "batch_size": "auto"},
-                "numb_steps": 8, "seed": 10, "disp_freq": 1, "save_freq": 1000
-            }
-        });
+        let input = common::tiny_water_input(systems, 8);
         std::fs::write(
             run.path().join("input.json"),
             serde_json::to_string_pretty(&input).unwrap(),

@@ -2,6 +2,8 @@
 //! parallel start-up statistics equal to the sequential sums, and streaming frames from disk
 //! giving the same training as holding them in memory.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -88,25 +90,12 @@ fn config(v: &Value, dir: &Path) -> Config {
     dpw::config::load_config(&p).unwrap()
 }
 
-/// The water example's model on `systems` with `steps` steps (a tiny net, fast).
+/// The tiny water model on `systems`, validating on data_3.
 fn tiny_input(systems: Value, steps: usize) -> Value {
-    json!({
-        "model": {
-            "type_map": ["O", "H"],
-            "descriptor": {"type": "se_e2_a", "sel": [20, 28], "rcut_smth": 0.5, "rcut": 4.0,
-                           "neuron": [4, 8], "axis_neuron": 4, "type_one_side": true, "seed": 1},
-            "fitting_net": {"neuron": [8, 8], "resnet_dt": true, "seed": 1},
-            "data_stat_nbatch": 3
-        },
-        "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-5, "decay_steps": 5},
-        "loss": {"type": "ener", "start_pref_e": 0.02, "limit_pref_e": 1,
-                 "start_pref_f": 1000, "limit_pref_f": 1, "start_pref_v": 0, "limit_pref_v": 0},
-        "training": {
-            "training_data": {"systems": systems, "batch_size": "auto"},
-            "validation_data": {"systems": [water().join("data_3")], "batch_size": 2, "numb_btch": 2},
-            "numb_steps": steps, "seed": 10, "disp_freq": 1, "save_freq": 1000
-        }
-    })
+    let mut v = common::tiny_water_input(systems, steps);
+    v["training"]["validation_data"] =
+        json!({"systems": [water().join("data_3")], "batch_size": 2, "numb_btch": 2});
+    v
 }
 
 fn water_systems() -> Value {
@@ -144,7 +133,7 @@ fn parallel_statistics_equal_the_sequential_sums() {
         "{lines:?}"
     );
 
-    let d = water_descriptor();
+    let d = common::water_descriptor();
     let frames = stat_frames(&data.systems, &data.batch_sizes, 10, 7);
     let got = data_stats(&d, 2, &data, &frames).unwrap();
 
@@ -170,21 +159,6 @@ fn parallel_statistics_equal_the_sequential_sums() {
     let ns = neighbor_stats(&data, 2, 6.0).unwrap();
     assert_eq!(ns.nframes, 320);
     assert!(ns.max_count[0] > 0 && ns.max_count[1] > ns.max_count[0]);
-}
-
-/// The water example's descriptor.
-fn water_descriptor() -> dpw::model::DescriptorSpec {
-    dpw::model::DescriptorSpec {
-        rcut: 6.0,
-        rcut_smth: 0.5,
-        sel: vec![46, 92],
-        neuron: vec![25, 50, 100],
-        axis_neuron: 16,
-        resnet_dt: false,
-        type_one_side: true,
-        env_protection: 0.0,
-        set_davg_zero: false,
-    }
 }
 
 fn dpw(dir: &Path, cache_mb: Option<&str>, args: &[&str]) -> Output {

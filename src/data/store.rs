@@ -1,5 +1,5 @@
 //! The frames of a data set's systems: all in memory when they fit the budget, else read on
-//! demand from disk through a least-recently-used cache of bounded size, so memory does not grow
+//! demand from disk through a least-recently-used cache of that size, so memory does not grow
 //! with the number of frames. Either way a system's frames are the same numbers, so training
 //! on them gives the same results.
 

@@ -143,8 +143,9 @@ pub fn load_data(cfg: &DataConfig, type_map: &[String], what: &str) -> Result<Da
 }
 
 /// [`load_data`] from the files of `fs`. Every system is read once here (so a bad file fails
-/// the start, not a later step); those that fit [`cache_budget`] stay in memory, the others are
-/// read again when drawn. Files not on disk (a web page's) all stay in memory.
+/// the start, not a later step). When all fit [`cache_budget`] they stay in memory; otherwise
+/// they are read again when drawn, through a cache of that size. Files not on disk (a web
+/// page's) all stay in memory.
 pub fn load_data_in(
     fs: &dyn Files,
     cfg: &DataConfig,
@@ -220,6 +221,10 @@ pub fn load_data_in(
         .map_err(|e| anyhow::anyhow!("{what} data: {e}"))?;
     if probs.iter().any(|p| !p.is_finite() || *p < 0.0) {
         bail!("{what} data: invalid system probabilities {probs:?}");
+    }
+    if pinned.iter().any(Option::is_none) {
+        // Not everything fits: the whole budget goes to the cache of systems read on demand.
+        pinned.iter_mut().for_each(|p| *p = None);
     }
     let store = SystemStore::new(kept_paths, type_map.to_vec(), pinned, budget);
     let streamed = !store.all_in_memory();
