@@ -145,15 +145,6 @@ pub struct SystemInfo {
 }
 
 impl SystemInfo {
-    /// Number of atoms of each model type, for `ntypes` types.
-    pub fn type_counts(&self, ntypes: usize) -> Vec<usize> {
-        let mut counts = vec![0; ntypes];
-        for &t in &self.atype {
-            counts[t] += 1;
-        }
-        counts
-    }
-
     /// Bytes the system's frames take in memory, for the cache budget.
     pub fn bytes(&self) -> usize {
         let per_frame = 6 * self.natoms + 1 + 18;
