@@ -81,11 +81,14 @@ if want lint; then
       rustup target add wasm32-unknown-unknown
     cargo clippy --release -p dpw-web --target wasm32-unknown-unknown -- -D warnings
     cargo clippy --release --all-targets --features mpi -- -D warnings
+    cargo clippy --release --all-targets --features hdf5 -- -D warnings
   fi
 fi
 if want test; then
   phase test
   cargo test --release --all-targets
+  # deepmd/hdf5 data (feature hdf5, against the system libhdf5).
+  cargo test --release --features hdf5 --test data_hdf5
 fi
 if want cuda; then
   phase cuda

@@ -11,6 +11,15 @@ pub trait Files: Sync {
     fn is_dir(&self, path: &Path) -> bool;
     /// The entries directly inside `dir`, sorted by name.
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+    /// (device, inode) of a folder, where the file system has them: the system search uses
+    /// it to see a folder reached twice through symbolic links.
+    fn dir_id(&self, _dir: &Path) -> Option<(u64, u64)> {
+        None
+    }
+    /// Whether these are the real file system's files, which a system can be read again from.
+    fn on_disk(&self) -> bool {
+        false
+    }
 }
 
 /// The real file system.
@@ -35,6 +44,16 @@ impl Files for Disk {
             .collect::<io::Result<Vec<_>>>()?;
         out.sort();
         Ok(out)
+    }
+
+    fn on_disk(&self) -> bool {
+        true
+    }
+
+    #[cfg(unix)]
+    fn dir_id(&self, dir: &Path) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
     }
 }
 

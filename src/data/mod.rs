@@ -1,9 +1,17 @@
-//! Training data: deepmd/npy systems (on disk or in memory) and the batch sampler over them.
+//! Training data: deepmd/npy and deepmd/hdf5 systems (on disk or in memory), the system search,
+//! the store that reads frames on demand, and the batch sampler over them.
 
 mod files;
+mod hdf5;
 mod sampler;
+mod search;
+mod source;
+mod store;
 mod system;
 
 pub use files::{Disk, Files, MemFiles};
+pub use hdf5::is_hdf5_file;
 pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
-pub use system::{load_system, load_system_in, DataError, System};
+pub use search::{find_systems, search_systems};
+pub use store::{cache_budget, SystemStore};
+pub use system::{load_system, load_system_in, DataError, System, SystemInfo};

@@ -1,12 +1,12 @@
-//! Reading one deepmd/npy system (docs/deepmd-spec.md §1).
+//! Reading one deepmd/npy or deepmd/hdf5 system (docs/deepmd-spec.md §1).
 
 use std::io;
 use std::path::{Path, PathBuf};
 
-use ndarray::ArrayD;
-use ndarray_npy::{ReadNpyError, ReadNpyExt};
+use ndarray_npy::ReadNpyError;
 
 use super::files::{Disk, Files};
+use super::source::{Location, NpyDir, Source};
 
 /// Anything wrong with a system on disk. Every message names the offending file.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,8 @@ impl System {
     }
 }
 
-/// Load the system in directory `path`, mapping its atom types onto the model's `type_map`.
+/// Load the system at `path` (a folder, or `file.hdf5#/group`), mapping its atom types onto the
+/// model's `type_map`.
 pub fn load_system(path: &Path, type_map: &[String]) -> Result<System, DataError> {
     load_system_in(&Disk, path, type_map)
 }
@@ -115,15 +116,65 @@ pub fn load_system_in(
     path: &Path,
     type_map: &[String],
 ) -> Result<System, DataError> {
-    let model_types = read_types(fs, path, type_map)?;
+    with_source(fs, path, |src| load_from(src, path, type_map))
+}
+
+/// Runs `f` on the source of the system at `path`.
+pub(crate) fn with_source<R>(
+    fs: &dyn Files,
+    path: &Path,
+    f: impl FnOnce(&dyn Source) -> Result<R, DataError>,
+) -> Result<R, DataError> {
+    match Location::parse(path) {
+        Location::Dir(dir) => f(&NpyDir { fs, dir }),
+        Location::Hdf5 { file, group } => super::hdf5::with_group(&file, &group, f),
+    }
+}
+
+/// What a system is without its frames: enough to size batches, draw from it and print it.
+#[derive(Debug, Clone)]
+pub struct SystemInfo {
+    pub path: PathBuf,
+    pub natoms: usize,
+    /// Model type index per atom, in sorted order.
+    pub atype: Vec<usize>,
+    pub nframes: usize,
+    pub pbc: bool,
+    /// Every frame has a virial label.
+    pub has_virial: bool,
+}
+
+impl SystemInfo {
+    /// Bytes the system's frames take in memory, for the cache budget.
+    pub fn bytes(&self) -> usize {
+        let per_frame = 6 * self.natoms + 1 + 18;
+        8 * per_frame * self.nframes
+    }
+}
+
+impl System {
+    pub fn info(&self) -> SystemInfo {
+        SystemInfo {
+            path: self.path.clone(),
+            natoms: self.natoms,
+            atype: self.atype.clone(),
+            nframes: self.nframes,
+            pbc: self.cell.is_some(),
+            has_virial: self.virial.is_some(),
+        }
+    }
+}
+
+fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<System, DataError> {
+    let model_types = read_types(src, type_map)?;
     let natoms = model_types.len();
     // Stable sort by type, as DeePMD's `np.lexsort((arange(natoms), atom_type))`.
     let mut orig_index: Vec<usize> = (0..natoms).collect();
     orig_index.sort_by_key(|&i| model_types[i]);
     let atype = orig_index.iter().map(|&i| model_types[i]).collect();
 
-    let sets = set_dirs(fs, path)?;
-    let pbc = !fs.is_file(&path.join("nopbc"));
+    let sets = set_names(src)?;
+    let pbc = !src.has_file("nopbc");
     let mut coord = Vec::new();
     let mut cell = Vec::new();
     let mut energy = Vec::new();
@@ -131,15 +182,15 @@ pub fn load_system_in(
     let mut virial = Vec::new();
     let mut all_have_virial = true;
     for set in &sets {
-        let coord_path = set.join("coord.npy");
-        let (nf, c) = read_frames(fs, &coord_path, &[&[natoms * 3], &[natoms, 3]])?;
+        let coord_rel = format!("{set}/coord.npy");
+        let (nf, c) = read_frames(src, &coord_rel, &[&[natoms * 3], &[natoms, 3]])?;
         let frames = |name: &str, tails: &[&[usize]]| {
-            let p = set.join(name);
-            let (found, data) = read_frames(fs, &p, tails)?;
+            let rel = format!("{set}/{name}");
+            let (found, data) = read_frames(src, &rel, tails)?;
             if found != nf {
                 return Err(DataError::FrameCount {
-                    path: p,
-                    reference: coord_path.clone(),
+                    path: src.path(&rel),
+                    reference: src.path(&coord_rel),
                     expected: nf,
                     found,
                 });
@@ -151,17 +202,17 @@ pub fn load_system_in(
         coord.extend(permute_atoms(&c, &orig_index));
         force.extend(permute_atoms(&f, &orig_index));
         if pbc {
-            let box_path = set.join("box.npy");
-            if !fs.is_file(&box_path) {
+            let box_rel = format!("{set}/box.npy");
+            if !src.has_file(&box_rel) {
                 return Err(DataError::Invalid {
-                    path: box_path,
+                    path: src.path(&box_rel),
                     reason: "missing (a non-periodic system needs an empty `nopbc` file instead)"
                         .into(),
                 });
             }
             cell.extend(frames("box.npy", &[&[9], &[3, 3]])?);
         }
-        if fs.is_file(&set.join("virial.npy")) {
+        if src.has_file(&format!("{set}/virial.npy")) {
             virial.extend(frames("virial.npy", &[&[9], &[3, 3]])?);
         } else {
             all_have_virial = false;
@@ -195,11 +246,11 @@ pub fn load_system_in(
 }
 
 /// Model type index of each atom, in `type.raw` order.
-fn read_types(fs: &dyn Files, dir: &Path, type_map: &[String]) -> Result<Vec<usize>, DataError> {
-    let type_path = dir.join("type.raw");
-    let text = read_text(fs, &type_path)?;
-    let types = text
-        .split_whitespace()
+fn read_types(src: &dyn Source, type_map: &[String]) -> Result<Vec<usize>, DataError> {
+    let type_path = src.path("type.raw");
+    let types = src
+        .tokens("type.raw")?
+        .iter()
         .map(|tok| {
             tok.parse::<usize>().map_err(|_| DataError::Invalid {
                 path: type_path.clone(),
@@ -214,8 +265,8 @@ fn read_types(fs: &dyn Files, dir: &Path, type_map: &[String]) -> Result<Vec<usi
         });
     }
 
-    let map_path = dir.join("type_map.raw");
-    if !fs.is_file(&map_path) {
+    let map_path = src.path("type_map.raw");
+    if !src.has_file("type_map.raw") {
         return match types.iter().position(|&t| t >= type_map.len()) {
             Some(atom) => Err(DataError::TypeOutOfRange {
                 path: type_path,
@@ -226,10 +277,7 @@ fn read_types(fs: &dyn Files, dir: &Path, type_map: &[String]) -> Result<Vec<usi
             None => Ok(types),
         };
     }
-    let data_names: Vec<String> = read_text(fs, &map_path)?
-        .split_whitespace()
-        .map(String::from)
-        .collect();
+    let data_names = src.tokens("type_map.raw")?;
     types
         .iter()
         .enumerate()
@@ -254,53 +302,26 @@ fn read_types(fs: &dyn Files, dir: &Path, type_map: &[String]) -> Result<Vec<usi
         .collect()
 }
 
-fn read_text(fs: &dyn Files, path: &Path) -> Result<String, DataError> {
-    let bytes = fs.read(path).map_err(|e| io_error(path, e))?;
-    String::from_utf8(bytes).map_err(|_| DataError::Invalid {
-        path: path.to_path_buf(),
-        reason: "not a UTF-8 text file".into(),
-    })
-}
-
-fn io_error(path: &Path, source: io::Error) -> DataError {
-    let path = path.to_path_buf();
-    if source.kind() == io::ErrorKind::NotFound {
-        DataError::Missing { path }
-    } else {
-        DataError::Io { path, source }
-    }
-}
-
-/// The `set.*` subdirectories of a system, sorted by name.
-fn set_dirs(fs: &dyn Files, dir: &Path) -> Result<Vec<PathBuf>, DataError> {
-    let mut sets = Vec::new();
-    for entry in fs.list(dir).map_err(|e| io_error(dir, e))? {
-        let is_set = entry
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("set."));
-        if is_set && fs.is_dir(&entry) {
-            sets.push(entry);
-        }
-    }
+/// The `set.*` entries of a system, sorted by name; at least one.
+fn set_names(src: &dyn Source) -> Result<Vec<String>, DataError> {
+    let sets = src.sets()?;
     if sets.is_empty() {
         return Err(DataError::Invalid {
-            path: dir.to_path_buf(),
+            path: src.path(""),
             reason: "no set.* directory".into(),
         });
     }
-    sets.sort();
     Ok(sets)
 }
 
-/// Read a per-frame npy array whose shape is `[nframes]` followed by one of `tails`;
+/// Read a per-frame array whose shape is `[nframes]` followed by one of `tails`;
 /// returns the frame count and the values (as f64, C order), all checked finite.
 fn read_frames(
-    fs: &dyn Files,
-    path: &Path,
+    src: &dyn Source,
+    rel: &str,
     tails: &[&[usize]],
 ) -> Result<(usize, Vec<f64>), DataError> {
-    let array = read_npy_f64(fs, path)?;
-    let shape = array.shape();
+    let (shape, values) = src.array(rel)?;
     if shape.is_empty() || !tails.contains(&&shape[1..]) {
         let expected = tails
             .iter()
@@ -311,37 +332,21 @@ fn read_frames(
             .collect::<Vec<_>>()
             .join(" or ");
         return Err(DataError::Shape {
-            path: path.to_path_buf(),
+            path: src.path(rel),
             expected,
-            found: shape.to_vec(),
+            found: shape,
         });
     }
     let nframes = shape[0];
-    let values: Vec<f64> = array.iter().copied().collect();
     let width = values.len() / nframes.max(1);
     if let Some(i) = values.iter().position(|v| !v.is_finite()) {
         return Err(DataError::NotFinite {
-            path: path.to_path_buf(),
+            path: src.path(rel),
             frame: i / width,
             value: values[i],
         });
     }
     Ok((nframes, values))
-}
-
-/// npy files are float32 or float64 depending on who wrote them; both become f64.
-fn read_npy_f64(fs: &dyn Files, path: &Path) -> Result<ArrayD<f64>, DataError> {
-    let bytes = fs.read(path).map_err(|e| io_error(path, e))?;
-    let npy_error = |source| DataError::Npy {
-        path: path.to_path_buf(),
-        source,
-    };
-    match ArrayD::<f64>::read_npy(&bytes[..]) {
-        Err(ReadNpyError::WrongDescriptor(_)) => ArrayD::<f32>::read_npy(&bytes[..])
-            .map(|a| a.mapv(f64::from))
-            .map_err(npy_error),
-        other => other.map_err(npy_error),
-    }
 }
 
 /// Reorder the atoms of every frame of a `[nframes][natoms][3]` array.

@@ -8,4 +8,4 @@ mod stat;
 pub use bias::energy_bias;
 pub use cell::Cell;
 pub use nlist::{build_nlist, NeighborList};
-pub use stat::EnvStats;
+pub use stat::{frame_rows, EnvStats};

@@ -30,20 +30,15 @@ impl EnvStats {
         cell: Option<&Cell>,
         atype: &[usize],
     ) {
-        let env = EnvParams {
-            rcut: d.rcut,
-            rcut_smth: d.rcut_smth,
-            protection: d.env_protection,
-        };
-        let nl = build_nlist(coord, cell, atype, d.rcut, &d.sel);
+        self.add_rows(atype, &frame_rows(d, coord, cell, atype));
+    }
+
+    /// Adds rows from [`frame_rows`]: split from it so frames can be computed in parallel and
+    /// still be summed in one fixed order (the same sums bit for bit).
+    pub fn add_rows(&mut self, atype: &[usize], rows: &[[f64; 4]]) {
+        let nnei = rows.len() / atype.len().max(1);
         for (i, &t) in atype.iter().enumerate() {
-            for j in 0..nl.nnei {
-                let s = i * nl.nnei + j;
-                let row = if nl.owner[s] >= 0 {
-                    env_row([nl.rij[3 * s], nl.rij[3 * s + 1], nl.rij[3 * s + 2]], &env).0
-                } else {
-                    [0.0; 4]
-                };
+            for row in &rows[i * nnei..(i + 1) * nnei] {
                 self.r[t][0] += 1.0;
                 self.r[t][1] += row[0];
                 self.r[t][2] += row[0] * row[0];
@@ -71,6 +66,31 @@ impl EnvStats {
         }
         (davg, dstd)
     }
+}
+
+/// The un-normalised environment rows of one frame, `[natoms][nnei]`, zero where a slot is
+/// empty.
+pub fn frame_rows(
+    d: &DescriptorSpec,
+    coord: &[f64],
+    cell: Option<&Cell>,
+    atype: &[usize],
+) -> Vec<[f64; 4]> {
+    let env = EnvParams {
+        rcut: d.rcut,
+        rcut_smth: d.rcut_smth,
+        protection: d.env_protection,
+    };
+    let nl = build_nlist(coord, cell, atype, d.rcut, &d.sel);
+    (0..atype.len() * nl.nnei)
+        .map(|s| {
+            if nl.owner[s] >= 0 {
+                env_row([nl.rij[3 * s], nl.rij[3 * s + 1], nl.rij[3 * s + 2]], &env).0
+            } else {
+                [0.0; 4]
+            }
+        })
+        .collect()
 }
 
 /// `StatItem.compute_std(default=1e-1, protection=1e-2)`.

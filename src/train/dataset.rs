@@ -1,15 +1,27 @@
 //! The training / validation data of a run: systems found and loaded, batch sizes, number of
 //! batches and system probabilities (docs/deepmd-spec.md §12), and the summary `dp train` prints.
 
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+use web_time::Instant;
 
 use crate::config::DataConfig;
-use crate::data::{load_system_in, nbatches, system_probs, Disk, Files, Sampler, System};
+use crate::data::{
+    cache_budget, find_systems, load_system_in, nbatches, system_probs, Disk, Files, Sampler,
+    System, SystemInfo, SystemStore,
+};
+use crate::model::ModelSpec;
+
+use super::batch::{assemble_frames, HostBatch};
 
 pub struct DataSet {
-    pub systems: Vec<System>,
+    /// What each system is; its frames come from `store`.
+    pub systems: Vec<SystemInfo>,
+    pub store: Arc<SystemStore>,
     pub batch_sizes: Vec<usize>,
     pub nbatches: Vec<usize>,
     pub probs: Vec<f64>,
@@ -18,6 +30,44 @@ pub struct DataSet {
 impl DataSet {
     pub fn nframes(&self) -> Vec<usize> {
         self.systems.iter().map(|s| s.nframes).collect()
+    }
+
+    /// System `s` with its frames.
+    pub fn system(&self, s: usize) -> Result<Arc<System>> {
+        Ok(self.store.get(s)?)
+    }
+
+    /// The batch of frames `frames` of system `s` (`what`: training, validation).
+    pub fn assemble(
+        &self,
+        spec: &ModelSpec,
+        s: usize,
+        frames: &[usize],
+        what: &str,
+    ) -> Result<HostBatch> {
+        assemble_frames(spec, &*self.system(s)?, frames, what)
+    }
+
+    /// How many systems, frames and atoms (summed over frames) hold each element of
+    /// `type_map`, as lines for the log.
+    pub fn element_counts(&self, type_map: &[String]) -> Vec<String> {
+        let mut lines = vec![format!(
+            "{:>8}  {:>8}  {:>10}  {:>14}",
+            "element", "systems", "frames", "atoms"
+        )];
+        for (t, name) in type_map.iter().enumerate() {
+            let (mut nsys, mut nframes, mut natoms) = (0usize, 0usize, 0usize);
+            for s in &self.systems {
+                let n = s.atype.iter().filter(|&&a| a == t).count();
+                if n > 0 {
+                    nsys += 1;
+                    nframes += s.nframes;
+                    natoms += n * s.nframes;
+                }
+            }
+            lines.push(format!("{name:>8}  {nsys:>8}  {nframes:>10}  {natoms:>14}"));
+        }
+        lines
     }
 
     /// A batch stream over these systems.
@@ -57,48 +107,34 @@ impl DataSet {
                 self.batch_sizes[i],
                 self.nbatches[i],
                 self.probs[i] / total,
-                if s.cell.is_some() { "T" } else { "F" }
+                if s.pbc { "T" } else { "F" }
             ));
         }
         lines
     }
 }
 
-/// DeePMD-kit's `expand_sys_str`: every directory at or below `root` that holds a `type.raw`.
-fn search_systems(fs: &dyn Files, root: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    if fs.is_file(&root.join("type.raw")) {
-        out.push(root.to_path_buf());
-        return Ok(());
-    }
-    let entries = fs
-        .list(root)
-        .with_context(|| format!("cannot list {}", root.display()))?;
-    for d in entries.iter().filter(|p| fs.is_dir(p)) {
-        search_systems(fs, d, out)?;
-    }
-    Ok(())
+/// Systems read in parallel at a time: enough to keep every thread busy, few enough that
+/// streaming start-up holds little more than the cache budget.
+pub(crate) fn window() -> usize {
+    4 * rayon::current_num_threads()
 }
 
-/// The system folders of `systems`: each one a system, or a folder searched for systems.
-pub fn find_systems(fs: &dyn Files, paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for p in paths {
-        if !fs.is_dir(p) {
-            if fs.is_file(p) {
-                bail!("{what} system {} is not a folder", p.display());
-            }
-            bail!("{what} system folder {} does not exist", p.display());
-        }
-        let before = out.len();
-        search_systems(fs, p, &mut out)?;
-        if out.len() == before {
-            bail!(
-                "{what} system folder {} holds no deepmd/npy system (no type.raw in it or below it)",
-                p.display()
-            );
-        }
-    }
-    Ok(out)
+/// A progress bar for one start-up phase, drawn only on a terminal.
+pub fn phase_bar(len: usize, what: &str) -> ProgressBar {
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr_with_hz(4)
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(len as u64), target);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>24} [{wide_bar}] {pos}/{len} {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
 }
 
 /// Finds, loads and sizes the systems of one data section.
@@ -106,13 +142,17 @@ pub fn load_data(cfg: &DataConfig, type_map: &[String], what: &str) -> Result<Da
     load_data_in(&Disk, cfg, type_map, what)
 }
 
-/// [`load_data`] from the files of `fs`.
+/// [`load_data`] from the files of `fs`. Every system is read once here (so a bad file fails
+/// the start, not a later step). When all fit [`cache_budget`] they stay in memory; otherwise
+/// they are read again when drawn, through a cache of that size. Files not on disk (a web
+/// page's) all stay in memory.
 pub fn load_data_in(
     fs: &dyn Files,
     cfg: &DataConfig,
     type_map: &[String],
     what: &str,
 ) -> Result<DataSet> {
+    let t = Instant::now();
     let paths = find_systems(fs, &cfg.system_paths, what)?;
     if let Some(p) = &cfg.sys_probs {
         if p.len() != paths.len() {
@@ -123,33 +163,54 @@ pub fn load_data_in(
             );
         }
     }
+    let on_disk = fs.on_disk();
+    let budget = if on_disk { cache_budget() } else { usize::MAX };
+    let mut used = 0usize;
     let mut systems = Vec::new();
+    let mut kept_paths = Vec::new();
+    let mut pinned = Vec::new();
     let mut batch_sizes = Vec::new();
     let mut kept_probs = Vec::new();
-    for (i, p) in paths.iter().enumerate() {
-        let sys =
-            load_system_in(fs, p, type_map).with_context(|| format!("loading {what} data"))?;
-        if !cfg.batch_size.keeps_system(sys.natoms) {
-            tracing::info!(
-                "{what} system {} ({} atoms) dropped by batch_size filter",
-                p.display(),
-                sys.natoms
-            );
-            continue;
+    let bar = phase_bar(paths.len(), &format!("reading {what} data"));
+    for (w, chunk) in paths.chunks(window()).enumerate() {
+        let loaded: Vec<_> = chunk
+            .par_iter()
+            .map(|p| load_system_in(fs, p, type_map))
+            .collect();
+        for (k, (p, sys)) in chunk.iter().zip(loaded).enumerate() {
+            let i = w * window() + k;
+            let sys = sys.with_context(|| format!("loading {what} data"))?;
+            bar.inc(1);
+            if !cfg.batch_size.keeps_system(sys.natoms) {
+                tracing::info!(
+                    "{what} system {} ({} atoms) dropped by batch_size filter",
+                    p.display(),
+                    sys.natoms
+                );
+                continue;
+            }
+            let bs = cfg.batch_size.for_system(i, sys.natoms).with_context(|| {
+                format!(
+                    "{what} data: batch_size lists no entry for system {i} ({}); the systems expand to {} systems",
+                    p.display(),
+                    paths.len()
+                )
+            })?;
+            if let Some(sp) = &cfg.sys_probs {
+                kept_probs.push(sp[i]);
+            }
+            let info = sys.info();
+            let fits = used.saturating_add(info.bytes()) <= budget;
+            pinned.push(fits.then(|| {
+                used += info.bytes();
+                Arc::new(sys)
+            }));
+            systems.push(info);
+            kept_paths.push(p.clone());
+            batch_sizes.push(bs);
         }
-        let bs = cfg.batch_size.for_system(i, sys.natoms).with_context(|| {
-            format!(
-                "{what} data: batch_size lists no entry for system {i} ({}); the systems expand to {} systems",
-                p.display(),
-                paths.len()
-            )
-        })?;
-        if let Some(sp) = &cfg.sys_probs {
-            kept_probs.push(sp[i]);
-        }
-        systems.push(sys);
-        batch_sizes.push(bs);
     }
+    bar.finish_and_clear();
     if systems.is_empty() {
         bail!("{what} data: no system left after the batch_size filter");
     }
@@ -161,8 +222,30 @@ pub fn load_data_in(
     if probs.iter().any(|p| !p.is_finite() || *p < 0.0) {
         bail!("{what} data: invalid system probabilities {probs:?}");
     }
+    if pinned.iter().any(Option::is_none) {
+        // Not everything fits: the whole budget goes to the cache of systems read on demand.
+        pinned.iter_mut().for_each(|p| *p = None);
+    }
+    let store = SystemStore::new(kept_paths, type_map.to_vec(), pinned, budget);
+    let streamed = !store.all_in_memory();
+    tracing::info!(
+        "read {} {what} systems ({} frames) in {:.2} s; {}",
+        systems.len(),
+        nf.iter().sum::<usize>(),
+        t.elapsed().as_secs_f64(),
+        if streamed {
+            format!(
+                "{:.0} MiB of frames exceed the {} MiB cache (DPW_DATA_CACHE_MB): frames are read from disk on demand",
+                systems.iter().map(SystemInfo::bytes).sum::<usize>() as f64 / (1u64 << 20) as f64,
+                budget >> 20
+            )
+        } else {
+            "all frames in memory".to_string()
+        }
+    );
     Ok(DataSet {
         systems,
+        store: Arc::new(store),
         batch_sizes,
         nbatches: nb,
         probs,

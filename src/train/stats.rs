@@ -2,11 +2,14 @@
 //! turn `sel: "auto"` into numbers (docs/deepmd-spec.md §2 item 5), and the davg/dstd and energy-bias statistics
 //! over `data_stat_nbatch` batches per training system (docs/deepmd-spec.md §4, §7).
 
+use anyhow::Result;
 use rayon::prelude::*;
 
-use crate::data::{Sampler, System};
-use crate::geometry::{energy_bias, Cell, EnvStats};
+use crate::data::{Sampler, System, SystemInfo};
+use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats};
 use crate::model::DescriptorSpec;
+
+use super::dataset::{phase_bar, window, DataSet};
 
 /// Largest number of neighbours of each type inside rcut over all frames, and the smallest
 /// pair distance seen.
@@ -79,30 +82,44 @@ fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>
     (max_count, min_d2.sqrt())
 }
 
-/// Neighbour statistics over every frame of `systems` (DeePMD-kit's `NeighborStat`).
-pub fn neighbor_stats(systems: &[System], ntypes: usize, rcut: f64) -> NeighborStats {
-    let frames: Vec<(usize, usize)> = systems
-        .iter()
-        .enumerate()
-        .flat_map(|(s, sys)| (0..sys.nframes).map(move |f| (s, f)))
-        .collect();
-    let per_frame: Vec<(Vec<usize>, f64)> = frames
-        .par_iter()
-        .map(|&(s, f)| frame_counts(&systems[s], f, ntypes, rcut))
-        .collect();
+/// Neighbour statistics over every frame of the data (DeePMD-kit's `NeighborStat`), systems
+/// read a window at a time and their frames counted in parallel.
+pub fn neighbor_stats(data: &DataSet, ntypes: usize, rcut: f64) -> Result<NeighborStats> {
     let mut max_count = vec![0; ntypes];
     let mut min_dist = f64::INFINITY;
-    for (mc, md) in per_frame {
-        for (m, c) in max_count.iter_mut().zip(mc) {
-            *m = (*m).max(c);
+    let mut nframes = 0;
+    let bar = phase_bar(data.systems.len(), "neighbour statistics");
+    let all: Vec<usize> = (0..data.systems.len()).collect();
+    for chunk in all.chunks(window()) {
+        let systems = chunk
+            .par_iter()
+            .map(|&s| data.system(s))
+            .collect::<Result<Vec<_>>>()?;
+        let frames: Vec<(usize, usize)> = systems
+            .iter()
+            .enumerate()
+            .flat_map(|(k, sys)| (0..sys.nframes).map(move |f| (k, f)))
+            .collect();
+        let per_frame: Vec<(Vec<usize>, f64)> = frames
+            .par_iter()
+            .map(|&(k, f)| frame_counts(&systems[k], f, ntypes, rcut))
+            .collect();
+        // Maxima and minima: the same whatever the order.
+        for (mc, md) in per_frame {
+            for (m, c) in max_count.iter_mut().zip(mc) {
+                *m = (*m).max(c);
+            }
+            min_dist = min_dist.min(md);
         }
-        min_dist = min_dist.min(md);
+        nframes += frames.len();
+        bar.inc(chunk.len() as u64);
     }
-    NeighborStats {
+    bar.finish_and_clear();
+    Ok(NeighborStats {
         max_count,
         min_dist,
-        nframes: frames.len(),
-    }
+        nframes,
+    })
 }
 
 /// `sel` from neighbour counts as DeePMD-kit's `wrap_up_4(count * factor)` computes it:
@@ -120,7 +137,7 @@ pub fn auto_sel(max_count: &[usize], factor: f64) -> Vec<usize> {
 /// Frames used for the statistics: `nbatch` batches drawn from each training system's own
 /// shuffled stream (batch size of that system), like DeePMD-kit's `make_stat_input`.
 pub fn stat_frames(
-    systems: &[System],
+    systems: &[SystemInfo],
     batch_sizes: &[usize],
     nbatch: usize,
     seed: u64,
@@ -152,32 +169,53 @@ pub struct DataStats {
 }
 
 /// davg/dstd (environment matrix) and the least-squares energy bias (one row per frame) over
-/// the given frames of each system.
+/// the given frames of each system. The environment rows of a window of systems are computed in
+/// parallel, then summed in system and frame order, so the result does not depend on the
+/// number of threads.
 pub fn data_stats(
     d: &DescriptorSpec,
     ntypes: usize,
-    systems: &[System],
+    data: &DataSet,
     frames: &[Vec<usize>],
-) -> DataStats {
+) -> Result<DataStats> {
     let mut env = EnvStats::new(ntypes);
     let (mut counts, mut energy) = (Vec::new(), Vec::new());
-    for (sys, fr) in systems.iter().zip(frames) {
-        let c: Vec<f64> = sys.type_counts(ntypes).iter().map(|&n| n as f64).collect();
-        for &f in fr {
-            env.add_frame(d, sys.frame_coord(f), cell_of(sys, f).as_ref(), &sys.atype);
-            counts.push(c.clone());
-            energy.push(sys.energy[f]);
+    let bar = phase_bar(data.systems.len(), "data statistics");
+    let all: Vec<usize> = (0..data.systems.len()).collect();
+    for chunk in all.chunks(window()) {
+        let rows = chunk
+            .par_iter()
+            .map(|&s| {
+                let sys = data.system(s)?;
+                let rows: Vec<Vec<[f64; 4]>> = frames[s]
+                    .iter()
+                    .map(|&f| {
+                        frame_rows(d, sys.frame_coord(f), cell_of(&sys, f).as_ref(), &sys.atype)
+                    })
+                    .collect();
+                Ok((sys, rows))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (&s, (sys, rows)) in chunk.iter().zip(rows) {
+            let c: Vec<f64> = sys.type_counts(ntypes).iter().map(|&n| n as f64).collect();
+            for (&f, r) in frames[s].iter().zip(&rows) {
+                env.add_rows(&sys.atype, r);
+                counts.push(c.clone());
+                energy.push(sys.energy[f]);
+            }
         }
+        bar.inc(chunk.len() as u64);
     }
+    bar.finish_and_clear();
     let (davg, dstd) = env.davg_dstd(d.set_davg_zero);
     let (bias, std) = energy_bias(&counts, &energy);
-    DataStats {
+    Ok(DataStats {
         davg,
         dstd,
         bias,
         out_std: vec![std; ntypes],
         nframes: energy.len(),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use web_time::Instant;
 
 use crate::backend::{Backend, LossSums, Real};
 use crate::config::{load_config, Config, Precision, Sel};
-use crate::data::{Disk, Files, Sampler, System};
+use crate::data::{Disk, Files, Sampler, SystemStore};
 use crate::dist;
 use crate::fmt::sci;
 use crate::model::file::{model_from_container, read_container, write_atomic};
@@ -213,6 +213,9 @@ pub fn prepare_in(
     for l in train.summary("training") {
         tracing::info!("{l}");
     }
+    for l in train.element_counts(&type_map) {
+        tracing::info!("{l}");
+    }
     let valid = match &cfg.training.validation_data {
         Some(v) => {
             let d = load_data_in(fs, &v.data, &type_map, "validation")?;
@@ -251,7 +254,7 @@ pub fn prepare_in(
         }
         (Sel::Auto(factor), None) => {
             let t = Instant::now();
-            let ns = neighbor_stats(&train.systems, ntypes, d.rcut);
+            let ns = neighbor_stats(&train, ntypes, d.rcut)?;
             let sel = auto_sel(&ns.max_count, *factor);
             tracing::info!(
                 "neighbour statistics over {} training frames (rcut {}): max neighbours per type {:?} ({}), min pair distance {:.4} ({:.2} s)",
@@ -316,7 +319,7 @@ pub fn prepare_in(
             cfg.model.data_stat_nbatch,
             seed ^ 0x5354_4154,
         );
-        let st = data_stats(&spec.descriptor, ntypes, &train.systems, &frames);
+        let st = data_stats(&spec.descriptor, ntypes, &train, &frames)?;
         tracing::info!(
             "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}, energy bias {:?} ({}), residual std {:.4} ({:.2} s)",
             st.nframes,
@@ -425,7 +428,7 @@ struct StepBatch {
 
 impl Prefetcher {
     fn new(
-        systems: Arc<Vec<System>>,
+        store: Arc<SystemStore>,
         spec: ModelSpec,
         sampler: Sampler,
         depth: usize,
@@ -441,7 +444,9 @@ impl Prefetcher {
                     let r = if frames.is_empty() {
                         Ok(None)
                     } else {
-                        assemble_frames(&spec, &systems[s], &frames, "training").map(Some)
+                        let sys = store.get(s).map_err(anyhow::Error::from);
+                        sys.and_then(|sys| assemble_frames(&spec, &sys, &frames, "training"))
+                            .map(Some)
                     };
                     if res_tx.send(r).is_err() {
                         break;
@@ -662,7 +667,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         ),
     };
     drop(restart);
-    let systems = Arc::new(std::mem::take(&mut train_data.systems));
+    let systems = std::mem::take(&mut train_data.systems);
     let natoms_of: Vec<usize> = systems.iter().map(|s| s.natoms).collect();
 
     let mut fout = if !root {
@@ -730,7 +735,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     }
 
     let mut batches = Prefetcher::new(
-        Arc::clone(&systems),
+        Arc::clone(&train_data.store),
         spec.clone(),
         sampler,
         1,
@@ -771,7 +776,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             nglobal,
         } = batches.next()?;
         let natoms = natoms_of[s];
-        let pf = loss.prefactors(pref_lr, natoms, systems[s].virial.is_some());
+        let pf = loss.prefactors(pref_lr, natoms, systems[s].has_virial);
         let (mut sums, nf) = match &batch {
             Some(batch) => {
                 let w = batch_gradient(b, &mut dm, &mut cache, batch, pf.op);

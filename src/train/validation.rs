@@ -7,7 +7,7 @@ use crate::backend::{Backend, Real};
 use crate::data::Sampler;
 use crate::model::ModelSpec;
 
-use super::batch::{assemble_frames, HostBatch};
+use super::batch::HostBatch;
 use super::dataset::DataSet;
 use super::lcurve::Metrics;
 use super::loss::{host_sums, Loss};
@@ -25,7 +25,7 @@ pub fn next_batch(
     sampler: &mut Sampler,
 ) -> Result<(usize, HostBatch)> {
     let (s, frames) = sampler.next_batch();
-    let batch = assemble_frames(spec, &data.systems[s], &frames, "validation")?;
+    let batch = data.assemble(spec, s, &frames, "validation")?;
     Ok((s, batch))
 }
 

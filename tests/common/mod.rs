@@ -53,21 +53,51 @@ pub fn load_params(model: &mut Model, dir: &std::path::Path) {
     }
 }
 
+/// The water example's descriptor (rcut 6, sel [46, 92], embedding [25, 50, 100], axis 16).
+pub fn water_descriptor() -> DescriptorSpec {
+    DescriptorSpec {
+        rcut: 6.0,
+        rcut_smth: 0.5,
+        sel: vec![46, 92],
+        neuron: vec![25, 50, 100],
+        axis_neuron: 16,
+        resnet_dt: false,
+        type_one_side: true,
+        env_protection: 0.0,
+        set_davg_zero: false,
+    }
+}
+
+/// input.json of a tiny se_e2_a model on the water data (rcut 4, a few ms per step) training
+/// on `systems` for `steps` steps, without validation data.
+pub fn tiny_water_input(systems: serde_json::Value, steps: usize) -> serde_json::Value {
+    serde_json::json!({
+        "model": {
+            "type_map": ["O", "H"],
+            "descriptor": {"type": "se_e2_a", "sel": [20, 28], "rcut_smth": 0.5, "rcut": 4.0,
+                           "neuron": [4, 8], "axis_neuron": 4, "type_one_side": true, "seed": 1},
+            "fitting_net": {"neuron": [8, 8], "resnet_dt": true, "seed": 1},
+            "data_stat_nbatch": 3
+        },
+        "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-5, "decay_steps": 5},
+        "loss": {"type": "ener", "start_pref_e": 0.02, "limit_pref_e": 1,
+                 "start_pref_f": 1000, "limit_pref_f": 1, "start_pref_v": 0, "limit_pref_v": 0},
+        "training": {
+            "training_data": {"systems": systems, "batch_size": "auto"},
+            "numb_steps": steps, "seed": 10, "disp_freq": 1, "save_freq": 1000
+        }
+    })
+}
+
 /// model_A from its per-tensor npy export (independent of dpw's YAML reader).
 pub fn model_a() -> Option<Model> {
     let dir = model_a_dir()?;
     let spec = ModelSpec {
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
-            rcut: 6.0,
-            rcut_smth: 0.5,
-            sel: vec![46, 92],
             neuron: vec![8, 16, 32],
             axis_neuron: 4,
-            resnet_dt: false,
-            type_one_side: true,
-            env_protection: 0.0,
-            set_davg_zero: false,
+            ..water_descriptor()
         },
         fitting: FittingSpec {
             neuron: vec![32, 32, 32],

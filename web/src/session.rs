@@ -124,7 +124,7 @@ impl<B: Fetch> Session<B> {
 
     fn next_train_batch(&mut self) -> Result<(usize, HostBatch)> {
         let (s, frames) = self.sampler.next_batch();
-        let batch = assemble_frames(&self.spec, &self.train.systems[s], &frames, "training")?;
+        let batch = self.train.assemble(&self.spec, s, &frames, "training")?;
         Ok((s, batch))
     }
 
@@ -141,9 +141,7 @@ impl<B: Fetch> Session<B> {
             let pref_lr = self.schedule.pref_lr(step);
             let (s, batch) = self.next_train_batch()?;
             let sys = &self.train.systems[s];
-            let pf = self
-                .loss
-                .prefactors(pref_lr, sys.natoms, sys.virial.is_some());
+            let pf = self.loss.prefactors(pref_lr, sys.natoms, sys.has_virial);
             batch_gradient(&self.b, &mut self.dm, &mut self.cache, &batch, pf.op);
             let dm = &mut self.dm;
             self.b.adam(
@@ -203,10 +201,10 @@ impl<B: Fetch> Session<B> {
     /// reference forces and the model's, atoms sorted by type.
     pub async fn frame(&mut self) -> Result<Value> {
         let sys = match &self.valid {
-            Some(v) => &v.systems[0],
-            None => &self.train.systems[0],
+            Some(v) => v.system(0)?,
+            None => self.train.system(0)?,
         };
-        let batch = assemble_frames(&self.spec, sys, &[0], "display")?;
+        let batch = assemble_frames(&self.spec, &sys, &[0], "display")?;
         let w = predict_batch(&self.b, &self.dm, &mut self.cache, &batch);
         let force = fetch(&self.b, &*self.device_error, &w.force).await?;
         Ok(json!({

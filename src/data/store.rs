@@ -1,0 +1,91 @@
+//! The frames of a data set's systems: all in memory when they fit the budget, else read on
+//! demand from disk through a least-recently-used cache of that size, so memory does not grow
+//! with the number of frames. Either way a system's frames are the same numbers, so training
+//! on them gives the same results.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use super::system::{load_system, DataError, System};
+
+/// Budget of the frames kept in memory, from `DPW_DATA_CACHE_MB` (default 512 MiB).
+pub fn cache_budget() -> usize {
+    const DEFAULT_MB: usize = 512;
+    let mb = std::env::var("DPW_DATA_CACHE_MB")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(DEFAULT_MB);
+    mb.saturating_mul(1 << 20)
+}
+
+pub struct SystemStore {
+    paths: Vec<PathBuf>,
+    type_map: Vec<String>,
+    budget: usize,
+    /// Systems kept for the whole run (those that fit the budget at start-up).
+    pinned: Vec<Option<Arc<System>>>,
+    recent: Mutex<Recent>,
+}
+
+/// The systems read on demand, most recently used last, with their total size in bytes.
+#[derive(Default)]
+struct Recent {
+    lru: VecDeque<(usize, Arc<System>)>,
+    bytes: usize,
+}
+
+impl SystemStore {
+    /// A store over the systems at `paths` (on disk), holding `pinned[s]` for good where it is
+    /// `Some` and reading the others on demand within `budget` bytes.
+    pub fn new(
+        paths: Vec<PathBuf>,
+        type_map: Vec<String>,
+        pinned: Vec<Option<Arc<System>>>,
+        budget: usize,
+    ) -> Self {
+        assert_eq!(paths.len(), pinned.len(), "one entry per system");
+        SystemStore {
+            paths,
+            type_map,
+            budget,
+            pinned,
+            recent: Mutex::default(),
+        }
+    }
+
+    /// Whether every system stays in memory.
+    pub fn all_in_memory(&self) -> bool {
+        self.pinned.iter().all(Option::is_some)
+    }
+
+    /// System `s`'s frames.
+    pub fn get(&self, s: usize) -> Result<Arc<System>, DataError> {
+        if let Some(sys) = &self.pinned[s] {
+            return Ok(Arc::clone(sys));
+        }
+        {
+            let lru = &mut self.recent.lock().expect("system cache lock").lru;
+            if let Some(i) = lru.iter().position(|(k, _)| *k == s) {
+                let entry = lru.remove(i).expect("present");
+                let sys = Arc::clone(&entry.1);
+                lru.push_back(entry);
+                return Ok(sys);
+            }
+        }
+        // Read outside the lock so the batch thread and statistics threads overlap their I/O.
+        let sys = Arc::new(load_system(&self.paths[s], &self.type_map)?);
+        let size = sys.info().bytes();
+        let mut r = self.recent.lock().expect("system cache lock");
+        if !r.lru.iter().any(|(k, _)| *k == s) {
+            r.lru.push_back((s, Arc::clone(&sys)));
+            r.bytes += size;
+        }
+        // Keep at least the system just read (a batch needs it whole).
+        while r.bytes > self.budget && r.lru.len() > 1 {
+            let (_, old) = r.lru.pop_front().expect("non-empty");
+            r.bytes -= old.info().bytes();
+        }
+        Ok(sys)
+    }
+}

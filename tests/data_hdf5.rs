@@ -1,0 +1,207 @@
+//! deepmd/hdf5 systems (feature `hdf5`): the same frames and batches as the deepmd/npy folders
+//! they were written from, DeePMD-kit's `file.hdf5` / `file.hdf5#/group` system names, and
+//! named errors for bad files.
+#![cfg(feature = "hdf5")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use dpw::data::{load_system, search_systems, DataError};
+use dpw::model::{FittingSpec, ModelSpec};
+use dpw::train::batch::assemble_frames;
+use hdf5_metno as h5;
+use ndarray::ArrayD;
+use ndarray_npy::read_npy;
+use tempfile::TempDir;
+
+fn water(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/water")).join(name)
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// Copies the npy folder `dir` into group `name` of `file`, as dpdata lays a system out:
+/// integer `type.raw`, string `type_map.raw`, float32 `set.*/*.npy` datasets.
+fn put_system(file: &h5::File, name: &str, dir: &Path) {
+    let g = file.create_group(name).unwrap();
+    let text = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    let types: Vec<i64> = text("type.raw")
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    g.new_dataset::<i64>()
+        .shape([types.len()])
+        .create("type.raw")
+        .unwrap()
+        .write_raw(&types)
+        .unwrap();
+    let elems: Vec<h5::types::FixedAscii<2>> = text("type_map.raw")
+        .split_whitespace()
+        .map(|e| h5::types::FixedAscii::from_ascii(e).unwrap())
+        .collect();
+    g.new_dataset::<h5::types::FixedAscii<2>>()
+        .shape([elems.len()])
+        .create("type_map.raw")
+        .unwrap()
+        .write_raw(&elems)
+        .unwrap();
+    for k in 0.. {
+        let set_dir = dir.join(format!("set.{k:03}"));
+        if !set_dir.is_dir() {
+            break;
+        }
+        let set = g.create_group(&format!("set.{k:03}")).unwrap();
+        for f in ["coord", "box", "energy", "force"] {
+            let a: ArrayD<f32> = read_npy(set_dir.join(format!("{f}.npy"))).unwrap();
+            set.new_dataset::<f32>()
+                .shape(a.shape())
+                .create(format!("{f}.npy").as_str())
+                .unwrap()
+                .write_raw(a.as_slice().unwrap())
+                .unwrap();
+        }
+    }
+}
+
+fn water_file(dir: &Path) -> PathBuf {
+    let p = dir.join("water.hdf5");
+    let f = h5::File::create(&p).unwrap();
+    for k in 0..3 {
+        let name = format!("data_{k}");
+        put_system(&f, &format!("train/{name}"), &water(&name));
+    }
+    p
+}
+
+fn spec() -> ModelSpec {
+    ModelSpec {
+        type_map: names(&["O", "H"]),
+        descriptor: common::water_descriptor(),
+        fitting: FittingSpec {
+            neuron: vec![8],
+            resnet_dt: true,
+        },
+    }
+}
+
+#[test]
+fn hdf5_and_npy_give_identical_frames_and_batches() {
+    let tmp = TempDir::new().unwrap();
+    let file = water_file(tmp.path());
+    let found = search_systems(&file).unwrap();
+    let expect: Vec<PathBuf> = (0..3)
+        .map(|k| PathBuf::from(format!("{}#/train/data_{k}", file.display())))
+        .collect();
+    assert_eq!(found, expect);
+    let group = PathBuf::from(format!("{}#/train", file.display()));
+    assert_eq!(search_systems(&group).unwrap(), expect);
+
+    let tm = names(&["O", "H"]);
+    for (k, p) in found.iter().enumerate() {
+        let a = load_system(p, &tm).unwrap();
+        let b = load_system(&water(&format!("data_{k}")), &tm).unwrap();
+        assert_eq!(
+            (a.natoms, a.nframes, &a.atype, &a.orig_index),
+            (b.natoms, b.nframes, &b.atype, &b.orig_index)
+        );
+        assert_eq!(a.coord, b.coord);
+        assert_eq!(a.cell, b.cell);
+        assert_eq!(a.energy, b.energy);
+        assert_eq!(a.force, b.force);
+        assert_eq!(a.virial, b.virial);
+        let frames = [3, 0, 41];
+        let ba = assemble_frames(&spec(), &a, &frames, "training").unwrap();
+        let bb = assemble_frames(&spec(), &b, &frames, "training").unwrap();
+        assert_eq!(ba.rij, bb.rij);
+        assert_eq!(ba.owner, bb.owner);
+        assert_eq!(ba.force, bb.force);
+        assert_eq!(ba.energy, bb.energy);
+    }
+}
+
+fn load_err(p: &Path) -> String {
+    match load_system(p, &names(&["O", "H"])) {
+        Ok(_) => panic!("{} loaded", p.display()),
+        Err(e) => {
+            let _: &DataError = &e;
+            e.to_string()
+        }
+    }
+}
+
+#[test]
+fn bad_hdf5_files_get_named_errors() {
+    let tmp = TempDir::new().unwrap();
+    let not_h5 = tmp.path().join("fake.hdf5");
+    std::fs::write(&not_h5, "not an hdf5 file").unwrap();
+    let e = load_err(&PathBuf::from(format!("{}#/sys", not_h5.display())));
+    assert!(
+        e.contains("fake.hdf5") && e.contains("not an HDF5 file"),
+        "{e}"
+    );
+
+    let file = water_file(tmp.path());
+    let e = load_err(&PathBuf::from(format!("{}#/nowhere", file.display())));
+    assert!(e.contains("water.hdf5") && e.contains("/nowhere"), "{e}");
+    let e = search_systems(&PathBuf::from(format!("{}#/nowhere", file.display())))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nowhere"), "{e}");
+
+    // A coord dataset of the wrong width, and a missing force dataset.
+    let f = h5::File::open_rw(&file).unwrap();
+    let set = f.group("train/data_0/set.000").unwrap();
+    set.unlink("coord.npy").unwrap();
+    set.new_dataset::<f32>()
+        .shape([80, 5])
+        .create("coord.npy")
+        .unwrap()
+        .write_raw(&vec![0.0f32; 400])
+        .unwrap();
+    f.group("train/data_1/set.000")
+        .unwrap()
+        .unlink("force.npy")
+        .unwrap();
+    drop((set, f));
+    let e = load_err(&PathBuf::from(format!("{}#/train/data_0", file.display())));
+    assert!(
+        e.contains("water.hdf5#/train/data_0/set.000/coord.npy") && e.contains("[80, 5]"),
+        "{e}"
+    );
+    let e = load_err(&PathBuf::from(format!("{}#/train/data_1", file.display())));
+    assert!(
+        e.contains("water.hdf5#/train/data_1/set.000/force.npy") && e.contains("missing"),
+        "{e}"
+    );
+}
+
+/// `dpw train` on the HDF5 file and on the npy folders it holds: the same lcurve.out.
+#[test]
+fn training_on_hdf5_equals_training_on_npy() {
+    let tmp = TempDir::new().unwrap();
+    let file = water_file(tmp.path());
+    let mut lcurves = Vec::new();
+    let npy: Vec<PathBuf> = (0..3).map(|k| water(&format!("data_{k}"))).collect();
+    for systems in [serde_json::json!(file), serde_json::json!(npy)] {
+        let run = TempDir::new().unwrap();
+        let input = common::tiny_water_input(systems, 8);
+        std::fs::write(
+            run.path().join("input.json"),
+            serde_json::to_string_pretty(&input).unwrap(),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
+            .current_dir(run.path())
+            .args(["train", "input.json", "--backend", "cpu"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && !err.contains("panicked"), "{err}");
+        lcurves.push(std::fs::read_to_string(run.path().join("lcurve.out")).unwrap());
+    }
+    assert_eq!(lcurves[0].lines().count(), 10);
+    assert_eq!(lcurves[0], lcurves[1]);
+}
