@@ -4,10 +4,10 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use crate::data::{load_system, Disk};
-use crate::train::dataset::find_systems;
+use crate::config::{AutoProb, BatchSizeSpec, DataConfig};
+use crate::train::dataset::load_data;
 use crate::train::stats::{neighbor_stats, NeighborStats};
 
 /// Searches `systems` for deepmd/npy systems, loads them with `type_map` and scans them.
@@ -15,16 +15,20 @@ pub fn neighbor_stat(systems: &[PathBuf], rcut: f64, type_map: &[String]) -> Res
     if !(rcut.is_finite() && rcut > 0.0) {
         anyhow::bail!("--rcut {rcut}: expected a positive cut-off radius in Å");
     }
-    let paths = find_systems(&Disk, systems, "neighbor-stat")?;
-    let loaded = paths
-        .iter()
-        .map(|p| load_system(p, type_map).with_context(|| format!("system {}", p.display())))
-        .collect::<Result<Vec<_>>>()?;
-    let ns = neighbor_stats(&loaded, type_map.len(), rcut);
+    // The training loader, so that the systems are searched, checked and read as `train` does.
+    let cfg = DataConfig {
+        systems: systems.iter().map(|p| p.display().to_string()).collect(),
+        system_paths: systems.to_vec(),
+        batch_size: BatchSizeSpec::Fixed(1),
+        auto_prob: AutoProb::Uniform,
+        sys_probs: None,
+    };
+    let data = load_data(&cfg, type_map, "neighbor-stat")?;
+    let ns = neighbor_stats(&data, type_map.len(), rcut)?;
     tracing::info!(
         "{} frames in {} system(s), rcut {rcut}, types {}",
         ns.nframes,
-        loaded.len(),
+        data.systems.len(),
         type_map.join(", ")
     );
     Ok(ns)

@@ -8,12 +8,11 @@ use anyhow::{Context, Result};
 
 use super::backend::Job;
 use crate::backend::{Backend, Real};
-use crate::data::{load_system, Disk};
+use crate::data::{find_systems, load_system, Disk};
 use crate::fmt::sci;
 use crate::model::file::write_atomic;
 use crate::model::Model;
 use crate::train::batch::Frame;
-use crate::train::dataset::find_systems;
 use crate::train::predict::predict;
 
 pub struct TestJob {
