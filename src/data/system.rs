@@ -13,10 +13,11 @@ use super::files::{Disk, Files};
 pub enum DataError {
     #[error("required file {} is missing", path.display())]
     Missing { path: PathBuf },
-    #[error("cannot read {}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
-    #[error("cannot read {} as a float32/float64 npy array: {source}", path.display())]
-    Npy { path: PathBuf, source: ReadNpyError },
+    // The causes are part of the message, not a source chain, which `{:#}` would print again.
+    #[error("cannot read {}: {error}", path.display())]
+    Io { path: PathBuf, error: io::Error },
+    #[error("cannot read {} as a float32/float64 npy array: {error}", path.display())]
+    Npy { path: PathBuf, error: ReadNpyError },
     #[error("{}: expected shape {expected}, found {found:?}", path.display())]
     Shape {
         path: PathBuf,
@@ -180,7 +181,7 @@ pub fn load_system_in(
             reason: "the system has no frames".into(),
         });
     }
-    Ok(System {
+    let sys = System {
         path: path.to_path_buf(),
         natoms,
         atype,
@@ -191,7 +192,9 @@ pub fn load_system_in(
         energy,
         force,
         virial: all_have_virial.then_some(virial),
-    })
+    };
+    super::validate::check_frames(&sys)?;
+    Ok(sys)
 }
 
 /// Model type index of each atom, in `type.raw` order.
@@ -267,7 +270,10 @@ fn io_error(path: &Path, source: io::Error) -> DataError {
     if source.kind() == io::ErrorKind::NotFound {
         DataError::Missing { path }
     } else {
-        DataError::Io { path, source }
+        DataError::Io {
+            path,
+            error: source,
+        }
     }
 }
 
@@ -332,9 +338,10 @@ fn read_frames(
 /// npy files are float32 or float64 depending on who wrote them; both become f64.
 fn read_npy_f64(fs: &dyn Files, path: &Path) -> Result<ArrayD<f64>, DataError> {
     let bytes = fs.read(path).map_err(|e| io_error(path, e))?;
-    let npy_error = |source| DataError::Npy {
+    super::validate::check_npy_size(path, &bytes)?;
+    let npy_error = |error| DataError::Npy {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     match ArrayD::<f64>::read_npy(&bytes[..]) {
         Err(ReadNpyError::WrongDescriptor(_)) => ArrayD::<f32>::read_npy(&bytes[..])

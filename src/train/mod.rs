@@ -7,6 +7,7 @@ pub mod dataset;
 pub mod lcurve;
 pub mod loss;
 pub mod lr;
+pub mod outputs;
 pub mod predict;
 pub mod stats;
 pub mod step;
