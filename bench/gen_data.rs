@@ -64,7 +64,7 @@ fn generate(src: &System, index: usize, nframes: usize) -> Generated {
     let natoms = keep.len();
     let scale = natoms as f64 / src.natoms as f64;
     let pbc = index % 5 != 4;
-    let with_virial = index % 3 == 0;
+    let with_virial = index.is_multiple_of(3);
     let mut sets = Vec::new();
     let mut f0 = 0;
     while f0 < nframes {

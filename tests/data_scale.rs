@@ -121,7 +121,13 @@ fn parallel_statistics_equal_the_sequential_sums() {
         .remove("validation_data");
     let cfg = config(&input, tmp.path());
     let type_map = cfg.model.type_map.clone();
-    let data = load_data(&cfg.training.training_data, &type_map, "training").unwrap();
+    let data = load_data(
+        &cfg.training.training_data,
+        &type_map,
+        cfg.model.descriptor.rcut,
+        "training",
+    )
+    .unwrap();
     let lines = data.element_counts(&type_map);
     assert_eq!(lines.len(), 3);
     assert!(
@@ -212,7 +218,13 @@ fn per_element_counts_and_unknown_elements() {
         .unwrap()
         .remove("validation_data");
     let cfg = config(&input, tmp.path());
-    let data = load_data(&cfg.training.training_data, &cfg.model.type_map, "training").unwrap();
+    let data = load_data(
+        &cfg.training.training_data,
+        &cfg.model.type_map,
+        cfg.model.descriptor.rcut,
+        "training",
+    )
+    .unwrap();
     let lines = data.element_counts(&cfg.model.type_map);
     assert!(
         lines[3].split_whitespace().eq(["C", "0", "0", "0"]),
@@ -222,9 +234,14 @@ fn per_element_counts_and_unknown_elements() {
     input["model"]["type_map"] = json!(["O"]);
     input["model"]["descriptor"]["sel"] = json!([20]);
     let cfg = config(&input, tmp.path());
-    let err = load_data(&cfg.training.training_data, &cfg.model.type_map, "training")
-        .err()
-        .unwrap();
+    let err = load_data(
+        &cfg.training.training_data,
+        &cfg.model.type_map,
+        cfg.model.descriptor.rcut,
+        "training",
+    )
+    .err()
+    .unwrap();
     let msg = format!("{err:#}");
     assert!(msg.contains("data_0") && msg.contains("\"H\""), "{msg}");
 }

@@ -107,7 +107,9 @@ fn write_system(types: &[usize], nf: usize) -> TempDir {
     let per_atom = Array2::from_shape_fn((nf, na * 3), |(f, k)| (f * 1000 + k) as f64);
     write_npy(set.join("coord.npy"), &per_atom).unwrap();
     write_npy(set.join("force.npy"), &(-&per_atom)).unwrap();
-    let cell = Array2::from_shape_fn((nf, 9), |(_, k)| if k % 4 == 0 { 10.0 } else { 0.0 });
+    // Wide enough that no two of the synthetic atoms (up to ~350 Å out) meet through the
+    // periodic images: the loader refuses overlapping atoms.
+    let cell = Array2::from_shape_fn((nf, 9), |(_, k)| if k % 4 == 0 { 1000.0 } else { 0.0 });
     write_npy(set.join("box.npy"), &cell).unwrap();
     write_npy(
         set.join("energy.npy"),

@@ -12,9 +12,6 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use tracing_subscriber::fmt::writer::MakeWriterExt;
 
-use crate::model::file::{is_container, model_from_container, read_container};
-use crate::model::{read_deepmd_yaml, Model};
-
 /// Whether log lines on stderr get colours: only on a terminal, and not when `NO_COLOR` is set
 /// to anything non-empty (no-color.org).
 pub fn stderr_colour() -> bool {
@@ -47,20 +44,4 @@ pub fn init_logging(log_path: Option<&Path>) -> Result<()> {
 }
 
 /// A model from a DeePMD-kit `.yaml` file, or a dpw model or checkpoint file.
-pub fn load_model(path: &Path) -> Result<Model> {
-    if !path.exists() {
-        anyhow::bail!("model file {} does not exist", path.display());
-    }
-    if is_container(path) {
-        return model_from_container(&read_container(path)?)
-            .with_context(|| format!("reading {}", path.display()));
-    }
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if ext == "yaml" || ext == "yml" {
-        return read_deepmd_yaml(path);
-    }
-    anyhow::bail!(
-        "{}: not a model file dpw can read (a DeePMD-kit .yaml model, or a dpw model or checkpoint)",
-        path.display()
-    )
-}
+pub use crate::model::read_model as load_model;

@@ -23,7 +23,7 @@ pub fn neighbor_stat(systems: &[PathBuf], rcut: f64, type_map: &[String]) -> Res
         auto_prob: AutoProb::Uniform,
         sys_probs: None,
     };
-    let data = load_data(&cfg, type_map, "neighbor-stat")?;
+    let data = load_data(&cfg, type_map, rcut, "neighbor-stat")?;
     let ns = neighbor_stats(&data, type_map.len(), rcut)?;
     tracing::info!(
         "{} frames in {} system(s), rcut {rcut}, types {}",

@@ -18,12 +18,11 @@ use tracing_subscriber::Layer;
 use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
 use crate::config::{load_config, Precision, Sel};
-use crate::data::Disk;
-use crate::model::file::{model_from_container, read_container, save_model};
-use crate::model::{write_deepmd_yaml, Model};
+use crate::model::file::{is_container, model_from_container, read_container, save_model};
+use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model};
 use crate::train::checkpoint::Checkpoint;
 use crate::train::interrupt::{self, Interrupted};
-use crate::train::trainer::{prepare_in, train, Start, TrainReport, TrainSetup};
+use crate::train::trainer::{prepare, train, Start, TrainReport, TrainSetup};
 
 /// The bar log lines must step around while it is drawn.
 static ACTIVE_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
@@ -171,7 +170,7 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
                 args.input.display()
             );
         }
-        let mut setup = prepare_in(&Disk, cfg, start, Path::new("."), t0)?;
+        let mut setup = prepare(cfg, start, Path::new("."), t0)?;
         setup.out_json = args.output;
         Ok(setup)
     })();
@@ -216,6 +215,21 @@ fn checkpoint_path(c: &Path) -> PathBuf {
     }
 }
 
+/// Refuses to write `output` over `input` (the same file, or a link to it): a checkpoint would
+/// lose its optimizer state, and a model would be gone if the write failed.
+fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
+    if let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize()) {
+        if a == b {
+            anyhow::bail!(
+                "the output {} is the input {} itself; write to another file",
+                output.display(),
+                input.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Writes `model` as DeePMD-kit's `.yaml` when `out` ends in `.yaml`/`.yml`, else as a dpw
 /// model file.
 fn write_model(model: &Model, out: &Path) -> Result<&'static str> {
@@ -236,6 +250,15 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
     if !path.exists() {
         anyhow::bail!("checkpoint {} does not exist", path.display());
     }
+    refuse_same_file(&path, out)?;
+    if !is_container(&path) && read_deepmd_yaml(&path).is_ok() {
+        anyhow::bail!(
+            "{} is already a model (DeePMD-kit .yaml), not a checkpoint; use `dpw convert {} \
+             OUTPUT` to convert a model",
+            path.display(),
+            path.display()
+        );
+    }
     let c = read_container(&path)?;
     let model = model_from_container(&c).with_context(|| format!("reading {}", path.display()))?;
     let kind = write_model(&model, out)?;
@@ -252,6 +275,7 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
 /// (by the output's extension `.yaml`/`.yml`) or to a dpw model file (any other name), like
 /// `dp convert-backend`.
 pub fn convert(input: &Path, output: &Path) -> Result<()> {
+    refuse_same_file(input, output)?;
     let model = super::load_model(input)?;
     let kind = write_model(&model, output)?;
     tracing::info!("wrote the {kind} model {}", output.display());

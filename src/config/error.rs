@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 /// can find it without guessing.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {}: {source}", path.display())]
+    /// The cause is part of the message, not a source chain, which `{:#}` would print again.
+    #[error("cannot read {}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     #[error("malformed JSON in {} at line {line}, column {column}: {message}", file.display())]

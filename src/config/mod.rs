@@ -53,9 +53,9 @@ static ROOT: Schema = Schema {
 /// directory, so both agree there, and dpw also works when started from elsewhere.
 pub fn load_config(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let value: Value = serde_json::from_str(&text).map_err(|e| ConfigError::json(path, &e))?;
     let base_dir = path.parent().unwrap_or(Path::new(""));

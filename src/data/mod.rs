@@ -8,6 +8,7 @@ mod search;
 mod source;
 mod store;
 mod system;
+mod validate;
 
 pub use files::{Disk, Files, MemFiles};
 pub use hdf5::is_hdf5_file;
@@ -15,3 +16,4 @@ pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
 pub use system::{load_system, load_system_in, DataError, System, SystemInfo};
+pub use validate::{check_images, MIN_DIST};

@@ -70,7 +70,10 @@ pub(crate) fn io_error(path: &Path, source: io::Error) -> DataError {
     if source.kind() == io::ErrorKind::NotFound {
         DataError::Missing { path }
     } else {
-        DataError::Io { path, source }
+        DataError::Io {
+            path,
+            error: source,
+        }
     }
 }
 
@@ -114,9 +117,10 @@ impl Source for NpyDir<'_> {
     fn array(&self, rel: &str) -> Result<(Vec<usize>, Vec<f64>), DataError> {
         let path = self.dir.join(rel);
         let bytes = self.fs.read(&path).map_err(|e| io_error(&path, e))?;
-        let npy_error = |source| DataError::Npy {
+        super::validate::check_npy_size(&path, &bytes)?;
+        let npy_error = |error| DataError::Npy {
             path: path.clone(),
-            source,
+            error,
         };
         // npy files are float32 or float64 depending on who wrote them; both become f64.
         let a = match ArrayD::<f64>::read_npy(&bytes[..]) {

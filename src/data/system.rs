@@ -13,10 +13,11 @@ use super::source::{Location, NpyDir, Source};
 pub enum DataError {
     #[error("required file {} is missing", path.display())]
     Missing { path: PathBuf },
-    #[error("cannot read {}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
-    #[error("cannot read {} as a float32/float64 npy array: {source}", path.display())]
-    Npy { path: PathBuf, source: ReadNpyError },
+    // The causes are part of the message, not a source chain, which `{:#}` would print again.
+    #[error("cannot read {}: {error}", path.display())]
+    Io { path: PathBuf, error: io::Error },
+    #[error("cannot read {} as a float32/float64 npy array: {error}", path.display())]
+    Npy { path: PathBuf, error: ReadNpyError },
     #[error("{}: expected shape {expected}, found {found:?}", path.display())]
     Shape {
         path: PathBuf,
@@ -231,7 +232,7 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
             reason: "the system has no frames".into(),
         });
     }
-    Ok(System {
+    let sys = System {
         path: path.to_path_buf(),
         natoms,
         atype,
@@ -242,7 +243,9 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
         energy,
         force,
         virial: all_have_virial.then_some(virial),
-    })
+    };
+    super::validate::check_frames(&sys)?;
+    Ok(sys)
 }
 
 /// Model type index of each atom, in `type.raw` order.

@@ -54,6 +54,29 @@ impl Cell {
         })
     }
 
+    /// Periodic images per direction that can hold a neighbour within `rcut`
+    /// (`ceil(rcut / face distance)`), or why there would be too many of them in all.
+    pub fn images(&self, rcut: f64) -> Result<[i64; 3], String> {
+        let d = self.face_distances();
+        let nb = d.map(|f| (rcut / f).ceil());
+        let total: f64 = nb.iter().map(|n| 2.0 * n + 1.0).product();
+        if total.is_nan() || total > Self::MAX_IMAGES as f64 {
+            return Err(format!(
+                "with rcut {rcut} Å the cell (face distances {:.3e}, {:.3e}, {:.3e} Å) needs {total:.3e} \
+                 periodic images, more than dpw's limit of {}; is box.npy in Å?",
+                d[0],
+                d[1],
+                d[2],
+                Self::MAX_IMAGES
+            ));
+        }
+        Ok(nb.map(|n| n as i64))
+    }
+
+    /// Most periodic images (the cell itself included) a frame may need for its cut-off: a
+    /// one-atom cell with a 12 Å cut-off needs about 2000.
+    pub const MAX_IMAGES: u64 = 20_000;
+
     pub fn to_frac(&self, r: [f64; 3]) -> [f64; 3] {
         std::array::from_fn(|j| (0..3).map(|i| r[i] * self.inv[i][j]).sum())
     }

@@ -1,6 +1,7 @@
 //! dpw's own files (frozen models and checkpoints): a JSON header and raw little-endian f64
-//! arrays. Written atomically (temporary file in the same folder, then rename), so a crash while
-//! saving never damages the file that was there before.
+//! arrays, then a CRC-32 of everything before it, so that a damaged file is refused on load
+//! instead of training on. Written atomically (temporary file in the same folder, then rename),
+//! so a crash while saving never damages the file that was there before.
 
 use std::fs;
 use std::io::Write;
@@ -11,7 +12,10 @@ use serde_json::{json, Value};
 
 use super::{Model, ModelSpec};
 
-const MAGIC: &[u8; 8] = b"DPWFILE1";
+/// Files with a checksum trailer.
+const MAGIC: &[u8; 8] = b"DPWFILE2";
+/// Files of dpw before the checksum: still read, unverified.
+const MAGIC_V1: &[u8; 8] = b"DPWFILE1";
 
 /// Writes `bytes` to `path` through a temporary sibling and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -43,20 +47,43 @@ pub fn write_atomic_with(
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
 }
 
-/// A header and named f64 arrays in one file.
+/// Passes writes through, hashing them.
+struct Crc<'a> {
+    w: &'a mut dyn Write,
+    h: crc32fast::Hasher,
+}
+
+impl Write for Crc<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.w.write(buf)?;
+        self.h.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
+}
+
+/// A header and named f64 arrays in one file, with the checksum.
 pub fn write_container(path: &Path, header: &Value, arrays: &[(&str, &[f64])]) -> Result<()> {
     let lens: Vec<Value> = arrays.iter().map(|(n, a)| json!([n, a.len()])).collect();
     let head = serde_json::to_vec(&json!({ "header": header, "arrays": lens }))?;
     write_atomic_with(path, |w| {
-        w.write_all(MAGIC)?;
-        w.write_all(&(head.len() as u64).to_le_bytes())?;
-        w.write_all(&head)?;
+        let mut c = Crc {
+            w,
+            h: crc32fast::Hasher::new(),
+        };
+        c.write_all(MAGIC)?;
+        c.write_all(&(head.len() as u64).to_le_bytes())?;
+        c.write_all(&head)?;
         for (_, a) in arrays {
             for x in a.iter() {
-                w.write_all(&x.to_le_bytes())?;
+                c.write_all(&x.to_le_bytes())?;
             }
         }
-        Ok(())
+        let sum = c.h.finalize();
+        c.w.write_all(&sum.to_le_bytes())
     })
 }
 
@@ -80,41 +107,99 @@ pub fn is_container(path: &Path) -> bool {
     fs::File::open(path)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
         .is_ok()
-        && &magic == MAGIC
+        && (&magic == MAGIC || &magic == MAGIC_V1)
+}
+
+/// What a file that is not a dpw model or checkpoint is, for the error saying so.
+fn not_a_container(path: &Path, bytes: &[u8]) -> String {
+    let yaml = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e == "yaml" || e == "yml");
+    if yaml && std::str::from_utf8(bytes).is_ok_and(|t| t.contains("model:")) {
+        format!(
+            "{} is a DeePMD-kit .yaml model, not a dpw model or checkpoint file",
+            path.display()
+        )
+    } else {
+        format!(
+            "{} is not a dpw model or checkpoint file ({} bytes, no dpw signature)",
+            path.display(),
+            bytes.len()
+        )
+    }
 }
 
 pub fn read_container(path: &Path) -> Result<Container> {
     let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let bad = || {
-        format!(
-            "{} is not a dpw model or checkpoint file (or it is truncated)",
+    let magic = bytes.get(..8);
+    if magic != Some(MAGIC) && magic != Some(MAGIC_V1) {
+        bail!(not_a_container(path, &bytes));
+    }
+    let body = if magic == Some(MAGIC) {
+        ensure!(
+            bytes.len() >= 20,
+            "{} is truncated ({} bytes)",
+            path.display(),
+            bytes.len()
+        );
+        let (body, sum) = bytes.split_at(bytes.len() - 4);
+        let stored = u32::from_le_bytes(sum.try_into().expect("4 bytes"));
+        let actual = crc32fast::hash(body);
+        ensure!(
+            stored == actual,
+            "{} is damaged or truncated: its checksum does not match its contents (stored \
+             crc32 {stored:08x}, computed {actual:08x}); use another checkpoint or model file",
+            path.display()
+        );
+        body
+    } else {
+        tracing::debug!("{}: no checksum (an older dpw file)", path.display());
+        &bytes[..]
+    };
+    parse_container(body).map_err(|why| {
+        anyhow::anyhow!(
+            "{} is not a readable dpw model or checkpoint file: {why}",
             path.display()
         )
-    };
-    ensure!(bytes.len() >= 16 && &bytes[..8] == MAGIC, bad());
-    let hlen = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
-    let head: Value = bytes
-        .get(16..16 + hlen)
-        .and_then(|h| serde_json::from_slice(h).ok())
-        .with_context(bad)?;
-    let mut off = 16 + hlen;
+    })
+}
+
+/// The header and arrays of a container's bytes (checksum trailer removed).
+fn parse_container(bytes: &[u8]) -> Result<Container, String> {
+    let hlen = bytes
+        .get(8..16)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .ok_or("truncated header")?;
+    let head: Value = usize::try_from(hlen)
+        .ok()
+        .and_then(|h| bytes.get(16..16usize.checked_add(h)?))
+        .ok_or_else(|| format!("header of {hlen} bytes in a file of {}", bytes.len()))
+        .and_then(|h| serde_json::from_slice(h).map_err(|e| format!("header: {e}")))?;
+    let mut off = 16 + hlen as usize;
     let mut arrays = Vec::new();
-    for a in head["arrays"].as_array().with_context(bad)? {
-        let (name, n) = (
-            a[0].as_str().with_context(bad)?,
-            a[1].as_u64().with_context(bad)? as usize,
-        );
-        let raw = bytes.get(off..off + 8 * n).with_context(bad)?;
+    let list = head["arrays"]
+        .as_array()
+        .ok_or("no array list in the header")?;
+    for a in list {
+        let (Some(name), Some(n)) = (a[0].as_str(), a[1].as_u64()) else {
+            return Err(format!("bad array entry {a} in the header"));
+        };
+        let raw = usize::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_mul(8))
+            .and_then(|len| bytes.get(off..off.checked_add(len)?))
+            .ok_or_else(|| format!("array '{name}' of {n} values runs past the end of the file"))?;
         arrays.push((
             name.to_string(),
             raw.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect(),
         ));
-        off += 8 * n;
+        off += raw.len();
     }
     if off != bytes.len() {
-        bail!(bad());
+        return Err(format!("{} bytes after the last array", bytes.len() - off));
     }
     Ok(Container {
         header: head["header"].clone(),
@@ -146,16 +231,7 @@ pub fn model_from_container(c: &Container) -> Result<Model> {
         out_std: c.array("out_std")?.to_vec(),
         spec,
     };
-    let (nt, np) = (m.spec.ntypes(), m.layout().len);
-    ensure!(
-        m.params.len() == np,
-        "the file holds {} parameters, its model needs {np}",
-        m.params.len()
-    );
-    ensure!(
-        m.davg.len() == 4 * nt && m.dstd.len() == 4 * nt && m.bias.len() == nt,
-        "statistics have the wrong size"
-    );
+    m.check()?;
     Ok(m)
 }
 

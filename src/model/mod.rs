@@ -1,13 +1,17 @@
 //! The se_e2_a + ener model: hyper-parameters, the flat parameter vector and its layout,
 //! statistics (davg/dstd, energy bias) and file formats.
 
+mod check;
 pub mod file;
 mod init;
 mod layout;
+mod source;
 mod yaml;
 
+pub use check::MAX_NNEI;
 pub use init::init_params;
 pub use layout::{embed_net_index, Layer, Net, ParamLayout, Skip, TensorInfo};
+pub use source::read_model;
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};

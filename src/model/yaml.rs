@@ -295,6 +295,7 @@ fn model_from_tree(root: &Value) -> Result<Model> {
         descriptor,
         fitting,
     };
+    spec.check()?;
     let layout = ParamLayout::new(&spec);
     let mut params = vec![0.0; layout.len];
 
@@ -341,14 +342,16 @@ fn model_from_tree(root: &Value) -> Result<Model> {
         .map(|(&o, &b)| if b == 0.0 { o } else { o + b })
         .collect();
 
-    Ok(Model {
+    let model = Model {
         spec,
         params,
         davg,
         dstd,
         bias,
         out_std,
-    })
+    };
+    model.check()?;
+    Ok(model)
 }
 
 /// Copies one `NetworkCollection` into `params`, checking every layer against the layout.

@@ -51,11 +51,23 @@ pub fn assemble_frames(
     what: &str,
 ) -> Result<HostBatch> {
     let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
-    assemble(spec, &sys.atype, &fr)
-        .with_context(|| format!("{what} system {} (frames {frames:?})", sys.path.display()))
+    assemble_numbered(spec, &sys.atype, &fr, frames)
+        .with_context(|| format!("{what} system {}", sys.path.display()))
 }
 
+/// The batch of `frames`; an error names a frame by its position in `frames`.
 pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<HostBatch> {
+    let index: Vec<usize> = (0..frames.len()).collect();
+    assemble_numbered(spec, atype, frames, &index)
+}
+
+/// [`assemble`], an error naming frame `f` as `index[f]` (its index in its system).
+fn assemble_numbered(
+    spec: &ModelSpec,
+    atype: &[usize],
+    frames: &[Frame],
+    index: &[usize],
+) -> Result<HostBatch> {
     let d = &spec.descriptor;
     let nt = spec.ntypes();
     let n = atype.len();
@@ -79,10 +91,14 @@ pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<H
         .enumerate()
         .map(|(f, fr)| {
             let cell = match fr.cell {
-                Some(c) => Some(
-                    Cell::new(c)
-                        .ok_or_else(|| anyhow::anyhow!("frame {f}: the cell is singular"))?,
-                ),
+                Some(c) => {
+                    let frame = index[f];
+                    let cell = Cell::new(c)
+                        .ok_or_else(|| anyhow::anyhow!("frame {frame}: the cell is singular"))?;
+                    cell.images(d.rcut)
+                        .map_err(|e| anyhow::anyhow!("frame {frame}: {e}"))?;
+                    Some(cell)
+                }
                 None => None,
             };
             Ok(build_nlist(fr.coord, cell.as_ref(), atype, d.rcut, &d.sel))

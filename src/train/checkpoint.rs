@@ -12,8 +12,10 @@ use serde_json::{json, Value};
 
 use crate::config::Precision;
 use crate::data::Sampler;
-use crate::model::file::{model_from_container, model_parts, read_container, write_container};
-use crate::model::Model;
+use crate::model::file::{
+    is_container, model_from_container, model_parts, read_container, write_container,
+};
+use crate::model::{read_deepmd_yaml, Model};
 
 pub const KIND: &str = "checkpoint";
 const VERSION: u64 = 1;
@@ -76,6 +78,13 @@ impl Checkpoint {
     pub fn read(path: &Path) -> Result<Checkpoint> {
         if !path.exists() {
             bail!("checkpoint {} does not exist", path.display());
+        }
+        if !is_container(path) && read_deepmd_yaml(path).is_ok() {
+            bail!(
+                "{} is a DeePMD-kit .yaml model, not a training checkpoint: it has no optimizer \
+                 state (use --init-model to start a new run from it)",
+                path.display()
+            );
         }
         let c = read_container(path)?;
         let h = &c.header;
@@ -207,8 +216,35 @@ fn prune(save_ckpt: &Path, current: &Path, keep: usize) -> Result<()> {
         if p.file_name() == cur_name {
             continue;
         }
-        std::fs::remove_file(p).with_context(|| format!("cannot remove {}", p.display()))?;
+        remove_pruned(p)?;
         n -= 1;
     }
     Ok(())
+}
+
+/// Removes a pruned checkpoint; one already gone (removed by hand, say) is as good as removed.
+fn remove_pruned(p: &Path) -> Result<()> {
+    match std::fs::remove_file(p) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r.with_context(|| format!("cannot remove {}", p.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pruning_a_checkpoint_already_gone_is_no_error() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("model.ckpt-19");
+        std::fs::write(&p, b"x").unwrap();
+        remove_pruned(&p).unwrap();
+        assert!(!p.exists());
+        remove_pruned(&p).unwrap();
+        // Other failures still are errors.
+        let sub = d.path().join("dir");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(remove_pruned(&sub).is_err());
+    }
 }

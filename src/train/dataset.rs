@@ -11,8 +11,8 @@ use web_time::Instant;
 
 use crate::config::DataConfig;
 use crate::data::{
-    cache_budget, find_systems, load_system_in, nbatches, system_probs, Disk, Files, Sampler,
-    System, SystemInfo, SystemStore,
+    cache_budget, check_images, find_systems, load_system_in, nbatches, system_probs, Disk, Files,
+    Sampler, System, SystemInfo, SystemStore,
 };
 use crate::model::ModelSpec;
 
@@ -137,19 +137,21 @@ pub fn phase_bar(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
-/// Finds, loads and sizes the systems of one data section.
-pub fn load_data(cfg: &DataConfig, type_map: &[String], what: &str) -> Result<DataSet> {
-    load_data_in(&Disk, cfg, type_map, what)
+/// Finds, loads and sizes the systems of one data section, for a model of cut-off `rcut`.
+pub fn load_data(cfg: &DataConfig, type_map: &[String], rcut: f64, what: &str) -> Result<DataSet> {
+    load_data_in(&Disk, cfg, type_map, rcut, what)
 }
 
-/// [`load_data`] from the files of `fs`. Every system is read once here (so a bad file fails
-/// the start, not a later step). When all fit [`cache_budget`] they stay in memory; otherwise
+/// [`load_data`] from the files of `fs`. Every system is read once here (so a bad file, or a
+/// cell whose periodic images within `rcut` would be too many, fails the start, not a later
+/// step). When all fit [`cache_budget`] they stay in memory; otherwise
 /// they are read again when drawn, through a cache of that size. Files not on disk (a web
 /// page's) all stay in memory.
 pub fn load_data_in(
     fs: &dyn Files,
     cfg: &DataConfig,
     type_map: &[String],
+    rcut: f64,
     what: &str,
 ) -> Result<DataSet> {
     let t = Instant::now();
@@ -175,7 +177,11 @@ pub fn load_data_in(
     for (w, chunk) in paths.chunks(window()).enumerate() {
         let loaded: Vec<_> = chunk
             .par_iter()
-            .map(|p| load_system_in(fs, p, type_map))
+            .map(|p| {
+                let sys = load_system_in(fs, p, type_map)?;
+                check_images(&sys, rcut)?;
+                Ok::<_, crate::data::DataError>(sys)
+            })
             .collect();
         for (k, (p, sys)) in chunk.iter().zip(loaded).enumerate() {
             let i = w * window() + k;

@@ -8,6 +8,7 @@ pub mod interrupt;
 pub mod lcurve;
 pub mod loss;
 pub mod lr;
+pub mod outputs;
 pub mod predict;
 pub mod stats;
 pub mod step;

@@ -17,12 +17,12 @@ use serde_json::Value;
 use web_time::Instant;
 
 use crate::backend::{Backend, LossSums, Real};
-use crate::config::{load_config, Config, Precision, Sel};
+use crate::config::{Config, Precision, Sel};
 use crate::data::{Disk, Files, Sampler, SystemStore};
 use crate::dist;
 use crate::fmt::sci;
-use crate::model::file::{model_from_container, read_container, write_atomic};
-use crate::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
+use crate::model::file::write_atomic;
+use crate::model::{read_model, DescriptorSpec, FittingSpec, Model, ModelSpec, MAX_NNEI};
 
 use super::batch::{assemble_frames, HostBatch};
 use super::checkpoint::{self, Checkpoint, DataShape};
@@ -31,6 +31,7 @@ use super::interrupt;
 use super::lcurve::{self, Metrics};
 use super::loss::Loss;
 use super::lr::LrSchedule;
+use super::outputs::{self, RunLock};
 use super::stats::{auto_sel, data_stats, neighbor_stats, stat_frames};
 use super::step::DeviceModel;
 use super::validation::{validate, VALID_STREAM};
@@ -69,6 +70,8 @@ pub struct TrainSetup {
     pub progress: Option<ProgressBar>,
     /// When the command started, for the time to the first step.
     pub t0: Instant,
+    /// The output folders, held for the whole run (`None` where nothing is written to disk).
+    pub lock: Option<RunLock>,
 }
 
 /// What a finished run reports.
@@ -192,9 +195,18 @@ fn shape(d: &DataSet) -> DataShape {
     }
 }
 
-/// Reads and checks everything a run needs. Writes nothing.
-pub fn prepare(input: &Path, start: Start, out_dir: &Path, t0: Instant) -> Result<TrainSetup> {
-    prepare_in(&Disk, load_config(input)?, start, out_dir, t0)
+/// Reads and checks everything a run of the parsed input `cfg` needs, and locks its output
+/// folders. Writes nothing else.
+pub fn prepare(cfg: Config, start: Start, out_dir: &Path, t0: Instant) -> Result<TrainSetup> {
+    // Only rank 0 writes the outputs.
+    let lock = if dist::world().is_root() {
+        Some(outputs::claim(out_dir, &cfg.training)?)
+    } else {
+        None
+    };
+    let mut setup = prepare_in(&Disk, cfg, start, out_dir, t0)?;
+    setup.lock = lock;
+    Ok(setup)
 }
 
 /// [`prepare`] for a parsed input whose data are read from `fs`.
@@ -208,8 +220,9 @@ pub fn prepare_in(
     check_supported(&cfg)?;
     let type_map = cfg.model.type_map.clone();
     let ntypes = type_map.len();
+    let rcut = cfg.model.descriptor.rcut;
 
-    let train = load_data_in(fs, &cfg.training.training_data, &type_map, "training")?;
+    let train = load_data_in(fs, &cfg.training.training_data, &type_map, rcut, "training")?;
     for l in train.summary("training") {
         tracing::info!("{l}");
     }
@@ -218,7 +231,7 @@ pub fn prepare_in(
     }
     let valid = match &cfg.training.validation_data {
         Some(v) => {
-            let d = load_data_in(fs, &v.data, &type_map, "validation")?;
+            let d = load_data_in(fs, &v.data, &type_map, rcut, "validation")?;
             for l in d.summary("validation") {
                 tracing::info!("{l}");
             }
@@ -226,7 +239,6 @@ pub fn prepare_in(
         }
         None => None,
     };
-
     let (restart, init) = match start {
         Start::Fresh => (None, None),
         Start::Restart(ck) => (Some(ck), None),
@@ -234,8 +246,7 @@ pub fn prepare_in(
             if !p.exists() {
                 bail!("--init-model: {} does not exist", p.display());
             }
-            let m = model_from_container(&read_container(&p)?)
-                .with_context(|| format!("reading {}", p.display()))?;
+            let m = read_model(&p).context("--init-model")?;
             tracing::info!("initial parameters and statistics from {}", p.display());
             (None, Some(m))
         }
@@ -244,6 +255,20 @@ pub fn prepare_in(
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
     let d = cfg.model.descriptor.clone();
+    let neighbours = || {
+        let t = Instant::now();
+        let ns = neighbor_stats(&train, ntypes, d.rcut)?;
+        tracing::info!(
+            "neighbour statistics over {} training frames (rcut {}): max neighbours per type {:?} ({}), min pair distance {:.4} ({:.2} s)",
+            ns.nframes,
+            d.rcut,
+            ns.max_count,
+            type_map.join(", "),
+            ns.min_dist,
+            t.elapsed().as_secs_f64()
+        );
+        anyhow::Ok(ns)
+    };
     let sel = match (&d.sel, given) {
         (Sel::Auto(_), Some(m)) => {
             tracing::info!(
@@ -253,24 +278,30 @@ pub fn prepare_in(
             m.spec.descriptor.sel.clone()
         }
         (Sel::Auto(factor), None) => {
-            let t = Instant::now();
-            let ns = neighbor_stats(&train, ntypes, d.rcut)?;
-            let sel = auto_sel(&ns.max_count, *factor);
-            tracing::info!(
-                "neighbour statistics over {} training frames (rcut {}): max neighbours per type {:?} ({}), min pair distance {:.4} ({:.2} s)",
-                ns.nframes,
-                d.rcut,
-                ns.max_count,
-                type_map.join(", "),
-                ns.min_dist,
-                t.elapsed().as_secs_f64()
-            );
+            let sel = auto_sel(&neighbours()?.max_count, *factor);
             tracing::info!("sel = {sel:?} (auto, factor {factor})");
             sel
         }
-        (Sel::Fixed(s), _) => s.clone(),
+        (Sel::Fixed(s), _) => {
+            // As dp train: a fixed sel smaller than the data's neighbour count drops neighbours.
+            if s.iter().sum::<usize>() <= MAX_NNEI {
+                let ns = neighbours()?;
+                for (t, (&want, &have)) in ns.max_count.iter().zip(s).enumerate() {
+                    if have < want {
+                        tracing::warn!(
+                            "sel of type {t} ({}) is not enough! The expected value is not less \
+                             than {want}, but you set it to {have}. The accuracy of your model \
+                             may get worse.",
+                            type_map[t]
+                        );
+                    }
+                }
+            }
+            s.clone()
+        }
     };
     let spec = spec_of(&cfg, sel.clone());
+    spec.check().context("the model of input.json")?;
     cfg.model.descriptor.sel = Sel::Fixed(sel);
     if let Some(m) = given {
         let what = if restart.is_some() {
@@ -394,6 +425,7 @@ pub fn prepare_in(
         schedule,
         out_dir: out_dir.to_path_buf(),
         out_json: out_dir.join("out.json"),
+        lock: None,
         progress: None,
         t0,
     })
@@ -573,6 +605,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         out_json,
         progress,
         t0,
+        lock: _lock,
     } = setup;
     if T::NAME != precision.as_str() {
         bail!(

@@ -135,6 +135,16 @@ pub fn cases() -> Vec<(&'static str, Model, Sys)> {
             small_model(3, false, vec![6, 8, 6], 3),
             random_system(&[3, 6, 4], None, 13),
         ),
+        (
+            // A type of the model with no atoms in the system: its ops run over empty ranges.
+            "absent middle type",
+            small_model(3, false, vec![10, 10, 10], 4),
+            random_system(
+                &[4, 0, 5],
+                Some([6.5, 0.0, 0.0, 0.0, 7.0, 0.0, 0.0, 0.0, 6.8]),
+                14,
+            ),
+        ),
     ]
 }
 

@@ -40,6 +40,21 @@ fn par_gemm<T: Real>(
     beta: T,
     c: &mut [T],
 ) {
+    // An empty range (a type with no atoms in the batch): an empty c, or an empty sum (k = 0),
+    // which leaves beta·c as BLAS does (0 when beta is 0).
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for x in &mut c[..m * n] {
+            *x = if beta == T::zero() {
+                T::zero()
+            } else {
+                beta * *x
+            };
+        }
+        return;
+    }
     const MIN_ROWS: usize = 32;
     let parts = rayon::current_num_threads()
         .min(m.div_ceil(MIN_ROWS))

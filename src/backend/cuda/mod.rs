@@ -445,15 +445,20 @@ macro_rules! launch {
     ($cuda:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
         let name: &str = $name;
         let cfg: LaunchConfig = $cfg;
-        let func = $cuda.prepare(name, &cfg);
-        let mut args = $cuda.stream.launch_builder(func);
-        $(
-            let a = $arg;
-            cudarc::driver::PushKernelArg::arg(&mut args, &a);
-        )*
-        // SAFETY: the arguments match the kernel's parameters (kernels/*.cu) and every address
-        // is that of a live buffer large enough for the shapes passed.
-        unsafe { args.launch(cfg) }.unwrap_or_else(|e| panic!("cuda: launching {name}: {e}"));
+        // An empty grid (an op over no rows, e.g. a type with no atoms) is an error to CUDA;
+        // such a launch has nothing to do.
+        let (gx, gy, gz) = cfg.grid_dim;
+        if gx > 0 && gy > 0 && gz > 0 {
+            let func = $cuda.prepare(name, &cfg);
+            let mut args = $cuda.stream.launch_builder(func);
+            $(
+                let a = $arg;
+                cudarc::driver::PushKernelArg::arg(&mut args, &a);
+            )*
+            // SAFETY: the arguments match the kernel's parameters (kernels/*.cu) and every
+            // address is that of a live buffer large enough for the shapes passed.
+            unsafe { args.launch(cfg) }.unwrap_or_else(|e| panic!("cuda: launching {name}: {e}"));
+        }
     }};
 }
 use launch;

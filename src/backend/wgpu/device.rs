@@ -313,7 +313,7 @@ impl Wgpu {
     ) {
         assert_eq!(bufs.len(), k.bindings.len(), "{}: buffers", k.entry);
         assert!(
-            uniform.len() % 4 == 0,
+            uniform.len().is_multiple_of(4),
             "uniform blocks are whole 16-byte rows"
         );
         if groups.contains(&0) {

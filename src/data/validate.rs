@@ -1,0 +1,222 @@
+//! Checks on a system's data that catch what would otherwise surface much later, or as an
+//! abort: an npy header claiming more data than its file holds (checked before anything is
+//! allocated for it), and frames no model can learn from (a singular or collapsed cell,
+//! overlapping atoms, or a cell needing too many periodic images for the cut-off). Each error
+//! names the file or system, the frame and the atoms.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::system::{DataError, System};
+use crate::geometry::Cell;
+
+/// Atoms closer than this (Å) overlap: DeePMD-kit warns about such data, and the loss of a
+/// frame holding them is NaN or huge.
+pub const MIN_DIST: f64 = 0.1;
+
+/// Checks that an npy file holds as many data bytes as its header declares. A malformed header
+/// passes: the npy reader then reports it.
+pub(super) fn check_npy_size(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
+    let Some((header, data_start)) = npy_header(bytes) else {
+        return Ok(());
+    };
+    let (Some(descr), Some(shape)) = (dict_str(header, "descr"), dict_shape(header, "shape"))
+    else {
+        return Ok(());
+    };
+    let Some(item) = descr
+        .trim_start_matches(['<', '>', '|', '='])
+        .get(1..)
+        .and_then(|n| n.parse::<u64>().ok())
+    else {
+        return Ok(());
+    };
+    let have = (bytes.len() - data_start) as u64;
+    let need = shape
+        .iter()
+        .try_fold(item, |acc, &d| acc.checked_mul(d))
+        .map_or("more than 2^64".to_string(), |n| n.to_string());
+    if need.parse::<u64>().is_ok_and(|n| n <= have) {
+        return Ok(());
+    }
+    Err(DataError::Invalid {
+        path: path.to_path_buf(),
+        reason: format!(
+            "the npy header declares shape {shape:?} of {descr:?} ({need} bytes of data) but the \
+             file holds {have} bytes after its header: it is truncated or damaged"
+        ),
+    })
+}
+
+/// The header text of an npy file and where its data start.
+fn npy_header(bytes: &[u8]) -> Option<(&str, usize)> {
+    if bytes.get(..6)? != b"\x93NUMPY" {
+        return None;
+    }
+    let (len, start) = match bytes.get(6)? {
+        1 => (
+            u16::from_le_bytes(bytes.get(8..10)?.try_into().ok()?) as usize,
+            10usize,
+        ),
+        _ => (
+            u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?) as usize,
+            12,
+        ),
+    };
+    let end = len.checked_add(start)?;
+    Some((std::str::from_utf8(bytes.get(start..end)?).ok()?, end))
+}
+
+/// The text after `'key':` in a Python dict literal.
+fn dict_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+    let at = header.find(&format!("'{key}'"))?;
+    let rest = header[at + key.len() + 2..].trim_start();
+    Some(rest.strip_prefix(':')?.trim_start())
+}
+
+fn dict_str<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+    let v = dict_value(header, key)?;
+    let q = v.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+    let v = &v[1..];
+    Some(&v[..v.find(q)?])
+}
+
+fn dict_shape(header: &str, key: &str) -> Option<Vec<u64>> {
+    let v = dict_value(header, key)?.strip_prefix('(')?;
+    v[..v.find(')')?]
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.parse().ok())
+        .collect()
+}
+
+/// Every frame of `sys`: a cell with a volume and at least [`MIN_DIST`] thick, and no two atoms
+/// (periodic images included) closer than [`MIN_DIST`]. Values are known finite already.
+pub(super) fn check_frames(sys: &System) -> Result<(), DataError> {
+    // Atoms are named by their row in type.raw, as the user knows them.
+    let row = |i: usize| sys.orig_index[i];
+    for f in 0..sys.nframes {
+        let bad = |reason: String| DataError::Invalid {
+            path: sys.path.clone(),
+            reason: format!("frame {f}: {reason}"),
+        };
+        let cell = match sys.frame_cell(f) {
+            None => None,
+            Some(rows) => {
+                let c = Cell::new(rows).ok_or_else(|| {
+                    bad(format!(
+                        "the cell (box.npy) {rows:?} is singular: its volume is zero"
+                    ))
+                })?;
+                let d = c.face_distances();
+                if let Some(k) = (0..3).find(|&k| d[k] < MIN_DIST) {
+                    return Err(bad(format!(
+                        "the cell (box.npy) is only {:.3e} Å thick along lattice vector {} \
+                         (at least {MIN_DIST} Å is needed); is box.npy in Å?",
+                        d[k],
+                        ["a", "b", "c"][k]
+                    )));
+                }
+                Some(c)
+            }
+        };
+        if let Some((i, j, d)) = close_pair(sys.frame_coord(f), cell.as_ref()) {
+            return Err(bad(format!(
+                "atoms {} and {} (rows of type.raw) are {d:.4} Å apart, closer than {MIN_DIST} Å: \
+                 overlapping atoms",
+                row(i).min(row(j)),
+                row(i).max(row(j))
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The first pair of atoms closer than [`MIN_DIST`] (over periodic images), by spatial hashing
+/// into bins at least [`MIN_DIST`] wide, so a frame costs O(natoms).
+fn close_pair(coord: &[f64], cell: Option<&Cell>) -> Option<(usize, usize, f64)> {
+    let pos: Vec<[f64; 3]> = coord
+        .chunks_exact(3)
+        .map(|r| {
+            let r = [r[0], r[1], r[2]];
+            cell.map_or(r, |c| c.wrap(r))
+        })
+        .collect();
+    // Bin coordinates: fractional ones scaled to `nbins` bins per direction in a cell (a pair
+    // within MIN_DIST differs by less than MIN_DIST / face distance in each fractional
+    // coordinate, so it lies in neighbouring bins), Cartesian ones in MIN_DIST steps without.
+    let nbins = cell.map(|c| c.face_distances().map(|d| ((d / MIN_DIST) as i64).max(1)));
+    let key = |p: &[f64; 3]| -> [i64; 3] {
+        match (cell, nbins) {
+            (Some(c), Some(nb)) => {
+                let s = c.to_frac(*p);
+                std::array::from_fn(|k| {
+                    ((s[k].rem_euclid(1.0) * nb[k] as f64) as i64).clamp(0, nb[k] - 1)
+                })
+            }
+            // Clamped far from i64's ends, so that neighbouring bins never overflow.
+            _ => p.map(|x| (x / MIN_DIST).floor().clamp(-1e15, 1e15) as i64),
+        }
+    };
+    let mut bins: HashMap<[i64; 3], Vec<usize>> = HashMap::new();
+    for (i, p) in pos.iter().enumerate() {
+        bins.entry(key(p)).or_default().push(i);
+    }
+    // With face distances of at least MIN_DIST, only images shifted by -1, 0 or 1 lattice
+    // vectors can be that close (and an atom's own images are not).
+    let shifts: Vec<[f64; 3]> = match cell {
+        Some(c) => (0..27)
+            .map(|s| {
+                c.to_cart([
+                    (s / 9) as f64 - 1.0,
+                    (s / 3 % 3) as f64 - 1.0,
+                    (s % 3) as f64 - 1.0,
+                ])
+            })
+            .collect(),
+        None => vec![[0.0; 3]],
+    };
+    for (i, p) in pos.iter().enumerate() {
+        let k = key(p);
+        let mut seen = Vec::with_capacity(27);
+        for o in 0..27 {
+            let mut b = [k[0] + o / 9 - 1, k[1] + o / 3 % 3 - 1, k[2] + o % 3 - 1];
+            if let Some(nb) = nbins {
+                b = std::array::from_fn(|d| b[d].rem_euclid(nb[d]));
+            }
+            if seen.contains(&b) {
+                continue;
+            }
+            seen.push(b);
+            for &j in bins.get(&b).into_iter().flatten().filter(|&&j| j > i) {
+                let d = shifts
+                    .iter()
+                    .map(|s| {
+                        (0..3)
+                            .map(|x| (pos[j][x] + s[x] - p[x]).powi(2))
+                            .sum::<f64>()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+                    .sqrt();
+                if d < MIN_DIST {
+                    return Some((i, j, d));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Every frame's cell needs at most [`Cell::MAX_IMAGES`] periodic images for `rcut`.
+pub fn check_images(sys: &System, rcut: f64) -> Result<(), DataError> {
+    for f in 0..sys.nframes {
+        if let Some(c) = sys.frame_cell(f).and_then(Cell::new) {
+            c.images(rcut).map_err(|reason| DataError::Invalid {
+                path: sys.path.clone(),
+                reason: format!("frame {f}: {reason}"),
+            })?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! The rules every model obeys whatever its source (input.json, a dpw model or checkpoint, a
+//! DeePMD-kit `.yaml`), so a damaged or hand-edited file is refused with the key it breaks
+//! instead of training or predicting garbage. Keys are named as in input.json and the yaml.
+
+use anyhow::{bail, ensure, Result};
+
+use super::{Model, ModelSpec};
+
+/// Most neighbour slots per atom (Σsel). Dense matter within a 12 Å cut-off has about 1500
+/// neighbours; far more only exhausts memory (every slot holds a row of the embedding).
+pub const MAX_NNEI: usize = 4096;
+/// Widest layer, and most layers of a net.
+const MAX_WIDTH: usize = 1 << 16;
+const MAX_LAYERS: usize = 64;
+/// Most element types.
+const MAX_TYPES: usize = 256;
+/// Most trainable parameters (512 MiB in f64; DeePMD-kit's large models have a few million).
+const MAX_PARAMS: f64 = (1u64 << 26) as f64;
+
+impl ModelSpec {
+    /// Checks the hyper-parameters; cheap, and done before anything is sized by them.
+    pub fn check(&self) -> Result<()> {
+        let nt = self.ntypes();
+        ensure!(
+            (1..=MAX_TYPES).contains(&nt),
+            "model.type_map: {nt} types (1 to {MAX_TYPES} are supported)"
+        );
+        for (i, name) in self.type_map.iter().enumerate() {
+            ensure!(!name.is_empty(), "model.type_map[{i}]: empty element name");
+            ensure!(
+                !self.type_map[..i].contains(name),
+                "model.type_map[{i}]: {name:?} appears twice"
+            );
+        }
+        let d = &self.descriptor;
+        ensure!(
+            d.rcut.is_finite() && d.rcut > 0.0,
+            "model.descriptor.rcut: must be a positive number, found {}",
+            d.rcut
+        );
+        ensure!(
+            d.rcut_smth.is_finite() && d.rcut_smth >= 0.0 && d.rcut_smth < d.rcut,
+            "model.descriptor.rcut_smth: must be >= 0 and smaller than rcut ({}), found {}",
+            d.rcut,
+            d.rcut_smth
+        );
+        ensure!(
+            d.env_protection.is_finite() && d.env_protection >= 0.0,
+            "model.descriptor.env_protection: must be >= 0, found {}",
+            d.env_protection
+        );
+        ensure!(
+            d.sel.len() == nt,
+            "model.descriptor.sel: {} entries for {nt} types in type_map",
+            d.sel.len()
+        );
+        let nnei = d.sel.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if nnei.is_none_or(|n| n > MAX_NNEI) {
+            bail!(
+                "model.descriptor.sel: {:?} asks for {} neighbour slots per atom, more than dpw's \
+                 limit of {MAX_NNEI} (sel counts neighbours within rcut, a few hundred at most \
+                 in dense matter)",
+                d.sel,
+                nnei.map_or("more than 2^64".into(), |n| n.to_string())
+            );
+        }
+        widths("model.descriptor.neuron", &d.neuron)?;
+        ensure!(
+            (1..=d.m1()).contains(&d.axis_neuron),
+            "model.descriptor.axis_neuron: must be between 1 and the last embedding width ({}), \
+             found {}",
+            d.m1(),
+            d.axis_neuron
+        );
+        widths("model.fitting_net.neuron", &self.fitting.neuron)?;
+        let nparams = self.param_count_estimate();
+        ensure!(
+            nparams <= MAX_PARAMS,
+            "the model would have {nparams:.3e} parameters, more than dpw's limit of \
+             {MAX_PARAMS:.3e}; check the neuron widths"
+        );
+        Ok(())
+    }
+
+    /// The number of parameters, computed in f64 so that no width can overflow it.
+    fn param_count_estimate(&self) -> f64 {
+        let net = |nin: usize, widths: &[usize]| {
+            let mut prev = nin as f64;
+            let mut n = 0.0;
+            for &w in widths {
+                n += prev * w as f64 + 2.0 * w as f64;
+                prev = w as f64;
+            }
+            n + prev + 1.0
+        };
+        let nt = self.ntypes() as f64;
+        let d = &self.descriptor;
+        let nembed = if d.type_one_side { nt } else { nt * nt };
+        let dim = d.m1() as f64 * d.axis_neuron as f64;
+        nembed * net(1, &d.neuron) + nt * net(dim as usize, &self.fitting.neuron)
+    }
+}
+
+fn widths(key: &str, w: &[usize]) -> Result<()> {
+    ensure!(
+        (1..=MAX_LAYERS).contains(&w.len()),
+        "{key}: {} layers (1 to {MAX_LAYERS} are supported)",
+        w.len()
+    );
+    if let Some(i) = w.iter().position(|&n| n == 0 || n > MAX_WIDTH) {
+        bail!(
+            "{key}[{i}]: a layer width must be between 1 and {MAX_WIDTH}, found {}",
+            w[i]
+        );
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Checks the hyper-parameters, the sizes of every array and that every number is finite
+    /// (and every std non-zero): what a damaged file would break.
+    pub fn check(&self) -> Result<()> {
+        self.spec.check()?;
+        let (nt, np) = (self.spec.ntypes(), self.layout().len);
+        ensure!(
+            self.params.len() == np,
+            "the file holds {} parameters, its model needs {np}",
+            self.params.len()
+        );
+        for (name, a, len) in [
+            ("davg", &self.davg, 4 * nt),
+            ("dstd", &self.dstd, 4 * nt),
+            ("bias", &self.bias, nt),
+            ("out_std", &self.out_std, nt),
+        ] {
+            ensure!(
+                a.len() == len,
+                "statistics {name}: {} values, the model needs {len}",
+                a.len()
+            );
+        }
+        for (name, a) in [
+            ("parameters", &self.params),
+            ("statistics davg", &self.davg),
+            ("statistics dstd", &self.dstd),
+            ("energy bias", &self.bias),
+            ("statistics out_std", &self.out_std),
+        ] {
+            if let Some(i) = a.iter().position(|x| !x.is_finite()) {
+                bail!("{name}[{i}] is {}: the model is damaged", a[i]);
+            }
+        }
+        if let Some(i) = self.dstd.iter().position(|&x| x == 0.0) {
+            bail!("statistics dstd[{i}] is 0: the model is damaged");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,639 @@
+//! Bad inputs and faults a user can hit, through the real binary: each must end with a non-zero
+//! exit (or succeed where the input is valid), no panic or abort, a message naming the culprit,
+//! and no damaged file (issue 15).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ndarray::{ArrayD, IxDyn};
+use ndarray_npy::{ReadNpyExt, WriteNpyExt};
+use serde_json::{json, Value};
+
+fn water() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/water"))
+}
+
+/// A tiny model on water data_0 (`systems` replaces the training systems when given).
+fn tiny_input(numb_steps: usize, systems: &[&Path]) -> Value {
+    let systems: Vec<String> = if systems.is_empty() {
+        vec![water().join("data_0").display().to_string()]
+    } else {
+        systems.iter().map(|p| p.display().to_string()).collect()
+    };
+    json!({
+        "model": {
+            "type_map": ["O", "H"],
+            "descriptor": {"type": "se_e2_a", "sel": [20, 28], "rcut_smth": 0.5, "rcut": 4.0,
+                           "neuron": [4, 8], "axis_neuron": 4, "type_one_side": true, "seed": 1},
+            "fitting_net": {"neuron": [8, 8], "resnet_dt": true, "seed": 1},
+            "data_stat_nbatch": 2
+        },
+        "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-5, "decay_steps": 5},
+        "loss": {"type": "ener", "start_pref_e": 0.02, "limit_pref_e": 1,
+                 "start_pref_f": 1000, "limit_pref_f": 1, "start_pref_v": 0, "limit_pref_v": 0},
+        "training": {
+            "training_data": {"systems": systems, "batch_size": 1},
+            "numb_steps": numb_steps, "seed": 10, "disp_freq": 1, "save_freq": 1000
+        }
+    })
+}
+
+fn write_input(dir: &Path, v: &Value) {
+    std::fs::write(
+        dir.join("input.json"),
+        serde_json::to_string_pretty(v).unwrap(),
+    )
+    .unwrap();
+}
+
+fn dpw(dir: &Path, args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(dir)
+        .env("RUST_LOG", "info")
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "dpw {args:?} panicked:\n{err}");
+    out
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(dir: &Path, args: &[&str]) -> Output {
+    let out = dpw(dir, args);
+    assert!(
+        out.status.success(),
+        "dpw {args:?} failed:\n{}",
+        stderr(&out)
+    );
+    out
+}
+
+/// Runs a command that must fail cleanly (exit 1, no abort) and returns its stderr, after
+/// checking it names every one of `names`.
+fn fails(dir: &Path, args: &[&str], names: &[&str]) -> String {
+    let out = dpw(dir, args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "dpw {args:?}:\n{err}");
+    let last = err
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR"))
+        .unwrap_or("");
+    eprintln!("CASE dpw {} → exit 1: {}", args.join(" "), last.trim());
+    for n in names {
+        assert!(err.contains(n), "dpw {args:?}: {n:?} not in\n{err}");
+    }
+    err
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+/// An npy file as f64, whatever its precision.
+fn read_npy(p: &Path) -> ArrayD<f64> {
+    let bytes = std::fs::read(p).unwrap();
+    ArrayD::<f64>::read_npy(&bytes[..])
+        .or_else(|_| ArrayD::<f32>::read_npy(&bytes[..]).map(|a| a.mapv(f64::from)))
+        .unwrap()
+}
+
+fn write_npy(p: &Path, a: &ArrayD<f64>) {
+    a.write_npy(std::fs::File::create(p).unwrap()).unwrap();
+}
+
+/// A copy of water data_0 in `dir`/name, with `edit` applied to each named array of set.000.
+fn edited_system(dir: &Path, name: &str, edit: impl Fn(&str, &mut ArrayD<f64>)) -> PathBuf {
+    let dst = dir.join(name);
+    copy_dir(&water().join("data_0"), &dst);
+    for f in ["coord", "box", "energy", "force"] {
+        let p = dst.join("set.000").join(format!("{f}.npy"));
+        let mut a = read_npy(&p);
+        edit(f, &mut a);
+        write_npy(&p, &a);
+    }
+    dst
+}
+
+/// Point 1: a model whose type_map has an element the data lack trains and tests (every op then
+/// runs over an empty range of atoms).
+#[test]
+fn element_absent_from_the_data() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(3, &[]);
+    input["model"]["type_map"] = json!(["O", "H", "C"]);
+    input["model"]["descriptor"]["sel"] = json!([20, 28, 4]);
+    write_input(d.path(), &input);
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    // An O-only system: the O rows of data_0.
+    let o_only = d.path().join("o_only");
+    copy_dir(&water().join("data_0"), &o_only);
+    let types = std::fs::read_to_string(o_only.join("type.raw")).unwrap();
+    let n_o = types.split_whitespace().filter(|t| *t == "0").count();
+    std::fs::write(o_only.join("type.raw"), "0\n".repeat(n_o)).unwrap();
+    for f in ["coord", "force"] {
+        let p = o_only.join("set.000").join(format!("{f}.npy"));
+        let a = read_npy(&p);
+        let nf = a.shape()[0];
+        let v: Vec<f64> = a.iter().copied().collect();
+        let per = v.len() / nf;
+        let kept: Vec<f64> = v.chunks(per).flat_map(|c| c[..3 * n_o].to_vec()).collect();
+        write_npy(
+            &p,
+            &ArrayD::from_shape_vec(IxDyn(&[nf, 3 * n_o]), kept).unwrap(),
+        );
+    }
+    let sys = o_only.display().to_string();
+    ok(d.path(), &["freeze", "-o", "m.yaml"]);
+    for model in ["model.ckpt", "m.yaml"] {
+        let out = ok(
+            d.path(),
+            &[
+                "test",
+                "-m",
+                model,
+                "-s",
+                &sys,
+                "-n",
+                "3",
+                "--backend",
+                "cpu",
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Energy RMSE"), "{text}");
+        assert!(!text.contains("nan"), "{text}");
+    }
+    // The H/O model of a fresh run on the O-only system too.
+    let d2 = tempfile::tempdir().unwrap();
+    write_input(d2.path(), &tiny_input(2, &[&o_only]));
+    ok(d2.path(), &["train", "input.json", "--backend", "cpu"]);
+}
+
+/// Point 3: a second run in the same folder is refused, naming the first one's pid; the first
+/// run's outputs are untouched.
+#[test]
+fn second_run_in_one_folder_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(1_000_000, &[]);
+    input["training"]["disp_freq"] = json!(1000);
+    write_input(d.path(), &input);
+    let mut first = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(d.path())
+        .args(["train", "input.json", "--backend", "cpu"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lock = d.path().join(".dpw-train.lock");
+    let pid = first.id().to_string();
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(&lock).map_or(true, |s| s.trim() != pid) {
+        assert!(
+            t.elapsed().as_secs() < 60,
+            "the first run never took its lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Wait for its lcurve.out header, then compare it before and after the refused run.
+    while !std::fs::read_to_string(d.path().join("lcurve.out")).is_ok_and(|s| s.contains('\n')) {
+        assert!(t.elapsed().as_secs() < 60, "no lcurve.out");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out_json = std::fs::read(d.path().join("out.json")).unwrap();
+    let err = fails(
+        d.path(),
+        &["train", "input.json", "--backend", "cpu"],
+        &["another dpw train", &format!("pid {pid}")],
+    );
+    assert!(
+        !err.contains("statistics over"),
+        "refused before any work:\n{err}"
+    );
+    assert_eq!(std::fs::read(d.path().join("out.json")).unwrap(), out_json);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // The lock went with the process: the next run starts.
+    write_input(d.path(), &tiny_input(2, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+}
+
+/// Point 4: output paths are checked at start-up, before any statistics.
+#[test]
+fn bad_output_paths_fail_at_start() {
+    let d = tempfile::tempdir().unwrap();
+    for (key, value, names) in [
+        (
+            "save_ckpt",
+            "ckpt/",
+            &["training.save_ckpt", "names a folder"][..],
+        ),
+        (
+            "save_ckpt",
+            "nodir/model.ckpt",
+            &["training.save_ckpt", "nodir", "does not exist"],
+        ),
+        (
+            "disp_file",
+            "nodir/lcurve.out",
+            &["training.disp_file", "does not exist"],
+        ),
+    ] {
+        let mut input = tiny_input(5, &[]);
+        input["training"][key] = json!(value);
+        input["training"]["save_freq"] = json!(2);
+        write_input(d.path(), &input);
+        let err = fails(
+            d.path(),
+            &["train", "input.json", "--backend", "cpu"],
+            names,
+        );
+        assert!(!err.contains("statistics over"), "{err}");
+    }
+    let mut names: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["input.json"], "nothing written");
+}
+
+/// Point 5: an npy header claiming more data than the file holds, a box in the wrong unit
+/// and an absurd sel are named errors, not aborts.
+#[test]
+fn huge_claims_are_named_errors() {
+    let d = tempfile::tempdir().unwrap();
+    // coord.npy's header claims 1e11 frames.
+    let sys = d.path().join("big_header");
+    copy_dir(&water().join("data_0"), &sys);
+    let p = sys.join("set.000/coord.npy");
+    let mut bytes = std::fs::read(&p).unwrap();
+    assert_eq!(bytes[8], 118, "a 128-byte v1 header");
+    let dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 576), }";
+    let header = format!("{dict:<117}\n");
+    bytes[10..128].copy_from_slice(header.as_bytes());
+    std::fs::write(&p, &bytes).unwrap();
+    write_input(d.path(), &tiny_input(2, &[&sys]));
+    fails(
+        d.path(),
+        &["train", "input.json", "--backend", "cpu"],
+        &["coord.npy", "99999999999", "truncated or damaged"],
+    );
+
+    // A box scaled by 1e-3 (nm typed as Å, say).
+    let sys = edited_system(d.path(), "tiny_box", |f, a| {
+        if f == "box" {
+            a.mapv_inplace(|x| x * 1e-3);
+        }
+    });
+    write_input(d.path(), &tiny_input(2, &[&sys]));
+    fails(
+        d.path(),
+        &["train", "input.json", "--backend", "cpu"],
+        &["tiny_box", "frame 0", "thick", "box.npy"],
+    );
+
+    // A thin cell of one atom passes the load but would need 10^5 periodic images.
+    let sys = d.path().join("thin");
+    std::fs::create_dir_all(sys.join("set.000")).unwrap();
+    std::fs::write(sys.join("type.raw"), "0\n").unwrap();
+    let arr = |shape: &[usize], v: Vec<f64>| ArrayD::from_shape_vec(IxDyn(shape), v).unwrap();
+    write_npy(&sys.join("set.000/coord.npy"), &arr(&[1, 3], vec![0.0; 3]));
+    write_npy(&sys.join("set.000/force.npy"), &arr(&[1, 3], vec![0.0; 3]));
+    write_npy(&sys.join("set.000/energy.npy"), &arr(&[1], vec![-1.0]));
+    let cell = vec![0.15, 0.0, 0.0, 0.0, 0.15, 0.0, 0.0, 0.0, 5.0];
+    write_npy(&sys.join("set.000/box.npy"), &arr(&[1, 9], cell));
+    let mut input = tiny_input(2, &[&sys]);
+    input["model"]["descriptor"]["rcut"] = json!(6.0);
+    write_input(d.path(), &input);
+    fails(
+        d.path(),
+        &["train", "input.json", "--backend", "cpu"],
+        &["thin", "frame 0", "periodic images", "limit"],
+    );
+
+    let mut input = tiny_input(2, &[]);
+    input["model"]["descriptor"]["sel"] = json!([100000, 28]);
+    write_input(d.path(), &input);
+    fails(
+        d.path(),
+        &["train", "input.json", "--backend", "cpu"],
+        &["model.descriptor.sel", "4096"],
+    );
+}
+
+/// Point 6: frames no model can learn from are found at load, named by system, frame and
+/// atoms, by `dpw train` and by `dpw test`.
+#[test]
+fn bad_frames_are_named_at_load() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(1, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let overlap = edited_system(d.path(), "overlap", |f, a| {
+        if f == "coord" {
+            // Atom 5 of frame 37 onto atom 4.
+            for k in 0..3 {
+                let x = a[[37, 12 + k]];
+                a[[37, 15 + k]] = x + if k == 0 { 0.01 } else { 0.0 };
+            }
+        }
+    });
+    let flat = edited_system(d.path(), "flat", |f, a| {
+        if f == "box" {
+            for k in 6..9 {
+                a[[12, k]] = 0.0;
+            }
+        }
+    });
+    for (sys, names) in [
+        (
+            &overlap,
+            &["overlap", "frame 37", "atoms 4 and 5", "0.0100 Å"][..],
+        ),
+        (&flat, &["flat", "frame 12", "singular"]),
+    ] {
+        write_input(d.path(), &tiny_input(30, &[sys]));
+        fails(
+            d.path(),
+            &["train", "input.json", "--backend", "cpu"],
+            names,
+        );
+        let s = sys.display().to_string();
+        let err = fails(
+            d.path(),
+            &["test", "-m", "model.ckpt", "-s", &s, "--backend", "cpu"],
+            names,
+        );
+        assert!(!err.contains("nan"), "{err}");
+    }
+}
+
+/// Point 8: a damaged checkpoint or model is refused by its checksum; a model file breaking
+/// the model rules (here a negative rcut in a yaml) is refused like an input.json; a file of
+/// an older dpw (no checksum) still loads.
+#[test]
+fn damaged_models_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(2, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    ok(d.path(), &["freeze", "-o", "m.dpw"]);
+    ok(d.path(), &["freeze", "-o", "m.yaml"]);
+    let ckpt = std::fs::canonicalize(d.path().join("model.ckpt")).unwrap();
+    let good = std::fs::read(&ckpt).unwrap();
+    // A flipped byte in the last parameters.
+    let mut bad = good.clone();
+    let n = bad.len();
+    bad[n - 100] ^= 0x40;
+    std::fs::write(d.path().join("bad.ckpt"), &bad).unwrap();
+    fails(
+        d.path(),
+        &["train", "input.json", "--restart", "bad.ckpt"],
+        &["bad.ckpt", "checksum"],
+    );
+    fails(
+        d.path(),
+        &["freeze", "-c", "bad.ckpt", "-o", "x.dpw"],
+        &["bad.ckpt", "checksum"],
+    );
+    assert!(!d.path().join("x.dpw").exists());
+
+    let yaml = std::fs::read_to_string(d.path().join("m.yaml")).unwrap();
+    assert!(yaml.contains("rcut: 4.0"), "{yaml}");
+    std::fs::write(
+        d.path().join("neg.yaml"),
+        yaml.replace("rcut: 4.0", "rcut: -6.0"),
+    )
+    .unwrap();
+    let s = water().join("data_1").display().to_string();
+    fails(
+        d.path(),
+        &["test", "-m", "neg.yaml", "-s", &s, "--backend", "cpu"],
+        &["neg.yaml", "rcut", "-6"],
+    );
+
+    // dpw's files before the checksum: DPWFILE1, no trailer.
+    let mut old = std::fs::read(d.path().join("m.dpw")).unwrap();
+    old.truncate(old.len() - 4);
+    old[..8].copy_from_slice(b"DPWFILE1");
+    std::fs::write(d.path().join("old.dpw"), &old).unwrap();
+    ok(d.path(), &["convert", "old.dpw", "old.yaml"]);
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("old.yaml"))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.contains("time"))
+            .collect::<Vec<_>>(),
+        yaml.lines()
+            .filter(|l| !l.contains("time"))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Point 9: freezing a checkpoint onto itself is refused and leaves it whole.
+#[test]
+fn freeze_onto_its_checkpoint_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(2, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let before = std::fs::read(d.path().join("model.ckpt-2")).unwrap();
+    for (c, o) in [
+        ("model.ckpt", "model.ckpt"),
+        ("model.ckpt-2", "model.ckpt-2"),
+        ("model.ckpt", "model.ckpt-2"),
+        (".", "model.ckpt"),
+    ] {
+        fails(
+            d.path(),
+            &["freeze", "-c", c, "-o", o],
+            &["is the input", "itself"],
+        );
+    }
+    fails(
+        d.path(),
+        &["convert", "model.ckpt", "model.ckpt-2"],
+        &["is the input", "itself"],
+    );
+    assert_eq!(
+        std::fs::read(d.path().join("model.ckpt-2")).unwrap(),
+        before
+    );
+    ok(
+        d.path(),
+        &["train", "input.json", "--restart", "model.ckpt"],
+    );
+}
+
+/// Point 10: temporary files of dead processes are removed at start; a live one's are not.
+#[test]
+fn stale_temp_files_are_removed() {
+    let d = tempfile::tempdir().unwrap();
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let alive = std::process::id();
+    let stale = [
+        format!(".model.ckpt-19.tmp{dead}"),
+        format!(".out.json.tmp{dead}"),
+        format!(".model.ckpt.link{dead}"),
+        format!(".lcurve.out.tmp{dead}"),
+    ];
+    let kept = [
+        format!(".model.ckpt-3.tmp{alive}"),
+        format!(".other.tmp{dead}"),
+    ];
+    for n in stale.iter().chain(&kept) {
+        std::fs::write(d.path().join(n), b"partial").unwrap();
+    }
+    write_input(d.path(), &tiny_input(2, &[]));
+    let out = ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let err = stderr(&out);
+    for n in &stale {
+        assert!(!d.path().join(n).exists(), "{n} not removed");
+        assert!(err.contains(n.as_str()), "{n} not reported:\n{err}");
+    }
+    for n in &kept {
+        assert!(d.path().join(n).exists(), "{n} removed");
+    }
+}
+
+/// Point 11: a fixed sel below the data's neighbour count is warned about as dp train does.
+#[test]
+fn small_sel_is_warned_about() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(1, &[]);
+    input["model"]["descriptor"]["sel"] = json!([4, 28]);
+    write_input(d.path(), &input);
+    let err = stderr(&ok(d.path(), &["train", "input.json", "--backend", "cpu"]));
+    assert!(
+        err.contains("sel of type 0 (O) is not enough! The expected value is not less than"),
+        "{err}"
+    );
+    assert!(err.contains("but you set it to 4"), "{err}");
+    assert!(!err.contains("sel of type 1"), "{err}");
+}
+
+/// Point 12: causes are printed once; a DeePMD-kit yaml is named as such where a checkpoint is
+/// needed, and `--init-model` takes one.
+#[test]
+fn messages_name_things_once() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(2, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    ok(d.path(), &["freeze", "-o", "m.yaml"]);
+
+    // coord.npy is a folder.
+    let sys = d.path().join("dir_coord");
+    copy_dir(&water().join("data_0"), &sys);
+    let c = sys.join("set.000/coord.npy");
+    std::fs::remove_file(&c).unwrap();
+    std::fs::create_dir(&c).unwrap();
+    let s = sys.display().to_string();
+    let err = fails(
+        d.path(),
+        &["test", "-m", "m.yaml", "-s", &s, "--backend", "cpu"],
+        &["coord.npy"],
+    );
+    assert!(err.matches("os error").count() == 1, "{err}");
+
+    // A truncated npy.
+    let sys = d.path().join("short_force");
+    copy_dir(&water().join("data_0"), &sys);
+    let f = sys.join("set.000/force.npy");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
+    let s = sys.display().to_string();
+    let err = fails(
+        d.path(),
+        &["test", "-m", "m.yaml", "-s", &s, "--backend", "cpu"],
+        &["force.npy", "truncated"],
+    );
+    assert!(err.matches("failed to fill").count() <= 1, "{err}");
+
+    fails(
+        d.path(),
+        &["train", "input.json", "--restart", "m.yaml"],
+        &["m.yaml", "DeePMD-kit .yaml model", "--init-model"],
+    );
+    fails(
+        d.path(),
+        &["freeze", "-c", "m.yaml", "-o", "x.dpw"],
+        &["m.yaml", "already a model", "dpw convert"],
+    );
+    let out = ok(
+        d.path(),
+        &[
+            "train",
+            "input.json",
+            "--init-model",
+            "m.yaml",
+            "--backend",
+            "cpu",
+        ],
+    );
+    assert!(stderr(&out).contains("initial parameters and statistics from m.yaml"));
+}
+
+/// Point 12: a batch error names the frame by its index in the system, as the load does.
+#[test]
+fn batch_errors_name_frames_by_their_index() {
+    use dpw::data::System;
+    use dpw::model::{DescriptorSpec, FittingSpec, ModelSpec};
+    let natoms = 2;
+    let good = [6.0, 0.0, 0.0, 0.0, 6.0, 0.0, 0.0, 0.0, 6.0];
+    let mut cell: Vec<f64> = (0..4).flat_map(|_| good).collect();
+    cell[3 * 9 + 8] = 0.0;
+    let sys = System {
+        path: PathBuf::from("sys_in_memory"),
+        natoms,
+        atype: vec![0, 0],
+        orig_index: vec![0, 1],
+        nframes: 4,
+        coord: (0..4)
+            .flat_map(|_| [0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+            .collect(),
+        cell: Some(cell),
+        energy: vec![0.0; 4],
+        force: vec![0.0; 4 * 6],
+        virial: None,
+    };
+    let spec = ModelSpec {
+        type_map: vec!["O".into()],
+        descriptor: DescriptorSpec {
+            rcut: 4.0,
+            rcut_smth: 0.5,
+            sel: vec![8],
+            neuron: vec![2],
+            axis_neuron: 2,
+            resnet_dt: false,
+            type_one_side: true,
+            env_protection: 0.0,
+            set_davg_zero: false,
+        },
+        fitting: FittingSpec {
+            neuron: vec![2],
+            resnet_dt: false,
+        },
+    };
+    let err = dpw::train::batch::assemble_frames(&spec, &sys, &[1, 3], "training").unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("sys_in_memory") && msg.contains("frame 3"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("frame 1") && !msg.contains("frame 0"),
+        "{msg}"
+    );
+}
