@@ -57,7 +57,13 @@ pub fn run_bench(args: BenchArgs, t0: Instant) -> Result<serde_json::Value> {
     let dir = std::env::temp_dir().join(format!("dpw-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let result = (|| -> Result<serde_json::Value> {
-        let mut setup = prepare(load_config(&args.input)?, Start::Fresh, Path::new(&dir), t0)?;
+        let mut setup = prepare(
+            load_config(&args.input)?,
+            Start::Fresh,
+            true,
+            Path::new(&dir),
+            t0,
+        )?;
         let total = args.warmup + args.steps;
         let tc = &mut setup.config.training;
         tc.numb_steps = total;

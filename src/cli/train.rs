@@ -108,7 +108,8 @@ pub struct TrainArgs {
     pub init_frz_model: Option<PathBuf>,
     /// `-o`: where the expanded input goes (out.json).
     pub output: PathBuf,
-    /// `--skip-neighbor-stat`: refuse `sel: "auto"` rather than scan the data for it.
+    /// `--skip-neighbor-stat`: no scan of the data's neighbour counts (a fixed `sel` is not
+    /// checked against them; `sel: "auto"` is refused).
     pub skip_neighbor_stat: bool,
     pub backend: BackendChoice,
     pub progress_bar: bool,
@@ -170,7 +171,7 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
                 args.input.display()
             );
         }
-        let mut setup = prepare(cfg, start, Path::new("."), t0)?;
+        let mut setup = prepare(cfg, start, !args.skip_neighbor_stat, Path::new("."), t0)?;
         setup.out_json = args.output;
         Ok(setup)
     })();

@@ -197,14 +197,22 @@ fn shape(d: &DataSet) -> DataShape {
 
 /// Reads and checks everything a run of the parsed input `cfg` needs, and locks its output
 /// folders. Writes nothing else.
-pub fn prepare(cfg: Config, start: Start, out_dir: &Path, t0: Instant) -> Result<TrainSetup> {
+/// `neighbor_stat` false skips the scan that checks a fixed `sel` against the data (`dp train
+/// --skip-neighbor-stat`).
+pub fn prepare(
+    cfg: Config,
+    start: Start,
+    neighbor_stat: bool,
+    out_dir: &Path,
+    t0: Instant,
+) -> Result<TrainSetup> {
     // Only rank 0 writes the outputs.
     let lock = if dist::world().is_root() {
         Some(outputs::claim(out_dir, &cfg.training)?)
     } else {
         None
     };
-    let mut setup = prepare_in(&Disk, cfg, start, out_dir, t0)?;
+    let mut setup = prepare_in(&Disk, cfg, start, neighbor_stat, out_dir, t0)?;
     setup.lock = lock;
     Ok(setup)
 }
@@ -214,6 +222,7 @@ pub fn prepare_in(
     fs: &dyn Files,
     mut cfg: Config,
     start: Start,
+    neighbor_stat: bool,
     out_dir: &Path,
     t0: Instant,
 ) -> Result<TrainSetup> {
@@ -284,7 +293,7 @@ pub fn prepare_in(
         }
         (Sel::Fixed(s), _) => {
             // As dp train: a fixed sel smaller than the data's neighbour count drops neighbours.
-            if s.iter().sum::<usize>() <= MAX_NNEI {
+            if neighbor_stat && s.iter().sum::<usize>() <= MAX_NNEI {
                 let ns = neighbours()?;
                 for (t, (&want, &have)) in ns.max_count.iter().zip(s).enumerate() {
                     if have < want {

@@ -109,6 +109,7 @@ async fn create(input: &str, files: &js_sys::Map, backend: &str) -> Result<(Engi
         &fs,
         cfg,
         Start::Fresh,
+        true,
         Path::new(""),
         web_time::Instant::now(),
     )?;
