@@ -77,21 +77,21 @@ pub fn run_job<J: Job>(choice: BackendChoice, float64: bool, job: J) -> Result<J
 }
 
 #[cfg(feature = "cuda")]
-fn open_cuda() -> Result<crate::backend::cuda::Cuda> {
+pub(super) fn open_cuda() -> Result<crate::backend::cuda::Cuda> {
     let c = crate::backend::cuda::Cuda::new(0)?;
     tracing::info!("CUDA device: {}", c.device_name());
     Ok(c)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda() -> Result<Cpu> {
+pub(super) fn open_cuda() -> Result<Cpu> {
     bail!("this dpw was built without the CUDA backend: build it with `cargo build --release --features cuda`")
 }
 
 /// A wgpu device able to compute in the chosen precision; with `real_gpu_only`, software
 /// adapters (lavapipe, llvmpipe, SwiftShader) are refused, as `auto` would be slower than cpu.
 #[cfg(feature = "wgpu")]
-fn open_wgpu(float64: bool, real_gpu_only: bool) -> Result<crate::backend::wgpu::Wgpu> {
+pub(super) fn open_wgpu(float64: bool, real_gpu_only: bool) -> Result<crate::backend::wgpu::Wgpu> {
     let w = crate::backend::wgpu::Wgpu::new(wgpu::PowerPreference::HighPerformance)?;
     tracing::info!("wgpu adapter: {} ({})", w.adapter_name(), w.backend_name());
     if real_gpu_only && w.is_cpu_adapter() {
@@ -104,6 +104,6 @@ fn open_wgpu(float64: bool, real_gpu_only: bool) -> Result<crate::backend::wgpu:
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn open_wgpu(_float64: bool, _real_gpu_only: bool) -> Result<Cpu> {
+pub(super) fn open_wgpu(_float64: bool, _real_gpu_only: bool) -> Result<Cpu> {
     bail!("this dpw was built without the wgpu backend: build it with `cargo build --release --features wgpu`")
 }

@@ -10,6 +10,7 @@ pub mod lr;
 pub mod predict;
 pub mod stats;
 pub mod step;
+pub mod steplog;
 pub mod trainer;
 pub mod validation;
 pub mod workspaces;
