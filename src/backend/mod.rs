@@ -139,13 +139,14 @@ pub trait Backend<T: Real>: Sync {
         y: &mut Self::Buf,
     );
 
-    /// Input gradient of one layer: x̄ = (φ'(z)⊙(ȳ·idt))Wᵀ + skipᵀ(ȳ).
+    /// Input gradient of one layer from its output h = tanh(z) (or z):
+    /// x̄ = (φ'(z)⊙(ȳ·idt))Wᵀ + skipᵀ(ȳ).
     fn dense_backward(
         &self,
         layer: &Layer,
         params: &Self::Buf,
         rows: Range<usize>,
-        io: DenseIo<Self::Buf>,
+        h: &Self::Buf,
         ybar: &Self::Buf,
         xbar: &mut Self::Buf,
     );

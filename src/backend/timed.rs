@@ -372,13 +372,13 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         layer: &Layer,
         params: &Self::Buf,
         rows: Range<usize>,
-        io: DenseIo<Self::Buf>,
+        h: &Self::Buf,
         ybar: &Self::Buf,
         xbar: &mut Self::Buf,
     ) {
         let flops = 2.0 * dense_macs(layer, &rows);
         self.time::<T, _>(Op::DenseBackward, flops, |b| {
-            b.dense_backward(layer, params, rows, io, ybar, xbar)
+            b.dense_backward(layer, params, rows, h, ybar, xbar)
         })
     }
 

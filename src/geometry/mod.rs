@@ -1,9 +1,11 @@
 //! Host-side geometry: periodic images, neighbour lists and the statistics built on them.
 
 mod cell;
+mod env_row;
 mod nlist;
 mod stat;
 
 pub use cell::Cell;
+pub use env_row::env_row;
 pub use nlist::{build_nlist, NeighborList};
 pub use stat::{energy_bias, EnvStats};

@@ -314,15 +314,7 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
             } else {
                 &tail[0]
             };
-            let x = if l == 0 { &w.desc } else { &c.y[l - 1] };
-            b.dense_backward(
-                layer,
-                &m.params,
-                rows.clone(),
-                DenseIo { x, h: &c.h[l] },
-                ybar,
-                &mut head[l],
-            );
+            b.dense_backward(layer, &m.params, rows.clone(), &c.h[l], ybar, &mut head[l]);
         }
     }
     let e_fit = w.fit.y.last().unwrap();

@@ -10,8 +10,6 @@ mod scatter;
 mod simd;
 mod tanh;
 
-pub use env_mat::env_row;
-
 use std::ops::Range;
 
 use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
@@ -115,11 +113,11 @@ impl<T: Real> Backend<T> for Cpu {
         l: &Layer,
         p: &Vec<T>,
         rows: Range<usize>,
-        io: DenseIo<Vec<T>>,
+        h: &Vec<T>,
         ybar: &Vec<T>,
         xbar: &mut Vec<T>,
     ) {
-        dense::backward(l, p, rows, io.h, ybar, xbar);
+        dense::backward(l, p, rows, h, ybar, xbar);
     }
 
     fn dense_tangent(

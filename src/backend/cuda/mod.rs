@@ -672,11 +672,11 @@ impl<T: CudaReal> Backend<T> for Cuda {
         l: &Layer,
         p: &CudaBuf<T>,
         rows: Range<usize>,
-        io: DenseIo<CudaBuf<T>>,
+        h: &CudaBuf<T>,
         ybar: &CudaBuf<T>,
         xbar: &mut CudaBuf<T>,
     ) {
-        dense::backward(self, l, p, rows, io.h, ybar, xbar);
+        dense::backward(self, l, p, rows, h, ybar, xbar);
     }
 
     fn dense_tangent(

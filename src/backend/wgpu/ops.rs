@@ -272,7 +272,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         l: &Layer,
         p: &Buf<T>,
         rows: Range<usize>,
-        io: DenseIo<Buf<T>>,
+        h: &Buf<T>,
         ybar: &Buf<T>,
         xbar: &mut Buf<T>,
     ) {
@@ -280,7 +280,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         self.go::<T>(
             &k::DENSE_BACKWARD,
             &u,
-            &[&p.buf, &io.h.buf, &ybar.buf, &xbar.buf],
+            &[&p.buf, &h.buf, &ybar.buf, &xbar.buf],
             grid_tiles(l.nin, rows.len()),
         );
     }
