@@ -211,15 +211,21 @@ impl<T: GpuReal> Backend<T> for Wgpu {
 
     fn clip_grad_norm(&self, grad: &mut Buf<T>, max: f64, norm: &mut Buf<T>, at: usize) {
         assert!(at < norm.len, "clip_grad_norm: norm index past the buffer");
-        let u = [u32_of(grad.len), u32_of(at), 0, 0];
-        self.go::<T>(&k::GRAD_NORM, &u, &[&norm.buf, &grad.buf], [1, 1, 1]);
+        // The norm goes to a scratch slot, then is copied to `at`: a uniform block without the
+        // index keeps both dispatches' bind groups the same from step to step.
+        let _one_op = self.exclusive();
+        let sz = size_of::<T>() as u64;
+        let slot = self.scratch("clip.norm", sz);
+        let u = [u32_of(grad.len), 0, 0, 0];
+        self.go::<T>(&k::GRAD_NORM, &u, &[&slot, &grad.buf], [1, 1, 1]);
         let hyper = self.reals::<T>("clip", &[max, 1e-6]);
         self.go::<T>(
             &k::CLIP_SCALE,
             &u,
-            &[&hyper, &norm.buf, &grad.buf],
+            &[&hyper, &slot, &grad.buf],
             grid1(grad.len),
         );
+        self.copy_bytes(&slot, &norm.buf, at as u64 * sz, sz);
     }
 
     fn env_mat(
