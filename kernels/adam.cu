@@ -28,3 +28,48 @@ __device__ void fill FILL_PARAMS(T) {
   if (i < n) out[i] = value;
 }
 DPW_INSTANTIATE(fill, FILL_PARAMS, (n, value, out))
+
+// Σ g² per chunk of `chunk` values, in double, in index order: the partials of the gradient
+// norm (Backend::clip_grad_norm), added in order by sum_parts.
+#define GRAD_SQ_PARAMS(T) (i64 n, i64 chunk, const T* __restrict__ g, double* __restrict__ part)
+
+template <typename T>
+__device__ void grad_sq GRAD_SQ_PARAMS(T) {
+  i64 c = global_index();
+  i64 lo = c * chunk;
+  if (lo >= n) return;
+  i64 hi = min(n, lo + chunk);
+  double acc = 0.0;
+  for (i64 i = lo; i < hi; ++i) acc += (double)g[i] * (double)g[i];
+  part[c] = acc;
+}
+DPW_INSTANTIATE(grad_sq, GRAD_SQ_PARAMS, (n, chunk, g, part))
+
+// One thread: total = Σ part[0..nparts] in order, in double (its square root when `root`), kept
+// in part[nparts] and written rounded to T into out[0]. The loss sums and the gradient norm stay
+// on the device this way; the host reads them only when it displays them.
+#define SUM_PARTS_PARAMS(T) (i64 nparts, int root, double* __restrict__ part, T* __restrict__ out)
+
+template <typename T>
+__device__ void sum_parts SUM_PARTS_PARAMS(T) {
+  if (global_index() != 0) return;
+  double acc = 0.0;
+  for (i64 i = 0; i < nparts; ++i) acc += part[i];
+  if (root) acc = sqrt(acc);
+  part[nparts] = acc;
+  out[0] = (T)acc;
+}
+DPW_INSTANTIATE(sum_parts, SUM_PARTS_PARAMS, (nparts, root, part, out))
+
+// g ×= max / (norm + 1e-6) where that is below 1, the factor from the double norm rounded once
+// to T, as the CPU does. A NaN norm scales nothing.
+#define CLIP_SCALE_PARAMS(T) (i64 n, double max, const double* __restrict__ norm, T* __restrict__ g)
+
+template <typename T>
+__device__ void clip_scale CLIP_SCALE_PARAMS(T) {
+  i64 i = global_index();
+  if (i >= n) return;
+  double coef = max / (norm[0] + 1e-6);
+  if (coef < 1.0) g[i] = g[i] * (T)coef;
+}
+DPW_INSTANTIATE(clip_scale, CLIP_SCALE_PARAMS, (n, max, norm, g))

@@ -1,8 +1,11 @@
-// Adam as torch.optim.Adam computes it (see cpu/adam.rs), one thread per parameter.
+// Adam as torch.optim.Adam computes it (see cpu/adam.rs), one thread per parameter; and the
+// gradient clipping before it (Backend::clip_grad_norm).
 
 struct Adam {
+    // parameters
     n: u32,
-    _pad0: u32,
+    // clipping: the index of the norm in `norm`
+    at: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -32,4 +35,46 @@ fn adam(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     v[i] = vi;
     let denom = sqrt_r(vi) / hyper[4] + hyper[3];
     params[i] -= step * mi / denom;
+}
+
+@group(0) @binding(6) var<storage, read_write> norm: array<real>;
+@group(0) @binding(7) var<storage, read_write> g: array<real>;
+
+const NORM_WG: u32 = 256u;
+var<workgroup> part: array<real, 256>;
+
+// norm[at] = sqrt(Σ g²), by one workgroup: strided partials, then a halving tree (the order of
+// the loss sums: reproducible run to run).
+@compute @workgroup_size(256)
+fn grad_norm(@builtin(local_invocation_id) l: vec3<u32>) {
+    var acc = real(0);
+    for (var i = l.x; i < u.n; i += NORM_WG) {
+        acc += g[i] * g[i];
+    }
+    part[l.x] = acc;
+    workgroupBarrier();
+    for (var w = NORM_WG / 2u; w > 0u; w /= 2u) {
+        if (l.x < w) {
+            part[l.x] += part[l.x + w];
+        }
+        workgroupBarrier();
+    }
+    if (l.x == 0u) {
+        norm[u.at] = sqrt_r(part[0]);
+    }
+}
+
+// g ×= max / (norm + eps) where that is below 1; hyper = [max, eps]. A NaN norm scales nothing
+// (the trainer reports it at the next display step).
+@compute @workgroup_size(64)
+fn clip_scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) l: vec3<u32>) {
+    let i = flat_id(wg, nwg, l);
+    if (i >= u.n) {
+        return;
+    }
+    let coef = hyper[0] / (norm[u.at] + hyper[1]);
+    if (coef < real(1)) {
+        g[i] = g[i] * coef;
+    }
 }

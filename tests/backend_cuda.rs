@@ -191,14 +191,7 @@ fn op_outputs<T: Real, B: Backend<T>>(
                 take(format!("dense_forward y {tag}"), &y);
                 let ybar = up(&rng.vec(total * nout));
                 let mut xbar = b.zeros(total * nin);
-                b.dense_backward(
-                    layer,
-                    &params,
-                    rows.clone(),
-                    DenseIo { x: &x, h: &h },
-                    &ybar,
-                    &mut xbar,
-                );
+                b.dense_backward(layer, &params, rows.clone(), &h, &ybar, &mut xbar);
                 take(format!("dense_backward xbar {tag}"), &xbar);
                 let xdot = up(&rng.vec(total * nin));
                 let (mut zdot, mut ydot) = (b.zeros(total * nout), b.zeros(total * nout));

@@ -549,3 +549,85 @@ fn adapter_without_f64_refuses_float64() {
     let b = gl.upload(&[1.0f32, 2.0]);
     assert_eq!(gl.download(&b), vec![1.0, 2.0]);
 }
+
+/// A training step after the first two creates no buffer and no bind group and reads nothing back;
+/// it uploads only the batch and the step's few constants (learning rate, loss prefactors).
+#[test]
+fn steps_after_the_first_create_and_read_nothing() {
+    if wgpu_for::<f32>(&this_test()).is_none() {
+        return;
+    }
+    // A device of its own: the counts are per device and other tests run meanwhile.
+    let own = Wgpu::new(PowerPreference::HighPerformance).unwrap();
+    let w = &own;
+    use dpw::train::steplog::{StepInfo, StepLog};
+    use dpw::train::workspaces::{adam_step, batch_gradient, Cache};
+    let model = suite::fd::small_model(2, false, vec![6, 10], 5);
+    let sys = suite::fd::random_system(&[3, 5], Some([7.0, 0., 0., 0., 7.5, 0., 0., 0., 8.0]), 1);
+    let frame = dpw::train::batch::Frame {
+        coord: &sys.coord,
+        cell: sys.cell.as_deref(),
+        energy: sys.energy,
+        force: &sys.force,
+        virial: Some(&sys.virial),
+    };
+    let batch = assemble(&model.spec, &sys.atype, &[frame]).unwrap();
+    let opt = dpw::config::OptimizerConfig {
+        adam_beta1: 0.9,
+        adam_beta2: 0.999,
+    };
+    let mut dm = DeviceModel::<f32, Wgpu>::new(w, &model);
+    let mut cache: Cache<f32, Wgpu> = Vec::new();
+    let mut log = StepLog::<f32, Wgpu>::new(w, 100);
+    let mut step = |t: usize| {
+        // Prefactors that change every step, as they follow the learning rate.
+        let op = Prefactors {
+            e: 1.0,
+            f: 100.0 * 0.9f64.powi(t as i32),
+            v: 0.1,
+        };
+        let pf = dpw::train::loss::BatchPrefactors {
+            nominal: op,
+            op,
+            find_v: true,
+        };
+        let sums = batch_gradient(w, &mut dm, &mut cache, &batch, pf.op).sums_mut();
+        let info = StepInfo {
+            step: t + 1,
+            sys: 0,
+            nframes: 1,
+            natoms: 8,
+            pf,
+        };
+        let (rows, at) = log.record(w, sums, info);
+        w.clip_grad_norm(&mut dm.grad, 0.1, rows, at);
+        w.adam(
+            adam_step(&opt, 1e-3, t),
+            &mut dm.params,
+            &dm.grad,
+            &mut dm.m,
+            &mut dm.v,
+        );
+    };
+    // The first two steps size the grow-only scratch buffers (and so their bind groups).
+    step(0);
+    step(1);
+    let before = w.counts();
+    for t in 2..12 {
+        step(t);
+    }
+    let c = w.counts().since(&before);
+    eprintln!("10 steps: {c:?}");
+    assert_eq!((c.buffers, c.bind_groups, c.readbacks), (0, 0, 0), "{c:?}");
+    let batch_bytes = 4 * (batch.rij.len() + batch.energy.len() + batch.force.len() + 9)
+        + 4 * (batch.owner.len() + batch.centre_atom.len());
+    // The batch, the force gather lists rebuilt from it, and under 1 KB of constants.
+    assert!(
+        c.upload_bytes <= 10 * (batch_bytes + 4 * (8 + 1 + 2 * batch.owner.len()) + 1024) as u64,
+        "{c:?}"
+    );
+    assert!(c.launches > 10, "{c:?}");
+    let rows = log.drain(w);
+    assert_eq!(rows.len(), 12);
+    assert!(rows.iter().all(|r| r.sums.f2 > 0.0 && r.grad_norm > 0.0));
+}

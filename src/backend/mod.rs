@@ -7,6 +7,7 @@
 //! values each, laid out as the backend's contraction ops like, since only they read them). Dense-layer ops work on a row range of
 //! row-major matrices, so one call serves the atoms of one type or the slots of one block.
 
+pub mod counts;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -91,7 +92,25 @@ pub trait Backend<T: Real>: Sync {
     fn download(&self, b: &Self::Buf) -> Vec<T>;
     fn zeros(&self, n: usize) -> Self::Buf;
     fn fill(&self, b: &mut Self::Buf, v: T);
-    fn len(&self, b: &Self::Buf) -> usize;
+
+    /// Overwrites a buffer of `x.len()` values in place, in order with the ops issued before:
+    /// a plan keeps its allocations (and so its addresses) from one batch to the next.
+    fn write(&self, b: &mut Self::Buf, x: &[T]);
+    /// [`Backend::write`] for an index buffer.
+    fn write_idx(&self, b: &mut Self::Idx, x: &[i32]);
+    /// The identity of a buffer's allocation (its device address or id): equal for as long as
+    /// the allocation lives, whatever is written into it.
+    fn buf_id(&self, b: &Self::Buf) -> u64;
+    /// [`Backend::buf_id`] for an index buffer.
+    fn idx_id(&self, b: &Self::Idx) -> u64;
+    /// `dst[at..at + src.len]` = `src`, on the device: how per-step results (the loss sums) are
+    /// logged for reading at a display step.
+    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, at: usize);
+    /// Gradient clipping on the device: `norm[at]` = ‖grad‖₂ (squares summed in f64 in index
+    /// order where the device has f64), and grad ×= max/(‖grad‖ + 1e-6) when that is below 1,
+    /// the factor rounded once to T. One op rather than a norm op and a scale op, so the factor
+    /// comes from the norm in f64, not from its rounding to T.
+    fn clip_grad_norm(&self, grad: &mut Self::Buf, max: f64, norm: &mut Self::Buf, at: usize);
 
     /// R̂, ∂R̂/∂r_ij and s = R̂[0] of every slot; padded slots (owner < 0) get R = 0, J = 0.
     #[allow(clippy::too_many_arguments)]
@@ -120,13 +139,14 @@ pub trait Backend<T: Real>: Sync {
         y: &mut Self::Buf,
     );
 
-    /// Input gradient of one layer: x̄ = (φ'(z)⊙(ȳ·idt))Wᵀ + skipᵀ(ȳ).
+    /// Input gradient of one layer from its output h = tanh(z) (or z):
+    /// x̄ = (φ'(z)⊙(ȳ·idt))Wᵀ + skipᵀ(ȳ).
     fn dense_backward(
         &self,
         layer: &Layer,
         params: &Self::Buf,
         rows: Range<usize>,
-        io: DenseIo<Self::Buf>,
+        h: &Self::Buf,
         ybar: &Self::Buf,
         xbar: &mut Self::Buf,
     );

@@ -17,6 +17,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use super::counts::{Counters, Counts};
 use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
 use crate::model::{Layer, Net};
 
@@ -28,12 +29,22 @@ pub trait Timeable<T: Real>: Backend<T> {
     /// The number of real (non-padded, `owner >= 0`) slots, for the FLOP counts of the
     /// embedding ops. Called outside the timed spans.
     fn count_real(&self, owner: &Self::Idx) -> usize;
+    /// The number of values in a buffer, for FLOP and byte counts.
+    fn len(&self, b: &Self::Buf) -> usize;
+    /// The backend's own running totals of launches, transfers and created objects, where it
+    /// keeps them (GPU backends); otherwise they are counted here at the trait's level.
+    fn counts(&self) -> Option<Counts> {
+        None
+    }
 }
 
 impl<T: Real> Timeable<T> for super::cpu::Cpu {
     fn wait(&self) {}
     fn count_real(&self, owner: &Vec<i32>) -> usize {
         owner.iter().filter(|&&o| o >= 0).count()
+    }
+    fn len(&self, b: &Vec<T>) -> usize {
+        b.len()
     }
 }
 
@@ -56,6 +67,9 @@ ops! {
     Download "download",
     Zeros "zeros",
     Fill "fill",
+    Write "write",
+    Copy "copy",
+    ClipGradNorm "clip_grad_norm",
     EnvMat "env_mat",
     DenseForward "dense_forward",
     DenseBackward "dense_backward",
@@ -90,6 +104,10 @@ type StepTable = [Tally; NOPS];
 struct Record {
     current: Option<StepTable>,
     steps: Vec<StepTable>,
+    /// Launches, transfers and created objects of each completed step.
+    counts: Vec<Counts>,
+    /// The totals at the end of the last completed step.
+    counted: Counts,
 }
 
 /// One op's line of a profile, averaged over the profiled steps.
@@ -118,6 +136,8 @@ pub struct Profile {
     pub steps: usize,
     /// Ops called at least once, in trait order.
     pub ops: Vec<OpProfile>,
+    /// Mean launches, transfers and created objects per step ([`Counts::entries`] order).
+    pub counts: Vec<(&'static str, f64)>,
 }
 
 impl Profile {
@@ -133,6 +153,8 @@ impl Profile {
 pub struct Timed<B> {
     inner: B,
     record: Mutex<Record>,
+    /// Counted at the trait's level, for backends that keep no counts of their own.
+    counters: Counters,
 }
 
 impl<B> Timed<B> {
@@ -140,6 +162,7 @@ impl<B> Timed<B> {
         Timed {
             inner,
             record: Mutex::new(Record::default()),
+            counters: Counters::default(),
         }
     }
 
@@ -168,13 +191,29 @@ impl<B> Timed<B> {
             })
             .filter(|o| o.calls_per_step > 0.0)
             .collect();
+        let counted = &rec.counts[skip.min(rec.counts.len())..];
+        let counts = Counts::default()
+            .entries()
+            .iter()
+            .enumerate()
+            .map(|(i, &(name, _))| {
+                let total: u64 = counted.iter().map(|c| c.entries()[i].1).sum();
+                (name, total as f64 / n)
+            })
+            .collect();
         Profile {
             steps: steps.len(),
             ops,
+            counts,
         }
     }
+}
 
-    fn add(&self, op: Op, seconds: f64, flops: f64) {
+impl<B> Timed<B> {
+    fn add<T: Real>(&self, op: Op, seconds: f64, flops: f64)
+    where
+        B: Timeable<T>,
+    {
         let mut rec = self.record.lock().unwrap();
         let t = &mut rec.current.get_or_insert_with(|| [Tally::default(); NOPS])[op as usize];
         t.calls += 1;
@@ -183,21 +222,27 @@ impl<B> Timed<B> {
         if op == Op::Adam {
             let done = rec.current.take().unwrap();
             rec.steps.push(done);
+            let now = self.inner.counts().unwrap_or_else(|| self.counters.get());
+            let step = now.since(&rec.counted);
+            rec.counts.push(step);
+            rec.counted = now;
         }
     }
-}
 
-impl<B> Timed<B> {
-    /// Runs `f` (one call of the inner backend) between two waits and books its time.
+    /// Runs `f` (one call of the inner backend) between two waits and books its time; an op
+    /// that computes counts as one launch.
     fn time<T: Real, R>(&self, op: Op, flops: f64, f: impl FnOnce(&B) -> R) -> R
     where
         B: Timeable<T>,
     {
+        if !matches!(op, Op::Upload | Op::Download | Op::Zeros | Op::Write) {
+            self.counters.launch();
+        }
         self.inner.wait();
         let t0 = Instant::now();
         let r = f(&self.inner);
         self.inner.wait();
-        self.add(op, t0.elapsed().as_secs_f64(), flops);
+        self.add::<T>(op, t0.elapsed().as_secs_f64(), flops);
         r
     }
 }
@@ -243,22 +288,49 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
     }
 
     fn upload(&self, x: &[T]) -> Self::Buf {
+        self.counters.buffer();
+        self.counters.upload(size_of_val(x));
         self.time::<T, _>(Op::Upload, 0.0, |b| b.upload(x))
     }
     fn upload_idx(&self, x: &[i32]) -> Self::Idx {
+        self.counters.buffer();
+        self.counters.upload(size_of_val(x));
         self.time::<T, _>(Op::Upload, 0.0, |b| b.upload_idx(x))
     }
     fn download(&self, buf: &Self::Buf) -> Vec<T> {
+        self.counters.readback(self.inner.len(buf) * size_of::<T>());
         self.time::<T, _>(Op::Download, 0.0, |b| b.download(buf))
     }
     fn zeros(&self, n: usize) -> Self::Buf {
+        self.counters.buffer();
         self.time::<T, _>(Op::Zeros, 0.0, |b| b.zeros(n))
     }
     fn fill(&self, buf: &mut Self::Buf, v: T) {
         self.time::<T, _>(Op::Fill, 0.0, |b| b.fill(buf, v))
     }
-    fn len(&self, buf: &Self::Buf) -> usize {
-        self.inner.len(buf)
+    fn write(&self, buf: &mut Self::Buf, x: &[T]) {
+        self.counters.upload(size_of_val(x));
+        self.time::<T, _>(Op::Write, 0.0, |b| b.write(buf, x))
+    }
+    fn write_idx(&self, buf: &mut Self::Idx, x: &[i32]) {
+        self.counters.upload(size_of_val(x));
+        self.time::<T, _>(Op::Write, 0.0, |b| b.write_idx(buf, x))
+    }
+    fn buf_id(&self, buf: &Self::Buf) -> u64 {
+        self.inner.buf_id(buf)
+    }
+    fn idx_id(&self, buf: &Self::Idx) -> u64 {
+        Backend::<T>::idx_id(&self.inner, buf)
+    }
+    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, at: usize) {
+        self.time::<T, _>(Op::Copy, 0.0, |b| b.copy(src, dst, at))
+    }
+    fn clip_grad_norm(&self, grad: &mut Self::Buf, max: f64, norm: &mut Self::Buf, at: usize) {
+        // A square and an add per value, then a multiply.
+        let flops = 3.0 * self.inner.len(grad) as f64;
+        self.time::<T, _>(Op::ClipGradNorm, flops, |b| {
+            b.clip_grad_norm(grad, max, norm, at)
+        })
     }
 
     fn env_mat(
@@ -300,13 +372,13 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         layer: &Layer,
         params: &Self::Buf,
         rows: Range<usize>,
-        io: DenseIo<Self::Buf>,
+        h: &Self::Buf,
         ybar: &Self::Buf,
         xbar: &mut Self::Buf,
     ) {
         let flops = 2.0 * dense_macs(layer, &rows);
         self.time::<T, _>(Op::DenseBackward, flops, |b| {
-            b.dense_backward(layer, params, rows, io, ybar, xbar)
+            b.dense_backward(layer, params, rows, h, ybar, xbar)
         })
     }
 

@@ -128,7 +128,7 @@ pub fn pick_device(local_rank: usize, local_size: usize, count: usize) -> Result
 }
 
 #[cfg(feature = "cuda")]
-fn open_cuda() -> Result<crate::backend::cuda::Cuda> {
+pub(super) fn open_cuda() -> Result<crate::backend::cuda::Cuda> {
     use crate::backend::cuda::Cuda;
     let count = Cuda::device_count()?;
     let (rank, size) = local_rank();
@@ -145,7 +145,7 @@ fn open_cuda() -> Result<crate::backend::cuda::Cuda> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda() -> Result<Cpu> {
+pub(super) fn open_cuda() -> Result<Cpu> {
     bail!("this dpw was built without the CUDA backend: build it with `cargo build --release --features cuda`")
 }
 
@@ -156,7 +156,7 @@ fn open_cuda() -> Result<Cpu> {
 /// rank, among those of the graphics API wgpu prefers, software ones left out when a GPU is
 /// there; `WGPU_ADAPTER_NAME` overrides the choice.
 #[cfg(feature = "wgpu")]
-fn open_wgpu(float64: bool, real_gpu_only: bool) -> Result<crate::backend::wgpu::Wgpu> {
+pub(super) fn open_wgpu(float64: bool, real_gpu_only: bool) -> Result<crate::backend::wgpu::Wgpu> {
     use crate::backend::wgpu::Wgpu;
     let power = wgpu::PowerPreference::HighPerformance;
     let (rank, size) = local_rank();
@@ -201,7 +201,7 @@ fn rank_adapters(all: Vec<wgpu::Adapter>) -> Vec<wgpu::Adapter> {
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn open_wgpu(_float64: bool, _real_gpu_only: bool) -> Result<Cpu> {
+pub(super) fn open_wgpu(_float64: bool, _real_gpu_only: bool) -> Result<Cpu> {
     bail!("this dpw was built without the wgpu backend: build it with `cargo build --release --features wgpu`")
 }
 

@@ -1,7 +1,8 @@
 //! `dpw bench`: trains an input for a fixed number of steps after a warm-up, with no output
 //! files kept, and reports the median s/step, steps/s, peak memory and start-up time. With
 //! `--profile`, the backend runs wrapped in [`Timed`] and the report adds, per op, the time per
-//! step, its share of the step, the FLOPs per step and the achieved GFLOP/s.
+//! step, its share of the step, the FLOPs per step and the achieved GFLOP/s; and per step the
+//! launches, uploads, read-backs, buffers and bind groups (the backend's own counts on a GPU).
 
 use std::path::{Path, PathBuf};
 use web_time::Instant;
@@ -9,10 +10,10 @@ use web_time::Instant;
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use super::backend::{run_job, BackendChoice, Job};
+use super::backend::{open_cuda, open_wgpu, run_job, BackendChoice, Job};
 use super::train::TrainJob;
 use crate::backend::cpu::Cpu;
-use crate::backend::timed::{Profile, Timed};
+use crate::backend::timed::{Profile, Timeable, Timed};
 use crate::backend::Real;
 use crate::config::{load_config, Precision};
 use crate::train::trainer::{prepare, Start, TrainReport};
@@ -75,14 +76,14 @@ pub fn run_bench(args: BenchArgs, t0: Instant) -> Result<serde_json::Value> {
         let precision = setup.precision;
         let job = TrainJob { setup };
         let (report, profile) = if args.profile {
-            anyhow::ensure!(
-                args.backend == BackendChoice::Cpu,
-                "--profile is implemented for --backend cpu only"
-            );
-            let (r, p) = if precision == Precision::F64 {
-                profiled::<f64>(job, args.warmup)?
-            } else {
-                profiled::<f32>(job, args.warmup)?
+            let f64 = precision == Precision::F64;
+            let (r, p) = match args.backend {
+                BackendChoice::Cpu => profiled(Cpu::default(), f64, job, args.warmup)?,
+                BackendChoice::Wgpu => profiled(open_wgpu(f64, false)?, f64, job, args.warmup)?,
+                BackendChoice::Cuda => profiled(open_cuda()?, f64, job, args.warmup)?,
+                BackendChoice::Auto => {
+                    anyhow::bail!("--profile needs a named backend: --backend cpu, wgpu or cuda")
+                }
             };
             (r, Some(p))
         } else {
@@ -131,19 +132,33 @@ pub fn run_bench(args: BenchArgs, t0: Instant) -> Result<serde_json::Value> {
     Ok(r)
 }
 
-/// Trains on the CPU backend wrapped in [`Timed`]; the profile skips the warm-up steps.
-fn profiled<T: Real>(job: TrainJob, warmup: usize) -> Result<(TrainReport, Profile)>
-where
-    Cpu: crate::backend::timed::Timeable<T>,
-{
-    let timed = Timed::new(Cpu::default());
-    tracing::info!(
-        "backend: {}, precision {}",
-        crate::backend::Backend::<T>::name(&timed),
-        T::NAME
-    );
-    let report = job.run::<T, Timed<Cpu>>(&timed)?;
-    Ok((report, timed.profile(warmup)))
+/// Trains on `inner` wrapped in [`Timed`], in float64 or float32; the profile skips the
+/// warm-up steps.
+fn profiled<B: Timeable<f64> + Timeable<f32>>(
+    inner: B,
+    f64: bool,
+    job: TrainJob,
+    warmup: usize,
+) -> Result<(TrainReport, Profile)> {
+    fn go<T: Real, B: Timeable<T>>(
+        inner: B,
+        job: TrainJob,
+        warmup: usize,
+    ) -> Result<(TrainReport, Profile)> {
+        let timed = Timed::new(inner);
+        tracing::info!(
+            "backend: {}, precision {}",
+            crate::backend::Backend::<T>::name(&timed),
+            T::NAME
+        );
+        let report = job.run::<T, Timed<B>>(&timed)?;
+        Ok((report, timed.profile(warmup)))
+    }
+    if f64 {
+        go::<f64, B>(inner, job, warmup)
+    } else {
+        go::<f32, B>(inner, job, warmup)
+    }
 }
 
 /// The profile as JSON: one entry per op, plus the part of the mean step spent outside ops
@@ -171,8 +186,14 @@ fn profile_json(p: &Profile, mean_step_s: f64) -> serde_json::Value {
         })
         .collect();
     let outside = mean_step_s - p.s_per_step();
+    let counts: serde_json::Map<String, serde_json::Value> = p
+        .counts
+        .iter()
+        .map(|&(k, v)| (k.to_string(), json!(v)))
+        .collect();
     json!({
         "steps": p.steps,
+        "counts_per_step": counts,
         "mean_step_ms": 1e3 * mean_step_s,
         "ops": ops,
         "outside_ops_ms_per_step": 1e3 * outside,
@@ -210,6 +231,13 @@ fn print_profile(p: &serde_json::Value) {
         f(p, "outside_ops_ms_per_step"),
         100.0 * f(p, "outside_ops_share"),
     );
+    if let Some(c) = p["counts_per_step"].as_object() {
+        let line: Vec<String> = c
+            .iter()
+            .map(|(k, v)| format!("{k} {}", v.as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        println!("per step: {}", line.join(", "));
+    }
     println!(
         "{:<20} {:>8} {:>9.2} {:>6.1}% {:>12.1} {:>8.2}",
         "step (mean)",

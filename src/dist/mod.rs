@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 
 pub use comm::Guard;
 
+use crate::backend::{Backend, Real};
 use crate::config::ScaleByWorker;
 
 /// What a user sees when dpw was started by an MPI launcher but built without MPI.
@@ -327,6 +328,33 @@ impl GradExchange {
         self.steps += 1;
         let r = &self.recv;
         (&r[..n], [r[n], r[n + 1], r[n + 2]])
+    }
+
+    /// The step's all-reduce on device buffers: `share × grad` and the loss sums (3 values)
+    /// summed over the ranks, in place. This host-MPI path reads both back, reduces on the host
+    /// and writes the results into the same buffers; a device path (NCCL) would reduce the
+    /// buffers where they are.
+    pub fn all_reduce<T: Real, B: Backend<T>>(
+        &mut self,
+        w: &World,
+        b: &B,
+        grad: &mut B::Buf,
+        sums: &mut B::Buf,
+        share: f64,
+    ) {
+        let t = std::time::Instant::now();
+        let g = b.download(grad);
+        let s = b.download(sums);
+        let (reduced, extra) = self.run(
+            w,
+            g.iter().map(|x| x.f64()),
+            share,
+            [0, 1, 2].map(|i| s[i].f64()),
+        );
+        let reduced: Vec<T> = reduced.iter().map(|&x| T::of(x)).collect();
+        b.write(grad, &reduced);
+        b.write(sums, &extra.map(T::of));
+        self.t_total += t.elapsed().as_secs_f64();
     }
 
     /// One line for the end of the run, with `s_per_step` the average step time.

@@ -2,10 +2,12 @@
 
 mod bias;
 mod cell;
+mod env_row;
 mod nlist;
 mod stat;
 
 pub use bias::energy_bias;
 pub use cell::Cell;
+pub use env_row::env_row;
 pub use nlist::{build_nlist, NeighborList};
 pub use stat::{frame_rows, EnvStats};

@@ -1,8 +1,8 @@
 //! Input statistics DeePMD-kit computes before training: davg/dstd of the environment matrix
 //! (docs/deepmd-spec.md §4); the per-type energy bias is in `bias.rs`.
 
+use super::env_row;
 use super::{build_nlist, Cell};
-use crate::backend::cpu::env_row;
 use crate::backend::EnvParams;
 use crate::model::DescriptorSpec;
 

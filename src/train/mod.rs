@@ -12,6 +12,7 @@ pub mod outputs;
 pub mod predict;
 pub mod stats;
 pub mod step;
+pub mod steplog;
 pub mod trainer;
 pub mod validation;
 pub mod workspaces;

@@ -76,6 +76,19 @@ struct NetCache<Buf> {
 }
 
 impl<Buf> NetCache<Buf> {
+    fn all(&self) -> impl Iterator<Item = &Buf> {
+        [
+            &self.h,
+            &self.y,
+            &self.zdot,
+            &self.ydot,
+            &self.xbar,
+            &self.xdotbar,
+        ]
+        .into_iter()
+        .flatten()
+    }
+
     fn new<T: Real, B: Backend<T, Buf = Buf>>(b: &B, net: &Net, rows: usize) -> Self {
         let out = |f: &dyn Fn(&crate::model::Layer) -> usize| {
             net.layers.iter().map(|l| b.zeros(rows * f(l))).collect()
@@ -106,7 +119,9 @@ impl<Buf> Embed<Buf> {
     }
 }
 
-/// Every buffer of a step for one batch shape.
+/// Every buffer of a step for one batch shape: the plan of the step. It is made once per shape;
+/// each batch is written into it ([`Workspace::load`]), so no buffer changes address from one
+/// step to the next.
 pub struct Workspace<T: Real, B: Backend<T>> {
     pub dims: Dims,
     rij: B::Buf,
@@ -201,25 +216,63 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         &self.sums
     }
 
+    /// The loss sums of the last [`gradient`], for the data-parallel all-reduce.
+    pub fn sums_mut(&mut self) -> &mut B::Buf {
+        &mut self.sums
+    }
+
     /// The loss sums of the last [`gradient`] (a read-back).
     pub fn loss_sums(&self, b: &B) -> LossSums {
         LossSums::from_values(&b.download(&self.sums))
     }
 
-    /// Sends a batch's geometry and labels to the device.
+    /// Writes a batch's geometry and labels into the workspace's buffers.
     pub fn load(&mut self, b: &B, batch: &HostBatch) {
         assert_eq!(
             batch.dims, self.dims,
             "workspace built for another batch shape"
         );
-        self.rij = b.upload(&to_t(&batch.rij));
-        self.owner = b.upload_idx(&batch.owner);
-        self.centre_atom = b.upload_idx(&batch.centre_atom);
-        self.labels = [
-            b.upload(&to_t(&batch.energy)),
-            b.upload(&to_t(&batch.force)),
-            b.upload(&to_t(&batch.virial)),
-        ];
+        b.write(&mut self.rij, &to_t(&batch.rij));
+        b.write_idx(&mut self.owner, &batch.owner);
+        b.write_idx(&mut self.centre_atom, &batch.centre_atom);
+        let [e, f, v] = &mut self.labels;
+        b.write(e, &to_t(&batch.energy));
+        b.write(f, &to_t(&batch.force));
+        b.write(v, &to_t(&batch.virial));
+    }
+
+    /// The identities ([`Backend::buf_id`]) of every buffer of the plan, in a fixed order.
+    pub fn buffer_ids(&self, b: &B) -> Vec<u64> {
+        let mut bufs: Vec<&B::Buf> = vec![&self.rij];
+        bufs.extend(&self.labels);
+        bufs.extend([&self.rhat, &self.jac, &self.s, &self.ones_s, &self.ones_c]);
+        match &self.embed {
+            Embed::Fused { g, gp } => bufs.extend([g, gp]),
+            Embed::Layered(c) => bufs.extend(c.all()),
+        }
+        bufs.extend([&self.a, &self.desc]);
+        bufs.extend(self.fit.all());
+        bufs.extend([
+            &self.e_atom,
+            &self.energy,
+            &self.force,
+            &self.virial,
+            &self.abar,
+            &self.q,
+            &self.ebar,
+            &self.fres,
+            &self.vres,
+            &self.sums,
+            &self.rdot,
+            &self.sdot,
+            &self.adot,
+            &self.ddot,
+            &self.gbar,
+            &self.gdotbar,
+        ]);
+        let mut ids: Vec<u64> = bufs.into_iter().map(|x| b.buf_id(x)).collect();
+        ids.extend([b.idx_id(&self.owner), b.idx_id(&self.centre_atom)]);
+        ids
     }
 }
 
@@ -261,15 +314,7 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
             } else {
                 &tail[0]
             };
-            let x = if l == 0 { &w.desc } else { &c.y[l - 1] };
-            b.dense_backward(
-                layer,
-                &m.params,
-                rows.clone(),
-                DenseIo { x, h: &c.h[l] },
-                ybar,
-                &mut head[l],
-            );
+            b.dense_backward(layer, &m.params, rows.clone(), &c.h[l], ybar, &mut head[l]);
         }
     }
     let e_fit = w.fit.y.last().unwrap();

@@ -16,7 +16,7 @@ use indicatif::ProgressBar;
 use serde_json::Value;
 use web_time::Instant;
 
-use crate::backend::{Backend, LossSums, Real};
+use crate::backend::{Backend, Real};
 use crate::config::{Config, Precision, Sel};
 use crate::data::{Disk, Files, Sampler, SystemStore};
 use crate::dist;
@@ -34,6 +34,7 @@ use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
 use super::stats::{auto_sel, data_stats, neighbor_stats, stat_frames};
 use super::step::DeviceModel;
+use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
 use super::validation::{validate, VALID_STREAM};
 use super::workspaces::{adam_step, batch_gradient, Cache};
 
@@ -805,7 +806,11 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let mut last_disp_step = start;
     let mut timed = (0.0f64, 0usize);
     let mut exchange = dist::GradExchange::default();
-    let mut grad_t: Vec<T> = Vec::new();
+    // Loss sums and gradient norms stay on the device until a display step or a checkpoint.
+    let mut log = StepLog::<T, B>::new(b, tc.disp_freq);
+    // The loss sums of a rank without frames in a step (the end of an epoch).
+    let mut no_sums = b.zeros(3);
+    let mut trn = loss.zero_metrics();
 
     for step in start..numb_steps {
         let t_step = Instant::now();
@@ -819,59 +824,32 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         } = batches.next()?;
         let natoms = natoms_of[s];
         let pf = loss.prefactors(pref_lr, natoms, systems[s].has_virial);
-        let (mut sums, nf) = match &batch {
+        let (sums, nf) = match &batch {
             Some(batch) => {
                 let w = batch_gradient(b, &mut dm, &mut cache, batch, pf.op);
-                (w.loss_sums(b), batch.dims.nframes)
+                (w.sums_mut(), batch.dims.nframes)
             }
             None => {
                 b.fill(&mut dm.grad, T::zero());
-                (LossSums::default(), 0)
+                b.fill(&mut no_sums, T::zero());
+                (&mut no_sums, 0)
             }
         };
         if world.is_distributed() {
             // The mean over the global batch: each rank's mean weighted by its share of the
             // frames, summed, with the loss sums riding along in the same all-reduce.
-            let t = Instant::now();
-            let share = nf as f64 / nglobal as f64;
-            let g = b.download(&dm.grad);
-            let (grad, [e2, f2, v2]) = exchange.run(
-                world,
-                g.iter().map(|x| x.f64()),
-                share,
-                [sums.e2, sums.f2, sums.v2],
-            );
-            sums = LossSums { e2, f2, v2 };
-            grad_t.clear();
-            grad_t.extend(grad.iter().map(|&x| T::of(x)));
-            dm.grad = b.upload(&grad_t);
-            exchange.t_total += t.elapsed().as_secs_f64();
+            exchange.all_reduce(world, b, &mut dm.grad, sums, nf as f64 / nglobal as f64);
         }
-        let trn = loss.metrics(&sums, nglobal, natoms, &pf);
-        if !trn.rmse.is_finite() {
-            bail!(
-                "the loss is {} at step {} (system {}); stopping{}",
-                trn.rmse,
-                step + 1,
-                systems[s].path.display(),
-                report.last_ckpt.as_ref().map_or(String::new(), |p| format!(
-                    "; the last checkpoint is {}",
-                    p.display()
-                ))
-            );
-        }
+        let info = StepInfo {
+            step: step + 1,
+            sys: s,
+            nframes: nglobal,
+            natoms,
+            pf,
+        };
+        let (rows, norm_at) = log.record(b, sums, info);
         if clip > 0.0 {
-            let g = b.download(&dm.grad);
-            let norm = g.iter().map(|x| x.f64() * x.f64()).sum::<f64>().sqrt();
-            if !norm.is_finite() {
-                bail!("the gradient norm is {norm} at step {}", step + 1);
-            }
-            let coef = clip / (norm + 1e-6);
-            if coef < 1.0 {
-                let c = T::of(coef);
-                let scaled: Vec<T> = g.iter().map(|&x| x * c).collect();
-                dm.grad = b.upload(&scaled);
-            }
+            b.clip_grad_norm(&mut dm.grad, clip, rows, norm_at);
         }
         b.adam(
             adam_step(opt, lr, step),
@@ -887,13 +865,40 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 t0.elapsed().as_secs_f64()
             );
         }
-        if tc.disp_avg {
-            acc_count += 1;
-            acc_sum.add_scaled(&trn, 1.0);
-        }
         let done = step + 1;
         if let Some(bar) = &progress {
             bar.set_position(done as u64);
+        }
+        let display = tc.disp_training && (done % tc.disp_freq == 0 || done == 1);
+        // Ctrl-C / SIGTERM: the step is finished; save it and stop (unless it was the last).
+        let stop = interrupt::requested().filter(|_| done < numb_steps);
+        let checkpoint =
+            (done % tc.save_freq == 0 && step != start) || done == numb_steps || stop.is_some();
+        // Every rank reads at the same steps, so that all stop at the same step on a NaN.
+        if display || checkpoint || log.is_full() {
+            for l in log.drain(b) {
+                let LoggedStep { info, sums, .. } = l;
+                trn = loss.metrics(&sums, info.nframes, info.natoms, &info.pf);
+                if !trn.rmse.is_finite() {
+                    bail!(
+                        "the loss is {} at step {} (system {}); stopping{}",
+                        trn.rmse,
+                        info.step,
+                        systems[info.sys].path.display(),
+                        report.last_ckpt.as_ref().map_or(String::new(), |p| format!(
+                            "; the last checkpoint is {}",
+                            p.display()
+                        ))
+                    );
+                }
+                if clip > 0.0 {
+                    check_grad_norm(&l)?;
+                }
+                if tc.disp_avg {
+                    acc_count += 1;
+                    acc_sum.add_scaled(&trn, 1.0);
+                }
+            }
         }
         if world.is_distributed() && done % tc.disp_freq == 0 {
             let (lo, hi) = world.min_max(dist::checksum(&dm.params_f64(b)));
@@ -908,7 +913,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             }
         }
 
-        if tc.disp_training && (done % tc.disp_freq == 0 || done == 1) {
+        if display {
             let shown = if tc.disp_avg {
                 let m = acc_sum.scaled(1.0 / acc_count.max(1) as f64);
                 acc_count = 0;
@@ -982,11 +987,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             dist::log::flush(world);
         }
 
-        // Ctrl-C / SIGTERM: the step is finished; save it and stop (unless it was the last).
-        let stop = interrupt::requested().filter(|_| done < numb_steps);
-        if root
-            && ((done % tc.save_freq == 0 && step != start) || done == numb_steps || stop.is_some())
-        {
+        if root && checkpoint {
             let acc = [
                 acc_count as f64,
                 acc_sum.rmse,

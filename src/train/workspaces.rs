@@ -8,7 +8,7 @@ use super::batch::HostBatch;
 use super::step::{forward, gradient, DeviceModel, Workspace};
 
 /// Systems of the same composition and batch size share one workspace (it holds nothing of a
-/// batch that [`Workspace::load`] does not replace), and so do training and validation.
+/// batch that [`Workspace::load`] does not overwrite), and so do training and validation.
 pub type Cache<T, B> = Vec<Workspace<T, B>>;
 
 pub fn workspace<'a, T: Real, B: Backend<T>>(
@@ -41,14 +41,14 @@ pub fn predict_batch<'a, T: Real, B: Backend<T>>(
 }
 
 /// Forward and gradient of one training batch: the gradient is left in `dm.grad`, the loss
-/// sums on the device in the returned workspace ([`Workspace::loss_sums`]).
+/// sums on the device in the returned workspace ([`Workspace::sums`]).
 pub fn batch_gradient<'a, T: Real, B: Backend<T>>(
     b: &B,
     dm: &mut DeviceModel<T, B>,
     cache: &'a mut Cache<T, B>,
     batch: &HostBatch,
     pref: Prefactors,
-) -> &'a Workspace<T, B> {
+) -> &'a mut Workspace<T, B> {
     let w = predict_batch(b, dm, cache, batch);
     gradient(b, dm, w, pref);
     w

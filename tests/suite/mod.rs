@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fd;
+pub mod plan;
 pub mod reference;
 pub mod virial;
 
@@ -39,6 +40,21 @@ macro_rules! backend_suite {
         $(#[$attr])?
         fn reference_adam_steps() {
             $crate::suite::reference::adam_steps(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
+        fn plan_buffers_stay_put() {
+            $crate::suite::plan::buffers_stay_put(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
+        fn plan_write_and_copy() {
+            $crate::suite::plan::write_and_copy(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
+        fn plan_clip_grad_norm() {
+            $crate::suite::plan::clip_grad_norm(&$backend);
         }
         #[test]
         $(#[$attr])?

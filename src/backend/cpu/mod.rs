@@ -10,8 +10,6 @@ mod scatter;
 mod simd;
 mod tanh;
 
-pub use env_mat::env_row;
-
 use std::ops::Range;
 
 use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
@@ -58,8 +56,29 @@ impl<T: Real> Backend<T> for Cpu {
     fn fill(&self, b: &mut Vec<T>, v: T) {
         b.fill(v);
     }
-    fn len(&self, b: &Vec<T>) -> usize {
-        b.len()
+    fn write(&self, b: &mut Vec<T>, x: &[T]) {
+        b.copy_from_slice(x);
+    }
+    fn write_idx(&self, b: &mut Vec<i32>, x: &[i32]) {
+        b.copy_from_slice(x);
+    }
+    fn buf_id(&self, b: &Vec<T>) -> u64 {
+        b.as_ptr() as u64
+    }
+    fn idx_id(&self, b: &Vec<i32>) -> u64 {
+        b.as_ptr() as u64
+    }
+    fn copy(&self, src: &Vec<T>, dst: &mut Vec<T>, at: usize) {
+        dst[at..at + src.len()].copy_from_slice(src);
+    }
+    fn clip_grad_norm(&self, grad: &mut Vec<T>, max: f64, norm: &mut Vec<T>, at: usize) {
+        let n = grad.iter().map(|x| x.f64() * x.f64()).sum::<f64>().sqrt();
+        norm[at] = T::of(n);
+        let coef = max / (n + 1e-6);
+        if coef < 1.0 {
+            let c = T::of(coef);
+            grad.iter_mut().for_each(|x| *x *= c);
+        }
     }
 
     fn env_mat(
@@ -94,11 +113,11 @@ impl<T: Real> Backend<T> for Cpu {
         l: &Layer,
         p: &Vec<T>,
         rows: Range<usize>,
-        io: DenseIo<Vec<T>>,
+        h: &Vec<T>,
         ybar: &Vec<T>,
         xbar: &mut Vec<T>,
     ) {
-        dense::backward(l, p, rows, io.h, ybar, xbar);
+        dense::backward(l, p, rows, h, ybar, xbar);
     }
 
     fn dense_tangent(
@@ -263,7 +282,7 @@ impl<T: Real> Backend<T> for Cpu {
         let pred = pred.map(|b| b.as_slice());
         let label = label.map(|b| b.as_slice());
         let s = loss::loss(d, pref, pred, label, ebar, fres, vres);
-        *sums = vec![T::of(s.e2), T::of(s.f2), T::of(s.v2)];
+        sums.copy_from_slice(&[T::of(s.e2), T::of(s.f2), T::of(s.v2)]);
     }
 
     fn virtual_tangent(

@@ -74,7 +74,7 @@ pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "adam.cu",
         source: include_str!("../../../kernels/adam.cu"),
-        kernels: &["adam", "fill"],
+        kernels: &["adam", "fill", "grad_sq", "sum_parts", "clip_scale"],
     },
 ];
 

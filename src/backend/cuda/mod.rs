@@ -2,7 +2,8 @@
 //! compiled at run time with NVRTC, cuBLAS for the dense-layer matrix products.
 //!
 //! Everything runs in order on one stream; buffers are device vectors ([`CudaBuf`]), and every
-//! op only enqueues work, except `download` and `loss` (which returns its sums), which wait.
+//! op only enqueues work, except `download`, which waits. The loss sums and the gradient norm
+//! are reduced on the device, so a training step ends without a synchronisation.
 //! Results are deterministic: the kernels sum in fixed orders (no floating-point atomics) and
 //! cuBLAS is deterministic for a fixed device and configuration on one stream.
 //!
@@ -29,13 +30,15 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use super::counts::{Counters, Counts};
 use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
 use crate::model::Layer;
 
 /// The message when no driver library can be loaded.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend cpu or wgpu";
 
-/// Entries per thread in the chunked loss sums (their partials are added on the host in order).
+/// Entries per thread in the chunked loss sums and gradient norm (their partials are added in
+/// order by one device thread, `sum_parts`).
 const LOSS_CHUNK: usize = 256;
 
 /// A float type the kernels are instantiated for (`op_f32`, `op_f64`), with its cuBLAS GEMM.
@@ -144,6 +147,7 @@ pub struct Cuda {
     dims: Mutex<HashMap<Vec<i32>, Arc<CudaSlice<i32>>>>,
     device: String,
     arch: String,
+    counters: Counters,
 }
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
@@ -263,6 +267,7 @@ impl Cuda {
             dims: Mutex::new(HashMap::new()),
             device,
             arch,
+            counters: Counters::default(),
         })
     }
 
@@ -310,11 +315,14 @@ impl Cuda {
     /// Uninitialised device scratch of n elements (at least one), freed in stream order when
     /// dropped: the stream-ordered memory pool makes this cheap.
     fn scratch<T: DeviceRepr>(&self, n: usize) -> CudaSlice<T> {
+        self.counters.buffer();
         // SAFETY: every scratch buffer is written by a kernel before it is read.
         unsafe { self.stream.alloc::<T>(n.max(1)) }.expect("cuda: allocating scratch memory")
     }
 
     fn upload_vec<T: DeviceRepr + ValidAsZeroBits>(&self, x: &[T]) -> CudaSlice<T> {
+        self.counters.buffer();
+        self.counters.upload(size_of_val(x));
         if x.is_empty() {
             return self.stream.alloc_zeros(1).expect("cuda: allocation");
         }
@@ -412,6 +420,7 @@ impl Cuda {
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
         let int = |v: usize| i32::try_from(v).expect("cuda: GEMM dimension above 2^31");
         let blas = self.blas.lock().unwrap();
+        self.counters.launch();
         self.ctx
             .bind_to_thread()
             .expect("cuda: binding the context");
@@ -450,6 +459,7 @@ macro_rules! launch {
         let (gx, gy, gz) = cfg.grid_dim;
         if gx > 0 && gy > 0 && gz > 0 {
             let func = $cuda.prepare(name, &cfg);
+            $cuda.counters.launch();
             let mut args = $cuda.stream.launch_builder(func);
             $(
                 let a = $arg;
@@ -515,6 +525,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
         if b.len == 0 {
             return Vec::new();
         }
+        self.counters.readback(b.len * size_of::<T>());
         let v = self
             .stream
             .clone_dtoh(&b.data.slice(0..b.len))
@@ -524,6 +535,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
     }
 
     fn zeros(&self, n: usize) -> CudaBuf<T> {
+        self.counters.buffer();
         CudaBuf {
             data: self.stream.alloc_zeros(n.max(1)).expect("cuda: allocation"),
             len: n,
@@ -542,8 +554,93 @@ impl<T: CudaReal> Backend<T> for Cuda {
         );
     }
 
-    fn len(&self, b: &CudaBuf<T>) -> usize {
-        b.len
+    fn write(&self, b: &mut CudaBuf<T>, x: &[T]) {
+        assert_eq!(x.len(), b.len, "write: length differs from the buffer's");
+        if x.is_empty() {
+            return;
+        }
+        self.counters.upload(size_of_val(x));
+        self.stream
+            .memcpy_htod(x, &mut b.data.slice_mut(0..b.len))
+            .expect("cuda: write");
+    }
+
+    fn write_idx(&self, b: &mut CudaIdx, x: &[i32]) {
+        assert_eq!(
+            x.len(),
+            b.host.len(),
+            "write_idx: length differs from the buffer's"
+        );
+        if !x.is_empty() {
+            self.counters.upload(size_of_val(x));
+            self.stream
+                .memcpy_htod(x, &mut b.data.slice_mut(0..x.len()))
+                .expect("cuda: write");
+        }
+        b.host.copy_from_slice(x);
+        // The inverse lists follow the contents.
+        b.owned = OnceLock::new();
+    }
+
+    fn buf_id(&self, b: &CudaBuf<T>) -> u64 {
+        self.ptr(b)
+    }
+
+    fn idx_id(&self, b: &CudaIdx) -> u64 {
+        self.idx(b)
+    }
+
+    fn copy(&self, src: &CudaBuf<T>, dst: &mut CudaBuf<T>, at: usize) {
+        assert!(at + src.len <= dst.len, "copy past the end of a buffer");
+        if src.len == 0 {
+            return;
+        }
+        self.counters.launch();
+        self.stream
+            .memcpy_dtod(
+                &src.data.slice(0..src.len),
+                &mut dst.data.slice_mut(at..at + src.len),
+            )
+            .expect("cuda: copy");
+    }
+
+    fn clip_grad_norm(&self, grad: &mut CudaBuf<T>, max: f64, norm: &mut CudaBuf<T>, at: usize) {
+        assert!(at < norm.len, "clip_grad_norm: norm index past the buffer");
+        let chunks = grad.len.div_ceil(LOSS_CHUNK);
+        // The partials, then their total in double at part[chunks].
+        let part = self.scratch::<f64>(chunks + 1);
+        if chunks > 0 {
+            launch!(
+                self,
+                &name::<T>("grad_sq"),
+                grid(chunks, 64),
+                [
+                    grad.len as i64,
+                    LOSS_CHUNK as i64,
+                    self.ptr(grad),
+                    self.addr(&part)
+                ]
+            );
+        }
+        launch!(
+            self,
+            &name::<T>("sum_parts"),
+            grid(1, 32),
+            [chunks as i64, 1i32, self.addr(&part), self.at(norm, at)]
+        );
+        if grad.len > 0 {
+            launch!(
+                self,
+                &name::<T>("clip_scale"),
+                grid(grad.len, BLOCK),
+                [
+                    grad.len as i64,
+                    max,
+                    self.addr(&part) + (chunks * size_of::<f64>()) as u64,
+                    self.ptr(grad)
+                ]
+            );
+        }
     }
 
     fn env_mat(
@@ -599,11 +696,11 @@ impl<T: CudaReal> Backend<T> for Cuda {
         l: &Layer,
         p: &CudaBuf<T>,
         rows: Range<usize>,
-        io: DenseIo<CudaBuf<T>>,
+        h: &CudaBuf<T>,
         ybar: &CudaBuf<T>,
         xbar: &mut CudaBuf<T>,
     ) {
-        dense::backward(self, l, p, rows, io.h, ybar, xbar);
+        dense::backward(self, l, p, rows, h, ybar, xbar);
     }
 
     fn dense_tangent(
@@ -910,10 +1007,9 @@ impl<T: CudaReal> Backend<T> for Cuda {
             ),
             (9 * d.nframes, 2.0 * pref.v, 9.0 * n * nf, self.ptr(vres)),
         ];
-        let mut partials = Vec::new();
         for (k, &(len, num, den, out)) in parts.iter().enumerate() {
             let chunks = len.div_ceil(LOSS_CHUNK);
-            let part = self.scratch::<f64>(chunks);
+            let part = self.scratch::<f64>(chunks + 1);
             if len > 0 {
                 launch!(
                     self,
@@ -931,7 +1027,13 @@ impl<T: CudaReal> Backend<T> for Cuda {
                     ]
                 );
             }
-            partials.push((part, chunks));
+            // Summed in order in f64, as the CPU sums.
+            launch!(
+                self,
+                &name::<T>("sum_parts"),
+                grid(1, 32),
+                [chunks as i64, 0i32, self.addr(&part), self.at(sums, k)]
+            );
         }
         if d.ncentres() > 0 {
             launch!(
@@ -941,22 +1043,6 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 [self.addr(&*dims), self.addr(&ce), self.ptr(ebar)]
             );
         }
-        // The chunk partials are summed on the host in f64, in order, as the CPU sums.
-        let total: Vec<f64> = partials
-            .iter()
-            .map(|(part, chunks)| {
-                if *chunks == 0 {
-                    return 0.0;
-                }
-                let v = self
-                    .stream
-                    .clone_dtoh(&part.slice(0..*chunks))
-                    .expect("cuda: download");
-                self.synchronize();
-                v.iter().sum()
-            })
-            .collect();
-        *sums = self.upload(&total.iter().map(|&x| T::of(x)).collect::<Vec<_>>());
     }
 
     fn virtual_tangent(
@@ -1024,5 +1110,20 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 self.ptr(v)
             ]
         );
+    }
+}
+
+impl<T: CudaReal> super::timed::Timeable<T> for Cuda {
+    fn wait(&self) {
+        self.synchronize();
+    }
+    fn count_real(&self, owner: &CudaIdx) -> usize {
+        owner.host.iter().filter(|&&o| o >= 0).count()
+    }
+    fn len(&self, b: &CudaBuf<T>) -> usize {
+        b.len
+    }
+    fn counts(&self) -> Option<Counts> {
+        Some(self.counters.get())
     }
 }

@@ -9,10 +9,15 @@ use wgpu::util::DeviceExt;
 
 use super::shaders::{source, Access, Kernel, Precision, Shader};
 use super::{Buf, GpuReal, Idx};
+use crate::backend::counts::{Counters, Counts};
 use crate::backend::Dims;
 
-/// Ops recorded before a submit: bounds the per-op uniform buffers and bind groups held alive.
+/// Ops recorded before a submit, so that the device starts on long sequences early.
 const MAX_PENDING_PASSES: u32 = 64;
+
+/// Cached bind groups kept before the cache is emptied: a training run needs a few hundred (one
+/// per dispatch of a step, per batch shape), so this only bounds runs that keep making buffers.
+const MAX_BIND_GROUPS: usize = 8192;
 
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
@@ -36,11 +41,26 @@ struct Pipeline {
     layout: wgpu::BindGroupLayout,
 }
 
-/// The CSR gather lists of the force op, for one (owner, centre_atom, dims) triple.
-pub(super) struct ForceLists {
-    key: (u64, u64, Dims),
-    pub ptr: wgpu::Buffer,
-    pub ent: wgpu::Buffer,
+/// The CSR gather lists of the force op for one batch shape, rewritten in place when the owner
+/// and centre tables change.
+struct ForceLists {
+    /// The [`Idx`] versions (owner, centre_atom) they were built from.
+    versions: (u64, u64),
+    ptr: wgpu::Buffer,
+    /// Sized for every slot real (2 entries per slot), so that any batch of the shape fits.
+    ent: wgpu::Buffer,
+}
+
+/// An op's name and the bytes per value of its constants.
+type ConstKey = (&'static str, usize);
+
+/// A dispatch's bind group is reused whenever the same pipeline sees the same uniform block and
+/// the same buffers: every dispatch of a step after the first.
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    pipeline: PipelineKey,
+    uniform: Vec<u32>,
+    bufs: Vec<wgpu::Buffer>,
 }
 
 /// A wgpu device with its queue and the compute pipelines built so far.
@@ -54,8 +74,12 @@ pub struct Wgpu {
     pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
     pending: Mutex<Pending>,
     scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
-    dims: Mutex<Option<(Dims, wgpu::Buffer)>>,
-    pub(super) force_lists: Mutex<Option<Arc<ForceLists>>>,
+    /// Small per-op constant arrays (loss coefficients, Adam's hyper-parameters), by (op, bytes
+    /// per value), with the contents last written.
+    consts: Mutex<HashMap<ConstKey, (Vec<u8>, wgpu::Buffer)>>,
+    bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
+    dims: Mutex<HashMap<Vec<u32>, wgpu::Buffer>>,
+    force_lists: Mutex<Vec<(Dims, ForceLists)>>,
     /// Held by every op that uses a scratch buffer while it records, so that ops of different
     /// threads never interleave on the same scratch.
     scratch_lock: Mutex<()>,
@@ -67,6 +91,7 @@ pub struct Wgpu {
     /// The largest buffer one storage binding may cover on this device.
     max_binding: u64,
     next_id: AtomicU64,
+    counters: Counters,
     /// With `DPW_WGPU_PROFILE` set: every dispatch waits for the device, and its wall time is
     /// added up per kernel (calls, seconds). For finding slow kernels, not for production runs.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -181,12 +206,15 @@ impl Wgpu {
                 last: None,
             }),
             scratch: Mutex::default(),
-            dims: Mutex::new(None),
-            force_lists: Mutex::new(None),
+            consts: Mutex::default(),
+            bind_groups: Mutex::default(),
+            dims: Mutex::default(),
+            force_lists: Mutex::default(),
             scratch_lock: Mutex::new(()),
             device_lock: Mutex::default(),
             max_binding,
             next_id: AtomicU64::new(1),
+            counters: Counters::default(),
             profile: std::env::var_os("DPW_WGPU_PROFILE").map(|_| Mutex::default()),
         })
     }
@@ -207,6 +235,15 @@ impl Wgpu {
 
     pub fn supports_f64(&self) -> bool {
         self.f64_ok
+    }
+
+    /// Dispatches, transfers and objects created since the device was opened.
+    pub fn counts(&self) -> Counts {
+        self.counters.get()
+    }
+
+    pub(super) fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     pub fn adapter(&self) -> &wgpu::Adapter {
@@ -325,28 +362,13 @@ impl Wgpu {
             self.sync_inner();
             std::time::Instant::now()
         });
-        let ubuf = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(k.entry),
-                contents: bytemuck::cast_slice(uniform),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        }];
-        for (&(b, _), buf) in k.bindings.iter().zip(bufs) {
-            entries.push(wgpu::BindGroupEntry {
-                binding: b,
-                resource: buf.as_entire_binding(),
-            });
-        }
-        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(k.entry),
-            layout: &p.layout,
-            entries: &entries,
-        });
+        let key = BindKey {
+            pipeline: (k.shader.file_name(), k.entry, prec),
+            uniform: uniform.to_vec(),
+            bufs: bufs.iter().map(|&b| b.clone()).collect(),
+        };
+        let bg = self.bind_group(k, &p, key);
+        self.counters.launch();
         self.record(|enc| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(k.entry),
@@ -364,6 +386,44 @@ impl Wgpu {
             e.0 += 1;
             e.1 += t0.elapsed().as_secs_f64();
         }
+    }
+
+    /// The bind group of a dispatch, with its uniform block, made on first use.
+    fn bind_group(&self, k: &Kernel, p: &Pipeline, key: BindKey) -> wgpu::BindGroup {
+        let mut cache = self.bind_groups.lock().unwrap();
+        if let Some(bg) = cache.get(&key) {
+            return bg.clone();
+        }
+        if cache.len() >= MAX_BIND_GROUPS {
+            cache.clear();
+        }
+        let ubuf = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(k.entry),
+                contents: bytemuck::cast_slice(&key.uniform),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        self.counters.buffer();
+        self.counters.upload(4 * key.uniform.len());
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        }];
+        for (&(b, _), buf) in k.bindings.iter().zip(&key.bufs) {
+            entries.push(wgpu::BindGroupEntry {
+                binding: b,
+                resource: buf.as_entire_binding(),
+            });
+        }
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.entry),
+            layout: &p.layout,
+            entries: &entries,
+        });
+        self.counters.bind_group();
+        cache.insert(key, bg.clone());
+        bg
     }
 
     /// Time per kernel, slowest first, when `DPW_WGPU_PROFILE` is set.
@@ -467,6 +527,8 @@ impl Wgpu {
         let bytes: &[u8] = bytemuck::cast_slice(x);
         let mut data = bytes.to_vec();
         data.resize(padded(bytes.len() as u64) as usize, 0);
+        self.counters.buffer();
+        self.counters.upload(bytes.len());
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: None,
@@ -479,6 +541,7 @@ impl Wgpu {
         Buf {
             buf: self.buf_from(x),
             len: x.len(),
+            id: self.new_id(),
             _t: Default::default(),
         }
     }
@@ -487,14 +550,92 @@ impl Wgpu {
         Idx {
             buf: self.buf_from(x),
             host: Arc::new(x.to_vec()),
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            id: self.new_id(),
+            version: self.new_id(),
         }
+    }
+
+    /// Overwrites the start of `buf` with `bytes` after the work recorded so far: that work is
+    /// submitted first, since a queue write lands before the next submission.
+    pub(super) fn write_bytes(&self, buf: &wgpu::Buffer, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        assert!(
+            bytes.len() as u64 <= buf.size(),
+            "writing {} bytes into a buffer of {}",
+            bytes.len(),
+            buf.size()
+        );
+        let _device = self.device_guard();
+        let mut p = self.pending.lock().unwrap();
+        self.submit(&mut p);
+        self.queue.write_buffer(buf, 0, bytes);
+        self.counters.upload(bytes.len());
+    }
+
+    pub(super) fn write_real<T: GpuReal>(&self, b: &mut Buf<T>, x: &[T]) {
+        assert_eq!(x.len(), b.len, "write: length differs from the buffer's");
+        self.write_bytes(&b.buf, bytemuck::cast_slice(x));
+    }
+
+    pub(super) fn write_i32(&self, b: &mut Idx, x: &[i32]) {
+        assert_eq!(
+            x.len(),
+            b.host.len(),
+            "write_idx: length differs from the buffer's"
+        );
+        self.write_bytes(&b.buf, bytemuck::cast_slice(x));
+        b.host = Arc::new(x.to_vec());
+        b.version = self.new_id();
+    }
+
+    /// A persistent buffer holding `x` for op `name`, rewritten only when `x` changes: an op's
+    /// few constants (coefficients, hyper-parameters) without a new buffer per call.
+    pub(super) fn consts<T: bytemuck::Pod>(&self, name: &'static str, x: &[T]) -> wgpu::Buffer {
+        let bytes: &[u8] = bytemuck::cast_slice(x);
+        let mut cache = self.consts.lock().unwrap();
+        match cache.get_mut(&(name, size_of::<T>())) {
+            Some((old, buf)) if old.len() == bytes.len() => {
+                if old != bytes {
+                    self.write_bytes(buf, bytes);
+                    old.copy_from_slice(bytes);
+                }
+                buf.clone()
+            }
+            _ => {
+                let buf = self.buf_from(x);
+                cache.insert((name, size_of::<T>()), (bytes.to_vec(), buf.clone()));
+                buf
+            }
+        }
+    }
+
+    /// Copies all of `src` into `dst` from byte `offset`, in order with the recorded ops.
+    pub(super) fn copy_bytes(
+        &self,
+        src: &wgpu::Buffer,
+        dst: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) {
+        if bytes == 0 {
+            return;
+        }
+        assert!(
+            offset + bytes <= dst.size(),
+            "copy past the end of a buffer"
+        );
+        let _device = self.device_guard();
+        self.counters.launch();
+        self.record(|enc| enc.copy_buffer_to_buffer(src, 0, dst, offset, bytes));
     }
 
     /// A zero-filled buffer (wgpu zero-initialises new buffers).
     pub(super) fn zeros_raw(&self, bytes: u64) -> wgpu::Buffer {
         self.check_size(bytes);
         let _device = self.device_guard();
+        self.counters.buffer();
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size: padded(bytes),
@@ -507,6 +648,7 @@ impl Wgpu {
         Buf {
             buf: self.zeros_raw((n * size_of::<T>()) as u64),
             len: n,
+            id: self.new_id(),
             _t: Default::default(),
         }
     }
@@ -515,6 +657,8 @@ impl Wgpu {
     /// buffer after all recorded work, and submits it.
     fn stage(&self, buf: &wgpu::Buffer, bytes: u64) -> (wgpu::Buffer, wgpu::SubmissionIndex) {
         let size = bytes.div_ceil(4) * 4;
+        self.counters.buffer();
+        self.counters.readback(bytes as usize);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("download"),
             size,
@@ -620,6 +764,7 @@ impl Wgpu {
     /// Zeroes a buffer, in order with the recorded ops.
     pub(super) fn clear(&self, buf: &wgpu::Buffer) {
         let _device = self.device_guard();
+        self.counters.launch();
         self.record(|enc| enc.clear_buffer(buf, 0, None));
     }
 
@@ -644,41 +789,54 @@ impl Wgpu {
 
     /// The batch layout tables as the shaders read them: centre_start, block_start, sel.
     pub(super) fn dims_buf(&self, d: &Dims) -> wgpu::Buffer {
+        let table = dims_table(d);
         let mut cache = self.dims.lock().unwrap();
-        if let Some((cd, b)) = cache.as_ref() {
-            if cd == d {
-                return b.clone();
-            }
+        if let Some(b) = cache.get(&table) {
+            return b.clone();
         }
-        let table: Vec<u32> = d
-            .centre_start
-            .iter()
-            .chain(&d.block_start)
-            .chain(&d.sel)
-            .map(|&x| u32::try_from(x).expect("batch too large for 32-bit indices"))
-            .collect();
         let b = self.buf_from(&table);
-        *cache = Some((d.clone(), b.clone()));
+        cache.insert(table, b.clone());
         b
     }
 
-    /// The force gather lists of a batch (see `shaders/scatter.wgsl`), cached per upload of the
-    /// owner and centre tables.
-    pub(super) fn force_lists(&self, d: &Dims, owner: &Idx, centre_atom: &Idx) -> Arc<ForceLists> {
-        let key = (owner.id, centre_atom.id, d.clone());
+    /// The force gather lists of a batch (see `shaders/scatter.wgsl`): (ptr, ent), rebuilt on
+    /// the host when the owner or centre table has been written since, into the same buffers.
+    pub(super) fn force_lists(
+        &self,
+        d: &Dims,
+        owner: &Idx,
+        centre_atom: &Idx,
+    ) -> (wgpu::Buffer, wgpu::Buffer) {
+        let versions = (owner.version, centre_atom.version);
         let mut cache = self.force_lists.lock().unwrap();
-        if let Some(fl) = cache.as_ref() {
-            if fl.key == key {
-                return fl.clone();
+        if let Some((_, fl)) = cache.iter_mut().find(|(cd, _)| cd == d) {
+            if fl.versions != versions {
+                let (ptr, ent) = super::ops::force_csr(d, &owner.host, &centre_atom.host);
+                self.write_bytes(&fl.ptr, bytemuck::cast_slice(&ptr));
+                self.write_bytes(&fl.ent, bytemuck::cast_slice(&ent));
+                fl.versions = versions;
             }
+            return (fl.ptr.clone(), fl.ent.clone());
         }
-        let (ptr, ent) = super::ops::force_csr(d, &owner.host, &centre_atom.host);
-        let fl = Arc::new(ForceLists {
-            key,
+        let (ptr, mut ent) = super::ops::force_csr(d, &owner.host, &centre_atom.host);
+        ent.resize(ent.len().max(2 * d.nslots()), 0);
+        let fl = ForceLists {
+            versions,
             ptr: self.buf_from(&ptr),
             ent: self.buf_from(&ent),
-        });
-        *cache = Some(fl.clone());
-        fl
+        };
+        let out = (fl.ptr.clone(), fl.ent.clone());
+        cache.push((d.clone(), fl));
+        out
     }
+}
+
+/// The batch layout tables as the shaders read them: centre_start, block_start, sel.
+fn dims_table(d: &Dims) -> Vec<u32> {
+    d.centre_start
+        .iter()
+        .chain(&d.block_start)
+        .chain(&d.sel)
+        .map(|&x| u32::try_from(x).expect("batch too large for 32-bit indices"))
+        .collect()
 }

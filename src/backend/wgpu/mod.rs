@@ -46,6 +46,8 @@ impl GpuReal for f64 {
 pub struct Buf<T> {
     buf: wgpu::Buffer,
     len: usize,
+    /// Unique per allocation ([`Backend::buf_id`](super::Backend::buf_id)).
+    id: u64,
     _t: PhantomData<T>,
 }
 
@@ -64,13 +66,15 @@ impl<T> Buf<T> {
 }
 
 /// A device vector of i32. It keeps its host copy: the force gather lists are built from the
-/// owner and centre tables on the host, once per upload.
+/// owner and centre tables on the host, once per upload or write.
 #[derive(Debug)]
 pub struct Idx {
     buf: wgpu::Buffer,
     host: std::sync::Arc<Vec<i32>>,
-    /// Unique per upload, to key host-side caches derived from the contents.
+    /// Unique per allocation.
     id: u64,
+    /// Unique per contents (upload or write), to key host-side caches derived from them.
+    version: u64,
 }
 
 impl Idx {

@@ -142,9 +142,10 @@ impl Wgpu {
         self.run(kern, T::PRECISION, uniform, bufs, groups);
     }
 
-    fn reals<T: GpuReal>(&self, x: &[f64]) -> wgpu::Buffer {
+    /// The op's constants rounded to T, in its persistent buffer ([`Wgpu::consts`]).
+    fn reals<T: GpuReal>(&self, name: &'static str, x: &[f64]) -> wgpu::Buffer {
         let v: Vec<T> = x.iter().map(|&v| T::of(v)).collect();
-        self.buf_from(&v)
+        self.consts(name, &v)
     }
 }
 
@@ -184,7 +185,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         if v == T::zero() {
             self.clear(&b.buf);
         } else {
-            let val = self.buf_from(&[v]);
+            let val = self.consts("fill", &[v]);
             self.go::<T>(
                 &k::FILL,
                 &[u32_of(b.len), 0, 0, 0],
@@ -194,8 +195,45 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         }
     }
 
-    fn len(&self, b: &Buf<T>) -> usize {
-        b.len
+    fn write(&self, b: &mut Buf<T>, x: &[T]) {
+        self.write_real(b, x);
+    }
+
+    fn write_idx(&self, b: &mut Idx, x: &[i32]) {
+        self.write_i32(b, x);
+    }
+
+    fn buf_id(&self, b: &Buf<T>) -> u64 {
+        b.id
+    }
+
+    fn idx_id(&self, b: &Idx) -> u64 {
+        b.id
+    }
+
+    fn copy(&self, src: &Buf<T>, dst: &mut Buf<T>, at: usize) {
+        assert!(at + src.len <= dst.len, "copy past the end of a buffer");
+        let sz = size_of::<T>();
+        self.copy_bytes(&src.buf, &dst.buf, (at * sz) as u64, (src.len * sz) as u64);
+    }
+
+    fn clip_grad_norm(&self, grad: &mut Buf<T>, max: f64, norm: &mut Buf<T>, at: usize) {
+        assert!(at < norm.len, "clip_grad_norm: norm index past the buffer");
+        // The norm goes to a scratch slot, then is copied to `at`: a uniform block without the
+        // index keeps both dispatches' bind groups the same from step to step.
+        let _one_op = self.exclusive();
+        let sz = size_of::<T>() as u64;
+        let slot = self.scratch("clip.norm", sz);
+        let u = [u32_of(grad.len), 0, 0, 0];
+        self.go::<T>(&k::GRAD_NORM, &u, &[&slot, &grad.buf], [1, 1, 1]);
+        let hyper = self.reals::<T>("clip", &[max, 1e-6]);
+        self.go::<T>(
+            &k::CLIP_SCALE,
+            &u,
+            &[&hyper, &slot, &grad.buf],
+            grid1(grad.len),
+        );
+        self.copy_bytes(&slot, &norm.buf, at as u64 * sz, sz);
     }
 
     fn env_mat(
@@ -210,7 +248,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         jac: &mut Buf<T>,
         s: &mut Buf<T>,
     ) {
-        let envp = self.reals::<T>(&[env.rcut, env.rcut_smth, env.protection]);
+        let envp = self.reals::<T>("env_mat", &[env.rcut, env.rcut_smth, env.protection]);
         for ti in 0..d.ntypes {
             let lo = d.block(ti, 0).start;
             let hi = d.block(ti, d.ntypes - 1).end;
@@ -248,7 +286,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         l: &Layer,
         p: &Buf<T>,
         rows: Range<usize>,
-        io: DenseIo<Buf<T>>,
+        h: &Buf<T>,
         ybar: &Buf<T>,
         xbar: &mut Buf<T>,
     ) {
@@ -256,7 +294,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         self.go::<T>(
             &k::DENSE_BACKWARD,
             &u,
-            &[&p.buf, &io.h.buf, &ybar.buf, &xbar.buf],
+            &[&p.buf, &h.buf, &ybar.buf, &xbar.buf],
             grid_tiles(l.nin, rows.len()),
         );
     }
@@ -528,7 +566,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
     ) {
         let _one_op = self.exclusive();
         let dims = self.dims_buf(d);
-        let lists = self.force_lists(d, owner, centre_atom);
+        let (ptr, ent) = self.force_lists(d, owner, centre_atom);
         let u = [
             u32_of(d.ncentres()),
             u32_of(d.nframes),
@@ -538,7 +576,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         self.go::<T>(
             &k::SCATTER_GATHER_FORCE,
             &u,
-            &[&lists.ptr, &lists.ent, &q.buf, &force.buf],
+            &[&ptr, &ent, &q.buf, &force.buf],
             grid1(d.nframes * d.natoms),
         );
         let wpart = self.scratch("scatter.wpart", (9 * d.ncentres() * size_of::<T>()) as u64);
@@ -569,11 +607,14 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         sums: &mut Buf<T>,
     ) {
         let (n, nf) = (d.natoms as f64, d.nframes as f64);
-        let coef = self.reals::<T>(&[
-            2.0 * pref.e / (n * nf),
-            2.0 * pref.f / (3.0 * n * nf),
-            2.0 * pref.v / (9.0 * n * nf),
-        ]);
+        let coef = self.reals::<T>(
+            "loss",
+            &[
+                2.0 * pref.e / (n * nf),
+                2.0 * pref.f / (3.0 * n * nf),
+                2.0 * pref.v / (9.0 * n * nf),
+            ],
+        );
         let natoms = u32_of(d.natoms);
         let nc = d.ncentres();
         self.go::<T>(
@@ -663,12 +704,27 @@ impl<T: GpuReal> Backend<T> for Wgpu {
     ) {
         let bc1 = 1.0 - s.beta1.powi(s.t as i32);
         let bc2_sqrt = (1.0 - s.beta2.powi(s.t as i32)).sqrt();
-        let hyper = self.reals::<T>(&[s.lr / bc1, s.beta1, s.beta2, s.eps, bc2_sqrt]);
+        let hyper = self.reals::<T>("adam", &[s.lr / bc1, s.beta1, s.beta2, s.eps, bc2_sqrt]);
         self.go::<T>(
             &k::ADAM,
             &[u32_of(params.len), 0, 0, 0],
             &[&hyper, &grad.buf, &params.buf, &m.buf, &v.buf],
             grid1(params.len),
         );
+    }
+}
+
+impl<T: GpuReal> crate::backend::timed::Timeable<T> for Wgpu {
+    fn wait(&self) {
+        self.synchronize();
+    }
+    fn count_real(&self, owner: &Idx) -> usize {
+        owner.host.iter().filter(|&&o| o >= 0).count()
+    }
+    fn len(&self, b: &Buf<T>) -> usize {
+        b.len
+    }
+    fn counts(&self) -> Option<crate::backend::counts::Counts> {
+        Some(Wgpu::counts(self))
     }
 }

@@ -267,6 +267,8 @@ kernel!(
 );
 
 kernel!(ADAM, Adam, "adam", [(1, R), (2, R), (3, W), (4, W), (5, W)]);
+kernel!(GRAD_NORM, Adam, "grad_norm", [(6, W), (7, W)]);
+kernel!(CLIP_SCALE, Adam, "clip_scale", [(1, R), (6, W), (7, W)]);
 kernel!(FILL, Fill, "fill", [(1, R), (2, W)]);
 
 /// Every kernel, for the shader validation tests.
@@ -297,5 +299,7 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &LOSS_SUMSQ,
     &LOSS_VIRTUAL_TANGENT,
     &ADAM,
+    &GRAD_NORM,
+    &CLIP_SCALE,
     &FILL,
 ];

@@ -1,0 +1,142 @@
+//! The plan of a step: buffers made once and written in place, and the device-side ops that
+//! keep a non-display step free of read-backs (the log copy, gradient clipping).
+
+use dpw::backend::{AdamStep, Backend, Prefactors};
+use dpw::train::batch::{assemble, Frame};
+use dpw::train::step::DeviceModel;
+use dpw::train::workspaces::{adam_step, batch_gradient, Cache};
+
+use super::fd::{random_system, small_model};
+
+/// 100 training steps over two batches of one shape: the workspace and the model keep every
+/// buffer (same ids), only one workspace is made, and the results equal a fresh workspace's.
+pub fn buffers_stay_put<B: Backend<f64>>(b: &B) {
+    let model = small_model(2, false, vec![6, 10], 5);
+    let cell = Some([7.0, 0., 0., 0., 7.5, 0., 0., 0., 8.0]);
+    let systems = [
+        random_system(&[3, 5], cell, 1),
+        random_system(&[3, 5], cell, 2),
+    ];
+    let batches: Vec<_> = systems
+        .iter()
+        .map(|s| {
+            let f = Frame {
+                coord: &s.coord,
+                cell: s.cell.as_deref(),
+                energy: s.energy,
+                force: &s.force,
+                virial: Some(&s.virial),
+            };
+            assemble(&model.spec, &s.atype, &[f]).unwrap()
+        })
+        .collect();
+    assert_eq!(batches[0].dims, batches[1].dims);
+    let pref = Prefactors {
+        e: 1.0,
+        f: 10.0,
+        v: 0.1,
+    };
+    let opt = dpw::config::OptimizerConfig {
+        adam_beta1: 0.9,
+        adam_beta2: 0.999,
+    };
+    let mut dm = DeviceModel::<f64, B>::new(b, &model);
+    let model_ids =
+        |dm: &DeviceModel<f64, B>| [&dm.params, &dm.grad, &dm.m, &dm.v].map(|x| b.buf_id(x));
+    let ids0 = model_ids(&dm);
+    let mut cache: Cache<f64, B> = Vec::new();
+    let mut plan_ids = None;
+    for step in 0..100 {
+        let w = batch_gradient(b, &mut dm, &mut cache, &batches[step % 2], pref);
+        let ids = w.buffer_ids(b);
+        assert_eq!(
+            *plan_ids.get_or_insert_with(|| ids.clone()),
+            ids,
+            "step {step}"
+        );
+        b.adam(
+            adam_step(&opt, 1e-3, step),
+            &mut dm.params,
+            &dm.grad,
+            &mut dm.m,
+            &mut dm.v,
+        );
+        assert_eq!(model_ids(&dm), ids0, "step {step}");
+    }
+    assert_eq!(cache.len(), 1);
+    // The reused workspace gives what a new one gives for the same batch.
+    let reused = {
+        batch_gradient(b, &mut dm, &mut cache, &batches[0], pref);
+        dm.grad_f64(b)
+    };
+    let fresh = {
+        let mut c: Cache<f64, B> = Vec::new();
+        batch_gradient(b, &mut dm, &mut c, &batches[0], pref);
+        dm.grad_f64(b)
+    };
+    assert_eq!(reused, fresh);
+}
+
+/// `write` and `copy` land where they should, after the ops issued before them.
+pub fn write_and_copy<B: Backend<f64>>(b: &B) {
+    let mut x = b.upload(&[1.0, 2.0, 3.0]);
+    let id = b.buf_id(&x);
+    let mut log = b.zeros(8);
+    b.copy(&x, &mut log, 1);
+    b.write(&mut x, &[4.0, 5.0, 6.0]);
+    b.copy(&x, &mut log, 5);
+    assert_eq!(b.buf_id(&x), id);
+    assert_eq!(b.download(&log), [0.0, 1.0, 2.0, 3.0, 0.0, 4.0, 5.0, 6.0]);
+    let mut i = b.upload_idx(&[1, 2]);
+    let id = b.idx_id(&i);
+    b.write_idx(&mut i, &[-1, 7]);
+    assert_eq!(b.idx_id(&i), id);
+}
+
+/// Gradient clipping on the device against the host formula: the norm, the scaled gradient,
+/// a gradient below the limit left alone, and a NaN norm reported without scaling.
+pub fn clip_grad_norm<B: Backend<f64>>(b: &B) {
+    let g: Vec<f64> = (0..1000)
+        .map(|i| ((i * 37 % 101) as f64 - 50.0) * 1e-2)
+        .collect();
+    let norm = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let mut out = b.zeros(4);
+    for (max, at) in [(0.5 * norm, 1), (2.0 * norm, 3)] {
+        let mut gb = b.upload(&g);
+        b.clip_grad_norm(&mut gb, max, &mut out, at);
+        let got = b.download(&out)[at];
+        assert!((got - norm).abs() <= 1e-13 * norm, "norm {got} vs {norm}");
+        let coef = max / (norm + 1e-6);
+        let want: Vec<f64> = if coef < 1.0 {
+            g.iter().map(|x| x * coef).collect()
+        } else {
+            g.clone()
+        };
+        let gd = b.download(&gb);
+        let worst = gd
+            .iter()
+            .zip(&want)
+            .map(|(a, w)| (a - w).abs())
+            .fold(0.0, f64::max);
+        assert!(worst <= 1e-15, "max {max}: scaled gradient off by {worst}");
+    }
+    let mut bad = g.clone();
+    bad[10] = f64::NAN;
+    let mut gb = b.upload(&bad);
+    b.clip_grad_norm(&mut gb, 1e-3, &mut out, 0);
+    assert!(b.download(&out)[0].is_nan());
+    assert_eq!(b.download(&gb)[11], bad[11]);
+    // Adam on what the op left: the step runs on without a read-back; the trainer reports the
+    // NaN from the logged norm.
+    let mut p = b.zeros(g.len());
+    let (mut m, mut v) = (b.zeros(g.len()), b.zeros(g.len()));
+    let s = AdamStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        t: 1,
+    };
+    b.adam(s, &mut p, &gb, &mut m, &mut v);
+    assert!(b.download(&p)[10].is_nan());
+}
