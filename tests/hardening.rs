@@ -9,33 +9,24 @@ use ndarray::{ArrayD, IxDyn};
 use ndarray_npy::{ReadNpyExt, WriteNpyExt};
 use serde_json::{json, Value};
 
+mod common;
+
 fn water() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/water"))
 }
 
-/// A tiny model on water data_0 (`systems` replaces the training systems when given).
+/// A tiny model on water data_0 (`systems` replaces the training systems when given), one frame
+/// a batch.
 fn tiny_input(numb_steps: usize, systems: &[&Path]) -> Value {
     let systems: Vec<String> = if systems.is_empty() {
         vec![water().join("data_0").display().to_string()]
     } else {
         systems.iter().map(|p| p.display().to_string()).collect()
     };
-    json!({
-        "model": {
-            "type_map": ["O", "H"],
-            "descriptor": {"type": "se_e2_a", "sel": [20, 28], "rcut_smth": 0.5, "rcut": 4.0,
-                           "neuron": [4, 8], "axis_neuron": 4, "type_one_side": true, "seed": 1},
-            "fitting_net": {"neuron": [8, 8], "resnet_dt": true, "seed": 1},
-            "data_stat_nbatch": 2
-        },
-        "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-5, "decay_steps": 5},
-        "loss": {"type": "ener", "start_pref_e": 0.02, "limit_pref_e": 1,
-                 "start_pref_f": 1000, "limit_pref_f": 1, "start_pref_v": 0, "limit_pref_v": 0},
-        "training": {
-            "training_data": {"systems": systems, "batch_size": 1},
-            "numb_steps": numb_steps, "seed": 10, "disp_freq": 1, "save_freq": 1000
-        }
-    })
+    let mut input = common::tiny_water_input(json!(systems), numb_steps);
+    input["model"]["data_stat_nbatch"] = json!(2);
+    input["training"]["training_data"]["batch_size"] = json!(1);
+    input
 }
 
 fn write_input(dir: &Path, v: &Value) {
