@@ -37,13 +37,7 @@ mod timed {
             f: 10.0,
             v: 0.1,
         };
-        let frame = dpw::train::batch::Frame {
-            coord: &sys.coord,
-            cell: sys.cell.as_deref(),
-            energy: sys.energy,
-            force: &sys.force,
-            virial: Some(&sys.virial),
-        };
+        let frame = sys.frame();
         for t in 1..=3 {
             let batch = assemble(&model.spec, &sys.atype, &[frame]).unwrap();
             let mut w = Workspace::new(&b, &dm.layout, &batch.dims);

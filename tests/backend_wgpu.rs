@@ -564,13 +564,7 @@ fn steps_after_the_first_create_and_read_nothing() {
     use dpw::train::workspaces::{adam_step, batch_gradient, Cache};
     let model = suite::fd::small_model(2, false, vec![6, 10], 5);
     let sys = suite::fd::random_system(&[3, 5], Some([7.0, 0., 0., 0., 7.5, 0., 0., 0., 8.0]), 1);
-    let frame = dpw::train::batch::Frame {
-        coord: &sys.coord,
-        cell: sys.cell.as_deref(),
-        energy: sys.energy,
-        force: &sys.force,
-        virial: Some(&sys.virial),
-    };
+    let frame = sys.frame();
     let batch = assemble(&model.spec, &sys.atype, &[frame]).unwrap();
     let opt = dpw::config::OptimizerConfig {
         adam_beta1: 0.9,

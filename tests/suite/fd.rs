@@ -18,7 +18,7 @@ pub struct Sys {
 }
 
 impl Sys {
-    fn frame(&self) -> Frame<'_> {
+    pub fn frame(&self) -> Frame<'_> {
         Frame {
             coord: &self.coord,
             cell: self.cell.as_deref(),

@@ -2,7 +2,7 @@
 //! keep a non-display step free of read-backs (the log copy, gradient clipping).
 
 use dpw::backend::{AdamStep, Backend, Prefactors};
-use dpw::train::batch::{assemble, Frame};
+use dpw::train::batch::assemble;
 use dpw::train::step::DeviceModel;
 use dpw::train::workspaces::{adam_step, batch_gradient, Cache};
 
@@ -19,16 +19,7 @@ pub fn buffers_stay_put<B: Backend<f64>>(b: &B) {
     ];
     let batches: Vec<_> = systems
         .iter()
-        .map(|s| {
-            let f = Frame {
-                coord: &s.coord,
-                cell: s.cell.as_deref(),
-                energy: s.energy,
-                force: &s.force,
-                virial: Some(&s.virial),
-            };
-            assemble(&model.spec, &s.atype, &[f]).unwrap()
-        })
+        .map(|s| assemble(&model.spec, &s.atype, &[s.frame()]).unwrap())
         .collect();
     assert_eq!(batches[0].dims, batches[1].dims);
     let pref = Prefactors {
