@@ -3,11 +3,13 @@
 mod bias;
 mod cell;
 mod env_row;
+mod images;
 mod nlist;
 mod stat;
 
 pub use bias::energy_bias;
 pub use cell::Cell;
 pub use env_row::env_row;
+pub use images::ImageGrid;
 pub use nlist::{build_nlist, NeighborList};
 pub use stat::{frame_rows, EnvStats};

@@ -1,7 +1,7 @@
 //! DeePMD-kit's neighbour list (docs/deepmd-spec.md §2): the `Σsel` nearest atoms (any type) inside rcut over
 //! all periodic images, then split into type sections of `sel[t]` slots, nearest first.
 
-use super::Cell;
+use super::{Cell, ImageGrid};
 
 /// Neighbour slots of every atom of one frame, `nnei = Σsel` slots per atom in type sections.
 #[derive(Clone, Debug)]
@@ -41,7 +41,7 @@ pub fn build_nlist(
             cell.map_or(r, |c| c.wrap(r))
         })
         .collect();
-    let shifts = image_shifts(cell, rcut);
+    let grid = ImageGrid::new(&pos, cell, rcut);
     let rc2 = rcut * rcut;
     let mut owner = vec![-1i32; n * nnei];
     let mut rij = vec![0.0; n * nnei * 3];
@@ -56,27 +56,14 @@ pub fn build_nlist(
         .collect();
     for i in 0..n {
         cands.clear();
-        for (si, sh) in shifts.iter().enumerate() {
-            for (j, pj) in pos.iter().enumerate() {
-                if si == 0 && j == i {
-                    continue;
-                }
-                let d = [
-                    pj[0] + sh[0] - pos[i][0],
-                    pj[1] + sh[1] - pos[i][1],
-                    pj[2] + sh[2] - pos[i][2],
-                ];
-                let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-                if d2 <= rc2 {
-                    cands.push(Candidate {
-                        d2,
-                        ext: si * n + j,
-                        owner: j,
-                        rij: d,
-                    });
-                }
-            }
-        }
+        grid.neighbours(i, rc2, |ext, rij, d2| {
+            cands.push(Candidate {
+                d2,
+                ext,
+                owner: grid.owner(ext),
+                rij,
+            })
+        });
         // Ascending distance, ties by extended index: DeePMD's stable sort over extended atoms.
         cands.sort_unstable_by(|a, b| a.d2.total_cmp(&b.d2).then(a.ext.cmp(&b.ext)));
         let mut count = vec![0usize; nt];
@@ -107,25 +94,4 @@ pub fn build_nlist(
         max_count,
         min_dist: min_d2.sqrt(),
     }
-}
-
-/// Cartesian shifts of the periodic images that can hold a neighbour within rcut, the
-/// zero shift first, ordered by the norm of the integer shift as DeePMD-kit orders them.
-fn image_shifts(cell: Option<&Cell>, rcut: f64) -> Vec<[f64; 3]> {
-    let Some(c) = cell else {
-        return vec![[0.0; 3]];
-    };
-    let nb = c.face_distances().map(|f| (rcut / f).ceil() as i64);
-    let mut ints = Vec::new();
-    for a in -nb[0]..=nb[0] {
-        for b in -nb[1]..=nb[1] {
-            for k in -nb[2]..=nb[2] {
-                ints.push([a, b, k]);
-            }
-        }
-    }
-    ints.sort_by_key(|s| s[0] * s[0] + s[1] * s[1] + s[2] * s[2]);
-    ints.iter()
-        .map(|s| c.to_cart(s.map(|x| x as f64)))
-        .collect()
 }

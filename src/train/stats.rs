@@ -6,7 +6,7 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 use crate::data::{Sampler, System, SystemInfo};
-use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats};
+use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats, ImageGrid};
 use crate::model::DescriptorSpec;
 
 use super::dataset::{phase_bar, window, DataSet};
@@ -24,23 +24,6 @@ fn cell_of(sys: &System, f: usize) -> Option<Cell> {
     sys.frame_cell(f).and_then(Cell::new)
 }
 
-/// Cartesian shifts of every periodic image that can hold a neighbour within `rcut`.
-fn image_shifts(cell: Option<&Cell>, rcut: f64) -> Vec<[f64; 3]> {
-    let Some(c) = cell else {
-        return vec![[0.0; 3]];
-    };
-    let nb = c.face_distances().map(|f| (rcut / f).ceil() as i64);
-    let mut out = Vec::new();
-    for a in -nb[0]..=nb[0] {
-        for b in -nb[1]..=nb[1] {
-            for k in -nb[2]..=nb[2] {
-                out.push(c.to_cart([a as f64, b as f64, k as f64]));
-            }
-        }
-    }
-    out
-}
-
 /// Per type, the largest number of neighbours of that type any atom of the frame has within
 /// `rcut` (all periodic images), and the smallest pair distance.
 fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>, f64) {
@@ -53,28 +36,17 @@ fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>
             cell.as_ref().map_or(r, |c| c.wrap(r))
         })
         .collect();
-    let shifts = image_shifts(cell.as_ref(), rcut);
+    let grid = ImageGrid::new(&pos, cell.as_ref(), rcut);
     let rc2 = rcut * rcut;
     let mut max_count = vec![0usize; ntypes];
     let mut min_d2 = f64::INFINITY;
     let mut count = vec![0usize; ntypes];
-    for (i, pi) in pos.iter().enumerate() {
+    for i in 0..pos.len() {
         count.fill(0);
-        for sh in &shifts {
-            let zero = sh == &[0.0; 3];
-            let o = [sh[0] - pi[0], sh[1] - pi[1], sh[2] - pi[2]];
-            for (j, pj) in pos.iter().enumerate() {
-                if zero && j == i {
-                    continue;
-                }
-                let d = [pj[0] + o[0], pj[1] + o[1], pj[2] + o[2]];
-                let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-                if d2 <= rc2 {
-                    count[sys.atype[j]] += 1;
-                    min_d2 = min_d2.min(d2);
-                }
-            }
-        }
+        grid.neighbours(i, rc2, |e, _, d2| {
+            count[sys.atype[grid.owner(e)]] += 1;
+            min_d2 = min_d2.min(d2);
+        });
         for (m, &c) in max_count.iter_mut().zip(&count) {
             *m = (*m).max(c);
         }
