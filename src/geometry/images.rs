@@ -134,13 +134,13 @@ mod tests {
                 .collect();
             let rcut = 5.0;
             let grid = ImageGrid::new(&pos, cell, rcut);
-            for i in 0..n {
+            for (i, pi) in pos.iter().enumerate() {
                 let mut found = Vec::new();
                 grid.neighbours(i, rcut * rcut, |e, d, d2| found.push((e, d, d2)));
                 found.sort_by_key(|x| x.0);
                 let mut all = Vec::new();
                 for (e, r) in grid.ext.iter().enumerate() {
-                    let d = [r[0] - pos[i][0], r[1] - pos[i][1], r[2] - pos[i][2]];
+                    let d = [r[0] - pi[0], r[1] - pi[1], r[2] - pi[2]];
                     let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
                     if e != i && d2 <= rcut * rcut {
                         all.push((e, d, d2));
