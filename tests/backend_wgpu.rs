@@ -9,7 +9,6 @@
 mod common;
 mod suite;
 
-use std::sync::OnceLock;
 use std::time::Instant;
 
 use dpw::backend::cpu::Cpu;
@@ -22,26 +21,36 @@ use dpw::train::step::{forward, gradient, DeviceModel, Workspace};
 
 use common::*;
 
-/// One device for the whole test binary (pipelines are compiled once).
+/// A device for each test thread. A wgpu device serves one stream of ops at a time, as a trainer
+/// drives it: an op's constants and force lists sit in buffers the backend rewrites between ops,
+/// so two tests interleaving ops on one device could read each other's constants.
 fn wgpu() -> Option<&'static Wgpu> {
-    static W: OnceLock<Option<Wgpu>> = OnceLock::new();
-    W.get_or_init(|| match Wgpu::new(PowerPreference::HighPerformance) {
+    thread_local! {
+        static W: &'static Option<Wgpu> = Box::leak(Box::new(open_wgpu()));
+    }
+    W.with(|w| w.as_ref())
+}
+
+fn open_wgpu() -> Option<Wgpu> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    match Wgpu::new(PowerPreference::HighPerformance) {
         Ok(w) => {
-            eprintln!(
-                "wgpu adapter: {} ({}, cpu adapter: {}, f64: {})",
-                w.adapter_name(),
-                w.backend_name(),
-                w.is_cpu_adapter(),
-                w.supports_f64()
-            );
+            SAID.call_once(|| {
+                eprintln!(
+                    "wgpu adapter: {} ({}, cpu adapter: {}, f64: {})",
+                    w.adapter_name(),
+                    w.backend_name(),
+                    w.is_cpu_adapter(),
+                    w.supports_f64()
+                )
+            });
             Some(w)
         }
         Err(e) => {
             eprintln!("no wgpu adapter: {e:#}");
             None
         }
-    })
-    .as_ref()
+    }
 }
 
 /// The backend for a test in T, or None after printing why the test is skipped.
