@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use dpw::config::Config;
 use dpw::data::{find_systems, search_systems, Disk};
 use dpw::geometry::{energy_bias, Cell, EnvStats};
-use dpw::train::dataset::load_data;
+use dpw::train::dataset::{load_data, DataSet};
 use dpw::train::stats::{data_stats, neighbor_stats, stat_frames};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -90,6 +90,16 @@ fn config(v: &Value, dir: &Path) -> Config {
     dpw::config::load_config(&p).unwrap()
 }
 
+/// The training data of `cfg`, loaded as `dpw train` loads them.
+fn training_data(cfg: &Config) -> anyhow::Result<DataSet> {
+    load_data(
+        &cfg.training.training_data,
+        &cfg.model.type_map,
+        cfg.model.descriptor.rcut,
+        "training",
+    )
+}
+
 /// The tiny water model on `systems`, validating on data_3.
 fn tiny_input(systems: Value, steps: usize) -> Value {
     let mut v = common::tiny_water_input(systems, steps);
@@ -121,13 +131,7 @@ fn parallel_statistics_equal_the_sequential_sums() {
         .remove("validation_data");
     let cfg = config(&input, tmp.path());
     let type_map = cfg.model.type_map.clone();
-    let data = load_data(
-        &cfg.training.training_data,
-        &type_map,
-        cfg.model.descriptor.rcut,
-        "training",
-    )
-    .unwrap();
+    let data = training_data(&cfg).unwrap();
     let lines = data.element_counts(&type_map);
     assert_eq!(lines.len(), 3);
     assert!(
@@ -218,13 +222,7 @@ fn per_element_counts_and_unknown_elements() {
         .unwrap()
         .remove("validation_data");
     let cfg = config(&input, tmp.path());
-    let data = load_data(
-        &cfg.training.training_data,
-        &cfg.model.type_map,
-        cfg.model.descriptor.rcut,
-        "training",
-    )
-    .unwrap();
+    let data = training_data(&cfg).unwrap();
     let lines = data.element_counts(&cfg.model.type_map);
     assert!(
         lines[3].split_whitespace().eq(["C", "0", "0", "0"]),
@@ -234,14 +232,7 @@ fn per_element_counts_and_unknown_elements() {
     input["model"]["type_map"] = json!(["O"]);
     input["model"]["descriptor"]["sel"] = json!([20]);
     let cfg = config(&input, tmp.path());
-    let err = load_data(
-        &cfg.training.training_data,
-        &cfg.model.type_map,
-        cfg.model.descriptor.rcut,
-        "training",
-    )
-    .err()
-    .unwrap();
+    let err = training_data(&cfg).err().unwrap();
     let msg = format!("{err:#}");
     assert!(msg.contains("data_0") && msg.contains("\"H\""), "{msg}");
 }
