@@ -167,6 +167,11 @@ fn two_ranks_follow_one_rank_with_the_global_batch() {
     let err = stderr(&out);
     assert!(err.contains("world size:           2"), "{err}");
     assert!(err.contains("gradient all-reduce over 2 ranks"), "{err}");
+    // Without a CUDA backend the path is host MPI, said once, without a warning.
+    assert!(
+        err.contains("gradient all-reduce: host MPI (the backend is not CUDA)"),
+        "{err}"
+    );
 }
 
 fn lr_at_step_1(dir: &Path) -> String {

@@ -32,6 +32,7 @@ mod without_mpi {
     }
     pub fn barrier() {}
     pub fn broadcast(_: &mut [f64]) {}
+    pub fn broadcast_bytes(_: &mut [u8]) {}
     pub fn abort(code: i32) -> ! {
         std::process::exit(code)
     }
@@ -153,6 +154,10 @@ mod with_mpi {
     }
 
     pub fn broadcast(buf: &mut [f64]) {
+        world().process_at_rank(0).broadcast_into(buf);
+    }
+
+    pub fn broadcast_bytes(buf: &mut [u8]) {
         world().process_at_rank(0).broadcast_into(buf);
     }
 

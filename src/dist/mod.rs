@@ -11,10 +11,15 @@
 //! takes frames `[r·b, (r+1)·b)` ([`rank_slice`]), computes the gradient of the mean loss over
 //! its frames and weights it by its share of the frames; one all-reduce sums the weighted
 //! gradients and the squared-error sums of the loss, so every rank applies the same Adam update
-//! to the same parameters, and the displayed RMSEs are those of the whole global batch.
+//! to the same parameters, and the displayed RMSEs are those of the whole global batch. On CUDA
+//! with a GPU per rank that all-reduce goes through NCCL on the device buffers ([`exchange`]).
 
 mod comm;
+mod exchange;
 pub mod log;
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+mod nccl;
+pub mod reduce_path;
 
 use std::hash::Hasher as _;
 use std::ops::Range;
@@ -22,8 +27,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use comm::Guard;
+pub use exchange::GradExchange;
 
-use crate::backend::{Backend, Real};
 use crate::config::ScaleByWorker;
 
 /// What a user sees when dpw was started by an MPI launcher but built without MPI.
@@ -197,6 +202,13 @@ impl World {
         }
     }
 
+    /// Rank 0's bytes on every rank (the NCCL communicator's id).
+    pub fn broadcast_bytes(&self, buf: &mut [u8]) {
+        if self.size > 1 {
+            comm::broadcast_bytes(buf);
+        }
+    }
+
     /// Collective: rank 0's parameters and statistics on every rank, so all ranks start from
     /// the same model bit for bit (DDP's broadcast of the initial parameters).
     pub fn broadcast_model(&self, m: &mut crate::model::Model) {
@@ -286,96 +298,6 @@ impl World {
 fn eprintln_flush() {
     use std::io::Write as _;
     let _ = std::io::stderr().flush();
-}
-
-/// The gradient exchange of each step: one all-reduce of every rank's share-weighted gradient
-/// with the loss sums appended; the buffers persist across steps, and it keeps where the time
-/// goes (waiting for the slowest rank, the all-reduce itself, and, filled in by the caller, the
-/// whole exchange with the device copies).
-#[derive(Default)]
-pub struct GradExchange {
-    send: Vec<f64>,
-    recv: Vec<f64>,
-    pub steps: usize,
-    /// Seconds in a barrier before the all-reduce: waiting for the slowest rank.
-    pub t_wait: f64,
-    /// Seconds in the all-reduce proper.
-    pub t_reduce: f64,
-    /// Seconds of the whole exchange, device copies included (kept by the caller).
-    pub t_total: f64,
-}
-
-impl GradExchange {
-    /// Sums `share × grad` and `extra` over the ranks: (the summed gradient, the summed extra).
-    pub fn run(
-        &mut self,
-        w: &World,
-        grad: impl Iterator<Item = f64>,
-        share: f64,
-        extra: [f64; 3],
-    ) -> (&[f64], [f64; 3]) {
-        self.send.clear();
-        self.send.extend(grad.map(|g| g * share));
-        let n = self.send.len();
-        self.send.extend(extra);
-        self.recv.resize(self.send.len(), 0.0);
-        let t = std::time::Instant::now();
-        w.barrier();
-        let t1 = std::time::Instant::now();
-        w.sum_into(&self.send, &mut self.recv);
-        self.t_reduce += t1.elapsed().as_secs_f64();
-        self.t_wait += (t1 - t).as_secs_f64();
-        self.steps += 1;
-        let r = &self.recv;
-        (&r[..n], [r[n], r[n + 1], r[n + 2]])
-    }
-
-    /// The step's all-reduce on device buffers: `share × grad` and the loss sums (3 values)
-    /// summed over the ranks, in place. This host-MPI path reads both back, reduces on the host
-    /// and writes the results into the same buffers; a device path (NCCL) would reduce the
-    /// buffers where they are.
-    pub fn all_reduce<T: Real, B: Backend<T>>(
-        &mut self,
-        w: &World,
-        b: &B,
-        grad: &mut B::Buf,
-        sums: &mut B::Buf,
-        share: f64,
-    ) {
-        let t = std::time::Instant::now();
-        let g = b.download(grad);
-        let s = b.download(sums);
-        let (reduced, extra) = self.run(
-            w,
-            g.iter().map(|x| x.f64()),
-            share,
-            [0, 1, 2].map(|i| s[i].f64()),
-        );
-        let reduced: Vec<T> = reduced.iter().map(|&x| T::of(x)).collect();
-        b.write(grad, &reduced);
-        b.write(sums, &extra.map(T::of));
-        self.t_total += t.elapsed().as_secs_f64();
-    }
-
-    /// One line for the end of the run, with `s_per_step` the average step time.
-    pub fn summary(&self, w: &World, s_per_step: f64) -> String {
-        let n = self.steps.max(1) as f64;
-        let ms = |t: f64| 1e3 * t / n;
-        let pct = |t: f64| 100.0 * t / n / s_per_step;
-        format!(
-            "gradient all-reduce over {} ranks ({} values): {:.3} ms/step ({:.2}% of a step); \
-             waiting for the slowest rank {:.3} ms/step ({:.2}%); the whole exchange with the \
-             device copies {:.3} ms/step ({:.2}%)",
-            w.size(),
-            self.send.len(),
-            ms(self.t_reduce),
-            pct(self.t_reduce),
-            ms(self.t_wait),
-            pct(self.t_wait),
-            ms(self.t_total),
-            pct(self.t_total)
-        )
-    }
 }
 
 /// An error already reported by some rank: exit non-zero without another message.

@@ -13,10 +13,14 @@
 //!
 //! Later (not here yet): capturing a training step in a CUDA graph (every op is already
 //! launch-only on one stream, and scratch memory comes from the stream-ordered pool, which
-//! graph capture supports), and NCCL all-reduce of the gradient across GPUs.
+//! graph capture supports). The gradient all-reduce across GPUs (NCCL) lives in src/dist and
+//! reaches the buffers through [`DeviceAccess`].
 
+mod access;
 mod dense;
 pub mod kernels;
+
+pub use access::DeviceAccess;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -504,6 +508,10 @@ impl<T: CudaReal> Backend<T> for Cuda {
 
     fn name(&self) -> String {
         format!("cuda ({})", self.device_name())
+    }
+
+    fn cuda(&self) -> Option<&dyn DeviceAccess<T, CudaBuf<T>>> {
+        Some(self)
     }
 
     fn upload(&self, x: &[T]) -> CudaBuf<T> {
