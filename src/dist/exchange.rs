@@ -99,6 +99,8 @@ fn open_path<T: Real, B: Backend<T>>(w: &World, b: &B) -> Path {
                     );
                     Path::Nccl(c)
                 }
+                // Rank 0 could not make the id, and said so.
+                Err(e) if e.is::<super::Reported>() => w.abort(1),
                 // The ranks may be half-way into the communicator: no way back to host MPI.
                 Err(e) => w.fail(&e.context(
                     "setting up NCCL for the gradient all-reduce (DPW_NCCL=0 uses host MPI)",
@@ -174,6 +176,15 @@ impl GradExchange {
         b.write(grad, &reduced);
         b.write(sums, &extra.map(T::of));
         self.t_total += t.elapsed().as_secs_f64();
+    }
+
+    /// Whether the exchange goes through NCCL (known after the first [`Self::all_reduce`]).
+    pub fn uses_nccl(&self) -> bool {
+        match &self.path {
+            #[cfg(all(feature = "mpi", feature = "cuda"))]
+            Some(Path::Nccl(_)) => true,
+            _ => false,
+        }
     }
 
     /// One line for the end of the run, with `s_per_step` the average step time.
