@@ -44,27 +44,10 @@ json.dump(v, open(out, "w"), indent=1)
 EOF
 }
 
-build() {
-  set -e
-  for c in cargo python3 strip git; do
-    command -v "$c" >/dev/null || die "build needs $c"
-  done
-  # The tests read ../shared beside the checkout; the kit recreates it on the device.
-  local shared=${DPW_SHARED:-$(cd "$ROOT/.." && pwd)/shared}
-  [ -d "$shared/reference/deepmd-3.2.0" ] ||
-    die "$shared/reference is missing: the GPU tests compare with DeePMD-kit's numbers there"
-  grep -qx '/.gpu-kit' .gitignore || die ".gpu-kit must be git-ignored (.gitignore)"
-  rm -rf "$KIT"
-  local stage=$KIT/stage
-  mkdir -p "$stage/bin" "$stage/shared/reference"
-
-  echo "== release dpw (default features: wgpu and cuda)"
-  cargo build --release --bin dpw
-  echo "== GPU test executables"
-  local args=()
-  for t in "${TESTS[@]}"; do args+=(--test "$t"); done
-  cargo test --release --no-run --message-format=json "${args[@]}" >"$KIT/artifacts.json"
-  python3 - "$KIT/artifacts.json" "${TESTS[@]}" >"$KIT/executables.txt" <<'EOF'
+# The test executables of the named test targets in `cargo test --message-format=json` output,
+# as "name path" lines.
+executables() { # artifacts.json name...
+  python3 - "$@" <<'EOF'
 import json, sys
 want = set(sys.argv[2:])
 found = {}
@@ -81,6 +64,84 @@ if missing:
 for name, exe in sorted(found.items()):
     print(name, exe)
 EOF
+}
+
+# Open MPI's run time as installed here, for a device without MPI (dpw-mpi is linked against
+# it): the packages of mpirun, libmpi and libpmix whole (MCA components, help texts), and the
+# libraries they link that are not on every system. The device relocates it (OPAL_PREFIX).
+stage_mpi() { # dest dpw-mpi
+  local dest=$1 exe=$2 f p
+  if ! command -v mpirun >/dev/null || ! command -v dpkg >/dev/null; then
+    echo "warning: no mpirun or dpkg here: the kit carries no MPI (the 2-rank checks need the device's)" >&2
+    return 0
+  fi
+  local libmpi libpmix
+  libmpi=$(ldd "$exe" | awk '/libmpi\.so/ {print $3}')
+  [ -n "$libmpi" ] || die "$exe is not linked against libmpi"
+  libpmix=$(find /usr/lib -name 'libpmix.so.2' 2>/dev/null | head -1)
+  local owned=() pkgs=()
+  for f in "$(readlink -f "$(command -v mpirun)")" "$(readlink -f "$libmpi")" \
+    ${libpmix:+"$(readlink -f "$libpmix")"} /usr/share/openmpi/help-orterun.txt; do
+    [ -e "$f" ] && owned+=("$f")
+  done
+  mapfile -t pkgs < <(dpkg -S "${owned[@]}" 2>/dev/null | cut -d: -f1 | sort -u)
+  [ ${#pkgs[@]} -gt 0 ] || die "no Debian package owns mpirun/libmpi here"
+  echo "Open MPI from: ${pkgs[*]}"
+  local list=$KIT/mpi-files.txt
+  for p in "${pkgs[@]}"; do
+    dpkg -L "$p" | while read -r f; do
+      if [ -L "$f" ] || [ -f "$f" ]; then echo "$f"; fi
+    done
+  done | grep -v -E '^/usr/share/(doc|man|lintian)/' >"$list"
+  # What the launcher, libmpi, PMIx and the components of a local run link, beyond the base
+  # system (the C library, zlib, udev) and what the packages hold.
+  local deps
+  mapfile -t deps < <(grep -E '/(mca_(pmix|ess|plm|odls|oob|btl_(self|vader|tcp)|pml_ob1|coll|schizo|state|errmgr|routed|rml|grpcomm|ras|rmaps)_[a-z0-9_]*|libpmix)\.so' "$list")
+  ldd "$exe" "$(readlink -f "$(command -v mpirun)")" "${deps[@]}" 2>/dev/null |
+    awk '/=> \// {print $3}' |
+    grep -v -E '/(libc|libm|libz|libudev|libgcc_s|libstdc\+\+|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+    sort -u | while read -r f; do
+      # /lib is /usr/lib on merged-/usr systems: the package paths are under /usr.
+      f=$(readlink -f "$(dirname "$f")")/$(basename "$f")
+      grep -qxF "$f" "$list" || { echo "$f"; readlink -f "$f"; }
+    done | sort -u >"$list.deps"
+  cat "$list.deps" >>"$list"
+  mkdir -p "$dest"
+  sed 's|^/||' "$list" | tar -C / -cf - --files-from=- | tar -C "$dest" -xf -
+  du -sh "$dest" | cut -f1 | sed 's/^/Open MPI run time: /'
+}
+
+build() {
+  set -e
+  for c in cargo python3 strip git; do
+    command -v "$c" >/dev/null || die "build needs $c"
+  done
+  # The tests read ../shared beside the checkout; the kit recreates it on the device.
+  local shared=${DPW_SHARED:-$(cd "$ROOT/.." && pwd)/shared}
+  [ -d "$shared/reference/deepmd-3.2.0" ] ||
+    die "$shared/reference is missing: the GPU tests compare with DeePMD-kit's numbers there"
+  grep -qx '/.gpu-kit' .gitignore || die ".gpu-kit must be git-ignored (.gitignore)"
+  rm -rf "$KIT"
+  local stage=$KIT/stage
+  mkdir -p "$stage/bin" "$stage/shared/reference"
+
+  # First, as it leaves target/release/dpw built with MPI; the default build below replaces it.
+  echo "== dpw with MPI (features mpi + cuda: the NCCL all-reduce), its NCCL test, Open MPI"
+  : >"$KIT/executables.txt"
+  cargo build --release --features mpi --bin dpw
+  strip -o "$stage/bin/dpw-mpi" target/release/dpw
+  cargo test --release --no-run --features mpi --message-format=json --test nccl_exchange \
+    >"$KIT/artifacts-mpi.json"
+  executables "$KIT/artifacts-mpi.json" nccl_exchange >>"$KIT/executables.txt"
+  stage_mpi "$stage/mpi" "$stage/bin/dpw-mpi"
+
+  echo "== release dpw (default features: wgpu and cuda)"
+  cargo build --release --bin dpw
+  echo "== GPU test executables"
+  local args=()
+  for t in "${TESTS[@]}"; do args+=(--test "$t"); done
+  cargo test --release --no-run --message-format=json "${args[@]}" >"$KIT/artifacts.json"
+  executables "$KIT/artifacts.json" "${TESTS[@]}" >>"$KIT/executables.txt"
   while read -r name exe; do
     strip -o "$stage/bin/$name" "$exe"
   done <"$KIT/executables.txt"
@@ -232,7 +293,7 @@ run_checks() {
       grep -v /stubs/ | awk -F/ '{print $NF "\t" $0}' | sort -V | tail -1 | cut -f2
   }
   local ldp="$libs" name f
-  for name in cuda nvrtc cublas cublasLt nvrtc-builtins; do
+  for name in cuda nvrtc cublas cublasLt nvrtc-builtins nccl; do
     f=$(find_lib "$name")
     if [ -n "$f" ]; then
       info "lib$name" "$f"
@@ -361,10 +422,66 @@ EOF
       --steps 30 --warmup 5 --json "$LOGS/bench_wgpu_${p}_b1.json"
   done
 
+  mpi_checks "$K" "$dpw" "$water"
+
   report ""
-  grep -qv $'\tpass\t' "$RESULTS" && return 1
+  # n/a: a check this machine cannot make (one GPU for a multi-GPU check).
+  grep -qvE $'\t(pass|n/a)\t' "$RESULTS" && return 1
   return 0
 }
+
+# Multi-GPU training (features mpi + cuda): NCCL on one GPU as a one-rank world; two ranks on one
+# GPU, which must fall back to host MPI (NCCL refuses two ranks on one device) and train as one
+# rank with the global batch does; and, given two GPUs, two ranks through NCCL, whose lcurve.out
+# must equal host MPI's (in float64 a sum of two is the same in either order). mpirun and Open
+# MPI come from the kit (dpw-mpi is linked against them), else from the device.
+mpi_checks() { # kit dpw water
+  local K=$1 dpw=$2 water=$3 ngpu
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  info gpus "$ngpu"
+  [ -n "$(find_lib nccl)" ] && export DPW_REQUIRE_NCCL=1
+  step nccl_one_rank 60 "$K/bin/nccl_exchange" --include-ignored --nocapture
+  unset DPW_REQUIRE_NCCL
+
+  local mpirun r=$K/mpi/usr
+  if [ -x "$r/bin/orterun" ]; then
+    export OPAL_PREFIX=$r PMIX_INSTALL_PREFIX=$r/lib/x86_64-linux-gnu/pmix2
+    export LD_LIBRARY_PATH=$r/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu/openmpi/lib:$r/lib/x86_64-linux-gnu/pmix2/lib:$LD_LIBRARY_PATH
+    mpirun=$r/bin/orterun
+    info mpi "Open MPI from the kit ($("$mpirun" --version 2>&1 | head -1))"
+  elif command -v mpirun >/dev/null && ! ldd "$K/bin/dpw-mpi" | grep -q 'libmpi.*not found'; then
+    mpirun=$(command -v mpirun)
+    info mpi "the device's mpirun ($("$mpirun" --version 2>&1 | head -1))"
+  else
+    info mpi "none"
+    skip mpi_2ranks_1gpu "no MPI: none in the kit (build it where Open MPI is installed) and no mpirun here"
+    skip mpi_2ranks_nccl "no MPI"
+    return 0
+  fi
+  export OMPI_MCA_mca_base_component_show_load_errors=0
+  local np2=("$mpirun" --allow-run-as-root --oversubscribe -np 2 "$K/bin/dpw-mpi" train input.json --backend cuda)
+
+  local d=$W/mpi
+  mkdir -p "$d/shared" "$d/serial" "$d/nccl" "$d/host"
+  for x in shared nccl host; do write_input "$water" "$d/$x/input.json" 20 5 1; done
+  write_input "$water" "$d/serial/input.json" 20 5 2
+  step mpi_2ranks_1gpu 150 bash -c "
+    cd '$d/shared' && CUDA_VISIBLE_DEVICES=0 ${np2[*]} >log 2>&1; rc=\$?; cat log; [ \$rc = 0 ] || exit \$rc
+    grep -q 'host MPI, not NCCL: ranks 0, 1 share GPU' log || { echo 'no fallback warning'; exit 1; }
+    cd '$d/serial' && CUDA_VISIBLE_DEVICES=0 '$dpw' train input.json --backend cuda || exit 1
+    python3 '$W/compare.py' '$d/serial/lcurve.out' '$d/shared/lcurve.out'"
+  if [ "$ngpu" -lt 2 ]; then
+    printf 'mpi_2ranks_nccl\tn/a\t0\t-\tskipped: %s GPU (NCCL needs a GPU per rank)\n' "$ngpu" >>"$RESULTS"
+    echo "-- mpi_2ranks_nccl: skipped: $ngpu GPU (NCCL needs a GPU per rank)"
+    return 0
+  fi
+  step mpi_2ranks_nccl 150 bash -c "
+    cd '$d/nccl' && ${np2[*]} >log 2>&1; rc=\$?; cat log; [ \$rc = 0 ] || exit \$rc
+    grep -q 'gradient all-reduce: NCCL' log || { echo 'NCCL was not used'; exit 1; }
+    cd '$d/host' && DPW_NCCL=0 ${np2[*]} >log 2>&1 || { cat log; exit 1; }
+    python3 '$W/compare.py' '$d/host/lcurve.out' '$d/nccl/lcurve.out'"
+}
+
 
 # The last useful line of a step's log: a test summary, an error, or the last line.
 summary_of() {
@@ -396,7 +513,7 @@ for f in sorted(glob.glob(f"{logs}/bench_*.json")):
     bench.append(dict(backend=backend, precision=j.get("precision", prec), batch=int(b[1:]),
                       median_s_per_step=j.get("median_s_per_step"),
                       startup_s=j.get("startup_s"), peak_memory_mb=j.get("peak_memory_mb")))
-ok = not fatal and steps and all(s["status"] == "pass" for s in steps)
+ok = not fatal and steps and all(s["status"] in ("pass", "n/a") for s in steps)
 verdict = "pass" if ok else "fail"
 doc = dict(verdict=verdict, fatal=fatal or None, facts=facts, steps=steps, bench=bench)
 json.dump(doc, open(f"{out}/report.json", "w"), indent=1)
