@@ -80,6 +80,7 @@ if want lint; then
     rustup target list --installed | grep -qx wasm32-unknown-unknown ||
       rustup target add wasm32-unknown-unknown
     cargo clippy --release -p dpw-web --target wasm32-unknown-unknown -- -D warnings
+    # mpi with cuda (a default feature): also the NCCL all-reduce (src/dist/nccl.rs).
     cargo clippy --release --all-targets --features mpi -- -D warnings
     cargo clippy --release --all-targets --features hdf5 -- -D warnings
   fi
