@@ -1013,7 +1013,6 @@ impl<T: CudaReal> Backend<T> for Cuda {
         pref: Prefactors,
         pred: [&CudaBuf<T>; 3],
         label: [&CudaBuf<T>; 3],
-        _centre_atom: &CudaIdx,
         ebar: &mut CudaBuf<T>,
         fres: &mut CudaBuf<T>,
         vres: &mut CudaBuf<T>,

@@ -608,7 +608,6 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         pref: Prefactors,
         pred: [&Buf<T>; 3],
         label: [&Buf<T>; 3],
-        centre_atom: &Idx,
         ebar: &mut Buf<T>,
         fres: &mut Buf<T>,
         vres: &mut Buf<T>,
@@ -627,16 +626,12 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         );
         let natoms = u32_of(d.natoms);
         let nc = d.ncentres();
+        let (ntypes, nframes) = (u32_of(d.ntypes), u32_of(d.nframes));
+        let dims = self.dims_buf(d);
         self.go::<T>(
             &k::LOSS_ENERGY_BAR,
-            &[u32_of(nc), 0, natoms, 0, 0, 0, 0, 0],
-            &[
-                &coef,
-                &pred[0].buf,
-                &label[0].buf,
-                &centre_atom.buf,
-                &ebar.buf,
-            ],
+            &[u32_of(nc), 0, natoms, 0, 0, 0, ntypes, nframes],
+            &[&coef, &pred[0].buf, &label[0].buf, &dims, &ebar.buf],
             grid1(nc),
         );
         for (which, out) in [(1u32, &*fres), (2, &*vres)] {
