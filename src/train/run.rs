@@ -28,7 +28,8 @@ use super::loss::Loss;
 use super::lr::LrSchedule;
 use super::step::{DeviceModel, Workspace};
 use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
-use super::validation::{self, Average};
+use super::trainer::TrainSetup;
+use super::validation::{self, Average, VALID_STREAM};
 use super::workspaces::{adam_step, batch_gradient, predict_batch, Cache};
 
 /// A rank's part of one step: the system, the rank's frames (none at the end of an epoch when
@@ -99,15 +100,6 @@ pub trait Driver<T: Real, B: Backend<T>> {
     /// After a read-back, before the display: checks across ranks (the step count `done`).
     fn check(&mut self, _b: &B, _dm: &DeviceModel<T, B>, _done: usize) -> Result<()> {
         Ok(())
-    }
-}
-
-/// A driver that reads blocking, with nothing else: a single-process run (and tests).
-pub struct Blocking;
-
-impl<T: Real, B: Backend<T>> Driver<T, B> for Blocking {
-    async fn read(&mut self, b: &B, buf: &B::Buf) -> Result<Vec<T>> {
-        Ok(b.download(buf))
     }
 }
 
@@ -272,6 +264,30 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
             header_done: false,
             last_ckpt: None,
         }
+    }
+
+    /// A fresh single-process run of `setup` whose batches are assembled in place
+    /// ([`InPlace`]): the page's run, with the numbers of `dpw train` on the same input.
+    pub fn fresh(b: &B, setup: TrainSetup) -> Self {
+        let tc = &setup.config.training;
+        let spec = setup.model.spec.clone();
+        let batches = InPlace::new(&setup.train, spec, setup.train.sampler(setup.seed));
+        let validation = setup.valid.map(|v| Validation {
+            sampler: v.sampler(setup.seed ^ VALID_STREAM),
+            data: v,
+            nbatches: tc.validation_data.as_ref().map_or(1, |v| v.numb_btch),
+        });
+        Run::new(
+            b,
+            &setup.config,
+            setup.schedule,
+            1.0,
+            &setup.model,
+            setup.train.systems,
+            Box::new(batches),
+            validation,
+            Resume::fresh(),
+        )
     }
 
     pub fn dm(&self) -> &DeviceModel<T, B> {

@@ -1,15 +1,16 @@
 //! The page's training run: `dpw train`'s own [`Run`] (step, display, validation), stepped
 //! from the page's async loop, which awaits the read-backs that `dpw train` blocks on.
 
+use std::sync::Arc;
+
 use anyhow::{bail, Result};
 use dpw::config::Precision;
+use dpw::data::SystemStore;
 use dpw::model::ModelSpec;
 use dpw::train::batch::assemble_frames;
-use dpw::train::dataset::DataSet;
 use dpw::train::lcurve::Metrics;
-use dpw::train::run::{Driver, InPlace, Resume, Run, Validation};
+use dpw::train::run::{Driver, Run};
 use dpw::train::trainer::TrainSetup;
-use dpw::train::validation::VALID_STREAM;
 use serde_json::{json, Value};
 
 use crate::fetch::Fetch;
@@ -19,7 +20,8 @@ pub struct Session<B: Fetch> {
     b: B,
     run: Run<f32, B>,
     spec: ModelSpec,
-    train: DataSet,
+    /// The training systems (the frame shown without validation data).
+    train: Arc<SystemStore>,
     disp_freq: usize,
     reads: PageReads,
 }
@@ -62,30 +64,15 @@ impl<B: Fetch> Session<B> {
                 "the page trains in float32 (WebGPU has no 64-bit floats): set \"precision\": \"float32\" in the descriptor and fitting_net"
             );
         }
-        let tc = &setup.config.training;
         let spec = setup.model.spec.clone();
-        let batches = InPlace::new(&setup.train, spec.clone(), setup.train.sampler(setup.seed));
-        let validation = setup.valid.map(|v| Validation {
-            sampler: v.sampler(setup.seed ^ VALID_STREAM),
-            data: v,
-            nbatches: tc.validation_data.as_ref().map_or(1, |v| v.numb_btch),
-        });
-        let run = Run::new(
-            &b,
-            &setup.config,
-            setup.schedule,
-            1.0,
-            &setup.model,
-            setup.train.systems.clone(),
-            Box::new(batches),
-            validation,
-            Resume::fresh(),
-        );
+        let disp_freq = setup.config.training.disp_freq;
+        let train = Arc::clone(&setup.train.store);
+        let run = Run::fresh(&b, setup);
         Ok(Session {
             run,
             spec,
-            disp_freq: tc.disp_freq,
-            train: setup.train,
+            disp_freq,
+            train,
             b,
             reads: PageReads { device_error },
         })
@@ -96,7 +83,7 @@ impl<B: Fetch> Session<B> {
     }
 
     pub fn natoms(&self) -> usize {
-        self.train.systems[0].natoms
+        self.run.systems()[0].natoms
     }
 
     pub fn nparams(&self) -> usize {
@@ -143,7 +130,7 @@ impl<B: Fetch> Session<B> {
     pub async fn frame(&mut self) -> Result<Value> {
         let sys = match self.run.validation_data() {
             Some(v) => v.system(0)?,
-            None => self.train.system(0)?,
+            None => self.train.get(0)?,
         };
         let batch = assemble_frames(&self.spec, &sys, &[0], "display")?;
         let w = self.run.predict(&self.b, &batch);
