@@ -97,7 +97,8 @@ pub trait Driver<T: Real, B: Backend<T>> {
         false
     }
 
-    /// After a read-back, before the display: checks across ranks (the step count `done`).
+    /// Every step, after its read-backs and before its display: checks across ranks (`done`:
+    /// the steps done).
     fn check(&mut self, _b: &B, _dm: &DeviceModel<T, B>, _done: usize) -> Result<()> {
         Ok(())
     }
