@@ -11,8 +11,9 @@ struct Loss {
     slot0: u32,
     sel: u32,
     centre0: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // energy_bar: for the frame of a centre
+    ntypes: u32,
+    nframes: u32,
 }
 
 @group(0) @binding(0) var<uniform> u: Loss;
@@ -30,6 +31,8 @@ struct Loss {
 @group(0) @binding(11) var<storage, read> owner: array<i32>;
 @group(0) @binding(12) var<storage, read_write> rdot: array<real>;
 @group(0) @binding(13) var<storage, read_write> sdot: array<real>;
+// [centre_start (ntypes+1) | ...], as in Dims (see scatter.wgsl)
+@group(0) @binding(14) var<storage, read> dims: array<u32>;
 
 // res = coef[which]·(pred − label), elementwise (forces, virials).
 @compute @workgroup_size(64)
@@ -42,7 +45,7 @@ fn residual(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     res[i] = coef[u.which] * (pred[i] - label[i]);
 }
 
-// ∂L/∂E of each centre's frame; the frame is the centre's batch atom index over natoms.
+// ∂L/∂E of each centre's frame.
 @compute @workgroup_size(64)
 fn energy_bar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_id) l: vec3<u32>) {
@@ -50,7 +53,13 @@ fn energy_bar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (c >= u.n) {
         return;
     }
-    let f = u32(centre_atom[c]) / u.natoms;
+    // Centres run by type, then frame: the frame is the index within the type's block over
+    // the type's centres per frame (Dims::centre_frame).
+    var t = 0u;
+    while (t + 1u < u.ntypes && c >= dims[t + 1u]) {
+        t++;
+    }
+    let f = (c - dims[t]) / ((dims[t + 1u] - dims[t]) / u.nframes);
     res[c] = coef[0] * (pred[f] - label[f]);
 }
 

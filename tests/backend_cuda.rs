@@ -293,7 +293,6 @@ fn op_outputs<T: Real, B: Backend<T>>(
         pref,
         [&energy, &force, &virial],
         [&labels[0], &labels[1], &labels[2]],
-        &centre_atom,
         &mut ebar,
         &mut fres,
         &mut vres,

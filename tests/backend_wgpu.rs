@@ -21,36 +21,27 @@ use dpw::train::step::{forward, gradient, DeviceModel, Workspace};
 
 use common::*;
 
-/// A device for each test thread. A wgpu device serves one stream of ops at a time, as a trainer
-/// drives it: an op's constants and force lists sit in buffers the backend rewrites between ops,
-/// so two tests interleaving ops on one device could read each other's constants.
+/// One device for the whole test binary (pipelines are compiled once): the tests run their ops
+/// on it from parallel threads, as the backend allows.
 fn wgpu() -> Option<&'static Wgpu> {
-    thread_local! {
-        static W: &'static Option<Wgpu> = Box::leak(Box::new(open_wgpu()));
-    }
-    W.with(|w| w.as_ref())
-}
-
-fn open_wgpu() -> Option<Wgpu> {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    match Wgpu::new(PowerPreference::HighPerformance) {
+    static W: std::sync::OnceLock<Option<Wgpu>> = std::sync::OnceLock::new();
+    W.get_or_init(|| match Wgpu::new(PowerPreference::HighPerformance) {
         Ok(w) => {
-            SAID.call_once(|| {
-                eprintln!(
-                    "wgpu adapter: {} ({}, cpu adapter: {}, f64: {})",
-                    w.adapter_name(),
-                    w.backend_name(),
-                    w.is_cpu_adapter(),
-                    w.supports_f64()
-                )
-            });
+            eprintln!(
+                "wgpu adapter: {} ({}, cpu adapter: {}, f64: {})",
+                w.adapter_name(),
+                w.backend_name(),
+                w.is_cpu_adapter(),
+                w.supports_f64()
+            );
             Some(w)
         }
         Err(e) => {
             eprintln!("no wgpu adapter: {e:#}");
             None
         }
-    }
+    })
+    .as_ref()
 }
 
 /// The backend for a test in T, or None after printing why the test is skipped.
@@ -197,6 +188,32 @@ fn repeatable<T: GpuReal>(test: &str) {
         assert_eq!(bits(x), bits(y), "predictions differ between runs");
     }
     assert_eq!(a.0, b.0, "loss sums differ between runs");
+}
+
+/// Ops of several threads interleaved on one device: each thread's batch size gives its ops
+/// other constants (the loss coefficients) and force lists, which must not leak into another
+/// thread's dispatches. Every result equals the one computed alone, bit for bit.
+#[test]
+fn ops_from_threads_on_one_device() {
+    let Some(w) = wgpu_for::<f64>("ops_from_threads_on_one_device") else {
+        return;
+    };
+    let Some(c) = case() else { return };
+    let sizes = [1, 2, 3];
+    let alone: Vec<_> = sizes.iter().map(|&n| run::<f64, Wgpu>(w, &c, n)).collect();
+    std::thread::scope(|s| {
+        for (&n, want) in sizes.iter().zip(&alone) {
+            let c = &c;
+            s.spawn(move || {
+                for _ in 0..3 {
+                    let got = run::<f64, Wgpu>(w, c, n);
+                    assert_eq!(got.1, want.1, "{n} frames: the gradient differs");
+                    assert_eq!(got.0, want.0, "{n} frames: the loss sums differ");
+                    assert_eq!(got.2, want.2, "{n} frames: the predictions differ");
+                }
+            });
+        }
+    });
 }
 
 #[test]

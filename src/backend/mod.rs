@@ -323,7 +323,6 @@ pub trait Backend<T: Real>: Sync {
         pref: Prefactors,
         pred: [&Self::Buf; 3],
         label: [&Self::Buf; 3],
-        centre_atom: &Self::Idx,
         ebar: &mut Self::Buf,
         fres: &mut Self::Buf,
         vres: &mut Self::Buf,

@@ -580,7 +580,6 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         pref: Prefactors,
         pred: [&Self::Buf; 3],
         label: [&Self::Buf; 3],
-        centre_atom: &Self::Idx,
         ebar: &mut Self::Buf,
         fres: &mut Self::Buf,
         vres: &mut Self::Buf,
@@ -588,7 +587,7 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
     ) {
         let flops = 4.0 * (d.nframes * (d.natoms * 3 + 10)) as f64;
         self.time::<T, _>(Op::Loss, flops, |b| {
-            b.loss(d, pref, pred, label, centre_atom, ebar, fres, vres, sums)
+            b.loss(d, pref, pred, label, ebar, fres, vres, sums)
         })
     }
 

@@ -346,7 +346,6 @@ pub fn gradient<T: Real, B: Backend<T>>(
         pref,
         [&w.energy, &w.force, &w.virial],
         [&w.labels[0], &w.labels[1], &w.labels[2]],
-        &w.centre_atom,
         &mut w.ebar,
         &mut w.fres,
         &mut w.vres,

@@ -67,12 +67,13 @@ impl<T: Real, B: Backend<T>> StepLog<T, B> {
         (&mut self.rows, at + ROW - 1)
     }
 
-    /// Reads every logged step (one read-back) and empties the log.
-    pub fn drain(&mut self, b: &B) -> Vec<LoggedStep> {
-        if self.pending.is_empty() {
-            return Vec::new();
-        }
-        let v = b.download(&self.rows);
+    /// The rows to read, if any step is logged.
+    pub fn rows(&self) -> Option<&B::Buf> {
+        (!self.pending.is_empty()).then_some(&self.rows)
+    }
+
+    /// The logged steps, from the values `v` read from [`StepLog::rows`]; empties the log.
+    pub fn take(&mut self, v: &[T]) -> Vec<LoggedStep> {
         self.pending
             .drain(..)
             .zip(v.chunks(ROW))
@@ -82,6 +83,17 @@ impl<T: Real, B: Backend<T>> StepLog<T, B> {
                 grad_norm: r[3].f64(),
             })
             .collect()
+    }
+
+    /// Reads every logged step (one read-back) and empties the log.
+    pub fn drain(&mut self, b: &B) -> Vec<LoggedStep> {
+        match self.rows() {
+            Some(rows) => {
+                let v = b.download(rows);
+                self.take(&v)
+            }
+            None => Vec::new(),
+        }
     }
 }
 

@@ -29,14 +29,12 @@ use super::checkpoint::{self, Checkpoint, DataShape};
 use super::dataset::{load_data_in, DataSet};
 use super::interrupt;
 use super::lcurve::{self, Metrics};
-use super::loss::Loss;
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
+use super::run::{block_on, Batches, Driver, Resume, Run, StepBatch, Validation};
 use super::stats::{auto_sel, data_stats, neighbor_stats, stat_frames};
 use super::step::DeviceModel;
-use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
-use super::validation::{validate, VALID_STREAM};
-use super::workspaces::{adam_step, batch_gradient, Cache};
+use super::validation::VALID_STREAM;
 
 /// Target of the per-display progress lines (`RUST_LOG=info,dpw::progress=off` hides them).
 pub const PROGRESS_TARGET: &str = "dpw::progress";
@@ -460,14 +458,6 @@ struct Prefetcher {
     batch_sizes: Vec<usize>,
 }
 
-/// A rank's part of one step: the system, the rank's frames (none at the end of an epoch when
-/// the global batch is short), and the number of frames in the global batch.
-struct StepBatch {
-    sys: usize,
-    batch: Option<HostBatch>,
-    nglobal: usize,
-}
-
 impl Prefetcher {
     fn new(
         store: Arc<SystemStore>,
@@ -521,7 +511,9 @@ impl Prefetcher {
             let _ = tx.send((s, mine));
         }
     }
+}
 
+impl Batches for Prefetcher {
     fn next(&mut self) -> Result<StepBatch> {
         let (_, sys, nglobal) = self.pending.pop_front().expect("always one pending");
         let batch = self
@@ -626,8 +618,6 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     }
     let tc = &cfg.training;
     let numb_steps = tc.numb_steps;
-    let loss = Loss::new(&cfg.loss, schedule.start_lr);
-    let opt = &cfg.optimizer;
     let spec = model.spec.clone();
     // Data-parallel over MPI (src/dist): rank 0 alone writes files and validates.
     let world = dist::world();
@@ -670,19 +660,8 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             .as_ref()
             .map(|v| v.sampler(stream_seed ^ VALID_STREAM))
     };
-    let mut dm = DeviceModel::<T, B>::new(b, &model);
-    let (sampler, mut valid_sampler, mut acc_count, mut acc_sum) = match &restart {
+    let (sampler, valid_sampler, resume) = match &restart {
         Some(ck) => {
-            dm.m = b.upload(&to_t(&ck.adam_m));
-            dm.v = b.upload(&to_t(&ck.adam_v));
-            let a = ck.disp_acc;
-            let z = loss.zero_metrics();
-            let sum = Metrics {
-                rmse: a[1],
-                rmse_e: z.rmse_e.map(|_| a[2]),
-                rmse_f: z.rmse_f.map(|_| a[3]),
-                rmse_v: z.rmse_v.map(|_| a[4]),
-            };
             let ts = if ck.train_shape == train_shape {
                 ck.sampler.clone()
             } else {
@@ -700,18 +679,16 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 );
                 new_valid_sampler()
             };
-            (ts, vs, a[0] as usize, sum)
+            let resume = Resume {
+                step: start,
+                adam: Some((to_t(&ck.adam_m), to_t(&ck.adam_v))),
+                disp_acc: ck.disp_acc,
+            };
+            (ts, vs, resume)
         }
-        None => (
-            new_train_sampler(),
-            new_valid_sampler(),
-            0,
-            loss.zero_metrics(),
-        ),
+        None => (new_train_sampler(), new_valid_sampler(), Resume::fresh()),
     };
     drop(restart);
-    let systems = std::mem::take(&mut train_data.systems);
-    let natoms_of: Vec<usize> = systems.iter().map(|s| s.natoms).collect();
 
     let mut fout = if !root {
         None
@@ -723,15 +700,10 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 .with_context(|| format!("cannot create {}", lcurve_path.display()))?,
         )
     };
-    let mut header_done = false;
 
-    let save = |dm: &DeviceModel<T, B>,
-                step: usize,
-                lr: f64,
-                sampler: Sampler,
-                valid_sampler: &Option<Sampler>,
-                acc: [f64; 5]|
-     -> Result<PathBuf> {
+    let save = |run: &Run<T, B>, step: usize, lr: f64| -> Result<PathBuf> {
+        let dm = run.dm();
+        let (sampler, valid_sampler, disp_acc) = run.checkpoint_state();
         let mut m = model.clone();
         m.params = dm.params_f64(b);
         let ck = Checkpoint {
@@ -742,10 +714,10 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             adam_m: to_f64(&b.download(&dm.m)),
             adam_v: to_f64(&b.download(&dm.v)),
             sampler,
-            valid_sampler: valid_sampler.clone(),
+            valid_sampler,
             train_shape: train_shape.clone(),
             valid_shape: valid_shape.clone(),
-            disp_acc: acc,
+            disp_acc,
         };
         checkpoint::save(&ck, &save_ckpt, tc.max_ckpt_keep)
     };
@@ -760,10 +732,39 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         last_val: None,
         last_ckpt: None,
     };
+    // Only rank 0 validates.
+    let validation = match (valid, valid_sampler) {
+        (Some(data), Some(sampler)) if root => Some(Validation {
+            data,
+            sampler,
+            nbatches: tc.validation_data.as_ref().map_or(1, |v| v.numb_btch),
+        }),
+        _ => None,
+    };
+    let systems = std::mem::take(&mut train_data.systems);
+    let batches = Prefetcher::new(
+        Arc::clone(&train_data.store),
+        spec.clone(),
+        sampler,
+        1,
+        train_data.batch_sizes.clone(),
+        (world.rank(), world.size()),
+    );
+    let mut run = Run::<T, B>::new(
+        b,
+        &cfg,
+        schedule,
+        lr_scale,
+        &model,
+        systems,
+        Box::new(batches),
+        validation,
+        resume,
+    );
     if start >= numb_steps {
         if start == 0 && root {
             // numb_steps 0: DeePMD-kit still saves the initial model.
-            let p = save(&dm, 0, 0.0, sampler, &valid_sampler, [0.0; 5])?;
+            let p = save(&run, 0, 0.0)?;
             tracing::info!(
                 "numb_steps is 0: saved the initial model to {}",
                 p.display()
@@ -777,16 +778,6 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         return Ok(report);
     }
 
-    let mut batches = Prefetcher::new(
-        Arc::clone(&train_data.store),
-        spec.clone(),
-        sampler,
-        1,
-        train_data.batch_sizes.clone(),
-        (world.rank(), world.size()),
-    );
-    let mut cache: Cache<T, B> = Vec::new();
-    let clip = tc.gradient_max_norm;
     if let Some(bar) = &progress {
         bar.set_length(numb_steps as u64);
         bar.set_position(start as u64);
@@ -805,144 +796,33 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let mut t_disp = Instant::now();
     let mut last_disp_step = start;
     let mut timed = (0.0f64, 0usize);
-    let mut exchange = dist::GradExchange::default();
-    // Loss sums and gradient norms stay on the device until a display step or a checkpoint.
-    let mut log = StepLog::<T, B>::new(b, tc.disp_freq);
-    // The loss sums of a rank without frames in a step (the end of an epoch).
-    let mut no_sums = b.zeros(3);
-    let mut trn = loss.zero_metrics();
+    let mut driver = CliDriver {
+        world,
+        exchange: dist::GradExchange::default(),
+        disp_freq: tc.disp_freq,
+        signal: None,
+    };
 
-    for step in start..numb_steps {
+    while !run.is_done() {
         let t_step = Instant::now();
-        // scale_by_worker scales the applied (and printed) lr; the prefactors follow the schedule.
-        let lr = schedule.value(step) * lr_scale;
-        let pref_lr = schedule.pref_lr(step);
-        let StepBatch {
-            sys: s,
-            batch,
-            nglobal,
-        } = batches.next()?;
-        let natoms = natoms_of[s];
-        let pf = loss.prefactors(pref_lr, natoms, systems[s].has_virial);
-        let (sums, nf) = match &batch {
-            Some(batch) => {
-                let w = batch_gradient(b, &mut dm, &mut cache, batch, pf.op);
-                (w.sums_mut(), batch.dims.nframes)
-            }
-            None => {
-                b.fill(&mut dm.grad, T::zero());
-                b.fill(&mut no_sums, T::zero());
-                (&mut no_sums, 0)
-            }
-        };
-        if world.is_distributed() {
-            // The mean over the global batch: each rank's mean weighted by its share of the
-            // frames, summed, with the loss sums riding along in the same all-reduce.
-            exchange.all_reduce(world, b, &mut dm.grad, sums, nf as f64 / nglobal as f64);
-        }
-        let info = StepInfo {
-            step: step + 1,
-            sys: s,
-            nframes: nglobal,
-            natoms,
-            pf,
-        };
-        let (rows, norm_at) = log.record(b, sums, info);
-        if clip > 0.0 {
-            b.clip_grad_norm(&mut dm.grad, clip, rows, norm_at);
-        }
-        b.adam(
-            adam_step(opt, lr, step),
-            &mut dm.params,
-            &dm.grad,
-            &mut dm.m,
-            &mut dm.v,
-        );
+        let plan = run.step(b, &mut driver)?;
         report.step_s.push(t_step.elapsed().as_secs_f64());
-        if step == start {
+        let done = plan.done;
+        if done == start + 1 {
             tracing::info!(
                 "first step done {:.2} s after start",
                 t0.elapsed().as_secs_f64()
             );
         }
-        let done = step + 1;
         if let Some(bar) = &progress {
             bar.set_position(done as u64);
         }
-        let display = tc.disp_training && (done % tc.disp_freq == 0 || done == 1);
-        // Ctrl-C / SIGTERM: the step is finished; save it and stop (unless it was the last).
-        let stop = interrupt::requested().filter(|_| done < numb_steps);
-        let checkpoint =
-            (done % tc.save_freq == 0 && step != start) || done == numb_steps || stop.is_some();
-        // Every rank reads at the same steps, so that all stop at the same step on a NaN.
-        if display || checkpoint || log.is_full() {
-            for l in log.drain(b) {
-                let LoggedStep { info, sums, .. } = l;
-                trn = loss.metrics(&sums, info.nframes, info.natoms, &info.pf);
-                if !trn.rmse.is_finite() {
-                    bail!(
-                        "the loss is {} at step {} (system {}); stopping{}",
-                        trn.rmse,
-                        info.step,
-                        systems[info.sys].path.display(),
-                        report.last_ckpt.as_ref().map_or(String::new(), |p| format!(
-                            "; the last checkpoint is {}",
-                            p.display()
-                        ))
-                    );
-                }
-                if clip > 0.0 {
-                    check_grad_norm(&l)?;
-                }
-                if tc.disp_avg {
-                    acc_count += 1;
-                    acc_sum.add_scaled(&trn, 1.0);
-                }
-            }
-        }
-        if world.is_distributed() && done % tc.disp_freq == 0 {
-            let (lo, hi) = world.min_max(dist::checksum(&dm.params_f64(b)));
-            if lo != hi {
-                if !root {
-                    return Err(dist::Reported.into());
-                }
-                bail!(
-                    "after step {done} the parameters differ between the ranks (checksums \
-                     {lo:#x} to {hi:#x}); the data-parallel update has diverged"
-                );
-            }
-        }
+        let shown = block_on(run.finish(b, &mut driver))?;
 
-        if display {
-            let shown = if tc.disp_avg {
-                let m = acc_sum.scaled(1.0 / acc_count.max(1) as f64);
-                acc_count = 0;
-                acc_sum = loss.zero_metrics();
-                m
-            } else {
-                trn
-            };
-            let val = match (&valid, valid_sampler.as_mut()) {
-                (Some(vd), Some(vs)) if root => Some(validate(
-                    b,
-                    &dm,
-                    &spec,
-                    vd,
-                    vs,
-                    tc.validation_data.as_ref().map_or(1, |v| v.numb_btch),
-                    &mut cache,
-                    &loss,
-                    pref_lr,
-                )?),
-                _ => None,
-            };
+        if let Some(shown) = shown {
+            let lr = plan.lr;
             if let Some(fout) = fout.as_mut() {
-                if !header_done {
-                    let keys: Vec<&str> = shown.entries().iter().map(|e| e.0).collect();
-                    fout.write_all(lcurve::header(&keys, val.is_some()).as_bytes())?;
-                    header_done = true;
-                }
-                fout.write_all(lcurve::line(done, lr, &shown, val.as_ref()).as_bytes())?;
+                fout.write_all(shown.lcurve.as_bytes())?;
                 fout.flush()
                     .with_context(|| format!("cannot write {}", lcurve_path.display()))?;
             }
@@ -959,10 +839,10 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             tracing::info!(
                 target: PROGRESS_TARGET,
                 "batch {done:7}: trn: {}, lr = {}",
-                fmt_metrics(&shown),
+                fmt_metrics(&shown.trn),
                 sci(lr, 2, 8)
             );
-            if let Some(v) = &val {
+            if let Some(v) = &shown.val {
                 tracing::info!(target: PROGRESS_TARGET, "batch {done:7}: val: {}", fmt_metrics(v));
             }
             if tc.time_training {
@@ -975,31 +855,25 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
                 );
             }
             if let Some(bar) = &progress {
-                let m = val.as_ref().unwrap_or(&shown);
-                let mut msg = format!("{}:", if val.is_some() { "val" } else { "trn" });
+                let m = shown.val.as_ref().unwrap_or(&shown.trn);
+                let mut msg = format!("{}:", if shown.val.is_some() { "val" } else { "trn" });
                 for (k, v) in m.entries().iter().skip(1) {
                     msg.push_str(&format!(" {k} {}", sci(*v, 2, 8).trim_start()));
                 }
                 bar.set_message(msg);
             }
-            report.last_trn = Some(shown);
-            report.last_val = val;
+            report.last_trn = Some(shown.trn);
+            report.last_val = shown.val;
             dist::log::flush(world);
         }
 
-        if root && checkpoint {
-            let acc = [
-                acc_count as f64,
-                acc_sum.rmse,
-                acc_sum.rmse_e.unwrap_or(0.0),
-                acc_sum.rmse_f.unwrap_or(0.0),
-                acc_sum.rmse_v.unwrap_or(0.0),
-            ];
-            let p = save(&dm, done, lr, batches.state(), &valid_sampler, acc)?;
+        if root && plan.checkpoint {
+            let p = save(&run, done, plan.lr)?;
             tracing::info!("checkpoint saved to {}", p.display());
+            run.set_last_checkpoint(p.clone());
             report.last_ckpt = Some(p);
         }
-        if let Some(signal) = stop {
+        if let (true, Some(signal)) = (plan.stop, driver.signal) {
             return Err(interrupt::Interrupted {
                 signal,
                 step: done,
@@ -1008,7 +882,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             .into());
         }
     }
-    drop(batches);
+    drop(run);
     let wall = t_loop.elapsed().as_secs_f64();
     report.steps = numb_steps - start;
     report.wall_s = wall;
@@ -1026,11 +900,56 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     );
     if world.is_distributed() {
         let per_step = wall / report.steps as f64;
-        tracing::info!("{}", exchange.summary(world, per_step));
+        tracing::info!("{}", driver.exchange.summary(world, per_step));
     }
     if root {
         tracing::info!("trained model has been saved to: {}", save_ckpt.display());
     }
     dist::log::flush(world);
     Ok(report)
+}
+
+/// What `dpw train` plugs into the [`Run`]: blocking reads, the MPI all-reduce and the
+/// cross-rank check of the parameters, and Ctrl-C / SIGTERM.
+struct CliDriver {
+    world: &'static dist::World,
+    exchange: dist::GradExchange,
+    disp_freq: usize,
+    /// The signal that asked for a stop.
+    signal: Option<usize>,
+}
+
+impl<T: Real, B: Backend<T>> Driver<T, B> for CliDriver {
+    async fn read(&mut self, b: &B, buf: &B::Buf) -> Result<Vec<T>> {
+        Ok(b.download(buf))
+    }
+
+    fn all_reduce(&mut self, b: &B, grad: &mut B::Buf, sums: &mut B::Buf, share: f64) {
+        if self.world.is_distributed() {
+            self.exchange.all_reduce(self.world, b, grad, sums, share);
+        }
+    }
+
+    fn stop_requested(&mut self) -> bool {
+        // The step is finished; it is saved and the run stops.
+        self.signal = interrupt::requested();
+        self.signal.is_some()
+    }
+
+    fn check(&mut self, b: &B, dm: &DeviceModel<T, B>, done: usize) -> Result<()> {
+        let world = self.world;
+        if world.is_distributed() && done.is_multiple_of(self.disp_freq) {
+            let (lo, hi) = world.min_max(dist::checksum(&dm.params_f64(b)));
+            if lo != hi {
+                if !world.is_root() {
+                    return Err(dist::Reported.into());
+                }
+                bail!(
+                    "after step {done} the parameters differ between the ranks (checksums \
+                     {lo:#x} to {hi:#x}); the data-parallel update has diverged"
+                );
+            }
+        }
+        Ok(())
+    }
 }

@@ -3,7 +3,6 @@
 
 use anyhow::Result;
 
-use crate::backend::{Backend, Real};
 use crate::data::Sampler;
 use crate::model::ModelSpec;
 
@@ -11,9 +10,6 @@ use super::batch::HostBatch;
 use super::dataset::DataSet;
 use super::lcurve::Metrics;
 use super::loss::{host_sums, Loss};
-use super::predict::read_prediction;
-use super::step::DeviceModel;
-use super::workspaces::{predict_batch, Cache};
 
 /// Offset of the validation sampler's seed from the training one.
 pub const VALID_STREAM: u64 = 0x5641_4c49_4400;
@@ -69,27 +65,4 @@ impl Average {
     pub fn finish(&self) -> Metrics {
         self.sum.scaled(1.0 / self.natoms as f64)
     }
-}
-
-/// The validation metrics of `nbtch` batches.
-#[allow(clippy::too_many_arguments)]
-pub fn validate<T: Real, B: Backend<T>>(
-    b: &B,
-    dm: &DeviceModel<T, B>,
-    spec: &ModelSpec,
-    data: &DataSet,
-    sampler: &mut Sampler,
-    nbtch: usize,
-    cache: &mut Cache<T, B>,
-    loss: &Loss,
-    pref_lr: f64,
-) -> Result<Metrics> {
-    let mut avg = Average::new(loss);
-    for _ in 0..nbtch {
-        let (_, batch) = next_batch(spec, data, sampler)?;
-        let w = predict_batch(b, dm, cache, &batch);
-        let p = read_prediction(b, w, &batch);
-        avg.add(loss, pref_lr, &batch, (&p.energy, &p.force, &p.virial));
-    }
-    Ok(avg.finish())
 }

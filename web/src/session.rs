@@ -1,20 +1,16 @@
-//! The training loop of the page: `dpw train`'s step (sampling, batch, forward, gradient, Adam)
-//! and its lcurve.out metrics, run a display interval at a time and awaited, on one backend.
+//! The page's training run: `dpw train`'s own [`Run`] (step, display, validation), stepped
+//! from the page's async loop, which awaits the read-backs that `dpw train` blocks on.
+
+use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use dpw::backend::{LossSums, Real};
-use dpw::config::{OptimizerConfig, Precision};
-use dpw::data::Sampler;
+use dpw::config::Precision;
+use dpw::data::SystemStore;
 use dpw::model::ModelSpec;
-use dpw::train::batch::{assemble_frames, HostBatch};
-use dpw::train::dataset::DataSet;
+use dpw::train::batch::assemble_frames;
 use dpw::train::lcurve::Metrics;
-use dpw::train::loss::Loss;
-use dpw::train::lr::LrSchedule;
-use dpw::train::step::DeviceModel;
+use dpw::train::run::{Driver, Run};
 use dpw::train::trainer::TrainSetup;
-use dpw::train::validation::{self, VALID_STREAM};
-use dpw::train::workspaces::{adam_step, batch_gradient, predict_batch, workspace, Cache};
 use serde_json::{json, Value};
 
 use crate::fetch::Fetch;
@@ -22,35 +18,29 @@ use crate::platform::yield_to_page;
 
 pub struct Session<B: Fetch> {
     b: B,
-    dm: DeviceModel<f32, B>,
+    run: Run<f32, B>,
     spec: ModelSpec,
-    train: DataSet,
-    valid: Option<DataSet>,
-    sampler: Sampler,
-    valid_sampler: Option<Sampler>,
-    valid_batches: usize,
-    cache: Cache<f32, B>,
-    loss: Loss,
-    schedule: LrSchedule,
-    opt: OptimizerConfig,
-    numb_steps: usize,
+    /// The training systems (the frame shown without validation data).
+    train: Arc<SystemStore>,
     disp_freq: usize,
-    step: usize,
+    reads: PageReads,
+}
+
+/// The page's [`Driver`]: read-backs awaited, each failing with the first error the device
+/// reported meanwhile.
+struct PageReads {
     /// A device error reported out of band (WebGPU validation, device loss).
     device_error: Box<dyn Fn() -> Option<String>>,
 }
 
-/// A buffer's values, failing with the first error the device reported meanwhile.
-async fn fetch<B: Fetch>(
-    b: &B,
-    device_error: &dyn Fn() -> Option<String>,
-    buf: &B::Buf,
-) -> Result<Vec<f32>> {
-    let v = b.fetch(buf).await;
-    if let Some(e) = device_error() {
-        bail!("the GPU reported an error: {e}");
+impl<B: Fetch> Driver<f32, B> for PageReads {
+    async fn read(&mut self, b: &B, buf: &B::Buf) -> Result<Vec<f32>> {
+        let v = b.fetch(buf).await;
+        if let Some(e) = (self.device_error)() {
+            bail!("the GPU reported an error: {e}");
+        }
+        v
     }
-    v
 }
 
 fn metrics_json(m: &Metrics) -> Value {
@@ -74,102 +64,59 @@ impl<B: Fetch> Session<B> {
                 "the page trains in float32 (WebGPU has no 64-bit floats): set \"precision\": \"float32\" in the descriptor and fitting_net"
             );
         }
-        let tc = &setup.config.training;
-        if tc.gradient_max_norm > 0.0 || tc.disp_avg {
-            bail!("training.gradient_max_norm and training.disp_avg are not supported in the page");
-        }
-        let dm = DeviceModel::new(&b, &setup.model);
+        let spec = setup.model.spec.clone();
+        let disp_freq = setup.config.training.disp_freq;
+        let train = Arc::clone(&setup.train.store);
+        let run = Run::fresh(&b, setup);
         Ok(Session {
-            dm,
-            spec: setup.model.spec.clone(),
-            sampler: setup.train.sampler(setup.seed),
-            valid_sampler: setup
-                .valid
-                .as_ref()
-                .map(|v| v.sampler(setup.seed ^ VALID_STREAM)),
-            valid_batches: tc.validation_data.as_ref().map_or(1, |v| v.numb_btch),
-            numb_steps: tc.numb_steps,
-            disp_freq: tc.disp_freq,
-            loss: Loss::new(&setup.config.loss, setup.schedule.start_lr),
-            opt: setup.config.optimizer.clone(),
-            schedule: setup.schedule,
-            train: setup.train,
-            valid: setup.valid,
-            cache: Vec::new(),
-            step: 0,
+            run,
+            spec,
+            disp_freq,
+            train,
             b,
-            device_error,
+            reads: PageReads { device_error },
         })
     }
 
     pub fn step(&self) -> usize {
-        self.step
+        self.run.steps_done()
     }
 
     pub fn natoms(&self) -> usize {
-        self.train.systems[0].natoms
+        self.run.systems()[0].natoms
     }
 
     pub fn nparams(&self) -> usize {
-        self.dm.layout.len
+        self.run.dm().layout.len
     }
 
     pub fn numb_steps(&self) -> usize {
-        self.numb_steps
+        self.run.numb_steps()
     }
 
     pub fn disp_freq(&self) -> usize {
         self.disp_freq
     }
 
-    fn next_train_batch(&mut self) -> Result<(usize, HostBatch)> {
-        let (s, frames) = self.sampler.next_batch();
-        let batch = self.train.assemble(&self.spec, s, &frames, "training")?;
-        Ok((s, batch))
-    }
-
-    /// Trains up to the next step that `dp train` would print (step 1, then every disp_freq
-    /// steps, and the last) and returns that lcurve.out line as JSON: step, lr, trn and val
-    /// metrics, and whether the run is done.
+    /// Trains up to the next step that `dp train` prints (step 1, then every disp_freq steps)
+    /// or the last, and returns it as JSON: step, lr, trn and val metrics, the lcurve.out text
+    /// (null for a last step that is not printed), and whether the run is done.
     pub async fn train_to_display(&mut self) -> Result<Value> {
-        if self.step >= self.numb_steps {
-            bail!("training is finished ({} steps)", self.numb_steps);
-        }
         loop {
-            let step = self.step;
-            let lr = self.schedule.value(step);
-            let pref_lr = self.schedule.pref_lr(step);
-            let (s, batch) = self.next_train_batch()?;
-            let sys = &self.train.systems[s];
-            let pf = self.loss.prefactors(pref_lr, sys.natoms, sys.has_virial);
-            batch_gradient(&self.b, &mut self.dm, &mut self.cache, &batch, pf.op);
-            let dm = &mut self.dm;
-            self.b.adam(
-                adam_step(&self.opt, lr, step),
-                &mut dm.params,
-                &dm.grad,
-                &mut dm.m,
-                &mut dm.v,
-            );
-            self.step += 1;
-            let done = self.step;
-            if done == 1 || done % self.disp_freq == 0 || done == self.numb_steps {
-                let w = workspace(&mut self.cache, &self.b, &self.dm, &batch);
-                let sums = fetch(&self.b, &*self.device_error, w.sums()).await?;
-                let sums = LossSums::from_values(&sums);
-                let trn = self
-                    .loss
-                    .metrics(&sums, batch.dims.nframes, sys.natoms, &pf);
-                if !trn.rmse.is_finite() {
-                    bail!("the loss is {} at step {done}: training diverged", trn.rmse);
-                }
-                let val = self.validate(pref_lr).await?;
+            let plan = self.run.step(&self.b, &mut self.reads)?;
+            let shown = self.run.finish(&self.b, &mut self.reads).await?;
+            if shown.is_some() || plan.last {
+                let (trn, val, lcurve) = match &shown {
+                    Some(s) => (s.trn, s.val.as_ref(), Some(s.lcurve.as_str())),
+                    None => (*self.run.last_trn(), None, None),
+                };
                 return Ok(json!({
-                    "step": done,
-                    "lr": lr,
+                    "step": plan.done,
+                    "lr": plan.lr,
                     "trn": metrics_json(&trn),
-                    "val": val.as_ref().map(metrics_json),
-                    "done": done == self.numb_steps,
+                    "val": val.map(metrics_json),
+                    "lcurve": lcurve,
+                    "done": plan.last,
                 }));
             }
             if B::ON_PAGE_THREAD {
@@ -178,35 +125,16 @@ impl<B: Fetch> Session<B> {
         }
     }
 
-    /// `dp train`'s validation line: the atom-weighted average over numb_btch batches.
-    async fn validate(&mut self, pref_lr: f64) -> Result<Option<Metrics>> {
-        let (Some(data), Some(sampler)) = (&self.valid, self.valid_sampler.as_mut()) else {
-            return Ok(None);
-        };
-        let mut avg = validation::Average::new(&self.loss);
-        for _ in 0..self.valid_batches {
-            let (_, batch) = validation::next_batch(&self.spec, data, sampler)?;
-            let w = predict_batch(&self.b, &self.dm, &mut self.cache, &batch);
-            let mut pred = Vec::new();
-            for buf in [&w.energy, &w.force, &w.virial] {
-                let v = fetch(&self.b, &*self.device_error, buf).await?;
-                pred.push(v.iter().map(|x| x.f64()).collect::<Vec<f64>>());
-            }
-            avg.add(&self.loss, pref_lr, &batch, (&pred[0], &pred[1], &pred[2]));
-        }
-        Ok(Some(avg.finish()))
-    }
-
     /// The first validation frame (or training frame without validation data) with its
     /// reference forces and the model's, atoms sorted by type.
     pub async fn frame(&mut self) -> Result<Value> {
-        let sys = match &self.valid {
+        let sys = match self.run.validation_data() {
             Some(v) => v.system(0)?,
-            None => self.train.system(0)?,
+            None => self.train.get(0)?,
         };
         let batch = assemble_frames(&self.spec, &sys, &[0], "display")?;
-        let w = predict_batch(&self.b, &self.dm, &mut self.cache, &batch);
-        let force = fetch(&self.b, &*self.device_error, &w.force).await?;
+        let w = self.run.predict(&self.b, &batch);
+        let force = self.reads.read(&self.b, &w.force).await?;
         Ok(json!({
             "type_map": self.spec.type_map,
             "types": sys.atype,

@@ -273,7 +273,6 @@ impl<T: Real> Backend<T> for Cpu {
         pref: Prefactors,
         pred: [&Vec<T>; 3],
         label: [&Vec<T>; 3],
-        _centre_atom: &Vec<i32>,
         ebar: &mut Vec<T>,
         fres: &mut Vec<T>,
         vres: &mut Vec<T>,

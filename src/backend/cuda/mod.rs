@@ -132,11 +132,33 @@ pub struct CudaIdx {
 }
 
 /// For an `owner` index buffer: the slots each atom owns, as a CSR list in increasing slot order.
+/// The allocations may be longer than the lists (they are reused from batch to batch).
 struct Owned {
     /// Atoms with an entry: max(owner) + 1.
     n: usize,
     start: CudaSlice<i32>,
     slot: CudaSlice<i32>,
+}
+
+/// The CSR lists of [`Owned`] from the host copy of `owner`: (atoms, start, slot). `start`
+/// has `atoms + 1` entries; `slot` one per real slot.
+fn owned_lists(owner: &[i32]) -> (usize, Vec<i32>, Vec<i32>) {
+    let n = owner.iter().map(|&o| o + 1).max().unwrap_or(0).max(0) as usize;
+    let mut start = vec![0i32; n + 1];
+    for &o in owner.iter().filter(|&&o| o >= 0) {
+        start[o as usize + 1] += 1;
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut next = start.clone();
+    let mut slot = vec![0i32; start[n] as usize];
+    for (s, &o) in owner.iter().enumerate().filter(|(_, &o)| o >= 0) {
+        let k = &mut next[o as usize];
+        slot[*k as usize] = s as i32;
+        *k += 1;
+    }
+    (n, start, slot)
 }
 
 /// The CUDA backend on one device.
@@ -360,30 +382,29 @@ impl Cuda {
         b
     }
 
-    /// The slots each atom owns, built on first use from the host copy of `owner`.
+    /// The slots each atom owns, built on first use from the host copy of `owner` (and rebuilt
+    /// by [`Backend::write_idx`] into the same allocations).
     fn owned<'a>(&self, owner: &'a CudaIdx) -> &'a Owned {
         owner.owned.get_or_init(|| {
-            let n = owner.host.iter().map(|&o| o + 1).max().unwrap_or(0).max(0) as usize;
-            let mut start = vec![0i32; n + 1];
-            for &o in owner.host.iter().filter(|&&o| o >= 0) {
-                start[o as usize + 1] += 1;
-            }
-            for i in 0..n {
-                start[i + 1] += start[i];
-            }
-            let mut next = start.clone();
-            let mut slot = vec![0i32; start[n] as usize];
-            for (s, &o) in owner.host.iter().enumerate().filter(|(_, &o)| o >= 0) {
-                let k = &mut next[o as usize];
-                slot[*k as usize] = s as i32;
-                *k += 1;
-            }
+            let (n, start, slot) = owned_lists(&owner.host);
             Owned {
                 n,
                 start: self.upload_vec(&start),
                 slot: self.upload_vec(&slot),
             }
         })
+    }
+
+    /// Writes `x` to the start of `dst`, which grows (a new allocation) only when too short.
+    fn write_grow(&self, dst: &mut CudaSlice<i32>, x: &[i32]) {
+        if x.len() > dst.len() {
+            *dst = self.upload_vec(x);
+        } else if !x.is_empty() {
+            self.counters.upload(size_of_val(x));
+            self.stream
+                .memcpy_htod(x, &mut dst.slice_mut(0..x.len()))
+                .expect("cuda: write");
+        }
     }
 
     /// Launches `name` after raising its dynamic shared-memory limit when it needs more than
@@ -586,8 +607,13 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 .expect("cuda: write");
         }
         b.host.copy_from_slice(x);
-        // The inverse lists follow the contents.
-        b.owned = OnceLock::new();
+        // The inverse lists follow the contents, in the allocations they have.
+        if let Some(o) = b.owned.get_mut() {
+            let (n, start, slot) = owned_lists(&b.host);
+            o.n = n;
+            self.write_grow(&mut o.start, &start);
+            self.write_grow(&mut o.slot, &slot);
+        }
     }
 
     fn buf_id(&self, b: &CudaBuf<T>) -> u64 {
@@ -995,7 +1021,6 @@ impl<T: CudaReal> Backend<T> for Cuda {
         pref: Prefactors,
         pred: [&CudaBuf<T>; 3],
         label: [&CudaBuf<T>; 3],
-        _centre_atom: &CudaIdx,
         ebar: &mut CudaBuf<T>,
         fres: &mut CudaBuf<T>,
         vres: &mut CudaBuf<T>,

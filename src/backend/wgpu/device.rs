@@ -63,6 +63,11 @@ struct BindKey {
     bufs: Vec<wgpu::Buffer>,
 }
 
+/// Proof that the caller holds the op lock ([`Wgpu::exclusive`]).
+pub(super) struct OneOp<'a> {
+    _held: std::sync::MutexGuard<'a, ()>,
+}
+
 /// A wgpu device with its queue and the compute pipelines built so far.
 pub struct Wgpu {
     adapter: wgpu::Adapter,
@@ -80,9 +85,11 @@ pub struct Wgpu {
     bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     dims: Mutex<HashMap<Vec<u32>, wgpu::Buffer>>,
     force_lists: Mutex<Vec<(Dims, ForceLists)>>,
-    /// Held by every op that uses a scratch buffer while it records, so that ops of different
-    /// threads never interleave on the same scratch.
-    scratch_lock: Mutex<()>,
+    /// Held by every op that uses a buffer shared between calls (a scratch buffer, its constants,
+    /// the force lists) from writing it to its last dispatch recorded: the device is then safe
+    /// for ops from several threads, which never see each other's scratch or constants (a later
+    /// write lands after the dispatches already recorded, see [`Wgpu::write_bytes`]).
+    op_lock: Mutex<()>,
     /// Every call into the device goes through this lock. wgpu-core 30 asserts when one thread
     /// polls for a submission index that another thread's submit has returned but not yet
     /// recorded; and wgpu's GLES backend panics when a thread waits over a second for its
@@ -210,7 +217,7 @@ impl Wgpu {
             bind_groups: Mutex::default(),
             dims: Mutex::default(),
             force_lists: Mutex::default(),
-            scratch_lock: Mutex::new(()),
+            op_lock: Mutex::new(()),
             device_lock: Mutex::default(),
             max_binding,
             next_id: AtomicU64::new(1),
@@ -592,7 +599,12 @@ impl Wgpu {
 
     /// A persistent buffer holding `x` for op `name`, rewritten only when `x` changes: an op's
     /// few constants (coefficients, hyper-parameters) without a new buffer per call.
-    pub(super) fn consts<T: bytemuck::Pod>(&self, name: &'static str, x: &[T]) -> wgpu::Buffer {
+    pub(super) fn consts<T: bytemuck::Pod>(
+        &self,
+        _op: &OneOp,
+        name: &'static str,
+        x: &[T],
+    ) -> wgpu::Buffer {
         let bytes: &[u8] = bytemuck::cast_slice(x);
         let mut cache = self.consts.lock().unwrap();
         match cache.get_mut(&(name, size_of::<T>())) {
@@ -768,14 +780,17 @@ impl Wgpu {
         self.record(|enc| enc.clear_buffer(buf, 0, None));
     }
 
-    /// To be held while recording an op that uses [`Wgpu::scratch`].
-    pub(super) fn exclusive(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.scratch_lock.lock().unwrap()
+    /// To be held while recording an op that uses [`Wgpu::scratch`], [`Wgpu::consts`] or
+    /// [`Wgpu::force_lists`] (which ask for it).
+    pub(super) fn exclusive(&self) -> OneOp<'_> {
+        OneOp {
+            _held: self.op_lock.lock().unwrap(),
+        }
     }
 
     /// A grow-only scratch buffer private to one op; ops run in order on the device, so one
     /// op's scratch is free again when the next op starts.
-    pub(super) fn scratch(&self, name: &'static str, bytes: u64) -> wgpu::Buffer {
+    pub(super) fn scratch(&self, _op: &OneOp, name: &'static str, bytes: u64) -> wgpu::Buffer {
         let mut s = self.scratch.lock().unwrap();
         match s.get(name) {
             Some(b) if b.size() >= padded(bytes) => b.clone(),
@@ -803,6 +818,7 @@ impl Wgpu {
     /// the host when the owner or centre table has been written since, into the same buffers.
     pub(super) fn force_lists(
         &self,
+        _op: &OneOp,
         d: &Dims,
         owner: &Idx,
         centre_atom: &Idx,

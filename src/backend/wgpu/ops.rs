@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
 use crate::backend::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors};
@@ -143,9 +144,9 @@ impl Wgpu {
     }
 
     /// The op's constants rounded to T, in its persistent buffer ([`Wgpu::consts`]).
-    fn reals<T: GpuReal>(&self, name: &'static str, x: &[f64]) -> wgpu::Buffer {
+    fn reals<T: GpuReal>(&self, op: &OneOp, name: &'static str, x: &[f64]) -> wgpu::Buffer {
         let v: Vec<T> = x.iter().map(|&v| T::of(v)).collect();
-        self.consts(name, &v)
+        self.consts(op, name, &v)
     }
 }
 
@@ -185,7 +186,8 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         if v == T::zero() {
             self.clear(&b.buf);
         } else {
-            let val = self.consts("fill", &[v]);
+            let op = self.exclusive();
+            let val = self.consts(&op, "fill", &[v]);
             self.go::<T>(
                 &k::FILL,
                 &[u32_of(b.len), 0, 0, 0],
@@ -221,12 +223,12 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         assert!(at < norm.len, "clip_grad_norm: norm index past the buffer");
         // The norm goes to a scratch slot, then is copied to `at`: a uniform block without the
         // index keeps both dispatches' bind groups the same from step to step.
-        let _one_op = self.exclusive();
+        let op = self.exclusive();
         let sz = size_of::<T>() as u64;
-        let slot = self.scratch("clip.norm", sz);
+        let slot = self.scratch(&op, "clip.norm", sz);
         let u = [u32_of(grad.len), 0, 0, 0];
         self.go::<T>(&k::GRAD_NORM, &u, &[&slot, &grad.buf], [1, 1, 1]);
-        let hyper = self.reals::<T>("clip", &[max, 1e-6]);
+        let hyper = self.reals::<T>(&op, "clip", &[max, 1e-6]);
         self.go::<T>(
             &k::CLIP_SCALE,
             &u,
@@ -248,7 +250,8 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         jac: &mut Buf<T>,
         s: &mut Buf<T>,
     ) {
-        let envp = self.reals::<T>("env_mat", &[env.rcut, env.rcut_smth, env.protection]);
+        let op = self.exclusive();
+        let envp = self.reals::<T>(&op, "env_mat", &[env.rcut, env.rcut_smth, env.protection]);
         for ti in 0..d.ntypes {
             let lo = d.block(ti, 0).start;
             let hi = d.block(ti, d.ntypes - 1).end;
@@ -335,13 +338,14 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         if rows.is_empty() {
             return;
         }
-        let _one_op = self.exclusive();
+        let op = self.exclusive();
         let sz = size_of::<T>() as u64;
         let m = (rows.len() * l.nout) as u64;
         let nchunks = u32_of(rows.len()).div_ceil(CHUNK);
         let u = dense_uniform(l, &rows, scale.is_some(), nchunks);
-        let scratch = self.scratch("dense.z", 3 * m * sz);
+        let scratch = self.scratch(&op, "dense.z", 3 * m * sz);
         let partial = self.scratch(
+            &op,
             "dense.partial",
             u64::from(nchunks) * ((l.nin + 2) * l.nout) as u64 * sz,
         );
@@ -496,11 +500,11 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         gbar: &mut Buf<T>,
         gdotbar: &mut Buf<T>,
     ) {
-        let _one_op = self.exclusive();
+        let op = self.exclusive();
         let nc = d.ncentres();
         let bytes = (nc * 4 * d.m1 * size_of::<T>()) as u64;
-        let ab = self.scratch("contract.abar", bytes);
-        let adb = self.scratch("contract.adotbar", bytes);
+        let ab = self.scratch(&op, "contract.abar", bytes);
+        let adb = self.scratch(&op, "contract.adotbar", bytes);
         let u = contract_uniform(d, 0);
         self.go::<T>(
             &k::CONTRACT_DUAL_CENTRE,
@@ -564,9 +568,9 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         force: &mut Buf<T>,
         virial: &mut Buf<T>,
     ) {
-        let _one_op = self.exclusive();
+        let op = self.exclusive();
         let dims = self.dims_buf(d);
-        let (ptr, ent) = self.force_lists(d, owner, centre_atom);
+        let (ptr, ent) = self.force_lists(&op, d, owner, centre_atom);
         let u = [
             u32_of(d.ncentres()),
             u32_of(d.nframes),
@@ -579,7 +583,11 @@ impl<T: GpuReal> Backend<T> for Wgpu {
             &[&ptr, &ent, &q.buf, &force.buf],
             grid1(d.nframes * d.natoms),
         );
-        let wpart = self.scratch("scatter.wpart", (9 * d.ncentres() * size_of::<T>()) as u64);
+        let wpart = self.scratch(
+            &op,
+            "scatter.wpart",
+            (9 * d.ncentres() * size_of::<T>()) as u64,
+        );
         self.go::<T>(
             &k::SCATTER_CENTRE_VIRIAL,
             &u,
@@ -600,14 +608,15 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         pref: Prefactors,
         pred: [&Buf<T>; 3],
         label: [&Buf<T>; 3],
-        centre_atom: &Idx,
         ebar: &mut Buf<T>,
         fres: &mut Buf<T>,
         vres: &mut Buf<T>,
         sums: &mut Buf<T>,
     ) {
         let (n, nf) = (d.natoms as f64, d.nframes as f64);
+        let op = self.exclusive();
         let coef = self.reals::<T>(
+            &op,
             "loss",
             &[
                 2.0 * pref.e / (n * nf),
@@ -617,16 +626,12 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         );
         let natoms = u32_of(d.natoms);
         let nc = d.ncentres();
+        let (ntypes, nframes) = (u32_of(d.ntypes), u32_of(d.nframes));
+        let dims = self.dims_buf(d);
         self.go::<T>(
             &k::LOSS_ENERGY_BAR,
-            &[u32_of(nc), 0, natoms, 0, 0, 0, 0, 0],
-            &[
-                &coef,
-                &pred[0].buf,
-                &label[0].buf,
-                &centre_atom.buf,
-                &ebar.buf,
-            ],
+            &[u32_of(nc), 0, natoms, 0, 0, 0, ntypes, nframes],
+            &[&coef, &pred[0].buf, &label[0].buf, &dims, &ebar.buf],
             grid1(nc),
         );
         for (which, out) in [(1u32, &*fres), (2, &*vres)] {
@@ -704,7 +709,12 @@ impl<T: GpuReal> Backend<T> for Wgpu {
     ) {
         let bc1 = 1.0 - s.beta1.powi(s.t as i32);
         let bc2_sqrt = (1.0 - s.beta2.powi(s.t as i32)).sqrt();
-        let hyper = self.reals::<T>("adam", &[s.lr / bc1, s.beta1, s.beta2, s.eps, bc2_sqrt]);
+        let op = self.exclusive();
+        let hyper = self.reals::<T>(
+            &op,
+            "adam",
+            &[s.lr / bc1, s.beta1, s.beta2, s.eps, bc2_sqrt],
+        );
         self.go::<T>(
             &k::ADAM,
             &[u32_of(params.len), 0, 0, 0],

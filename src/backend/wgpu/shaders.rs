@@ -236,7 +236,7 @@ kernel!(
 );
 
 // loss: coef 1, pred 2, label 3, res 4, centre_atom 5, sums 6, fres 7, vres 8, jac 9, rij 10,
-// owner 11, rdot 12, sdot 13
+// owner 11, rdot 12, sdot 13, dims 14
 kernel!(
     LOSS_RESIDUAL,
     Loss,
@@ -247,7 +247,7 @@ kernel!(
     LOSS_ENERGY_BAR,
     Loss,
     "energy_bar",
-    [(1, R), (2, R), (3, R), (5, R), (4, W)]
+    [(1, R), (2, R), (3, R), (14, R), (4, W)]
 );
 kernel!(LOSS_SUMSQ, Loss, "sumsq", [(2, R), (3, R), (6, W)]);
 kernel!(
