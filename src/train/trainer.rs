@@ -32,11 +32,12 @@ use super::lcurve::{self, Metrics};
 use super::loss::Loss;
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
+use super::resident::{self, Resident};
 use super::stats::{auto_sel, data_stats, neighbor_stats, stat_frames};
 use super::step::DeviceModel;
 use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
 use super::validation::{validate, VALID_STREAM};
-use super::workspaces::{adam_step, batch_gradient, Cache};
+use super::workspaces::{adam_step, batch_gradient, resident_gradient, Cache};
 
 /// Target of the per-display progress lines (`RUST_LOG=info,dpw::progress=off` hides them).
 pub const PROGRESS_TARGET: &str = "dpw::progress";
@@ -458,12 +459,16 @@ struct Prefetcher {
     /// (rank, size) of the data-parallel world.
     world: (usize, usize),
     batch_sizes: Vec<usize>,
+    /// The rank's frames of each batch requested and not yet handed out.
+    frames: VecDeque<Vec<usize>>,
 }
 
 /// A rank's part of one step: the system, the rank's frames (none at the end of an epoch when
-/// the global batch is short), and the number of frames in the global batch.
+/// the global batch is short), assembled unless the system is resident on the device, and the
+/// number of frames in the global batch.
 struct StepBatch {
     sys: usize,
+    frames: Vec<usize>,
     batch: Option<HostBatch>,
     nglobal: usize,
 }
@@ -476,6 +481,7 @@ impl Prefetcher {
         depth: usize,
         batch_sizes: Vec<usize>,
         world: (usize, usize),
+        resident: Vec<bool>,
     ) -> Self {
         let (req_tx, req_rx) = mpsc::channel::<(usize, Vec<usize>)>();
         let (res_tx, res_rx) = mpsc::channel();
@@ -483,7 +489,7 @@ impl Prefetcher {
             .name("dpw-batches".into())
             .spawn(move || {
                 for (s, frames) in req_rx {
-                    let r = if frames.is_empty() {
+                    let r = if frames.is_empty() || resident.get(s).copied().unwrap_or(false) {
                         Ok(None)
                     } else {
                         let sys = store.get(s).map_err(anyhow::Error::from);
@@ -504,6 +510,7 @@ impl Prefetcher {
             worker: Some(worker),
             world,
             batch_sizes,
+            frames: VecDeque::new(),
         };
         for _ in 0..depth.max(1) {
             p.request();
@@ -517,6 +524,7 @@ impl Prefetcher {
         let (s, frames) = self.sampler.next_batches(size);
         let mine = frames[dist::rank_slice(frames.len(), self.batch_sizes[s], rank)].to_vec();
         self.pending.push_back((before, s, frames.len()));
+        self.frames.push_back(mine.clone());
         if let Some(tx) = &self.req {
             let _ = tx.send((s, mine));
         }
@@ -524,6 +532,7 @@ impl Prefetcher {
 
     fn next(&mut self) -> Result<StepBatch> {
         let (_, sys, nglobal) = self.pending.pop_front().expect("always one pending");
+        let frames = self.frames.pop_front().expect("always one pending");
         let batch = self
             .res
             .recv()
@@ -531,6 +540,7 @@ impl Prefetcher {
         self.request();
         Ok(StepBatch {
             sys,
+            frames,
             batch,
             nglobal,
         })
@@ -777,6 +787,14 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         return Ok(report);
     }
 
+    let resident = Resident::new(
+        b,
+        &spec,
+        &systems,
+        &train_data.batch_sizes,
+        &train_data.store,
+        resident::budget(b)?,
+    )?;
     let mut batches = Prefetcher::new(
         Arc::clone(&train_data.store),
         spec.clone(),
@@ -784,6 +802,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         1,
         train_data.batch_sizes.clone(),
         (world.rank(), world.size()),
+        (0..systems.len()).map(|s| resident.holds(s)).collect(),
     );
     let mut cache: Cache<T, B> = Vec::new();
     let clip = tc.gradient_max_norm;
@@ -819,17 +838,22 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         let pref_lr = schedule.pref_lr(step);
         let StepBatch {
             sys: s,
+            frames,
             batch,
             nglobal,
         } = batches.next()?;
         let natoms = natoms_of[s];
         let pf = loss.prefactors(pref_lr, natoms, systems[s].has_virial);
-        let (sums, nf) = match &batch {
-            Some(batch) => {
+        let (sums, nf) = match (&batch, resident.system(s)) {
+            (_, Some(rs)) if !frames.is_empty() => {
+                let w = resident_gradient(b, &mut dm, &mut cache, rs, &frames, pf.op);
+                (w.sums_mut(), frames.len())
+            }
+            (Some(batch), _) => {
                 let w = batch_gradient(b, &mut dm, &mut cache, batch, pf.op);
                 (w.sums_mut(), batch.dims.nframes)
             }
-            None => {
+            _ => {
                 b.fill(&mut dm.grad, T::zero());
                 b.fill(&mut no_sums, T::zero());
                 (&mut no_sums, 0)

@@ -31,7 +31,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
-use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
+use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
 use crate::model::Layer;
 
 /// The message when no driver library can be loaded.
@@ -124,8 +124,16 @@ pub struct CudaBuf<T> {
 pub struct CudaIdx {
     data: CudaSlice<i32>,
     host: Vec<i32>,
-    owned: OnceLock<Owned>,
+    owned: OnceLock<Arc<Owned>>,
+    /// The inverse lists of windows of this buffer (the owner tables of resident frames), by
+    /// the window's start and length, so that a frame's are built once, not at every batch that uses it.
+    windows: OwnedWindows,
+    /// Set when the last gather copied one contiguous window of another index buffer: that
+    /// buffer's lists and the window's start.
+    window: Option<(OwnedWindows, usize)>,
 }
+
+type OwnedWindows = Arc<Mutex<HashMap<(usize, usize), Arc<Owned>>>>;
 
 /// For an `owner` index buffer: the slots each atom owns, as a CSR list in increasing slot order.
 struct Owned {
@@ -358,28 +366,40 @@ impl Cuda {
 
     /// The slots each atom owns, built on first use from the host copy of `owner`.
     fn owned<'a>(&self, owner: &'a CudaIdx) -> &'a Owned {
-        owner.owned.get_or_init(|| {
-            let n = owner.host.iter().map(|&o| o + 1).max().unwrap_or(0).max(0) as usize;
-            let mut start = vec![0i32; n + 1];
-            for &o in owner.host.iter().filter(|&&o| o >= 0) {
-                start[o as usize + 1] += 1;
+        owner.owned.get_or_init(|| match &owner.window {
+            Some((lists, at)) => {
+                let mut lists = lists.lock().unwrap();
+                let key = (*at, owner.host.len());
+                let built = lists
+                    .entry(key)
+                    .or_insert_with(|| Arc::new(self.build_owned(&owner.host)));
+                Arc::clone(built)
             }
-            for i in 0..n {
-                start[i + 1] += start[i];
-            }
-            let mut next = start.clone();
-            let mut slot = vec![0i32; start[n] as usize];
-            for (s, &o) in owner.host.iter().enumerate().filter(|(_, &o)| o >= 0) {
-                let k = &mut next[o as usize];
-                slot[*k as usize] = s as i32;
-                *k += 1;
-            }
-            Owned {
-                n,
-                start: self.upload_vec(&start),
-                slot: self.upload_vec(&slot),
-            }
+            None => Arc::new(self.build_owned(&owner.host)),
         })
+    }
+
+    fn build_owned(&self, owner: &[i32]) -> Owned {
+        let n = owner.iter().map(|&o| o + 1).max().unwrap_or(0).max(0) as usize;
+        let mut start = vec![0i32; n + 1];
+        for &o in owner.iter().filter(|&&o| o >= 0) {
+            start[o as usize + 1] += 1;
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut next = start.clone();
+        let mut slot = vec![0i32; start[n] as usize];
+        for (s, &o) in owner.iter().enumerate().filter(|(_, &o)| o >= 0) {
+            let k = &mut next[o as usize];
+            slot[*k as usize] = s as i32;
+            *k += 1;
+        }
+        Owned {
+            n,
+            start: self.upload_vec(&start),
+            slot: self.upload_vec(&slot),
+        }
     }
 
     /// Launches `name` after raising its dynamic shared-memory limit when it needs more than
@@ -518,6 +538,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
             data: self.upload_vec(x),
             host: x.to_vec(),
             owned: OnceLock::new(),
+            windows: OwnedWindows::default(),
+            window: None,
         }
     }
 
@@ -580,6 +602,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
         b.host.copy_from_slice(x);
         // The inverse lists follow the contents.
         b.owned = OnceLock::new();
+        b.window = None;
     }
 
     fn buf_id(&self, b: &CudaBuf<T>) -> u64 {
@@ -602,6 +625,62 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 &mut dst.data.slice_mut(at..at + src.len),
             )
             .expect("cuda: copy");
+    }
+
+    fn gather(&self, src: &CudaBuf<T>, dst: &mut CudaBuf<T>, spans: &[Span]) {
+        assert_eq!(
+            spans.iter().map(|s| s.len).sum::<usize>(),
+            dst.len,
+            "gather: the spans must tile the destination"
+        );
+        for s in spans.iter().filter(|s| s.len > 0) {
+            assert!(
+                s.src + s.len <= src.len,
+                "gather past the end of the source"
+            );
+            self.counters.launch();
+            self.stream
+                .memcpy_dtod(
+                    &src.data.slice(s.src..s.src + s.len),
+                    &mut dst.data.slice_mut(s.dst..s.dst + s.len),
+                )
+                .expect("cuda: gather");
+        }
+    }
+
+    fn gather_idx(&self, src: &CudaIdx, dst: &mut CudaIdx, spans: &[Span]) {
+        super::gather_slices(&src.host, &mut dst.host, spans);
+        for s in spans.iter().filter(|s| s.len > 0) {
+            self.counters.launch();
+            self.stream
+                .memcpy_dtod(
+                    &src.data.slice(s.src..s.src + s.len),
+                    &mut dst.data.slice_mut(s.dst..s.dst + s.len),
+                )
+                .expect("cuda: gather");
+        }
+        dst.owned = OnceLock::new();
+        let at = spans.first().map_or(0, |s| s.src);
+        let contiguous = spans.iter().all(|s| s.src >= s.dst && s.src - s.dst == at);
+        dst.window = contiguous.then(|| (Arc::clone(&src.windows), at));
+    }
+
+    fn resident_budget(&self) -> usize {
+        // As wgpu's (src/backend/wgpu/ops.rs): far below any CUDA GPU's memory.
+        1 << 30
+    }
+
+    fn prepare_frames(&self, d: &Dims, owner: &CudaIdx, _centre_atom: &CudaIdx) {
+        let ns = d.nslots();
+        if d.nframes != 1 || ns == 0 {
+            return;
+        }
+        let mut lists = owner.windows.lock().unwrap();
+        for (g, frame) in owner.host.chunks_exact(ns).enumerate() {
+            lists
+                .entry((g * ns, ns))
+                .or_insert_with(|| Arc::new(self.build_owned(frame)));
+        }
     }
 
     fn clip_grad_norm(&self, grad: &mut CudaBuf<T>, max: f64, norm: &mut CudaBuf<T>, at: usize) {
