@@ -82,6 +82,16 @@ pub fn gather_slices<X: Copy>(src: &[X], dst: &mut [X], spans: &[Span]) {
     }
 }
 
+/// Where the source window starts when the spans of a gather copy one contiguous window of the
+/// source (every span shifted alike): the gather of a one-frame batch from a table of frames.
+pub fn window_start(spans: &[Span]) -> Option<usize> {
+    let at = spans.first().map_or(0, |s| s.src);
+    spans
+        .iter()
+        .all(|s| s.src >= s.dst && s.src - s.dst == at)
+        .then_some(at)
+}
+
 /// Adam hyper-parameters for one update.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamStep {

@@ -364,6 +364,24 @@ impl Cuda {
         b
     }
 
+    /// The spans of [`Backend::gather`], device to device, in stream order.
+    fn copy_spans<X: DeviceRepr>(
+        &self,
+        src: &CudaSlice<X>,
+        dst: &mut CudaSlice<X>,
+        spans: &[Span],
+    ) {
+        for s in spans.iter().filter(|s| s.len > 0) {
+            self.counters.launch();
+            self.stream
+                .memcpy_dtod(
+                    &src.slice(s.src..s.src + s.len),
+                    &mut dst.slice_mut(s.dst..s.dst + s.len),
+                )
+                .expect("cuda: gather");
+        }
+    }
+
     /// The slots each atom owns, built on first use from the host copy of `owner`.
     fn owned<'a>(&self, owner: &'a CudaIdx) -> &'a Owned {
         owner.owned.get_or_init(|| match &owner.window {
@@ -633,36 +651,18 @@ impl<T: CudaReal> Backend<T> for Cuda {
             dst.len,
             "gather: the spans must tile the destination"
         );
-        for s in spans.iter().filter(|s| s.len > 0) {
-            assert!(
-                s.src + s.len <= src.len,
-                "gather past the end of the source"
-            );
-            self.counters.launch();
-            self.stream
-                .memcpy_dtod(
-                    &src.data.slice(s.src..s.src + s.len),
-                    &mut dst.data.slice_mut(s.dst..s.dst + s.len),
-                )
-                .expect("cuda: gather");
-        }
+        assert!(
+            spans.iter().all(|s| s.src + s.len <= src.len),
+            "gather past the end of the source"
+        );
+        self.copy_spans(&src.data, &mut dst.data, spans);
     }
 
     fn gather_idx(&self, src: &CudaIdx, dst: &mut CudaIdx, spans: &[Span]) {
         super::gather_slices(&src.host, &mut dst.host, spans);
-        for s in spans.iter().filter(|s| s.len > 0) {
-            self.counters.launch();
-            self.stream
-                .memcpy_dtod(
-                    &src.data.slice(s.src..s.src + s.len),
-                    &mut dst.data.slice_mut(s.dst..s.dst + s.len),
-                )
-                .expect("cuda: gather");
-        }
+        self.copy_spans(&src.data, &mut dst.data, spans);
         dst.owned = OnceLock::new();
-        let at = spans.first().map_or(0, |s| s.src);
-        let contiguous = spans.iter().all(|s| s.src >= s.dst && s.src - s.dst == at);
-        dst.window = contiguous.then(|| (Arc::clone(&src.windows), at));
+        dst.window = super::window_start(spans).map(|at| (Arc::clone(&src.windows), at));
     }
 
     fn resident_budget(&self) -> usize {

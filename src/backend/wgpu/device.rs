@@ -623,9 +623,7 @@ impl Wgpu {
             );
         }
         dst.version = self.new_id();
-        let at = spans.first().map_or(0, |s| s.src);
-        let contiguous = spans.iter().all(|s| s.src >= s.dst && s.src - s.dst == at);
-        dst.window = contiguous.then(|| Window {
+        dst.window = crate::backend::window_start(spans).map(|at| Window {
             at,
             lists: Arc::clone(&src.frame_lists),
         });
