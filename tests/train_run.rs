@@ -97,7 +97,7 @@ fn page_loop_prints_the_lcurve_of_dpw_train() {
     // As the page runs it: Run::step, then Run::finish awaited, until the last step.
     let page_dir = tempfile::tempdir().unwrap();
     let b = Cpu::default();
-    let mut run = Run::<f64, Cpu>::fresh(&b, setup(page_dir.path()));
+    let mut run = Run::<f64, Cpu>::fresh(&b, setup(page_dir.path())).unwrap();
     let mut page = String::new();
     let (mut shown, mut waits) = (0, 0);
     while !run.is_done() {

@@ -60,6 +60,38 @@ impl LossSums {
     }
 }
 
+/// One piece of a [`Backend::gather`]: `len` values from `src` in the source to `dst` in the
+/// destination. How a batch is put together on the device from frames resident there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub src: usize,
+    pub dst: usize,
+    pub len: usize,
+}
+
+/// [`Backend::gather`] on host slices: the CPU backend's op, and how GPU backends keep the host
+/// copies of their index buffers.
+pub fn gather_slices<X: Copy>(src: &[X], dst: &mut [X], spans: &[Span]) {
+    assert_eq!(
+        spans.iter().map(|s| s.len).sum::<usize>(),
+        dst.len(),
+        "gather: the spans must tile the destination"
+    );
+    for s in spans {
+        dst[s.dst..s.dst + s.len].copy_from_slice(&src[s.src..s.src + s.len]);
+    }
+}
+
+/// Where the source window starts when the spans of a gather copy one contiguous window of the
+/// source (every span shifted alike): the gather of a one-frame batch from a table of frames.
+pub fn window_start(spans: &[Span]) -> Option<usize> {
+    let at = spans.first().map_or(0, |s| s.src);
+    spans
+        .iter()
+        .all(|s| s.src >= s.dst && s.src - s.dst == at)
+        .then_some(at)
+}
+
 /// Adam hyper-parameters for one update.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamStep {
@@ -113,6 +145,23 @@ pub trait Backend<T: Real>: Sync {
     /// `dst[at..at + src.len]` = `src`, on the device: how per-step results (the loss sums) are
     /// logged for reading at a display step.
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, at: usize);
+    /// `dst[sp.dst..sp.dst + sp.len]` = `src[sp.src..sp.src + sp.len]` for every span, on the
+    /// device, in order with the ops issued before. The spans tile `dst` (every value is
+    /// overwritten), so its contents follow from `src` and the spans alone.
+    fn gather(&self, src: &Self::Buf, dst: &mut Self::Buf, spans: &[Span]);
+    /// [`Backend::gather`] for an index buffer. A backend that derives tables from an index
+    /// buffer's contents (the force gather lists) may derive them from the source's.
+    fn gather_idx(&self, src: &Self::Idx, dst: &mut Self::Idx, spans: &[Span]);
+    /// Called once for `owner`, the owner tables of resident frames of one-frame shape `d`, one
+    /// after the other, with the centre table of that shape: a backend that derives tables from
+    /// an owner table (the force gather lists) derives them for every frame now, so that a
+    /// batch of one of those frames, gathered by [`Backend::gather_idx`], costs no upload.
+    fn prepare_frames(&self, _d: &Dims, _owner: &Self::Idx, _centre_atom: &Self::Idx) {}
+    /// Bytes of training frames the trainer may keep on this device for the whole run
+    /// (`train::resident`), unless `DPW_RESIDENT_MB` says otherwise.
+    fn resident_budget(&self) -> usize {
+        0
+    }
     /// Gradient clipping on the device: `norm[at]` = ‖grad‖₂ (squares summed in f64 in index
     /// order where the device has f64), and grad ×= max/(‖grad‖ + 1e-6) when that is below 1,
     /// the factor rounded once to T. One op rather than a norm op and a scale op, so the factor

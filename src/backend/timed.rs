@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::counts::{Counters, Counts};
-use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
+use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
 use crate::model::{Layer, Net};
 
 /// What profiling needs from a backend beyond its ops.
@@ -69,6 +69,7 @@ ops! {
     Fill "fill",
     Write "write",
     Copy "copy",
+    Gather "gather",
     ClipGradNorm "clip_grad_norm",
     EnvMat "env_mat",
     DenseForward "dense_forward",
@@ -324,6 +325,18 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
     }
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, at: usize) {
         self.time::<T, _>(Op::Copy, 0.0, |b| b.copy(src, dst, at))
+    }
+    fn gather(&self, src: &Self::Buf, dst: &mut Self::Buf, spans: &[Span]) {
+        self.time::<T, _>(Op::Gather, 0.0, |b| b.gather(src, dst, spans))
+    }
+    fn gather_idx(&self, src: &Self::Idx, dst: &mut Self::Idx, spans: &[Span]) {
+        self.time::<T, _>(Op::Gather, 0.0, |b| b.gather_idx(src, dst, spans))
+    }
+    fn resident_budget(&self) -> usize {
+        self.inner.resident_budget()
+    }
+    fn prepare_frames(&self, d: &Dims, owner: &Self::Idx, centre_atom: &Self::Idx) {
+        self.inner.prepare_frames(d, owner, centre_atom)
     }
     fn clip_grad_norm(&self, grad: &mut Self::Buf, max: f64, norm: &mut Self::Buf, at: usize) {
         // A square and an add per value, then a multiply.

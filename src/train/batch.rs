@@ -42,6 +42,23 @@ pub struct HostBatch {
     pub has_virial: bool,
 }
 
+/// The batch atom (`frame·natoms + atom`) of every centre: a function of the shape alone, since
+/// atoms are sorted by type and centres are ordered by type, then frame.
+pub fn centre_atoms(d: &Dims) -> Vec<i32> {
+    let mut out = vec![0i32; d.ncentres()];
+    let mut type_start = 0;
+    for t in 0..d.ntypes {
+        let count = d.centres(t).len() / d.nframes.max(1);
+        for f in 0..d.nframes {
+            for k in 0..count {
+                out[d.centre_start[t] + f * count + k] = (f * d.natoms + type_start + k) as i32;
+            }
+        }
+        type_start += count;
+    }
+    out
+}
+
 /// The batch of frames `frames` of `sys`; an error names the (`what`: training, validation)
 /// system and the frames.
 pub fn assemble_frames(
@@ -82,10 +99,10 @@ fn assemble_numbered(
         .collect();
     let dims = Dims::new(frames.len(), &counts, &d.sel, d.m1(), d.axis_neuron);
     let sections = d.sections();
-    let (ns, nc) = (dims.nslots(), dims.ncentres());
+    let ns = dims.nslots();
     let mut rij = vec![0.0; 3 * ns];
     let mut owner = vec![-1i32; ns];
-    let mut centre_atom = vec![0i32; nc];
+    let centre_atom = centre_atoms(&dims);
     let nlists = frames
         .iter()
         .enumerate()
@@ -109,7 +126,6 @@ fn assemble_numbered(
             for k in 0..count {
                 let i = type_start[ti] + k;
                 let c = dims.centre_start[ti] + f * count + k;
-                centre_atom[c] = (f * n + i) as i32;
                 for (tj, (&sel, &sec)) in d.sel.iter().zip(&sections).enumerate() {
                     for j in 0..sel {
                         let src = i * d.nnei() + sec + j;

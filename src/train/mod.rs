@@ -10,6 +10,7 @@ pub mod loss;
 pub mod lr;
 pub mod outputs;
 pub mod predict;
+pub mod resident;
 pub mod run;
 pub mod stats;
 pub mod step;

@@ -26,16 +26,19 @@ use super::dataset::DataSet;
 use super::lcurve::{self, Metrics};
 use super::loss::Loss;
 use super::lr::LrSchedule;
+use super::resident::{self, Resident};
 use super::step::{DeviceModel, Workspace};
 use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
 use super::trainer::TrainSetup;
 use super::validation::{self, Average, VALID_STREAM};
-use super::workspaces::{adam_step, batch_gradient, predict_batch, Cache};
+use super::workspaces::{adam_step, batch_gradient, predict_batch, resident_gradient, Cache};
 
 /// A rank's part of one step: the system, the rank's frames (none at the end of an epoch when
-/// the global batch is short), and the number of frames in the global batch.
+/// the global batch is short), assembled unless the system is resident on the device, and the
+/// number of frames in the global batch.
 pub struct StepBatch {
     pub sys: usize,
+    pub frames: Vec<usize>,
     pub batch: Option<HostBatch>,
     pub nglobal: usize,
 }
@@ -53,14 +56,17 @@ pub struct InPlace {
     store: Arc<SystemStore>,
     spec: ModelSpec,
     sampler: Sampler,
+    /// Per system: whether its frames are on the device (not assembled here).
+    resident: Vec<bool>,
 }
 
 impl InPlace {
-    pub fn new(data: &DataSet, spec: ModelSpec, sampler: Sampler) -> Self {
+    pub fn new(data: &DataSet, spec: ModelSpec, sampler: Sampler, resident: Vec<bool>) -> Self {
         InPlace {
             store: Arc::clone(&data.store),
             spec,
             sampler,
+            resident,
         }
     }
 }
@@ -68,11 +74,17 @@ impl InPlace {
 impl Batches for InPlace {
     fn next(&mut self) -> Result<StepBatch> {
         let (sys, frames) = self.sampler.next_batches(1);
-        let batch = assemble_frames(&self.spec, &*self.store.get(sys)?, &frames, "training")?;
+        let batch = if self.resident.get(sys).copied().unwrap_or(false) {
+            None
+        } else {
+            let sys = &*self.store.get(sys)?;
+            Some(assemble_frames(&self.spec, sys, &frames, "training")?)
+        };
         Ok(StepBatch {
             sys,
-            batch: Some(batch),
             nglobal: frames.len(),
+            frames,
+            batch,
         })
     }
 
@@ -178,6 +190,8 @@ impl<T> Resume<T> {
 pub struct Run<T: Real, B: Backend<T>> {
     dm: DeviceModel<T, B>,
     batches: Box<dyn Batches>,
+    /// The training systems whose frames stay on the device.
+    resident: Resident<T, B>,
     cache: Cache<T, B>,
     /// Loss sums and gradient norms stay on the device until a display step or a checkpoint.
     log: StepLog<T, B>,
@@ -219,6 +233,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         model: &Model,
         systems: Vec<SystemInfo>,
         batches: Box<dyn Batches>,
+        resident: Resident<T, B>,
         valid: Option<Validation>,
         resume: Resume<T>,
     ) -> Self {
@@ -242,6 +257,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
             no_sums: b.zeros(3),
             dm,
             batches,
+            resident,
             cache: Vec::new(),
             trn: z,
             acc_count: a[0] as usize,
@@ -269,16 +285,26 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
 
     /// A fresh single-process run of `setup` whose batches are assembled in place
     /// ([`InPlace`]): the page's run, with the numbers of `dpw train` on the same input.
-    pub fn fresh(b: &B, setup: TrainSetup) -> Self {
+    pub fn fresh(b: &B, setup: TrainSetup) -> Result<Self> {
         let tc = &setup.config.training;
         let spec = setup.model.spec.clone();
-        let batches = InPlace::new(&setup.train, spec, setup.train.sampler(setup.seed));
+        let data = &setup.train;
+        let budget = resident::budget(b)?;
+        let resident = Resident::new(
+            b,
+            &spec,
+            &data.systems,
+            &data.batch_sizes,
+            &data.store,
+            budget,
+        )?;
+        let batches = InPlace::new(data, spec, data.sampler(setup.seed), resident.held());
         let validation = setup.valid.map(|v| Validation {
             sampler: v.sampler(setup.seed ^ VALID_STREAM),
             data: v,
             nbatches: tc.validation_data.as_ref().map_or(1, |v| v.numb_btch),
         });
-        Run::new(
+        Ok(Run::new(
             b,
             &setup.config,
             setup.schedule,
@@ -286,9 +312,10 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
             &setup.model,
             setup.train.systems,
             Box::new(batches),
+            resident,
             validation,
             Resume::fresh(),
-        )
+        ))
     }
 
     pub fn dm(&self) -> &DeviceModel<T, B> {
@@ -364,17 +391,22 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         let pref_lr = self.schedule.pref_lr(step);
         let StepBatch {
             sys: s,
+            frames,
             batch,
             nglobal,
         } = self.batches.next()?;
         let sys = &self.systems[s];
         let pf = self.loss.prefactors(pref_lr, sys.natoms, sys.has_virial);
-        let (sums, nf) = match &batch {
-            Some(batch) => {
+        let (sums, nf) = match (&batch, self.resident.system(s)) {
+            (_, Some(rs)) if !frames.is_empty() => {
+                let w = resident_gradient(b, &mut self.dm, &mut self.cache, rs, &frames, pf.op);
+                (w.sums_mut(), frames.len())
+            }
+            (Some(batch), _) => {
                 let w = batch_gradient(b, &mut self.dm, &mut self.cache, batch, pf.op);
                 (w.sums_mut(), batch.dims.nframes)
             }
-            None => {
+            _ => {
                 b.fill(&mut self.dm.grad, T::zero());
                 b.fill(&mut self.no_sums, T::zero());
                 (&mut self.no_sums, 0)

@@ -7,7 +7,7 @@ use std::ops::Range;
 use crate::backend::{Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
 use crate::model::{embed_net_index, Model, Net, ParamLayout};
 
-use super::batch::HostBatch;
+use super::batch::{centre_atoms, HostBatch};
 
 /// Model state on the device: parameters in the backend's precision, statistics, Adam moments.
 pub struct DeviceModel<T: Real, B: Backend<T>> {
@@ -164,7 +164,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             dims: dims.clone(),
             rij: b.zeros(3 * ns),
             owner: b.upload_idx(&vec![-1; ns]),
-            centre_atom: b.upload_idx(&vec![0; nc]),
+            centre_atom: b.upload_idx(&centre_atoms(dims)),
             labels: [b.zeros(nf), b.zeros(3 * na), b.zeros(9 * nf)],
             rhat: b.zeros(4 * ns),
             jac: b.zeros(12 * ns),
@@ -226,19 +226,26 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         LossSums::from_values(&b.download(&self.sums))
     }
 
-    /// Writes a batch's geometry and labels into the workspace's buffers.
+    /// Writes a batch's geometry and labels into the workspace's buffers. (The centre table
+    /// is a function of the shape, written once by [`Workspace::new`].)
     pub fn load(&mut self, b: &B, batch: &HostBatch) {
         assert_eq!(
             batch.dims, self.dims,
             "workspace built for another batch shape"
         );
+        debug_assert_eq!(batch.centre_atom, centre_atoms(&self.dims));
         b.write(&mut self.rij, &to_t(&batch.rij));
         b.write_idx(&mut self.owner, &batch.owner);
-        b.write_idx(&mut self.centre_atom, &batch.centre_atom);
         let [e, f, v] = &mut self.labels;
         b.write(e, &to_t(&batch.energy));
         b.write(f, &to_t(&batch.force));
         b.write(v, &to_t(&batch.virial));
+    }
+
+    /// The buffers a batch is loaded into: r_ij, owners and labels (energy, force, virial),
+    /// for gathering a batch on the device (`train::resident`).
+    pub(super) fn inputs_mut(&mut self) -> (&mut B::Buf, &mut B::Idx, &mut [B::Buf; 3]) {
+        (&mut self.rij, &mut self.owner, &mut self.labels)
     }
 
     /// The identities ([`Backend::buf_id`]) of every buffer of the plan, in a fixed order.

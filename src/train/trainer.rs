@@ -31,6 +31,7 @@ use super::interrupt;
 use super::lcurve::{self, Metrics};
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
+use super::resident::{self, Resident};
 use super::run::{block_on, Batches, Driver, Resume, Run, StepBatch, Validation};
 use super::stats::{auto_sel, data_stats, neighbor_stats, stat_frames};
 use super::step::DeviceModel;
@@ -456,6 +457,8 @@ struct Prefetcher {
     /// (rank, size) of the data-parallel world.
     world: (usize, usize),
     batch_sizes: Vec<usize>,
+    /// The rank's frames of each batch requested and not yet handed out.
+    frames: VecDeque<Vec<usize>>,
 }
 
 impl Prefetcher {
@@ -466,6 +469,7 @@ impl Prefetcher {
         depth: usize,
         batch_sizes: Vec<usize>,
         world: (usize, usize),
+        resident: Vec<bool>,
     ) -> Self {
         let (req_tx, req_rx) = mpsc::channel::<(usize, Vec<usize>)>();
         let (res_tx, res_rx) = mpsc::channel();
@@ -473,7 +477,7 @@ impl Prefetcher {
             .name("dpw-batches".into())
             .spawn(move || {
                 for (s, frames) in req_rx {
-                    let r = if frames.is_empty() {
+                    let r = if frames.is_empty() || resident.get(s).copied().unwrap_or(false) {
                         Ok(None)
                     } else {
                         let sys = store.get(s).map_err(anyhow::Error::from);
@@ -494,6 +498,7 @@ impl Prefetcher {
             worker: Some(worker),
             world,
             batch_sizes,
+            frames: VecDeque::new(),
         };
         for _ in 0..depth.max(1) {
             p.request();
@@ -507,6 +512,7 @@ impl Prefetcher {
         let (s, frames) = self.sampler.next_batches(size);
         let mine = frames[dist::rank_slice(frames.len(), self.batch_sizes[s], rank)].to_vec();
         self.pending.push_back((before, s, frames.len()));
+        self.frames.push_back(mine.clone());
         if let Some(tx) = &self.req {
             let _ = tx.send((s, mine));
         }
@@ -516,6 +522,7 @@ impl Prefetcher {
 impl Batches for Prefetcher {
     fn next(&mut self) -> Result<StepBatch> {
         let (_, sys, nglobal) = self.pending.pop_front().expect("always one pending");
+        let frames = self.frames.pop_front().expect("always one pending");
         let batch = self
             .res
             .recv()
@@ -523,6 +530,7 @@ impl Batches for Prefetcher {
         self.request();
         Ok(StepBatch {
             sys,
+            frames,
             batch,
             nglobal,
         })
@@ -742,6 +750,18 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         _ => None,
     };
     let systems = std::mem::take(&mut train_data.systems);
+    let resident = if start < numb_steps {
+        Resident::new(
+            b,
+            &spec,
+            &systems,
+            &train_data.batch_sizes,
+            &train_data.store,
+            resident::budget(b)?,
+        )?
+    } else {
+        Resident::none()
+    };
     let batches = Prefetcher::new(
         Arc::clone(&train_data.store),
         spec.clone(),
@@ -749,6 +769,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         1,
         train_data.batch_sizes.clone(),
         (world.rank(), world.size()),
+        resident.held(),
     );
     let mut run = Run::<T, B>::new(
         b,
@@ -758,6 +779,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         &model,
         systems,
         Box::new(batches),
+        resident,
         validation,
         resume,
     );

@@ -1,10 +1,11 @@
 //! Workspaces by batch shape, and the forward + gradient of one training batch on them: the
 //! part of a training step shared by `dpw train` and the web page.
 
-use crate::backend::{AdamStep, Backend, Prefactors, Real};
+use crate::backend::{AdamStep, Backend, Dims, Prefactors, Real};
 use crate::config::OptimizerConfig;
 
 use super::batch::HostBatch;
+use super::resident::ResidentSystem;
 use super::step::{forward, gradient, DeviceModel, Workspace};
 
 /// Systems of the same composition and batch size share one workspace (it holds nothing of a
@@ -17,10 +18,20 @@ pub fn workspace<'a, T: Real, B: Backend<T>>(
     dm: &DeviceModel<T, B>,
     batch: &HostBatch,
 ) -> &'a mut Workspace<T, B> {
-    let i = match cache.iter().position(|w| w.dims == batch.dims) {
+    workspace_for(cache, b, dm, &batch.dims)
+}
+
+/// The workspace of batch shape `dims`, made on first use.
+pub fn workspace_for<'a, T: Real, B: Backend<T>>(
+    cache: &'a mut Cache<T, B>,
+    b: &B,
+    dm: &DeviceModel<T, B>,
+    dims: &Dims,
+) -> &'a mut Workspace<T, B> {
+    let i = match cache.iter().position(|w| w.dims == *dims) {
         Some(i) => i,
         None => {
-            cache.push(Workspace::new(b, &dm.layout, &batch.dims));
+            cache.push(Workspace::new(b, &dm.layout, dims));
             cache.len() - 1
         }
     };
@@ -50,6 +61,23 @@ pub fn batch_gradient<'a, T: Real, B: Backend<T>>(
     pref: Prefactors,
 ) -> &'a mut Workspace<T, B> {
     let w = predict_batch(b, dm, cache, batch);
+    gradient(b, dm, w, pref);
+    w
+}
+
+/// [`batch_gradient`] of the batch of `frames` of a system whose frames are on the device: the
+/// batch is gathered there, nothing of it is written from the host.
+pub fn resident_gradient<'a, T: Real, B: Backend<T>>(
+    b: &B,
+    dm: &mut DeviceModel<T, B>,
+    cache: &'a mut Cache<T, B>,
+    rs: &ResidentSystem<T, B>,
+    frames: &[usize],
+    pref: Prefactors,
+) -> &'a mut Workspace<T, B> {
+    let w = workspace_for(cache, b, dm, &rs.dims(frames.len()));
+    rs.load(b, w, frames);
+    forward(b, dm, w);
     gradient(b, dm, w, pref);
     w
 }

@@ -53,6 +53,11 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
+        fn plan_resident_batches_match_host() {
+            $crate::suite::plan::resident_batches_match_host(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
         fn plan_clip_grad_norm() {
             $crate::suite::plan::clip_grad_norm(&$backend);
         }

@@ -2,9 +2,11 @@
 //! keep a non-display step free of read-backs (the log copy, gradient clipping).
 
 use dpw::backend::{AdamStep, Backend, Prefactors};
-use dpw::train::batch::assemble;
+use dpw::data::System;
+use dpw::train::batch::{assemble, assemble_frames};
+use dpw::train::resident::ResidentSystem;
 use dpw::train::step::DeviceModel;
-use dpw::train::workspaces::{adam_step, batch_gradient, Cache};
+use dpw::train::workspaces::{adam_step, batch_gradient, resident_gradient, Cache};
 
 use super::fd::{random_system, small_model};
 
@@ -130,4 +132,62 @@ pub fn clip_grad_norm<B: Backend<f64>>(b: &B) {
     };
     b.adam(s, &mut p, &gb, &mut m, &mut v);
     assert!(b.download(&p)[10].is_nan());
+}
+
+/// A batch gathered from frames resident on the device is the batch assembled on the host:
+/// the same energies, forces, virials and gradient, bit for bit, for batches of one and two
+/// frames in any order, in a workspace that keeps its buffers.
+pub fn resident_batches_match_host<B: Backend<f64>>(b: &B) {
+    let model = small_model(2, false, vec![6, 10], 5);
+    let cell = [7.0, 0., 0., 0., 7.5, 0., 0., 0., 8.0];
+    let frames: Vec<_> = (0..3)
+        .map(|k| random_system(&[3, 5], Some(cell), 10 + k))
+        .collect();
+    let sys = System {
+        path: "random".into(),
+        natoms: 8,
+        atype: frames[0].atype.clone(),
+        orig_index: (0..8).collect(),
+        nframes: 3,
+        coord: frames.iter().flat_map(|f| f.coord.clone()).collect(),
+        cell: Some(frames.iter().flat_map(|_| cell).collect()),
+        energy: frames.iter().map(|f| f.energy).collect(),
+        force: frames.iter().flat_map(|f| f.force.clone()).collect(),
+        virial: Some(frames.iter().flat_map(|f| f.virial.clone()).collect()),
+    };
+    let pref = Prefactors {
+        e: 1.0,
+        f: 10.0,
+        v: 0.1,
+    };
+    let mut dm = DeviceModel::<f64, B>::new(b, &model);
+    let rs = ResidentSystem::<f64, B>::new(b, &model.spec, &sys, 2).unwrap();
+    let mut cache: Cache<f64, B> = Vec::new();
+    let mut ids: Vec<Option<Vec<u64>>> = vec![None, None];
+    for pick in [
+        vec![2],
+        vec![1, 0],
+        vec![0],
+        vec![0, 2],
+        vec![2],
+        vec![2, 2],
+    ] {
+        let host = assemble_frames(&model.spec, &sys, &pick, "test").unwrap();
+        let expect = {
+            let w = batch_gradient(b, &mut dm, &mut cache, &host, pref);
+            [&w.energy, &w.force, &w.virial].map(|x| b.download(x))
+        };
+        let grad = dm.grad_f64(b);
+        let w = resident_gradient(b, &mut dm, &mut cache, &rs, &pick, pref);
+        let got = [&w.energy, &w.force, &w.virial].map(|x| b.download(x));
+        let plan = w.buffer_ids(b);
+        assert_eq!(got, expect, "frames {pick:?}");
+        assert_eq!(dm.grad_f64(b), grad, "frames {pick:?}");
+        assert_eq!(
+            *ids[pick.len() - 1].get_or_insert_with(|| plan.clone()),
+            plan,
+            "frames {pick:?}: the plan's buffers moved"
+        );
+    }
+    assert_eq!(cache.len(), 2, "one workspace per batch size");
 }

@@ -67,7 +67,7 @@ impl<B: Fetch> Session<B> {
         let spec = setup.model.spec.clone();
         let disp_freq = setup.config.training.disp_freq;
         let train = Arc::clone(&setup.train.store);
-        let run = Run::fresh(&b, setup);
+        let run = Run::fresh(&b, setup)?;
         Ok(Session {
             run,
             spec,

@@ -12,7 +12,7 @@ mod tanh;
 
 use std::ops::Range;
 
-use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
+use super::{gather_slices, AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
 use crate::model::{Layer, Net};
 
 #[derive(Clone, Copy, Debug)]
@@ -70,6 +70,12 @@ impl<T: Real> Backend<T> for Cpu {
     }
     fn copy(&self, src: &Vec<T>, dst: &mut Vec<T>, at: usize) {
         dst[at..at + src.len()].copy_from_slice(src);
+    }
+    fn gather(&self, src: &Vec<T>, dst: &mut Vec<T>, spans: &[Span]) {
+        gather_slices(src, dst, spans);
+    }
+    fn gather_idx(&self, src: &Vec<i32>, dst: &mut Vec<i32>, spans: &[Span]) {
+        gather_slices(src, dst, spans);
     }
     fn clip_grad_norm(&self, grad: &mut Vec<T>, max: f64, norm: &mut Vec<T>, at: usize) {
         let n = grad.iter().map(|x| x.f64() * x.f64()).sum::<f64>().sqrt();

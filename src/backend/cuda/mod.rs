@@ -35,7 +35,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
-use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real};
+use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
 use crate::model::Layer;
 
 /// The message when no driver library can be loaded.
@@ -128,8 +128,16 @@ pub struct CudaBuf<T> {
 pub struct CudaIdx {
     data: CudaSlice<i32>,
     host: Vec<i32>,
-    owned: OnceLock<Owned>,
+    owned: OnceLock<Arc<Owned>>,
+    /// The inverse lists of windows of this buffer (the owner tables of resident frames), by
+    /// the window's start and length, so that a frame's are built once, not at every batch that uses it.
+    windows: OwnedWindows,
+    /// Set when the last gather copied one contiguous window of another index buffer: that
+    /// buffer's lists and the window's start.
+    window: Option<(OwnedWindows, usize)>,
 }
+
+type OwnedWindows = Arc<Mutex<HashMap<(usize, usize), Arc<Owned>>>>;
 
 /// For an `owner` index buffer: the slots each atom owns, as a CSR list in increasing slot order.
 /// The allocations may be longer than the lists (they are reused from batch to batch).
@@ -382,17 +390,60 @@ impl Cuda {
         b
     }
 
-    /// The slots each atom owns, built on first use from the host copy of `owner` (and rebuilt
-    /// by [`Backend::write_idx`] into the same allocations).
+    /// The spans of [`Backend::gather`], device to device, in stream order.
+    fn copy_spans<X: DeviceRepr>(
+        &self,
+        src: &CudaSlice<X>,
+        dst: &mut CudaSlice<X>,
+        spans: &[Span],
+    ) {
+        for s in spans.iter().filter(|s| s.len > 0) {
+            self.counters.launch();
+            self.stream
+                .memcpy_dtod(
+                    &src.slice(s.src..s.src + s.len),
+                    &mut dst.slice_mut(s.dst..s.dst + s.len),
+                )
+                .expect("cuda: gather");
+        }
+    }
+
+    /// The slots each atom owns, built on first use from the host copy of `owner`.
     fn owned<'a>(&self, owner: &'a CudaIdx) -> &'a Owned {
-        owner.owned.get_or_init(|| {
-            let (n, start, slot) = owned_lists(&owner.host);
-            Owned {
-                n,
-                start: self.upload_vec(&start),
-                slot: self.upload_vec(&slot),
+        owner.owned.get_or_init(|| match &owner.window {
+            Some((lists, at)) => {
+                let mut lists = lists.lock().unwrap();
+                let key = (*at, owner.host.len());
+                let built = lists
+                    .entry(key)
+                    .or_insert_with(|| Arc::new(self.build_owned(&owner.host)));
+                Arc::clone(built)
             }
+            None => Arc::new(self.build_owned(&owner.host)),
         })
+    }
+
+    fn build_owned(&self, owner: &[i32]) -> Owned {
+        let (n, start, slot) = owned_lists(owner);
+        Owned {
+            n,
+            start: self.upload_vec(&start),
+            slot: self.upload_vec(&slot),
+        }
+    }
+
+    /// After `b`'s contents changed: its inverse lists follow, rewritten into the allocations
+    /// they have when they are `b`'s own (a resident frame's are shared and stay as built).
+    fn refresh_owned(&self, b: &mut CudaIdx) {
+        match b.owned.get_mut().and_then(Arc::get_mut) {
+            Some(o) => {
+                let (n, start, slot) = owned_lists(&b.host);
+                o.n = n;
+                self.write_grow(&mut o.start, &start);
+                self.write_grow(&mut o.slot, &slot);
+            }
+            None => b.owned = OnceLock::new(),
+        }
     }
 
     /// Writes `x` to the start of `dst`, which grows (a new allocation) only when too short.
@@ -547,6 +598,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
             data: self.upload_vec(x),
             host: x.to_vec(),
             owned: OnceLock::new(),
+            windows: OwnedWindows::default(),
+            window: None,
         }
     }
 
@@ -607,13 +660,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 .expect("cuda: write");
         }
         b.host.copy_from_slice(x);
-        // The inverse lists follow the contents, in the allocations they have.
-        if let Some(o) = b.owned.get_mut() {
-            let (n, start, slot) = owned_lists(&b.host);
-            o.n = n;
-            self.write_grow(&mut o.start, &start);
-            self.write_grow(&mut o.slot, &slot);
-        }
+        b.window = None;
+        self.refresh_owned(b);
     }
 
     fn buf_id(&self, b: &CudaBuf<T>) -> u64 {
@@ -636,6 +684,48 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 &mut dst.data.slice_mut(at..at + src.len),
             )
             .expect("cuda: copy");
+    }
+
+    fn gather(&self, src: &CudaBuf<T>, dst: &mut CudaBuf<T>, spans: &[Span]) {
+        assert_eq!(
+            spans.iter().map(|s| s.len).sum::<usize>(),
+            dst.len,
+            "gather: the spans must tile the destination"
+        );
+        assert!(
+            spans.iter().all(|s| s.src + s.len <= src.len),
+            "gather past the end of the source"
+        );
+        self.copy_spans(&src.data, &mut dst.data, spans);
+    }
+
+    fn gather_idx(&self, src: &CudaIdx, dst: &mut CudaIdx, spans: &[Span]) {
+        super::gather_slices(&src.host, &mut dst.host, spans);
+        self.copy_spans(&src.data, &mut dst.data, spans);
+        dst.window = super::window_start(spans).map(|at| (Arc::clone(&src.windows), at));
+        if dst.window.is_some() {
+            dst.owned = OnceLock::new();
+        } else {
+            self.refresh_owned(dst);
+        }
+    }
+
+    fn resident_budget(&self) -> usize {
+        // As wgpu's (src/backend/wgpu/ops.rs): far below any CUDA GPU's memory.
+        1 << 30
+    }
+
+    fn prepare_frames(&self, d: &Dims, owner: &CudaIdx, _centre_atom: &CudaIdx) {
+        let ns = d.nslots();
+        if d.nframes != 1 || ns == 0 {
+            return;
+        }
+        let mut lists = owner.windows.lock().unwrap();
+        for (g, frame) in owner.host.chunks_exact(ns).enumerate() {
+            lists
+                .entry((g * ns, ns))
+                .or_insert_with(|| Arc::new(self.build_owned(frame)));
+        }
     }
 
     fn clip_grad_norm(&self, grad: &mut CudaBuf<T>, max: f64, norm: &mut CudaBuf<T>, at: usize) {

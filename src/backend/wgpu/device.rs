@@ -8,9 +8,9 @@ use anyhow::{anyhow, bail, Result};
 use wgpu::util::DeviceExt;
 
 use super::shaders::{source, Access, Kernel, Precision, Shader};
-use super::{Buf, GpuReal, Idx};
+use super::{Buf, GpuReal, Idx, Window};
 use crate::backend::counts::{Counters, Counts};
-use crate::backend::Dims;
+use crate::backend::{Dims, Span};
 
 /// Ops recorded before a submit, so that the device starts on long sequences early.
 const MAX_PENDING_PASSES: u32 = 64;
@@ -49,6 +49,21 @@ struct ForceLists {
     ptr: wgpu::Buffer,
     /// Sized for every slot real (2 entries per slot), so that any batch of the shape fits.
     ent: wgpu::Buffer,
+}
+
+/// The force gather lists of every frame of a table of resident owner tables (one frame per
+/// batch), built once: a batch of one of those frames copies its lists on the device.
+#[derive(Debug)]
+pub(super) struct FrameLists {
+    /// The one-frame batch shape and centre table they were built for.
+    dims: Dims,
+    centre_atom: Vec<i32>,
+    /// `[frame][natoms + 1]`.
+    ptr: wgpu::Buffer,
+    /// `[frame][cap]`, the first `used[frame]` of each frame's entries valid.
+    ent: wgpu::Buffer,
+    cap: usize,
+    used: Vec<usize>,
 }
 
 /// An op's name and the bytes per value of its constants.
@@ -559,6 +574,8 @@ impl Wgpu {
             host: Arc::new(x.to_vec()),
             id: self.new_id(),
             version: self.new_id(),
+            window: None,
+            frame_lists: Arc::default(),
         }
     }
 
@@ -595,6 +612,28 @@ impl Wgpu {
         self.write_bytes(&b.buf, bytemuck::cast_slice(x));
         b.host = Arc::new(x.to_vec());
         b.version = self.new_id();
+        b.window = None;
+    }
+
+    /// [`Backend::gather`](crate::backend::Backend::gather) of index buffers: device copies,
+    /// the host copy kept alike.
+    pub(super) fn gather_i32(&self, src: &Idx, dst: &mut Idx, spans: &[Span]) {
+        let host: &mut Vec<i32> = Arc::make_mut(&mut dst.host);
+        crate::backend::gather_slices(&src.host, host, spans);
+        for s in spans {
+            self.copy_region(
+                &src.buf,
+                4 * s.src as u64,
+                &dst.buf,
+                4 * s.dst as u64,
+                4 * s.len as u64,
+            );
+        }
+        dst.version = self.new_id();
+        dst.window = crate::backend::window_start(spans).map(|at| Window {
+            at,
+            lists: Arc::clone(&src.frame_lists),
+        });
     }
 
     /// A persistent buffer holding `x` for op `name`, rewritten only when `x` changes: an op's
@@ -623,7 +662,8 @@ impl Wgpu {
         }
     }
 
-    /// Copies all of `src` into `dst` from byte `offset`, in order with the recorded ops.
+    /// Copies the first `bytes` of `src` into `dst` from byte `offset`, in order with the
+    /// recorded ops.
     pub(super) fn copy_bytes(
         &self,
         src: &wgpu::Buffer,
@@ -631,16 +671,29 @@ impl Wgpu {
         offset: u64,
         bytes: u64,
     ) {
+        self.copy_region(src, 0, dst, offset, bytes);
+    }
+
+    /// Copies `bytes` of `src` from byte `from` into `dst` from byte `to`, in order with the
+    /// recorded ops.
+    pub(super) fn copy_region(
+        &self,
+        src: &wgpu::Buffer,
+        from: u64,
+        dst: &wgpu::Buffer,
+        to: u64,
+        bytes: u64,
+    ) {
         if bytes == 0 {
             return;
         }
         assert!(
-            offset + bytes <= dst.size(),
+            from + bytes <= src.size() && to + bytes <= dst.size(),
             "copy past the end of a buffer"
         );
         let _device = self.device_guard();
         self.counters.launch();
-        self.record(|enc| enc.copy_buffer_to_buffer(src, 0, dst, offset, bytes));
+        self.record(|enc| enc.copy_buffer_to_buffer(src, from, dst, to, bytes));
     }
 
     /// A zero-filled buffer (wgpu zero-initialises new buffers).
@@ -814,8 +867,9 @@ impl Wgpu {
         b
     }
 
-    /// The force gather lists of a batch (see `shaders/scatter.wgsl`): (ptr, ent), rebuilt on
-    /// the host when the owner or centre table has been written since, into the same buffers.
+    /// The force gather lists of a batch (see `shaders/scatter.wgsl`): (ptr, ent), written into
+    /// the same buffers when the owner or centre table has changed since: copied on the device
+    /// when the batch is one resident frame ([`Wgpu::resident_lists`]), else built on the host.
     pub(super) fn force_lists(
         &self,
         _op: &OneOp,
@@ -825,25 +879,83 @@ impl Wgpu {
     ) -> (wgpu::Buffer, wgpu::Buffer) {
         let versions = (owner.version, centre_atom.version);
         let mut cache = self.force_lists.lock().unwrap();
-        if let Some((_, fl)) = cache.iter_mut().find(|(cd, _)| cd == d) {
-            if fl.versions != versions {
+        let i = match cache.iter().position(|(cd, _)| cd == d) {
+            Some(i) => i,
+            None => {
+                let natoms = d.nframes * d.natoms;
+                let fl = ForceLists {
+                    versions: (0, 0),
+                    ptr: self.zeros_raw(4 * (natoms as u64 + 1)),
+                    // Sized for every slot real (2 entries per slot): any batch of the shape fits.
+                    ent: self.zeros_raw(8 * d.nslots() as u64),
+                };
+                cache.push((d.clone(), fl));
+                cache.len() - 1
+            }
+        };
+        let fl = &mut cache[i].1;
+        if fl.versions != versions {
+            if let Some((lists, g)) = self.resident_lists(d, owner, centre_atom) {
+                let n = (d.natoms + 1) as u64;
+                self.copy_region(&lists.ptr, 4 * n * g as u64, &fl.ptr, 0, 4 * n);
+                let (cap, used) = (lists.cap as u64, lists.used[g] as u64);
+                self.copy_region(&lists.ent, 4 * cap * g as u64, &fl.ent, 0, 4 * used);
+            } else {
                 let (ptr, ent) = super::ops::force_csr(d, &owner.host, &centre_atom.host);
                 self.write_bytes(&fl.ptr, bytemuck::cast_slice(&ptr));
                 self.write_bytes(&fl.ent, bytemuck::cast_slice(&ent));
-                fl.versions = versions;
             }
-            return (fl.ptr.clone(), fl.ent.clone());
+            fl.versions = versions;
         }
-        let (ptr, mut ent) = super::ops::force_csr(d, &owner.host, &centre_atom.host);
-        ent.resize(ent.len().max(2 * d.nslots()), 0);
-        let fl = ForceLists {
-            versions,
-            ptr: self.buf_from(&ptr),
-            ent: self.buf_from(&ent),
-        };
-        let out = (fl.ptr.clone(), fl.ent.clone());
-        cache.push((d.clone(), fl));
-        out
+        (fl.ptr.clone(), fl.ent.clone())
+    }
+
+    /// Builds and uploads the force gather lists of every frame of `owner`, the owner tables
+    /// of resident frames of one-frame shape `d` one after the other (once).
+    pub(super) fn frame_lists(&self, d: &Dims, owner: &Idx, centre_atom: &Idx) {
+        let ns = d.nslots();
+        if d.nframes != 1 || ns == 0 || !owner.len().is_multiple_of(ns) {
+            return;
+        }
+        owner.frame_lists.get_or_init(|| {
+            let mut ptr = Vec::new();
+            let mut ents = Vec::new();
+            for frame in owner.host.chunks(ns) {
+                let (p, e) = super::ops::force_csr(d, frame, &centre_atom.host);
+                ptr.extend(p);
+                ents.push(e);
+            }
+            let cap = ents.iter().map(Vec::len).max().unwrap_or(0).max(1);
+            let used = ents.iter().map(Vec::len).collect();
+            let mut ent = Vec::with_capacity(cap * ents.len());
+            for mut e in ents {
+                e.resize(cap, 0);
+                ent.extend(e);
+            }
+            FrameLists {
+                dims: d.clone(),
+                centre_atom: centre_atom.host.to_vec(),
+                ptr: self.buf_from(&ptr),
+                ent: self.buf_from(&ent),
+                cap,
+                used,
+            }
+        });
+    }
+
+    /// When the batch is one frame whose owner table was gathered from a table of resident
+    /// frames prepared by [`Wgpu::frame_lists`]: those lists and the frame.
+    fn resident_lists<'a>(
+        &self,
+        d: &Dims,
+        owner: &'a Idx,
+        centre_atom: &Idx,
+    ) -> Option<(&'a FrameLists, usize)> {
+        let w = owner.window.as_ref()?;
+        let lists = w.lists.get()?;
+        let ns = d.nslots();
+        let same = lists.dims == *d && lists.centre_atom == *centre_atom.host;
+        (same && owner.len() == ns && w.at.is_multiple_of(ns)).then_some((lists, w.at / ns))
     }
 }
 

@@ -73,8 +73,21 @@ pub struct Idx {
     host: std::sync::Arc<Vec<i32>>,
     /// Unique per allocation.
     id: u64,
-    /// Unique per contents (upload or write), to key host-side caches derived from them.
+    /// Unique per contents (upload, write or gather), to key host-side caches derived from them.
     version: u64,
+    /// Set when the last gather copied one contiguous window of another index buffer: the
+    /// force gather lists of a resident frame are then copied on the device, not rebuilt.
+    window: Option<Window>,
+    /// The force gather lists of every frame of this buffer, when it holds the owner tables of
+    /// resident frames and a window of it has been used as a batch's.
+    frame_lists: std::sync::Arc<std::sync::OnceLock<device::FrameLists>>,
+}
+
+/// The values of an index buffer from `at` on, with that buffer's per-frame lists.
+#[derive(Clone, Debug)]
+struct Window {
+    at: usize,
+    lists: std::sync::Arc<std::sync::OnceLock<device::FrameLists>>,
 }
 
 impl Idx {

@@ -1,0 +1,250 @@
+//! Training frames kept on the device for the whole run (docs/design.md §5): each frame's slot
+//! layout (r_ij, owners) and labels are assembled once at start-up, so that a step only selects
+//! frames: the batch is put together on the device by [`Backend::gather`] and
+//! [`Backend::gather_idx`] into the plan's buffers, and nothing of it crosses from the host.
+//!
+//! Which systems: those that fit the budget, in order — `DPW_RESIDENT_MB` or the backend's
+//! [`Backend::resident_budget`] (1 GiB on wgpu and cuda; 0 on the cpu backend, where a resident
+//! frame would be a copy as large as the per-step write it replaces, and the float64 slot
+//! layout of the water example alone, 0.7 MB a frame, would take its memory past the CPU
+//! target). A system left out is assembled on the host and written every step, as before.
+
+use std::ops::Range;
+
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+
+use crate::backend::{Backend, Dims, Real, Span};
+use crate::data::{System, SystemInfo, SystemStore};
+use crate::model::ModelSpec;
+
+use super::batch::{assemble_frames, centre_atoms};
+use super::step::Workspace;
+
+/// Frames assembled at a time while building: enough for every thread, few enough that the
+/// float64 host batches in flight stay small beside the device copy.
+const CHUNK: usize = 64;
+
+/// The budget in bytes: `DPW_RESIDENT_MB` if set, else the backend's default.
+pub fn budget<T: Real, B: Backend<T>>(b: &B) -> Result<usize> {
+    match std::env::var("DPW_RESIDENT_MB") {
+        Ok(v) => {
+            let mb: usize = v.trim().parse().with_context(|| {
+                format!("DPW_RESIDENT_MB={v:?}: expected a whole number of MiB (0 keeps no frame on the device)")
+            })?;
+            Ok(mb.saturating_mul(1 << 20))
+        }
+        Err(_) => Ok(b.resident_budget()),
+    }
+}
+
+/// One system's frames on the device.
+pub struct ResidentSystem<T: Real, B: Backend<T>> {
+    /// The shape of a batch of one frame.
+    one: Dims,
+    nframes: usize,
+    /// Batch positions provided for: the system's batch size.
+    positions: usize,
+    /// `[frame][3·slots]`.
+    rij: B::Buf,
+    /// `[position][frame][slots]`, each owner already numbered for its batch position
+    /// (`position·natoms + atom`), so that a batch is assembled by copies alone.
+    owner: B::Idx,
+    /// `[frame]`, `[frame][3·natoms]`, `[frame][9]`.
+    labels: [B::Buf; 3],
+}
+
+/// Bytes a system's frames take on the device: r_ij, owners (per batch position), labels, and
+/// up to two entries per slot of a backend's force gather lists ([`Backend::prepare_frames`]).
+fn bytes<T: Real>(one: &Dims, nframes: usize, positions: usize) -> usize {
+    let (ns, n) = (one.nslots(), one.natoms);
+    let per_frame = ns * (3 * size_of::<T>() + (positions + 2) * size_of::<i32>())
+        + (1 + 3 * n + 9) * size_of::<T>();
+    nframes * per_frame
+}
+
+/// The one-frame shape of system `s`.
+fn one_frame_dims(spec: &ModelSpec, atype: &[usize]) -> Dims {
+    let d = &spec.descriptor;
+    let counts: Vec<usize> = (0..spec.ntypes())
+        .map(|t| atype.iter().filter(|&&x| x == t).count())
+        .collect();
+    Dims::new(1, &counts, &d.sel, d.m1(), d.axis_neuron)
+}
+
+impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
+    /// Every frame of `sys` on the device, for batches of up to `positions` frames.
+    pub fn new(b: &B, spec: &ModelSpec, sys: &System, positions: usize) -> Result<Self> {
+        let one = one_frame_dims(spec, &sys.atype);
+        let nframes = sys.nframes;
+        let (ns, n) = (one.nslots(), one.natoms);
+        let mut rij = Vec::with_capacity(3 * ns * nframes);
+        let mut owner = Vec::with_capacity(ns * nframes);
+        let [mut e, mut f, mut v] = [Vec::new(), Vec::new(), Vec::new()];
+        let all: Vec<usize> = (0..nframes).collect();
+        for chunk in all.chunks(CHUNK) {
+            let batches = chunk
+                .par_iter()
+                .map(|&g| assemble_frames(spec, sys, &[g], "training"))
+                .collect::<Result<Vec<_>>>()?;
+            for hb in batches {
+                assert_eq!(hb.dims, one, "a frame of another shape in one system");
+                rij.extend(hb.rij.iter().map(|&x| T::of(x)));
+                owner.extend(hb.owner);
+                e.extend(hb.energy.iter().map(|&x| T::of(x)));
+                f.extend(hb.force.iter().map(|&x| T::of(x)));
+                v.extend(hb.virial.iter().map(|&x| T::of(x)));
+            }
+        }
+        let frame_owner = owner.len();
+        for p in 1..positions {
+            let shift = (p * n) as i32;
+            owner.extend_from_within(..frame_owner);
+            let copy = owner.len() - frame_owner..owner.len();
+            owner[copy]
+                .iter_mut()
+                .filter(|o| **o >= 0)
+                .for_each(|o| *o += shift);
+        }
+        let owner = b.upload_idx(&owner);
+        if positions == 1 {
+            b.prepare_frames(&one, &owner, &b.upload_idx(&centre_atoms(&one)));
+        }
+        Ok(ResidentSystem {
+            one,
+            nframes,
+            positions,
+            rij: b.upload(&rij),
+            owner,
+            labels: [b.upload(&e), b.upload(&f), b.upload(&v)],
+        })
+    }
+
+    /// The shape of a batch of `k` frames of this system.
+    pub fn dims(&self, k: usize) -> Dims {
+        let counts: Vec<usize> = (0..self.one.ntypes)
+            .map(|t| self.one.centres(t).len())
+            .collect();
+        Dims::new(k, &counts, &self.one.sel, self.one.m1, self.one.m2)
+    }
+
+    /// Whether a batch of these frames can be gathered from the device.
+    pub fn holds(&self, frames: &[usize]) -> bool {
+        frames.len() <= self.positions && frames.iter().all(|&g| g < self.nframes)
+    }
+
+    /// Puts the batch of `frames` together in `w` (shaped [`ResidentSystem::dims`]) on the
+    /// device.
+    pub fn load(&self, b: &B, w: &mut Workspace<T, B>, frames: &[usize]) {
+        assert!(self.holds(frames), "frames {frames:?} are not resident");
+        let d = self.dims(frames.len());
+        assert_eq!(w.dims, d, "workspace built for another batch shape");
+        let (ns, n) = (self.one.nslots(), self.one.natoms);
+        let (rij, owner, labels) = w.inputs_mut();
+        // Slot blocks of a frame go to their place in each (centre type, neighbour type)
+        // block of the batch (the layout of [`Dims`]).
+        let blocks: Vec<(Range<usize>, usize)> = (0..self.one.block_start.len() - 1)
+            .map(|k| {
+                let r = self.one.block_start[k]..self.one.block_start[k + 1];
+                (r, d.block_start[k])
+            })
+            .filter(|(r, _)| !r.is_empty())
+            .collect();
+        let slot_spans = |scale: usize, src_base: &dyn Fn(usize) -> usize| -> Vec<Span> {
+            let mut spans = Vec::new();
+            for (f, &g) in frames.iter().enumerate() {
+                for (r, at) in &blocks {
+                    spans.push(Span {
+                        src: scale * (src_base(f) + g * ns + r.start),
+                        dst: scale * (at + f * r.len()),
+                        len: scale * r.len(),
+                    });
+                }
+            }
+            spans
+        };
+        b.gather(&self.rij, rij, &slot_spans(3, &|_| 0));
+        b.gather_idx(
+            &self.owner,
+            owner,
+            &slot_spans(1, &|f| f * self.nframes * ns),
+        );
+        for (i, per) in [1, 3 * n, 9].into_iter().enumerate() {
+            let spans: Vec<Span> = frames
+                .iter()
+                .enumerate()
+                .map(|(f, &g)| Span {
+                    src: g * per,
+                    dst: f * per,
+                    len: per,
+                })
+                .collect();
+            b.gather(&self.labels[i], &mut labels[i], &spans);
+        }
+    }
+}
+
+/// The resident systems of a training set (`None` for one assembled every step).
+pub struct Resident<T: Real, B: Backend<T>> {
+    systems: Vec<Option<ResidentSystem<T, B>>>,
+}
+
+impl<T: Real, B: Backend<T>> Resident<T, B> {
+    /// Keeps on the device, in order, the training systems (`infos`, with their batch sizes,
+    /// frames in `store`) that fit `budget` bytes together.
+    pub fn new(
+        b: &B,
+        spec: &ModelSpec,
+        infos: &[SystemInfo],
+        batch_sizes: &[usize],
+        store: &SystemStore,
+        budget: usize,
+    ) -> Result<Self> {
+        let mut used = 0usize;
+        let mut systems = Vec::new();
+        let mut frames = 0;
+        for (s, info) in infos.iter().enumerate() {
+            let one = one_frame_dims(spec, &info.atype);
+            let need = bytes::<T>(&one, info.nframes, batch_sizes[s]);
+            let keep = used.saturating_add(need) <= budget;
+            systems.push(if keep {
+                used += need;
+                frames += info.nframes;
+                let sys = store.get(s)?;
+                Some(ResidentSystem::new(b, spec, &sys, batch_sizes[s])?)
+            } else {
+                None
+            });
+        }
+        let kept = systems.iter().flatten().count();
+        tracing::info!(
+            "training frames on the device: {kept} of {} systems ({frames} frames, {:.0} MiB; budget {} MiB, DPW_RESIDENT_MB){}",
+            systems.len(),
+            used as f64 / (1u64 << 20) as f64,
+            budget >> 20,
+            if kept < systems.len() {
+                "; the others are written every step"
+            } else {
+                ""
+            }
+        );
+        Ok(Resident { systems })
+    }
+
+    /// No frame on the device.
+    pub fn none() -> Self {
+        Resident {
+            systems: Vec::new(),
+        }
+    }
+
+    /// System `s`, if its frames are on the device.
+    pub fn system(&self, s: usize) -> Option<&ResidentSystem<T, B>> {
+        self.systems.get(s).and_then(Option::as_ref)
+    }
+
+    /// Per training system: whether its frames are on the device.
+    pub fn held(&self) -> Vec<bool> {
+        self.systems.iter().map(Option::is_some).collect()
+    }
+}
