@@ -446,7 +446,7 @@ mpi_checks() { # kit dpw water
   local mpirun r=$K/mpi/usr
   if [ -x "$r/bin/orterun" ]; then
     export OPAL_PREFIX=$r PMIX_INSTALL_PREFIX=$r/lib/x86_64-linux-gnu/pmix2
-    export LD_LIBRARY_PATH=$r/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu/openmpi/lib:$r/lib/x86_64-linux-gnu/pmix2/lib:$LD_LIBRARY_PATH
+    export LD_LIBRARY_PATH=$r/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu/openmpi/lib:$r/lib/x86_64-linux-gnu/pmix2/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     mpirun=$r/bin/orterun
     info mpi "Open MPI from the kit ($("$mpirun" --version 2>&1 | head -1))"
   elif command -v mpirun >/dev/null && ! ldd "$K/bin/dpw-mpi" | grep -q 'libmpi.*not found'; then
