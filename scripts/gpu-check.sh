@@ -4,13 +4,16 @@
 #
 #   scripts/gpu-check.sh build   (here, in the checkout the device tool sends) builds the release
 #       dpw and the GPU test executables, strips them, packs them with DeePMD-kit's reference
-#       numbers, a cpu lcurve.out to compare with and the Vulkan loader packages into
+#       numbers, a cpu lcurve.out to compare with, the Vulkan loader packages, and for the
+#       multi-GPU checks dpw built with MPI, its NCCL test and Open MPI's run time into
 #       .gpu-kit/kit.tar.xz (git-ignored), checks that the working tree and the kit fit in the
 #       device tool's 64 MiB, and prints the exact call to make.
 #   scripts/gpu-check.sh run     (on the GPU machine; no Rust there) prints the GPU and driver,
 #       finds libcuda, libnvrtc and libcublas, runs the CUDA tests, a 200-step float64 training on
 #       cuda against the cpu lcurve.out, `dpw bench` on cuda (float64 and float32, batch 1, 4, 16),
-#       the wgpu tests and bench through Vulkan, compute-sanitizer's memcheck on a short run, and
+#       the wgpu tests and bench through Vulkan, compute-sanitizer's memcheck on a short run, the
+#       multi-GPU checks (NCCL on one GPU; two ranks sharing a GPU fall back to host MPI; with two
+#       GPUs, two ranks through NCCL, else 'n/a', which does not fail the report), and
 #       writes report.md, report.json and logs.tar.gz under $OUT. Every step has a time limit and
 #       the whole run stays under GPU_CHECK_BUDGET seconds (default 520). Without a GPU it says
 #       so, writes the report and exits 1 within seconds (GPU_CHECK_FORCE=1 goes on: a dry run).
@@ -446,7 +449,7 @@ mpi_checks() { # kit dpw water
   local mpirun r=$K/mpi/usr
   if [ -x "$r/bin/orterun" ]; then
     export OPAL_PREFIX=$r PMIX_INSTALL_PREFIX=$r/lib/x86_64-linux-gnu/pmix2
-    export LD_LIBRARY_PATH=$r/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu/openmpi/lib:$r/lib/x86_64-linux-gnu/pmix2/lib:$LD_LIBRARY_PATH
+    export LD_LIBRARY_PATH=$r/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu/openmpi/lib:$r/lib/x86_64-linux-gnu/pmix2/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     mpirun=$r/bin/orterun
     info mpi "Open MPI from the kit ($("$mpirun" --version 2>&1 | head -1))"
   elif command -v mpirun >/dev/null && ! ldd "$K/bin/dpw-mpi" | grep -q 'libmpi.*not found'; then

@@ -60,7 +60,7 @@ fn my_facts<T: Real, B: Backend<T>>(w: &World, b: &B) -> RankFacts {
         None => Err("not a CUDA backend".to_string()),
     };
     #[cfg(not(all(feature = "mpi", feature = "cuda")))]
-    let nccl = Err("dpw was built without the cuda feature".to_string());
+    let nccl = Err("dpw was built without NCCL (features mpi and cuda)".to_string());
     RankFacts {
         host: w.host().to_string(),
         backend: b.name(),

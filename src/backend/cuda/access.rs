@@ -53,7 +53,8 @@ impl<T: CudaReal> DeviceAccess<T, CudaBuf<T>> for Cuda {
     }
 
     fn scale(&self, b: &mut CudaBuf<T>, factor: f64) {
-        if b.len == 0 {
+        // × 1 changes no value: no launch.
+        if b.len == 0 || factor == 1.0 {
             return;
         }
         let n = i32::try_from(b.len).expect("cuda: scale of more than 2^31 values");
