@@ -63,7 +63,7 @@ fn bytes<T: Real>(one: &Dims, nframes: usize, positions: usize) -> usize {
     nframes * per_frame
 }
 
-/// The one-frame shape of system `s`.
+/// The shape of a batch of one frame of atoms `atype`.
 fn one_frame_dims(spec: &ModelSpec, atype: &[usize]) -> Dims {
     let d = &spec.descriptor;
     let counts: Vec<usize> = (0..spec.ntypes())
@@ -229,13 +229,6 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
             }
         );
         Ok(Resident { systems })
-    }
-
-    /// No frame on the device.
-    pub fn none() -> Self {
-        Resident {
-            systems: Vec::new(),
-        }
     }
 
     /// System `s`, if its frames are on the device.
