@@ -231,6 +231,13 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
         Ok(Resident { systems })
     }
 
+    /// No frame on the device (a run with no step left to train).
+    pub fn none() -> Self {
+        Resident {
+            systems: Vec::new(),
+        }
+    }
+
     /// System `s`, if its frames are on the device.
     pub fn system(&self, s: usize) -> Option<&ResidentSystem<T, B>> {
         self.systems.get(s).and_then(Option::as_ref)
