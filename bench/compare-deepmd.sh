@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Trains the water example with DeePMD-kit 3.2.0 (`dp --tf train`, and `dp --pt train` with
+# Trains an example with DeePMD-kit 3.2.0 (`dp --tf train`, and `dp --pt train` with
 # COMPARE_PT=1) and with dpw on this machine, one after the other, and prints s/step, peak memory
 # and the ratio. DeePMD-kit is installed into a virtual environment on first use.
 #
-#   bench/compare-deepmd.sh [STEPS]        (default 300 steps; DeePMD-kit's average skips the
-#                                           first 100, dpw's bench times the steps after warm-up)
+#   bench/compare-deepmd.sh [STEPS] [INPUT] (default 300 steps of examples/water/input.json;
+#                                           DeePMD-kit's average skips the first 100, dpw's bench
+#                                           times the steps after warm-up)
+#   BATCH=4      sets the training batch size of both programs
+#   FLOAT32=1    also times dpw in float32 (the ratio stays against DeePMD-kit's float64)
+#   DPW=path     times that dpw binary instead of building this checkout's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
+input=${2:-examples/water/input.json}
 venv=$(realpath -m "${DEEPMD_VENV:-.bench/deepmd-venv}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -19,9 +24,9 @@ if [ ! -x "$venv/bin/dp" ]; then
 fi
 
 # The example input with absolute data paths, a fixed number of steps and no checkpoints.
-python3 - "$work/input.json" "$steps" <<'PY'
+python3 - "$work/input.json" "$steps" "$input" "${BATCH:-}" <<'PY'
 import json, os, sys
-src = "examples/water/input.json"
+src = sys.argv[3]
 d = json.load(open(src))
 base = os.path.dirname(os.path.abspath(src))
 for key in ("training_data", "validation_data"):
@@ -30,14 +35,21 @@ for key in ("training_data", "validation_data"):
 d["training"]["numb_steps"] = int(sys.argv[2])
 d["training"]["disp_freq"] = 100
 d["training"]["save_freq"] = 10 ** 9
+if sys.argv[4]:
+    d["training"]["training_data"]["batch_size"] = int(sys.argv[4])
 json.dump(d, open(sys.argv[1], "w"), indent=2)
 PY
 
-cargo build --release -q
-dpw=$PWD/target/release/dpw
+if [ -n "${DPW:-}" ]; then
+  dpw=$(realpath "$DPW")
+else
+  cargo build --release -q
+  dpw=$PWD/target/release/dpw
+fi
 
 peak_mb() { awk '/Maximum resident set size/ {printf "%.0f", $6 / 1024}' "$1"; }
 
+echo "input: $input, batch ${BATCH:-as given}"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 results=()
 for b in tf ${COMPARE_PT:+pt}; do
@@ -53,3 +65,10 @@ done
 ours=$(python3 -c "import json; print(json.load(open('$work/dpw.json'))['median_s_per_step'])")
 echo "dpw (cpu, float64): ${ours} s/step, peak memory $(peak_mb "$work/dpw-time.txt") MB"
 python3 -c "print(f'dpw is {float(\"${results[0]}\") / float(\"$ours\"):.2f}x faster per step than DeePMD-kit --tf')"
+if [ -n "${FLOAT32:-}" ]; then
+  (cd "$work" && "$dpw" bench input.json --backend cpu --float32 --steps "$steps" --json dpw32.json >dpw32.log 2>&1) \
+    || { tail -30 "$work/dpw32.log" >&2; exit 1; }
+  ours32=$(python3 -c "import json; print(json.load(open('$work/dpw32.json'))['median_s_per_step'])")
+  echo "dpw (cpu, float32): ${ours32} s/step"
+  python3 -c "print(f'dpw float32 is {float(\"${results[0]}\") / float(\"$ours32\"):.2f}x faster per step than DeePMD-kit --tf float64')"
+fi

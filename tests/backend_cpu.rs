@@ -59,9 +59,8 @@ mod timed {
         for op in [
             Op::EnvMat,
             Op::EmbedForward,
-            Op::EmbedDualBackward,
             Op::ContractForward,
-            Op::ContractDual,
+            Op::ContractEmbedDual,
             Op::DenseDualBackward,
             Op::Adam,
         ] {

@@ -111,6 +111,17 @@ pub struct DenseIo<'a, B> {
     pub h: &'a B,
 }
 
+/// The inputs of [`Backend::contract_dual`], for the fused stage that starts with it.
+pub struct ContractDual<'a, B> {
+    pub a: &'a B,
+    pub adot: &'a B,
+    /// D̄ and Ḋ̄: the fitting nets' input adjoints.
+    pub dbar: &'a B,
+    pub ddotbar: &'a B,
+    pub rhat: &'a B,
+    pub rdot: &'a B,
+}
+
 pub trait Backend<T: Real>: Sync {
     /// A device vector of T.
     type Buf: Send + Sync;
@@ -280,6 +291,43 @@ pub trait Backend<T: Real>: Sync {
         _grad: &mut Self::Buf,
     ) {
         unreachable!("embed_dual_backward is only called when fused_embedding() is true")
+    }
+
+    /// The fused stage of the dual reverse below the descriptor: [`Backend::contract_dual`]
+    /// then [`Backend::embed_dual_backward`] (the default, the layered stages). A backend that
+    /// overrides it makes each slot's Ḡ, Ġ̄ where its embedding dual reads them and need not
+    /// write `gbar`, `gdotbar` (they are then scratch: see [`Backend::fuses_contract_dual`]).
+    /// Called only when [`Backend::fused_embedding`] is true.
+    #[allow(clippy::too_many_arguments)]
+    fn contract_embed_dual(
+        &self,
+        d: &Dims,
+        nets: &[&Net],
+        params: &Self::Buf,
+        s: &Self::Buf,
+        owner: &Self::Idx,
+        sdot: &Self::Buf,
+        contract: ContractDual<Self::Buf>,
+        gbar: &mut Self::Buf,
+        gdotbar: &mut Self::Buf,
+        grad: &mut Self::Buf,
+    ) {
+        let ContractDual {
+            a,
+            adot,
+            dbar,
+            ddotbar,
+            rhat,
+            rdot,
+        } = contract;
+        self.contract_dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar);
+        self.embed_dual_backward(d, nets, params, s, owner, sdot, gbar, gdotbar, grad);
+    }
+
+    /// Whether [`Backend::contract_embed_dual`] is overridden so that it never writes Ḡ, Ġ̄:
+    /// the step then gives it empty buffers for them.
+    fn fuses_contract_dual(&self) -> bool {
+        false
     }
 
     /// A_c = (1/nnei) Σ_slots G ⊗ R̂ and D_c = A_c A_c<ᵀ.

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::counts::{Counters, Counts};
-use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
+use super::{AdamStep, Backend, ContractDual, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
 use crate::model::{Layer, Net};
 
 /// What profiling needs from a backend beyond its ops.
@@ -83,6 +83,7 @@ ops! {
     SlotBackward "slot_backward",
     ContractTangent "contract_tangent",
     ContractDual "contract_dual",
+    ContractEmbedDual "contract_embed_dual",
     Energy "energy",
     ForceVirial "force_virial",
     Loss "loss",
@@ -477,6 +478,34 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         self.time::<T, _>(Op::EmbedDualBackward, flops, |b| {
             b.embed_dual_backward(d, nets, params, s, owner, sdot, gbar, gdotbar, grad)
         })
+    }
+
+    fn contract_embed_dual(
+        &self,
+        d: &Dims,
+        nets: &[&Net],
+        params: &Self::Buf,
+        s: &Self::Buf,
+        owner: &Self::Idx,
+        sdot: &Self::Buf,
+        contract: ContractDual<Self::Buf>,
+        gbar: &mut Self::Buf,
+        gdotbar: &mut Self::Buf,
+        grad: &mut Self::Buf,
+    ) {
+        // The two stages' work: contract_dual's and embed_dual_backward's below.
+        let real = self.inner.count_real(owner);
+        let flops = 2.0 * (12 * d.m1 * d.nslots() + 24 * d.m1 * d.m2 * d.ncentres()) as f64
+            + 2.0 * 2.0 * embed_flops(d, nets, real, |n| net_macs(n) + net_macs_input_adjoint(n));
+        self.time::<T, _>(Op::ContractEmbedDual, flops, |b| {
+            b.contract_embed_dual(
+                d, nets, params, s, owner, sdot, contract, gbar, gdotbar, grad,
+            )
+        })
+    }
+
+    fn fuses_contract_dual(&self) -> bool {
+        self.inner.fuses_contract_dual()
     }
 
     fn contract_forward(

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use crate::backend::{Backend, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
+use crate::backend::{Backend, ContractDual, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
 use crate::model::{embed_net_index, Model, Net, ParamLayout};
 
 use super::batch::{centre_atoms, HostBatch};
@@ -160,6 +160,12 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         let (ns, nc, na) = (dims.nslots(), dims.ncentres(), dims.nframes * dims.natoms);
         let (m1, m2, nf) = (dims.m1, dims.m2, dims.nframes);
         let ones = |n| b.upload(&vec![T::one(); n]);
+        // Ḡ, Ġ̄ of every slot, unless the backend's fused stage never writes them.
+        let slot_adjoints = if b.fused_embedding() && b.fuses_contract_dual() {
+            0
+        } else {
+            m1 * ns
+        };
         Workspace {
             dims: dims.clone(),
             rij: b.zeros(3 * ns),
@@ -196,8 +202,8 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             sdot: b.zeros(ns),
             adot: b.zeros(4 * m1 * nc),
             ddot: b.zeros(m1 * m2 * nc),
-            gbar: b.zeros(m1 * ns),
-            gdotbar: b.zeros(m1 * ns),
+            gbar: b.zeros(slot_adjoints),
+            gdotbar: b.zeros(slot_adjoints),
         }
     }
 
@@ -398,33 +404,50 @@ pub fn gradient<T: Real, B: Backend<T>>(
         };
         net_dual_backward(b, &m.params, &mut m.grad, net, rows, c, dual);
     }
-    b.contract_dual(
-        &d,
-        &w.a,
-        &w.adot,
-        &w.fit.xbar[0],
-        &w.fit.xdotbar[0],
-        &w.rhat,
-        &w.rdot,
-        &mut w.gbar,
-        &mut w.gdotbar,
-    );
     // Embedding nets: dual reverse with input tangent ṡ; nothing flows into R̂ (coordinates
     // are data), so no input adjoint leaves layer 0.
     let nets = embed_nets(&m.layout, m.type_one_side, &d);
+    let contract = ContractDual {
+        a: &w.a,
+        adot: &w.adot,
+        dbar: &w.fit.xbar[0],
+        ddotbar: &w.fit.xdotbar[0],
+        rhat: &w.rhat,
+        rdot: &w.rdot,
+    };
     match &mut w.embed {
-        Embed::Fused { .. } => b.embed_dual_backward(
+        Embed::Fused { .. } => b.contract_embed_dual(
             &d,
             &nets,
             &m.params,
             &w.s,
             &w.owner,
             &w.sdot,
-            &w.gbar,
-            &w.gdotbar,
+            contract,
+            &mut w.gbar,
+            &mut w.gdotbar,
             &mut m.grad,
         ),
         Embed::Layered(c) => {
+            let ContractDual {
+                a,
+                adot,
+                dbar,
+                ddotbar,
+                rhat,
+                rdot,
+            } = contract;
+            b.contract_dual(
+                &d,
+                a,
+                adot,
+                dbar,
+                ddotbar,
+                rhat,
+                rdot,
+                &mut w.gbar,
+                &mut w.gdotbar,
+            );
             embed_dual_layered(b, m, &d, &w.s, &w.ones_s, &w.sdot, &w.gbar, &w.gdotbar, c)
         }
     }

@@ -229,21 +229,17 @@ pub fn tangent<T: Real>(
         });
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn dual<T: Real>(
+/// Ā = B(D̄, A) + B(Ḋ̄, Ȧ) and Ǡ = B(Ḋ̄, A) of every centre (B the adjoint of D = A A<ᵀ),
+/// `(Ā, Ǡ)` per centre, transposed like A: the per-centre half of [`dual`].
+pub(super) fn centre_adjoints<T: Real>(
     d: &Dims,
     a: &[T],
     adot: &[T],
     dbar: &[T],
     ddotbar: &[T],
-    rhat: &[T],
-    rdot: &[T],
-    gbar: &mut [T],
-    gdotbar: &mut [T],
-) {
+) -> Vec<(Vec<T>, Vec<T>)> {
     let (m1, m2) = (d.m1, d.m2);
-    // Per centre: Ā = B(D̄, A) + B(Ḋ̄, Ȧ), Ǡ = B(Ḋ̄, A), with B the adjoint of D = A A<ᵀ.
-    let per_centre: Vec<(Vec<T>, Vec<T>)> = (0..d.ncentres())
+    (0..d.ncentres())
         .into_par_iter()
         .map(|c| {
             wide(
@@ -259,33 +255,84 @@ pub fn dual<T: Real>(
                 },
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Ḡ = f Σ_k (R̂[k] Ā[k] + Ṙ[k] Ǡ[k]) and Ġ̄ = f Σ_k R̂[k] Ǡ[k] of slot `s` from its
+/// centre's `(Ā, Ǡ)`, with f = 1/nnei: the per-slot half of [`dual`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn slot_seeds<T: Real>(
+    m1: usize,
+    f: T,
+    s: usize,
+    (ab, adb): &(Vec<T>, Vec<T>),
+    rhat: &[T],
+    rdot: &[T],
+    gb: &mut [T],
+    gdb: &mut [T],
+) {
+    gb.fill(T::zero());
+    for k in 0..4 {
+        axpy(gb, f * rhat[4 * s + k], &ab[k * m1..(k + 1) * m1]);
+        axpy(gb, f * rdot[4 * s + k], &adb[k * m1..(k + 1) * m1]);
+    }
+    gdb.fill(T::zero());
+    for k in 0..4 {
+        axpy(gdb, f * rhat[4 * s + k], &adb[k * m1..(k + 1) * m1]);
+    }
+}
+
+/// Whether [`slot_seeds`] gives slot `s` zero rows whatever its centre's adjoints (finite):
+/// a padded slot, whose R̂ and Ṙ are 0.
+#[inline(always)]
+pub(super) fn seeds_vanish<T: Real>(s: usize, rhat: &[T], rdot: &[T]) -> bool {
+    rhat[4 * s..4 * s + 4]
+        .iter()
+        .chain(&rdot[4 * s..4 * s + 4])
+        .all(|x| *x == T::zero())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn dual<T: Real>(
+    d: &Dims,
+    a: &[T],
+    adot: &[T],
+    dbar: &[T],
+    ddotbar: &[T],
+    rhat: &[T],
+    rdot: &[T],
+    gbar: &mut [T],
+    gdotbar: &mut [T],
+) {
+    let m1 = d.m1;
+    let per_centre = centre_adjoints(d, a, adot, dbar, ddotbar);
     let f = inv_nnei::<T>(d);
-    per_slot(
-        d,
-        gbar,
-        m1,
-        #[inline(always)]
-        |c, s, gb| {
-            let (ab, adb) = &per_centre[c];
-            gb.fill(T::zero());
-            for k in 0..4 {
-                axpy(gb, f * rhat[4 * s + k], &ab[k * m1..(k + 1) * m1]);
-                axpy(gb, f * rdot[4 * s + k], &adb[k * m1..(k + 1) * m1]);
+    for ti in 0..d.ntypes {
+        for tj in 0..d.ntypes {
+            let (blk, sel) = (d.block(ti, tj), d.sel[tj]);
+            if sel == 0 {
+                continue;
             }
-        },
-    );
-    per_slot(
-        d,
-        gdotbar,
-        m1,
-        #[inline(always)]
-        |c, s, gdb| {
-            let adb = &per_centre[c].1;
-            gdb.fill(T::zero());
-            for k in 0..4 {
-                axpy(gdb, f * rhat[4 * s + k], &adb[k * m1..(k + 1) * m1]);
-            }
-        },
-    );
+            let span = blk.start * m1..blk.end * m1;
+            gbar[span.clone()]
+                .par_chunks_mut(sel * m1)
+                .zip(gdotbar[span].par_chunks_mut(sel * m1))
+                .enumerate()
+                .for_each(|(i, (gb, gdb))| {
+                    let c = d.centre_start[ti] + i;
+                    wide(
+                        #[inline(always)]
+                        || {
+                            for (j, (gb, gdb)) in
+                                gb.chunks_mut(m1).zip(gdb.chunks_mut(m1)).enumerate()
+                            {
+                                let s = blk.start + i * sel + j;
+                                slot_seeds(m1, f, s, &per_centre[c], rhat, rdot, gb, gdb);
+                            }
+                        },
+                    )
+                });
+        }
+    }
 }

@@ -19,7 +19,9 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::contract;
 use super::dense::{add_skip, add_skip_t, dual_row};
+use super::gemm::{small_gemm, Mat};
 use super::simd::wide;
 use super::tanh::tanh_bias;
 use crate::backend::{Dims, Real};
@@ -47,6 +49,8 @@ struct Scratch<T> {
     zb: Vec<T>,
     yb: Vec<T>,
     xb: Vec<T>,
+    /// A layer's Wᵀ.
+    wt: Vec<T>,
     /// Input and input tangent of the gathered real slots.
     s: Vec<T>,
     sdot: Vec<T>,
@@ -114,22 +118,21 @@ fn run<T: Real>(net: &Net, p: &[T], tr: &mut Trace<T>, scr: &mut Scratch<T>) {
         let (ni, no) = (l.nin, l.nout);
         let hz = &mut tr.hz[li];
         resize(hz, 2 * n * no);
-        let x = &scr.xs[li];
-        T::gemm(
-            2 * n,
-            ni,
-            no,
-            T::one(),
-            x,
-            ni as isize,
-            1,
-            &p[l.w..l.w + ni * no],
-            no as isize,
-            1,
-            T::zero(),
-            hz,
-            no as isize,
-        );
+        let (x, w) = (&scr.xs[li], &p[l.w..l.w + ni * no]);
+        if ni == 1 {
+            // The first layer (one input): an outer product, each value the one rounded
+            // product the GEMM would give, without its packing and tiling for k = 1.
+            for (hr, &xv) in hz.chunks_exact_mut(no).zip(x) {
+                hr.iter_mut().zip(w).for_each(|(h, &wv)| *h = xv * wv);
+            }
+        } else {
+            let x = Mat {
+                v: x,
+                rs: ni,
+                cs: 1,
+            };
+            small_gemm(2 * n, ni, no, x, w, no, false, hz);
+        }
         tanh_bias(&mut hz[..n * no], &p[l.b..l.b + no]);
         let (head, tail) = scr.xs.split_at_mut(li + 1);
         let y = if li + 1 < nl {
@@ -222,40 +225,30 @@ fn dual<T: Real>(
                 .for_each(|v| *v *= sd);
         }
         let gw = &mut g[l.w - base..l.w - base + ni * no];
-        T::gemm(
-            ni,
-            2 * n,
-            no,
-            T::one(),
-            x,
-            1,
-            ni as isize,
-            &scr.zb,
-            no as isize,
-            1,
-            T::one(),
-            gw,
-            no as isize,
-        );
+        let xt = Mat {
+            v: &x[..],
+            rs: 1,
+            cs: ni,
+        };
+        small_gemm(ni, 2 * n, no, xt, &scr.zb, no, true, gw);
         if li == 0 {
             break;
         }
+        // x̄ = z̄ Wᵀ: Wᵀ made once per task and layer, so that its rows are contiguous.
+        let w = &p[l.w..l.w + ni * no];
+        resize(&mut scr.wt, no * ni);
+        for (j, wr) in w.chunks_exact(no).enumerate() {
+            for (o, &v) in wr.iter().enumerate() {
+                scr.wt[o * ni + j] = v;
+            }
+        }
         resize(&mut scr.xb, 2 * n * ni);
-        T::gemm(
-            2 * n,
-            no,
-            ni,
-            T::one(),
-            &scr.zb,
-            no as isize,
-            1,
-            &p[l.w..l.w + ni * no],
-            1,
-            no as isize,
-            T::zero(),
-            &mut scr.xb,
-            ni as isize,
-        );
+        let zb = Mat {
+            v: &scr.zb[..],
+            rs: no,
+            cs: 1,
+        };
+        small_gemm(2 * n, no, ni, zb, &scr.wt, ni, false, &mut scr.xb);
         for r in 0..2 * n {
             add_skip_t(
                 l,
@@ -474,6 +467,112 @@ pub fn forward<T: Real>(
     with_cache::<T, _>(|cache| forward_into(d, nets, p, s, owner, cache, Some((g, gp))));
 }
 
+/// Where the dual reverse's seeds (Ḡ, Ġ̄ of each slot) come from.
+pub enum Seeds<'a, T> {
+    /// The step's buffers, written by the contraction's dual.
+    Slots { gbar: &'a [T], gdotbar: &'a [T] },
+    /// Made per slot from the contraction's per-centre adjoints while the task gathers its
+    /// rows ([`contract::slot_seeds`]), so that Ḡ and Ġ̄ are never written to memory.
+    Contract {
+        adjoints: &'a [(Vec<T>, Vec<T>)],
+        rhat: &'a [T],
+        rdot: &'a [T],
+    },
+}
+
+impl<T: Real> Seeds<'_, T> {
+    /// Appends the `[Ḡ; Ġ̄]` rows of the given slot ranges (all of block `(ti, sel)`) to the
+    /// value and tangent halves of `yb` (n = total rows).
+    #[inline(always)]
+    fn gather(
+        &self,
+        d: &Dims,
+        ti: usize,
+        blk: usize,
+        sel: usize,
+        reals: &[Range<usize>],
+        yb: &mut Vec<T>,
+    ) {
+        let m1 = d.m1;
+        match *self {
+            Seeds::Slots { gbar, gdotbar } => {
+                yb.clear();
+                for src in [gbar, gdotbar] {
+                    for r in reals {
+                        yb.extend_from_slice(&src[r.start * m1..r.end * m1]);
+                    }
+                }
+            }
+            Seeds::Contract {
+                adjoints,
+                rhat,
+                rdot,
+            } => {
+                let n: usize = reals.iter().map(|r| r.len()).sum();
+                resize(yb, 2 * n * m1);
+                let f = T::of(1.0 / d.nnei as f64);
+                let (gb, gdb) = yb.split_at_mut(n * m1);
+                let mut k = 0;
+                for r in reals {
+                    let c = d.centre_start[ti] + (r.start - blk) / sel;
+                    for slot in r.clone() {
+                        let q = k * m1..(k + 1) * m1;
+                        contract::slot_seeds(
+                            m1,
+                            f,
+                            slot,
+                            &adjoints[c],
+                            rhat,
+                            rdot,
+                            &mut gb[q.clone()],
+                            &mut gdb[q],
+                        );
+                        k += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds Ḡ of the padded slots of block rows `rows` into `acc`.
+    fn add_padded(
+        &self,
+        d: &Dims,
+        ti: usize,
+        sel: usize,
+        owner: &[i32],
+        rows: Range<usize>,
+        acc: &mut [T],
+    ) {
+        let m1 = d.m1;
+        let padded = rows.clone().filter(|&r| owner[r] < 0);
+        match *self {
+            Seeds::Slots { gbar, .. } => {
+                for r in padded {
+                    acc.iter_mut()
+                        .zip(&gbar[r * m1..(r + 1) * m1])
+                        .for_each(|(a, b)| *a += *b);
+                }
+            }
+            Seeds::Contract {
+                adjoints,
+                rhat,
+                rdot,
+            } => {
+                // A padded slot's R̂ and Ṙ are 0, so its seeds are too: only a slot that has
+                // either is evaluated (none, from the step's env_mat).
+                let f = T::of(1.0 / d.nnei as f64);
+                let (mut gb, mut gdb) = (vec![T::zero(); m1], vec![T::zero(); m1]);
+                for r in padded.filter(|&r| !contract::seeds_vanish(r, rhat, rdot)) {
+                    let c = d.centre_start[ti] + (r - rows.start) / sel;
+                    contract::slot_seeds(m1, f, r, &adjoints[c], rhat, rdot, &mut gb, &mut gdb);
+                    acc.iter_mut().zip(&gb).for_each(|(a, b)| *a += *b);
+                }
+            }
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn dual_backward<T: Real>(
     d: &Dims,
@@ -482,8 +581,7 @@ pub fn dual_backward<T: Real>(
     s: &[T],
     owner: &[i32],
     sdot: &[T],
-    gbar: &[T],
-    gdotbar: &[T],
+    seeds: Seeds<T>,
     grad: &mut [T],
 ) {
     with_cache::<T, _>(|cache| {
@@ -510,15 +608,10 @@ pub fn dual_backward<T: Real>(
                     .for_each_init(Scratch::default, |scr, (part, (r, tr))| {
                         let reals = real_rows(owner, r.clone(), sel);
                         gather_inputs(&reals, s, Some(sdot), scr);
-                        scr.yb.clear();
-                        for src in [gbar, gdotbar] {
-                            for r in &reals {
-                                scr.yb.extend_from_slice(&src[r.start * m1..r.end * m1]);
-                            }
-                        }
                         wide(
                             #[inline(always)]
                             || {
+                                seeds.gather(d, ti, rows.start, sel, &reals, &mut scr.yb);
                                 inputs(net, p, tr, scr);
                                 dual(net, p, tr, scr, part, sp.start);
                             },
@@ -534,12 +627,7 @@ pub fn dual_backward<T: Real>(
                         yb: vec![T::zero(); 2 * m1],
                         ..Scratch::default()
                     };
-                    for r in rows.clone().filter(|&r| owner[r] < 0) {
-                        scr.yb[..m1]
-                            .iter_mut()
-                            .zip(&gbar[r * m1..(r + 1) * m1])
-                            .for_each(|(a, b)| *a += *b);
-                    }
+                    seeds.add_padded(d, ti, sel, owner, rows.clone(), &mut scr.yb[..m1]);
                     scr.s.push(spad);
                     scr.sdot.push(T::zero());
                     let mut tr = Trace::default();
@@ -608,7 +696,11 @@ mod tests {
             .map(|i| ((i * 7 % 31) as f64 - 15.0) / 31.0)
             .collect();
         let mut grad = vec![0.0; p.len()];
-        dual_backward(d, nets, p, s, owner, sdot, &gbar, &gdotbar, &mut grad);
+        let seeds = Seeds::Slots {
+            gbar: &gbar,
+            gdotbar: &gdotbar,
+        };
+        dual_backward(d, nets, p, s, owner, sdot, seeds, &mut grad);
         grad
     }
 
@@ -650,5 +742,88 @@ mod tests {
         let recomputed = grad_of(&d, &nets, &p, &s, &owner, &sdot);
         assert_eq!(cached, recomputed);
         assert!(cached.iter().any(|x| *x != 0.0));
+    }
+
+    /// The fused stage (seeds made per slot from the contraction's per-centre adjoints) gives
+    /// the same bits as the contraction's dual writing Ḡ, Ġ̄ and the embedding dual reading
+    /// them.
+    #[test]
+    fn seeds_from_the_contraction_match_written_ones() {
+        let (net, p) = net();
+        let d = Dims::new(1, &[3, 2], &[4, 3], 16, 4);
+        let (ns, nc) = (d.nslots(), d.ncentres());
+        let owner: Vec<i32> = (0..ns)
+            .map(|i| if i % 4 == 3 || i % 7 == 6 { -1 } else { 0 })
+            .collect();
+        let wave = |n: usize, a: f64, zero_padded: bool| -> Vec<f64> {
+            (0..n)
+                .map(|i| {
+                    if zero_padded && owner[i / 4] < 0 {
+                        0.0
+                    } else {
+                        (i as f64 * a).sin()
+                    }
+                })
+                .collect()
+        };
+        let s: Vec<f64> = (0..ns)
+            .map(|i| {
+                if owner[i] < 0 {
+                    -0.3
+                } else {
+                    (i as f64 * 0.37).sin()
+                }
+            })
+            .collect();
+        let sdot: Vec<f64> = (0..ns)
+            .map(|i| {
+                if owner[i] < 0 {
+                    0.0
+                } else {
+                    (i as f64 * 0.11).cos()
+                }
+            })
+            .collect();
+        // R̂ and Ṙ are 0 on padded slots, as env_mat and virtual_tangent make them.
+        let (rhat, rdot) = (wave(4 * ns, 0.23, true), wave(4 * ns, 0.71, true));
+        let (a, adot) = (
+            wave(4 * d.m1 * nc, 0.13, false),
+            wave(4 * d.m1 * nc, 0.31, false),
+        );
+        let (dbar, ddotbar) = (
+            wave(d.m1 * d.m2 * nc, 0.17, false),
+            wave(d.m1 * d.m2 * nc, 0.29, false),
+        );
+        let nets = vec![&net; 4];
+        let (mut g, mut gp) = (vec![0.0; ns * 16], vec![0.0; ns * 16]);
+        forward(&d, &nets, &p, &s, &owner, &mut g, &mut gp);
+        let (mut gbar, mut gdotbar) = (vec![0.0; ns * d.m1], vec![0.0; ns * d.m1]);
+        contract::dual(
+            &d,
+            &a,
+            &adot,
+            &dbar,
+            &ddotbar,
+            &rhat,
+            &rdot,
+            &mut gbar,
+            &mut gdotbar,
+        );
+        let mut layered = vec![0.0; p.len()];
+        let seeds = Seeds::Slots {
+            gbar: &gbar,
+            gdotbar: &gdotbar,
+        };
+        dual_backward(&d, &nets, &p, &s, &owner, &sdot, seeds, &mut layered);
+        let adjoints = contract::centre_adjoints(&d, &a, &adot, &dbar, &ddotbar);
+        let mut fused = vec![0.0; p.len()];
+        let seeds = Seeds::Contract {
+            adjoints: &adjoints,
+            rhat: &rhat,
+            rdot: &rdot,
+        };
+        dual_backward(&d, &nets, &p, &s, &owner, &sdot, seeds, &mut fused);
+        assert_eq!(layered, fused);
+        assert!(fused.iter().all(|x| x.is_finite()) && fused.iter().any(|x| *x != 0.0));
     }
 }

@@ -5,6 +5,7 @@ mod contract;
 mod dense;
 mod embed;
 mod env_mat;
+mod gemm;
 mod loss;
 mod scatter;
 mod simd;
@@ -12,7 +13,10 @@ mod tanh;
 
 use std::ops::Range;
 
-use super::{gather_slices, AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
+use super::{
+    gather_slices, AdamStep, Backend, ContractDual, DenseIo, Dims, EnvParams, Prefactors, Real,
+    Span,
+};
 use crate::model::{Layer, Net};
 
 #[derive(Clone, Copy, Debug)]
@@ -189,7 +193,34 @@ impl<T: Real> Backend<T> for Cpu {
         gdotbar: &Vec<T>,
         grad: &mut Vec<T>,
     ) {
-        embed::dual_backward(d, nets, p, s, owner, sdot, gbar, gdotbar, grad);
+        let seeds = embed::Seeds::Slots { gbar, gdotbar };
+        embed::dual_backward(d, nets, p, s, owner, sdot, seeds, grad);
+    }
+
+    fn contract_embed_dual(
+        &self,
+        d: &Dims,
+        nets: &[&Net],
+        p: &Vec<T>,
+        s: &Vec<T>,
+        owner: &Vec<i32>,
+        sdot: &Vec<T>,
+        c: ContractDual<Vec<T>>,
+        _gbar: &mut Vec<T>,
+        _gdotbar: &mut Vec<T>,
+        grad: &mut Vec<T>,
+    ) {
+        let adjoints = contract::centre_adjoints(d, c.a, c.adot, c.dbar, c.ddotbar);
+        let seeds = embed::Seeds::Contract {
+            adjoints: &adjoints,
+            rhat: c.rhat,
+            rdot: c.rdot,
+        };
+        embed::dual_backward(d, nets, p, s, owner, sdot, seeds, grad);
+    }
+
+    fn fuses_contract_dual(&self) -> bool {
+        self.fused
     }
 
     fn contract_forward(

@@ -1,28 +1,62 @@
-//! Runtime dispatch of hot elementwise code to AVX2 + FMA. The crate is built for the x86-64
-//! baseline (SSE2: two f64 per instruction); code run through [`wide`] is compiled a second
-//! time with AVX2 and FMA enabled, and the version is picked on each call from the CPU's
-//! features (a cached check). Everything it calls that should run in the wide version must be
-//! `#[inline(always)]`, the closure included. Rust fuses no multiply-add on its own, so both
-//! versions give the same bits.
-//!
-//! AVX-512 would double the width again, but `#[target_feature(enable = "avx512f")]` needs
-//! Rust 1.89, above this crate's rust-version.
+//! Runtime dispatch of hot elementwise code to AVX-512 or AVX2 + FMA. The crate is built for
+//! the x86-64 baseline (SSE2: two f64 per instruction); code run through [`wide`] is compiled
+//! twice more, with AVX-512 (F, VL, DQ: eight f64 per instruction, and the f64 ↔ i64
+//! conversions tanh needs) and with AVX2 + FMA, and the widest version the CPU has is picked
+//! on each call (a cached check). Everything it calls that should run in the wide version must
+//! be `#[inline(always)]`, the closure included. Rust fuses no multiply-add on its own and
+//! reorders no floating-point sum, so every version gives the same bits: the width changes
+//! how many lanes run at once, not what each lane computes.
 
-/// Runs `f` in a function compiled with AVX2 + FMA where the CPU has them; with `f` marked
-/// `#[inline(always)]` (`wide(#[inline(always)] || ...)`) it is compiled wide there, along with
-/// whatever it calls that is `#[inline(always)]`.
+/// Runs `f` in a function compiled with AVX-512 or AVX2 + FMA where the CPU has them; with `f`
+/// marked `#[inline(always)]` (`wide(#[inline(always)] || ...)`) it is compiled wide there,
+/// along with whatever it calls that is `#[inline(always)]`.
 #[inline(always)]
 pub(super) fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
+        #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+        unsafe fn run512<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
         #[target_feature(enable = "avx2,fma")]
         unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if avx512() {
+            // SAFETY: the CPU has the features `run512` is compiled for.
+            return unsafe { run512(f) };
+        }
+        if fma() {
             // SAFETY: the CPU has the features `run` is compiled for.
             return unsafe { run(f) };
         }
     }
     f()
+}
+
+/// Whether [`wide`] takes its AVX-512 version. `DPW_NO_AVX512=1` turns it off, so that the
+/// AVX2 version can be tested and timed on a machine that has AVX-512.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn avx512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512dq")
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::env::var_os("DPW_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0")
+    })
+}
+
+/// Whether [`wide`] takes an FMA version (AVX-512 or AVX2 + FMA).
+pub(super) fn fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
