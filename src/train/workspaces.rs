@@ -15,7 +15,7 @@ pub type Cache<T, B> = Vec<Workspace<T, B>>;
 /// Workspaces kept: more than the shapes of a few systems, and bounded, since a data set of
 /// thousands of compositions would otherwise keep one per composition drawn (1.7 GB after 23
 /// steps on 1,000 generated systems).
-const MAX_CACHED: usize = 16;
+const MAX_CACHED: usize = 4;
 
 pub fn workspace<'a, T: Real, B: Backend<T>>(
     cache: &'a mut Cache<T, B>,
