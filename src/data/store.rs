@@ -1,7 +1,11 @@
-//! The frames of a data set's systems: all in memory when they fit the budget, else read on
-//! demand from disk through a least-recently-used cache of that size, so memory does not grow
-//! with the number of frames. Either way a system's frames are the same numbers, so training
-//! on them gives the same results.
+//! The frames of a data set's systems: those that fit the budget stay in memory, the others are
+//! read on demand from disk through a least-recently-used cache of what is left of it, so
+//! memory does not grow with the number of frames. Either way a system's frames are the same
+//! numbers, so training on them gives the same results.
+//!
+//! Keeping a fixed part rather than caching everything by recency: the start-up statistics pass
+//! over the systems in order, which a recency cache smaller than the data never hits, and while
+//! training a random draw hits a fixed part as often as a recency cache of the same size.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -22,6 +26,7 @@ pub fn cache_budget() -> usize {
 pub struct SystemStore {
     paths: Vec<PathBuf>,
     type_map: Vec<String>,
+    /// Bytes of the cache of systems read on demand.
     budget: usize,
     /// Systems kept for the whole run (those that fit the budget at start-up).
     pinned: Vec<Option<Arc<System>>>,
@@ -37,7 +42,8 @@ struct Recent {
 
 impl SystemStore {
     /// A store over the systems at `paths` (on disk), holding `pinned[s]` for good where it is
-    /// `Some` and reading the others on demand within `budget` bytes.
+    /// `Some` and reading the others on demand, caching them within what the pinned systems
+    /// leave of `budget` bytes.
     pub fn new(
         paths: Vec<PathBuf>,
         type_map: Vec<String>,
@@ -45,10 +51,11 @@ impl SystemStore {
         budget: usize,
     ) -> Self {
         assert_eq!(paths.len(), pinned.len(), "one entry per system");
+        let held: usize = pinned.iter().flatten().map(|s| s.info().bytes()).sum();
         SystemStore {
             paths,
             type_map,
-            budget,
+            budget: budget.saturating_sub(held),
             pinned,
             recent: Mutex::default(),
         }

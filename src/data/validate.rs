@@ -4,11 +4,10 @@
 //! overlapping atoms, or a cell needing too many periodic images for the cut-off). Each error
 //! names the file or system, the frame and the atoms.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use super::system::{DataError, System};
-use crate::geometry::Cell;
+use crate::geometry::{Cell, ImageGrid};
 
 /// Atoms closer than this (Å) overlap: DeePMD-kit warns about such data, and the loss of a
 /// frame holding them is NaN or huge.
@@ -133,8 +132,9 @@ pub(super) fn check_frames(sys: &System) -> Result<(), DataError> {
     Ok(())
 }
 
-/// The first pair of atoms closer than [`MIN_DIST`] (over periodic images), by spatial hashing
-/// into bins at least [`MIN_DIST`] wide, so a frame costs O(natoms).
+/// A pair of atoms closer than [`MIN_DIST`] (over periodic images), the one of the lowest first
+/// atom, found with the binned image search of the neighbour statistics (a cut-off of
+/// [`MIN_DIST`] needs only the 26 neighbouring images, most of them outside reach).
 fn close_pair(coord: &[f64], cell: Option<&Cell>) -> Option<(usize, usize, f64)> {
     let pos: Vec<[f64; 3]> = coord
         .chunks_exact(3)
@@ -143,66 +143,18 @@ fn close_pair(coord: &[f64], cell: Option<&Cell>) -> Option<(usize, usize, f64)>
             cell.map_or(r, |c| c.wrap(r))
         })
         .collect();
-    // Bin coordinates: fractional ones scaled to `nbins` bins per direction in a cell (a pair
-    // within MIN_DIST differs by less than MIN_DIST / face distance in each fractional
-    // coordinate, so it lies in neighbouring bins), Cartesian ones in MIN_DIST steps without.
-    let nbins = cell.map(|c| c.face_distances().map(|d| ((d / MIN_DIST) as i64).max(1)));
-    let key = |p: &[f64; 3]| -> [i64; 3] {
-        match (cell, nbins) {
-            (Some(c), Some(nb)) => {
-                let s = c.to_frac(*p);
-                std::array::from_fn(|k| {
-                    ((s[k].rem_euclid(1.0) * nb[k] as f64) as i64).clamp(0, nb[k] - 1)
-                })
+    let grid = ImageGrid::new(&pos, cell, MIN_DIST);
+    for i in 0..pos.len() {
+        // An atom's own images are at least a cell thickness (checked ≥ MIN_DIST) away.
+        let mut closest: Option<(usize, f64)> = None;
+        grid.neighbours(i, MIN_DIST * MIN_DIST, |e, _, d2| {
+            let (j, d) = (grid.owner(e), d2.sqrt());
+            if j > i && d < MIN_DIST && closest.is_none_or(|c| (d, j) < (c.1, c.0)) {
+                closest = Some((j, d));
             }
-            // Clamped far from i64's ends, so that neighbouring bins never overflow.
-            _ => p.map(|x| (x / MIN_DIST).floor().clamp(-1e15, 1e15) as i64),
-        }
-    };
-    let mut bins: HashMap<[i64; 3], Vec<usize>> = HashMap::new();
-    for (i, p) in pos.iter().enumerate() {
-        bins.entry(key(p)).or_default().push(i);
-    }
-    // With face distances of at least MIN_DIST, only images shifted by -1, 0 or 1 lattice
-    // vectors can be that close (and an atom's own images are not).
-    let shifts: Vec<[f64; 3]> = match cell {
-        Some(c) => (0..27)
-            .map(|s| {
-                c.to_cart([
-                    (s / 9) as f64 - 1.0,
-                    (s / 3 % 3) as f64 - 1.0,
-                    (s % 3) as f64 - 1.0,
-                ])
-            })
-            .collect(),
-        None => vec![[0.0; 3]],
-    };
-    for (i, p) in pos.iter().enumerate() {
-        let k = key(p);
-        let mut seen = Vec::with_capacity(27);
-        for o in 0..27 {
-            let mut b = [k[0] + o / 9 - 1, k[1] + o / 3 % 3 - 1, k[2] + o % 3 - 1];
-            if let Some(nb) = nbins {
-                b = std::array::from_fn(|d| b[d].rem_euclid(nb[d]));
-            }
-            if seen.contains(&b) {
-                continue;
-            }
-            seen.push(b);
-            for &j in bins.get(&b).into_iter().flatten().filter(|&&j| j > i) {
-                let d = shifts
-                    .iter()
-                    .map(|s| {
-                        (0..3)
-                            .map(|x| (pos[j][x] + s[x] - p[x]).powi(2))
-                            .sum::<f64>()
-                    })
-                    .fold(f64::INFINITY, f64::min)
-                    .sqrt();
-                if d < MIN_DIST {
-                    return Some((i, j, d));
-                }
-            }
+        });
+        if let Some((j, d)) = closest {
+            return Some((i, j, d));
         }
     }
     None

@@ -24,7 +24,7 @@ pub fn env_row(x: [f64; 3], env: &EnvParams) -> ([f64; 4], [[f64; 3]; 4]) {
     let rr = r + env.protection;
     let (sw, dsw) = switch(r, env);
     let rhat = x.map(|v| v / r);
-    let mut row = [sw / rr, 0.0, 0.0, 0.0];
+    let row = row_of(x, sw, rr);
     let mut jac = [[0.0; 3]; 4];
     let d0 = dsw / rr - sw / (rr * rr);
     let dv = dsw / (rr * rr) - 2.0 * sw / (rr * rr * rr);
@@ -32,10 +32,24 @@ pub fn env_row(x: [f64; 3], env: &EnvParams) -> ([f64; 4], [[f64; 3]; 4]) {
         jac[0][a] = d0 * rhat[a];
     }
     for k in 0..3 {
-        row[k + 1] = sw * x[k] / (rr * rr);
         for a in 0..3 {
             jac[k + 1][a] = x[k] * dv * rhat[a] + if k == a { sw / (rr * rr) } else { 0.0 };
         }
     }
     (row, jac)
+}
+
+/// The row of [`env_row`] without its derivative, for the statistics.
+pub fn env_value(x: [f64; 3], env: &EnvParams) -> [f64; 4] {
+    let r = (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt();
+    row_of(x, switch(r, env).0, r + env.protection)
+}
+
+fn row_of(x: [f64; 3], sw: f64, rr: f64) -> [f64; 4] {
+    [
+        sw / rr,
+        sw * x[0] / (rr * rr),
+        sw * x[1] / (rr * rr),
+        sw * x[2] / (rr * rr),
+    ]
 }

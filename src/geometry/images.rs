@@ -2,56 +2,116 @@
 //! atom's neighbours are found among a few dozen candidates rather than among every image of
 //! every atom (the statistics of a large data set are mostly this search).
 
-use std::collections::HashMap;
-
 use super::Cell;
 
+/// Bins per rcut along each direction: an atom's neighbours lie in the 5 × 5 × 5 bins around
+/// its own, a volume of (2.5 rcut)³ searched instead of the (3 rcut)³ of rcut-wide bins.
+const SPLIT: usize = 2;
+
 /// Every image `s` of every atom `j` within reach, as extended atom `e = s·n + j` (the unshifted
-/// atoms first, so atom i is extended atom i), binned into cubes a little wider than rcut: the
-/// atoms within rcut of a point lie in the 27 cubes around the point's own.
+/// atoms first, so atom i is extended atom i). The images that can lie within rcut of an atom
+/// are binned into a dense grid of cubes, in bin order (a counting sort), so that a search visits
+/// a few contiguous runs of memory.
 pub struct ImageGrid {
     pos: Vec<[f64; 3]>,
     ext: Vec<[f64; 3]>,
     lo: [f64; 3],
-    side: f64,
-    bins: HashMap<[i64; 3], Vec<usize>>,
+    /// 1 / bin side.
+    inv_side: f64,
+    dims: [usize; 3],
+    /// Bin `b`'s images are entries `start[b]..start[b + 1]` of the binned arrays: extended
+    /// index, owner and coordinates, in separate arrays for a tight search loop.
+    start: Vec<u32>,
+    ext_of: Vec<u32>,
+    owner_of: Vec<u32>,
+    xyz: [Vec<f64>; 3],
 }
 
 impl ImageGrid {
     /// `pos` are the atoms' positions, already wrapped into the cell when there is one.
     pub fn new(pos: &[[f64; 3]], cell: Option<&Cell>, rcut: f64) -> Self {
-        let ext: Vec<[f64; 3]> = image_shifts(cell, rcut)
-            .iter()
-            .flat_map(|sh| {
+        let shifts = image_shifts(cell, rcut);
+        let mut ext = Vec::with_capacity(shifts.len() * pos.len());
+        for sh in &shifts {
+            ext.extend(
                 pos.iter()
-                    .map(move |p| [p[0] + sh[0], p[1] + sh[1], p[2] + sh[2]])
-            })
-            .collect();
-        let mut lo = [f64::INFINITY; 3];
-        for r in &ext {
+                    .map(|p| [p[0] + sh[0], p[1] + sh[1], p[2] + sh[2]]),
+            );
+        }
+        assert!(
+            u32::try_from(ext.len()).is_ok(),
+            "{} periodic images exceed the grid's u32 indices",
+            ext.len()
+        );
+        // Only images within rcut of the atoms' bounding box can be anyone's neighbour; the
+        // margin, far above rounding, keeps every pair within rcut inside the box and the bins.
+        let reach = rcut * (1.0 + 1e-6);
+        let (mut lo, mut hi) = ([f64::INFINITY; 3], [f64::NEG_INFINITY; 3]);
+        for p in pos {
             for a in 0..3 {
-                lo[a] = lo[a].min(r[a]);
+                lo[a] = lo[a].min(p[a] - reach);
+                hi[a] = hi[a].max(p[a] + reach);
             }
         }
-        // Wider than rcut by a margin far above rounding, so that no pair within rcut is two
-        // cubes apart.
-        let side = rcut * (1.0 + 1e-6);
+        let inside = |r: &[f64; 3]| (0..3).all(|a| r[a] >= lo[a] && r[a] <= hi[a]);
+        let kept: Vec<u32> = (0..ext.len() as u32)
+            .filter(|&e| inside(&ext[e as usize]))
+            .collect();
+        // Bins a little wider than rcut / SPLIT, so that a pair within rcut is at most SPLIT
+        // bins apart per direction; wider still when the atoms are spread far apart (a
+        // molecule without a cell), so that the grid holds about as many bins as images.
+        let mut side = reach / SPLIT as f64;
+        let dims_of = |side: f64| -> [usize; 3] {
+            [0, 1, 2].map(|a| (((hi[a] - lo[a]) / side).floor() as usize).saturating_add(1))
+        };
+        while dims_of(side).iter().map(|&d| d as f64).product::<f64>()
+            > 8.0 * kept.len() as f64 + 64.0
+        {
+            side *= 2.0;
+        }
+        let dims = dims_of(side);
         let mut grid = ImageGrid {
             pos: pos.to_vec(),
-            ext,
             lo,
-            side,
-            bins: HashMap::new(),
+            inv_side: 1.0 / side,
+            dims,
+            start: vec![0; dims.iter().product::<usize>() + 1],
+            ext_of: vec![0; kept.len()],
+            owner_of: vec![0; kept.len()],
+            xyz: [0, 1, 2].map(|_| vec![0.0; kept.len()]),
+            ext,
         };
-        for e in 0..grid.ext.len() {
-            let key = grid.bin(grid.ext[e]);
-            grid.bins.entry(key).or_default().push(e);
+        let keys: Vec<(u32, usize)> = kept
+            .iter()
+            .map(|&e| (e, grid.flat(grid.bin(grid.ext[e as usize]))))
+            .collect();
+        for &(_, b) in &keys {
+            grid.start[b + 1] += 1;
+        }
+        for b in 0..grid.start.len() - 1 {
+            grid.start[b + 1] += grid.start[b];
+        }
+        let mut next = grid.start.clone();
+        let n = pos.len().max(1);
+        for &(e, b) in &keys {
+            let k = next[b] as usize;
+            next[b] += 1;
+            grid.ext_of[k] = e;
+            grid.owner_of[k] = (e as usize % n) as u32;
+            for a in 0..3 {
+                grid.xyz[a][k] = grid.ext[e as usize][a];
+            }
         }
         grid
     }
 
-    fn bin(&self, r: [f64; 3]) -> [i64; 3] {
-        [0, 1, 2].map(|a| ((r[a] - self.lo[a]) / self.side).floor() as i64)
+    /// The bin of a point inside the box, per direction.
+    fn bin(&self, r: [f64; 3]) -> [usize; 3] {
+        [0, 1, 2].map(|a| (((r[a] - self.lo[a]) * self.inv_side) as usize).min(self.dims[a] - 1))
+    }
+
+    fn flat(&self, b: [usize; 3]) -> usize {
+        (b[2] * self.dims[1] + b[1]) * self.dims[0] + b[0]
     }
 
     /// The atom an extended atom is an image of.
@@ -59,31 +119,61 @@ impl ImageGrid {
         e % self.pos.len()
     }
 
+    /// Calls `f(k)` for each contiguous run `k` of binned entries that can hold atom `i`'s
+    /// neighbours (one per row of bins around it).
+    fn for_runs(&self, i: usize, mut f: impl FnMut(std::ops::Range<usize>)) {
+        let b = self.bin(self.pos[i]);
+        let lo = b.map(|x| x.saturating_sub(SPLIT));
+        let hi: [usize; 3] = std::array::from_fn(|a| (b[a] + SPLIT).min(self.dims[a] - 1));
+        for z in lo[2]..=hi[2] {
+            for y in lo[1]..=hi[1] {
+                let row = self.flat([0, y, z]);
+                f(self.start[row + lo[0]] as usize..self.start[row + hi[0] + 1] as usize);
+            }
+        }
+    }
+
     /// Calls `f(e, d, d2)` for every extended atom `e` other than atom `i` itself with
     /// d = r_e − r_i and |d|² = d2 ≤ `rc2`, in no particular order.
     pub fn neighbours(&self, i: usize, rc2: f64, mut f: impl FnMut(usize, [f64; 3], f64)) {
         let pi = self.pos[i];
-        let b = self.bin(pi);
-        for da in -1..=1 {
-            for db in -1..=1 {
-                for dc in -1..=1 {
-                    let Some(items) = self.bins.get(&[b[0] + da, b[1] + db, b[2] + dc]) else {
-                        continue;
-                    };
-                    for &e in items {
-                        if e == i {
-                            continue;
-                        }
-                        let r = self.ext[e];
-                        let d = [r[0] - pi[0], r[1] - pi[1], r[2] - pi[2]];
-                        let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-                        if d2 <= rc2 {
-                            f(e, d, d2);
-                        }
-                    }
+        self.for_runs(i, |run| {
+            let xs = &self.xyz[0][run.clone()];
+            let ys = &self.xyz[1][run.clone()];
+            let zs = &self.xyz[2][run.clone()];
+            let es = &self.ext_of[run];
+            for (((&x, &y), &z), &e) in xs.iter().zip(ys).zip(zs).zip(es) {
+                let d = [x - pi[0], y - pi[1], z - pi[2]];
+                let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                if d2 <= rc2 && e as usize != i {
+                    f(e as usize, d, d2);
                 }
             }
-        }
+        });
+    }
+
+    /// What [`neighbours`](Self::neighbours) finds, only counted: adds to `count[t]` the
+    /// neighbours of atom `i` whose atom has type `atype[..] = t`, and returns the smallest d2
+    /// among them (∞ when none), for the statistics over every frame.
+    pub fn count(&self, i: usize, rc2: f64, atype: &[usize], count: &mut [usize]) -> f64 {
+        let pi = self.pos[i];
+        let mut min_d2 = f64::INFINITY;
+        self.for_runs(i, |run| {
+            let xs = &self.xyz[0][run.clone()];
+            let ys = &self.xyz[1][run.clone()];
+            let zs = &self.xyz[2][run.clone()];
+            let es = &self.ext_of[run.clone()];
+            let os = &self.owner_of[run];
+            for ((((&x, &y), &z), &e), &o) in xs.iter().zip(ys).zip(zs).zip(es).zip(os) {
+                let d = [x - pi[0], y - pi[1], z - pi[2]];
+                let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                if d2 <= rc2 && e as usize != i {
+                    count[atype[o as usize]] += 1;
+                    min_d2 = min_d2.min(d2);
+                }
+            }
+        });
+        min_d2
     }
 }
 
@@ -113,7 +203,8 @@ mod tests {
     use super::*;
 
     /// The binned search finds exactly the pairs a search over every image of every atom finds,
-    /// with the same r_e − r_i, in a skewed cell thinner than rcut and without a cell.
+    /// with the same r_e − r_i, and counts them by type, in a skewed cell thinner than rcut and without a cell (atoms
+    /// close together, and spread far apart so that the bins are widened).
     #[test]
     fn binned_search_equals_the_search_over_every_image() {
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
@@ -125,10 +216,10 @@ mod tests {
         };
         let rows = [7.0, 0.0, 0.0, 2.5, 4.5, 0.0, -1.0, 1.5, 9.0];
         let cell = Cell::new(&rows).unwrap();
-        for (cell, n) in [(Some(&cell), 40), (None, 60)] {
+        for (cell, n, spread) in [(Some(&cell), 40, 12.0), (None, 60, 12.0), (None, 30, 400.0)] {
             let pos: Vec<[f64; 3]> = (0..n)
                 .map(|_| {
-                    let r = [0, 1, 2].map(|_| 12.0 * uniform() - 3.0);
+                    let r = [0, 1, 2].map(|_| spread * uniform() - 3.0);
                     cell.map_or(r, |c| c.wrap(r))
                 })
                 .collect();
@@ -138,6 +229,16 @@ mod tests {
                 let mut found = Vec::new();
                 grid.neighbours(i, rcut * rcut, |e, d, d2| found.push((e, d, d2)));
                 found.sort_by_key(|x| x.0);
+                let types: Vec<usize> = (0..n).map(|j| j % 3).collect();
+                let mut count = [0; 3];
+                let min_d2 = grid.count(i, rcut * rcut, &types, &mut count);
+                let mut want = [0; 3];
+                for &(e, _, _) in &found {
+                    want[types[grid.owner(e)]] += 1;
+                }
+                assert_eq!(count, want, "atom {i}");
+                let nearest = found.iter().map(|x| x.2).fold(f64::INFINITY, f64::min);
+                assert_eq!(min_d2, nearest, "atom {i}");
                 let mut all = Vec::new();
                 for (e, r) in grid.ext.iter().enumerate() {
                     let d = [r[0] - pi[0], r[1] - pi[1], r[2] - pi[2]];
@@ -146,7 +247,9 @@ mod tests {
                         all.push((e, d, d2));
                     }
                 }
-                assert!(!all.is_empty());
+                if spread < 100.0 {
+                    assert!(!all.is_empty());
+                }
                 assert_eq!(found, all, "atom {i}");
             }
         }

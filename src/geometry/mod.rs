@@ -11,5 +11,5 @@ pub use bias::energy_bias;
 pub use cell::Cell;
 pub use env_row::env_row;
 pub use images::ImageGrid;
-pub use nlist::{build_nlist, NeighborList};
-pub use stat::{frame_rows, EnvStats};
+pub use nlist::{build_nlist, visit_nlist, NeighborList};
+pub use stat::{frame_rows, EnvStats, FrameRows};

@@ -17,13 +17,6 @@ pub struct NeighborList {
     pub min_dist: f64,
 }
 
-struct Candidate {
-    d2: f64,
-    ext: usize,
-    owner: usize,
-    rij: [f64; 3],
-}
-
 /// `coord` is `[natoms][3]`, `cell` the 9 box numbers (None: no periodicity).
 pub fn build_nlist(
     coord: &[f64],
@@ -32,66 +25,98 @@ pub fn build_nlist(
     rcut: f64,
     sel: &[usize],
 ) -> NeighborList {
+    let nnei: usize = sel.iter().sum();
+    let mut owner = vec![-1i32; atype.len() * nnei];
+    let mut rij = vec![0.0; atype.len() * nnei * 3];
+    let (max_count, min_dist) =
+        visit_nlist(coord, cell, atype, rcut, sel, |i, slot_owner, slot_rij| {
+            owner[i * nnei..(i + 1) * nnei].copy_from_slice(slot_owner);
+            for (dst, src) in rij[3 * i * nnei..3 * (i + 1) * nnei]
+                .chunks_exact_mut(3)
+                .zip(slot_rij)
+            {
+                dst.copy_from_slice(src);
+            }
+        });
+    NeighborList {
+        nnei,
+        owner,
+        rij,
+        max_count,
+        min_dist,
+    }
+}
+
+/// The neighbour list of [`build_nlist`] one atom at a time: `f(i, owner, rij)` for every atom
+/// in order, with the `nnei` slots of atom `i` (owner −1 and rij zero where a slot is padded).
+/// Returns the largest neighbour count per type inside rcut and the smallest pair distance.
+pub fn visit_nlist(
+    coord: &[f64],
+    cell: Option<&Cell>,
+    atype: &[usize],
+    rcut: f64,
+    sel: &[usize],
+    mut f: impl FnMut(usize, &[i32], &[[f64; 3]]),
+) -> (Vec<usize>, f64) {
     let n = atype.len();
     let nt = sel.len();
     let nnei: usize = sel.iter().sum();
-    let pos: Vec<[f64; 3]> = (0..n)
-        .map(|i| {
-            let r = [coord[3 * i], coord[3 * i + 1], coord[3 * i + 2]];
+    let pos: Vec<[f64; 3]> = coord
+        .chunks_exact(3)
+        .map(|r| {
+            let r = [r[0], r[1], r[2]];
             cell.map_or(r, |c| c.wrap(r))
         })
         .collect();
     let grid = ImageGrid::new(&pos, cell, rcut);
     let rc2 = rcut * rcut;
-    let mut owner = vec![-1i32; n * nnei];
-    let mut rij = vec![0.0; n * nnei * 3];
-    let mut max_count = vec![0usize; nt];
-    let mut min_d2 = f64::INFINITY;
-    let mut cands: Vec<Candidate> = Vec::new();
     let sections: Vec<usize> = std::iter::once(0)
         .chain(sel.iter().scan(0, |s, &x| {
             *s += x;
             Some(*s)
         }))
         .collect();
+    let mut max_count = vec![0usize; nt];
+    let mut min_d2 = f64::INFINITY;
+    // Per candidate: its sort key (distance², then extended index: DeePMD's stable sort over
+    // extended atoms) with its position in `found` in the low bits, so that the sort moves
+    // 16-byte integers. A distance² is never negative, so its bits order as its values.
+    let mut keys: Vec<u128> = Vec::new();
+    let mut found: Vec<(usize, [f64; 3])> = Vec::new();
+    let (mut count, mut filled) = (vec![0usize; nt], vec![0usize; nt]);
+    let mut owner = vec![-1i32; nnei];
+    let mut rij = vec![[0.0; 3]; nnei];
     for i in 0..n {
-        cands.clear();
-        grid.neighbours(i, rc2, |ext, rij, d2| {
-            cands.push(Candidate {
-                d2,
-                ext,
-                owner: grid.owner(ext),
-                rij,
-            })
+        keys.clear();
+        found.clear();
+        count.fill(0);
+        grid.neighbours(i, rc2, |e, d, d2| {
+            let j = grid.owner(e);
+            count[atype[j]] += 1;
+            keys.push((u128::from(d2.to_bits()) << 64) | ((e as u128) << 32) | found.len() as u128);
+            found.push((j, d));
         });
-        // Ascending distance, ties by extended index: DeePMD's stable sort over extended atoms.
-        cands.sort_unstable_by(|a, b| a.d2.total_cmp(&b.d2).then(a.ext.cmp(&b.ext)));
-        let mut count = vec![0usize; nt];
-        for c in &cands {
-            count[atype[c.owner]] += 1;
+        keys.sort_unstable();
+        for (m, &c) in max_count.iter_mut().zip(&count) {
+            *m = (*m).max(c);
         }
-        for t in 0..nt {
-            max_count[t] = max_count[t].max(count[t]);
+        if let Some(&k) = keys.first() {
+            min_d2 = min_d2.min(f64::from_bits((k >> 64) as u64));
         }
-        if let Some(c) = cands.first() {
-            min_d2 = min_d2.min(c.d2);
-        }
-        let mut filled = vec![0usize; nt];
-        for c in cands.iter().take(nnei) {
-            let t = atype[c.owner];
+        owner.fill(-1);
+        rij.fill([0.0; 3]);
+        filled.fill(0);
+        for &k in keys.iter().take(nnei) {
+            let (j, d) = found[(k as u32) as usize];
+            let t = atype[j];
             if filled[t] < sel[t] {
-                let slot = i * nnei + sections[t] + filled[t];
-                owner[slot] = c.owner as i32;
-                rij[3 * slot..3 * slot + 3].copy_from_slice(&c.rij);
+                let slot = sections[t] + filled[t];
+                owner[slot] = j as i32;
+                rij[slot] = d;
                 filled[t] += 1;
             }
         }
+        f(i, &owner, &rij);
     }
-    NeighborList {
-        nnei,
-        owner,
-        rij,
-        max_count,
-        min_dist: min_d2.sqrt(),
-    }
+    (max_count, min_d2.sqrt())
 }

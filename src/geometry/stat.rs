@@ -1,8 +1,8 @@
 //! Input statistics DeePMD-kit computes before training: davg/dstd of the environment matrix
 //! (docs/deepmd-spec.md §4); the per-type energy bias is in `bias.rs`.
 
-use super::env_row;
-use super::{build_nlist, Cell};
+use super::env_row::env_value;
+use super::{visit_nlist, Cell};
 use crate::backend::EnvParams;
 use crate::model::DescriptorSpec;
 
@@ -30,22 +30,24 @@ impl EnvStats {
         cell: Option<&Cell>,
         atype: &[usize],
     ) {
-        self.add_rows(atype, &frame_rows(d, coord, cell, atype));
+        self.add_rows(&frame_rows(d, coord, cell, atype));
     }
 
     /// Adds rows from [`frame_rows`]: split from it so frames can be computed in parallel and
-    /// still be summed in one fixed order (the same sums bit for bit).
-    pub fn add_rows(&mut self, atype: &[usize], rows: &[[f64; 4]]) {
-        let nnei = rows.len() / atype.len().max(1);
-        for (i, &t) in atype.iter().enumerate() {
-            for row in &rows[i * nnei..(i + 1) * nnei] {
-                self.r[t][0] += 1.0;
-                self.r[t][1] += row[0];
-                self.r[t][2] += row[0] * row[0];
+    /// still be summed in one fixed order (the same sums bit for bit). A padded slot's row is
+    /// exact zeros, which leave a sum unchanged (the sums are never −0), so only its count is
+    /// added, in one step (counts are exact integers).
+    pub fn add_rows(&mut self, rows: &FrameRows) {
+        for (t, (rows, &slots)) in rows.rows.iter().zip(&rows.slots).enumerate() {
+            let (r, a) = (&mut self.r[t], &mut self.a[t]);
+            r[0] += slots as f64;
+            a[0] += 3.0 * slots as f64;
+            for row in rows {
+                r[1] += row[0];
+                r[2] += row[0] * row[0];
                 for v in &row[1..] {
-                    self.a[t][0] += 1.0;
-                    self.a[t][1] += v;
-                    self.a[t][2] += v * v;
+                    a[1] += v;
+                    a[2] += v * v;
                 }
             }
         }
@@ -68,29 +70,44 @@ impl EnvStats {
     }
 }
 
-/// The un-normalised environment rows of one frame, `[natoms][nnei]`, zero where a slot is
-/// empty.
+/// The un-normalised environment rows of one frame's neighbour slots, per centre type.
+#[derive(Clone, Debug, Default)]
+pub struct FrameRows {
+    /// Per centre type, the rows of its atoms' filled slots in atom then slot order.
+    rows: Vec<Vec<[f64; 4]>>,
+    /// Per centre type, its atoms' slots, padded ones included.
+    slots: Vec<usize>,
+}
+
+/// The environment rows of one frame, atoms in `atype`'s order.
 pub fn frame_rows(
     d: &DescriptorSpec,
     coord: &[f64],
     cell: Option<&Cell>,
     atype: &[usize],
-) -> Vec<[f64; 4]> {
+) -> FrameRows {
     let env = EnvParams {
         rcut: d.rcut,
         rcut_smth: d.rcut_smth,
         protection: d.env_protection,
     };
-    let nl = build_nlist(coord, cell, atype, d.rcut, &d.sel);
-    (0..atype.len() * nl.nnei)
-        .map(|s| {
-            if nl.owner[s] >= 0 {
-                env_row([nl.rij[3 * s], nl.rij[3 * s + 1], nl.rij[3 * s + 2]], &env).0
-            } else {
-                [0.0; 4]
+    let nnei: usize = d.sel.iter().sum();
+    let ntypes = atype.iter().max().map_or(0, |&t| t + 1);
+    let mut out = FrameRows {
+        rows: vec![Vec::new(); ntypes],
+        slots: vec![0; ntypes],
+    };
+    visit_nlist(coord, cell, atype, d.rcut, &d.sel, |i, owner, rij| {
+        let t = atype[i];
+        out.slots[t] += nnei;
+        let rows = &mut out.rows[t];
+        for (&o, &x) in owner.iter().zip(rij) {
+            if o >= 0 {
+                rows.push(env_value(x, &env));
             }
-        })
-        .collect()
+        }
+    });
+    out
 }
 
 /// `StatItem.compute_std(default=1e-1, protection=1e-2)`.

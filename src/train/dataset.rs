@@ -144,8 +144,8 @@ pub fn load_data(cfg: &DataConfig, type_map: &[String], rcut: f64, what: &str) -
 
 /// [`load_data`] from the files of `fs`. Every system is read once here (so a bad file, or a
 /// cell whose periodic images within `rcut` would be too many, fails the start, not a later
-/// step). When all fit [`cache_budget`] they stay in memory; otherwise
-/// they are read again when drawn, through a cache of that size. Files not on disk (a web
+/// step). Those that fit [`cache_budget`] stay in memory; the others are read again when
+/// drawn (see [`SystemStore`]). Files not on disk (a web
 /// page's) all stay in memory.
 pub fn load_data_in(
     fs: &dyn Files,
@@ -228,10 +228,6 @@ pub fn load_data_in(
     if probs.iter().any(|p| !p.is_finite() || *p < 0.0) {
         bail!("{what} data: invalid system probabilities {probs:?}");
     }
-    if pinned.iter().any(Option::is_none) {
-        // Not everything fits: the whole budget goes to the cache of systems read on demand.
-        pinned.iter_mut().for_each(|p| *p = None);
-    }
     let store = SystemStore::new(kept_paths, type_map.to_vec(), pinned, budget);
     let streamed = !store.all_in_memory();
     tracing::info!(
@@ -241,9 +237,10 @@ pub fn load_data_in(
         t.elapsed().as_secs_f64(),
         if streamed {
             format!(
-                "{:.0} MiB of frames exceed the {} MiB cache (DPW_DATA_CACHE_MB): frames are read from disk on demand",
+                "{:.0} MiB of frames exceed the {} MiB cache (DPW_DATA_CACHE_MB): {:.0} MiB stay in memory, the other systems are read from disk on demand",
                 systems.iter().map(SystemInfo::bytes).sum::<usize>() as f64 / (1u64 << 20) as f64,
-                budget >> 20
+                budget >> 20,
+                used as f64 / (1u64 << 20) as f64
             )
         } else {
             "all frames in memory".to_string()

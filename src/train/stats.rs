@@ -2,11 +2,13 @@
 //! turn `sel: "auto"` into numbers (docs/deepmd-spec.md §2 item 5), and the davg/dstd and energy-bias statistics
 //! over `data_stat_nbatch` batches per training system (docs/deepmd-spec.md §4, §7).
 
+use std::sync::Arc;
+
 use anyhow::Result;
 use rayon::prelude::*;
 
 use crate::data::{Sampler, System, SystemInfo};
-use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats, ImageGrid};
+use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats, FrameRows, ImageGrid};
 use crate::model::DescriptorSpec;
 
 use super::dataset::{phase_bar, window, DataSet};
@@ -43,10 +45,7 @@ fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>
     let mut count = vec![0usize; ntypes];
     for i in 0..pos.len() {
         count.fill(0);
-        grid.neighbours(i, rc2, |e, _, d2| {
-            count[sys.atype[grid.owner(e)]] += 1;
-            min_d2 = min_d2.min(d2);
-        });
+        min_d2 = min_d2.min(grid.count(i, rc2, &sys.atype, &mut count));
         for (m, &c) in max_count.iter_mut().zip(&count) {
             *m = (*m).max(c);
         }
@@ -143,7 +142,7 @@ pub struct DataStats {
 /// davg/dstd (environment matrix) and the least-squares energy bias (one row per frame) over
 /// the given frames of each system. The environment rows of a window of systems are computed in
 /// parallel, then summed in system and frame order, so the result does not depend on the
-/// number of threads.
+/// number of threads; the sums of one window run beside the rows of the next.
 pub fn data_stats(
     d: &DescriptorSpec,
     ntypes: usize,
@@ -154,29 +153,46 @@ pub fn data_stats(
     let (mut counts, mut energy) = (Vec::new(), Vec::new());
     let bar = phase_bar(data.systems.len(), "data statistics");
     let all: Vec<usize> = (0..data.systems.len()).collect();
-    for chunk in all.chunks(window()) {
-        let rows = chunk
+    let rows_of = |chunk: &[usize]| {
+        chunk
             .par_iter()
             .map(|&s| {
                 let sys = data.system(s)?;
-                let rows: Vec<Vec<[f64; 4]>> = frames[s]
-                    .iter()
+                let rows: Vec<FrameRows> = frames[s]
+                    .par_iter()
                     .map(|&f| {
                         frame_rows(d, sys.frame_coord(f), cell_of(&sys, f).as_ref(), &sys.atype)
                     })
                     .collect();
-                Ok((sys, rows))
+                Ok((s, sys, rows))
             })
-            .collect::<Result<Vec<_>>>()?;
-        for (&s, (sys, rows)) in chunk.iter().zip(rows) {
+            .collect::<Result<Vec<_>>>()
+    };
+    let mut add = |window: Vec<(usize, Arc<System>, Vec<FrameRows>)>| {
+        for (s, sys, rows) in window {
             let c: Vec<f64> = sys.type_counts(ntypes).iter().map(|&n| n as f64).collect();
             for (&f, r) in frames[s].iter().zip(&rows) {
-                env.add_rows(&sys.atype, r);
+                env.add_rows(r);
                 counts.push(c.clone());
                 energy.push(sys.energy[f]);
             }
+            bar.inc(1);
         }
-        bar.inc(chunk.len() as u64);
+    };
+    let mut pending = None;
+    for chunk in all.chunks(window()) {
+        let (next, ()) = rayon::join(
+            || rows_of(chunk),
+            || {
+                if let Some(w) = pending.take() {
+                    add(w)
+                }
+            },
+        );
+        pending = Some(next?);
+    }
+    if let Some(w) = pending {
+        add(w);
     }
     bar.finish_and_clear();
     let (davg, dstd) = env.davg_dstd(d.set_davg_zero);
