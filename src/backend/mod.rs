@@ -122,6 +122,27 @@ pub struct ContractDual<'a, B> {
     pub rdot: &'a B,
 }
 
+impl<Buf> ContractDual<'_, Buf> {
+    /// [`Backend::contract_dual`] on these inputs, into (Ḡ, Ġ̄).
+    pub fn run<T: Real, B: Backend<T, Buf = Buf> + ?Sized>(
+        self,
+        b: &B,
+        d: &Dims,
+        gbar: &mut Buf,
+        gdotbar: &mut Buf,
+    ) {
+        let ContractDual {
+            a,
+            adot,
+            dbar,
+            ddotbar,
+            rhat,
+            rdot,
+        } = self;
+        b.contract_dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar);
+    }
+}
+
 pub trait Backend<T: Real>: Sync {
     /// A device vector of T.
     type Buf: Send + Sync;
@@ -312,15 +333,7 @@ pub trait Backend<T: Real>: Sync {
         gdotbar: &mut Self::Buf,
         grad: &mut Self::Buf,
     ) {
-        let ContractDual {
-            a,
-            adot,
-            dbar,
-            ddotbar,
-            rhat,
-            rdot,
-        } = contract;
-        self.contract_dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar);
+        contract.run(self, d, gbar, gdotbar);
         self.embed_dual_backward(d, nets, params, s, owner, sdot, gbar, gdotbar, grad);
     }
 

@@ -429,25 +429,7 @@ pub fn gradient<T: Real, B: Backend<T>>(
             &mut m.grad,
         ),
         Embed::Layered(c) => {
-            let ContractDual {
-                a,
-                adot,
-                dbar,
-                ddotbar,
-                rhat,
-                rdot,
-            } = contract;
-            b.contract_dual(
-                &d,
-                a,
-                adot,
-                dbar,
-                ddotbar,
-                rhat,
-                rdot,
-                &mut w.gbar,
-                &mut w.gdotbar,
-            );
+            contract.run(b, &d, &mut w.gbar, &mut w.gdotbar);
             embed_dual_layered(b, m, &d, &w.s, &w.ones_s, &w.sdot, &w.gbar, &w.gdotbar, c)
         }
     }

@@ -244,7 +244,10 @@ impl<T: GpuReal> Backend<T> for Wgpu {
     }
 
     fn resident_budget(&self) -> usize {
-        RESIDENT_BUDGET
+        // Each resident system is one buffer per array: within the total, within the device's
+        // largest buffer too (a browser's WebGPU may allow only 256 MiB).
+        let max_buffer = self.device().limits().max_buffer_size;
+        RESIDENT_BUDGET.min(usize::try_from(max_buffer).unwrap_or(usize::MAX))
     }
 
     fn prepare_frames(&self, d: &Dims, owner: &Idx, centre_atom: &Idx) {
