@@ -277,6 +277,19 @@ fn embed_flops(d: &Dims, nets: &[&Net], real: usize, f: impl Fn(&Net) -> f64) ->
     total
 }
 
+/// [`Backend::contract_dual`]'s work: Ā, Ǡ, three adjoints of D = AA<ᵀ per centre
+/// (3·8·M1·M2); Ḡ, Ġ̄, 12·M1 per slot.
+fn contract_dual_flops(d: &Dims) -> f64 {
+    2.0 * (12 * d.m1 * d.nslots() + 24 * d.m1 * d.m2 * d.ncentres()) as f64
+}
+
+/// [`Backend::embed_dual_backward`]'s work: W̄ (value and tangent) through every layer, x̄ and
+/// ẋ̄ through all but the first; recomputing the forward values, where a backend does, is not
+/// counted.
+fn embed_dual_flops(d: &Dims, nets: &[&Net], real: usize) -> f64 {
+    2.0 * 2.0 * embed_flops(d, nets, real, |n| net_macs(n) + net_macs_input_adjoint(n))
+}
+
 fn dense_macs(l: &Layer, rows: &Range<usize>) -> f64 {
     (rows.len() * l.nin * l.nout) as f64
 }
@@ -470,11 +483,7 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         gdotbar: &Self::Buf,
         grad: &mut Self::Buf,
     ) {
-        // W̄ (value and tangent) through every layer, x̄ and ẋ̄ through all but the first;
-        // recomputing the forward values, where a backend does, is not counted.
-        let real = self.inner.count_real(owner);
-        let flops =
-            2.0 * 2.0 * embed_flops(d, nets, real, |n| net_macs(n) + net_macs_input_adjoint(n));
+        let flops = embed_dual_flops(d, nets, self.inner.count_real(owner));
         self.time::<T, _>(Op::EmbedDualBackward, flops, |b| {
             b.embed_dual_backward(d, nets, params, s, owner, sdot, gbar, gdotbar, grad)
         })
@@ -493,10 +502,9 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         gdotbar: &mut Self::Buf,
         grad: &mut Self::Buf,
     ) {
-        // The two stages' work: contract_dual's and embed_dual_backward's below.
-        let real = self.inner.count_real(owner);
-        let flops = 2.0 * (12 * d.m1 * d.nslots() + 24 * d.m1 * d.m2 * d.ncentres()) as f64
-            + 2.0 * 2.0 * embed_flops(d, nets, real, |n| net_macs(n) + net_macs_input_adjoint(n));
+        // The two stages' work: the fused stage does what they do.
+        let flops =
+            contract_dual_flops(d) + embed_dual_flops(d, nets, self.inner.count_real(owner));
         self.time::<T, _>(Op::ContractEmbedDual, flops, |b| {
             b.contract_embed_dual(
                 d, nets, params, s, owner, sdot, contract, gbar, gdotbar, grad,
@@ -578,8 +586,7 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         gbar: &mut Self::Buf,
         gdotbar: &mut Self::Buf,
     ) {
-        // Ā, Ǡ: three adjoints of D = AA<ᵀ per centre (3·8·M1·M2); Ḡ, Ġ̄: 12·M1 per slot.
-        let flops = 2.0 * (12 * d.m1 * d.nslots() + 24 * d.m1 * d.m2 * d.ncentres()) as f64;
+        let flops = contract_dual_flops(d);
         self.time::<T, _>(Op::ContractDual, flops, |b| {
             b.contract_dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar)
         })

@@ -704,14 +704,11 @@ mod tests {
         grad
     }
 
-    /// The dual reverse gives the same bits from the forward pass's traces and from traces it
-    /// recomputes because the parameters changed in between.
-    #[test]
-    fn cached_traces_match_recomputed_ones() {
-        let (net, p) = net();
+    /// A batch of two types whose sections have padded slots among the real ones (owner −1),
+    /// with inputs s (−0.3 where padded, as env_mat makes them) and tangents ṡ (0 where padded).
+    fn padded_slots() -> (Dims, Vec<i32>, Vec<f64>, Vec<f64>) {
         let d = Dims::new(1, &[3, 2], &[4, 3], 16, 4);
         let ns = d.nslots();
-        // Each section: real slots first, then padding.
         let owner: Vec<i32> = (0..ns)
             .map(|i| if i % 4 == 3 || i % 7 == 6 { -1 } else { 0 })
             .collect();
@@ -733,6 +730,16 @@ mod tests {
                 }
             })
             .collect();
+        (d, owner, s, sdot)
+    }
+
+    /// The dual reverse gives the same bits from the forward pass's traces and from traces it
+    /// recomputes because the parameters changed in between.
+    #[test]
+    fn cached_traces_match_recomputed_ones() {
+        let (net, p) = net();
+        let (d, owner, s, sdot) = padded_slots();
+        let ns = d.nslots();
         let nets = vec![&net; 4];
         let (mut g, mut gp) = (vec![0.0; ns * 16], vec![0.0; ns * 16]);
         forward(&d, &nets, &p, &s, &owner, &mut g, &mut gp);
@@ -750,11 +757,8 @@ mod tests {
     #[test]
     fn seeds_from_the_contraction_match_written_ones() {
         let (net, p) = net();
-        let d = Dims::new(1, &[3, 2], &[4, 3], 16, 4);
+        let (d, owner, s, sdot) = padded_slots();
         let (ns, nc) = (d.nslots(), d.ncentres());
-        let owner: Vec<i32> = (0..ns)
-            .map(|i| if i % 4 == 3 || i % 7 == 6 { -1 } else { 0 })
-            .collect();
         let wave = |n: usize, a: f64, zero_padded: bool| -> Vec<f64> {
             (0..n)
                 .map(|i| {
@@ -766,24 +770,6 @@ mod tests {
                 })
                 .collect()
         };
-        let s: Vec<f64> = (0..ns)
-            .map(|i| {
-                if owner[i] < 0 {
-                    -0.3
-                } else {
-                    (i as f64 * 0.37).sin()
-                }
-            })
-            .collect();
-        let sdot: Vec<f64> = (0..ns)
-            .map(|i| {
-                if owner[i] < 0 {
-                    0.0
-                } else {
-                    (i as f64 * 0.11).cos()
-                }
-            })
-            .collect();
         // R̂ and Ṙ are 0 on padded slots, as env_mat and virtual_tangent make them.
         let (rhat, rdot) = (wave(4 * ns, 0.23, true), wave(4 * ns, 0.71, true));
         let (a, adot) = (
