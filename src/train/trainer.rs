@@ -448,17 +448,15 @@ pub fn prepare_in(
 /// frames) from the same sampler and assembles only its own slice of it ([`dist::rank_slice`]).
 struct Prefetcher {
     sampler: Sampler,
-    /// (sampler state before the draw, system, frames in the global batch) of each batch
-    /// requested and not yet handed out.
-    pending: VecDeque<(Sampler, usize, usize)>,
+    /// (sampler state before the draw, system, the rank's frames, frames in the global batch)
+    /// of each batch requested and not yet handed out.
+    pending: VecDeque<(Sampler, usize, Vec<usize>, usize)>,
     req: Option<mpsc::Sender<(usize, Vec<usize>)>>,
     res: mpsc::Receiver<Result<Option<HostBatch>>>,
     worker: Option<JoinHandle<()>>,
     /// (rank, size) of the data-parallel world.
     world: (usize, usize),
     batch_sizes: Vec<usize>,
-    /// The rank's frames of each batch requested and not yet handed out.
-    frames: VecDeque<Vec<usize>>,
 }
 
 impl Prefetcher {
@@ -498,7 +496,6 @@ impl Prefetcher {
             worker: Some(worker),
             world,
             batch_sizes,
-            frames: VecDeque::new(),
         };
         for _ in 0..depth.max(1) {
             p.request();
@@ -511,8 +508,8 @@ impl Prefetcher {
         let (rank, size) = self.world;
         let (s, frames) = self.sampler.next_batches(size);
         let mine = frames[dist::rank_slice(frames.len(), self.batch_sizes[s], rank)].to_vec();
-        self.pending.push_back((before, s, frames.len()));
-        self.frames.push_back(mine.clone());
+        self.pending
+            .push_back((before, s, mine.clone(), frames.len()));
         if let Some(tx) = &self.req {
             let _ = tx.send((s, mine));
         }
@@ -521,8 +518,7 @@ impl Prefetcher {
 
 impl Batches for Prefetcher {
     fn next(&mut self) -> Result<StepBatch> {
-        let (_, sys, nglobal) = self.pending.pop_front().expect("always one pending");
-        let frames = self.frames.pop_front().expect("always one pending");
+        let (_, sys, frames, nglobal) = self.pending.pop_front().expect("always one pending");
         let batch = self
             .res
             .recv()
@@ -539,7 +535,7 @@ impl Batches for Prefetcher {
     fn state(&self) -> Sampler {
         self.pending
             .front()
-            .map_or_else(|| self.sampler.clone(), |(s, _, _)| s.clone())
+            .map_or_else(|| self.sampler.clone(), |(s, ..)| s.clone())
     }
 }
 
