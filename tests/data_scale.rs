@@ -12,7 +12,7 @@ use dpw::config::Config;
 use dpw::data::{find_systems, search_systems, Disk};
 use dpw::geometry::{build_nlist, energy_bias, env_row, Cell, EnvStats};
 use dpw::train::dataset::{load_data, DataSet};
-use dpw::train::stats::{data_stats, neighbor_stats, stat_frames};
+use dpw::train::stats::{data_stats, neighbor_and_data_stats, neighbor_stats, stat_frames};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -197,9 +197,14 @@ fn parallel_statistics_equal_the_sequential_sums() {
     assert_eq!(got.out_std, vec![std; 2]);
     assert_eq!(got.nframes, 30);
 
-    let ns = neighbor_stats(&data, 2, 6.0).unwrap();
+    let ns = neighbor_stats(&data, 2, d.rcut).unwrap();
     assert_eq!(ns.nframes, 320);
     assert!(ns.max_count[0] > 0 && ns.max_count[1] > ns.max_count[0]);
+    // Both in one pass: the same numbers.
+    assert_eq!(
+        neighbor_and_data_stats(&d, 2, &data, &frames).unwrap(),
+        (ns, got)
+    );
 }
 
 fn dpw(dir: &Path, cache_mb: Option<&str>, args: &[&str]) -> Output {

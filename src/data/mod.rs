@@ -3,6 +3,7 @@
 
 mod files;
 mod hdf5;
+mod npy;
 mod sampler;
 mod search;
 mod source;

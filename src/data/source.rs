@@ -118,6 +118,9 @@ impl Source for NpyDir<'_> {
         let path = self.dir.join(rel);
         let bytes = self.fs.read(&path).map_err(|e| io_error(&path, e))?;
         super::validate::check_npy_size(&path, &bytes)?;
+        if let Some(read) = super::npy::read_le_floats(&bytes) {
+            return Ok(read);
+        }
         let npy_error = |error| DataError::Npy {
             path: path.clone(),
             error,

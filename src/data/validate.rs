@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use super::npy::{dict_shape, dict_str, npy_header};
 use super::system::{DataError, System};
 use crate::geometry::{Cell, ImageGrid};
 
@@ -45,49 +46,6 @@ pub(super) fn check_npy_size(path: &Path, bytes: &[u8]) -> Result<(), DataError>
              file holds {have} bytes after its header: it is truncated or damaged"
         ),
     })
-}
-
-/// The header text of an npy file and where its data start.
-fn npy_header(bytes: &[u8]) -> Option<(&str, usize)> {
-    if bytes.get(..6)? != b"\x93NUMPY" {
-        return None;
-    }
-    let (len, start) = match bytes.get(6)? {
-        1 => (
-            u16::from_le_bytes(bytes.get(8..10)?.try_into().ok()?) as usize,
-            10usize,
-        ),
-        _ => (
-            u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?) as usize,
-            12,
-        ),
-    };
-    let end = len.checked_add(start)?;
-    Some((std::str::from_utf8(bytes.get(start..end)?).ok()?, end))
-}
-
-/// The text after `'key':` in a Python dict literal.
-fn dict_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
-    let at = header.find(&format!("'{key}'"))?;
-    let rest = header[at + key.len() + 2..].trim_start();
-    Some(rest.strip_prefix(':')?.trim_start())
-}
-
-fn dict_str<'a>(header: &'a str, key: &str) -> Option<&'a str> {
-    let v = dict_value(header, key)?;
-    let q = v.chars().next().filter(|c| *c == '\'' || *c == '"')?;
-    let v = &v[1..];
-    Some(&v[..v.find(q)?])
-}
-
-fn dict_shape(header: &str, key: &str) -> Option<Vec<u64>> {
-    let v = dict_value(header, key)?.strip_prefix('(')?;
-    v[..v.find(')')?]
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty())
-        .map(|d| d.parse().ok())
-        .collect()
 }
 
 /// Every frame of `sys`: a cell with a volume and at least [`MIN_DIST`] thick, and no two atoms
@@ -147,8 +105,8 @@ fn close_pair(coord: &[f64], cell: Option<&Cell>) -> Option<(usize, usize, f64)>
     for i in 0..pos.len() {
         // An atom's own images are at least a cell thickness (checked ≥ MIN_DIST) away.
         let mut closest: Option<(usize, f64)> = None;
-        grid.neighbours(i, MIN_DIST * MIN_DIST, |e, _, d2| {
-            let (j, d) = (grid.owner(e), d2.sqrt());
+        grid.neighbours(i, MIN_DIST * MIN_DIST, |_, j, _, d2| {
+            let d = d2.sqrt();
             if j > i && d < MIN_DIST && closest.is_none_or(|c| (d, j) < (c.1, c.0)) {
                 closest = Some((j, d));
             }

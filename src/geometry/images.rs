@@ -14,11 +14,13 @@ const SPLIT: usize = 2;
 /// a few contiguous runs of memory.
 pub struct ImageGrid {
     pos: Vec<[f64; 3]>,
-    ext: Vec<[f64; 3]>,
     lo: [f64; 3],
     /// 1 / bin side.
     inv_side: f64,
     dims: [usize; 3],
+    /// Bins searched on each side of an atom's own: `SPLIT` for bins of rcut / `SPLIT`, fewer
+    /// for the wider bins of spread-out atoms or a short cut-off.
+    span: usize,
     /// Bin `b`'s images are entries `start[b]..start[b + 1]` of the binned arrays: extended
     /// index, owner and coordinates, in separate arrays for a tight search loop.
     start: Vec<u32>,
@@ -31,17 +33,11 @@ impl ImageGrid {
     /// `pos` are the atoms' positions, already wrapped into the cell when there is one.
     pub fn new(pos: &[[f64; 3]], cell: Option<&Cell>, rcut: f64) -> Self {
         let shifts = image_shifts(cell, rcut);
-        let mut ext = Vec::with_capacity(shifts.len() * pos.len());
-        for sh in &shifts {
-            ext.extend(
-                pos.iter()
-                    .map(|p| [p[0] + sh[0], p[1] + sh[1], p[2] + sh[2]]),
-            );
-        }
+        let n = pos.len();
         assert!(
-            u32::try_from(ext.len()).is_ok(),
+            u32::try_from(shifts.len() * n).is_ok(),
             "{} periodic images exceed the grid's u32 indices",
-            ext.len()
+            shifts.len() * n
         );
         // Only images within rcut of the atoms' bounding box can be anyone's neighbour; the
         // margin, far above rounding, keeps every pair within rcut inside the box and the bins.
@@ -54,13 +50,20 @@ impl ImageGrid {
             }
         }
         let inside = |r: &[f64; 3]| (0..3).all(|a| r[a] >= lo[a] && r[a] <= hi[a]);
-        let kept: Vec<u32> = (0..ext.len() as u32)
-            .filter(|&e| inside(&ext[e as usize]))
-            .collect();
+        // (extended index, owner, position) of the images kept.
+        let mut kept: Vec<(u32, u32, [f64; 3])> = Vec::with_capacity(n);
+        for (s, sh) in shifts.iter().enumerate() {
+            for (j, p) in pos.iter().enumerate() {
+                let r = [p[0] + sh[0], p[1] + sh[1], p[2] + sh[2]];
+                if inside(&r) {
+                    kept.push(((s * n + j) as u32, j as u32, r));
+                }
+            }
+        }
         // Bins a little wider than rcut / SPLIT, so that a pair within rcut is at most SPLIT
         // bins apart per direction; wider still when the atoms are spread far apart (a
         // molecule without a cell), so that the grid holds about as many bins as images.
-        let mut side = reach / SPLIT as f64;
+        let (mut side, mut span) = (reach / SPLIT as f64, SPLIT);
         let dims_of = |side: f64| -> [usize; 3] {
             [0, 1, 2].map(|a| (((hi[a] - lo[a]) / side).floor() as usize).saturating_add(1))
         };
@@ -68,6 +71,8 @@ impl ImageGrid {
             > 8.0 * kept.len() as f64 + 64.0
         {
             side *= 2.0;
+            // A pair within reach is at most ⌈reach / side⌉ bins apart.
+            span = span.div_ceil(2);
         }
         let dims = dims_of(side);
         let mut grid = ImageGrid {
@@ -75,31 +80,27 @@ impl ImageGrid {
             lo,
             inv_side: 1.0 / side,
             dims,
+            span,
             start: vec![0; dims.iter().product::<usize>() + 1],
             ext_of: vec![0; kept.len()],
             owner_of: vec![0; kept.len()],
             xyz: [0, 1, 2].map(|_| vec![0.0; kept.len()]),
-            ext,
         };
-        let keys: Vec<(u32, usize)> = kept
-            .iter()
-            .map(|&e| (e, grid.flat(grid.bin(grid.ext[e as usize]))))
-            .collect();
-        for &(_, b) in &keys {
+        let bins: Vec<usize> = kept.iter().map(|k| grid.flat(grid.bin(k.2))).collect();
+        for &b in &bins {
             grid.start[b + 1] += 1;
         }
         for b in 0..grid.start.len() - 1 {
             grid.start[b + 1] += grid.start[b];
         }
         let mut next = grid.start.clone();
-        let n = pos.len().max(1);
-        for &(e, b) in &keys {
+        for (&(e, j, r), &b) in kept.iter().zip(&bins) {
             let k = next[b] as usize;
             next[b] += 1;
             grid.ext_of[k] = e;
-            grid.owner_of[k] = (e as usize % n) as u32;
-            for a in 0..3 {
-                grid.xyz[a][k] = grid.ext[e as usize][a];
+            grid.owner_of[k] = j;
+            for (xs, x) in grid.xyz.iter_mut().zip(r) {
+                xs[k] = x;
             }
         }
         grid
@@ -114,8 +115,9 @@ impl ImageGrid {
         (b[2] * self.dims[1] + b[1]) * self.dims[0] + b[0]
     }
 
-    /// The atom an extended atom is an image of.
-    pub fn owner(&self, e: usize) -> usize {
+    /// The atom an extended atom is an image of (what the search passes along with it).
+    #[cfg(test)]
+    fn owner(&self, e: usize) -> usize {
         e % self.pos.len()
     }
 
@@ -123,8 +125,8 @@ impl ImageGrid {
     /// neighbours (one per row of bins around it).
     fn for_runs(&self, i: usize, mut f: impl FnMut(std::ops::Range<usize>)) {
         let b = self.bin(self.pos[i]);
-        let lo = b.map(|x| x.saturating_sub(SPLIT));
-        let hi: [usize; 3] = std::array::from_fn(|a| (b[a] + SPLIT).min(self.dims[a] - 1));
+        let lo = b.map(|x| x.saturating_sub(self.span));
+        let hi: [usize; 3] = std::array::from_fn(|a| (b[a] + self.span).min(self.dims[a] - 1));
         for z in lo[2]..=hi[2] {
             for y in lo[1]..=hi[1] {
                 let row = self.flat([0, y, z]);
@@ -133,31 +135,10 @@ impl ImageGrid {
         }
     }
 
-    /// Calls `f(e, d, d2)` for every extended atom `e` other than atom `i` itself with
-    /// d = r_e − r_i and |d|² = d2 ≤ `rc2`, in no particular order.
-    pub fn neighbours(&self, i: usize, rc2: f64, mut f: impl FnMut(usize, [f64; 3], f64)) {
+    /// Calls `f(e, j, d, d2)` for every extended atom `e` (an image of atom `j`) other than atom
+    /// `i` itself with d = r_e − r_i and |d|² = d2 ≤ `rc2`, in no particular order.
+    pub fn neighbours(&self, i: usize, rc2: f64, mut f: impl FnMut(usize, usize, [f64; 3], f64)) {
         let pi = self.pos[i];
-        self.for_runs(i, |run| {
-            let xs = &self.xyz[0][run.clone()];
-            let ys = &self.xyz[1][run.clone()];
-            let zs = &self.xyz[2][run.clone()];
-            let es = &self.ext_of[run];
-            for (((&x, &y), &z), &e) in xs.iter().zip(ys).zip(zs).zip(es) {
-                let d = [x - pi[0], y - pi[1], z - pi[2]];
-                let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-                if d2 <= rc2 && e as usize != i {
-                    f(e as usize, d, d2);
-                }
-            }
-        });
-    }
-
-    /// What [`neighbours`](Self::neighbours) finds, only counted: adds to `count[t]` the
-    /// neighbours of atom `i` whose atom has type `atype[..] = t`, and returns the smallest d2
-    /// among them (∞ when none), for the statistics over every frame.
-    pub fn count(&self, i: usize, rc2: f64, atype: &[usize], count: &mut [usize]) -> f64 {
-        let pi = self.pos[i];
-        let mut min_d2 = f64::INFINITY;
         self.for_runs(i, |run| {
             let xs = &self.xyz[0][run.clone()];
             let ys = &self.xyz[1][run.clone()];
@@ -168,10 +149,20 @@ impl ImageGrid {
                 let d = [x - pi[0], y - pi[1], z - pi[2]];
                 let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
                 if d2 <= rc2 && e as usize != i {
-                    count[atype[o as usize]] += 1;
-                    min_d2 = min_d2.min(d2);
+                    f(e as usize, o as usize, d, d2);
                 }
             }
+        });
+    }
+
+    /// What [`neighbours`](Self::neighbours) finds, only counted: adds to `count[t]` the
+    /// neighbours of atom `i` whose atom has type `atype[..] = t`, and returns the smallest d2
+    /// among them (∞ when none), for the statistics over every frame.
+    pub fn count(&self, i: usize, rc2: f64, atype: &[usize], count: &mut [usize]) -> f64 {
+        let mut min_d2 = f64::INFINITY;
+        self.neighbours(i, rc2, |_, j, _, d2| {
+            count[atype[j]] += 1;
+            min_d2 = min_d2.min(d2);
         });
         min_d2
     }
@@ -227,7 +218,10 @@ mod tests {
             let grid = ImageGrid::new(&pos, cell, rcut);
             for (i, pi) in pos.iter().enumerate() {
                 let mut found = Vec::new();
-                grid.neighbours(i, rcut * rcut, |e, d, d2| found.push((e, d, d2)));
+                grid.neighbours(i, rcut * rcut, |e, j, d, d2| {
+                    assert_eq!(j, grid.owner(e));
+                    found.push((e, d, d2))
+                });
                 found.sort_by_key(|x| x.0);
                 let types: Vec<usize> = (0..n).map(|j| j % 3).collect();
                 let mut count = [0; 3];
@@ -240,7 +234,11 @@ mod tests {
                 let nearest = found.iter().map(|x| x.2).fold(f64::INFINITY, f64::min);
                 assert_eq!(min_d2, nearest, "atom {i}");
                 let mut all = Vec::new();
-                for (e, r) in grid.ext.iter().enumerate() {
+                let ext = image_shifts(cell, rcut).into_iter().flat_map(|sh| {
+                    pos.iter()
+                        .map(move |p| [p[0] + sh[0], p[1] + sh[1], p[2] + sh[2]])
+                });
+                for (e, r) in ext.enumerate() {
                     let d = [r[0] - pi[0], r[1] - pi[1], r[2] - pi[2]];
                     let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
                     if e != i && d2 <= rcut * rcut {

@@ -90,8 +90,7 @@ pub fn visit_nlist(
         keys.clear();
         found.clear();
         count.fill(0);
-        grid.neighbours(i, rc2, |e, d, d2| {
-            let j = grid.owner(e);
+        grid.neighbours(i, rc2, |e, j, d, d2| {
             count[atype[j]] += 1;
             keys.push((u128::from(d2.to_bits()) << 64) | ((e as u128) << 32) | found.len() as u128);
             found.push((j, d));

@@ -77,6 +77,10 @@ pub struct FrameRows {
     rows: Vec<Vec<[f64; 4]>>,
     /// Per centre type, its atoms' slots, padded ones included.
     slots: Vec<usize>,
+    /// What the neighbour search saw on the way, for the neighbour statistics of the same pass:
+    /// the largest neighbour count per type inside rcut and the smallest pair distance.
+    pub max_count: Vec<usize>,
+    pub min_dist: f64,
 }
 
 /// The environment rows of one frame, atoms in `atype`'s order.
@@ -96,17 +100,19 @@ pub fn frame_rows(
     let mut out = FrameRows {
         rows: vec![Vec::new(); ntypes],
         slots: vec![0; ntypes],
+        ..FrameRows::default()
     };
-    visit_nlist(coord, cell, atype, d.rcut, &d.sel, |i, owner, rij| {
-        let t = atype[i];
-        out.slots[t] += nnei;
-        let rows = &mut out.rows[t];
-        for (&o, &x) in owner.iter().zip(rij) {
-            if o >= 0 {
-                rows.push(env_value(x, &env));
+    (out.max_count, out.min_dist) =
+        visit_nlist(coord, cell, atype, d.rcut, &d.sel, |i, owner, rij| {
+            let t = atype[i];
+            out.slots[t] += nnei;
+            let rows = &mut out.rows[t];
+            for (&o, &x) in owner.iter().zip(rij) {
+                if o >= 0 {
+                    rows.push(env_value(x, &env));
+                }
             }
-        }
-    });
+        });
     out
 }
 

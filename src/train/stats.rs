@@ -56,41 +56,8 @@ fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>
 /// Neighbour statistics over every frame of the data (DeePMD-kit's `NeighborStat`), systems
 /// read a window at a time and their frames counted in parallel.
 pub fn neighbor_stats(data: &DataSet, ntypes: usize, rcut: f64) -> Result<NeighborStats> {
-    let mut max_count = vec![0; ntypes];
-    let mut min_dist = f64::INFINITY;
-    let mut nframes = 0;
-    let bar = phase_bar(data.systems.len(), "neighbour statistics");
-    let all: Vec<usize> = (0..data.systems.len()).collect();
-    for chunk in all.chunks(window()) {
-        let systems = chunk
-            .par_iter()
-            .map(|&s| data.system(s))
-            .collect::<Result<Vec<_>>>()?;
-        let frames: Vec<(usize, usize)> = systems
-            .iter()
-            .enumerate()
-            .flat_map(|(k, sys)| (0..sys.nframes).map(move |f| (k, f)))
-            .collect();
-        let per_frame: Vec<(Vec<usize>, f64)> = frames
-            .par_iter()
-            .map(|&(k, f)| frame_counts(&systems[k], f, ntypes, rcut))
-            .collect();
-        // Maxima and minima: the same whatever the order.
-        for (mc, md) in per_frame {
-            for (m, c) in max_count.iter_mut().zip(mc) {
-                *m = (*m).max(c);
-            }
-            min_dist = min_dist.min(md);
-        }
-        nframes += frames.len();
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
-    Ok(NeighborStats {
-        max_count,
-        min_dist,
-        nframes,
-    })
+    let (ns, _) = scan(data, ntypes, Some(rcut), None, "neighbour statistics")?;
+    Ok(ns.expect("counted"))
 }
 
 /// `sel` from neighbour counts as DeePMD-kit's `wrap_up_4(count * factor)` computes it:
@@ -140,41 +107,141 @@ pub struct DataStats {
 }
 
 /// davg/dstd (environment matrix) and the least-squares energy bias (one row per frame) over
-/// the given frames of each system. The environment rows of a window of systems are computed in
-/// parallel, then summed in system and frame order, so the result does not depend on the
-/// number of threads; the sums of one window run beside the rows of the next.
+/// the given frames of each system.
 pub fn data_stats(
     d: &DescriptorSpec,
     ntypes: usize,
     data: &DataSet,
     frames: &[Vec<usize>],
 ) -> Result<DataStats> {
+    let (_, st) = scan(data, ntypes, None, Some((d, frames)), "data statistics")?;
+    Ok(st.expect("summed"))
+}
+
+/// [`neighbor_stats`] and [`data_stats`] (with `d.rcut`) in one pass over the data: each system
+/// is read once, and a statistics frame's neighbour list gives its neighbour counts too.
+pub fn neighbor_and_data_stats(
+    d: &DescriptorSpec,
+    ntypes: usize,
+    data: &DataSet,
+    frames: &[Vec<usize>],
+) -> Result<(NeighborStats, DataStats)> {
+    let (ns, st) = scan(data, ntypes, Some(d.rcut), Some((d, frames)), "statistics")?;
+    Ok((ns.expect("counted"), st.expect("summed")))
+}
+
+/// What the pass computes for one frame.
+enum FrameStat {
+    /// Neighbour counts only: the largest count per type and the smallest pair distance.
+    Counts(Vec<usize>, f64),
+    /// A statistics frame's environment rows (with its counts).
+    Rows(FrameRows),
+}
+
+impl FrameStat {
+    fn counts(&self) -> (&[usize], f64) {
+        match self {
+            FrameStat::Counts(c, d) => (c, *d),
+            FrameStat::Rows(r) => (&r.max_count, r.min_dist),
+        }
+    }
+}
+
+/// One system's frames in the pass: its `FrameStat` per frame (`None` for frames neither
+/// counted nor in the statistics).
+type SystemStats = (usize, Arc<System>, Vec<Option<FrameStat>>);
+
+/// The pass over the data behind the start-up statistics: with `count` (an rcut), the neighbour
+/// statistics over every frame; with `stat`, the environment rows of the given frames of each
+/// system, summed in system and frame order (so the result does not depend on the number of
+/// threads), and the energy bias. Systems are read a window at a time and their frames computed
+/// in parallel; the sums of one window run beside the frames of the next.
+fn scan(
+    data: &DataSet,
+    ntypes: usize,
+    count: Option<f64>,
+    stat: Option<(&DescriptorSpec, &[Vec<usize>])>,
+    what: &str,
+) -> Result<(Option<NeighborStats>, Option<DataStats>)> {
+    let mut max_count = vec![0; ntypes];
+    let mut min_dist = f64::INFINITY;
     let mut env = EnvStats::new(ntypes);
     let (mut counts, mut energy) = (Vec::new(), Vec::new());
-    let bar = phase_bar(data.systems.len(), "data statistics");
+    let bar = phase_bar(data.systems.len(), what);
     let all: Vec<usize> = (0..data.systems.len()).collect();
-    let rows_of = |chunk: &[usize]| {
-        chunk
+    let frames_of = |chunk: &[usize]| -> Result<Vec<SystemStats>> {
+        let systems = chunk
             .par_iter()
-            .map(|&s| {
-                let sys = data.system(s)?;
-                let rows: Vec<FrameRows> = frames[s]
-                    .par_iter()
-                    .map(|&f| {
-                        frame_rows(d, sys.frame_coord(f), cell_of(&sys, f).as_ref(), &sys.atype)
-                    })
-                    .collect();
-                Ok((s, sys, rows))
+            .map(|&s| data.system(s))
+            .collect::<Result<Vec<_>>>()?;
+        // Per frame of the window: whether it is a statistics frame, or only counted.
+        let mut jobs = Vec::new();
+        for (k, (&s, sys)) in chunk.iter().zip(&systems).enumerate() {
+            let mut rows = vec![false; sys.nframes];
+            if let Some((_, frames)) = stat {
+                for &f in &frames[s] {
+                    rows[f] = true;
+                }
+            }
+            jobs.extend(
+                (0..sys.nframes)
+                    .filter(|&f| rows[f] || count.is_some())
+                    .map(|f| (k, f, rows[f])),
+            );
+        }
+        let done: Vec<FrameStat> = jobs
+            .par_iter()
+            .map(|&(k, f, rows)| {
+                let sys = &systems[k];
+                match stat {
+                    Some((d, _)) if rows => FrameStat::Rows(frame_rows(
+                        d,
+                        sys.frame_coord(f),
+                        cell_of(sys, f).as_ref(),
+                        &sys.atype,
+                    )),
+                    _ => {
+                        let rcut = count.expect("a frame only counted");
+                        let (c, m) = frame_counts(sys, f, ntypes, rcut);
+                        FrameStat::Counts(c, m)
+                    }
+                }
             })
-            .collect::<Result<Vec<_>>>()
+            .collect();
+        let mut out: Vec<SystemStats> = chunk
+            .iter()
+            .zip(systems)
+            .map(|(&s, sys)| {
+                let none = (0..sys.nframes).map(|_| None).collect();
+                (s, sys, none)
+            })
+            .collect();
+        for (&(k, f, _), r) in jobs.iter().zip(done) {
+            out[k].2[f] = Some(r);
+        }
+        Ok(out)
     };
-    let mut add = |window: Vec<(usize, Arc<System>, Vec<FrameRows>)>| {
-        for (s, sys, rows) in window {
-            let c: Vec<f64> = sys.type_counts(ntypes).iter().map(|&n| n as f64).collect();
-            for (&f, r) in frames[s].iter().zip(&rows) {
-                env.add_rows(r);
-                counts.push(c.clone());
-                energy.push(sys.energy[f]);
+    let mut add = |window: Vec<SystemStats>| {
+        for (s, sys, per_frame) in window {
+            if count.is_some() {
+                // Maxima and minima: the same whatever the order.
+                for (c, m) in per_frame.iter().flatten().map(FrameStat::counts) {
+                    for (mc, &c) in max_count.iter_mut().zip(c) {
+                        *mc = (*mc).max(c);
+                    }
+                    min_dist = min_dist.min(m);
+                }
+            }
+            if let Some((_, frames)) = stat {
+                let c: Vec<f64> = sys.type_counts(ntypes).iter().map(|&n| n as f64).collect();
+                for &f in &frames[s] {
+                    let Some(FrameStat::Rows(r)) = &per_frame[f] else {
+                        unreachable!("statistics frames have rows");
+                    };
+                    env.add_rows(r);
+                    counts.push(c.clone());
+                    energy.push(sys.energy[f]);
+                }
             }
             bar.inc(1);
         }
@@ -182,7 +249,7 @@ pub fn data_stats(
     let mut pending = None;
     for chunk in all.chunks(window()) {
         let (next, ()) = rayon::join(
-            || rows_of(chunk),
+            || frames_of(chunk),
             || {
                 if let Some(w) = pending.take() {
                     add(w)
@@ -195,15 +262,23 @@ pub fn data_stats(
         add(w);
     }
     bar.finish_and_clear();
-    let (davg, dstd) = env.davg_dstd(d.set_davg_zero);
-    let (bias, std) = energy_bias(&counts, &energy);
-    Ok(DataStats {
-        davg,
-        dstd,
-        bias,
-        out_std: vec![std; ntypes],
-        nframes: energy.len(),
-    })
+    let neighbours = count.map(|_| NeighborStats {
+        max_count,
+        min_dist,
+        nframes: data.systems.iter().map(|s| s.nframes).sum(),
+    });
+    let stats = stat.map(|(d, _)| {
+        let (davg, dstd) = env.davg_dstd(d.set_davg_zero);
+        let (bias, std) = energy_bias(&counts, &energy);
+        DataStats {
+            davg,
+            dstd,
+            bias,
+            out_std: vec![std; ntypes],
+            nframes: energy.len(),
+        }
+    });
+    Ok((neighbours, stats))
 }
 
 #[cfg(test)]

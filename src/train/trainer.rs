@@ -33,7 +33,9 @@ use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
 use super::resident::{self, Resident};
 use super::run::{block_on, Batches, Driver, Resume, Run, StepBatch, Validation};
-use super::stats::{auto_sel, data_stats, neighbor_stats, stat_frames};
+use super::stats::{
+    auto_sel, data_stats, neighbor_and_data_stats, neighbor_stats, stat_frames, NeighborStats,
+};
 use super::step::DeviceModel;
 use super::validation::VALID_STREAM;
 
@@ -264,9 +266,7 @@ pub fn prepare_in(
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
     let d = cfg.model.descriptor.clone();
-    let neighbours = || {
-        let t = Instant::now();
-        let ns = neighbor_stats(&train, ntypes, d.rcut)?;
+    let log_neighbours = |ns: &NeighborStats, t: Instant| {
         tracing::info!(
             "neighbour statistics over {} training frames (rcut {}): max neighbours per type {:?} ({}), min pair distance {:.4} ({:.2} s)",
             ns.nframes,
@@ -276,7 +276,18 @@ pub fn prepare_in(
             ns.min_dist,
             t.elapsed().as_secs_f64()
         );
+    };
+    let neighbours = || {
+        let t = Instant::now();
+        let ns = neighbor_stats(&train, ntypes, d.rcut)?;
+        log_neighbours(&ns, t);
         anyhow::Ok(ns)
+    };
+    // As dp train, a fixed sel is checked against the data's neighbour counts (one smaller than
+    // them drops neighbours); for a new model in the same pass as the data statistics.
+    let check_sel = match &d.sel {
+        Sel::Fixed(s) => neighbor_stat && s.iter().sum::<usize>() <= MAX_NNEI,
+        Sel::Auto(_) => false,
     };
     let sel = match (&d.sel, given) {
         (Sel::Auto(_), Some(m)) => {
@@ -291,22 +302,18 @@ pub fn prepare_in(
             tracing::info!("sel = {sel:?} (auto, factor {factor})");
             sel
         }
-        (Sel::Fixed(s), _) => {
-            // As dp train: a fixed sel smaller than the data's neighbour count drops neighbours.
-            if neighbor_stat && s.iter().sum::<usize>() <= MAX_NNEI {
-                let ns = neighbours()?;
-                for (t, (&want, &have)) in ns.max_count.iter().zip(s).enumerate() {
-                    if have < want {
-                        tracing::warn!(
-                            "sel of type {t} ({}) is not enough! The expected value is not less \
-                             than {want}, but you set it to {have}. The accuracy of your model \
-                             may get worse.",
-                            type_map[t]
-                        );
-                    }
-                }
+        (Sel::Fixed(s), _) => s.clone(),
+    };
+    let warn_small_sel = |ns: &NeighborStats, sel: &[usize]| {
+        for (t, (&want, &have)) in ns.max_count.iter().zip(sel).enumerate() {
+            if have < want {
+                tracing::warn!(
+                    "sel of type {t} ({}) is not enough! The expected value is not less \
+                     than {want}, but you set it to {have}. The accuracy of your model \
+                     may get worse.",
+                    type_map[t]
+                );
             }
-            s.clone()
         }
     };
     let spec = spec_of(&cfg, sel.clone());
@@ -338,6 +345,9 @@ pub fn prepare_in(
         tracing::info!("seed {seed}{seed_note}");
     }
 
+    if check_sel && given.is_some() {
+        warn_small_sel(&neighbours()?, &spec.descriptor.sel);
+    }
     let model = if let Some(ck) = &restart {
         tracing::info!("restarting from step {} (lr {:.3e})", ck.step, ck.lr);
         ck.model.clone()
@@ -359,7 +369,14 @@ pub fn prepare_in(
             cfg.model.data_stat_nbatch,
             seed ^ 0x5354_4154,
         );
-        let st = data_stats(&spec.descriptor, ntypes, &train, &frames)?;
+        let st = if check_sel {
+            let (ns, st) = neighbor_and_data_stats(&spec.descriptor, ntypes, &train, &frames)?;
+            log_neighbours(&ns, t);
+            warn_small_sel(&ns, &spec.descriptor.sel);
+            st
+        } else {
+            data_stats(&spec.descriptor, ntypes, &train, &frames)?
+        };
         tracing::info!(
             "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}, energy bias {:?} ({}), residual std {:.4} ({:.2} s)",
             st.nframes,
