@@ -26,7 +26,8 @@ fn weights<'a, T>(l: &Layer, p: &'a [T]) -> (&'a [T], &'a [T], Option<&'a [T]>) 
     )
 }
 
-/// `c = x·W` over n rows.
+/// `c = x·W` over n rows, on matrixmultiply: at one thread its packed kernel ran x·W 4–8% faster
+/// than the unpacked one (water, per-op profile), though every thread packs all of W.
 fn matmul_w<T: Real>(l: &Layer, w: &[T], n: usize, x: &[T], c: &mut [T]) {
     let x = Mat {
         v: x,
@@ -38,7 +39,7 @@ fn matmul_w<T: Real>(l: &Layer, w: &[T], n: usize, x: &[T], c: &mut [T]) {
         rs: l.nout,
         cs: 1,
     };
-    par_gemm(Kernel::InPlace, n, l.nin, l.nout, x, w, l.nout, false, c);
+    par_gemm(Kernel::Packed, n, l.nin, l.nout, x, w, l.nout, false, c);
 }
 
 /// `c = z·Wᵀ` over n rows, made as cᵀ = W·zᵀ: W's rows are read in place, and only z (n rows
