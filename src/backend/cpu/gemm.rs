@@ -1,23 +1,37 @@
-//! The small GEMMs of the fused embedding nets, without packing. A task's matrices are a few
-//! hundred rows by 25–100 columns; `matrixmultiply` packs both operands on every call, which
-//! cost nearly half as much as its multiply kernel here (a `perf` profile of the water
-//! example: 12.6% packing next to 28.9% kernel). This kernel reads B's rows in place (they are
-//! contiguous in every product the embedding makes, W itself or its transpose made once per
-//! task) and broadcasts A's elements, with an MR × NR block of C in registers; compiled
-//! inside [`super::simd::wide`] it is AVX-512 (or AVX2) FMA code.
+//! The CPU backend's GEMMs, without packing. The matrices are small: a few hundred rows by
+//! 25–100 columns in the embedding nets, 64–512 rows by 240–1600 in the fitting nets.
+//! `matrixmultiply` packs both operands on every call, which cost nearly half as much as its
+//! multiply kernel in the embedding (a `perf` profile of the water example: 12.6% packing next
+//! to 28.9% kernel), and split over threads by rows of C every thread packed all of B again.
+//! This kernel reads B's rows in place (contiguous in every product the step makes: W itself,
+//! the small transposed activations, or the output adjoints) and broadcasts A's elements, with
+//! a block of C of [`MR`] rows by two SIMD vectors in registers; compiled inside
+//! [`super::simd::wide`] it is AVX-512 (or AVX2) FMA code.
 //!
 //! It gives the same bits as `matrixmultiply`: each element is Σ_p a·b accumulated by fused
 //! multiply-adds in order of p, from zero, in blocks of [`KC`] values of p (matrixmultiply's
-//! depth blocking), each block's sum added to C. So a step is the same whichever does it.
+//! depth blocking), each block's sum added to C. So a step is the same whichever does it, and
+//! whatever the blocking or the number of threads.
 
+use std::mem::size_of;
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::simd;
 use crate::backend::Real;
 
 /// matrixmultiply's depth block (`D_KC` = `S_KC` = 256).
 const KC: usize = 256;
-/// Rows of C per register block.
+/// Rows of C per register block (then blocks of 2 and 1 row for the rest). With six rows,
+/// LLVM kept a 6 × 16 block of f32 in memory, not in registers (20× slower).
 const MR: usize = 4;
-/// Columns of C per register block: two AVX-512 vectors of f64, one of f32.
-const NR: usize = 16;
+/// Above this many bytes, a depth block of B no longer stays in L2 (512 KiB a core here)
+/// while the row blocks of A sweep it: then the loop runs column panels of B (KC × two vectors,
+/// in L1) outside and rows inside.
+const B_IN_L2: usize = 256 * 1024;
+/// Fewest rows (or columns) of C per parallel task.
+const MIN_PART: usize = 32;
 
 /// A matrix operand given by strides: element (i, p) is `v[i·rs + p·cs]`.
 #[derive(Clone, Copy)]
@@ -27,11 +41,19 @@ pub(super) struct Mat<'a, T> {
     pub cs: usize,
 }
 
+/// The product's output: element (i, j) is `v[i·rs + j·cs]`, row-major (`cs` = 1) or
+/// column-major (`rs` = 1).
+pub(super) struct MatMut<'a, T> {
+    pub v: &'a mut [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
 /// `c[i·n + j] = Σ_p a(i, p)·b[p·b_rs + j]` (or `+=` with `accumulate`) for i < m, j < n,
-/// p < k: B's rows are contiguous with stride `b_rs`, C's with stride n. Where the CPU has no
-/// FMA (wasm, old x86) a multiply-add would be a slow library call, so matrixmultiply does it.
+/// p < k: B's rows are contiguous with stride `b_rs`, C's with stride n. Serial, for callers
+/// already inside a parallel task. Where the CPU has no FMA (wasm,
+/// old x86) a multiply-add would be a slow library call, so matrixmultiply does it.
 #[allow(clippy::too_many_arguments)]
-#[inline(always)]
 pub(super) fn small_gemm<T: Real>(
     m: usize,
     k: usize,
@@ -42,33 +64,28 @@ pub(super) fn small_gemm<T: Real>(
     accumulate: bool,
     c: &mut [T],
 ) {
-    if super::simd::fma() {
-        gemm(m, k, n, a, b, b_rs, accumulate, c);
-    } else {
-        let beta = if accumulate { T::one() } else { T::zero() };
-        let (rs, cs) = (a.rs as isize, a.cs as isize);
-        T::gemm(
-            m,
-            k,
-            n,
-            T::one(),
-            a.v,
-            rs,
-            cs,
-            b,
-            b_rs as isize,
-            1,
-            beta,
-            c,
-            n as isize,
-        );
+    let c = MatMut { v: c, rs: n, cs: 1 };
+    if let Some(p) = Problem::new(m, k, n, a, b, b_rs, accumulate, c) {
+        p.run();
     }
 }
 
-/// [`small_gemm`]'s own kernel, any CPU.
+/// How [`par_gemm`] multiplies each part.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Kernel {
+    /// This module's kernel, B read in place.
+    InPlace,
+    /// matrixmultiply, which packs both operands: faster where A is read down its columns
+    /// with a long stride (xᵀ·z̄ of the fitting nets' weight gradients: 25 against 35 GFLOP/s
+    /// for 1600 × 64 × 240 at one thread), and for the fitting nets' x·W (4–8% at one thread).
+    Packed,
+}
+
+/// [`small_gemm`] with C given by strides, split over the rayon pool into one task per thread
+/// (whole blocks of C's rows, or of its columns where there are more of them).
 #[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn gemm<T: Real>(
+pub(super) fn par_gemm<T: Real>(
+    kernel: Kernel,
     m: usize,
     k: usize,
     n: usize,
@@ -76,130 +93,365 @@ fn gemm<T: Real>(
     b: &[T],
     b_rs: usize,
     accumulate: bool,
-    c: &mut [T],
+    c: MatMut<T>,
 ) {
-    if m == 0 || n == 0 {
+    let Some(mut p) = Problem::new(m, k, n, a, b, b_rs, accumulate, c) else {
         return;
+    };
+    p.packed = kernel == Kernel::Packed;
+    let by_rows = m >= n;
+    let len = if by_rows { m } else { n };
+    let parts = rayon::current_num_threads()
+        .min(len.div_ceil(MIN_PART))
+        .max(1);
+    if parts == 1 {
+        return p.run();
     }
-    assert!(c.len() >= m * n);
-    if k == 0 {
-        if !accumulate {
-            c[..m * n].fill(T::zero());
-        }
-        return;
-    }
-    assert!((m - 1) * a.rs + (k - 1) * a.cs < a.v.len());
-    assert!((k - 1) * b_rs + n <= b.len());
-    for k0 in (0..k).step_by(KC) {
-        let depth = k0..(k0 + KC).min(k);
-        let add = accumulate || k0 > 0;
-        let mut i = 0;
-        while i + MR <= m {
-            rows::<T, MR>(i, depth.clone(), n, a, b, b_rs, add, c);
-            i += MR;
-        }
-        while i < m {
-            rows::<T, 1>(i, depth.clone(), n, a, b, b_rs, add, c);
-            i += 1;
-        }
-    }
+    // Even parts, rounded to whole 4-row blocks or 16-column blocks (two vectors).
+    let step = len
+        .div_ceil(parts)
+        .next_multiple_of(if by_rows { 4 } else { 16 });
+    (0..len.div_ceil(step)).into_par_iter().for_each(|t| {
+        let span = t * step..((t + 1) * step).min(len);
+        let part = if by_rows { p.rows(span) } else { p.cols(span) };
+        part.run()
+    });
 }
 
-/// Rows `i0..i0 + R` of C over the depth range `ps`, NR columns at a time.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn rows<T: Real, const R: usize>(
-    i0: usize,
-    ps: std::ops::Range<usize>,
+/// A checked product in raw form, so that parallel tasks can each write their own part of C.
+#[derive(Clone, Copy)]
+struct Problem<T> {
+    m: usize,
+    k: usize,
     n: usize,
-    a: Mat<T>,
-    b: &[T],
+    a: *const T,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const T,
     b_rs: usize,
-    add: bool,
-    c: &mut [T],
-) {
-    let mut j = 0;
-    while j + NR <= n {
-        block::<T, R, NR>(i0, j, ps.clone(), n, a, b, b_rs, add, c);
-        j += NR;
-    }
-    // The remaining columns in blocks of 4, then one by one (n is 25, 50 or 100 here).
-    while j + 4 <= n {
-        block::<T, R, 4>(i0, j, ps.clone(), n, a, b, b_rs, add, c);
-        j += 4;
-    }
-    while j < n {
-        block::<T, R, 1>(i0, j, ps.clone(), n, a, b, b_rs, add, c);
-        j += 1;
-    }
+    c: *mut T,
+    c_rs: usize,
+    c_cs: usize,
+    accumulate: bool,
+    packed: bool,
 }
 
-/// The R × W block of C at (i0, j0): its sums stay in registers over the whole depth range.
-/// (Indexed loops over the fixed R and W: each unrolls to its registers.)
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-#[inline(always)]
-fn block<T: Real, const R: usize, const W: usize>(
-    i0: usize,
-    j0: usize,
-    ps: std::ops::Range<usize>,
-    n: usize,
-    a: Mat<T>,
-    b: &[T],
-    b_rs: usize,
-    add: bool,
-    c: &mut [T],
-) {
-    let mut acc = [[T::zero(); W]; R];
-    for p in ps {
-        // SAFETY: p < k, j0 + W ≤ n and i0 + r < m: within the bounds `gemm` checked.
-        let br: &[T; W] = unsafe { &*(b.as_ptr().add(p * b_rs + j0) as *const [T; W]) };
-        for r in 0..R {
-            let av = unsafe { *a.v.get_unchecked((i0 + r) * a.rs + p * a.cs) };
-            for q in 0..W {
-                acc[r][q] = av.mul_add(br[q], acc[r][q]);
+// SAFETY: the pointers come from the slices `Problem::new` checked, which outlive the call
+// that made it; parallel tasks read A and B and write disjoint elements of C.
+unsafe impl<T: Send> Send for Problem<T> {}
+unsafe impl<T: Sync> Sync for Problem<T> {}
+
+impl<T: Real> Problem<T> {
+    /// Checks every index the product touches; `None` when there is nothing left to do (an
+    /// empty C, or an empty sum, k = 0, which sets C to zero, or leaves it with `accumulate`,
+    /// as BLAS does with β 0 or 1).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn new(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: Mat<T>,
+        b: &[T],
+        b_rs: usize,
+        accumulate: bool,
+        c: MatMut<T>,
+    ) -> Option<Self> {
+        if m == 0 || n == 0 {
+            return None;
+        }
+        // Distinct (i, j) must be distinct elements of C: parallel tasks write them.
+        assert!((c.cs == 1 && c.rs >= n) || (c.rs == 1 && c.cs >= m));
+        assert!((m - 1) * c.rs + (n - 1) * c.cs < c.v.len());
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    for j in 0..n {
+                        c.v[i * c.rs + j * c.cs] = T::zero();
+                    }
+                }
+            }
+            return None;
+        }
+        assert!((m - 1) * a.rs + (k - 1) * a.cs < a.v.len());
+        assert!((k - 1) * b_rs + n <= b.len());
+        Some(Problem {
+            m,
+            k,
+            n,
+            a: a.v.as_ptr(),
+            a_rs: a.rs,
+            a_cs: a.cs,
+            b: b.as_ptr(),
+            b_rs,
+            c: c.v.as_mut_ptr(),
+            c_rs: c.rs,
+            c_cs: c.cs,
+            accumulate,
+            packed: false,
+        })
+    }
+
+    /// The rows `span` of C.
+    fn rows(self, span: Range<usize>) -> Self {
+        debug_assert!(span.end <= self.m);
+        Problem {
+            m: span.len(),
+            // SAFETY: within the checked A and C (span ⊂ 0..m).
+            a: unsafe { self.a.add(span.start * self.a_rs) },
+            c: unsafe { self.c.add(span.start * self.c_rs) },
+            ..self
+        }
+    }
+
+    /// The columns `span` of C.
+    fn cols(self, span: Range<usize>) -> Self {
+        debug_assert!(span.end <= self.n);
+        Problem {
+            n: span.len(),
+            // SAFETY: within the checked B and C (span ⊂ 0..n).
+            b: unsafe { self.b.add(span.start) },
+            c: unsafe { self.c.add(span.start * self.c_cs) },
+            ..self
+        }
+    }
+
+    /// The whole product on this thread: the register-blocked kernel where the CPU has FMA
+    /// (two vectors wide: 8 f64 or 16 f32 with AVX2, 16 f64 with AVX-512; 16 f32 there too, as
+    /// a block of 4 × 32 is past what LLVM keeps in registers), matrixmultiply otherwise. One compiled kernel per type and instruction set, whatever calls it.
+    fn run(self) {
+        if !simd::fma() || self.packed {
+            return self.fallback();
+        }
+        #[cfg(target_arch = "x86_64")]
+        let vector = if simd::avx512() { 64 } else { 32 };
+        #[cfg(not(target_arch = "x86_64"))]
+        let vector = 32;
+        simd::wide(
+            #[inline(always)]
+            || {
+                // SAFETY: the bounds were checked in `new`, for this part in `rows`/`cols`.
+                unsafe {
+                    match 2 * vector / size_of::<T>() {
+                        8 => self.depth_blocks::<8>(),
+                        _ => self.depth_blocks::<16>(),
+                    }
+                }
+            },
+        )
+    }
+
+    /// matrixmultiply on the whole product; a column-major C is gathered into a row-major copy
+    /// and back, so the arithmetic (β = 1 included) is the same.
+    fn fallback(self) {
+        let (m, k, n) = (self.m, self.k, self.n);
+        let beta = if self.accumulate { T::one() } else { T::zero() };
+        // SAFETY: the extents checked in `new` (for this part in `rows`/`cols`).
+        let (a, b) = unsafe {
+            (
+                std::slice::from_raw_parts(self.a, (m - 1) * self.a_rs + (k - 1) * self.a_cs + 1),
+                std::slice::from_raw_parts(self.b, (k - 1) * self.b_rs + n),
+            )
+        };
+        if self.c_cs == 1 {
+            // SAFETY: C's extent, checked in `new` (for this part in `rows`/`cols`).
+            let c = unsafe { std::slice::from_raw_parts_mut(self.c, (m - 1) * self.c_rs + n) };
+            let (a_rs, a_cs, c_rs) = (self.a_rs as isize, self.a_cs as isize, self.c_rs as isize);
+            let b_rs = self.b_rs as isize;
+            return T::gemm(m, k, n, T::one(), a, a_rs, a_cs, b, b_rs, 1, beta, c, c_rs);
+        }
+        let at = |i: usize, j: usize| i * self.c_rs + j * self.c_cs;
+        let mut c: Vec<T> = (0..m * n)
+            .map(|e| unsafe { *self.c.add(at(e / n, e % n)) })
+            .collect();
+        T::gemm(
+            m,
+            k,
+            n,
+            T::one(),
+            a,
+            self.a_rs as isize,
+            self.a_cs as isize,
+            b,
+            self.b_rs as isize,
+            1,
+            beta,
+            &mut c,
+            n as isize,
+        );
+        for (e, v) in c.into_iter().enumerate() {
+            unsafe { *self.c.add(at(e / n, e % n)) = v };
+        }
+    }
+
+    /// Depth blocks of KC, each over all of C.
+    #[inline(always)]
+    unsafe fn depth_blocks<const W: usize>(self) {
+        for p0 in (0..self.k).step_by(KC) {
+            let kc = KC.min(self.k - p0);
+            let add = self.accumulate || p0 > 0;
+            if kc * self.n * size_of::<T>() <= B_IN_L2 {
+                self.row_blocks(
+                    #[inline(always)]
+                    |i, r| match r {
+                        1 => self.col_blocks::<1, W>(i, p0, kc, add),
+                        2 => self.col_blocks::<2, W>(i, p0, kc, add),
+                        _ => self.col_blocks::<MR, W>(i, p0, kc, add),
+                    },
+                );
+            } else {
+                let mut j = 0;
+                while j + W <= self.n {
+                    self.row_blocks_at::<W>(j, p0, kc, add);
+                    j += W;
+                }
+                while j + 4 <= self.n {
+                    self.row_blocks_at::<4>(j, p0, kc, add);
+                    j += 4;
+                }
+                while j < self.n {
+                    self.row_blocks_at::<1>(j, p0, kc, add);
+                    j += 1;
+                }
             }
         }
     }
-    for (r, acc) in acc.iter().enumerate() {
-        let cr = &mut c[(i0 + r) * n + j0..(i0 + r) * n + j0 + W];
-        if add {
-            cr.iter_mut().zip(acc).for_each(|(c, v)| *c += *v);
-        } else {
-            cr.copy_from_slice(acc);
+
+    /// Calls `f(i, r)` for the row blocks of C: MR rows each, then 2 and 1. (Each caller's
+    /// closure must be `#[inline(always)]`, or the kernel in it is compiled without FMA.)
+    #[inline(always)]
+    fn row_blocks(&self, mut f: impl FnMut(usize, usize)) {
+        let mut i = 0;
+        for r in [MR, 2, 1] {
+            while i + r <= self.m {
+                f(i, r);
+                i += r;
+                if r < MR {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The W columns at j of every row block.
+    #[inline(always)]
+    unsafe fn row_blocks_at<const W: usize>(&self, j: usize, p0: usize, kc: usize, add: bool) {
+        self.row_blocks(
+            #[inline(always)]
+            |i, r| match r {
+                1 => self.tile::<1, W>(i, j, p0, kc, add),
+                2 => self.tile::<2, W>(i, j, p0, kc, add),
+                _ => self.tile::<MR, W>(i, j, p0, kc, add),
+            },
+        );
+    }
+
+    /// The R rows at i over all columns: W at a time, then 4 and 1.
+    #[inline(always)]
+    unsafe fn col_blocks<const R: usize, const W: usize>(
+        &self,
+        i: usize,
+        p0: usize,
+        kc: usize,
+        add: bool,
+    ) {
+        let mut j = 0;
+        while j + W <= self.n {
+            self.tile::<R, W>(i, j, p0, kc, add);
+            j += W;
+        }
+        while j + 4 <= self.n {
+            self.tile::<R, 4>(i, j, p0, kc, add);
+            j += 4;
+        }
+        while j < self.n {
+            self.tile::<R, 1>(i, j, p0, kc, add);
+            j += 1;
+        }
+    }
+
+    /// The R × W block of C at (i0, j0): its sums stay in registers over the depth block.
+    /// (Indexed loops over the fixed R and W: each unrolls to its registers.)
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const W: usize>(
+        &self,
+        i0: usize,
+        j0: usize,
+        p0: usize,
+        kc: usize,
+        add: bool,
+    ) {
+        let a = self.a.add(i0 * self.a_rs + p0 * self.a_cs);
+        let b = self.b.add(p0 * self.b_rs + j0);
+        let mut acc = [[T::zero(); W]; R];
+        for p in 0..kc {
+            let br = &*(b.add(p * self.b_rs) as *const [T; W]);
+            for r in 0..R {
+                let av = *a.add(r * self.a_rs + p * self.a_cs);
+                for q in 0..W {
+                    acc[r][q] = av.mul_add(br[q], acc[r][q]);
+                }
+            }
+        }
+        let c = self.c.add(i0 * self.c_rs + j0 * self.c_cs);
+        for (r, acc) in acc.iter().enumerate() {
+            if self.c_cs == 1 {
+                let cr = std::slice::from_raw_parts_mut(c.add(r * self.c_rs), W);
+                if add {
+                    cr.iter_mut().zip(acc).for_each(|(c, v)| *c += *v);
+                } else {
+                    cr.copy_from_slice(acc);
+                }
+            } else {
+                for (q, v) in acc.iter().enumerate() {
+                    let e = c.add(r * self.c_rs + q * self.c_cs);
+                    *e = if add { *e + *v } else { *v };
+                }
+            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{gemm, Mat};
+    use super::{par_gemm, small_gemm, Kernel, Mat, MatMut};
     use crate::backend::Real;
 
-    /// Bit for bit what matrixmultiply gives, on the embedding's shapes (k across the depth
-    /// block, m and n with remainders), overwriting and accumulating, with A transposed.
-    #[test]
-    fn matches_matrixmultiply_bitwise() {
-        let val = |i: usize, s: f64| ((i as f64 * s).sin() * 1.3) + 0.01 * i as f64 % 0.7;
+    fn val<T: Real>(i: usize, s: f64) -> T {
+        T::of(((i as f64 * s).sin() * 1.3) + 0.01 * i as f64 % 0.7)
+    }
+
+    /// Bit for bit what matrixmultiply gives, on the step's shapes (k across the depth block, m
+    /// and n with remainders, B's depth block past L2), overwriting and accumulating, with A
+    /// transposed and C row- or column-major, serial and split over threads.
+    fn matches_matrixmultiply<T: Real>() {
         for &(m, k, n) in &[
             (7, 25, 50),
             (368, 50, 100),
             (50, 300, 100),
             (1, 600, 25),
             (5, 3, 9),
+            (64, 1600, 240),
+            (1600, 64, 240),
+            (240, 240, 65),
+            (3, 240, 1),
+            (30, 4, 900),
         ] {
             for &(transposed, acc) in &[(false, false), (true, true), (false, true)] {
-                let a: Vec<f64> = (0..m * k).map(|i| val(i, 0.37)).collect();
-                let b: Vec<f64> = (0..k * n).map(|i| val(i, 0.11)).collect();
-                let c0: Vec<f64> = (0..m * n).map(|i| val(i, 0.53)).collect();
+                let a: Vec<T> = (0..m * k).map(|i| val(i, 0.37)).collect();
+                let b: Vec<T> = (0..k * n).map(|i| val(i, 0.11)).collect();
+                let c0: Vec<T> = (0..m * n).map(|i| val(i, 0.53)).collect();
                 let (rs, cs) = if transposed { (1, m) } else { (k, 1) };
+                let a = Mat { v: &a, rs, cs };
                 let mut want = c0.clone();
-                let beta = if acc { 1.0 } else { 0.0 };
-                f64::gemm(
+                let beta = if acc { T::one() } else { T::zero() };
+                T::gemm(
                     m,
                     k,
                     n,
-                    1.0,
-                    &a,
+                    T::one(),
+                    a.v,
                     rs as isize,
                     cs as isize,
                     &b,
@@ -209,19 +461,67 @@ mod tests {
                     &mut want,
                     n as isize,
                 );
+                let what = format!("m {m} k {k} n {n} transposed {transposed} acc {acc}");
                 let mut got = c0.clone();
-                super::super::simd::wide(
-                    #[inline(always)]
-                    || gemm(m, k, n, Mat { v: &a, rs, cs }, &b, n, acc, &mut got),
-                );
-                assert_eq!(
-                    got, want,
-                    "m {m} k {k} n {n} transposed {transposed} acc {acc}"
-                );
-                let mut scalar = c0.clone();
-                gemm(m, k, n, Mat { v: &a, rs, cs }, &b, n, acc, &mut scalar);
-                assert_eq!(scalar, want);
+                small_gemm(m, k, n, a, &b, n, acc, &mut got);
+                assert_eq!(got, want, "{what}");
+                let mut par = c0.clone();
+                let c = MatMut {
+                    v: &mut par,
+                    rs: n,
+                    cs: 1,
+                };
+                par_gemm(Kernel::InPlace, m, k, n, a, &b, n, acc, c);
+                assert_eq!(par, want, "{what}");
+                let mut packed = c0.clone();
+                let c = MatMut {
+                    v: &mut packed,
+                    rs: n,
+                    cs: 1,
+                };
+                par_gemm(Kernel::Packed, m, k, n, a, &b, n, acc, c);
+                assert_eq!(packed, want, "{what}, packed");
+                // Column-major C: the same product written transposed.
+                let mut ct: Vec<T> = (0..m * n).map(|e| c0[(e % m) * n + e / m]).collect();
+                let c = MatMut {
+                    v: &mut ct,
+                    rs: 1,
+                    cs: m,
+                };
+                par_gemm(Kernel::InPlace, m, k, n, a, &b, n, acc, c);
+                let back: Vec<T> = (0..m * n).map(|e| ct[(e % n) * m + e / n]).collect();
+                assert_eq!(back, want, "{what}, C column-major");
             }
+        }
+    }
+
+    #[test]
+    fn matches_matrixmultiply_bitwise_f64() {
+        matches_matrixmultiply::<f64>();
+    }
+
+    #[test]
+    fn matches_matrixmultiply_bitwise_f32() {
+        matches_matrixmultiply::<f32>();
+    }
+
+    /// An empty sum zeroes C, or leaves it with `accumulate`.
+    #[test]
+    fn empty_depth() {
+        for acc in [false, true] {
+            let mut c = vec![2.0f64; 6];
+            let c_ = MatMut {
+                v: &mut c,
+                rs: 1,
+                cs: 2,
+            };
+            let a = Mat {
+                v: &[],
+                rs: 0,
+                cs: 1,
+            };
+            par_gemm(Kernel::InPlace, 2, 0, 3, a, &[], 3, acc, c_);
+            assert_eq!(c, vec![if acc { 2.0 } else { 0.0 }; 6]);
         }
     }
 }
