@@ -6,7 +6,8 @@
 //! layer serves both, and likewise `[z̄; ż̄]` in the dual reverse.
 //!
 //! The forward pass keeps every layer's tanh values h and z' = x'W of the real slots (its
-//! "traces", 2 × 175 values per real slot for the water model: 48 MB in float64) so that the
+//! "traces"; the first layer's z' is W: 325 values per real slot for the water model, 45 MB
+//! in float64) so that the
 //! dual reverse recomputes no tanh and no GEMM of the forward; the layer inputs follow from
 //! them elementwise. The traces live in a cache of the calling thread, tagged with the s,
 //! owner and parameters they were made from: the dual reverse uses them only when those are
