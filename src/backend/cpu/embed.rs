@@ -6,7 +6,8 @@
 //! layer serves both, and likewise `[z̄; ż̄]` in the dual reverse.
 //!
 //! The forward pass keeps every layer's tanh values h and z' = x'W of the real slots (its
-//! "traces", 2 × 175 values per real slot for the water model: 48 MB in float64) so that the
+//! "traces"; the first layer's z' is W: 325 values per real slot for the water model, 45 MB
+//! in float64) so that the
 //! dual reverse recomputes no tanh and no GEMM of the forward; the layer inputs follow from
 //! them elementwise. The traces live in a cache of the calling thread, tagged with the s,
 //! owner and parameters they were made from: the dual reverse uses them only when those are
@@ -22,16 +23,18 @@ use rayon::prelude::*;
 use super::contract;
 use super::dense::{add_skip, add_skip_t, dual_row};
 use super::gemm::{small_gemm, Mat};
-use super::simd::wide;
-use super::tanh::tanh_bias;
+use super::simd::{fma, wide};
+use super::tanh::{tanh_bias, tanh_block};
+use super::tile::{self, row_tiles, Epilogue};
 use crate::backend::{Dims, Real};
-use crate::model::{Layer, Net};
+use crate::model::{Layer, Net, Skip};
 
 /// Centres per task: enough rows for efficient small GEMMs, few enough to stay in cache.
 const CENTRES_PER_TASK: usize = 2;
 
 /// The forward values of one group of n rows: per layer `[2n][nout]`, rows `0..n` the tanh
-/// values h, rows `n..2n` z' = x'W.
+/// values h, rows `n..2n` z' = x'W; the first layer keeps only h, its z' being W itself (the
+/// input's tangent x' is 1), so the traces hold 325 values per real slot instead of 350.
 #[derive(Default)]
 struct Trace<T> {
     n: usize,
@@ -49,8 +52,8 @@ struct Scratch<T> {
     zb: Vec<T>,
     yb: Vec<T>,
     xb: Vec<T>,
-    /// A layer's Wᵀ.
-    wt: Vec<T>,
+    /// The layer below's `[z̄; ż̄]` while the fused reverse makes it.
+    zb_below: Vec<T>,
     /// Input and input tangent of the gathered real slots.
     s: Vec<T>,
     sdot: Vec<T>,
@@ -68,17 +71,27 @@ fn resize<T: Real>(v: &mut Vec<T>, n: usize) {
     }
 }
 
-/// `y = h·idt + skip(x)` and `y' = φ'(z)·z'·idt + skip(x')` on the stacked rows of one layer.
+/// Row r of z' = x'W from layer li's trace `hz` (n rows of h first); the first layer's is W.
 #[inline(always)]
-fn finish<T: Real>(l: &Layer, p: &[T], n: usize, hz: &[T], x: &[T], y: &mut [T]) {
+fn zp_row<'a, T>(li: usize, l: &Layer, p: &'a [T], n: usize, hz: &'a [T], r: usize) -> &'a [T] {
+    let no = l.nout;
+    if li == 0 {
+        &p[l.w..l.w + no]
+    } else {
+        &hz[(n + r) * no..(n + r + 1) * no]
+    }
+}
+
+/// `y = h·idt + skip(x)` and `y' = φ'(z)·z'·idt + skip(x')` on the stacked rows of layer li.
+#[inline(always)]
+fn finish<T: Real>(li: usize, l: &Layer, p: &[T], n: usize, hz: &[T], x: &[T], y: &mut [T]) {
     let (ni, no) = (l.nin, l.nout);
     let idt = l.idt.map(|o| &p[o..o + no]);
-    let (h, zp) = hz.split_at(n * no);
     let (yv, yp) = y.split_at_mut(n * no);
     let (xv, xp) = x.split_at(n * ni);
     for r in 0..n {
         let (o, oi) = (r * no, r * ni);
-        let (hr, zr) = (&h[o..o + no], &zp[o..o + no]);
+        let (hr, zr) = (&hz[o..o + no], zp_row(li, l, p, n, hz, r));
         let (yr, ypr) = (&mut yv[o..o + no], &mut yp[o..o + no]);
         match idt {
             Some(t) => {
@@ -96,6 +109,92 @@ fn finish<T: Real>(l: &Layer, p: &[T], n: usize, hz: &[T], x: &[T], y: &mut [T])
         }
         add_skip(l, &xv[oi..oi + ni], yr);
         add_skip(l, &xp[oi..oi + ni], ypr);
+    }
+}
+
+/// A GEMM layer's forward epilogue: the tiles of z = `[x; x']`W come with value rows first and
+/// the matching tangent rows (n + r) after; it keeps h = tanh(z + b) and z' in the trace and
+/// writes y and y' as [`finish`] does, element for element.
+struct Forward<'a, T> {
+    l: &'a Layer,
+    b: &'a [T],
+    idt: Option<&'a [T]>,
+    x: &'a [T],
+    hz: &'a mut [T],
+    y: &'a mut [T],
+}
+
+impl<T: Real> Epilogue<T> for Forward<'_, T> {
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    fn tile<const N: usize, const W: usize>(
+        &mut self,
+        rows: [usize; N],
+        j0: usize,
+        acc: &[[T; W]; N],
+    ) {
+        let (ni, no) = (self.l.nin, self.l.nout);
+        let half = N / 2;
+        let b = &self.b[j0..j0 + W];
+        // The tanh of all value rows at once (a pair tile has at most R / 2).
+        let mut hs = [[T::zero(); W]; tile::R / 2];
+        for i in 0..half {
+            for q in 0..W {
+                hs[i][q] = acc[i][q] + b[q];
+            }
+        }
+        tanh_block(&mut hs);
+        for i in 0..half {
+            let (r, rt, zp, h) = (rows[i], rows[half + i], &acc[half + i], hs[i]);
+            self.hz[r * no + j0..r * no + j0 + W].copy_from_slice(&h);
+            self.hz[rt * no + j0..rt * no + j0 + W].copy_from_slice(zp);
+            let (mut y, mut yp) = ([T::zero(); W], [T::zero(); W]);
+            match self.idt {
+                Some(t) => {
+                    let t = &t[j0..j0 + W];
+                    for q in 0..W {
+                        y[q] = h[q] * t[q];
+                        yp[q] = (T::one() - h[q] * h[q]) * zp[q] * t[q];
+                    }
+                }
+                None => {
+                    for q in 0..W {
+                        y[q] = h[q];
+                        yp[q] = (T::one() - h[q] * h[q]) * zp[q];
+                    }
+                }
+            }
+            let (x, xp) = (
+                &self.x[r * ni..(r + 1) * ni],
+                &self.x[rt * ni..(rt + 1) * ni],
+            );
+            // skip(x)'s columns j0.. are x's from `from` on, contiguous unless the tile
+            // straddles the two copies of a doubling skip.
+            let from = match self.l.skip {
+                Skip::None => None,
+                Skip::Identity => Some(j0),
+                Skip::Double => Some(if j0 >= ni { j0 - ni } else { j0 }),
+            };
+            match from {
+                None => {}
+                Some(f) if f + W <= ni => {
+                    let (x, xp) = (&x[f..f + W], &xp[f..f + W]);
+                    for q in 0..W {
+                        y[q] += x[q];
+                        yp[q] += xp[q];
+                    }
+                }
+                Some(f) => {
+                    for q in 0..W {
+                        let s = if f + q >= ni { f + q - ni } else { f + q };
+                        y[q] += x[s];
+                        yp[q] += xp[s];
+                    }
+                }
+            }
+            self.y[r * no + j0..r * no + j0 + W].copy_from_slice(&y);
+            self.y[rt * no + j0..rt * no + j0 + W].copy_from_slice(&yp);
+        }
     }
 }
 
@@ -117,12 +216,44 @@ fn run<T: Real>(net: &Net, p: &[T], tr: &mut Trace<T>, scr: &mut Scratch<T>) {
     for (li, l) in net.layers.iter().enumerate() {
         let (ni, no) = (l.nin, l.nout);
         let hz = &mut tr.hz[li];
-        resize(hz, 2 * n * no);
-        let (x, w) = (&scr.xs[li], &p[l.w..l.w + ni * no]);
-        if ni == 1 {
+        resize(hz, if li == 0 { n * no } else { 2 * n * no });
+        let (head, tail) = scr.xs.split_at_mut(li + 1);
+        let y = if li + 1 < nl {
+            &mut tail[0]
+        } else {
+            &mut scr.out
+        };
+        resize(y, 2 * n * no);
+        let (x, w) = (&head[li], &p[l.w..l.w + ni * no]);
+        if li > 0 && fma() && ni <= tile::KC {
+            // The fused layer: z's tiles go through tanh and into y while in registers.
+            let mut e = Forward {
+                l,
+                b: &p[l.b..l.b + no],
+                idt: l.idt.map(|o| &p[o..o + no]),
+                x,
+                hz,
+                y,
+            };
+            pair_tiles(
+                n,
+                Mat {
+                    v: x,
+                    rs: ni,
+                    cs: 1,
+                },
+                w,
+                no,
+                0..ni,
+                &mut e,
+            );
+            continue;
+        }
+        if li == 0 {
             // The first layer (one input): an outer product, each value the one rounded
-            // product the GEMM would give, without its packing and tiling for k = 1.
-            for (hr, &xv) in hz.chunks_exact_mut(no).zip(x) {
+            // product the GEMM would give, without its packing and tiling for k = 1; its
+            // tangent half, 1·W, is not kept.
+            for (hr, &xv) in hz.chunks_exact_mut(no).zip(&x[..n]) {
                 hr.iter_mut().zip(w).for_each(|(h, &wv)| *h = xv * wv);
             }
         } else {
@@ -134,14 +265,7 @@ fn run<T: Real>(net: &Net, p: &[T], tr: &mut Trace<T>, scr: &mut Scratch<T>) {
             small_gemm(2 * n, ni, no, x, w, no, false, hz);
         }
         tanh_bias(&mut hz[..n * no], &p[l.b..l.b + no]);
-        let (head, tail) = scr.xs.split_at_mut(li + 1);
-        let y = if li + 1 < nl {
-            &mut tail[0]
-        } else {
-            &mut scr.out
-        };
-        resize(y, 2 * n * no);
-        finish(l, p, n, hz, &head[li], y);
+        finish(li, l, p, n, hz, x, y);
     }
 }
 
@@ -160,63 +284,148 @@ fn inputs<T: Real>(net: &Net, p: &[T], tr: &Trace<T>, scr: &mut Scratch<T>) {
     for (li, l) in net.layers.iter().enumerate().take(nl - 1) {
         let (head, tail) = scr.xs.split_at_mut(li + 1);
         resize(&mut tail[0], 2 * n * l.nout);
-        finish(l, p, n, &tr.hz[li], &head[li], &mut tail[0]);
+        finish(li, l, p, n, &tr.hz[li], &head[li], &mut tail[0]);
     }
 }
 
-/// The dual reverse through a traced group with input tangents `scr.sdot` and stacked seeds
-/// `scr.yb` = `[Ḡ; Ġ̄]`; adds W̄, b̄, īdt into `g`, laid out like the parameter vector over
-/// this net's span starting at `base`. Needs `scr.xs` from [`run`] or [`inputs`].
+/// A layer's b̄ and, with a timestep, īdt: slices of `g` (the net's span from `base`).
+fn bias_grads<'a, T>(l: &Layer, g: &'a mut [T], base: usize) -> (&'a mut [T], Option<&'a mut [T]>) {
+    let no = l.nout;
+    match l.idt {
+        // b and idt of a layer are separate tensors; borrow both.
+        Some(oi) => {
+            let (lo, hi) = (l.b.min(oi) - base, l.b.max(oi) - base);
+            let (a, b) = g.split_at_mut(hi);
+            let (first, second) = (&mut a[lo..lo + no], &mut b[..no]);
+            if l.b < oi {
+                (first, Some(second))
+            } else {
+                (second, Some(first))
+            }
+        }
+        None => (&mut g[l.b - base..l.b - base + no], None),
+    }
+}
+
+/// The dual rows of layer li: `scr.zb` = `[z̄; ż̄]` from `scr.yb` = `[ȳ; ẏ̄]`, b̄ and īdt added.
 #[inline(always)]
-fn dual<T: Real>(
-    net: &Net,
+fn dual_rows<T: Real>(
+    li: usize,
+    l: &Layer,
     p: &[T],
     tr: &Trace<T>,
     scr: &mut Scratch<T>,
     g: &mut [T],
     base: usize,
 ) {
+    let (n, no) = (tr.n, l.nout);
+    let idt = l.idt.map(|o| &p[o..o + no]);
+    let hz = &tr.hz[li];
+    resize(&mut scr.zb, 2 * n * no);
+    let (zb, zdb) = scr.zb.split_at_mut(n * no);
+    let (yb, ydb) = scr.yb.split_at(n * no);
+    let (gb, mut gi) = bias_grads(l, g, base);
+    for (r, &sd) in scr.sdot.iter().enumerate() {
+        let q = r * no..(r + 1) * no;
+        dual_row(
+            true,
+            idt,
+            &hz[q.clone()],
+            zp_row(li, l, p, n, hz, r),
+            sd,
+            &yb[q.clone()],
+            &ydb[q.clone()],
+            &mut zb[q.clone()],
+            &mut zdb[q],
+            gb,
+            gi.as_deref_mut(),
+        );
+    }
+}
+
+/// The epilogue of x̄ = z̄ Wᵀ through layer `l`, fused with the dual rows of the layer below
+/// (`below`, index li − 1): the tiles come with value rows first and the matching tangent rows
+/// (n + r) after. It adds skipᵀ(ȳ) as [`add_skip_t`] does, keeps the result (the layer
+/// below's `[ȳ; ẏ̄]`) in `xb` and makes that layer's `[z̄; ż̄]` in `zb` as [`dual_rows`] does,
+/// element for element and summing b̄ and īdt in the same order of rows.
+struct Reverse<'a, T> {
+    l: &'a Layer,
+    below: &'a Layer,
+    li: usize,
+    p: &'a [T],
+    n: usize,
+    yb: &'a [T],
+    hz: &'a [T],
+    sdot: &'a [T],
+    xb: &'a mut [T],
+    zb: &'a mut [T],
+    gb: &'a mut [T],
+    gi: Option<&'a mut [T]>,
+}
+
+impl<T: Real> Epilogue<T> for Reverse<'_, T> {
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    fn tile<const N: usize, const W: usize>(
+        &mut self,
+        rows: [usize; N],
+        j0: usize,
+        acc: &[[T; W]; N],
+    ) {
+        let (ni, no) = (self.l.nin, self.l.nout);
+        let cols = j0..j0 + W;
+        let idt = self.below.idt.map(|o| &self.p[o + j0..o + j0 + W]);
+        let half = N / 2;
+        for i in 0..half {
+            let (r, rt) = (rows[i], rows[half + i]);
+            let (mut v, mut vt) = (acc[i], acc[half + i]);
+            for (v, row) in [(&mut v, r), (&mut vt, rt)] {
+                let y = &self.yb[row * no..(row + 1) * no];
+                match self.l.skip {
+                    Skip::None => {}
+                    Skip::Identity => (0..W).for_each(|q| v[q] += y[j0 + q]),
+                    Skip::Double => (0..W).for_each(|q| v[q] += y[j0 + q] + y[ni + j0 + q]),
+                }
+            }
+            self.xb[r * ni + j0..r * ni + j0 + W].copy_from_slice(&v);
+            self.xb[rt * ni + j0..rt * ni + j0 + W].copy_from_slice(&vt);
+            let (lo, hi) = self.zb.split_at_mut(rt * ni);
+            dual_row(
+                true,
+                idt,
+                &self.hz[r * ni + j0..r * ni + j0 + W],
+                &zp_row(self.li - 1, self.below, self.p, self.n, self.hz, r)[cols.clone()],
+                self.sdot[r],
+                &v,
+                &vt,
+                &mut lo[r * ni + j0..r * ni + j0 + W],
+                &mut hi[j0..j0 + W],
+                &mut self.gb[cols.clone()],
+                self.gi.as_deref_mut().map(|g| &mut g[cols.clone()]),
+            );
+        }
+    }
+}
+
+/// The dual reverse through a traced group with input tangents `scr.sdot` and stacked seeds
+/// `scr.yb` = `[Ḡ; Ġ̄]`; adds W̄, b̄, īdt into `g`, laid out like the parameter vector over
+/// this net's span starting at `base`. Needs `scr.xs` from [`run`] or [`inputs`], and every
+/// layer's Wᵀ in `wt`.
+#[inline(always)]
+fn dual<T: Real>(
+    net: &Net,
+    p: &[T],
+    wt: &[Vec<T>],
+    tr: &Trace<T>,
+    scr: &mut Scratch<T>,
+    g: &mut [T],
+    base: usize,
+) {
     let n = tr.n;
+    let top = net.layers.len() - 1;
+    dual_rows(top, &net.layers[top], p, tr, scr, g, base);
     for (li, l) in net.layers.iter().enumerate().rev() {
         let (ni, no) = (l.nin, l.nout);
-        let idt = l.idt.map(|o| &p[o..o + no]);
-        let (h, zp) = tr.hz[li].split_at(n * no);
-        resize(&mut scr.zb, 2 * n * no);
-        {
-            let (zb, zdb) = scr.zb.split_at_mut(n * no);
-            let (yb, ydb) = scr.yb.split_at(n * no);
-            let (gb, gi) = match l.idt {
-                // b and idt of a layer are separate tensors; borrow both.
-                Some(oi) => {
-                    let (lo, hi) = (l.b.min(oi) - base, l.b.max(oi) - base);
-                    let (a, b) = g.split_at_mut(hi);
-                    let (first, second) = (&mut a[lo..lo + no], &mut b[..no]);
-                    if l.b < oi {
-                        (first, Some(second))
-                    } else {
-                        (second, Some(first))
-                    }
-                }
-                None => (&mut g[l.b - base..l.b - base + no], None),
-            };
-            let mut gi = gi;
-            for (r, &sd) in scr.sdot.iter().enumerate() {
-                let q = r * no..(r + 1) * no;
-                dual_row(
-                    true,
-                    idt,
-                    &h[q.clone()],
-                    &zp[q.clone()],
-                    sd,
-                    &yb[q.clone()],
-                    &ydb[q.clone()],
-                    &mut zb[q.clone()],
-                    &mut zdb[q],
-                    gb,
-                    gi.as_deref_mut(),
-                );
-            }
-        }
         // The stacked input's tangent half holds x' for a unit ṡ: scale it to ẋ = x'·ṡ.
         let x = &mut scr.xs[li];
         for (r, &sd) in scr.sdot.iter().enumerate() {
@@ -230,34 +439,93 @@ fn dual<T: Real>(
             rs: 1,
             cs: ni,
         };
-        small_gemm(ni, 2 * n, no, xt, &scr.zb, no, true, gw);
+        tile::gemm(ni, 2 * n, no, xt, &scr.zb, no, true, gw);
         if li == 0 {
             break;
         }
-        // x̄ = z̄ Wᵀ: Wᵀ made once per task and layer, so that its rows are contiguous.
-        let w = &p[l.w..l.w + ni * no];
-        resize(&mut scr.wt, no * ni);
-        for (j, wr) in w.chunks_exact(no).enumerate() {
-            for (o, &v) in wr.iter().enumerate() {
-                scr.wt[o * ni + j] = v;
-            }
-        }
+        // x̄ = z̄ Wᵀ, then the layer below's dual rows.
         resize(&mut scr.xb, 2 * n * ni);
+        let below = &net.layers[li - 1];
         let zb = Mat {
             v: &scr.zb[..],
             rs: no,
             cs: 1,
         };
-        small_gemm(2 * n, no, ni, zb, &scr.wt, ni, false, &mut scr.xb);
-        for r in 0..2 * n {
-            add_skip_t(
+        if fma() && no <= tile::KC {
+            resize(&mut scr.zb_below, 2 * n * ni);
+            let (gb, gi) = bias_grads(below, g, base);
+            let mut e = Reverse {
                 l,
-                &scr.yb[r * no..(r + 1) * no],
-                &mut scr.xb[r * ni..(r + 1) * ni],
-            );
+                below,
+                li,
+                p,
+                n,
+                yb: &scr.yb,
+                hz: &tr.hz[li - 1],
+                sdot: &scr.sdot,
+                xb: &mut scr.xb,
+                zb: &mut scr.zb_below,
+                gb,
+                gi,
+            };
+            pair_tiles(n, zb, &wt[li], ni, 0..no, &mut e);
+            std::mem::swap(&mut scr.yb, &mut scr.xb);
+            std::mem::swap(&mut scr.zb, &mut scr.zb_below);
+        } else {
+            tile::gemm(2 * n, no, ni, zb, &wt[li], ni, false, &mut scr.xb);
+            for r in 0..2 * n {
+                add_skip_t(
+                    l,
+                    &scr.yb[r * no..(r + 1) * no],
+                    &mut scr.xb[r * ni..(r + 1) * ni],
+                );
+            }
+            std::mem::swap(&mut scr.yb, &mut scr.xb);
+            dual_rows(li - 1, below, p, tr, scr, g, base);
         }
-        std::mem::swap(&mut scr.yb, &mut scr.xb);
     }
+}
+
+/// The tiles of the stacked product `[a; a']`·B (2n rows, n value rows then their tangents),
+/// each with value rows r.. and their tangent rows n + r.. together, rows in ascending order.
+#[inline(always)]
+fn pair_tiles<T: Real, E: Epilogue<T>>(
+    n: usize,
+    a: Mat<T>,
+    b: &[T],
+    cols: usize,
+    ps: Range<usize>,
+    e: &mut E,
+) {
+    const P: usize = tile::R / 2;
+    let mut r = 0;
+    while r + P <= n {
+        let rows = std::array::from_fn::<usize, { tile::R }, _>(|i| r + i % P + (i / P) * n);
+        row_tiles(rows, a, b, cols, cols, ps.clone(), e);
+        r += P;
+    }
+    while r < n {
+        row_tiles([r, n + r], a, b, cols, cols, ps.clone(), e);
+        r += 1;
+    }
+}
+
+/// Every layer's Wᵀ (`[nout][nin]`), so that x̄ = z̄ Wᵀ reads contiguous rows; made once per
+/// block and step, not per task.
+fn transposed_weights<T: Real>(net: &Net, p: &[T]) -> Vec<Vec<T>> {
+    net.layers
+        .iter()
+        .map(|l| {
+            let (ni, no) = (l.nin, l.nout);
+            let mut wt = vec![T::zero(); ni * no];
+            for (j, wr) in p[l.w..l.w + ni * no].chunks_exact(no).enumerate() {
+                for (o, &v) in wr.iter().enumerate() {
+                    wt[o * ni + j] = v;
+                }
+            }
+            wt
+        })
+        .collect()
 }
 
 /// Parameter span of a net: all its tensors are allocated contiguously.
@@ -598,6 +866,7 @@ pub fn dual_backward<T: Real>(
                 }
                 let net = nets[k];
                 let sp = span(net);
+                let wt = transposed_weights(net, p);
                 let ts = tasks(rows.clone(), sel);
                 // Per-task partial gradients, summed in task order: the result does not depend on
                 // the number of threads.
@@ -613,7 +882,7 @@ pub fn dual_backward<T: Real>(
                             || {
                                 seeds.gather(d, ti, rows.start, sel, &reals, &mut scr.yb);
                                 inputs(net, p, tr, scr);
-                                dual(net, p, tr, scr, part, sp.start);
+                                dual(net, p, &wt, tr, scr, part, sp.start);
                             },
                         );
                     });
@@ -633,7 +902,7 @@ pub fn dual_backward<T: Real>(
                     let mut tr = Trace::default();
                     run(net, p, &mut tr, &mut scr);
                     let mut part = vec![T::zero(); sp.len()];
-                    dual(net, p, &tr, &mut scr, &mut part, sp.start);
+                    dual(net, p, &wt, &tr, &mut scr, &mut part, sp.start);
                     g.iter_mut().zip(part).for_each(|(a, b)| *a += b);
                 }
             }

@@ -10,6 +10,7 @@ mod loss;
 mod scatter;
 mod simd;
 mod tanh;
+mod tile;
 
 use std::ops::Range;
 
