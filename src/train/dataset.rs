@@ -154,6 +154,29 @@ pub fn load_data_in(
     rcut: f64,
     what: &str,
 ) -> Result<DataSet> {
+    load_data_visiting(fs, cfg, type_map, rcut, what, |_| (), |()| ())
+}
+
+/// A system kept by [`load_data_visiting`]: its index among the kept systems, its frames and
+/// its batch size.
+pub(crate) struct Kept {
+    pub index: usize,
+    pub sys: Arc<System>,
+    pub batch_size: usize,
+}
+
+/// [`load_data_in`], with work done on the kept systems as they are read: `compute` on the
+/// systems of one window (in parallel with the reading of the next window), then `add` on its
+/// result, window after window in system order (beside the computing of the next window).
+pub(crate) fn load_data_visiting<D: Send>(
+    fs: &dyn Files,
+    cfg: &DataConfig,
+    type_map: &[String],
+    rcut: f64,
+    what: &str,
+    compute: impl Fn(Vec<Kept>) -> D + Sync,
+    mut add: impl FnMut(D) + Send,
+) -> Result<DataSet> {
     let t = Instant::now();
     let paths = find_systems(fs, &cfg.system_paths, what)?;
     if let Some(p) = &cfg.sys_probs {
@@ -173,16 +196,36 @@ pub fn load_data_in(
     let mut pinned = Vec::new();
     let mut batch_sizes = Vec::new();
     let mut kept_probs = Vec::new();
+    // The kept systems read but not yet computed on, and the last window computed, not yet added.
+    let mut ready: Vec<Kept> = Vec::new();
+    let mut pending: Option<D> = None;
     let bar = phase_bar(paths.len(), &format!("reading {what} data"));
     for (w, chunk) in paths.chunks(window()).enumerate() {
-        let loaded: Vec<_> = chunk
-            .par_iter()
-            .map(|p| {
-                let sys = load_system_in(fs, p, type_map)?;
-                check_images(&sys, rcut)?;
-                Ok::<_, crate::data::DataError>(sys)
-            })
-            .collect();
+        let (loaded, done) = rayon::join(
+            || {
+                chunk
+                    .par_iter()
+                    .map(|p| {
+                        let sys = load_system_in(fs, p, type_map)?;
+                        check_images(&sys, rcut)?;
+                        Ok::<_, crate::data::DataError>(sys)
+                    })
+                    .collect::<Vec<_>>()
+            },
+            || {
+                let window = std::mem::take(&mut ready);
+                let (done, ()) = rayon::join(
+                    || compute(window),
+                    || {
+                        if let Some(d) = pending.take() {
+                            add(d)
+                        }
+                    },
+                );
+                done
+            },
+        );
+        pending = Some(done);
         for (k, (p, sys)) in chunk.iter().zip(loaded).enumerate() {
             let i = w * window() + k;
             let sys = sys.with_context(|| format!("loading {what} data"))?;
@@ -206,16 +249,27 @@ pub fn load_data_in(
                 kept_probs.push(sp[i]);
             }
             let info = sys.info();
+            let sys = Arc::new(sys);
             let fits = used.saturating_add(info.bytes()) <= budget;
-            pinned.push(fits.then(|| {
+            if fits {
                 used += info.bytes();
-                Arc::new(sys)
-            }));
+            }
+            pinned.push(fits.then(|| Arc::clone(&sys)));
+            ready.push(Kept {
+                index: systems.len(),
+                sys,
+                batch_size: bs,
+            });
             systems.push(info);
             kept_paths.push(p.clone());
             batch_sizes.push(bs);
         }
     }
+    let last = compute(ready);
+    if let Some(d) = pending {
+        add(d);
+    }
+    add(last);
     bar.finish_and_clear();
     if systems.is_empty() {
         bail!("{what} data: no system left after the batch_size filter");

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use anyhow::Result;
 use rayon::prelude::*;
 
-use crate::data::{Sampler, System, SystemInfo};
+use crate::config::DataConfig;
+use crate::data::{Files, Sampler, System, SystemInfo};
 use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats, FrameRows, ImageGrid};
 use crate::model::DescriptorSpec;
 
-use super::dataset::{phase_bar, window, DataSet};
+use super::dataset::{load_data_visiting, phase_bar, window, DataSet, Kept};
 
 /// Largest number of neighbours of each type inside rcut over all frames, and the smallest
 /// pair distance seen.
@@ -56,7 +57,12 @@ fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>
 /// Neighbour statistics over every frame of the data (DeePMD-kit's `NeighborStat`), systems
 /// read a window at a time and their frames counted in parallel.
 pub fn neighbor_stats(data: &DataSet, ntypes: usize, rcut: f64) -> Result<NeighborStats> {
-    let (ns, _) = scan(data, ntypes, Some(rcut), None, "neighbour statistics")?;
+    let pass = Pass {
+        ntypes,
+        count: Some(rcut),
+        stat: None,
+    };
+    let (ns, _) = scan(pass, data, &[], "neighbour statistics")?;
     Ok(ns.expect("counted"))
 }
 
@@ -84,16 +90,14 @@ pub fn stat_frames(
         .iter()
         .zip(batch_sizes)
         .enumerate()
-        .map(|(i, (sys, &bs))| {
-            let mut s = Sampler::new(
-                &[sys.nframes],
-                &[bs],
-                vec![1.0],
-                seed.wrapping_add(i as u64),
-            );
-            (0..nbatch).flat_map(|_| s.next_batch().1).collect()
-        })
+        .map(|(i, (sys, &bs))| system_stat_frames(i, sys.nframes, bs, nbatch, seed))
         .collect()
+}
+
+/// [`stat_frames`] of training system `i` (of `nframes` frames, batch size `bs`).
+fn system_stat_frames(i: usize, nframes: usize, bs: usize, nbatch: usize, seed: u64) -> Vec<usize> {
+    let mut s = Sampler::new(&[nframes], &[bs], vec![1.0], seed.wrapping_add(i as u64));
+    (0..nbatch).flat_map(|_| s.next_batch().1).collect()
 }
 
 /// The statistics a model starts from.
@@ -114,7 +118,12 @@ pub fn data_stats(
     data: &DataSet,
     frames: &[Vec<usize>],
 ) -> Result<DataStats> {
-    let (_, st) = scan(data, ntypes, None, Some((d, frames)), "data statistics")?;
+    let pass = Pass {
+        ntypes,
+        count: None,
+        stat: Some(d),
+    };
+    let (_, st) = scan(pass, data, frames, "data statistics")?;
     Ok(st.expect("summed"))
 }
 
@@ -126,8 +135,77 @@ pub fn neighbor_and_data_stats(
     data: &DataSet,
     frames: &[Vec<usize>],
 ) -> Result<(NeighborStats, DataStats)> {
-    let (ns, st) = scan(data, ntypes, Some(d.rcut), Some((d, frames)), "statistics")?;
+    let pass = Pass {
+        ntypes,
+        count: Some(d.rcut),
+        stat: Some(d),
+    };
+    let (ns, st) = scan(pass, data, frames, "statistics")?;
     Ok((ns.expect("counted"), st.expect("summed")))
+}
+
+/// What a pass over the data computes: with `count` (an rcut), the neighbour statistics over
+/// every frame; with `stat`, the environment rows of each system's statistics frames and the
+/// energy bias.
+#[derive(Clone, Copy)]
+pub struct Pass<'a> {
+    pub ntypes: usize,
+    pub count: Option<f64>,
+    pub stat: Option<&'a DescriptorSpec>,
+}
+
+/// The statistics frames of the data statistics computed on the training systems as they are
+/// read ([`load_training_with_stats`]): `nbatch` batches per system, of its batch size times
+/// `batch_factor` (the data-parallel ranks), drawn with `seed` as [`stat_frames`] draws them.
+pub struct StatDraw {
+    pub nbatch: usize,
+    pub batch_factor: usize,
+    pub seed: u64,
+}
+
+/// The training data loaded with `pass` computed on each system as it is read, beside the
+/// reading of the next ones: a system streamed from disk is then read once, not again for the
+/// statistics, and the statistics of a data set read under a lock (HDF5) use the other cores
+/// meanwhile. The same numbers as [`neighbor_and_data_stats`] over [`stat_frames`] after
+/// loading, bit for bit (the same frames, summed in the same order).
+pub fn load_training_with_stats(
+    fs: &dyn Files,
+    cfg: &DataConfig,
+    type_map: &[String],
+    rcut: f64,
+    pass: Pass,
+    draw: &StatDraw,
+) -> Result<(DataSet, Option<NeighborStats>, Option<DataStats>)> {
+    let mut sums = Sums::new(pass.ntypes);
+    let data = load_data_visiting(
+        fs,
+        cfg,
+        type_map,
+        rcut,
+        "training",
+        |kept: Vec<Kept>| {
+            let systems = kept
+                .into_iter()
+                .map(|k| {
+                    let frames = match pass.stat {
+                        Some(_) => system_stat_frames(
+                            k.index,
+                            k.sys.nframes,
+                            k.batch_size * draw.batch_factor,
+                            draw.nbatch,
+                            draw.seed,
+                        ),
+                        None => Vec::new(),
+                    };
+                    (k.sys, frames)
+                })
+                .collect();
+            pass.compute(systems)
+        },
+        |window| sums.add(pass, window),
+    )?;
+    let (ns, st) = sums.finish(pass);
+    Ok((data, ns, st))
 }
 
 /// What the pass computes for one frame.
@@ -147,138 +225,173 @@ impl FrameStat {
     }
 }
 
-/// One system's frames in the pass: its `FrameStat` per frame (`None` for frames neither
-/// counted nor in the statistics).
-type SystemStats = (usize, Arc<System>, Vec<Option<FrameStat>>);
+/// One system's part of the pass: the system, its statistics frames, and its `FrameStat` per
+/// frame (`None` for frames neither counted nor in the statistics).
+type SystemStats = (Arc<System>, Vec<usize>, Vec<Option<FrameStat>>);
 
-/// The pass over the data behind the start-up statistics: with `count` (an rcut), the neighbour
-/// statistics over every frame; with `stat`, the environment rows of the given frames of each
-/// system, summed in system and frame order (so the result does not depend on the number of
-/// threads), and the energy bias. Systems are read a window at a time and their frames computed
-/// in parallel; the sums of one window run beside the frames of the next.
-fn scan(
-    data: &DataSet,
-    ntypes: usize,
-    count: Option<f64>,
-    stat: Option<(&DescriptorSpec, &[Vec<usize>])>,
-    what: &str,
-) -> Result<(Option<NeighborStats>, Option<DataStats>)> {
-    let mut max_count = vec![0; ntypes];
-    let mut min_dist = f64::INFINITY;
-    let mut env = EnvStats::new(ntypes);
-    let (mut counts, mut energy) = (Vec::new(), Vec::new());
-    let bar = phase_bar(data.systems.len(), what);
-    let all: Vec<usize> = (0..data.systems.len()).collect();
-    let frames_of = |chunk: &[usize]| -> Result<Vec<SystemStats>> {
-        let systems = chunk
-            .par_iter()
-            .map(|&s| data.system(s))
-            .collect::<Result<Vec<_>>>()?;
+impl Pass<'_> {
+    /// The frames of a window of systems (each with its statistics frames), computed in
+    /// parallel.
+    fn compute(&self, systems: Vec<(Arc<System>, Vec<usize>)>) -> Vec<SystemStats> {
         // Per frame of the window: whether it is a statistics frame, or only counted.
         let mut jobs = Vec::new();
-        for (k, (&s, sys)) in chunk.iter().zip(&systems).enumerate() {
+        for (k, (sys, frames)) in systems.iter().enumerate() {
             let mut rows = vec![false; sys.nframes];
-            if let Some((_, frames)) = stat {
-                for &f in &frames[s] {
+            if self.stat.is_some() {
+                for &f in frames {
                     rows[f] = true;
                 }
             }
             jobs.extend(
                 (0..sys.nframes)
-                    .filter(|&f| rows[f] || count.is_some())
+                    .filter(|&f| rows[f] || self.count.is_some())
                     .map(|f| (k, f, rows[f])),
             );
         }
         let done: Vec<FrameStat> = jobs
             .par_iter()
             .map(|&(k, f, rows)| {
-                let sys = &systems[k];
-                match stat {
-                    Some((d, _)) if rows => FrameStat::Rows(frame_rows(
+                let sys = &systems[k].0;
+                match self.stat {
+                    Some(d) if rows => FrameStat::Rows(frame_rows(
                         d,
                         sys.frame_coord(f),
                         cell_of(sys, f).as_ref(),
                         &sys.atype,
                     )),
                     _ => {
-                        let rcut = count.expect("a frame only counted");
-                        let (c, m) = frame_counts(sys, f, ntypes, rcut);
+                        let rcut = self.count.expect("a frame only counted");
+                        let (c, m) = frame_counts(sys, f, self.ntypes, rcut);
                         FrameStat::Counts(c, m)
                     }
                 }
             })
             .collect();
-        let mut out: Vec<SystemStats> = chunk
-            .iter()
-            .zip(systems)
-            .map(|(&s, sys)| {
+        let mut out: Vec<SystemStats> = systems
+            .into_iter()
+            .map(|(sys, frames)| {
                 let none = (0..sys.nframes).map(|_| None).collect();
-                (s, sys, none)
+                (sys, frames, none)
             })
             .collect();
         for (&(k, f, _), r) in jobs.iter().zip(done) {
             out[k].2[f] = Some(r);
         }
-        Ok(out)
-    };
-    let mut add = |window: Vec<SystemStats>| {
-        for (s, sys, per_frame) in window {
-            if count.is_some() {
+        out
+    }
+}
+
+/// The running sums of a pass, added to in system and frame order (so that the result does not
+/// depend on the number of threads).
+struct Sums {
+    max_count: Vec<usize>,
+    min_dist: f64,
+    nframes: usize,
+    env: EnvStats,
+    counts: Vec<Vec<f64>>,
+    energy: Vec<f64>,
+}
+
+impl Sums {
+    fn new(ntypes: usize) -> Self {
+        Sums {
+            max_count: vec![0; ntypes],
+            min_dist: f64::INFINITY,
+            nframes: 0,
+            env: EnvStats::new(ntypes),
+            counts: Vec::new(),
+            energy: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, pass: Pass, window: Vec<SystemStats>) {
+        for (sys, frames, per_frame) in window {
+            self.nframes += sys.nframes;
+            if pass.count.is_some() {
                 // Maxima and minima: the same whatever the order.
                 for (c, m) in per_frame.iter().flatten().map(FrameStat::counts) {
-                    for (mc, &c) in max_count.iter_mut().zip(c) {
+                    for (mc, &c) in self.max_count.iter_mut().zip(c) {
                         *mc = (*mc).max(c);
                     }
-                    min_dist = min_dist.min(m);
+                    self.min_dist = self.min_dist.min(m);
                 }
             }
-            if let Some((_, frames)) = stat {
-                let c: Vec<f64> = sys.type_counts(ntypes).iter().map(|&n| n as f64).collect();
-                for &f in &frames[s] {
+            if pass.stat.is_some() {
+                let c: Vec<f64> = sys
+                    .type_counts(pass.ntypes)
+                    .iter()
+                    .map(|&n| n as f64)
+                    .collect();
+                for &f in &frames {
                     let Some(FrameStat::Rows(r)) = &per_frame[f] else {
                         unreachable!("statistics frames have rows");
                     };
-                    env.add_rows(r);
-                    counts.push(c.clone());
-                    energy.push(sys.energy[f]);
+                    self.env.add_rows(r);
+                    self.counts.push(c.clone());
+                    self.energy.push(sys.energy[f]);
                 }
             }
-            bar.inc(1);
         }
+    }
+
+    fn finish(self, pass: Pass) -> (Option<NeighborStats>, Option<DataStats>) {
+        let neighbours = pass.count.map(|_| NeighborStats {
+            max_count: self.max_count,
+            min_dist: self.min_dist,
+            nframes: self.nframes,
+        });
+        let stats = pass.stat.map(|d| {
+            let (davg, dstd) = self.env.davg_dstd(d.set_davg_zero);
+            let (bias, std) = energy_bias(&self.counts, &self.energy);
+            DataStats {
+                davg,
+                dstd,
+                bias,
+                out_std: vec![std; pass.ntypes],
+                nframes: self.energy.len(),
+            }
+        });
+        (neighbours, stats)
+    }
+}
+
+/// `pass` over the loaded data, with the statistics frames `frames` of each system. Systems
+/// are read a window at a time and their frames computed in parallel; the sums of one window
+/// run beside the frames of the next.
+fn scan(
+    pass: Pass,
+    data: &DataSet,
+    frames: &[Vec<usize>],
+    what: &str,
+) -> Result<(Option<NeighborStats>, Option<DataStats>)> {
+    let mut sums = Sums::new(pass.ntypes);
+    let bar = phase_bar(data.systems.len(), what);
+    let all: Vec<usize> = (0..data.systems.len()).collect();
+    let frames_of = |chunk: &[usize]| -> Result<Vec<SystemStats>> {
+        let systems = chunk
+            .par_iter()
+            .map(|&s| Ok((data.system(s)?, frames.get(s).cloned().unwrap_or_default())))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(pass.compute(systems))
     };
-    let mut pending = None;
+    let mut pending: Option<Vec<SystemStats>> = None;
     for chunk in all.chunks(window()) {
         let (next, ()) = rayon::join(
             || frames_of(chunk),
             || {
                 if let Some(w) = pending.take() {
-                    add(w)
+                    bar.inc(w.len() as u64);
+                    sums.add(pass, w);
                 }
             },
         );
         pending = Some(next?);
     }
     if let Some(w) = pending {
-        add(w);
+        sums.add(pass, w);
     }
     bar.finish_and_clear();
-    let neighbours = count.map(|_| NeighborStats {
-        max_count,
-        min_dist,
-        nframes: data.systems.iter().map(|s| s.nframes).sum(),
-    });
-    let stats = stat.map(|(d, _)| {
-        let (davg, dstd) = env.davg_dstd(d.set_davg_zero);
-        let (bias, std) = energy_bias(&counts, &energy);
-        DataStats {
-            davg,
-            dstd,
-            bias,
-            out_std: vec![std; ntypes],
-            nframes: energy.len(),
-        }
-    });
-    Ok((neighbours, stats))
+    Ok(sums.finish(pass))
 }
 
 #[cfg(test)]

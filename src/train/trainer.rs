@@ -34,13 +34,17 @@ use super::outputs::{self, RunLock};
 use super::resident::{self, Resident};
 use super::run::{block_on, Batches, Driver, Resume, Run, StepBatch, Validation};
 use super::stats::{
-    auto_sel, data_stats, neighbor_and_data_stats, neighbor_stats, stat_frames, NeighborStats,
+    auto_sel, data_stats, load_training_with_stats, neighbor_and_data_stats, neighbor_stats,
+    stat_frames, NeighborStats, Pass, StatDraw,
 };
 use super::step::DeviceModel;
 use super::validation::VALID_STREAM;
 
 /// Target of the per-display progress lines (`RUST_LOG=info,dpw::progress=off` hides them).
 pub const PROGRESS_TARGET: &str = "dpw::progress";
+
+/// Mixed into the training seed for the draw of the statistics frames ("STAT").
+const STAT_SEED: u64 = 0x5354_4154;
 
 /// How a run starts.
 pub enum Start {
@@ -233,7 +237,44 @@ pub fn prepare_in(
     let ntypes = type_map.len();
     let rcut = cfg.model.descriptor.rcut;
 
-    let train = load_data_in(fs, &cfg.training.training_data, &type_map, rcut, "training")?;
+    let (seed, seed_note) = match cfg.training.seed {
+        Some(s) => (s, ""),
+        None => (random_seed(), " (training.seed not set: drawn at random)"),
+    };
+    let d = cfg.model.descriptor.clone();
+    let fresh = matches!(start, Start::Fresh);
+    // As dp train, a fixed sel is checked against the data's neighbour counts (one smaller than
+    // them drops neighbours); for a new model in the same pass as the data statistics.
+    let check_sel = match &d.sel {
+        Sel::Fixed(s) => neighbor_stat && s.iter().sum::<usize>() <= MAX_NNEI,
+        Sel::Auto(_) => false,
+    };
+    // What can be computed on the training systems as they are read: the neighbour counts when
+    // they will be needed, and a new model's data statistics when its sel is known already (a
+    // model the statistics could not be computed for is refused below, after the reading).
+    let early_spec = match &d.sel {
+        Sel::Fixed(s) if fresh => Some(spec_of(&cfg, s.clone())).filter(|m| m.check().is_ok()),
+        _ => None,
+    };
+    let pass = Pass {
+        ntypes,
+        count: (check_sel || (fresh && matches!(d.sel, Sel::Auto(_)))).then_some(rcut),
+        stat: early_spec.as_ref().map(|m| &m.descriptor),
+    };
+    let draw = StatDraw {
+        nbatch: cfg.model.data_stat_nbatch,
+        batch_factor: dist::world().size(),
+        seed: seed ^ STAT_SEED,
+    };
+    let t_read = Instant::now();
+    let (train, mut early_ns, mut early_st) = load_training_with_stats(
+        fs,
+        &cfg.training.training_data,
+        &type_map,
+        rcut,
+        pass,
+        &draw,
+    )?;
     for l in train.summary("training") {
         tracing::info!("{l}");
     }
@@ -265,7 +306,6 @@ pub fn prepare_in(
     };
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
-    let d = cfg.model.descriptor.clone();
     let log_neighbours = |ns: &NeighborStats, t: Instant| {
         tracing::info!(
             "neighbour statistics over {} training frames (rcut {}): max neighbours per type {:?} ({}), min pair distance {:.4} ({:.2} s)",
@@ -277,17 +317,15 @@ pub fn prepare_in(
             t.elapsed().as_secs_f64()
         );
     };
-    let neighbours = || {
+    let mut neighbours = || {
+        if let Some(ns) = early_ns.take() {
+            log_neighbours(&ns, t_read);
+            return anyhow::Ok(ns);
+        }
         let t = Instant::now();
         let ns = neighbor_stats(&train, ntypes, d.rcut)?;
         log_neighbours(&ns, t);
         anyhow::Ok(ns)
-    };
-    // As dp train, a fixed sel is checked against the data's neighbour counts (one smaller than
-    // them drops neighbours); for a new model in the same pass as the data statistics.
-    let check_sel = match &d.sel {
-        Sel::Fixed(s) => neighbor_stat && s.iter().sum::<usize>() <= MAX_NNEI,
-        Sel::Auto(_) => false,
     };
     let sel = match (&d.sel, given) {
         (Sel::Auto(_), Some(m)) => {
@@ -329,10 +367,6 @@ pub fn prepare_in(
     }
 
     let precision = cfg.model.descriptor.precision;
-    let (seed, seed_note) = match cfg.training.seed {
-        Some(s) => (s, ""),
-        None => (random_seed(), " (training.seed not set: drawn at random)"),
-    };
     if let Some(ck) = &restart {
         if ck.precision != precision {
             bail!(
@@ -356,26 +390,29 @@ pub fn prepare_in(
     } else {
         let init_seed = d.seed.or(cfg.model.fitting_net.seed).unwrap_or(seed);
         let mut m = Model::new(spec.clone(), init_seed);
-        let t = Instant::now();
+        let mut t = Instant::now();
         // Over `data_stat_nbatch` global batches: with N data-parallel ranks N × batch_size.
         let global_bs: Vec<usize> = train
             .batch_sizes
             .iter()
-            .map(|b| b * dist::world().size())
+            .map(|b| b * draw.batch_factor)
             .collect();
-        let frames = stat_frames(
-            &train.systems,
-            &global_bs,
-            cfg.model.data_stat_nbatch,
-            seed ^ 0x5354_4154,
-        );
-        let st = if check_sel {
+        let frames = || stat_frames(&train.systems, &global_bs, draw.nbatch, draw.seed);
+        let st = if let Some(st) = early_st.take() {
+            t = t_read;
+            if let Some(ns) = early_ns.take() {
+                log_neighbours(&ns, t);
+                warn_small_sel(&ns, &spec.descriptor.sel);
+            }
+            st
+        } else if check_sel {
+            let frames = frames();
             let (ns, st) = neighbor_and_data_stats(&spec.descriptor, ntypes, &train, &frames)?;
             log_neighbours(&ns, t);
             warn_small_sel(&ns, &spec.descriptor.sel);
             st
         } else {
-            data_stats(&spec.descriptor, ntypes, &train, &frames)?
+            data_stats(&spec.descriptor, ntypes, &train, &frames())?
         };
         tracing::info!(
             "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}, energy bias {:?} ({}), residual std {:.4} ({:.2} s)",
