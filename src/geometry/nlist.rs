@@ -28,16 +28,16 @@ pub fn build_nlist(
     let nnei: usize = sel.iter().sum();
     let mut owner = vec![-1i32; atype.len() * nnei];
     let mut rij = vec![0.0; atype.len() * nnei * 3];
-    let (max_count, min_dist) =
-        visit_nlist(coord, cell, atype, rcut, sel, |i, slot_owner, slot_rij| {
-            owner[i * nnei..(i + 1) * nnei].copy_from_slice(slot_owner);
-            for (dst, src) in rij[3 * i * nnei..3 * (i + 1) * nnei]
-                .chunks_exact_mut(3)
-                .zip(slot_rij)
-            {
-                dst.copy_from_slice(src);
+    let (max_count, min_dist) = visit_nlist(coord, cell, atype, rcut, sel, |i, kept| {
+        let mut slot = i * nnei;
+        for (list, &width) in kept.iter().zip(sel) {
+            for (k, &(j, d)) in list.iter().enumerate() {
+                owner[slot + k] = j as i32;
+                rij[3 * (slot + k)..3 * (slot + k + 1)].copy_from_slice(&d);
             }
-        });
+            slot += width;
+        }
+    });
     NeighborList {
         nnei,
         owner,
@@ -47,8 +47,9 @@ pub fn build_nlist(
     }
 }
 
-/// The neighbour list of [`build_nlist`] one atom at a time: `f(i, owner, rij)` for every atom
-/// in order, with the `nnei` slots of atom `i` (owner −1 and rij zero where a slot is padded).
+/// The neighbour list of [`build_nlist`] one atom at a time, without its padding: `f(i, kept)`
+/// for every atom in order, `kept[t]` holding the (owner, r_j − r_i) of atom `i`'s slots of
+/// type `t` that are filled, nearest first (the padded slots follow them in the list).
 /// Returns the largest neighbour count per type inside rcut and the smallest pair distance.
 pub fn visit_nlist(
     coord: &[f64],
@@ -56,7 +57,7 @@ pub fn visit_nlist(
     atype: &[usize],
     rcut: f64,
     sel: &[usize],
-    mut f: impl FnMut(usize, &[i32], &[[f64; 3]]),
+    mut f: impl FnMut(usize, &[Vec<(usize, [f64; 3])>]),
 ) -> (Vec<usize>, f64) {
     let n = atype.len();
     let nt = sel.len();
@@ -70,52 +71,52 @@ pub fn visit_nlist(
         .collect();
     let grid = ImageGrid::new(&pos, cell, rcut);
     let rc2 = rcut * rcut;
-    let sections: Vec<usize> = std::iter::once(0)
-        .chain(sel.iter().scan(0, |s, &x| {
-            *s += x;
-            Some(*s)
-        }))
-        .collect();
     let mut max_count = vec![0usize; nt];
     let mut min_d2 = f64::INFINITY;
     // Per candidate: its sort key (distance², then extended index: DeePMD's stable sort over
     // extended atoms) with its position in `found` in the low bits, so that the sort moves
-    // 16-byte integers. A distance² is never negative, so its bits order as its values.
-    let mut keys: Vec<u128> = Vec::new();
+    // 16-byte integers. A distance² is never negative, so its bits order as its values. Keys
+    // are kept per type: when no more than nnei candidates are found (sel large enough, the
+    // usual case) each type keeps its own nearest, and sorting the types apart is cheaper.
+    let mut keys: Vec<Vec<u128>> = vec![Vec::new(); nt];
+    let mut all: Vec<u128> = Vec::new();
     let mut found: Vec<(usize, [f64; 3])> = Vec::new();
-    let (mut count, mut filled) = (vec![0usize; nt], vec![0usize; nt]);
-    let mut owner = vec![-1i32; nnei];
-    let mut rij = vec![[0.0; 3]; nnei];
+    let mut kept: Vec<Vec<(usize, [f64; 3])>> = vec![Vec::new(); nt];
     for i in 0..n {
-        keys.clear();
+        keys.iter_mut().for_each(Vec::clear);
+        kept.iter_mut().for_each(Vec::clear);
         found.clear();
-        count.fill(0);
         grid.neighbours(i, rc2, |e, j, d, d2| {
-            count[atype[j]] += 1;
-            keys.push((u128::from(d2.to_bits()) << 64) | ((e as u128) << 32) | found.len() as u128);
+            min_d2 = min_d2.min(d2);
+            keys[atype[j]]
+                .push((u128::from(d2.to_bits()) << 64) | ((e as u128) << 32) | found.len() as u128);
             found.push((j, d));
         });
-        keys.sort_unstable();
-        for (m, &c) in max_count.iter_mut().zip(&count) {
-            *m = (*m).max(c);
+        for (m, k) in max_count.iter_mut().zip(&keys) {
+            *m = (*m).max(k.len());
         }
-        if let Some(&k) = keys.first() {
-            min_d2 = min_d2.min(f64::from_bits((k >> 64) as u64));
-        }
-        owner.fill(-1);
-        rij.fill([0.0; 3]);
-        filled.fill(0);
-        for &k in keys.iter().take(nnei) {
-            let (j, d) = found[(k as u32) as usize];
-            let t = atype[j];
-            if filled[t] < sel[t] {
-                let slot = sections[t] + filled[t];
-                owner[slot] = j as i32;
-                rij[slot] = d;
-                filled[t] += 1;
+        if found.len() <= nnei {
+            for ((k, list), &width) in keys.iter_mut().zip(&mut kept).zip(sel) {
+                if k.len() > width {
+                    k.select_nth_unstable(width);
+                    k.truncate(width);
+                }
+                k.sort_unstable();
+                list.extend(k.iter().map(|&k| found[(k as u32) as usize]));
+            }
+        } else {
+            // More candidates than slots: the nnei nearest of any type, as DeePMD-kit keeps them.
+            all.clear();
+            keys.iter().for_each(|k| all.extend(k));
+            all.sort_unstable();
+            for &k in all.iter().take(nnei) {
+                let (j, d) = found[(k as u32) as usize];
+                if kept[atype[j]].len() < sel[atype[j]] {
+                    kept[atype[j]].push((j, d));
+                }
             }
         }
-        f(i, &owner, &rij);
+        f(i, &kept);
     }
     (max_count, min_d2.sqrt())
 }

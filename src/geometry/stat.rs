@@ -102,17 +102,13 @@ pub fn frame_rows(
         slots: vec![0; ntypes],
         ..FrameRows::default()
     };
-    (out.max_count, out.min_dist) =
-        visit_nlist(coord, cell, atype, d.rcut, &d.sel, |i, owner, rij| {
-            let t = atype[i];
-            out.slots[t] += nnei;
-            let rows = &mut out.rows[t];
-            for (&o, &x) in owner.iter().zip(rij) {
-                if o >= 0 {
-                    rows.push(env_value(x, &env));
-                }
-            }
-        });
+    (out.max_count, out.min_dist) = visit_nlist(coord, cell, atype, d.rcut, &d.sel, |i, kept| {
+        let t = atype[i];
+        out.slots[t] += nnei;
+        for list in kept {
+            out.rows[t].extend(list.iter().map(|&(_, x)| env_value(x, &env)));
+        }
+    });
     out
 }
 
