@@ -85,14 +85,16 @@ mod with_lib {
 
     impl Group {
         fn dataset(&self, rel: &str) -> Result<h5::Dataset, DataError> {
-            if !self.has_file(rel) {
-                return Err(DataError::Missing {
-                    path: self.path(rel),
-                });
-            }
-            self.group
-                .dataset(rel)
-                .map_err(|e| h5_error(self.path(rel), "not a dataset", e))
+            // Opened first, and only a failure looked into: one library call per dataset.
+            self.group.dataset(rel).map_err(|e| {
+                if self.has_file(rel) {
+                    h5_error(self.path(rel), "not a dataset", e)
+                } else {
+                    DataError::Missing {
+                        path: self.path(rel),
+                    }
+                }
+            })
         }
     }
 
