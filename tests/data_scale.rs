@@ -12,7 +12,10 @@ use dpw::config::Config;
 use dpw::data::{find_systems, search_systems, Disk};
 use dpw::geometry::{build_nlist, energy_bias, env_row, Cell, EnvStats};
 use dpw::train::dataset::{load_data, DataSet};
-use dpw::train::stats::{data_stats, neighbor_and_data_stats, neighbor_stats, stat_frames};
+use dpw::train::stats::{
+    data_stats, load_training_with_stats, neighbor_and_data_stats, neighbor_stats, stat_frames,
+    Pass, StatDraw,
+};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -205,6 +208,47 @@ fn parallel_statistics_equal_the_sequential_sums() {
         neighbor_and_data_stats(&d, 2, &data, &frames).unwrap(),
         (ns, got)
     );
+}
+
+/// The statistics computed on the systems as they are read (window after window, beside the
+/// reading) equal those of a pass over the data after loading, bit for bit.
+#[test]
+fn statistics_while_reading_equal_those_after_loading() {
+    let tmp = TempDir::new().unwrap();
+    // More systems than a window of reading holds.
+    let systems: Vec<PathBuf> = (0..10)
+        .map(|k| {
+            let dir = tmp.path().join(format!("sys{k:02}"));
+            copy_dir(&water().join(format!("data_{}", k % 3)), &dir);
+            dir
+        })
+        .collect();
+    let cfg = config(&tiny_input(json!(systems), 1), tmp.path());
+    let d = common::water_descriptor();
+    let pass = Pass {
+        ntypes: 2,
+        count: Some(d.rcut),
+        stat: Some(&d),
+    };
+    let draw = StatDraw {
+        nbatch: 3,
+        batch_factor: 2,
+        seed: 11,
+    };
+    let (data, ns, st) = load_training_with_stats(
+        &Disk,
+        &cfg.training.training_data,
+        &cfg.model.type_map,
+        d.rcut,
+        pass,
+        &draw,
+    )
+    .unwrap();
+    let bs: Vec<usize> = data.batch_sizes.iter().map(|b| 2 * b).collect();
+    let frames = stat_frames(&data.systems, &bs, 3, 11);
+    let after = neighbor_and_data_stats(&d, 2, &data, &frames).unwrap();
+    assert_eq!((ns.unwrap(), st.unwrap()), after);
+    assert_eq!(after.1.nframes, frames.iter().map(Vec::len).sum::<usize>());
 }
 
 fn dpw(dir: &Path, cache_mb: Option<&str>, args: &[&str]) -> Output {
