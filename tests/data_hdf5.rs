@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use dpw::data::{load_system, search_systems, DataError};
+use dpw::data::{keep_open, load_system, search_systems, DataError};
 use dpw::model::{FittingSpec, ModelSpec};
 use dpw::train::batch::assemble_frames;
 use hdf5_metno as h5;
@@ -204,4 +204,31 @@ fn training_on_hdf5_equals_training_on_npy() {
     }
     assert_eq!(lcurves[0].lines().count(), 10);
     assert_eq!(lcurves[0], lcurves[1]);
+}
+
+/// A pass over the data keeps its HDF5 files open only while it runs (its guard lives): a file
+/// rewritten between two passes is read anew by the second.
+#[test]
+fn a_file_rewritten_between_passes_is_read_anew() {
+    let tmp = TempDir::new().unwrap();
+    let file = water_file(tmp.path());
+    let sys = PathBuf::from(format!("{}#/train/data_0", file.display()));
+    let tm = names(&["O", "H"]);
+    let pass = || {
+        let _open = keep_open();
+        let first = load_system(&sys, &tm).unwrap();
+        // The second read in the pass goes through the file kept open.
+        assert_eq!(load_system(&sys, &tm).unwrap().energy, first.energy);
+        first.energy[0]
+    };
+    let e0 = pass();
+    {
+        let f = h5::File::open_rw(&file).unwrap();
+        let e = f.dataset("train/data_0/set.000/energy.npy").unwrap();
+        let mut v = e.read_raw::<f32>().unwrap();
+        v[0] += 1.0;
+        e.write_raw(&v).unwrap();
+    }
+    let e1 = pass();
+    assert!((e1 - (e0 + 1.0)).abs() < 1e-3, "{e0} then {e1}");
 }

@@ -20,6 +20,27 @@ pub fn is_hdf5_file(path: &Path) -> bool {
 #[cfg(feature = "hdf5")]
 pub use with_lib::{system_groups, with_group};
 
+/// While one of these lives, the HDF5 files [`with_group`] opens stay open (the last few), so a
+/// pass over thousands of systems in one file opens it once instead of once per system (each
+/// open is about a tenth of reading a small system, all of it under the library's global
+/// lock). Dropping the last one closes them, so a file rewritten between passes is read anew.
+#[must_use = "files stay open only while the guard lives"]
+pub struct KeepOpen(());
+
+/// A [`KeepOpen`] guard for the current pass over the data.
+pub fn keep_open() -> KeepOpen {
+    #[cfg(feature = "hdf5")]
+    with_lib::hold();
+    KeepOpen(())
+}
+
+impl Drop for KeepOpen {
+    fn drop(&mut self) {
+        #[cfg(feature = "hdf5")]
+        with_lib::release();
+    }
+}
+
 #[cfg(not(feature = "hdf5"))]
 fn no_support(file: &Path) -> DataError {
     DataError::Invalid {
@@ -49,6 +70,7 @@ pub fn system_groups(file: &Path, _group: &str) -> Result<Vec<String>, DataError
 #[cfg(feature = "hdf5")]
 mod with_lib {
     use std::path::{Path, PathBuf};
+    use std::sync::{Mutex, MutexGuard};
 
     use h5::types::{FixedAscii, FloatSize, TypeDescriptor, VarLenAscii, VarLenUnicode};
     use hdf5_metno as h5;
@@ -60,6 +82,56 @@ mod with_lib {
             path,
             reason: format!("{what}: {e}"),
         }
+    }
+
+    /// Files most recently opened first, kept while `guards` > 0.
+    struct Kept {
+        guards: usize,
+        files: Vec<(PathBuf, h5::File)>,
+    }
+
+    /// Enough for a data set spread over a few files; each holds the file's metadata cache.
+    const MAX_KEPT: usize = 8;
+
+    static KEPT: Mutex<Kept> = Mutex::new(Kept {
+        guards: 0,
+        files: Vec::new(),
+    });
+
+    // Lock order: KEPT, then the library's lock (taken inside every h5 call), never the reverse.
+    fn kept() -> MutexGuard<'static, Kept> {
+        KEPT.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn hold() {
+        kept().guards += 1;
+    }
+
+    pub(super) fn release() {
+        let mut k = kept();
+        k.guards -= 1;
+        if k.guards == 0 {
+            k.files.clear();
+        }
+    }
+
+    /// `file` opened, or a handle to it if a [`super::KeepOpen`] keeps it open.
+    fn open_kept(file: &Path) -> Result<h5::File, DataError> {
+        let mut k = kept();
+        if k.guards == 0 {
+            drop(k);
+            return open(file);
+        }
+        if let Some(i) = k.files.iter().position(|(p, _)| p == file) {
+            let entry = k.files.remove(i);
+            let h = entry.1.clone();
+            k.files.insert(0, entry);
+            return Ok(h);
+        }
+        let h = open(file)?;
+        k.files.insert(0, (file.to_path_buf(), h.clone()));
+        k.files.truncate(MAX_KEPT);
+        Ok(h)
     }
 
     fn open(file: &Path) -> Result<h5::File, DataError> {
@@ -202,7 +274,7 @@ mod with_lib {
         group: &str,
         f: impl FnOnce(&dyn Source) -> Result<R, DataError>,
     ) -> Result<R, DataError> {
-        let h = open(file)?;
+        let h = open_kept(file)?;
         let g = h.group(group).map_err(|_| DataError::Invalid {
             path: file.to_path_buf(),
             reason: format!("has no group {group:?}"),

@@ -12,9 +12,11 @@ mod system;
 mod validate;
 
 pub use files::{Disk, Files, MemFiles};
-pub use hdf5::is_hdf5_file;
+pub use hdf5::{is_hdf5_file, keep_open, KeepOpen};
 pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
-pub use system::{load_system, load_system_in, DataError, System, SystemInfo};
-pub use validate::{check_images, MIN_DIST};
+pub use system::{
+    in_hdf5_file, load_system, load_system_in, read_system_in, DataError, System, SystemInfo,
+};
+pub use validate::{check_frames, check_images, MIN_DIST};

@@ -13,13 +13,20 @@ use std::sync::{Arc, Mutex};
 
 use super::system::{load_system, DataError, System};
 
-/// Budget of the frames kept in memory, from `DPW_DATA_CACHE_MB` (default 512 MiB).
+/// Budget of the frames kept in memory, from `DPW_DATA_CACHE_MB` (default 384 MiB: with the
+/// model, the workspaces and a prefetched batch, training stays under 1 GB however large the
+/// data set).
 pub fn cache_budget() -> usize {
-    const DEFAULT_MB: usize = 512;
-    let mb = std::env::var("DPW_DATA_CACHE_MB")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(DEFAULT_MB);
+    const DEFAULT_MB: usize = 384;
+    let mb = match std::env::var("DPW_DATA_CACHE_MB") {
+        Ok(v) => v.trim().parse::<usize>().unwrap_or_else(|_| {
+            tracing::warn!(
+                "DPW_DATA_CACHE_MB={v:?} is not a whole number of MiB; using {DEFAULT_MB}"
+            );
+            DEFAULT_MB
+        }),
+        Err(_) => DEFAULT_MB,
+    };
     mb.saturating_mul(1 << 20)
 }
 

@@ -117,7 +117,24 @@ pub fn load_system_in(
     path: &Path,
     type_map: &[String],
 ) -> Result<System, DataError> {
+    let sys = read_system_in(fs, path, type_map)?;
+    super::validate::check_frames(&sys)?;
+    Ok(sys)
+}
+
+/// [`load_system_in`] without [`check_frames`](super::check_frames): the reading alone, for a
+/// caller that checks the frames elsewhere (in parallel, while HDF5 reads take turns).
+pub fn read_system_in(
+    fs: &dyn Files,
+    path: &Path,
+    type_map: &[String],
+) -> Result<System, DataError> {
     with_source(fs, path, |src| load_from(src, path, type_map))
+}
+
+/// Whether the system at `path` is a group of an HDF5 file.
+pub fn in_hdf5_file(path: &Path) -> bool {
+    matches!(Location::parse(path), Location::Hdf5 { .. })
 }
 
 /// Runs `f` on the source of the system at `path`.
@@ -232,7 +249,7 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
             reason: "the system has no frames".into(),
         });
     }
-    let sys = System {
+    Ok(System {
         path: path.to_path_buf(),
         natoms,
         atype,
@@ -243,9 +260,7 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
         energy,
         force,
         virial: all_have_virial.then_some(virial),
-    };
-    super::validate::check_frames(&sys)?;
-    Ok(sys)
+    })
 }
 
 /// Model type index of each atom, in `type.raw` order.

@@ -2,6 +2,7 @@
 //! batches and system probabilities (docs/deepmd-spec.md §12), and the summary `dp train` prints.
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -11,8 +12,8 @@ use web_time::Instant;
 
 use crate::config::DataConfig;
 use crate::data::{
-    cache_budget, check_images, find_systems, load_system_in, nbatches, system_probs, Disk, Files,
-    Sampler, System, SystemInfo, SystemStore,
+    cache_budget, check_frames, check_images, find_systems, in_hdf5_file, keep_open, nbatches,
+    read_system_in, system_probs, DataError, Disk, Files, Sampler, System, SystemInfo, SystemStore,
 };
 use crate::model::ModelSpec;
 
@@ -157,6 +158,31 @@ pub fn load_data_in(
     load_data_visiting(fs, cfg, type_map, rcut, what, |_| (), |()| ())
 }
 
+/// The systems at `paths`, read and checked, each with its own result. HDF5 reads take turns
+/// under the library's global lock, so a window of them is read on one thread (the other
+/// computing meanwhile instead of waiting for the lock) and checked in parallel after.
+fn read_window(
+    fs: &dyn Files,
+    paths: &[PathBuf],
+    type_map: &[String],
+    rcut: f64,
+) -> Vec<Result<System, DataError>> {
+    let read = |p: &PathBuf| read_system_in(fs, p, type_map);
+    let read: Vec<_> = if paths.iter().any(|p| in_hdf5_file(p)) {
+        paths.iter().map(read).collect()
+    } else {
+        paths.par_iter().map(read).collect()
+    };
+    read.into_par_iter()
+        .map(|sys| {
+            let sys = sys?;
+            check_frames(&sys)?;
+            check_images(&sys, rcut)?;
+            Ok(sys)
+        })
+        .collect()
+}
+
 /// A system kept by [`load_data_visiting`]: its index among the kept systems, its frames and
 /// its batch size.
 pub(crate) struct Kept {
@@ -200,18 +226,10 @@ pub(crate) fn load_data_visiting<D: Send>(
     let mut ready: Vec<Kept> = Vec::new();
     let mut pending: Option<D> = None;
     let bar = phase_bar(paths.len(), &format!("reading {what} data"));
+    let _open = keep_open();
     for (w, chunk) in paths.chunks(window()).enumerate() {
         let (loaded, done) = rayon::join(
-            || {
-                chunk
-                    .par_iter()
-                    .map(|p| {
-                        let sys = load_system_in(fs, p, type_map)?;
-                        check_images(&sys, rcut)?;
-                        Ok::<_, crate::data::DataError>(sys)
-                    })
-                    .collect::<Vec<_>>()
-            },
+            || read_window(fs, chunk, type_map, rcut),
             || {
                 let window = std::mem::take(&mut ready);
                 let (done, ()) = rayon::join(

@@ -8,7 +8,7 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 use crate::config::DataConfig;
-use crate::data::{Files, Sampler, System, SystemInfo};
+use crate::data::{keep_open, Files, Sampler, System, SystemInfo};
 use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats, FrameRows, ImageGrid};
 use crate::model::DescriptorSpec;
 
@@ -367,6 +367,7 @@ fn scan(
     let mut sums = Sums::new(pass.ntypes);
     let bar = phase_bar(data.systems.len(), what);
     let all: Vec<usize> = (0..data.systems.len()).collect();
+    let _open = keep_open();
     let frames_of = |chunk: &[usize]| -> Result<Vec<SystemStats>> {
         let systems = chunk
             .par_iter()
