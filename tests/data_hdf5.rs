@@ -6,6 +6,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use dpw::data::{keep_open, load_system, search_systems, DataError};
 use dpw::model::{FittingSpec, ModelSpec};
@@ -14,6 +15,14 @@ use hdf5_metno as h5;
 use ndarray::ArrayD;
 use ndarray_npy::read_npy;
 use tempfile::TempDir;
+
+/// While any pass over the data runs (a `keep_open` guard lives), every HDF5 file the process
+/// opens stays open until the pass ends, and an open file cannot be written: the tests of this
+/// file, which write HDF5 files and run passes, take turns.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn water(name: &str) -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/water")).join(name)
@@ -89,6 +98,7 @@ fn spec() -> ModelSpec {
 
 #[test]
 fn hdf5_and_npy_give_identical_frames_and_batches() {
+    let _turn = one_at_a_time();
     let tmp = TempDir::new().unwrap();
     let file = water_file(tmp.path());
     let found = search_systems(&file).unwrap();
@@ -134,6 +144,7 @@ fn load_err(p: &Path) -> String {
 
 #[test]
 fn bad_hdf5_files_get_named_errors() {
+    let _turn = one_at_a_time();
     let tmp = TempDir::new().unwrap();
     let not_h5 = tmp.path().join("fake.hdf5");
     std::fs::write(&not_h5, "not an hdf5 file").unwrap();
@@ -181,6 +192,7 @@ fn bad_hdf5_files_get_named_errors() {
 /// `dpw train` on the HDF5 file and on the npy folders it holds: the same lcurve.out.
 #[test]
 fn training_on_hdf5_equals_training_on_npy() {
+    let _turn = one_at_a_time();
     let tmp = TempDir::new().unwrap();
     let file = water_file(tmp.path());
     let mut lcurves = Vec::new();
@@ -210,6 +222,7 @@ fn training_on_hdf5_equals_training_on_npy() {
 /// rewritten between two passes is read anew by the second.
 #[test]
 fn a_file_rewritten_between_passes_is_read_anew() {
+    let _turn = one_at_a_time();
     let tmp = TempDir::new().unwrap();
     let file = water_file(tmp.path());
     let sys = PathBuf::from(format!("{}#/train/data_0", file.display()));

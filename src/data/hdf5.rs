@@ -24,6 +24,9 @@ pub use with_lib::{system_groups, with_group};
 /// pass over thousands of systems in one file opens it once instead of once per system (each
 /// open is about a tenth of reading a small system, all of it under the library's global
 /// lock). Dropping the last one closes them, so a file rewritten between passes is read anew.
+/// The guard is process-wide: while any lives, every file any thread opens through
+/// [`with_group`] stays open, and the HDF5 library refuses to open a file for writing while it
+/// is open for reading (dpw writes no HDF5 file; a program that does must not overlap a pass).
 #[must_use = "files stay open only while the guard lives"]
 pub struct KeepOpen(());
 
