@@ -23,8 +23,8 @@ use rayon::prelude::*;
 use super::contract;
 use super::dense::{add_skip, add_skip_t, dual_row};
 use super::gemm::{small_gemm, Mat};
-use super::simd::{fma, wide};
-use super::tanh::{tanh_bias, tanh_block};
+use super::simd::{fma, rows_apart, wide};
+use super::tanh::{tanh_bias, tanh_row};
 use super::tile::{self, row_tiles, Epilogue};
 use crate::backend::{Dims, Real};
 use crate::model::{Layer, Net, Skip};
@@ -136,14 +136,13 @@ impl<T: Real> Epilogue<T> for Forward<'_, T> {
         let (ni, no) = (self.l.nin, self.l.nout);
         let half = N / 2;
         let b = &self.b[j0..j0 + W];
-        // The tanh of all value rows at once (a pair tile has at most R / 2).
+        // The tanh of the value rows (a pair tile has at most R / 2).
         let mut hs = [[T::zero(); W]; tile::R / 2];
-        for i in 0..half {
-            for q in 0..W {
-                hs[i][q] = acc[i][q] + b[q];
-            }
+        for (h, acc) in hs.iter_mut().zip(acc).take(half) {
+            rows_apart();
+            *h = std::array::from_fn(|q| acc[q] + b[q]);
+            tanh_row(h);
         }
-        tanh_block(&mut hs);
         for i in 0..half {
             let (r, rt, zp, h) = (rows[i], rows[half + i], &acc[half + i], hs[i]);
             self.hz[r * no + j0..r * no + j0 + W].copy_from_slice(&h);
@@ -528,6 +527,21 @@ fn transposed_weights<T: Real>(net: &Net, p: &[T]) -> Vec<Vec<T>> {
         .collect()
 }
 
+/// `g += Σ_t partials[t]` over the consecutive g-long partials, each element summed in the
+/// order of t as a serial loop would, chunks of elements in parallel.
+fn sum_partials<T: Real>(g: &mut [T], partials: &[T]) {
+    const CHUNK: usize = 512;
+    let len = g.len();
+    g.par_chunks_mut(CHUNK).enumerate().for_each(|(c, gc)| {
+        let cols = c * CHUNK..c * CHUNK + gc.len();
+        for part in partials.chunks_exact(len) {
+            gc.iter_mut()
+                .zip(&part[cols.clone()])
+                .for_each(|(a, b)| *a += *b);
+        }
+    });
+}
+
 /// Parameter span of a net: all its tensors are allocated contiguously.
 fn span(net: &Net) -> Range<usize> {
     let first = net.layers[0].w;
@@ -566,6 +580,7 @@ fn tasks(rows: Range<usize>, sel: usize) -> Vec<Range<usize>> {
 }
 
 /// The traces of the last forward pass of this thread and what they were computed from.
+#[derive(Default)]
 struct Cache<T> {
     dims: Option<Dims>,
     s: Vec<T>,
@@ -574,19 +589,11 @@ struct Cache<T> {
     params: Vec<T>,
     /// Per block `ti·ntypes + tj`, per task.
     traces: Vec<Vec<Trace<T>>>,
+    /// The dual reverse's per-task partial gradients of one block, kept from call to call.
+    partials: Vec<T>,
 }
 
 impl<T: Real> Cache<T> {
-    fn new() -> Self {
-        Cache {
-            dims: None,
-            s: Vec::new(),
-            owner: Vec::new(),
-            params: Vec::new(),
-            traces: Vec::new(),
-        }
-    }
-
     fn block_params<'a>(nets: &'a [&Net], p: &'a [T]) -> impl Iterator<Item = &'a T> + 'a {
         nets.iter().flat_map(move |n| p[span(n)].iter())
     }
@@ -611,17 +618,36 @@ impl<T: Real> Cache<T> {
 
 thread_local! {
     static CACHE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+    static SCRATCH: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` on this thread's cache of traces for T (made empty if it held another type).
-fn with_cache<T: Real, R>(f: impl FnOnce(&mut Cache<T>) -> R) -> R {
-    CACHE.with(|c| {
-        let mut slot = c.borrow_mut();
-        if !slot.as_ref().is_some_and(|b| b.is::<Cache<T>>()) {
-            *slot = Some(Box::new(Cache::<T>::new()));
+/// Runs `f` on the value of type `S` in this thread's `slot` (made anew if it held another
+/// type), or on a fresh one if the slot is in use further up this thread's stack.
+fn with_local<S: Default + 'static, R>(
+    slot: &'static std::thread::LocalKey<RefCell<Option<Box<dyn Any>>>>,
+    f: impl FnOnce(&mut S) -> R,
+) -> R {
+    slot.with(|c| {
+        let Ok(mut slot) = c.try_borrow_mut() else {
+            return f(&mut S::default());
+        };
+        if !slot.as_ref().is_some_and(|b| b.is::<S>()) {
+            *slot = Some(Box::<S>::default());
         }
-        f(slot.as_mut().unwrap().downcast_mut::<Cache<T>>().unwrap())
+        f(slot.as_mut().unwrap().downcast_mut::<S>().unwrap())
     })
+}
+
+/// Runs `f` on this thread's cache of traces for T.
+fn with_cache<T: Real, R>(f: impl FnOnce(&mut Cache<T>) -> R) -> R {
+    with_local(&CACHE, f)
+}
+
+/// Runs `f` on this thread's task buffers for T, kept from task to task and call to call:
+/// rayon's `for_each_init` made fresh ones for every split of every call, each grown (and
+/// zeroed) anew to about a megabyte.
+fn with_scratch<T: Real, R>(f: impl FnOnce(&mut Scratch<T>) -> R) -> R {
+    with_local(&SCRATCH, f)
 }
 
 /// Gathers the real slots' inputs of a task into the scratch buffers.
@@ -676,12 +702,12 @@ fn forward_into<T: Real>(
                 reals
             };
             match out.as_mut() {
-                None => ts.par_iter().zip(traces.par_iter_mut()).for_each_init(
-                    Scratch::default,
-                    |scr, (r, tr)| {
-                        work(scr, r, tr);
-                    },
-                ),
+                None => ts
+                    .par_iter()
+                    .zip(traces.par_iter_mut())
+                    .for_each(|(r, tr)| {
+                        with_scratch(|scr| work(scr, r, tr));
+                    }),
                 Some((g, gp)) => {
                     let pad = pad_input(owner, s, rows.clone()).map(|sp| {
                         let mut scr = Scratch::default();
@@ -695,26 +721,31 @@ fn forward_into<T: Real>(
                         .par_chunks_mut(task)
                         .zip(gp[rows.start * m1..rows.end * m1].par_chunks_mut(task))
                         .zip(ts.par_iter().zip(traces.par_iter_mut()))
-                        .for_each_init(Scratch::default, |scr, ((gc, gpc), (r, tr))| {
-                            let reals = work(scr, r, tr);
-                            let n = tr.n;
-                            let (y, yp) = scr.out.split_at(n * m1);
-                            let mut k = 0;
-                            for (ci, rr) in reals.iter().enumerate() {
-                                for j in 0..sel {
-                                    let dst = (ci * sel + j) * m1..(ci * sel + j + 1) * m1;
-                                    let src = if j < rr.len() {
-                                        k += 1;
-                                        Some((&y[(k - 1) * m1..k * m1], &yp[(k - 1) * m1..k * m1]))
-                                    } else {
-                                        pad
-                                    };
-                                    if let Some((a, b)) = src {
-                                        gc[dst.clone()].copy_from_slice(a);
-                                        gpc[dst].copy_from_slice(b);
+                        .for_each(|((gc, gpc), (r, tr))| {
+                            with_scratch(|scr| {
+                                let reals = work(scr, r, tr);
+                                let n = tr.n;
+                                let (y, yp) = scr.out.split_at(n * m1);
+                                let mut k = 0;
+                                for (ci, rr) in reals.iter().enumerate() {
+                                    for j in 0..sel {
+                                        let dst = (ci * sel + j) * m1..(ci * sel + j + 1) * m1;
+                                        let src = if j < rr.len() {
+                                            k += 1;
+                                            Some((
+                                                &y[(k - 1) * m1..k * m1],
+                                                &yp[(k - 1) * m1..k * m1],
+                                            ))
+                                        } else {
+                                            pad
+                                        };
+                                        if let Some((a, b)) = src {
+                                            gc[dst.clone()].copy_from_slice(a);
+                                            gpc[dst].copy_from_slice(b);
+                                        }
                                     }
                                 }
-                            }
+                            })
                         });
                 }
             }
@@ -870,26 +901,28 @@ pub fn dual_backward<T: Real>(
                 let ts = tasks(rows.clone(), sel);
                 // Per-task partial gradients, summed in task order: the result does not depend on
                 // the number of threads.
-                let mut partials = vec![T::zero(); ts.len() * sp.len()];
+                let partials = &mut cache.partials;
+                resize(partials, ts.len() * sp.len());
                 partials
                     .par_chunks_mut(sp.len())
                     .zip(ts.par_iter().zip(cache.traces[k].par_iter()))
-                    .for_each_init(Scratch::default, |scr, (part, (r, tr))| {
-                        let reals = real_rows(owner, r.clone(), sel);
-                        gather_inputs(&reals, s, Some(sdot), scr);
-                        wide(
-                            #[inline(always)]
-                            || {
-                                seeds.gather(d, ti, rows.start, sel, &reals, &mut scr.yb);
-                                inputs(net, p, tr, scr);
-                                dual(net, p, &wt, tr, scr, part, sp.start);
-                            },
-                        );
+                    .for_each(|(part, (r, tr))| {
+                        with_scratch(|scr| {
+                            part.fill(T::zero());
+                            let reals = real_rows(owner, r.clone(), sel);
+                            gather_inputs(&reals, s, Some(sdot), scr);
+                            wide(
+                                #[inline(always)]
+                                || {
+                                    seeds.gather(d, ti, rows.start, sel, &reals, &mut scr.yb);
+                                    inputs(net, p, tr, scr);
+                                    dual(net, p, &wt, tr, scr, part, sp.start);
+                                },
+                            );
+                        })
                     });
                 let g = &mut grad[sp.clone()];
-                for part in partials.chunks(sp.len()) {
-                    g.iter_mut().zip(part).for_each(|(a, b)| *a += *b);
-                }
+                sum_partials(g, partials);
                 // Padded slots: ṡ = 0, so only the sum of their Ḡ flows back, through one evaluation.
                 if let Some(spad) = pad_input(owner, s, rows.clone()) {
                     let mut scr = Scratch {
