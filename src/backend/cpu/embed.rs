@@ -667,6 +667,35 @@ fn gather_inputs<T: Real>(
     }
 }
 
+/// Writes a task's G and G' into its slots: the real slots' rows of `(y, yp)` in order, each
+/// padded slot the padded input's row `pad` (left as it is without padding).
+fn scatter_slots<T: Real>(
+    reals: &[Range<usize>],
+    sel: usize,
+    m1: usize,
+    (y, yp): (&[T], &[T]),
+    pad: Option<(&[T], &[T])>,
+    g: &mut [T],
+    gp: &mut [T],
+) {
+    let mut k = 0;
+    for (ci, rr) in reals.iter().enumerate() {
+        for j in 0..sel {
+            let dst = (ci * sel + j) * m1..(ci * sel + j + 1) * m1;
+            let src = if j < rr.len() {
+                k += 1;
+                Some((&y[(k - 1) * m1..k * m1], &yp[(k - 1) * m1..k * m1]))
+            } else {
+                pad
+            };
+            if let Some((a, b)) = src {
+                g[dst.clone()].copy_from_slice(a);
+                gp[dst].copy_from_slice(b);
+            }
+        }
+    }
+}
+
 /// The forward pass over every block, traces kept in `cache`; writes G and G' when given.
 #[allow(clippy::too_many_arguments)]
 fn forward_into<T: Real>(
@@ -724,27 +753,8 @@ fn forward_into<T: Real>(
                         .for_each(|((gc, gpc), (r, tr))| {
                             with_scratch(|scr| {
                                 let reals = work(scr, r, tr);
-                                let n = tr.n;
-                                let (y, yp) = scr.out.split_at(n * m1);
-                                let mut k = 0;
-                                for (ci, rr) in reals.iter().enumerate() {
-                                    for j in 0..sel {
-                                        let dst = (ci * sel + j) * m1..(ci * sel + j + 1) * m1;
-                                        let src = if j < rr.len() {
-                                            k += 1;
-                                            Some((
-                                                &y[(k - 1) * m1..k * m1],
-                                                &yp[(k - 1) * m1..k * m1],
-                                            ))
-                                        } else {
-                                            pad
-                                        };
-                                        if let Some((a, b)) = src {
-                                            gc[dst.clone()].copy_from_slice(a);
-                                            gpc[dst].copy_from_slice(b);
-                                        }
-                                    }
-                                }
+                                let (y, yp) = scr.out.split_at(tr.n * m1);
+                                scatter_slots(&reals, sel, m1, (y, yp), pad, gc, gpc);
                             })
                         });
                 }

@@ -1,4 +1,4 @@
-//! tanh over slices and blocks, written so the compiler vectorises it: libm's scalar tanh was the largest
+//! tanh over slices and rows, written so the compiler vectorises it: libm's scalar tanh was the largest
 //! single cost of the embedding nets. Accurate to a few ulp in f64.
 //!
 //! The functions work on one row of W values at a time (two or more vectors), each value
