@@ -14,6 +14,17 @@ fn axpy<T: Real>(y: &mut [T], a: T, x: &[T]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += a * *x);
 }
 
+/// [`axpy`] that does nothing for a = 0, with the same bits when x is finite: a·x is then ±0,
+/// and a sum that starts at +0 is never −0, so adding ±0 leaves it as it is. The padded slots'
+/// coefficients are zero in most of the per-slot sums (their R̂ is −avg/std, zero in the three
+/// directional columns, and their Ṙ and Jacobian are zero).
+#[inline(always)]
+fn axpy_nz<T: Real>(y: &mut [T], a: T, x: &[T]) {
+    if a != T::zero() {
+        axpy(y, a, x);
+    }
+}
+
 /// x·y with eight partial sums, so that it vectorises (a single running sum cannot be
 /// reordered by the compiler).
 #[inline(always)]
@@ -85,7 +96,7 @@ pub fn forward<T: Real>(d: &Dims, g: &[T], rhat: &[T], a: &mut [T], desc: &mut [
                     for s in sections(d, c).flatten() {
                         let gs = &g[s * m1..(s + 1) * m1];
                         for k in 0..4 {
-                            axpy(&mut ac[k * m1..(k + 1) * m1], rhat[4 * s + k] * f, gs);
+                            axpy_nz(&mut ac[k * m1..(k + 1) * m1], rhat[4 * s + k] * f, gs);
                         }
                     }
                     dc.fill(T::zero());
@@ -164,6 +175,12 @@ pub fn slot_backward<T: Real>(
         3,
         #[inline(always)]
         |c, s, qs| {
+            let js = &jac[12 * s..12 * s + 12];
+            if js.iter().all(|j| *j == T::zero()) {
+                // A padded slot: its sums below are +0 (for finite Ā, G, G').
+                qs.fill(T::zero());
+                return;
+            }
             let ab = &abar[c * 4 * m1..(c + 1) * 4 * m1];
             let (gs, gps, rh) = (
                 &g[s * m1..(s + 1) * m1],
@@ -178,7 +195,6 @@ pub fn slot_backward<T: Real>(
                 sp += rh[k] * dot(&ab[k * m1..(k + 1) * m1], gps);
             }
             rbar[0] += sp;
-            let js = &jac[12 * s..12 * s + 12];
             for x in 0..3 {
                 let mut q = T::zero();
                 for k in 0..4 {
@@ -216,8 +232,8 @@ pub fn tangent<T: Real>(
                         let sdot = rdot[4 * s];
                         for k in 0..4 {
                             let adk = &mut ad[k * m1..(k + 1) * m1];
-                            axpy(adk, f * sdot * rhat[4 * s + k], gps);
-                            axpy(adk, f * rdot[4 * s + k], gs);
+                            axpy_nz(adk, f * sdot * rhat[4 * s + k], gps);
+                            axpy_nz(adk, f * rdot[4 * s + k], gs);
                         }
                     }
                     let ac = &a[c * 4 * m1..(c + 1) * 4 * m1];
@@ -274,17 +290,17 @@ pub(super) fn slot_seeds<T: Real>(
 ) {
     gb.fill(T::zero());
     for k in 0..4 {
-        axpy(gb, f * rhat[4 * s + k], &ab[k * m1..(k + 1) * m1]);
-        axpy(gb, f * rdot[4 * s + k], &adb[k * m1..(k + 1) * m1]);
+        axpy_nz(gb, f * rhat[4 * s + k], &ab[k * m1..(k + 1) * m1]);
+        axpy_nz(gb, f * rdot[4 * s + k], &adb[k * m1..(k + 1) * m1]);
     }
     gdb.fill(T::zero());
     for k in 0..4 {
-        axpy(gdb, f * rhat[4 * s + k], &adb[k * m1..(k + 1) * m1]);
+        axpy_nz(gdb, f * rhat[4 * s + k], &adb[k * m1..(k + 1) * m1]);
     }
 }
 
 /// Whether [`slot_seeds`] gives slot `s` zero rows whatever its centre's adjoints (finite):
-/// a padded slot, whose R̂ and Ṙ are 0.
+/// a padded slot (Ṙ = 0) whose R̂ = −avg/std is 0 too, as when the statistics are zero.
 #[inline(always)]
 pub(super) fn seeds_vanish<T: Real>(s: usize, rhat: &[T], rdot: &[T]) -> bool {
     rhat[4 * s..4 * s + 4]

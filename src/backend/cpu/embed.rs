@@ -844,6 +844,7 @@ impl<T: Real> Seeds<'_, T> {
     }
 
     /// Adds Ḡ of the padded slots of block rows `rows` into `acc`.
+    #[inline(always)]
     fn add_padded(
         &self,
         d: &Dims,
@@ -868,8 +869,9 @@ impl<T: Real> Seeds<'_, T> {
                 rhat,
                 rdot,
             } => {
-                // A padded slot's R̂ and Ṙ are 0, so its seeds are too: only a slot that has
-                // either is evaluated (none, from the step's env_mat).
+                // A padded slot's Ṙ is 0 and its R̂ is −avg/std: nonzero in the radial column
+                // in training, so its seeds are made, each by one axpy (`slot_seeds` skips the
+                // zero coefficients).
                 let f = T::of(1.0 / d.nnei as f64);
                 let (mut gb, mut gdb) = (vec![T::zero(); m1], vec![T::zero(); m1]);
                 for r in padded.filter(|&r| !contract::seeds_vanish(r, rhat, rdot)) {
@@ -939,7 +941,10 @@ pub fn dual_backward<T: Real>(
                         yb: vec![T::zero(); 2 * m1],
                         ..Scratch::default()
                     };
-                    seeds.add_padded(d, ti, sel, owner, rows.clone(), &mut scr.yb[..m1]);
+                    wide(
+                        #[inline(always)]
+                        || seeds.add_padded(d, ti, sel, owner, rows.clone(), &mut scr.yb[..m1]),
+                    );
                     scr.s.push(spad);
                     scr.sdot.push(T::zero());
                     let mut tr = Trace::default();
