@@ -24,10 +24,11 @@ fn map<F: Copy + Default, const W: usize>(f: impl Fn(usize) -> F) -> Row<F, W> {
     o
 }
 
-/// e^y for 0 ≤ y ≤ 90: y = k ln2 + r with |r| ≤ ln2/2, e^r by its Taylor series to degree 13
-/// (remainder < 4e-18), then scaled by 2^k through the exponent bits.
+/// e^y − 1 for 0 ≤ y ≤ 90: y = k ln2 + r with |r| ≤ ln2/2, e^r − 1 by its Taylor series to
+/// degree 13 (remainder < 4e-18 relative), then 2^k(e^r − 1) + (2^k − 1), 2^k made through
+/// the exponent bits. Accurate near 0 too, where e^y − 1 would cancel.
 #[inline(always)]
-fn exp_pos<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
+fn expm1_pos<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
     // ln 2 split in two (fdlibm's constants): k·LN2_HI is exact for the k that occur here.
     const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
     const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
@@ -37,6 +38,8 @@ fn exp_pos<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
     let shifted: Row<f64, W> = map(|q| y[q] * std::f64::consts::LOG2_E + SHIFT);
     let k: Row<f64, W> = map(|q| shifted[q] - SHIFT);
     let r: Row<f64, W> = map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO);
+    // (e^r − 1)/r = 1 + r/2! + … + r¹²/13!, by Horner. Plain multiplies and adds, not fused:
+    // the same bits on every target, wasm included.
     let mut p = [1.0 / 6_227_020_800.0; W];
     for c in [
         1.0 / 479_001_600.0,
@@ -51,55 +54,39 @@ fn exp_pos<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
         1.0 / 6.0,
         0.5,
         1.0,
-        1.0,
     ] {
         p = map(|q| p[q] * r[q] + c);
     }
     // 2^k from the bits of k + 1.5·2⁵², whose last bits are k: an integer subtraction where
     // `k as i64` would need AVX-512's f64 → i64 conversion (AVX2 does it lane by lane).
     map(|q| {
-        let two_k = shifted[q]
-            .to_bits()
-            .wrapping_sub(SHIFT.to_bits())
-            .wrapping_add(1023)
-            << 52;
-        p[q] * f64::from_bits(two_k)
+        let two_k = f64::from_bits(
+            shifted[q]
+                .to_bits()
+                .wrapping_sub(SHIFT.to_bits())
+                .wrapping_add(1023)
+                << 52,
+        );
+        (p[q] * r[q]) * two_k + (two_k - 1.0)
     })
 }
 
-/// Cephes' tanh of each value: a rational approximation below 0.625, 1 − 2/(e^{2|x|} + 1)
-/// above.
+/// tanh of each value as t/(t + 2) with t = e^{2|x|} − 1, sign restored: one formula over the
+/// whole range, within 3 ulp (libm's tanh as the reference). It replaced Cephes' rational
+/// approximation below 0.625 with 1 − 2/(e^{2|x|} + 1) above, which evaluated both branches
+/// for every value: half the operations, the embedding's tanh 1.9× faster.
 #[inline(always)]
 pub fn tanh64_row<const W: usize>(x: &Row<f64, W>) -> Row<f64, W> {
-    let a: Row<f64, W> = map(|q| x[q].abs());
-    let z: Row<f64, W> = map(|q| x[q] * x[q]);
-    let p: Row<f64, W> = map(|q| {
-        let z = z[q];
-        (-9.643_991_794_250_523e-1 * z - 9.928_772_310_019_186e1) * z - 1.614_687_684_417_084_5e3
-    });
-    let den: Row<f64, W> = map(|q| {
-        let z = z[q];
-        ((z + 1.128_116_784_916_329_3e2) * z + 2.235_488_390_601_004_6e3) * z
-            + 4.844_063_053_251_255e3
-    });
-    let e1 = exp_pos::<W>(&map(|q| 2.0 * a[q].min(40.0)));
-    // small = x + (x·z·p)/q, large = ±(1 − 2/(e^{2|x|} + 1)): the two quotients are picked
-    // before one division, which gives the same bits as dividing in both branches. (LLVM
-    // divides in both all the same and selects; one division, forced through the bits of |x|,
-    // measured no faster: the operation count bounds this function, not the divider.)
-    map(|q| {
-        let (x, is_small) = (x[q], a[q] < 0.625);
-        let e1 = e1[q] + 1.0;
-        let t = if is_small { x * z[q] * p[q] } else { 2.0 } / if is_small { den[q] } else { e1 };
-        if is_small {
-            x + t
-        } else {
-            (1.0 - t).copysign(x)
-        }
-    })
+    // tanh(20) rounds to 1, and e^40 is far from overflow; a NaN stays NaN (`f64::min` would
+    // take the 20).
+    let t = expm1_pos::<W>(&map(|q| {
+        let a = x[q].abs();
+        2.0 * if a > 20.0 { 20.0 } else { a }
+    }));
+    map(|q| (t[q] / (t[q] + 2.0)).copysign(x[q]))
 }
 
-/// e^y for 0 ≤ y ≤ 20 in f32: as [`exp_pos`], Taylor to degree 7 (remainder < 1e-8).
+/// e^y for 0 ≤ y ≤ 20 in f32: as [`expm1_pos`] for e^y, Taylor to degree 7 (remainder < 1e-8).
 #[inline(always)]
 fn exp_pos32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
     // Cephes' split of ln 2 for f32.
@@ -121,7 +108,7 @@ fn exp_pos32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
     ] {
         p = map(|q| p[q] * r[q] + c);
     }
-    // 2^k from the bits of k + 1.5·2²³, as in [`exp_pos`]: `k as i32` saturates, which the
+    // 2^k from the bits of k + 1.5·2²³, as in [`expm1_pos`]: `k as i32` saturates, which the
     // compiler does not vectorise.
     map(|q| {
         let two_k = shifted[q]
@@ -260,8 +247,12 @@ mod tests {
             let (a, b) = (tanh64(x), x.tanh());
             worst = worst.max((a - b).abs() / b.abs().max(f64::MIN_POSITIVE));
         }
-        assert!(worst < 1e-15, "worst relative error {worst}");
+        assert!(worst < 3.0 * f64::EPSILON, "worst relative error {worst}");
         assert_eq!(tanh64(0.0), 0.0);
+        assert_eq!(tanh64(-0.0).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(tanh64(1e-300), 1e-300);
+        assert!(tanh64(f64::NAN).is_nan());
+        assert_eq!(tanh64(f64::INFINITY), 1.0);
         assert_eq!(tanh64(50.0), 1.0);
         assert_eq!(tanh64(-1e3), -1.0);
     }
