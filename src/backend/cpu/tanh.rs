@@ -157,14 +157,6 @@ pub fn tanh_row<T: Real, const W: usize>(x: &mut Row<T, W>) {
     }
 }
 
-/// tanh of one value in T's own arithmetic, as [`tanh_row`].
-#[inline(always)]
-fn tanh_of<T: Real>(x: T) -> T {
-    let mut r = [x];
-    tanh_row(&mut r);
-    r[0]
-}
-
 /// `x[i] = tanh(x[i] + b[i % b.len()])` for a row-major block whose rows have `b.len()` values.
 #[inline(always)]
 pub fn tanh_bias<T: Real>(x: &mut [T], b: &[T]) {
@@ -188,15 +180,26 @@ fn tanh_bias_in<T: Real, const W: usize>(x: &mut [T], b: &[T]) {
             tanh_row(&mut v);
             xc.copy_from_slice(&v);
         }
-        for (v, &bb) in xs.into_remainder().iter_mut().zip(bs.remainder()) {
-            *v = tanh_of(*v + bb);
+        // The rest of the row (9 of the first embedding layer's 25 values) as one zero-padded
+        // row, not value by value: each value is its own lane, so the bits are the same.
+        let (xr, br) = (xs.into_remainder(), bs.remainder());
+        if !xr.is_empty() {
+            let mut v: Row<T, W> = map(|q| {
+                if q < xr.len() {
+                    xr[q] + br[q]
+                } else {
+                    T::zero()
+                }
+            });
+            tanh_row(&mut v);
+            xr.copy_from_slice(&v[..xr.len()]);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{tanh32_row, tanh64_row, tanh_row};
+    use super::{tanh32_row, tanh64_row, tanh_bias, tanh_row};
 
     fn tanh64(x: f64) -> f64 {
         tanh64_row(&[x])[0]
@@ -204,6 +207,27 @@ mod tests {
 
     fn tanh32(x: f32) -> f32 {
         tanh32_row(&[x])[0]
+    }
+
+    /// `tanh_bias` on rows whose length is not a multiple of the vector (the first embedding
+    /// layer's 25): every value is the scalar function's, the padded rest of a row included.
+    #[test]
+    fn bias_rows_match_single_values() {
+        let b: Vec<f64> = (0..25).map(|q| q as f64 * 0.11 - 1.2).collect();
+        let x: Vec<f64> = (0..75).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
+        let (mut r, mut r32) = (x.clone(), x.iter().map(|v| *v as f32).collect::<Vec<_>>());
+        let b32: Vec<f32> = b.iter().map(|v| *v as f32).collect();
+        super::super::simd::wide(
+            #[inline(always)]
+            || {
+                tanh_bias(&mut r, &b);
+                tanh_bias(&mut r32, &b32);
+            },
+        );
+        for (i, &v) in x.iter().enumerate() {
+            assert_eq!(r[i].to_bits(), tanh64(v + b[i % 25]).to_bits());
+            assert_eq!(r32[i].to_bits(), tanh32(v as f32 + b32[i % 25]).to_bits());
+        }
     }
 
     /// A row's values are each the scalar function's, in the wide versions too.
