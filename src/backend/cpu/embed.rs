@@ -140,7 +140,10 @@ impl<T: Real> Epilogue<T> for Forward<'_, T> {
         let mut hs = [[T::zero(); W]; tile::R / 2];
         for (h, acc) in hs.iter_mut().zip(acc).take(half) {
             rows_apart();
-            *h = std::array::from_fn(|q| acc[q] + b[q]);
+            // A plain loop: `array::from_fn`'s closure is not inlined into the wide versions.
+            for q in 0..W {
+                h[q] = acc[q] + b[q];
+            }
             tanh_row(h);
         }
         for i in 0..half {
@@ -380,10 +383,19 @@ impl<T: Real> Epilogue<T> for Reverse<'_, T> {
             let (mut v, mut vt) = (acc[i], acc[half + i]);
             for (v, row) in [(&mut v, r), (&mut vt, rt)] {
                 let y = &self.yb[row * no..(row + 1) * no];
+                // Plain loops: a `for_each` closure here was left out of line, as baseline code.
                 match self.l.skip {
                     Skip::None => {}
-                    Skip::Identity => (0..W).for_each(|q| v[q] += y[j0 + q]),
-                    Skip::Double => (0..W).for_each(|q| v[q] += y[j0 + q] + y[ni + j0 + q]),
+                    Skip::Identity => {
+                        for q in 0..W {
+                            v[q] += y[j0 + q];
+                        }
+                    }
+                    Skip::Double => {
+                        for q in 0..W {
+                            v[q] += y[j0 + q] + y[ni + j0 + q];
+                        }
+                    }
                 }
             }
             self.xb[r * ni + j0..r * ni + j0 + W].copy_from_slice(&v);
@@ -534,11 +546,16 @@ fn sum_partials<T: Real>(g: &mut [T], partials: &[T]) {
     let len = g.len();
     g.par_chunks_mut(CHUNK).enumerate().for_each(|(c, gc)| {
         let cols = c * CHUNK..c * CHUNK + gc.len();
-        for part in partials.chunks_exact(len) {
-            gc.iter_mut()
-                .zip(&part[cols.clone()])
-                .for_each(|(a, b)| *a += *b);
-        }
+        wide(
+            #[inline(always)]
+            || {
+                for part in partials.chunks_exact(len) {
+                    for (a, b) in gc.iter_mut().zip(&part[cols.clone()]) {
+                        *a += *b;
+                    }
+                }
+            },
+        )
     });
 }
 
