@@ -755,10 +755,15 @@ fn forward_into<T: Real>(
                         with_scratch(|scr| work(scr, r, tr));
                     }),
                 Some((g, gp)) => {
+                    // Inside `wide` like the tasks: outside it, the tiles' fused multiply-adds
+                    // would be calls to the software `fma` (same bits, far slower).
                     let pad = pad_input(owner, s, rows.clone()).map(|sp| {
                         let mut scr = Scratch::default();
                         scr.s.push(sp);
-                        run(net, p, &mut Trace::default(), &mut scr);
+                        wide(
+                            #[inline(always)]
+                            || run(net, p, &mut Trace::default(), &mut scr),
+                        );
                         scr.out
                     });
                     let pad = pad.as_ref().map(|o| o.split_at(m1));
@@ -965,9 +970,14 @@ pub fn dual_backward<T: Real>(
                     scr.s.push(spad);
                     scr.sdot.push(T::zero());
                     let mut tr = Trace::default();
-                    run(net, p, &mut tr, &mut scr);
                     let mut part = vec![T::zero(); sp.len()];
-                    dual(net, p, &wt, &tr, &mut scr, &mut part, sp.start);
+                    wide(
+                        #[inline(always)]
+                        || {
+                            run(net, p, &mut tr, &mut scr);
+                            dual(net, p, &wt, &tr, &mut scr, &mut part, sp.start);
+                        },
+                    );
                     g.iter_mut().zip(part).for_each(|(a, b)| *a += b);
                 }
             }
