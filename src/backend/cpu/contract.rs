@@ -303,16 +303,6 @@ pub(super) fn slot_seeds<T: Real>(
     }
 }
 
-/// Whether [`slot_seeds`] gives slot `s` zero rows whatever its centre's adjoints (finite):
-/// a padded slot (Ṙ = 0) whose R̂ = −avg/std is 0 too, as when the statistics are zero.
-#[inline(always)]
-pub(super) fn seeds_vanish<T: Real>(s: usize, rhat: &[T], rdot: &[T]) -> bool {
-    rhat[4 * s..4 * s + 4]
-        .iter()
-        .chain(&rdot[4 * s..4 * s + 4])
-        .all(|x| *x == T::zero())
-}
-
 #[allow(clippy::too_many_arguments)]
 pub fn dual<T: Real>(
     d: &Dims,

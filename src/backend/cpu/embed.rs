@@ -891,12 +891,12 @@ impl<T: Real> Seeds<'_, T> {
                 rhat,
                 rdot,
             } => {
-                // A padded slot's Ṙ is 0 and its R̂ is −avg/std: nonzero in the radial column
-                // in training, so its seeds are made, each by one axpy (`slot_seeds` skips the
-                // zero coefficients).
+                // A padded slot's Ṙ is 0 and its R̂ is −avg/std, nonzero in the radial column
+                // in training: its seeds take one axpy (`slot_seeds` skips zero coefficients,
+                // so seeds that vanish cost none and add zeros, which change nothing).
                 let f = T::of(1.0 / d.nnei as f64);
                 let (mut gb, mut gdb) = (vec![T::zero(); m1], vec![T::zero(); m1]);
-                for r in padded.filter(|&r| !contract::seeds_vanish(r, rhat, rdot)) {
+                for r in padded {
                     let c = d.centre_start[ti] + (r - rows.start) / sel;
                     contract::slot_seeds(m1, f, r, &adjoints[c], rhat, rdot, &mut gb, &mut gdb);
                     acc.iter_mut().zip(&gb).for_each(|(a, b)| *a += *b);
@@ -963,17 +963,17 @@ pub fn dual_backward<T: Real>(
                         yb: vec![T::zero(); 2 * m1],
                         ..Scratch::default()
                     };
-                    wide(
-                        #[inline(always)]
-                        || seeds.add_padded(d, ti, sel, owner, rows.clone(), &mut scr.yb[..m1]),
-                    );
                     scr.s.push(spad);
                     scr.sdot.push(T::zero());
                     let mut tr = Trace::default();
                     let mut part = vec![T::zero(); sp.len()];
+                    // Inside `wide`: outside it, the tiles' fused multiply-adds would be calls
+                    // to the software `fma` (same bits, far slower).
                     wide(
                         #[inline(always)]
                         || {
+                            let yb = &mut scr.yb[..m1];
+                            seeds.add_padded(d, ti, sel, owner, rows.clone(), yb);
                             run(net, p, &mut tr, &mut scr);
                             dual(net, p, &wt, &tr, &mut scr, &mut part, sp.start);
                         },
