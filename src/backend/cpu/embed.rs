@@ -367,16 +367,37 @@ struct Reverse<'a, T> {
 
 impl<T: Real> Epilogue<T> for Reverse<'_, T> {
     #[inline(always)]
-    #[allow(clippy::needless_range_loop)]
     fn tile<const N: usize, const W: usize>(
         &mut self,
         rows: [usize; N],
         j0: usize,
         acc: &[[T; W]; N],
     ) {
+        // Only the last tile reaches into Wᵀ's zero columns past nin; the others keep W a
+        // constant in the loops below.
+        let ni = self.l.nin;
+        if j0 + W <= ni {
+            self.columns(rows, j0, W, acc);
+        } else {
+            self.columns(rows, j0, ni - j0, acc);
+        }
+    }
+}
+
+impl<T: Real> Reverse<'_, T> {
+    /// The epilogue of the tile's first w columns.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    fn columns<const N: usize, const W: usize>(
+        &mut self,
+        rows: [usize; N],
+        j0: usize,
+        w: usize,
+        acc: &[[T; W]; N],
+    ) {
         let (ni, no) = (self.l.nin, self.l.nout);
-        let cols = j0..j0 + W;
-        let idt = self.below.idt.map(|o| &self.p[o + j0..o + j0 + W]);
+        let cols = j0..j0 + w;
+        let idt = self.below.idt.map(|o| &self.p[o + j0..o + j0 + w]);
         let half = N / 2;
         for i in 0..half {
             let (r, rt) = (rows[i], rows[half + i]);
@@ -387,30 +408,31 @@ impl<T: Real> Epilogue<T> for Reverse<'_, T> {
                 match self.l.skip {
                     Skip::None => {}
                     Skip::Identity => {
-                        for q in 0..W {
+                        for q in 0..w {
                             v[q] += y[j0 + q];
                         }
                     }
                     Skip::Double => {
-                        for q in 0..W {
+                        for q in 0..w {
                             v[q] += y[j0 + q] + y[ni + j0 + q];
                         }
                     }
                 }
             }
-            self.xb[r * ni + j0..r * ni + j0 + W].copy_from_slice(&v);
-            self.xb[rt * ni + j0..rt * ni + j0 + W].copy_from_slice(&vt);
+            let (v, vt) = (&v[..w], &vt[..w]);
+            self.xb[r * ni + j0..r * ni + j0 + w].copy_from_slice(v);
+            self.xb[rt * ni + j0..rt * ni + j0 + w].copy_from_slice(vt);
             let (lo, hi) = self.zb.split_at_mut(rt * ni);
             dual_row(
                 true,
                 idt,
-                &self.hz[r * ni + j0..r * ni + j0 + W],
+                &self.hz[r * ni + j0..r * ni + j0 + w],
                 &zp_row(self.li - 1, self.below, self.p, self.n, self.hz, r)[cols.clone()],
                 self.sdot[r],
-                &v,
-                &vt,
-                &mut lo[r * ni + j0..r * ni + j0 + W],
-                &mut hi[j0..j0 + W],
+                v,
+                vt,
+                &mut lo[r * ni + j0..r * ni + j0 + w],
+                &mut hi[j0..j0 + w],
                 &mut self.gb[cols.clone()],
                 self.gi.as_deref_mut().map(|g| &mut g[cols.clone()]),
             );
@@ -479,11 +501,20 @@ fn dual<T: Real>(
                 gb,
                 gi,
             };
-            pair_tiles(n, zb, &wt[li], ni, 0..no, &mut e);
+            pair_tiles(n, zb, &wt[li], wt_stride(ni), 0..no, &mut e);
             std::mem::swap(&mut scr.yb, &mut scr.xb);
             std::mem::swap(&mut scr.zb, &mut scr.zb_below);
         } else {
-            tile::gemm(2 * n, no, ni, zb, &wt[li], ni, false, &mut scr.xb);
+            tile::gemm(
+                2 * n,
+                no,
+                ni,
+                zb,
+                &wt[li],
+                wt_stride(ni),
+                false,
+                &mut scr.xb,
+            );
             for r in 0..2 * n {
                 add_skip_t(
                     l,
@@ -521,17 +552,24 @@ fn pair_tiles<T: Real, E: Epilogue<T>>(
     }
 }
 
-/// Every layer's Wᵀ (`[nout][nin]`), so that x̄ = z̄ Wᵀ reads contiguous rows; made once per
-/// block and step, not per task.
+/// The row stride of a layer's Wᵀ: nin rounded up to four columns, so that the tiles of
+/// x̄ = z̄ Wᵀ end in a vector tile whose zero columns are dropped (nin = 25 and 50 would
+/// otherwise end in one-column tiles, each a few scalar chains bound by the FMA's latency).
+fn wt_stride(nin: usize) -> usize {
+    nin.next_multiple_of(4)
+}
+
+/// Every layer's Wᵀ (`[nout][wt_stride(nin)]`, zero past nin), so that x̄ = z̄ Wᵀ reads
+/// contiguous rows; made once per block and step, not per task.
 fn transposed_weights<T: Real>(net: &Net, p: &[T]) -> Vec<Vec<T>> {
     net.layers
         .iter()
         .map(|l| {
-            let (ni, no) = (l.nin, l.nout);
-            let mut wt = vec![T::zero(); ni * no];
+            let (ni, no, st) = (l.nin, l.nout, wt_stride(l.nin));
+            let mut wt = vec![T::zero(); st * no];
             for (j, wr) in p[l.w..l.w + ni * no].chunks_exact(no).enumerate() {
                 for (o, &v) in wr.iter().enumerate() {
-                    wt[o * ni + j] = v;
+                    wt[o * st + j] = v;
                 }
             }
             wt
