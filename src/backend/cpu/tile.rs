@@ -200,9 +200,16 @@ pub(super) fn gemm<T: Real>(
             );
             i += R;
         }
-        while i < m {
-            row_tiles([i], a, b, b_rs, n, ps.clone(), &mut e);
-            i += 1;
+        // The rows left over in one tile: single-row tiles would each run two or three
+        // chains of FMAs, bound by the FMA's latency rather than its throughput.
+        match m - i {
+            0 => {}
+            1 => row_tiles([i], a, b, b_rs, n, ps, &mut e),
+            2 => row_tiles([i, i + 1], a, b, b_rs, n, ps, &mut e),
+            3 => row_tiles([i, i + 1, i + 2], a, b, b_rs, n, ps, &mut e),
+            4 => row_tiles([i, i + 1, i + 2, i + 3], a, b, b_rs, n, ps, &mut e),
+            5 => row_tiles([i, i + 1, i + 2, i + 3, i + 4], a, b, b_rs, n, ps, &mut e),
+            _ => unreachable!("fewer than R = 6 rows are left"),
         }
     }
 }
