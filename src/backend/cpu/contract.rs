@@ -25,6 +25,52 @@ fn axpy_nz<T: Real>(y: &mut [T], a: T, x: &[T]) {
     }
 }
 
+/// `y = y + Σ_t a_t·x_t` (or from zero without `accumulate`), each element summed in the order
+/// of the terms and the terms with a zero coefficient left out: the same bits as [`axpy_nz`]
+/// term after term, in one pass that keeps each element in a register instead of loading and
+/// storing y once per term.
+#[inline(always)]
+fn combine<T: Real, const K: usize>(y: &mut [T], terms: [(T, &[T]); K], accumulate: bool) {
+    let mut live: [(T, &[T]); K] = [(T::zero(), &[]); K];
+    let mut nt = 0;
+    for (a, x) in terms {
+        if a != T::zero() {
+            live[nt] = (a, &x[..y.len()]);
+            nt += 1;
+        }
+    }
+    let live = &live[..nt];
+    let j = combine_chunks::<T, 16>(y, live, accumulate, 0);
+    let j = combine_chunks::<T, 4>(y, live, accumulate, j);
+    combine_chunks::<T, 1>(y, live, accumulate, j);
+}
+
+/// [`combine`] on y's chunks of L elements from j on; returns where they end.
+#[inline(always)]
+fn combine_chunks<T: Real, const L: usize>(
+    y: &mut [T],
+    live: &[(T, &[T])],
+    accumulate: bool,
+    mut j: usize,
+) -> usize {
+    while j + L <= y.len() {
+        let yc = &mut y[j..j + L];
+        let mut acc = [T::zero(); L];
+        if accumulate {
+            acc.copy_from_slice(yc);
+        }
+        for &(a, x) in live {
+            let x = &x[j..j + L];
+            for q in 0..L {
+                acc[q] += a * x[q];
+            }
+        }
+        yc.copy_from_slice(&acc);
+        j += L;
+    }
+    j
+}
+
 /// x·y with eight partial sums, so that it vectorises (a single running sum cannot be
 /// reordered by the compiler).
 #[inline(always)]
@@ -235,9 +281,11 @@ pub fn tangent<T: Real>(
                         let (gs, gps) = (&g[s * m1..(s + 1) * m1], &gp[s * m1..(s + 1) * m1]);
                         let sdot = rdot[4 * s];
                         for k in 0..4 {
-                            let adk = &mut ad[k * m1..(k + 1) * m1];
-                            axpy_nz(adk, f * sdot * rhat[4 * s + k], gps);
-                            axpy_nz(adk, f * rdot[4 * s + k], gs);
+                            combine(
+                                &mut ad[k * m1..(k + 1) * m1],
+                                [(f * sdot * rhat[4 * s + k], gps), (f * rdot[4 * s + k], gs)],
+                                true,
+                            );
                         }
                     }
                     let ac = &a[c * 4 * m1..(c + 1) * 4 * m1];
@@ -292,15 +340,35 @@ pub(super) fn slot_seeds<T: Real>(
     gb: &mut [T],
     gdb: &mut [T],
 ) {
-    gb.fill(T::zero());
-    for k in 0..4 {
-        axpy_nz(gb, f * rhat[4 * s + k], &ab[k * m1..(k + 1) * m1]);
-        axpy_nz(gb, f * rdot[4 * s + k], &adb[k * m1..(k + 1) * m1]);
-    }
-    gdb.fill(T::zero());
-    for k in 0..4 {
-        axpy_nz(gdb, f * rhat[4 * s + k], &adb[k * m1..(k + 1) * m1]);
-    }
+    let (r, rd) = (&rhat[4 * s..4 * s + 4], &rdot[4 * s..4 * s + 4]);
+    let (a, ad) = (
+        |k: usize| &ab[k * m1..(k + 1) * m1],
+        |k: usize| &adb[k * m1..(k + 1) * m1],
+    );
+    combine(
+        gb,
+        [
+            (f * r[0], a(0)),
+            (f * rd[0], ad(0)),
+            (f * r[1], a(1)),
+            (f * rd[1], ad(1)),
+            (f * r[2], a(2)),
+            (f * rd[2], ad(2)),
+            (f * r[3], a(3)),
+            (f * rd[3], ad(3)),
+        ],
+        false,
+    );
+    combine(
+        gdb,
+        [
+            (f * r[0], ad(0)),
+            (f * r[1], ad(1)),
+            (f * r[2], ad(2)),
+            (f * r[3], ad(3)),
+        ],
+        false,
+    );
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -343,6 +411,43 @@ pub fn dual<T: Real>(
                         },
                     )
                 });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{axpy_nz, combine};
+    use crate::backend::cpu::simd::wide;
+
+    /// The same bits as the axpys term after term, zero coefficients (+0 and −0) and the
+    /// chunk remainders included, from zero and accumulating.
+    #[test]
+    fn combine_is_axpys_in_order() {
+        let val = |i: usize, s: f64| ((i as f64 * s).sin() * 1.7) + 0.01 * i as f64 % 0.3;
+        for n in [1, 3, 4, 16, 25, 100, 101] {
+            let xs: Vec<Vec<f64>> = (0..4)
+                .map(|t| (0..n).map(|i| val(i + 7 * t, 0.31)).collect())
+                .collect();
+            let y0: Vec<f64> = (0..n).map(|i| val(i, 0.77)).collect();
+            let coefs = [[0.3, -1.1, 0.0, 2.5], [-0.0, 0.0, 0.7, 1e-3]];
+            for (a, accumulate) in coefs.iter().flat_map(|a| [(a, false), (a, true)]) {
+                let mut want = if accumulate { y0.clone() } else { vec![0.0; n] };
+                for (a, x) in a.iter().zip(&xs) {
+                    axpy_nz(&mut want, *a, x);
+                }
+                let mut got = y0.clone();
+                let terms = [0, 1, 2, 3].map(|t| (a[t], &xs[t][..]));
+                wide(
+                    #[inline(always)]
+                    || combine(&mut got, terms, accumulate),
+                );
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "n {n} a {a:?} accumulate {accumulate}"
+                );
+            }
         }
     }
 }
