@@ -373,8 +373,8 @@ impl<T: Real> Epilogue<T> for Reverse<'_, T> {
         j0: usize,
         acc: &[[T; W]; N],
     ) {
-        // Only the last tile reaches into Wᵀ's zero columns past nin; the others keep W a
-        // constant in the loops below.
+        // Only the last tile reaches into Wᵀ's zero columns past nin; for the others, W stays
+        // a constant in `columns`' loops.
         let ni = self.l.nin;
         if j0 + W <= ni {
             self.columns(rows, j0, W, acc);

@@ -26,8 +26,8 @@ const KC: usize = 256;
 /// Rows of C per register block (then blocks of 2 and 1 row for the rest). With six rows,
 /// LLVM kept a 6 × 16 block of f32 in memory, not in registers (20× slower).
 const MR: usize = 4;
-/// Above this many bytes, a depth block of B no longer stays in L2 (512 KiB a core here)
-/// while the row blocks of A sweep it: then C is done in chunks of columns that fit. (Column
+/// Above this many bytes, a depth block of B no longer stays in L2 (1 MiB a core here; a
+/// quarter of it, so that A's rows and C fit beside) while the row blocks of A sweep it: then C is done in chunks of columns that fit. (Column
 /// panels of two vectors, each under a sweep of all of A, made the fitting nets' z̄·Wᵀ at
 /// batch 4 read W 24 times over: 8 GFLOP/s.)
 const B_IN_L2: usize = 256 * 1024;
