@@ -3,12 +3,20 @@
 // one run of sel[tj] rows in each block (ti, tj), visited section by section in slot order, and
 // each thread owns whole rows of the per-centre matrices, so every sum has a fixed order.
 // The centre's slots are visited section by section (tj), in slot order, as on the CPU.
-// Per-centre matrices sit in dynamic shared memory: A, Ȧ, Ā, Ǡ are [M1][4], D, Ḋ [M1][M2].
+// Per-centre matrices sit in dynamic shared memory: A, Ȧ, Ā, Ǡ are [M1][4], D, Ḋ [M1][M2]. In
+// global memory the A-shaped buffers are [4][M1] per centre, the layout every backend shares
+// (Backend::contract_forward): a row of threads writes and reads them coalesced.
 
 template <typename T>
 __device__ __forceinline__ T* shared_buffer() {
   extern __shared__ unsigned char dpw_shared[];
   return reinterpret_cast<T*>(dpw_shared);
+}
+
+// A centre's [4][M1] block of global memory into shared memory as [M1][4].
+template <typename T>
+__device__ __forceinline__ void load_rows(T* shared, const T* __restrict__ global, int m1) {
+  for (int e = threadIdx.x; e < 4 * m1; e += blockDim.x) shared[4 * (e % m1) + e / m1] = global[e];
 }
 
 // out[a][b] = Σ_k x[a][k] y[b][k] for b < M2, summed from zero in k order (CPU: outer_m2).
@@ -64,7 +72,7 @@ __device__ void contract_forward CONTRACT_FORWARD_PARAMS(T) {
     for (int k = 0; k < 4; ++k) {
       T v = acc[k] * inv;
       sa[4 * i + k] = v;
-      a_out[(i64)c * 4 * m1 + 4 * i + k] = v;
+      a_out[(i64)c * 4 * m1 + k * m1 + i] = v;
     }
   }
   __syncthreads();
@@ -82,14 +90,14 @@ __device__ void contract_backward CONTRACT_BACKWARD_PARAMS(T) {
   Dims d(dims);
   int c = blockIdx.x, m1 = d.m1(), m2 = d.m2();
   T* sa = shared_buffer<T>();
-  for (int e = threadIdx.x; e < 4 * m1; e += blockDim.x) sa[e] = a[(i64)c * 4 * m1 + e];
+  load_rows(sa, a + (i64)c * 4 * m1, m1);
   __syncthreads();
   const T* db = dbar + (i64)c * m1 * m2;
   for (int i = threadIdx.x; i < m1; i += blockDim.x) {
     T acc[4] = {T(0), T(0), T(0), T(0)};
     axis_backward_row(m1, m2, db, sa, i, acc);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) abar[(i64)c * 4 * m1 + 4 * i + k] = acc[k];
+    for (int k = 0; k < 4; ++k) abar[(i64)c * 4 * m1 + k * m1 + i] = acc[k];
   }
 }
 DPW_INSTANTIATE(contract_backward, CONTRACT_BACKWARD_PARAMS, (dims, a, dbar, abar))
@@ -108,7 +116,7 @@ __device__ void slot_backward SLOT_BACKWARD_PARAMS(T) {
   int c = blockIdx.x, m1 = d.m1();
   T inv = T(1.0 / (double)d.nnei());
   T* sab = shared_buffer<T>();
-  for (int e = threadIdx.x; e < 4 * m1; e += blockDim.x) sab[e] = abar[(i64)c * 4 * m1 + e];
+  load_rows(sab, abar + (i64)c * 4 * m1, m1);
   __syncthreads();
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
   int ti = d.centre_type(c);
@@ -162,7 +170,7 @@ __device__ void contract_tangent CONTRACT_TANGENT_PARAMS(T) {
   T inv = T(1.0 / (double)d.nnei());
   T* sad = shared_buffer<T>();
   T* sa = sad + 4 * m1;
-  for (int e = threadIdx.x; e < 4 * m1; e += blockDim.x) sa[e] = a[(i64)c * 4 * m1 + e];
+  load_rows(sa, a + (i64)c * 4 * m1, m1);
   for (int i = threadIdx.x; i < m1; i += blockDim.x) {
     T acc[4] = {T(0), T(0), T(0), T(0)};
     for (int tj = 0; tj < d.ntypes(); ++tj) {
@@ -179,7 +187,7 @@ __device__ void contract_tangent CONTRACT_TANGENT_PARAMS(T) {
     for (int k = 0; k < 4; ++k) {
       T v = acc[k] * inv;
       sad[4 * i + k] = v;
-      adot[(i64)c * 4 * m1 + 4 * i + k] = v;
+      adot[(i64)c * 4 * m1 + k * m1 + i] = v;
     }
   }
   __syncthreads();
@@ -208,10 +216,8 @@ __device__ void contract_dual CONTRACT_DUAL_PARAMS(T) {
   T* sad = sa + 4 * m1;
   T* sab = sad + 4 * m1;
   T* sadb = sab + 4 * m1;
-  for (int e = threadIdx.x; e < 4 * m1; e += blockDim.x) {
-    sa[e] = a[(i64)c * 4 * m1 + e];
-    sad[e] = adot[(i64)c * 4 * m1 + e];
-  }
+  load_rows(sa, a + (i64)c * 4 * m1, m1);
+  load_rows(sad, adot + (i64)c * 4 * m1, m1);
   __syncthreads();
   const T* db = dbar + (i64)c * m1 * m2;
   const T* ddb = ddotbar + (i64)c * m1 * m2;

@@ -1,6 +1,7 @@
 // The descriptor contraction A = (1/nnei) Σ G ⊗ R̂, D = A A<ᵀ, and its derivatives (see
 // cpu/contract.rs). Per-centre kernels run one thread per (centre, row of A) and visit the
 // centre's slots in the CPU's order; per-slot kernels are launched once per (ti, tj) block.
+// A-shaped buffers (A, Ȧ, Ā, Ǡ) are [4][M1] per centre, as on every backend.
 
 struct Contract {
     ncentres: u32,
@@ -61,6 +62,11 @@ fn first_slot(ti: u32, c: u32, tj: u32) -> u32 {
     return block + (c - dims[ti]) * sel;
 }
 
+// Index of A[c][k][i], k = 0 for a row's first component (the others follow M1 apart).
+fn a_index(c: u32, i: u32) -> u32 {
+    return c * 4u * u.m1 + i;
+}
+
 fn sel_of(tj: u32) -> u32 {
     let nt = u.ntypes;
     return dims[nt + 1u + nt * nt + 1u + tj];
@@ -85,10 +91,7 @@ fn a_forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
             acc += gv * vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
         }
     }
-    acc *= inv_nnei();
-    for (var k = 0u; k < 4u; k++) {
-        out_a[id * 4u + k] = acc[k];
-    }
+    store_a(id, acc * inv_nnei());
 }
 
 // D[c][i][j] = Σ_k X[i][k] Y[j][k] for j < M2: D = A A<ᵀ (mode 0) or Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ (mode 1).
@@ -102,18 +105,18 @@ fn d_outer(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let c = id / (u.m1 * u.m2);
     let i = (id / u.m2) % u.m1;
     let j = id % u.m2;
-    let ai = c * 4u * u.m1 + 4u * i;
-    let aj = c * 4u * u.m1 + 4u * j;
+    let ai = a_index(c, i);
+    let aj = a_index(c, j);
     var s = real(0);
     if (u.mode == 0u) {
         for (var k = 0u; k < 4u; k++) {
-            s += a[ai + k] * a[aj + k];
+            s += a[ai + k * u.m1] * a[aj + k * u.m1];
         }
     } else {
         var s2 = real(0);
         for (var k = 0u; k < 4u; k++) {
-            s += adot[ai + k] * a[aj + k];
-            s2 += a[ai + k] * adot[aj + k];
+            s += adot[ai + k * u.m1] * a[aj + k * u.m1];
+            s2 += a[ai + k * u.m1] * adot[aj + k * u.m1];
         }
         s += s2;
     }
@@ -125,16 +128,17 @@ fn d_outer(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
 // storage array to a function and each entry point should bind only what it reads.
 fn b_dbar_a(c: u32, i: u32) -> vec4<real> {
     let dm = c * u.m1 * u.m2;
-    let am = c * 4u * u.m1;
+    let am = a_index(c, 0u);
+    let m = u.m1;
     var out = vec4<real>();
     for (var j = 0u; j < u.m2; j++) {
-        let y = am + 4u * j;
-        out += dbar[dm + i * u.m2 + j] * vec4<real>(a[y], a[y + 1u], a[y + 2u], a[y + 3u]);
+        let y = am + j;
+        out += dbar[dm + i * u.m2 + j] * vec4<real>(a[y], a[y + m], a[y + 2u * m], a[y + 3u * m]);
     }
     if (i < u.m2) {
         for (var i2 = 0u; i2 < u.m1; i2++) {
-            let y = am + 4u * i2;
-            out += dbar[dm + i2 * u.m2 + i] * vec4<real>(a[y], a[y + 1u], a[y + 2u], a[y + 3u]);
+            let y = am + i2;
+            out += dbar[dm + i2 * u.m2 + i] * vec4<real>(a[y], a[y + m], a[y + 2u * m], a[y + 3u * m]);
         }
     }
     return out;
@@ -142,16 +146,17 @@ fn b_dbar_a(c: u32, i: u32) -> vec4<real> {
 
 fn b_ddotbar_a(c: u32, i: u32) -> vec4<real> {
     let dm = c * u.m1 * u.m2;
-    let am = c * 4u * u.m1;
+    let am = a_index(c, 0u);
+    let m = u.m1;
     var out = vec4<real>();
     for (var j = 0u; j < u.m2; j++) {
-        let y = am + 4u * j;
-        out += ddotbar[dm + i * u.m2 + j] * vec4<real>(a[y], a[y + 1u], a[y + 2u], a[y + 3u]);
+        let y = am + j;
+        out += ddotbar[dm + i * u.m2 + j] * vec4<real>(a[y], a[y + m], a[y + 2u * m], a[y + 3u * m]);
     }
     if (i < u.m2) {
         for (var i2 = 0u; i2 < u.m1; i2++) {
-            let y = am + 4u * i2;
-            out += ddotbar[dm + i2 * u.m2 + i] * vec4<real>(a[y], a[y + 1u], a[y + 2u], a[y + 3u]);
+            let y = am + i2;
+            out += ddotbar[dm + i2 * u.m2 + i] * vec4<real>(a[y], a[y + m], a[y + 2u * m], a[y + 3u * m]);
         }
     }
     return out;
@@ -159,24 +164,27 @@ fn b_ddotbar_a(c: u32, i: u32) -> vec4<real> {
 
 fn b_ddotbar_adot(c: u32, i: u32) -> vec4<real> {
     let dm = c * u.m1 * u.m2;
-    let am = c * 4u * u.m1;
+    let am = a_index(c, 0u);
+    let m = u.m1;
     var out = vec4<real>();
     for (var j = 0u; j < u.m2; j++) {
-        let y = am + 4u * j;
-        out += ddotbar[dm + i * u.m2 + j] * vec4<real>(adot[y], adot[y + 1u], adot[y + 2u], adot[y + 3u]);
+        let y = am + j;
+        out += ddotbar[dm + i * u.m2 + j] * vec4<real>(adot[y], adot[y + m], adot[y + 2u * m], adot[y + 3u * m]);
     }
     if (i < u.m2) {
         for (var i2 = 0u; i2 < u.m1; i2++) {
-            let y = am + 4u * i2;
-            out += ddotbar[dm + i2 * u.m2 + i] * vec4<real>(adot[y], adot[y + 1u], adot[y + 2u], adot[y + 3u]);
+            let y = am + i2;
+            out += ddotbar[dm + i2 * u.m2 + i] * vec4<real>(adot[y], adot[y + m], adot[y + 2u * m], adot[y + 3u * m]);
         }
     }
     return out;
 }
 
+// Row i = id % M1 of centre c = id / M1 into out_a.
 fn store_a(id: u32, v: vec4<real>) {
+    let y = a_index(id / u.m1, id % u.m1);
     for (var k = 0u; k < 4u; k++) {
-        out_a[4u * id + k] = v[k];
+        out_a[y + k * u.m1] = v[k];
     }
 }
 
@@ -201,12 +209,13 @@ fn slot_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     let s = u.slot0 + id;
     let c = u.centre0 + id / u.sel;
-    let ab = c * 4u * u.m1;
+    let ab = a_index(c, 0u);
+    let m = u.m1;
     let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
     var rbar = vec4<real>();
     for (var i = 0u; i < u.m1; i++) {
-        let y = ab + 4u * i;
-        let arow = vec4<real>(abar[y], abar[y + 1u], abar[y + 2u], abar[y + 3u]);
+        let y = ab + i;
+        let arow = vec4<real>(abar[y], abar[y + m], abar[y + 2u * m], abar[y + 3u * m]);
         rbar += arow * g[s * u.m1 + i];
         rbar.x += gp[s * u.m1 + i] * dot(arow, rh);
     }
@@ -253,8 +262,9 @@ fn dual_centre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let i = id % u.m1;
     store_a(id, b_dbar_a(c, i) + b_ddotbar_adot(c, i));
     let adb = b_ddotbar_a(c, i);
+    let y = a_index(c, i);
     for (var k = 0u; k < 4u; k++) {
-        out_d[4u * id + k] = adb[k];
+        out_d[y + k * u.m1] = adb[k];
     }
 }
 
@@ -269,9 +279,10 @@ fn dual_slot(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let s = u.slot0 + id / u.m1;
     let i = id % u.m1;
     let c = u.centre0 + (id / u.m1) / u.sel;
-    let y = (c * u.m1 + i) * 4u;
-    let ab = vec4<real>(abar[y], abar[y + 1u], abar[y + 2u], abar[y + 3u]);
-    let adb = vec4<real>(adotbar[y], adotbar[y + 1u], adotbar[y + 2u], adotbar[y + 3u]);
+    let y = a_index(c, i);
+    let m = u.m1;
+    let ab = vec4<real>(abar[y], abar[y + m], abar[y + 2u * m], abar[y + 3u * m]);
+    let adb = vec4<real>(adotbar[y], adotbar[y + m], adotbar[y + 2u * m], adotbar[y + 3u * m]);
     let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
     let rd = vec4<real>(rdot[4u * s], rdot[4u * s + 1u], rdot[4u * s + 2u], rdot[4u * s + 3u]);
     let f = inv_nnei();

@@ -173,6 +173,20 @@ fn parity_with_cpu_f32() {
     parity::<f32>("parity_with_cpu_f32", 1e-5);
 }
 
+#[test]
+fn parity_ops_f64() {
+    if let Some(w) = wgpu_for::<f64>("parity_ops_f64") {
+        suite::parity::ops::<f64, _>(w, 1e-12);
+    }
+}
+
+#[test]
+fn parity_ops_f32() {
+    if let Some(w) = wgpu_for::<f32>("parity_ops_f32") {
+        suite::parity::ops::<f32, _>(w, 1e-5);
+    }
+}
+
 fn repeatable<T: GpuReal>(test: &str) {
     let Some(w) = wgpu_for::<T>(test) else { return };
     let Some(c) = case() else { return };
@@ -264,13 +278,14 @@ fn f64_tanh_is_accurate() {
 }
 
 /// Adam's denominator needs sqrt; the shader builds it from an f32 seed. Against the CPU Adam
-/// over gradients from 1e-200 to 1e200.
+/// over gradients from 1e-150 to 1e150, so that v = 0.2 g² spans f64's normal range: Vulkan
+/// lets a driver flush f64 subnormals to zero (NVIDIA's does), which would change v itself.
 #[test]
 fn f64_sqrt_in_adam_is_accurate() {
     let Some(w) = wgpu_for::<f64>("f64_sqrt_in_adam_is_accurate") else {
         return;
     };
-    let g: Vec<f64> = (-400..=400)
+    let g: Vec<f64> = (-300..=300)
         .map(|i| (if i % 2 == 0 { 1.0 } else { -1.7 }) * 10f64.powf(i as f64 * 0.5))
         .collect();
     let step = AdamStep {
@@ -294,15 +309,20 @@ fn f64_sqrt_in_adam_is_accurate() {
         .map(|(a, b)| a - b)
         .collect();
     let dpc: Vec<f64> = pc.iter().zip(&p0).map(|(a, b)| a - b).collect();
-    let worst = dp
+    let (at, worst) = dp
         .iter()
         .zip(&dpc)
         .map(|(a, b)| (a - b).abs() / b.abs())
-        .fold(0.0, f64::max);
-    eprintln!("f64 Adam step vs cpu: max relative deviation {worst:.2e}");
+        .enumerate()
+        .fold((0, 0.0), |m, (i, e)| if e > m.1 { (i, e) } else { m });
+    eprintln!(
+        "f64 Adam step vs cpu: max relative deviation {worst:.2e} (g {:e}: step {:e} vs {:e})",
+        g[at], dp[at], dpc[at]
+    );
     // Parameter updates are differences of O(1) numbers: a few ulp of p.
     assert!(worst < 1e-9, "Adam off by {worst:e}");
-    assert_eq!(Backend::<f64>::download(w, &m), mc);
+    // A driver may fuse β·m + (1 − β)·g into one FMA (NVIDIA's Vulkan compiler does): an ulp.
+    assert!(rel_dev(&Backend::<f64>::download(w, &m), &mc) < 1e-15);
     assert!(rel_dev(&Backend::<f64>::download(w, &v), &vc) < 1e-15);
 }
 

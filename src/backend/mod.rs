@@ -343,7 +343,9 @@ pub trait Backend<T: Real>: Sync {
         false
     }
 
-    /// A_c = (1/nnei) Σ_slots G ⊗ R̂ and D_c = A_c A_c<ᵀ.
+    /// A_c = (1/nnei) Σ_slots G ⊗ R̂ and D_c = A_c A_c<ᵀ. A-shaped buffers (A, Ā, Ȧ) are
+    /// `[nc][4][M1]` on every backend, D-shaped ones `[nc][M1][M2]`, so that each op's outputs
+    /// can be compared across backends.
     fn contract_forward(
         &self,
         d: &Dims,

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fd;
+pub mod parity;
 pub mod plan;
 pub mod reference;
 pub mod virial;

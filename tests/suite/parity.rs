@@ -1,0 +1,294 @@
+//! Parity with the cpu backend, op by op: every op of the trait on inputs made from a real batch
+//! and pseudo-random values, compared output by output (f64 to 1e-12, f32 to 1e-5 of each
+//! array's largest entry). A GPU backend's test file calls [`ops`] for each precision.
+
+use dpw::backend::cpu::Cpu;
+use dpw::backend::{AdamStep, Backend, DenseIo, EnvParams, Prefactors, Real};
+use dpw::model::Model;
+use dpw::train::batch::{assemble, Frame, HostBatch};
+
+/// max |a − b| / max |b| (the error relative to the array's largest entry).
+pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+    if scale == 0.0 {
+        diff
+    } else {
+        diff / scale
+    }
+}
+
+pub fn check(what: &str, gpu: &[f64], cpu: &[f64], tol: f64, failures: &mut Vec<String>) {
+    let e = rel_err(gpu, cpu);
+    let nonfinite = gpu.iter().any(|x| !x.is_finite());
+    eprintln!("  {what}: relative error {e:.2e}");
+    if e.is_nan() || e > tol || nonfinite {
+        failures.push(format!("{what}: relative error {e:.3e} > {tol:.0e}"));
+    }
+}
+
+pub fn f64s<T: Real>(x: Vec<T>) -> Vec<f64> {
+    x.into_iter().map(|v| v.f64()).collect()
+}
+
+fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
+    x.iter().map(|&v| T::of(v)).collect()
+}
+
+/// Deterministic pseudo-random numbers in [−1, 1).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        2.0 * ((self.0 >> 11) as f64 / (1u64 << 53) as f64) - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f64> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+// ---------------------------------------------------------------- test systems
+
+/// The small systems of the finite-difference suite (3 models: type_one_side on and off,
+/// 2 and 3 types, periodic and not), as (name, model, atom types, frames).
+pub fn small_cases() -> Vec<(&'static str, Model, super::fd::Sys)> {
+    super::fd::cases()
+}
+
+pub fn frame_of(s: &super::fd::Sys) -> Frame<'_> {
+    Frame {
+        coord: &s.coord,
+        cell: s.cell.as_deref(),
+        energy: s.energy,
+        force: &s.force,
+        virial: Some(&s.virial),
+    }
+}
+
+// ---------------------------------------------------------------- op-by-op parity
+
+/// Runs every op of the trait once on inputs made from a real batch (geometry, neighbour lists)
+/// and pseudo-random values, and returns every output, named, as f64.
+fn op_outputs<T: Real, B: Backend<T>>(
+    b: &B,
+    m: &Model,
+    batch: &HostBatch,
+) -> Vec<(String, Vec<f64>)> {
+    let d = &batch.dims;
+    let layout = m.layout();
+    let (ns, nc, na, nf) = (d.nslots(), d.ncentres(), d.nframes * d.natoms, d.nframes);
+    let (m1, m2) = (d.m1, d.m2);
+    let mut rng = Lcg(12345);
+    let up = |v: &[f64]| b.upload(&to_t::<T>(v));
+    let mut out: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut take = |name: String, buf: &B::Buf| out.push((name, f64s(b.download(buf))));
+
+    let desc = &m.spec.descriptor;
+    let env = EnvParams {
+        rcut: desc.rcut,
+        rcut_smth: desc.rcut_smth,
+        protection: desc.env_protection,
+    };
+    let rij = up(&batch.rij);
+    let owner = b.upload_idx(&batch.owner);
+    let centre_atom = b.upload_idx(&batch.centre_atom);
+    let (davg, dstd) = (up(&m.davg), up(&m.dstd));
+    let (mut rhat, mut jac, mut s) = (b.zeros(4 * ns), b.zeros(12 * ns), b.zeros(ns));
+    b.env_mat(
+        d, env, &rij, &owner, &davg, &dstd, &mut rhat, &mut jac, &mut s,
+    );
+    take("env_mat rhat".into(), &rhat);
+    take("env_mat jac".into(), &jac);
+    take("env_mat s".into(), &s);
+
+    // Dense layers: every layer of the first embedding net (over slots) and of the first
+    // fitting net (over centres), on all rows and on a range that does not start at 0.
+    let params = up(&m.params);
+    let nets = [(&layout.embed[0], ns), (&layout.fit[0], nc)];
+    for (net, total) in nets {
+        let ranges = [0..total, total / 3..total - total / 5];
+        for (l, layer) in net.layers.iter().enumerate() {
+            for (r, rows) in ranges.iter().enumerate() {
+                let tag = format!("{} layer {l} rows {r}", net.name);
+                let (nin, nout) = (layer.nin, layer.nout);
+                let x = up(&rng.vec(total * nin));
+                let (mut h, mut y) = (b.zeros(total * nout), b.zeros(total * nout));
+                b.dense_forward(layer, &params, rows.clone(), &x, &mut h, &mut y);
+                take(format!("dense_forward h {tag}"), &h);
+                take(format!("dense_forward y {tag}"), &y);
+                let ybar = up(&rng.vec(total * nout));
+                let mut xbar = b.zeros(total * nin);
+                b.dense_backward(layer, &params, rows.clone(), &h, &ybar, &mut xbar);
+                take(format!("dense_backward xbar {tag}"), &xbar);
+                let xdot = up(&rng.vec(total * nin));
+                let (mut zdot, mut ydot) = (b.zeros(total * nout), b.zeros(total * nout));
+                b.dense_tangent(
+                    layer,
+                    &params,
+                    rows.clone(),
+                    &h,
+                    &xdot,
+                    &mut zdot,
+                    &mut ydot,
+                );
+                take(format!("dense_tangent zdot {tag}"), &zdot);
+                take(format!("dense_tangent ydot {tag}"), &ydot);
+                let ydotbar = up(&rng.vec(total * nout));
+                let scale = up(&rng.vec(total));
+                for (with_scale, with_xbar) in [(false, true), (true, false), (true, true)] {
+                    let mut grad = up(&rng.vec(layout.len));
+                    let (mut xb, mut xdb) = (b.zeros(total * nin), b.zeros(total * nin));
+                    b.dense_dual_backward(
+                        layer,
+                        &params,
+                        rows.clone(),
+                        DenseIo { x: &x, h: &h },
+                        &xdot,
+                        &zdot,
+                        with_scale.then_some(&scale),
+                        &ybar,
+                        &ydotbar,
+                        &mut grad,
+                        with_xbar.then_some((&mut xb, &mut xdb)),
+                    );
+                    let t = format!("{tag} scale {with_scale} xbar {with_xbar}");
+                    take(format!("dense_dual_backward grad {t}"), &grad);
+                    if with_xbar {
+                        take(format!("dense_dual_backward xbar {t}"), &xb);
+                        take(format!("dense_dual_backward xdotbar {t}"), &xdb);
+                    }
+                }
+            }
+        }
+    }
+
+    // The contraction and its derivatives.
+    let (g, gp) = (up(&rng.vec(ns * m1)), up(&rng.vec(ns * m1)));
+    let (mut a, mut dsc) = (b.zeros(4 * m1 * nc), b.zeros(m1 * m2 * nc));
+    b.contract_forward(d, &g, &rhat, &mut a, &mut dsc);
+    take("contract_forward a".into(), &a);
+    take("contract_forward desc".into(), &dsc);
+    let dbar = up(&rng.vec(m1 * m2 * nc));
+    let mut abar = b.zeros(4 * m1 * nc);
+    b.contract_backward(d, &a, &dbar, &mut abar);
+    take("contract_backward abar".into(), &abar);
+    let mut q = b.zeros(3 * ns);
+    b.slot_backward(d, &abar, &g, &gp, &rhat, &jac, &mut q);
+    take("slot_backward q".into(), &q);
+    let rdot = up(&rng.vec(4 * ns));
+    let (mut adot, mut ddot) = (b.zeros(4 * m1 * nc), b.zeros(m1 * m2 * nc));
+    b.contract_tangent(d, &g, &gp, &rhat, &rdot, &a, &mut adot, &mut ddot);
+    take("contract_tangent adot".into(), &adot);
+    take("contract_tangent ddot".into(), &ddot);
+    let ddotbar = up(&rng.vec(m1 * m2 * nc));
+    let (mut gbar, mut gdotbar) = (b.zeros(m1 * ns), b.zeros(m1 * ns));
+    b.contract_dual(
+        d,
+        &a,
+        &adot,
+        &dbar,
+        &ddotbar,
+        &rhat,
+        &rdot,
+        &mut gbar,
+        &mut gdotbar,
+    );
+    take("contract_dual gbar".into(), &gbar);
+    take("contract_dual gdotbar".into(), &gdotbar);
+
+    // Energy, forces, virial, loss, the virtual tangent.
+    let e_fit = up(&rng.vec(nc));
+    let bias = up(&m.bias);
+    let (mut e_atom, mut energy) = (b.zeros(nc), b.zeros(nf));
+    b.energy(d, &e_fit, &bias, &mut e_atom, &mut energy);
+    take("energy e_atom".into(), &e_atom);
+    take("energy energy".into(), &energy);
+    let (mut force, mut virial) = (b.zeros(3 * na), b.zeros(9 * nf));
+    b.force_virial(d, &q, &rij, &owner, &centre_atom, &mut force, &mut virial);
+    take("force_virial force".into(), &force);
+    take("force_virial virial".into(), &virial);
+    let labels = [up(&rng.vec(nf)), up(&rng.vec(3 * na)), up(&rng.vec(9 * nf))];
+    let (mut ebar, mut fres, mut vres) = (b.zeros(nc), b.zeros(3 * na), b.zeros(9 * nf));
+    let pref = Prefactors {
+        e: 0.7,
+        f: 3.0,
+        v: 0.9,
+    };
+    let mut sums = b.zeros(3);
+    b.loss(
+        d,
+        pref,
+        [&energy, &force, &virial],
+        [&labels[0], &labels[1], &labels[2]],
+        &mut ebar,
+        &mut fres,
+        &mut vres,
+        &mut sums,
+    );
+    let mut take = |name: String, buf: &B::Buf| out.push((name, f64s(b.download(buf))));
+    take("loss sums".into(), &sums);
+    take("loss ebar".into(), &ebar);
+    take("loss fres".into(), &fres);
+    take("loss vres".into(), &vres);
+    let (mut rd, mut sd) = (b.zeros(4 * ns), b.zeros(ns));
+    b.virtual_tangent(
+        d,
+        &fres,
+        &vres,
+        &jac,
+        &rij,
+        &owner,
+        &centre_atom,
+        &mut rd,
+        &mut sd,
+    );
+    take("virtual_tangent rdot".into(), &rd);
+    take("virtual_tangent sdot".into(), &sd);
+
+    // Adam (v must be non-negative) and fill.
+    let n = layout.len;
+    let mut p = up(&rng.vec(n));
+    let grad = up(&rng.vec(n));
+    let mut mm = up(&rng.vec(n));
+    let mut vv = up(&rng.vec(n).iter().map(|x| x * x).collect::<Vec<_>>());
+    let step = AdamStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        t: 3,
+    };
+    b.adam(step, &mut p, &grad, &mut mm, &mut vv);
+    take("adam params".into(), &p);
+    take("adam m".into(), &mm);
+    take("adam v".into(), &vv);
+    let mut f = b.zeros(1000);
+    b.fill(&mut f, T::of(0.25));
+    take("fill".into(), &f);
+    out
+}
+
+/// Every op's outputs on `dev` against the cpu backend's, on the small systems of the
+/// finite-difference suite, each relative to its largest entry.
+pub fn ops<T: Real, B: Backend<T>>(dev: &B, tol: f64) {
+    let mut failures = Vec::new();
+    for (name, m, s) in small_cases() {
+        // Two frames, so per-frame sums and centre ↔ frame maps are exercised.
+        let frames = [frame_of(&s), frame_of(&s)];
+        let batch = assemble(&m.spec, &s.atype, &frames).unwrap();
+        eprintln!("{name} ({}):", T::NAME);
+        let cpu = op_outputs::<T, _>(&Cpu::default(), &m, &batch);
+        let got = op_outputs::<T, _>(dev, &m, &batch);
+        for ((what, c), (_, g)) in cpu.iter().zip(&got) {
+            check(&format!("{name}: {what}"), g, c, tol, &mut failures);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
