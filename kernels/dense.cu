@@ -144,6 +144,60 @@ __device__ void dense_dual_rows DENSE_DUAL_ROWS_PARAMS(T) {
 DPW_INSTANTIATE(dense_dual_rows, DENSE_DUAL_ROWS_PARAMS,
                 (r0, rows, nout, chunk, is_tanh, idt, h, zdot, scale, ybar, ydotbar, zbar, zdbar, part_b, part_idt))
 
+// The same two results as dense_dual_rows in two launches that fill the card (the `split`
+// variant, DPW_CUDA_DUAL=split): dense_dual_elems computes z̄, ż̄ and each row's īdt term with
+// one thread per (row, column); dense_dual_sums then adds a chunk's rows in row order, the
+// additions of dense_dual_rows in the same order, from values already in memory.
+#define DENSE_DUAL_ELEMS_PARAMS(T)                                                            \
+  (int r0, int rows, int nout, int is_tanh, const T* __restrict__ idt,                        \
+   const T* __restrict__ h, const T* __restrict__ zdot, const T* __restrict__ scale,          \
+   const T* __restrict__ ybar, const T* __restrict__ ydotbar, T* __restrict__ zbar,           \
+   T* __restrict__ zdbar, T* __restrict__ tidt)
+
+template <typename T>
+__device__ void dense_dual_elems DENSE_DUAL_ELEMS_PARAMS(T) {
+  i64 l = global_index();
+  if (l >= (i64)rows * nout) return;
+  int k = (int)(l % nout);
+  i64 row = (i64)r0 + l / nout;
+  i64 g = row * nout + k;
+  T hv = h[g];
+  T zd = scale ? zdot[g] * scale[row] : zdot[g];
+  T d1 = dphi<T>(is_tanh, hv);
+  T hb = ybar[g], hdb = ydotbar[g];
+  if (idt) {
+    tidt[l] = hb * hv + hdb * d1 * zd;
+    hb = hb * idt[k];
+    hdb = hdb * idt[k];
+  }
+  T d2 = is_tanh ? -(hv + hv) * d1 : T(0);
+  zdbar[l] = d1 * hdb;
+  zbar[l] = d1 * hb + d2 * zd * hdb;
+}
+DPW_INSTANTIATE(dense_dual_elems, DENSE_DUAL_ELEMS_PARAMS,
+                (r0, rows, nout, is_tanh, idt, h, zdot, scale, ybar, ydotbar, zbar, zdbar, tidt))
+
+#define DENSE_DUAL_SUMS_PARAMS(T)                                                             \
+  (int rows, int nout, int chunk, const T* __restrict__ zbar, const T* __restrict__ tidt,     \
+   T* __restrict__ part_b, T* __restrict__ part_idt)
+
+template <typename T>
+__device__ void dense_dual_sums DENSE_DUAL_SUMS_PARAMS(T) {
+  int k = blockIdx.y * blockDim.x + threadIdx.x;
+  if (k >= nout) return;
+  int c = blockIdx.x;
+  int lo = c * chunk, hi = min(rows, lo + chunk);
+  T gb = T(0), gidt = T(0);
+  for (int r = lo; r < hi; ++r) {
+    i64 l = (i64)r * nout + k;
+    gb += zbar[l];
+    if (tidt) gidt += tidt[l];
+  }
+  part_b[(i64)c * nout + k] = gb;
+  if (part_idt) part_idt[(i64)c * nout + k] = gidt;
+}
+DPW_INSTANTIATE(dense_dual_sums, DENSE_DUAL_SUMS_PARAMS, (rows, nout, chunk, zbar, tidt, part_b, part_idt))
+
 // grad_b[k] += Σ_chunks part_b[chunk][k] in chunk order; the same for īdt when present.
 #define DENSE_DUAL_FINISH_PARAMS(T)                                                         \
   (int nchunks, int nout, const T* __restrict__ part_b, const T* __restrict__ part_idt,     \

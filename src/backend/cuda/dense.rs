@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use cudarc::driver::LaunchConfig;
 
-use super::{grid, launch, name, Cuda, CudaBuf, CudaReal, BLOCK};
+use super::{grid, launch, name, Cuda, CudaBuf, CudaReal, DualShape, BLOCK};
 use crate::model::{Layer, Skip};
 
 /// Rows per partial sum of b̄ and īdt: the CPU backend's chunk, so both sum in the same order.
@@ -234,35 +234,77 @@ pub(super) fn dual_backward<T: CudaReal>(
     let part_idt = l.idt.map(|_| c.scratch::<T>(chunks * nout));
     let part_idt_addr = part_idt.as_ref().map_or(0, |s| c.addr(s));
     let scale_addr = i.scale.map_or(0, |s| c.ptr(s));
-    // z̄, ż̄ and the per-chunk partials of b̄, īdt: blocks over (chunk, column group).
+    // The per-chunk partials: blocks over (chunk, column group).
     let block = (nout.div_ceil(32) * 32).min(128);
-    let cfg = LaunchConfig {
+    let per_chunk = LaunchConfig {
         grid_dim: (chunks as u32, nout.div_ceil(block) as u32, 1),
         block_dim: (block as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch!(
-        c,
-        &name::<T>("dense_dual_rows"),
-        cfg,
-        [
-            rows.start as i32,
-            n as i32,
-            nout as i32,
-            DUAL_CHUNK as i32,
-            l.tanh as i32,
-            idt_addr(c, l, p),
-            c.ptr(i.h),
-            c.ptr(i.zdot),
-            scale_addr,
-            c.ptr(i.ybar),
-            c.ptr(i.ydotbar),
-            c.addr(&zbar),
-            c.addr(&zdbar),
-            c.addr(&part_b),
-            part_idt_addr
-        ]
-    );
+    match c.dual {
+        // z̄, ż̄ and the partials of b̄, īdt in one kernel.
+        DualShape::Rows => launch!(
+            c,
+            &name::<T>("dense_dual_rows"),
+            per_chunk,
+            [
+                rows.start as i32,
+                n as i32,
+                nout as i32,
+                DUAL_CHUNK as i32,
+                l.tanh as i32,
+                idt_addr(c, l, p),
+                c.ptr(i.h),
+                c.ptr(i.zdot),
+                scale_addr,
+                c.ptr(i.ybar),
+                c.ptr(i.ydotbar),
+                c.addr(&zbar),
+                c.addr(&zdbar),
+                c.addr(&part_b),
+                part_idt_addr
+            ]
+        ),
+        // z̄, ż̄ and each row's īdt term over (row, column), then the partials.
+        DualShape::Split => {
+            let tidt = l.idt.map(|_| c.scratch::<T>(n * nout));
+            let tidt_addr = tidt.as_ref().map_or(0, |s| c.addr(s));
+            launch!(
+                c,
+                &name::<T>("dense_dual_elems"),
+                grid(n * nout, BLOCK),
+                [
+                    rows.start as i32,
+                    n as i32,
+                    nout as i32,
+                    l.tanh as i32,
+                    idt_addr(c, l, p),
+                    c.ptr(i.h),
+                    c.ptr(i.zdot),
+                    scale_addr,
+                    c.ptr(i.ybar),
+                    c.ptr(i.ydotbar),
+                    c.addr(&zbar),
+                    c.addr(&zdbar),
+                    tidt_addr
+                ]
+            );
+            launch!(
+                c,
+                &name::<T>("dense_dual_sums"),
+                per_chunk,
+                [
+                    n as i32,
+                    nout as i32,
+                    DUAL_CHUNK as i32,
+                    c.addr(&zbar),
+                    tidt_addr,
+                    c.addr(&part_b),
+                    part_idt_addr
+                ]
+            );
+        }
+    }
     // ẋ scaled per row (embedding nets), or ẋ itself.
     let xd_scaled = i.scale.map(|s| {
         let out = c.scratch::<T>(n * nin);
