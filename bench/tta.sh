@@ -44,7 +44,8 @@
 # folder in OUT: a second call with the same OUT (e.g. TOOLS=pt SEEDS=3 to redo or add runs)
 # replaces the runs it makes and keeps the others.
 #
-#   SEEDS=1 STEPS=300 DISP=100 THRESHOLDS="0.6 0.4" nice -n 19 bench/tta.sh   # a smoke test
+#   SEEDS=1 STEPS=300 DISP=100 DECAY_STEPS=100 THRESHOLDS="0.8 0.35 0.33" nice -n 19 bench/tta.sh
+#                                 # a smoke test (minutes; see BENCHMARKS.md, issue 33)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
