@@ -136,19 +136,18 @@ build() {
   local stage=$KIT/stage
   mkdir -p "$stage/bin" "$stage/shared/reference"
 
-  # First, as it leaves target/release/dpw built with MPI; the default build below replaces it.
+  # Both dpw binaries come out of `cargo test --no-run` (the bin built for the integration
+  # tests): the tests' feature set (dev-dependencies unify features), so after scripts/test-all.sh's
+  # test and mpi phases nothing here is compiled again.
   echo "== dpw with MPI (features mpi + cuda: the NCCL all-reduce), its NCCL test, Open MPI"
   : >"$KIT/executables.txt"
-  cargo build --release --features mpi --bin dpw
-  strip -o "$stage/bin/dpw-mpi" target/release/dpw
   cargo test --release --no-run --features mpi --message-format=json --test nccl_exchange \
     >"$KIT/artifacts-mpi.json"
   executables "$KIT/artifacts-mpi.json" nccl_exchange >>"$KIT/executables.txt"
+  strip -o "$stage/bin/dpw-mpi" "$(executables "$KIT/artifacts-mpi.json" dpw | cut -d' ' -f2)"
   stage_mpi "$stage/mpi" "$stage/bin/dpw-mpi"
 
-  echo "== release dpw (default features: wgpu and cuda)"
-  cargo build --release --bin dpw
-  echo "== GPU test executables"
+  echo "== release dpw (default features: wgpu and cuda) and the GPU test executables"
   local args=()
   for t in "${TESTS[@]}"; do args+=(--test "$t"); done
   cargo test --release --no-run --message-format=json "${args[@]}" >"$KIT/artifacts.json"
@@ -156,7 +155,9 @@ build() {
   while read -r name exe; do
     strip -o "$stage/bin/$name" "$exe"
   done <"$KIT/executables.txt"
-  strip -o "$stage/bin/dpw" target/release/dpw
+  local dpw_exe
+  dpw_exe=$(executables "$KIT/artifacts.json" dpw | cut -d' ' -f2)
+  strip -o "$stage/bin/dpw" "$dpw_exe"
 
   echo "== DeePMD-kit's reference numbers and data (the tests read ../shared)"
   cp -r "$shared/reference/deepmd-3.2.0" "$stage/shared/reference/"
@@ -166,7 +167,7 @@ build() {
   local work=$KIT/cpu-run
   mkdir -p "$work"
   write_input "$ROOT/examples/water" "$work/input.json" 200 20 1
-  (cd "$work" && "$ROOT/target/release/dpw" train input.json --backend cpu)
+  (cd "$work" && "$dpw_exe" train input.json --backend cpu)
   cp "$work/lcurve.out" "$stage/cpu-lcurve.out"
   rm -rf "$work"
 
@@ -424,10 +425,12 @@ EOF
   step cuda_train_200_dual_split 60 bash -c "cd '$W/train-split' && DPW_CUDA_DUAL=split \
     '$dpw' train input.json --backend cuda && python3 '$W/compare.py' '$K/cpu-lcurve.out' lcurve.out"
   for p in f64 f32; do
+    local flag=()
+    [ "$p" = f32 ] && flag=(--float32)
     for b in 1 16; do
       step "bench_cuda-dualsplit_${p}_b$b" 30 env DPW_CUDA_DUAL=split "$dpw" bench \
-        "$W/bench-b$b.json" --backend cuda $([ "$p" = f32 ] && echo --float32) --steps 30 \
-        --warmup 5 --json "$LOGS/bench_cuda-dualsplit_${p}_b$b.json"
+        "$W/bench-b$b.json" --backend cuda "${flag[@]}" --steps 30 --warmup 5 \
+        --json "$LOGS/bench_cuda-dualsplit_${p}_b$b.json"
     done
   done
 
