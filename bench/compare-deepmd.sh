@@ -7,7 +7,9 @@
 #                                           DeePMD-kit's average skips the first 100, dpw's bench
 #                                           times the steps after warm-up)
 #   BATCH=4      sets the training batch size of both programs
-#   FLOAT32=1    also times dpw in float32 (the ratio stays against DeePMD-kit's float64)
+#   FLOAT32=1    also times both programs in float32 (`precision: float32` in the descriptor and
+#                the fitting net for DeePMD-kit, `--float32` for dpw); every ratio printed is
+#                between the same precisions
 #   DPW=path     times that dpw binary instead of building this checkout's
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,24 +53,48 @@ peak_mb() { awk '/Maximum resident set size/ {printf "%.0f", $6 / 1024}' "$1"; }
 
 echo "input: $input, batch ${BATCH:-as given}"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+# DeePMD-kit's s/step (its own average) for backend $1 on input $2 in precision $4, under tag $3.
+dp_time() {
+  local b=$1 in=$2 tag=$3 prec=$4 s
+  (cd "$work" && mkdir -p "$tag" && cd "$tag" && OMP_NUM_THREADS=$(nproc) /usr/bin/time -v -o time.txt \
+    "$venv/bin/dp" --"$b" train "$in" >log 2>&1) || { tail -30 "$work/$tag/log" >&2; exit 1; }
+  s=$(grep -oE "average training time: [0-9.]+ s/batch" "$work/$tag/log" | awk '{print $4}' | tail -1)
+  echo "DeePMD-kit 3.2.0 (--$b, $prec): ${s} s/step, peak memory $(peak_mb "$work/$tag/time.txt") MB" >&2
+  echo "$s"
+}
+
+# dpw's median s/step from `dpw bench` on input $1 with extra flags $3..., kept under tag $2.
+dpw_time() {
+  local in=$1 tag=$2
+  shift 2
+  (cd "$work" && /usr/bin/time -v -o "$tag-time.txt" "$dpw" bench "$in" --backend cpu "$@" \
+    --steps "$steps" --json "$tag.json" >"$tag.log" 2>&1) || { tail -30 "$work/$tag.log" >&2; exit 1; }
+  python3 -c "import json; print(json.load(open('$work/$tag.json'))['median_s_per_step'])"
+}
+
+ratio() { python3 -c "print(f'{float(\"$1\") / float(\"$2\"):.2f}')"; }
+
 results=()
 for b in tf ${COMPARE_PT:+pt}; do
-  (cd "$work" && mkdir -p "$b" && cd "$b" && OMP_NUM_THREADS=$(nproc) /usr/bin/time -v -o time.txt \
-    "$venv/bin/dp" --"$b" train ../input.json >log 2>&1) || { tail -30 "$work/$b/log" >&2; exit 1; }
-  s=$(grep -oE "average training time: [0-9.]+ s/batch" "$work/$b/log" | awk '{print $4}' | tail -1)
-  echo "DeePMD-kit 3.2.0 (--$b): ${s} s/step, peak memory $(peak_mb "$work/$b/time.txt") MB"
-  results+=("$s")
+  results+=("$(dp_time "$b" ../input.json "$b" float64)")
 done
-
-(cd "$work" && /usr/bin/time -v -o dpw-time.txt "$dpw" bench input.json --backend cpu --steps "$steps" --json dpw.json >dpw.log 2>&1) \
-  || { tail -30 "$work/dpw.log" >&2; exit 1; }
-ours=$(python3 -c "import json; print(json.load(open('$work/dpw.json'))['median_s_per_step'])")
+ours=$(dpw_time input.json dpw)
 echo "dpw (cpu, float64): ${ours} s/step, peak memory $(peak_mb "$work/dpw-time.txt") MB"
-python3 -c "print(f'dpw is {float(\"${results[0]}\") / float(\"$ours\"):.2f}x faster per step than DeePMD-kit --tf')"
+echo "float64: dpw is $(ratio "${results[0]}" "$ours")x faster per step than DeePMD-kit --tf"
+
 if [ -n "${FLOAT32:-}" ]; then
-  (cd "$work" && "$dpw" bench input.json --backend cpu --float32 --steps "$steps" --json dpw32.json >dpw32.log 2>&1) \
-    || { tail -30 "$work/dpw32.log" >&2; exit 1; }
-  ours32=$(python3 -c "import json; print(json.load(open('$work/dpw32.json'))['median_s_per_step'])")
-  echo "dpw (cpu, float32): ${ours32} s/step"
-  python3 -c "print(f'dpw float32 is {float(\"${results[0]}\") / float(\"$ours32\"):.2f}x faster per step than DeePMD-kit --tf float64')"
+  python3 - "$work/input.json" "$work/input32.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("descriptor", "fitting_net"):
+    d["model"][k]["precision"] = "float32"
+json.dump(d, open(sys.argv[2], "w"), indent=2)
+PY
+  results32=()
+  for b in tf ${COMPARE_PT:+pt}; do
+    results32+=("$(dp_time "$b" ../input32.json "$b-f32" float32)")
+  done
+  ours32=$(dpw_time input32.json dpw32 --float32)
+  echo "dpw (cpu, float32): ${ours32} s/step, peak memory $(peak_mb "$work/dpw32-time.txt") MB"
+  echo "float32: dpw is $(ratio "${results32[0]}" "$ours32")x faster per step than DeePMD-kit --tf"
 fi
