@@ -628,3 +628,50 @@ fn batch_errors_name_frames_by_their_index() {
         "{msg}"
     );
 }
+
+/// Issue 32, point 1: a schedule whose lr rises above start_lr (a stop_lr above it, a
+/// stop_lr_ratio or a decay_rate above 1) is refused at start-up, naming the keys: the loss
+/// prefactors `limit + (start − limit)·lr/start_lr` would go negative and train to NaN.
+#[test]
+fn rising_learning_rate_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    for (key, value, names) in [
+        (
+            "stop_lr",
+            1e-2,
+            &["learning_rate.stop_lr", "must be <= learning_rate.start_lr"][..],
+        ),
+        (
+            "stop_lr_ratio",
+            2.0,
+            &["learning_rate.stop_lr_ratio", "<= 1"],
+        ),
+        ("decay_rate", 1.5, &["learning_rate.decay_rate", "<= 1"]),
+    ] {
+        let mut input = tiny_input(5, &[]);
+        if key == "stop_lr_ratio" {
+            input["learning_rate"]
+                .as_object_mut()
+                .unwrap()
+                .remove("stop_lr");
+        }
+        input["learning_rate"][key] = json!(value);
+        write_input(d.path(), &input);
+        let err = fails(
+            d.path(),
+            &["train", "input.json", "--backend", "cpu"],
+            names,
+        );
+        assert!(!err.contains("statistics over"), "{err}");
+    }
+    let names: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["input.json"], "nothing written");
+    // A constant lr (stop_lr = start_lr) trains.
+    let mut input = tiny_input(2, &[]);
+    input["learning_rate"]["stop_lr"] = json!(1e-3);
+    write_input(d.path(), &input);
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+}

@@ -98,6 +98,7 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LearningRateConfig>
     let start_lr = positive(sec.f64_or("start_lr", 1e-3)?, &p("start_lr"))?;
     let mut stop_lr = sec.opt_f64("stop_lr")?;
     let stop_lr_ratio = sec.opt_f64("stop_lr_ratio")?;
+    let stop_lr_given = stop_lr.is_some();
     match (stop_lr, stop_lr_ratio) {
         (Some(_), Some(_)) => {
             return Err(ConfigError::invalid(
@@ -125,6 +126,14 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LearningRateConfig>
     if let Some(r) = decay_rate {
         positive(r, &p("decay_rate"))?;
     }
+    check_decays(
+        start_lr,
+        stop_lr,
+        stop_lr_ratio,
+        decay_rate,
+        stop_lr_given,
+        &p,
+    )?;
 
     let warmup_steps = sec.usize_or("warmup_steps", 0)?;
     let warmup_ratio = sec.opt_f64("warmup_ratio")?;
@@ -169,6 +178,52 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LearningRateConfig>
         warmup_start_factor,
         scale_by_worker,
     })
+}
+
+/// The loss prefactors move linearly with the lr (`limit + (start − limit)·lr/start_lr`), which
+/// keeps them between their start and limit values, so non-negative, only while every lr the
+/// schedule reaches lies in `[0, start_lr]`: an lr above start_lr extrapolates the prefactors
+/// past their start values, to negative ones once far enough (and to a loss that trains to
+/// NaN). DeePMD-kit's schedule decays from start_lr down to stop_lr.
+fn check_decays(
+    start_lr: f64,
+    stop_lr: Option<f64>,
+    stop_lr_ratio: Option<f64>,
+    decay_rate: Option<f64>,
+    stop_lr_given: bool,
+    p: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    if let Some(stop) = stop_lr.filter(|&s| s > start_lr) {
+        let default = if stop_lr_given { "" } else { " (the default)" };
+        return Err(ConfigError::invalid(
+            p("stop_lr"),
+            format!(
+                "must be <= {} ({start_lr:e}), found {stop:e}{default}: the learning rate \
+                 decays from start_lr to stop_lr",
+                p("start_lr")
+            ),
+        ));
+    }
+    if let Some(r) = stop_lr_ratio.filter(|&r| r > 1.0) {
+        return Err(ConfigError::invalid(
+            p("stop_lr_ratio"),
+            format!(
+                "must be <= 1, found {r}: the final learning rate start_lr × stop_lr_ratio \
+                 must not exceed {}",
+                p("start_lr")
+            ),
+        ));
+    }
+    if let Some(r) = decay_rate.filter(|&r| r > 1.0) {
+        return Err(ConfigError::invalid(
+            p("decay_rate"),
+            format!(
+                "must be <= 1, found {r}: a rate above 1 raises the learning rate past {}",
+                p("start_lr")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl LearningRateConfig {

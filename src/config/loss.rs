@@ -80,6 +80,9 @@ static LOSS: Schema = Schema {
 pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
     let empty = json!({});
     let sec = Section::new(v.unwrap_or(&empty), path, &LOSS)?;
+    // Non-negative start and limit values are enough for every prefactor of the run to be
+    // non-negative: the learning_rate section refuses any schedule whose lr leaves
+    // [0, start_lr], and within it a prefactor stays between its start and limit values.
     let pref = |key: &str, default: f64| -> Result<f64> {
         non_negative(sec.f64_or(key, default)?, &sec.path_of(key))
     };
