@@ -675,3 +675,39 @@ fn rising_learning_rate_is_refused() {
     write_input(d.path(), &input);
     ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
 }
+
+/// Issue 32, point 2: the lock file goes when the run ends, cleanly or by an error after it was
+/// taken; one a killed run left behind is taken over, saying so.
+#[test]
+fn lock_file_goes_with_the_run() {
+    let d = tempfile::tempdir().unwrap();
+    let lock = d.path().join(".dpw-train.lock");
+    write_input(d.path(), &tiny_input(2, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    assert!(!lock.exists(), "left behind by a finished run");
+    fails(
+        d.path(),
+        &[
+            "train",
+            "input.json",
+            "--backend",
+            "cpu",
+            "--init-model",
+            "missing.ckpt",
+        ],
+        &["--init-model", "missing.ckpt", "does not exist"],
+    );
+    assert!(!lock.exists(), "left behind by a failed run");
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    std::fs::write(&lock, format!("{dead}\n")).unwrap();
+    let err = stderr(&ok(d.path(), &["train", "input.json", "--backend", "cpu"]));
+    assert!(
+        err.contains(&format!(
+            "took over ./.dpw-train.lock, left behind by dpw train pid {dead}"
+        )),
+        "{err}"
+    );
+    assert!(!lock.exists(), "a taken-over lock left behind");
+}

@@ -14,11 +14,26 @@ use crate::config::TrainingConfig;
 /// Name of the lock file in each output folder.
 pub const LOCK_FILE: &str = ".dpw-train.lock";
 
-/// Holds the output folders of a run until dropped (the locks go with the process, however it
-/// ends; the lock files stay).
+/// Holds the output folders of a run until dropped, and then removes their lock files, so that
+/// a finished run leaves only its outputs. The locks themselves go with the process however it
+/// ends; a lock file a killed run left behind is taken over by the next run.
 #[derive(Debug)]
 pub struct RunLock {
-    _files: Vec<File>,
+    held: Vec<(PathBuf, File)>,
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        // Removed while still locked: a run that opened the file before the removal finds it
+        // replaced once it gets the lock, and opens it again (see `lock`).
+        for (path, _) in &self.held {
+            if let Err(e) = std::fs::remove_file(path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!("cannot remove {}: {e}", path.display());
+                }
+            }
+        }
+    }
 }
 
 fn dir_of(p: &Path) -> &Path {
@@ -61,7 +76,8 @@ pub fn claim(out_dir: &Path, tc: &TrainingConfig) -> Result<RunLock> {
         dirs.push(dir.to_path_buf());
     }
     let mut seen: Vec<PathBuf> = Vec::new();
-    let mut files = Vec::new();
+    // A failure drops (and so removes) the locks taken so far.
+    let mut run_lock = RunLock { held: Vec::new() };
     for d in dirs {
         let canon = d
             .canonicalize()
@@ -70,48 +86,92 @@ pub fn claim(out_dir: &Path, tc: &TrainingConfig) -> Result<RunLock> {
             continue;
         }
         seen.push(canon);
-        files.push(lock(&d)?);
+        let path = d.join(LOCK_FILE);
+        let file = lock(&path, &d)?;
+        run_lock.held.push((path, file));
         remove_stale_temps(&d, tc);
     }
-    Ok(RunLock { _files: files })
+    Ok(run_lock)
 }
 
-fn lock(dir: &Path) -> Result<File> {
-    let path = dir.join(LOCK_FILE);
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("cannot create {} (is the folder writable?)", path.display()))?;
-    match f.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            let mut pid = String::new();
-            let _ = f.read_to_string(&mut pid);
-            let pid = pid.trim();
-            bail!(
-                "another dpw train (pid {}) is writing its outputs in {}: it holds {}; wait for \
-                 it to finish, or train in another folder",
-                if pid.is_empty() { "unknown" } else { pid },
-                dir.display(),
-                path.display()
+/// How often a lock file is opened again when the run holding it removed it in the meantime.
+const LOCK_TRIES: usize = 10;
+
+fn lock(path: &Path, dir: &Path) -> Result<File> {
+    for _ in 0..LOCK_TRIES {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| {
+                format!("cannot create {} (is the folder writable?)", path.display())
+            })?;
+        let mut pid = String::new();
+        match f.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let _ = f.read_to_string(&mut pid);
+                let pid = pid.trim();
+                bail!(
+                    "another dpw train (pid {}) is writing its outputs in {}: it holds {}; wait \
+                     for it to finish, or train in another folder",
+                    if pid.is_empty() { "unknown" } else { pid },
+                    dir.display(),
+                    path.display()
+                );
+            }
+            Err(TryLockError::Error(e)) => {
+                // Some network file systems have no locks: run unprotected rather than not at
+                // all.
+                tracing::warn!(
+                    "cannot lock {} ({e}); make sure no other run writes to this folder",
+                    path.display()
+                );
+                return Ok(f);
+            }
+        }
+        if !names_file(path, &f) {
+            continue;
+        }
+        let _ = f.read_to_string(&mut pid);
+        if let Ok(old) = pid.trim().parse::<u32>() {
+            tracing::info!(
+                "took over {}, left behind by dpw train pid {old}, which {}",
+                path.display(),
+                if alive(old) {
+                    "no longer holds it"
+                } else {
+                    "no longer runs"
+                }
             );
         }
-        Err(TryLockError::Error(e)) => {
-            // Some network file systems have no locks: run unprotected rather than not at all.
-            tracing::warn!(
-                "cannot lock {} ({e}); make sure no other run writes to this folder",
-                path.display()
-            );
-            return Ok(f);
-        }
+        f.set_len(0)
+            .and_then(|_| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        return Ok(f);
     }
-    f.set_len(0)
-        .and_then(|_| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(f)
+    bail!(
+        "cannot take {}: other runs keep replacing it; try again",
+        path.display()
+    )
+}
+
+/// Whether `path` still names the open file `f` (the run that held the lock may have removed
+/// the file between our open and our lock).
+#[cfg(unix)]
+fn names_file(path: &Path, f: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), f.metadata()) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn names_file(path: &Path, _: &File) -> bool {
+    path.exists()
 }
 
 /// Whether process `pid` still runs. Where that cannot be known, it is taken to run.
