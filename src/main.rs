@@ -46,7 +46,8 @@ enum Command {
     /// lcurve.out, checkpoints model.ckpt-STEP) go to the working directory. Ctrl-C or SIGTERM
     /// finishes the step, saves a checkpoint and exits with 130 / 143.
     Train {
-        /// DeePMD-kit's input.json (se_e2_a descriptor, ener fitting).
+        /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml) (se_e2_a
+        /// descriptor, ener fitting).
         input: PathBuf,
         /// Continue the run of this checkpoint (optimizer state, step and data stream included).
         #[arg(short = 'r', long, conflicts_with_all = ["init_model", "init_frz_model"])]

@@ -711,3 +711,32 @@ fn lock_file_goes_with_the_run() {
     );
     assert!(!lock.exists(), "a taken-over lock left behind");
 }
+
+/// Issue 32, point 3: `dpw train input.yaml` (or .yml) reads YAML as `dp train` does, and a
+/// byte-order mark at the start of input.json is skipped.
+#[test]
+fn yaml_input_and_byte_order_mark() {
+    let input = tiny_input(2, &[]);
+    let d = tempfile::tempdir().unwrap();
+    for name in ["input.yaml", "input.yml"] {
+        std::fs::write(
+            d.path().join(name),
+            serde_yaml_ng::to_string(&input).unwrap(),
+        )
+        .unwrap();
+        ok(d.path(), &["train", name, "--backend", "cpu"]);
+        let out: Value =
+            serde_json::from_str(&std::fs::read_to_string(d.path().join("out.json")).unwrap())
+                .unwrap();
+        assert_eq!(out["training"]["numb_steps"], json!(2));
+    }
+    std::fs::write(d.path().join("bad.yaml"), "model: [1, 2\n").unwrap();
+    fails(
+        d.path(),
+        &["train", "bad.yaml", "--backend", "cpu"],
+        &["malformed YAML in bad.yaml", "line"],
+    );
+    let text = format!("\u{feff}{}", serde_json::to_string_pretty(&input).unwrap());
+    std::fs::write(d.path().join("input.json"), text).unwrap();
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+}

@@ -2,9 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-/// Everything that can be wrong with an input.json. Every variant that is about a key names its
-/// dotted path (`model.descriptor.rcut`, `training.training_data.batch_size[2]`), so the user
-/// can find it without guessing.
+/// Everything that can be wrong with an input.json (or input.yaml). Every variant that is about
+/// a key names its dotted path (`model.descriptor.rcut`, `training.training_data.batch_size[2]`),
+/// so the user can find it without guessing.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The cause is part of the message, not a source chain, which `{:#}` would print again.
@@ -21,6 +21,10 @@ pub enum ConfigError {
         column: usize,
         message: String,
     },
+
+    /// serde_yaml_ng's message, which gives the line and column itself.
+    #[error("malformed YAML in {}: {message}", file.display())]
+    Yaml { file: PathBuf, message: String },
 
     /// A key-level error found while reading `file`. Not a `#[source]` chain on purpose: the
     /// message then reads whole with a plain `{}`, and nothing is printed twice with `{:#}`.

@@ -46,7 +46,8 @@ static ROOT: Schema = Schema {
     ignored: &[],
 };
 
-/// Reads and checks an input.json.
+/// Reads and checks an input.json, or the same input in YAML when the file name ends in `.yaml`
+/// or `.yml` (as `dp train` picks the format).
 ///
 /// Relative system paths are resolved against the directory holding the file. DeePMD-kit
 /// resolves them against the working directory, but users run `dp train input.json` from that
@@ -57,7 +58,20 @@ pub fn load_config(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         path: path.to_path_buf(),
         error,
     })?;
-    let value: Value = serde_json::from_str(&text).map_err(|e| ConfigError::json(path, &e))?;
+    // Editors on Windows start UTF-8 files with a byte-order mark, which serde_json refuses.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let yaml = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    );
+    let value: Value = if yaml {
+        serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Yaml {
+            file: path.to_path_buf(),
+            message: e.to_string(),
+        })?
+    } else {
+        serde_json::from_str(text).map_err(|e| ConfigError::json(path, &e))?
+    };
     let base_dir = path.parent().unwrap_or(Path::new(""));
     Config::from_value(&value, base_dir).map_err(|e| ConfigError::InFile {
         file: path.to_path_buf(),
