@@ -7,7 +7,9 @@ use dpw::cli::backend::{quiet_vulkan_probe, run_job, BackendChoice};
 use dpw::cli::bench::{run_bench, BenchArgs};
 use dpw::cli::neighbor_stat::{neighbor_stat, report};
 use dpw::cli::test::TestJob;
-use dpw::cli::train::{convert, freeze, run_train, wants_progress_bar, TrainArgs};
+use dpw::cli::train::{
+    check_train_files, convert, freeze, run_train, wants_progress_bar, TrainArgs,
+};
 use dpw::cli::{init_logging, load_model};
 use dpw::dist::log::MpiLog;
 use dpw::train::interrupt::Interrupted;
@@ -150,6 +152,31 @@ fn main() -> ExitCode {
         },
         _ => None,
     };
+    // Before the log file is created: `-l input.json` must not replace the input.
+    if let Command::Train {
+        input,
+        restart,
+        init_model,
+        init_frz_model,
+        output,
+        log_path,
+        ..
+    } = &cli.command
+    {
+        let model = [
+            ("--restart", restart),
+            ("--init-model", init_model),
+            ("--init-frz-model", init_frz_model),
+        ]
+        .into_iter()
+        .find_map(|(flag, p)| Some((flag, p.as_deref()?)));
+        if let Err(e) = check_train_files(input, model, output, log_path.as_deref()) {
+            if dpw::dist::launcher_rank().unwrap_or(0) == 0 {
+                eprintln!("error: {e:#}");
+            }
+            return ExitCode::FAILURE;
+        }
+    }
     let world = dpw::dist::world();
     let logging = match &cli.command {
         Command::Train {

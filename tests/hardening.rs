@@ -740,3 +740,88 @@ fn yaml_input_and_byte_order_mark() {
     std::fs::write(d.path().join("input.json"), text).unwrap();
     ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
 }
+
+/// Issue 32, point 4: an output that would replace the input, a data file, or another output
+/// (a checkpoint of the run included) is refused at start-up, naming both paths and the keys or
+/// flags naming them, before anything is written; so is an output in a missing folder.
+#[test]
+fn colliding_outputs_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let sys = d.path().join("sys");
+    copy_dir(&water().join("data_0"), &sys);
+    let base = tiny_input(2, &[&sys]);
+    // (extra arguments, a training key set to a value, what the message names)
+    type Case<'a> = (&'a [&'a str], Option<(&'a str, &'a str)>, &'a [&'a str]);
+    let cases: [Case; 9] = [
+        (
+            &["-l", "input.json"],
+            None,
+            &["-l/--log-path input.json is the input file input.json"],
+        ),
+        (
+            &[],
+            Some(("disp_file", "input.json")),
+            &["training.disp_file ./input.json is the input file input.json"],
+        ),
+        (
+            &["-l", "lcurve.out"],
+            None,
+            &["-l/--log-path lcurve.out and training.disp_file ./lcurve.out"],
+        ),
+        (
+            &[],
+            Some(("save_ckpt", "lcurve.out")),
+            &["training.save_ckpt ./lcurve.out and training.disp_file ./lcurve.out"],
+        ),
+        (
+            &["-o", "lcurve.out"],
+            None,
+            &["-o/--output lcurve.out and training.disp_file ./lcurve.out"],
+        ),
+        (
+            &["-l", "model.ckpt-3"],
+            None,
+            &["-l/--log-path model.ckpt-3 is a checkpoint file of training.save_ckpt"],
+        ),
+        (
+            &["-o", "sys/set.000/coord.npy"],
+            None,
+            &[
+                "-o/--output",
+                "data system",
+                "training.training_data.systems",
+            ],
+        ),
+        (
+            &["-l", ".dpw-train.lock"],
+            None,
+            &["-l/--log-path .dpw-train.lock and the run's lock file"],
+        ),
+        (
+            &["-o", "nodir/out.json"],
+            None,
+            &["-o/--output", "nodir", "does not exist"],
+        ),
+    ];
+    for (args, key, names) in cases {
+        let mut input = base.clone();
+        if let Some((k, v)) = key {
+            input["training"][k] = json!(v);
+        }
+        write_input(d.path(), &input);
+        let before = std::fs::read(d.path().join("input.json")).unwrap();
+        let coord = std::fs::read(sys.join("set.000/coord.npy")).unwrap();
+        let mut a = vec!["train", "input.json", "--backend", "cpu"];
+        a.extend(args);
+        let err = fails(d.path(), &a, names);
+        assert!(!err.contains("statistics over"), "{err}");
+        assert_eq!(std::fs::read(d.path().join("input.json")).unwrap(), before);
+        assert_eq!(std::fs::read(sys.join("set.000/coord.npy")).unwrap(), coord);
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["input.json", "sys"], "dpw {a:?} wrote something");
+    }
+}

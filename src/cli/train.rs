@@ -22,6 +22,7 @@ use crate::model::file::{is_container, model_from_container, read_container, sav
 use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model};
 use crate::train::checkpoint::Checkpoint;
 use crate::train::interrupt::{self, Interrupted};
+use crate::train::outputs::{self, RunFile, RunFiles};
 use crate::train::trainer::{prepare, train, Start, TrainReport, TrainSetup};
 
 /// The bar log lines must step around while it is drawn.
@@ -205,6 +206,30 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         }
     }
     r
+}
+
+/// Checks the files of `dpw train INPUT` before anything is written, the log file (`-l`)
+/// included: no output may replace an input or another output ([`outputs::check_files`]).
+/// `model` is the flag and path of the checkpoint or model the run starts from.
+pub fn check_train_files(
+    input: &Path,
+    model: Option<(&str, &Path)>,
+    output: &Path,
+    log: Option<&Path>,
+) -> Result<()> {
+    let outputs = [("-o/--output", Some(output)), ("-l/--log-path", log)]
+        .into_iter()
+        .filter_map(|(flag, p)| Some(RunFile::new(flag, p?)))
+        .collect();
+    let files = RunFiles {
+        input: RunFile::new("the input file", input),
+        model: model.map(|(flag, p)| RunFile::new(flag, p)),
+        outputs,
+    };
+    // An input that cannot be read is reported once logging is up; the outputs it names are
+    // then unknown, and the run stops before writing them.
+    let cfg = load_config(input).ok();
+    outputs::check_files(Path::new("."), &files, cfg.as_ref().map(|c| &c.training))
 }
 
 /// The checkpoint a `-c` argument names: a file, or `model.ckpt` in a folder.

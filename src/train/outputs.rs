@@ -46,34 +46,10 @@ fn dir_of(p: &Path) -> &Path {
 /// temporary files from them.
 pub fn claim(out_dir: &Path, tc: &TrainingConfig) -> Result<RunLock> {
     let mut dirs = vec![out_dir.to_path_buf()];
-    for (key, name) in [
-        ("training.save_ckpt", &tc.save_ckpt),
-        ("training.disp_file", &tc.disp_file),
-    ] {
+    for (key, name) in config_outputs(tc) {
         let path = out_dir.join(name);
-        let is_name = path.file_name().is_some_and(|n| n != "." && n != "..");
-        if name.ends_with('/') || name.ends_with(std::path::MAIN_SEPARATOR) || !is_name {
-            bail!(
-                "{key}: {name:?} names a folder; give a file name in it, such as \"{}/{}\"",
-                name.trim_end_matches(['/', std::path::MAIN_SEPARATOR]),
-                if key.ends_with("save_ckpt") {
-                    "model.ckpt"
-                } else {
-                    "lcurve.out"
-                }
-            );
-        }
-        if path.is_dir() {
-            bail!("{key}: {} is a folder; give a file name", path.display());
-        }
-        let dir = dir_of(&path);
-        if !dir.is_dir() {
-            bail!(
-                "{key}: the folder {} of {name:?} does not exist; create it first",
-                dir.display()
-            );
-        }
-        dirs.push(dir.to_path_buf());
+        check_output(key, name, &path)?;
+        dirs.push(dir_of(&path).to_path_buf());
     }
     let mut seen: Vec<PathBuf> = Vec::new();
     // A failure drops (and so removes) the locks taken so far.
@@ -92,6 +68,236 @@ pub fn claim(out_dir: &Path, tc: &TrainingConfig) -> Result<RunLock> {
         remove_stale_temps(&d, tc);
     }
     Ok(run_lock)
+}
+
+/// The outputs the training section names: (key, name as given).
+fn config_outputs(tc: &TrainingConfig) -> [(&'static str, &str); 2] {
+    [
+        ("training.save_ckpt", &tc.save_ckpt),
+        ("training.disp_file", &tc.disp_file),
+    ]
+}
+
+/// Checks that `path`, an output that `what` names as `name`, is a file name in a folder that
+/// exists.
+fn check_output(what: &str, name: &str, path: &Path) -> Result<()> {
+    let is_name = path.file_name().is_some_and(|n| n != "." && n != "..");
+    if name.ends_with('/') || name.ends_with(std::path::MAIN_SEPARATOR) || !is_name {
+        let example = match what {
+            "training.save_ckpt" => "model.ckpt",
+            "training.disp_file" => "lcurve.out",
+            _ => "out.json",
+        };
+        bail!(
+            "{what}: {name:?} names a folder; give a file name in it, such as \"{}/{example}\"",
+            name.trim_end_matches(['/', std::path::MAIN_SEPARATOR]),
+        );
+    }
+    if path.is_dir() {
+        bail!("{what}: {} is a folder; give a file name", path.display());
+    }
+    let dir = dir_of(path);
+    if !dir.is_dir() {
+        bail!(
+            "{what}: the folder {} of {name:?} does not exist; create it first",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// A file of a run and the key or flag that names it, for the messages.
+#[derive(Clone, Debug)]
+pub struct RunFile {
+    pub what: String,
+    pub path: PathBuf,
+}
+
+impl RunFile {
+    pub fn new(what: impl Into<String>, path: impl Into<PathBuf>) -> Self {
+        RunFile {
+            what: what.into(),
+            path: path.into(),
+        }
+    }
+
+    /// The files a write of this path replaces: the name in its (resolved) folder, and what
+    /// the name links to, if anything (a log is opened through a link; a checkpoint replaces
+    /// the link).
+    fn ids(&self) -> Vec<PathBuf> {
+        let mut ids = Vec::new();
+        if let (Some(name), Ok(dir)) = (self.path.file_name(), dir_of(&self.path).canonicalize()) {
+            ids.push(dir.join(name));
+        }
+        if let Ok(p) = self.path.canonicalize() {
+            if !ids.contains(&p) {
+                ids.push(p);
+            }
+        }
+        ids
+    }
+
+    fn is(&self, other: &RunFile) -> bool {
+        let theirs = other.ids();
+        self.ids().iter().any(|p| theirs.contains(p))
+    }
+}
+
+/// What a `dpw train` reads and writes besides what its training section names.
+pub struct RunFiles {
+    /// input.json.
+    pub input: RunFile,
+    /// The checkpoint or model the run starts from.
+    pub model: Option<RunFile>,
+    /// out.json (`-o`) and the log (`-l`).
+    pub outputs: Vec<RunFile>,
+}
+
+/// Checks, before anything is written, that every output of a run in `out_dir` (those of
+/// `files`, the lock files, and where the input could be read, `tc`'s disp_file and save_ckpt
+/// with its step files) goes to an existing folder, and is neither one of the run's inputs (those
+/// of `files`, `tc`'s data systems) nor another output.
+pub fn check_files(out_dir: &Path, files: &RunFiles, tc: Option<&TrainingConfig>) -> Result<()> {
+    let mut outputs = files.outputs.clone();
+    for o in &outputs {
+        check_output(&o.what, &o.path.to_string_lossy(), &o.path)?;
+    }
+    let mut lock_dirs = vec![out_dir.to_path_buf()];
+    let mut ckpt = None;
+    if let Some(tc) = tc {
+        for (key, name) in config_outputs(tc) {
+            let path = out_dir.join(name);
+            check_output(key, name, &path)?;
+            lock_dirs.push(dir_of(&path).to_path_buf());
+            let file = RunFile::new(key, path);
+            if key == "training.save_ckpt" {
+                ckpt = Some(file.clone());
+            }
+            outputs.push(file);
+        }
+    }
+    let mut locks: Vec<RunFile> = Vec::new();
+    for d in lock_dirs {
+        let lock = RunFile::new("the run's lock file", d.join(LOCK_FILE));
+        if !locks.iter().any(|l| l.is(&lock)) {
+            locks.push(lock);
+        }
+    }
+    outputs.extend(locks);
+
+    for (i, a) in outputs.iter().enumerate() {
+        for b in &outputs[i + 1..] {
+            if a.is(b) {
+                bail!(
+                    "{} {} and {} {} are the same file; give them different names",
+                    a.what,
+                    a.path.display(),
+                    b.what,
+                    b.path.display()
+                );
+            }
+        }
+    }
+    if let Some(c) = &ckpt {
+        // The name in its resolved folder, as `ids` gives it first.
+        let first = c.ids().into_iter().next();
+        let dir = first
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf);
+        let prefix = first
+            .as_deref()
+            .and_then(Path::file_name)
+            .map(|n| format!("{}-", n.to_string_lossy()));
+        let is_step = |p: &PathBuf| {
+            let (Some(dir), Some(prefix)) = (&dir, &prefix) else {
+                return false;
+            };
+            let step = p
+                .file_name()
+                .and_then(|n| n.to_str()?.strip_prefix(prefix.as_str()));
+            p.parent() == Some(dir.as_path())
+                && step.is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        };
+        let others = outputs.iter().filter(|o| o.what != c.what);
+        for f in others.chain([&files.input]) {
+            if f.ids().iter().any(is_step) {
+                bail!(
+                    "{} {} is a checkpoint file of {} {} (the run writes {}-STEP every \
+                     save_freq steps); give another name",
+                    f.what,
+                    f.path.display(),
+                    c.what,
+                    c.path.display(),
+                    c.path.display()
+                );
+            }
+        }
+    }
+    let inputs = [(&files.input, false)]
+        .into_iter()
+        .chain(files.model.iter().map(|m| (m, true)));
+    for o in &outputs {
+        for (i, is_model) in inputs.clone() {
+            // A checkpoint written over the model the run starts from is how `--restart
+            // model.ckpt` goes on: that model is read in full at start-up.
+            if is_model && o.what == "training.save_ckpt" {
+                continue;
+            }
+            if o.is(i) {
+                bail!(
+                    "{} {} is {} {}: the run would overwrite it; give another name",
+                    o.what,
+                    o.path.display(),
+                    i.what,
+                    i.path.display()
+                );
+            }
+        }
+    }
+    let Some(tc) = tc else {
+        return Ok(());
+    };
+    let validation = tc.validation_data.iter().map(|v| &v.data);
+    let data = [("training.training_data.systems", &tc.training_data)]
+        .into_iter()
+        .chain(validation.map(|d| ("training.validation_data.systems", d)));
+    for (key, d) in data {
+        for sys in &d.system_paths {
+            // An HDF5 system is `file#group`: the file is what an output must not replace.
+            let text = sys.to_string_lossy();
+            let root = Path::new(text.split_once('#').map_or(&*text, |(f, _)| f));
+            let Ok(root) = root.canonicalize() else {
+                continue;
+            };
+            for o in &outputs {
+                let inside = o
+                    .ids()
+                    .iter()
+                    .any(|p| p == &root || p.strip_prefix(&root).is_ok_and(is_data_file));
+                if inside {
+                    bail!(
+                        "{} {} would write into the data system {} of {key}; give a path \
+                         outside it",
+                        o.what,
+                        o.path.display(),
+                        sys.display()
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `rel`, a path in a system folder (or a folder searched for systems), is one of the
+/// files systems are read from.
+fn is_data_file(rel: &Path) -> bool {
+    let in_set = rel
+        .components()
+        .any(|c| c.as_os_str().to_string_lossy().starts_with("set."));
+    let name = rel.file_name().map(|n| n.to_string_lossy());
+    in_set || matches!(name.as_deref(), Some("type.raw" | "type_map.raw" | "nopbc"))
 }
 
 /// How often a lock file is opened again when the run holding it removed it in the meantime.
