@@ -12,7 +12,7 @@ use dpw::cli::train::{
 };
 use dpw::cli::{init_logging, load_model};
 use dpw::dist::log::MpiLog;
-use dpw::train::interrupt::Interrupted;
+use dpw::train::interrupt::{self, Interrupted};
 
 /// dpw trains Deep Potential models (DeePMD-kit se_e2_a + ener) on CPU and GPU.
 #[derive(Parser)]
@@ -46,7 +46,8 @@ enum Command {
     },
     /// Train a model from a DeePMD-kit input.json, like `dp train`; outputs (out.json,
     /// lcurve.out, checkpoints model.ckpt-STEP) go to the working directory. Ctrl-C or SIGTERM
-    /// finishes the step, saves a checkpoint and exits with 130 / 143.
+    /// finishes the step, saves a checkpoint and ends the process by that signal; another one
+    /// more than 2 s later stops at once.
     Train {
         /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml) (se_e2_a
         /// descriptor, ener fitting).
@@ -194,11 +195,11 @@ fn main() -> ExitCode {
     }
     match run(cli.command, t0) {
         Ok(()) => ExitCode::SUCCESS,
-        // Ctrl-C / SIGTERM: the trainer has said where its checkpoint is.
-        Err(e) if e.downcast_ref::<Interrupted>().is_some() => ExitCode::from(
-            e.downcast_ref::<Interrupted>()
-                .map_or(1, Interrupted::exit_code),
-        ),
+        // Ctrl-C / SIGTERM: the trainer has said where its checkpoint is, and its lock files
+        // went with it; the process now ends by the signal.
+        Err(e) if e.downcast_ref::<Interrupted>().is_some() => {
+            interrupt::end_by(e.downcast_ref::<Interrupted>().map_or(0, |i| i.signal))
+        }
         // Reported by the rank that failed, or by rank 0 when all did.
         Err(e) if e.downcast_ref::<dpw::dist::Reported>().is_some() => ExitCode::FAILURE,
         // One rank's failure: it must end the whole job, or the others wait for it forever.

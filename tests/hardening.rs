@@ -825,3 +825,70 @@ fn colliding_outputs_are_refused() {
         assert_eq!(left, ["input.json", "sys"], "dpw {a:?} wrote something");
     }
 }
+
+/// Issue 32, point 5: an interrupted run saves its checkpoint and then dies by the signal
+/// itself, as the parent expects of a process it signalled; a second signal right after the
+/// first (a wrapper forwarding the one its process group got) is the same request.
+#[cfg(unix)]
+#[test]
+fn interrupt_ends_by_the_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    let kill = |sig: &str, pid: u32| {
+        let s = Command::new("kill")
+            .args([format!("-{sig}"), pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(s.success(), "kill -{sig}");
+    };
+    for twice in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let mut input = tiny_input(1_000_000, &[]);
+        input["training"]["disp_freq"] = json!(10);
+        write_input(d.path(), &input);
+        let log = d.path().join("stderr.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dpw"))
+            .current_dir(d.path())
+            .args(["train", "input.json", "--backend", "cpu"])
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while !std::fs::read_to_string(d.path().join("lcurve.out"))
+            .is_ok_and(|s| s.lines().count() >= 3)
+        {
+            assert!(t.elapsed().as_secs() < 120, "training never got under way");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let pid = child.id();
+        if twice {
+            // Both pending while it is stopped: they arrive together once it goes on.
+            kill("STOP", pid);
+            kill("INT", pid);
+            kill("TERM", pid);
+            kill("CONT", pid);
+        } else {
+            kill("TERM", pid);
+        }
+        let status = child.wait().unwrap();
+        let err = std::fs::read_to_string(&log).unwrap();
+        assert!(!err.contains("panicked"), "{err}");
+        let want = if twice { 2 } else { 15 };
+        assert_eq!(status.code(), None, "{err}");
+        assert_eq!(status.signal(), Some(want), "{err}");
+        assert!(
+            err.contains(if twice {
+                "interrupted by SIGINT"
+            } else {
+                "interrupted by SIGTERM"
+            }) && err.contains("checkpoint saved to ./model.ckpt-"),
+            "{err}"
+        );
+        if twice {
+            assert!(
+                err.contains("SIGTERM within 2 s of the first signal: the same request"),
+                "{err}"
+            );
+        }
+        assert!(!d.path().join(".dpw-train.lock").exists(), "{err}");
+    }
+}

@@ -149,7 +149,11 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         let cfg = load_config(&args.input)?;
         let start = match (args.restart, args.init_model, args.init_frz_model) {
             (None, None, None) => Start::Fresh,
-            (Some(r), None, None) => Start::Restart(Box::new(Checkpoint::read(&r)?)),
+            (Some(r), None, None) => {
+                let ck = Checkpoint::read(&r)?;
+                interrupt::note_checkpoint(&r);
+                Start::Restart(Box::new(ck))
+            }
             (None, Some(p), None) => Start::InitModel(p),
             (None, None, Some(t)) => {
                 let m = super::load_model(&t)?;

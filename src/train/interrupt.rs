@@ -1,36 +1,98 @@
 //! Ctrl-C (SIGINT) and SIGTERM during `dpw train`: the first one asks the loop to finish its
-//! step, write a checkpoint at that step and stop; a second one ends the process at once.
+//! step, write a checkpoint at that step and stop; the process then ends by that very signal
+//! (its default action, raised again), so that the parent sees a death by the signal: the run did
+//! not reach `numb_steps`, so `dpw train … && dpw freeze` must not go on, a batch scheduler must
+//! not record the job as completed, and a shell script running it stops as on any Ctrl-C. The
+//! checkpoint left behind continues the run with `--restart`.
 //!
-//! The run then exits with 128 + the signal's number (130, 143), as a shell reports a process
-//! the signal ended: the run did not reach `numb_steps`, so `dpw train … && dpw freeze` must not
-//! go on, and a batch scheduler must not record the job as completed. The checkpoint left
-//! behind continues the run with `--restart`.
+//! A second signal within [`GRACE`] of the first is the same request: a wrapper such as `timeout`
+//! or `mpirun` forwards to dpw the signal its process group got too, so one Ctrl-C arrives
+//! twice. A later one stops the process at once, naming the last checkpoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Mutex;
+use std::time::Duration;
 
 /// The signal that asked for a stop (0: none).
-static REQUESTED: LazyLock<Arc<AtomicUsize>> = LazyLock::new(|| Arc::new(AtomicUsize::new(0)));
+static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 
-/// Catches SIGINT and SIGTERM for the rest of the process (a no-op where signals are not
-/// Unix's: there the default, an immediate stop, stays).
+/// The checkpoint a run stopped at once continues from.
+static LAST_CHECKPOINT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// How long after the first signal another one is taken as the same request.
+pub const GRACE: Duration = Duration::from_secs(2);
+
+/// What a signal asks for, given how long ago the first one came (`None`: it is the first).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Finish the step, save a checkpoint and stop.
+    Stop,
+    /// The first signal again, forwarded or repeated: nothing more to do.
+    Same,
+    /// Stop at once, in the middle of a step.
+    Now,
+}
+
+pub fn classify(since_first: Option<Duration>) -> Request {
+    match since_first {
+        None => Request::Stop,
+        Some(t) if t < GRACE => Request::Same,
+        Some(_) => Request::Now,
+    }
+}
+
+/// Catches SIGINT and SIGTERM for the rest of the process, on a thread of its own (a no-op where
+/// signals are not Unix's: there the default, an immediate stop, stays).
 #[cfg(unix)]
 pub fn install() -> anyhow::Result<()> {
-    use std::sync::atomic::AtomicBool;
-
     use anyhow::Context;
     use signal_hook::consts::{SIGINT, SIGTERM};
-    use signal_hook::flag;
+    use signal_hook::iterator::Signals;
 
-    let seen = Arc::new(AtomicBool::new(false));
-    for sig in [SIGINT, SIGTERM] {
-        // Registered first, so it runs before `seen` is set: it exits on the second signal only.
-        flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&seen))
-            .and_then(|_| flag::register(sig, Arc::clone(&seen)))
-            .and_then(|_| flag::register_usize(sig, Arc::clone(&REQUESTED), sig as usize))
-            .with_context(|| format!("cannot catch {}", signal_name(sig as usize)))?;
-    }
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("cannot catch SIGINT and SIGTERM")?;
+    std::thread::Builder::new()
+        .name("dpw-signals".into())
+        .spawn(move || {
+            let mut first: Option<std::time::Instant> = None;
+            for sig in signals.forever() {
+                let name = signal_name(sig as usize);
+                match classify(first.map(|t| t.elapsed())) {
+                    Request::Stop => {
+                        first = Some(std::time::Instant::now());
+                        REQUESTED.store(sig as usize, Ordering::SeqCst);
+                        tracing::warn!(
+                            "{name}: finishing the step, then saving a checkpoint and stopping \
+                             (another signal after {} s stops at once)",
+                            GRACE.as_secs()
+                        );
+                    }
+                    Request::Same => tracing::info!(
+                        "{name} within {} s of the first signal: the same request",
+                        GRACE.as_secs()
+                    ),
+                    Request::Now => {
+                        let last = LAST_CHECKPOINT.lock().ok().and_then(|p| p.clone());
+                        let from = last.map_or_else(
+                            || "no checkpoint has been written yet".to_string(),
+                            |p| {
+                                format!(
+                                    "continue from the last checkpoint with --restart {}",
+                                    p.display()
+                                )
+                            },
+                        );
+                        tracing::warn!(
+                            "{name} after the first signal: stopping at once, in the middle of \
+                             a step; {from}"
+                        );
+                        end_by(sig as usize);
+                    }
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
     Ok(())
 }
 
@@ -45,6 +107,23 @@ pub fn requested() -> Option<usize> {
         0 => None,
         s => Some(s),
     }
+}
+
+/// Records the checkpoint a run stopped at once would continue from.
+pub fn note_checkpoint(path: &Path) {
+    if let Ok(mut last) = LAST_CHECKPOINT.lock() {
+        *last = Some(path.to_path_buf());
+    }
+}
+
+/// Ends the process by `signal` with its default action. Where that cannot be done, the exit
+/// code a shell gives a process the signal ended (128 + its number) is returned instead.
+pub fn end_by(signal: usize) -> ExitCode {
+    #[cfg(unix)]
+    if let Ok(sig) = i32::try_from(signal) {
+        let _ = signal_hook::low_level::emulate_default_handler(sig);
+    }
+    ExitCode::from(u8::try_from(128 + signal).unwrap_or(1))
 }
 
 fn signal_name(sig: usize) -> &'static str {
@@ -68,9 +147,19 @@ pub struct Interrupted {
     pub checkpoint: Option<PathBuf>,
 }
 
-impl Interrupted {
-    /// What a shell reports for a process the signal ended.
-    pub fn exit_code(&self) -> u8 {
-        u8::try_from(128 + self.signal).unwrap_or(1)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_signal_within_the_grace_is_the_same_request() {
+        assert_eq!(classify(None), Request::Stop);
+        assert_eq!(classify(Some(Duration::from_millis(1))), Request::Same);
+        assert_eq!(
+            classify(Some(GRACE - Duration::from_millis(1))),
+            Request::Same
+        );
+        assert_eq!(classify(Some(GRACE)), Request::Now);
+        assert_eq!(classify(Some(Duration::from_secs(60))), Request::Now);
     }
 }

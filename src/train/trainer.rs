@@ -943,6 +943,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             let p = save(&run, done, plan.lr)?;
             tracing::info!("checkpoint saved to {}", p.display());
             run.set_last_checkpoint(p.clone());
+            interrupt::note_checkpoint(&p);
             report.last_ckpt = Some(p);
         }
         if let (true, Some(signal)) = (plan.stop, driver.signal) {
