@@ -892,3 +892,82 @@ fn interrupt_ends_by_the_signal() {
         assert!(!d.path().join(".dpw-train.lock").exists(), "{err}");
     }
 }
+
+/// An npy file of float16 values (exact small integers here) in `shape`.
+fn write_f16_npy(p: &Path, shape: &[usize], v: &[f64]) {
+    let mut bytes = Vec::new();
+    ArrayD::from_elem(IxDyn(shape), 0i16)
+        .write_npy(&mut bytes)
+        .unwrap();
+    let at = bytes.windows(3).position(|w| w == b"<i2").unwrap();
+    bytes[at + 1] = b'f';
+    let start = bytes.len() - 2 * v.len();
+    for (item, &x) in bytes[start..].chunks_exact_mut(2).zip(v) {
+        let bits: u16 = if x == 0.0 {
+            0
+        } else {
+            let e = x.abs().log2().floor();
+            let mant = ((x.abs() / 2f64.powf(e) - 1.0) * 1024.0) as u16;
+            (u16::from(x < 0.0) << 15) | (((e as i32 + 15) as u16) << 10) | mant
+        };
+        item.copy_from_slice(&bits.to_le_bytes());
+    }
+    std::fs::write(p, bytes).unwrap();
+}
+
+/// Issue 32, point 6: integer and float16 arrays are widened, as DeePMD-kit casts them.
+#[test]
+fn integer_and_float16_arrays_are_widened() {
+    let d = tempfile::tempdir().unwrap();
+    // Two frames of one water molecule in a 10 Å box.
+    let coord = [
+        0., 0., 0., 1., 0., 0., 0., 1., 0., 5., 5., 5., 6., 5., 5., 5., 6., 5.,
+    ];
+    let cell = [10., 0., 0., 0., 10., 0., 0., 0., 10.];
+    let cells: Vec<f64> = cell.iter().chain(&cell).copied().collect();
+    let energy = [-5.0, -4.0];
+    let force = [0.0; 18];
+    let arr =
+        |shape: &[usize], v: &[f64]| ArrayD::from_shape_vec(IxDyn(shape), v.to_vec()).unwrap();
+    let ints = d.path().join("ints");
+    let halves = d.path().join("halves");
+    for sys in [&ints, &halves] {
+        std::fs::create_dir_all(sys.join("set.000")).unwrap();
+        std::fs::write(sys.join("type.raw"), "0\n1\n1\n").unwrap();
+    }
+    let set = ints.join("set.000");
+    let file = |n: &str| std::fs::File::create(set.join(n)).unwrap();
+    arr(&[2, 9], &coord)
+        .mapv(|x| x as i64)
+        .write_npy(file("coord.npy"))
+        .unwrap();
+    arr(&[2, 9], &cells)
+        .mapv(|x| x as i32)
+        .write_npy(file("box.npy"))
+        .unwrap();
+    arr(&[2], &energy)
+        .mapv(|x| x as i16)
+        .write_npy(file("energy.npy"))
+        .unwrap();
+    arr(&[2, 9], &force)
+        .mapv(|x| x as u8)
+        .write_npy(file("force.npy"))
+        .unwrap();
+    let set = halves.join("set.000");
+    write_f16_npy(&set.join("coord.npy"), &[2, 9], &coord);
+    write_f16_npy(&set.join("box.npy"), &[2, 9], &cells);
+    write_f16_npy(&set.join("energy.npy"), &[2], &energy);
+    write_f16_npy(&set.join("force.npy"), &[2, 9], &force);
+    write_input(d.path(), &tiny_input(2, &[&ints, &halves]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let s = halves.display().to_string();
+    let out = ok(
+        d.path(),
+        &["test", "-m", "model.ckpt", "-s", &s, "--backend", "cpu"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Energy RMSE") && !text.contains("nan"),
+        "{text}"
+    );
+}

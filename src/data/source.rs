@@ -20,7 +20,7 @@ pub trait Source {
     fn sets(&self) -> Result<Vec<String>, DataError>;
     /// Whitespace-separated tokens of a `.raw` entry.
     fn tokens(&self, rel: &str) -> Result<Vec<String>, DataError>;
-    /// A float32/float64 array as f64 with its shape.
+    /// A numeric array (floats or integers) as f64 with its shape.
     fn array(&self, rel: &str) -> Result<(Vec<usize>, Vec<f64>), DataError>;
 }
 
@@ -118,7 +118,7 @@ impl Source for NpyDir<'_> {
         let path = self.dir.join(rel);
         let bytes = self.fs.read(&path).map_err(|e| io_error(&path, e))?;
         super::validate::check_npy_size(&path, &bytes)?;
-        if let Some(read) = super::npy::read_le_floats(&bytes) {
+        if let Some(read) = super::npy::read_numbers(&bytes) {
             return Ok(read);
         }
         let npy_error = |error| DataError::Npy {
