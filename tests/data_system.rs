@@ -274,17 +274,16 @@ fn error_no_set_directory() {
 }
 
 #[test]
-fn error_integer_npy_is_rejected() {
+fn integer_npy_is_widened() {
+    // DeePMD-kit casts integer arrays to its float type; so does dpw (issue 32).
     let tmp = write_system(&[0, 1], 2);
     write_npy(
         tmp.path().join("set.000/energy.npy"),
-        &Array1::<i64>::zeros(2),
+        &Array1::<i64>::from_vec(vec![-7, 3]),
     )
     .unwrap();
-    assert_mentions(
-        &error_of(tmp.path(), &["O", "H"]),
-        &["energy.npy", "float32/float64"],
-    );
+    let sys = load_system(tmp.path(), &names(&["O", "H"])).unwrap();
+    assert_eq!(sys.energy, vec![-7.0, 3.0]);
 }
 
 /// Every file below `root`, by path relative to `base`, in memory (what the web page fetches).
