@@ -7,9 +7,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use dpw::backend::EnvParams;
 use dpw::config::Config;
 use dpw::data::{find_systems, search_systems, Disk};
+use dpw::geometry::EnvParams;
 use dpw::geometry::{build_nlist, energy_bias, env_row, Cell, EnvStats};
 use dpw::train::dataset::{load_data, DataSet};
 use dpw::train::stats::{

@@ -22,15 +22,8 @@ pub use real::Real;
 
 use std::ops::Range;
 
+use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
-
-/// Switch-function and protection parameters of the environment matrix (docs/deepmd-spec.md §3).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EnvParams {
-    pub rcut: f64,
-    pub rcut_smth: f64,
-    pub protection: f64,
-}
 
 /// Loss prefactors in effect at a step, already multiplied by the label's presence (docs/deepmd-spec.md §9).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

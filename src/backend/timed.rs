@@ -18,7 +18,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::counts::{Counters, Counts};
-use super::{AdamStep, Backend, ContractDual, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
+use super::{AdamStep, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span};
+use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
 
 /// What profiling needs from a backend beyond its ops.

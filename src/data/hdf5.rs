@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
+use super::error::DataError;
 use super::source::Source;
-use super::system::DataError;
 
 /// Whether `path` is an HDF5 file: its signature (at offset 0, the only place dpw looks).
 pub fn is_hdf5_file(path: &Path) -> bool {

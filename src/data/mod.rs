@@ -1,6 +1,7 @@
 //! Training data: deepmd/npy and deepmd/hdf5 systems (on disk or in memory), the system search,
 //! the store that reads frames on demand, and the batch sampler over them.
 
+mod error;
 mod files;
 mod hdf5;
 mod npy;
@@ -11,12 +12,11 @@ mod store;
 mod system;
 mod validate;
 
+pub use error::DataError;
 pub use files::{Disk, Files, MemFiles};
 pub use hdf5::{is_hdf5_file, keep_open, KeepOpen};
 pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
-pub use system::{
-    in_hdf5_file, load_system, load_system_in, read_system_in, DataError, System, SystemInfo,
-};
+pub use system::{in_hdf5_file, load_system, load_system_in, read_system_in, System, SystemInfo};
 pub use validate::{check_frames, check_images, MIN_DIST};

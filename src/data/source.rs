@@ -2,14 +2,13 @@
 //! holding the same names as datasets (`type.raw`, `set.000/coord.npy`, ...). One reader
 //! (system.rs) serves both, so both give the same frames.
 
-use std::io;
 use std::path::{Path, PathBuf};
 
 use ndarray::ArrayD;
 use ndarray_npy::{ReadNpyError, ReadNpyExt};
 
+use super::error::{io_error, DataError};
 use super::files::Files;
-use super::system::DataError;
 
 /// A system's entries by their relative names ("type.raw", "set.000/coord.npy").
 pub trait Source {
@@ -63,18 +62,6 @@ impl Location {
 pub struct NpyDir<'a> {
     pub fs: &'a dyn Files,
     pub dir: PathBuf,
-}
-
-pub(crate) fn io_error(path: &Path, source: io::Error) -> DataError {
-    let path = path.to_path_buf();
-    if source.kind() == io::ErrorKind::NotFound {
-        DataError::Missing { path }
-    } else {
-        DataError::Io {
-            path,
-            error: source,
-        }
-    }
 }
 
 impl Source for NpyDir<'_> {

@@ -11,7 +11,8 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use super::system::{load_system, DataError, System};
+use super::error::DataError;
+use super::system::{load_system, System};
 
 /// Budget of the frames kept in memory, from `DPW_DATA_CACHE_MB` (default 384 MiB: with the
 /// model, the workspaces and a prefetched batch, training stays under 1 GB however large the

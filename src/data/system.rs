@@ -1,58 +1,10 @@
 //! Reading one deepmd/npy or deepmd/hdf5 system (docs/deepmd-spec.md §1).
 
-use std::io;
 use std::path::{Path, PathBuf};
 
-use ndarray_npy::ReadNpyError;
-
+use super::error::DataError;
 use super::files::{Disk, Files};
 use super::source::{Location, NpyDir, Source};
-
-/// Anything wrong with a system on disk. Every message names the offending file.
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    #[error("required file {} is missing", path.display())]
-    Missing { path: PathBuf },
-    // The causes are part of the message, not a source chain, which `{:#}` would print again.
-    #[error("cannot read {}: {error}", path.display())]
-    Io { path: PathBuf, error: io::Error },
-    #[error("cannot read {} as a float32/float64 npy array: {error}", path.display())]
-    Npy { path: PathBuf, error: ReadNpyError },
-    #[error("{}: expected shape {expected}, found {found:?}", path.display())]
-    Shape {
-        path: PathBuf,
-        expected: String,
-        found: Vec<usize>,
-    },
-    #[error("{}: has {found} frames but {} has {expected}", path.display(), reference.display())]
-    FrameCount {
-        path: PathBuf,
-        reference: PathBuf,
-        expected: usize,
-        found: usize,
-    },
-    #[error("{}: non-finite value {value} in frame {frame}", path.display())]
-    NotFinite {
-        path: PathBuf,
-        frame: usize,
-        value: f64,
-    },
-    #[error("{}: element {element:?} is used by atoms but absent from the model type_map {type_map:?}", path.display())]
-    UnknownElement {
-        path: PathBuf,
-        element: String,
-        type_map: Vec<String>,
-    },
-    #[error("{}: atom {atom} has type {index}, out of range for the model type_map {type_map:?} (and there is no type_map.raw)", path.display())]
-    TypeOutOfRange {
-        path: PathBuf,
-        atom: usize,
-        index: usize,
-        type_map: Vec<String>,
-    },
-    #[error("{}: {reason}", path.display())]
-    Invalid { path: PathBuf, reason: String },
-}
 
 /// One system: all frames of all its `set.*` directories, atoms sorted by model type.
 #[derive(Debug, Clone)]

@@ -6,8 +6,9 @@
 
 use std::path::Path;
 
+use super::error::DataError;
 use super::npy::{dict_shape, dict_str, npy_header};
-use super::system::{DataError, System};
+use super::system::System;
 use crate::geometry::{Cell, ImageGrid};
 
 /// Atoms closer than this (Å) overlap: DeePMD-kit warns about such data, and the loss of a

@@ -1,7 +1,13 @@
 //! One row of the environment matrix and its derivative (docs/deepmd-spec.md §3), in f64: what the CPU backend
 //! computes per slot and what the host-side statistics (`stat.rs`) average, from one definition.
 
-use crate::backend::EnvParams;
+/// Switch-function and protection parameters of the environment matrix (docs/deepmd-spec.md §3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EnvParams {
+    pub rcut: f64,
+    pub rcut_smth: f64,
+    pub protection: f64,
+}
 
 /// Switch value and its derivative with respect to r (C2-smooth quintic, docs/deepmd-spec.md §3).
 fn switch(r: f64, env: &EnvParams) -> (f64, f64) {

@@ -2,8 +2,8 @@
 //! (docs/deepmd-spec.md §4); the per-type energy bias is in `bias.rs`.
 
 use super::env_row::env_value;
+use super::EnvParams;
 use super::{visit_nlist, Cell};
-use crate::backend::EnvParams;
 use crate::model::DescriptorSpec;
 
 /// Raw sums per centre type: `[number, sum, squared_sum]` of the radial column (`r`) and of the

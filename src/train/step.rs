@@ -4,7 +4,8 @@
 
 use std::ops::Range;
 
-use crate::backend::{Backend, ContractDual, DenseIo, Dims, EnvParams, LossSums, Prefactors, Real};
+use crate::backend::{Backend, ContractDual, DenseIo, Dims, LossSums, Prefactors, Real};
+use crate::geometry::EnvParams;
 use crate::model::{embed_net_index, Model, Net, ParamLayout};
 
 use super::batch::{centre_atoms, HostBatch};

@@ -3,7 +3,8 @@
 //! array's largest entry). A GPU backend's test file calls [`ops`] for each precision.
 
 use dpw::backend::cpu::Cpu;
-use dpw::backend::{AdamStep, Backend, DenseIo, EnvParams, Prefactors, Real};
+use dpw::backend::{AdamStep, Backend, DenseIo, Prefactors, Real};
+use dpw::geometry::EnvParams;
 use dpw::model::Model;
 use dpw::train::batch::{assemble, Frame, HostBatch};
 

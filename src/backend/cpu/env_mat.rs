@@ -2,8 +2,9 @@
 
 use rayon::prelude::*;
 
-use crate::backend::{Dims, EnvParams, Real};
+use crate::backend::{Dims, Real};
 use crate::geometry::env_row;
+use crate::geometry::EnvParams;
 
 #[allow(clippy::too_many_arguments)]
 pub fn env_mat<T: Real>(

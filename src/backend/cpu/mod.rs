@@ -15,9 +15,9 @@ mod tile;
 use std::ops::Range;
 
 use super::{
-    gather_slices, AdamStep, Backend, ContractDual, DenseIo, Dims, EnvParams, Prefactors, Real,
-    Span,
+    gather_slices, AdamStep, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span,
 };
+use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
 
 #[derive(Clone, Copy, Debug)]

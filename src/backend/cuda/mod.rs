@@ -35,7 +35,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
-use super::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Real, Span};
+use super::{AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
+use crate::geometry::EnvParams;
 use crate::model::Layer;
 
 /// The message when no driver library can be loaded.

@@ -6,7 +6,8 @@ use std::ops::Range;
 use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
-use crate::backend::{AdamStep, Backend, DenseIo, Dims, EnvParams, Prefactors, Span};
+use crate::backend::{AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
+use crate::geometry::EnvParams;
 use crate::model::{Layer, Skip};
 
 /// Threads per workgroup of the 1-D kernels (`WG` in shaders/common.wgsl).
