@@ -14,7 +14,7 @@ use std::io::Write as _;
 
 use dpw::backend::cuda::Cuda;
 use dpw::backend::Backend;
-use dpw::dist::{GradExchange, World};
+use dpw::dist::{DeviceLink, GradExchange, World};
 
 fn skip(what: &str, var: &str, why: &str) {
     assert!(
@@ -37,10 +37,10 @@ fn a_one_rank_nccl_exchange_weights_like_the_host_path() {
     let share = 1.0 / 3.0;
     let g: Vec<f64> = (0..1000).map(|i| (0.37 * i as f64).sin()).collect();
 
-    let mut ex = GradExchange::default();
+    let mut ex = GradExchange::new(DeviceLink::cuda(&cuda));
     let mut grad = cuda.upload(&g);
     let mut sums = cuda.upload(&[1.5, 2.5, 3.5]);
-    ex.all_reduce::<f64, _>(&w, &cuda, &mut grad, &mut sums, share);
+    ex.all_reduce(&w, &cuda, &mut grad, &mut sums, share);
     let want: Vec<f64> = g.iter().map(|x| x * share).collect();
     assert_eq!(Backend::<f64>::download(&cuda, &grad), want);
     assert_eq!(Backend::<f64>::download(&cuda, &sums), [1.5, 2.5, 3.5]);
@@ -54,10 +54,10 @@ fn a_one_rank_nccl_exchange_weights_like_the_host_path() {
     assert!(ex.summary(&w, 1.0).contains("(NCCL)"));
 
     let g32: Vec<f32> = g.iter().map(|&x| x as f32).collect();
-    let mut ex = GradExchange::default();
+    let mut ex = GradExchange::new(DeviceLink::cuda(&cuda));
     let mut grad = cuda.upload(&g32);
     let mut sums = cuda.upload(&[1.5f32, 2.5, 3.5]);
-    ex.all_reduce::<f32, _>(&w, &cuda, &mut grad, &mut sums, share);
+    ex.all_reduce(&w, &cuda, &mut grad, &mut sums, share);
     assert!(ex.uses_nccl());
     for (i, (got, x)) in Backend::<f32>::download(&cuda, &grad)
         .iter()

@@ -14,6 +14,7 @@ use dpw::backend::cpu::Cpu;
 use dpw::backend::Backend;
 use dpw::config::Config;
 use dpw::data::Disk;
+use dpw::dist::DeviceLink;
 use dpw::train::run::{Driver, Run};
 use dpw::train::trainer::{prepare_in, train, Start, TrainSetup};
 use serde_json::{json, Value};
@@ -90,7 +91,8 @@ fn drive<F: Future>(f: F) -> (F::Output, usize) {
 #[test]
 fn page_loop_prints_the_lcurve_of_dpw_train() {
     let cli_dir = tempfile::tempdir().unwrap();
-    let report = train::<f64, Cpu>(&Cpu::default(), setup(cli_dir.path())).unwrap();
+    let report =
+        train::<f64, Cpu>(&Cpu::default(), DeviceLink::host(), setup(cli_dir.path())).unwrap();
     assert_eq!(report.steps, 10);
     let cli = std::fs::read_to_string(cli_dir.path().join("lcurve.out")).unwrap();
 

@@ -144,13 +144,6 @@ pub trait Backend<T: Real>: Sync {
 
     fn name(&self) -> String;
 
-    /// The CUDA stream and device memory behind the buffers, for the gradient all-reduce
-    /// through NCCL (src/dist); None where the buffers are not CUDA memory.
-    #[cfg(feature = "cuda")]
-    fn cuda(&self) -> Option<&dyn cuda::DeviceAccess<T, Self::Buf>> {
-        None
-    }
-
     fn upload(&self, x: &[T]) -> Self::Buf;
     fn upload_idx(&self, x: &[i32]) -> Self::Idx;
     fn download(&self, b: &Self::Buf) -> Vec<T>;

@@ -5,6 +5,7 @@ use clap::ValueEnum;
 
 use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, Real};
+use crate::dist::DeviceLink;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
@@ -30,24 +31,36 @@ pub fn quiet_vulkan_probe() {
     }
 }
 
-/// Work that runs on any backend and precision.
+/// Work that runs on any backend and precision. `link` is the backend's device side for the
+/// gradient exchange, known here where the backend is opened.
 pub trait Job {
     type Output;
-    fn run<T: Real, B: Backend<T>>(self, backend: &B) -> Result<Self::Output>;
+    fn run<T: Real, B: Backend<T>>(
+        self,
+        backend: &B,
+        link: DeviceLink<T, B::Buf>,
+    ) -> Result<Self::Output>;
 }
 
-fn run_on<J: Job, T: Real, B: Backend<T>>(b: &B, job: J) -> Result<J::Output> {
+fn run_on<J: Job, T: Real, B: Backend<T>>(
+    b: &B,
+    link: DeviceLink<T, B::Buf>,
+    job: J,
+) -> Result<J::Output> {
     tracing::info!("backend: {}, precision {}", b.name(), T::NAME);
-    job.run::<T, B>(b)
+    job.run::<T, B>(b, link)
 }
 
 pub fn run_job<J: Job>(choice: BackendChoice, float64: bool, job: J) -> Result<J::Output> {
     macro_rules! with_precision {
         ($b:expr) => {
+            with_precision!($b, DeviceLink::host)
+        };
+        ($b:expr, $link:expr) => {
             if float64 {
-                run_on::<J, f64, _>($b, job)
+                run_on::<J, f64, _>($b, $link(), job)
             } else {
-                run_on::<J, f32, _>($b, job)
+                run_on::<J, f32, _>($b, $link(), job)
             }
         };
     }
@@ -55,6 +68,9 @@ pub fn run_job<J: Job>(choice: BackendChoice, float64: bool, job: J) -> Result<J
         BackendChoice::Cpu => with_precision!(&Cpu::default()),
         BackendChoice::Cuda => {
             let c = open_cuda()?;
+            #[cfg(feature = "cuda")]
+            return with_precision!(&c, || DeviceLink::cuda(&c));
+            #[cfg(not(feature = "cuda"))]
             with_precision!(&c)
         }
         BackendChoice::Wgpu => {
@@ -71,7 +87,7 @@ pub fn run_job<J: Job>(choice: BackendChoice, float64: bool, job: J) -> Result<J
             match open_cuda() {
                 Ok(c) => {
                     tracing::info!("auto backend: cuda");
-                    return with_precision!(&c);
+                    return with_precision!(&c, || DeviceLink::cuda(&c));
                 }
                 Err(e) => tracing::info!("auto backend: not cuda ({e:#})"),
             }
@@ -92,6 +108,7 @@ pub fn run_job<J: Job>(choice: BackendChoice, float64: bool, job: J) -> Result<J
 /// This process's rank among the processes on its node, and their number: the MPI world's when
 /// training is distributed, else what a launcher announces (`srun`/`mpirun` starting separate
 /// processes), else (0, 1).
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 fn local_rank() -> (usize, usize) {
     let w = crate::dist::world();
     if w.is_distributed() {

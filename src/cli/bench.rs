@@ -16,6 +16,7 @@ use crate::backend::cpu::Cpu;
 use crate::backend::timed::{Profile, Timeable, Timed};
 use crate::backend::Real;
 use crate::config::{load_config, Precision};
+use crate::dist::DeviceLink;
 use crate::train::trainer::{prepare, Start, TrainReport};
 
 pub struct BenchArgs {
@@ -151,7 +152,7 @@ fn profiled<B: Timeable<f64> + Timeable<f32>>(
             crate::backend::Backend::<T>::name(&timed),
             T::NAME
         );
-        let report = job.run::<T, Timed<B>>(&timed)?;
+        let report = job.run::<T, Timed<B>>(&timed, DeviceLink::host())?;
         Ok((report, timed.profile(warmup)))
     }
     if f64 {

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use super::backend::Job;
 use crate::backend::{Backend, Real};
 use crate::data::{find_systems, load_system, Disk};
+use crate::dist::DeviceLink;
 use crate::fmt::sci;
 use crate::model::file::write_atomic;
 use crate::model::Model;
@@ -108,7 +109,7 @@ fn frames_per_call(natoms: usize, nnei: usize) -> usize {
 impl Job for TestJob {
     type Output = (Vec<SystemErrors>, String);
 
-    fn run<T: Real, B: Backend<T>>(self, b: &B) -> Result<Self::Output> {
+    fn run<T: Real, B: Backend<T>>(self, b: &B, _: DeviceLink<T, B::Buf>) -> Result<Self::Output> {
         let mut out = String::new();
         let mut all = Vec::new();
         let mut detail = [

@@ -18,6 +18,7 @@ use tracing_subscriber::Layer;
 use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
 use crate::config::{load_config, Precision, Sel};
+use crate::dist::DeviceLink;
 use crate::model::file::{is_container, model_from_container, read_container, save_model};
 use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model};
 use crate::train::checkpoint::Checkpoint;
@@ -96,8 +97,12 @@ pub struct TrainJob {
 impl Job for TrainJob {
     type Output = TrainReport;
 
-    fn run<T: Real, B: Backend<T>>(self, backend: &B) -> Result<TrainReport> {
-        train::<T, B>(backend, self.setup)
+    fn run<T: Real, B: Backend<T>>(
+        self,
+        backend: &B,
+        link: DeviceLink<T, B::Buf>,
+    ) -> Result<TrainReport> {
+        train::<T, B>(backend, link, self.setup)
     }
 }
 

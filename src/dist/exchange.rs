@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use super::device_link::DeviceLink;
 use super::reduce_path::{choose, RankFacts, ReducePath};
 use super::World;
 use crate::backend::{Backend, Real};
@@ -24,8 +25,8 @@ enum Path {
 /// The exchange: the path, the host buffers (which persist across steps), and where the time
 /// goes (waiting for the slowest rank, the all-reduce itself, and the whole exchange with the
 /// device copies).
-#[derive(Default)]
-pub struct GradExchange {
+pub struct GradExchange<'a, T, Buf> {
+    link: DeviceLink<'a, T, Buf>,
     path: Option<Path>,
     send: Vec<f64>,
     recv: Vec<f64>,
@@ -49,9 +50,11 @@ fn nccl_disabled() -> bool {
 }
 
 /// This rank's facts for the choice of path.
-fn my_facts<T: Real, B: Backend<T>>(w: &World, b: &B) -> RankFacts {
+fn my_facts<T: Real, B: Backend<T>>(w: &World, b: &B, link: &DeviceLink<T, B::Buf>) -> RankFacts {
     #[cfg(feature = "cuda")]
-    let gpu = b.cuda().map(|d| d.device_uuid());
+    let gpu = link.cuda_access().map(|d| d.device_uuid());
+    #[cfg(not(feature = "cuda"))]
+    let _ = link;
     #[cfg(not(feature = "cuda"))]
     let gpu = None;
     #[cfg(all(feature = "mpi", feature = "cuda"))]
@@ -71,8 +74,8 @@ fn my_facts<T: Real, B: Backend<T>>(w: &World, b: &B) -> RankFacts {
 
 /// Collective: every rank's facts, the path they agree on, said in the log, and the NCCL
 /// communicator when that is the path.
-fn open_path<T: Real, B: Backend<T>>(w: &World, b: &B) -> Path {
-    let mine = serde_json::to_string(&my_facts(w, b)).expect("facts serialize");
+fn open_path<T: Real, B: Backend<T>>(w: &World, b: &B, link: &DeviceLink<T, B::Buf>) -> Path {
+    let mine = serde_json::to_string(&my_facts(w, b, link)).expect("facts serialize");
     let facts: Vec<RankFacts> = w
         .all_gather_str(&mine)
         .iter()
@@ -89,7 +92,9 @@ fn open_path<T: Real, B: Backend<T>>(w: &World, b: &B) -> Path {
         }
         #[cfg(all(feature = "mpi", feature = "cuda"))]
         ReducePath::Nccl(version) => {
-            let dev = b.cuda().expect("a CUDA backend (checked by choose)");
+            let dev = link
+                .cuda_access()
+                .expect("a CUDA backend (checked by choose)");
             match super::nccl::Comm::new(w, dev.stream().clone()) {
                 Ok(c) => {
                     tracing::info!(
@@ -112,7 +117,20 @@ fn open_path<T: Real, B: Backend<T>>(w: &World, b: &B) -> Path {
     }
 }
 
-impl GradExchange {
+impl<'a, T: Real, Buf> GradExchange<'a, T, Buf> {
+    pub fn new(link: DeviceLink<'a, T, Buf>) -> Self {
+        GradExchange {
+            link,
+            path: None,
+            send: Vec::new(),
+            recv: Vec::new(),
+            steps: 0,
+            t_wait: 0.0,
+            t_reduce: 0.0,
+            t_total: 0.0,
+        }
+    }
+
     /// Sums `share × grad` and `extra` over the ranks on the host: (the summed gradient, the
     /// summed extra).
     pub fn run(
@@ -142,7 +160,7 @@ impl GradExchange {
     /// values) summed over the ranks, in place. Host MPI reads both back, reduces on the host
     /// and writes the results into the same buffers; NCCL reduces them where they are. The
     /// first call chooses the path (every rank must make it at the same step).
-    pub fn all_reduce<T: Real, B: Backend<T>>(
+    pub fn all_reduce<B: Backend<T, Buf = Buf>>(
         &mut self,
         w: &World,
         b: &B,
@@ -151,11 +169,14 @@ impl GradExchange {
         share: f64,
     ) {
         let t = Instant::now();
-        match self.path.get_or_insert_with(|| open_path(w, b)) {
+        match self.path.get_or_insert_with(|| open_path(w, b, &self.link)) {
             Path::Host => {}
             #[cfg(all(feature = "mpi", feature = "cuda"))]
             Path::Nccl(comm) => {
-                let dev = b.cuda().expect("NCCL is chosen for CUDA backends only");
+                let dev = self
+                    .link
+                    .cuda_access()
+                    .expect("NCCL is chosen for CUDA backends only");
                 if let Err(e) = comm.all_reduce(dev, grad, sums, share) {
                     w.fail(&e.context("the gradient all-reduce (NCCL)"));
                 }

@@ -15,6 +15,7 @@
 //! with a GPU per rank that all-reduce goes through NCCL on the device buffers ([`exchange`]).
 
 mod comm;
+mod device_link;
 mod exchange;
 pub mod log;
 #[cfg(all(feature = "mpi", feature = "cuda"))]
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use comm::Guard;
+pub use device_link::DeviceLink;
 pub use exchange::GradExchange;
 
 use crate::config::ScaleByWorker;

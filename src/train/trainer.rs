@@ -651,7 +651,11 @@ fn fmt_duration(s: f64) -> String {
 }
 
 /// Trains on backend `b` in precision `T` (which must be the setup's precision).
-pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainReport> {
+pub fn train<T: Real, B: Backend<T>>(
+    b: &B,
+    link: dist::DeviceLink<T, B::Buf>,
+    setup: TrainSetup,
+) -> Result<TrainReport> {
     let TrainSetup {
         config: cfg,
         train: mut train_data,
@@ -870,7 +874,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
     let mut timed = (0.0f64, 0usize);
     let mut driver = CliDriver {
         world,
-        exchange: dist::GradExchange::default(),
+        exchange: dist::GradExchange::new(link),
         disp_freq: tc.disp_freq,
         signal: None,
     };
@@ -984,15 +988,15 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
 
 /// What `dpw train` plugs into the [`Run`]: blocking reads, the MPI all-reduce and the
 /// cross-rank check of the parameters, and Ctrl-C / SIGTERM.
-struct CliDriver {
+struct CliDriver<'a, T, Buf> {
     world: &'static dist::World,
-    exchange: dist::GradExchange,
+    exchange: dist::GradExchange<'a, T, Buf>,
     disp_freq: usize,
     /// The signal that asked for a stop.
     signal: Option<usize>,
 }
 
-impl<T: Real, B: Backend<T>> Driver<T, B> for CliDriver {
+impl<T: Real, B: Backend<T>> Driver<T, B> for CliDriver<'_, T, B::Buf> {
     async fn read(&mut self, b: &B, buf: &B::Buf) -> Result<Vec<T>> {
         Ok(b.download(buf))
     }

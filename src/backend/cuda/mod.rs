@@ -610,10 +610,6 @@ impl<T: CudaReal> Backend<T> for Cuda {
         format!("cuda ({})", self.device_name())
     }
 
-    fn cuda(&self) -> Option<&dyn DeviceAccess<T, CudaBuf<T>>> {
-        Some(self)
-    }
-
     fn upload(&self, x: &[T]) -> CudaBuf<T> {
         CudaBuf {
             data: self.upload_vec(x),
