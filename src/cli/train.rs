@@ -24,7 +24,8 @@ use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model};
 use crate::train::checkpoint::Checkpoint;
 use crate::train::interrupt::{self, Interrupted};
 use crate::train::outputs::{self, RunFile, RunFiles};
-use crate::train::trainer::{prepare, train, Start, TrainReport, TrainSetup};
+use crate::train::setup::{prepare, Start, TrainSetup};
+use crate::train::trainer::{train, TrainReport};
 
 /// The bar log lines must step around while it is drawn.
 static ACTIVE_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);

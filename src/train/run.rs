@@ -27,9 +27,9 @@ use super::lcurve::{self, Metrics};
 use super::loss::Loss;
 use super::lr::LrSchedule;
 use super::resident::{self, Resident};
+use super::setup::TrainSetup;
 use super::step::{DeviceModel, Workspace};
 use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
-use super::trainer::TrainSetup;
 use super::validation::{self, Average, VALID_STREAM};
 use super::workspaces::{adam_step, batch_gradient, predict_batch, resident_gradient, Cache};
 
