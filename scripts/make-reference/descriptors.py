@@ -349,6 +349,113 @@ def d5(f, h):
     return (-f(2 * h) + 8 * f(h) - 8 * f(-h) + f(-2 * h)) / (12 * h)
 
 
+def independent_atom_energy(ser, data):
+    """Atomic energies of every frame from the README's formulas alone: numpy, an own
+    neighbour list (all periodic images, per type section nearest first), and the serialized
+    model (the nets applied as model.yaml describes them: tanh, `idt`, skip by widths where a
+    layer says `resnet`). Agreement with DeePMD-kit checks the definitions dpw will follow."""
+    nt = len(ser["type_map"])
+    d = ser["descriptor"]
+    subs = d["list"] if d["type"] == "hybrid" else [d]
+    rmax = max(sub["rcut"] for sub in subs)
+
+    def net_call(net, x):
+        for lay in net["layers"]:
+            v = lay["@variables"]
+            y = x @ v["w"] + (v["b"] if v.get("b") is not None else 0.0)
+            if lay["activation_function"] == "tanh":
+                y = np.tanh(y)
+            else:
+                assert lay["activation_function"] in ("none", "linear", None), lay
+            if v.get("idt") is not None:
+                y = y * v["idt"]
+            if lay["resnet"] and v["w"].shape[1] == v["w"].shape[0]:
+                y = y + x
+            elif lay["resnet"] and v["w"].shape[1] == 2 * v["w"].shape[0]:
+                y = y + np.concatenate([x, x], axis=-1)
+            x = y
+        return x
+
+    def sw(r, rs, rc):
+        u = np.clip((r - rs) / (rc - rs), 0.0, 1.0)
+        return u**3 * (-6 * u**2 + 15 * u - 10) + 1
+
+    out = []
+    for x, box in zip(data["coord"], data["box"]):
+        n = len(x)
+        # wrap into the cell first (the data need not be), so ±k cells reach every image
+        frac = x @ np.linalg.inv(box)
+        x = (frac - np.floor(frac)) @ box
+        heights = abs(np.linalg.det(box)) / np.linalg.norm(
+            np.cross(box[[1, 2, 0]], box[[2, 0, 1]]), axis=1)
+        k = np.ceil(rmax / heights).astype(int)
+        shifts = np.array([np.array([a, b, c]) @ box for a in range(-k[0], k[0] + 1)
+                           for b in range(-k[1], k[1] + 1) for c in range(-k[2], k[2] + 1)])
+        desc = []
+        for sub in subs:
+            sel, rc, rs = sub["sel"], sub["rcut"], sub["rcut_smth"]
+            nnei = sum(sel)
+            davg, dstd = sub["@variables"]["davg"], sub["@variables"]["dstd"]
+            kind = sub["type"]
+            nets = sub["embeddings"]["networks"]
+            rows = []
+            for i in range(n):
+                dvec = (x[None, :, :] + shifts[:, None, :] - x[i]).reshape(-1, 3)
+                typ = np.tile(data["atype"], len(shifts))
+                r = np.linalg.norm(dvec, axis=1)
+                r[r == 0] = np.inf  # the atom itself
+                env = np.zeros((nnei, 4))
+                slot = 0
+                for t in range(nt):
+                    cand = np.where((typ == t) & (r < rc))[0]
+                    cand = cand[np.argsort(r[cand], kind="stable")][: sel[t]]
+                    rr, dv = r[cand], dvec[cand]
+                    s_ = sw(rr, rs, rc)
+                    env[slot:slot + len(cand), 0] = s_ / rr
+                    env[slot:slot + len(cand), 1:] = dv * (s_ / rr**2)[:, None]
+                    slot += sel[t]
+                ti = data["atype"][i]
+                if kind == "se_r":
+                    s = (env[:, 0] - davg[ti, :, 0]) / dstd[ti, :, 0]
+                    acc = 0.0
+                    for t in range(nt):
+                        a, b = sum(sel[:t]), sum(sel[:t + 1])
+                        acc = acc + net_call(nets[t], s[a:b, None]).sum(0)
+                    rows.append(acc / nnei / 5.0)
+                elif kind == "se_e3":
+                    rt = ((env - davg[ti]) / dstd[ti])[:, 1:]
+                    acc = 0.0
+                    for t1 in range(nt):
+                        for t2 in range(t1, nt):
+                            a = rt[sum(sel[:t1]):sum(sel[:t1 + 1])]
+                            b = rt[sum(sel[:t2]):sum(sel[:t2 + 1])]
+                            e = a @ b.T
+                            g = net_call(nets[t1 + nt * t2], e[:, :, None])
+                            acc = acc + (e[:, :, None] * g).sum((0, 1)) / (sel[t1] * sel[t2])
+                    rows.append(acc)
+                else:  # se_e2_a
+                    rt = (env - davg[ti]) / dstd[ti]
+                    ndim = sub["embeddings"]["ndim"]
+                    gr = 0.0
+                    for t in range(nt):
+                        a, b = sum(sel[:t]), sum(sel[:t + 1])
+                        g = net_call(nets[t if ndim == 1 else ti + nt * t], rt[a:b, :1])
+                        gr = gr + g.T @ rt[a:b]  # [ng, 4]
+                    gr = gr / nnei
+                    rows.append((gr @ gr[: sub["axis_neuron"]].T).reshape(-1))
+            desc.append(np.array(rows))
+        dd = np.concatenate(desc, axis=1)
+        fit = ser["fitting"]
+        ae = np.zeros(n)
+        for i in range(n):
+            t = data["atype"][i]
+            ae[i] = (net_call(fit["nets"]["networks"][t], dd[i])[0]
+                     + fit["@variables"]["bias_atom_e"][t, 0]
+                     + ser["@variables"]["out_bias"][0, t, 0])
+        out.append(ae)
+    return np.array(out)
+
+
 def fd_forces(energy_fn, data, atoms, h=1e-4):
     """−∂E/∂r of frame 0 for the listed atoms: [len(atoms), 3]."""
     out = np.zeros((len(atoms), 3))
@@ -571,6 +678,11 @@ def run_case(name, case):
     }
     if ser["descriptor"]["type"] == "hybrid":
         checks["sub_descriptor_own_nlist_max_diff"] = hybrid_sub_check(ser, ev)
+    ind = independent_atom_energy(ser, ev)
+    checks["independent_numpy_vs_pt_atom_energy_max_abs"] = float(
+        np.abs(ind - pred["atom_energy"]).max())
+    checks["independent_numpy_vs_pt_energy_max_abs"] = float(
+        np.abs(ind.sum(1) - pred["energy"]).max())
     np.savez(os.path.join(out, "eval.npz"), coord=ev["coord"], box=ev["box"], atype=ev["atype"],
              energy_label=ev["energy"], force_label=ev["force"],
              **({"virial_label": ev["virial"]} if "virial" in ev else {}),
@@ -610,7 +722,8 @@ def run_case(name, case):
           f"PT−pth {max(checks['pt_vs_deeppot_pth_max_abs'].values()):.1e}, "
           f"fd force {checks['fd_force']['max_abs_err_pt']:.1e}/"
           f"{checks['fd_force']['max_abs_err_dpmodel']:.1e}, "
-          f"fd virial {checks['fd_virial']['max_abs_err']:.1e}", flush=True)
+          f"fd virial {checks['fd_virial']['max_abs_err']:.1e}, "
+          f"independent {checks['independent_numpy_vs_pt_energy_max_abs']:.1e}", flush=True)
 
     # ---- train step
     lpar = LOSS if case["virial"] else LOSS_NO_V
