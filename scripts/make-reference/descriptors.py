@@ -456,6 +456,38 @@ def independent_atom_energy(ser, data):
     return np.array(out)
 
 
+def tf_energy(ser, data):
+    """Frame 0's energy by DeePMD-kit's TensorFlow backend from the same serialization. It is
+    not a reference: TF never puts a skip connection on the first fitting layer, whereas
+    dpmodel and PyTorch do whenever its widths allow (here: se_e2_r 16 → 16, se_e3 8 → 16), so
+    TF's number differs in those cases; recorded to show that this is the only difference."""
+    from deepmd.tf.env import tf
+    from deepmd.tf.model.model import Model as TFModel
+
+    nt = len(ser["type_map"])
+    tf.reset_default_graph()
+    model = TFModel.deserialize(copy.deepcopy(ser))
+    ph = [tf.placeholder(tf.float64, [None]), tf.placeholder(tf.float64, [None]),
+          tf.placeholder(tf.int32, [None]), tf.placeholder(tf.int32, [nt + 2]),
+          tf.placeholder(tf.int32, [None])]
+    out = model.build(ph[0], ph[2], ph[3], ph[1], ph[4], {}, reuse=False)
+    n = len(data["atype"])
+    natoms = np.concatenate([[n, n], np.bincount(data["atype"], minlength=nt)])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        e = sess.run(out["energy"], {
+            ph[0]: data["coord"][0].reshape(-1), ph[1]: data["box"][0].reshape(-1),
+            ph[2]: data["atype"], ph[3]: natoms,
+            ph[4]: np.array([0, 0, 0, 2, 2, 2], dtype=np.int32)})
+    return float(np.asarray(e).reshape(-1)[0])
+
+
+def first_fit_layer_skips(ser):
+    lay = ser["fitting"]["nets"]["networks"][0]["layers"][0]
+    nin, nout = lay["@variables"]["w"].shape
+    return bool(lay["resnet"] and (nout == nin or nout == 2 * nin))
+
+
 def fd_forces(energy_fn, data, atoms, h=1e-4):
     """−∂E/∂r of frame 0 for the listed atoms: [len(atoms), 3]."""
     out = np.zeros((len(atoms), 3))
@@ -678,6 +710,13 @@ def run_case(name, case):
     }
     if ser["descriptor"]["type"] == "hybrid":
         checks["sub_descriptor_own_nlist_max_diff"] = hybrid_sub_check(ser, ev)
+    etf = tf_energy(ser, ev)
+    checks["tensorflow_backend_frame0"] = {
+        "energy": etf,
+        "minus_pt": etf - float(pred["energy"][0]),
+        "first_fitting_layer_has_skip_in_pt": first_fit_layer_skips(ser),
+        "note": "not a reference: TF never applies a skip on the first fitting layer",
+    }
     ind = independent_atom_energy(ser, ev)
     checks["independent_numpy_vs_pt_atom_energy_max_abs"] = float(
         np.abs(ind - pred["atom_energy"]).max())
@@ -723,7 +762,8 @@ def run_case(name, case):
           f"fd force {checks['fd_force']['max_abs_err_pt']:.1e}/"
           f"{checks['fd_force']['max_abs_err_dpmodel']:.1e}, "
           f"fd virial {checks['fd_virial']['max_abs_err']:.1e}, "
-          f"independent {checks['independent_numpy_vs_pt_energy_max_abs']:.1e}", flush=True)
+          f"independent {checks['independent_numpy_vs_pt_energy_max_abs']:.1e}, "
+          f"TF−PT {checks['tensorflow_backend_frame0']['minus_pt']:.1e}", flush=True)
 
     # ---- train step
     lpar = LOSS if case["virial"] else LOSS_NO_V
