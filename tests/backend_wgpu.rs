@@ -2,8 +2,9 @@
 //! f32), run-to-run repeatability, and the f64 tanh/sqrt of the shaders.
 //!
 //! Without a GPU adapter (or, for the f64 tests, without SHADER_F64) every test prints that it
-//! was skipped and passes. On Linux CI, lavapipe (Debian: mesa-vulkan-drivers, libvulkan1) is
-//! enough: it is a Vulkan CPU adapter with float64.
+//! was skipped and passes, unless DPW_REQUIRE_WGPU=1, which makes that a failure. On Linux CI,
+//! lavapipe (Debian: mesa-vulkan-drivers, libvulkan1) is enough: it is a Vulkan CPU adapter with
+//! float64.
 #![cfg(feature = "wgpu")]
 
 mod common;
@@ -45,11 +46,11 @@ fn wgpu() -> Option<&'static Wgpu> {
 /// The backend for a test in T, or None after printing why the test is skipped.
 fn wgpu_for<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
     let Some(w) = wgpu() else {
-        eprintln!("SKIPPED {test}: no wgpu adapter on this machine");
+        no_wgpu(test, "no wgpu adapter on this machine");
         return None;
     };
     if let Err(e) = w.require::<T>() {
-        eprintln!("SKIPPED {test}: {e}");
+        no_wgpu(test, &e.to_string());
         return None;
     }
     Some(w)
@@ -360,7 +361,7 @@ fn awaited_download_matches_blocking() {
 #[test]
 fn f64_without_shader_f64_is_a_clear_error() {
     let Some(w) = wgpu() else {
-        eprintln!("SKIPPED f64_without_shader_f64_is_a_clear_error: no wgpu adapter");
+        no_wgpu(&this_test(), "no wgpu adapter");
         return;
     };
     assert!(w.require::<f32>().is_ok());

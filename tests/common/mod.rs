@@ -14,6 +14,15 @@ pub fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
+/// A wgpu test that cannot run here (no adapter, or none with float64 where it needs it): a
+/// failure when DPW_REQUIRE_WGPU=1 (CI, where lavapipe is the adapter), else a visible skip.
+pub fn no_wgpu(test: &str, why: &str) {
+    if std::env::var("DPW_REQUIRE_WGPU").is_ok_and(|v| v == "1") {
+        panic!("DPW_REQUIRE_WGPU=1 but {test} cannot run: {why}");
+    }
+    eprintln!("SKIPPED: {test}: {why}");
+}
+
 /// DeePMD-kit 3.2.0's numbers for model_A (`tests/reference/deepmd-3.2.0/README.md`).
 pub fn model_a_dir() -> PathBuf {
     repo("tests/reference/deepmd-3.2.0/model_A")
