@@ -139,6 +139,11 @@ fn main() -> ExitCode {
     let t0 = web_time::Instant::now();
     quiet_vulkan_probe();
     let cli = Cli::parse();
+    // Every command writes files: one past `ulimit -f` must be an error naming it, not a death.
+    if let Err(e) = interrupt::survive_file_size_limit() {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     // The MPI world (training only); MPI stays initialized while `_mpi` lives.
     let _mpi = match &cli.command {
         Command::Train { .. } => match dpw::dist::init() {

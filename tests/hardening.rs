@@ -38,14 +38,38 @@ fn write_input(dir: &Path, v: &Value) {
 }
 
 fn dpw(dir: &Path, args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpw"));
+    cmd.args(args);
+    run(cmd, dir, args)
+}
+
+/// Runs dpw under the `ulimit` options `limits` (`-f 8`: POSIX sh counts 512-byte blocks),
+/// which are set in a shell that then execs it, so that they bind dpw alone.
+fn dpw_under(dir: &Path, limits: &str, args: &[&str]) -> Output {
+    let mut cmd = Command::new("sh");
+    // A virtual memory limit counts each thread's stack and malloc arena: fixed numbers of
+    // both, whatever the machine's cores.
+    cmd.env("RAYON_NUM_THREADS", "2")
+        .env("MALLOC_ARENA_MAX", "2")
+        .arg("-c")
+        .arg(format!("ulimit {limits} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_dpw"))
+        .args(args);
+    run(cmd, dir, args)
+}
+
+fn run(mut cmd: Command, dir: &Path, args: &[&str]) -> Output {
+    let out = cmd
         .current_dir(dir)
         .env("RUST_LOG", "info")
-        .args(args)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "dpw {args:?} panicked:\n{err}");
+    assert!(
+        !err.contains("memory allocation of"),
+        "dpw {args:?} aborted:\n{err}"
+    );
     out
 }
 
@@ -66,7 +90,12 @@ fn ok(dir: &Path, args: &[&str]) -> Output {
 /// Runs a command that must fail cleanly (exit 1, no abort) and returns its stderr, after
 /// checking it names every one of `names`.
 fn fails(dir: &Path, args: &[&str], names: &[&str]) -> String {
-    let out = dpw(dir, args);
+    failed(dpw(dir, args), args, names)
+}
+
+/// Checks that `out`, dpw's run with `args`, failed cleanly naming every one of `names`, and
+/// returns its stderr.
+fn failed(out: Output, args: &[&str], names: &[&str]) -> String {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "dpw {args:?}:\n{err}");
     let last = err
@@ -970,4 +999,71 @@ fn integer_and_float16_arrays_are_widened() {
         text.contains("Energy RMSE") && !text.contains("nan"),
         "{text}"
     );
+}
+
+/// The temporary files (`.NAME.tmpPID`) left in `dir`.
+fn temp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect()
+}
+
+/// A `ulimit -f` (in 512-byte blocks, or 1024 in bash) that lets a tiny run write out.json and
+/// lcurve.out but not its first checkpoint, found from the sizes a free run writes.
+fn size_limit_below_the_checkpoint() -> String {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(2, &[]);
+    input["training"]["save_freq"] = json!(1);
+    write_input(d.path(), &input);
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let size = |n: &str| std::fs::metadata(d.path().join(n)).unwrap().len();
+    let small = size("out.json").max(size("lcurve.out"));
+    let blocks = small / 512 + 1;
+    assert!(
+        blocks * 1024 < size("model.ckpt-1"),
+        "no file size limit fits between {small} B and the checkpoint's {} B",
+        size("model.ckpt-1")
+    );
+    format!("-f {blocks}")
+}
+
+/// Issue 32, point 6: a write that fails (a full disk; here a file size limit, with SIGXFSZ
+/// ignored by the shell as a full disk sends none) names the file the user asked for and
+/// leaves no temporary file behind.
+#[test]
+fn failed_write_names_the_file_and_leaves_no_temp_file() {
+    let limit = size_limit_below_the_checkpoint();
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(2, &[]);
+    input["training"]["save_freq"] = json!(1);
+    write_input(d.path(), &input);
+    let args = ["train", "input.json", "--backend", "cpu"];
+    let out = dpw_under(d.path(), &format!("{limit} && trap '' XFSZ"), &args);
+    failed(out, &args, &["./model.ckpt-1 ", "File too large"]);
+    assert_eq!(temp_files(d.path()), Vec::<String>::new());
+    // The same for a frozen model.
+    write_input(d.path(), &input);
+    ok(d.path(), &args);
+    let args = ["freeze", "-o", "frozen.dpw"];
+    let out = dpw_under(d.path(), &format!("{limit} && trap '' XFSZ"), &args);
+    failed(out, &args, &["frozen.dpw ", "File too large"]);
+    assert_eq!(temp_files(d.path()), Vec::<String>::new());
+    assert!(!d.path().join("frozen.dpw").exists());
+}
+
+/// Issue 32, point 7: SIGXFSZ (a write past `ulimit -f`) does not kill dpw: the write fails as
+/// on a full disk, with the same message.
+#[test]
+fn file_size_limit_is_an_error_not_a_death() {
+    let limit = size_limit_below_the_checkpoint();
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(2, &[]);
+    input["training"]["save_freq"] = json!(1);
+    write_input(d.path(), &input);
+    let args = ["train", "input.json", "--backend", "cpu"];
+    let out = dpw_under(d.path(), &limit, &args);
+    failed(out, &args, &["./model.ckpt-1 ", "File too large"]);
+    assert_eq!(temp_files(d.path()), Vec::<String>::new());
 }

@@ -894,8 +894,8 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         if let Some(shown) = shown {
             let lr = plan.lr;
             if let Some(fout) = fout.as_mut() {
-                fout.write_all(shown.lcurve.as_bytes())?;
-                fout.flush()
+                fout.write_all(shown.lcurve.as_bytes())
+                    .and_then(|_| fout.flush())
                     .with_context(|| format!("cannot write {}", lcurve_path.display()))?;
             }
 
