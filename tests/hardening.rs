@@ -1067,3 +1067,37 @@ fn file_size_limit_is_an_error_not_a_death() {
     failed(out, &args, &["./model.ckpt-1 ", "File too large"]);
     assert_eq!(temp_files(d.path()), Vec::<String>::new());
 }
+
+/// Issue 32, point 5: a model name DeePMD-kit reads as one of its own formats that dpw does not
+/// write (.pth, .pb, ...) is refused, saying how to get there through the .yaml; .yaml, .dpw and
+/// the default name still work.
+#[test]
+fn freeze_to_a_format_dpw_cannot_write_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(1, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    for o in [
+        "frozen_model.pth",
+        "frozen_model.pb",
+        "m.savedmodel",
+        "m.json",
+        "m.dp",
+        "M.PTH",
+    ] {
+        fails(
+            d.path(),
+            &["freeze", "-o", o],
+            &[o, "dp convert-backend", ".yaml"],
+        );
+        assert!(!d.path().join(o).exists(), "{o} was written");
+    }
+    fails(
+        d.path(),
+        &["convert", "model.ckpt", "m.pth"],
+        &["`dpw convert model.ckpt m.yaml && dp convert-backend m.yaml m.pth`"],
+    );
+    ok(d.path(), &["freeze", "-o", "m.yml"]);
+    ok(d.path(), &["freeze", "-o", "m.dpw"]);
+    ok(d.path(), &["freeze"]);
+    assert!(d.path().join("frozen_model.dpw").exists());
+}
