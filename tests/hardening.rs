@@ -1101,3 +1101,51 @@ fn freeze_to_a_format_dpw_cannot_write_is_refused() {
     ok(d.path(), &["freeze"]);
     assert!(d.path().join("frozen_model.dpw").exists());
 }
+
+/// Issue 32, point 12: errors whose squares overflow (energy labels of 1e200) are reported as
+/// the huge numbers they are, for the system and in the average over systems, not as inf.
+#[test]
+fn huge_errors_do_not_overflow_the_rmse() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(1, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let big = edited_system(d.path(), "big", |f, a| {
+        if f == "energy" {
+            a.fill(1e200);
+        }
+    });
+    let other = water().join("data_1");
+    let (big, other) = (big.display().to_string(), other.display().to_string());
+    let out = ok(
+        d.path(),
+        &[
+            "test",
+            "-m",
+            "model.ckpt",
+            "-s",
+            &big,
+            "-s",
+            &other,
+            "-n",
+            "3",
+            "--backend",
+            "cpu",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rmse: Vec<&str> = text.lines().filter(|l| l.contains("RMSE")).collect();
+    eprintln!(
+        "CASE dpw test on 1e200 energies → exit 0:\n{}",
+        rmse.join("\n")
+    );
+    assert!(!text.contains("inf"), "{text}");
+    assert!(
+        text.contains("Energy RMSE        : 1.000000e+200 eV"),
+        "{text}"
+    );
+    // The average over both systems: 1e200/√2.
+    assert!(
+        text.contains("Energy RMSE        : 7.071068e+199 eV"),
+        "{text}"
+    );
+}
