@@ -1149,3 +1149,56 @@ fn huge_errors_do_not_overflow_the_rmse() {
         "{text}"
     );
 }
+
+/// The numbered checkpoints `model.ckpt-N` in `dir`, by step.
+fn numbered_checkpoints(dir: &Path) -> Vec<usize> {
+    let mut steps: Vec<usize> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_prefix("model.ckpt-")?.parse().ok()
+        })
+        .collect();
+    steps.sort();
+    steps
+}
+
+/// Issue 32, point 11: a fresh run rotates (max_ckpt_keep) only its own checkpoints; an
+/// earlier run's in the folder are kept and named at the start. A restart continues the
+/// rotation as one run.
+#[test]
+fn fresh_run_keeps_an_earlier_runs_checkpoints() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(4, &[]);
+    input["training"]["save_freq"] = json!(2);
+    write_input(d.path(), &input);
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    assert_eq!(numbered_checkpoints(d.path()), [2, 4]);
+    input["training"]["numb_steps"] = json!(3);
+    input["training"]["save_freq"] = json!(1);
+    input["training"]["max_ckpt_keep"] = json!(2);
+    write_input(d.path(), &input);
+    let out = ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("earlier run") && err.contains("model.ckpt-4"),
+        "{err}"
+    );
+    // Step 2 is this run's now (written over), step 4 the earlier run's.
+    assert_eq!(numbered_checkpoints(d.path()), [2, 3, 4]);
+    input["training"]["numb_steps"] = json!(5);
+    write_input(d.path(), &input);
+    let out = ok(
+        d.path(),
+        &[
+            "train",
+            "input.json",
+            "--restart",
+            "model.ckpt",
+            "--backend",
+            "cpu",
+        ],
+    );
+    assert!(!stderr(&out).contains("earlier run"), "{}", stderr(&out));
+    assert_eq!(numbered_checkpoints(d.path()), [4, 5]);
+}

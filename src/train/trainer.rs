@@ -25,7 +25,7 @@ use crate::model::file::write_atomic;
 use crate::model::{read_model, DescriptorSpec, FittingSpec, Model, ModelSpec, MAX_NNEI};
 
 use super::batch::{assemble_frames, HostBatch};
-use super::checkpoint::{self, Checkpoint, DataShape};
+use super::checkpoint::{self, Checkpoint, DataShape, Rotation};
 use super::dataset::{load_data_in, DataSet};
 use super::interrupt;
 use super::lcurve::{self, Metrics};
@@ -746,6 +746,15 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         }
         None => (new_train_sampler(), new_valid_sampler(), Resume::fresh()),
     };
+    let mut rotation = if root {
+        Some(Rotation::new(
+            &save_ckpt,
+            tc.max_ckpt_keep,
+            restart.is_some(),
+        )?)
+    } else {
+        None
+    };
     drop(restart);
 
     let mut fout = if !root {
@@ -759,7 +768,7 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
         )
     };
 
-    let save = |run: &Run<T, B>, step: usize, lr: f64| -> Result<PathBuf> {
+    let mut save = |run: &Run<T, B>, step: usize, lr: f64| -> Result<PathBuf> {
         let dm = run.dm();
         let (sampler, valid_sampler, disp_acc) = run.checkpoint_state();
         let mut m = model.clone();
@@ -777,7 +786,10 @@ pub fn train<T: Real, B: Backend<T>>(b: &B, setup: TrainSetup) -> Result<TrainRe
             valid_shape: valid_shape.clone(),
             disp_acc,
         };
-        checkpoint::save(&ck, &save_ckpt, tc.max_ckpt_keep)
+        let rotation = rotation
+            .as_mut()
+            .context("internal: only rank 0 saves checkpoints")?;
+        checkpoint::save(&ck, &save_ckpt, rotation)
     };
 
     let mut report = TrainReport {
