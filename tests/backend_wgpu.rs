@@ -363,7 +363,7 @@ fn time_step<T: GpuReal, B: Backend<T>>(b: &B, c: &Case, label: &str) {
     let frames = [c.rf.frame(0)];
     let batch = assemble(&c.model.spec, &c.rf.atype, &frames).unwrap();
     let mut dm = DeviceModel::<T, B>::new(b, &c.model);
-    let mut ws = Workspace::new(b, &dm.layout, &batch.dims);
+    let mut ws = Workspace::new(b, &dm.layout, &batch.dims).unwrap();
     ws.load(b, &batch);
     let mut times = vec![];
     for _ in 0..4 {
@@ -631,7 +631,9 @@ fn steps_after_the_first_create_and_read_nothing() {
             op,
             find_v: true,
         };
-        let sums = batch_gradient(w, &mut dm, &mut cache, &batch, pf.op).sums_mut();
+        let sums = batch_gradient(w, &mut dm, &mut cache, &batch, pf.op)
+            .unwrap()
+            .sums_mut();
         let info = StepInfo {
             step: t + 1,
             sys: 0,

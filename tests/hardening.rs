@@ -1202,3 +1202,44 @@ fn fresh_run_keeps_an_earlier_runs_checkpoints() {
     assert!(!stderr(&out).contains("earlier run"), "{}", stderr(&out));
     assert_eq!(numbered_checkpoints(d.path()), [4, 5]);
 }
+
+/// Issue 32, point 4: memory that is not there (here a `ulimit -v`) for the batch workspace is
+/// an error naming it, its size and what lowers it, not an abort.
+#[test]
+fn out_of_memory_names_the_allocation() {
+    // Room for start-up (the binary, its threads and water data_0 take under 300 MB), far less
+    // than one array of the workspace below.
+    const LIMIT: usize = 1 << 30;
+    let d = tempfile::tempdir().unwrap();
+    let args = ["train", "input.json", "--backend", "cpu"];
+    let limit = format!("-v {}", LIMIT >> 10);
+    let mut input = tiny_input(1, &[]);
+    write_input(d.path(), &input);
+    let out = dpw_under(d.path(), &limit, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // G, the embedding net's output: one frame's neighbour slots × m1 values.
+    let m1 = 1 << 15;
+    input["model"]["descriptor"]["neuron"] = json!([4, m1]);
+    write_input(d.path(), &input);
+    let types = std::fs::read_to_string(water().join("data_0/type.raw")).unwrap();
+    let natoms = types.split_whitespace().count();
+    let nnei: usize = input["model"]["descriptor"]["sel"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap() as usize)
+        .sum();
+    let g_bytes = natoms * nnei * m1 * 8;
+    assert!(g_bytes > 2 * LIMIT, "G is {g_bytes} B, too small to fail");
+    let out = dpw_under(d.path(), &limit, &args);
+    failed(
+        out,
+        &args,
+        &[
+            "out of memory",
+            "the workspace of a batch of 1 frame of",
+            "MiB",
+            "sel or neuron",
+        ],
+    );
+}
