@@ -1014,17 +1014,16 @@ fn temp_files(dir: &Path) -> Vec<String> {
 /// lcurve.out but not its first checkpoint, found from the sizes a free run writes.
 fn size_limit_below_the_checkpoint() -> String {
     let d = tempfile::tempdir().unwrap();
-    let mut input = tiny_input(2, &[]);
-    input["training"]["save_freq"] = json!(1);
+    let input = tiny_input(2, &[]);
     write_input(d.path(), &input);
     ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
     let size = |n: &str| std::fs::metadata(d.path().join(n)).unwrap().len();
     let small = size("out.json").max(size("lcurve.out"));
     let blocks = small / 512 + 1;
     assert!(
-        blocks * 1024 < size("model.ckpt-1"),
+        blocks * 1024 < size("model.ckpt-2"),
         "no file size limit fits between {small} B and the checkpoint's {} B",
-        size("model.ckpt-1")
+        size("model.ckpt-2")
     );
     format!("-f {blocks}")
 }
@@ -1036,12 +1035,11 @@ fn size_limit_below_the_checkpoint() -> String {
 fn failed_write_names_the_file_and_leaves_no_temp_file() {
     let limit = size_limit_below_the_checkpoint();
     let d = tempfile::tempdir().unwrap();
-    let mut input = tiny_input(2, &[]);
-    input["training"]["save_freq"] = json!(1);
+    let input = tiny_input(2, &[]);
     write_input(d.path(), &input);
     let args = ["train", "input.json", "--backend", "cpu"];
     let out = dpw_under(d.path(), &format!("{limit} && trap '' XFSZ"), &args);
-    failed(out, &args, &["./model.ckpt-1 ", "File too large"]);
+    failed(out, &args, &["./model.ckpt-2 ", "File too large"]);
     assert_eq!(temp_files(d.path()), Vec::<String>::new());
     // The same for a frozen model.
     write_input(d.path(), &input);
@@ -1059,12 +1057,11 @@ fn failed_write_names_the_file_and_leaves_no_temp_file() {
 fn file_size_limit_is_an_error_not_a_death() {
     let limit = size_limit_below_the_checkpoint();
     let d = tempfile::tempdir().unwrap();
-    let mut input = tiny_input(2, &[]);
-    input["training"]["save_freq"] = json!(1);
+    let input = tiny_input(2, &[]);
     write_input(d.path(), &input);
     let args = ["train", "input.json", "--backend", "cpu"];
     let out = dpw_under(d.path(), &limit, &args);
-    failed(out, &args, &["./model.ckpt-1 ", "File too large"]);
+    failed(out, &args, &["./model.ckpt-2 ", "File too large"]);
     assert_eq!(temp_files(d.path()), Vec::<String>::new());
 }
 
@@ -1165,7 +1162,7 @@ fn numbered_checkpoints(dir: &Path) -> Vec<usize> {
 
 /// Issue 32, point 11: a fresh run rotates (max_ckpt_keep) only its own checkpoints; an
 /// earlier run's in the folder are kept and named at the start. A restart continues the
-/// rotation as one run.
+/// rotation as one run, over every numbered checkpoint in the folder.
 #[test]
 fn fresh_run_keeps_an_earlier_runs_checkpoints() {
     let d = tempfile::tempdir().unwrap();
@@ -1186,7 +1183,9 @@ fn fresh_run_keeps_an_earlier_runs_checkpoints() {
     );
     // Step 2 is this run's now (written over), step 4 the earlier run's.
     assert_eq!(numbered_checkpoints(d.path()), [2, 3, 4]);
-    input["training"]["numb_steps"] = json!(5);
+    // A restart saves from the second step on, as DeePMD-kit does (here 5 and 6), and takes
+    // every numbered checkpoint in the folder as its run's.
+    input["training"]["numb_steps"] = json!(6);
     write_input(d.path(), &input);
     let out = ok(
         d.path(),
@@ -1200,7 +1199,7 @@ fn fresh_run_keeps_an_earlier_runs_checkpoints() {
         ],
     );
     assert!(!stderr(&out).contains("earlier run"), "{}", stderr(&out));
-    assert_eq!(numbered_checkpoints(d.path()), [4, 5]);
+    assert_eq!(numbered_checkpoints(d.path()), [5, 6]);
 }
 
 /// Issue 32, point 4: memory that is not there (here a `ulimit -v`) for the batch workspace is

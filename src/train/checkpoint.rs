@@ -280,7 +280,7 @@ fn prune(save_ckpt: &Path, current: &Path, rotation: &Rotation) -> Result<()> {
                 .is_none_or(|n| !rotation.earlier.contains(n))
         })
         .collect();
-    found.sort_by(|a, b| (a.mtime, a.step).cmp(&(b.mtime, b.step)));
+    found.sort_by_key(|c| (c.mtime, c.step));
     let cur_name = current.file_name();
     let mut n = found.len();
     for c in &found {
