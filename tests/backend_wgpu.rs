@@ -590,7 +590,9 @@ fn steps_after_the_first_create_and_read_nothing() {
             op,
             find_v: true,
         };
-        let sums = batch_gradient(w, &mut dm, &mut cache, &batch, pf.op).sums_mut();
+        let sums = batch_gradient(w, &mut dm, &mut cache, &batch, pf.op)
+            .unwrap()
+            .sums_mut();
         let info = StepInfo {
             step: t + 1,
             sys: 0,

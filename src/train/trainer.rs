@@ -18,7 +18,7 @@ use crate::fmt::sci;
 use crate::model::file::write_atomic;
 use crate::model::Model;
 
-use super::checkpoint::{self, Checkpoint, DataShape};
+use super::checkpoint::{self, Checkpoint, DataShape, Rotation};
 use super::dataset::DataSet;
 use super::interrupt;
 use super::lcurve::{self, Metrics};
@@ -152,13 +152,24 @@ pub fn train<T: Real, B: Backend<T>>(
     let mut model = model;
     world.broadcast_model(&mut model);
     let streams = Streams::resume(restart.as_deref(), &train_data, valid.as_ref(), seed);
-    let saver = Saver {
+    let save_ckpt = out_dir.join(&tc.save_ckpt);
+    // Only rank 0 saves checkpoints.
+    let rotation = if root {
+        Some(Rotation::new(
+            &save_ckpt,
+            tc.max_ckpt_keep,
+            restart.is_some(),
+        )?)
+    } else {
+        None
+    };
+    let mut saver = Saver {
         model: &model,
         precision,
         train_shape: streams.train_shape.clone(),
         valid_shape: streams.valid_shape.clone(),
-        path: out_dir.join(&tc.save_ckpt),
-        keep: tc.max_ckpt_keep,
+        path: save_ckpt,
+        rotation,
     };
     drop(restart);
 
@@ -278,8 +289,8 @@ pub fn train<T: Real, B: Backend<T>>(
         }
         if let Some(shown) = block_on(run.finish(b, &mut driver))? {
             if let Some(fout) = fout.as_mut() {
-                fout.write_all(shown.lcurve.as_bytes())?;
-                fout.flush()
+                fout.write_all(shown.lcurve.as_bytes())
+                    .and_then(|_| fout.flush())
                     .with_context(|| format!("cannot write {}", lcurve_path.display()))?;
             }
             display.show(&shown, done, plan.lr, progress.as_ref());
@@ -429,12 +440,12 @@ struct Saver<'a> {
     train_shape: DataShape,
     valid_shape: Option<DataShape>,
     path: PathBuf,
-    keep: usize,
+    rotation: Option<Rotation>,
 }
 
 impl Saver<'_> {
     fn save<T: Real, B: Backend<T>>(
-        &self,
+        &mut self,
         b: &B,
         run: &Run<T, B>,
         step: usize,
@@ -457,7 +468,11 @@ impl Saver<'_> {
             valid_shape: self.valid_shape.clone(),
             disp_acc,
         };
-        checkpoint::save(&ck, &self.path, self.keep)
+        let rotation = self
+            .rotation
+            .as_mut()
+            .context("internal: only rank 0 saves checkpoints")?;
+        checkpoint::save(&ck, &self.path, rotation)
     }
 }
 

@@ -133,7 +133,7 @@ impl<B: Fetch> Session<B> {
             None => self.train.get(0)?,
         };
         let batch = assemble_frames(&self.spec, &sys, &[0], "display")?;
-        let w = self.run.predict(&self.b, &batch);
+        let w = self.run.predict(&self.b, &batch)?;
         let force = self.reads.read(&self.b, &w.force).await?;
         Ok(json!({
             "type_map": self.spec.type_map,
