@@ -245,3 +245,42 @@ fn a_file_rewritten_between_passes_is_read_anew() {
     let e1 = pass();
     assert!((e1 - (e0 + 1.0)).abs() < 1e-3, "{e0} then {e1}");
 }
+
+/// Integer datasets (any width, signed or not) are widened to f64, as the npy reader widens
+/// integer arrays: DeePMD-kit casts whatever it loads.
+#[test]
+fn integer_datasets_are_widened() {
+    let _turn = one_at_a_time();
+    let tmp = TempDir::new().unwrap();
+    let file = water_file(tmp.path());
+    let sys = PathBuf::from(format!("{}#/train/data_0", file.display()));
+    let floats = load_system(&sys, &names(&["O", "H"])).unwrap();
+    let f = h5::File::open_rw(&file).unwrap();
+    let set = f.group("train/data_0/set.000").unwrap();
+    let rounded = |name: &str| -> Vec<f32> {
+        let v: Vec<f32> = set.dataset(name).unwrap().read_raw().unwrap();
+        set.unlink(name).unwrap();
+        v.iter().map(|x| x.round()).collect()
+    };
+    let e = rounded("energy.npy");
+    set.new_dataset::<i32>()
+        .shape([e.len()])
+        .create("energy.npy")
+        .unwrap()
+        .write_raw(&e.iter().map(|&x| x as i32).collect::<Vec<_>>())
+        .unwrap();
+    let force = rounded("force.npy");
+    let nf = floats.nframes;
+    set.new_dataset::<i8>()
+        .shape([nf, force.len() / nf])
+        .create("force.npy")
+        .unwrap()
+        .write_raw(&force.iter().map(|&x| x as i8).collect::<Vec<_>>())
+        .unwrap();
+    drop((set, f));
+    let ints = load_system(&sys, &names(&["O", "H"])).unwrap();
+    let round = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
+    assert_eq!(ints.energy, round(&floats.energy));
+    assert_eq!(ints.force, round(&floats.force));
+    assert_eq!(ints.coord, floats.coord);
+}

@@ -252,20 +252,30 @@ mod with_lib {
             let ds = self.dataset(rel)?;
             let bad = |e| h5_error(self.path(rel), "cannot read", e);
             let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(bad)?;
-            if !matches!(desc, TypeDescriptor::Float(_)) {
-                return Err(DataError::Invalid {
-                    path: self.path(rel),
-                    reason: format!("expected a float32/float64 dataset, found {desc}"),
-                });
-            }
             // A float32 dataset read as float64 goes through the library's conversion, which
             // allocates and zeroes a 1 MiB buffer per read (half the instructions of reading a
-            // system); f32 → f64 here gives the same numbers (every f32 is an f64).
-            let values = if desc == TypeDescriptor::Float(FloatSize::U4) {
-                let v = ds.read_raw::<f32>().map_err(bad)?;
-                v.into_iter().map(f64::from).collect()
-            } else {
-                ds.read_raw::<f64>().map_err(bad)?
+            // system); f32 → f64 here gives the same numbers (every f32 is an f64). Integers
+            // are widened, as the npy reader does: DeePMD-kit casts whatever it loads.
+            let values = match desc {
+                TypeDescriptor::Float(FloatSize::U4) => {
+                    let v = ds.read_raw::<f32>().map_err(bad)?;
+                    v.into_iter().map(f64::from).collect()
+                }
+                TypeDescriptor::Float(_) => ds.read_raw::<f64>().map_err(bad)?,
+                TypeDescriptor::Integer(_) => {
+                    let v = ds.read_raw::<i64>().map_err(bad)?;
+                    v.into_iter().map(|x| x as f64).collect()
+                }
+                TypeDescriptor::Unsigned(_) => {
+                    let v = ds.read_raw::<u64>().map_err(bad)?;
+                    v.into_iter().map(|x| x as f64).collect()
+                }
+                other => {
+                    return Err(DataError::Invalid {
+                        path: self.path(rel),
+                        reason: format!("expected a dataset of floats or integers, found {other}"),
+                    })
+                }
             };
             Ok((ds.shape(), values))
         }
