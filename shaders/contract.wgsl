@@ -3,24 +3,8 @@
 // centre's slots in the CPU's order; per-slot kernels are launched once per (ti, tj) block.
 // A-shaped buffers (A, Ȧ, Ā, Ǡ) are [4][M1] per centre, as on every backend.
 
-struct Contract {
-    ncentres: u32,
-    m1: u32,
-    m2: u32,
-    nnei: u32,
-    ntypes: u32,
-    // per-slot kernels: the block's first slot, its slot count, sel[tj] and first centre
-    slot0: u32,
-    nslots: u32,
-    sel: u32,
-    centre0: u32,
-    // d_outer: 0 for D = A A<ᵀ, 1 for Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ
-    mode: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> u: Contract;
+// ContractParams: src/backend/gpu_layout.rs.
+@group(0) @binding(0) var<uniform> u: ContractParams;
 // The batch shape table (shape.wgsl)
 @group(0) @binding(1) var<storage, read> dims: array<u32>;
 @group(0) @binding(2) var<storage, read> g: array<real>;

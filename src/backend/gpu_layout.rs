@@ -7,7 +7,10 @@
 //! Every field is 4 bytes. A `u32` field is a count or an index below 2^31 ([`count`] checks
 //! it): WGSL reads it as `u32`, CUDA as `int`, the types the kernels do their index arithmetic in.
 
+use std::ops::Range;
+
 use super::Dims;
+use crate::model::{Layer, Skip};
 
 /// A scalar type a GPU struct field may have, with its names in the two kernel languages.
 pub trait GpuScalar {
@@ -43,7 +46,8 @@ pub trait GpuStruct: bytemuck::Pod {
     const LAYOUT: Layout;
 }
 
-/// Declares a `#[repr(C)]`, `Pod` struct of 4-byte scalars with its [`GpuStruct::LAYOUT`].
+/// Declares a `#[repr(C)]`, `Pod` struct of 4-byte scalars with its [`GpuStruct::LAYOUT`]. Its
+/// size is whole 16-byte rows, as a WGSL uniform block's must be.
 macro_rules! gpu_struct {
     ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }) => {
         $(#[$m])*
@@ -52,6 +56,8 @@ macro_rules! gpu_struct {
         pub struct $name {
             $($(#[$fm])* pub $f: $t,)*
         }
+
+        const _: () = assert!(size_of::<$name>() % 16 == 0, "pad to whole 16-byte rows");
 
         impl GpuStruct for $name {
             const LAYOUT: Layout = Layout {
@@ -144,12 +150,119 @@ fn polynomial([c, a, b]: [usize; 3], lit: impl Fn(usize) -> String) -> String {
         .join(" + ")
 }
 
+/// Rows per partial sum of b̄ and īdt (and W̄ on wgpu) in the dense dual backward: the
+/// partials are then added in chunk order, so the sums' order depends on the shapes alone.
+pub const DENSE_CHUNK: usize = 256;
+
+gpu_struct! {
+    /// The scalars of every dense-layer kernel: one layer on a row range.
+    pub struct DenseParams {
+        /// The rows: the first, and how many.
+        pub row0: u32,
+        pub nrows: u32,
+        pub nin: u32,
+        pub nout: u32,
+        /// 1 for tanh, 0 for the linear output layer.
+        pub is_tanh: u32,
+        /// The skip connection: 0 none, 1 identity (nout == nin), 2 doubled (nout == 2 nin).
+        pub skip: u32,
+        /// 1 when the layer has a timestep (idt).
+        pub has_idt: u32,
+        /// 1 when the dual backward scales ẋ per row (embedding nets).
+        pub has_scale: u32,
+        /// Offsets of W, b and idt in the parameter vector, for the WGSL kernels (CUDA's get
+        /// pointers).
+        pub w: u32,
+        pub b: u32,
+        pub idt: u32,
+        /// Rows per partial sum ([`DENSE_CHUNK`]), and the number of chunks of the rows.
+        pub chunk: u32,
+        pub nchunks: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+        pub _pad2: u32,
+    }
+}
+
+impl DenseParams {
+    /// Layer `l` on `rows`; `scale`: whether ẋ is scaled per row.
+    pub fn new(l: &Layer, rows: &Range<usize>, scale: bool) -> Self {
+        DenseParams {
+            row0: count(rows.start),
+            nrows: count(rows.len()),
+            nin: count(l.nin),
+            nout: count(l.nout),
+            is_tanh: l.tanh.into(),
+            skip: match l.skip {
+                Skip::None => 0,
+                Skip::Identity => 1,
+                Skip::Double => 2,
+            },
+            has_idt: l.idt.is_some().into(),
+            has_scale: scale.into(),
+            w: count(l.w),
+            b: count(l.b),
+            idt: count(l.idt.unwrap_or(0)),
+            chunk: count(DENSE_CHUNK),
+            nchunks: count(rows.len().div_ceil(DENSE_CHUNK)),
+            ..Default::default()
+        }
+    }
+}
+
+gpu_struct! {
+    /// The scalars of the WGSL contraction kernels (CUDA's read the shape table alone).
+    pub struct ContractParams {
+        pub ncentres: u32,
+        pub m1: u32,
+        pub m2: u32,
+        pub nnei: u32,
+        pub ntypes: u32,
+        /// Per-slot kernels, launched per (ti, tj) block: the block's first slot, its slot
+        /// count, sel[tj] and first centre.
+        pub slot0: u32,
+        pub nslots: u32,
+        pub sel: u32,
+        pub centre0: u32,
+        /// d_outer: 0 for D = A A<ᵀ, 1 for Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ.
+        pub mode: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+    }
+}
+
+impl ContractParams {
+    pub fn new(d: &Dims, mode: u32) -> Self {
+        ContractParams {
+            ncentres: count(d.ncentres()),
+            m1: count(d.m1),
+            m2: count(d.m2),
+            nnei: count(d.nnei),
+            ntypes: count(d.ntypes),
+            mode,
+            ..Default::default()
+        }
+    }
+
+    /// For a per-slot kernel on block `slots` of neighbour sel `sel`, whose first centre is `c0`.
+    pub fn block(self, slots: &Range<usize>, sel: usize, c0: usize) -> Self {
+        ContractParams {
+            slot0: count(slots.start),
+            nslots: count(slots.len()),
+            sel: count(sel),
+            centre0: count(c0),
+            ..self
+        }
+    }
+}
+
 /// The ops' parameter structs: WGSL uniform blocks, and by-value CUDA kernel arguments.
-pub const PARAMS: &[Layout] = &[];
+pub const PARAMS: &[Layout] = &[DenseParams::LAYOUT, ContractParams::LAYOUT];
 
 /// The declarations put before every CUDA kernel file: the shape table's offsets
-/// (`DIMS_NTYPES`, ..., `DIMS_SEL_AT(nt)`, ...) and the parameter structs, each with a
-/// compile-time check of its size and offsets against the Rust struct.
+/// (`DIMS_NTYPES`, ..., `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are
+/// those of the Rust struct in its order, all 4 bytes, so C lays them out at the same offsets;
+/// a static_assert of the size checks that NVRTC agrees (it has no offsetof).
 pub fn cuda_declarations() -> String {
     let mut s = String::from("// Generated from src/backend/gpu_layout.rs.\n");
     for f in DimsHeader::LAYOUT.fields {
@@ -169,12 +282,6 @@ pub fn cuda_declarations() -> String {
             "static_assert(sizeof({0}) == {1}, \"{0}: size\");\n",
             l.name, l.size
         );
-        for f in l.fields {
-            s += &format!(
-                "static_assert(__builtin_offsetof({0}, {1}) == {2}, \"{0}.{1}: offset\");\n",
-                l.name, f.name, f.offset
-            );
-        }
     }
     s
 }

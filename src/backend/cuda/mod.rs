@@ -118,6 +118,10 @@ macro_rules! impl_cuda_real {
 impl_cuda_real!(f32, "_f32", sgemm);
 impl_cuda_real!(f64, "_f64", dgemm);
 
+// SAFETY: a #[repr(C)] struct of 4-byte integers, passed by value to kernels that declare the
+// struct from its Rust layout (gpu_layout::cuda_declarations, which static_asserts the offsets).
+unsafe impl DeviceRepr for gpu_layout::DenseParams {}
+
 /// A device vector of T. The allocation has at least one element (CUDA allocations of zero
 /// bytes are not portable); `len` is the logical length.
 pub struct CudaBuf<T> {
