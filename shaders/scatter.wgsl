@@ -2,14 +2,8 @@
 // No atomics: forces are gathered per atom from a host-built list of the slots that touch it,
 // in the CPU's visiting order; virials are summed per centre, then per frame in centre order.
 
-struct Scatter {
-    ncentres: u32,
-    nframes: u32,
-    natoms: u32,
-    ntypes: u32,
-}
-
-@group(0) @binding(0) var<uniform> u: Scatter;
+// ScatterParams: src/backend/gpu_layout.rs.
+@group(0) @binding(0) var<uniform> u: ScatterParams;
 // The batch shape table (shape.wgsl)
 @group(0) @binding(1) var<storage, read> dims: array<u32>;
 @group(0) @binding(2) var<storage, read> e_fit: array<real>;

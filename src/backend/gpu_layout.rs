@@ -256,8 +256,33 @@ impl ContractParams {
     }
 }
 
+gpu_struct! {
+    /// The scalars of the WGSL energy, force and virial kernels (CUDA's read the shape table).
+    pub struct ScatterParams {
+        pub ncentres: u32,
+        pub nframes: u32,
+        pub natoms: u32,
+        pub ntypes: u32,
+    }
+}
+
+impl ScatterParams {
+    pub fn new(d: &Dims) -> Self {
+        ScatterParams {
+            ncentres: count(d.ncentres()),
+            nframes: count(d.nframes),
+            natoms: count(d.natoms),
+            ntypes: count(d.ntypes),
+        }
+    }
+}
+
 /// The ops' parameter structs: WGSL uniform blocks, and by-value CUDA kernel arguments.
-pub const PARAMS: &[Layout] = &[DenseParams::LAYOUT, ContractParams::LAYOUT];
+pub const PARAMS: &[Layout] = &[
+    DenseParams::LAYOUT,
+    ContractParams::LAYOUT,
+    ScatterParams::LAYOUT,
+];
 
 /// The declarations put before every CUDA kernel file: the shape table's offsets
 /// (`DIMS_NTYPES`, ..., `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are

@@ -6,7 +6,7 @@ use std::ops::Range;
 use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
-use crate::backend::gpu_layout::{ContractParams, DenseParams};
+use crate::backend::gpu_layout::{ContractParams, DenseParams, ScatterParams};
 use crate::backend::{AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -519,12 +519,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         energy: &mut Buf<T>,
     ) {
         let dims = self.dims_buf(d);
-        let u = [
-            u32_of(d.ncentres()),
-            u32_of(d.nframes),
-            u32_of(d.natoms),
-            u32_of(d.ntypes),
-        ];
+        let u = ScatterParams::new(d);
         self.go::<T>(
             &k::SCATTER_ATOM_ENERGY,
             &u,
@@ -552,12 +547,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         let op = self.exclusive();
         let dims = self.dims_buf(d);
         let (ptr, ent) = self.force_lists(&op, d, owner, centre_atom);
-        let u = [
-            u32_of(d.ncentres()),
-            u32_of(d.nframes),
-            u32_of(d.natoms),
-            u32_of(d.ntypes),
-        ];
+        let u = ScatterParams::new(d);
         self.go::<T>(
             &k::SCATTER_GATHER_FORCE,
             &u,
