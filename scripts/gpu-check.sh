@@ -3,11 +3,11 @@
 # wgpu backends in one call, built here where Rust is, run there where the GPU is.
 #
 #   scripts/gpu-check.sh build   (here, in the checkout the device tool sends) builds the release
-#       dpw and the GPU test executables, strips them, packs them with DeePMD-kit's reference
-#       numbers, a cpu lcurve.out to compare with, the Vulkan loader packages, and for the
-#       multi-GPU checks dpw built with MPI, its NCCL test and Open MPI's run time into
-#       .gpu-kit/kit.tar.xz (git-ignored), checks that the working tree and the kit fit in the
-#       device tool's 64 MiB, and prints the exact call to make.
+#       dpw and the GPU test executables, strips them, packs them with a cpu lcurve.out to
+#       compare with (the tests' reference numbers travel in the working tree), the Vulkan
+#       loader packages, and for the multi-GPU checks dpw built with MPI, its NCCL test and Open
+#       MPI's run time into .gpu-kit/kit.tar.xz (git-ignored), checks that the working tree and
+#       the kit fit in the device tool's 64 MiB, and prints the exact call to make.
 #   scripts/gpu-check.sh run     (on the GPU machine; no Rust there) prints the GPU and driver,
 #       finds libcuda, libnvrtc and libcublas, then, most important first: the CUDA kernels'
 #       NVRTC build and the cuda backend suite, a 200-step float64 training on cuda against the
@@ -127,14 +127,10 @@ build() {
   for c in cargo python3 strip git; do
     command -v "$c" >/dev/null || die "build needs $c"
   done
-  # The tests read ../shared beside the checkout; the kit recreates it on the device.
-  local shared=${DPW_SHARED:-$(cd "$ROOT/.." && pwd)/shared}
-  [ -d "$shared/reference/deepmd-3.2.0" ] ||
-    die "$shared/reference is missing: the GPU tests compare with DeePMD-kit's numbers there"
   grep -qx '/.gpu-kit' .gitignore || die ".gpu-kit must be git-ignored (.gitignore)"
   rm -rf "$KIT"
   local stage=$KIT/stage
-  mkdir -p "$stage/bin" "$stage/shared/reference"
+  mkdir -p "$stage/bin"
 
   # Both dpw binaries come out of `cargo test --no-run` (the bin built for the integration
   # tests): the tests' feature set (dev-dependencies unify features), so after scripts/test-all.sh's
@@ -158,10 +154,6 @@ build() {
   local dpw_exe
   dpw_exe=$(executables "$KIT/artifacts.json" dpw | cut -d' ' -f2)
   strip -o "$stage/bin/dpw" "$dpw_exe"
-
-  echo "== DeePMD-kit's reference numbers and data (the tests read ../shared)"
-  cp -r "$shared/reference/deepmd-3.2.0" "$stage/shared/reference/"
-  cp -r "$shared/data" "$stage/shared/"
 
   echo "== the cpu lcurve.out the cuda run must equal (200 steps, float64)"
   local work=$KIT/cpu-run
@@ -270,7 +262,7 @@ run_checks() {
     rc=$?
     case $rc in
       # A test that found no device skips and passes: here that is a failure to check.
-      0) if grep -qE 'SKIPPED|shared is absent' "$LOGS/$name.log"; then status=skipped_inside; else status=pass; fi ;;
+      0) if grep -q 'SKIPPED' "$LOGS/$name.log"; then status=skipped_inside; else status=pass; fi ;;
       124 | 137) status=timeout ;;
       *) status=fail ;;
     esac
@@ -349,7 +341,7 @@ run_checks() {
   fi
 
   # The kit, and the paths its test executables were built with (CARGO_MANIFEST_DIR of the build
-  # machine): the water example, ../shared and the dpw binary must be found there.
+  # machine): the water example, the tests' reference numbers and the dpw binary must be found there.
   python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
     "$KIT/kit.tar.xz" "$W" || { report "could not unpack $KIT/kit.tar.xz"; return 1; }
   local K=$W/kit
@@ -362,9 +354,6 @@ run_checks() {
     if [ ! -e "$MANIFEST_DIR" ]; then
       mkdir -p "$(dirname "$MANIFEST_DIR")" && ln -s "$ROOT" "$MANIFEST_DIR"
     fi
-    local shared_at
-    shared_at=$(cd "$MANIFEST_DIR/.." && pwd -P)/shared
-    [ -e "$shared_at/reference" ] || ln -sfn "$K/shared" "$shared_at"
     mkdir -p "$MANIFEST_DIR/target/release"
     cp "$K/bin/dpw" "$MANIFEST_DIR/target/release/dpw"
   fi

@@ -87,7 +87,8 @@ if want lint; then
 fi
 if want test; then
   phase test
-  cargo test --release --all-targets
+  # The wgpu tests run on lavapipe (mesa-vulkan-drivers): without an adapter they would skip.
+  DPW_REQUIRE_WGPU=1 cargo test --release --all-targets
   # deepmd/hdf5 data (feature hdf5, against the system libhdf5).
   cargo test --release --features hdf5 --test data_hdf5
 fi

@@ -8,5 +8,6 @@ pub mod data;
 pub mod dist;
 pub mod fmt;
 pub mod geometry;
+pub mod mem;
 pub mod model;
 pub mod train;

@@ -83,7 +83,9 @@ enum Command {
         /// The checkpoint, or a folder holding `model.ckpt`.
         #[arg(short = 'c', long, default_value = ".")]
         checkpoint: PathBuf,
-        /// The model file to write: DeePMD-kit's format if it ends in .yaml, else dpw's.
+        /// The model file to write: DeePMD-kit's format if it ends in .yaml or .yml, else
+        /// dpw's (.dpw); DeePMD-kit's other formats (.pth, .pb, ...) are refused, since `dp
+        /// convert-backend` makes them from the .yaml.
         #[arg(short = 'o', long, default_value = "frozen_model.dpw")]
         output: PathBuf,
     },
@@ -130,7 +132,8 @@ enum Command {
     Convert {
         /// A DeePMD-kit .yaml model, or a dpw model or checkpoint.
         input: PathBuf,
-        /// Output: `.yaml`/`.yml` for DeePMD-kit, any other name for a dpw model file.
+        /// Output: `.yaml`/`.yml` for DeePMD-kit, `.dpw` (or a name no DeePMD-kit format
+        /// claims) for a dpw model file.
         output: PathBuf,
     },
 }
@@ -139,6 +142,11 @@ fn main() -> ExitCode {
     let t0 = web_time::Instant::now();
     quiet_vulkan_probe();
     let cli = Cli::parse();
+    // Every command writes files: one past `ulimit -f` must be an error naming it, not a death.
+    if let Err(e) = interrupt::survive_file_size_limit() {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     // The MPI world (training only); MPI stays initialized while `_mpi` lives.
     let _mpi = match &cli.command {
         Command::Train { .. } => match dpw::dist::init() {

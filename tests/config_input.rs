@@ -1,18 +1,12 @@
 //! input.json → Config: DeePMD-kit's defaults, aliases, the expanded round trip, and one test
 //! per class of error, each checking that the message points at the offending key.
-
-use std::path::{Path, PathBuf};
+mod common;
 
 use dpw::config::{
     load_config, AutoProb, BatchSizeSpec, Config, ConfigError, Precision, ProbBlock, ScaleByWorker,
     Sel,
 };
 use serde_json::{json, Value};
-
-const MODEL_A: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/reference/deepmd-3.2.0/model_A/input.json"
-);
 
 /// A water input in the style of DeePMD-kit's examples/water/se_e2_a, using the forms that
 /// model_A does not: automatic sel, string and list batch sizes, aliases, comments.
@@ -99,11 +93,7 @@ fn assert_mentions(msg: &str, parts: &[&str]) {
 
 #[test]
 fn model_a_loads_with_values_and_defaults() {
-    if !Path::new(MODEL_A).exists() {
-        eprintln!("skipped: {MODEL_A} not found (shared/ is not next to the crate)");
-        return;
-    }
-    let c = load_config(MODEL_A).unwrap();
+    let c = load_config(common::model_a_dir().join("input.json")).unwrap();
 
     let m = &c.model;
     assert_eq!(m.type_map, ["O", "H"]);
@@ -163,11 +153,10 @@ fn model_a_loads_with_values_and_defaults() {
     assert_eq!(td.batch_size, BatchSizeSpec::Fixed(1));
     assert_eq!(td.auto_prob, AutoProb::SysSize);
     assert_eq!(td.sys_probs, None);
-    assert_eq!(td.systems[0], "../../../data/water/data_0");
-    // Resolved against model_A/, i.e. shared/data/water/data_{0,1,2}.
-    let shared = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared"));
+    assert_eq!(td.systems[0], "../../../../examples/water/data_0");
+    // Resolved against model_A/.
     for (i, p) in td.system_paths.iter().enumerate() {
-        let want = shared.join(format!("data/water/data_{i}"));
+        let want = common::repo(&format!("examples/water/data_{i}"));
         assert_eq!(p.canonicalize().unwrap(), want.canonicalize().unwrap());
     }
 }
@@ -264,11 +253,9 @@ fn other_accepted_forms() {
 
 #[test]
 fn expanded_json_round_trips() {
-    let mut inputs = vec![water()];
-    if Path::new(MODEL_A).exists() {
-        inputs.push(serde_json::from_str(&std::fs::read_to_string(MODEL_A).unwrap()).unwrap());
-    }
-    for input in inputs {
+    let text = std::fs::read_to_string(common::model_a_dir().join("input.json")).unwrap();
+    let model_a = serde_json::from_str(&text).unwrap();
+    for input in [water(), model_a] {
         let dir = tempfile::tempdir().unwrap();
         let c = Config::from_value(&input, dir.path()).unwrap();
         let expanded = c.to_expanded_json();

@@ -1,3 +1,5 @@
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -6,15 +8,7 @@ use ndarray::{Array1, Array2, Array3};
 use ndarray_npy::{read_npy, write_npy};
 use tempfile::TempDir;
 
-fn shared(rel: &str) -> Option<PathBuf> {
-    let p = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data")).join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} not found", p.display());
-        None
-    }
-}
+use common::repo;
 
 fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
@@ -26,9 +20,7 @@ fn raw_frames(path: &Path) -> Array2<f32> {
 
 #[test]
 fn water_loads_sorted_and_equal_to_raw() {
-    let Some(dir) = shared("water/data_0") else {
-        return;
-    };
+    let dir = repo("examples/water/data_0");
     let sys = load_system(&dir, &names(&["O", "H"])).unwrap();
     assert_eq!((sys.nframes, sys.natoms), (80, 192));
     assert_eq!(sys.type_counts(2), vec![64, 128]);
@@ -55,9 +47,7 @@ fn water_loads_sorted_and_equal_to_raw() {
 #[test]
 fn all_water_systems_load() {
     for i in 0..4 {
-        let Some(dir) = shared(&format!("water/data_{i}")) else {
-            return;
-        };
+        let dir = repo(&format!("examples/water/data_{i}"));
         let sys = load_system(&dir, &names(&["O", "H"])).unwrap();
         assert_eq!((sys.natoms, sys.type_counts(2)), (192, vec![64, 128]));
         assert!(sys.cell.is_some() && sys.nframes > 0);
@@ -67,9 +57,7 @@ fn all_water_systems_load() {
 
 #[test]
 fn nopbc_loads_without_cell_and_permutes_atoms() {
-    let Some(dir) = shared("nopbc/C4H3O1") else {
-        return;
-    };
+    let dir = repo("tests/data/nopbc/C4H3O1");
     let sys = load_system(&dir, &names(&["C", "H", "O"])).unwrap();
     assert!(sys.cell.is_none() && sys.frame_cell(0).is_none());
     assert_eq!((sys.nframes, sys.natoms), (15, 8));
@@ -85,9 +73,7 @@ fn nopbc_loads_without_cell_and_permutes_atoms() {
 
 #[test]
 fn water_virial_loads_virial() {
-    let Some(dir) = shared("water_virial") else {
-        return;
-    };
+    let dir = repo("tests/data/water_virial");
     let sys = load_system(&dir, &names(&["O", "H"])).unwrap();
     assert_eq!((sys.nframes, sys.natoms), (30, 384));
     let raw = raw_frames(&dir.join("set.000/virial.npy"));

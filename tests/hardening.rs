@@ -38,14 +38,38 @@ fn write_input(dir: &Path, v: &Value) {
 }
 
 fn dpw(dir: &Path, args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpw"));
+    cmd.args(args);
+    run(cmd, dir, args)
+}
+
+/// Runs dpw under the `ulimit` options `limits` (`-f 8`: POSIX sh counts 512-byte blocks),
+/// which are set in a shell that then execs it, so that they bind dpw alone.
+fn dpw_under(dir: &Path, limits: &str, args: &[&str]) -> Output {
+    let mut cmd = Command::new("sh");
+    // A virtual memory limit counts each thread's stack and malloc arena: fixed numbers of
+    // both, whatever the machine's cores.
+    cmd.env("RAYON_NUM_THREADS", "2")
+        .env("MALLOC_ARENA_MAX", "2")
+        .arg("-c")
+        .arg(format!("ulimit {limits} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_dpw"))
+        .args(args);
+    run(cmd, dir, args)
+}
+
+fn run(mut cmd: Command, dir: &Path, args: &[&str]) -> Output {
+    let out = cmd
         .current_dir(dir)
         .env("RUST_LOG", "info")
-        .args(args)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "dpw {args:?} panicked:\n{err}");
+    assert!(
+        !err.contains("memory allocation of"),
+        "dpw {args:?} aborted:\n{err}"
+    );
     out
 }
 
@@ -66,7 +90,12 @@ fn ok(dir: &Path, args: &[&str]) -> Output {
 /// Runs a command that must fail cleanly (exit 1, no abort) and returns its stderr, after
 /// checking it names every one of `names`.
 fn fails(dir: &Path, args: &[&str], names: &[&str]) -> String {
-    let out = dpw(dir, args);
+    failed(dpw(dir, args), args, names)
+}
+
+/// Checks that `out`, dpw's run with `args`, failed cleanly naming every one of `names`, and
+/// returns its stderr.
+fn failed(out: Output, args: &[&str], names: &[&str]) -> String {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "dpw {args:?}:\n{err}");
     let last = err
@@ -969,5 +998,247 @@ fn integer_and_float16_arrays_are_widened() {
     assert!(
         text.contains("Energy RMSE") && !text.contains("nan"),
         "{text}"
+    );
+}
+
+/// The temporary files (`.NAME.tmpPID`) left in `dir`.
+fn temp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect()
+}
+
+/// A `ulimit -f` (in 512-byte blocks, or 1024 in bash) that lets a tiny run write out.json and
+/// lcurve.out but not its first checkpoint, found from the sizes a free run writes.
+fn size_limit_below_the_checkpoint() -> String {
+    let d = tempfile::tempdir().unwrap();
+    let input = tiny_input(2, &[]);
+    write_input(d.path(), &input);
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let size = |n: &str| std::fs::metadata(d.path().join(n)).unwrap().len();
+    let small = size("out.json").max(size("lcurve.out"));
+    let blocks = small / 512 + 1;
+    assert!(
+        blocks * 1024 < size("model.ckpt-2"),
+        "no file size limit fits between {small} B and the checkpoint's {} B",
+        size("model.ckpt-2")
+    );
+    format!("-f {blocks}")
+}
+
+/// Issue 32, point 6: a write that fails (a full disk; here a file size limit, with SIGXFSZ
+/// ignored by the shell as a full disk sends none) names the file the user asked for and
+/// leaves no temporary file behind.
+#[test]
+fn failed_write_names_the_file_and_leaves_no_temp_file() {
+    let limit = size_limit_below_the_checkpoint();
+    let d = tempfile::tempdir().unwrap();
+    let input = tiny_input(2, &[]);
+    write_input(d.path(), &input);
+    let args = ["train", "input.json", "--backend", "cpu"];
+    let out = dpw_under(d.path(), &format!("{limit} && trap '' XFSZ"), &args);
+    failed(out, &args, &["./model.ckpt-2 ", "File too large"]);
+    assert_eq!(temp_files(d.path()), Vec::<String>::new());
+    // The same for a frozen model.
+    write_input(d.path(), &input);
+    ok(d.path(), &args);
+    let args = ["freeze", "-o", "frozen.dpw"];
+    let out = dpw_under(d.path(), &format!("{limit} && trap '' XFSZ"), &args);
+    failed(out, &args, &["frozen.dpw ", "File too large"]);
+    assert_eq!(temp_files(d.path()), Vec::<String>::new());
+    assert!(!d.path().join("frozen.dpw").exists());
+}
+
+/// Issue 32, point 7: SIGXFSZ (a write past `ulimit -f`) does not kill dpw: the write fails as
+/// on a full disk, with the same message.
+#[test]
+fn file_size_limit_is_an_error_not_a_death() {
+    let limit = size_limit_below_the_checkpoint();
+    let d = tempfile::tempdir().unwrap();
+    let input = tiny_input(2, &[]);
+    write_input(d.path(), &input);
+    let args = ["train", "input.json", "--backend", "cpu"];
+    let out = dpw_under(d.path(), &limit, &args);
+    failed(out, &args, &["./model.ckpt-2 ", "File too large"]);
+    assert_eq!(temp_files(d.path()), Vec::<String>::new());
+}
+
+/// Issue 32, point 5: a model name DeePMD-kit reads as one of its own formats that dpw does not
+/// write (.pth, .pb, ...) is refused, saying how to get there through the .yaml; .yaml, .dpw and
+/// the default name still work.
+#[test]
+fn freeze_to_a_format_dpw_cannot_write_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(1, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    for o in [
+        "frozen_model.pth",
+        "frozen_model.pb",
+        "m.savedmodel",
+        "m.json",
+        "m.dp",
+        "M.PTH",
+    ] {
+        fails(
+            d.path(),
+            &["freeze", "-o", o],
+            &[o, "dp convert-backend", ".yaml"],
+        );
+        assert!(!d.path().join(o).exists(), "{o} was written");
+    }
+    fails(
+        d.path(),
+        &["convert", "model.ckpt", "m.pth"],
+        &["`dpw convert model.ckpt m.yaml && dp convert-backend m.yaml m.pth`"],
+    );
+    ok(d.path(), &["freeze", "-o", "m.yml"]);
+    ok(d.path(), &["freeze", "-o", "m.dpw"]);
+    ok(d.path(), &["freeze"]);
+    assert!(d.path().join("frozen_model.dpw").exists());
+}
+
+/// Issue 32, point 12: errors whose squares overflow (energy labels of 1e200) are reported as
+/// the huge numbers they are, for the system and in the average over systems, not as inf.
+#[test]
+fn huge_errors_do_not_overflow_the_rmse() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(1, &[]));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let big = edited_system(d.path(), "big", |f, a| {
+        if f == "energy" {
+            a.fill(1e200);
+        }
+    });
+    let other = water().join("data_1");
+    let (big, other) = (big.display().to_string(), other.display().to_string());
+    let out = ok(
+        d.path(),
+        &[
+            "test",
+            "-m",
+            "model.ckpt",
+            "-s",
+            &big,
+            "-s",
+            &other,
+            "-n",
+            "3",
+            "--backend",
+            "cpu",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rmse: Vec<&str> = text.lines().filter(|l| l.contains("RMSE")).collect();
+    eprintln!(
+        "CASE dpw test on 1e200 energies → exit 0:\n{}",
+        rmse.join("\n")
+    );
+    assert!(!text.contains("inf"), "{text}");
+    assert!(
+        text.contains("Energy RMSE        : 1.000000e+200 eV"),
+        "{text}"
+    );
+    // The average over both systems: 1e200/√2.
+    assert!(
+        text.contains("Energy RMSE        : 7.071068e+199 eV"),
+        "{text}"
+    );
+}
+
+/// The numbered checkpoints `model.ckpt-N` in `dir`, by step.
+fn numbered_checkpoints(dir: &Path) -> Vec<usize> {
+    let mut steps: Vec<usize> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_prefix("model.ckpt-")?.parse().ok()
+        })
+        .collect();
+    steps.sort();
+    steps
+}
+
+/// Issue 32, point 11: a fresh run rotates (max_ckpt_keep) only its own checkpoints; an
+/// earlier run's in the folder are kept and named at the start. A restart continues the
+/// rotation as one run, over every numbered checkpoint in the folder.
+#[test]
+fn fresh_run_keeps_an_earlier_runs_checkpoints() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(4, &[]);
+    input["training"]["save_freq"] = json!(2);
+    write_input(d.path(), &input);
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    assert_eq!(numbered_checkpoints(d.path()), [2, 4]);
+    input["training"]["numb_steps"] = json!(3);
+    input["training"]["save_freq"] = json!(1);
+    input["training"]["max_ckpt_keep"] = json!(2);
+    write_input(d.path(), &input);
+    let out = ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("earlier run") && err.contains("model.ckpt-4"),
+        "{err}"
+    );
+    // Step 2 is this run's now (written over), step 4 the earlier run's.
+    assert_eq!(numbered_checkpoints(d.path()), [2, 3, 4]);
+    // A restart saves from the second step on, as DeePMD-kit does (here 5 and 6), and takes
+    // every numbered checkpoint in the folder as its run's.
+    input["training"]["numb_steps"] = json!(6);
+    write_input(d.path(), &input);
+    let out = ok(
+        d.path(),
+        &[
+            "train",
+            "input.json",
+            "--restart",
+            "model.ckpt",
+            "--backend",
+            "cpu",
+        ],
+    );
+    assert!(!stderr(&out).contains("earlier run"), "{}", stderr(&out));
+    assert_eq!(numbered_checkpoints(d.path()), [5, 6]);
+}
+
+/// Issue 32, point 4: memory that is not there (here a `ulimit -v`) for the batch workspace is
+/// an error naming it, its size and what lowers it, not an abort.
+#[test]
+fn out_of_memory_names_the_allocation() {
+    // Room for start-up (the binary, its threads and water data_0 take under 300 MB), far less
+    // than one array of the workspace below.
+    const LIMIT: usize = 1 << 30;
+    let d = tempfile::tempdir().unwrap();
+    let args = ["train", "input.json", "--backend", "cpu"];
+    let limit = format!("-v {}", LIMIT >> 10);
+    let mut input = tiny_input(1, &[]);
+    write_input(d.path(), &input);
+    let out = dpw_under(d.path(), &limit, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // G, the embedding net's output: one frame's neighbour slots × m1 values.
+    let m1 = 1 << 15;
+    input["model"]["descriptor"]["neuron"] = json!([4, m1]);
+    write_input(d.path(), &input);
+    let types = std::fs::read_to_string(water().join("data_0/type.raw")).unwrap();
+    let natoms = types.split_whitespace().count();
+    let nnei: usize = input["model"]["descriptor"]["sel"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap() as usize)
+        .sum();
+    let g_bytes = natoms * nnei * m1 * 8;
+    assert!(g_bytes > 2 * LIMIT, "G is {g_bytes} B, too small to fail");
+    let out = dpw_under(d.path(), &limit, &args);
+    failed(
+        out,
+        &args,
+        &[
+            "out of memory",
+            "the workspace of a batch of 1 frame of",
+            "MiB",
+            "sel or neuron",
+        ],
     );
 }

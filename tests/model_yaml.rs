@@ -1,8 +1,9 @@
 //! DeePMD-kit v3 YAML model files: reading the real DeePMD-kit 3.2.0 export of model_A, bit-exact
 //! write → read round trips, the written file's structure against DeePMD's, and bad files.
+mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use dpw::model::{
     read_deepmd_yaml, write_deepmd_yaml, DescriptorSpec, FittingSpec, Model, ModelSpec,
@@ -10,16 +11,7 @@ use dpw::model::{
 use ndarray::ArrayD;
 use serde_yaml_ng::Value;
 
-fn model_a_dir() -> Option<PathBuf> {
-    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared"))
-        .join("reference/deepmd-3.2.0/model_A");
-    if dir.join("model.yaml").exists() {
-        Some(dir)
-    } else {
-        eprintln!("skipped: {} not found", dir.display());
-        None
-    }
-}
+use common::model_a_dir;
 
 fn npy(dir: &Path, name: &str) -> ArrayD<f64> {
     let path = dir.join("npy").join(format!("{name}.npy"));
@@ -45,7 +37,7 @@ fn parse(path: &Path) -> Value {
 
 #[test]
 fn reads_model_a_exactly() {
-    let Some(dir) = model_a_dir() else { return };
+    let dir = model_a_dir();
     let m = read_deepmd_yaml(&dir.join("model.yaml")).unwrap();
 
     let meta: serde_json::Value =
@@ -124,7 +116,7 @@ fn reads_model_a_exactly() {
 
 #[test]
 fn model_a_round_trips_and_matches_deepmd_structure() {
-    let Some(dir) = model_a_dir() else { return };
+    let dir = model_a_dir();
     let m = read_deepmd_yaml(&dir.join("model.yaml")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("model_A.yaml");
@@ -384,23 +376,4 @@ fn bad_files_name_the_culprit() {
         e.contains("model.descriptor: missing key `axis_neuron`"),
         "{e}"
     );
-}
-
-/// For checking with real DeePMD-kit (`dp convert-backend`, `DeepPot`): with
-/// `DPW_YAML_EXPORT_DIR` set, writes model_A re-exported by dpw and the two-sided model there.
-#[test]
-fn export_for_deepmd_check() {
-    let Some(dir) = std::env::var_os("DPW_YAML_EXPORT_DIR").map(PathBuf::from) else {
-        return;
-    };
-    std::fs::create_dir_all(&dir).unwrap();
-    if let Some(a) = model_a_dir() {
-        let m = read_deepmd_yaml(&a.join("model.yaml")).unwrap();
-        write_deepmd_yaml(&m, &dir.join("model_A_dpw.yaml")).unwrap();
-    }
-    let mut m = Model::new(two_sided_spec(), 11);
-    m.davg = (0..12).map(|i| 0.01 * i as f64).collect();
-    m.dstd = (0..12).map(|i| 0.5 + 0.1 * i as f64).collect();
-    m.bias = vec![-93.5, -187.1, -10.0];
-    write_deepmd_yaml(&m, &dir.join("two_sided_dpw.yaml")).unwrap();
 }

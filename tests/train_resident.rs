@@ -3,6 +3,7 @@
 //! trains exactly as one that writes every batch from the host: the same lcurve.out and the
 //! same checkpoint, byte for byte. On the cpu backend, and on wgpu where an adapter exists
 //! (lavapipe in CI), whose force gather lists take their own resident path.
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -136,7 +137,7 @@ fn wgpu_present(test: &str) -> bool {
     match dpw::backend::wgpu::Wgpu::new_f64(wgpu::PowerPreference::HighPerformance) {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("SKIPPED: {test}: no wgpu adapter with float64 ({e:#})");
+            common::no_wgpu(test, &format!("no wgpu adapter with float64 ({e:#})"));
             false
         }
     }

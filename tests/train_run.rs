@@ -16,7 +16,8 @@ use dpw::config::Config;
 use dpw::data::Disk;
 use dpw::dist::DeviceLink;
 use dpw::train::run::{Driver, Run};
-use dpw::train::trainer::{prepare_in, train, Start, TrainSetup};
+use dpw::train::setup::{prepare_in, Start, TrainSetup};
+use dpw::train::trainer::train;
 use serde_json::{json, Value};
 
 use common::tiny_water_input;

@@ -3,6 +3,7 @@
 //! steps (the lr still decays 3 times) keep it to minutes on lavapipe (software Vulkan); 200
 //! steps took 21 min on a busy 2-core machine.
 #![cfg(feature = "wgpu")]
+mod common;
 
 use std::path::Path;
 use std::process::Command;
@@ -21,7 +22,8 @@ fn train(dir: &Path, backend: &str) -> String {
 #[test]
 fn lcurve_of_40_steps_matches_cpu() {
     if let Err(e) = dpw::backend::wgpu::Wgpu::new_f64(wgpu::PowerPreference::HighPerformance) {
-        eprintln!("SKIPPED: lcurve_of_40_steps_matches_cpu: no wgpu adapter with float64 ({e:#})");
+        let why = format!("no wgpu adapter with float64 ({e:#})");
+        common::no_wgpu("lcurve_of_40_steps_matches_cpu", &why);
         return;
     }
     let water = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/water");

@@ -2,8 +2,7 @@
 (TensorFlow backend, float64, CPU), for tests/deepmd_parity.rs.
 
 Run with the DeePMD-kit 3.2.0 virtual environment (`pip install "deepmd-kit[cpu]==3.2.0"`) from
-the repository root, with ../shared beside it (or its path in $SHARED):
-`python scripts/make-reference/virial_step.py`.
+the repository root: `python scripts/make-reference/virial_step.py`.
 Writes tests/reference/virial_step/<case>.npz and <case>.json.
 
 Per case: a small se_e2_a + ener model with `type_one_side: false` is initialised by DeePMD-kit's
@@ -47,7 +46,7 @@ LOSS = {
 LOSS_V = dict(LOSS, start_pref_e=0.0, limit_pref_e=0.0, start_pref_f=0.0, limit_pref_f=0.0)
 CASES = {
     "water_virial": {
-        "system": os.path.join(os.environ.get("SHARED", "../shared"), "data/water_virial"),
+        "system": "tests/data/water_virial",
         "frames": [0, 1],
         "type_map": ["O", "H"],
         "sel": [46, 92],
@@ -252,7 +251,7 @@ def main():
             "generator": "scripts/make-reference/virial_step.py",
             "deepmd_kit": deepmd.__version__,
             "backend": "tensorflow " + tf.__version__ + ", float64, CPU",
-            "system": case["system"].replace(os.environ.get("SHARED", "../shared"), "../shared"),
+            "system": case["system"],
             "frames": case["frames"],
             "type_map": case["type_map"],
             "descriptor": {

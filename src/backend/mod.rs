@@ -149,6 +149,12 @@ pub trait Backend<T: Real>: Sync {
     fn upload_idx(&self, x: &[i32]) -> Self::Idx;
     fn download(&self, b: &Self::Buf) -> Vec<T>;
     fn zeros(&self, n: usize) -> Self::Buf;
+    /// [`Backend::zeros`] that returns `None` where the memory is not there, for the big
+    /// buffers of a batch. Host memory can be asked for fallibly; the GPU backends allocate as
+    /// `zeros` does.
+    fn try_zeros(&self, n: usize) -> Option<Self::Buf> {
+        Some(self.zeros(n))
+    }
     fn fill(&self, b: &mut Self::Buf, v: T);
 
     /// Overwrites a buffer of `x.len()` values in place, in order with the ops issued before:

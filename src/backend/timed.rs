@@ -321,6 +321,10 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         self.counters.buffer();
         self.time::<T, _>(Op::Zeros, 0.0, |b| b.zeros(n))
     }
+    fn try_zeros(&self, n: usize) -> Option<Self::Buf> {
+        self.counters.buffer();
+        self.time::<T, _>(Op::Zeros, 0.0, |b| b.try_zeros(n))
+    }
     fn fill(&self, buf: &mut Self::Buf, v: T) {
         self.time::<T, _>(Op::Fill, 0.0, |b| b.fill(buf, v))
     }

@@ -17,7 +17,8 @@ use crate::backend::timed::{Profile, Timeable, Timed};
 use crate::backend::Real;
 use crate::config::{load_config, Precision};
 use crate::dist::DeviceLink;
-use crate::train::trainer::{prepare, Start, TrainReport};
+use crate::train::setup::{prepare, Start};
+use crate::train::trainer::TrainReport;
 
 pub struct BenchArgs {
     pub input: PathBuf,

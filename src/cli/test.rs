@@ -37,10 +37,9 @@ impl Err {
     fn of(pred: &[f64], label: &[f64], scale: f64) -> Err {
         let n = pred.len().max(1) as f64;
         let d = pred.iter().zip(label).map(|(p, l)| (p - l) * scale);
-        let (sa, s2) = d.fold((0.0, 0.0), |(a, b), x: f64| (a + x.abs(), b + x * x));
         Err {
-            mae: sa / n,
-            rmse: (s2 / n).sqrt(),
+            mae: d.clone().map(f64::abs).sum::<f64>() / n,
+            rmse: root_mean_square(d.map(|x| (x, 1.0)), n),
             size: pred.len(),
         }
     }
@@ -48,15 +47,32 @@ impl Err {
     /// dp test's weighted average over systems (weights: number of values).
     fn average(errs: &[Err]) -> Err {
         let n: usize = errs.iter().map(|e| e.size).sum();
-        let w = |f: &dyn Fn(&Err) -> f64| {
-            errs.iter().map(|e| f(e) * e.size as f64).sum::<f64>() / n.max(1) as f64
-        };
         Err {
-            mae: w(&|e| e.mae),
-            rmse: w(&|e| e.rmse * e.rmse).sqrt(),
+            mae: errs.iter().map(|e| e.mae * e.size as f64).sum::<f64>() / n.max(1) as f64,
+            rmse: root_mean_square(
+                errs.iter().map(|e| (e.rmse, e.size as f64)),
+                n.max(1) as f64,
+            ),
             size: n,
         }
     }
+}
+
+/// √(Σ wᵢ·xᵢ² / n) of the pairs (xᵢ, wᵢ). The plain sum is taken first, so that the numbers are
+/// those of `dp test` bit for bit; where it overflows (errors of 1e160 and more: labels in the
+/// wrong unit, say), it is taken again over xᵢ / max|x| and scaled back, as LAPACK's nrm2 does,
+/// which cannot overflow: the error is then reported as the huge number it is, not as inf.
+fn root_mean_square(xw: impl Iterator<Item = (f64, f64)> + Clone, n: f64) -> f64 {
+    let plain: f64 = xw.clone().map(|(x, w)| x * x * w).sum();
+    if plain.is_finite() {
+        return (plain / n).sqrt();
+    }
+    let big = xw.clone().map(|(x, _)| x.abs()).fold(0.0, f64::max);
+    if !big.is_finite() {
+        return big;
+    }
+    let scaled: f64 = xw.map(|(x, w)| (x / big) * (x / big) * w).sum();
+    big * (scaled / n).sqrt()
 }
 
 /// Errors of one system: energy, energy per atom, force, and (with labels) virial and per atom.

@@ -24,7 +24,8 @@ use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model};
 use crate::train::checkpoint::Checkpoint;
 use crate::train::interrupt::{self, Interrupted};
 use crate::train::outputs::{self, RunFile, RunFiles};
-use crate::train::trainer::{prepare, train, Start, TrainReport, TrainSetup};
+use crate::train::setup::{prepare, Start, TrainSetup};
+use crate::train::trainer::{train, TrainReport};
 
 /// The bar log lines must step around while it is drawn.
 static ACTIVE_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
@@ -265,17 +266,49 @@ fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Extensions of DeePMD-kit's model files that dpw cannot write, by backend: TensorFlow, PyTorch
+/// (model, checkpoint, AOTInductor), JAX, Paddle, and the DP backend's HDF5 serialization.
+const DEEPMD_ONLY: &[(&str, &str)] = &[
+    ("pb", "TensorFlow"),
+    ("pth", "PyTorch"),
+    ("pt", "PyTorch"),
+    ("pt2", "PyTorch"),
+    ("savedmodel", "JAX"),
+    ("hlo", "JAX"),
+    ("jax", "JAX"),
+    ("json", "Paddle"),
+    ("pdmodel", "Paddle"),
+    ("dp", "DP (HDF5)"),
+];
+
 /// Writes `model` as DeePMD-kit's `.yaml` when `out` ends in `.yaml`/`.yml`, else as a dpw
-/// model file.
-fn write_model(model: &Model, out: &Path) -> Result<&'static str> {
-    let ext = out.extension().and_then(|e| e.to_str()).unwrap_or("");
+/// model file; a name DeePMD-kit would read as one of its other formats is refused, since
+/// DeePMD-kit could not read what dpw would write there. `writing` is the dpw command line
+/// that leads to `out`, less its output, for the message telling how to get there.
+fn write_model(model: &Model, out: &Path, writing: &str) -> Result<&'static str> {
+    let ext = out
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
     if ext == "yaml" || ext == "yml" {
         write_deepmd_yaml(model, out)?;
-        Ok("DeePMD-kit .yaml")
-    } else {
-        save_model(out, model)?;
-        Ok("dpw")
+        return Ok("DeePMD-kit .yaml");
     }
+    if let Some((_, backend)) = DEEPMD_ONLY.iter().find(|(e, _)| *e == ext) {
+        let yaml = out.with_extension("yaml");
+        anyhow::bail!(
+            "{}: dpw cannot write DeePMD-kit's {backend} .{ext} models; write its .yaml and \
+             convert that with DeePMD-kit: `{writing} {} && dp convert-backend {} {}` (or \
+             name a dpw model file .dpw)",
+            out.display(),
+            yaml.display(),
+            yaml.display(),
+            out.display()
+        );
+    }
+    save_model(out, model)?;
+    Ok("dpw")
 }
 
 /// `dpw freeze`: a self-contained model file (parameters and statistics) from a checkpoint;
@@ -296,7 +329,7 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
     }
     let c = read_container(&path)?;
     let model = model_from_container(&c).with_context(|| format!("reading {}", path.display()))?;
-    let kind = write_model(&model, out)?;
+    let kind = write_model(&model, out, &format!("dpw freeze -c {} -o", ckpt.display()))?;
     tracing::info!(
         "froze {} (step {}) into the {kind} model {}",
         path.display(),
@@ -312,7 +345,7 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
 pub fn convert(input: &Path, output: &Path) -> Result<()> {
     refuse_same_file(input, output)?;
     let model = super::load_model(input)?;
-    let kind = write_model(&model, output)?;
+    let kind = write_model(&model, output, &format!("dpw convert {}", input.display()))?;
     tracing::info!("wrote the {kind} model {}", output.display());
     Ok(())
 }

@@ -26,8 +26,24 @@ pub trait Files: Sync {
 pub struct Disk;
 
 impl Files for Disk {
+    /// The file's bytes, the room for them asked for fallibly: a data set is the biggest thing
+    /// dpw reads.
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-        std::fs::read(path)
+        use std::io::Read;
+        let mut f = std::fs::File::open(path)?;
+        let len = usize::try_from(f.metadata()?.len()).unwrap_or(usize::MAX);
+        let mut bytes =
+            crate::mem::try_with_capacity(len, || "its contents".into()).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    e.lowered_by(
+                        "a smaller DPW_DATA_CACHE_MB lowers the data kept in memory (MiB; the \
+                         rest is read again when drawn)",
+                    ),
+                )
+            })?;
+        f.read_to_end(&mut bytes)?;
+        Ok(bytes)
     }
 
     fn is_file(&self, path: &Path) -> bool {

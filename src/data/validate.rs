@@ -9,7 +9,7 @@ use std::path::Path;
 use super::error::DataError;
 use super::npy::{dict_shape, dict_str, npy_header};
 use super::system::System;
-use crate::geometry::{Cell, ImageGrid};
+use crate::geometry::{wrapped, Cell, ImageGrid};
 
 /// Atoms closer than this (Å) overlap: DeePMD-kit warns about such data, and the loss of a
 /// frame holding them is NaN or huge.
@@ -95,13 +95,7 @@ pub fn check_frames(sys: &System) -> Result<(), DataError> {
 /// atom, found with the binned image search of the neighbour statistics (a cut-off of
 /// [`MIN_DIST`] needs only the 26 neighbouring images, most of them outside reach).
 fn close_pair(coord: &[f64], cell: Option<&Cell>) -> Option<(usize, usize, f64)> {
-    let pos: Vec<[f64; 3]> = coord
-        .chunks_exact(3)
-        .map(|r| {
-            let r = [r[0], r[1], r[2]];
-            cell.map_or(r, |c| c.wrap(r))
-        })
-        .collect();
+    let pos = wrapped(coord, cell);
     let grid = ImageGrid::new(&pos, cell, MIN_DIST);
     for i in 0..pos.len() {
         // An atom's own images are at least a cell thickness (checked ≥ MIN_DIST) away.

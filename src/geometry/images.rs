@@ -29,6 +29,18 @@ pub struct ImageGrid {
     xyz: [Vec<f64>; 3],
 }
 
+/// A frame's flat coordinates as positions, wrapped into the cell when there is one: what
+/// [`ImageGrid::new`] takes.
+pub fn wrapped(coord: &[f64], cell: Option<&Cell>) -> Vec<[f64; 3]> {
+    coord
+        .chunks_exact(3)
+        .map(|r| {
+            let r = [r[0], r[1], r[2]];
+            cell.map_or(r, |c| c.wrap(r))
+        })
+        .collect()
+}
+
 impl ImageGrid {
     /// `pos` are the atoms' positions, already wrapped into the cell when there is one.
     pub fn new(pos: &[[f64; 3]], cell: Option<&Cell>, rcut: f64) -> Self {

@@ -10,6 +10,6 @@ mod stat;
 pub use bias::energy_bias;
 pub use cell::Cell;
 pub use env_row::{env_row, EnvParams};
-pub use images::ImageGrid;
+pub use images::{wrapped, ImageGrid};
 pub use nlist::{build_nlist, visit_nlist, NeighborList};
 pub use stat::{frame_rows, EnvStats, FrameRows};

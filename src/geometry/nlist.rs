@@ -1,7 +1,7 @@
 //! DeePMD-kit's neighbour list (docs/deepmd-spec.md §2): the `Σsel` nearest atoms (any type) inside rcut over
 //! all periodic images, then split into type sections of `sel[t]` slots, nearest first.
 
-use super::{Cell, ImageGrid};
+use super::{wrapped, Cell, ImageGrid};
 
 /// Neighbour slots of every atom of one frame, `nnei = Σsel` slots per atom in type sections.
 #[derive(Clone, Debug)]
@@ -62,13 +62,7 @@ pub fn visit_nlist(
     let n = atype.len();
     let nt = sel.len();
     let nnei: usize = sel.iter().sum();
-    let pos: Vec<[f64; 3]> = coord
-        .chunks_exact(3)
-        .map(|r| {
-            let r = [r[0], r[1], r[2]];
-            cell.map_or(r, |c| c.wrap(r))
-        })
-        .collect();
+    let pos = wrapped(coord, cell);
     let grid = ImageGrid::new(&pos, cell, rcut);
     let rc2 = rcut * rcut;
     let mut max_count = vec![0usize; nt];

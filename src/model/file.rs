@@ -23,7 +23,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// As [`write_atomic`], the contents streamed by `fill` (a checkpoint is tens of MB: no copy of
-/// it is built in memory).
+/// it is built in memory). A failure (a full disk, a file size limit) removes the temporary
+/// file, which would otherwise fill the disk further and which nothing would ever read, and
+/// names `path`, the file the user asked for.
 pub fn write_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
@@ -34,17 +36,30 @@ pub fn write_atomic_with(
         .unwrap_or(Path::new("."));
     let name = path
         .file_name()
-        .context("output path has no file name")?
+        .with_context(|| format!("{}: not a file path", path.display()))?
         .to_string_lossy();
     let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let f = fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut w = std::io::BufWriter::new(f);
-    fill(&mut w)
-        .and_then(|_| w.flush())
-        .and_then(|_| w.get_ref().sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    fs::rename(&tmp, path)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+    let write = || -> std::io::Result<()> {
+        let mut w = std::io::BufWriter::new(fs::File::create(&tmp)?);
+        fill(&mut w)?;
+        w.flush()?;
+        w.get_ref().sync_all()?;
+        drop(w);
+        fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let removed = match fs::remove_file(&tmp) {
+            Err(r) if r.kind() != std::io::ErrorKind::NotFound => {
+                format!("could not be removed: {r}")
+            }
+            _ => "removed".to_string(),
+        };
+        anyhow::Error::new(e).context(format!(
+            "cannot write {} (its temporary file {} {removed})",
+            path.display(),
+            tmp.display()
+        ))
+    })
 }
 
 /// Passes writes through, hashing them.

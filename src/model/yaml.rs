@@ -12,7 +12,6 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -34,24 +33,7 @@ pub fn read_deepmd_yaml(path: &Path) -> Result<Model> {
 pub fn write_deepmd_yaml(model: &Model, path: &Path) -> Result<()> {
     let mut text = String::new();
     emit(&mut text, &model_to_tree(model), 0, true);
-    let name = path
-        .file_name()
-        .ok_or_else(|| anyhow!("{}: not a file path", path.display()))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        anyhow!("writing {}: {e}", path.display())
-    })
+    super::file::write_atomic(path, text.as_bytes())
 }
 
 // ------------------------------------------------------------------------------------------------

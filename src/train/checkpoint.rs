@@ -5,7 +5,10 @@
 //! copy where symlinks are unavailable), then prunes old checkpoints. A crash at any moment
 //! leaves `<save_ckpt>` naming a complete checkpoint.
 
+use std::collections::HashSet;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
@@ -141,14 +144,103 @@ pub fn numbered(save_ckpt: &Path, step: usize) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Saves `ck` as `<save_ckpt>-<step>`, points `<save_ckpt>` at it and keeps the newest `keep`
-/// numbered checkpoints (at least the one just written). Returns the numbered path.
-pub fn save(ck: &Checkpoint, save_ckpt: &Path, keep: usize) -> Result<PathBuf> {
+/// Saves `ck` as `<save_ckpt>-<step>`, points `<save_ckpt>` at it and rotates the numbered
+/// checkpoints of the run (keeping at least the one just written). Returns the numbered path.
+pub fn save(ck: &Checkpoint, save_ckpt: &Path, rotation: &mut Rotation) -> Result<PathBuf> {
     let file = numbered(save_ckpt, ck.step);
     ck.write(&file)?;
     point_to(save_ckpt, &file, ck)?;
-    prune(save_ckpt, &file, keep.max(1))?;
+    if let Some(name) = file.file_name() {
+        // Written over by this run: now one of its own.
+        rotation.earlier.remove(name);
+    }
+    prune(save_ckpt, &file, rotation)?;
     Ok(file)
+}
+
+/// Which numbered checkpoints `max_ckpt_keep` may remove: the run's own.
+///
+/// DeePMD-kit 3.2.0's PT trainer removes, at each save, the oldest `<save_ckpt>*.pt` of the
+/// folder whoever wrote it, so a fresh run in the folder of an earlier one deletes that run's
+/// checkpoints one by one, without a word. dpw keeps them instead, and says so at the start: a
+/// lost checkpoint cannot be had back, an extra one costs disk space the user can free. A restart
+/// continues the run of its checkpoint, so there every numbered checkpoint already in the folder
+/// is the run's and rotates as before the stop.
+pub struct Rotation {
+    keep: usize,
+    /// Names of the numbered checkpoints an earlier run left, never removed.
+    earlier: HashSet<OsString>,
+}
+
+impl Rotation {
+    pub fn new(save_ckpt: &Path, keep: usize, restart: bool) -> Result<Rotation> {
+        let mut earlier = Vec::new();
+        if !restart {
+            earlier = numbered_in(save_ckpt)?;
+            earlier.sort_by_key(|c| c.step);
+        }
+        if let (Some(first), Some(last)) = (earlier.first(), earlier.last()) {
+            tracing::warn!(
+                "{} numbered checkpoints of an earlier run are in {} ({} to {}): they are kept, \
+                 as max_ckpt_keep rotates only this run's, except where this run saves at the \
+                 same step",
+                earlier.len(),
+                dir_of(save_ckpt).display(),
+                first.path.display(),
+                last.path.display()
+            );
+        }
+        Ok(Rotation {
+            keep: keep.max(1),
+            earlier: earlier
+                .into_iter()
+                .filter_map(|c| c.path.file_name().map(|n| n.to_owned()))
+                .collect(),
+        })
+    }
+}
+
+/// A numbered checkpoint found in the folder.
+struct Numbered {
+    mtime: Option<SystemTime>,
+    step: u64,
+    path: PathBuf,
+}
+
+/// The numbered checkpoints `<save_ckpt>-<step>` in the folder (plain files, not links).
+fn numbered_in(save_ckpt: &Path) -> Result<Vec<Numbered>> {
+    let prefix = format!(
+        "{}-",
+        save_ckpt
+            .file_name()
+            .context("save_ckpt has no file name")?
+            .to_string_lossy()
+    );
+    let dir = dir_of(save_ckpt);
+    let mut found = Vec::new();
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(step) = name
+            .strip_prefix(&prefix)
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        found.push(Numbered {
+            mtime: meta.modified().ok(),
+            step,
+            path: e.path(),
+        });
+    }
+    Ok(found)
 }
 
 fn dir_of(p: &Path) -> &Path {
@@ -177,46 +269,28 @@ fn point_to(link: &Path, _target: &Path, ck: &Checkpoint) -> Result<()> {
     ck.write(link)
 }
 
-/// Removes the oldest numbered checkpoints beyond `keep` (by modification time, then step),
-/// never `current`.
-fn prune(save_ckpt: &Path, current: &Path, keep: usize) -> Result<()> {
-    let prefix = format!(
-        "{}-",
-        save_ckpt
-            .file_name()
-            .context("save_ckpt has no file name")?
-            .to_string_lossy()
-    );
-    let dir = dir_of(save_ckpt);
-    let mut found = Vec::new();
-    for e in std::fs::read_dir(dir)?.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        let Some(step) = name
-            .strip_prefix(&prefix)
-            .and_then(|s| s.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
-            continue;
-        };
-        if !meta.is_file() {
-            continue;
-        }
-        let mtime = meta.modified().ok();
-        found.push((mtime, step, e.path()));
-    }
-    found.sort();
+/// Removes the run's oldest numbered checkpoints beyond its `keep` (by modification time, then
+/// step), never `current`.
+fn prune(save_ckpt: &Path, current: &Path, rotation: &Rotation) -> Result<()> {
+    let mut found: Vec<Numbered> = numbered_in(save_ckpt)?
+        .into_iter()
+        .filter(|c| {
+            c.path
+                .file_name()
+                .is_none_or(|n| !rotation.earlier.contains(n))
+        })
+        .collect();
+    found.sort_by_key(|c| (c.mtime, c.step));
     let cur_name = current.file_name();
     let mut n = found.len();
-    for (_, _, p) in &found {
-        if n <= keep {
+    for c in &found {
+        if n <= rotation.keep {
             break;
         }
-        if p.file_name() == cur_name {
+        if c.path.file_name() == cur_name {
             continue;
         }
-        remove_pruned(p)?;
+        remove_pruned(&c.path)?;
         n -= 1;
     }
     Ok(())

@@ -101,6 +101,28 @@ pub fn install() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Catches SIGXFSZ for the rest of the process. Its default action kills the process when a
+/// write passes the file size limit (`ulimit -f`), silently and with the temporary file left
+/// behind; caught, the signal lets the write fail with EFBIG instead, which is reported naming
+/// the file, as a full disk is.
+#[cfg(unix)]
+pub fn survive_file_size_limit() -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::sync::{atomic::AtomicBool, Arc};
+    // The flag is never read: the failed write itself says what happened.
+    signal_hook::flag::register(
+        signal_hook::consts::SIGXFSZ,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .context("cannot catch SIGXFSZ")?;
+    Ok(())
+}
+
+#[cfg(not(unix))]
+pub fn survive_file_size_limit() -> anyhow::Result<()> {
+    Ok(())
+}
+
 /// The signal that asked the run to stop, if one did.
 pub fn requested() -> Option<usize> {
     match REQUESTED.load(Ordering::SeqCst) {

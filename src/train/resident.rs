@@ -16,6 +16,7 @@ use rayon::prelude::*;
 
 use crate::backend::{Backend, Dims, Real, Span};
 use crate::data::{System, SystemInfo, SystemStore};
+use crate::mem::{try_with_capacity, OutOfMemory};
 use crate::model::ModelSpec;
 
 use super::batch::{assemble_frames, centre_atoms};
@@ -78,8 +79,15 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
         let one = one_frame_dims(spec, &sys.atype);
         let nframes = sys.nframes;
         let (ns, n) = (one.nslots(), one.natoms);
-        let mut rij = Vec::with_capacity(3 * ns * nframes);
-        let mut owner = Vec::with_capacity(ns * nframes);
+        let oom = |e: OutOfMemory| {
+            e.lowered_by(
+                "DPW_RESIDENT_MB lowers the frames kept on the device (0: none; the others are \
+                 written every step)",
+            )
+        };
+        let what = || format!("the frames of {} kept on the device", sys.path.display());
+        let mut rij = try_with_capacity(3 * ns * nframes, what).map_err(oom)?;
+        let mut owner = try_with_capacity(ns * nframes * positions.max(1), what).map_err(oom)?;
         let [mut e, mut f, mut v] = [Vec::new(), Vec::new(), Vec::new()];
         let all: Vec<usize> = (0..nframes).collect();
         for chunk in all.chunks(CHUNK) {

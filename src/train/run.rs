@@ -27,9 +27,9 @@ use super::lcurve::{self, Metrics};
 use super::loss::Loss;
 use super::lr::LrSchedule;
 use super::resident::{self, Resident};
+use super::setup::TrainSetup;
 use super::step::{DeviceModel, Workspace};
 use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
-use super::trainer::TrainSetup;
 use super::validation::{self, Average, VALID_STREAM};
 use super::workspaces::{adam_step, batch_gradient, predict_batch, resident_gradient, Cache};
 
@@ -371,7 +371,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
     }
 
     /// The model's predictions for `batch` (in the returned workspace).
-    pub fn predict(&mut self, b: &B, batch: &HostBatch) -> &mut Workspace<T, B> {
+    pub fn predict(&mut self, b: &B, batch: &HostBatch) -> Result<&mut Workspace<T, B>> {
         predict_batch(b, &self.dm, &mut self.cache, batch)
     }
 
@@ -399,11 +399,11 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         let pf = self.loss.prefactors(pref_lr, sys.natoms, sys.has_virial);
         let (sums, nf) = match (&batch, self.resident.system(s)) {
             (_, Some(rs)) if !frames.is_empty() => {
-                let w = resident_gradient(b, &mut self.dm, &mut self.cache, rs, &frames, pf.op);
+                let w = resident_gradient(b, &mut self.dm, &mut self.cache, rs, &frames, pf.op)?;
                 (w.sums_mut(), frames.len())
             }
             (Some(batch), _) => {
-                let w = batch_gradient(b, &mut self.dm, &mut self.cache, batch, pf.op);
+                let w = batch_gradient(b, &mut self.dm, &mut self.cache, batch, pf.op)?;
                 (w.sums_mut(), batch.dims.nframes)
             }
             _ => {
@@ -537,7 +537,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         let mut avg = Average::new(&self.loss);
         for _ in 0..v.nbatches {
             let (_, batch) = validation::next_batch(&self.spec, &v.data, &mut v.sampler)?;
-            let w = predict_batch(b, &self.dm, &mut self.cache, &batch);
+            let w = predict_batch(b, &self.dm, &mut self.cache, &batch)?;
             let mut pred = Vec::new();
             for buf in [&w.energy, &w.force, &w.virial] {
                 let x = d.read(b, buf).await?;

@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use crate::backend::{Backend, ContractDual, DenseIo, Dims, LossSums, Prefactors, Real};
 use crate::geometry::EnvParams;
+use crate::mem::OutOfMemory;
 use crate::model::{embed_net_index, Model, Net, ParamLayout};
 
 use super::batch::{centre_atoms, HostBatch};
@@ -90,18 +91,25 @@ impl<Buf> NetCache<Buf> {
         .flatten()
     }
 
-    fn new<T: Real, B: Backend<T, Buf = Buf>>(b: &B, net: &Net, rows: usize) -> Self {
+    fn new(
+        zeros: &impl Fn(usize) -> Result<Buf, OutOfMemory>,
+        net: &Net,
+        rows: usize,
+    ) -> Result<Self, OutOfMemory> {
         let out = |f: &dyn Fn(&crate::model::Layer) -> usize| {
-            net.layers.iter().map(|l| b.zeros(rows * f(l))).collect()
+            net.layers
+                .iter()
+                .map(|l| zeros(rows * f(l)))
+                .collect::<Result<Vec<_>, _>>()
         };
-        NetCache {
-            h: out(&|l| l.nout),
-            y: out(&|l| l.nout),
-            zdot: out(&|l| l.nout),
-            ydot: out(&|l| l.nout),
-            xbar: out(&|l| l.nin),
-            xdotbar: out(&|l| l.nin),
-        }
+        Ok(NetCache {
+            h: out(&|l| l.nout)?,
+            y: out(&|l| l.nout)?,
+            zdot: out(&|l| l.nout)?,
+            ydot: out(&|l| l.nout)?,
+            xbar: out(&|l| l.nin)?,
+            xdotbar: out(&|l| l.nin)?,
+        })
     }
 }
 
@@ -157,55 +165,75 @@ pub struct Workspace<T: Real, B: Backend<T>> {
 }
 
 impl<T: Real, B: Backend<T>> Workspace<T, B> {
-    pub fn new(b: &B, layout: &ParamLayout, dims: &Dims) -> Self {
+    /// The buffers of batch shape `dims`; the big ones are asked for fallibly, and a failure
+    /// names the batch and what makes it smaller.
+    pub fn new(b: &B, layout: &ParamLayout, dims: &Dims) -> Result<Self, OutOfMemory> {
         let (ns, nc, na) = (dims.nslots(), dims.ncentres(), dims.nframes * dims.natoms);
         let (m1, m2, nf) = (dims.m1, dims.m2, dims.nframes);
         let ones = |n| b.upload(&vec![T::one(); n]);
+        let zeros = |n: usize| {
+            b.try_zeros(n).ok_or_else(|| OutOfMemory {
+                what: format!(
+                    "the workspace of a batch of {} frame{} of {} atoms ({ns} neighbour slots), \
+                     one of its arrays",
+                    dims.nframes,
+                    if dims.nframes == 1 { "" } else { "s" },
+                    dims.natoms,
+                ),
+                bytes: n.saturating_mul(size_of::<T>()),
+                knob: if dims.nframes > 1 {
+                    "a smaller batch_size (training_data, validation_data) lowers it".into()
+                } else {
+                    "one frame is the smallest batch: a smaller descriptor sel or neuron lowers it"
+                        .into()
+                },
+            })
+        };
         // Ḡ, Ġ̄ of every slot, unless the backend's fused stage never writes them.
         let slot_adjoints = if b.fused_embedding() && b.fuses_contract_dual() {
             0
         } else {
             m1 * ns
         };
-        Workspace {
+        Ok(Workspace {
             dims: dims.clone(),
-            rij: b.zeros(3 * ns),
+            rij: zeros(3 * ns)?,
             owner: b.upload_idx(&vec![-1; ns]),
             centre_atom: b.upload_idx(&centre_atoms(dims)),
-            labels: [b.zeros(nf), b.zeros(3 * na), b.zeros(9 * nf)],
-            rhat: b.zeros(4 * ns),
-            jac: b.zeros(12 * ns),
-            s: b.zeros(ns),
+            labels: [zeros(nf)?, zeros(3 * na)?, zeros(9 * nf)?],
+            rhat: zeros(4 * ns)?,
+            jac: zeros(12 * ns)?,
+            s: zeros(ns)?,
             ones_s: ones(ns),
             ones_c: ones(nc),
             embed: if b.fused_embedding() {
                 Embed::Fused {
-                    g: b.zeros(ns * m1),
-                    gp: b.zeros(ns * m1),
+                    g: zeros(ns * m1)?,
+                    gp: zeros(ns * m1)?,
                 }
             } else {
-                Embed::Layered(NetCache::new(b, &layout.embed[0], ns))
+                Embed::Layered(NetCache::new(&zeros, &layout.embed[0], ns)?)
             },
-            a: b.zeros(4 * m1 * nc),
-            desc: b.zeros(m1 * m2 * nc),
-            fit: NetCache::new(b, &layout.fit[0], nc),
-            e_atom: b.zeros(nc),
-            energy: b.zeros(nf),
-            force: b.zeros(3 * na),
-            virial: b.zeros(9 * nf),
-            abar: b.zeros(4 * m1 * nc),
-            q: b.zeros(3 * ns),
-            ebar: b.zeros(nc),
-            fres: b.zeros(3 * na),
-            vres: b.zeros(9 * nf),
-            sums: b.zeros(3),
-            rdot: b.zeros(4 * ns),
-            sdot: b.zeros(ns),
-            adot: b.zeros(4 * m1 * nc),
-            ddot: b.zeros(m1 * m2 * nc),
-            gbar: b.zeros(slot_adjoints),
-            gdotbar: b.zeros(slot_adjoints),
-        }
+            a: zeros(4 * m1 * nc)?,
+            desc: zeros(m1 * m2 * nc)?,
+            fit: NetCache::new(&zeros, &layout.fit[0], nc)?,
+            e_atom: zeros(nc)?,
+            energy: zeros(nf)?,
+            force: zeros(3 * na)?,
+            virial: zeros(9 * nf)?,
+            abar: zeros(4 * m1 * nc)?,
+            q: zeros(3 * ns)?,
+            ebar: zeros(nc)?,
+            fres: zeros(3 * na)?,
+            vres: zeros(9 * nf)?,
+            sums: zeros(3)?,
+            rdot: zeros(4 * ns)?,
+            sdot: zeros(ns)?,
+            adot: zeros(4 * m1 * nc)?,
+            ddot: zeros(m1 * m2 * nc)?,
+            gbar: zeros(slot_adjoints)?,
+            gdotbar: zeros(slot_adjoints)?,
+        })
     }
 
     /// R̂ of every slot, `[nslots][4]` in the block order of [`Dims`].

@@ -1,6 +1,8 @@
 //! Workspaces by batch shape, and the forward + gradient of one training batch on them: the
 //! part of a training step shared by `dpw train` and the web page.
 
+use anyhow::Result;
+
 use crate::backend::{AdamStep, Backend, Dims, Prefactors, Real};
 use crate::config::OptimizerConfig;
 
@@ -23,7 +25,7 @@ pub fn workspace<'a, T: Real, B: Backend<T>>(
     b: &B,
     dm: &DeviceModel<T, B>,
     batch: &HostBatch,
-) -> &'a mut Workspace<T, B> {
+) -> Result<&'a mut Workspace<T, B>> {
     workspace_for(cache, b, dm, &batch.dims)
 }
 
@@ -34,18 +36,18 @@ pub fn workspace_for<'a, T: Real, B: Backend<T>>(
     b: &B,
     dm: &DeviceModel<T, B>,
     dims: &Dims,
-) -> &'a mut Workspace<T, B> {
+) -> Result<&'a mut Workspace<T, B>> {
     let w = match cache.iter().position(|w| w.dims == *dims) {
         Some(i) => cache.remove(i),
         None => {
             if cache.len() >= MAX_CACHED {
                 cache.remove(0);
             }
-            Workspace::new(b, &dm.layout, dims)
+            Workspace::new(b, &dm.layout, dims)?
         }
     };
     cache.push(w);
-    cache.last_mut().expect("just pushed")
+    Ok(cache.last_mut().expect("just pushed"))
 }
 
 /// Loads `batch` and runs the forward pass: predictions are left in the returned workspace.
@@ -54,11 +56,11 @@ pub fn predict_batch<'a, T: Real, B: Backend<T>>(
     dm: &DeviceModel<T, B>,
     cache: &'a mut Cache<T, B>,
     batch: &HostBatch,
-) -> &'a mut Workspace<T, B> {
-    let w = workspace(cache, b, dm, batch);
+) -> Result<&'a mut Workspace<T, B>> {
+    let w = workspace(cache, b, dm, batch)?;
     w.load(b, batch);
     forward(b, dm, w);
-    w
+    Ok(w)
 }
 
 /// Forward and gradient of one training batch: the gradient is left in `dm.grad`, the loss
@@ -69,10 +71,10 @@ pub fn batch_gradient<'a, T: Real, B: Backend<T>>(
     cache: &'a mut Cache<T, B>,
     batch: &HostBatch,
     pref: Prefactors,
-) -> &'a mut Workspace<T, B> {
-    let w = predict_batch(b, dm, cache, batch);
+) -> Result<&'a mut Workspace<T, B>> {
+    let w = predict_batch(b, dm, cache, batch)?;
     gradient(b, dm, w, pref);
-    w
+    Ok(w)
 }
 
 /// [`batch_gradient`] of the batch of `frames` of a system whose frames are on the device: the
@@ -84,12 +86,12 @@ pub fn resident_gradient<'a, T: Real, B: Backend<T>>(
     rs: &ResidentSystem<T, B>,
     frames: &[usize],
     pref: Prefactors,
-) -> &'a mut Workspace<T, B> {
-    let w = workspace_for(cache, b, dm, &rs.dims(frames.len()));
+) -> Result<&'a mut Workspace<T, B>> {
+    let w = workspace_for(cache, b, dm, &rs.dims(frames.len()))?;
     rs.load(b, w, frames);
     forward(b, dm, w);
     gradient(b, dm, w, pref);
-    w
+    Ok(w)
 }
 
 /// The Adam update of (0-based) step `step` at learning rate `lr`.

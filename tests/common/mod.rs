@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: DeePMD-kit's reference model and frames.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
 use ndarray_npy::{NpzReader, ReadNpyExt};
@@ -9,27 +9,33 @@ use ndarray_npy::{NpzReader, ReadNpyExt};
 use dpw::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
 use dpw::train::batch::Frame;
 
-pub fn shared() -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared"));
-    if p.join("reference").is_dir() {
-        Some(p)
-    } else {
-        eprintln!("note: ../shared is absent; skipping a test that reads DeePMD-kit's reference");
-        None
+/// A path inside the repository: the tests read only data it ships, so a missing file fails them.
+pub fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// A wgpu test that cannot run here (no adapter, or none with float64 where it needs it): a
+/// failure when DPW_REQUIRE_WGPU=1 (CI, where lavapipe is the adapter), else a visible skip.
+pub fn no_wgpu(test: &str, why: &str) {
+    if std::env::var("DPW_REQUIRE_WGPU").is_ok_and(|v| v == "1") {
+        panic!("DPW_REQUIRE_WGPU=1 but {test} cannot run: {why}");
     }
+    eprintln!("SKIPPED: {test}: {why}");
 }
 
-pub fn model_a_dir() -> Option<PathBuf> {
-    shared().map(|s| s.join("reference/deepmd-3.2.0/model_A"))
+/// DeePMD-kit 3.2.0's numbers for model_A (`tests/reference/deepmd-3.2.0/README.md`).
+pub fn model_a_dir() -> PathBuf {
+    repo("tests/reference/deepmd-3.2.0/model_A")
 }
 
-pub fn read_npy(path: &std::path::Path) -> ArrayD<f64> {
+pub fn read_npy(path: &Path) -> ArrayD<f64> {
     let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     ArrayD::<f64>::read_npy(f).unwrap()
 }
 
-pub fn npz(path: &std::path::Path) -> NpzReader<std::fs::File> {
-    NpzReader::new(std::fs::File::open(path).unwrap()).unwrap()
+pub fn npz(path: &Path) -> NpzReader<std::fs::File> {
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    NpzReader::new(f).unwrap()
 }
 
 pub fn npz_array(z: &mut NpzReader<std::fs::File>, name: &str) -> ArrayD<f64> {
@@ -45,7 +51,7 @@ fn flat(a: &ArrayD<f64>) -> Vec<f64> {
 }
 
 /// Fills a model's parameters from a folder of `<tensor name>.npy` files.
-pub fn load_params(model: &mut Model, dir: &std::path::Path) {
+pub fn load_params(model: &mut Model, dir: &Path) {
     for t in model.layout().tensors {
         let a = read_npy(&dir.join(format!("{}.npy", t.name)));
         assert_eq!(a.len(), t.len(), "{}", t.name);
@@ -90,8 +96,8 @@ pub fn tiny_water_input(systems: serde_json::Value, steps: usize) -> serde_json:
 }
 
 /// model_A from its per-tensor npy export (independent of dpw's YAML reader).
-pub fn model_a() -> Option<Model> {
-    let dir = model_a_dir()?;
+pub fn model_a() -> Model {
+    let dir = model_a_dir();
     let spec = ModelSpec {
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
@@ -119,7 +125,7 @@ pub fn model_a() -> Option<Model> {
     for t in 0..2 {
         m.bias[t] = ob[[0, t, 0]] + be[[t, 0]];
     }
-    Some(m)
+    m
 }
 
 /// Reference frames, with atoms sorted by type (stable) as dpw requires.
@@ -159,8 +165,8 @@ impl RefFrames {
     }
 }
 
-pub fn ref_frames() -> Option<RefFrames> {
-    let dir = model_a_dir()?;
+pub fn ref_frames() -> RefFrames {
+    let dir = model_a_dir();
     let mut z = npz(&dir.join("eval_3frames.npz"));
     let atype_raw = npz_i64(&mut z, "atype");
     let atype_raw: Vec<usize> = atype_raw.iter().map(|&t| t as usize).collect();
@@ -190,7 +196,7 @@ pub fn ref_frames() -> Option<RefFrames> {
                 .collect(),
         );
     }
-    Some(rf)
+    rf
 }
 
 pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {

@@ -40,7 +40,7 @@ pub fn buffers_stay_put<B: Backend<f64>>(b: &B) {
     let mut cache: Cache<f64, B> = Vec::new();
     let mut plan_ids = None;
     for step in 0..100 {
-        let w = batch_gradient(b, &mut dm, &mut cache, &batches[step % 2], pref);
+        let w = batch_gradient(b, &mut dm, &mut cache, &batches[step % 2], pref).unwrap();
         let ids = w.buffer_ids(b);
         assert_eq!(
             *plan_ids.get_or_insert_with(|| ids.clone()),
@@ -59,12 +59,12 @@ pub fn buffers_stay_put<B: Backend<f64>>(b: &B) {
     assert_eq!(cache.len(), 1);
     // The reused workspace gives what a new one gives for the same batch.
     let reused = {
-        batch_gradient(b, &mut dm, &mut cache, &batches[0], pref);
+        batch_gradient(b, &mut dm, &mut cache, &batches[0], pref).unwrap();
         dm.grad_f64(b)
     };
     let fresh = {
         let mut c: Cache<f64, B> = Vec::new();
-        batch_gradient(b, &mut dm, &mut c, &batches[0], pref);
+        batch_gradient(b, &mut dm, &mut c, &batches[0], pref).unwrap();
         dm.grad_f64(b)
     };
     assert_eq!(reused, fresh);
@@ -174,11 +174,11 @@ pub fn resident_batches_match_host<B: Backend<f64>>(b: &B) {
     ] {
         let host = assemble_frames(&model.spec, &sys, &pick, "test").unwrap();
         let expect = {
-            let w = batch_gradient(b, &mut dm, &mut cache, &host, pref);
+            let w = batch_gradient(b, &mut dm, &mut cache, &host, pref).unwrap();
             [&w.energy, &w.force, &w.virial].map(|x| b.download(x))
         };
         let grad = dm.grad_f64(b);
-        let w = resident_gradient(b, &mut dm, &mut cache, &rs, &pick, pref);
+        let w = resident_gradient(b, &mut dm, &mut cache, &rs, &pick, pref).unwrap();
         let got = [&w.energy, &w.force, &w.virial].map(|x| b.download(x));
         let plan = w.buffer_ids(b);
         assert_eq!(got, expect, "frames {pick:?}");

@@ -1,4 +1,4 @@
-//! Against DeePMD-kit 3.2.0's own numbers (`shared/reference/deepmd-3.2.0/model_A`).
+//! Against DeePMD-kit 3.2.0's own numbers (`tests/reference/deepmd-3.2.0/model_A`).
 
 use dpw::backend::{Backend, Prefactors};
 use dpw::train::predict::{loss_and_grad, predict};
@@ -6,9 +6,7 @@ use dpw::train::predict::{loss_and_grad, predict};
 use crate::common::*;
 
 pub fn predictions<B: Backend<f64>>(b: &B) {
-    let (Some(model), Some(mut rf)) = (model_a(), ref_frames()) else {
-        return;
-    };
+    let (model, mut rf) = (model_a(), ref_frames());
     let frames: Vec<_> = (0..3).map(|f| rf.frame(f)).collect();
     let p = predict(b, &model, &rf.atype, &frames).unwrap();
     let (e, ae, f, v) = (
@@ -43,9 +41,7 @@ pub fn predictions<B: Backend<f64>>(b: &B) {
 }
 
 pub fn training_gradients<B: Backend<f64>>(b: &B) {
-    let (Some(model), Some(rf), Some(dir)) = (model_a(), ref_frames(), model_a_dir()) else {
-        return;
-    };
+    let (model, rf, dir) = (model_a(), ref_frames(), model_a_dir());
     let steps: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("train_steps.json")).unwrap())
             .unwrap();
@@ -90,9 +86,7 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
 pub fn env_mat_and_descriptor<B: Backend<f64>>(b: &B) {
     use dpw::train::batch::assemble;
     use dpw::train::step::{forward, DeviceModel, Workspace};
-    let (Some(model), Some(rf), Some(dir)) = (model_a(), ref_frames(), model_a_dir()) else {
-        return;
-    };
+    let (model, rf, dir) = (model_a(), ref_frames(), model_a_dir());
     let mut z = npz(&dir.join("intermediates_frame0.npz"));
     let (env_ref, desc_ref) = (
         npz_array(&mut z, "env_mat_normalized"),
@@ -100,7 +94,7 @@ pub fn env_mat_and_descriptor<B: Backend<f64>>(b: &B) {
     );
     let batch = assemble(&model.spec, &rf.atype, &[rf.frame(0)]).unwrap();
     let dm = DeviceModel::<f64, B>::new(b, &model);
-    let mut w = Workspace::new(b, &dm.layout, &batch.dims);
+    let mut w = Workspace::new(b, &dm.layout, &batch.dims).unwrap();
     w.load(b, &batch);
     forward(b, &dm, &mut w);
     let (rhat, desc) = (b.download(w.rhat()), b.download(w.descriptor()));
@@ -135,9 +129,7 @@ pub fn adam_steps<B: Backend<f64>>(b: &B) {
     use dpw::backend::AdamStep;
     use dpw::train::batch::assemble;
     use dpw::train::step::{forward, gradient, DeviceModel, Workspace};
-    let (Some(mut model), Some(rf), Some(dir)) = (model_a(), ref_frames(), model_a_dir()) else {
-        return;
-    };
+    let (mut model, rf, dir) = (model_a(), ref_frames(), model_a_dir());
     load_params(&mut model, &dir.join("params_step0"));
     let pref = Prefactors {
         e: 0.02,
@@ -147,7 +139,7 @@ pub fn adam_steps<B: Backend<f64>>(b: &B) {
     let mut dm = DeviceModel::<f64, B>::new(b, &model);
     for (step, after) in [(0usize, "params_after_step0"), (1, "params_after_step1")] {
         let batch = assemble(&model.spec, &rf.atype, &[rf.frame(step)]).unwrap();
-        let mut w = Workspace::new(b, &dm.layout, &batch.dims);
+        let mut w = Workspace::new(b, &dm.layout, &batch.dims).unwrap();
         w.load(b, &batch);
         forward(b, &dm, &mut w);
         gradient(b, &mut dm, &mut w, pref);
@@ -199,7 +191,7 @@ pub fn adam_steps<B: Backend<f64>>(b: &B) {
         f: r["pref_f"].as_f64().unwrap(),
         v: 0.0,
     };
-    let model = model_a().unwrap();
+    let model = model_a();
     let (sums, _, _) = loss_and_grad(b, &model, &rf.atype, &[rf.frame(0)], pref).unwrap();
     let n = rf.atype.len() as f64;
     let loss = pref.e * sums.e2 / n + pref.f * sums.f2 / (3.0 * n);

@@ -1,10 +1,10 @@
 //! A training step with virial labels against DeePMD-kit 3.2.0 (TensorFlow backend):
 //! `tests/reference/virial_step/`, made by `scripts/make-reference/virial_step.py` on two frames
-//! of `shared/data/water_virial` (2 types) and of the alloy example (3 types), both with
+//! of `tests/data/water_virial` (2 types) and of the alloy example (3 types), both with
 //! `type_one_side: false`, at half the starting lr so that every prefactor is interpolated; the
 //! full loss, and the virial term alone (whose share of the full gradient is small).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ndarray::ArrayD;
 use serde_json::Value;
@@ -20,7 +20,7 @@ use dpw::train::predict::loss_and_grad;
 use crate::common::*;
 
 fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/virial_step")
+    repo("tests/reference/virial_step")
 }
 
 fn usizes(v: &Value) -> Vec<usize> {
@@ -92,14 +92,7 @@ fn case<B: Backend<f64>>(b: &B, name: &str) {
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
             .unwrap();
-    let sys_path = meta["system"].as_str().unwrap();
-    let sys_path = match sys_path.strip_prefix("../shared/") {
-        Some(rest) => match shared() {
-            Some(s) => s.join(rest),
-            None => return,
-        },
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join(sys_path),
-    };
+    let sys_path = repo(meta["system"].as_str().unwrap());
     let mut z = npz(&dir.join(format!("{name}.npz")));
     let model = model(&meta, &mut z);
     let sys = load_system(&sys_path, &model.spec.type_map).unwrap();

@@ -16,7 +16,7 @@ use dpw::backend::cpu::Cpu;
 use dpw::backend::wgpu::Wgpu;
 use dpw::config::Config;
 use dpw::data::MemFiles;
-use dpw::train::trainer::{prepare_in, Start};
+use dpw::train::setup::{prepare_in, Start};
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 

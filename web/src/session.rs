@@ -10,7 +10,7 @@ use dpw::model::ModelSpec;
 use dpw::train::batch::assemble_frames;
 use dpw::train::lcurve::Metrics;
 use dpw::train::run::{Driver, Run};
-use dpw::train::trainer::TrainSetup;
+use dpw::train::setup::TrainSetup;
 use serde_json::{json, Value};
 
 use crate::fetch::Fetch;
@@ -52,7 +52,7 @@ fn metrics_json(m: &Metrics) -> Value {
 }
 
 impl<B: Fetch> Session<B> {
-    /// A fresh run from `setup` (see `dpw::train::trainer::prepare_in`), as `dpw train` would
+    /// A fresh run from `setup` (see `dpw::train::setup::prepare_in`), as `dpw train` would
     /// start it with the same input.
     pub fn new(
         b: B,
@@ -133,7 +133,7 @@ impl<B: Fetch> Session<B> {
             None => self.train.get(0)?,
         };
         let batch = assemble_frames(&self.spec, &sys, &[0], "display")?;
-        let w = self.run.predict(&self.b, &batch);
+        let w = self.run.predict(&self.b, &batch)?;
         let force = self.reads.read(&self.b, &w.force).await?;
         Ok(json!({
             "type_map": self.spec.type_map,

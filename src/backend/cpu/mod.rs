@@ -58,6 +58,9 @@ impl<T: Real> Backend<T> for Cpu {
     fn zeros(&self, n: usize) -> Vec<T> {
         vec![T::zero(); n]
     }
+    fn try_zeros(&self, n: usize) -> Option<Vec<T>> {
+        crate::mem::try_filled(n, T::zero(), String::new).ok()
+    }
     fn fill(&self, b: &mut Vec<T>, v: T) {
         b.fill(v);
     }

@@ -1,0 +1,52 @@
+//! Allocations big enough to fail (batch workspaces, frames kept on the device, data read in):
+//! made fallibly, so that a machine without the memory (or a `ulimit -v`) gets an error naming
+//! what was being allocated, how much, and what lowers it, instead of Rust's abort, which says
+//! only "memory allocation of N bytes failed".
+
+/// An allocation that failed, with the setting that lowers it (empty: none).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "out of memory: cannot allocate {:.1} MiB for {what}{}",
+    *.bytes as f64 / (1u64 << 20) as f64,
+    if .knob.is_empty() { String::new() } else { format!("; {}", .knob) }
+)]
+pub struct OutOfMemory {
+    pub what: String,
+    pub bytes: usize,
+    pub knob: String,
+}
+
+impl OutOfMemory {
+    /// The same failure, with `knob`, the setting that lowers it.
+    pub fn lowered_by(self, knob: impl Into<String>) -> Self {
+        OutOfMemory {
+            knob: knob.into(),
+            ..self
+        }
+    }
+}
+
+/// An empty vector with room for `n` items, or the failure naming `what`.
+pub fn try_with_capacity<T>(
+    n: usize,
+    what: impl FnOnce() -> String,
+) -> Result<Vec<T>, OutOfMemory> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| OutOfMemory {
+        what: what(),
+        bytes: n.saturating_mul(size_of::<T>()),
+        knob: String::new(),
+    })?;
+    Ok(v)
+}
+
+/// `n` copies of `x`, or the failure naming `what`.
+pub fn try_filled<T: Clone>(
+    n: usize,
+    x: T,
+    what: impl FnOnce() -> String,
+) -> Result<Vec<T>, OutOfMemory> {
+    let mut v = try_with_capacity(n, what)?;
+    v.resize(n, x);
+    Ok(v)
+}

@@ -1,0 +1,539 @@
+//! What `dpw train` does before it trains: check the input, read the data, resolve `sel`,
+//! compute (or load) the statistics and read any checkpoint, all before a single output file is
+//! touched. [`prepare`] ends in a [`TrainSetup`] that `trainer::train` (or the web page) runs.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use indicatif::ProgressBar;
+use serde_json::Value;
+use web_time::Instant;
+
+use crate::config::{Config, Precision, Sel};
+use crate::data::{Disk, Files};
+use crate::dist;
+use crate::model::{read_model, DescriptorSpec, FittingSpec, Model, ModelSpec, MAX_NNEI};
+
+use super::checkpoint::Checkpoint;
+use super::dataset::{load_data_in, DataSet};
+use super::lr::LrSchedule;
+use super::outputs::{self, RunLock};
+use super::stats::{
+    auto_sel, data_stats, load_training_with_stats, neighbor_and_data_stats, neighbor_stats,
+    stat_frames, DataStats, NeighborStats, Pass, StatDraw,
+};
+
+/// Mixed into the training seed for the draw of the statistics frames ("STAT").
+const STAT_SEED: u64 = 0x5354_4154;
+
+/// How a run starts.
+pub enum Start {
+    Fresh,
+    /// `--restart`: continue a checkpoint's run.
+    Restart(Box<Checkpoint>),
+    /// `--init-model`: a new run from a model's parameters and statistics.
+    InitModel(PathBuf),
+    /// `--init-frz-model`: the same from a model already read (a frozen model file).
+    InitFrozen(Box<Model>),
+}
+
+/// Everything checked and loaded before training; nothing has been written yet.
+pub struct TrainSetup {
+    /// The input with `sel` resolved to numbers (what out.json holds).
+    pub config: Config,
+    pub train: DataSet,
+    pub valid: Option<DataSet>,
+    pub model: Model,
+    pub precision: Precision,
+    pub restart: Option<Box<Checkpoint>>,
+    /// Seed of the training sampler (and of the validation and statistics streams).
+    pub seed: u64,
+    pub schedule: LrSchedule,
+    /// Directory for out.json, lcurve.out and checkpoints (the working directory).
+    pub out_dir: PathBuf,
+    /// The expanded input (`dp train -o`; out.json in `out_dir` by default).
+    pub out_json: PathBuf,
+    pub progress: Option<ProgressBar>,
+    /// When the command started, for the time to the first step.
+    pub t0: Instant,
+    /// The output folders, held for the whole run (`None` where nothing is written to disk).
+    pub lock: Option<RunLock>,
+}
+
+/// Settings DeePMD-kit accepts that dpw stores but does not implement.
+fn check_supported(cfg: &Config) -> Result<()> {
+    let m = &cfg.model;
+    if m.descriptor.precision != m.fitting_net.precision {
+        bail!(
+            "model.descriptor.precision ({}) and model.fitting_net.precision ({}) differ; \
+             dpw trains the whole model in one precision, so make them equal",
+            m.descriptor.precision.as_str(),
+            m.fitting_net.precision.as_str()
+        );
+    }
+    if !m.descriptor.trainable {
+        bail!("model.descriptor.trainable: false (a frozen descriptor) is not supported");
+    }
+    if !m.fitting_net.trainable {
+        bail!("model.fitting_net.trainable: false (a frozen fitting net) is not supported");
+    }
+    if m.fitting_net.rcond.is_some() {
+        bail!(
+            "model.fitting_net.rcond: only the default (null, numpy's machine-precision cut-off) \
+             is supported for the energy-bias fit"
+        );
+    }
+    if m.fitting_net.atom_ener.iter().any(Option::is_some) {
+        bail!("model.fitting_net.atom_ener: fixed atomic energies are not supported");
+    }
+    if cfg.loss.relative_f.is_some() {
+        bail!("loss.relative_f: the relative force loss is not supported");
+    }
+    Ok(())
+}
+
+fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
+    let d = &cfg.model.descriptor;
+    let f = &cfg.model.fitting_net;
+    ModelSpec {
+        type_map: cfg.model.type_map.clone(),
+        descriptor: DescriptorSpec {
+            rcut: d.rcut,
+            rcut_smth: d.rcut_smth,
+            sel,
+            neuron: d.neuron.clone(),
+            axis_neuron: d.axis_neuron,
+            resnet_dt: d.resnet_dt,
+            type_one_side: d.type_one_side,
+            env_protection: d.env_protection,
+            set_davg_zero: d.set_davg_zero,
+        },
+        fitting: FittingSpec {
+            neuron: f.neuron.clone(),
+            resnet_dt: f.resnet_dt,
+        },
+    }
+}
+
+/// Paths where two JSON values differ, for a readable "model differs" error.
+fn json_diff(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, va) in x {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                json_diff(va, y.get(k).unwrap_or(&Value::Null), &p, out);
+            }
+        }
+        _ if a != b => out.push(format!("{path}: {a} here, {b} in the checkpoint")),
+        _ => {}
+    }
+}
+
+fn check_same_spec(mine: &ModelSpec, theirs: &ModelSpec, what: &str) -> Result<()> {
+    if mine == theirs {
+        return Ok(());
+    }
+    let mut diffs = Vec::new();
+    json_diff(
+        &serde_json::to_value(mine)?,
+        &serde_json::to_value(theirs)?,
+        "",
+        &mut diffs,
+    );
+    bail!(
+        "the model of {what} does not match input.json's: {}",
+        diffs.join("; ")
+    )
+}
+
+fn random_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (t ^ (u64::from(std::process::id()) << 32)) % (1 << 31)
+}
+
+/// Reads and checks everything a run of the parsed input `cfg` needs, and locks its output
+/// folders. Writes nothing else.
+/// `neighbor_stat` false skips the scan that checks a fixed `sel` against the data (`dp train
+/// --skip-neighbor-stat`).
+pub fn prepare(
+    cfg: Config,
+    start: Start,
+    neighbor_stat: bool,
+    out_dir: &Path,
+    t0: Instant,
+) -> Result<TrainSetup> {
+    // Only rank 0 writes the outputs.
+    let lock = if dist::world().is_root() {
+        Some(outputs::claim(out_dir, &cfg.training)?)
+    } else {
+        None
+    };
+    let mut setup = prepare_in(&Disk, cfg, start, neighbor_stat, out_dir, t0)?;
+    setup.lock = lock;
+    Ok(setup)
+}
+
+/// [`prepare`] for a parsed input whose data are read from `fs`.
+pub fn prepare_in(
+    fs: &dyn Files,
+    mut cfg: Config,
+    start: Start,
+    neighbor_stat: bool,
+    out_dir: &Path,
+    t0: Instant,
+) -> Result<TrainSetup> {
+    check_supported(&cfg)?;
+    let (seed, seed_note) = match cfg.training.seed {
+        Some(s) => (s, ""),
+        None => (random_seed(), " (training.seed not set: drawn at random)"),
+    };
+    let mut read = Reading::training(fs, &cfg, &start, neighbor_stat, seed)?;
+    let valid = read_validation(fs, &cfg)?;
+    let (restart, init) = open_start(start)?;
+    let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
+
+    let spec = resolve_spec(&mut cfg, given, &mut read)?;
+    if let Some(m) = given {
+        let what = if restart.is_some() {
+            "the restart checkpoint"
+        } else {
+            "the --init-model file"
+        };
+        check_same_spec(&spec, &m.spec, what)?;
+    }
+    let precision = cfg.model.descriptor.precision;
+    if let Some(ck) = &restart {
+        if ck.precision != precision {
+            bail!(
+                "the checkpoint was trained in {}, input.json asks for {}; a restart must keep the precision",
+                ck.precision.as_str(),
+                precision.as_str()
+            );
+        }
+    } else {
+        tracing::info!("seed {seed}{seed_note}");
+    }
+    if read.check_sel && given.is_some() {
+        let ns = read.neighbours()?;
+        read.warn_small_sel(&ns, &spec.descriptor.sel);
+    }
+    let model = if let Some(ck) = &restart {
+        tracing::info!("restarting from step {} (lr {:.3e})", ck.step, ck.lr);
+        ck.model.clone()
+    } else if let Some(m) = init {
+        m
+    } else {
+        let init_seed = cfg
+            .model
+            .descriptor
+            .seed
+            .or(cfg.model.fitting_net.seed)
+            .unwrap_or(seed);
+        read.new_model(spec, init_seed, cfg.model.data_stat_nbatch)?
+    };
+    log_model(&model, precision);
+    let schedule = LrSchedule::new(&cfg.learning_rate, cfg.training.numb_steps);
+    log_schedule(&schedule, &cfg);
+    Ok(TrainSetup {
+        config: cfg,
+        train: read.train,
+        valid,
+        model,
+        precision,
+        restart,
+        seed,
+        schedule,
+        out_dir: out_dir.to_path_buf(),
+        out_json: out_dir.join("out.json"),
+        lock: None,
+        progress: None,
+        t0,
+    })
+}
+
+/// The training data as read, with what was computed on it while reading (the neighbour counts,
+/// a new model's statistics), kept until the steps after the reading ask for them.
+struct Reading {
+    train: DataSet,
+    type_map: Vec<String>,
+    rcut: f64,
+    /// Whether a fixed sel is checked against the data's neighbour counts, as dp train does (one
+    /// smaller than them drops neighbours).
+    check_sel: bool,
+    draw: StatDraw,
+    t_read: Instant,
+    early_neighbours: Option<NeighborStats>,
+    early_stats: Option<DataStats>,
+}
+
+impl Reading {
+    /// Reads the training systems, computing on each as it is read the neighbour counts when
+    /// they will be needed, and a new model's data statistics when its sel is known already (a
+    /// model the statistics could not be computed for is refused after the reading).
+    fn training(
+        fs: &dyn Files,
+        cfg: &Config,
+        start: &Start,
+        neighbor_stat: bool,
+        seed: u64,
+    ) -> Result<Self> {
+        let d = &cfg.model.descriptor;
+        let type_map = cfg.model.type_map.clone();
+        let fresh = matches!(start, Start::Fresh);
+        let check_sel = match &d.sel {
+            Sel::Fixed(s) => neighbor_stat && s.iter().sum::<usize>() <= MAX_NNEI,
+            Sel::Auto(_) => false,
+        };
+        let early_spec = match &d.sel {
+            Sel::Fixed(s) if fresh => Some(spec_of(cfg, s.clone())).filter(|m| m.check().is_ok()),
+            _ => None,
+        };
+        let pass = Pass {
+            ntypes: type_map.len(),
+            count: (check_sel || (fresh && matches!(d.sel, Sel::Auto(_)))).then_some(d.rcut),
+            stat: early_spec.as_ref().map(|m| &m.descriptor),
+        };
+        let draw = StatDraw {
+            nbatch: cfg.model.data_stat_nbatch,
+            batch_factor: dist::world().size(),
+            seed: seed ^ STAT_SEED,
+        };
+        let t_read = Instant::now();
+        let (train, early_neighbours, early_stats) = load_training_with_stats(
+            fs,
+            &cfg.training.training_data,
+            &type_map,
+            d.rcut,
+            pass,
+            &draw,
+        )?;
+        for l in train.summary("training") {
+            tracing::info!("{l}");
+        }
+        for l in train.element_counts(&type_map) {
+            tracing::info!("{l}");
+        }
+        Ok(Reading {
+            train,
+            type_map,
+            rcut: d.rcut,
+            check_sel,
+            draw,
+            t_read,
+            early_neighbours,
+            early_stats,
+        })
+    }
+
+    fn log_neighbours(&self, ns: &NeighborStats, since: Instant) {
+        tracing::info!(
+            "neighbour statistics over {} training frames (rcut {}): max neighbours per type {:?} ({}), min pair distance {:.4} ({:.2} s)",
+            ns.nframes,
+            self.rcut,
+            ns.max_count,
+            self.type_map.join(", "),
+            ns.min_dist,
+            since.elapsed().as_secs_f64()
+        );
+    }
+
+    /// The neighbour counts: those computed while reading, else a scan now.
+    fn neighbours(&mut self) -> Result<NeighborStats> {
+        if let Some(ns) = self.early_neighbours.take() {
+            self.log_neighbours(&ns, self.t_read);
+            return Ok(ns);
+        }
+        let t = Instant::now();
+        let ns = neighbor_stats(&self.train, self.type_map.len(), self.rcut)?;
+        self.log_neighbours(&ns, t);
+        Ok(ns)
+    }
+
+    fn warn_small_sel(&self, ns: &NeighborStats, sel: &[usize]) {
+        for (t, (&want, &have)) in ns.max_count.iter().zip(sel).enumerate() {
+            if have < want {
+                tracing::warn!(
+                    "sel of type {t} ({}) is not enough! The expected value is not less \
+                     than {want}, but you set it to {have}. The accuracy of your model \
+                     may get worse.",
+                    self.type_map[t]
+                );
+            }
+        }
+    }
+
+    /// A new model of `spec` with parameters from `init_seed` and the data statistics over
+    /// `data_stat_nbatch` global batches (with N data-parallel ranks N × batch_size).
+    fn new_model(
+        &mut self,
+        spec: ModelSpec,
+        init_seed: u64,
+        data_stat_nbatch: usize,
+    ) -> Result<Model> {
+        let mut m = Model::new(spec.clone(), init_seed);
+        let mut t = Instant::now();
+        let st = if let Some(st) = self.early_stats.take() {
+            t = self.t_read;
+            if let Some(ns) = self.early_neighbours.take() {
+                self.log_neighbours(&ns, t);
+                self.warn_small_sel(&ns, &spec.descriptor.sel);
+            }
+            st
+        } else {
+            let global_bs: Vec<usize> = self
+                .train
+                .batch_sizes
+                .iter()
+                .map(|b| b * self.draw.batch_factor)
+                .collect();
+            let frames = stat_frames(
+                &self.train.systems,
+                &global_bs,
+                self.draw.nbatch,
+                self.draw.seed,
+            );
+            let ntypes = self.type_map.len();
+            if self.check_sel {
+                let (ns, st) =
+                    neighbor_and_data_stats(&spec.descriptor, ntypes, &self.train, &frames)?;
+                self.log_neighbours(&ns, t);
+                self.warn_small_sel(&ns, &spec.descriptor.sel);
+                st
+            } else {
+                data_stats(&spec.descriptor, ntypes, &self.train, &frames)?
+            }
+        };
+        tracing::info!(
+            "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}, energy bias {:?} ({}), residual std {:.4} ({:.2} s)",
+            st.nframes,
+            data_stat_nbatch,
+            st.davg.chunks(4).map(|r| r[0]).collect::<Vec<_>>(),
+            st.dstd.chunks(4).map(|r| [r[0], r[1]]).collect::<Vec<_>>(),
+            st.bias,
+            self.type_map.join(", "),
+            st.out_std[0],
+            t.elapsed().as_secs_f64()
+        );
+        (m.davg, m.dstd, m.bias, m.out_std) = (st.davg, st.dstd, st.bias, st.out_std);
+        Ok(m)
+    }
+}
+
+fn read_validation(fs: &dyn Files, cfg: &Config) -> Result<Option<DataSet>> {
+    let Some(v) = &cfg.training.validation_data else {
+        return Ok(None);
+    };
+    let d = load_data_in(
+        fs,
+        &v.data,
+        &cfg.model.type_map,
+        cfg.model.descriptor.rcut,
+        "validation",
+    )?;
+    for l in d.summary("validation") {
+        tracing::info!("{l}");
+    }
+    Ok(Some(d))
+}
+
+/// The checkpoint a restart continues, or the model a new run takes its parameters from.
+fn open_start(start: Start) -> Result<(Option<Box<Checkpoint>>, Option<Model>)> {
+    Ok(match start {
+        Start::Fresh => (None, None),
+        Start::Restart(ck) => (Some(ck), None),
+        Start::InitModel(p) => {
+            if !p.exists() {
+                bail!("--init-model: {} does not exist", p.display());
+            }
+            let m = read_model(&p).context("--init-model")?;
+            tracing::info!("initial parameters and statistics from {}", p.display());
+            (None, Some(m))
+        }
+        Start::InitFrozen(m) => (None, Some(*m)),
+    })
+}
+
+/// The model input.json asks for, with `sel` resolved (from a `given` model, or `auto` from the
+/// data's neighbour counts) and written back into `cfg` as numbers (what out.json holds).
+fn resolve_spec(cfg: &mut Config, given: Option<&Model>, read: &mut Reading) -> Result<ModelSpec> {
+    let sel = match (&cfg.model.descriptor.sel, given) {
+        (Sel::Auto(_), Some(m)) => {
+            tracing::info!(
+                "sel {:?} taken from the checkpoint (input.json asks for auto)",
+                m.spec.descriptor.sel
+            );
+            m.spec.descriptor.sel.clone()
+        }
+        (Sel::Auto(factor), None) => {
+            let sel = auto_sel(&read.neighbours()?.max_count, *factor);
+            tracing::info!("sel = {sel:?} (auto, factor {factor})");
+            sel
+        }
+        (Sel::Fixed(s), _) => s.clone(),
+    };
+    let spec = spec_of(cfg, sel.clone());
+    spec.check().context("the model of input.json")?;
+    cfg.model.descriptor.sel = Sel::Fixed(sel);
+    Ok(spec)
+}
+
+fn log_model(model: &Model, precision: Precision) {
+    let spec = &model.spec;
+    let layout = model.layout();
+    let nembed: usize = layout
+        .embed
+        .iter()
+        .flat_map(|n| &n.layers)
+        .map(|l| l.nin * l.nout + l.nout * (1 + usize::from(l.idt.is_some())))
+        .sum();
+    tracing::info!(
+        "model: se_e2_a sel {:?} rcut {} neuron {:?} axis {} type_one_side {}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
+        spec.descriptor.sel,
+        spec.descriptor.rcut,
+        spec.descriptor.neuron,
+        spec.descriptor.axis_neuron,
+        spec.descriptor.type_one_side,
+        spec.fitting.neuron,
+        layout.len,
+        nembed,
+        layout.len - nembed,
+        precision.as_str()
+    );
+}
+
+fn log_schedule(schedule: &LrSchedule, cfg: &Config) {
+    let numb_steps = cfg.training.numb_steps;
+    let shrunk = if schedule.decay_steps != cfg.learning_rate.decay_steps {
+        format!(
+            " (shrunk from {} for this short run)",
+            cfg.learning_rate.decay_steps
+        )
+    } else {
+        String::new()
+    };
+    tracing::info!(
+        "learning rate: exp from {:e} to {:.3e} at step {} (stop_lr {:e}), decay_steps {}{shrunk}, decay_rate {:.6}{}{}",
+        schedule.start_lr,
+        schedule.value(numb_steps.saturating_sub(1)),
+        numb_steps,
+        schedule.stop_lr,
+        schedule.decay_steps,
+        schedule.decay_rate,
+        if schedule.smooth { ", smooth" } else { "" },
+        if schedule.warmup_steps > 0 {
+            format!(
+                ", warmup {} steps from {:e}",
+                schedule.warmup_steps,
+                schedule.warmup_start_factor * schedule.start_lr
+            )
+        } else {
+            String::new()
+        }
+    );
+}
