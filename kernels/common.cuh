@@ -1,5 +1,6 @@
 // Helpers shared by every kernel file. NVRTC sees no file system, so the backend prepends this
-// text to each .cu source before compiling it (src/backend/cuda/kernels.rs).
+// text to each .cu source before compiling it (src/backend/cuda/kernels.rs), after the layouts
+// generated from src/backend/gpu_layout.rs.
 //
 // Conventions of all kernels:
 // - Every op is a `template <typename T> __device__` function, instantiated for float and
@@ -23,25 +24,23 @@ __device__ __forceinline__ i64 global_index() {
 }
 
 // The batch layout (src/backend/dims.rs) as a table of ints in device memory, built once per
-// batch shape by the backend:
-//   [ntypes, nnei, m1, m2, nframes, natoms, ncentres, nslots,
-//    sel[ntypes], centre_start[ntypes + 1], block_start[ntypes * ntypes + 1]]
+// batch shape by the backend (gpu_layout::shape_table, which also generates the DIMS_* offsets).
 // A table rather than a by-value struct: no limit on the number of types, and lookups are
 // uniform across a warp, so they hit the cache.
 struct Dims {
   const int* p;
   __device__ explicit Dims(const int* table) : p(table) {}
-  __device__ int ntypes() const { return __ldg(p + 0); }
-  __device__ int nnei() const { return __ldg(p + 1); }
-  __device__ int m1() const { return __ldg(p + 2); }
-  __device__ int m2() const { return __ldg(p + 3); }
-  __device__ int nframes() const { return __ldg(p + 4); }
-  __device__ int natoms() const { return __ldg(p + 5); }
-  __device__ int ncentres() const { return __ldg(p + 6); }
-  __device__ int nslots() const { return __ldg(p + 7); }
-  __device__ int sel(int t) const { return __ldg(p + 8 + t); }
-  __device__ int centre_start(int t) const { return __ldg(p + 8 + ntypes() + t); }
-  __device__ int block_start(int k) const { return __ldg(p + 9 + 2 * ntypes() + k); }
+  __device__ int ntypes() const { return __ldg(p + DIMS_NTYPES); }
+  __device__ int nnei() const { return __ldg(p + DIMS_NNEI); }
+  __device__ int m1() const { return __ldg(p + DIMS_M1); }
+  __device__ int m2() const { return __ldg(p + DIMS_M2); }
+  __device__ int nframes() const { return __ldg(p + DIMS_NFRAMES); }
+  __device__ int natoms() const { return __ldg(p + DIMS_NATOMS); }
+  __device__ int ncentres() const { return __ldg(p + DIMS_NCENTRES); }
+  __device__ int nslots() const { return __ldg(p + DIMS_NSLOTS); }
+  __device__ int sel(int t) const { return __ldg(p + DIMS_SEL_AT(ntypes()) + t); }
+  __device__ int centre_start(int t) const { return __ldg(p + DIMS_CENTRE_START_AT(ntypes()) + t); }
+  __device__ int block_start(int k) const { return __ldg(p + DIMS_BLOCK_START_AT(ntypes()) + k); }
 
   // Type of centre c (centres are ordered by type).
   __device__ int centre_type(int c) const {

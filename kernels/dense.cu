@@ -5,7 +5,8 @@
 // Layer: z = xW + b, h = tanh(z) (z for the linear output layer), y = h·idt + skip(x), where
 // skip is 0 (none), 1 (identity, nout == nin) or 2 (doubled [x, x], nout == 2 nin). `idt` is
 // null when the layer has no timestep. Buffers indexed by global row (x, h, y, ...) are passed
-// whole; "local" scratch buffers start at row r0.
+// whole; "local" scratch buffers start at row r0. Every kernel takes the layer's scalars as one
+// DenseParams (declared from src/backend/gpu_layout.rs).
 
 // Value of skip(x) at output column k of a row (x_row points at the row's nin inputs).
 template <typename T>
@@ -16,88 +17,87 @@ __device__ __forceinline__ T skip_value(int skip, const T* __restrict__ x_row, i
 }
 
 // Forward epilogue: on entry h holds xW for the rows; leaves h = φ(xW + b), y = h·idt + skip(x).
-#define DENSE_FORWARD_PARAMS(T)                                                            \
-  (int r0, int rows, int nin, int nout, int is_tanh, int skip, const T* __restrict__ b,    \
-   const T* __restrict__ idt, const T* __restrict__ x, T* __restrict__ h, T* __restrict__ y)
+#define DENSE_FORWARD_PARAMS(T)                                                                \
+  (DenseParams p, const T* __restrict__ b, const T* __restrict__ idt, const T* __restrict__ x, \
+   T* __restrict__ h, T* __restrict__ y)
 
 template <typename T>
 __device__ void dense_forward DENSE_FORWARD_PARAMS(T) {
   i64 i = global_index();
-  if (i >= (i64)rows * nout) return;
-  i64 row = r0 + i / nout;
-  int k = (int)(i % nout);
-  i64 g = row * nout + k;
+  if (i >= (i64)p.nrows * p.nout) return;
+  i64 row = p.row0 + i / p.nout;
+  int k = (int)(i % p.nout);
+  i64 g = row * p.nout + k;
   T z = h[g] + b[k];
-  T hv = is_tanh ? tanh(z) : z;
+  T hv = p.is_tanh ? tanh(z) : z;
   h[g] = hv;
   T yv = idt ? hv * idt[k] : hv;
-  y[g] = yv + skip_value(skip, x + row * nin, nin, k);
+  y[g] = yv + skip_value(p.skip, x + row * p.nin, p.nin, k);
 }
-DPW_INSTANTIATE(dense_forward, DENSE_FORWARD_PARAMS, (r0, rows, nin, nout, is_tanh, skip, b, idt, x, h, y))
+DPW_INSTANTIATE(dense_forward, DENSE_FORWARD_PARAMS, (p, b, idt, x, h, y))
 
 // Backward, first half: z̄ = φ'(z) ⊙ (ȳ·idt) into local scratch (x̄ = z̄Wᵀ follows in cuBLAS).
-#define DENSE_ZBAR_PARAMS(T)                                                                \
-  (int r0, int rows, int nout, int is_tanh, const T* __restrict__ idt,                      \
-   const T* __restrict__ h, const T* __restrict__ ybar, T* __restrict__ zbar)
+#define DENSE_ZBAR_PARAMS(T)                                          \
+  (DenseParams p, const T* __restrict__ idt, const T* __restrict__ h, \
+   const T* __restrict__ ybar, T* __restrict__ zbar)
 
 template <typename T>
 __device__ void dense_zbar DENSE_ZBAR_PARAMS(T) {
   i64 i = global_index();
-  if (i >= (i64)rows * nout) return;
-  int k = (int)(i % nout);
-  i64 g = (i64)r0 * nout + i;
+  if (i >= (i64)p.nrows * p.nout) return;
+  int k = (int)(i % p.nout);
+  i64 g = (i64)p.row0 * p.nout + i;
   T yb = ybar[g];
-  zbar[i] = dphi<T>(is_tanh, h[g]) * (idt ? yb * idt[k] : yb);
+  zbar[i] = dphi<T>(p.is_tanh, h[g]) * (idt ? yb * idt[k] : yb);
 }
-DPW_INSTANTIATE(dense_zbar, DENSE_ZBAR_PARAMS, (r0, rows, nout, is_tanh, idt, h, ybar, zbar))
+DPW_INSTANTIATE(dense_zbar, DENSE_ZBAR_PARAMS, (p, idt, h, ybar, zbar))
 
 // The adjoint of the skip connection, written into x̄ before the cuBLAS product adds z̄Wᵀ to it
 // (beta = 1): identity gives ȳ, the doubled skip the sum of the two halves.
-#define DENSE_SKIP_ADJOINT_PARAMS(T) \
-  (int r0, int rows, int nin, int nout, int skip, const T* __restrict__ ybar, T* __restrict__ xbar)
+#define DENSE_SKIP_ADJOINT_PARAMS(T)                                \
+  (DenseParams p, const T* __restrict__ ybar, T* __restrict__ xbar)
 
 template <typename T>
 __device__ void dense_skip_adjoint DENSE_SKIP_ADJOINT_PARAMS(T) {
   i64 i = global_index();
-  if (i >= (i64)rows * nin) return;
-  i64 row = r0 + i / nin;
-  int k = (int)(i % nin);
-  const T* yrow = ybar + row * nout;
-  xbar[row * nin + k] = skip == 2 ? yrow[k] + yrow[k + nin] : yrow[k];
+  if (i >= (i64)p.nrows * p.nin) return;
+  i64 row = p.row0 + i / p.nin;
+  int k = (int)(i % p.nin);
+  const T* yrow = ybar + row * p.nout;
+  xbar[row * p.nin + k] = p.skip == 2 ? yrow[k] + yrow[k + p.nin] : yrow[k];
 }
-DPW_INSTANTIATE(dense_skip_adjoint, DENSE_SKIP_ADJOINT_PARAMS, (r0, rows, nin, nout, skip, ybar, xbar))
+DPW_INSTANTIATE(dense_skip_adjoint, DENSE_SKIP_ADJOINT_PARAMS, (p, ybar, xbar))
 
 // Tangent epilogue: on entry ż holds ẋW; writes ẏ = φ'(z) ż · idt + skip(ẋ).
-#define DENSE_TANGENT_PARAMS(T)                                                                \
-  (int r0, int rows, int nin, int nout, int is_tanh, int skip, const T* __restrict__ idt,      \
-   const T* __restrict__ h, const T* __restrict__ xdot, const T* __restrict__ zdot,            \
-   T* __restrict__ ydot)
+#define DENSE_TANGENT_PARAMS(T)                                                 \
+  (DenseParams p, const T* __restrict__ idt, const T* __restrict__ h,           \
+   const T* __restrict__ xdot, const T* __restrict__ zdot, T* __restrict__ ydot)
 
 template <typename T>
 __device__ void dense_tangent DENSE_TANGENT_PARAMS(T) {
   i64 i = global_index();
-  if (i >= (i64)rows * nout) return;
-  i64 row = r0 + i / nout;
-  int k = (int)(i % nout);
-  i64 g = row * nout + k;
-  T v = dphi<T>(is_tanh, h[g]) * zdot[g];
+  if (i >= (i64)p.nrows * p.nout) return;
+  i64 row = p.row0 + i / p.nout;
+  int k = (int)(i % p.nout);
+  i64 g = row * p.nout + k;
+  T v = dphi<T>(p.is_tanh, h[g]) * zdot[g];
   T yv = idt ? v * idt[k] : v;
-  ydot[g] = yv + skip_value(skip, xdot + row * nin, nin, k);
+  ydot[g] = yv + skip_value(p.skip, xdot + row * p.nin, p.nin, k);
 }
-DPW_INSTANTIATE(dense_tangent, DENSE_TANGENT_PARAMS, (r0, rows, nin, nout, is_tanh, skip, idt, h, xdot, zdot, ydot))
+DPW_INSTANTIATE(dense_tangent, DENSE_TANGENT_PARAMS, (p, idt, h, xdot, zdot, ydot))
 
 // ẋ·scale[row] into local scratch (the embedding net stores tangents for a unit ṡ).
-#define DENSE_SCALE_ROWS_PARAMS(T) \
-  (int r0, int rows, int nin, const T* __restrict__ xdot, const T* __restrict__ scale, T* __restrict__ out)
+#define DENSE_SCALE_ROWS_PARAMS(T)                                                              \
+  (DenseParams p, const T* __restrict__ xdot, const T* __restrict__ scale, T* __restrict__ out)
 
 template <typename T>
 __device__ void dense_scale_rows DENSE_SCALE_ROWS_PARAMS(T) {
   i64 i = global_index();
-  if (i >= (i64)rows * nin) return;
-  i64 row = r0 + i / nin;
-  out[i] = xdot[(i64)r0 * nin + i] * scale[row];
+  if (i >= (i64)p.nrows * p.nin) return;
+  i64 row = p.row0 + i / p.nin;
+  out[i] = xdot[(i64)p.row0 * p.nin + i] * scale[row];
 }
-DPW_INSTANTIATE(dense_scale_rows, DENSE_SCALE_ROWS_PARAMS, (r0, rows, nin, xdot, scale, out))
+DPW_INSTANTIATE(dense_scale_rows, DENSE_SCALE_ROWS_PARAMS, (p, xdot, scale, out))
 
 // Dual reverse, element-wise part (docs/design.md §3.2 "dual reverse"), for one chunk of `chunk` rows
 // (blockIdx.x) and one output column k per thread:
@@ -105,25 +105,25 @@ DPW_INSTANTIATE(dense_scale_rows, DENSE_SCALE_ROWS_PARAMS, (r0, rows, nin, xdot,
 // written to local scratch, plus this chunk's partial sums over its rows, in row order, of
 // b̄ = Σ z̄ and īdt = Σ (ȳ h + ẏ̄ φ'(z) ż). dense_dual_finish adds the partials in chunk order:
 // a fixed summation order (the CPU backend's, with the same chunk size).
-#define DENSE_DUAL_ROWS_PARAMS(T)                                                             \
-  (int r0, int rows, int nout, int chunk, int is_tanh, const T* __restrict__ idt,             \
-   const T* __restrict__ h, const T* __restrict__ zdot, const T* __restrict__ scale,          \
-   const T* __restrict__ ybar, const T* __restrict__ ydotbar, T* __restrict__ zbar,           \
-   T* __restrict__ zdbar, T* __restrict__ part_b, T* __restrict__ part_idt)
+#define DENSE_DUAL_ROWS_PARAMS(T)                                                      \
+  (DenseParams p, const T* __restrict__ idt, const T* __restrict__ h,                  \
+   const T* __restrict__ zdot, const T* __restrict__ scale, const T* __restrict__ ybar, \
+   const T* __restrict__ ydotbar, T* __restrict__ zbar, T* __restrict__ zdbar,         \
+   T* __restrict__ part_b, T* __restrict__ part_idt)
 
 template <typename T>
 __device__ void dense_dual_rows DENSE_DUAL_ROWS_PARAMS(T) {
   int k = blockIdx.y * blockDim.x + threadIdx.x;
-  if (k >= nout) return;
+  if (k >= p.nout) return;
   int c = blockIdx.x;
-  int lo = c * chunk, hi = min(rows, lo + chunk);
+  int lo = c * p.chunk, hi = min(p.nrows, lo + p.chunk);
   T gb = T(0), gidt = T(0);
   for (int r = lo; r < hi; ++r) {
-    i64 row = (i64)r0 + r;
-    i64 g = row * nout + k;
+    i64 row = (i64)p.row0 + r;
+    i64 g = row * p.nout + k;
     T hv = h[g];
     T zd = scale ? zdot[g] * scale[row] : zdot[g];
-    T d1 = dphi<T>(is_tanh, hv);
+    T d1 = dphi<T>(p.is_tanh, hv);
     T hb = ybar[g], hdb = ydotbar[g];
     if (idt) {
       gidt += hb * hv + hdb * d1 * zd;
@@ -131,89 +131,89 @@ __device__ void dense_dual_rows DENSE_DUAL_ROWS_PARAMS(T) {
       hdb = hdb * idt[k];
     }
     // tanh'' = −2h(1 − h²); the linear layer has no second-order term.
-    T d2 = is_tanh ? -(hv + hv) * d1 : T(0);
+    T d2 = p.is_tanh ? -(hv + hv) * d1 : T(0);
     T zb = d1 * hb + d2 * zd * hdb;
-    i64 l = (i64)r * nout + k;
+    i64 l = (i64)r * p.nout + k;
     zdbar[l] = d1 * hdb;
     zbar[l] = zb;
     gb += zb;
   }
-  part_b[(i64)c * nout + k] = gb;
-  if (part_idt) part_idt[(i64)c * nout + k] = gidt;
+  part_b[(i64)c * p.nout + k] = gb;
+  if (part_idt) part_idt[(i64)c * p.nout + k] = gidt;
 }
 DPW_INSTANTIATE(dense_dual_rows, DENSE_DUAL_ROWS_PARAMS,
-                (r0, rows, nout, chunk, is_tanh, idt, h, zdot, scale, ybar, ydotbar, zbar, zdbar, part_b, part_idt))
+                (p, idt, h, zdot, scale, ybar, ydotbar, zbar, zdbar, part_b, part_idt))
 
 // The same two results as dense_dual_rows in two launches that fill the card (the `split`
 // variant, DPW_CUDA_DUAL=split): dense_dual_elems computes z̄, ż̄ and each row's īdt term with
 // one thread per (row, column); dense_dual_sums then adds a chunk's rows in row order, the
 // additions of dense_dual_rows in the same order, from values already in memory.
-#define DENSE_DUAL_ELEMS_PARAMS(T)                                                            \
-  (int r0, int rows, int nout, int is_tanh, const T* __restrict__ idt,                        \
-   const T* __restrict__ h, const T* __restrict__ zdot, const T* __restrict__ scale,          \
-   const T* __restrict__ ybar, const T* __restrict__ ydotbar, T* __restrict__ zbar,           \
-   T* __restrict__ zdbar, T* __restrict__ tidt)
+#define DENSE_DUAL_ELEMS_PARAMS(T)                                                     \
+  (DenseParams p, const T* __restrict__ idt, const T* __restrict__ h,                  \
+   const T* __restrict__ zdot, const T* __restrict__ scale, const T* __restrict__ ybar, \
+   const T* __restrict__ ydotbar, T* __restrict__ zbar, T* __restrict__ zdbar,         \
+   T* __restrict__ tidt)
 
 template <typename T>
 __device__ void dense_dual_elems DENSE_DUAL_ELEMS_PARAMS(T) {
   i64 l = global_index();
-  if (l >= (i64)rows * nout) return;
-  int k = (int)(l % nout);
-  i64 row = (i64)r0 + l / nout;
-  i64 g = row * nout + k;
+  if (l >= (i64)p.nrows * p.nout) return;
+  int k = (int)(l % p.nout);
+  i64 row = (i64)p.row0 + l / p.nout;
+  i64 g = row * p.nout + k;
   T hv = h[g];
   T zd = scale ? zdot[g] * scale[row] : zdot[g];
-  T d1 = dphi<T>(is_tanh, hv);
+  T d1 = dphi<T>(p.is_tanh, hv);
   T hb = ybar[g], hdb = ydotbar[g];
   if (idt) {
     tidt[l] = hb * hv + hdb * d1 * zd;
     hb = hb * idt[k];
     hdb = hdb * idt[k];
   }
-  T d2 = is_tanh ? -(hv + hv) * d1 : T(0);
+  T d2 = p.is_tanh ? -(hv + hv) * d1 : T(0);
   zdbar[l] = d1 * hdb;
   zbar[l] = d1 * hb + d2 * zd * hdb;
 }
 DPW_INSTANTIATE(dense_dual_elems, DENSE_DUAL_ELEMS_PARAMS,
-                (r0, rows, nout, is_tanh, idt, h, zdot, scale, ybar, ydotbar, zbar, zdbar, tidt))
+                (p, idt, h, zdot, scale, ybar, ydotbar, zbar, zdbar, tidt))
 
-#define DENSE_DUAL_SUMS_PARAMS(T)                                                             \
-  (int rows, int nout, int chunk, const T* __restrict__ zbar, const T* __restrict__ tidt,     \
+#define DENSE_DUAL_SUMS_PARAMS(T)                                         \
+  (DenseParams p, const T* __restrict__ zbar, const T* __restrict__ tidt, \
    T* __restrict__ part_b, T* __restrict__ part_idt)
 
 template <typename T>
 __device__ void dense_dual_sums DENSE_DUAL_SUMS_PARAMS(T) {
   int k = blockIdx.y * blockDim.x + threadIdx.x;
-  if (k >= nout) return;
+  if (k >= p.nout) return;
   int c = blockIdx.x;
-  int lo = c * chunk, hi = min(rows, lo + chunk);
+  int lo = c * p.chunk, hi = min(p.nrows, lo + p.chunk);
   T gb = T(0), gidt = T(0);
   for (int r = lo; r < hi; ++r) {
-    i64 l = (i64)r * nout + k;
+    i64 l = (i64)r * p.nout + k;
     gb += zbar[l];
     if (tidt) gidt += tidt[l];
   }
-  part_b[(i64)c * nout + k] = gb;
-  if (part_idt) part_idt[(i64)c * nout + k] = gidt;
+  part_b[(i64)c * p.nout + k] = gb;
+  if (part_idt) part_idt[(i64)c * p.nout + k] = gidt;
 }
-DPW_INSTANTIATE(dense_dual_sums, DENSE_DUAL_SUMS_PARAMS, (rows, nout, chunk, zbar, tidt, part_b, part_idt))
+DPW_INSTANTIATE(dense_dual_sums, DENSE_DUAL_SUMS_PARAMS, (p, zbar, tidt, part_b, part_idt))
 
 // grad_b[k] += Σ_chunks part_b[chunk][k] in chunk order; the same for īdt when present.
-#define DENSE_DUAL_FINISH_PARAMS(T)                                                         \
-  (int nchunks, int nout, const T* __restrict__ part_b, const T* __restrict__ part_idt,     \
+#define DENSE_DUAL_FINISH_PARAMS(T)                                             \
+  (DenseParams p, const T* __restrict__ part_b, const T* __restrict__ part_idt, \
    T* __restrict__ grad_b, T* __restrict__ grad_idt)
 
 template <typename T>
 __device__ void dense_dual_finish DENSE_DUAL_FINISH_PARAMS(T) {
   i64 k = global_index();
-  if (k >= nout) return;
+  if (k >= p.nout) return;
   T gb = grad_b[k];
-  for (int c = 0; c < nchunks; ++c) gb += part_b[(i64)c * nout + k];
+  for (int c = 0; c < p.nchunks; ++c) gb += part_b[(i64)c * p.nout + k];
   grad_b[k] = gb;
   if (part_idt) {
     T gi = grad_idt[k];
-    for (int c = 0; c < nchunks; ++c) gi += part_idt[(i64)c * nout + k];
+    for (int c = 0; c < p.nchunks; ++c) gi += part_idt[(i64)c * p.nout + k];
     grad_idt[k] = gi;
   }
 }
-DPW_INSTANTIATE(dense_dual_finish, DENSE_DUAL_FINISH_PARAMS, (nchunks, nout, part_b, part_idt, grad_b, grad_idt))
+DPW_INSTANTIATE(dense_dual_finish, DENSE_DUAL_FINISH_PARAMS, (p, part_b, part_idt, grad_b, grad_idt))

@@ -3,25 +3,9 @@
 // centre's slots in the CPU's order; per-slot kernels are launched once per (ti, tj) block.
 // A-shaped buffers (A, Ȧ, Ā, Ǡ) are [4][M1] per centre, as on every backend.
 
-struct Contract {
-    ncentres: u32,
-    m1: u32,
-    m2: u32,
-    nnei: u32,
-    ntypes: u32,
-    // per-slot kernels: the block's first slot, its slot count, sel[tj] and first centre
-    slot0: u32,
-    nslots: u32,
-    sel: u32,
-    centre0: u32,
-    // d_outer: 0 for D = A A<ᵀ, 1 for Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ
-    mode: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> u: Contract;
-// [centre_start (ntypes+1) | block_start (ntypes²+1) | sel (ntypes)], as in Dims
+// ContractParams: src/backend/gpu_layout.rs.
+@group(0) @binding(0) var<uniform> u: ContractParams;
+// The batch shape table (shape.wgsl)
 @group(0) @binding(1) var<storage, read> dims: array<u32>;
 @group(0) @binding(2) var<storage, read> g: array<real>;
 @group(0) @binding(3) var<storage, read> gp: array<real>;
@@ -46,30 +30,9 @@ fn inv_nnei() -> real {
     return real(1) / real(u.nnei);
 }
 
-fn centre_type(c: u32) -> u32 {
-    var t = 0u;
-    while (t + 1u < u.ntypes && c >= dims[t + 1u]) {
-        t++;
-    }
-    return t;
-}
-
-// First slot of centre c (of type ti) in section tj.
-fn first_slot(ti: u32, c: u32, tj: u32) -> u32 {
-    let nt = u.ntypes;
-    let block = dims[nt + 1u + ti * nt + tj];
-    let sel = dims[nt + 1u + nt * nt + 1u + tj];
-    return block + (c - dims[ti]) * sel;
-}
-
 // Index of A[c][k][i], k = 0 for a row's first component (the others follow M1 apart).
 fn a_index(c: u32, i: u32) -> u32 {
     return c * 4u * u.m1 + i;
-}
-
-fn sel_of(tj: u32) -> u32 {
-    let nt = u.ntypes;
-    return dims[nt + 1u + nt * nt + 1u + tj];
 }
 
 // A[c][i][·] = (1/nnei) Σ_slots G[slot][i] R̂[slot][·]

@@ -2,26 +2,10 @@
 // Matrix products are 16×16 tiles staged in workgroup memory; every output element is summed by
 // one thread in a fixed order, so results are reproducible run to run.
 
-struct Dense {
-    row0: u32,
-    nrows: u32,
-    nin: u32,
-    nout: u32,
-    w: u32,
-    b: u32,
-    idt: u32,
-    // bit 0 tanh, bit 1 has idt, bit 2 has scale, bits 8..9 skip (0 none, 1 identity, 2 double)
-    flags: u32,
-    // rows per chunk of the weight-gradient partial sums, and the number of chunks
-    chunk: u32,
-    nchunks: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
 const TS: u32 = 16u;
 
-@group(0) @binding(0) var<uniform> u: Dense;
+// DenseParams: src/backend/gpu_layout.rs.
+@group(0) @binding(0) var<uniform> u: DenseParams;
 @group(0) @binding(1) var<storage, read> params: array<real>;
 // x (forward, dual_wgrad) or ẋ (tangent)
 @group(0) @binding(2) var<storage, read> xin: array<real>;
@@ -47,15 +31,15 @@ var<workgroup> tc: array<array<real, 16>, 16>;
 var<workgroup> td: array<array<real, 16>, 16>;
 
 fn is_tanh() -> bool {
-    return (u.flags & 1u) != 0u;
+    return u.is_tanh != 0u;
 }
 
 fn has_idt() -> bool {
-    return (u.flags & 2u) != 0u;
+    return u.has_idt != 0u;
 }
 
 fn skip_kind() -> u32 {
-    return (u.flags >> 8u) & 3u;
+    return u.skip;
 }
 
 fn dphi(h: real) -> real {
@@ -63,7 +47,7 @@ fn dphi(h: real) -> real {
 }
 
 fn row_scale(row: u32) -> real {
-    return select(real(1), scale[row], (u.flags & 4u) != 0u);
+    return select(real(1), scale[row], u.has_scale != 0u);
 }
 
 // Row tiles run along y then z (65535 workgroups at most per dimension).

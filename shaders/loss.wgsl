@@ -31,7 +31,7 @@ struct Loss {
 @group(0) @binding(11) var<storage, read> owner: array<i32>;
 @group(0) @binding(12) var<storage, read_write> rdot: array<real>;
 @group(0) @binding(13) var<storage, read_write> sdot: array<real>;
-// [centre_start (ntypes+1) | ...], as in Dims (see scatter.wgsl)
+// The batch shape table (shape.wgsl)
 @group(0) @binding(14) var<storage, read> dims: array<u32>;
 
 // res = coef[which]·(pred − label), elementwise (forces, virials).
@@ -55,11 +55,8 @@ fn energy_bar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     }
     // Centres run by type, then frame: the frame is the index within the type's block over
     // the type's centres per frame (Dims::centre_frame).
-    var t = 0u;
-    while (t + 1u < u.ntypes && c >= dims[t + 1u]) {
-        t++;
-    }
-    let f = (c - dims[t]) / ((dims[t + 1u] - dims[t]) / u.nframes);
+    let t = centre_type(c);
+    let f = (c - centre_start(t)) / ((centre_start(t + 1u) - centre_start(t)) / u.nframes);
     res[c] = coef[0] * (pred[f] - label[f]);
 }
 

@@ -2,15 +2,9 @@
 // No atomics: forces are gathered per atom from a host-built list of the slots that touch it,
 // in the CPU's visiting order; virials are summed per centre, then per frame in centre order.
 
-struct Scatter {
-    ncentres: u32,
-    nframes: u32,
-    natoms: u32,
-    ntypes: u32,
-}
-
-@group(0) @binding(0) var<uniform> u: Scatter;
-// [centre_start (ntypes+1) | block_start (ntypes²+1) | sel (ntypes)], as in Dims
+// ScatterParams: src/backend/gpu_layout.rs.
+@group(0) @binding(0) var<uniform> u: ScatterParams;
+// The batch shape table (shape.wgsl)
 @group(0) @binding(1) var<storage, read> dims: array<u32>;
 @group(0) @binding(2) var<storage, read> e_fit: array<real>;
 @group(0) @binding(3) var<storage, read> bias: array<real>;
@@ -28,27 +22,9 @@ struct Scatter {
 @group(0) @binding(12) var<storage, read_write> wpart: array<real>;
 @group(0) @binding(13) var<storage, read_write> virial: array<real>;
 
-fn centre_type(c: u32) -> u32 {
-    var t = 0u;
-    while (t + 1u < u.ntypes && c >= dims[t + 1u]) {
-        t++;
-    }
-    return t;
-}
-
-fn sel_of(tj: u32) -> u32 {
-    let nt = u.ntypes;
-    return dims[nt + 1u + nt * nt + 1u + tj];
-}
-
-fn first_slot(ti: u32, c: u32, tj: u32) -> u32 {
-    let nt = u.ntypes;
-    return dims[nt + 1u + ti * nt + tj] + (c - dims[ti]) * sel_of(tj);
-}
-
 // Centres of type t per frame.
 fn per_frame(t: u32) -> u32 {
-    return (dims[t + 1u] - dims[t]) / u.nframes;
+    return (centre_start(t + 1u) - centre_start(t)) / u.nframes;
 }
 
 @compute @workgroup_size(64)
@@ -73,7 +49,7 @@ fn frame_energy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     var acc = WideSum();
     for (var t = 0u; t < u.ntypes; t++) {
         let n = per_frame(t);
-        let c0 = dims[t] + f * n;
+        let c0 = centre_start(t) + f * n;
         for (var c = c0; c < c0 + n; c++) {
             wide_add(&acc, e_atom[c]);
         }
@@ -148,7 +124,7 @@ fn frame_virial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     var acc = real(0);
     for (var t = 0u; t < u.ntypes; t++) {
         let n = per_frame(t);
-        let c0 = dims[t] + f * n;
+        let c0 = centre_start(t) + f * n;
         for (var c = c0; c < c0 + n; c++) {
             acc += wpart[9u * c + k];
         }

@@ -1,10 +1,12 @@
 //! Every WGSL shader parses and validates with naga in both precisions (float64 with the FLOAT64
-//! capability), and every kernel's table of bindings (src/backend/wgpu/shaders.rs) is exactly
-//! what its entry point uses. No GPU needed.
+//! capability), every kernel's table of bindings (src/backend/wgpu/shaders.rs) is exactly
+//! what its entry point uses, and the parameter structs the shaders see have the Rust layout.
+//! No GPU needed.
 #![cfg(feature = "wgpu")]
 
 use std::collections::BTreeSet;
 
+use dpw::backend::gpu_layout::PARAMS;
 use dpw::backend::wgpu::shaders::{source, Access, Precision, Shader, ALL_KERNELS};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
@@ -102,6 +104,35 @@ fn kernel_bindings_match_entry_points() {
                 k.shader.file_name(),
                 k.entry
             );
+        }
+    }
+}
+
+/// The WGSL declarations generated from the Rust parameter structs lay them out as Rust does:
+/// the same size and the same offset for every member, in both precisions.
+#[test]
+fn param_structs_have_the_rust_layout() {
+    for prec in [Precision::F32, Precision::F64] {
+        for shader in Shader::ALL {
+            let (m, _) = module(shader, prec);
+            for l in PARAMS {
+                let ty = m
+                    .types
+                    .iter()
+                    .find(|(_, t)| t.name.as_deref() == Some(l.name))
+                    .unwrap_or_else(|| panic!("{}: no struct {}", shader.file_name(), l.name))
+                    .1;
+                let naga::TypeInner::Struct { members, span } = &ty.inner else {
+                    panic!("{}: {} is no struct", shader.file_name(), l.name);
+                };
+                assert_eq!(*span as usize, l.size, "{}: size", l.name);
+                let wgsl: Vec<_> = members
+                    .iter()
+                    .map(|m| (m.name.as_deref().unwrap_or(""), m.offset as usize))
+                    .collect();
+                let rust: Vec<_> = l.fields.iter().map(|f| (f.name, f.offset)).collect();
+                assert_eq!(wgsl, rust, "{}: (member, offset)", l.name);
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod dims;
+pub mod gpu_layout;
 mod real;
 pub mod timed;
 #[cfg(feature = "wgpu")]

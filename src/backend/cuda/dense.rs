@@ -10,18 +10,8 @@ use std::ops::Range;
 use cudarc::driver::LaunchConfig;
 
 use super::{grid, launch, name, Cuda, CudaBuf, CudaReal, DualShape, BLOCK};
+use crate::backend::gpu_layout::DenseParams;
 use crate::model::{Layer, Skip};
-
-/// Rows per partial sum of b̄ and īdt: the CPU backend's chunk, so both sum in the same order.
-const DUAL_CHUNK: usize = 256;
-
-fn skip_code(l: &Layer) -> i32 {
-    match l.skip {
-        Skip::None => 0,
-        Skip::Identity => 1,
-        Skip::Double => 2,
-    }
-}
 
 /// Address of the layer's timestep, or 0 (a null pointer: the kernels test it).
 fn idt_addr<T>(c: &Cuda, l: &Layer, p: &CudaBuf<T>) -> u64 {
@@ -63,15 +53,7 @@ fn input_adjoint<T: CudaReal>(
             c,
             &name::<T>("dense_skip_adjoint"),
             grid(n * l.nin, BLOCK),
-            [
-                rows.start as i32,
-                n as i32,
-                l.nin as i32,
-                l.nout as i32,
-                skip_code(l),
-                c.ptr(ybar),
-                c.ptr(xbar)
-            ]
+            [DenseParams::new(l, rows, false), c.ptr(ybar), c.ptr(xbar)]
         );
         T::one()
     };
@@ -112,12 +94,7 @@ pub(super) fn forward<T: CudaReal>(
         &name::<T>("dense_forward"),
         grid(n * l.nout, BLOCK),
         [
-            rows.start as i32,
-            n as i32,
-            l.nin as i32,
-            l.nout as i32,
-            l.tanh as i32,
-            skip_code(l),
+            DenseParams::new(l, &rows, false),
             c.at(p, l.b),
             idt_addr(c, l, p),
             c.ptr(x),
@@ -146,10 +123,7 @@ pub(super) fn backward<T: CudaReal>(
         &name::<T>("dense_zbar"),
         grid(n * l.nout, BLOCK),
         [
-            rows.start as i32,
-            n as i32,
-            l.nout as i32,
-            l.tanh as i32,
+            DenseParams::new(l, &rows, false),
             idt_addr(c, l, p),
             c.ptr(h),
             c.ptr(ybar),
@@ -187,12 +161,7 @@ pub(super) fn tangent<T: CudaReal>(
         &name::<T>("dense_tangent"),
         grid(n * l.nout, BLOCK),
         [
-            rows.start as i32,
-            n as i32,
-            l.nin as i32,
-            l.nout as i32,
-            l.tanh as i32,
-            skip_code(l),
+            DenseParams::new(l, &rows, false),
             idt_addr(c, l, p),
             c.ptr(h),
             c.ptr(xdot),
@@ -227,7 +196,8 @@ pub(super) fn dual_backward<T: CudaReal>(
         return;
     }
     let (nin, nout) = (l.nin, l.nout);
-    let chunks = n.div_ceil(DUAL_CHUNK);
+    let u = DenseParams::new(l, &rows, i.scale.is_some());
+    let chunks = u.nchunks as usize;
     let zbar = c.scratch::<T>(n * nout);
     let zdbar = c.scratch::<T>(n * nout);
     let part_b = c.scratch::<T>(chunks * nout);
@@ -248,11 +218,7 @@ pub(super) fn dual_backward<T: CudaReal>(
             &name::<T>("dense_dual_rows"),
             per_chunk,
             [
-                rows.start as i32,
-                n as i32,
-                nout as i32,
-                DUAL_CHUNK as i32,
-                l.tanh as i32,
+                u,
                 idt_addr(c, l, p),
                 c.ptr(i.h),
                 c.ptr(i.zdot),
@@ -274,10 +240,7 @@ pub(super) fn dual_backward<T: CudaReal>(
                 &name::<T>("dense_dual_elems"),
                 grid(n * nout, BLOCK),
                 [
-                    rows.start as i32,
-                    n as i32,
-                    nout as i32,
-                    l.tanh as i32,
+                    u,
                     idt_addr(c, l, p),
                     c.ptr(i.h),
                     c.ptr(i.zdot),
@@ -293,15 +256,7 @@ pub(super) fn dual_backward<T: CudaReal>(
                 c,
                 &name::<T>("dense_dual_sums"),
                 per_chunk,
-                [
-                    n as i32,
-                    nout as i32,
-                    DUAL_CHUNK as i32,
-                    c.addr(&zbar),
-                    tidt_addr,
-                    c.addr(&part_b),
-                    part_idt_addr
-                ]
+                [u, c.addr(&zbar), tidt_addr, c.addr(&part_b), part_idt_addr]
             );
         }
     }
@@ -312,14 +267,7 @@ pub(super) fn dual_backward<T: CudaReal>(
             c,
             &name::<T>("dense_scale_rows"),
             grid(n * nin, BLOCK),
-            [
-                rows.start as i32,
-                n as i32,
-                nin as i32,
-                c.ptr(i.xdot),
-                c.ptr(s),
-                c.addr(&out)
-            ]
+            [u, c.ptr(i.xdot), c.ptr(s), c.addr(&out)]
         );
         out
     });
@@ -353,8 +301,7 @@ pub(super) fn dual_backward<T: CudaReal>(
         &name::<T>("dense_dual_finish"),
         grid(nout, 64),
         [
-            chunks as i32,
-            nout as i32,
+            u,
             c.addr(&part_b),
             part_idt_addr,
             c.at(grad, l.b),

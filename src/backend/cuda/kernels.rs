@@ -16,11 +16,14 @@ pub struct KernelFile {
 }
 
 impl KernelFile {
-    /// The text NVRTC compiles: the common header, then the file.
+    /// The text NVRTC compiles: the layouts shared with the host, the common header, then the
+    /// file.
     pub fn source(&self) -> String {
         format!(
-            "// ---- common.cuh ----\n{COMMON}\n// ---- {} ----\n{}",
-            self.name, self.source
+            "{}\n// ---- common.cuh ----\n{COMMON}\n// ---- {} ----\n{}",
+            crate::backend::gpu_layout::cuda_declarations(),
+            self.name,
+            self.source
         )
     }
 }

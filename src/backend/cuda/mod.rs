@@ -35,6 +35,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
+use super::gpu_layout;
 use super::{AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -117,6 +118,10 @@ macro_rules! impl_cuda_real {
 impl_cuda_real!(f32, "_f32", sgemm);
 impl_cuda_real!(f64, "_f64", dgemm);
 
+// SAFETY: a #[repr(C)] struct of 4-byte integers, passed by value to kernels that declare the
+// struct from its Rust layout (gpu_layout::cuda_declarations, which static_asserts the offsets).
+unsafe impl DeviceRepr for gpu_layout::DenseParams {}
+
 /// A device vector of T. The allocation has at least one element (CUDA allocations of zero
 /// bytes are not portable); `len` is the logical length.
 pub struct CudaBuf<T> {
@@ -178,8 +183,8 @@ pub struct Cuda {
     blas: Mutex<CudaBlas>,
     /// Every kernel of every file, by full name (`env_mat_f64`), loaded once at start.
     funcs: HashMap<String, CudaFunction>,
-    /// The device table of each batch shape seen (kernels/common.cuh, `struct Dims`).
-    dims: Mutex<HashMap<Vec<i32>, Arc<CudaSlice<i32>>>>,
+    /// The device table of each batch shape seen, by its host copy.
+    dims: Mutex<HashMap<Vec<u32>, Arc<CudaSlice<i32>>>>,
     device: String,
     arch: String,
     counters: Counters,
@@ -391,29 +396,15 @@ impl Cuda {
         self.stream.clone_htod(x).expect("cuda: upload")
     }
 
-    /// The device table of a batch shape (kernels/common.cuh, `struct Dims`), made once.
+    /// The device copy of a batch shape's table ([`gpu_layout::shape_table`]), made once.
     fn dims_table(&self, d: &Dims) -> Arc<CudaSlice<i32>> {
-        let int = |v: usize| i32::try_from(v).expect("cuda: batch dimension above 2^31");
-        let mut t: Vec<i32> = [
-            d.ntypes,
-            d.nnei,
-            d.m1,
-            d.m2,
-            d.nframes,
-            d.natoms,
-            d.ncentres(),
-            d.nslots(),
-        ]
-        .map(int)
-        .to_vec();
-        t.extend(d.sel.iter().map(|&v| int(v)));
-        t.extend(d.centre_start.iter().map(|&v| int(v)));
-        t.extend(d.block_start.iter().map(|&v| int(v)));
+        let t = gpu_layout::shape_table(d);
         let mut map = self.dims.lock().unwrap();
         if let Some(b) = map.get(&t) {
             return b.clone();
         }
-        let b = Arc::new(self.upload_vec(&t));
+        // The kernels read the table as int: every entry is below 2^31.
+        let b = Arc::new(self.upload_vec(bytemuck::cast_slice::<u32, i32>(&t)));
         map.insert(t, b.clone());
         b
     }

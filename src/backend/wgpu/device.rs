@@ -10,7 +10,7 @@ use wgpu::util::DeviceExt;
 use super::shaders::{source, Access, Kernel, Precision, Shader};
 use super::{Buf, GpuReal, Idx, Window};
 use crate::backend::counts::{Counters, Counts};
-use crate::backend::{Dims, Span};
+use crate::backend::{gpu_layout, Dims, Span};
 
 /// Ops recorded before a submit, so that the device starts on long sequences early.
 const MAX_PENDING_PASSES: u32 = 64;
@@ -855,9 +855,9 @@ impl Wgpu {
         }
     }
 
-    /// The batch layout tables as the shaders read them: centre_start, block_start, sel.
+    /// The batch shape's table ([`gpu_layout::shape_table`]), uploaded once per shape.
     pub(super) fn dims_buf(&self, d: &Dims) -> wgpu::Buffer {
-        let table = dims_table(d);
+        let table = gpu_layout::shape_table(d);
         let mut cache = self.dims.lock().unwrap();
         if let Some(b) = cache.get(&table) {
             return b.clone();
@@ -957,14 +957,4 @@ impl Wgpu {
         let same = lists.dims == *d && lists.centre_atom == *centre_atom.host;
         (same && owner.len() == ns && w.at.is_multiple_of(ns)).then_some((lists, w.at / ns))
     }
-}
-
-/// The batch layout tables as the shaders read them: centre_start, block_start, sel.
-fn dims_table(d: &Dims) -> Vec<u32> {
-    d.centre_start
-        .iter()
-        .chain(&d.block_start)
-        .chain(&d.sel)
-        .map(|&x| u32::try_from(x).expect("batch too large for 32-bit indices"))
-        .collect()
 }

@@ -6,16 +6,15 @@ use std::ops::Range;
 use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
+use crate::backend::gpu_layout::{ContractParams, DenseParams, ScatterParams};
 use crate::backend::{AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
-use crate::model::{Layer, Skip};
+use crate::model::Layer;
 
 /// Threads per workgroup of the 1-D kernels (`WG` in shaders/common.wgsl).
 const WG: u32 = 64;
 /// Tile edge of the dense kernels (`TS` in shaders/dense.wgsl).
 const TS: u32 = 16;
-/// Rows per weight-gradient partial sum in the dense dual backward.
-const CHUNK: u32 = 256;
 const MAX_GROUPS: u32 = 65535;
 /// Training frames kept on the device by default: 1 GiB, a fraction of any discrete GPU and of a
 /// laptop's shared memory (the water example's 400 frames take 170 MB in float32).
@@ -44,48 +43,6 @@ fn grid_tiles(cols: usize, rows: usize) -> [u32; 3] {
         (MAX_GROUPS, rt.div_ceil(MAX_GROUPS))
     };
     [u32_of(cols).div_ceil(TS), y, z]
-}
-
-fn dense_uniform(l: &Layer, rows: &Range<usize>, scale: bool, nchunks: u32) -> [u32; 12] {
-    let skip = match l.skip {
-        Skip::None => 0,
-        Skip::Identity => 1,
-        Skip::Double => 2,
-    };
-    let flags =
-        u32::from(l.tanh) | u32::from(l.idt.is_some()) << 1 | u32::from(scale) << 2 | skip << 8;
-    [
-        u32_of(rows.start),
-        u32_of(rows.len()),
-        u32_of(l.nin),
-        u32_of(l.nout),
-        u32_of(l.w),
-        u32_of(l.b),
-        u32_of(l.idt.unwrap_or(0)),
-        flags,
-        CHUNK,
-        nchunks,
-        0,
-        0,
-    ]
-}
-
-/// Uniform block of the contraction kernels; the per-slot fields are filled per block.
-fn contract_uniform(d: &Dims, mode: u32) -> [u32; 12] {
-    [
-        u32_of(d.ncentres()),
-        u32_of(d.m1),
-        u32_of(d.m2),
-        u32_of(d.nnei),
-        u32_of(d.ntypes),
-        0,
-        0,
-        0,
-        0,
-        mode,
-        0,
-        0,
-    ]
 }
 
 /// Calls `f(slots, sel, first centre)` for every non-empty (ti, tj) block.
@@ -140,11 +97,12 @@ impl Wgpu {
     fn go<T: GpuReal>(
         &self,
         kern: &Kernel,
-        uniform: &[u32],
+        uniform: &impl bytemuck::Pod,
         bufs: &[&wgpu::Buffer],
         groups: [u32; 3],
     ) {
-        self.run(kern, T::PRECISION, uniform, bufs, groups);
+        let words = bytemuck::cast_slice(std::slice::from_ref(uniform));
+        self.run(kern, T::PRECISION, words, bufs, groups);
     }
 
     /// The op's constants rounded to T, in its persistent buffer ([`Wgpu::consts`]).
@@ -311,7 +269,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         h: &mut Buf<T>,
         y: &mut Buf<T>,
     ) {
-        let u = dense_uniform(l, &rows, false, 0);
+        let u = DenseParams::new(l, &rows, false);
         self.go::<T>(
             &k::DENSE_FORWARD,
             &u,
@@ -329,7 +287,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         ybar: &Buf<T>,
         xbar: &mut Buf<T>,
     ) {
-        let u = dense_uniform(l, &rows, false, 0);
+        let u = DenseParams::new(l, &rows, false);
         self.go::<T>(
             &k::DENSE_BACKWARD,
             &u,
@@ -348,7 +306,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         zdot: &mut Buf<T>,
         ydot: &mut Buf<T>,
     ) {
-        let u = dense_uniform(l, &rows, false, 0);
+        let u = DenseParams::new(l, &rows, false);
         self.go::<T>(
             &k::DENSE_TANGENT,
             &u,
@@ -377,13 +335,13 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         let op = self.exclusive();
         let sz = size_of::<T>() as u64;
         let m = (rows.len() * l.nout) as u64;
-        let nchunks = u32_of(rows.len()).div_ceil(CHUNK);
-        let u = dense_uniform(l, &rows, scale.is_some(), nchunks);
+        let u = DenseParams::new(l, &rows, scale.is_some());
+        let nchunks = u.nchunks as usize;
         let scratch = self.scratch(&op, "dense.z", 3 * m * sz);
         let partial = self.scratch(
             &op,
             "dense.partial",
-            u64::from(nchunks) * ((l.nin + 2) * l.nout) as u64 * sz,
+            (nchunks * (l.nin + 2) * l.nout) as u64 * sz,
         );
         // Without a scale the binding is never read; any buffer will do.
         let scale = scale.map_or(&io.h.buf, |s| &s.buf);
@@ -408,14 +366,14 @@ impl<T: GpuReal> Backend<T> for Wgpu {
             [
                 u32_of(l.nout).div_ceil(TS),
                 u32_of(l.nin).div_ceil(TS),
-                nchunks,
+                u.nchunks,
             ],
         );
         self.go::<T>(
             &k::DENSE_DUAL_BSUM,
             &u,
             &[&scratch, &partial],
-            grid1(nchunks as usize * l.nout),
+            grid1(nchunks * l.nout),
         );
         self.go::<T>(
             &k::DENSE_DUAL_WSUM,
@@ -442,7 +400,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         desc: &mut Buf<T>,
     ) {
         let dims = self.dims_buf(d);
-        let u = contract_uniform(d, 0);
+        let u = ContractParams::new(d, 0);
         let nc = d.ncentres();
         self.go::<T>(
             &k::CONTRACT_A_FORWARD,
@@ -460,7 +418,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
     }
 
     fn contract_backward(&self, d: &Dims, a: &Buf<T>, dbar: &Buf<T>, abar: &mut Buf<T>) {
-        let u = contract_uniform(d, 0);
+        let u = ContractParams::new(d, 0);
         self.go::<T>(
             &k::CONTRACT_A_BACKWARD,
             &u,
@@ -479,17 +437,11 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         jac: &Buf<T>,
         q: &mut Buf<T>,
     ) {
+        let u = ContractParams::new(d, 0);
         for_blocks(d, |slots, sel, c0| {
-            let mut u = contract_uniform(d, 0);
-            u[5..9].copy_from_slice(&[
-                u32_of(slots.start),
-                u32_of(slots.len()),
-                u32_of(sel),
-                u32_of(c0),
-            ]);
             self.go::<T>(
                 &k::CONTRACT_SLOT_BACKWARD,
-                &u,
+                &u.block(&slots, sel, c0),
                 &[&abar.buf, &g.buf, &gp.buf, &rhat.buf, &jac.buf, &q.buf],
                 grid1(slots.len()),
             );
@@ -509,7 +461,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
     ) {
         let dims = self.dims_buf(d);
         let nc = d.ncentres();
-        let u = contract_uniform(d, 1);
+        let u = ContractParams::new(d, 1);
         self.go::<T>(
             &k::CONTRACT_A_TANGENT,
             &u,
@@ -541,7 +493,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         let bytes = (nc * 4 * d.m1 * size_of::<T>()) as u64;
         let ab = self.scratch(&op, "contract.abar", bytes);
         let adb = self.scratch(&op, "contract.adotbar", bytes);
-        let u = contract_uniform(d, 0);
+        let u = ContractParams::new(d, 0);
         self.go::<T>(
             &k::CONTRACT_DUAL_CENTRE,
             &u,
@@ -549,16 +501,9 @@ impl<T: GpuReal> Backend<T> for Wgpu {
             grid1(nc * d.m1),
         );
         for_blocks(d, |slots, sel, c0| {
-            let mut u = contract_uniform(d, 0);
-            u[5..9].copy_from_slice(&[
-                u32_of(slots.start),
-                u32_of(slots.len()),
-                u32_of(sel),
-                u32_of(c0),
-            ]);
             self.go::<T>(
                 &k::CONTRACT_DUAL_SLOT,
-                &u,
+                &u.block(&slots, sel, c0),
                 &[&ab, &adb, &rhat.buf, &rdot.buf, &gbar.buf, &gdotbar.buf],
                 grid1(slots.len() * d.m1),
             );
@@ -574,12 +519,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         energy: &mut Buf<T>,
     ) {
         let dims = self.dims_buf(d);
-        let u = [
-            u32_of(d.ncentres()),
-            u32_of(d.nframes),
-            u32_of(d.natoms),
-            u32_of(d.ntypes),
-        ];
+        let u = ScatterParams::new(d);
         self.go::<T>(
             &k::SCATTER_ATOM_ENERGY,
             &u,
@@ -607,12 +547,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         let op = self.exclusive();
         let dims = self.dims_buf(d);
         let (ptr, ent) = self.force_lists(&op, d, owner, centre_atom);
-        let u = [
-            u32_of(d.ncentres()),
-            u32_of(d.nframes),
-            u32_of(d.natoms),
-            u32_of(d.ntypes),
-        ];
+        let u = ScatterParams::new(d);
         self.go::<T>(
             &k::SCATTER_GATHER_FORCE,
             &u,

@@ -1,6 +1,7 @@
 //! WGSL sources and the kernel table. Every op shader is written once against `real`; the
 //! precision prelude (`shaders/real_f32.wgsl` or `real_f64.wgsl`) is prepended at pipeline
-//! creation, then `shaders/common.wgsl`.
+//! creation, then the layouts shared with the host (`gpu_layout::wgsl_declarations`), then
+//! `shaders/common.wgsl`.
 
 /// The precision a pipeline is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,6 +54,11 @@ impl Shader {
         }
     }
 
+    /// Whether the shader binds the batch shape table, and so gets `shaders/shape.wgsl`.
+    fn reads_shape(self) -> bool {
+        matches!(self, Shader::Contract | Shader::Scatter | Shader::Loss)
+    }
+
     fn body(self) -> &'static str {
         match self {
             Shader::EnvMat => include_str!("../../../shaders/env_mat.wgsl"),
@@ -73,7 +79,16 @@ pub fn source(shader: Shader, prec: Precision) -> String {
         Precision::F64 => include_str!("../../../shaders/real_f64.wgsl"),
     };
     let common = include_str!("../../../shaders/common.wgsl");
-    format!("{prelude}\n{common}\n{}", shader.body())
+    let shape = if shader.reads_shape() {
+        include_str!("../../../shaders/shape.wgsl")
+    } else {
+        ""
+    };
+    format!(
+        "{prelude}\n{}\n{common}\n{}\n{shape}",
+        crate::backend::gpu_layout::wgsl_declarations(),
+        shader.body()
+    )
 }
 
 /// How an entry point uses one storage binding.

@@ -1,0 +1,370 @@
+//! The memory layouts the two GPU backends share with their kernels, defined once: the batch
+//! shape table and the ops' parameter structs. The CUDA and WGSL declarations of them are
+//! generated from these definitions and put before every kernel source (see
+//! `cuda::kernels::KernelFile::source` and `wgpu::shaders::source`), so a kernel cannot read a
+//! layout other than the one the host writes.
+//!
+//! Every field is 4 bytes. A `u32` field is a count or an index below 2^31 ([`count`] checks
+//! it): WGSL reads it as `u32`, CUDA as `int`, the types the kernels do their index arithmetic in.
+
+use std::ops::Range;
+
+use super::Dims;
+use crate::model::{Layer, Skip};
+
+/// A scalar type a GPU struct field may have, with its names in the two kernel languages.
+pub trait GpuScalar {
+    const WGSL: &'static str;
+    const CUDA: &'static str;
+}
+
+impl GpuScalar for u32 {
+    const WGSL: &'static str = "u32";
+    const CUDA: &'static str = "int";
+}
+
+/// One field of a [`GpuStruct`].
+#[derive(Debug)]
+pub struct Field {
+    pub name: &'static str,
+    pub wgsl: &'static str,
+    pub cuda: &'static str,
+    /// Byte offset in the Rust struct.
+    pub offset: usize,
+}
+
+/// The layout of a `#[repr(C)]` struct that kernels read.
+#[derive(Debug)]
+pub struct Layout {
+    pub name: &'static str,
+    pub size: usize,
+    pub fields: &'static [Field],
+}
+
+/// A `#[repr(C)]` struct the host writes and kernels read, declared by [`gpu_struct!`].
+pub trait GpuStruct: bytemuck::Pod {
+    const LAYOUT: Layout;
+}
+
+/// Declares a `#[repr(C)]`, `Pod` struct of 4-byte scalars with its [`GpuStruct::LAYOUT`]. Its
+/// size is whole 16-byte rows, as a WGSL uniform block's must be.
+macro_rules! gpu_struct {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+        }
+
+        const _: () = assert!(size_of::<$name>() % 16 == 0, "pad to whole 16-byte rows");
+
+        impl GpuStruct for $name {
+            const LAYOUT: Layout = Layout {
+                name: stringify!($name),
+                size: size_of::<$name>(),
+                fields: &[$(Field {
+                    name: stringify!($f),
+                    wgsl: <$t as GpuScalar>::WGSL,
+                    cuda: <$t as GpuScalar>::CUDA,
+                    offset: std::mem::offset_of!($name, $f),
+                },)*],
+            };
+        }
+    };
+}
+
+/// `x` as a field value: below 2^31, so that CUDA's `int` reads it unchanged.
+pub fn count(x: usize) -> u32 {
+    i32::try_from(x).expect("batch dimension above 2^31") as u32
+}
+
+gpu_struct! {
+    /// The fixed head of the shape table ([`shape_table`]).
+    pub struct DimsHeader {
+        pub ntypes: u32,
+        pub nnei: u32,
+        pub m1: u32,
+        pub m2: u32,
+        pub nframes: u32,
+        pub natoms: u32,
+        pub ncentres: u32,
+        pub nslots: u32,
+    }
+}
+
+/// The sections of the shape table after its head, in table order: the name, and the length
+/// for nt types as `[constant, coefficient of nt, coefficient of nt²]`.
+const SECTIONS: [(&str, [usize; 3]); 3] = [
+    ("sel", [0, 1, 0]),
+    ("centre_start", [1, 1, 0]),
+    ("block_start", [1, 0, 1]),
+];
+
+/// The data of each of [`SECTIONS`].
+fn sections(d: &Dims) -> [&[usize]; 3] {
+    [&d.sel, &d.centre_start, &d.block_start]
+}
+
+/// The batch layout ([`Dims`]) as one table of 4-byte integers, the one way both GPU backends
+/// pass it to their kernels: a [`DimsHeader`], then the sections [`SECTIONS`] lists.
+pub fn shape_table(d: &Dims) -> Vec<u32> {
+    let head = DimsHeader {
+        ntypes: count(d.ntypes),
+        nnei: count(d.nnei),
+        m1: count(d.m1),
+        m2: count(d.m2),
+        nframes: count(d.nframes),
+        natoms: count(d.natoms),
+        ncentres: count(d.ncentres()),
+        nslots: count(d.nslots()),
+    };
+    let mut t = bytemuck::cast_slice::<DimsHeader, u32>(&[head]).to_vec();
+    for s in sections(d) {
+        t.extend(s.iter().map(|&v| count(v)));
+    }
+    t
+}
+
+/// Where each section of the shape table starts, in entries, as `[constant, ·nt, ·nt²]`.
+fn section_starts() -> [(&'static str, [usize; 3]); 3] {
+    let mut at = [size_of::<DimsHeader>() / 4, 0, 0];
+    SECTIONS.map(|(name, len)| {
+        let start = at;
+        (0..3).for_each(|i| at[i] += len[i]);
+        (name, start)
+    })
+}
+
+/// `c + a·nt + b·nt²` as source text; `lit` writes a number as the language spells it.
+fn polynomial([c, a, b]: [usize; 3], lit: impl Fn(usize) -> String) -> String {
+    let times = |k: usize, x: &str| match k {
+        0 => None,
+        1 => Some(x.to_string()),
+        _ => Some(format!("{} * {x}", lit(k))),
+    };
+    std::iter::once(lit(c))
+        .chain(times(a, "nt"))
+        .chain(times(b, "nt * nt"))
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// Rows per partial sum of b̄ and īdt (and W̄ on wgpu) in the dense dual backward: the
+/// partials are then added in chunk order, so the sums' order depends on the shapes alone.
+pub const DENSE_CHUNK: usize = 256;
+
+gpu_struct! {
+    /// The scalars of every dense-layer kernel: one layer on a row range.
+    pub struct DenseParams {
+        /// The rows: the first, and how many.
+        pub row0: u32,
+        pub nrows: u32,
+        pub nin: u32,
+        pub nout: u32,
+        /// 1 for tanh, 0 for the linear output layer.
+        pub is_tanh: u32,
+        /// The skip connection: 0 none, 1 identity (nout == nin), 2 doubled (nout == 2 nin).
+        pub skip: u32,
+        /// 1 when the layer has a timestep (idt).
+        pub has_idt: u32,
+        /// 1 when the dual backward scales ẋ per row (embedding nets).
+        pub has_scale: u32,
+        /// Offsets of W, b and idt in the parameter vector, for the WGSL kernels (CUDA's get
+        /// pointers).
+        pub w: u32,
+        pub b: u32,
+        pub idt: u32,
+        /// Rows per partial sum ([`DENSE_CHUNK`]), and the number of chunks of the rows.
+        pub chunk: u32,
+        pub nchunks: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+        pub _pad2: u32,
+    }
+}
+
+impl DenseParams {
+    /// Layer `l` on `rows`; `scale`: whether ẋ is scaled per row.
+    pub fn new(l: &Layer, rows: &Range<usize>, scale: bool) -> Self {
+        DenseParams {
+            row0: count(rows.start),
+            nrows: count(rows.len()),
+            nin: count(l.nin),
+            nout: count(l.nout),
+            is_tanh: l.tanh.into(),
+            skip: match l.skip {
+                Skip::None => 0,
+                Skip::Identity => 1,
+                Skip::Double => 2,
+            },
+            has_idt: l.idt.is_some().into(),
+            has_scale: scale.into(),
+            w: count(l.w),
+            b: count(l.b),
+            idt: count(l.idt.unwrap_or(0)),
+            chunk: count(DENSE_CHUNK),
+            nchunks: count(rows.len().div_ceil(DENSE_CHUNK)),
+            ..Default::default()
+        }
+    }
+}
+
+gpu_struct! {
+    /// The scalars of the WGSL contraction kernels (CUDA's read the shape table alone).
+    pub struct ContractParams {
+        pub ncentres: u32,
+        pub m1: u32,
+        pub m2: u32,
+        pub nnei: u32,
+        pub ntypes: u32,
+        /// Per-slot kernels, launched per (ti, tj) block: the block's first slot, its slot
+        /// count, sel[tj] and first centre.
+        pub slot0: u32,
+        pub nslots: u32,
+        pub sel: u32,
+        pub centre0: u32,
+        /// d_outer: 0 for D = A A<ᵀ, 1 for Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ.
+        pub mode: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+    }
+}
+
+impl ContractParams {
+    pub fn new(d: &Dims, mode: u32) -> Self {
+        ContractParams {
+            ncentres: count(d.ncentres()),
+            m1: count(d.m1),
+            m2: count(d.m2),
+            nnei: count(d.nnei),
+            ntypes: count(d.ntypes),
+            mode,
+            ..Default::default()
+        }
+    }
+
+    /// For a per-slot kernel on block `slots` of neighbour sel `sel`, whose first centre is `c0`.
+    pub fn block(self, slots: &Range<usize>, sel: usize, c0: usize) -> Self {
+        ContractParams {
+            slot0: count(slots.start),
+            nslots: count(slots.len()),
+            sel: count(sel),
+            centre0: count(c0),
+            ..self
+        }
+    }
+}
+
+gpu_struct! {
+    /// The scalars of the WGSL energy, force and virial kernels (CUDA's read the shape table).
+    pub struct ScatterParams {
+        pub ncentres: u32,
+        pub nframes: u32,
+        pub natoms: u32,
+        pub ntypes: u32,
+    }
+}
+
+impl ScatterParams {
+    pub fn new(d: &Dims) -> Self {
+        ScatterParams {
+            ncentres: count(d.ncentres()),
+            nframes: count(d.nframes),
+            natoms: count(d.natoms),
+            ntypes: count(d.ntypes),
+        }
+    }
+}
+
+/// The ops' parameter structs: WGSL uniform blocks, and by-value CUDA kernel arguments.
+pub const PARAMS: &[Layout] = &[
+    DenseParams::LAYOUT,
+    ContractParams::LAYOUT,
+    ScatterParams::LAYOUT,
+];
+
+/// The declarations put before every CUDA kernel file: the shape table's offsets
+/// (`DIMS_NTYPES`, ..., `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are
+/// those of the Rust struct in its order, all 4 bytes, so C lays them out at the same offsets;
+/// a static_assert of the size checks that NVRTC agrees (it has no offsetof).
+pub fn cuda_declarations() -> String {
+    let mut s = String::from("// Generated from src/backend/gpu_layout.rs.\n");
+    for f in DimsHeader::LAYOUT.fields {
+        s += &format!("#define DIMS_{} {}\n", f.name.to_uppercase(), f.offset / 4);
+    }
+    for (name, start) in section_starts() {
+        let at = polynomial(start, |n| n.to_string()).replace("nt", "(nt)");
+        s += &format!("#define DIMS_{}_AT(nt) ({at})\n", name.to_uppercase());
+    }
+    for l in PARAMS {
+        s += &format!("struct {} {{\n", l.name);
+        for f in l.fields {
+            s += &format!("  {} {};\n", f.cuda, f.name);
+        }
+        s += "};\n";
+        s += &format!(
+            "static_assert(sizeof({0}) == {1}, \"{0}: size\");\n",
+            l.name, l.size
+        );
+    }
+    s
+}
+
+/// The declarations put before every WGSL shader: the shape table's offsets (`DIMS_NTYPES`,
+/// ..., `dims_sel_at(nt)`, ...) and the parameter structs (checked against the Rust structs by
+/// tests/shaders_naga.rs).
+pub fn wgsl_declarations() -> String {
+    let mut s = String::from("// Generated from src/backend/gpu_layout.rs.\n");
+    for f in DimsHeader::LAYOUT.fields {
+        s += &format!(
+            "const DIMS_{}: u32 = {}u;\n",
+            f.name.to_uppercase(),
+            f.offset / 4
+        );
+    }
+    for (name, start) in section_starts() {
+        let at = polynomial(start, |n| format!("{n}u"));
+        s += &format!("fn dims_{name}_at(nt: u32) -> u32 {{\n    return {at};\n}}\n");
+    }
+    for l in PARAMS {
+        s += &format!("struct {} {{\n", l.name);
+        for f in l.fields {
+            s += &format!("    {}: {},\n", f.name, f.wgsl);
+        }
+        s += "}\n";
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The section lengths [`SECTIONS`] declares are those of [`Dims`], and each value of the
+    /// table stands where the generated offsets say.
+    #[test]
+    fn shape_table_layout() {
+        for counts in [&[3usize][..], &[2, 0, 5], &[1, 4]] {
+            let sel: Vec<usize> = (0..counts.len()).map(|t| 3 + t).collect();
+            let d = Dims::new(2, counts, &sel, 8, 4);
+            let t = shape_table(&d);
+            let nt = d.ntypes;
+            let eval = |[c, a, b]: [usize; 3]| c + a * nt + b * nt * nt;
+            for ((name, len), data) in SECTIONS.iter().zip(sections(&d)) {
+                assert_eq!(eval(*len), data.len(), "{name}: length");
+            }
+            for ((_, start), data) in section_starts().iter().zip(sections(&d)) {
+                let at = eval(*start);
+                let want: Vec<u32> = data.iter().map(|&v| v as u32).collect();
+                assert_eq!(&t[at..at + data.len()], &want[..]);
+            }
+            assert_eq!(t.len(), eval(section_starts()[2].1) + d.block_start.len());
+            let head = DimsHeader::LAYOUT.fields;
+            let field = |n: &str| t[head.iter().find(|f| f.name == n).unwrap().offset / 4];
+            assert_eq!(field("ntypes") as usize, nt);
+            assert_eq!(field("ncentres") as usize, d.ncentres());
+            assert_eq!(field("nslots") as usize, d.nslots());
+        }
+    }
+}
