@@ -110,6 +110,28 @@ fn failed(out: Output, args: &[&str], names: &[&str]) -> String {
     err
 }
 
+/// [`fails`] for `dpw train input.json --backend cpu` (plus `extra`), which must be refused at
+/// start-up, before the statistics are computed.
+fn fails_at_start(dir: &Path, extra: &[&str], names: &[&str]) {
+    let mut args = vec!["train", "input.json", "--backend", "cpu"];
+    args.extend(extra);
+    let err = fails(dir, &args, names);
+    assert!(
+        !err.contains("statistics over"),
+        "refused before any work:\n{err}"
+    );
+}
+
+/// The names in `dir`, sorted.
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
     for e in std::fs::read_dir(src).unwrap() {
@@ -233,15 +255,7 @@ fn second_run_in_one_folder_is_refused() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let out_json = std::fs::read(d.path().join("out.json")).unwrap();
-    let err = fails(
-        d.path(),
-        &["train", "input.json", "--backend", "cpu"],
-        &["another dpw train", &format!("pid {pid}")],
-    );
-    assert!(
-        !err.contains("statistics over"),
-        "refused before any work:\n{err}"
-    );
+    fails_at_start(d.path(), &[], &["another dpw train", &format!("pid {pid}")]);
     assert_eq!(std::fs::read(d.path().join("out.json")).unwrap(), out_json);
     first.kill().unwrap();
     first.wait().unwrap();
@@ -275,19 +289,9 @@ fn bad_output_paths_fail_at_start() {
         input["training"][key] = json!(value);
         input["training"]["save_freq"] = json!(2);
         write_input(d.path(), &input);
-        let err = fails(
-            d.path(),
-            &["train", "input.json", "--backend", "cpu"],
-            names,
-        );
-        assert!(!err.contains("statistics over"), "{err}");
+        fails_at_start(d.path(), &[], names);
     }
-    let mut names: Vec<String> = std::fs::read_dir(d.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["input.json"], "nothing written");
+    assert_eq!(files_in(d.path()), ["input.json"], "nothing written");
 }
 
 /// Point 5: an npy header claiming more data than the file holds, a box in the wrong unit
@@ -686,18 +690,9 @@ fn rising_learning_rate_is_refused() {
         }
         input["learning_rate"][key] = json!(value);
         write_input(d.path(), &input);
-        let err = fails(
-            d.path(),
-            &["train", "input.json", "--backend", "cpu"],
-            names,
-        );
-        assert!(!err.contains("statistics over"), "{err}");
+        fails_at_start(d.path(), &[], names);
     }
-    let names: Vec<_> = std::fs::read_dir(d.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(names, ["input.json"], "nothing written");
+    assert_eq!(files_in(d.path()), ["input.json"], "nothing written");
     // A constant lr (stop_lr = start_lr) trains.
     let mut input = tiny_input(2, &[]);
     input["learning_rate"]["stop_lr"] = json!(1e-3);
@@ -840,18 +835,14 @@ fn colliding_outputs_are_refused() {
         write_input(d.path(), &input);
         let before = std::fs::read(d.path().join("input.json")).unwrap();
         let coord = std::fs::read(sys.join("set.000/coord.npy")).unwrap();
-        let mut a = vec!["train", "input.json", "--backend", "cpu"];
-        a.extend(args);
-        let err = fails(d.path(), &a, names);
-        assert!(!err.contains("statistics over"), "{err}");
+        fails_at_start(d.path(), args, names);
         assert_eq!(std::fs::read(d.path().join("input.json")).unwrap(), before);
         assert_eq!(std::fs::read(sys.join("set.000/coord.npy")).unwrap(), coord);
-        let mut left: Vec<String> = std::fs::read_dir(d.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["input.json", "sys"], "dpw {a:?} wrote something");
+        assert_eq!(
+            files_in(d.path()),
+            ["input.json", "sys"],
+            "dpw train {args:?} wrote something"
+        );
     }
 }
 
@@ -1003,9 +994,8 @@ fn integer_and_float16_arrays_are_widened() {
 
 /// The temporary files (`.NAME.tmpPID`) left in `dir`.
 fn temp_files(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+    files_in(dir)
+        .into_iter()
         .filter(|n| n.contains(".tmp"))
         .collect()
 }
