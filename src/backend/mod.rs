@@ -86,6 +86,12 @@ pub fn window_start(spans: &[Span]) -> Option<usize> {
         .then_some(at)
 }
 
+/// The k of se_e2_r's descriptor D_c = k Σ_slots G_s: DeePMD-kit's mean over the `nnei` slots
+/// times its fixed `res_rescale` 1/5 (docs/design.md §10).
+pub fn radial_scale(d: &Dims) -> f64 {
+    1.0 / (5.0 * d.nnei as f64)
+}
+
 /// Adam hyper-parameters for one update.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamStep {
@@ -389,6 +395,32 @@ pub trait Backend<T: Real>: Sync {
         ddotbar: &Self::Buf,
         rhat: &Self::Buf,
         rdot: &Self::Buf,
+        gbar: &mut Self::Buf,
+        gdotbar: &mut Self::Buf,
+    );
+
+    /// se_e2_r's descriptor: D_c = k Σ_{slots of c} G_s, `[nc][M1]`, k = [`radial_scale`].
+    fn radial_forward(&self, d: &Dims, g: &Self::Buf, desc: &mut Self::Buf);
+
+    /// Its tangent: Ḋ_c = k Σ_s G'_s ṡ_s.
+    fn radial_tangent(&self, d: &Dims, gp: &Self::Buf, sdot: &Self::Buf, ddot: &mut Self::Buf);
+
+    /// Its backward to the slots: q_s = k (G'_s·D̄_c) J_s[0] = ∂E/∂r_ij (J's radial row).
+    fn radial_backward(
+        &self,
+        d: &Dims,
+        dbar: &Self::Buf,
+        gp: &Self::Buf,
+        jac: &Self::Buf,
+        q: &mut Self::Buf,
+    );
+
+    /// Its dual reverse down to the slots: Ḡ_s = k D̄_c, Ġ̄_s = k Ḋ̄_c.
+    fn radial_dual(
+        &self,
+        d: &Dims,
+        dbar: &Self::Buf,
+        ddotbar: &Self::Buf,
         gbar: &mut Self::Buf,
         gdotbar: &mut Self::Buf,
     );

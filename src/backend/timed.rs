@@ -85,6 +85,10 @@ ops! {
     ContractTangent "contract_tangent",
     ContractDual "contract_dual",
     ContractEmbedDual "contract_embed_dual",
+    RadialForward "radial_forward",
+    RadialTangent "radial_tangent",
+    RadialBackward "radial_backward",
+    RadialDual "radial_dual",
     Energy "energy",
     ForceVirial "force_virial",
     Loss "loss",
@@ -594,6 +598,50 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         let flops = contract_dual_flops(d);
         self.time::<T, _>(Op::ContractDual, flops, |b| {
             b.contract_dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar)
+        })
+    }
+
+    fn radial_forward(&self, d: &Dims, g: &Self::Buf, desc: &mut Self::Buf) {
+        // M1 per slot.
+        let flops = (d.m1 * d.nslots()) as f64;
+        self.time::<T, _>(Op::RadialForward, flops, |b| b.radial_forward(d, g, desc))
+    }
+
+    fn radial_tangent(&self, d: &Dims, gp: &Self::Buf, sdot: &Self::Buf, ddot: &mut Self::Buf) {
+        // A multiply-add of M1 per slot.
+        let flops = 2.0 * (d.m1 * d.nslots()) as f64;
+        self.time::<T, _>(Op::RadialTangent, flops, |b| {
+            b.radial_tangent(d, gp, sdot, ddot)
+        })
+    }
+
+    fn radial_backward(
+        &self,
+        d: &Dims,
+        dbar: &Self::Buf,
+        gp: &Self::Buf,
+        jac: &Self::Buf,
+        q: &mut Self::Buf,
+    ) {
+        // G'·D̄ (a dot of length M1) per slot.
+        let flops = 2.0 * (d.m1 * d.nslots()) as f64;
+        self.time::<T, _>(Op::RadialBackward, flops, |b| {
+            b.radial_backward(d, dbar, gp, jac, q)
+        })
+    }
+
+    fn radial_dual(
+        &self,
+        d: &Dims,
+        dbar: &Self::Buf,
+        ddotbar: &Self::Buf,
+        gbar: &mut Self::Buf,
+        gdotbar: &mut Self::Buf,
+    ) {
+        // Two scaled copies of M1 per slot.
+        let flops = 2.0 * (d.m1 * d.nslots()) as f64;
+        self.time::<T, _>(Op::RadialDual, flops, |b| {
+            b.radial_dual(d, dbar, ddotbar, gbar, gdotbar)
         })
     }
 

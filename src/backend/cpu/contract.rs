@@ -74,7 +74,7 @@ fn combine_chunks<T: Real, const L: usize>(
 /// x·y with eight partial sums, so that it vectorises (a single running sum cannot be
 /// reordered by the compiler).
 #[inline(always)]
-fn dot<T: Real>(x: &[T], y: &[T]) -> T {
+pub(super) fn dot<T: Real>(x: &[T], y: &[T]) -> T {
     let n = x.len().min(y.len());
     let (xc, yc) = (x[..n].chunks_exact(8), y[..n].chunks_exact(8));
     let (xr, yr) = (xc.remainder(), yc.remainder());
@@ -89,7 +89,7 @@ fn dot<T: Real>(x: &[T], y: &[T]) -> T {
 }
 
 /// The slot ranges (one per neighbour-type section) of centre c.
-fn sections(d: &Dims, c: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+pub(super) fn sections(d: &Dims, c: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
     let ti = d.centre_type(c);
     (0..d.ntypes).map(move |tj| {
         let first = d.slot(ti, c, tj, 0);
@@ -172,7 +172,7 @@ pub fn backward<T: Real>(d: &Dims, a: &[T], dbar: &[T], abar: &mut [T]) {
 
 /// Runs `f(c, slot, out_row)` over every slot, in parallel per centre, where `out` has
 /// `width` values per slot.
-fn per_slot<T: Real>(
+pub(super) fn per_slot<T: Real>(
     d: &Dims,
     out: &mut [T],
     width: usize,

@@ -7,6 +7,7 @@ mod embed;
 mod env_mat;
 mod gemm;
 mod loss;
+mod radial;
 mod scatter;
 mod simd;
 mod tanh;
@@ -282,6 +283,29 @@ impl<T: Real> Backend<T> for Cpu {
         gdotbar: &mut Vec<T>,
     ) {
         contract::dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar);
+    }
+
+    fn radial_forward(&self, d: &Dims, g: &Vec<T>, desc: &mut Vec<T>) {
+        radial::forward(d, g, desc);
+    }
+
+    fn radial_tangent(&self, d: &Dims, gp: &Vec<T>, sdot: &Vec<T>, ddot: &mut Vec<T>) {
+        radial::tangent(d, gp, sdot, ddot);
+    }
+
+    fn radial_backward(&self, d: &Dims, dbar: &Vec<T>, gp: &Vec<T>, jac: &Vec<T>, q: &mut Vec<T>) {
+        radial::backward(d, dbar, gp, jac, q);
+    }
+
+    fn radial_dual(
+        &self,
+        d: &Dims,
+        dbar: &Vec<T>,
+        ddotbar: &Vec<T>,
+        gbar: &mut Vec<T>,
+        gdotbar: &mut Vec<T>,
+    ) {
+        radial::dual(d, dbar, ddotbar, gbar, gdotbar);
     }
 
     fn energy(
