@@ -10,4 +10,5 @@ pub mod fmt;
 pub mod geometry;
 pub mod mem;
 pub mod model;
+pub mod stage;
 pub mod train;

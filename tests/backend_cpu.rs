@@ -40,7 +40,7 @@ mod timed {
         let frame = sys.frame();
         for t in 1..=3 {
             let batch = assemble(&model.spec, &sys.atype, &[frame]).unwrap();
-            let mut w = Workspace::new(&b, &dm.layout, &batch.dims).unwrap();
+            let mut w = Workspace::new(&b, &dm, &batch.dims).unwrap();
             w.load(&b, &batch);
             forward(&b, &dm, &mut w);
             gradient(&b, &mut dm, &mut w, pref);

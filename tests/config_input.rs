@@ -445,12 +445,13 @@ fn key_errors_name_the_file() {
 
 #[test]
 fn unsupported_settings_are_errors() {
-    let msg = error_of(&water_with("/model/descriptor/type", json!("se_e2_r")));
+    let msg = error_of(&water_with("/model/descriptor/type", json!("se_e3")));
     assert_mentions(
         &msg,
         &[
-            "descriptor type 'se_e2_r' is not supported",
+            "descriptor type 'se_e3' is not supported",
             "se_e2_a (se_a)",
+            "se_e2_r (se_r)",
         ],
     );
     let cases = [
@@ -501,6 +502,51 @@ fn unsupported_settings_are_errors() {
         );
         assert_mentions(&err.to_string(), &[path]);
     }
+}
+
+/// The water input with DeePMD-kit's se_e2_r descriptor: its keys are se_e2_a's less
+/// axis_neuron, and it has one embedding net per neighbour type only.
+fn water_se_r(ty: &str) -> Value {
+    let mut v = water_with("/model/descriptor/type", json!(ty));
+    let d = v.pointer_mut("/model/descriptor").unwrap();
+    d.as_object_mut().unwrap().remove("n_axis_neuron");
+    v
+}
+
+#[test]
+fn se_e2_r_takes_deepmd_keys_and_defaults() {
+    for ty in ["se_e2_r", "se_r"] {
+        let (_d, r) = load(&water_se_r(ty));
+        let d = r.unwrap().model.descriptor;
+        assert_eq!(d.kind, dpw::model::DescriptorType::SeE2R);
+        assert_eq!(d.r#type, ty);
+        assert!(d.type_one_side && d.axis_neuron == 1);
+    }
+    // type_one_side defaults to true (DeePMD-kit's default for se_e2_r, false for se_e2_a).
+    let mut v = water_se_r("se_r");
+    let d = v.pointer_mut("/model/descriptor").unwrap();
+    d.as_object_mut().unwrap().remove("type_one_side");
+    assert!(load(&v).1.unwrap().model.descriptor.type_one_side);
+
+    let mut v = water_se_r("se_r");
+    *v.pointer_mut("/model/descriptor/type_one_side").unwrap() = json!(false);
+    let err = load(&v).1.unwrap_err();
+    assert!(
+        matches!(err.inner(), ConfigError::Unsupported { .. }),
+        "{err}"
+    );
+    assert_mentions(
+        &err.to_string(),
+        &["model.descriptor.type_one_side", "se_e2_r"],
+    );
+
+    let mut v = water_se_r("se_e2_r");
+    v.pointer_mut("/model/descriptor")
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .insert("axis_neuron".into(), json!(4));
+    assert_mentions(&error_of(&v), &["model.descriptor.axis_neuron"]);
 }
 
 #[test]

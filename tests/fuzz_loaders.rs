@@ -209,6 +209,7 @@ fn small_model() -> Model {
     let spec = ModelSpec {
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
+            kind: Default::default(),
             rcut: 4.0,
             rcut_smth: 0.5,
             sel: vec![6, 8],

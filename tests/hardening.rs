@@ -635,6 +635,7 @@ fn batch_errors_name_frames_by_their_index() {
     let spec = ModelSpec {
         type_map: vec!["O".into()],
         descriptor: DescriptorSpec {
+            kind: Default::default(),
             rcut: 4.0,
             rcut_smth: 0.5,
             sel: vec![8],

@@ -6,12 +6,13 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use dpw::model::{
-    read_deepmd_yaml, write_deepmd_yaml, DescriptorSpec, FittingSpec, Model, ModelSpec,
+    read_deepmd_yaml, write_deepmd_yaml, DescriptorSpec, DescriptorType, FittingSpec, Model,
+    ModelSpec,
 };
 use ndarray::ArrayD;
 use serde_yaml_ng::Value;
 
-use common::model_a_dir;
+use common::{model_a_dir, repo};
 
 fn npy(dir: &Path, name: &str) -> ArrayD<f64> {
     let path = dir.join("npy").join(format!("{name}.npy"));
@@ -45,6 +46,7 @@ fn reads_model_a_exactly() {
     let expect = ModelSpec {
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
+            kind: Default::default(),
             rcut: 6.0,
             rcut_smth: 0.5,
             sel: vec![46, 92],
@@ -181,6 +183,7 @@ fn two_sided_spec() -> ModelSpec {
     ModelSpec {
         type_map: vec!["O".into(), "H".into(), "No".into()],
         descriptor: DescriptorSpec {
+            kind: Default::default(),
             rcut: 5.25,
             rcut_smth: 0.1,
             sel: vec![7, 12, 3],
@@ -376,4 +379,35 @@ fn bad_files_name_the_culprit() {
         e.contains("model.descriptor: missing key `axis_neuron`"),
         "{e}"
     );
+}
+
+/// se_e2_r models DeePMD-kit 3.2.0 wrote (`tests/reference/descriptors/`): dpw reads them, writes
+/// them back in DeePMD-kit's form (type "se_r", davg/dstd of the radial column alone, no
+/// axis_neuron) and reads its own file back unchanged.
+#[test]
+fn se_e2_r_models_round_trip_in_deepmd_form() {
+    for case in ["se_e2_r_water", "se_e2_r_alloy"] {
+        let path = repo(&format!("tests/reference/descriptors/{case}/model.yaml"));
+        let m = read_deepmd_yaml(&path).unwrap();
+        assert_eq!(m.spec.descriptor.kind, DescriptorType::SeE2R);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m.yaml");
+        write_deepmd_yaml(&m, &out).unwrap();
+        assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
+        let (orig, ours) = (parse(&path), parse(&out));
+        let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
+        key_paths(&orig["model"], "model", &mut ko);
+        key_paths(&ours["model"], "model", &mut kw);
+        let missing: Vec<_> = ko.difference(&kw).collect();
+        let extra: Vec<_> = kw.difference(&ko).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{case}: missing {missing:?}, extra {extra:?}"
+        );
+        let (d0, d1) = (&orig["model"]["descriptor"], &ours["model"]["descriptor"]);
+        assert!(d0 == d1, "{case}: descriptor sections differ");
+        let def = &ours["model_def_script"]["descriptor"];
+        assert_eq!(def["type"], Value::from("se_e2_r"));
+        assert!(def.get("axis_neuron").is_none());
+    }
 }

@@ -7,6 +7,7 @@ use super::keys::{
     Fixed, Schema, Section,
 };
 use super::ConfigError;
+use crate::model::DescriptorType;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -99,17 +100,20 @@ impl Sel {
     }
 }
 
-/// `se_e2_a` (alias `se_a`): the smooth two-body embedding with full relative coordinates.
+/// `se_e2_a` (alias `se_a`): the smooth two-body embedding with full relative coordinates;
+/// `se_e2_r` (alias `se_r`): its radial-only sibling.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DescriptorConfig {
-    /// The `type` key as given, `"se_e2_a"` or `"se_a"` (kept for out.json).
+    pub kind: DescriptorType,
+    /// The `type` key as given, e.g. `"se_e2_a"` or `"se_a"` (kept for out.json).
     pub r#type: String,
     pub sel: Sel,
     pub rcut: f64,
     pub rcut_smth: f64,
     /// Embedding-net widths.
     pub neuron: Vec<usize>,
-    /// M2: how many rows of the embedding matrix form the second factor of the descriptor.
+    /// M2: how many rows of the embedding matrix form the second factor of the descriptor
+    /// (se_e2_a); 1 for se_e2_r, which has no second factor.
     pub axis_neuron: usize,
     pub resnet_dt: bool,
     /// true: one embedding net per neighbour type; false: one per (centre, neighbour) pair.
@@ -183,6 +187,34 @@ static DESCRIPTOR: Schema = Schema {
         "set_davg_zero",
     ],
     aliases: &[("n_axis_neuron", "axis_neuron")],
+    fixed: &[
+        ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
+        (
+            "exclude_types",
+            Fixed::EmptyList,
+            "type exclusion is not implemented",
+        ),
+    ],
+    ignored: &[],
+};
+
+/// se_e2_r's keys: se_e2_a's without `axis_neuron` (DeePMD-kit 3.2.0's `descrpt_se_r_args`).
+static DESCRIPTOR_R: Schema = Schema {
+    keys: &[
+        "type",
+        "sel",
+        "rcut",
+        "rcut_smth",
+        "neuron",
+        "resnet_dt",
+        "type_one_side",
+        "precision",
+        "trainable",
+        "seed",
+        "env_protection",
+        "set_davg_zero",
+    ],
+    aliases: &[],
     fixed: &[
         ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
         (
@@ -314,13 +346,20 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
         }
         None => return Err(wrong_type(path, "an object", v)),
     };
-    if kind != "se_e2_a" && kind != "se_a" {
-        return Err(ConfigError::unsupported(
-            type_path,
-            format!("descriptor type '{kind}' is not supported; dpw supports se_e2_a (se_a)"),
-        ));
-    }
-    let sec = Section::new(v, path, &DESCRIPTOR)?;
+    let (descriptor, schema) = match kind {
+        "se_e2_a" | "se_a" => (DescriptorType::SeE2A, &DESCRIPTOR),
+        "se_e2_r" | "se_r" => (DescriptorType::SeE2R, &DESCRIPTOR_R),
+        _ => {
+            return Err(ConfigError::unsupported(
+                type_path,
+                format!(
+                    "descriptor type '{kind}' is not supported; dpw supports se_e2_a (se_a) and \
+                     se_e2_r (se_r)"
+                ),
+            ))
+        }
+    };
+    let sec = Section::new(v, path, schema)?;
     let sel = match sec.get("sel") {
         Some(v) => Sel::parse(v, &sec.path_of("sel"), ntypes)?,
         None => Sel::Auto(1.1),
@@ -334,7 +373,10 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
         ));
     }
     let neuron = widths(&sec, "neuron", &[10, 20, 40])?;
-    let axis_neuron = sec.usize_or("axis_neuron", 4)?;
+    let axis_neuron = match descriptor {
+        DescriptorType::SeE2A => sec.usize_or("axis_neuron", 4)?,
+        DescriptorType::SeE2R => 1,
+    };
     let m1 = *neuron.last().expect("widths() is non-empty");
     if axis_neuron == 0 || axis_neuron > m1 {
         return Err(ConfigError::invalid(
@@ -342,7 +384,23 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
             format!("must be between 1 and the last embedding width ({m1}), found {axis_neuron}"),
         ));
     }
+    // DeePMD-kit 3.2.0's se_e2_r has one embedding net per neighbour type only: its dpmodel
+    // refuses `type_one_side: false`, its PyTorch backend ignores it.
+    let type_one_side = match descriptor {
+        DescriptorType::SeE2A => sec.bool_or("type_one_side", false)?,
+        DescriptorType::SeE2R => {
+            if !sec.bool_or("type_one_side", true)? {
+                return Err(ConfigError::unsupported(
+                    sec.path_of("type_one_side"),
+                    "se_e2_r has one embedding net per neighbour type only (DeePMD-kit 3.2.0 \
+                     has no type_one_side false for it); remove the key or set it to true",
+                ));
+            }
+            true
+        }
+    };
     Ok(DescriptorConfig {
+        kind: descriptor,
         r#type: kind.to_string(),
         sel,
         rcut,
@@ -350,7 +408,7 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
         neuron,
         axis_neuron,
         resnet_dt: sec.bool_or("resnet_dt", false)?,
-        type_one_side: sec.bool_or("type_one_side", false)?,
+        type_one_side,
         precision: precision(&sec)?,
         trainable: sec.bool_or("trainable", true)?,
         seed: sec.opt_u64("seed")?,
@@ -405,7 +463,13 @@ impl ModelConfig {
             "env_protection": d.env_protection,
             "set_davg_zero": d.set_davg_zero,
         });
-        DESCRIPTOR.write_fixed(object(&mut descriptor));
+        match d.kind {
+            DescriptorType::SeE2A => DESCRIPTOR.write_fixed(object(&mut descriptor)),
+            DescriptorType::SeE2R => {
+                object(&mut descriptor).remove("axis_neuron");
+                DESCRIPTOR_R.write_fixed(object(&mut descriptor));
+            }
+        }
 
         let f = &self.fitting_net;
         let mut fitting = json!({

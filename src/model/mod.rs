@@ -16,13 +16,43 @@ pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};
 
-/// Hyper-parameters of the se_e2_a descriptor (docs/deepmd-spec.md §3–§6).
+/// Which descriptor a [`DescriptorSpec`] describes: DeePMD-kit's `type`, in its canonical name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DescriptorType {
+    /// The smooth two-body embedding of the full relative coordinates.
+    #[default]
+    #[serde(rename = "se_e2_a")]
+    SeE2A,
+    /// Its radial-only sibling: D_i = (1/5)(1/nnei) Σ_j G(ŝ_ij) (docs/design.md §10).
+    #[serde(rename = "se_e2_r")]
+    SeE2R,
+}
+
+impl DescriptorType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DescriptorType::SeE2A => "se_e2_a",
+            DescriptorType::SeE2R => "se_e2_r",
+        }
+    }
+
+    /// se_e2_a: files written before descriptors had a type read as it, and it is written
+    /// without one, so its checkpoints stay as they were.
+    fn is_se_e2_a(&self) -> bool {
+        *self == DescriptorType::SeE2A
+    }
+}
+
+/// Hyper-parameters of the descriptor (docs/deepmd-spec.md §3–§6).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DescriptorSpec {
+    #[serde(default, skip_serializing_if = "DescriptorType::is_se_e2_a")]
+    pub kind: DescriptorType,
     pub rcut: f64,
     pub rcut_smth: f64,
     pub sel: Vec<usize>,
     pub neuron: Vec<usize>,
+    /// se_e2_a's M2; 1 for se_e2_r, whose descriptor is one row of M1.
     pub axis_neuron: usize,
     pub resnet_dt: bool,
     pub type_one_side: bool,

@@ -17,7 +17,9 @@ use std::path::Path;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
-use super::{DescriptorSpec, FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout};
+use super::{
+    DescriptorSpec, DescriptorType, FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout,
+};
 
 /// Reads a DeePMD-kit v3 `.yaml` model; only a `standard` model with an `se_e2_a` descriptor and
 /// an `ener` fitting, without exclusions or frame/atom parameters, is accepted.
@@ -228,7 +230,11 @@ fn model_from_tree(root: &Value) -> Result<Model> {
 
     let d = m.key("descriptor")?;
     d.expect("@class", &["Descriptor"])?;
-    d.expect("type", &["se_e2_a"])?;
+    d.expect("type", &["se_e2_a", "se_r", "se_e2_r"])?;
+    let kind = match d.key("type")?.str()? {
+        "se_e2_a" => DescriptorType::SeE2A,
+        _ => DescriptorType::SeE2R,
+    };
     d.expect("activation_function", &["tanh"])?;
     d.expect_off("exclude_types")?;
     d.expect_off("spin")?;
@@ -236,11 +242,15 @@ fn model_from_tree(root: &Value) -> Result<Model> {
         env.expect_off("use_exp_switch")?;
     }
     let descriptor = DescriptorSpec {
+        kind,
         rcut: d.key("rcut")?.f64()?,
         rcut_smth: d.key("rcut_smth")?.f64()?,
         sel: d.key("sel")?.usizes()?,
         neuron: d.key("neuron")?.usizes()?,
-        axis_neuron: d.key("axis_neuron")?.usize()?,
+        axis_neuron: match kind {
+            DescriptorType::SeE2A => d.key("axis_neuron")?.usize()?,
+            DescriptorType::SeE2R => 1,
+        },
         resnet_dt: d.key("resnet_dt")?.bool()?,
         type_one_side: d.key("type_one_side")?.bool()?,
         // Older files may lack these two; DeePMD's defaults apply.
@@ -292,16 +302,19 @@ fn model_from_tree(root: &Value) -> Result<Model> {
 
     // DeePMD keeps one davg/dstd row per neighbour slot; its statistics make them equal per type,
     // and dpw stores only one. Refuse files where they differ rather than silently change them.
+    // se_e2_r's rows are its radial column alone: dpw's rows are 4 wide for every descriptor
+    // (one env_mat), with the mean 0 and std 1 of an unused column.
     let nnei = spec.descriptor.nnei();
+    let ncol = env_columns(kind);
     let dv = d.key("@variables")?;
     let mut stats = [Vec::new(), Vec::new()];
-    for (name, out) in ["davg", "dstd"].iter().zip(&mut stats) {
+    for ((name, out), unused) in ["davg", "dstd"].iter().zip(&mut stats).zip([0.0, 1.0]) {
         let at = dv.key(name)?;
-        let full = at.array(&[nt, nnei, 4])?;
+        let full = at.array(&[nt, nnei, ncol])?;
         for t in 0..nt {
-            let row0 = &full[t * nnei * 4..t * nnei * 4 + 4];
+            let row0 = &full[t * nnei * ncol..t * nnei * ncol + ncol];
             for j in 1..nnei {
-                let row = &full[(t * nnei + j) * 4..(t * nnei + j) * 4 + 4];
+                let row = &full[(t * nnei + j) * ncol..(t * nnei + j) * ncol + ncol];
                 let differs =
                     (row.iter().zip(row0)).any(|(a, b)| (a - b).abs() > 1e-12 * b.abs().max(1.0));
                 ensure!(
@@ -311,6 +324,7 @@ fn model_from_tree(root: &Value) -> Result<Model> {
                 );
             }
             out.extend_from_slice(row0);
+            out.resize(out.len() + 4 - ncol, unused);
         }
     }
     let [davg, dstd] = stats;
@@ -487,9 +501,11 @@ fn model_to_tree(model: &Model) -> Value {
     let p = &model.params;
     let type_map = spec.type_map.as_slice();
     let none: &[usize] = &[];
-    // dpw's one row per type goes back to DeePMD's row per neighbour slot.
+    // dpw's one row per type goes back to DeePMD's row per neighbour slot, of the descriptor's
+    // own columns.
+    let ncol = env_columns(d.kind);
     let expand = |rows: &[f64]| -> Vec<f64> {
-        let row = |t: usize| rows[t * 4..t * 4 + 4].iter().copied();
+        let row = |t: usize| rows[t * 4..t * 4 + ncol].iter().copied();
         (0..nt)
             .flat_map(|t| (0..nnei).flat_map(move |_| row(t)))
             .collect()
@@ -501,11 +517,11 @@ fn model_to_tree(model: &Model) -> Value {
         neuron: &d.neuron,
         resnet_dt: d.resnet_dt,
     };
-    let descriptor = obj! {
+    let mut descriptor = obj! {
         "@class" => "Descriptor", "@version" => 2,
         "@variables" => obj! {
-            "davg" => ndarray(&[nt, nnei, 4], &expand(&model.davg)),
-            "dstd" => ndarray(&[nt, nnei, 4], &expand(&model.dstd)),
+            "davg" => ndarray(&[nt, nnei, ncol], &expand(&model.davg)),
+            "dstd" => ndarray(&[nt, nnei, ncol], &expand(&model.dstd)),
         },
         "activation_function" => "tanh", "axis_neuron" => d.axis_neuron,
         "embeddings" => nets_tree(embeddings, p, nt),
@@ -547,7 +563,7 @@ fn model_to_tree(model: &Model) -> Value {
 
     // The `model` section of a DeePMD input that builds this model: `dp convert-backend` to
     // `.pth` requires it (and stores it), and DeePMD rebuilds the model from it on the way back.
-    let model_def_script = obj! {
+    let mut model_def_script = obj! {
         "type_map" => type_map,
         "descriptor" => obj! {
             "type" => "se_e2_a", "sel" => &d.sel[..], "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
@@ -561,6 +577,17 @@ fn model_to_tree(model: &Model) -> Value {
             "activation_function" => "tanh", "precision" => "float64",
         },
     };
+
+    if d.kind == DescriptorType::SeE2R {
+        // DeePMD-kit serialises se_e2_r as "se_r", without axis_neuron.
+        let retype = |v: &mut Value, name: &str| {
+            let m = v.as_mapping_mut().expect("built by obj!");
+            m.remove("axis_neuron");
+            m.insert("type".into(), name.into());
+        };
+        retype(&mut descriptor, "se_r");
+        retype(&mut model_def_script["descriptor"], "se_e2_r");
+    }
 
     // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
     obj! {
@@ -579,6 +606,14 @@ fn model_to_tree(model: &Model) -> Value {
         "software" => "dpw",
         "time" => utc_now(),
         "version" => env!("CARGO_PKG_VERSION"),
+    }
+}
+
+/// How many columns of the environment rows a descriptor's davg/dstd cover in DeePMD-kit's files.
+fn env_columns(kind: DescriptorType) -> usize {
+    match kind {
+        DescriptorType::SeE2A => 4,
+        DescriptorType::SeE2R => 1,
     }
 }
 

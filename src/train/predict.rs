@@ -50,7 +50,7 @@ pub fn predict<T: Real, B: Backend<T>>(
 ) -> Result<Prediction> {
     let batch = assemble(&model.spec, atype, frames)?;
     let dm = DeviceModel::<T, B>::new(b, model);
-    let mut w = Workspace::new(b, &dm.layout, &batch.dims)?;
+    let mut w = Workspace::new(b, &dm, &batch.dims)?;
     w.load(b, &batch);
     forward(b, &dm, &mut w);
     Ok(read_prediction(b, &w, &batch))
@@ -66,7 +66,7 @@ pub fn loss_and_grad<T: Real, B: Backend<T>>(
 ) -> Result<(LossSums, Vec<f64>, Prediction)> {
     let batch = assemble(&model.spec, atype, frames)?;
     let mut dm = DeviceModel::<T, B>::new(b, model);
-    let mut w = Workspace::new(b, &dm.layout, &batch.dims)?;
+    let mut w = Workspace::new(b, &dm, &batch.dims)?;
     w.load(b, &batch);
     forward(b, &dm, &mut w);
     gradient(b, &mut dm, &mut w, pref);

@@ -12,7 +12,9 @@ use web_time::Instant;
 use crate::config::{Config, Precision, Sel};
 use crate::data::{Disk, Files};
 use crate::dist;
-use crate::model::{read_model, DescriptorSpec, FittingSpec, Model, ModelSpec, MAX_NNEI};
+use crate::model::{
+    read_model, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
+};
 
 use super::checkpoint::Checkpoint;
 use super::dataset::{load_data_in, DataSet};
@@ -98,6 +100,7 @@ fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
     ModelSpec {
         type_map: cfg.model.type_map.clone(),
         descriptor: DescriptorSpec {
+            kind: d.kind,
             rcut: d.rcut,
             rcut_smth: d.rcut_smth,
             sel,
@@ -492,13 +495,18 @@ fn log_model(model: &Model, precision: Precision) {
         .flat_map(|n| &n.layers)
         .map(|l| l.nin * l.nout + l.nout * (1 + usize::from(l.idt.is_some())))
         .sum();
+    let d = &spec.descriptor;
+    let axis = match d.kind {
+        DescriptorType::SeE2A => format!(" axis {}", d.axis_neuron),
+        DescriptorType::SeE2R => String::new(),
+    };
     tracing::info!(
-        "model: se_e2_a sel {:?} rcut {} neuron {:?} axis {} type_one_side {}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
-        spec.descriptor.sel,
-        spec.descriptor.rcut,
-        spec.descriptor.neuron,
-        spec.descriptor.axis_neuron,
-        spec.descriptor.type_one_side,
+        "model: {} sel {:?} rcut {} neuron {:?}{axis} type_one_side {}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
+        d.kind.as_str(),
+        d.sel,
+        d.rcut,
+        d.neuron,
+        d.type_one_side,
         spec.fitting.neuron,
         layout.len,
         nembed,

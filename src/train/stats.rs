@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use crate::config::DataConfig;
 use crate::data::{keep_open, Files, Sampler, System, SystemInfo};
 use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats, FrameRows, ImageGrid};
-use crate::model::DescriptorSpec;
+use crate::model::{DescriptorSpec, DescriptorType};
 
 use super::dataset::{load_data_visiting, phase_bar, window, DataSet, Kept};
 
@@ -341,7 +341,11 @@ impl Sums {
             nframes: self.nframes,
         });
         let stats = pass.stat.map(|d| {
-            let (davg, dstd) = self.env.davg_dstd(d.set_davg_zero);
+            let (davg, mut dstd) = self.env.davg_dstd(d.set_davg_zero);
+            if d.kind == DescriptorType::SeE2R {
+                // Its statistics are of the radial column alone; the others go unused.
+                dstd.chunks_mut(4).for_each(|row| row[1..].fill(1.0));
+            }
             let (bias, std) = energy_bias(&self.counts, &self.energy);
             DataStats {
                 davg,

@@ -62,6 +62,7 @@ pub fn load_params(model: &mut Model, dir: &Path) {
 /// The water example's descriptor (rcut 6, sel [46, 92], embedding [25, 50, 100], axis 16).
 pub fn water_descriptor() -> DescriptorSpec {
     DescriptorSpec {
+        kind: Default::default(),
         rcut: 6.0,
         rcut_smth: 0.5,
         sel: vec![46, 92],
@@ -101,6 +102,7 @@ pub fn model_a() -> Model {
     let spec = ModelSpec {
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
+            kind: Default::default(),
             neuron: vec![8, 16, 32],
             axis_neuron: 4,
             ..water_descriptor()

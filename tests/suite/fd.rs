@@ -3,7 +3,7 @@
 //! layer kind, on periodic, triclinic and non-periodic systems.
 
 use dpw::backend::{Backend, Prefactors};
-use dpw::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
+use dpw::model::{DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec};
 use dpw::train::batch::Frame;
 use dpw::train::predict::{loss_and_grad, predict, Prediction};
 
@@ -77,17 +77,28 @@ pub fn random_system(n_per_type: &[usize], cell: Option<[f64; 9]>, seed: u64) ->
 }
 
 pub fn small_model(ntypes: usize, type_one_side: bool, sel: Vec<usize>, seed: u64) -> Model {
+    small_model_of(DescriptorType::SeE2A, ntypes, type_one_side, sel, seed)
+}
+
+pub fn small_model_of(
+    kind: DescriptorType,
+    ntypes: usize,
+    type_one_side: bool,
+    sel: Vec<usize>,
+    seed: u64,
+) -> Model {
     let spec = ModelSpec {
         type_map: ["A", "B", "C"][..ntypes]
             .iter()
             .map(|s| s.to_string())
             .collect(),
         descriptor: DescriptorSpec {
+            kind,
             rcut: 4.0,
             rcut_smth: 1.0,
             sel,
             neuron: vec![4, 8, 16],
-            axis_neuron: 4,
+            axis_neuron: if kind == DescriptorType::SeE2A { 4 } else { 1 },
             resnet_dt: true,
             type_one_side,
             env_protection: 0.0,
@@ -143,6 +154,15 @@ pub fn cases() -> Vec<(&'static str, Model, Sys)> {
                 &[4, 0, 5],
                 Some([6.5, 0.0, 0.0, 0.0, 7.0, 0.0, 0.0, 0.0, 6.8]),
                 14,
+            ),
+        ),
+        (
+            "se_e2_r periodic triclinic",
+            small_model_of(DescriptorType::SeE2R, 2, true, vec![30, 30], 5),
+            random_system(
+                &[4, 5],
+                Some([5.0, 0.0, 0.0, 1.2, 5.2, 0.0, -0.9, 0.8, 5.5]),
+                15,
             ),
         ),
     ]

@@ -1,6 +1,7 @@
 //! One body per property, instantiated for every backend by [`backend_suite!`].
 #![allow(dead_code)]
 
+pub mod descriptors;
 pub mod fd;
 pub mod parity;
 pub mod plan;
@@ -71,6 +72,18 @@ macro_rules! backend_suite {
         $(#[$attr])?
         fn reference_virial_training_gradients() {
             $crate::suite::virial::training_gradients(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_se_e2_r_predictions() {
+            $crate::suite::descriptors::predictions(&$backend, "se_e2_r_water");
+            $crate::suite::descriptors::predictions(&$backend, "se_e2_r_alloy");
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_se_e2_r_training_gradients() {
+            $crate::suite::descriptors::training_gradients(&$backend, "se_e2_r_water");
+            $crate::suite::descriptors::training_gradients(&$backend, "se_e2_r_alloy");
         }
     };
     (#[$attr:meta] $backend:expr) => {

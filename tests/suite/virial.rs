@@ -43,6 +43,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
     let spec = ModelSpec {
         type_map,
         descriptor: DescriptorSpec {
+            kind: Default::default(),
             rcut: f(&d["rcut"]),
             rcut_smth: f(&d["rcut_smth"]),
             sel: usizes(&d["sel"]),

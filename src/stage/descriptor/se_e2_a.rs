@@ -1,0 +1,145 @@
+//! se_e2_a: A = (1/nnei) Σ_j G(s_j) ⊗ R̂_j, D = A A<ᵀ (docs/deepmd-spec.md §5–§6).
+
+use crate::backend::{Backend, ContractDual, Dims, Real};
+use crate::mem::OutOfMemory;
+
+use super::super::embed::{Embed, Nets};
+use super::super::env::Env;
+use super::super::net::Zeros;
+use super::super::DeviceModel;
+
+pub struct SeE2A<T: Real, B: Backend<T>> {
+    embed: Embed<B::Buf>,
+    /// A, Ā, Ȧ: `4·M1` per centre, laid out as the backend's contraction ops like.
+    a: B::Buf,
+    abar: B::Buf,
+    adot: B::Buf,
+    desc: B::Buf,
+    ddot: B::Buf,
+    /// Ḡ, Ġ̄ of every slot, empty where the backend's fused stage never writes them.
+    gbar: B::Buf,
+    gdotbar: B::Buf,
+}
+
+impl<T: Real, B: Backend<T>> SeE2A<T, B> {
+    pub fn new(
+        b: &B,
+        m: &DeviceModel<T, B>,
+        d: &Dims,
+        zeros: &Zeros<B::Buf>,
+    ) -> Result<Self, OutOfMemory> {
+        let (ns, nc, m1, m2) = (d.nslots(), d.ncentres(), d.m1, d.m2);
+        let slot_adjoints = if b.fused_embedding() && b.fuses_contract_dual() {
+            0
+        } else {
+            m1 * ns
+        };
+        Ok(SeE2A {
+            embed: Embed::new(b, &m.layout, d, zeros)?,
+            a: zeros(4 * m1 * nc)?,
+            abar: zeros(4 * m1 * nc)?,
+            adot: zeros(4 * m1 * nc)?,
+            desc: zeros(m1 * m2 * nc)?,
+            ddot: zeros(m1 * m2 * nc)?,
+            gbar: zeros(slot_adjoints)?,
+            gdotbar: zeros(slot_adjoints)?,
+        })
+    }
+
+    pub fn desc(&self) -> &B::Buf {
+        &self.desc
+    }
+
+    pub fn ddot(&self) -> &B::Buf {
+        &self.ddot
+    }
+
+    pub fn buffers(&self) -> Vec<&B::Buf> {
+        let mut v = self.embed.buffers();
+        v.extend([
+            &self.a,
+            &self.desc,
+            &self.abar,
+            &self.adot,
+            &self.ddot,
+            &self.gbar,
+            &self.gdotbar,
+        ]);
+        v
+    }
+
+    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, env: &Env<T, B>) {
+        self.embed.forward(b, m, d, env);
+        let (g, _) = self.embed.g_gp();
+        b.contract_forward(d, g, &env.rhat, &mut self.a, &mut self.desc);
+    }
+
+    pub fn backward(&mut self, b: &B, d: &Dims, env: &Env<T, B>, dbar: &B::Buf, q: &mut B::Buf) {
+        let (g, gp) = self.embed.g_gp();
+        b.contract_backward(d, &self.a, dbar, &mut self.abar);
+        b.slot_backward(d, &self.abar, g, gp, &env.rhat, &env.jac, q);
+    }
+
+    pub fn tangent(&mut self, b: &B, d: &Dims, env: &Env<T, B>) {
+        let (g, gp) = self.embed.g_gp();
+        b.contract_tangent(
+            d,
+            g,
+            gp,
+            &env.rhat,
+            &env.rdot,
+            &self.a,
+            &mut self.adot,
+            &mut self.ddot,
+        );
+    }
+
+    pub fn dual(
+        &mut self,
+        b: &B,
+        m: &mut DeviceModel<T, B>,
+        d: &Dims,
+        env: &Env<T, B>,
+        (dbar, ddotbar): (&B::Buf, &B::Buf),
+    ) {
+        let contract = ContractDual {
+            a: &self.a,
+            adot: &self.adot,
+            dbar,
+            ddotbar,
+            rhat: &env.rhat,
+            rdot: &env.rdot,
+        };
+        let nets = Nets {
+            layout: &m.layout,
+            type_one_side: m.type_one_side,
+        };
+        match &mut self.embed {
+            Embed::Fused { .. } => b.contract_embed_dual(
+                d,
+                &nets.all(d),
+                &m.params,
+                &env.s,
+                &env.owner,
+                &env.sdot,
+                contract,
+                &mut self.gbar,
+                &mut self.gdotbar,
+                &mut m.grad,
+            ),
+            embed => {
+                contract.run(b, d, &mut self.gbar, &mut self.gdotbar);
+                embed.dual(
+                    b,
+                    &m.params,
+                    &mut m.grad,
+                    &nets,
+                    d,
+                    env,
+                    &self.gbar,
+                    &self.gdotbar,
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The environment stage every descriptor starts from: a batch's geometry (r_ij, owners), the
+//! normalised environment rows R̂ of every slot with their Jacobian, and, in training, the
+//! force/virial seed as a tangent of them (docs/design.md §3.2).
+
+use crate::backend::{Backend, Dims, Real};
+use crate::mem::OutOfMemory;
+
+use super::net::Zeros;
+use super::DeviceModel;
+
+pub struct Env<T: Real, B: Backend<T>> {
+    pub rij: B::Buf,
+    pub owner: B::Idx,
+    pub centre_atom: B::Idx,
+    /// R̂ `[nslots][4]`, ∂R̂/∂r_ij `[nslots][4][3]`, s = R̂[0] `[nslots]`.
+    pub rhat: B::Buf,
+    pub jac: B::Buf,
+    pub s: B::Buf,
+    /// Ones over the slots: the unit input tangent of the embedding nets.
+    pub ones_s: B::Buf,
+    /// Ṙ and ṡ = Ṙ[0] of the training seed.
+    pub rdot: B::Buf,
+    pub sdot: B::Buf,
+}
+
+impl<T: Real, B: Backend<T>> Env<T, B> {
+    pub fn new(
+        b: &B,
+        d: &Dims,
+        zeros: &Zeros<B::Buf>,
+        centre_atom: &[i32],
+    ) -> Result<Self, OutOfMemory> {
+        let ns = d.nslots();
+        Ok(Env {
+            rij: zeros(3 * ns)?,
+            owner: b.upload_idx(&vec![-1; ns]),
+            centre_atom: b.upload_idx(centre_atom),
+            rhat: zeros(4 * ns)?,
+            jac: zeros(12 * ns)?,
+            s: zeros(ns)?,
+            ones_s: b.upload(&vec![T::one(); ns]),
+            rdot: zeros(4 * ns)?,
+            sdot: zeros(ns)?,
+        })
+    }
+
+    /// R̂, its Jacobian and s of the loaded batch.
+    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims) {
+        b.env_mat(
+            d,
+            m.env,
+            &self.rij,
+            &self.owner,
+            &m.davg,
+            &m.dstd,
+            &mut self.rhat,
+            &mut self.jac,
+            &mut self.s,
+        );
+    }
+
+    /// Ṙ, ṡ from the loss residuals ∂L/∂F, ∂L/∂W.
+    pub fn tangent(&mut self, b: &B, d: &Dims, fres: &B::Buf, vres: &B::Buf) {
+        b.virtual_tangent(
+            d,
+            fres,
+            vres,
+            &self.jac,
+            &self.rij,
+            &self.owner,
+            &self.centre_atom,
+            &mut self.rdot,
+            &mut self.sdot,
+        );
+    }
+
+    pub fn buffers(&self) -> [&B::Buf; 7] {
+        [
+            &self.rij,
+            &self.rhat,
+            &self.jac,
+            &self.s,
+            &self.ones_s,
+            &self.rdot,
+            &self.sdot,
+        ]
+    }
+}

@@ -1,0 +1,106 @@
+//! The `ener` fitting stage: one net per centre type from D_i to the atomic energy E_i, back
+//! to D̄_i = ∂E_i/∂D_i, and in training its tangent and dual reverse (docs/design.md §3).
+
+use crate::backend::{Backend, Dims, Real};
+use crate::mem::OutOfMemory;
+
+use super::net::{net_dual_backward, NetCache, NetDual, Zeros};
+use super::DeviceModel;
+
+pub struct Fitting<T: Real, B: Backend<T>> {
+    cache: NetCache<B::Buf>,
+    /// Ones over the centres: the seed dE_i/dE_i of the backward pass.
+    ones_c: B::Buf,
+}
+
+impl<T: Real, B: Backend<T>> Fitting<T, B> {
+    pub fn new(
+        b: &B,
+        m: &DeviceModel<T, B>,
+        d: &Dims,
+        zeros: &Zeros<B::Buf>,
+    ) -> Result<Self, OutOfMemory> {
+        let nc = d.ncentres();
+        Ok(Fitting {
+            cache: NetCache::new(zeros, &m.layout.fit[0], nc)?,
+            ones_c: b.upload(&vec![T::one(); nc]),
+        })
+    }
+
+    /// The atomic energies (without bias) of the last [`Fitting::forward`].
+    pub fn e_fit(&self) -> &B::Buf {
+        self.cache.y.last().unwrap()
+    }
+
+    /// D̄ = ∂E_i/∂D_i of the last [`Fitting::forward`], and after [`Fitting::dual`] the
+    /// adjoints (D̄, Ḋ̄) of the loss's dual reverse.
+    pub fn adjoints(&self) -> (&B::Buf, &B::Buf) {
+        (&self.cache.xbar[0], &self.cache.xdotbar[0])
+    }
+
+    pub fn buffers(&self) -> Vec<&B::Buf> {
+        let mut v: Vec<&B::Buf> = self.cache.all().collect();
+        v.push(&self.ones_c);
+        v
+    }
+
+    /// Nets forward from D, then back to D̄.
+    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, desc: &B::Buf) {
+        for t in 0..d.ntypes {
+            let net = &m.layout.fit[t];
+            let rows = d.centres(t);
+            let c = &mut self.cache;
+            for (l, layer) in net.layers.iter().enumerate() {
+                let (head, tail) = c.y.split_at_mut(l);
+                let x = if l == 0 { desc } else { &head[l - 1] };
+                b.dense_forward(layer, &m.params, rows.clone(), x, &mut c.h[l], &mut tail[0]);
+            }
+            for (l, layer) in net.layers.iter().enumerate().rev() {
+                let (head, tail) = c.xbar.split_at_mut(l + 1);
+                let ybar = if l + 1 == net.layers.len() {
+                    &self.ones_c
+                } else {
+                    &tail[0]
+                };
+                b.dense_backward(layer, &m.params, rows.clone(), &c.h[l], ybar, &mut head[l]);
+            }
+        }
+    }
+
+    /// Tangent forward from Ḋ, then the dual reverse seeded with (∂L/∂E, 1), into `m.grad`
+    /// and the adjoints (D̄, Ḋ̄).
+    pub fn dual(
+        &mut self,
+        b: &B,
+        m: &mut DeviceModel<T, B>,
+        d: &Dims,
+        (desc, ddot): (&B::Buf, &B::Buf),
+        ebar: &B::Buf,
+    ) {
+        for t in 0..d.ntypes {
+            let net = &m.layout.fit[t];
+            let rows = d.centres(t);
+            let c = &mut self.cache;
+            for (l, layer) in net.layers.iter().enumerate() {
+                let (head, tail) = c.ydot.split_at_mut(l);
+                let xdot = if l == 0 { ddot } else { &head[l - 1] };
+                b.dense_tangent(
+                    layer,
+                    &m.params,
+                    rows.clone(),
+                    &c.h[l],
+                    xdot,
+                    &mut c.zdot[l],
+                    &mut tail[0],
+                );
+            }
+            let dual = NetDual {
+                input: (desc, ddot),
+                seed: (ebar, &self.ones_c),
+                scale: None,
+                input_adjoint: true,
+            };
+            net_dual_backward(b, &m.params, &mut m.grad, net, rows, c, dual);
+        }
+    }
+}

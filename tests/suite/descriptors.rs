@@ -1,0 +1,177 @@
+//! The descriptors besides se_e2_a against DeePMD-kit 3.2.0's own numbers
+//! (`tests/reference/descriptors/`, made by `scripts/make-reference/descriptors.py`): models
+//! DeePMD-kit wrote, read from its `.yaml`; energies, atomic energies, forces and virials of three
+//! frames; and the training gradient of the full loss (and, with virial labels, of the virial
+//! term alone) against its double backward with a float64 1/N.
+
+use std::path::PathBuf;
+
+use ndarray::ArrayD;
+use ndarray_npy::NpzReader;
+use serde_json::Value;
+
+use dpw::backend::Backend;
+use dpw::config::LossConfig;
+use dpw::model::{read_deepmd_yaml, Model};
+use dpw::train::batch::Frame;
+use dpw::train::loss::Loss;
+use dpw::train::predict::{loss_and_grad, predict};
+
+use crate::common::*;
+
+fn case_dir(case: &str) -> PathBuf {
+    repo(&format!("tests/reference/descriptors/{case}"))
+}
+
+/// Frames of a reference npz: coordinates, cells and labels, per frame.
+struct Frames {
+    atype: Vec<usize>,
+    coord: Vec<Vec<f64>>,
+    cell: Vec<Vec<f64>>,
+    energy: Vec<f64>,
+    force: Vec<Vec<f64>>,
+    virial: Option<Vec<Vec<f64>>>,
+}
+
+fn rows(a: &ArrayD<f64>) -> Vec<Vec<f64>> {
+    a.outer_iter()
+        .map(|r| r.iter().copied().collect())
+        .collect()
+}
+
+impl Frames {
+    fn read(z: &mut NpzReader<std::fs::File>) -> Self {
+        let virial = z
+            .names()
+            .unwrap()
+            .iter()
+            .any(|n| n.trim_end_matches(".npy") == "virial_label")
+            .then(|| rows(&npz_array(z, "virial_label")));
+        Frames {
+            atype: npz_i64(z, "atype").iter().map(|&t| t as usize).collect(),
+            coord: rows(&npz_array(z, "coord")),
+            cell: rows(&npz_array(z, "box")),
+            energy: npz_array(z, "energy_label").iter().copied().collect(),
+            force: rows(&npz_array(z, "force_label")),
+            virial,
+        }
+    }
+
+    fn all(&self) -> Vec<Frame<'_>> {
+        (0..self.energy.len())
+            .map(|f| Frame {
+                coord: &self.coord[f],
+                cell: Some(&self.cell[f]),
+                energy: self.energy[f],
+                force: &self.force[f],
+                virial: self.virial.as_ref().map(|v| v[f].as_slice()),
+            })
+            .collect()
+    }
+}
+
+/// max |a − b| / max |b|: the figures DeePMD-kit's own backends agree to (README there).
+fn rel_max(a: &[f64], b: &[f64]) -> f64 {
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    max_abs_diff(a, b) / scale
+}
+
+fn model(case: &str) -> Model {
+    read_deepmd_yaml(&case_dir(case).join("model.yaml")).unwrap()
+}
+
+/// Energies, atomic energies, forces and virials of the three eval frames, each ≤ 1e-10
+/// relative to its largest value.
+pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
+    let model = model(case);
+    let mut z = npz(&case_dir(case).join("eval.npz"));
+    let fr = Frames::read(&mut z);
+    let p = predict(b, &model, &fr.atype, &fr.all()).unwrap();
+    let want = |z: &mut NpzReader<_>, k| -> Vec<f64> { npz_array(z, k).iter().copied().collect() };
+    let errs = [
+        ("energy", rel_max(&p.energy, &want(&mut z, "energy"))),
+        (
+            "atom energy",
+            rel_max(&p.atom_energy, &want(&mut z, "atom_energy")),
+        ),
+        ("force", rel_max(&p.force, &want(&mut z, "force"))),
+        ("virial", rel_max(&p.virial, &want(&mut z, "virial"))),
+    ];
+    let shown: Vec<String> = errs.iter().map(|(w, e)| format!("{w} {e:.1e}")).collect();
+    eprintln!("{case}: relative to DeePMD-kit: {}", shown.join(", "));
+    for (what, e) in errs {
+        assert!(e <= 1e-10, "{case}: {what} off by {e:e} relative");
+    }
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn rel_norm(a: &[f64], b: &ArrayD<f64>) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+/// The loss of the training frames and its gradient, per tensor ≤ 1e-12 relative to DeePMD-kit's
+/// double backward with a float64 1/N; with virial labels, the virial term alone too.
+pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
+    let model = model(case);
+    let dir = case_dir(case);
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("train_step.json")).unwrap())
+            .unwrap();
+    let mut z = npz(&dir.join("train_step.npz"));
+    let fr = Frames::read(&mut z);
+    let frames = fr.all();
+    let natoms = fr.atype.len();
+    let mut runs = vec![("loss", "grad_f64inv")];
+    if fr.virial.is_some() {
+        runs.push(("loss_virial_only", "vgrad_f64inv"));
+    }
+    for (cfg_key, prefix) in runs {
+        let l = &meta[cfg_key];
+        let cfg = LossConfig {
+            start_pref_e: f(&l["start_pref_e"]),
+            limit_pref_e: f(&l["limit_pref_e"]),
+            start_pref_f: f(&l["start_pref_f"]),
+            limit_pref_f: f(&l["limit_pref_f"]),
+            start_pref_v: f(&l["start_pref_v"]),
+            limit_pref_v: f(&l["limit_pref_v"]),
+            relative_f: None,
+            intensive_ener_virial: false,
+        };
+        let loss = Loss::new(&cfg, f(&meta["start_lr"]));
+        let p = loss.prefactors(f(&meta["lr"]), natoms, fr.virial.is_some());
+        let (sums, grad, _) = loss_and_grad(b, &model, &fr.atype, &frames, p.op).unwrap();
+        let mine = loss.metrics(&sums, frames.len(), natoms, &p).rmse.powi(2);
+        // DeePMD-kit's own loss has a float32 1/N; the one its f64-1/N gradient belongs to is
+        // the written-out formula's (README there).
+        let want = f(&meta["hand_written_loss"][cfg_key]["value_f64_inv"]);
+        let rl = (mine - want).abs() / want;
+        let mut worst = (0.0f64, String::new());
+        for t in model.layout().tensors {
+            let r = rel_norm(
+                &grad[t.offset..t.offset + t.len()],
+                &npz_array(&mut z, &format!("{prefix}.{}", t.name)),
+            );
+            if r > worst.0 {
+                worst = (r, t.name.clone());
+            }
+        }
+        eprintln!(
+            "{case}, {cfg_key}: loss {mine} vs {want} (rel {rl:.1e}); worst per-tensor relative \
+             gradient error {:.1e} ({})",
+            worst.0, worst.1
+        );
+        assert!(rl < 1e-12, "{case}: {cfg_key} off by {rl:e} relative");
+        assert!(
+            worst.0 < 1e-12,
+            "{case}: {prefix} of {} off by {:e}",
+            worst.1,
+            worst.0
+        );
+    }
+}
