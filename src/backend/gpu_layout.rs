@@ -211,7 +211,8 @@ impl DenseParams {
 }
 
 gpu_struct! {
-    /// The scalars of the WGSL contraction kernels (CUDA's read the shape table alone).
+    /// The scalars of the WGSL descriptor kernels, se_e2_a's contraction and se_e2_r's radial
+    /// sum (CUDA's read the shape table alone).
     pub struct ContractParams {
         pub ncentres: u32,
         pub m1: u32,

@@ -204,6 +204,23 @@ fn op_outputs<T: Real, B: Backend<T>>(
     take("contract_dual gbar".into(), &gbar);
     take("contract_dual gdotbar".into(), &gdotbar);
 
+    // se_e2_r's radial sum and its derivatives.
+    let mut rdesc = b.zeros(m1 * nc);
+    b.radial_forward(d, &g, &mut rdesc);
+    take("radial_forward desc".into(), &rdesc);
+    let sdot = up(&rng.vec(ns));
+    let mut rddot = b.zeros(m1 * nc);
+    b.radial_tangent(d, &gp, &sdot, &mut rddot);
+    take("radial_tangent ddot".into(), &rddot);
+    let (rdbar, rddotbar) = (up(&rng.vec(m1 * nc)), up(&rng.vec(m1 * nc)));
+    let mut rq = b.zeros(3 * ns);
+    b.radial_backward(d, &rdbar, &gp, &jac, &mut rq);
+    take("radial_backward q".into(), &rq);
+    let (mut rgbar, mut rgdotbar) = (b.zeros(m1 * ns), b.zeros(m1 * ns));
+    b.radial_dual(d, &rdbar, &rddotbar, &mut rgbar, &mut rgdotbar);
+    take("radial_dual gbar".into(), &rgbar);
+    take("radial_dual gdotbar".into(), &rgdotbar);
+
     // Energy, forces, virial, loss, the virtual tangent.
     let e_fit = up(&rng.vec(nc));
     let bias = up(&m.bias);

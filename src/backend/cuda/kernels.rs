@@ -62,6 +62,16 @@ pub const FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "radial.cu",
+        source: include_str!("../../../kernels/radial.cu"),
+        kernels: &[
+            "radial_forward",
+            "radial_tangent",
+            "radial_backward",
+            "radial_dual",
+        ],
+    },
+    KernelFile {
         name: "scatter.cu",
         source: include_str!("../../../kernels/scatter.cu"),
         kernels: &[

@@ -36,7 +36,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
 use super::gpu_layout;
-use super::{AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
+use super::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
 
@@ -1037,6 +1037,98 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 self.ptr(ddotbar),
                 self.ptr(rhat),
                 self.ptr(rdot),
+                self.ptr(gbar),
+                self.ptr(gdotbar)
+            ]
+        );
+    }
+
+    fn radial_forward(&self, d: &Dims, g: &CudaBuf<T>, desc: &mut CudaBuf<T>) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("radial_forward"),
+            grid(d.ncentres() * d.m1, BLOCK),
+            [
+                self.addr(&*dims),
+                T::of(radial_scale(d)),
+                self.ptr(g),
+                self.ptr(desc)
+            ]
+        );
+    }
+
+    fn radial_tangent(&self, d: &Dims, gp: &CudaBuf<T>, sdot: &CudaBuf<T>, ddot: &mut CudaBuf<T>) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("radial_tangent"),
+            grid(d.ncentres() * d.m1, BLOCK),
+            [
+                self.addr(&*dims),
+                T::of(radial_scale(d)),
+                self.ptr(gp),
+                self.ptr(sdot),
+                self.ptr(ddot)
+            ]
+        );
+    }
+
+    fn radial_backward(
+        &self,
+        d: &Dims,
+        dbar: &CudaBuf<T>,
+        gp: &CudaBuf<T>,
+        jac: &CudaBuf<T>,
+        q: &mut CudaBuf<T>,
+    ) {
+        if d.nslots() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        // One warp per slot, four per block.
+        launch!(
+            self,
+            &name::<T>("radial_backward"),
+            grid(32 * d.nslots(), 128),
+            [
+                self.addr(&*dims),
+                T::of(radial_scale(d)),
+                self.ptr(dbar),
+                self.ptr(gp),
+                self.ptr(jac),
+                self.ptr(q)
+            ]
+        );
+    }
+
+    fn radial_dual(
+        &self,
+        d: &Dims,
+        dbar: &CudaBuf<T>,
+        ddotbar: &CudaBuf<T>,
+        gbar: &mut CudaBuf<T>,
+        gdotbar: &mut CudaBuf<T>,
+    ) {
+        if d.nslots() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("radial_dual"),
+            grid(d.nslots() * d.m1, BLOCK),
+            [
+                self.addr(&*dims),
+                T::of(radial_scale(d)),
+                self.ptr(dbar),
+                self.ptr(ddotbar),
                 self.ptr(gbar),
                 self.ptr(gdotbar)
             ]

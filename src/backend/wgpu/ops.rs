@@ -7,7 +7,7 @@ use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
 use crate::backend::gpu_layout::{ContractParams, DenseParams, ScatterParams};
-use crate::backend::{AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
+use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
 
@@ -109,6 +109,26 @@ impl Wgpu {
     fn reals<T: GpuReal>(&self, op: &OneOp, name: &'static str, x: &[f64]) -> wgpu::Buffer {
         let v: Vec<T> = x.iter().map(|&v| T::of(v)).collect();
         self.consts(op, name, &v)
+    }
+
+    /// se_e2_r's descriptor or its tangent (`kern`), k Σ_slots w_s x_s per centre; `w` is
+    /// bound whether or not the kernel reads it.
+    fn radial_sum<T: GpuReal>(
+        &self,
+        kern: &Kernel,
+        d: &Dims,
+        x: &Buf<T>,
+        w: &Buf<T>,
+        out: &mut Buf<T>,
+    ) {
+        let op = self.exclusive();
+        let scale = self.reals::<T>(&op, "radial", &[radial_scale(d)]);
+        self.go::<T>(
+            kern,
+            &ContractParams::new(d, 0),
+            &[&self.dims_buf(d), &scale, &x.buf, &w.buf, &out.buf],
+            grid1(d.ncentres() * d.m1),
+        );
     }
 }
 
@@ -505,6 +525,50 @@ impl<T: GpuReal> Backend<T> for Wgpu {
                 &k::CONTRACT_DUAL_SLOT,
                 &u.block(&slots, sel, c0),
                 &[&ab, &adb, &rhat.buf, &rdot.buf, &gbar.buf, &gdotbar.buf],
+                grid1(slots.len() * d.m1),
+            );
+        });
+    }
+
+    fn radial_forward(&self, d: &Dims, g: &Buf<T>, desc: &mut Buf<T>) {
+        // The weights ṡ are not read; g is a stand-in.
+        self.radial_sum(&k::RADIAL_FORWARD, d, g, g, desc);
+    }
+
+    fn radial_tangent(&self, d: &Dims, gp: &Buf<T>, sdot: &Buf<T>, ddot: &mut Buf<T>) {
+        self.radial_sum(&k::RADIAL_TANGENT, d, gp, sdot, ddot);
+    }
+
+    fn radial_backward(&self, d: &Dims, dbar: &Buf<T>, gp: &Buf<T>, jac: &Buf<T>, q: &mut Buf<T>) {
+        let op = self.exclusive();
+        let scale = self.reals::<T>(&op, "radial", &[radial_scale(d)]);
+        let u = ContractParams::new(d, 0);
+        for_blocks(d, |slots, sel, c0| {
+            self.go::<T>(
+                &k::RADIAL_BACKWARD,
+                &u.block(&slots, sel, c0),
+                &[&scale, &gp.buf, &dbar.buf, &jac.buf, &q.buf],
+                grid1(slots.len()),
+            );
+        });
+    }
+
+    fn radial_dual(
+        &self,
+        d: &Dims,
+        dbar: &Buf<T>,
+        ddotbar: &Buf<T>,
+        gbar: &mut Buf<T>,
+        gdotbar: &mut Buf<T>,
+    ) {
+        let op = self.exclusive();
+        let scale = self.reals::<T>(&op, "radial", &[radial_scale(d)]);
+        let u = ContractParams::new(d, 0);
+        for_blocks(d, |slots, sel, c0| {
+            self.go::<T>(
+                &k::RADIAL_DUAL,
+                &u.block(&slots, sel, c0),
+                &[&scale, &dbar.buf, &ddotbar.buf, &gbar.buf, &gdotbar.buf],
                 grid1(slots.len() * d.m1),
             );
         });

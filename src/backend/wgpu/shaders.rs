@@ -25,6 +25,7 @@ pub enum Shader {
     EnvMat,
     Dense,
     Contract,
+    Radial,
     Scatter,
     Loss,
     Adam,
@@ -32,10 +33,11 @@ pub enum Shader {
 }
 
 impl Shader {
-    pub const ALL: [Shader; 7] = [
+    pub const ALL: [Shader; 8] = [
         Shader::EnvMat,
         Shader::Dense,
         Shader::Contract,
+        Shader::Radial,
         Shader::Scatter,
         Shader::Loss,
         Shader::Adam,
@@ -47,6 +49,7 @@ impl Shader {
             Shader::EnvMat => "env_mat.wgsl",
             Shader::Dense => "dense.wgsl",
             Shader::Contract => "contract.wgsl",
+            Shader::Radial => "radial.wgsl",
             Shader::Scatter => "scatter.wgsl",
             Shader::Loss => "loss.wgsl",
             Shader::Adam => "adam.wgsl",
@@ -56,7 +59,10 @@ impl Shader {
 
     /// Whether the shader binds the batch shape table, and so gets `shaders/shape.wgsl`.
     fn reads_shape(self) -> bool {
-        matches!(self, Shader::Contract | Shader::Scatter | Shader::Loss)
+        matches!(
+            self,
+            Shader::Contract | Shader::Radial | Shader::Scatter | Shader::Loss
+        )
     }
 
     fn body(self) -> &'static str {
@@ -64,6 +70,7 @@ impl Shader {
             Shader::EnvMat => include_str!("../../../shaders/env_mat.wgsl"),
             Shader::Dense => include_str!("../../../shaders/dense.wgsl"),
             Shader::Contract => include_str!("../../../shaders/contract.wgsl"),
+            Shader::Radial => include_str!("../../../shaders/radial.wgsl"),
             Shader::Scatter => include_str!("../../../shaders/scatter.wgsl"),
             Shader::Loss => include_str!("../../../shaders/loss.wgsl"),
             Shader::Adam => include_str!("../../../shaders/adam.wgsl"),
@@ -217,6 +224,33 @@ kernel!(
     [(13, R), (15, R), (4, R), (5, R), (10, W), (11, W)]
 );
 
+// radial: dims 1, scale 2, g 3, sdot 4, dbar 5, ddotbar 6, jac 7, desc 8, q 9, gbar 10,
+// gdotbar 11
+kernel!(
+    RADIAL_FORWARD,
+    Radial,
+    "radial_forward",
+    [(1, R), (2, R), (3, R), (4, R), (8, W)]
+);
+kernel!(
+    RADIAL_TANGENT,
+    Radial,
+    "radial_tangent",
+    [(1, R), (2, R), (3, R), (4, R), (8, W)]
+);
+kernel!(
+    RADIAL_BACKWARD,
+    Radial,
+    "radial_backward",
+    [(2, R), (3, R), (5, R), (7, R), (9, W)]
+);
+kernel!(
+    RADIAL_DUAL,
+    Radial,
+    "radial_dual",
+    [(2, R), (5, R), (6, R), (10, W), (11, W)]
+);
+
 // scatter: dims 1, e_fit 2, bias 3, e_atom 4, energy 5, csr_ptr 6, csr_ent 7, q 8, force 9,
 // rij 10, owner 11, wpart 12, virial 13
 kernel!(
@@ -304,6 +338,10 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &CONTRACT_A_TANGENT,
     &CONTRACT_DUAL_CENTRE,
     &CONTRACT_DUAL_SLOT,
+    &RADIAL_FORWARD,
+    &RADIAL_TANGENT,
+    &RADIAL_BACKWARD,
+    &RADIAL_DUAL,
     &SCATTER_ATOM_ENERGY,
     &SCATTER_FRAME_ENERGY,
     &SCATTER_GATHER_FORCE,
