@@ -49,12 +49,11 @@ fn train_and_test(input: &Value, test_args: &[&str]) -> (String, String) {
     (String::from_utf8_lossy(&out.stdout).into_owned(), lcurve)
 }
 
-#[test]
-#[ignore = "minutes of training; run in release mode (see the file's doc)"]
-fn convergence_water_2000_steps() {
+/// `examples/water/<file>` on a 2000-step schedule, validated on 80 frames of data_3 by
+/// `dpw test`: the force and per-atom energy RMSE.
+fn water_2000_steps(file: &str) -> (f64, f64) {
     let mut input: Value =
-        serde_json::from_str(&std::fs::read_to_string(water().join("input.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(water().join(file)).unwrap()).unwrap();
     input["learning_rate"] = json!({"type": "exp", "start_lr": 1e-3, "stop_lr": 3.51e-8,
                                     "decay_steps": 200, "decay_rate": 0.95});
     input["training"]["numb_steps"] = json!(2000);
@@ -68,12 +67,31 @@ fn convergence_water_2000_steps() {
     let f = report_value(&report, "Force  RMSE");
     let e = report_value(&report, "Energy RMSE/Natoms");
     eprintln!(
-        "validation (data_3, 80 frames): force RMSE {f:.4} eV/Å, energy RMSE {e:.3e} eV/atom"
+        "{file}: validation (data_3, 80 frames): force RMSE {f:.4} eV/Å, energy RMSE {e:.3e} eV/atom"
     );
     eprintln!("{lcurve}");
+    (f, e)
+}
+
+#[test]
+#[ignore = "minutes of training; run in release mode (see the file's doc)"]
+fn convergence_water_2000_steps() {
+    let (f, _) = water_2000_steps("input.json");
     assert!(
         f < 0.20,
         "validation force RMSE {f} ≥ 0.20 eV/Å after 2000 steps"
+    );
+}
+
+/// se_e2_r sees distances only, so it fits water's forces less well than se_e2_a: 0.256 eV/Å
+/// after these 2000 steps (from 0.9 at the start), against se_e2_a's < 0.20.
+#[test]
+#[ignore = "minutes of training; run in release mode (see the file's doc)"]
+fn convergence_water_se_e2_r_2000_steps() {
+    let (f, _) = water_2000_steps("input_se_e2_r.json");
+    assert!(
+        f < 0.32,
+        "validation force RMSE {f} ≥ 0.32 eV/Å after 2000 steps"
     );
 }
 
