@@ -108,11 +108,36 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap()
 }
 
-/// ‖a − b‖ / ‖b‖.
+/// ‖a − b‖ / ‖b‖, or ‖a‖ where b is exactly 0 (the output bias does not move the virial).
 fn rel_norm(a: &[f64], b: &ArrayD<f64>) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
     let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den).sqrt()
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// The largest per-tensor relative error of `grad` against the npz's `<prefix>.<tensor>`
+/// arrays, and its tensor.
+pub fn worst_tensor(
+    model: &Model,
+    grad: &[f64],
+    z: &mut NpzReader<std::fs::File>,
+    prefix: &str,
+) -> (f64, String) {
+    let mut worst = (0.0f64, String::new());
+    for t in model.layout().tensors {
+        let r = rel_norm(
+            &grad[t.offset..t.offset + t.len()],
+            &npz_array(z, &format!("{prefix}.{}", t.name)),
+        );
+        if r > worst.0 {
+            worst = (r, t.name.clone());
+        }
+    }
+    worst
 }
 
 /// The loss of the training frames and its gradient, per tensor ≤ 1e-12 relative to DeePMD-kit's
@@ -151,16 +176,7 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
         // the written-out formula's (README there).
         let want = f(&meta["hand_written_loss"][cfg_key]["value_f64_inv"]);
         let rl = (mine - want).abs() / want;
-        let mut worst = (0.0f64, String::new());
-        for t in model.layout().tensors {
-            let r = rel_norm(
-                &grad[t.offset..t.offset + t.len()],
-                &npz_array(&mut z, &format!("{prefix}.{}", t.name)),
-            );
-            if r > worst.0 {
-                worst = (r, t.name.clone());
-            }
-        }
+        let worst = worst_tensor(&model, &grad, &mut z, prefix);
         eprintln!(
             "{case}, {cfg_key}: loss {mine} vs {want} (rel {rl:.1e}); worst per-tensor relative \
              gradient error {:.1e} ({})",

@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 
-use ndarray::ArrayD;
 use serde_json::Value;
 
 use dpw::backend::Backend;
@@ -77,17 +76,6 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
     m
 }
 
-/// ‖a − b‖ / ‖b‖, or ‖a‖ where b is exactly 0 (the output bias does not move the virial)
-fn rel(a: &[f64], b: &ArrayD<f64>) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
-
 fn case<B: Backend<f64>>(b: &B, name: &str) {
     let dir = reference_dir();
     let meta: Value =
@@ -142,16 +130,7 @@ fn case<B: Backend<f64>>(b: &B, name: &str) {
         let Some(prefix) = grad_prefix else {
             continue;
         };
-        let mut worst = (0.0f64, String::new());
-        for t in model.layout().tensors {
-            let r = rel(
-                &grad[t.offset..t.offset + t.len()],
-                &npz_array(&mut z, &format!("{prefix}.{}", t.name)),
-            );
-            if r > worst.0 {
-                worst = (r, t.name.clone());
-            }
-        }
+        let worst = super::descriptors::worst_tensor(&model, &grad, &mut z, prefix);
         eprintln!(
             "{name}, {key}: worst per-tensor relative gradient error {:.1e} ({})",
             worst.0, worst.1
