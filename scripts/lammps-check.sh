@@ -4,8 +4,10 @@
 # runs `run 0` and 100 NVT steps in LAMMPS with `pair_style deepmd`, and compares LAMMPS's
 # step-0 energy and forces with `dpw test` on the same coordinates.
 #
-#   scripts/lammps-check.sh [TRAIN_STEPS]     (default 20; DPW_BIN=path uses that dpw binary
-#                                             instead of building one)
+#   scripts/lammps-check.sh [TRAIN_STEPS [INPUT]]   (default 20 steps of examples/water/input.json;
+#                                             INPUT another input of examples/water, e.g.
+#                                             input_se_e2_r.json; DPW_BIN=path uses that dpw
+#                                             binary instead of building one)
 #
 # Installs DeePMD-kit 3.2.0 with its PyTorch backend and LAMMPS into a virtual environment on
 # first use (DEEPMD_LMP_VENV, default .bench/deepmd-lmp-venv; about 6 GB). Not part of the test
@@ -14,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-20}
+input=${2:-input.json}
 venv=$(realpath -m "${DEEPMD_LMP_VENV:-.bench/deepmd-lmp-venv}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -32,10 +35,10 @@ if [ -z "$dpw" ]; then
 fi
 
 # A short training run of the water example, frozen to DeePMD-kit's format and converted.
-"$py" - "$work/input.json" "$steps" "$PWD/examples/water" <<'PY'
+"$py" - "$work/input.json" "$steps" "$PWD/examples/water" "$input" <<'PY'
 import json, os, sys
-out, steps, base = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-d = json.load(open(os.path.join(base, "input.json")))
+out, steps, base, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+d = json.load(open(os.path.join(base, name)))
 for key in ("training_data", "validation_data"):
     d["training"][key]["systems"] = [os.path.join(base, s) for s in d["training"][key]["systems"]]
 d["training"].update(numb_steps=steps, disp_freq=max(1, steps // 4), save_freq=steps)
