@@ -43,7 +43,7 @@ pub fn workspace_for<'a, T: Real, B: Backend<T>>(
             if cache.len() >= MAX_CACHED {
                 cache.remove(0);
             }
-            Workspace::new(b, &dm, dims)?
+            Workspace::new(b, dm, dims)?
         }
     };
     cache.push(w);
