@@ -445,13 +445,14 @@ fn key_errors_name_the_file() {
 
 #[test]
 fn unsupported_settings_are_errors() {
-    let msg = error_of(&water_with("/model/descriptor/type", json!("se_e3")));
+    let msg = error_of(&water_with("/model/descriptor/type", json!("se_atten")));
     assert_mentions(
         &msg,
         &[
-            "descriptor type 'se_e3' is not supported",
+            "descriptor type 'se_atten' is not supported",
             "se_e2_a (se_a)",
             "se_e2_r (se_r)",
+            "se_e3 (se_t)",
         ],
     );
     let cases = [
@@ -547,6 +548,55 @@ fn se_e2_r_takes_deepmd_keys_and_defaults() {
         .unwrap()
         .insert("axis_neuron".into(), json!(4));
     assert_mentions(&error_of(&v), &["model.descriptor.axis_neuron"]);
+}
+
+/// The water input with DeePMD-kit's se_e3 descriptor: se_e2_a's keys less axis_neuron and
+/// type_one_side (`descrpt_se_t_args`).
+fn water_se_t(ty: &str) -> Value {
+    let mut v = water_se_r(ty);
+    let d = v.pointer_mut("/model/descriptor").unwrap();
+    d.as_object_mut().unwrap().remove("type_one_side");
+    v
+}
+
+#[test]
+fn se_e3_takes_deepmd_keys_and_defaults() {
+    for ty in ["se_e3", "se_at", "se_a_3be", "se_t"] {
+        let (_d, r) = load(&water_se_t(ty));
+        let cfg = r.unwrap();
+        let d = &cfg.model.descriptor;
+        assert_eq!(d.kind, dpw::model::DescriptorType::SeE3);
+        assert_eq!(d.r#type, ty);
+        assert!(!d.type_one_side && d.axis_neuron == 1);
+        assert!(!d.resnet_dt && !d.set_davg_zero && d.env_protection == 0.0);
+    }
+    for (key, value) in [("type_one_side", json!(true)), ("axis_neuron", json!(4))] {
+        let mut v = water_se_t("se_e3");
+        v.pointer_mut("/model/descriptor")
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .insert(key.into(), value);
+        assert_mentions(&error_of(&v), &[&format!("model.descriptor.{key}")]);
+    }
+    for (key, value) in [
+        ("exclude_types", json!([[0, 1]])),
+        ("activation_function", json!("gelu")),
+    ] {
+        let mut v = water_se_t("se_e3");
+        *v.pointer_mut("/model/descriptor")
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .entry(key)
+            .or_insert(json!(null)) = value;
+        let err = load(&v).1.unwrap_err();
+        assert!(
+            matches!(err.inner(), ConfigError::Unsupported { .. }),
+            "{key}: {err}"
+        );
+        assert_mentions(&err.to_string(), &[&format!("model.descriptor.{key}")]);
+    }
 }
 
 #[test]

@@ -107,3 +107,41 @@ fn energy_bias_full_rank_is_exact() {
     assert!(max_abs_diff(&bias, &[-2.0, -0.5]) < 1e-12);
     assert!(std < 1e-12);
 }
+
+/// se_e3's davg/dstd are se_e2_a's (4 columns, the angular davg 0): dpw's statistics on the
+/// eval frames of `tests/reference/descriptors/se_e3_*` against DeePMD-kit's own
+/// `compute_input_stats` on them (`deepmd_compute_input_stats_on_these_frames` in eval.json).
+#[test]
+fn se_e3_statistics_match_deepmd() {
+    for case in ["se_e3_water", "se_e3_alloy"] {
+        let dir = repo(&format!("tests/reference/descriptors/{case}"));
+        let model = dpw::model::read_deepmd_yaml(&dir.join("model.yaml")).unwrap();
+        let eval: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("eval.json")).unwrap()).unwrap();
+        let mut z = npz(&dir.join("eval.npz"));
+        let atype: Vec<usize> = npz_i64(&mut z, "atype")
+            .iter()
+            .map(|&t| t as usize)
+            .collect();
+        let (coord, cell) = (npz_array(&mut z, "coord"), npz_array(&mut z, "box"));
+        let nt = model.spec.ntypes();
+        let mut st = EnvStats::new(nt);
+        for (c, b) in coord.outer_iter().zip(cell.outer_iter()) {
+            let c: Vec<f64> = c.iter().copied().collect();
+            let b: Vec<f64> = b.iter().copied().collect();
+            let cell = Cell::new(&b).unwrap();
+            st.add_frame(&model.spec.descriptor, &c, Some(&cell), &atype);
+        }
+        let (davg, dstd) = st.davg_dstd(false);
+        let want = &eval["deepmd_compute_input_stats_on_these_frames"][0];
+        for (name, mine) in [("davg_per_type", &davg), ("dstd_per_type", &dstd)] {
+            let rows: Vec<f64> = (want[name].as_array().unwrap().iter())
+                .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+                .collect();
+            assert_eq!(rows.len(), 4 * nt);
+            let err = max_abs_diff(mine, &rows);
+            eprintln!("{case}: {name} max |dpw − DeePMD-kit| = {err:.1e}");
+            assert!(err < 1e-12, "{case}: {name} {mine:?} vs {rows:?}");
+        }
+    }
+}

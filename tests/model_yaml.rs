@@ -311,9 +311,9 @@ fn bad_files_name_the_culprit() {
     let e = read_err("model:\n  descriptor: [1, 2\n");
     assert!(e.contains("not valid YAML"), "{e}");
 
-    let e = read_err(&edit(&good, "type: se_e2_a", "type: se_e3"));
+    let e = read_err(&edit(&good, "type: se_e2_a", "type: se_atten"));
     assert!(
-        e.contains("model.descriptor.type: unsupported value \"se_e3\""),
+        e.contains("model.descriptor.type: unsupported value \"se_atten\""),
         "{e}"
     );
 
@@ -409,5 +409,38 @@ fn se_e2_r_models_round_trip_in_deepmd_form() {
         let def = &ours["model_def_script"]["descriptor"];
         assert_eq!(def["type"], Value::from("se_e2_r"));
         assert!(def.get("axis_neuron").is_none());
+    }
+}
+
+/// se_e3 models DeePMD-kit 3.2.0 wrote: dpw reads them (nets of pairs ti > tj, all zeros, left
+/// out), writes them back in DeePMD-kit's form (type "se_e3", one net per (ti, tj) with zeros
+/// where ti > tj, no axis_neuron, type_one_side or spin) and reads its own file back unchanged.
+#[test]
+fn se_e3_models_round_trip_in_deepmd_form() {
+    for case in ["se_e3_water", "se_e3_alloy"] {
+        let path = repo(&format!("tests/reference/descriptors/{case}/model.yaml"));
+        let m = read_deepmd_yaml(&path).unwrap();
+        assert_eq!(m.spec.descriptor.kind, DescriptorType::SeE3);
+        let nt = m.spec.ntypes();
+        assert_eq!(m.layout().embed.len(), nt * (nt + 1) / 2);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m.yaml");
+        write_deepmd_yaml(&m, &out).unwrap();
+        assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
+        let (orig, ours) = (parse(&path), parse(&out));
+        let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
+        key_paths(&orig["model"], "model", &mut ko);
+        key_paths(&ours["model"], "model", &mut kw);
+        let missing: Vec<_> = ko.difference(&kw).collect();
+        let extra: Vec<_> = kw.difference(&ko).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{case}: missing {missing:?}, extra {extra:?}"
+        );
+        let (d0, d1) = (&orig["model"]["descriptor"], &ours["model"]["descriptor"]);
+        assert!(d0 == d1, "{case}: descriptor sections differ");
+        let def = &ours["model_def_script"]["descriptor"];
+        assert_eq!(def["type"], Value::from("se_e3"));
+        assert!(def.get("axis_neuron").is_none() && def.get("type_one_side").is_none());
     }
 }

@@ -434,7 +434,7 @@ fn bad_inputs_fail_cleanly_without_touching_outputs() {
         ),
         (
             "unsupported descriptor",
-            set(&|v| v["model"]["descriptor"]["type"] = json!("se_e3")),
+            set(&|v| v["model"]["descriptor"]["type"] = json!("se_atten")),
             "not supported",
         ),
         (

@@ -7,6 +7,8 @@
 
 use std::ops::Range;
 
+use crate::model::pair_types;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dims {
     pub nframes: usize,
@@ -85,5 +87,52 @@ impl Dims {
         let t = self.centre_type(c);
         let per_frame = (self.centre_start[t + 1] - self.centre_start[t]) / self.nframes;
         (c - self.centre_start[t]) / per_frame
+    }
+}
+
+/// se_e3's rows: one per (centre, j, k), j a slot of section ti and k one of section tj of the
+/// centre, for every pair type p = (ti, tj), ti ≤ tj ([`pair_types`]). They come in blocks
+/// (centre type c, pair type p), inside a block centre by centre, j-major: the rows of one
+/// centre and pair type are `sel[ti]·sel[tj]` in a row. So each pair type's embedding net runs
+/// on `ntypes` contiguous row ranges, as the slot nets do on the blocks of [`Dims`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pairs {
+    pub types: Vec<(usize, usize)>,
+    /// Rows of block (c, p) start at `start[c·types.len() + p]`; the last entry is the total.
+    pub start: Vec<usize>,
+}
+
+impl Pairs {
+    pub fn len(&self) -> usize {
+        *self.start.last().unwrap()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn block(&self, c: usize, p: usize) -> Range<usize> {
+        let k = c * self.types.len() + p;
+        self.start[k]..self.start[k + 1]
+    }
+}
+
+impl Dims {
+    /// The pair rows of this batch (se_e3).
+    pub fn pairs(&self) -> Pairs {
+        let types = pair_types(self.ntypes);
+        let mut start = vec![0];
+        for c in 0..self.ntypes {
+            let nc = self.centres(c).len();
+            for &(ti, tj) in &types {
+                start.push(start.last().unwrap() + nc * self.sel[ti] * self.sel[tj]);
+            }
+        }
+        Pairs { types, start }
+    }
+
+    /// se_e3's weight of pair type (ti, tj): DeePMD-kit's mean over sel[ti]·sel[tj] pairs.
+    pub fn pair_weight(&self, (ti, tj): (usize, usize)) -> f64 {
+        1.0 / (self.sel[ti] * self.sel[tj]) as f64
     }
 }

@@ -258,6 +258,98 @@ impl ContractParams {
 }
 
 gpu_struct! {
+    /// The scalars of se_e3's angle kernels, on both backends. Per-centre kernels read the
+    /// counts; the others are launched once per block, of pair rows ([`Dims::pairs`]) or of
+    /// slots, so that a row or slot finds its centre and pair by division alone.
+    pub struct AngleParams {
+        pub ncentres: u32,
+        pub m1: u32,
+        pub ntypes: u32,
+        /// Pair rows per centre, Σ_p sel[ti]·sel[tj]: block (tc, p) starts at
+        /// centre_start[tc]·pair_rows + (centres of tc)·(rows per centre of the pairs before p).
+        pub pair_rows: u32,
+        /// The block's centre type, first centre, first row (pair row or slot) and row count.
+        pub tc: u32,
+        pub centre0: u32,
+        pub row0: u32,
+        pub nrows: u32,
+        /// A pair block's pair type p = (ti, tj); a slot block's neighbour type is ti.
+        pub pair: u32,
+        pub ti: u32,
+        pub tj: u32,
+        pub _pad0: u32,
+    }
+}
+
+impl AngleParams {
+    /// For the per-centre kernels.
+    pub fn new(d: &Dims) -> Self {
+        let pairs = d.pairs();
+        AngleParams {
+            ncentres: count(d.ncentres()),
+            m1: count(d.m1),
+            ntypes: count(d.ntypes),
+            pair_rows: count(
+                pairs
+                    .types
+                    .iter()
+                    .map(|&(ti, tj)| d.sel[ti] * d.sel[tj])
+                    .sum(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    /// One per non-empty block (centre type, pair type) of pair rows.
+    pub fn pair_blocks(d: &Dims) -> Vec<Self> {
+        let (u, pairs) = (Self::new(d), d.pairs());
+        let mut out = Vec::new();
+        for tc in 0..d.ntypes {
+            for (p, &(ti, tj)) in pairs.types.iter().enumerate() {
+                let rows = pairs.block(tc, p);
+                if !rows.is_empty() {
+                    out.push(AngleParams {
+                        pair: count(p),
+                        ti: count(ti),
+                        tj: count(tj),
+                        ..u.block(tc, d.centre_start[tc], &rows)
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// One per non-empty block (centre type, neighbour type) of slots.
+    pub fn slot_blocks(d: &Dims) -> Vec<Self> {
+        let u = Self::new(d);
+        let mut out = Vec::new();
+        for tc in 0..d.ntypes {
+            for t in 0..d.ntypes {
+                let slots = d.block(tc, t);
+                if !slots.is_empty() {
+                    out.push(AngleParams {
+                        ti: count(t),
+                        ..u.block(tc, d.centre_start[tc], &slots)
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    fn block(self, tc: usize, c0: usize, rows: &Range<usize>) -> Self {
+        AngleParams {
+            tc: count(tc),
+            centre0: count(c0),
+            row0: count(rows.start),
+            nrows: count(rows.len()),
+            ..self
+        }
+    }
+}
+
+gpu_struct! {
     /// The scalars of the WGSL energy, force and virial kernels (CUDA's read the shape table).
     pub struct ScatterParams {
         pub ncentres: u32,
@@ -282,6 +374,7 @@ impl ScatterParams {
 pub const PARAMS: &[Layout] = &[
     DenseParams::LAYOUT,
     ContractParams::LAYOUT,
+    AngleParams::LAYOUT,
     ScatterParams::LAYOUT,
 ];
 

@@ -18,7 +18,7 @@ pub mod timed;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
-pub use dims::Dims;
+pub use dims::{Dims, Pairs};
 pub use real::Real;
 
 use std::ops::Range;
@@ -419,6 +419,63 @@ pub trait Backend<T: Real>: Sync {
     fn radial_dual(
         &self,
         d: &Dims,
+        dbar: &Self::Buf,
+        ddotbar: &Self::Buf,
+        gbar: &mut Self::Buf,
+        gdotbar: &mut Self::Buf,
+    );
+
+    /// se_e3's pair values e_p = r̃_j·r̃_k, `[npairs]` in the rows of [`Dims::pairs`], where
+    /// r̃ = R̂[1..4] of the pair's two slots.
+    fn angle_values(&self, d: &Dims, rhat: &Self::Buf, e: &mut Self::Buf);
+
+    /// Their tangent ė_p = ṙ_j·r̃_k + r̃_j·ṙ_k, ṙ = Ṙ[1..4].
+    fn angle_values_tangent(
+        &self,
+        d: &Dims,
+        rhat: &Self::Buf,
+        rdot: &Self::Buf,
+        edot: &mut Self::Buf,
+    );
+
+    /// se_e3's descriptor: D_c = Σ_{pairs of c} w_p e_p G_p, `[nc][M1]`, w_p =
+    /// [`Dims::pair_weight`] of the pair's type.
+    fn angle_forward(&self, d: &Dims, e: &Self::Buf, g: &Self::Buf, desc: &mut Self::Buf);
+
+    /// Its tangent: Ḋ_c = Σ_p w_p ė_p (G_p + e_p G'_p).
+    fn angle_tangent(
+        &self,
+        d: &Dims,
+        e: &Self::Buf,
+        edot: &Self::Buf,
+        g: &Self::Buf,
+        gp: &Self::Buf,
+        ddot: &mut Self::Buf,
+    );
+
+    /// Its backward to the slots: ē_p = w_p D̄_c·(G_p + e_p G'_p), r̃̄_j += ē_p r̃_k,
+    /// r̃̄_k += ē_p r̃_j, q_s = J_s[1..4]ᵀ r̃̄_s = ∂E/∂r_ij.
+    #[allow(clippy::too_many_arguments)]
+    fn angle_backward(
+        &self,
+        d: &Dims,
+        rhat: &Self::Buf,
+        jac: &Self::Buf,
+        e: &Self::Buf,
+        g: &Self::Buf,
+        gp: &Self::Buf,
+        dbar: &Self::Buf,
+        q: &mut Self::Buf,
+    );
+
+    /// Its dual reverse down to the pairs (no adjoint flows into e): Ḡ_p = w_p (e_p D̄_c +
+    /// ė_p Ḋ̄_c), Ġ̄_p = w_p e_p Ḋ̄_c.
+    #[allow(clippy::too_many_arguments)]
+    fn angle_dual(
+        &self,
+        d: &Dims,
+        e: &Self::Buf,
+        edot: &Self::Buf,
         dbar: &Self::Buf,
         ddotbar: &Self::Buf,
         gbar: &mut Self::Buf,

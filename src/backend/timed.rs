@@ -89,6 +89,12 @@ ops! {
     RadialTangent "radial_tangent",
     RadialBackward "radial_backward",
     RadialDual "radial_dual",
+    AngleValues "angle_values",
+    AngleValuesTangent "angle_values_tangent",
+    AngleForward "angle_forward",
+    AngleTangent "angle_tangent",
+    AngleBackward "angle_backward",
+    AngleDual "angle_dual",
     Energy "energy",
     ForceVirial "force_virial",
     Loss "loss",
@@ -642,6 +648,83 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         let flops = 2.0 * (d.m1 * d.nslots()) as f64;
         self.time::<T, _>(Op::RadialDual, flops, |b| {
             b.radial_dual(d, dbar, ddotbar, gbar, gdotbar)
+        })
+    }
+
+    fn angle_values(&self, d: &Dims, rhat: &Self::Buf, e: &mut Self::Buf) {
+        // A dot of three per pair.
+        let flops = 5.0 * d.pairs().len() as f64;
+        self.time::<T, _>(Op::AngleValues, flops, |b| b.angle_values(d, rhat, e))
+    }
+
+    fn angle_values_tangent(
+        &self,
+        d: &Dims,
+        rhat: &Self::Buf,
+        rdot: &Self::Buf,
+        edot: &mut Self::Buf,
+    ) {
+        // Two dots of three and their sum per pair.
+        let flops = 11.0 * d.pairs().len() as f64;
+        self.time::<T, _>(Op::AngleValuesTangent, flops, |b| {
+            b.angle_values_tangent(d, rhat, rdot, edot)
+        })
+    }
+
+    fn angle_forward(&self, d: &Dims, e: &Self::Buf, g: &Self::Buf, desc: &mut Self::Buf) {
+        // A multiply-add of M1 per pair.
+        let flops = 2.0 * (d.m1 * d.pairs().len()) as f64;
+        self.time::<T, _>(Op::AngleForward, flops, |b| b.angle_forward(d, e, g, desc))
+    }
+
+    fn angle_tangent(
+        &self,
+        d: &Dims,
+        e: &Self::Buf,
+        edot: &Self::Buf,
+        g: &Self::Buf,
+        gp: &Self::Buf,
+        ddot: &mut Self::Buf,
+    ) {
+        // G + e G', scaled and added: four per element of M1, per pair.
+        let flops = 4.0 * (d.m1 * d.pairs().len()) as f64;
+        self.time::<T, _>(Op::AngleTangent, flops, |b| {
+            b.angle_tangent(d, e, edot, g, gp, ddot)
+        })
+    }
+
+    fn angle_backward(
+        &self,
+        d: &Dims,
+        rhat: &Self::Buf,
+        jac: &Self::Buf,
+        e: &Self::Buf,
+        g: &Self::Buf,
+        gp: &Self::Buf,
+        dbar: &Self::Buf,
+        q: &mut Self::Buf,
+    ) {
+        // Two dots of M1 and two 3-vector multiply-adds per pair, a 3×3 product per slot.
+        let flops = ((4 * d.m1 + 12) * d.pairs().len() + 18 * d.nslots()) as f64;
+        self.time::<T, _>(Op::AngleBackward, flops, |b| {
+            b.angle_backward(d, rhat, jac, e, g, gp, dbar, q)
+        })
+    }
+
+    fn angle_dual(
+        &self,
+        d: &Dims,
+        e: &Self::Buf,
+        edot: &Self::Buf,
+        dbar: &Self::Buf,
+        ddotbar: &Self::Buf,
+        gbar: &mut Self::Buf,
+        gdotbar: &mut Self::Buf,
+    ) {
+        // Ḡ: two scaled rows summed; Ġ̄: one scaled row; of M1 per pair.
+        let flops = 4.0 * (d.m1 * d.pairs().len()) as f64;
+        self.time::<T, _>(Op::AngleDual, flops, |b| {
+            b.angle_dual(d, e, edot, dbar, ddotbar, gbar, gdotbar)
         })
     }
 

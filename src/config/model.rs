@@ -101,7 +101,8 @@ impl Sel {
 }
 
 /// `se_e2_a` (alias `se_a`): the smooth two-body embedding with full relative coordinates;
-/// `se_e2_r` (alias `se_r`): its radial-only sibling.
+/// `se_e2_r` (alias `se_r`): its radial-only sibling; `se_e3` (alias `se_t`): the three-body
+/// embedding of neighbour-pair angles.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DescriptorConfig {
     pub kind: DescriptorType,
@@ -113,7 +114,7 @@ pub struct DescriptorConfig {
     /// Embedding-net widths.
     pub neuron: Vec<usize>,
     /// M2: how many rows of the embedding matrix form the second factor of the descriptor
-    /// (se_e2_a); 1 for se_e2_r, which has no second factor.
+    /// (se_e2_a); 1 for se_e2_r and se_e3, which have no second factor.
     pub axis_neuron: usize,
     pub resnet_dt: bool,
     /// true: one embedding net per neighbour type; false: one per (centre, neighbour) pair.
@@ -213,6 +214,33 @@ static DESCRIPTOR_R: Schema = Schema {
         "seed",
         "env_protection",
         "set_davg_zero",
+    ],
+    aliases: &[],
+    fixed: &[
+        ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
+        (
+            "exclude_types",
+            Fixed::EmptyList,
+            "type exclusion is not implemented",
+        ),
+    ],
+    ignored: &[],
+};
+
+/// se_e3's keys (DeePMD-kit 3.2.0's `descrpt_se_t_args`): no axis_neuron, no type_one_side.
+static DESCRIPTOR_T: Schema = Schema {
+    keys: &[
+        "type",
+        "sel",
+        "rcut",
+        "rcut_smth",
+        "neuron",
+        "resnet_dt",
+        "set_davg_zero",
+        "precision",
+        "trainable",
+        "seed",
+        "env_protection",
     ],
     aliases: &[],
     fixed: &[
@@ -349,12 +377,14 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
     let (descriptor, schema) = match kind {
         "se_e2_a" | "se_a" => (DescriptorType::SeE2A, &DESCRIPTOR),
         "se_e2_r" | "se_r" => (DescriptorType::SeE2R, &DESCRIPTOR_R),
+        // DeePMD-kit 3.2.0 registers se_e3 with these aliases.
+        "se_e3" | "se_at" | "se_a_3be" | "se_t" => (DescriptorType::SeE3, &DESCRIPTOR_T),
         _ => {
             return Err(ConfigError::unsupported(
                 type_path,
                 format!(
-                    "descriptor type '{kind}' is not supported; dpw supports se_e2_a (se_a) and \
-                     se_e2_r (se_r)"
+                    "descriptor type '{kind}' is not supported; dpw supports se_e2_a (se_a), \
+                     se_e2_r (se_r) and se_e3 (se_t)"
                 ),
             ))
         }
@@ -375,7 +405,7 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
     let neuron = widths(&sec, "neuron", &[10, 20, 40])?;
     let axis_neuron = match descriptor {
         DescriptorType::SeE2A => sec.usize_or("axis_neuron", 4)?,
-        DescriptorType::SeE2R => 1,
+        DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
     };
     let m1 = *neuron.last().expect("widths() is non-empty");
     if axis_neuron == 0 || axis_neuron > m1 {
@@ -398,6 +428,8 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
             }
             true
         }
+        // Its nets are per pair of neighbour types; the schema has no type_one_side key.
+        DescriptorType::SeE3 => false,
     };
     Ok(DescriptorConfig {
         kind: descriptor,
@@ -468,6 +500,12 @@ impl ModelConfig {
             DescriptorType::SeE2R => {
                 object(&mut descriptor).remove("axis_neuron");
                 DESCRIPTOR_R.write_fixed(object(&mut descriptor));
+            }
+            DescriptorType::SeE3 => {
+                let o = object(&mut descriptor);
+                o.remove("axis_neuron");
+                o.remove("type_one_side");
+                DESCRIPTOR_T.write_fixed(o);
             }
         }
 

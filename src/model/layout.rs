@@ -1,7 +1,7 @@
 //! Where every trainable tensor lives in the flat parameter vector. Names follow the reference
 //! export of DeePMD-kit (`embed.t1.layer0.w`, `fit.t0.layer3.b`, ...), so tests can compare by name.
 
-use super::ModelSpec;
+use super::{DescriptorType, ModelSpec};
 
 /// The skip connection of a layer, decided by its widths alone (docs/deepmd-spec.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +56,7 @@ impl TensorInfo {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamLayout {
-    /// Embedding nets, indexed by [`embed_net_index`].
+    /// Embedding nets, indexed by [`embed_net_index`] (se_e3: by pair type, [`pair_types`]).
     pub embed: Vec<Net>,
     /// Fitting net of each atom type.
     pub fit: Vec<Net>,
@@ -74,21 +74,33 @@ pub fn embed_net_index(type_one_side: bool, ntypes: usize, ti: usize, tj: usize)
     }
 }
 
+/// se_e3's pairs of neighbour types (ti, tj), ti ≤ tj, in the order of DeePMD-kit's
+/// `NetworkCollection` (flat index ti + tj·ntypes ascending): `embed[p]` is the net of pair p.
+pub fn pair_types(ntypes: usize) -> Vec<(usize, usize)> {
+    (0..ntypes)
+        .flat_map(|tj| (0..=tj).map(move |ti| (ti, tj)))
+        .collect()
+}
+
 impl ParamLayout {
     pub fn new(spec: &ModelSpec) -> Self {
         let nt = spec.ntypes();
         let d = &spec.descriptor;
         let mut b = Builder::default();
-        let nembed = if d.type_one_side { nt } else { nt * nt };
-        let embed = (0..nembed)
-            .map(|k| {
-                let name = if d.type_one_side {
-                    format!("embed.t{k}")
-                } else {
-                    format!("embed.c{}_n{}", k % nt, k / nt)
-                };
-                b.net(name, 1, &d.neuron, d.resnet_dt, false)
-            })
+        let names: Vec<String> = if d.kind == DescriptorType::SeE3 {
+            (pair_types(nt).iter())
+                .map(|(ti, tj)| format!("embed.t{ti}_t{tj}"))
+                .collect()
+        } else if d.type_one_side {
+            (0..nt).map(|k| format!("embed.t{k}")).collect()
+        } else {
+            (0..nt * nt)
+                .map(|k| format!("embed.c{}_n{}", k % nt, k / nt))
+                .collect()
+        };
+        let embed = names
+            .into_iter()
+            .map(|name| b.net(name, 1, &d.neuron, d.resnet_dt, false))
             .collect();
         let fit = (0..nt)
             .map(|t| {

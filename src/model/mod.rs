@@ -10,7 +10,7 @@ mod yaml;
 
 pub use check::MAX_NNEI;
 pub use init::init_params;
-pub use layout::{embed_net_index, Layer, Net, ParamLayout, Skip, TensorInfo};
+pub use layout::{embed_net_index, pair_types, Layer, Net, ParamLayout, Skip, TensorInfo};
 pub use source::read_model;
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
@@ -26,6 +26,11 @@ pub enum DescriptorType {
     /// Its radial-only sibling: D_i = (1/5)(1/nnei) Σ_j G(ŝ_ij) (docs/design.md §10).
     #[serde(rename = "se_e2_r")]
     SeE2R,
+    /// The three-body embedding of the angles between neighbour pairs:
+    /// D_i = Σ_{ti≤tj} 1/(sel_ti·sel_tj) Σ_{j∈ti, k∈tj} e_jk G(e_jk), e_jk = r̃_j·r̃_k
+    /// (docs/design.md §10).
+    #[serde(rename = "se_e3")]
+    SeE3,
 }
 
 impl DescriptorType {
@@ -33,6 +38,7 @@ impl DescriptorType {
         match self {
             DescriptorType::SeE2A => "se_e2_a",
             DescriptorType::SeE2R => "se_e2_r",
+            DescriptorType::SeE3 => "se_e3",
         }
     }
 
@@ -52,9 +58,11 @@ pub struct DescriptorSpec {
     pub rcut_smth: f64,
     pub sel: Vec<usize>,
     pub neuron: Vec<usize>,
-    /// se_e2_a's M2; 1 for se_e2_r, whose descriptor is one row of M1.
+    /// se_e2_a's M2; 1 for se_e2_r and se_e3, whose descriptors are one row of M1.
     pub axis_neuron: usize,
     pub resnet_dt: bool,
+    /// One embedding net per neighbour type (true) or per (centre, neighbour) type pair; se_e3
+    /// has neither (one net per pair of neighbour types) and keeps false.
     pub type_one_side: bool,
     pub env_protection: f64,
     pub set_davg_zero: bool,

@@ -18,7 +18,8 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
 use super::{
-    DescriptorSpec, DescriptorType, FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout,
+    pair_types, DescriptorSpec, DescriptorType, FittingSpec, Layer, Model, ModelSpec, Net,
+    ParamLayout,
 };
 
 /// Reads a DeePMD-kit v3 `.yaml` model; only a `standard` model with an `se_e2_a` descriptor and
@@ -230,9 +231,17 @@ fn model_from_tree(root: &Value) -> Result<Model> {
 
     let d = m.key("descriptor")?;
     d.expect("@class", &["Descriptor"])?;
-    d.expect("type", &["se_e2_a", "se_r", "se_e2_r"])?;
+    // se_e3's names are those DeePMD-kit's descriptor registry knows it by.
+    let se_e3 = ["se_e3", "se_at", "se_a_3be", "se_t"];
+    d.expect(
+        "type",
+        &[
+            "se_e2_a", "se_r", "se_e2_r", se_e3[0], se_e3[1], se_e3[2], se_e3[3],
+        ],
+    )?;
     let kind = match d.key("type")?.str()? {
         "se_e2_a" => DescriptorType::SeE2A,
+        t if se_e3.contains(&t) => DescriptorType::SeE3,
         _ => DescriptorType::SeE2R,
     };
     d.expect("activation_function", &["tanh"])?;
@@ -249,10 +258,13 @@ fn model_from_tree(root: &Value) -> Result<Model> {
         neuron: d.key("neuron")?.usizes()?,
         axis_neuron: match kind {
             DescriptorType::SeE2A => d.key("axis_neuron")?.usize()?,
-            DescriptorType::SeE2R => 1,
+            DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
         },
         resnet_dt: d.key("resnet_dt")?.bool()?,
-        type_one_side: d.key("type_one_side")?.bool()?,
+        type_one_side: match kind {
+            DescriptorType::SeE3 => false,
+            _ => d.key("type_one_side")?.bool()?,
+        },
         // Older files may lack these two; DeePMD's defaults apply.
         env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
         set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
@@ -294,11 +306,11 @@ fn model_from_tree(root: &Value) -> Result<Model> {
     let embed_ndim = if spec.descriptor.type_one_side { 1 } else { 2 };
     read_nets(
         &d.key("embeddings")?,
-        &layout.embed,
+        &file_nets(&spec, &layout),
         embed_ndim,
         &mut params,
     )?;
-    read_nets(&f.key("nets")?, &layout.fit, 1, &mut params)?;
+    read_nets(&f.key("nets")?, &some(&layout.fit), 1, &mut params)?;
 
     // DeePMD keeps one davg/dstd row per neighbour slot; its statistics make them equal per type,
     // and dpw stores only one. Refuse files where they differ rather than silently change them.
@@ -350,10 +362,35 @@ fn model_from_tree(root: &Value) -> Result<Model> {
     Ok(model)
 }
 
-/// Copies one `NetworkCollection` into `params`, checking every layer against the layout.
-/// `want_ndim` is 1 for one net per type (fitting, or embedding with type_one_side) and 2 for one
-/// per type pair, stored at flat index ti + tj*nt, which is how the layout orders them.
-fn read_nets(coll: &At, nets: &[Net], want: usize, params: &mut [f64]) -> Result<()> {
+/// The nets of a `NetworkCollection` in its order, `None` where DeePMD-kit keeps a net dpw has
+/// no use for: se_e3's collection has one per pair (ti, tj) at flat index ti + tj·nt, those with
+/// ti > tj all zeros and never used.
+fn file_nets<'a>(spec: &ModelSpec, layout: &'a ParamLayout) -> Vec<Option<&'a Net>> {
+    if spec.descriptor.kind != DescriptorType::SeE3 {
+        return some(&layout.embed);
+    }
+    let nt = spec.ntypes();
+    let types = pair_types(nt);
+    (0..nt * nt)
+        .map(|k| {
+            let pair = (k % nt, k / nt);
+            types
+                .iter()
+                .position(|&p| p == pair)
+                .map(|p| &layout.embed[p])
+        })
+        .collect()
+}
+
+fn some(nets: &[Net]) -> Vec<Option<&Net>> {
+    nets.iter().map(Some).collect()
+}
+
+/// Copies one `NetworkCollection` into `params`, checking every layer against the layout; the
+/// nets given as `None` are skipped. `want_ndim` is 1 for one net per type (fitting, or
+/// embedding with type_one_side) and 2 for one per type pair, stored at flat index ti + tj*nt,
+/// which is how the layout orders them.
+fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) -> Result<()> {
     coll.expect("@class", &["NetworkCollection"])?;
     let ndim = coll.key("ndim")?;
     ensure!(
@@ -371,6 +408,7 @@ fn read_nets(coll: &At, nets: &[Net], want: usize, params: &mut [f64]) -> Result
         networks.len()
     );
     for (net, at) in nets.iter().zip(&networks) {
+        let Some(net) = net else { continue };
         let layers = at.key("layers")?.seq()?;
         ensure!(
             layers.len() == net.layers.len(),
@@ -448,7 +486,8 @@ fn ndarray(shape: &[usize], data: &[f64]) -> Value {
 /// One `NetworkCollection` as DeePMD serializes it: embedding nets (`ndim` 1 or 2) or the
 /// fitting nets (`ndim` 1; hidden layers, then a linear output layer).
 struct Nets<'a> {
-    nets: &'a [Net],
+    /// `None`: a net DeePMD-kit keeps and dpw has not ([`file_nets`]), written as zeros.
+    nets: Vec<Option<&'a Net>>,
     ndim: usize,
     fitting: bool,
     neuron: &'a [usize],
@@ -456,7 +495,7 @@ struct Nets<'a> {
 }
 
 fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
-    let layer = |l: &Layer| {
+    let layer = |l: &Layer, p: &[f64]| {
         obj! {
             "@class" => "Layer", "@version" => 2,
             "@variables" => obj! {
@@ -469,11 +508,19 @@ fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
             "use_timestep" => l.idt.is_some(),
         }
     };
-    let network = |net: &Net| {
+    let template = n
+        .nets
+        .iter()
+        .flatten()
+        .next()
+        .expect("a collection has a net");
+    let zeros = vec![0.0; p.len()];
+    let network = |net: &Option<&Net>| {
+        let (net, p) = net.map_or((*template, &zeros[..]), |net| (net, p));
         let mut v = obj! {
             "@version" => if n.fitting { 1 } else { 2 },
             "activation_function" => "tanh", "in_dim" => net.layers[0].nin,
-            "layers" => net.layers.iter().map(layer).collect::<Vec<_>>(),
+            "layers" => net.layers.iter().map(|l| layer(l, p)).collect::<Vec<_>>(),
             "neuron" => n.neuron, "precision" => "float64", "resnet_dt" => n.resnet_dt,
         };
         let extra = if n.fitting {
@@ -511,7 +558,7 @@ fn model_to_tree(model: &Model) -> Value {
             .collect()
     };
     let embeddings = Nets {
-        nets: &layout.embed,
+        nets: file_nets(spec, &layout),
         ndim: if d.type_one_side { 1 } else { 2 },
         fitting: false,
         neuron: &d.neuron,
@@ -537,7 +584,7 @@ fn model_to_tree(model: &Model) -> Value {
     };
 
     let nets = Nets {
-        nets: &layout.fit,
+        nets: some(&layout.fit),
         ndim: 1,
         fitting: true,
         neuron: &fit.neuron,
@@ -588,6 +635,16 @@ fn model_to_tree(model: &Model) -> Value {
         retype(&mut descriptor, "se_r");
         retype(&mut model_def_script["descriptor"], "se_e2_r");
     }
+    if d.kind == DescriptorType::SeE3 {
+        // DeePMD-kit serialises se_e3 as "se_e3", without axis_neuron, type_one_side and spin.
+        for v in [&mut descriptor, &mut model_def_script["descriptor"]] {
+            let m = v.as_mapping_mut().expect("built by obj!");
+            for key in ["axis_neuron", "type_one_side", "spin"] {
+                m.remove(key);
+            }
+            m.insert("type".into(), "se_e3".into());
+        }
+    }
 
     // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
     obj! {
@@ -612,7 +669,7 @@ fn model_to_tree(model: &Model) -> Value {
 /// How many columns of the environment rows a descriptor's davg/dstd cover in DeePMD-kit's files.
 fn env_columns(kind: DescriptorType) -> usize {
     match kind {
-        DescriptorType::SeE2A => 4,
+        DescriptorType::SeE2A | DescriptorType::SeE3 => 4,
         DescriptorType::SeE2R => 1,
     }
 }

@@ -6,7 +6,7 @@ use crate::mem::OutOfMemory;
 use crate::model::{embed_net_index, Net, ParamLayout};
 
 use super::env::Env;
-use super::net::{net_dual_backward, NetCache, NetDual, Zeros};
+use super::net::{net_dual_backward, net_forward, NetCache, NetDual, Zeros};
 use super::DeviceModel;
 
 /// Embedding values: G and G' alone when the backend fuses the nets, else every layer's.
@@ -37,7 +37,7 @@ impl<Buf> Embed<Buf> {
     pub fn g_gp(&self) -> (&Buf, &Buf) {
         match self {
             Embed::Fused { g, gp } => (g, gp),
-            Embed::Layered(c) => (c.y.last().unwrap(), c.ydot.last().unwrap()),
+            Embed::Layered(c) => c.out(),
         }
     }
 
@@ -132,33 +132,8 @@ fn forward_layered<T: Real, B: Backend<T>>(
     let nets = m.nets();
     for ti in 0..d.ntypes {
         for tj in 0..d.ntypes {
-            let rows = d.block(ti, tj);
-            for (l, layer) in nets.net(d, ti, tj).layers.iter().enumerate() {
-                let (head_y, tail_y) = c.y.split_at_mut(l);
-                let (head_yd, tail_yd) = c.ydot.split_at_mut(l);
-                let (x, xdot) = if l == 0 {
-                    (&env.s, &env.ones_s)
-                } else {
-                    (&head_y[l - 1], &head_yd[l - 1])
-                };
-                b.dense_forward(
-                    layer,
-                    &m.params,
-                    rows.clone(),
-                    x,
-                    &mut c.h[l],
-                    &mut tail_y[0],
-                );
-                b.dense_tangent(
-                    layer,
-                    &m.params,
-                    rows.clone(),
-                    &c.h[l],
-                    xdot,
-                    &mut c.zdot[l],
-                    &mut tail_yd[0],
-                );
-            }
+            let net = nets.net(d, ti, tj);
+            net_forward(b, &m.params, net, d.block(ti, tj), c, (&env.s, &env.ones_s));
         }
     }
 }

@@ -35,6 +35,12 @@ impl<Buf> NetCache<Buf> {
         .flatten()
     }
 
+    /// The net's output and its tangent for a unit input tangent (the derivative along the
+    /// input, for a one-wide input).
+    pub fn out(&self) -> (&Buf, &Buf) {
+        (self.y.last().unwrap(), self.ydot.last().unwrap())
+    }
+
     pub fn new(zeros: &Zeros<Buf>, net: &Net, rows: usize) -> Result<Self, OutOfMemory> {
         let out = |f: &dyn Fn(&Layer) -> usize| {
             net.layers
@@ -50,6 +56,37 @@ impl<Buf> NetCache<Buf> {
             xbar: out(&|l| l.nin)?,
             xdotbar: out(&|l| l.nin)?,
         })
+    }
+}
+
+/// One net forward on `rows` from its input (value, tangent), keeping every layer's values and
+/// tangents in `c` for the dual reverse.
+pub fn net_forward<T: Real, B: Backend<T>>(
+    b: &B,
+    params: &B::Buf,
+    net: &Net,
+    rows: Range<usize>,
+    c: &mut NetCache<B::Buf>,
+    (x0, xdot0): (&B::Buf, &B::Buf),
+) {
+    for (l, layer) in net.layers.iter().enumerate() {
+        let (head_y, tail_y) = c.y.split_at_mut(l);
+        let (head_yd, tail_yd) = c.ydot.split_at_mut(l);
+        let (x, xdot) = if l == 0 {
+            (x0, xdot0)
+        } else {
+            (&head_y[l - 1], &head_yd[l - 1])
+        };
+        b.dense_forward(layer, params, rows.clone(), x, &mut c.h[l], &mut tail_y[0]);
+        b.dense_tangent(
+            layer,
+            params,
+            rows.clone(),
+            &c.h[l],
+            xdot,
+            &mut c.zdot[l],
+            &mut tail_yd[0],
+        );
     }
 }
 

@@ -498,7 +498,7 @@ fn log_model(model: &Model, precision: Precision) {
     let d = &spec.descriptor;
     let axis = match d.kind {
         DescriptorType::SeE2A => format!(" axis {}", d.axis_neuron),
-        DescriptorType::SeE2R => String::new(),
+        DescriptorType::SeE2R | DescriptorType::SeE3 => String::new(),
     };
     tracing::info!(
         "model: {} sel {:?} rcut {} neuron {:?}{axis} type_one_side {}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",

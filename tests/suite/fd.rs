@@ -165,6 +165,15 @@ pub fn cases() -> Vec<(&'static str, Model, Sys)> {
                 15,
             ),
         ),
+        (
+            "se_e3 periodic triclinic",
+            small_model_of(DescriptorType::SeE3, 2, false, vec![30, 30], 6),
+            random_system(
+                &[4, 5],
+                Some([5.0, 0.0, 0.0, 1.2, 5.2, 0.0, -0.9, 0.8, 5.5]),
+                16,
+            ),
+        ),
     ]
 }
 

@@ -85,6 +85,18 @@ macro_rules! backend_suite {
             $crate::suite::descriptors::training_gradients(&$backend, "se_e2_r_water");
             $crate::suite::descriptors::training_gradients(&$backend, "se_e2_r_alloy");
         }
+        #[test]
+        $(#[$attr])?
+        fn reference_se_e3_predictions() {
+            $crate::suite::descriptors::predictions(&$backend, "se_e3_water");
+            $crate::suite::descriptors::predictions(&$backend, "se_e3_alloy");
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_se_e3_training_gradients() {
+            $crate::suite::descriptors::training_gradients(&$backend, "se_e3_water");
+            $crate::suite::descriptors::training_gradients(&$backend, "se_e3_alloy");
+        }
     };
     (#[$attr:meta] $backend:expr) => {
         $crate::backend_suite!(@tests [$attr] $backend);

@@ -221,6 +221,27 @@ fn op_outputs<T: Real, B: Backend<T>>(
     take("radial_dual gbar".into(), &rgbar);
     take("radial_dual gdotbar".into(), &rgdotbar);
 
+    // se_e3's pair values, its descriptor and their derivatives.
+    let np = d.pairs().len();
+    let (mut e, mut edot) = (b.zeros(np), b.zeros(np));
+    b.angle_values(d, &rhat, &mut e);
+    take("angle_values e".into(), &e);
+    b.angle_values_tangent(d, &rhat, &rdot, &mut edot);
+    take("angle_values_tangent edot".into(), &edot);
+    let (pg, pgp) = (up(&rng.vec(np * m1)), up(&rng.vec(np * m1)));
+    let (mut adesc, mut addot) = (b.zeros(m1 * nc), b.zeros(m1 * nc));
+    b.angle_forward(d, &e, &pg, &mut adesc);
+    take("angle_forward desc".into(), &adesc);
+    b.angle_tangent(d, &e, &edot, &pg, &pgp, &mut addot);
+    take("angle_tangent ddot".into(), &addot);
+    let mut aq = b.zeros(3 * ns);
+    b.angle_backward(d, &rhat, &jac, &e, &pg, &pgp, &rdbar, &mut aq);
+    take("angle_backward q".into(), &aq);
+    let (mut agbar, mut agdotbar) = (b.zeros(m1 * np), b.zeros(m1 * np));
+    b.angle_dual(d, &e, &edot, &rdbar, &rddotbar, &mut agbar, &mut agdotbar);
+    take("angle_dual gbar".into(), &agbar);
+    take("angle_dual gdotbar".into(), &agdotbar);
+
     // Energy, forces, virial, loss, the virtual tangent.
     let e_fit = up(&rng.vec(nc));
     let bias = up(&m.bias);

@@ -178,7 +178,25 @@ pub(super) fn per_slot<T: Real>(
     width: usize,
     f: impl Fn(usize, usize, &mut [T]) + Sync,
 ) {
+    per_slot_at(
+        d,
+        out,
+        width,
+        #[inline(always)]
+        |c, s, _, row| f(c, s, row),
+    );
+}
+
+/// [`per_slot`] that also tells `f` the slot's place among its centre's `nnei` slots (sections
+/// in type order), for per-centre scratch laid out that way.
+pub(super) fn per_slot_at<T: Real>(
+    d: &Dims,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(usize, usize, usize, &mut [T]) + Sync,
+) {
     for ti in 0..d.ntypes {
+        let mut section = 0;
         for tj in 0..d.ntypes {
             let blk = d.block(ti, tj);
             let sel = d.sel[tj];
@@ -194,11 +212,12 @@ pub(super) fn per_slot<T: Real>(
                         #[inline(always)]
                         || {
                             for (j, row) in rows.chunks_mut(width).enumerate() {
-                                f(c0 + i, blk.start + i * sel + j, row);
+                                f(c0 + i, blk.start + i * sel + j, section + j, row);
                             }
                         },
                     )
                 });
+            section += sel;
         }
     }
 }

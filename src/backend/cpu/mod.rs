@@ -1,6 +1,7 @@
 //! The reference backend: plain Rust on host memory, parallel with rayon.
 
 mod adam;
+mod angle;
 mod contract;
 mod dense;
 mod embed;
@@ -306,6 +307,57 @@ impl<T: Real> Backend<T> for Cpu {
         gdotbar: &mut Vec<T>,
     ) {
         radial::dual(d, dbar, ddotbar, gbar, gdotbar);
+    }
+
+    fn angle_values(&self, d: &Dims, rhat: &Vec<T>, e: &mut Vec<T>) {
+        angle::values(d, rhat, e);
+    }
+
+    fn angle_values_tangent(&self, d: &Dims, rhat: &Vec<T>, rdot: &Vec<T>, edot: &mut Vec<T>) {
+        angle::values_tangent(d, rhat, rdot, edot);
+    }
+
+    fn angle_forward(&self, d: &Dims, e: &Vec<T>, g: &Vec<T>, desc: &mut Vec<T>) {
+        angle::forward(d, e, g, desc);
+    }
+
+    fn angle_tangent(
+        &self,
+        d: &Dims,
+        e: &Vec<T>,
+        edot: &Vec<T>,
+        g: &Vec<T>,
+        gp: &Vec<T>,
+        ddot: &mut Vec<T>,
+    ) {
+        angle::tangent(d, e, edot, g, gp, ddot);
+    }
+
+    fn angle_backward(
+        &self,
+        d: &Dims,
+        rhat: &Vec<T>,
+        jac: &Vec<T>,
+        e: &Vec<T>,
+        g: &Vec<T>,
+        gp: &Vec<T>,
+        dbar: &Vec<T>,
+        q: &mut Vec<T>,
+    ) {
+        angle::backward(d, rhat, jac, e, g, gp, dbar, q);
+    }
+
+    fn angle_dual(
+        &self,
+        d: &Dims,
+        e: &Vec<T>,
+        edot: &Vec<T>,
+        dbar: &Vec<T>,
+        ddotbar: &Vec<T>,
+        gbar: &mut Vec<T>,
+        gdotbar: &mut Vec<T>,
+    ) {
+        angle::dual(d, e, edot, dbar, ddotbar, gbar, gdotbar);
     }
 
     fn energy(

@@ -72,6 +72,19 @@ pub const FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "angle.cu",
+        source: include_str!("../../../kernels/angle.cu"),
+        kernels: &[
+            "angle_values",
+            "angle_values_tangent",
+            "angle_forward",
+            "angle_tangent",
+            "angle_backward_pairs",
+            "angle_backward_slots",
+            "angle_dual",
+        ],
+    },
+    KernelFile {
         name: "scatter.cu",
         source: include_str!("../../../kernels/scatter.cu"),
         kernels: &[

@@ -35,7 +35,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
-use super::gpu_layout;
+use super::gpu_layout::{self, AngleParams};
 use super::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -121,6 +121,8 @@ impl_cuda_real!(f64, "_f64", dgemm);
 // SAFETY: a #[repr(C)] struct of 4-byte integers, passed by value to kernels that declare the
 // struct from its Rust layout (gpu_layout::cuda_declarations, which static_asserts the offsets).
 unsafe impl DeviceRepr for gpu_layout::DenseParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::AngleParams {}
 
 /// A device vector of T. The allocation has at least one element (CUDA allocations of zero
 /// bytes are not portable); `len` is the logical length.
@@ -1133,6 +1135,160 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 self.ptr(gdotbar)
             ]
         );
+    }
+
+    fn angle_values(&self, d: &Dims, rhat: &CudaBuf<T>, e: &mut CudaBuf<T>) {
+        let dims = self.dims_table(d);
+        for u in AngleParams::pair_blocks(d) {
+            launch!(
+                self,
+                &name::<T>("angle_values"),
+                grid(u.nrows as usize, BLOCK),
+                [u, self.addr(&*dims), self.ptr(rhat), self.ptr(e)]
+            );
+        }
+    }
+
+    fn angle_values_tangent(
+        &self,
+        d: &Dims,
+        rhat: &CudaBuf<T>,
+        rdot: &CudaBuf<T>,
+        edot: &mut CudaBuf<T>,
+    ) {
+        let dims = self.dims_table(d);
+        for u in AngleParams::pair_blocks(d) {
+            launch!(
+                self,
+                &name::<T>("angle_values_tangent"),
+                grid(u.nrows as usize, BLOCK),
+                [
+                    u,
+                    self.addr(&*dims),
+                    self.ptr(rhat),
+                    self.ptr(rdot),
+                    self.ptr(edot)
+                ]
+            );
+        }
+    }
+
+    fn angle_forward(&self, d: &Dims, e: &CudaBuf<T>, g: &CudaBuf<T>, desc: &mut CudaBuf<T>) {
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("angle_forward"),
+            grid(d.ncentres() * d.m1, BLOCK),
+            [
+                AngleParams::new(d),
+                self.addr(&*dims),
+                self.ptr(e),
+                self.ptr(g),
+                self.ptr(desc)
+            ]
+        );
+    }
+
+    fn angle_tangent(
+        &self,
+        d: &Dims,
+        e: &CudaBuf<T>,
+        edot: &CudaBuf<T>,
+        g: &CudaBuf<T>,
+        gp: &CudaBuf<T>,
+        ddot: &mut CudaBuf<T>,
+    ) {
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("angle_tangent"),
+            grid(d.ncentres() * d.m1, BLOCK),
+            [
+                AngleParams::new(d),
+                self.addr(&*dims),
+                self.ptr(e),
+                self.ptr(edot),
+                self.ptr(g),
+                self.ptr(gp),
+                self.ptr(ddot)
+            ]
+        );
+    }
+
+    fn angle_backward(
+        &self,
+        d: &Dims,
+        rhat: &CudaBuf<T>,
+        jac: &CudaBuf<T>,
+        e: &CudaBuf<T>,
+        g: &CudaBuf<T>,
+        gp: &CudaBuf<T>,
+        dbar: &CudaBuf<T>,
+        q: &mut CudaBuf<T>,
+    ) {
+        let dims = self.dims_table(d);
+        let ebar = self.scratch::<T>(d.pairs().len());
+        for u in AngleParams::pair_blocks(d) {
+            launch!(
+                self,
+                &name::<T>("angle_backward_pairs"),
+                grid(u.nrows as usize, BLOCK),
+                [
+                    u,
+                    self.addr(&*dims),
+                    self.ptr(e),
+                    self.ptr(g),
+                    self.ptr(gp),
+                    self.ptr(dbar),
+                    self.addr(&ebar)
+                ]
+            );
+        }
+        for u in AngleParams::slot_blocks(d) {
+            launch!(
+                self,
+                &name::<T>("angle_backward_slots"),
+                grid(u.nrows as usize, BLOCK),
+                [
+                    u,
+                    self.addr(&*dims),
+                    self.ptr(rhat),
+                    self.ptr(jac),
+                    self.addr(&ebar),
+                    self.ptr(q)
+                ]
+            );
+        }
+    }
+
+    fn angle_dual(
+        &self,
+        d: &Dims,
+        e: &CudaBuf<T>,
+        edot: &CudaBuf<T>,
+        dbar: &CudaBuf<T>,
+        ddotbar: &CudaBuf<T>,
+        gbar: &mut CudaBuf<T>,
+        gdotbar: &mut CudaBuf<T>,
+    ) {
+        let dims = self.dims_table(d);
+        for u in AngleParams::pair_blocks(d) {
+            launch!(
+                self,
+                &name::<T>("angle_dual"),
+                grid(u.nrows as usize * d.m1, BLOCK),
+                [
+                    u,
+                    self.addr(&*dims),
+                    self.ptr(e),
+                    self.ptr(edot),
+                    self.ptr(dbar),
+                    self.ptr(ddotbar),
+                    self.ptr(gbar),
+                    self.ptr(gdotbar)
+                ]
+            );
+        }
     }
 
     fn energy(

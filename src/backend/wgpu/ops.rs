@@ -6,7 +6,7 @@ use std::ops::Range;
 use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
-use crate::backend::gpu_layout::{ContractParams, DenseParams, ScatterParams};
+use crate::backend::gpu_layout::{AngleParams, ContractParams, DenseParams, ScatterParams};
 use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -127,6 +127,43 @@ impl Wgpu {
             kern,
             &ContractParams::new(d, 0),
             &[&self.dims_buf(d), &scale, &x.buf, &w.buf, &out.buf],
+            grid1(d.ncentres() * d.m1),
+        );
+    }
+
+    /// se_e3's w_p per pair type, rounded to T as the CPU rounds them.
+    fn angle_weights<T: GpuReal>(&self, op: &OneOp, d: &Dims) -> wgpu::Buffer {
+        let w: Vec<f64> = d.pairs().types.iter().map(|&p| d.pair_weight(p)).collect();
+        self.reals::<T>(op, "angle", &w)
+    }
+
+    /// se_e3's descriptor or its tangent (`kern`), per centre; `edot` and `gp` are bound
+    /// whether or not the kernel reads them.
+    #[allow(clippy::too_many_arguments)]
+    fn angle_sum<T: GpuReal>(
+        &self,
+        kern: &Kernel,
+        d: &Dims,
+        e: &Buf<T>,
+        edot: &Buf<T>,
+        g: &Buf<T>,
+        gp: &Buf<T>,
+        out: &mut Buf<T>,
+    ) {
+        let op = self.exclusive();
+        let w = self.angle_weights::<T>(&op, d);
+        self.go::<T>(
+            kern,
+            &AngleParams::new(d),
+            &[
+                &self.dims_buf(d),
+                &w,
+                &e.buf,
+                &edot.buf,
+                &g.buf,
+                &gp.buf,
+                &out.buf,
+            ],
             grid1(d.ncentres() * d.m1),
         );
     }
@@ -572,6 +609,113 @@ impl<T: GpuReal> Backend<T> for Wgpu {
                 grid1(slots.len() * d.m1),
             );
         });
+    }
+
+    fn angle_values(&self, d: &Dims, rhat: &Buf<T>, e: &mut Buf<T>) {
+        let dims = self.dims_buf(d);
+        for u in AngleParams::pair_blocks(d) {
+            self.go::<T>(
+                &k::ANGLE_VALUES,
+                &u,
+                &[&dims, &rhat.buf, &e.buf],
+                grid1(u.nrows as usize),
+            );
+        }
+    }
+
+    fn angle_values_tangent(&self, d: &Dims, rhat: &Buf<T>, rdot: &Buf<T>, edot: &mut Buf<T>) {
+        let dims = self.dims_buf(d);
+        for u in AngleParams::pair_blocks(d) {
+            self.go::<T>(
+                &k::ANGLE_VALUES_TANGENT,
+                &u,
+                &[&dims, &rhat.buf, &rdot.buf, &edot.buf],
+                grid1(u.nrows as usize),
+            );
+        }
+    }
+
+    fn angle_forward(&self, d: &Dims, e: &Buf<T>, g: &Buf<T>, desc: &mut Buf<T>) {
+        // ė and G' are not read; e and g are stand-ins.
+        self.angle_sum(&k::ANGLE_FORWARD, d, e, e, g, g, desc);
+    }
+
+    fn angle_tangent(
+        &self,
+        d: &Dims,
+        e: &Buf<T>,
+        edot: &Buf<T>,
+        g: &Buf<T>,
+        gp: &Buf<T>,
+        ddot: &mut Buf<T>,
+    ) {
+        self.angle_sum(&k::ANGLE_TANGENT, d, e, edot, g, gp, ddot);
+    }
+
+    fn angle_backward(
+        &self,
+        d: &Dims,
+        rhat: &Buf<T>,
+        jac: &Buf<T>,
+        e: &Buf<T>,
+        g: &Buf<T>,
+        gp: &Buf<T>,
+        dbar: &Buf<T>,
+        q: &mut Buf<T>,
+    ) {
+        let op = self.exclusive();
+        let w = self.angle_weights::<T>(&op, d);
+        let dims = self.dims_buf(d);
+        let bytes = (d.pairs().len() * size_of::<T>()) as u64;
+        let ebar = self.scratch(&op, "angle.ebar", bytes);
+        for u in AngleParams::pair_blocks(d) {
+            self.go::<T>(
+                &k::ANGLE_BACKWARD_PAIRS,
+                &u,
+                &[&dims, &w, &e.buf, &g.buf, &gp.buf, &dbar.buf, &ebar],
+                grid1(u.nrows as usize),
+            );
+        }
+        for u in AngleParams::slot_blocks(d) {
+            self.go::<T>(
+                &k::ANGLE_BACKWARD_SLOTS,
+                &u,
+                &[&dims, &rhat.buf, &jac.buf, &ebar, &q.buf],
+                grid1(u.nrows as usize),
+            );
+        }
+    }
+
+    fn angle_dual(
+        &self,
+        d: &Dims,
+        e: &Buf<T>,
+        edot: &Buf<T>,
+        dbar: &Buf<T>,
+        ddotbar: &Buf<T>,
+        gbar: &mut Buf<T>,
+        gdotbar: &mut Buf<T>,
+    ) {
+        let op = self.exclusive();
+        let w = self.angle_weights::<T>(&op, d);
+        let dims = self.dims_buf(d);
+        for u in AngleParams::pair_blocks(d) {
+            self.go::<T>(
+                &k::ANGLE_DUAL,
+                &u,
+                &[
+                    &dims,
+                    &w,
+                    &e.buf,
+                    &edot.buf,
+                    &dbar.buf,
+                    &ddotbar.buf,
+                    &gbar.buf,
+                    &gdotbar.buf,
+                ],
+                grid1(u.nrows as usize * d.m1),
+            );
+        }
     }
 
     fn energy(

@@ -26,6 +26,7 @@ pub enum Shader {
     Dense,
     Contract,
     Radial,
+    Angle,
     Scatter,
     Loss,
     Adam,
@@ -33,11 +34,12 @@ pub enum Shader {
 }
 
 impl Shader {
-    pub const ALL: [Shader; 8] = [
+    pub const ALL: [Shader; 9] = [
         Shader::EnvMat,
         Shader::Dense,
         Shader::Contract,
         Shader::Radial,
+        Shader::Angle,
         Shader::Scatter,
         Shader::Loss,
         Shader::Adam,
@@ -50,6 +52,7 @@ impl Shader {
             Shader::Dense => "dense.wgsl",
             Shader::Contract => "contract.wgsl",
             Shader::Radial => "radial.wgsl",
+            Shader::Angle => "angle.wgsl",
             Shader::Scatter => "scatter.wgsl",
             Shader::Loss => "loss.wgsl",
             Shader::Adam => "adam.wgsl",
@@ -61,7 +64,7 @@ impl Shader {
     fn reads_shape(self) -> bool {
         matches!(
             self,
-            Shader::Contract | Shader::Radial | Shader::Scatter | Shader::Loss
+            Shader::Contract | Shader::Radial | Shader::Angle | Shader::Scatter | Shader::Loss
         )
     }
 
@@ -71,6 +74,7 @@ impl Shader {
             Shader::Dense => include_str!("../../../shaders/dense.wgsl"),
             Shader::Contract => include_str!("../../../shaders/contract.wgsl"),
             Shader::Radial => include_str!("../../../shaders/radial.wgsl"),
+            Shader::Angle => include_str!("../../../shaders/angle.wgsl"),
             Shader::Scatter => include_str!("../../../shaders/scatter.wgsl"),
             Shader::Loss => include_str!("../../../shaders/loss.wgsl"),
             Shader::Adam => include_str!("../../../shaders/adam.wgsl"),
@@ -251,6 +255,60 @@ kernel!(
     [(2, R), (5, R), (6, R), (10, W), (11, W)]
 );
 
+// angle: dims 1, weight 2, rhat 3, rdot 4, e 5, edot 6, g 7, gp 8, dbar 9, ddotbar 10, jac 11,
+// ebar_out 12, ebar 13, out 14, gdotbar 15
+kernel!(
+    ANGLE_VALUES,
+    Angle,
+    "angle_values",
+    [(1, R), (3, R), (14, W)]
+);
+kernel!(
+    ANGLE_VALUES_TANGENT,
+    Angle,
+    "angle_values_tangent",
+    [(1, R), (3, R), (4, R), (14, W)]
+);
+kernel!(
+    ANGLE_FORWARD,
+    Angle,
+    "angle_forward",
+    [(1, R), (2, R), (5, R), (6, R), (7, R), (8, R), (14, W)]
+);
+kernel!(
+    ANGLE_TANGENT,
+    Angle,
+    "angle_tangent",
+    [(1, R), (2, R), (5, R), (6, R), (7, R), (8, R), (14, W)]
+);
+kernel!(
+    ANGLE_BACKWARD_PAIRS,
+    Angle,
+    "angle_backward_pairs",
+    [(1, R), (2, R), (5, R), (7, R), (8, R), (9, R), (12, W)]
+);
+kernel!(
+    ANGLE_BACKWARD_SLOTS,
+    Angle,
+    "angle_backward_slots",
+    [(1, R), (3, R), (11, R), (13, R), (14, W)]
+);
+kernel!(
+    ANGLE_DUAL,
+    Angle,
+    "angle_dual",
+    [
+        (1, R),
+        (2, R),
+        (5, R),
+        (6, R),
+        (9, R),
+        (10, R),
+        (14, W),
+        (15, W)
+    ]
+);
+
 // scatter: dims 1, e_fit 2, bias 3, e_atom 4, energy 5, csr_ptr 6, csr_ent 7, q 8, force 9,
 // rij 10, owner 11, wpart 12, virial 13
 kernel!(
@@ -342,6 +400,13 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &RADIAL_TANGENT,
     &RADIAL_BACKWARD,
     &RADIAL_DUAL,
+    &ANGLE_VALUES,
+    &ANGLE_VALUES_TANGENT,
+    &ANGLE_FORWARD,
+    &ANGLE_TANGENT,
+    &ANGLE_BACKWARD_PAIRS,
+    &ANGLE_BACKWARD_SLOTS,
+    &ANGLE_DUAL,
     &SCATTER_ATOM_ENERGY,
     &SCATTER_FRAME_ENERGY,
     &SCATTER_GATHER_FORCE,

@@ -5,6 +5,7 @@
 
 mod se_e2_a;
 mod se_e2_r;
+mod se_e3;
 
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
@@ -16,11 +17,13 @@ use super::DeviceModel;
 
 use se_e2_a::SeE2A;
 use se_e2_r::SeE2R;
+use se_e3::SeE3;
 
 /// The buffers of one descriptor for one batch shape, and its passes.
 pub enum Descriptor<T: Real, B: Backend<T>> {
     SeE2A(SeE2A<T, B>),
     SeE2R(SeE2R<T, B>),
+    SeE3(SeE3<T, B>),
 }
 
 /// Forwards a call to the descriptor's own module.
@@ -29,6 +32,7 @@ macro_rules! each {
         match $self {
             Descriptor::SeE2A($d) => $e,
             Descriptor::SeE2R($d) => $e,
+            Descriptor::SeE3($d) => $e,
         }
     };
 }
@@ -44,6 +48,7 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         Ok(match m.kind {
             DescriptorType::SeE2A => Descriptor::SeE2A(SeE2A::new(b, m, d, zeros)?),
             DescriptorType::SeE2R => Descriptor::SeE2R(SeE2R::new(b, m, d, zeros)?),
+            DescriptorType::SeE3 => Descriptor::SeE3(SeE3::new(b, m, d, zeros)?),
         })
     }
 
