@@ -381,65 +381,51 @@ fn bad_files_name_the_culprit() {
     );
 }
 
-/// se_e2_r models DeePMD-kit 3.2.0 wrote (`tests/reference/descriptors/`): dpw reads them, writes
-/// them back in DeePMD-kit's form (type "se_r", davg/dstd of the radial column alone, no
-/// axis_neuron) and reads its own file back unchanged.
+/// A descriptor's models DeePMD-kit 3.2.0 wrote (`tests/reference/descriptors/<case>`): dpw
+/// reads them, writes them back with the same key paths and the same descriptor section, and
+/// reads its own file back unchanged. Returns the model and dpw's `model_def_script` descriptor.
+fn round_trips_in_deepmd_form(case: &str, kind: DescriptorType) -> (Model, Value) {
+    let path = repo(&format!("tests/reference/descriptors/{case}/model.yaml"));
+    let m = read_deepmd_yaml(&path).unwrap();
+    assert_eq!(m.spec.descriptor.kind, kind);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.yaml");
+    write_deepmd_yaml(&m, &out).unwrap();
+    assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
+    let (orig, ours) = (parse(&path), parse(&out));
+    let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
+    key_paths(&orig["model"], "model", &mut ko);
+    key_paths(&ours["model"], "model", &mut kw);
+    let missing: Vec<_> = ko.difference(&kw).collect();
+    let extra: Vec<_> = kw.difference(&ko).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{case}: missing {missing:?}, extra {extra:?}"
+    );
+    let (d0, d1) = (&orig["model"]["descriptor"], &ours["model"]["descriptor"]);
+    assert!(d0 == d1, "{case}: descriptor sections differ");
+    (m, ours["model_def_script"]["descriptor"].clone())
+}
+
+/// se_e2_r: DeePMD-kit's form is type "se_r", davg/dstd of the radial column alone, no
+/// axis_neuron.
 #[test]
 fn se_e2_r_models_round_trip_in_deepmd_form() {
     for case in ["se_e2_r_water", "se_e2_r_alloy"] {
-        let path = repo(&format!("tests/reference/descriptors/{case}/model.yaml"));
-        let m = read_deepmd_yaml(&path).unwrap();
-        assert_eq!(m.spec.descriptor.kind, DescriptorType::SeE2R);
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("m.yaml");
-        write_deepmd_yaml(&m, &out).unwrap();
-        assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
-        let (orig, ours) = (parse(&path), parse(&out));
-        let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
-        key_paths(&orig["model"], "model", &mut ko);
-        key_paths(&ours["model"], "model", &mut kw);
-        let missing: Vec<_> = ko.difference(&kw).collect();
-        let extra: Vec<_> = kw.difference(&ko).collect();
-        assert!(
-            missing.is_empty() && extra.is_empty(),
-            "{case}: missing {missing:?}, extra {extra:?}"
-        );
-        let (d0, d1) = (&orig["model"]["descriptor"], &ours["model"]["descriptor"]);
-        assert!(d0 == d1, "{case}: descriptor sections differ");
-        let def = &ours["model_def_script"]["descriptor"];
+        let (_, def) = round_trips_in_deepmd_form(case, DescriptorType::SeE2R);
         assert_eq!(def["type"], Value::from("se_e2_r"));
         assert!(def.get("axis_neuron").is_none());
     }
 }
 
-/// se_e3 models DeePMD-kit 3.2.0 wrote: dpw reads them (nets of pairs ti > tj, all zeros, left
-/// out), writes them back in DeePMD-kit's form (type "se_e3", one net per (ti, tj) with zeros
-/// where ti > tj, no axis_neuron, type_one_side or spin) and reads its own file back unchanged.
+/// se_e3: DeePMD-kit writes one net per (ti, tj), zeros where ti > tj (dpw leaves those out),
+/// type "se_e3", no axis_neuron, type_one_side or spin.
 #[test]
 fn se_e3_models_round_trip_in_deepmd_form() {
     for case in ["se_e3_water", "se_e3_alloy"] {
-        let path = repo(&format!("tests/reference/descriptors/{case}/model.yaml"));
-        let m = read_deepmd_yaml(&path).unwrap();
-        assert_eq!(m.spec.descriptor.kind, DescriptorType::SeE3);
+        let (m, def) = round_trips_in_deepmd_form(case, DescriptorType::SeE3);
         let nt = m.spec.ntypes();
         assert_eq!(m.layout().embed.len(), nt * (nt + 1) / 2);
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("m.yaml");
-        write_deepmd_yaml(&m, &out).unwrap();
-        assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
-        let (orig, ours) = (parse(&path), parse(&out));
-        let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
-        key_paths(&orig["model"], "model", &mut ko);
-        key_paths(&ours["model"], "model", &mut kw);
-        let missing: Vec<_> = ko.difference(&kw).collect();
-        let extra: Vec<_> = kw.difference(&ko).collect();
-        assert!(
-            missing.is_empty() && extra.is_empty(),
-            "{case}: missing {missing:?}, extra {extra:?}"
-        );
-        let (d0, d1) = (&orig["model"]["descriptor"], &ours["model"]["descriptor"]);
-        assert!(d0 == d1, "{case}: descriptor sections differ");
-        let def = &ours["model_def_script"]["descriptor"];
         assert_eq!(def["type"], Value::from("se_e3"));
         assert!(def.get("axis_neuron").is_none() && def.get("type_one_side").is_none());
     }

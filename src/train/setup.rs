@@ -496,17 +496,20 @@ fn log_model(model: &Model, precision: Precision) {
         .map(|l| l.nin * l.nout + l.nout * (1 + usize::from(l.idt.is_some())))
         .sum();
     let d = &spec.descriptor;
-    let axis = match d.kind {
-        DescriptorType::SeE2A => format!(" axis {}", d.axis_neuron),
-        DescriptorType::SeE2R | DescriptorType::SeE3 => String::new(),
+    // Only the keys the descriptor has: se_e3 has neither axis_neuron nor type_one_side.
+    let keys = match d.kind {
+        DescriptorType::SeE2A => {
+            format!(" axis {} type_one_side {}", d.axis_neuron, d.type_one_side)
+        }
+        DescriptorType::SeE2R => format!(" type_one_side {}", d.type_one_side),
+        DescriptorType::SeE3 => String::new(),
     };
     tracing::info!(
-        "model: {} sel {:?} rcut {} neuron {:?}{axis} type_one_side {}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
+        "model: {} sel {:?} rcut {} neuron {:?}{keys}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
         d.kind.as_str(),
         d.sel,
         d.rcut,
         d.neuron,
-        d.type_one_side,
         spec.fitting.neuron,
         layout.len,
         nembed,
