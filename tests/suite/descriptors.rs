@@ -108,6 +108,20 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap()
 }
 
+/// The ener loss of a reference case's `loss` or `loss_virial_only` settings.
+pub fn loss_config(l: &Value) -> LossConfig {
+    LossConfig {
+        start_pref_e: f(&l["start_pref_e"]),
+        limit_pref_e: f(&l["limit_pref_e"]),
+        start_pref_f: f(&l["start_pref_f"]),
+        limit_pref_f: f(&l["limit_pref_f"]),
+        start_pref_v: f(&l["start_pref_v"]),
+        limit_pref_v: f(&l["limit_pref_v"]),
+        relative_f: None,
+        intensive_ener_virial: false,
+    }
+}
+
 /// ‖a − b‖ / ‖b‖, or ‖a‖ where b is exactly 0 (the output bias does not move the virial).
 fn rel_norm(a: &[f64], b: &ArrayD<f64>) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
@@ -158,16 +172,7 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
     }
     for (cfg_key, prefix) in runs {
         let l = &meta[cfg_key];
-        let cfg = LossConfig {
-            start_pref_e: f(&l["start_pref_e"]),
-            limit_pref_e: f(&l["limit_pref_e"]),
-            start_pref_f: f(&l["start_pref_f"]),
-            limit_pref_f: f(&l["limit_pref_f"]),
-            start_pref_v: f(&l["start_pref_v"]),
-            limit_pref_v: f(&l["limit_pref_v"]),
-            relative_f: None,
-            intensive_ener_virial: false,
-        };
+        let cfg = loss_config(l);
         let loss = Loss::new(&cfg, f(&meta["start_lr"]));
         let p = loss.prefactors(f(&meta["lr"]), natoms, fr.virial.is_some());
         let (sums, grad, _) = loss_and_grad(b, &model, &fr.atype, &frames, p.op).unwrap();

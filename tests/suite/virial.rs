@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use dpw::backend::Backend;
-use dpw::config::LossConfig;
 use dpw::data::load_system;
 use dpw::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
 use dpw::train::batch::Frame;
@@ -103,16 +102,7 @@ fn case<B: Backend<f64>>(b: &B, name: &str) {
             lr
         };
         let l = &meta[cfg_key];
-        let cfg = LossConfig {
-            start_pref_e: f(&l["start_pref_e"]),
-            limit_pref_e: f(&l["limit_pref_e"]),
-            start_pref_f: f(&l["start_pref_f"]),
-            limit_pref_f: f(&l["limit_pref_f"]),
-            start_pref_v: f(&l["start_pref_v"]),
-            limit_pref_v: f(&l["limit_pref_v"]),
-            relative_f: None,
-            intensive_ener_virial: false,
-        };
+        let cfg = super::descriptors::loss_config(l);
         let loss = Loss::new(&cfg, start_lr);
         let p = loss.prefactors(lr, sys.natoms, true);
         let (sums, grad, pred) = loss_and_grad(b, &model, &sys.atype, &frames, p.op).unwrap();
