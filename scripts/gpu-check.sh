@@ -405,24 +405,6 @@ EOF
     for b in 1 16; do bench_step cuda "$p" "$b" 45; done
   done
 
-  # The variants (run-time switches): each passes the same suite, gives the same lcurve.out and
-  # is timed beside the default. DPW_CUDA_DUAL=split: the dense dual reverse in two launches.
-  step cuda_suite_dual_split 120 env DPW_CUDA_DUAL=split "$K/bin/backend_cuda" --include-ignored \
-    --test-threads=1
-  mkdir -p "$W/train-split"
-  cp "$W/train/input.json" "$W/train-split/"
-  step cuda_train_200_dual_split 60 bash -c "cd '$W/train-split' && DPW_CUDA_DUAL=split \
-    '$dpw' train input.json --backend cuda && python3 '$W/compare.py' '$K/cpu-lcurve.out' lcurve.out"
-  for p in f64 f32; do
-    local flag=()
-    [ "$p" = f32 ] && flag=(--float32)
-    for b in 1 16; do
-      step "bench_cuda-dualsplit_${p}_b$b" 30 env DPW_CUDA_DUAL=split "$dpw" bench \
-        "$W/bench-b$b.json" --backend cuda "${flag[@]}" --steps 30 --warmup 5 \
-        --json "$LOGS/bench_cuda-dualsplit_${p}_b$b.json"
-    done
-  done
-
   # DeePMD-kit 3.2.0's PyTorch backend on the same GPU and input: the ratio, side by side.
   deepmd_pt "$water"
 

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use cudarc::driver::LaunchConfig;
 
-use super::{grid, launch, name, Cuda, CudaBuf, CudaReal, DualShape, BLOCK};
+use super::{grid, launch, name, Cuda, CudaBuf, CudaReal, BLOCK};
 use crate::backend::gpu_layout::DenseParams;
 use crate::model::{Layer, Skip};
 
@@ -211,55 +211,33 @@ pub(super) fn dual_backward<T: CudaReal>(
         block_dim: (block as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    match c.dual {
-        // z̄, ż̄ and the partials of b̄, īdt in one kernel.
-        DualShape::Rows => launch!(
-            c,
-            &name::<T>("dense_dual_rows"),
-            per_chunk,
-            [
-                u,
-                idt_addr(c, l, p),
-                c.ptr(i.h),
-                c.ptr(i.zdot),
-                scale_addr,
-                c.ptr(i.ybar),
-                c.ptr(i.ydotbar),
-                c.addr(&zbar),
-                c.addr(&zdbar),
-                c.addr(&part_b),
-                part_idt_addr
-            ]
-        ),
-        // z̄, ż̄ and each row's īdt term over (row, column), then the partials.
-        DualShape::Split => {
-            let tidt = l.idt.map(|_| c.scratch::<T>(n * nout));
-            let tidt_addr = tidt.as_ref().map_or(0, |s| c.addr(s));
-            launch!(
-                c,
-                &name::<T>("dense_dual_elems"),
-                grid(n * nout, BLOCK),
-                [
-                    u,
-                    idt_addr(c, l, p),
-                    c.ptr(i.h),
-                    c.ptr(i.zdot),
-                    scale_addr,
-                    c.ptr(i.ybar),
-                    c.ptr(i.ydotbar),
-                    c.addr(&zbar),
-                    c.addr(&zdbar),
-                    tidt_addr
-                ]
-            );
-            launch!(
-                c,
-                &name::<T>("dense_dual_sums"),
-                per_chunk,
-                [u, c.addr(&zbar), tidt_addr, c.addr(&part_b), part_idt_addr]
-            );
-        }
-    }
+    // z̄, ż̄ and each row's īdt term over (row, column), then the per-chunk partials.
+    let tidt = l.idt.map(|_| c.scratch::<T>(n * nout));
+    let tidt_addr = tidt.as_ref().map_or(0, |s| c.addr(s));
+    launch!(
+        c,
+        &name::<T>("dense_dual_elems"),
+        grid(n * nout, BLOCK),
+        [
+            u,
+            idt_addr(c, l, p),
+            c.ptr(i.h),
+            c.ptr(i.zdot),
+            scale_addr,
+            c.ptr(i.ybar),
+            c.ptr(i.ydotbar),
+            c.addr(&zbar),
+            c.addr(&zdbar),
+            tidt_addr
+        ]
+    );
+    launch!(
+        c,
+        &name::<T>("dense_dual_sums"),
+        per_chunk,
+        [u, c.addr(&zbar), tidt_addr, c.addr(&part_b), part_idt_addr]
+    );
+
     // ẋ scaled per row (embedding nets), or ẋ itself.
     let xd_scaled = i.scale.map(|s| {
         let out = c.scratch::<T>(n * nin);

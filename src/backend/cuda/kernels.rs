@@ -44,7 +44,6 @@ pub const FILES: &[KernelFile] = &[
             "dense_skip_adjoint",
             "dense_tangent",
             "dense_scale_rows",
-            "dense_dual_rows",
             "dense_dual_elems",
             "dense_dual_sums",
             "dense_dual_finish",

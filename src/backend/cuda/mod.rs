@@ -190,27 +190,6 @@ pub struct Cuda {
     device: String,
     arch: String,
     counters: Counters,
-    /// Which shape of the dense dual reverse runs (`DPW_CUDA_DUAL`): the results are the same,
-    /// the speed is for a GPU run to decide (scripts/gpu-check.sh times both).
-    dual: DualShape,
-}
-
-/// The dense dual reverse's element-wise part and per-chunk sums: one kernel over (chunk,
-/// column), or an element-wise kernel over (row, column) and then the sums.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum DualShape {
-    Rows,
-    Split,
-}
-
-impl DualShape {
-    fn from_env() -> Result<Self> {
-        match std::env::var("DPW_CUDA_DUAL").as_deref() {
-            Err(_) | Ok("rows") => Ok(DualShape::Rows),
-            Ok("split") => Ok(DualShape::Split),
-            Ok(v) => bail!("DPW_CUDA_DUAL={v:?}: expected \"rows\" (the default) or \"split\""),
-        }
-    }
 }
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
@@ -265,7 +244,6 @@ impl Cuda {
     }
 
     fn open(ordinal: usize) -> Result<Self> {
-        let dual = DualShape::from_env()?;
         let count = CudaContext::device_count().context("CUDA driver: counting devices")?;
         if count <= 0 {
             bail!("no CUDA device found; use --backend cpu or wgpu");
@@ -332,17 +310,12 @@ impl Cuda {
             device,
             arch,
             counters: Counters::default(),
-            dual,
         })
     }
 
     /// The GPU's name and architecture, for logs: `GPU 0: NVIDIA H100 80GB HBM3 (sm_90)`.
     pub fn device_name(&self) -> String {
-        let variant = match self.dual {
-            DualShape::Rows => "",
-            DualShape::Split => ", DPW_CUDA_DUAL=split",
-        };
-        format!("{} ({}{variant})", self.device, self.arch)
+        format!("{} ({})", self.device, self.arch)
     }
 
     /// Waits until all queued work is done.

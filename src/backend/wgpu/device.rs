@@ -197,8 +197,15 @@ impl Wgpu {
 
     /// Opens a device on `adapter`.
     pub async fn on_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+        Self::on_adapter_with(adapter, wgpu::Features::all()).await
+    }
+
+    /// As [`Wgpu::on_adapter`], asking for no feature outside `allowed`: a device as an adapter
+    /// without them would give (float64 refused, float32 runs), on any adapter.
+    pub async fn on_adapter_with(adapter: wgpu::Adapter, allowed: wgpu::Features) -> Result<Self> {
         let info = adapter.get_info();
-        let f64_ok = adapter.features().contains(wgpu::Features::SHADER_F64);
+        let f64_ok = adapter.features().contains(wgpu::Features::SHADER_F64)
+            && allowed.contains(wgpu::Features::SHADER_F64);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("dpw"),
