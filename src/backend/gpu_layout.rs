@@ -159,6 +159,9 @@ pub const DENSE_CHUNK: usize = 256;
 /// order. 16 keeps contract_tangent's float64 shared memory under 48 KiB at M1 = 100.
 pub const CONTRACT_TILE: usize = 16;
 
+/// Warps per block of the CUDA kernel force_centres (kernels/scatter.cu), one per centre.
+pub const FORCE_WARPS: usize = 4;
+
 gpu_struct! {
     /// The scalars of every dense-layer kernel: one layer on a row range.
     pub struct DenseParams {
@@ -384,13 +387,13 @@ pub const PARAMS: &[Layout] = &[
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes
-/// ([`CONTRACT_TILE`]), the shape table's offsets (`DIMS_NTYPES`, ...,
+/// ([`CONTRACT_TILE`], [`FORCE_WARPS`]), the shape table's offsets (`DIMS_NTYPES`, ...,
 /// `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are
 /// those of the Rust struct in its order, all 4 bytes, so C lays them out at the same offsets;
 /// a static_assert of the size checks that NVRTC agrees (it has no offsetof).
 pub fn cuda_declarations() -> String {
     let mut s = String::from("// Generated from src/backend/gpu_layout.rs.\n");
-    s += &format!("#define CONTRACT_TILE {CONTRACT_TILE}\n");
+    s += &format!("#define CONTRACT_TILE {CONTRACT_TILE}\n#define FORCE_WARPS {FORCE_WARPS}\n");
     for f in DimsHeader::LAYOUT.fields {
         s += &format!("#define DIMS_{} {}\n", f.name.to_uppercase(), f.offset / 4);
     }

@@ -562,6 +562,15 @@ fn per_centre(d: &Dims, shared: usize) -> LaunchConfig {
     }
 }
 
+/// One block of 128 threads per frame (the per-frame sums of kernels/scatter.cu).
+fn per_frame(d: &Dims) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (d.nframes as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn name<T: CudaReal>(base: &str) -> String {
     format!("{base}{}", T::SUFFIX)
 }
@@ -1305,7 +1314,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
         launch!(
             self,
             &name::<T>("energy_frames"),
-            grid(d.nframes, 32),
+            per_frame(d),
             [self.addr(&*dims), self.ptr(e_atom), self.ptr(energy)]
         );
     }
@@ -1334,7 +1343,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
         launch!(
             self,
             &name::<T>("force_centres"),
-            grid(d.ncentres(), 128),
+            // A warp per centre.
+            grid(32 * d.ncentres(), 32 * gpu_layout::FORCE_WARPS as u32),
             [
                 self.addr(&*dims),
                 self.ptr(q),
