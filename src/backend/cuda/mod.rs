@@ -43,8 +43,8 @@ use crate::model::Layer;
 /// The message when no driver library can be loaded.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend cpu or wgpu";
 
-/// Entries per thread in the chunked loss sums and gradient norm (their partials are added in
-/// order by one device thread, `sum_parts`).
+/// Entries per partial sum in the chunked loss sums (a warp's) and gradient norm (a thread's);
+/// the partials are added in order by one device thread, `sum_parts`.
 const LOSS_CHUNK: usize = 256;
 
 /// A float type the kernels are instantiated for (`op_f32`, `op_f64`), with its cuBLAS GEMM.
@@ -1361,7 +1361,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
         launch!(
             self,
             &name::<T>("virial_frames"),
-            grid(9 * d.nframes, 64),
+            per_frame(d),
             [self.addr(&*dims), self.addr(&wpart), self.ptr(virial)]
         );
     }
@@ -1398,7 +1398,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 launch!(
                     self,
                     &name::<T>("loss_residual"),
-                    grid(chunks, 64),
+                    // A warp per chunk.
+                    grid(32 * chunks, 128),
                     [
                         len as i32,
                         LOSS_CHUNK as i32,
