@@ -154,6 +154,14 @@ fn polynomial([c, a, b]: [usize; 3], lit: impl Fn(usize) -> String) -> String {
 /// partials are then added in chunk order, so the sums' order depends on the shapes alone.
 pub const DENSE_CHUNK: usize = 256;
 
+/// Slots per shared-memory tile of the CUDA contraction kernels (kernels/contract.cu): the
+/// block stages a tile's G, G', R̂ and Ṙ with coalesced loads, then sums through it in slot
+/// order. 16 keeps contract_tangent's float64 shared memory under 48 KiB at M1 = 100.
+pub const CONTRACT_TILE: usize = 16;
+
+/// Warps per block of the CUDA kernel force_centres (kernels/scatter.cu), one per centre.
+pub const FORCE_WARPS: usize = 4;
+
 gpu_struct! {
     /// The scalars of every dense-layer kernel: one layer on a row range.
     pub struct DenseParams {
@@ -378,12 +386,14 @@ pub const PARAMS: &[Layout] = &[
     ScatterParams::LAYOUT,
 ];
 
-/// The declarations put before every CUDA kernel file: the shape table's offsets
-/// (`DIMS_NTYPES`, ..., `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are
+/// The declarations put before every CUDA kernel file: the kernels' fixed sizes
+/// ([`CONTRACT_TILE`], [`FORCE_WARPS`]), the shape table's offsets (`DIMS_NTYPES`, ...,
+/// `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are
 /// those of the Rust struct in its order, all 4 bytes, so C lays them out at the same offsets;
 /// a static_assert of the size checks that NVRTC agrees (it has no offsetof).
 pub fn cuda_declarations() -> String {
     let mut s = String::from("// Generated from src/backend/gpu_layout.rs.\n");
+    s += &format!("#define CONTRACT_TILE {CONTRACT_TILE}\n#define FORCE_WARPS {FORCE_WARPS}\n");
     for f in DimsHeader::LAYOUT.fields {
         s += &format!("#define DIMS_{} {}\n", f.name.to_uppercase(), f.offset / 4);
     }

@@ -43,8 +43,8 @@ use crate::model::Layer;
 /// The message when no driver library can be loaded.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend cpu or wgpu";
 
-/// Entries per thread in the chunked loss sums and gradient norm (their partials are added in
-/// order by one device thread, `sum_parts`).
+/// Entries per partial sum in the chunked loss sums (a warp's) and gradient norm (a thread's);
+/// the partials are added in order by one device thread, `sum_parts`.
 const LOSS_CHUNK: usize = 256;
 
 /// A float type the kernels are instantiated for (`op_f32`, `op_f64`), with its cuBLAS GEMM.
@@ -562,6 +562,15 @@ fn per_centre(d: &Dims, shared: usize) -> LaunchConfig {
     }
 }
 
+/// One block of 128 threads per frame (the per-frame sums of kernels/scatter.cu).
+fn per_frame(d: &Dims) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (d.nframes as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn name<T: CudaReal>(base: &str) -> String {
     format!("{base}{}", T::SUFFIX)
 }
@@ -875,7 +884,9 @@ impl<T: CudaReal> Backend<T> for Cuda {
             return;
         }
         let dims = self.dims_table(d);
-        let shared = 4 * d.m1 * std::mem::size_of::<T>();
+        // A, then a tile of G and R̂ (kernels/contract.cu).
+        let tile = gpu_layout::CONTRACT_TILE;
+        let shared = (4 * d.m1 + tile * d.m1 + 4 * tile) * std::mem::size_of::<T>();
         launch!(
             self,
             &name::<T>("contract_forward"),
@@ -901,7 +912,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
             return;
         }
         let dims = self.dims_table(d);
-        let shared = 4 * d.m1 * std::mem::size_of::<T>();
+        // A and the centre's D̄.
+        let shared = (4 * d.m1 + d.m1 * d.m2) * std::mem::size_of::<T>();
         launch!(
             self,
             &name::<T>("contract_backward"),
@@ -929,10 +941,18 @@ impl<T: CudaReal> Backend<T> for Cuda {
             return;
         }
         let dims = self.dims_table(d);
-        // Four warps per centre, one slot per warp at a time.
+        // One slot per warp at a time, about four slots per warp: blocks of 8 warps, as many per
+        // centre as that takes (5 for water's 138 slots). One block of 4 warps per centre took
+        // 121 µs on an H100 (run 7, water, float64, batch 1).
+        let per_block = 8;
         let cfg = LaunchConfig {
-            block_dim: (128, 1, 1),
-            ..per_centre(d, 4 * d.m1 * std::mem::size_of::<T>())
+            grid_dim: (
+                d.ncentres() as u32,
+                d.nnei.div_ceil(4 * per_block).max(1) as u32,
+                1,
+            ),
+            block_dim: (32 * per_block as u32, 1, 1),
+            shared_mem_bytes: (4 * d.m1 * std::mem::size_of::<T>()) as u32,
         };
         launch!(
             self,
@@ -965,7 +985,9 @@ impl<T: CudaReal> Backend<T> for Cuda {
             return;
         }
         let dims = self.dims_table(d);
-        let shared = 8 * d.m1 * std::mem::size_of::<T>();
+        // Ȧ and A, then a tile of G, G', R̂ and Ṙ (kernels/contract.cu).
+        let tile = gpu_layout::CONTRACT_TILE;
+        let shared = (8 * d.m1 + 2 * tile * d.m1 + 8 * tile) * std::mem::size_of::<T>();
         launch!(
             self,
             &name::<T>("contract_tangent"),
@@ -999,7 +1021,9 @@ impl<T: CudaReal> Backend<T> for Cuda {
             return;
         }
         let dims = self.dims_table(d);
-        let shared = 16 * d.m1 * std::mem::size_of::<T>();
+        // A, Ȧ, Ā, Ǡ, one [M1][M2] matrix, and R̂ and Ṙ of a tile of 4 · CONTRACT_TILE slots.
+        let tile = gpu_layout::CONTRACT_TILE;
+        let shared = (16 * d.m1 + d.m1 * d.m2 + 32 * tile) * std::mem::size_of::<T>();
         launch!(
             self,
             &name::<T>("contract_dual"),
@@ -1290,7 +1314,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
         launch!(
             self,
             &name::<T>("energy_frames"),
-            grid(d.nframes, 32),
+            per_frame(d),
             [self.addr(&*dims), self.ptr(e_atom), self.ptr(energy)]
         );
     }
@@ -1319,7 +1343,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
         launch!(
             self,
             &name::<T>("force_centres"),
-            grid(d.ncentres(), 128),
+            // A warp per centre.
+            grid(32 * d.ncentres(), 32 * gpu_layout::FORCE_WARPS as u32),
             [
                 self.addr(&*dims),
                 self.ptr(q),
@@ -1336,7 +1361,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
         launch!(
             self,
             &name::<T>("virial_frames"),
-            grid(9 * d.nframes, 64),
+            per_frame(d),
             [self.addr(&*dims), self.addr(&wpart), self.ptr(virial)]
         );
     }
@@ -1373,7 +1398,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 launch!(
                     self,
                     &name::<T>("loss_residual"),
-                    grid(chunks, 64),
+                    // A warp per chunk.
+                    grid(32 * chunks, 128),
                     [
                         len as i32,
                         LOSS_CHUNK as i32,
