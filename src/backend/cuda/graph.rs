@@ -18,6 +18,7 @@
 
 use std::env::VarError;
 use std::sync::{Mutex, MutexGuard};
+use std::thread::{self, ThreadId};
 
 use anyhow::{bail, Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -78,6 +79,8 @@ unsafe impl Send for Graph {}
 
 struct State {
     mode: Mode,
+    /// The thread running the region: ops from any other are not part of it.
+    thread: Option<ThreadId>,
     /// What the region enqueues, in order (see the module docs).
     record: Vec<u8>,
     /// In a dry run: the first op that a graph cannot hold.
@@ -155,6 +158,7 @@ impl Graphs {
         Ok(Graphs {
             state: Mutex::new(State {
                 mode: Mode::Eager,
+                thread: None,
                 record: Vec::new(),
                 taint: None,
                 staged: Vec::new(),
@@ -178,7 +182,7 @@ impl Graphs {
 
     /// Starts recording an op of kind `tag` (a kernel's name, "gemm", ...).
     pub(super) fn op(&self, tag: &str, cfg: Option<&LaunchConfig>) -> Op {
-        if self.lock().mode == Mode::Eager {
+        if self.lock().mode() == Mode::Eager {
             return Op::none();
         }
         let mut r = Vec::with_capacity(96);
@@ -205,7 +209,7 @@ impl Graphs {
     /// buffers, so they wait for the eager rerun, which runs them in order).
     pub(super) fn uncapturable(&self, what: &'static str, skip: bool) -> bool {
         let mut s = self.lock();
-        match s.mode {
+        match s.mode() {
             Mode::Eager => true,
             Mode::Dry => {
                 s.taint.get_or_insert(what);
@@ -222,14 +226,14 @@ impl Graphs {
     /// `bytes` of scratch from the arena inside a region; `None` outside.
     pub(super) fn scratch(&self, bytes: usize) -> Option<u64> {
         let mut s = self.lock();
-        (s.mode != Mode::Eager).then(|| s.bump(bytes))
+        (s.mode() != Mode::Eager).then(|| s.bump(bytes))
     }
 
     /// Inside a region: an arena block of `reserve` bytes that holds `x` when the region
     /// runs (written before it, outside the graph). `None` outside a region.
     pub(super) fn stage_host(&self, x: &[u8], reserve: usize) -> Option<u64> {
         let mut s = self.lock();
-        if s.mode == Mode::Eager {
+        if s.mode() == Mode::Eager {
             return None;
         }
         let dst = s.bump(reserve.max(x.len()));
@@ -245,7 +249,7 @@ impl Graphs {
     /// As [`Graphs::stage_host`], for `bytes` of device memory at `src`.
     pub(super) fn stage_device(&self, src: u64, bytes: usize, reserve: usize) -> Option<u64> {
         let mut s = self.lock();
-        if s.mode == Mode::Eager {
+        if s.mode() == Mode::Eager {
             return None;
         }
         let dst = s.bump(reserve.max(bytes));
@@ -259,6 +263,7 @@ impl Graphs {
     fn begin(&self, mode: Mode) {
         let mut s = self.lock();
         s.mode = mode;
+        s.thread = Some(thread::current().id());
         s.record.clear();
         s.taint = None;
         s.staged.clear();
@@ -269,6 +274,7 @@ impl Graphs {
     fn end(&self) -> Pass {
         let mut s = self.lock();
         s.mode = Mode::Eager;
+        s.thread = None;
         Pass {
             record: std::mem::take(&mut s.record),
             taint: s.taint.take(),
@@ -279,6 +285,15 @@ impl Graphs {
 }
 
 impl State {
+    /// The mode for an op of the calling thread.
+    fn mode(&self) -> Mode {
+        if self.thread == Some(thread::current().id()) {
+            self.mode
+        } else {
+            Mode::Eager
+        }
+    }
+
     fn bump(&mut self, bytes: usize) -> u64 {
         let at = self.cursor;
         self.cursor = (at + bytes.max(1)).next_multiple_of(ALIGN);
