@@ -405,6 +405,27 @@ EOF
     for b in 1 16; do bench_step cuda "$p" "$b" 45; done
   done
 
+  # The variant with the training step's forward + gradient captured in a CUDA graph
+  # (DPW_CUDA_GRAPH=1): the backend suite, the 200 steps with lcurve.out equal to the cpu one,
+  # and its speed. Its log's last line counts captures and replays.
+  step cuda_suite_graph 120 env DPW_CUDA_GRAPH=1 "$K/bin/backend_cuda" --include-ignored \
+    --test-threads=1 --nocapture
+  mkdir -p "$W/train-graph"
+  cp "$W/train/input.json" "$W/train-graph/input.json"
+  step cuda_train_200_graph 90 bash -c "cd '$W/train-graph' &&
+    DPW_CUDA_GRAPH=1 '$dpw' train input.json --backend cuda &&
+    python3 '$W/compare.py' '$K/cpu-lcurve.out' lcurve.out"
+  info cuda_graph_counts "$(grep -o 'DPW_CUDA_GRAPH: [0-9]* captures.*' \
+    "$LOGS/cuda_train_200_graph.log" 2>/dev/null | tail -n1 || echo unknown)"
+  for p in f64 f32; do
+    for b in 1 16; do
+      local flag=()
+      [ "$p" = f32 ] && flag=(--float32)
+      step "bench_cuda-graph_${p}_b$b" 30 env DPW_CUDA_GRAPH=1 "$dpw" bench "$W/bench-b$b.json" \
+        --backend cuda "${flag[@]}" --steps 30 --warmup 5 --json "$LOGS/bench_cuda-graph_${p}_b$b.json"
+    done
+  done
+
   # DeePMD-kit 3.2.0's PyTorch backend on the same GPU and input: the ratio, side by side.
   deepmd_pt "$water"
 

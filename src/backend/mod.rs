@@ -193,6 +193,15 @@ pub trait Backend<T: Real>: Sync {
     fn resident_budget(&self) -> usize {
         0
     }
+    /// Runs `f`, the part of a training step that enqueues the same ops on the same buffers
+    /// step after step (forward + gradient on a workspace, after its batch is loaded): a
+    /// backend whose launches cost more host time than the work may record it once and replay
+    /// it (the CUDA backend with `DPW_CUDA_GRAPH=1`). `f` may then run more than once per call
+    /// (dry runs that enqueue nothing), so it must act only through this backend's ops and keep
+    /// no other state. The default just runs it.
+    fn replayable(&self, f: &mut dyn FnMut()) {
+        f()
+    }
     /// Gradient clipping on the device: `norm[at]` = ‖grad‖₂ (squares summed in f64 in index
     /// order where the device has f64), and grad ×= max/(‖grad‖ + 1e-6) when that is below 1,
     /// the factor rounded once to T. One op rather than a norm op and a scale op, so the factor

@@ -367,6 +367,10 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
     fn prepare_frames(&self, d: &Dims, owner: &Self::Idx, centre_atom: &Self::Idx) {
         self.inner.prepare_frames(d, owner, centre_atom)
     }
+    fn replayable(&self, f: &mut dyn FnMut()) {
+        // Not the inner backend's: a graph would hide the per-op times measured here.
+        f()
+    }
     fn clip_grad_norm(&self, grad: &mut Self::Buf, max: f64, norm: &mut Self::Buf, at: usize) {
         // A square and an add per value, then a multiply.
         let flops = 3.0 * self.inner.len(grad) as f64;

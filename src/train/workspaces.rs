@@ -72,8 +72,9 @@ pub fn batch_gradient<'a, T: Real, B: Backend<T>>(
     batch: &HostBatch,
     pref: Prefactors,
 ) -> Result<&'a mut Workspace<T, B>> {
-    let w = predict_batch(b, dm, cache, batch)?;
-    gradient(b, dm, w, pref);
+    let w = workspace(cache, b, dm, batch)?;
+    w.load(b, batch);
+    forward_gradient(b, dm, w, pref);
     Ok(w)
 }
 
@@ -89,9 +90,22 @@ pub fn resident_gradient<'a, T: Real, B: Backend<T>>(
 ) -> Result<&'a mut Workspace<T, B>> {
     let w = workspace_for(cache, b, dm, &rs.dims(frames.len()))?;
     rs.load(b, w, frames);
-    forward(b, dm, w);
-    gradient(b, dm, w, pref);
+    forward_gradient(b, dm, w, pref);
     Ok(w)
+}
+
+/// Forward and gradient of the batch loaded in `w`: the part of a step that repeats itself,
+/// which the backend may replay ([`Backend::replayable`]).
+fn forward_gradient<T: Real, B: Backend<T>>(
+    b: &B,
+    dm: &mut DeviceModel<T, B>,
+    w: &mut Workspace<T, B>,
+    pref: Prefactors,
+) {
+    b.replayable(&mut || {
+        forward(b, dm, w);
+        gradient(b, dm, w, pref);
+    });
 }
 
 /// The Adam update of (0-based) step `step` at learning rate `lr`.

@@ -54,7 +54,7 @@ impl<T: CudaReal> DeviceAccess<T, CudaBuf<T>> for Cuda {
 
     fn scale(&self, b: &mut CudaBuf<T>, factor: f64) {
         // × 1 changes no value: no launch.
-        if b.len == 0 || factor == 1.0 {
+        if b.len == 0 || factor == 1.0 || !self.uncapturable("a cuBLAS scal", true) {
             return;
         }
         let n = i32::try_from(b.len).expect("cuda: scale of more than 2^31 values");

@@ -11,13 +11,15 @@
 //! building needs no CUDA toolkit (the feature is on by default); [`Cuda::new`] reports a missing library
 //! as an error instead of panicking.
 //!
-//! Later (not here yet): capturing a training step in a CUDA graph (every op is already
-//! launch-only on one stream, and scratch memory comes from the stream-ordered pool, which
-//! graph capture supports). The gradient all-reduce across GPUs (NCCL) lives in src/dist and
-//! reaches the buffers through [`DeviceAccess`].
+//! With `DPW_CUDA_GRAPH=1` the forward + gradient of a training step ([`Backend::replayable`])
+//! is captured once as a CUDA graph and replayed while its ops and arguments repeat (the
+//! `graph` module says how a replay is matched to the step, never trusted). Off by default.
+//! The gradient all-reduce across GPUs (NCCL) lives in src/dist and reaches the buffers through
+//! [`DeviceAccess`].
 
 mod access;
 mod dense;
+mod graph;
 pub mod kernels;
 
 pub use access::DeviceAccess;
@@ -190,6 +192,35 @@ pub struct Cuda {
     device: String,
     arch: String,
     counters: Counters,
+    /// With `DPW_CUDA_GRAPH=1`: the captured graphs and what matching them needs. After
+    /// `blas`, which references its cuBLAS workspace, so that the handle goes first.
+    graph: Option<graph::Graphs>,
+}
+
+/// Device scratch: an allocation freed in stream order when dropped, or (in a graph region) a
+/// block of the graph arena.
+struct Scratch<T> {
+    addr: u64,
+    _own: Option<CudaSlice<T>>,
+}
+
+/// Something with a device address: a device vector or scratch.
+trait Addressed {
+    fn address(&self, c: &Cuda) -> u64;
+}
+
+impl<T> Addressed for CudaSlice<T> {
+    fn address(&self, c: &Cuda) -> u64 {
+        // With event tracking off the returned guard does nothing.
+        let (p, _guard) = self.device_ptr(&c.stream);
+        p
+    }
+}
+
+impl<T> Addressed for Scratch<T> {
+    fn address(&self, _: &Cuda) -> u64 {
+        self.addr
+    }
 }
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
@@ -301,7 +332,9 @@ impl Cuda {
         }
         .result()
         .context("cuBLAS: setting the math mode")?;
-        Ok(Cuda {
+        let graphs = graph::enabled()?;
+        let handle = *blas.handle();
+        let mut cuda = Cuda {
             ctx,
             stream,
             blas: Mutex::new(blas),
@@ -310,17 +343,45 @@ impl Cuda {
             device,
             arch,
             counters: Counters::default(),
-        })
+            graph: None,
+        };
+        if graphs {
+            cuda.graph = Some(graph::Graphs::new(&cuda, handle)?);
+        }
+        Ok(cuda)
     }
 
-    /// The GPU's name and architecture, for logs: `GPU 0: NVIDIA H100 80GB HBM3 (sm_90)`.
+    /// The GPU's name and architecture, for logs: `GPU 0: NVIDIA H100 80GB HBM3 (sm_90)`, with
+    /// `, graphs` when the training step is captured ([`graph::ENV`]).
     pub fn device_name(&self) -> String {
-        format!("{} ({})", self.device, self.arch)
+        let variant = if self.graph.is_some() { ", graphs" } else { "" };
+        format!("{} ({}{variant})", self.device, self.arch)
     }
 
     /// Waits until all queued work is done.
     pub fn synchronize(&self) {
+        self.uncapturable("a synchronisation", false);
         self.stream.synchronize().expect("cuda: synchronize");
+    }
+
+    /// Before an op a graph cannot hold: see [`graph::Graphs::uncapturable`]; whether to run it.
+    fn uncapturable(&self, what: &'static str, skip: bool) -> bool {
+        self.graph
+            .as_ref()
+            .is_none_or(|g| g.uncapturable(what, skip))
+    }
+
+    /// Starts the record of an op (nothing is recorded outside a graph region).
+    fn op(&self, tag: &str, cfg: Option<&LaunchConfig>) -> graph::Op {
+        match &self.graph {
+            Some(g) => g.op(tag, cfg),
+            None => graph::Op::none(),
+        }
+    }
+
+    /// Ends the record of an op: whether to enqueue it (not in a dry run).
+    fn submit(&self, op: graph::Op) -> bool {
+        self.graph.as_ref().is_none_or(|g| g.submit(op))
     }
 
     fn function(&self, name: &str) -> &CudaFunction {
@@ -329,11 +390,9 @@ impl Cuda {
         })
     }
 
-    /// Raw device address of a slice.
-    fn addr<T>(&self, s: &CudaSlice<T>) -> u64 {
-        // With event tracking off the returned guard does nothing.
-        let (p, _guard) = s.device_ptr(&self.stream);
-        p
+    /// Raw device address of a slice or scratch.
+    fn addr(&self, s: &impl Addressed) -> u64 {
+        s.address(self)
     }
 
     /// Device address of element `offset` of a buffer.
@@ -355,14 +414,25 @@ impl Cuda {
     }
 
     /// Uninitialised device scratch of n elements (at least one), freed in stream order when
-    /// dropped: the stream-ordered memory pool makes this cheap.
-    fn scratch<T: DeviceRepr>(&self, n: usize) -> CudaSlice<T> {
+    /// dropped: the stream-ordered memory pool makes this cheap. In a graph region, a block
+    /// of the graph arena instead, at the same address every step.
+    fn scratch<T: DeviceRepr>(&self, n: usize) -> Scratch<T> {
+        let bytes = n.max(1) * size_of::<T>();
+        if let Some(addr) = self.graph.as_ref().and_then(|g| g.scratch(bytes)) {
+            return Scratch { addr, _own: None };
+        }
         self.counters.buffer();
         // SAFETY: every scratch buffer is written by a kernel before it is read.
-        unsafe { self.stream.alloc::<T>(n.max(1)) }.expect("cuda: allocating scratch memory")
+        let s =
+            unsafe { self.stream.alloc::<T>(n.max(1)) }.expect("cuda: allocating scratch memory");
+        Scratch {
+            addr: self.addr(&s),
+            _own: Some(s),
+        }
     }
 
     fn upload_vec<T: DeviceRepr + ValidAsZeroBits>(&self, x: &[T]) -> CudaSlice<T> {
+        self.uncapturable("an upload", false);
         self.counters.buffer();
         self.counters.upload(size_of_val(x));
         if x.is_empty() {
@@ -392,6 +462,16 @@ impl Cuda {
         spans: &[Span],
     ) {
         for s in spans.iter().filter(|s| s.len > 0) {
+            if !self.dtod(
+                self.addr(src),
+                self.addr(dst),
+                s.src,
+                s.dst,
+                s.len,
+                size_of::<X>(),
+            ) {
+                continue;
+            }
             self.counters.launch();
             self.stream
                 .memcpy_dtod(
@@ -400,6 +480,18 @@ impl Cuda {
                 )
                 .expect("cuda: gather");
         }
+    }
+
+    /// Records a device-to-device copy of `len` values of `size` bytes, from value `from` of
+    /// `src` to value `to` of `dst`: whether to enqueue it.
+    fn dtod(&self, src: u64, dst: u64, from: usize, to: usize, len: usize, size: usize) -> bool {
+        let mut op = self.op("dtod", None);
+        op.words(&[
+            src + (from * size) as u64,
+            dst + (to * size) as u64,
+            (len * size) as u64,
+        ]);
+        self.submit(op)
     }
 
     /// The slots each atom owns, built on first use from the host copy of `owner`.
@@ -415,6 +507,24 @@ impl Cuda {
             }
             None => Arc::new(self.build_owned(&owner.host)),
         })
+    }
+
+    /// The addresses of `owned`'s lists for a kernel: in a graph region, copies staged at
+    /// fixed addresses (a resident frame's lists are its own allocations), reserved for the
+    /// longest lists of the batch shape so that later blocks stay in place.
+    fn owned_lists(&self, d: &Dims, owned: &Owned) -> (u64, u64) {
+        let lists = [
+            (&owned.start, d.nframes * d.natoms + 1),
+            (&owned.slot, d.nslots()),
+        ];
+        let [start, slot] = lists.map(|(list, longest)| {
+            let bytes = list.len() * size_of::<i32>();
+            self.graph
+                .as_ref()
+                .and_then(|g| g.stage_device(self.addr(list), bytes, longest * size_of::<i32>()))
+                .unwrap_or_else(|| self.addr(list))
+        });
+        (start, slot)
     }
 
     fn build_owned(&self, owner: &[i32]) -> Owned {
@@ -442,6 +552,9 @@ impl Cuda {
 
     /// Writes `x` to the start of `dst`, which grows (a new allocation) only when too short.
     fn write_grow(&self, dst: &mut CudaSlice<i32>, x: &[i32]) {
+        if !self.uncapturable("a host write", true) {
+            return;
+        }
         if x.len() > dst.len() {
             *dst = self.upload_vec(x);
         } else if !x.is_empty() {
@@ -489,6 +602,13 @@ impl Cuda {
         }
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
         let int = |v: usize| i32::try_from(v).expect("cuda: GEMM dimension above 2^31");
+        let mut rec = self.op(&name::<T>("gemm"), None);
+        rec.words(&[ta as u64, tb as u64, m as u64, n as u64, k as u64]);
+        rec.words(&[a.0, a.1 as u64, b.0, b.1 as u64, c.0, c.1 as u64]);
+        rec.arg(&beta);
+        if !self.submit(rec) {
+            return;
+        }
         let blas = self.blas.lock().unwrap();
         self.counters.launch();
         self.ctx
@@ -529,15 +649,20 @@ macro_rules! launch {
         let (gx, gy, gz) = cfg.grid_dim;
         if gx > 0 && gy > 0 && gz > 0 {
             let func = $cuda.prepare(name, &cfg);
-            $cuda.counters.launch();
             let mut args = $cuda.stream.launch_builder(func);
+            let mut op = $cuda.op(name, Some(&cfg));
             $(
                 let a = $arg;
+                op.arg(&a);
                 cudarc::driver::PushKernelArg::arg(&mut args, &a);
             )*
-            // SAFETY: the arguments match the kernel's parameters (kernels/*.cu) and every
-            // address is that of a live buffer large enough for the shapes passed.
-            unsafe { args.launch(cfg) }.unwrap_or_else(|e| panic!("cuda: launching {name}: {e}"));
+            if $cuda.submit(op) {
+                $cuda.counters.launch();
+                // SAFETY: the arguments match the kernel's parameters (kernels/*.cu) and every
+                // address is that of a live buffer large enough for the shapes passed.
+                unsafe { args.launch(cfg) }
+                    .unwrap_or_else(|e| panic!("cuda: launching {name}: {e}"));
+            }
         }
     }};
 }
@@ -606,6 +731,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
         if b.len == 0 {
             return Vec::new();
         }
+        self.uncapturable("a read-back", false);
         self.counters.readback(b.len * size_of::<T>());
         let v = self
             .stream
@@ -616,6 +742,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
     }
 
     fn zeros(&self, n: usize) -> CudaBuf<T> {
+        self.uncapturable("an allocation", false);
         self.counters.buffer();
         CudaBuf {
             data: self.stream.alloc_zeros(n.max(1)).expect("cuda: allocation"),
@@ -637,7 +764,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
 
     fn write(&self, b: &mut CudaBuf<T>, x: &[T]) {
         assert_eq!(x.len(), b.len, "write: length differs from the buffer's");
-        if x.is_empty() {
+        if x.is_empty() || !self.uncapturable("a host write", true) {
             return;
         }
         self.counters.upload(size_of_val(x));
@@ -652,6 +779,9 @@ impl<T: CudaReal> Backend<T> for Cuda {
             b.host.len(),
             "write_idx: length differs from the buffer's"
         );
+        if !self.uncapturable("a host write", true) {
+            return;
+        }
         if !x.is_empty() {
             self.counters.upload(size_of_val(x));
             self.stream
@@ -673,7 +803,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
 
     fn copy(&self, src: &CudaBuf<T>, dst: &mut CudaBuf<T>, at: usize) {
         assert!(at + src.len <= dst.len, "copy past the end of a buffer");
-        if src.len == 0 {
+        if src.len == 0 || !self.dtod(self.ptr(src), self.ptr(dst), 0, at, src.len, size_of::<T>())
+        {
             return;
         }
         self.counters.launch();
@@ -699,6 +830,10 @@ impl<T: CudaReal> Backend<T> for Cuda {
     }
 
     fn gather_idx(&self, src: &CudaIdx, dst: &mut CudaIdx, spans: &[Span]) {
+        // It rewrites host copies too: not something to run twice.
+        if !self.uncapturable("an index gather", true) {
+            return;
+        }
         super::gather_slices(&src.host, &mut dst.host, spans);
         self.copy_spans(&src.data, &mut dst.data, spans);
         dst.window = super::window_start(spans).map(|at| (Arc::clone(&src.windows), at));
@@ -706,6 +841,13 @@ impl<T: CudaReal> Backend<T> for Cuda {
             dst.owned = OnceLock::new();
         } else {
             self.refresh_owned(dst);
+        }
+    }
+
+    fn replayable(&self, f: &mut dyn FnMut()) {
+        match &self.graph {
+            Some(g) => self.run_graphed(g, f),
+            None => f(),
         }
     }
 
@@ -1334,12 +1476,17 @@ impl<T: CudaReal> Backend<T> for Cuda {
         }
         let dims = self.dims_table(d);
         let owned = self.owned(owner);
+        let (start, slot) = self.owned_lists(d, owned);
         let wpart = self.scratch::<f64>(9 * d.ncentres());
         // Every atom is a centre, so every force is written below; zero first all the same,
         // so an atom that is no centre can never keep stale values.
-        self.stream
-            .memset_zeros(&mut force.data)
-            .expect("cuda: memset");
+        let mut op = self.op("memset", None);
+        op.words(&[self.ptr(force), (force.data.len() * size_of::<T>()) as u64]);
+        if self.submit(op) {
+            self.stream
+                .memset_zeros(&mut force.data)
+                .expect("cuda: memset");
+        }
         launch!(
             self,
             &name::<T>("force_centres"),
@@ -1352,8 +1499,8 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 self.idx(owner),
                 self.idx(centre_atom),
                 owned.n as i32,
-                self.addr(&owned.start),
-                self.addr(&owned.slot),
+                start,
+                slot,
                 self.ptr(force),
                 self.addr(&wpart)
             ]
@@ -1380,18 +1527,29 @@ impl<T: CudaReal> Backend<T> for Cuda {
         let dims = self.dims_table(d);
         let (n, nf) = (d.natoms as f64, d.nframes as f64);
         let ce = self.scratch::<T>(d.nframes);
+        let nums = [2.0 * pref.e, 2.0 * pref.f, 2.0 * pref.v];
+        // In a graph region the prefactors, which follow the learning rate, are read from
+        // the device (the kernel's num_at), so that the launch's arguments repeat.
+        let staged = self
+            .graph
+            .as_ref()
+            .and_then(|g| g.stage_host(bytemuck::cast_slice(&nums), size_of_val(&nums)));
+        let num = |k: usize| match staged {
+            Some(at) => (0.0, at + (k * size_of::<f64>()) as u64),
+            None => (nums[k], 0),
+        };
         // (entries, 2·prefactor, denominator, output) per label, as the CPU rounds them.
         let parts = [
-            (d.nframes, 2.0 * pref.e, n * nf, self.addr(&ce)),
+            (d.nframes, num(0), n * nf, self.addr(&ce)),
             (
                 3 * d.nframes * d.natoms,
-                2.0 * pref.f,
+                num(1),
                 3.0 * n * nf,
                 self.ptr(fres),
             ),
-            (9 * d.nframes, 2.0 * pref.v, 9.0 * n * nf, self.ptr(vres)),
+            (9 * d.nframes, num(2), 9.0 * n * nf, self.ptr(vres)),
         ];
-        for (k, &(len, num, den, out)) in parts.iter().enumerate() {
+        for (k, &(len, (num, num_at), den, out)) in parts.iter().enumerate() {
             let chunks = len.div_ceil(LOSS_CHUNK);
             let part = self.scratch::<f64>(chunks + 1);
             if len > 0 {
@@ -1404,6 +1562,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
                         len as i32,
                         LOSS_CHUNK as i32,
                         num,
+                        num_at,
                         den,
                         self.ptr(pred[k]),
                         self.ptr(label[k]),
