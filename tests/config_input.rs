@@ -611,3 +611,78 @@ fn conflicting_keys_are_rejected() {
         &["model.descriptor.axis_neuron", "last embedding width (100)"],
     );
 }
+
+/// The water input with DeePMD-kit's hybrid descriptor: a `list` of descriptors, each taking its
+/// own type's keys.
+fn water_hybrid() -> Value {
+    water_with(
+        "/model/descriptor",
+        json!({
+            "type": "hybrid",
+            "list": [
+                {"type": "se_e2_a", "sel": [46, 92], "rcut": 6.0, "rcut_smth": 0.5,
+                 "neuron": [4, 8, 16], "axis_neuron": 4, "type_one_side": true, "seed": 1},
+                {"type": "se_e2_r", "sel": [16, 28], "rcut": 4.0, "rcut_smth": 0.5,
+                 "neuron": [4, 8], "seed": 3},
+            ],
+        }),
+    )
+}
+
+#[test]
+fn hybrid_takes_a_list_of_descriptors() {
+    let (_d, r) = load(&water_hybrid());
+    let cfg = r.unwrap();
+    let d = &cfg.model.descriptor;
+    assert_eq!(d.kind, dpw::model::DescriptorType::Hybrid);
+    assert_eq!(d.list.len(), 2);
+    assert_eq!(d.list[0].kind, dpw::model::DescriptorType::SeE2A);
+    assert_eq!(d.list[1].kind, dpw::model::DescriptorType::SeE2R);
+    assert!(d.list[1].type_one_side && d.list[1].axis_neuron == 1);
+    // The one list: the largest rcut and, per type, the largest sel.
+    assert_eq!(d.rcut, 6.0);
+    assert_eq!(d.sel, dpw::config::Sel::Fixed(vec![46, 92]));
+
+    // Each item is checked by its own schema, named by its place in the list.
+    let mut v = water_hybrid();
+    v.pointer_mut("/model/descriptor/list/1")
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .insert("axis_neuron".into(), json!(4));
+    assert_mentions(&error_of(&v), &["model.descriptor.list[1].axis_neuron"]);
+    // A hybrid has no keys but type and list.
+    let mut v = water_hybrid();
+    v.pointer_mut("/model/descriptor")
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .insert("rcut".into(), json!(6.0));
+    assert_mentions(&error_of(&v), &["model.descriptor.rcut"]);
+    // Nested hybrid, sel "auto" inside hybrid, an empty list: refused by name.
+    let mut v = water_hybrid();
+    *v.pointer_mut("/model/descriptor/list/1").unwrap() =
+        water_hybrid()["model"]["descriptor"].clone();
+    let err = load(&v).1.unwrap_err();
+    assert!(
+        matches!(err.inner(), ConfigError::Unsupported { .. }),
+        "{err}"
+    );
+    assert_mentions(
+        &err.to_string(),
+        &["model.descriptor.list[1].type", "inside hybrid"],
+    );
+    let mut v = water_hybrid();
+    *v.pointer_mut("/model/descriptor/list/0/sel").unwrap() = json!("auto");
+    assert_mentions(&error_of(&v), &["model.descriptor.list[0].sel", "auto"]);
+    let mut v = water_hybrid();
+    *v.pointer_mut("/model/descriptor/list").unwrap() = json!([]);
+    assert_mentions(&error_of(&v), &["model.descriptor.list", "empty"]);
+    let mut v = water_hybrid();
+    v.pointer_mut("/model/descriptor/list/1")
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .insert("precision".into(), json!("float32"));
+    assert_mentions(&error_of(&v), &["model.descriptor.list[1].precision"]);
+}

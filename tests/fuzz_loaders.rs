@@ -219,6 +219,7 @@ fn small_model() -> Model {
             type_one_side: false,
             env_protection: 0.0,
             set_davg_zero: false,
+            list: vec![],
         },
         fitting: FittingSpec {
             neuron: vec![4, 4],

@@ -645,6 +645,7 @@ fn batch_errors_name_frames_by_their_index() {
             type_one_side: true,
             env_protection: 0.0,
             set_davg_zero: false,
+            list: vec![],
         },
         fitting: FittingSpec {
             neuron: vec![2],

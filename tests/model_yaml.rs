@@ -56,6 +56,7 @@ fn reads_model_a_exactly() {
             type_one_side: true,
             env_protection: 0.0,
             set_davg_zero: false,
+            list: vec![],
         },
         fitting: FittingSpec {
             neuron: vec![32, 32, 32],
@@ -193,6 +194,7 @@ fn two_sided_spec() -> ModelSpec {
             type_one_side: false,
             env_protection: 1e-7,
             set_davg_zero: true,
+            list: vec![],
         },
         fitting: FittingSpec {
             neuron: vec![10, 20, 20],
@@ -428,5 +430,20 @@ fn se_e3_models_round_trip_in_deepmd_form() {
         assert_eq!(m.layout().embed.len(), nt * (nt + 1) / 2);
         assert_eq!(def["type"], Value::from("se_e3"));
         assert!(def.get("axis_neuron").is_none() && def.get("type_one_side").is_none());
+    }
+}
+
+/// hybrid: DeePMD-kit writes `{type: hybrid, list: [...]}`, each sub-descriptor in its own form;
+/// dpw's nets of sub-descriptor k are named `d{k}.`.
+#[test]
+fn hybrid_models_round_trip_in_deepmd_form() {
+    for (case, second) in [("hybrid_water", "se_e2_r"), ("hybrid_alloy", "se_e3")] {
+        let (m, def) = round_trips_in_deepmd_form(case, DescriptorType::Hybrid);
+        assert_eq!(m.spec.descriptor.list.len(), 2);
+        assert!(m.layout().tensor("d1.embed.t0_t0.layer0.w").is_some() || second == "se_e2_r");
+        assert!(m.layout().tensor("d0.embed.t0.layer0.w").is_some() || second == "se_e3");
+        assert_eq!(def["type"], Value::from("hybrid"));
+        assert_eq!(def["list"][0]["type"], Value::from("se_e2_a"));
+        assert_eq!(def["list"][1]["type"], Value::from(second));
     }
 }

@@ -135,7 +135,7 @@ impl Job for TestJob {
             String::new(),
             String::new(),
         ];
-        let nnei: usize = self.model.spec.descriptor.sel.iter().sum();
+        let nnei: usize = self.model.spec.descriptor.slot_sel().iter().sum();
         for path in &find_systems(&Disk, &self.systems, "test")? {
             let sys = load_system(path, &self.model.spec.type_map)?;
             let nf = match self.nframes {

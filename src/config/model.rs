@@ -124,6 +124,10 @@ pub struct DescriptorConfig {
     pub seed: Option<u64>,
     pub env_protection: f64,
     pub set_davg_zero: bool,
+    /// `hybrid`: its sub-descriptors, in order (none of them hybrid, each sel given as numbers);
+    /// empty for the others. A hybrid's own sel and rcut are its list's largest, its precision
+    /// and trainable those its list shares, its other keys empty or zero.
+    pub list: Vec<DescriptorConfig>,
 }
 
 /// `ener` fitting net: one net per atom type mapping the descriptor to an atomic energy.
@@ -254,6 +258,14 @@ static DESCRIPTOR_T: Schema = Schema {
     ignored: &[],
 };
 
+/// hybrid's keys (DeePMD-kit 3.2.0's `descrpt_hybrid_args`): its list of sub-descriptors.
+static DESCRIPTOR_HYBRID: Schema = Schema {
+    keys: &["type", "list"],
+    aliases: &[],
+    fixed: &[],
+    ignored: &[],
+};
+
 static FITTING: Schema = Schema {
     keys: &[
         "neuron",
@@ -318,6 +330,7 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
         sec.required("descriptor", "an object with \"type\": \"se_e2_a\"")?,
         &sec.path_of("descriptor"),
         type_map.len(),
+        false,
     )?;
     let fitting_net = match sec.get("fitting_net") {
         Some(v) => parse_fitting(v, &sec.path_of("fitting_net"))?,
@@ -361,7 +374,13 @@ fn parse_type_map(sec: &Section) -> Result<Vec<String>> {
     Ok(names)
 }
 
-fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig> {
+/// One descriptor; `in_hybrid` for an item of a hybrid's list.
+fn parse_descriptor(
+    v: &Value,
+    path: &str,
+    ntypes: usize,
+    in_hybrid: bool,
+) -> Result<DescriptorConfig> {
     // The type decides which keys are valid, so it is checked before the keys are.
     let type_path = join(path, "type");
     let kind = match v.get("type") {
@@ -379,12 +398,20 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
         "se_e2_r" | "se_r" => (DescriptorType::SeE2R, &DESCRIPTOR_R),
         // DeePMD-kit 3.2.0 registers se_e3 with these aliases.
         "se_e3" | "se_at" | "se_a_3be" | "se_t" => (DescriptorType::SeE3, &DESCRIPTOR_T),
+        "hybrid" if in_hybrid => {
+            return Err(ConfigError::unsupported(
+                type_path,
+                "a hybrid descriptor inside hybrid is not supported; list its sub-descriptors \
+                 in the outer hybrid's list",
+            ))
+        }
+        "hybrid" => return parse_hybrid(v, path, ntypes),
         _ => {
             return Err(ConfigError::unsupported(
                 type_path,
                 format!(
                     "descriptor type '{kind}' is not supported; dpw supports se_e2_a (se_a), \
-                     se_e2_r (se_r) and se_e3 (se_t)"
+                     se_e2_r (se_r), se_e3 (se_t) and hybrid"
                 ),
             ))
         }
@@ -394,6 +421,13 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
         Some(v) => Sel::parse(v, &sec.path_of("sel"), ntypes)?,
         None => Sel::Auto(1.1),
     };
+    if in_hybrid && matches!(sel, Sel::Auto(_)) {
+        return Err(ConfigError::unsupported(
+            sec.path_of("sel"),
+            "sel \"auto\" (or no sel) inside hybrid is not supported; give each \
+             sub-descriptor's sel as numbers, one per type",
+        ));
+    }
     let rcut = positive(sec.f64_or("rcut", 6.0)?, &sec.path_of("rcut"))?;
     let rcut_smth = non_negative(sec.f64_or("rcut_smth", 0.5)?, &sec.path_of("rcut_smth"))?;
     if rcut_smth >= rcut {
@@ -406,6 +440,7 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
     let axis_neuron = match descriptor {
         DescriptorType::SeE2A => sec.usize_or("axis_neuron", 4)?,
         DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
+        DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
     };
     let m1 = *neuron.last().expect("widths() is non-empty");
     if axis_neuron == 0 || axis_neuron > m1 {
@@ -430,6 +465,7 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
         }
         // Its nets are per pair of neighbour types; the schema has no type_one_side key.
         DescriptorType::SeE3 => false,
+        DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
     };
     Ok(DescriptorConfig {
         kind: descriptor,
@@ -446,6 +482,60 @@ fn parse_descriptor(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
         seed: sec.opt_u64("seed")?,
         env_protection: sec.f64_or("env_protection", 0.0)?,
         set_davg_zero: sec.bool_or("set_davg_zero", false)?,
+        list: vec![],
+    })
+}
+
+/// `hybrid`: `list`, a non-empty list of descriptors, each parsed by its own type's schema.
+fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig> {
+    let sec = Section::new(v, path, &DESCRIPTOR_HYBRID)?;
+    let lpath = sec.path_of("list");
+    let expected = "a non-empty list of descriptors, e.g. [{\"type\": \"se_e2_a\", ...}, \
+                    {\"type\": \"se_e2_r\", ...}]";
+    let items = to_list(sec.required("list", expected)?, &lpath, expected)?;
+    if items.is_empty() {
+        return Err(ConfigError::invalid(
+            &lpath,
+            format!("is empty; expected {expected}"),
+        ));
+    }
+    let list = (items.iter().enumerate())
+        .map(|(i, item)| parse_descriptor(item, &format!("{lpath}[{i}]"), ntypes, true))
+        .collect::<Result<Vec<_>>>()?;
+    let first = &list[0];
+    if let Some(i) = list.iter().position(|d| d.precision != first.precision) {
+        return Err(ConfigError::invalid(
+            format!("{lpath}[{i}].precision"),
+            format!(
+                "{} differs from {lpath}[0]'s {}; dpw trains the whole model in one precision",
+                list[i].precision.as_str(),
+                first.precision.as_str()
+            ),
+        ));
+    }
+    let fixed = |d: &DescriptorConfig| match &d.sel {
+        Sel::Fixed(s) => s.clone(),
+        Sel::Auto(_) => unreachable!("refused inside hybrid"),
+    };
+    let sel = (0..ntypes)
+        .map(|t| list.iter().map(|d| fixed(d)[t]).max().unwrap_or(0))
+        .collect();
+    Ok(DescriptorConfig {
+        kind: DescriptorType::Hybrid,
+        r#type: "hybrid".into(),
+        sel: Sel::Fixed(sel),
+        rcut: list.iter().map(|d| d.rcut).fold(0.0, f64::max),
+        rcut_smth: (list.iter().map(|d| d.rcut_smth)).fold(f64::INFINITY, f64::min),
+        neuron: vec![],
+        axis_neuron: 0,
+        resnet_dt: false,
+        type_one_side: false,
+        precision: first.precision,
+        trainable: list.iter().all(|d| d.trainable),
+        seed: None,
+        env_protection: 0.0,
+        set_davg_zero: false,
+        list,
     })
 }
 
@@ -479,35 +569,7 @@ fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
 
 impl ModelConfig {
     pub(super) fn to_json(&self) -> Value {
-        let d = &self.descriptor;
-        let mut descriptor = json!({
-            "type": d.r#type,
-            "sel": d.sel.to_value(),
-            "rcut": d.rcut,
-            "rcut_smth": d.rcut_smth,
-            "neuron": d.neuron,
-            "axis_neuron": d.axis_neuron,
-            "resnet_dt": d.resnet_dt,
-            "type_one_side": d.type_one_side,
-            "precision": d.precision.as_str(),
-            "trainable": d.trainable,
-            "seed": d.seed,
-            "env_protection": d.env_protection,
-            "set_davg_zero": d.set_davg_zero,
-        });
-        match d.kind {
-            DescriptorType::SeE2A => DESCRIPTOR.write_fixed(object(&mut descriptor)),
-            DescriptorType::SeE2R => {
-                object(&mut descriptor).remove("axis_neuron");
-                DESCRIPTOR_R.write_fixed(object(&mut descriptor));
-            }
-            DescriptorType::SeE3 => {
-                let o = object(&mut descriptor);
-                o.remove("axis_neuron");
-                o.remove("type_one_side");
-                DESCRIPTOR_T.write_fixed(o);
-            }
-        }
+        let descriptor = descriptor_json(&self.descriptor);
 
         let f = &self.fitting_net;
         let mut fitting = json!({
@@ -531,6 +593,46 @@ impl ModelConfig {
         MODEL.write_fixed(object(&mut model));
         model
     }
+}
+
+/// A descriptor as out.json writes it: its keys, with their defaults filled in.
+fn descriptor_json(d: &DescriptorConfig) -> Value {
+    if d.kind == DescriptorType::Hybrid {
+        return json!({
+            "type": d.r#type,
+            "list": d.list.iter().map(descriptor_json).collect::<Vec<_>>(),
+        });
+    }
+    let mut descriptor = json!({
+        "type": d.r#type,
+        "sel": d.sel.to_value(),
+        "rcut": d.rcut,
+        "rcut_smth": d.rcut_smth,
+        "neuron": d.neuron,
+        "axis_neuron": d.axis_neuron,
+        "resnet_dt": d.resnet_dt,
+        "type_one_side": d.type_one_side,
+        "precision": d.precision.as_str(),
+        "trainable": d.trainable,
+        "seed": d.seed,
+        "env_protection": d.env_protection,
+        "set_davg_zero": d.set_davg_zero,
+    });
+    match d.kind {
+        DescriptorType::SeE2A => DESCRIPTOR.write_fixed(object(&mut descriptor)),
+        DescriptorType::SeE2R => {
+            object(&mut descriptor).remove("axis_neuron");
+            DESCRIPTOR_R.write_fixed(object(&mut descriptor));
+        }
+        DescriptorType::SeE3 => {
+            let o = object(&mut descriptor);
+            o.remove("axis_neuron");
+            o.remove("type_one_side");
+            DESCRIPTOR_T.write_fixed(o);
+        }
+        DescriptorType::Hybrid => unreachable!("written above"),
+    }
+    descriptor
 }
 
 /// The map inside a `json!({...})` literal.

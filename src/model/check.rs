@@ -4,7 +4,7 @@
 
 use anyhow::{bail, ensure, Result};
 
-use super::{Model, ModelSpec};
+use super::{DescriptorSpec, DescriptorType, Model, ModelSpec};
 
 /// Most neighbour slots per atom (Σsel). Dense matter within a 12 Å cut-off has about 1500
 /// neighbours; far more only exhausts memory (every slot holds a row of the embedding).
@@ -33,45 +33,40 @@ impl ModelSpec {
             );
         }
         let d = &self.descriptor;
-        ensure!(
-            d.rcut.is_finite() && d.rcut > 0.0,
-            "model.descriptor.rcut: must be a positive number, found {}",
-            d.rcut
-        );
-        ensure!(
-            d.rcut_smth.is_finite() && d.rcut_smth >= 0.0 && d.rcut_smth < d.rcut,
-            "model.descriptor.rcut_smth: must be >= 0 and smaller than rcut ({}), found {}",
-            d.rcut,
-            d.rcut_smth
-        );
-        ensure!(
-            d.env_protection.is_finite() && d.env_protection >= 0.0,
-            "model.descriptor.env_protection: must be >= 0, found {}",
-            d.env_protection
-        );
-        ensure!(
-            d.sel.len() == nt,
-            "model.descriptor.sel: {} entries for {nt} types in type_map",
-            d.sel.len()
-        );
-        let nnei = d.sel.iter().try_fold(0usize, |a, &s| a.checked_add(s));
-        if nnei.is_none_or(|n| n > MAX_NNEI) {
-            bail!(
-                "model.descriptor.sel: {:?} asks for {} neighbour slots per atom, more than dpw's \
-                 limit of {MAX_NNEI} (sel counts neighbours within rcut, a few hundred at most \
-                 in dense matter)",
-                d.sel,
-                nnei.map_or("more than 2^64".into(), |n| n.to_string())
+        if d.kind == DescriptorType::Hybrid {
+            ensure!(
+                !d.list.is_empty(),
+                "model.descriptor.list: a hybrid descriptor needs at least one sub-descriptor"
             );
+            for (k, p) in d.list.iter().enumerate() {
+                let key = format!("model.descriptor.list[{k}]");
+                ensure!(
+                    p.kind != DescriptorType::Hybrid,
+                    "{key}.type: a hybrid descriptor inside hybrid is not supported"
+                );
+                check_descriptor(p, nt, &key)?;
+            }
+            ensure!(
+                *d == DescriptorSpec::hybrid(d.list.clone()),
+                "model.descriptor: a hybrid's rcut, rcut_smth and sel are its list's largest \
+                 rcut, smallest rcut_smth and largest sel per type, and it has no other keys"
+            );
+            let nnei =
+                (d.list.iter().flat_map(|p| &p.sel)).try_fold(0usize, |a, &s| a.checked_add(s));
+            if nnei.is_none_or(|n| n > MAX_NNEI) {
+                bail!(
+                    "model.descriptor.list: the sub-descriptors ask for {} neighbour slots per \
+                     atom together, more than dpw's limit of {MAX_NNEI}",
+                    nnei.map_or("more than 2^64".into(), |n| n.to_string())
+                );
+            }
+        } else {
+            ensure!(
+                d.list.is_empty(),
+                "model.descriptor.list: only a hybrid descriptor has a list"
+            );
+            check_descriptor(d, nt, "model.descriptor")?;
         }
-        widths("model.descriptor.neuron", &d.neuron)?;
-        ensure!(
-            (1..=d.m1()).contains(&d.axis_neuron),
-            "model.descriptor.axis_neuron: must be between 1 and the last embedding width ({}), \
-             found {}",
-            d.m1(),
-            d.axis_neuron
-        );
         widths("model.fitting_net.neuron", &self.fitting.neuron)?;
         let nparams = self.param_count_estimate();
         ensure!(
@@ -94,11 +89,59 @@ impl ModelSpec {
             n + prev + 1.0
         };
         let nt = self.ntypes() as f64;
-        let d = &self.descriptor;
-        let nembed = if d.type_one_side { nt } else { nt * nt };
-        let dim = d.m1() as f64 * d.axis_neuron as f64;
-        nembed * net(1, &d.neuron) + nt * net(dim as usize, &self.fitting.neuron)
+        let embed: f64 = (self.descriptor.parts().iter())
+            .map(|d| {
+                let nembed = if d.type_one_side { nt } else { nt * nt };
+                nembed * net(1, &d.neuron)
+            })
+            .sum();
+        let dim = self.descriptor.dim();
+        embed + nt * net(dim, &self.fitting.neuron)
     }
+}
+
+/// The keys of one (not hybrid) descriptor, named under `key`.
+fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
+    ensure!(
+        d.rcut.is_finite() && d.rcut > 0.0,
+        "{key}.rcut: must be a positive number, found {}",
+        d.rcut
+    );
+    ensure!(
+        d.rcut_smth.is_finite() && d.rcut_smth >= 0.0 && d.rcut_smth < d.rcut,
+        "{key}.rcut_smth: must be >= 0 and smaller than rcut ({}), found {}",
+        d.rcut,
+        d.rcut_smth
+    );
+    ensure!(
+        d.env_protection.is_finite() && d.env_protection >= 0.0,
+        "{key}.env_protection: must be >= 0, found {}",
+        d.env_protection
+    );
+    ensure!(
+        d.sel.len() == nt,
+        "{key}.sel: {} entries for {nt} types in type_map",
+        d.sel.len()
+    );
+    let nnei = d.sel.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+    if nnei.is_none_or(|n| n > MAX_NNEI) {
+        bail!(
+            "{key}.sel: {:?} asks for {} neighbour slots per atom, more than dpw's \
+                 limit of {MAX_NNEI} (sel counts neighbours within rcut, a few hundred at most \
+                 in dense matter)",
+            d.sel,
+            nnei.map_or("more than 2^64".into(), |n| n.to_string())
+        );
+    }
+    widths(&format!("{key}.neuron"), &d.neuron)?;
+    ensure!(
+        (1..=d.m1()).contains(&d.axis_neuron),
+        "{key}.axis_neuron: must be between 1 and the last embedding width ({}), \
+             found {}",
+        d.m1(),
+        d.axis_neuron
+    );
+    Ok(())
 }
 
 fn widths(key: &str, w: &[usize]) -> Result<()> {
@@ -122,14 +165,15 @@ impl Model {
     pub fn check(&self) -> Result<()> {
         self.spec.check()?;
         let (nt, np) = (self.spec.ntypes(), self.layout().len);
+        let nstat = 4 * nt * self.spec.descriptor.parts().len();
         ensure!(
             self.params.len() == np,
             "the file holds {} parameters, its model needs {np}",
             self.params.len()
         );
         for (name, a, len) in [
-            ("davg", &self.davg, 4 * nt),
-            ("dstd", &self.dstd, 4 * nt),
+            ("davg", &self.davg, nstat),
+            ("dstd", &self.dstd, nstat),
             ("bias", &self.bias, nt),
             ("out_std", &self.out_std, nt),
         ] {

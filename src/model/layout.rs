@@ -62,6 +62,9 @@ pub struct ParamLayout {
     pub fit: Vec<Net>,
     pub tensors: Vec<TensorInfo>,
     pub len: usize,
+    /// The embedding nets of each part of the descriptor ([`super::DescriptorSpec::parts`]):
+    /// `embed[parts[k]]`, one range covering them all but for a hybrid.
+    pub parts: Vec<std::ops::Range<usize>>,
 }
 
 /// The embedding net used for a (centre type, neighbour type) pair: one net per neighbour type
@@ -85,23 +88,35 @@ pub fn pair_types(ntypes: usize) -> Vec<(usize, usize)> {
 impl ParamLayout {
     pub fn new(spec: &ModelSpec) -> Self {
         let nt = spec.ntypes();
-        let d = &spec.descriptor;
         let mut b = Builder::default();
-        let names: Vec<String> = if d.kind == DescriptorType::SeE3 {
-            (pair_types(nt).iter())
-                .map(|(ti, tj)| format!("embed.t{ti}_t{tj}"))
-                .collect()
-        } else if d.type_one_side {
-            (0..nt).map(|k| format!("embed.t{k}")).collect()
-        } else {
-            (0..nt * nt)
-                .map(|k| format!("embed.c{}_n{}", k % nt, k / nt))
-                .collect()
-        };
-        let embed = names
-            .into_iter()
-            .map(|name| b.net(name, 1, &d.neuron, d.resnet_dt, false))
-            .collect();
+        let hybrid = spec.descriptor.kind == DescriptorType::Hybrid;
+        let mut embed = Vec::new();
+        let mut parts = Vec::new();
+        for (k, d) in spec.descriptor.parts().iter().enumerate() {
+            // A hybrid's sub-descriptor k has its nets under `d{k}.`.
+            let prefix = if hybrid {
+                format!("d{k}.")
+            } else {
+                String::new()
+            };
+            let names: Vec<String> = if d.kind == DescriptorType::SeE3 {
+                (pair_types(nt).iter())
+                    .map(|(ti, tj)| format!("embed.t{ti}_t{tj}"))
+                    .collect()
+            } else if d.type_one_side {
+                (0..nt).map(|k| format!("embed.t{k}")).collect()
+            } else {
+                (0..nt * nt)
+                    .map(|k| format!("embed.c{}_n{}", k % nt, k / nt))
+                    .collect()
+            };
+            let start = embed.len();
+            embed
+                .extend((names.into_iter()).map(|name| {
+                    b.net(format!("{prefix}{name}"), 1, &d.neuron, d.resnet_dt, false)
+                }));
+            parts.push(start..embed.len());
+        }
         let fit = (0..nt)
             .map(|t| {
                 let f = &spec.fitting;
@@ -119,6 +134,20 @@ impl ParamLayout {
             fit,
             tensors: b.tensors,
             len: b.len,
+            parts,
+        }
+    }
+
+    /// Part k's embedding nets as a layout of their own (offsets still into the whole parameter
+    /// vector; no fitting nets, no tensor list): what a hybrid's sub-descriptor computes with.
+    pub fn part(&self, k: usize) -> ParamLayout {
+        let nets = self.embed[self.parts[k].clone()].to_vec();
+        ParamLayout {
+            parts: std::iter::once(0..nets.len()).collect(),
+            embed: nets,
+            fit: vec![],
+            tensors: vec![],
+            len: self.len,
         }
     }
 

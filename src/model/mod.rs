@@ -31,6 +31,11 @@ pub enum DescriptorType {
     /// (docs/design.md §10).
     #[serde(rename = "se_e3")]
     SeE3,
+    /// Several descriptors side by side: D_i the concatenation of theirs, in `list` order, each
+    /// on its own neighbour list cut from one list of the largest rcut and sel (docs/design.md
+    /// §10).
+    #[serde(rename = "hybrid")]
+    Hybrid,
 }
 
 impl DescriptorType {
@@ -39,6 +44,7 @@ impl DescriptorType {
             DescriptorType::SeE2A => "se_e2_a",
             DescriptorType::SeE2R => "se_e2_r",
             DescriptorType::SeE3 => "se_e3",
+            DescriptorType::Hybrid => "hybrid",
         }
     }
 
@@ -66,9 +72,75 @@ pub struct DescriptorSpec {
     pub type_one_side: bool,
     pub env_protection: f64,
     pub set_davg_zero: bool,
+    /// hybrid: the sub-descriptors, in `list` order (none of them hybrid); empty otherwise, and
+    /// then not written, so that the other descriptors' files stay as they were.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub list: Vec<DescriptorSpec>,
 }
 
 impl DescriptorSpec {
+    /// The hybrid of `list`: DeePMD-kit's one neighbour list has the largest rcut and, per type,
+    /// the largest sel of the sub-descriptors. The keys a hybrid does not have (neuron,
+    /// axis_neuron, ...) are empty or zero.
+    pub fn hybrid(list: Vec<DescriptorSpec>) -> Self {
+        let nt = list.first().map_or(0, |d| d.sel.len());
+        DescriptorSpec {
+            kind: DescriptorType::Hybrid,
+            rcut: list.iter().map(|d| d.rcut).fold(0.0, f64::max),
+            rcut_smth: list
+                .iter()
+                .map(|d| d.rcut_smth)
+                .fold(f64::INFINITY, f64::min),
+            sel: (0..nt)
+                .map(|t| {
+                    list.iter()
+                        .map(|d| d.sel.get(t).copied().unwrap_or(0))
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect(),
+            neuron: vec![],
+            axis_neuron: 0,
+            resnet_dt: false,
+            type_one_side: false,
+            env_protection: 0.0,
+            set_davg_zero: false,
+            list,
+        }
+    }
+
+    /// The descriptors that compute: the sub-descriptors of a hybrid, else this one.
+    pub fn parts(&self) -> &[DescriptorSpec] {
+        if self.kind == DescriptorType::Hybrid {
+            &self.list
+        } else {
+            std::slice::from_ref(self)
+        }
+    }
+
+    /// Width of the descriptor of one atom (a hybrid's: the sum of its parts').
+    pub fn dim(&self) -> usize {
+        (self.parts().iter()).map(|d| d.m1() * d.axis_neuron).sum()
+    }
+
+    /// The neighbour slots per type of a batch's slot layout ([`crate::backend::Dims`]): the
+    /// sel, or for a hybrid every part's slots of a type one after the other (part 0's sel[t],
+    /// then part 1's, ...).
+    pub fn slot_sel(&self) -> Vec<usize> {
+        (0..self.sel.len())
+            .map(|t| self.parts().iter().map(|d| d.sel[t]).sum())
+            .collect()
+    }
+
+    /// The batch layout of `nframes` frames with `type_counts` atoms per type.
+    pub fn dims(&self, nframes: usize, type_counts: &[usize]) -> crate::backend::Dims {
+        let (m1, m2) = match self.kind {
+            DescriptorType::Hybrid => (self.dim(), 1),
+            _ => (self.m1(), self.axis_neuron),
+        };
+        crate::backend::Dims::new(nframes, type_counts, &self.slot_sel(), m1, m2)
+    }
+
     pub fn nnei(&self) -> usize {
         self.sel.iter().sum()
     }
@@ -105,7 +177,7 @@ impl ModelSpec {
         self.type_map.len()
     }
     pub fn dim_descrpt(&self) -> usize {
-        self.descriptor.m1() * self.descriptor.axis_neuron
+        self.descriptor.dim()
     }
 }
 
@@ -115,9 +187,10 @@ impl ModelSpec {
 pub struct Model {
     pub spec: ModelSpec,
     pub params: Vec<f64>,
-    /// davg row per centre type, `[ntypes][4]` (DeePMD stores `[ntypes][nnei][4]` with equal rows).
+    /// davg row per centre type, `[ntypes][4]` (DeePMD stores `[ntypes][nnei][4]` with equal rows);
+    /// a hybrid's, `[part][ntypes][4]`.
     pub davg: Vec<f64>,
-    /// dstd row per centre type, `[ntypes][4]`.
+    /// dstd row per centre type, `[ntypes][4]` (hybrid: `[part][ntypes][4]`).
     pub dstd: Vec<f64>,
     /// Energy added to every atom of a type: DeePMD's `out_bias + bias_atom_e`, `[ntypes]`.
     pub bias: Vec<f64>,
@@ -134,12 +207,13 @@ impl Model {
     pub fn new(spec: ModelSpec, seed: u64) -> Self {
         let layout = ParamLayout::new(&spec);
         let nt = spec.ntypes();
+        let np = spec.descriptor.parts().len();
         let params = init_params(&layout, seed);
         Model {
             spec,
             params,
-            davg: vec![0.0; nt * 4],
-            dstd: vec![1.0; nt * 4],
+            davg: vec![0.0; np * nt * 4],
+            dstd: vec![1.0; np * nt * 4],
             bias: vec![0.0; nt],
             out_std: vec![1.0; nt],
         }

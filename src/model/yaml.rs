@@ -231,51 +231,18 @@ fn model_from_tree(root: &Value) -> Result<Model> {
 
     let d = m.key("descriptor")?;
     d.expect("@class", &["Descriptor"])?;
-    // se_e3's names are those DeePMD-kit's descriptor registry knows it by.
-    let se_e3 = ["se_e3", "se_at", "se_a_3be", "se_t"];
-    d.expect(
-        "type",
-        &[
-            "se_e2_a", "se_r", "se_e2_r", se_e3[0], se_e3[1], se_e3[2], se_e3[3],
-        ],
-    )?;
-    let kind = match d.key("type")?.str()? {
-        "se_e2_a" => DescriptorType::SeE2A,
-        t if se_e3.contains(&t) => DescriptorType::SeE3,
-        _ => DescriptorType::SeE2R,
+    // A hybrid's sub-descriptors, each a descriptor of its own; else the descriptor alone.
+    let (descriptor, items) = if d.opt("type").map(|t| t.str().ok()) == Some(Some("hybrid")) {
+        let items = d.key("list")?.seq()?;
+        ensure!(!items.is_empty(), "{}.list: empty", d.path);
+        let list = (items.iter())
+            .map(|at| read_descriptor(at, nt))
+            .collect::<Result<Vec<_>>>()?;
+        (DescriptorSpec::hybrid(list), items)
+    } else {
+        let spec = read_descriptor(&d, nt)?;
+        (spec, vec![d])
     };
-    d.expect("activation_function", &["tanh"])?;
-    d.expect_off("exclude_types")?;
-    d.expect_off("spin")?;
-    if let Some(env) = d.opt("env_mat") {
-        env.expect_off("use_exp_switch")?;
-    }
-    let descriptor = DescriptorSpec {
-        kind,
-        rcut: d.key("rcut")?.f64()?,
-        rcut_smth: d.key("rcut_smth")?.f64()?,
-        sel: d.key("sel")?.usizes()?,
-        neuron: d.key("neuron")?.usizes()?,
-        axis_neuron: match kind {
-            DescriptorType::SeE2A => d.key("axis_neuron")?.usize()?,
-            DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
-        },
-        resnet_dt: d.key("resnet_dt")?.bool()?,
-        type_one_side: match kind {
-            DescriptorType::SeE3 => false,
-            _ => d.key("type_one_side")?.bool()?,
-        },
-        // Older files may lack these two; DeePMD's defaults apply.
-        env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
-        set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
-    };
-    ensure!(
-        descriptor.sel.len() == nt,
-        "{}.sel: {} entries for {nt} types",
-        d.path,
-        descriptor.sel.len()
-    );
-    ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
 
     let f = m.key("fitting")?;
     f.expect("@class", &["Fitting"])?;
@@ -303,43 +270,24 @@ fn model_from_tree(root: &Value) -> Result<Model> {
     let layout = ParamLayout::new(&spec);
     let mut params = vec![0.0; layout.len];
 
-    let embed_ndim = if spec.descriptor.type_one_side { 1 } else { 2 };
-    read_nets(
-        &d.key("embeddings")?,
-        &file_nets(&spec, &layout),
-        embed_ndim,
-        &mut params,
-    )?;
-    read_nets(&f.key("nets")?, &some(&layout.fit), 1, &mut params)?;
-
-    // DeePMD keeps one davg/dstd row per neighbour slot; its statistics make them equal per type,
-    // and dpw stores only one. Refuse files where they differ rather than silently change them.
-    // se_e2_r's rows are its radial column alone: dpw's rows are 4 wide for every descriptor
-    // (one env_mat), with the mean 0 and std 1 of an unused column.
-    let nnei = spec.descriptor.nnei();
-    let ncol = env_columns(kind);
-    let dv = d.key("@variables")?;
-    let mut stats = [Vec::new(), Vec::new()];
-    for ((name, out), unused) in ["davg", "dstd"].iter().zip(&mut stats).zip([0.0, 1.0]) {
-        let at = dv.key(name)?;
-        let full = at.array(&[nt, nnei, ncol])?;
-        for t in 0..nt {
-            let row0 = &full[t * nnei * ncol..t * nnei * ncol + ncol];
-            for j in 1..nnei {
-                let row = &full[(t * nnei + j) * ncol..(t * nnei + j) * ncol + ncol];
-                let differs =
-                    (row.iter().zip(row0)).any(|(a, b)| (a - b).abs() > 1e-12 * b.abs().max(1.0));
-                ensure!(
-                    !differs,
-                    "{}: rows of type {t} differ (slot {j}: {row:?} vs slot 0: {row0:?}); dpw needs one row per type",
-                    at.path
-                );
-            }
-            out.extend_from_slice(row0);
-            out.resize(out.len() + 4 - ncol, unused);
-        }
+    let parts = spec.descriptor.parts();
+    for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
+        let embed_ndim = if part.type_one_side { 1 } else { 2 };
+        let nets = &layout.embed[layout.parts[k].clone()];
+        read_nets(
+            &at.key("embeddings")?,
+            &file_nets(part, nt, nets),
+            embed_ndim,
+            &mut params,
+        )?;
     }
-    let [davg, dstd] = stats;
+    read_nets(&f.key("nets")?, &some(&layout.fit), 1, &mut params)?;
+    let (mut davg, mut dstd) = (Vec::new(), Vec::new());
+    for (part, at) in parts.iter().zip(&items) {
+        let [a, s] = read_stats(at, part, nt)?;
+        davg.extend(a);
+        dstd.extend(s);
+    }
 
     let bias_atom_e = f.key("@variables")?.key("bias_atom_e")?.array(&[nt, 1])?;
     let mv = m.key("@variables")?;
@@ -362,22 +310,103 @@ fn model_from_tree(root: &Value) -> Result<Model> {
     Ok(model)
 }
 
+/// The keys of one descriptor that is not a hybrid.
+fn read_descriptor(d: &At, nt: usize) -> Result<DescriptorSpec> {
+    d.expect("@class", &["Descriptor"])?;
+    // se_e3's names are those DeePMD-kit's descriptor registry knows it by.
+    let se_e3 = ["se_e3", "se_at", "se_a_3be", "se_t"];
+    d.expect(
+        "type",
+        &[
+            "se_e2_a", "se_r", "se_e2_r", se_e3[0], se_e3[1], se_e3[2], se_e3[3],
+        ],
+    )?;
+    let kind = match d.key("type")?.str()? {
+        "se_e2_a" => DescriptorType::SeE2A,
+        t if se_e3.contains(&t) => DescriptorType::SeE3,
+        _ => DescriptorType::SeE2R,
+    };
+    d.expect("activation_function", &["tanh"])?;
+    d.expect_off("exclude_types")?;
+    d.expect_off("spin")?;
+    if let Some(env) = d.opt("env_mat") {
+        env.expect_off("use_exp_switch")?;
+    }
+    let descriptor = DescriptorSpec {
+        kind,
+        rcut: d.key("rcut")?.f64()?,
+        rcut_smth: d.key("rcut_smth")?.f64()?,
+        sel: d.key("sel")?.usizes()?,
+        neuron: d.key("neuron")?.usizes()?,
+        axis_neuron: match kind {
+            DescriptorType::SeE2A => d.key("axis_neuron")?.usize()?,
+            _ => 1,
+        },
+        resnet_dt: d.key("resnet_dt")?.bool()?,
+        type_one_side: match kind {
+            DescriptorType::SeE3 => false,
+            _ => d.key("type_one_side")?.bool()?,
+        },
+        // Older files may lack these two; DeePMD's defaults apply.
+        env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
+        set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
+        list: vec![],
+    };
+    ensure!(
+        descriptor.sel.len() == nt,
+        "{}.sel: {} entries for {nt} types",
+        d.path,
+        descriptor.sel.len()
+    );
+    ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
+    Ok(descriptor)
+}
+
+/// A descriptor's davg and dstd, one row of 4 per type.
+///
+/// DeePMD keeps one davg/dstd row per neighbour slot; its statistics make them equal per type,
+/// and dpw stores only one. Refuse files where they differ rather than silently change them.
+/// se_e2_r's rows are its radial column alone: dpw's rows are 4 wide for every descriptor
+/// (one env_mat), with the mean 0 and std 1 of an unused column.
+fn read_stats(d: &At, spec: &DescriptorSpec, nt: usize) -> Result<[Vec<f64>; 2]> {
+    let nnei = spec.nnei();
+    let ncol = env_columns(spec.kind);
+    let dv = d.key("@variables")?;
+    let mut stats = [Vec::new(), Vec::new()];
+    for ((name, out), unused) in ["davg", "dstd"].iter().zip(&mut stats).zip([0.0, 1.0]) {
+        let at = dv.key(name)?;
+        let full = at.array(&[nt, nnei, ncol])?;
+        for t in 0..nt {
+            let row0 = &full[t * nnei * ncol..t * nnei * ncol + ncol];
+            for j in 1..nnei {
+                let row = &full[(t * nnei + j) * ncol..(t * nnei + j) * ncol + ncol];
+                let differs =
+                    (row.iter().zip(row0)).any(|(a, b)| (a - b).abs() > 1e-12 * b.abs().max(1.0));
+                ensure!(
+                    !differs,
+                    "{}: rows of type {t} differ (slot {j}: {row:?} vs slot 0: {row0:?}); dpw needs one row per type",
+                    at.path
+                );
+            }
+            out.extend_from_slice(row0);
+            out.resize(out.len() + 4 - ncol, unused);
+        }
+    }
+    Ok(stats)
+}
+
 /// The nets of a `NetworkCollection` in its order, `None` where DeePMD-kit keeps a net dpw has
 /// no use for: se_e3's collection has one per pair (ti, tj) at flat index ti + tj·nt, those with
 /// ti > tj all zeros and never used.
-fn file_nets<'a>(spec: &ModelSpec, layout: &'a ParamLayout) -> Vec<Option<&'a Net>> {
-    if spec.descriptor.kind != DescriptorType::SeE3 {
-        return some(&layout.embed);
+fn file_nets<'a>(d: &DescriptorSpec, nt: usize, embed: &'a [Net]) -> Vec<Option<&'a Net>> {
+    if d.kind != DescriptorType::SeE3 {
+        return some(embed);
     }
-    let nt = spec.ntypes();
     let types = pair_types(nt);
     (0..nt * nt)
         .map(|k| {
             let pair = (k % nt, k / nt);
-            types
-                .iter()
-                .position(|&p| p == pair)
-                .map(|p| &layout.embed[p])
+            types.iter().position(|&p| p == pair).map(|p| &embed[p])
         })
         .collect()
 }
@@ -543,44 +572,33 @@ fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
 fn model_to_tree(model: &Model) -> Value {
     let spec = &model.spec;
     let (d, fit) = (&spec.descriptor, &spec.fitting);
-    let (nt, nnei) = (spec.ntypes(), d.nnei());
+    let nt = spec.ntypes();
     let layout = model.layout();
     let p = &model.params;
     let type_map = spec.type_map.as_slice();
     let none: &[usize] = &[];
-    // dpw's one row per type goes back to DeePMD's row per neighbour slot, of the descriptor's
-    // own columns.
-    let ncol = env_columns(d.kind);
-    let expand = |rows: &[f64]| -> Vec<f64> {
-        let row = |t: usize| rows[t * 4..t * 4 + ncol].iter().copied();
-        (0..nt)
-            .flat_map(|t| (0..nnei).flat_map(move |_| row(t)))
-            .collect()
-    };
-    let embeddings = Nets {
-        nets: file_nets(spec, &layout),
-        ndim: if d.type_one_side { 1 } else { 2 },
-        fitting: false,
-        neuron: &d.neuron,
-        resnet_dt: d.resnet_dt,
-    };
-    let mut descriptor = obj! {
-        "@class" => "Descriptor", "@version" => 2,
-        "@variables" => obj! {
-            "davg" => ndarray(&[nt, nnei, ncol], &expand(&model.davg)),
-            "dstd" => ndarray(&[nt, nnei, ncol], &expand(&model.dstd)),
-        },
-        "activation_function" => "tanh", "axis_neuron" => d.axis_neuron,
-        "embeddings" => nets_tree(embeddings, p, nt),
-        "env_mat" => obj! {
-            "protection" => d.env_protection, "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
-            "use_exp_switch" => false,
-        },
-        "env_protection" => d.env_protection, "exclude_types" => none, "neuron" => &d.neuron[..],
-        "precision" => "float64", "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
-        "resnet_dt" => d.resnet_dt, "sel" => &d.sel[..], "set_davg_zero" => d.set_davg_zero,
-        "spin" => Value::Null, "trainable" => true, "type" => "se_e2_a", "type_map" => type_map,
-        "type_one_side" => d.type_one_side,
+    // Each part's tree (file and model_def_script), then a hybrid's list of them.
+    let nstat = 4 * nt;
+    let mut trees: Vec<(Value, Value)> = (d.parts().iter().enumerate())
+        .map(|(k, part)| {
+            let nets = &layout.embed[layout.parts[k].clone()];
+            let stats = [
+                &model.davg[k * nstat..(k + 1) * nstat],
+                &model.dstd[k * nstat..(k + 1) * nstat],
+            ];
+            descriptor_tree(part, nets, p, stats, type_map)
+        })
+        .collect();
+    let (descriptor, def_descriptor) = if d.kind == DescriptorType::Hybrid {
+        let (files, defs): (Vec<Value>, Vec<Value>) = trees.into_iter().unzip();
+        (
+            obj! {
+                "@class" => "Descriptor", "@version" => 1, "type" => "hybrid", "list" => files,
+            },
+            obj! { "type" => "hybrid", "list" => defs },
+        )
+    } else {
+        trees.pop().expect("one part")
     };
 
     let nets = Nets {
@@ -610,41 +628,14 @@ fn model_to_tree(model: &Model) -> Value {
 
     // The `model` section of a DeePMD input that builds this model: `dp convert-backend` to
     // `.pth` requires it (and stores it), and DeePMD rebuilds the model from it on the way back.
-    let mut model_def_script = obj! {
+    let model_def_script = obj! {
         "type_map" => type_map,
-        "descriptor" => obj! {
-            "type" => "se_e2_a", "sel" => &d.sel[..], "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
-            "neuron" => &d.neuron[..], "axis_neuron" => d.axis_neuron, "resnet_dt" => d.resnet_dt,
-            "type_one_side" => d.type_one_side, "env_protection" => d.env_protection,
-            "set_davg_zero" => d.set_davg_zero, "exclude_types" => none,
-            "activation_function" => "tanh", "precision" => "float64",
-        },
+        "descriptor" => def_descriptor,
         "fitting_net" => obj! {
             "type" => "ener", "neuron" => &fit.neuron[..], "resnet_dt" => fit.resnet_dt,
             "activation_function" => "tanh", "precision" => "float64",
         },
     };
-
-    if d.kind == DescriptorType::SeE2R {
-        // DeePMD-kit serialises se_e2_r as "se_r", without axis_neuron.
-        let retype = |v: &mut Value, name: &str| {
-            let m = v.as_mapping_mut().expect("built by obj!");
-            m.remove("axis_neuron");
-            m.insert("type".into(), name.into());
-        };
-        retype(&mut descriptor, "se_r");
-        retype(&mut model_def_script["descriptor"], "se_e2_r");
-    }
-    if d.kind == DescriptorType::SeE3 {
-        // DeePMD-kit serialises se_e3 as "se_e3", without axis_neuron, type_one_side and spin.
-        for v in [&mut descriptor, &mut model_def_script["descriptor"]] {
-            let m = v.as_mapping_mut().expect("built by obj!");
-            for key in ["axis_neuron", "type_one_side", "spin"] {
-                m.remove(key);
-            }
-            m.insert("type".into(), "se_e3".into());
-        }
-    }
 
     // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
     obj! {
@@ -666,11 +657,89 @@ fn model_to_tree(model: &Model) -> Value {
     }
 }
 
+/// One descriptor (not a hybrid) as DeePMD-kit serialises it, and as the `model_def_script`
+/// that builds it: its nets `embed`, its davg/dstd rows `[nt][4]`.
+fn descriptor_tree(
+    d: &DescriptorSpec,
+    embed: &[Net],
+    p: &[f64],
+    [davg, dstd]: [&[f64]; 2],
+    type_map: &[String],
+) -> (Value, Value) {
+    let (nt, nnei) = (type_map.len(), d.nnei());
+    let none: &[usize] = &[];
+    // dpw's one row per type goes back to DeePMD's row per neighbour slot, of the descriptor's
+    // own columns.
+    let ncol = env_columns(d.kind);
+    let expand = |rows: &[f64]| -> Vec<f64> {
+        let row = |t: usize| rows[t * 4..t * 4 + ncol].iter().copied();
+        (0..nt)
+            .flat_map(|t| (0..nnei).flat_map(move |_| row(t)))
+            .collect()
+    };
+    let embeddings = Nets {
+        nets: file_nets(d, nt, embed),
+        ndim: if d.type_one_side { 1 } else { 2 },
+        fitting: false,
+        neuron: &d.neuron,
+        resnet_dt: d.resnet_dt,
+    };
+    let mut descriptor = obj! {
+        "@class" => "Descriptor", "@version" => 2,
+        "@variables" => obj! {
+            "davg" => ndarray(&[nt, nnei, ncol], &expand(davg)),
+            "dstd" => ndarray(&[nt, nnei, ncol], &expand(dstd)),
+        },
+        "activation_function" => "tanh", "axis_neuron" => d.axis_neuron,
+        "embeddings" => nets_tree(embeddings, p, nt),
+        "env_mat" => obj! {
+            "protection" => d.env_protection, "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
+            "use_exp_switch" => false,
+        },
+        "env_protection" => d.env_protection, "exclude_types" => none, "neuron" => &d.neuron[..],
+        "precision" => "float64", "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
+        "resnet_dt" => d.resnet_dt, "sel" => &d.sel[..], "set_davg_zero" => d.set_davg_zero,
+        "spin" => Value::Null, "trainable" => true, "type" => "se_e2_a", "type_map" => type_map,
+        "type_one_side" => d.type_one_side,
+    };
+
+    let mut def = obj! {
+        "type" => "se_e2_a", "sel" => &d.sel[..], "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
+        "neuron" => &d.neuron[..], "axis_neuron" => d.axis_neuron, "resnet_dt" => d.resnet_dt,
+        "type_one_side" => d.type_one_side, "env_protection" => d.env_protection,
+        "set_davg_zero" => d.set_davg_zero, "exclude_types" => none,
+        "activation_function" => "tanh", "precision" => "float64",
+    };
+    if d.kind == DescriptorType::SeE2R {
+        // DeePMD-kit serialises se_e2_r as "se_r", without axis_neuron.
+        let retype = |v: &mut Value, name: &str| {
+            let m = v.as_mapping_mut().expect("built by obj!");
+            m.remove("axis_neuron");
+            m.insert("type".into(), name.into());
+        };
+        retype(&mut descriptor, "se_r");
+        retype(&mut def, "se_e2_r");
+    }
+    if d.kind == DescriptorType::SeE3 {
+        // DeePMD-kit serialises se_e3 as "se_e3", without axis_neuron, type_one_side and spin.
+        for v in [&mut descriptor, &mut def] {
+            let m = v.as_mapping_mut().expect("built by obj!");
+            for key in ["axis_neuron", "type_one_side", "spin"] {
+                m.remove(key);
+            }
+            m.insert("type".into(), "se_e3".into());
+        }
+    }
+
+    (descriptor, def)
+}
+
 /// How many columns of the environment rows a descriptor's davg/dstd cover in DeePMD-kit's files.
 fn env_columns(kind: DescriptorType) -> usize {
     match kind {
         DescriptorType::SeE2A | DescriptorType::SeE3 => 4,
         DescriptorType::SeE2R => 1,
+        DescriptorType::Hybrid => unreachable!("a hybrid's parts have their own"),
     }
 }
 

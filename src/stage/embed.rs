@@ -7,7 +7,7 @@ use crate::model::{embed_net_index, Net, ParamLayout};
 
 use super::env::Env;
 use super::net::{net_dual_backward, net_forward, NetCache, NetDual, Zeros};
-use super::DeviceModel;
+use super::DescModel;
 
 /// Embedding values: G and G' alone when the backend fuses the nets, else every layer's.
 pub enum Embed<Buf> {
@@ -51,14 +51,14 @@ impl<Buf> Embed<Buf> {
     pub fn forward<T: Real, B: Backend<T, Buf = Buf>>(
         &mut self,
         b: &B,
-        m: &DeviceModel<T, B>,
+        m: &DescModel<'_, T, B>,
         d: &Dims,
         env: &Env<T, B>,
     ) {
         match self {
             Embed::Fused { g, gp } => {
                 let nets = m.nets().all(d);
-                b.embed_forward(d, &nets, &m.params, &env.s, &env.owner, g, gp)
+                b.embed_forward(d, &nets, m.params, &env.s, &env.owner, g, gp)
             }
             Embed::Layered(c) => forward_layered(b, m, d, env, c),
         }
@@ -124,7 +124,7 @@ impl<'a> Nets<'a> {
 /// G and G' layer by layer through the dense ops, keeping every layer for the dual pass.
 fn forward_layered<T: Real, B: Backend<T>>(
     b: &B,
-    m: &DeviceModel<T, B>,
+    m: &DescModel<'_, T, B>,
     d: &Dims,
     env: &Env<T, B>,
     c: &mut NetCache<B::Buf>,
@@ -133,7 +133,7 @@ fn forward_layered<T: Real, B: Backend<T>>(
     for ti in 0..d.ntypes {
         for tj in 0..d.ntypes {
             let net = nets.net(d, ti, tj);
-            net_forward(b, &m.params, net, d.block(ti, tj), c, (&env.s, &env.ones_s));
+            net_forward(b, m.params, net, d.block(ti, tj), c, (&env.s, &env.ones_s));
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
 
 use super::net::Zeros;
-use super::DeviceModel;
+use super::DescModel;
 
 pub struct Env<T: Real, B: Backend<T>> {
     pub rij: B::Buf,
@@ -45,14 +45,14 @@ impl<T: Real, B: Backend<T>> Env<T, B> {
     }
 
     /// R̂, its Jacobian and s of the loaded batch.
-    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims) {
+    pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims) {
         b.env_mat(
             d,
             m.env,
             &self.rij,
             &self.owner,
-            &m.davg,
-            &m.dstd,
+            m.davg,
+            m.dstd,
             &mut self.rhat,
             &mut self.jac,
             &mut self.s,

@@ -27,6 +27,45 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     pub grad: B::Buf,
     pub m: B::Buf,
     pub v: B::Buf,
+    /// A hybrid's sub-descriptors, in `list` order; empty for the others.
+    pub parts: Vec<Part<T, B>>,
+}
+
+/// One sub-descriptor of a hybrid on the device: its nets (offsets into the model's parameter
+/// vector), environment settings and statistics.
+pub struct Part<T: Real, B: Backend<T>> {
+    pub kind: DescriptorType,
+    /// Its neighbour slots per type, and its D's shape (M1, M2).
+    pub sel: Vec<usize>,
+    pub m1: usize,
+    pub m2: usize,
+    pub layout: ParamLayout,
+    pub env: EnvParams,
+    pub type_one_side: bool,
+    pub davg: B::Buf,
+    pub dstd: B::Buf,
+}
+
+/// What one descriptor's passes read of the model: its nets and statistics over the model's
+/// parameters (for a hybrid, one sub-descriptor's).
+pub struct DescModel<'a, T: Real, B: Backend<T>> {
+    pub kind: DescriptorType,
+    pub layout: &'a ParamLayout,
+    pub env: EnvParams,
+    pub type_one_side: bool,
+    pub davg: &'a B::Buf,
+    pub dstd: &'a B::Buf,
+    pub params: &'a B::Buf,
+}
+
+impl<T: Real, B: Backend<T>> DescModel<'_, T, B> {
+    /// The embedding nets and which serves each block.
+    pub fn nets(&self) -> Nets<'_> {
+        Nets {
+            layout: self.layout,
+            type_one_side: self.type_one_side,
+        }
+    }
 }
 
 fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
@@ -38,7 +77,30 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
         let layout = model.layout();
         let d = &model.spec.descriptor;
         let n = layout.len;
+        let nstat = 4 * model.spec.ntypes();
+        let parts = if d.kind == DescriptorType::Hybrid {
+            (d.list.iter().enumerate())
+                .map(|(k, p)| Part {
+                    kind: p.kind,
+                    sel: p.sel.clone(),
+                    m1: p.m1(),
+                    m2: p.axis_neuron,
+                    layout: layout.part(k),
+                    env: EnvParams {
+                        rcut: p.rcut,
+                        rcut_smth: p.rcut_smth,
+                        protection: p.env_protection,
+                    },
+                    type_one_side: p.type_one_side,
+                    davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
+                    dstd: b.upload(&to_t(&model.dstd[k * nstat..(k + 1) * nstat])),
+                })
+                .collect()
+        } else {
+            vec![]
+        };
         DeviceModel {
+            parts,
             kind: d.kind,
             env: EnvParams {
                 rcut: d.rcut,
@@ -72,5 +134,72 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             layout: &self.layout,
             type_one_side: self.type_one_side,
         }
+    }
+
+    /// What the descriptor's passes read: one view, or one per sub-descriptor of a hybrid.
+    pub fn views(&self) -> Vec<DescModel<'_, T, B>> {
+        if self.parts.is_empty() {
+            vec![DescModel {
+                kind: self.kind,
+                layout: &self.layout,
+                env: self.env,
+                type_one_side: self.type_one_side,
+                davg: &self.davg,
+                dstd: &self.dstd,
+                params: &self.params,
+            }]
+        } else {
+            (self.parts.iter())
+                .map(|p| DescModel {
+                    kind: p.kind,
+                    layout: &p.layout,
+                    env: p.env,
+                    type_one_side: p.type_one_side,
+                    davg: &p.davg,
+                    dstd: &p.dstd,
+                    params: &self.params,
+                })
+                .collect()
+        }
+    }
+
+    /// [`DeviceModel::views`], and the gradient to add to.
+    pub fn views_grad(&mut self) -> (Vec<DescModel<'_, T, B>>, &mut B::Buf) {
+        let DeviceModel {
+            kind,
+            layout,
+            env,
+            type_one_side,
+            params,
+            davg,
+            dstd,
+            grad,
+            parts,
+            ..
+        } = self;
+        let v = if parts.is_empty() {
+            vec![DescModel {
+                kind: *kind,
+                layout,
+                env: *env,
+                type_one_side: *type_one_side,
+                davg,
+                dstd,
+                params,
+            }]
+        } else {
+            (parts.iter())
+                .map(|p| DescModel {
+                    kind: p.kind,
+                    layout: &p.layout,
+                    env: p.env,
+                    type_one_side: p.type_one_side,
+                    davg: &p.davg,
+                    dstd: &p.dstd,
+                    params,
+                })
+                .collect()
+        };
+        (v, grad)
     }
 }

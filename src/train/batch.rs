@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
 use crate::geometry::{build_nlist, Cell};
-use crate::model::ModelSpec;
+use crate::model::{DescriptorType, ModelSpec};
 
 /// One frame as the model sees it; atoms sorted by type.
 #[derive(Clone, Copy, Debug)]
@@ -97,7 +97,7 @@ fn assemble_numbered(
     let type_start: Vec<usize> = (0..nt)
         .map(|t| atype.iter().take_while(|&&x| x < t).count())
         .collect();
-    let dims = Dims::new(frames.len(), &counts, &d.sel, d.m1(), d.axis_neuron);
+    let dims = d.dims(frames.len(), &counts);
     let sections = d.sections();
     let ns = dims.nslots();
     let mut rij = vec![0.0; 3 * ns];
@@ -121,23 +121,38 @@ fn assemble_numbered(
             Ok(build_nlist(fr.coord, cell.as_ref(), atype, d.rcut, &d.sel))
         })
         .collect::<Result<Vec<_>>>()?;
-    for (ti, &count) in counts.iter().enumerate() {
-        for (f, nl) in nlists.iter().enumerate() {
-            for k in 0..count {
-                let i = type_start[ti] + k;
-                let c = dims.centre_start[ti] + f * count + k;
-                for (tj, (&sel, &sec)) in d.sel.iter().zip(&sections).enumerate() {
-                    for j in 0..sel {
-                        let src = i * d.nnei() + sec + j;
-                        let s = dims.slot(ti, c, tj, j);
-                        if nl.owner[src] >= 0 {
-                            owner[s] = (f * n) as i32 + nl.owner[src];
-                            rij[3 * s..3 * s + 3].copy_from_slice(&nl.rij[3 * src..3 * src + 3]);
+    // A hybrid's sub-descriptor takes the first sel_k[t] slots of each type section of the one
+    // list (DeePMD-kit's `nlist_cut_idx`) into its own part of the section, the neighbours
+    // beyond its own rcut left as padding: there DeePMD-kit's switch is exactly 0, so its row
+    // is a padding slot's and its force nothing. The parts follow each other within a section.
+    let hybrid = d.kind == DescriptorType::Hybrid;
+    let mut part_start = vec![0; nt];
+    for part in d.parts() {
+        let rc2 = part.rcut * part.rcut;
+        for (ti, &count) in counts.iter().enumerate() {
+            for (f, nl) in nlists.iter().enumerate() {
+                for k in 0..count {
+                    let i = type_start[ti] + k;
+                    let c = dims.centre_start[ti] + f * count + k;
+                    for (tj, (&sel, &sec)) in part.sel.iter().zip(&sections).enumerate() {
+                        for j in 0..sel {
+                            let src = i * d.nnei() + sec + j;
+                            let s = dims.slot(ti, c, tj, part_start[tj] + j);
+                            let r = &nl.rij[3 * src..3 * src + 3];
+                            let inside = !hybrid || r.iter().map(|x| x * x).sum::<f64>() < rc2;
+                            if nl.owner[src] >= 0 && inside {
+                                owner[s] = (f * n) as i32 + nl.owner[src];
+                                rij[3 * s..3 * s + 3].copy_from_slice(r);
+                            }
                         }
                     }
                 }
             }
         }
+        part_start
+            .iter_mut()
+            .zip(&part.sel)
+            .for_each(|(o, s)| *o += s);
     }
     let has_virial = frames.iter().all(|f| f.virial.is_some());
     Ok(HostBatch {

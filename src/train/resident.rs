@@ -70,7 +70,7 @@ fn one_frame_dims(spec: &ModelSpec, atype: &[usize]) -> Dims {
     let counts: Vec<usize> = (0..spec.ntypes())
         .map(|t| atype.iter().filter(|&&x| x == t).count())
         .collect();
-    Dims::new(1, &counts, &d.sel, d.m1(), d.axis_neuron)
+    d.dims(1, &counts)
 }
 
 impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {

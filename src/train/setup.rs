@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 use serde_json::Value;
 use web_time::Instant;
 
-use crate::config::{Config, Precision, Sel};
+use crate::config::{Config, DescriptorConfig, Precision, Sel};
 use crate::data::{Disk, Files};
 use crate::dist;
 use crate::model::{
@@ -95,26 +95,42 @@ fn check_supported(cfg: &Config) -> Result<()> {
 }
 
 fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
-    let d = &cfg.model.descriptor;
     let f = &cfg.model.fitting_net;
     ModelSpec {
         type_map: cfg.model.type_map.clone(),
-        descriptor: DescriptorSpec {
-            kind: d.kind,
-            rcut: d.rcut,
-            rcut_smth: d.rcut_smth,
-            sel,
-            neuron: d.neuron.clone(),
-            axis_neuron: d.axis_neuron,
-            resnet_dt: d.resnet_dt,
-            type_one_side: d.type_one_side,
-            env_protection: d.env_protection,
-            set_davg_zero: d.set_davg_zero,
-        },
+        descriptor: descriptor_spec(&cfg.model.descriptor, sel),
         fitting: FittingSpec {
             neuron: f.neuron.clone(),
             resnet_dt: f.resnet_dt,
         },
+    }
+}
+
+/// The descriptor of input.json with `sel` (a hybrid's sub-descriptors have theirs as numbers).
+fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec {
+    if d.kind == DescriptorType::Hybrid {
+        let list = (d.list.iter())
+            .map(|p| {
+                let Sel::Fixed(sel) = &p.sel else {
+                    unreachable!("the config refuses sel \"auto\" inside hybrid")
+                };
+                descriptor_spec(p, sel.clone())
+            })
+            .collect();
+        return DescriptorSpec::hybrid(list);
+    }
+    DescriptorSpec {
+        kind: d.kind,
+        rcut: d.rcut,
+        rcut_smth: d.rcut_smth,
+        sel,
+        neuron: d.neuron.clone(),
+        axis_neuron: d.axis_neuron,
+        resnet_dt: d.resnet_dt,
+        type_one_side: d.type_one_side,
+        env_protection: d.env_protection,
+        set_davg_zero: d.set_davg_zero,
+        list: vec![],
     }
 }
 
@@ -503,6 +519,20 @@ fn log_model(model: &Model, precision: Precision) {
         }
         DescriptorType::SeE2R => format!(" type_one_side {}", d.type_one_side),
         DescriptorType::SeE3 => String::new(),
+        DescriptorType::Hybrid => {
+            let parts: Vec<String> = (d.list.iter())
+                .map(|p| {
+                    format!(
+                        "{} sel {:?} rcut {} neuron {:?}",
+                        p.kind.as_str(),
+                        p.sel,
+                        p.rcut,
+                        p.neuron
+                    )
+                })
+                .collect();
+            format!(" of [{}]", parts.join("; "))
+        }
     };
     tracing::info!(
         "model: {} sel {:?} rcut {} neuron {:?}{keys}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",

@@ -212,15 +212,18 @@ pub fn load_training_with_stats(
 enum FrameStat {
     /// Neighbour counts only: the largest count per type and the smallest pair distance.
     Counts(Vec<usize>, f64),
-    /// A statistics frame's environment rows (with its counts).
-    Rows(FrameRows),
+    /// A statistics frame's environment rows (with its counts), one set per part of the
+    /// descriptor (a hybrid's sub-descriptors each on its own rcut and sel, as DeePMD-kit's
+    /// `compute_input_stats` of each does); the counts are those of the part of the largest
+    /// rcut, the descriptor's.
+    Rows(Vec<FrameRows>, usize),
 }
 
 impl FrameStat {
     fn counts(&self) -> (&[usize], f64) {
         match self {
             FrameStat::Counts(c, d) => (c, *d),
-            FrameStat::Rows(r) => (&r.max_count, r.min_dist),
+            FrameStat::Rows(r, k) => (&r[*k].max_count, r[*k].min_dist),
         }
     }
 }
@@ -253,12 +256,19 @@ impl Pass<'_> {
             .map(|&(k, f, rows)| {
                 let sys = &systems[k].0;
                 match self.stat {
-                    Some(d) if rows => FrameStat::Rows(frame_rows(
-                        d,
-                        sys.frame_coord(f),
-                        cell_of(sys, f).as_ref(),
-                        &sys.atype,
-                    )),
+                    Some(d) if rows => {
+                        let cell = cell_of(sys, f);
+                        let parts = d.parts();
+                        let widest = (parts.iter()).position(|p| p.rcut == d.rcut).unwrap_or(0);
+                        FrameStat::Rows(
+                            (parts.iter())
+                                .map(|p| {
+                                    frame_rows(p, sys.frame_coord(f), cell.as_ref(), &sys.atype)
+                                })
+                                .collect(),
+                            widest,
+                        )
+                    }
                     _ => {
                         let rcut = self.count.expect("a frame only counted");
                         let (c, m) = frame_counts(sys, f, self.ntypes, rcut);
@@ -287,7 +297,8 @@ struct Sums {
     max_count: Vec<usize>,
     min_dist: f64,
     nframes: usize,
-    env: EnvStats,
+    /// One per part of the descriptor.
+    env: Vec<EnvStats>,
     counts: Vec<Vec<f64>>,
     energy: Vec<f64>,
 }
@@ -298,7 +309,7 @@ impl Sums {
             max_count: vec![0; ntypes],
             min_dist: f64::INFINITY,
             nframes: 0,
-            env: EnvStats::new(ntypes),
+            env: Vec::new(),
             counts: Vec::new(),
             energy: Vec::new(),
         }
@@ -323,10 +334,15 @@ impl Sums {
                     .map(|&n| n as f64)
                     .collect();
                 for &f in &frames {
-                    let Some(FrameStat::Rows(r)) = &per_frame[f] else {
+                    let Some(FrameStat::Rows(r, _)) = &per_frame[f] else {
                         unreachable!("statistics frames have rows");
                     };
-                    self.env.add_rows(r);
+                    if self.env.is_empty() {
+                        self.env = r.iter().map(|_| EnvStats::new(pass.ntypes)).collect();
+                    }
+                    for (env, r) in self.env.iter_mut().zip(r) {
+                        env.add_rows(r);
+                    }
                     self.counts.push(c.clone());
                     self.energy.push(sys.energy[f]);
                 }
@@ -341,10 +357,23 @@ impl Sums {
             nframes: self.nframes,
         });
         let stats = pass.stat.map(|d| {
-            let (davg, mut dstd) = self.env.davg_dstd(d.set_davg_zero);
-            if d.kind == DescriptorType::SeE2R {
-                // Its statistics are of the radial column alone; the others go unused.
-                dstd.chunks_mut(4).for_each(|row| row[1..].fill(1.0));
+            let (mut davg, mut dstd) = (Vec::new(), Vec::new());
+            let mut env = self.env;
+            if env.is_empty() {
+                env = d
+                    .parts()
+                    .iter()
+                    .map(|_| EnvStats::new(pass.ntypes))
+                    .collect();
+            }
+            for (p, env) in d.parts().iter().zip(&env) {
+                let (a, mut s) = env.davg_dstd(p.set_davg_zero);
+                if p.kind == DescriptorType::SeE2R {
+                    // Its statistics are of the radial column alone; the others go unused.
+                    s.chunks_mut(4).for_each(|row| row[1..].fill(1.0));
+                }
+                davg.extend(a);
+                dstd.extend(s);
             }
             let (bias, std) = energy_bias(&self.counts, &self.energy);
             DataStats {

@@ -63,11 +63,12 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
                 },
             })
         };
+        let centre_atom = centre_atoms(dims);
         Ok(Workspace {
             dims: dims.clone(),
-            env: Env::new(b, dims, &zeros, &centre_atoms(dims))?,
+            env: Env::new(b, dims, &zeros, &centre_atom)?,
             labels: [zeros(nf)?, zeros(3 * na)?, zeros(9 * nf)?],
-            descriptor: Descriptor::new(b, m, dims, &zeros)?,
+            descriptor: Descriptor::new(b, m, dims, &zeros, &centre_atom)?,
             fitting: Fitting::new(b, m, dims, &zeros)?,
             e_atom: zeros(nc)?,
             energy: zeros(nf)?,
@@ -154,8 +155,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
 /// Energy, forces and virial of the loaded batch (the forward and first-derivative passes).
 pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
     let d = &w.dims;
-    w.env.forward(b, m, d);
-    w.descriptor.forward(b, m, d, &w.env);
+    w.descriptor.forward(b, m, d, &mut w.env);
     w.fitting.forward(b, m, d, w.descriptor.desc());
     b.energy(d, w.fitting.e_fit(), &m.bias, &mut w.e_atom, &mut w.energy);
     let (dbar, _) = w.fitting.adjoints();
@@ -190,8 +190,7 @@ pub fn gradient<T: Real, B: Backend<T>>(
         &mut w.vres,
         &mut w.sums,
     );
-    w.env.tangent(b, d, &w.fres, &w.vres);
-    w.descriptor.tangent(b, d, &w.env);
+    w.descriptor.tangent(b, d, &mut w.env, &w.fres, &w.vres);
     b.fill(&mut m.grad, T::zero());
     let desc = (w.descriptor.desc(), w.descriptor.ddot());
     w.fitting.dual(b, m, d, desc, &w.ebar);

@@ -72,6 +72,7 @@ pub fn water_descriptor() -> DescriptorSpec {
         type_one_side: true,
         env_protection: 0.0,
         set_davg_zero: false,
+        list: vec![],
     }
 }
 

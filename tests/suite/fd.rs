@@ -103,6 +103,7 @@ pub fn small_model_of(
             type_one_side,
             env_protection: 0.0,
             set_davg_zero: false,
+            list: vec![],
         },
         fitting: FittingSpec {
             neuron: vec![12, 12],
@@ -117,6 +118,35 @@ pub fn small_model_of(
         }
         m.bias[t] = -1.0 - t as f64;
     }
+    m
+}
+
+/// A hybrid of se_e2_a (rcut 4), se_e2_r (rcut 3) and se_e3 (rcut 3.5), each with its own
+/// statistics, on two types.
+pub fn hybrid_model(seed: u64) -> Model {
+    let part = |kind, rcut: f64, sel: Vec<usize>, tos: bool| {
+        let mut d = small_model_of(kind, 2, tos, sel, seed).spec.descriptor;
+        d.rcut = rcut;
+        d
+    };
+    let list = vec![
+        part(DescriptorType::SeE2A, 4.0, vec![30, 30], false),
+        part(DescriptorType::SeE2R, 3.0, vec![14, 16], true),
+        part(DescriptorType::SeE3, 3.5, vec![18, 20], false),
+    ];
+    let mut spec = small_model_of(DescriptorType::SeE2A, 2, false, vec![30, 30], seed).spec;
+    spec.descriptor = DescriptorSpec::hybrid(list);
+    let mut m = Model::new(spec, seed);
+    for k in 0..3 {
+        for t in 0..2 {
+            let at = 8 * k + 4 * t;
+            m.davg[at] = 0.1 + 0.05 * t as f64 + 0.02 * k as f64;
+            for c in 0..4 {
+                m.dstd[at + c] = 0.3 + 0.1 * c as f64 + 0.05 * k as f64;
+            }
+        }
+    }
+    m.bias = vec![-1.0, -2.0];
     m
 }
 
@@ -172,6 +202,15 @@ pub fn cases() -> Vec<(&'static str, Model, Sys)> {
                 &[4, 5],
                 Some([5.0, 0.0, 0.0, 1.2, 5.2, 0.0, -0.9, 0.8, 5.5]),
                 16,
+            ),
+        ),
+        (
+            "hybrid periodic triclinic",
+            hybrid_model(7),
+            random_system(
+                &[4, 5],
+                Some([5.0, 0.0, 0.0, 1.2, 5.2, 0.0, -0.9, 0.8, 5.5]),
+                17,
             ),
         ),
     ]

@@ -97,6 +97,18 @@ macro_rules! backend_suite {
             $crate::suite::descriptors::training_gradients(&$backend, "se_e3_water");
             $crate::suite::descriptors::training_gradients(&$backend, "se_e3_alloy");
         }
+        #[test]
+        $(#[$attr])?
+        fn reference_hybrid_predictions() {
+            $crate::suite::descriptors::predictions(&$backend, "hybrid_water");
+            $crate::suite::descriptors::predictions(&$backend, "hybrid_alloy");
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_hybrid_training_gradients() {
+            $crate::suite::descriptors::training_gradients(&$backend, "hybrid_water");
+            $crate::suite::descriptors::training_gradients(&$backend, "hybrid_alloy");
+        }
     };
     (#[$attr:meta] $backend:expr) => {
         $crate::backend_suite!(@tests [$attr] $backend);

@@ -51,6 +51,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
             type_one_side: d["type_one_side"].as_bool().unwrap(),
             env_protection: 0.0,
             set_davg_zero: false,
+            list: vec![],
         },
         fitting: FittingSpec {
             neuron: usizes(&meta["fitting"]["neuron"]),

@@ -3,18 +3,20 @@
 //! per-centre rows (D, Ḋ, and their adjoints D̄, Ḋ̄: `[ncentres][dim]`) and per-slot vectors
 //! (q = ∂E/∂r_ij) pass, so the step knows no descriptor by name: it calls [`Descriptor`].
 
+mod hybrid;
 mod se_e2_a;
 mod se_e2_r;
 mod se_e3;
 
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
-use crate::model::DescriptorType;
+use crate::model::{DescriptorType, ParamLayout};
 
 use super::env::Env;
 use super::net::Zeros;
-use super::DeviceModel;
+use super::{DescModel, DeviceModel};
 
+use hybrid::Hybrid;
 use se_e2_a::SeE2A;
 use se_e2_r::SeE2R;
 use se_e3::SeE3;
@@ -24,61 +26,110 @@ pub enum Descriptor<T: Real, B: Backend<T>> {
     SeE2A(SeE2A<T, B>),
     SeE2R(SeE2R<T, B>),
     SeE3(SeE3<T, B>),
+    Hybrid(Hybrid<T, B>),
 }
 
-/// Forwards a call to the descriptor's own module.
+/// Forwards a call to the descriptor's own module (a hybrid's are its own, [`Hybrid`]).
 macro_rules! each {
     ($self:expr, $d:ident => $e:expr) => {
         match $self {
             Descriptor::SeE2A($d) => $e,
             Descriptor::SeE2R($d) => $e,
             Descriptor::SeE3($d) => $e,
+            Descriptor::Hybrid(_) => unreachable!("a hybrid's passes are its own"),
         }
     };
 }
 
 impl<T: Real, B: Backend<T>> Descriptor<T, B> {
-    /// The buffers of the model's descriptor for batch shape `d`.
+    /// The buffers of the model's descriptor for batch shape `d`; `centre_atom` is the batch
+    /// atom of every centre.
     pub fn new(
         b: &B,
         m: &DeviceModel<T, B>,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
+        centre_atom: &[i32],
     ) -> Result<Self, OutOfMemory> {
         Ok(match m.kind {
-            DescriptorType::SeE2A => Descriptor::SeE2A(SeE2A::new(b, m, d, zeros)?),
-            DescriptorType::SeE2R => Descriptor::SeE2R(SeE2R::new(b, m, d, zeros)?),
-            DescriptorType::SeE3 => Descriptor::SeE3(SeE3::new(b, m, d, zeros)?),
+            DescriptorType::Hybrid => {
+                Descriptor::Hybrid(Hybrid::new(b, &m.parts, d, zeros, centre_atom)?)
+            }
+            kind => Self::single(b, kind, &m.layout, d, zeros)?,
+        })
+    }
+
+    /// One descriptor that is not a hybrid.
+    fn single(
+        b: &B,
+        kind: DescriptorType,
+        layout: &ParamLayout,
+        d: &Dims,
+        zeros: &Zeros<B::Buf>,
+    ) -> Result<Self, OutOfMemory> {
+        Ok(match kind {
+            DescriptorType::SeE2A => Descriptor::SeE2A(SeE2A::new(b, layout, d, zeros)?),
+            DescriptorType::SeE2R => Descriptor::SeE2R(SeE2R::new(b, layout, d, zeros)?),
+            DescriptorType::SeE3 => Descriptor::SeE3(SeE3::new(b, layout, d, zeros)?),
+            DescriptorType::Hybrid => unreachable!("a hybrid inside hybrid is refused"),
         })
     }
 
     /// D of every centre, `[ncentres][dim]`, after [`Descriptor::forward`].
     pub fn desc(&self) -> &B::Buf {
-        each!(self, x => x.desc())
+        match self {
+            Descriptor::Hybrid(h) => h.desc(),
+            _ => each!(self, x => x.desc()),
+        }
     }
 
     /// Ḋ of every centre, after [`Descriptor::tangent`].
     pub fn ddot(&self) -> &B::Buf {
-        each!(self, x => x.ddot())
+        match self {
+            Descriptor::Hybrid(h) => h.ddot(),
+            _ => each!(self, x => x.ddot()),
+        }
     }
 
     /// Every buffer, in a fixed order.
     pub fn buffers(&self) -> Vec<&B::Buf> {
-        each!(self, x => x.buffers())
+        match self {
+            Descriptor::Hybrid(h) => h.buffers(),
+            _ => each!(self, x => x.buffers()),
+        }
     }
 
-    /// D from the environment.
-    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, env: &Env<T, B>) {
+    /// The environment of the loaded batch (R̂ and its Jacobian), then D from it.
+    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, env: &mut Env<T, B>) {
+        match self {
+            Descriptor::Hybrid(h) => h.forward(b, &m.views(), d, env),
+            _ => self.forward_one(b, &m.views()[0], d, env),
+        }
+    }
+
+    fn forward_one(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &mut Env<T, B>) {
+        env.forward(b, m, d);
         each!(self, x => x.forward(b, m, d, env))
     }
 
     /// q = ∂E/∂r_ij of every slot from D̄ = ∂E/∂D.
     pub fn backward(&mut self, b: &B, d: &Dims, env: &Env<T, B>, dbar: &B::Buf, q: &mut B::Buf) {
-        each!(self, x => x.backward(b, d, env, dbar, q))
+        match self {
+            Descriptor::Hybrid(h) => h.backward(b, d, dbar, q),
+            _ => each!(self, x => x.backward(b, d, env, dbar, q)),
+        }
     }
 
-    /// Ḋ from the environment's tangent Ṙ, ṡ.
-    pub fn tangent(&mut self, b: &B, d: &Dims, env: &Env<T, B>) {
+    /// The environment's tangent Ṙ, ṡ from the loss residuals ∂L/∂F, ∂L/∂W, then Ḋ from it.
+    pub fn tangent(&mut self, b: &B, d: &Dims, env: &mut Env<T, B>, fres: &B::Buf, vres: &B::Buf) {
+        match self {
+            Descriptor::Hybrid(h) => h.tangent(b, d, fres, vres),
+            _ => self.tangent_one(b, d, env, fres, vres),
+        }
+    }
+
+    fn tangent_one(&mut self, b: &B, d: &Dims, env: &mut Env<T, B>, fres: &B::Buf, vres: &B::Buf) {
+        env.tangent(b, d, fres, vres);
         each!(self, x => x.tangent(b, d, env))
     }
 
@@ -91,6 +142,22 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         env: &Env<T, B>,
         adjoints: (&B::Buf, &B::Buf),
     ) {
-        each!(self, x => x.dual(b, m, d, env, adjoints))
+        let (views, grad) = m.views_grad();
+        match self {
+            Descriptor::Hybrid(h) => h.dual(b, &views, grad, d, adjoints),
+            _ => self.dual_one(b, &views[0], grad, d, env, adjoints),
+        }
+    }
+
+    fn dual_one(
+        &mut self,
+        b: &B,
+        m: &DescModel<'_, T, B>,
+        grad: &mut B::Buf,
+        d: &Dims,
+        env: &Env<T, B>,
+        adjoints: (&B::Buf, &B::Buf),
+    ) {
+        each!(self, x => x.dual(b, m, grad, d, env, adjoints))
     }
 }

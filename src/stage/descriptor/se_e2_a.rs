@@ -3,10 +3,11 @@
 use crate::backend::{Backend, ContractDual, Dims, Real};
 use crate::mem::OutOfMemory;
 
-use super::super::embed::{Embed, Nets};
+use super::super::embed::Embed;
 use super::super::env::Env;
 use super::super::net::Zeros;
-use super::super::DeviceModel;
+use super::super::DescModel;
+use crate::model::ParamLayout;
 
 pub struct SeE2A<T: Real, B: Backend<T>> {
     embed: Embed<B::Buf>,
@@ -24,7 +25,7 @@ pub struct SeE2A<T: Real, B: Backend<T>> {
 impl<T: Real, B: Backend<T>> SeE2A<T, B> {
     pub fn new(
         b: &B,
-        m: &DeviceModel<T, B>,
+        layout: &ParamLayout,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {
@@ -35,7 +36,7 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
             m1 * ns
         };
         Ok(SeE2A {
-            embed: Embed::new(b, &m.layout, d, zeros)?,
+            embed: Embed::new(b, layout, d, zeros)?,
             a: zeros(4 * m1 * nc)?,
             abar: zeros(4 * m1 * nc)?,
             adot: zeros(4 * m1 * nc)?,
@@ -68,7 +69,7 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
         v
     }
 
-    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, env: &Env<T, B>) {
+    pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         self.embed.forward(b, m, d, env);
         let (g, _) = self.embed.g_gp();
         b.contract_forward(d, g, &env.rhat, &mut self.a, &mut self.desc);
@@ -97,7 +98,8 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
     pub fn dual(
         &mut self,
         b: &B,
-        m: &mut DeviceModel<T, B>,
+        m: &DescModel<'_, T, B>,
+        grad: &mut B::Buf,
         d: &Dims,
         env: &Env<T, B>,
         (dbar, ddotbar): (&B::Buf, &B::Buf),
@@ -110,35 +112,23 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
             rhat: &env.rhat,
             rdot: &env.rdot,
         };
-        let nets = Nets {
-            layout: &m.layout,
-            type_one_side: m.type_one_side,
-        };
+        let nets = m.nets();
         match &mut self.embed {
             Embed::Fused { .. } => b.contract_embed_dual(
                 d,
                 &nets.all(d),
-                &m.params,
+                m.params,
                 &env.s,
                 &env.owner,
                 &env.sdot,
                 contract,
                 &mut self.gbar,
                 &mut self.gdotbar,
-                &mut m.grad,
+                grad,
             ),
             embed => {
                 contract.run(b, d, &mut self.gbar, &mut self.gdotbar);
-                embed.dual(
-                    b,
-                    &m.params,
-                    &mut m.grad,
-                    &nets,
-                    d,
-                    env,
-                    &self.gbar,
-                    &self.gdotbar,
-                );
+                embed.dual(b, m.params, grad, &nets, d, env, &self.gbar, &self.gdotbar);
             }
         }
     }

@@ -4,10 +4,11 @@
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
 
-use super::super::embed::{Embed, Nets};
+use super::super::embed::Embed;
 use super::super::env::Env;
 use super::super::net::Zeros;
-use super::super::DeviceModel;
+use super::super::DescModel;
+use crate::model::ParamLayout;
 
 pub struct SeE2R<T: Real, B: Backend<T>> {
     embed: Embed<B::Buf>,
@@ -22,13 +23,13 @@ pub struct SeE2R<T: Real, B: Backend<T>> {
 impl<T: Real, B: Backend<T>> SeE2R<T, B> {
     pub fn new(
         b: &B,
-        m: &DeviceModel<T, B>,
+        layout: &ParamLayout,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {
         let (ns, nc, m1) = (d.nslots(), d.ncentres(), d.m1);
         Ok(SeE2R {
-            embed: Embed::new(b, &m.layout, d, zeros)?,
+            embed: Embed::new(b, layout, d, zeros)?,
             desc: zeros(m1 * nc)?,
             ddot: zeros(m1 * nc)?,
             gbar: zeros(m1 * ns)?,
@@ -50,7 +51,7 @@ impl<T: Real, B: Backend<T>> SeE2R<T, B> {
         v
     }
 
-    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, env: &Env<T, B>) {
+    pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         self.embed.forward(b, m, d, env);
         let (g, _) = self.embed.g_gp();
         b.radial_forward(d, g, &mut self.desc);
@@ -69,25 +70,15 @@ impl<T: Real, B: Backend<T>> SeE2R<T, B> {
     pub fn dual(
         &mut self,
         b: &B,
-        m: &mut DeviceModel<T, B>,
+        m: &DescModel<'_, T, B>,
+        grad: &mut B::Buf,
         d: &Dims,
         env: &Env<T, B>,
         (dbar, ddotbar): (&B::Buf, &B::Buf),
     ) {
         b.radial_dual(d, dbar, ddotbar, &mut self.gbar, &mut self.gdotbar);
-        let nets = Nets {
-            layout: &m.layout,
-            type_one_side: m.type_one_side,
-        };
-        self.embed.dual(
-            b,
-            &m.params,
-            &mut m.grad,
-            &nets,
-            d,
-            env,
-            &self.gbar,
-            &self.gdotbar,
-        );
+        let nets = m.nets();
+        self.embed
+            .dual(b, m.params, grad, &nets, d, env, &self.gbar, &self.gdotbar);
     }
 }

@@ -10,7 +10,8 @@ use crate::mem::OutOfMemory;
 
 use super::super::env::Env;
 use super::super::net::{net_dual_backward, net_forward, NetCache, NetDual, Zeros};
-use super::super::DeviceModel;
+use super::super::DescModel;
+use crate::model::ParamLayout;
 
 pub struct SeE3<T: Real, B: Backend<T>> {
     pairs: Pairs,
@@ -31,7 +32,7 @@ pub struct SeE3<T: Real, B: Backend<T>> {
 impl<T: Real, B: Backend<T>> SeE3<T, B> {
     pub fn new(
         b: &B,
-        m: &DeviceModel<T, B>,
+        layout: &ParamLayout,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {
@@ -41,7 +42,7 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
             e: zeros(np)?,
             edot: zeros(np)?,
             ones: b.upload(&vec![T::one(); np]),
-            nets: NetCache::new(zeros, &m.layout.embed[0], np)?,
+            nets: NetCache::new(zeros, &layout.embed[0], np)?,
             desc: zeros(m1 * nc)?,
             ddot: zeros(m1 * nc)?,
             gbar: zeros(m1 * np)?,
@@ -72,14 +73,14 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
         v
     }
 
-    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, env: &Env<T, B>) {
+    pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         b.angle_values(d, &env.rhat, &mut self.e);
         for (p, net) in m.layout.embed.iter().enumerate() {
             for tc in 0..d.ntypes {
                 let rows = self.pairs.block(tc, p);
                 net_forward(
                     b,
-                    &m.params,
+                    m.params,
                     net,
                     rows,
                     &mut self.nets,
@@ -105,7 +106,8 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
     pub fn dual(
         &mut self,
         b: &B,
-        m: &mut DeviceModel<T, B>,
+        m: &DescModel<'_, T, B>,
+        grad: &mut B::Buf,
         d: &Dims,
         _env: &Env<T, B>,
         (dbar, ddotbar): (&B::Buf, &B::Buf),
@@ -128,7 +130,7 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
                     input_adjoint: false,
                 };
                 let rows = self.pairs.block(tc, p);
-                net_dual_backward(b, &m.params, &mut m.grad, net, rows, &mut self.nets, dual);
+                net_dual_backward(b, m.params, grad, net, rows, &mut self.nets, dual);
             }
         }
     }
