@@ -202,6 +202,9 @@ pub trait Backend<T: Real>: Sync {
     fn replayable(&self, f: &mut dyn FnMut()) {
         f()
     }
+    /// Returns when every op issued so far has finished (GPU backends only queue them), so
+    /// that the wall time around a step or an op is its time.
+    fn wait(&self) {}
     /// Gradient clipping on the device: `norm[at]` = ‖grad‖₂ (squares summed in f64 in index
     /// order where the device has f64), and grad ×= max/(‖grad‖ + 1e-6) when that is below 1,
     /// the factor rounded once to T. One op rather than a norm op and a scale op, so the factor

@@ -5,7 +5,7 @@
 //!
 //! Steps are delimited by [`Backend::adam`], the last op of a training step: the calls from the
 //! end of one `adam` to the end of the next are one step's record. Whether a time stamp can be
-//! taken right after a call is the inner backend's business ([`Timeable::wait`]): a GPU backend
+//! taken right after a call is the inner backend's business ([`Backend::wait`]): a GPU backend
 //! queues its ops and must wait for them, the CPU runs them synchronously.
 //!
 //! FLOP counts (a multiply-add is 2) are of the work the algorithm needs, not of what an
@@ -24,9 +24,6 @@ use crate::model::{Layer, Net};
 
 /// What profiling needs from a backend beyond its ops.
 pub trait Timeable<T: Real>: Backend<T> {
-    /// Returns when every op issued so far has finished, so that the wall time around a call is
-    /// that op's time.
-    fn wait(&self);
     /// The number of real (non-padded, `owner >= 0`) slots, for the FLOP counts of the
     /// embedding ops. Called outside the timed spans.
     fn count_real(&self, owner: &Self::Idx) -> usize;
@@ -40,7 +37,6 @@ pub trait Timeable<T: Real>: Backend<T> {
 }
 
 impl<T: Real> Timeable<T> for super::cpu::Cpu {
-    fn wait(&self) {}
     fn count_real(&self, owner: &Vec<i32>) -> usize {
         owner.iter().filter(|&&o| o >= 0).count()
     }
@@ -370,6 +366,9 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
     fn replayable(&self, f: &mut dyn FnMut()) {
         // Not the inner backend's: a graph would hide the per-op times measured here.
         f()
+    }
+    fn wait(&self) {
+        self.inner.wait()
     }
     fn clip_grad_norm(&self, grad: &mut Self::Buf, max: f64, norm: &mut Self::Buf, at: usize) {
         // A square and an add per value, then a multiply.

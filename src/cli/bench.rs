@@ -75,6 +75,8 @@ pub fn run_bench(args: BenchArgs, t0: Instant) -> Result<serde_json::Value> {
         if args.float32 {
             setup.precision = Precision::F32;
         }
+        // A GPU backend only queues a step: without this the times would be the host's.
+        setup.wait_each_step = true;
         let precision = setup.precision;
         let job = TrainJob { setup };
         let (report, profile) = if args.profile {

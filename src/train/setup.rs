@@ -60,6 +60,9 @@ pub struct TrainSetup {
     pub t0: Instant,
     /// The output folders, held for the whole run (`None` where nothing is written to disk).
     pub lock: Option<RunLock>,
+    /// Wait for the device after every step, so that the step times in the report are the
+    /// device's (`dpw bench`); training itself lets the host run ahead.
+    pub wait_each_step: bool,
 }
 
 /// Settings DeePMD-kit accepts that dpw stores but does not implement.
@@ -273,6 +276,7 @@ pub fn prepare_in(
         lock: None,
         progress: None,
         t0,
+        wait_each_step: false,
     })
 }
 

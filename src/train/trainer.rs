@@ -125,6 +125,7 @@ pub fn train<T: Real, B: Backend<T>>(
         progress,
         t0,
         lock: _lock,
+        wait_each_step,
     } = setup;
     if T::NAME != precision.as_str() {
         bail!(
@@ -276,6 +277,9 @@ pub fn train<T: Real, B: Backend<T>>(
     while !run.is_done() {
         let t_step = Instant::now();
         let plan = run.step(b, &mut driver)?;
+        if wait_each_step {
+            b.wait();
+        }
         report.step_s.push(t_step.elapsed().as_secs_f64());
         let done = plan.done;
         if done == start + 1 {

@@ -48,6 +48,11 @@ fn parse(value: Result<String, VarError>) -> Result<bool> {
 /// goes when more are made.
 const MAX_GRAPHS: usize = 8;
 
+/// Graphs stop being made once this many were captured with fewer than CHURN_REPLAYS
+/// replays each on average.
+const CHURN_CAPTURES: u64 = 16;
+const CHURN_REPLAYS: u64 = 4;
+
 /// Arena blocks start at multiples of cudaMalloc's alignment, as separate allocations would.
 const ALIGN: usize = 256;
 
@@ -425,6 +430,17 @@ impl Cuda {
         s.graphs.push((pass.record, Graph(graph)));
         s.captures += 1;
         let (n, replays) = (s.captures, s.replays);
+        // A capture costs more than running the step once: when graphs are not replayed several
+        // times each (many batch shapes, more than MAX_GRAPHS in turn), stop making them.
+        if n >= CHURN_CAPTURES && replays < CHURN_REPLAYS * n {
+            s.broken = true;
+            drop(s);
+            tracing::warn!(
+                "{ENV}: {n} captures for {replays} replays: the step's shapes do not repeat \
+                 enough; training goes on without graphs"
+            );
+            return;
+        }
         drop(s);
         tracing::debug!("{ENV}: capture {n} ({replays} replays so far)");
         // Every new capture past a few means the step's arguments are not repeating.

@@ -851,6 +851,9 @@ impl<T: CudaReal> Backend<T> for Cuda {
         }
     }
 
+    fn wait(&self) {
+        self.synchronize();
+    }
     fn resident_budget(&self) -> usize {
         // As wgpu's (src/backend/wgpu/ops.rs): far below any CUDA GPU's memory.
         1 << 30
@@ -1658,9 +1661,6 @@ impl<T: CudaReal> Backend<T> for Cuda {
 }
 
 impl<T: CudaReal> super::timed::Timeable<T> for Cuda {
-    fn wait(&self) {
-        self.synchronize();
-    }
     fn count_real(&self, owner: &CudaIdx) -> usize {
         owner.host.iter().filter(|&&o| o >= 0).count()
     }

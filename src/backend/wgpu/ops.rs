@@ -259,6 +259,9 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         self.gather_i32(src, dst, spans);
     }
 
+    fn wait(&self) {
+        self.synchronize();
+    }
     fn resident_budget(&self) -> usize {
         // Each resident system is one buffer per array: within the total, within the device's
         // largest buffer too (a browser's WebGPU may allow only 256 MiB).
@@ -904,9 +907,6 @@ impl<T: GpuReal> Backend<T> for Wgpu {
 }
 
 impl<T: GpuReal> crate::backend::timed::Timeable<T> for Wgpu {
-    fn wait(&self) {
-        self.synchronize();
-    }
     fn count_real(&self, owner: &Idx) -> usize {
         owner.host.iter().filter(|&&o| o >= 0).count()
     }
