@@ -22,7 +22,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
     ) -> Result<Self, OutOfMemory> {
         let nc = d.ncentres();
         Ok(Fitting {
-            cache: NetCache::new(zeros, &m.layout.fit[0], nc)?,
+            cache: NetCache::new(zeros, &m.desc.layout.fit[0], nc)?,
             ones_c: b.upload(&vec![T::one(); nc]),
         })
     }
@@ -47,7 +47,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
     /// Nets forward from D, then back to D̄.
     pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, desc: &B::Buf) {
         for t in 0..d.ntypes {
-            let net = &m.layout.fit[t];
+            let net = &m.desc.layout.fit[t];
             let rows = d.centres(t);
             let c = &mut self.cache;
             for (l, layer) in net.layers.iter().enumerate() {
@@ -78,7 +78,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         ebar: &B::Buf,
     ) {
         for t in 0..d.ntypes {
-            let net = &m.layout.fit[t];
+            let net = &m.desc.layout.fit[t];
             let rows = d.centres(t);
             let c = &mut self.cache;
             for (l, layer) in net.layers.iter().enumerate() {

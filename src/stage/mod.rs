@@ -16,13 +16,9 @@ use embed::Nets;
 
 /// Model state on the device: parameters in the backend's precision, statistics, Adam moments.
 pub struct DeviceModel<T: Real, B: Backend<T>> {
-    pub kind: DescriptorType,
-    pub layout: ParamLayout,
-    pub env: EnvParams,
-    pub type_one_side: bool,
+    /// The model's descriptor (for a hybrid, the whole: its layout holds every net).
+    pub desc: DescState<T, B>,
     pub params: B::Buf,
-    pub davg: B::Buf,
-    pub dstd: B::Buf,
     pub bias: B::Buf,
     pub grad: B::Buf,
     pub m: B::Buf,
@@ -31,19 +27,38 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     pub parts: Vec<Part<T, B>>,
 }
 
-/// One sub-descriptor of a hybrid on the device: its nets (offsets into the model's parameter
-/// vector), environment settings and statistics.
-pub struct Part<T: Real, B: Backend<T>> {
+/// One descriptor on the device: its nets (offsets into the model's parameter vector),
+/// environment settings and statistics.
+pub struct DescState<T: Real, B: Backend<T>> {
     pub kind: DescriptorType,
-    /// Its neighbour slots per type, and its D's shape (M1, M2).
-    pub sel: Vec<usize>,
-    pub m1: usize,
-    pub m2: usize,
     pub layout: ParamLayout,
     pub env: EnvParams,
     pub type_one_side: bool,
     pub davg: B::Buf,
     pub dstd: B::Buf,
+}
+
+impl<T: Real, B: Backend<T>> DescState<T, B> {
+    fn view<'a>(&'a self, params: &'a B::Buf) -> DescModel<'a, T, B> {
+        DescModel {
+            kind: self.kind,
+            layout: &self.layout,
+            env: self.env,
+            type_one_side: self.type_one_side,
+            davg: &self.davg,
+            dstd: &self.dstd,
+            params,
+        }
+    }
+}
+
+/// One sub-descriptor of a hybrid on the device, with its neighbour slots per type and its D's
+/// shape (M1, M2).
+pub struct Part<T: Real, B: Backend<T>> {
+    pub state: DescState<T, B>,
+    pub sel: Vec<usize>,
+    pub m1: usize,
+    pub m2: usize,
 }
 
 /// What one descriptor's passes read of the model: its nets and statistics over the model's
@@ -81,19 +96,21 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
         let parts = if d.kind == DescriptorType::Hybrid {
             (d.list.iter().enumerate())
                 .map(|(k, p)| Part {
-                    kind: p.kind,
+                    state: DescState {
+                        kind: p.kind,
+                        layout: layout.part(k),
+                        env: EnvParams {
+                            rcut: p.rcut,
+                            rcut_smth: p.rcut_smth,
+                            protection: p.env_protection,
+                        },
+                        type_one_side: p.type_one_side,
+                        davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
+                        dstd: b.upload(&to_t(&model.dstd[k * nstat..(k + 1) * nstat])),
+                    },
                     sel: p.sel.clone(),
                     m1: p.m1(),
                     m2: p.axis_neuron,
-                    layout: layout.part(k),
-                    env: EnvParams {
-                        rcut: p.rcut,
-                        rcut_smth: p.rcut_smth,
-                        protection: p.env_protection,
-                    },
-                    type_one_side: p.type_one_side,
-                    davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
-                    dstd: b.upload(&to_t(&model.dstd[k * nstat..(k + 1) * nstat])),
                 })
                 .collect()
         } else {
@@ -101,21 +118,23 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
         };
         DeviceModel {
             parts,
-            kind: d.kind,
-            env: EnvParams {
-                rcut: d.rcut,
-                rcut_smth: d.rcut_smth,
-                protection: d.env_protection,
+            desc: DescState {
+                kind: d.kind,
+                env: EnvParams {
+                    rcut: d.rcut,
+                    rcut_smth: d.rcut_smth,
+                    protection: d.env_protection,
+                },
+                type_one_side: d.type_one_side,
+                davg: b.upload(&to_t(&model.davg)),
+                dstd: b.upload(&to_t(&model.dstd)),
+                layout,
             },
-            type_one_side: d.type_one_side,
             params: b.upload(&to_t(&model.params)),
-            davg: b.upload(&to_t(&model.davg)),
-            dstd: b.upload(&to_t(&model.dstd)),
             bias: b.upload(&to_t(&model.bias)),
             grad: b.zeros(n),
             m: b.zeros(n),
             v: b.zeros(n),
-            layout,
         }
     }
 
@@ -128,78 +147,28 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
         b.download(&self.grad).iter().map(|x| x.f64()).collect()
     }
 
-    /// The embedding nets and which serves each block.
-    pub fn nets(&self) -> Nets<'_> {
-        Nets {
-            layout: &self.layout,
-            type_one_side: self.type_one_side,
-        }
-    }
-
     /// What the descriptor's passes read: one view, or one per sub-descriptor of a hybrid.
     pub fn views(&self) -> Vec<DescModel<'_, T, B>> {
-        if self.parts.is_empty() {
-            vec![DescModel {
-                kind: self.kind,
-                layout: &self.layout,
-                env: self.env,
-                type_one_side: self.type_one_side,
-                davg: &self.davg,
-                dstd: &self.dstd,
-                params: &self.params,
-            }]
-        } else {
-            (self.parts.iter())
-                .map(|p| DescModel {
-                    kind: p.kind,
-                    layout: &p.layout,
-                    env: p.env,
-                    type_one_side: p.type_one_side,
-                    davg: &p.davg,
-                    dstd: &p.dstd,
-                    params: &self.params,
-                })
-                .collect()
-        }
+        views_of(&self.desc, &self.parts, &self.params)
     }
 
     /// [`DeviceModel::views`], and the gradient to add to.
     pub fn views_grad(&mut self) -> (Vec<DescModel<'_, T, B>>, &mut B::Buf) {
-        let DeviceModel {
-            kind,
-            layout,
-            env,
-            type_one_side,
-            params,
-            davg,
-            dstd,
-            grad,
-            parts,
-            ..
-        } = self;
-        let v = if parts.is_empty() {
-            vec![DescModel {
-                kind: *kind,
-                layout,
-                env: *env,
-                type_one_side: *type_one_side,
-                davg,
-                dstd,
-                params,
-            }]
-        } else {
-            (parts.iter())
-                .map(|p| DescModel {
-                    kind: p.kind,
-                    layout: &p.layout,
-                    env: p.env,
-                    type_one_side: p.type_one_side,
-                    davg: &p.davg,
-                    dstd: &p.dstd,
-                    params,
-                })
-                .collect()
-        };
-        (v, grad)
+        (
+            views_of(&self.desc, &self.parts, &self.params),
+            &mut self.grad,
+        )
+    }
+}
+
+fn views_of<'a, T: Real, B: Backend<T>>(
+    desc: &'a DescState<T, B>,
+    parts: &'a [Part<T, B>],
+    params: &'a B::Buf,
+) -> Vec<DescModel<'a, T, B>> {
+    if parts.is_empty() {
+        vec![desc.view(params)]
+    } else {
+        parts.iter().map(|p| p.state.view(params)).collect()
     }
 }

@@ -87,7 +87,7 @@ impl<B: Fetch> Session<B> {
     }
 
     pub fn nparams(&self) -> usize {
-        self.run.dm().layout.len
+        self.run.dm().desc.layout.len
     }
 
     pub fn numb_steps(&self) -> usize {

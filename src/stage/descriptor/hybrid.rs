@@ -153,7 +153,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
             }
             subs.push(Sub {
                 env: Env::new(b, &dims, zeros, centre_atom)?,
-                desc: Descriptor::single(b, p.kind, &p.layout, &dims, zeros)?,
+                desc: Descriptor::single(b, p.state.kind, &p.state.layout, &dims, zeros)?,
                 q: zeros(3 * ns)?,
                 dbar: zeros(nc * dk)?,
                 ddotbar: zeros(nc * dk)?,

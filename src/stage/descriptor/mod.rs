@@ -51,11 +51,11 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         zeros: &Zeros<B::Buf>,
         centre_atom: &[i32],
     ) -> Result<Self, OutOfMemory> {
-        Ok(match m.kind {
+        Ok(match m.desc.kind {
             DescriptorType::Hybrid => {
                 Descriptor::Hybrid(Hybrid::new(b, &m.parts, d, zeros, centre_atom)?)
             }
-            kind => Self::single(b, kind, &m.layout, d, zeros)?,
+            kind => Self::single(b, kind, &m.desc.layout, d, zeros)?,
         })
     }
 
