@@ -59,6 +59,49 @@ __device__ __forceinline__ void axis_backward_row(int m1, int m2, const T* __res
   }
 }
 
+// The per-centre sum shared by contract_forward and contract_tangent: rows [M1][4] of `sums` in
+// shared memory are zeroed, then the centre's slots are visited section by section, a tile at a
+// time in slot order: `load(s0, n)` stages slots s0..s0+n (called by the whole block), and
+// `add(i, j, acc)` adds the tile's slot j to row i's running sums acc[4]. Finally each row is
+// scaled by 1/nnei, kept in `sums` and written to `out`'s [4][M1] block of centre c.
+template <typename T, typename Load, typename Add>
+__device__ __forceinline__ void sum_slot_tiles(const Dims& d, int c, T* sums, T* __restrict__ out,
+                                               Load load, Add add) {
+  int m1 = d.m1(), ti = d.centre_type(c);
+  T inv = T(1.0 / (double)d.nnei());
+  // Rows of sums are only ever touched by the thread that owns them until the last barrier.
+  for (int i = threadIdx.x; i < m1; i += blockDim.x)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sums[4 * i + k] = T(0);
+  for (int tj = 0; tj < d.ntypes(); ++tj) {
+    i64 first = d.first_slot(ti, c, tj);
+    int sel = d.sel(tj);
+    for (int base = 0; base < sel; base += CONTRACT_TILE) {
+      int n = min(CONTRACT_TILE, sel - base);
+      __syncthreads();  // the last tile is read
+      load(first + base, n);
+      __syncthreads();
+      for (int i = threadIdx.x; i < m1; i += blockDim.x) {
+        T acc[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[k] = sums[4 * i + k];
+        for (int j = 0; j < n; ++j) add(i, j, acc);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sums[4 * i + k] = acc[k];
+      }
+    }
+  }
+  for (int i = threadIdx.x; i < m1; i += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      T v = sums[4 * i + k] * inv;
+      sums[4 * i + k] = v;
+      out[(i64)c * 4 * m1 + k * m1 + i] = v;
+    }
+  }
+  __syncthreads();
+}
+
 // A_c and D_c. Shared memory: A [M1][4] (the running sums, then A), then a tile of slots:
 // G [CONTRACT_TILE][M1], R̂ [CONTRACT_TILE][4].
 #define CONTRACT_FORWARD_PARAMS(T)                                                        \
@@ -68,49 +111,21 @@ __device__ __forceinline__ void axis_backward_row(int m1, int m2, const T* __res
 template <typename T>
 __device__ void contract_forward CONTRACT_FORWARD_PARAMS(T) {
   Dims d(dims);
-  int c = blockIdx.x, m1 = d.m1(), m2 = d.m2(), ti = d.centre_type(c);
-  T inv = T(1.0 / (double)d.nnei());
+  int c = blockIdx.x, m1 = d.m1(), m2 = d.m2();
   T* sa = shared_buffer<T>();
   T* sg = sa + 4 * m1;
   T* sr = sg + CONTRACT_TILE * m1;
-  // Rows of sa are only ever touched by the thread that owns them until the last barrier.
-  for (int i = threadIdx.x; i < m1; i += blockDim.x)
+  sum_slot_tiles(
+      d, c, sa, a_out,
+      [&](i64 s0, int n) {
+        load_tile(sg, g + s0 * m1, n * m1);
+        load_tile(sr, rhat + 4 * s0, 4 * n);
+      },
+      [&](int i, int j, T acc[4]) {
+        T gv = sg[j * m1 + i];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) sa[4 * i + k] = T(0);
-  // The centre's slots, section by section, in slot order.
-  for (int tj = 0; tj < d.ntypes(); ++tj) {
-    i64 first = d.first_slot(ti, c, tj);
-    int sel = d.sel(tj);
-    for (int base = 0; base < sel; base += CONTRACT_TILE) {
-      int n = min(CONTRACT_TILE, sel - base);
-      i64 s0 = first + base;
-      __syncthreads();  // the last tile is read
-      load_tile(sg, g + s0 * m1, n * m1);
-      load_tile(sr, rhat + 4 * s0, 4 * n);
-      __syncthreads();
-      for (int i = threadIdx.x; i < m1; i += blockDim.x) {
-        T acc[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc[k] = sa[4 * i + k];
-        for (int j = 0; j < n; ++j) {
-          T gv = sg[j * m1 + i];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) acc[k] += gv * sr[4 * j + k];
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) sa[4 * i + k] = acc[k];
-      }
-    }
-  }
-  for (int i = threadIdx.x; i < m1; i += blockDim.x) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      T v = sa[4 * i + k] * inv;
-      sa[4 * i + k] = v;
-      a_out[(i64)c * 4 * m1 + k * m1 + i] = v;
-    }
-  }
-  __syncthreads();
+        for (int k = 0; k < 4; ++k) acc[k] += gv * sr[4 * j + k];
+      });
   for (int e = threadIdx.x; e < m1 * m2; e += blockDim.x)
     desc[(i64)c * m1 * m2 + e] = outer_entry(sa, sa, e / m2, e % m2);
 }
@@ -208,8 +223,7 @@ DPW_INSTANTIATE(slot_backward, SLOT_BACKWARD_PARAMS, (dims, abar, g, gp, rhat, j
 template <typename T>
 __device__ void contract_tangent CONTRACT_TANGENT_PARAMS(T) {
   Dims d(dims);
-  int c = blockIdx.x, m1 = d.m1(), m2 = d.m2(), ti = d.centre_type(c);
-  T inv = T(1.0 / (double)d.nnei());
+  int c = blockIdx.x, m1 = d.m1(), m2 = d.m2();
   T* sad = shared_buffer<T>();
   T* sa = sad + 4 * m1;
   T* sg = sa + 4 * m1;
@@ -217,47 +231,21 @@ __device__ void contract_tangent CONTRACT_TANGENT_PARAMS(T) {
   T* srh = sgp + CONTRACT_TILE * m1;
   T* srd = srh + 4 * CONTRACT_TILE;
   load_rows(sa, a + (i64)c * 4 * m1, m1);
-  // Rows of sad are only ever touched by the thread that owns them until the last barrier.
-  for (int i = threadIdx.x; i < m1; i += blockDim.x)
+  sum_slot_tiles(
+      d, c, sad, adot,
+      [&](i64 s0, int n) {
+        load_tile(sg, g + s0 * m1, n * m1);
+        load_tile(sgp, gp + s0 * m1, n * m1);
+        load_tile(srh, rhat + 4 * s0, 4 * n);
+        load_tile(srd, rdot + 4 * s0, 4 * n);
+      },
+      [&](int i, int j, T acc[4]) {
+        T sdot = srd[4 * j];
+        T gv = sg[j * m1 + i];
+        T gd = sgp[j * m1 + i] * sdot;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) sad[4 * i + k] = T(0);
-  for (int tj = 0; tj < d.ntypes(); ++tj) {
-    i64 first = d.first_slot(ti, c, tj);
-    int sel = d.sel(tj);
-    for (int base = 0; base < sel; base += CONTRACT_TILE) {
-      int n = min(CONTRACT_TILE, sel - base);
-      i64 s0 = first + base;
-      __syncthreads();  // the last tile is read
-      load_tile(sg, g + s0 * m1, n * m1);
-      load_tile(sgp, gp + s0 * m1, n * m1);
-      load_tile(srh, rhat + 4 * s0, 4 * n);
-      load_tile(srd, rdot + 4 * s0, 4 * n);
-      __syncthreads();
-      for (int i = threadIdx.x; i < m1; i += blockDim.x) {
-        T acc[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc[k] = sad[4 * i + k];
-        for (int j = 0; j < n; ++j) {
-          T sdot = srd[4 * j];
-          T gv = sg[j * m1 + i];
-          T gd = sgp[j * m1 + i] * sdot;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) acc[k] += gd * srh[4 * j + k] + gv * srd[4 * j + k];
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) sad[4 * i + k] = acc[k];
-      }
-    }
-  }
-  for (int i = threadIdx.x; i < m1; i += blockDim.x) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      T v = sad[4 * i + k] * inv;
-      sad[4 * i + k] = v;
-      adot[(i64)c * 4 * m1 + k * m1 + i] = v;
-    }
-  }
-  __syncthreads();
+        for (int k = 0; k < 4; ++k) acc[k] += gd * srh[4 * j + k] + gv * srd[4 * j + k];
+      });
   for (int e = threadIdx.x; e < m1 * m2; e += blockDim.x) {
     int i = e / m2, b = e % m2;
     T v = T(0) + outer_entry(sad, sa, i, b);
