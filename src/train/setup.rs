@@ -515,41 +515,41 @@ fn log_model(model: &Model, precision: Precision) {
         .flat_map(|n| &n.layers)
         .map(|l| l.nin * l.nout + l.nout * (1 + usize::from(l.idt.is_some())))
         .sum();
-    let d = &spec.descriptor;
-    // Only the keys the descriptor has: se_e3 has neither axis_neuron nor type_one_side.
-    let keys = match d.kind {
-        DescriptorType::SeE2A => {
-            format!(" axis {} type_one_side {}", d.axis_neuron, d.type_one_side)
-        }
-        DescriptorType::SeE2R => format!(" type_one_side {}", d.type_one_side),
-        DescriptorType::SeE3 => String::new(),
-        DescriptorType::Hybrid => {
-            let parts: Vec<String> = (d.list.iter())
-                .map(|p| {
-                    format!(
-                        "{} sel {:?} rcut {} neuron {:?}",
-                        p.kind.as_str(),
-                        p.sel,
-                        p.rcut,
-                        p.neuron
-                    )
-                })
-                .collect();
-            format!(" of [{}]", parts.join("; "))
-        }
-    };
     tracing::info!(
-        "model: {} sel {:?} rcut {} neuron {:?}{keys}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
-        d.kind.as_str(),
-        d.sel,
-        d.rcut,
-        d.neuron,
+        "model: {}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
+        describe(&spec.descriptor),
         spec.fitting.neuron,
         layout.len,
         nembed,
         layout.len - nembed,
         precision.as_str()
     );
+}
+
+/// A descriptor's keys for the log: only those it has (se_e3 has neither axis_neuron nor
+/// type_one_side; a hybrid only its list).
+fn describe(d: &DescriptorSpec) -> String {
+    let head = format!(
+        "{} sel {:?} rcut {} neuron {:?}",
+        d.kind.as_str(),
+        d.sel,
+        d.rcut,
+        d.neuron
+    );
+    match d.kind {
+        DescriptorType::SeE2A => {
+            format!(
+                "{head} axis {} type_one_side {}",
+                d.axis_neuron, d.type_one_side
+            )
+        }
+        DescriptorType::SeE2R => format!("{head} type_one_side {}", d.type_one_side),
+        DescriptorType::SeE3 => head,
+        DescriptorType::Hybrid => {
+            let parts: Vec<String> = d.list.iter().map(describe).collect();
+            format!("hybrid of [{}]", parts.join("; "))
+        }
+    }
 }
 
 fn log_schedule(schedule: &LrSchedule, cfg: &Config) {
