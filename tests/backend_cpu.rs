@@ -5,6 +5,14 @@ mod suite;
 
 mod fused {
     crate::backend_suite!(dpw::backend::cpu::Cpu { fused: true });
+
+    /// The suite's `fd_loss_gradient` moves a net's tensors together; here every tensor on its
+    /// own, as the reference backend can afford.
+    #[test]
+    fn fd_loss_gradient_per_tensor() {
+        use crate::suite::fd::{loss_gradient_along, Directions};
+        loss_gradient_along(&dpw::backend::cpu::Cpu::default(), Directions::PerTensor);
+    }
 }
 
 mod layered {
