@@ -6,6 +6,12 @@
 //! `rij[3]`; per centre `desc[M1][M2]` and the A-shaped buffers (`a`, `abar`, `adot`: 4·M1
 //! values each, laid out as the backend's contraction ops like, since only they read them). Dense-layer ops work on a row range of
 //! row-major matrices, so one call serves the atoms of one type or the slots of one block.
+//!
+//! The compute ops are declared in one table, `ops.rs`, from which the trait's methods and the
+//! profiler's forwarders ([`timed::Timed`]) are made.
+
+#[macro_use]
+mod ops;
 
 pub mod counts;
 pub mod cpu;
@@ -143,6 +149,9 @@ impl<Buf> ContractDual<'_, Buf> {
     }
 }
 
+// The ops take the buffers they read and write one by one: a struct per op would be a second
+// place that spells its arguments out.
+#[allow(clippy::too_many_arguments)]
 pub trait Backend<T: Real>: Sync {
     /// A device vector of T.
     type Buf: Send + Sync;
@@ -205,83 +214,9 @@ pub trait Backend<T: Real>: Sync {
     /// Returns when every op issued so far has finished (GPU backends only queue them), so
     /// that the wall time around a step or an op is its time.
     fn wait(&self) {}
-    /// Gradient clipping on the device: `norm[at]` = ‖grad‖₂ (squares summed in f64 in index
-    /// order where the device has f64), and grad ×= max/(‖grad‖ + 1e-6) when that is below 1,
-    /// the factor rounded once to T. One op rather than a norm op and a scale op, so the factor
-    /// comes from the norm in f64, not from its rounding to T.
-    fn clip_grad_norm(&self, grad: &mut Self::Buf, max: f64, norm: &mut Self::Buf, at: usize);
 
-    /// R̂, ∂R̂/∂r_ij and s = R̂[0] of every slot; padded slots (owner < 0) get R = 0, J = 0.
-    #[allow(clippy::too_many_arguments)]
-    fn env_mat(
-        &self,
-        d: &Dims,
-        env: EnvParams,
-        rij: &Self::Buf,
-        owner: &Self::Idx,
-        davg: &Self::Buf,
-        dstd: &Self::Buf,
-        rhat: &mut Self::Buf,
-        jac: &mut Self::Buf,
-        s: &mut Self::Buf,
-    );
-
-    /// One dense layer forward on `rows`: z = xW + b, h = tanh(z) (z if linear),
-    /// y = h·idt + skip(x).
-    fn dense_forward(
-        &self,
-        layer: &Layer,
-        params: &Self::Buf,
-        rows: Range<usize>,
-        x: &Self::Buf,
-        h: &mut Self::Buf,
-        y: &mut Self::Buf,
-    );
-
-    /// Input gradient of one layer from its output h = tanh(z) (or z):
-    /// x̄ = (φ'(z)⊙(ȳ·idt))Wᵀ + skipᵀ(ȳ).
-    fn dense_backward(
-        &self,
-        layer: &Layer,
-        params: &Self::Buf,
-        rows: Range<usize>,
-        h: &Self::Buf,
-        ybar: &Self::Buf,
-        xbar: &mut Self::Buf,
-    );
-
-    /// Forward tangent: ż = ẋW, ẏ = φ'(z)⊙ż·idt + skip(ẋ).
-    #[allow(clippy::too_many_arguments)]
-    fn dense_tangent(
-        &self,
-        layer: &Layer,
-        params: &Self::Buf,
-        rows: Range<usize>,
-        h: &Self::Buf,
-        xdot: &Self::Buf,
-        zdot: &mut Self::Buf,
-        ydot: &mut Self::Buf,
-    );
-
-    /// Reverse pass on (value, tangent) pairs (docs/design.md §3.2, "dual reverse"): accumulates W̄, b̄,
-    /// īdt into `grad` at the layer's offsets and, when asked, writes x̄ and ẋ̄. When `scale` is
-    /// given, the stored tangents ẋ, ż of row r are multiplied by `scale[r]` (the embedding
-    /// net stores its tangents for a unit input tangent).
-    #[allow(clippy::too_many_arguments)]
-    fn dense_dual_backward(
-        &self,
-        layer: &Layer,
-        params: &Self::Buf,
-        rows: Range<usize>,
-        io: DenseIo<Self::Buf>,
-        xdot: &Self::Buf,
-        zdot: &Self::Buf,
-        scale: Option<&Self::Buf>,
-        ybar: &Self::Buf,
-        ydotbar: &Self::Buf,
-        grad: &mut Self::Buf,
-        xbar: Option<(&mut Self::Buf, &mut Self::Buf)>,
-    );
+    // The compute ops: src/backend/ops.rs.
+    compute_ops!(declare_ops);
 
     /// Whether this backend runs the embedding nets fused ([`Backend::embed_forward`] and
     /// [`Backend::embed_dual_backward`]); otherwise the step runs the per-layer dense ops and
@@ -290,274 +225,9 @@ pub trait Backend<T: Real>: Sync {
         false
     }
 
-    /// Every embedding net at once (`nets[ti·ntypes + tj]` serves block (ti, tj)): G and
-    /// G' = dG/ds of every slot, `[nslots][M1]`, from s. Called only when
-    /// [`Backend::fused_embedding`] is true.
-    #[allow(clippy::too_many_arguments)]
-    fn embed_forward(
-        &self,
-        _d: &Dims,
-        _nets: &[&Net],
-        _params: &Self::Buf,
-        _s: &Self::Buf,
-        _owner: &Self::Idx,
-        _g: &mut Self::Buf,
-        _gp: &mut Self::Buf,
-    ) {
-        unreachable!("embed_forward is only called when fused_embedding() is true")
-    }
-
-    /// The dual reverse of every embedding net from (Ḡ, Ġ̄) with input tangent ṡ, accumulated
-    /// into `grad`. Called only when [`Backend::fused_embedding`] is true.
-    #[allow(clippy::too_many_arguments)]
-    fn embed_dual_backward(
-        &self,
-        _d: &Dims,
-        _nets: &[&Net],
-        _params: &Self::Buf,
-        _s: &Self::Buf,
-        _owner: &Self::Idx,
-        _sdot: &Self::Buf,
-        _gbar: &Self::Buf,
-        _gdotbar: &Self::Buf,
-        _grad: &mut Self::Buf,
-    ) {
-        unreachable!("embed_dual_backward is only called when fused_embedding() is true")
-    }
-
-    /// The fused stage of the dual reverse below the descriptor: [`Backend::contract_dual`]
-    /// then [`Backend::embed_dual_backward`] (the default, the layered stages). A backend that
-    /// overrides it makes each slot's Ḡ, Ġ̄ where its embedding dual reads them and need not
-    /// write `gbar`, `gdotbar` (they are then scratch: see [`Backend::fuses_contract_dual`]).
-    /// Called only when [`Backend::fused_embedding`] is true.
-    #[allow(clippy::too_many_arguments)]
-    fn contract_embed_dual(
-        &self,
-        d: &Dims,
-        nets: &[&Net],
-        params: &Self::Buf,
-        s: &Self::Buf,
-        owner: &Self::Idx,
-        sdot: &Self::Buf,
-        contract: ContractDual<Self::Buf>,
-        gbar: &mut Self::Buf,
-        gdotbar: &mut Self::Buf,
-        grad: &mut Self::Buf,
-    ) {
-        contract.run(self, d, gbar, gdotbar);
-        self.embed_dual_backward(d, nets, params, s, owner, sdot, gbar, gdotbar, grad);
-    }
-
     /// Whether [`Backend::contract_embed_dual`] is overridden so that it never writes Ḡ, Ġ̄:
     /// the step then gives it empty buffers for them.
     fn fuses_contract_dual(&self) -> bool {
         false
     }
-
-    /// A_c = (1/nnei) Σ_slots G ⊗ R̂ and D_c = A_c A_c<ᵀ. A-shaped buffers (A, Ā, Ȧ) are
-    /// `[nc][4][M1]` on every backend, D-shaped ones `[nc][M1][M2]`, so that each op's outputs
-    /// can be compared across backends.
-    fn contract_forward(
-        &self,
-        d: &Dims,
-        g: &Self::Buf,
-        rhat: &Self::Buf,
-        a: &mut Self::Buf,
-        desc: &mut Self::Buf,
-    );
-
-    /// Ā = D̄ A< + [D̄ᵀ A] in the first M2 rows.
-    fn contract_backward(&self, d: &Dims, a: &Self::Buf, dbar: &Self::Buf, abar: &mut Self::Buf);
-
-    /// Per slot: R̄ = (1/nnei)(Āᵀ G) + e₀ (1/nnei)(G'·Ā R̂), q = Jᵀ R̄ = ∂E/∂r_ij.
-    #[allow(clippy::too_many_arguments)]
-    fn slot_backward(
-        &self,
-        d: &Dims,
-        abar: &Self::Buf,
-        g: &Self::Buf,
-        gp: &Self::Buf,
-        rhat: &Self::Buf,
-        jac: &Self::Buf,
-        q: &mut Self::Buf,
-    );
-
-    /// Tangent of the contraction: Ȧ = (1/nnei) Σ (G'ṡ ⊗ R̂ + G ⊗ Ṙ), Ḋ = Ȧ A<ᵀ + A Ȧ<ᵀ.
-    #[allow(clippy::too_many_arguments)]
-    fn contract_tangent(
-        &self,
-        d: &Dims,
-        g: &Self::Buf,
-        gp: &Self::Buf,
-        rhat: &Self::Buf,
-        rdot: &Self::Buf,
-        a: &Self::Buf,
-        adot: &mut Self::Buf,
-        ddot: &mut Self::Buf,
-    );
-
-    /// Dual reverse of the contraction down to the slots: Ḡ and Ġ̄ per slot.
-    #[allow(clippy::too_many_arguments)]
-    fn contract_dual(
-        &self,
-        d: &Dims,
-        a: &Self::Buf,
-        adot: &Self::Buf,
-        dbar: &Self::Buf,
-        ddotbar: &Self::Buf,
-        rhat: &Self::Buf,
-        rdot: &Self::Buf,
-        gbar: &mut Self::Buf,
-        gdotbar: &mut Self::Buf,
-    );
-
-    /// se_e2_r's descriptor: D_c = k Σ_{slots of c} G_s, `[nc][M1]`, k = [`radial_scale`].
-    fn radial_forward(&self, d: &Dims, g: &Self::Buf, desc: &mut Self::Buf);
-
-    /// Its tangent: Ḋ_c = k Σ_s G'_s ṡ_s.
-    fn radial_tangent(&self, d: &Dims, gp: &Self::Buf, sdot: &Self::Buf, ddot: &mut Self::Buf);
-
-    /// Its backward to the slots: q_s = k (G'_s·D̄_c) J_s[0] = ∂E/∂r_ij (J's radial row).
-    fn radial_backward(
-        &self,
-        d: &Dims,
-        dbar: &Self::Buf,
-        gp: &Self::Buf,
-        jac: &Self::Buf,
-        q: &mut Self::Buf,
-    );
-
-    /// Its dual reverse down to the slots: Ḡ_s = k D̄_c, Ġ̄_s = k Ḋ̄_c.
-    fn radial_dual(
-        &self,
-        d: &Dims,
-        dbar: &Self::Buf,
-        ddotbar: &Self::Buf,
-        gbar: &mut Self::Buf,
-        gdotbar: &mut Self::Buf,
-    );
-
-    /// se_e3's pair values e_p = r̃_j·r̃_k, `[npairs]` in the rows of [`Dims::pairs`], where
-    /// r̃ = R̂[1..4] of the pair's two slots.
-    fn angle_values(&self, d: &Dims, rhat: &Self::Buf, e: &mut Self::Buf);
-
-    /// Their tangent ė_p = ṙ_j·r̃_k + r̃_j·ṙ_k, ṙ = Ṙ[1..4].
-    fn angle_values_tangent(
-        &self,
-        d: &Dims,
-        rhat: &Self::Buf,
-        rdot: &Self::Buf,
-        edot: &mut Self::Buf,
-    );
-
-    /// se_e3's descriptor: D_c = Σ_{pairs of c} w_p e_p G_p, `[nc][M1]`, w_p =
-    /// [`Dims::pair_weight`] of the pair's type.
-    fn angle_forward(&self, d: &Dims, e: &Self::Buf, g: &Self::Buf, desc: &mut Self::Buf);
-
-    /// Its tangent: Ḋ_c = Σ_p w_p ė_p (G_p + e_p G'_p).
-    fn angle_tangent(
-        &self,
-        d: &Dims,
-        e: &Self::Buf,
-        edot: &Self::Buf,
-        g: &Self::Buf,
-        gp: &Self::Buf,
-        ddot: &mut Self::Buf,
-    );
-
-    /// Its backward to the slots: ē_p = w_p D̄_c·(G_p + e_p G'_p), r̃̄_j += ē_p r̃_k,
-    /// r̃̄_k += ē_p r̃_j, q_s = J_s[1..4]ᵀ r̃̄_s = ∂E/∂r_ij.
-    #[allow(clippy::too_many_arguments)]
-    fn angle_backward(
-        &self,
-        d: &Dims,
-        rhat: &Self::Buf,
-        jac: &Self::Buf,
-        e: &Self::Buf,
-        g: &Self::Buf,
-        gp: &Self::Buf,
-        dbar: &Self::Buf,
-        q: &mut Self::Buf,
-    );
-
-    /// Its dual reverse down to the pairs (no adjoint flows into e): Ḡ_p = w_p (e_p D̄_c +
-    /// ė_p Ḋ̄_c), Ġ̄_p = w_p e_p Ḋ̄_c.
-    #[allow(clippy::too_many_arguments)]
-    fn angle_dual(
-        &self,
-        d: &Dims,
-        e: &Self::Buf,
-        edot: &Self::Buf,
-        dbar: &Self::Buf,
-        ddotbar: &Self::Buf,
-        gbar: &mut Self::Buf,
-        gdotbar: &mut Self::Buf,
-    );
-
-    /// Per-frame energy E_f = Σ atoms (E_atom + bias[type]) and the per-centre energies with bias.
-    fn energy(
-        &self,
-        d: &Dims,
-        e_fit: &Self::Buf,
-        bias: &Self::Buf,
-        e_atom: &mut Self::Buf,
-        energy: &mut Self::Buf,
-    );
-
-    /// F = Σ own slots q − Σ slots owned q; W = −Σ q ⊗ r_ij per frame. `centre_atom[c]` and
-    /// `owner` are batch atom indices `frame·natoms + atom`.
-    #[allow(clippy::too_many_arguments)]
-    fn force_virial(
-        &self,
-        d: &Dims,
-        q: &Self::Buf,
-        rij: &Self::Buf,
-        owner: &Self::Idx,
-        centre_atom: &Self::Idx,
-        force: &mut Self::Buf,
-        virial: &mut Self::Buf,
-    );
-
-    /// Residuals of a batch and the seeds of the gradient pass: `ebar[c]` = ∂L/∂E of the
-    /// centre's frame; `fres`, `vres` = ∂L/∂F, ∂L/∂W (the loss is a mean over frames); and
-    /// `sums` = [Σ ΔE², Σ ΔF², Σ ΔW²] ([`LossSums::from_values`]). The sums stay on the device so
-    /// that a step needs no read-back (a browser cannot wait for one).
-    #[allow(clippy::too_many_arguments)]
-    fn loss(
-        &self,
-        d: &Dims,
-        pref: Prefactors,
-        pred: [&Self::Buf; 3],
-        label: [&Self::Buf; 3],
-        ebar: &mut Self::Buf,
-        fres: &mut Self::Buf,
-        vres: &mut Self::Buf,
-        sums: &mut Self::Buf,
-    );
-
-    /// The force/virial seed as a tangent of the environment: u_ij = fres_i − fres_owner(j) −
-    /// vres·r_ij, Ṙ = J u.
-    #[allow(clippy::too_many_arguments)]
-    fn virtual_tangent(
-        &self,
-        d: &Dims,
-        fres: &Self::Buf,
-        vres: &Self::Buf,
-        jac: &Self::Buf,
-        rij: &Self::Buf,
-        owner: &Self::Idx,
-        centre_atom: &Self::Idx,
-        rdot: &mut Self::Buf,
-        sdot: &mut Self::Buf,
-    );
-
-    /// Adam (torch's form, bias-corrected) on the whole parameter vector.
-    fn adam(
-        &self,
-        s: AdamStep,
-        params: &mut Self::Buf,
-        grad: &Self::Buf,
-        m: &mut Self::Buf,
-        v: &mut Self::Buf,
-    );
 }

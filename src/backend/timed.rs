@@ -45,57 +45,75 @@ impl<T: Real> Timeable<T> for super::cpu::Cpu {
     }
 }
 
-macro_rules! ops {
-    ($($v:ident $name:literal),* $(,)?) => {
+/// The profile's rows: the data movement ops, then every compute op of the table (ops.rs), in
+/// the trait's order.
+macro_rules! op_rows {
+    ($(
+        $(#[$m:meta])*
+        fn $name:ident(&$slf:ident $(, $arg:ident: $ty:ty)* $(,)?) as $op:ident;
+        flops($inner:tt) $flops:block
+        $(default $body:block)?
+    )*) => {
         /// Every op of the [`Backend`] trait, as a row of the profile.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        pub enum Op { $($v),* }
+        pub enum Op {
+            Upload,
+            Download,
+            Zeros,
+            Fill,
+            Write,
+            Copy,
+            Gather,
+            $($op),*
+        }
         impl Op {
-            pub const ALL: &'static [Op] = &[$(Op::$v),*];
+            pub const ALL: &'static [Op] = &[
+                Op::Upload,
+                Op::Download,
+                Op::Zeros,
+                Op::Fill,
+                Op::Write,
+                Op::Copy,
+                Op::Gather,
+                $(Op::$op),*
+            ];
             pub fn name(self) -> &'static str {
-                match self { $(Op::$v => $name),* }
+                match self {
+                    Op::Upload => "upload",
+                    Op::Download => "download",
+                    Op::Zeros => "zeros",
+                    Op::Fill => "fill",
+                    Op::Write => "write",
+                    Op::Copy => "copy",
+                    Op::Gather => "gather",
+                    $(Op::$op => stringify!($name)),*
+                }
             }
         }
     };
 }
 
-ops! {
-    Upload "upload",
-    Download "download",
-    Zeros "zeros",
-    Fill "fill",
-    Write "write",
-    Copy "copy",
-    Gather "gather",
-    ClipGradNorm "clip_grad_norm",
-    EnvMat "env_mat",
-    DenseForward "dense_forward",
-    DenseBackward "dense_backward",
-    DenseTangent "dense_tangent",
-    DenseDualBackward "dense_dual_backward",
-    EmbedForward "embed_forward",
-    EmbedDualBackward "embed_dual_backward",
-    ContractForward "contract_forward",
-    ContractBackward "contract_backward",
-    SlotBackward "slot_backward",
-    ContractTangent "contract_tangent",
-    ContractDual "contract_dual",
-    ContractEmbedDual "contract_embed_dual",
-    RadialForward "radial_forward",
-    RadialTangent "radial_tangent",
-    RadialBackward "radial_backward",
-    RadialDual "radial_dual",
-    AngleValues "angle_values",
-    AngleValuesTangent "angle_values_tangent",
-    AngleForward "angle_forward",
-    AngleTangent "angle_tangent",
-    AngleBackward "angle_backward",
-    AngleDual "angle_dual",
-    Energy "energy",
-    ForceVirial "force_virial",
-    Loss "loss",
-    VirtualTangent "virtual_tangent",
-    Adam "adam",
+compute_ops!(op_rows);
+
+/// [`Timed`]'s compute ops from the table: the op's FLOPs from its shapes, then the inner
+/// backend's op between two waits.
+macro_rules! timed_ops {
+    ($(
+        $(#[$m:meta])*
+        fn $name:ident(&$slf:ident $(, $arg:ident: $ty:ty)* $(,)?) as $op:ident;
+        flops($inner:tt) $flops:block
+        $(default $body:block)?
+    )*) => {
+        $(
+            fn $name(&$slf, $($arg: $ty),*) {
+                let flops: f64 = {
+                    let $inner = &$slf.inner;
+                    $flops
+                };
+                $slf.time::<T, _>(Op::$op, flops, |b| b.$name($($arg),*))
+            }
+        )*
+    };
 }
 
 const NOPS: usize = Op::ALL.len();
@@ -301,6 +319,7 @@ fn dense_macs(l: &Layer, rows: &Range<usize>) -> f64 {
     (rows.len() * l.nin * l.nout) as f64
 }
 
+#[allow(clippy::too_many_arguments)]
 impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
     type Buf = B::Buf;
     type Idx = B::Idx;
@@ -370,444 +389,13 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
     fn wait(&self) {
         self.inner.wait()
     }
-    fn clip_grad_norm(&self, grad: &mut Self::Buf, max: f64, norm: &mut Self::Buf, at: usize) {
-        // A square and an add per value, then a multiply.
-        let flops = 3.0 * self.inner.len(grad) as f64;
-        self.time::<T, _>(Op::ClipGradNorm, flops, |b| {
-            b.clip_grad_norm(grad, max, norm, at)
-        })
-    }
-
-    fn env_mat(
-        &self,
-        d: &Dims,
-        env: EnvParams,
-        rij: &Self::Buf,
-        owner: &Self::Idx,
-        davg: &Self::Buf,
-        dstd: &Self::Buf,
-        rhat: &mut Self::Buf,
-        jac: &mut Self::Buf,
-        s: &mut Self::Buf,
-    ) {
-        // ~60 FLOPs per real slot: the distance, the switch polynomial, R and its 4×3 Jacobian.
-        let real = self.inner.count_real(owner);
-        self.time::<T, _>(Op::EnvMat, 60.0 * real as f64, |b| {
-            b.env_mat(d, env, rij, owner, davg, dstd, rhat, jac, s)
-        })
-    }
-
-    fn dense_forward(
-        &self,
-        layer: &Layer,
-        params: &Self::Buf,
-        rows: Range<usize>,
-        x: &Self::Buf,
-        h: &mut Self::Buf,
-        y: &mut Self::Buf,
-    ) {
-        let flops = 2.0 * dense_macs(layer, &rows);
-        self.time::<T, _>(Op::DenseForward, flops, |b| {
-            b.dense_forward(layer, params, rows, x, h, y)
-        })
-    }
-
-    fn dense_backward(
-        &self,
-        layer: &Layer,
-        params: &Self::Buf,
-        rows: Range<usize>,
-        h: &Self::Buf,
-        ybar: &Self::Buf,
-        xbar: &mut Self::Buf,
-    ) {
-        let flops = 2.0 * dense_macs(layer, &rows);
-        self.time::<T, _>(Op::DenseBackward, flops, |b| {
-            b.dense_backward(layer, params, rows, h, ybar, xbar)
-        })
-    }
-
-    fn dense_tangent(
-        &self,
-        layer: &Layer,
-        params: &Self::Buf,
-        rows: Range<usize>,
-        h: &Self::Buf,
-        xdot: &Self::Buf,
-        zdot: &mut Self::Buf,
-        ydot: &mut Self::Buf,
-    ) {
-        let flops = 2.0 * dense_macs(layer, &rows);
-        self.time::<T, _>(Op::DenseTangent, flops, |b| {
-            b.dense_tangent(layer, params, rows, h, xdot, zdot, ydot)
-        })
-    }
-
-    fn dense_dual_backward(
-        &self,
-        layer: &Layer,
-        params: &Self::Buf,
-        rows: Range<usize>,
-        io: DenseIo<Self::Buf>,
-        xdot: &Self::Buf,
-        zdot: &Self::Buf,
-        scale: Option<&Self::Buf>,
-        ybar: &Self::Buf,
-        ydotbar: &Self::Buf,
-        grad: &mut Self::Buf,
-        xbar: Option<(&mut Self::Buf, &mut Self::Buf)>,
-    ) {
-        // W̄ from the value and the tangent pair, and x̄, ẋ̄ when asked.
-        let gemms = if xbar.is_some() { 4.0 } else { 2.0 };
-        let flops = 2.0 * gemms * dense_macs(layer, &rows);
-        self.time::<T, _>(Op::DenseDualBackward, flops, |b| {
-            b.dense_dual_backward(
-                layer, params, rows, io, xdot, zdot, scale, ybar, ydotbar, grad, xbar,
-            )
-        })
-    }
-
     fn fused_embedding(&self) -> bool {
         self.inner.fused_embedding()
-    }
-
-    fn embed_forward(
-        &self,
-        d: &Dims,
-        nets: &[&Net],
-        params: &Self::Buf,
-        s: &Self::Buf,
-        owner: &Self::Idx,
-        g: &mut Self::Buf,
-        gp: &mut Self::Buf,
-    ) {
-        // Values and s-derivatives: two GEMMs per layer on the real slots.
-        let real = self.inner.count_real(owner);
-        let flops = 2.0 * 2.0 * embed_flops(d, nets, real, net_macs);
-        self.time::<T, _>(Op::EmbedForward, flops, |b| {
-            b.embed_forward(d, nets, params, s, owner, g, gp)
-        })
-    }
-
-    fn embed_dual_backward(
-        &self,
-        d: &Dims,
-        nets: &[&Net],
-        params: &Self::Buf,
-        s: &Self::Buf,
-        owner: &Self::Idx,
-        sdot: &Self::Buf,
-        gbar: &Self::Buf,
-        gdotbar: &Self::Buf,
-        grad: &mut Self::Buf,
-    ) {
-        let flops = embed_dual_flops(d, nets, self.inner.count_real(owner));
-        self.time::<T, _>(Op::EmbedDualBackward, flops, |b| {
-            b.embed_dual_backward(d, nets, params, s, owner, sdot, gbar, gdotbar, grad)
-        })
-    }
-
-    fn contract_embed_dual(
-        &self,
-        d: &Dims,
-        nets: &[&Net],
-        params: &Self::Buf,
-        s: &Self::Buf,
-        owner: &Self::Idx,
-        sdot: &Self::Buf,
-        contract: ContractDual<Self::Buf>,
-        gbar: &mut Self::Buf,
-        gdotbar: &mut Self::Buf,
-        grad: &mut Self::Buf,
-    ) {
-        // The two stages' work: the fused stage does what they do.
-        let flops =
-            contract_dual_flops(d) + embed_dual_flops(d, nets, self.inner.count_real(owner));
-        self.time::<T, _>(Op::ContractEmbedDual, flops, |b| {
-            b.contract_embed_dual(
-                d, nets, params, s, owner, sdot, contract, gbar, gdotbar, grad,
-            )
-        })
     }
 
     fn fuses_contract_dual(&self) -> bool {
         self.inner.fuses_contract_dual()
     }
 
-    fn contract_forward(
-        &self,
-        d: &Dims,
-        g: &Self::Buf,
-        rhat: &Self::Buf,
-        a: &mut Self::Buf,
-        desc: &mut Self::Buf,
-    ) {
-        // A: 4·M1 per slot; D: M1·M2·4 per centre.
-        let flops = 2.0 * (4 * d.m1 * d.nslots() + 4 * d.m1 * d.m2 * d.ncentres()) as f64;
-        self.time::<T, _>(Op::ContractForward, flops, |b| {
-            b.contract_forward(d, g, rhat, a, desc)
-        })
-    }
-
-    fn contract_backward(&self, d: &Dims, a: &Self::Buf, dbar: &Self::Buf, abar: &mut Self::Buf) {
-        // Two products of D̄ with A: 2·4·M1·M2 per centre.
-        let flops = 2.0 * (8 * d.m1 * d.m2 * d.ncentres()) as f64;
-        self.time::<T, _>(Op::ContractBackward, flops, |b| {
-            b.contract_backward(d, a, dbar, abar)
-        })
-    }
-
-    fn slot_backward(
-        &self,
-        d: &Dims,
-        abar: &Self::Buf,
-        g: &Self::Buf,
-        gp: &Self::Buf,
-        rhat: &Self::Buf,
-        jac: &Self::Buf,
-        q: &mut Self::Buf,
-    ) {
-        // Ā·G and Ā·G' (8 dots of length M1) per slot.
-        let flops = 2.0 * (8 * d.m1 * d.nslots()) as f64;
-        self.time::<T, _>(Op::SlotBackward, flops, |b| {
-            b.slot_backward(d, abar, g, gp, rhat, jac, q)
-        })
-    }
-
-    fn contract_tangent(
-        &self,
-        d: &Dims,
-        g: &Self::Buf,
-        gp: &Self::Buf,
-        rhat: &Self::Buf,
-        rdot: &Self::Buf,
-        a: &Self::Buf,
-        adot: &mut Self::Buf,
-        ddot: &mut Self::Buf,
-    ) {
-        // Ȧ: 8·M1 per slot; Ḋ: two M1×M2×4 products per centre.
-        let flops = 2.0 * (8 * d.m1 * d.nslots() + 8 * d.m1 * d.m2 * d.ncentres()) as f64;
-        self.time::<T, _>(Op::ContractTangent, flops, |b| {
-            b.contract_tangent(d, g, gp, rhat, rdot, a, adot, ddot)
-        })
-    }
-
-    fn contract_dual(
-        &self,
-        d: &Dims,
-        a: &Self::Buf,
-        adot: &Self::Buf,
-        dbar: &Self::Buf,
-        ddotbar: &Self::Buf,
-        rhat: &Self::Buf,
-        rdot: &Self::Buf,
-        gbar: &mut Self::Buf,
-        gdotbar: &mut Self::Buf,
-    ) {
-        let flops = contract_dual_flops(d);
-        self.time::<T, _>(Op::ContractDual, flops, |b| {
-            b.contract_dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar)
-        })
-    }
-
-    fn radial_forward(&self, d: &Dims, g: &Self::Buf, desc: &mut Self::Buf) {
-        // M1 per slot.
-        let flops = (d.m1 * d.nslots()) as f64;
-        self.time::<T, _>(Op::RadialForward, flops, |b| b.radial_forward(d, g, desc))
-    }
-
-    fn radial_tangent(&self, d: &Dims, gp: &Self::Buf, sdot: &Self::Buf, ddot: &mut Self::Buf) {
-        // A multiply-add of M1 per slot.
-        let flops = 2.0 * (d.m1 * d.nslots()) as f64;
-        self.time::<T, _>(Op::RadialTangent, flops, |b| {
-            b.radial_tangent(d, gp, sdot, ddot)
-        })
-    }
-
-    fn radial_backward(
-        &self,
-        d: &Dims,
-        dbar: &Self::Buf,
-        gp: &Self::Buf,
-        jac: &Self::Buf,
-        q: &mut Self::Buf,
-    ) {
-        // G'·D̄ (a dot of length M1) per slot.
-        let flops = 2.0 * (d.m1 * d.nslots()) as f64;
-        self.time::<T, _>(Op::RadialBackward, flops, |b| {
-            b.radial_backward(d, dbar, gp, jac, q)
-        })
-    }
-
-    fn radial_dual(
-        &self,
-        d: &Dims,
-        dbar: &Self::Buf,
-        ddotbar: &Self::Buf,
-        gbar: &mut Self::Buf,
-        gdotbar: &mut Self::Buf,
-    ) {
-        // Two scaled copies of M1 per slot.
-        let flops = 2.0 * (d.m1 * d.nslots()) as f64;
-        self.time::<T, _>(Op::RadialDual, flops, |b| {
-            b.radial_dual(d, dbar, ddotbar, gbar, gdotbar)
-        })
-    }
-
-    fn angle_values(&self, d: &Dims, rhat: &Self::Buf, e: &mut Self::Buf) {
-        // A dot of three per pair.
-        let flops = 5.0 * d.pairs().len() as f64;
-        self.time::<T, _>(Op::AngleValues, flops, |b| b.angle_values(d, rhat, e))
-    }
-
-    fn angle_values_tangent(
-        &self,
-        d: &Dims,
-        rhat: &Self::Buf,
-        rdot: &Self::Buf,
-        edot: &mut Self::Buf,
-    ) {
-        // Two dots of three and their sum per pair.
-        let flops = 11.0 * d.pairs().len() as f64;
-        self.time::<T, _>(Op::AngleValuesTangent, flops, |b| {
-            b.angle_values_tangent(d, rhat, rdot, edot)
-        })
-    }
-
-    fn angle_forward(&self, d: &Dims, e: &Self::Buf, g: &Self::Buf, desc: &mut Self::Buf) {
-        // A multiply-add of M1 per pair.
-        let flops = 2.0 * (d.m1 * d.pairs().len()) as f64;
-        self.time::<T, _>(Op::AngleForward, flops, |b| b.angle_forward(d, e, g, desc))
-    }
-
-    fn angle_tangent(
-        &self,
-        d: &Dims,
-        e: &Self::Buf,
-        edot: &Self::Buf,
-        g: &Self::Buf,
-        gp: &Self::Buf,
-        ddot: &mut Self::Buf,
-    ) {
-        // G + e G', scaled and added: four per element of M1, per pair.
-        let flops = 4.0 * (d.m1 * d.pairs().len()) as f64;
-        self.time::<T, _>(Op::AngleTangent, flops, |b| {
-            b.angle_tangent(d, e, edot, g, gp, ddot)
-        })
-    }
-
-    fn angle_backward(
-        &self,
-        d: &Dims,
-        rhat: &Self::Buf,
-        jac: &Self::Buf,
-        e: &Self::Buf,
-        g: &Self::Buf,
-        gp: &Self::Buf,
-        dbar: &Self::Buf,
-        q: &mut Self::Buf,
-    ) {
-        // Two dots of M1 and two 3-vector multiply-adds per pair, a 3×3 product per slot.
-        let flops = ((4 * d.m1 + 12) * d.pairs().len() + 18 * d.nslots()) as f64;
-        self.time::<T, _>(Op::AngleBackward, flops, |b| {
-            b.angle_backward(d, rhat, jac, e, g, gp, dbar, q)
-        })
-    }
-
-    fn angle_dual(
-        &self,
-        d: &Dims,
-        e: &Self::Buf,
-        edot: &Self::Buf,
-        dbar: &Self::Buf,
-        ddotbar: &Self::Buf,
-        gbar: &mut Self::Buf,
-        gdotbar: &mut Self::Buf,
-    ) {
-        // Ḡ: two scaled rows summed; Ġ̄: one scaled row; of M1 per pair.
-        let flops = 4.0 * (d.m1 * d.pairs().len()) as f64;
-        self.time::<T, _>(Op::AngleDual, flops, |b| {
-            b.angle_dual(d, e, edot, dbar, ddotbar, gbar, gdotbar)
-        })
-    }
-
-    fn energy(
-        &self,
-        d: &Dims,
-        e_fit: &Self::Buf,
-        bias: &Self::Buf,
-        e_atom: &mut Self::Buf,
-        energy: &mut Self::Buf,
-    ) {
-        let flops = 2.0 * d.ncentres() as f64;
-        self.time::<T, _>(Op::Energy, flops, |b| {
-            b.energy(d, e_fit, bias, e_atom, energy)
-        })
-    }
-
-    fn force_virial(
-        &self,
-        d: &Dims,
-        q: &Self::Buf,
-        rij: &Self::Buf,
-        owner: &Self::Idx,
-        centre_atom: &Self::Idx,
-        force: &mut Self::Buf,
-        virial: &mut Self::Buf,
-    ) {
-        // Two 3-vector sums and the 3×3 outer product per slot.
-        let flops = (6 + 18) as f64 * d.nslots() as f64;
-        self.time::<T, _>(Op::ForceVirial, flops, |b| {
-            b.force_virial(d, q, rij, owner, centre_atom, force, virial)
-        })
-    }
-
-    fn loss(
-        &self,
-        d: &Dims,
-        pref: Prefactors,
-        pred: [&Self::Buf; 3],
-        label: [&Self::Buf; 3],
-        ebar: &mut Self::Buf,
-        fres: &mut Self::Buf,
-        vres: &mut Self::Buf,
-        sums: &mut Self::Buf,
-    ) {
-        let flops = 4.0 * (d.nframes * (d.natoms * 3 + 10)) as f64;
-        self.time::<T, _>(Op::Loss, flops, |b| {
-            b.loss(d, pref, pred, label, ebar, fres, vres, sums)
-        })
-    }
-
-    fn virtual_tangent(
-        &self,
-        d: &Dims,
-        fres: &Self::Buf,
-        vres: &Self::Buf,
-        jac: &Self::Buf,
-        rij: &Self::Buf,
-        owner: &Self::Idx,
-        centre_atom: &Self::Idx,
-        rdot: &mut Self::Buf,
-        sdot: &mut Self::Buf,
-    ) {
-        // u = Δ − W r (3 + 9 multiply-adds), Ṙ = J u (12) per slot.
-        let flops = 2.0 * (3 + 9 + 12) as f64 * d.nslots() as f64;
-        self.time::<T, _>(Op::VirtualTangent, flops, |b| {
-            b.virtual_tangent(d, fres, vres, jac, rij, owner, centre_atom, rdot, sdot)
-        })
-    }
-
-    fn adam(
-        &self,
-        s: AdamStep,
-        params: &mut Self::Buf,
-        grad: &Self::Buf,
-        m: &mut Self::Buf,
-        v: &mut Self::Buf,
-    ) {
-        // ~12 FLOPs per parameter (two moments, the bias-corrected step).
-        let flops = 12.0 * self.inner.len(params) as f64;
-        self.time::<T, _>(Op::Adam, flops, |b| b.adam(s, params, grad, m, v))
-    }
+    compute_ops!(timed_ops);
 }
