@@ -14,7 +14,7 @@
 
 macro_rules! compute_ops {
     ($then:ident) => {
-        $then! {
+        parse_ops! { $then;
         /// Gradient clipping on the device: `norm[at]` = ‖grad‖₂ (squares summed in f64 in index
         /// order where the device has f64), and grad ×= max/(‖grad‖ + 1e-6) when that is below 1,
         /// the factor rounded once to T. One op rather than a norm op and a scale op, so the factor
@@ -472,15 +472,24 @@ macro_rules! compute_ops {
     };
 }
 
-/// The trait's methods from the table: declarations, or default bodies where the entry has one
-/// (whose arguments may go unused: an op left out is never called).
-macro_rules! declare_ops {
-    ($(
+/// Reads the table's entries once and hands them to `$then` as
+/// `{ name, OpRow, [attributes], self, [arguments], inner, { flops }, [default body] }`.
+macro_rules! parse_ops {
+    ($then:ident; $(
         $(#[$m:meta])*
         fn $name:ident(&$slf:ident $(, $arg:ident: $ty:ty)* $(,)?) as $op:ident;
         flops($inner:tt) $flops:block
         $(default $body:block)?
     )*) => {
+        $then! { $({ $name, $op, [$(#[$m])*], $slf, [$($arg: $ty),*], $inner, $flops, [$($body)?] })* }
+    };
+}
+
+/// The trait's methods from the table: declarations, or default bodies where the entry has one
+/// (whose arguments may go unused: an op left out is never called).
+macro_rules! declare_ops {
+    ($({ $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
+         $inner:tt, $flops:block, [$($body:block)?] })*) => {
         $(declare_ops!(@one [$(#[$m])*] $name [$slf] [$($arg: $ty),*] [$($body)?]);)*
     };
     (@one [$(#[$m:meta])*] $name:ident [$slf:ident] [$($arg:ident: $ty:ty),*] []) => {

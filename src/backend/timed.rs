@@ -48,12 +48,8 @@ impl<T: Real> Timeable<T> for super::cpu::Cpu {
 /// The profile's rows: the data movement ops, then every compute op of the table (ops.rs), in
 /// the trait's order.
 macro_rules! op_rows {
-    ($(
-        $(#[$m:meta])*
-        fn $name:ident(&$slf:ident $(, $arg:ident: $ty:ty)* $(,)?) as $op:ident;
-        flops($inner:tt) $flops:block
-        $(default $body:block)?
-    )*) => {
+    ($({ $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
+         $inner:tt, $flops:block, [$($body:block)?] })*) => {
         /// Every op of the [`Backend`] trait, as a row of the profile.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Op {
@@ -98,12 +94,8 @@ compute_ops!(op_rows);
 /// [`Timed`]'s compute ops from the table: the op's FLOPs from its shapes, then the inner
 /// backend's op between two waits.
 macro_rules! timed_ops {
-    ($(
-        $(#[$m:meta])*
-        fn $name:ident(&$slf:ident $(, $arg:ident: $ty:ty)* $(,)?) as $op:ident;
-        flops($inner:tt) $flops:block
-        $(default $body:block)?
-    )*) => {
+    ($({ $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
+         $inner:tt, $flops:block, [$($body:block)?] })*) => {
         $(
             fn $name(&$slf, $($arg: $ty),*) {
                 let flops: f64 = {
