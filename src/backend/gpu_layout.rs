@@ -162,6 +162,11 @@ pub const CONTRACT_TILE: usize = 16;
 /// Warps per block of the CUDA kernel force_centres (kernels/scatter.cu), one per centre.
 pub const FORCE_WARPS: usize = 4;
 
+/// Entries per partial sum of the CUDA sums of squares (the loss's, a warp's, and the gradient
+/// norm's, a thread's): the partials are then added in order by one thread, `sum_parts`, so
+/// the sums' order depends on the lengths alone.
+pub const LOSS_CHUNK: usize = 256;
+
 gpu_struct! {
     /// The scalars of every dense-layer kernel: one layer on a row range.
     pub struct DenseParams {
@@ -378,22 +383,67 @@ impl ScatterParams {
     }
 }
 
+gpu_struct! {
+    /// The scalars of the kernels over the n entries of one vector, the same for all of them:
+    /// fill, Adam, and the gradient clip (its norm and scaling).
+    pub struct VectorParams {
+        pub n: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+        pub _pad2: u32,
+    }
+}
+
+impl VectorParams {
+    pub fn new(n: usize) -> Self {
+        VectorParams {
+            n: count(n),
+            ..Default::default()
+        }
+    }
+}
+
+gpu_struct! {
+    /// The scalars of CUDA's sum_parts, which adds the partials of a chunked sum of squares
+    /// ([`LOSS_CHUNK`]) in order.
+    pub struct SumParams {
+        pub nparts: u32,
+        /// 1 when the total's square root is wanted (the gradient norm).
+        pub root: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+    }
+}
+
+impl SumParams {
+    pub fn new(nparts: usize, root: bool) -> Self {
+        SumParams {
+            nparts: count(nparts),
+            root: root.into(),
+            ..Default::default()
+        }
+    }
+}
+
 /// The ops' parameter structs: WGSL uniform blocks, and by-value CUDA kernel arguments.
 pub const PARAMS: &[Layout] = &[
     DenseParams::LAYOUT,
     ContractParams::LAYOUT,
     AngleParams::LAYOUT,
     ScatterParams::LAYOUT,
+    VectorParams::LAYOUT,
+    SumParams::LAYOUT,
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes
-/// ([`CONTRACT_TILE`], [`FORCE_WARPS`]), the shape table's offsets (`DIMS_NTYPES`, ...,
+/// ([`CONTRACT_TILE`], [`FORCE_WARPS`], [`LOSS_CHUNK`]), the shape table's offsets (`DIMS_NTYPES`, ...,
 /// `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are
 /// those of the Rust struct in its order, all 4 bytes, so C lays them out at the same offsets;
 /// a static_assert of the size checks that NVRTC agrees (it has no offsetof).
 pub fn cuda_declarations() -> String {
     let mut s = String::from("// Generated from src/backend/gpu_layout.rs.\n");
     s += &format!("#define CONTRACT_TILE {CONTRACT_TILE}\n#define FORCE_WARPS {FORCE_WARPS}\n");
+    s += &format!("#define LOSS_CHUNK {LOSS_CHUNK}\n");
     for f in DimsHeader::LAYOUT.fields {
         s += &format!("#define DIMS_{} {}\n", f.name.to_uppercase(), f.offset / 4);
     }

@@ -6,7 +6,9 @@ use std::ops::Range;
 use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
-use crate::backend::gpu_layout::{AngleParams, ContractParams, DenseParams, ScatterParams};
+use crate::backend::gpu_layout::{
+    AngleParams, ContractParams, DenseParams, ScatterParams, VectorParams,
+};
 use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -209,7 +211,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
             let val = self.consts(&op, "fill", &[v]);
             self.go::<T>(
                 &k::FILL,
-                &[u32_of(b.len), 0, 0, 0],
+                &VectorParams::new(b.len),
                 &[&val, &b.buf],
                 grid1(b.len),
             );
@@ -280,7 +282,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         let op = self.exclusive();
         let sz = size_of::<T>() as u64;
         let slot = self.scratch(&op, "clip.norm", sz);
-        let u = [u32_of(grad.len), 0, 0, 0];
+        let u = VectorParams::new(grad.len);
         self.go::<T>(&k::GRAD_NORM, &u, &[&slot, &grad.buf], [1, 1, 1]);
         let hyper = self.reals::<T>(&op, "clip", &[max, 1e-6]);
         self.go::<T>(
@@ -899,7 +901,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         );
         self.go::<T>(
             &k::ADAM,
-            &[u32_of(params.len), 0, 0, 0],
+            &VectorParams::new(params.len),
             &[&hyper, &grad.buf, &params.buf, &m.buf, &v.buf],
             grid1(params.len),
         );
