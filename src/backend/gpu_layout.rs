@@ -425,6 +425,18 @@ impl SumParams {
     }
 }
 
+gpu_struct! {
+    /// The scalars of the WGSL environment-matrix kernel, launched once per centre type over
+    /// that type's slots (CUDA's reads the type of each slot from the shape table).
+    pub struct EnvMatParams {
+        pub slot0: u32,
+        pub nslots: u32,
+        /// The centre type: the row of davg and dstd.
+        pub ti: u32,
+        pub _pad0: u32,
+    }
+}
+
 /// The ops' parameter structs: WGSL uniform blocks, and by-value CUDA kernel arguments.
 pub const PARAMS: &[Layout] = &[
     DenseParams::LAYOUT,
@@ -433,6 +445,7 @@ pub const PARAMS: &[Layout] = &[
     ScatterParams::LAYOUT,
     VectorParams::LAYOUT,
     SumParams::LAYOUT,
+    EnvMatParams::LAYOUT,
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes

@@ -7,7 +7,7 @@ use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
 use crate::backend::gpu_layout::{
-    AngleParams, ContractParams, DenseParams, ScatterParams, VectorParams,
+    count, AngleParams, ContractParams, DenseParams, EnvMatParams, ScatterParams, VectorParams,
 };
 use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
@@ -311,9 +311,15 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         for ti in 0..d.ntypes {
             let lo = d.block(ti, 0).start;
             let hi = d.block(ti, d.ntypes - 1).end;
+            let u = EnvMatParams {
+                slot0: count(lo),
+                nslots: count(hi - lo),
+                ti: count(ti),
+                ..Default::default()
+            };
             self.go::<T>(
                 &k::ENV_MAT,
-                &[u32_of(lo), u32_of(hi - lo), u32_of(ti), 0],
+                &u,
                 &[
                     &rij.buf, &owner.buf, &davg.buf, &dstd.buf, &envp, &rhat.buf, &jac.buf, &s.buf,
                 ],
