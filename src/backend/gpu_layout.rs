@@ -437,6 +437,52 @@ gpu_struct! {
     }
 }
 
+gpu_struct! {
+    /// The scalars of the loss kernels: the residuals and their sums of squares, ∂L/∂E per
+    /// centre (energy_bar) and the virtual displacement (virtual_tangent). CUDA's read n alone
+    /// (the rest from the shape table).
+    pub struct LossParams {
+        /// Entries (residual, sumsq), centres (energy_bar) or the block's slots
+        /// (virtual_tangent).
+        pub n: u32,
+        /// Which label, 0 energy, 1 force, 2 virial: the residual's coefficient, the sum's
+        /// output.
+        pub which: u32,
+        pub natoms: u32,
+        /// virtual_tangent, launched per (ti, tj) block: the block's first slot, sel[tj] and
+        /// first centre.
+        pub slot0: u32,
+        pub sel: u32,
+        pub centre0: u32,
+        pub ntypes: u32,
+        pub nframes: u32,
+    }
+}
+
+impl LossParams {
+    /// For the batch `d`, over n entries of label `which`.
+    pub fn new(d: &Dims, n: usize, which: usize) -> Self {
+        LossParams {
+            n: count(n),
+            which: count(which),
+            natoms: count(d.natoms),
+            ntypes: count(d.ntypes),
+            nframes: count(d.nframes),
+            ..Default::default()
+        }
+    }
+
+    /// For virtual_tangent on block `slots` of neighbour sel `sel`, whose first centre is `c0`.
+    pub fn block(d: &Dims, slots: &Range<usize>, sel: usize, c0: usize) -> Self {
+        LossParams {
+            slot0: count(slots.start),
+            sel: count(sel),
+            centre0: count(c0),
+            ..Self::new(d, slots.len(), 0)
+        }
+    }
+}
+
 /// The ops' parameter structs: WGSL uniform blocks, and by-value CUDA kernel arguments.
 pub const PARAMS: &[Layout] = &[
     DenseParams::LAYOUT,
@@ -446,6 +492,7 @@ pub const PARAMS: &[Layout] = &[
     VectorParams::LAYOUT,
     SumParams::LAYOUT,
     EnvMatParams::LAYOUT,
+    LossParams::LAYOUT,
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes

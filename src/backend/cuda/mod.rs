@@ -37,7 +37,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
-use super::gpu_layout::{self, AngleParams, SumParams, VectorParams, LOSS_CHUNK};
+use super::gpu_layout::{self, AngleParams, LossParams, SumParams, VectorParams, LOSS_CHUNK};
 use super::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -125,6 +125,8 @@ unsafe impl DeviceRepr for gpu_layout::AngleParams {}
 unsafe impl DeviceRepr for gpu_layout::VectorParams {}
 // SAFETY: as DenseParams.
 unsafe impl DeviceRepr for gpu_layout::SumParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::LossParams {}
 
 /// A device vector of T. The allocation has at least one element (CUDA allocations of zero
 /// bytes are not portable); `len` is the logical length.
@@ -1566,8 +1568,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
                     // A warp per chunk.
                     grid(32 * chunks, 128),
                     [
-                        len as i32,
-                        LOSS_CHUNK as i32,
+                        LossParams::new(d, len, k),
                         num,
                         num_at,
                         den,

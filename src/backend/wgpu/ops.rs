@@ -7,7 +7,8 @@ use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
 use crate::backend::gpu_layout::{
-    count, AngleParams, ContractParams, DenseParams, EnvMatParams, ScatterParams, VectorParams,
+    count, AngleParams, ContractParams, DenseParams, EnvMatParams, LossParams, ScatterParams,
+    VectorParams,
 };
 use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
@@ -814,34 +815,27 @@ impl<T: GpuReal> Backend<T> for Wgpu {
                 2.0 * pref.v / (9.0 * n * nf),
             ],
         );
-        let natoms = u32_of(d.natoms);
         let nc = d.ncentres();
-        let (ntypes, nframes) = (u32_of(d.ntypes), u32_of(d.nframes));
         let dims = self.dims_buf(d);
         self.go::<T>(
             &k::LOSS_ENERGY_BAR,
-            &[u32_of(nc), 0, natoms, 0, 0, 0, ntypes, nframes],
+            &LossParams::new(d, nc, 0),
             &[&coef, &pred[0].buf, &label[0].buf, &dims, &ebar.buf],
             grid1(nc),
         );
-        for (which, out) in [(1u32, &*fres), (2, &*vres)] {
-            let len = pred[which as usize].len;
+        for (which, out) in [(1, &*fres), (2, &*vres)] {
+            let len = pred[which].len;
             self.go::<T>(
                 &k::LOSS_RESIDUAL,
-                &[u32_of(len), which, natoms, 0, 0, 0, 0, 0],
-                &[
-                    &coef,
-                    &pred[which as usize].buf,
-                    &label[which as usize].buf,
-                    &out.buf,
-                ],
+                &LossParams::new(d, len, which),
+                &[&coef, &pred[which].buf, &label[which].buf, &out.buf],
                 grid1(len),
             );
         }
         for which in 0..3 {
             self.go::<T>(
                 &k::LOSS_SUMSQ,
-                &[u32_of(pred[which].len), which as u32, natoms, 0, 0, 0, 0, 0],
+                &LossParams::new(d, pred[which].len, which),
                 &[&pred[which].buf, &label[which].buf, &sums.buf],
                 [1, 1, 1],
             );
@@ -861,19 +855,9 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         sdot: &mut Buf<T>,
     ) {
         for_blocks(d, |slots, sel, c0| {
-            let u = [
-                u32_of(slots.len()),
-                0,
-                u32_of(d.natoms),
-                u32_of(slots.start),
-                u32_of(sel),
-                u32_of(c0),
-                0,
-                0,
-            ];
             self.go::<T>(
                 &k::LOSS_VIRTUAL_TANGENT,
-                &u,
+                &LossParams::block(d, &slots, sel, c0),
                 &[
                     &fres.buf,
                     &vres.buf,
