@@ -363,12 +363,19 @@ impl AngleParams {
 }
 
 gpu_struct! {
-    /// The scalars of the WGSL energy, force and virial kernels (CUDA's read the shape table).
+    /// The scalars of the energy, force and virial kernels: the WGSL kernels read the counts
+    /// (CUDA's read the shape table), CUDA's force_centres the owned-slot lists' length.
     pub struct ScatterParams {
         pub ncentres: u32,
         pub nframes: u32,
         pub natoms: u32,
         pub ntypes: u32,
+        /// Atoms with a list of the slots they own (max(owner) + 1): force_centres looks up
+        /// only these.
+        pub n_owned: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+        pub _pad2: u32,
     }
 }
 
@@ -379,6 +386,7 @@ impl ScatterParams {
             nframes: count(d.nframes),
             natoms: count(d.natoms),
             ntypes: count(d.ntypes),
+            ..Default::default()
         }
     }
 }

@@ -37,7 +37,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
-use super::gpu_layout::{self, AngleParams, LossParams, SumParams, VectorParams, LOSS_CHUNK};
+use super::gpu_layout::{
+    self, AngleParams, LossParams, ScatterParams, SumParams, VectorParams, LOSS_CHUNK,
+};
 use super::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -121,6 +123,8 @@ impl_cuda_real!(f64, "_f64", dgemm);
 unsafe impl DeviceRepr for gpu_layout::DenseParams {}
 // SAFETY: as DenseParams.
 unsafe impl DeviceRepr for gpu_layout::AngleParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::ScatterParams {}
 // SAFETY: as DenseParams.
 unsafe impl DeviceRepr for gpu_layout::VectorParams {}
 // SAFETY: as DenseParams.
@@ -1502,12 +1506,15 @@ impl<T: CudaReal> Backend<T> for Cuda {
             // A warp per centre.
             grid(32 * d.ncentres(), 32 * gpu_layout::FORCE_WARPS as u32),
             [
+                ScatterParams {
+                    n_owned: gpu_layout::count(owned.n),
+                    ..ScatterParams::new(d)
+                },
                 self.addr(&*dims),
                 self.ptr(q),
                 self.ptr(rij),
                 self.idx(owner),
                 self.idx(centre_atom),
-                owned.n as i32,
                 start,
                 slot,
                 self.ptr(force),
