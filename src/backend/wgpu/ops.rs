@@ -7,8 +7,8 @@ use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
 use crate::backend::gpu_layout::{
-    count, AngleParams, ContractParams, DenseParams, EnvMatParams, LossParams, ScatterParams,
-    VectorParams,
+    count, AngleParams, ContractParams, DenseParams, EnvMatParams, GpuStruct, LossParams,
+    ScatterParams, VectorParams,
 };
 use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
@@ -100,7 +100,7 @@ impl Wgpu {
     fn go<T: GpuReal>(
         &self,
         kern: &Kernel,
-        uniform: &impl bytemuck::Pod,
+        uniform: &impl GpuStruct,
         bufs: &[&wgpu::Buffer],
         groups: [u32; 3],
     ) {
