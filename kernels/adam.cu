@@ -1,15 +1,16 @@
 // Element-wise ops on whole vectors: Adam exactly as torch.optim.Adam computes it (CPU
 // reference: src/backend/cpu/adam.rs; the host computes the bias corrections in double, as the
-// CPU does), and fill.
+// CPU does), and fill. The vector's length comes in a VectorParams, the real scalars by value
+// (rounded to T on the host, as the CPU rounds them).
 
-#define ADAM_PARAMS(T)                                                                      \
-  (i64 n, T step, T b1, T b2, T eps, T bc2, T* __restrict__ p, const T* __restrict__ grad,  \
-   T* __restrict__ m, T* __restrict__ v)
+#define ADAM_PARAMS(T)                                                                        \
+  (VectorParams u, T step, T b1, T b2, T eps, T bc2, T* __restrict__ p,                       \
+   const T* __restrict__ grad, T* __restrict__ m, T* __restrict__ v)
 
 template <typename T>
 __device__ void adam ADAM_PARAMS(T) {
   i64 i = global_index();
-  if (i >= n) return;
+  if (i >= u.n) return;
   T g = grad[i];
   T mi = m[i] * b1 + g * (T(1) - b1);
   T vi = v[i] * b2 + g * g * (T(1) - b2);
@@ -18,58 +19,59 @@ __device__ void adam ADAM_PARAMS(T) {
   T denom = sqrt(vi) / bc2 + eps;
   p[i] -= step * mi / denom;
 }
-DPW_INSTANTIATE(adam, ADAM_PARAMS, (n, step, b1, b2, eps, bc2, p, grad, m, v))
+DPW_INSTANTIATE(adam, ADAM_PARAMS, (u, step, b1, b2, eps, bc2, p, grad, m, v))
 
-#define FILL_PARAMS(T) (i64 n, T value, T* __restrict__ out)
+#define FILL_PARAMS(T) (VectorParams u, T value, T* __restrict__ out)
 
 template <typename T>
 __device__ void fill FILL_PARAMS(T) {
   i64 i = global_index();
-  if (i < n) out[i] = value;
+  if (i < u.n) out[i] = value;
 }
-DPW_INSTANTIATE(fill, FILL_PARAMS, (n, value, out))
+DPW_INSTANTIATE(fill, FILL_PARAMS, (u, value, out))
 
-// Σ g² per chunk of `chunk` values, in double, in index order: the partials of the gradient
+// Σ g² per chunk of LOSS_CHUNK values, in double, in index order: the partials of the gradient
 // norm (Backend::clip_grad_norm), added in order by sum_parts.
-#define GRAD_SQ_PARAMS(T) (i64 n, i64 chunk, const T* __restrict__ g, double* __restrict__ part)
+#define GRAD_SQ_PARAMS(T) (VectorParams u, const T* __restrict__ g, double* __restrict__ part)
 
 template <typename T>
 __device__ void grad_sq GRAD_SQ_PARAMS(T) {
   i64 c = global_index();
-  i64 lo = c * chunk;
-  if (lo >= n) return;
-  i64 hi = min(n, lo + chunk);
+  i64 lo = c * LOSS_CHUNK;
+  if (lo >= u.n) return;
+  i64 hi = min((i64)u.n, lo + LOSS_CHUNK);
   double acc = 0.0;
   for (i64 i = lo; i < hi; ++i) acc += (double)g[i] * (double)g[i];
   part[c] = acc;
 }
-DPW_INSTANTIATE(grad_sq, GRAD_SQ_PARAMS, (n, chunk, g, part))
+DPW_INSTANTIATE(grad_sq, GRAD_SQ_PARAMS, (u, g, part))
 
 // One thread: total = Σ part[0..nparts] in order, in double (its square root when `root`), kept
 // in part[nparts] and written rounded to T into out[0]. The loss sums and the gradient norm stay
 // on the device this way; the host reads them only when it displays them.
-#define SUM_PARTS_PARAMS(T) (i64 nparts, int root, double* __restrict__ part, T* __restrict__ out)
+#define SUM_PARTS_PARAMS(T) (SumParams u, double* __restrict__ part, T* __restrict__ out)
 
 template <typename T>
 __device__ void sum_parts SUM_PARTS_PARAMS(T) {
   if (global_index() != 0) return;
   double acc = 0.0;
-  for (i64 i = 0; i < nparts; ++i) acc += part[i];
-  if (root) acc = sqrt(acc);
-  part[nparts] = acc;
+  for (i64 i = 0; i < u.nparts; ++i) acc += part[i];
+  if (u.root) acc = sqrt(acc);
+  part[u.nparts] = acc;
   out[0] = (T)acc;
 }
-DPW_INSTANTIATE(sum_parts, SUM_PARTS_PARAMS, (nparts, root, part, out))
+DPW_INSTANTIATE(sum_parts, SUM_PARTS_PARAMS, (u, part, out))
 
 // g ×= max / (norm + 1e-6) where that is below 1, the factor from the double norm rounded once
 // to T, as the CPU does. A NaN norm scales nothing.
-#define CLIP_SCALE_PARAMS(T) (i64 n, double max, const double* __restrict__ norm, T* __restrict__ g)
+#define CLIP_SCALE_PARAMS(T) \
+  (VectorParams u, double max, const double* __restrict__ norm, T* __restrict__ g)
 
 template <typename T>
 __device__ void clip_scale CLIP_SCALE_PARAMS(T) {
   i64 i = global_index();
-  if (i >= n) return;
+  if (i >= u.n) return;
   double coef = max / (norm[0] + 1e-6);
   if (coef < 1.0) g[i] = g[i] * (T)coef;
 }
-DPW_INSTANTIATE(clip_scale, CLIP_SCALE_PARAMS, (n, max, norm, g))
+DPW_INSTANTIATE(clip_scale, CLIP_SCALE_PARAMS, (u, max, norm, g))

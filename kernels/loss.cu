@@ -2,8 +2,8 @@
 // into a tangent of the environment (CPU reference: src/backend/cpu/loss.rs; docs/design.md §3.2 "the
 // second derivative").
 
-// For one label array: out[i] = T(num · (pred[i] − label[i]) / den), and per chunk of `chunk`
-// entries the sum of squared differences in double, in index order. The host adds the chunk
+// For one label array of n entries (LossParams): out[i] = T(num · (pred[i] − label[i]) / den),
+// and per chunk of LOSS_CHUNK entries the sum of squared differences in double, in index order. The host adds the chunk
 // sums in chunk order. num and den are the host's factors, e.g. 2·p_f and 3·N·nf, so the
 // residual is rounded exactly as the CPU rounds it. num follows the learning rate: in a
 // captured CUDA graph it is read from the device (num_at, written before each replay) so that
@@ -12,7 +12,7 @@
 // differences, fetched by shuffles, in index order (lane 0's sum is written). One thread per
 // chunk of 256 took up to 43 µs on an H100 (run 7, water, batch 1: three threads for the forces).
 #define LOSS_RESIDUAL_PARAMS(T)                                                              \
-  (int n, int chunk, double num_arg, const double* __restrict__ num_at, double den,          \
+  (LossParams u, double num_arg, const double* __restrict__ num_at, double den,              \
    const T* __restrict__ pred, const T* __restrict__ label, T* __restrict__ out,             \
    double* __restrict__ part)
 
@@ -20,9 +20,9 @@ template <typename T>
 __device__ void loss_residual LOSS_RESIDUAL_PARAMS(T) {
   i64 c = global_index() / 32;
   int lane = threadIdx.x % 32;
-  i64 lo = c * chunk;
-  if (lo >= n) return;  // the whole warp
-  i64 hi = min((i64)n, lo + chunk);
+  i64 lo = c * LOSS_CHUNK;
+  if (lo >= u.n) return;  // the whole warp
+  i64 hi = min((i64)u.n, lo + LOSS_CHUNK);
   double num = num_at ? *num_at : num_arg;
   double acc = 0.0;
   for (i64 base = lo; base < hi; base += 32) {
@@ -41,7 +41,7 @@ __device__ void loss_residual LOSS_RESIDUAL_PARAMS(T) {
   if (lane == 0) part[c] = acc;
 }
 DPW_INSTANTIATE(loss_residual, LOSS_RESIDUAL_PARAMS,
-                (n, chunk, num_arg, num_at, den, pred, label, out, part))
+                (u, num_arg, num_at, den, pred, label, out, part))
 
 // ebar[c] = ce[frame(c)]: ∂L/∂E of the centre's frame.
 #define LOSS_EBAR_PARAMS(T) (const int* __restrict__ dims, const T* __restrict__ ce, T* __restrict__ ebar)

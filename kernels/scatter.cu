@@ -55,7 +55,7 @@ DPW_INSTANTIATE(energy_frames, ENERGY_FRAMES_PARAMS, (dims, e_atom, energy))
 //   F_i = Σ_{slots s of c} q_s − Σ_{slots s owned by i} q_s
 // and the centre's share of the virial, W_c = −Σ_{slots s of c} q_s ⊗ r_s, into `wpart`
 // [ncentres][9] (double). `owned_start` [n_owned + 1] and `owned_slot` list, for each atom
-// index below n_owned, the slots it owns in increasing slot order.
+// index below the ScatterParams' n_owned, the slots it owns in increasing slot order.
 // Each of the 12 sums is one lane's and runs in slot order (lanes 0-2: F, lanes 3-11: W row by
 // row); the whole warp stages FORCE_CHUNK slots at a time in shared memory with coalesced
 // loads. One thread per centre walking its slots with strided loads took 114 µs on an H100
@@ -63,10 +63,10 @@ DPW_INSTANTIATE(energy_frames, ENERGY_FRAMES_PARAMS, (dims, e_atom, energy))
 // (FORCE_WARPS is generated from src/backend/gpu_layout.rs).
 #define FORCE_CHUNK 64
 #define FORCE_CENTRES_PARAMS(T)                                                              \
-  (const int* __restrict__ dims, const T* __restrict__ q, const T* __restrict__ rij,         \
-   const int* __restrict__ owner, const int* __restrict__ centre_atom, int n_owned,          \
-   const int* __restrict__ owned_start, const int* __restrict__ owned_slot,                  \
-   T* __restrict__ force, double* __restrict__ wpart)
+  (ScatterParams u, const int* __restrict__ dims, const T* __restrict__ q,                   \
+   const T* __restrict__ rij, const int* __restrict__ owner,                                 \
+   const int* __restrict__ centre_atom, const int* __restrict__ owned_start,                 \
+   const int* __restrict__ owned_slot, T* __restrict__ force, double* __restrict__ wpart)
 
 template <typename T>
 __device__ void force_centres FORCE_CENTRES_PARAMS(T) {
@@ -107,7 +107,7 @@ __device__ void force_centres FORCE_CENTRES_PARAMS(T) {
       __syncwarp();
     }
   }
-  if (i < n_owned) {
+  if (i < u.n_owned) {
     int lo = owned_start[i], hi = owned_start[i + 1];
     for (int base = lo; base < hi; base += FORCE_CHUNK) {
       int n = min(FORCE_CHUNK, hi - base);
@@ -128,7 +128,7 @@ __device__ void force_centres FORCE_CENTRES_PARAMS(T) {
     wpart[9 * c + lane - 3] = acc;
 }
 DPW_INSTANTIATE(force_centres, FORCE_CENTRES_PARAMS,
-                (dims, q, rij, owner, centre_atom, n_owned, owned_start, owned_slot, force, wpart))
+                (u, dims, q, rij, owner, centre_atom, owned_start, owned_slot, force, wpart))
 
 // W_f = Σ_{centres c of frame f} W_c, type by type then atom by atom. One block per frame;
 // thread k < 9 adds component k.

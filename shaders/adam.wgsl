@@ -1,16 +1,8 @@
 // Adam as torch.optim.Adam computes it (see cpu/adam.rs), one thread per parameter; and the
 // gradient clipping before it (Backend::clip_grad_norm).
 
-struct Adam {
-    // parameters
-    n: u32,
-    // clipping: the index of the norm in `norm`
-    at: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> u: Adam;
+// VectorParams: src/backend/gpu_layout.rs; n is the number of parameters.
+@group(0) @binding(0) var<uniform> u: VectorParams;
 // [lr / (1 − β1^t), β1, β2, eps, sqrt(1 − β2^t)], rounded to `real` on the host as the CPU does
 @group(0) @binding(1) var<storage, read> hyper: array<real>;
 @group(0) @binding(2) var<storage, read> grad: array<real>;
@@ -43,7 +35,7 @@ fn adam(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 const NORM_WG: u32 = 256u;
 var<workgroup> part: array<real, 256>;
 
-// norm[at] = sqrt(Σ g²), by one workgroup: strided partials, then a halving tree (the order of
+// norm[0] = sqrt(Σ g²), by one workgroup: strided partials, then a halving tree (the order of
 // the loss sums: reproducible run to run).
 @compute @workgroup_size(256)
 fn grad_norm(@builtin(local_invocation_id) l: vec3<u32>) {
@@ -60,7 +52,7 @@ fn grad_norm(@builtin(local_invocation_id) l: vec3<u32>) {
         workgroupBarrier();
     }
     if (l.x == 0u) {
-        norm[u.at] = sqrt_r(part[0]);
+        norm[0] = sqrt_r(part[0]);
     }
 }
 
@@ -73,7 +65,7 @@ fn clip_scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (i >= u.n) {
         return;
     }
-    let coef = hyper[0] / (norm[u.at] + hyper[1]);
+    let coef = hyper[0] / (norm[0] + hyper[1]);
     if (coef < real(1)) {
         g[i] = g[i] * coef;
     }

@@ -1,14 +1,8 @@
 // Environment matrix R̂ = (R − davg)/dstd with its Jacobian ∂R̂/∂r_ij (see cpu/env_mat.rs), one
 // thread per slot, launched once per centre type (that type's davg/dstd row).
 
-struct EnvMat {
-    slot0: u32,
-    nslots: u32,
-    ti: u32,
-    _pad0: u32,
-}
-
-@group(0) @binding(0) var<uniform> u: EnvMat;
+// EnvMatParams: src/backend/gpu_layout.rs.
+@group(0) @binding(0) var<uniform> u: EnvMatParams;
 @group(0) @binding(1) var<storage, read> rij: array<real>;
 @group(0) @binding(2) var<storage, read> owner: array<i32>;
 @group(0) @binding(3) var<storage, read> davg: array<real>;

@@ -1,13 +1,7 @@
 // Sets every element of a buffer to one value (Backend::fill with a nonzero value).
 
-struct Fill {
-    n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> u: Fill;
+// VectorParams: src/backend/gpu_layout.rs.
+@group(0) @binding(0) var<uniform> u: VectorParams;
 @group(0) @binding(1) var<storage, read> value: array<real>;
 @group(0) @binding(2) var<storage, read_write> buf: array<real>;
 

@@ -1,22 +1,8 @@
 // Loss residuals, their sums, and the virtual displacement Ṙ = J u of the gradient pass (see
 // cpu/loss.rs). The sums use one workgroup and a fixed reduction tree: reproducible run to run.
 
-struct Loss {
-    // elements (residual, sumsq) or centres (energy_bar) or slots of the block (virtual_tangent)
-    n: u32,
-    // residual: index of the coefficient in `coef`; sumsq: index of the output in `sums`
-    which: u32,
-    natoms: u32,
-    // virtual_tangent: the block's first slot, sel[tj] and first centre
-    slot0: u32,
-    sel: u32,
-    centre0: u32,
-    // energy_bar: for the frame of a centre
-    ntypes: u32,
-    nframes: u32,
-}
-
-@group(0) @binding(0) var<uniform> u: Loss;
+// LossParams: src/backend/gpu_layout.rs.
+@group(0) @binding(0) var<uniform> u: LossParams;
 // [2p_e/(N·nf), 2p_f/(3N·nf), 2p_v/(9N·nf)]
 @group(0) @binding(1) var<storage, read> coef: array<real>;
 @group(0) @binding(2) var<storage, read> pred: array<real>;

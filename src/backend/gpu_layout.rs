@@ -162,6 +162,11 @@ pub const CONTRACT_TILE: usize = 16;
 /// Warps per block of the CUDA kernel force_centres (kernels/scatter.cu), one per centre.
 pub const FORCE_WARPS: usize = 4;
 
+/// Entries per partial sum of the CUDA sums of squares (the loss's, a warp's, and the gradient
+/// norm's, a thread's): the partials are then added in order by one thread, `sum_parts`, so
+/// the sums' order depends on the lengths alone.
+pub const LOSS_CHUNK: usize = 256;
+
 gpu_struct! {
     /// The scalars of every dense-layer kernel: one layer on a row range.
     pub struct DenseParams {
@@ -358,12 +363,19 @@ impl AngleParams {
 }
 
 gpu_struct! {
-    /// The scalars of the WGSL energy, force and virial kernels (CUDA's read the shape table).
+    /// The scalars of the energy, force and virial kernels: the WGSL kernels read the counts
+    /// (CUDA's read the shape table), CUDA's force_centres the owned-slot lists' length.
     pub struct ScatterParams {
         pub ncentres: u32,
         pub nframes: u32,
         pub natoms: u32,
         pub ntypes: u32,
+        /// Atoms with a list of the slots they own (max(owner) + 1): force_centres looks up
+        /// only these.
+        pub n_owned: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+        pub _pad2: u32,
     }
 }
 
@@ -374,6 +386,107 @@ impl ScatterParams {
             nframes: count(d.nframes),
             natoms: count(d.natoms),
             ntypes: count(d.ntypes),
+            ..Default::default()
+        }
+    }
+}
+
+gpu_struct! {
+    /// The scalars of the kernels over the n entries of one vector, the same for all of them:
+    /// fill, Adam, and the gradient clip (its norm and scaling).
+    pub struct VectorParams {
+        pub n: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+        pub _pad2: u32,
+    }
+}
+
+impl VectorParams {
+    pub fn new(n: usize) -> Self {
+        VectorParams {
+            n: count(n),
+            ..Default::default()
+        }
+    }
+}
+
+gpu_struct! {
+    /// The scalars of CUDA's sum_parts, which adds the partials of a chunked sum of squares
+    /// ([`LOSS_CHUNK`]) in order.
+    pub struct SumParams {
+        pub nparts: u32,
+        /// 1 when the total's square root is wanted (the gradient norm).
+        pub root: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+    }
+}
+
+impl SumParams {
+    pub fn new(nparts: usize, root: bool) -> Self {
+        SumParams {
+            nparts: count(nparts),
+            root: root.into(),
+            ..Default::default()
+        }
+    }
+}
+
+gpu_struct! {
+    /// The scalars of the WGSL environment-matrix kernel, launched once per centre type over
+    /// that type's slots (CUDA's reads the type of each slot from the shape table).
+    pub struct EnvMatParams {
+        pub slot0: u32,
+        pub nslots: u32,
+        /// The centre type: the row of davg and dstd.
+        pub ti: u32,
+        pub _pad0: u32,
+    }
+}
+
+gpu_struct! {
+    /// The scalars of the loss kernels: the residuals and their sums of squares, ∂L/∂E per
+    /// centre (energy_bar) and the virtual displacement (virtual_tangent). CUDA's read n alone
+    /// (the rest from the shape table).
+    pub struct LossParams {
+        /// Entries (residual, sumsq), centres (energy_bar) or the block's slots
+        /// (virtual_tangent).
+        pub n: u32,
+        /// Which label, 0 energy, 1 force, 2 virial: the residual's coefficient, the sum's
+        /// output.
+        pub which: u32,
+        pub natoms: u32,
+        /// virtual_tangent, launched per (ti, tj) block: the block's first slot, sel[tj] and
+        /// first centre.
+        pub slot0: u32,
+        pub sel: u32,
+        pub centre0: u32,
+        pub ntypes: u32,
+        pub nframes: u32,
+    }
+}
+
+impl LossParams {
+    /// For the batch `d`, over n entries of label `which`.
+    pub fn new(d: &Dims, n: usize, which: usize) -> Self {
+        LossParams {
+            n: count(n),
+            which: count(which),
+            natoms: count(d.natoms),
+            ntypes: count(d.ntypes),
+            nframes: count(d.nframes),
+            ..Default::default()
+        }
+    }
+
+    /// For virtual_tangent on block `slots` of neighbour sel `sel`, whose first centre is `c0`.
+    pub fn block(d: &Dims, slots: &Range<usize>, sel: usize, c0: usize) -> Self {
+        LossParams {
+            slot0: count(slots.start),
+            sel: count(sel),
+            centre0: count(c0),
+            ..Self::new(d, slots.len(), 0)
         }
     }
 }
@@ -384,16 +497,21 @@ pub const PARAMS: &[Layout] = &[
     ContractParams::LAYOUT,
     AngleParams::LAYOUT,
     ScatterParams::LAYOUT,
+    VectorParams::LAYOUT,
+    SumParams::LAYOUT,
+    EnvMatParams::LAYOUT,
+    LossParams::LAYOUT,
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes
-/// ([`CONTRACT_TILE`], [`FORCE_WARPS`]), the shape table's offsets (`DIMS_NTYPES`, ...,
+/// ([`CONTRACT_TILE`], [`FORCE_WARPS`], [`LOSS_CHUNK`]), the shape table's offsets (`DIMS_NTYPES`, ...,
 /// `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are
 /// those of the Rust struct in its order, all 4 bytes, so C lays them out at the same offsets;
 /// a static_assert of the size checks that NVRTC agrees (it has no offsetof).
 pub fn cuda_declarations() -> String {
     let mut s = String::from("// Generated from src/backend/gpu_layout.rs.\n");
     s += &format!("#define CONTRACT_TILE {CONTRACT_TILE}\n#define FORCE_WARPS {FORCE_WARPS}\n");
+    s += &format!("#define LOSS_CHUNK {LOSS_CHUNK}\n");
     for f in DimsHeader::LAYOUT.fields {
         s += &format!("#define DIMS_{} {}\n", f.name.to_uppercase(), f.offset / 4);
     }

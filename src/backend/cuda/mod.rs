@@ -37,17 +37,15 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
-use super::gpu_layout::{self, AngleParams};
+use super::gpu_layout::{
+    self, AngleParams, LossParams, ScatterParams, SumParams, VectorParams, LOSS_CHUNK,
+};
 use super::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
 
 /// The message when no driver library can be loaded.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend cpu or wgpu";
-
-/// Entries per partial sum in the chunked loss sums (a warp's) and gradient norm (a thread's);
-/// the partials are added in order by one device thread, `sum_parts`.
-const LOSS_CHUNK: usize = 256;
 
 /// A float type the kernels are instantiated for (`op_f32`, `op_f64`), with its cuBLAS GEMM.
 pub trait CudaReal: Real + DeviceRepr + ValidAsZeroBits {
@@ -125,6 +123,14 @@ impl_cuda_real!(f64, "_f64", dgemm);
 unsafe impl DeviceRepr for gpu_layout::DenseParams {}
 // SAFETY: as DenseParams.
 unsafe impl DeviceRepr for gpu_layout::AngleParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::ScatterParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::VectorParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::SumParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::LossParams {}
 
 /// A device vector of T. The allocation has at least one element (CUDA allocations of zero
 /// bytes are not portable); `len` is the logical length.
@@ -638,8 +644,9 @@ impl Cuda {
 }
 
 /// Launches a kernel: `launch!(cuda, "name_f64", cfg, [arg, ...])`. Arguments are passed by
-/// value: device addresses as u64, sizes as i32/i64, scalars as T or f64, in the order of the
-/// kernel's parameter list in kernels/*.cu.
+/// value: device addresses as u64, counts and indices in the op's parameter struct
+/// (gpu_layout), real scalars as T or f64, in the order of the kernel's parameter list in
+/// kernels/*.cu.
 macro_rules! launch {
     ($cuda:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
         let name: &str = $name;
@@ -758,7 +765,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
             self,
             &name::<T>("fill"),
             grid(b.len, BLOCK),
-            [b.len as i64, v, self.ptr(b)]
+            [VectorParams::new(b.len), v, self.ptr(b)]
         );
     }
 
@@ -883,8 +890,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 &name::<T>("grad_sq"),
                 grid(chunks, 64),
                 [
-                    grad.len as i64,
-                    LOSS_CHUNK as i64,
+                    VectorParams::new(grad.len),
                     self.ptr(grad),
                     self.addr(&part)
                 ]
@@ -894,7 +900,11 @@ impl<T: CudaReal> Backend<T> for Cuda {
             self,
             &name::<T>("sum_parts"),
             grid(1, 32),
-            [chunks as i64, 1i32, self.addr(&part), self.at(norm, at)]
+            [
+                SumParams::new(chunks, true),
+                self.addr(&part),
+                self.at(norm, at)
+            ]
         );
         if grad.len > 0 {
             launch!(
@@ -902,7 +912,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 &name::<T>("clip_scale"),
                 grid(grad.len, BLOCK),
                 [
-                    grad.len as i64,
+                    VectorParams::new(grad.len),
                     max,
                     self.addr(&part) + (chunks * size_of::<f64>()) as u64,
                     self.ptr(grad)
@@ -1496,12 +1506,15 @@ impl<T: CudaReal> Backend<T> for Cuda {
             // A warp per centre.
             grid(32 * d.ncentres(), 32 * gpu_layout::FORCE_WARPS as u32),
             [
+                ScatterParams {
+                    n_owned: gpu_layout::count(owned.n),
+                    ..ScatterParams::new(d)
+                },
                 self.addr(&*dims),
                 self.ptr(q),
                 self.ptr(rij),
                 self.idx(owner),
                 self.idx(centre_atom),
-                owned.n as i32,
                 start,
                 slot,
                 self.ptr(force),
@@ -1562,8 +1575,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
                     // A warp per chunk.
                     grid(32 * chunks, 128),
                     [
-                        len as i32,
-                        LOSS_CHUNK as i32,
+                        LossParams::new(d, len, k),
                         num,
                         num_at,
                         den,
@@ -1579,7 +1591,11 @@ impl<T: CudaReal> Backend<T> for Cuda {
                 self,
                 &name::<T>("sum_parts"),
                 grid(1, 32),
-                [chunks as i64, 0i32, self.addr(&part), self.at(sums, k)]
+                [
+                    SumParams::new(chunks, false),
+                    self.addr(&part),
+                    self.at(sums, k)
+                ]
             );
         }
         if d.ncentres() > 0 {
@@ -1645,7 +1661,7 @@ impl<T: CudaReal> Backend<T> for Cuda {
             &name::<T>("adam"),
             grid(params.len, BLOCK),
             [
-                params.len as i64,
+                VectorParams::new(params.len),
                 T::of(s.lr / bc1),
                 T::of(s.beta1),
                 T::of(s.beta2),

@@ -6,7 +6,10 @@ use std::ops::Range;
 use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
-use crate::backend::gpu_layout::{AngleParams, ContractParams, DenseParams, ScatterParams};
+use crate::backend::gpu_layout::{
+    count, AngleParams, ContractParams, DenseParams, EnvMatParams, GpuStruct, LossParams,
+    ScatterParams, VectorParams,
+};
 use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -97,7 +100,7 @@ impl Wgpu {
     fn go<T: GpuReal>(
         &self,
         kern: &Kernel,
-        uniform: &impl bytemuck::Pod,
+        uniform: &impl GpuStruct,
         bufs: &[&wgpu::Buffer],
         groups: [u32; 3],
     ) {
@@ -209,7 +212,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
             let val = self.consts(&op, "fill", &[v]);
             self.go::<T>(
                 &k::FILL,
-                &[u32_of(b.len), 0, 0, 0],
+                &VectorParams::new(b.len),
                 &[&val, &b.buf],
                 grid1(b.len),
             );
@@ -280,7 +283,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         let op = self.exclusive();
         let sz = size_of::<T>() as u64;
         let slot = self.scratch(&op, "clip.norm", sz);
-        let u = [u32_of(grad.len), 0, 0, 0];
+        let u = VectorParams::new(grad.len);
         self.go::<T>(&k::GRAD_NORM, &u, &[&slot, &grad.buf], [1, 1, 1]);
         let hyper = self.reals::<T>(&op, "clip", &[max, 1e-6]);
         self.go::<T>(
@@ -309,9 +312,15 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         for ti in 0..d.ntypes {
             let lo = d.block(ti, 0).start;
             let hi = d.block(ti, d.ntypes - 1).end;
+            let u = EnvMatParams {
+                slot0: count(lo),
+                nslots: count(hi - lo),
+                ti: count(ti),
+                ..Default::default()
+            };
             self.go::<T>(
                 &k::ENV_MAT,
-                &[u32_of(lo), u32_of(hi - lo), u32_of(ti), 0],
+                &u,
                 &[
                     &rij.buf, &owner.buf, &davg.buf, &dstd.buf, &envp, &rhat.buf, &jac.buf, &s.buf,
                 ],
@@ -806,34 +815,27 @@ impl<T: GpuReal> Backend<T> for Wgpu {
                 2.0 * pref.v / (9.0 * n * nf),
             ],
         );
-        let natoms = u32_of(d.natoms);
         let nc = d.ncentres();
-        let (ntypes, nframes) = (u32_of(d.ntypes), u32_of(d.nframes));
         let dims = self.dims_buf(d);
         self.go::<T>(
             &k::LOSS_ENERGY_BAR,
-            &[u32_of(nc), 0, natoms, 0, 0, 0, ntypes, nframes],
+            &LossParams::new(d, nc, 0),
             &[&coef, &pred[0].buf, &label[0].buf, &dims, &ebar.buf],
             grid1(nc),
         );
-        for (which, out) in [(1u32, &*fres), (2, &*vres)] {
-            let len = pred[which as usize].len;
+        for (which, out) in [(1, &*fres), (2, &*vres)] {
+            let len = pred[which].len;
             self.go::<T>(
                 &k::LOSS_RESIDUAL,
-                &[u32_of(len), which, natoms, 0, 0, 0, 0, 0],
-                &[
-                    &coef,
-                    &pred[which as usize].buf,
-                    &label[which as usize].buf,
-                    &out.buf,
-                ],
+                &LossParams::new(d, len, which),
+                &[&coef, &pred[which].buf, &label[which].buf, &out.buf],
                 grid1(len),
             );
         }
         for which in 0..3 {
             self.go::<T>(
                 &k::LOSS_SUMSQ,
-                &[u32_of(pred[which].len), which as u32, natoms, 0, 0, 0, 0, 0],
+                &LossParams::new(d, pred[which].len, which),
                 &[&pred[which].buf, &label[which].buf, &sums.buf],
                 [1, 1, 1],
             );
@@ -853,19 +855,9 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         sdot: &mut Buf<T>,
     ) {
         for_blocks(d, |slots, sel, c0| {
-            let u = [
-                u32_of(slots.len()),
-                0,
-                u32_of(d.natoms),
-                u32_of(slots.start),
-                u32_of(sel),
-                u32_of(c0),
-                0,
-                0,
-            ];
             self.go::<T>(
                 &k::LOSS_VIRTUAL_TANGENT,
-                &u,
+                &LossParams::block(d, &slots, sel, c0),
                 &[
                     &fres.buf,
                     &vres.buf,
@@ -899,7 +891,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         );
         self.go::<T>(
             &k::ADAM,
-            &[u32_of(params.len), 0, 0, 0],
+            &VectorParams::new(params.len),
             &[&hyper, &grad.buf, &params.buf, &m.buf, &v.buf],
             grid1(params.len),
         );
