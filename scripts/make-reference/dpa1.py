@@ -367,6 +367,11 @@ def run_case(name, case):
     near = nearest_to_rcut(case, ev)
     v0 = pred["virial"][0].reshape(3, 3)
     ind = independent_atom_energy(ser, ev)
+    # A padding slot takes the type of atom 0 (README): with the last atom moved first, frame
+    # 0's energy changes wherever padding reaches the descriptor (concat with davg ≠ 0).
+    perm = np.r_[n - 1, np.arange(n - 1)]
+    e_perm = float(base.pt_eval(pt, ev["coord"][:1, perm], ev["box"][:1], ev["atype"][perm])[
+        "energy"].detach().numpy().sum())
     checks = {
         "pt_vs_dpmodel_energy_max_abs": float(np.abs(pred["energy"] - dpe).max()),
         "pt_vs_dpmodel_energy_max_rel": base.rel(pred["energy"], dpe),
@@ -376,6 +381,10 @@ def run_case(name, case):
         "independent_numpy_vs_pt_atom_energy_max_abs": float(
             np.abs(ind - pred["atom_energy"]).max()),
         "independent_numpy_vs_pt_energy_max_abs": float(np.abs(ind.sum(1) - pred["energy"]).max()),
+        "atom_order": {
+            "frame": 0, "permutation": "the last atom moved first",
+            "energy": e_perm, "minus_energy": e_perm - float(pred["energy"][0]),
+        },
         "fd_force": {
             "frame": 0, "atoms": fd_atoms, "h": 1e-4, "scheme": "fourth-order central",
             "force_pt": pred["force"][0, fd_atoms].tolist(),
@@ -438,6 +447,7 @@ def run_case(name, case):
           f"fd virial {checks['fd_virial']['max_abs_err']:.1e} "
           f"(h 1e-6: {checks['fd_virial_h_1e-6']['max_abs_err']:.1e}), "
           f"independent {checks['independent_numpy_vs_pt_atom_energy_max_abs']:.1e}, "
+          f"last atom first {checks['atom_order']['minus_energy']:.1e}, "
           f"max nei {meta['neighbour_list']['max_neighbours_within_rcut_on_eval_frames']}"
           f"/{sum(d['sel'])}", flush=True)
 
