@@ -445,11 +445,11 @@ fn key_errors_name_the_file() {
 
 #[test]
 fn unsupported_settings_are_errors() {
-    let msg = error_of(&water_with("/model/descriptor/type", json!("se_atten")));
+    let msg = error_of(&water_with("/model/descriptor/type", json!("dpa2")));
     assert_mentions(
         &msg,
         &[
-            "descriptor type 'se_atten' is not supported",
+            "descriptor type 'dpa2' is not supported",
             "se_e2_a (se_a)",
             "se_e2_r (se_r)",
             "se_e3 (se_t)",
@@ -685,4 +685,259 @@ fn hybrid_takes_a_list_of_descriptors() {
         .unwrap()
         .insert("precision".into(), json!("float32"));
     assert_mentions(&error_of(&v), &["model.descriptor.list[1].precision"]);
+}
+
+// ---- DPA-1 (se_atten, se_atten_v2): parsed and checked, not trainable yet ------------------
+
+/// The water input with a DPA-1 descriptor of only the given keys (the rest DeePMD-kit's
+/// defaults).
+fn water_atten(descriptor: Value) -> Value {
+    water_with("/model/descriptor", descriptor)
+}
+
+fn dpa1_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/dpa1")
+}
+
+#[test]
+fn se_atten_takes_deepmd_defaults() {
+    use dpw::config::TebdInputMode;
+    use dpw::model::DescriptorType;
+    // DeePMD-kit 3.2.0's argcheck defaults (descrpt_se_atten_common_args + descrpt_se_atten_args).
+    for ty in ["se_atten", "dpa1"] {
+        let (_d, r) = load(&water_atten(json!({"type": ty})));
+        let d = r.unwrap().model.descriptor;
+        assert_eq!((d.kind, d.r#type.as_str()), (DescriptorType::SeAtten, ty));
+        assert_eq!(d.sel, Sel::Auto(1.1));
+        assert_eq!((d.rcut, d.rcut_smth), (6.0, 0.5));
+        assert_eq!((d.neuron.as_slice(), d.axis_neuron), (&[10, 20, 40][..], 4));
+        assert!(!d.resnet_dt && !d.type_one_side && d.trainable && d.set_davg_zero);
+        assert_eq!(
+            (d.precision, d.seed, d.env_protection),
+            (Precision::F64, None, 0.0)
+        );
+        let a = d.attention.unwrap();
+        assert_eq!((a.tebd_dim, a.tebd_input_mode), (8, TebdInputMode::Concat));
+        assert_eq!((a.attn, a.attn_layer, a.attn_dotr), (128, 2, true));
+        assert_eq!(
+            (a.scaling_factor, a.normalize, a.temperature),
+            (1.0, true, None)
+        );
+        assert_eq!((a.trainable_ln, a.ln_eps), (true, 1e-5));
+        assert!(!a.smooth_type_embedding && a.concat_output_tebd && !a.use_tebd_bias);
+    }
+    // se_atten_v2: strip and smooth always, set_davg_zero false by default.
+    let (_d, r) = load(&water_atten(json!({"type": "se_atten_v2"})));
+    let d = r.unwrap().model.descriptor;
+    assert_eq!(d.kind, DescriptorType::SeAttenV2);
+    assert!(!d.set_davg_zero);
+    let a = d.attention.unwrap();
+    assert_eq!(a.tebd_input_mode, TebdInputMode::Strip);
+    assert!(a.smooth_type_embedding);
+    // The other descriptors have no attention keys.
+    assert_eq!(load(&water()).1.unwrap().model.descriptor.attention, None);
+}
+
+#[test]
+fn se_atten_reads_the_reference_inputs() {
+    use dpw::config::TebdInputMode;
+    // The model sections DeePMD-kit built the reference models from (tests/reference/dpa1).
+    for case in [
+        "se_atten_l0_water",
+        "se_atten_l2_alloy",
+        "se_atten_v2_alloy",
+        "se_atten_l2_opts_water",
+    ] {
+        let text = std::fs::read_to_string(dpa1_dir().join(case).join("input.json")).unwrap();
+        let model: Value = serde_json::from_str(&text).unwrap();
+        let given = &model["model"]["descriptor"];
+        let v = water_with("/model", model["model"].clone());
+        let (_d, r) = load(&v);
+        let d = r.unwrap_or_else(|e| panic!("{case}: {e}")).model.descriptor;
+        let a = d.attention.as_ref().unwrap();
+        assert_eq!(
+            d.sel,
+            Sel::Fixed(vec![given["sel"].as_u64().unwrap() as usize])
+        );
+        assert_eq!(d.neuron, [4, 8, 16]);
+        assert_eq!(d.set_davg_zero, given["set_davg_zero"].as_bool().unwrap());
+        assert_eq!(d.resnet_dt, given["resnet_dt"].as_bool().unwrap());
+        assert_eq!(d.type_one_side, given["type_one_side"].as_bool().unwrap());
+        assert_eq!(a.attn_layer as u64, given["attn_layer"].as_u64().unwrap());
+        assert_eq!(a.tebd_dim as u64, given["tebd_dim"].as_u64().unwrap());
+        assert_eq!(a.temperature, given["temperature"].as_f64());
+        assert_eq!(a.ln_eps, given["ln_eps"].as_f64().unwrap());
+        assert_eq!(a.normalize, given["normalize"].as_bool().unwrap());
+        assert_eq!(a.trainable_ln, given["trainable_ln"].as_bool().unwrap());
+        assert_eq!(a.attn_dotr, given["attn_dotr"].as_bool().unwrap());
+        assert_eq!(a.use_tebd_bias, given["use_tebd_bias"].as_bool().unwrap());
+        assert_eq!(
+            a.concat_output_tebd,
+            given["concat_output_tebd"].as_bool().unwrap()
+        );
+        let v2 = given["type"] == "se_atten_v2";
+        let smooth = v2 || given["smooth_type_embedding"].as_bool().unwrap();
+        assert_eq!(a.smooth_type_embedding, smooth, "{case}");
+        let mode = if v2 {
+            TebdInputMode::Strip
+        } else {
+            TebdInputMode::Concat
+        };
+        assert_eq!(a.tebd_input_mode, mode, "{case}");
+
+        // The expanded input loads back to the same config.
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::from_value(&v, dir.path()).unwrap();
+        let expanded = c.to_expanded_json();
+        assert_eq!(
+            Config::from_value(&expanded, dir.path()).unwrap(),
+            c,
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn se_atten_aliases_and_deprecated_keys() {
+    use dpw::config::TebdInputMode;
+    let atten = |extra: Value| {
+        let mut d = json!({"type": "se_atten", "sel": 30, "neuron": [4, 8]});
+        d.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        water_atten(d)
+    };
+    let parsed = |extra: Value| load(&atten(extra)).1.unwrap().model.descriptor;
+    // DeePMD-kit's misspelt alias, and n_axis_neuron.
+    let d = parsed(json!({"smooth_type_embdding": true, "n_axis_neuron": 2}));
+    assert!(d.attention.unwrap().smooth_type_embedding);
+    assert_eq!(d.axis_neuron, 2);
+    // A sel list: only its sum matters to DeePMD-kit; kept as given, of any length (DeePMD-kit
+    // serializes sel 30 as [30]).
+    let d = parsed(json!({"sel": [10, 20]}));
+    assert_eq!(d.sel, Sel::Fixed(vec![10, 20]));
+    assert_eq!(parsed(json!({"sel": [30]})).sel, Sel::Fixed(vec![30]));
+    assert_mentions(
+        &error_of(&atten(json!({"sel": []}))),
+        &["model.descriptor.sel", "empty"],
+    );
+    // stripped_type_embedding (deprecated) overrides tebd_input_mode when given.
+    let mode = |extra| parsed(extra).attention.unwrap().tebd_input_mode;
+    assert_eq!(
+        mode(json!({"tebd_input_mode": "strip"})),
+        TebdInputMode::Strip
+    );
+    assert_eq!(
+        mode(json!({"stripped_type_embedding": true})),
+        TebdInputMode::Strip
+    );
+    assert_eq!(
+        mode(json!({"stripped_type_embedding": false, "tebd_input_mode": "strip"})),
+        TebdInputMode::Concat
+    );
+    assert_eq!(
+        mode(json!({"stripped_type_embedding": null, "tebd_input_mode": "strip"})),
+        TebdInputMode::Strip
+    );
+    assert_eq!(
+        parsed(json!({"ln_eps": null})).attention.unwrap().ln_eps,
+        1e-5
+    );
+    assert_eq!(parsed(json!({"lmax": 1})).attention.unwrap().attn_layer, 2);
+
+    let msg = error_of(&atten(json!({"tebd_input_mode": "sum"})));
+    assert_mentions(&msg, &["model.descriptor.tebd_input_mode", "\"sum\""]);
+    let msg = error_of(&atten(
+        json!({"smooth_type_embdding": true, "smooth_type_embedding": true}),
+    ));
+    assert_mentions(&msg, &["model.descriptor.smooth_type_embdding", "alias"]);
+    for (key, value) in [
+        ("tebd_dim", json!(0)),
+        ("attn", json!(0)),
+        ("scaling_factor", json!(0.0)),
+        ("temperature", json!(-1.0)),
+        ("ln_eps", json!(0.0)),
+    ] {
+        let msg = error_of(&atten(json!({ key: value })));
+        assert_mentions(&msg, &[&format!("model.descriptor.{key}")]);
+    }
+}
+
+#[test]
+fn se_atten_refuses_what_dpw_lacks_by_name() {
+    for ty in ["se_atten", "se_atten_v2"] {
+        for (key, value) in [
+            ("attn_mask", json!(true)),
+            ("use_econf_tebd", json!(true)),
+            ("exclude_types", json!([[0, 1]])),
+            ("activation_function", json!("gelu")),
+            ("lmax", json!(2)),
+        ] {
+            let err = load(&water_atten(json!({"type": ty, key: value})))
+                .1
+                .unwrap_err();
+            assert!(
+                matches!(err.inner(), ConfigError::Unsupported { .. }),
+                "{ty} {key}: {err}"
+            );
+            assert_mentions(&err.to_string(), &[&format!("model.descriptor.{key}")]);
+        }
+        // The defaults themselves are accepted.
+        let (_d, r) = load(&water_atten(json!({
+            "type": ty, "attn_mask": false, "use_econf_tebd": false, "exclude_types": [],
+            "activation_function": "tanh"
+        })));
+        r.unwrap();
+    }
+    // se_atten_v2 has no tebd_input_mode, stripped_type_embedding or smooth_type_embedding.
+    for key in [
+        "tebd_input_mode",
+        "stripped_type_embedding",
+        "smooth_type_embedding",
+    ] {
+        let err = load(&water_atten(json!({"type": "se_atten_v2", key: null})))
+            .1
+            .unwrap_err();
+        assert!(
+            matches!(err.inner(), ConfigError::UnknownKey { .. }),
+            "{key}: {err}"
+        );
+        assert_mentions(&err.to_string(), &[&format!("model.descriptor.{key}")]);
+    }
+    // Not inside hybrid (yet).
+    let mut v = water_hybrid();
+    *v.pointer_mut("/model/descriptor/list/1").unwrap() = json!({"type": "se_atten_v2", "sel": 30});
+    let err = load(&v).1.unwrap_err();
+    assert!(
+        matches!(err.inner(), ConfigError::Unsupported { .. }),
+        "{err}"
+    );
+    assert_mentions(
+        &err.to_string(),
+        &["model.descriptor.list[1].type", "inside hybrid"],
+    );
+}
+
+#[test]
+fn training_se_atten_fails_clearly() {
+    use dpw::train::setup::{prepare_in, Start};
+    for ty in ["se_atten", "dpa1", "se_atten_v2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let v = water_atten(json!({"type": ty, "sel": 30}));
+        let cfg = Config::from_value(&v, dir.path()).unwrap();
+        let start = web_time::Instant::now();
+        let msg = match prepare_in(&dpw::data::Disk, cfg, Start::Fresh, true, dir.path(), start) {
+            Ok(_) => panic!("{ty}: training must be refused"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert_mentions(
+            &msg,
+            &[
+                "model.descriptor.type",
+                &format!("{ty:?}"),
+                "DPA-1",
+                "cannot train it yet",
+            ],
+        );
+    }
 }

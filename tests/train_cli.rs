@@ -434,8 +434,13 @@ fn bad_inputs_fail_cleanly_without_touching_outputs() {
         ),
         (
             "unsupported descriptor",
-            set(&|v| v["model"]["descriptor"]["type"] = json!("se_atten")),
+            set(&|v| v["model"]["descriptor"]["type"] = json!("dpa2")),
             "not supported",
+        ),
+        (
+            "DPA-1, parsed but not trainable yet",
+            set(&|v| v["model"]["descriptor"]["type"] = json!("se_atten_v2")),
+            "cannot train it yet",
         ),
         (
             "precisions differ",

@@ -21,7 +21,9 @@ use serde_json::{json, Value};
 pub use error::ConfigError;
 pub use learning_rate::{LearningRateConfig, ScaleByWorker, DEFAULT_STOP_LR};
 pub use loss::LossConfig;
-pub use model::{DescriptorConfig, FittingConfig, ModelConfig, Precision, Sel};
+pub use model::{
+    AttentionConfig, DescriptorConfig, FittingConfig, ModelConfig, Precision, Sel, TebdInputMode,
+};
 pub use optimizer::OptimizerConfig;
 pub use training::{
     AutoProb, BatchSizeSpec, DataConfig, ProbBlock, TrainingConfig, ValidationDataConfig,

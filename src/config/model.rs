@@ -1,10 +1,11 @@
-//! The `model` section: type map, the se_e2_a descriptor and the ener fitting net.
+//! The `model` section: type map, the descriptor (se_e2_a, se_e2_r, se_e3, hybrid; se_atten and
+//! se_atten_v2 parsed only) and the ener fitting net.
 
 use serde_json::{json, Map, Value};
 
 use super::keys::{
-    at_least_one, join, non_negative, positive, to_f64, to_list, to_str, to_usize_list, wrong_type,
-    Fixed, Schema, Section,
+    at_least_one, join, non_negative, positive, to_bool, to_f64, to_list, to_str, to_usize,
+    to_usize_list, wrong_type, Fixed, Schema, Section,
 };
 use super::ConfigError;
 use crate::model::DescriptorType;
@@ -124,10 +125,69 @@ pub struct DescriptorConfig {
     pub seed: Option<u64>,
     pub env_protection: f64,
     pub set_davg_zero: bool,
+    /// se_atten / se_atten_v2 (DPA-1): the attention keys; `None` for the others. Their sel is
+    /// one mixed-type list: an integer given is kept as `Fixed([n])`, a list as given, of any
+    /// length (DeePMD-kit uses only its sum).
+    pub attention: Option<AttentionConfig>,
     /// `hybrid`: its sub-descriptors, in order (none of them hybrid, each sel given as numbers);
     /// empty for the others. A hybrid's own sel and rcut are its list's largest, its precision
     /// and trainable those its list shares, its other keys empty or zero.
     pub list: Vec<DescriptorConfig>,
+}
+
+/// How DPA-1 feeds the type embeddings into the embedding net (`tebd_input_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TebdInputMode {
+    /// One net on [ŝ, T(neighbour), T(centre)] (T(centre) left out with type_one_side).
+    Concat,
+    /// G = G_s(ŝ)·(1 + σ·G_t(T(neighbour), T(centre))), σ the switch when smooth (else 1):
+    /// se_atten_v2's, or se_atten's `tebd_input_mode: "strip"` (`stripped_type_embedding: true`).
+    Strip,
+}
+
+impl TebdInputMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TebdInputMode::Concat => "concat",
+            TebdInputMode::Strip => "strip",
+        }
+    }
+}
+
+/// The keys se_atten and se_atten_v2 add to the common descriptor keys (DeePMD-kit 3.2.0's
+/// `descrpt_se_atten_args`, `descrpt_se_atten_v2_args`), with its defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionConfig {
+    /// Width of the type embedding (`tebd_dim`, 8).
+    pub tebd_dim: usize,
+    /// se_atten: `tebd_input_mode` ("concat") or the deprecated `stripped_type_embedding`;
+    /// se_atten_v2: always strip.
+    pub tebd_input_mode: TebdInputMode,
+    /// Hidden width of the attention's queries, keys and values (`attn`, 128).
+    pub attn: usize,
+    /// Number of attention layers (`attn_layer`, 2; 0 = none).
+    pub attn_layer: usize,
+    /// Gate the attention weights by r̂_j·r̂_k (`attn_dotr`, true).
+    pub attn_dotr: bool,
+    /// The logits' scale is (attn·scaling_factor)^(−1/2) unless `temperature` is given.
+    pub scaling_factor: f64,
+    /// Normalise q, k, v to unit length (`normalize`, true).
+    pub normalize: bool,
+    /// The logits' scale itself, when given (`temperature`, null).
+    pub temperature: Option<f64>,
+    /// Layer norm with trainable scale and shift (`trainable_ln`, true); false keeps them at
+    /// 1 and 0.
+    pub trainable_ln: bool,
+    /// The layer norm's ε (`ln_eps`; null means 1e-5, as DeePMD-kit's PyTorch and dpmodel).
+    pub ln_eps: f64,
+    /// se_atten: `smooth_type_embedding` (false); se_atten_v2: always true. Smooth attention
+    /// (logits and weights scaled by the neighbours' switches) and, with strip, the type
+    /// net's output scaled by the switch.
+    pub smooth_type_embedding: bool,
+    /// Append the centre's type embedding to the descriptor (`concat_output_tebd`, true).
+    pub concat_output_tebd: bool,
+    /// A bias in the type-embedding layer (`use_tebd_bias`, false).
+    pub use_tebd_bias: bool,
 }
 
 /// `ener` fitting net: one net per atom type mapping the descriptor to an atomic energy.
@@ -255,6 +315,103 @@ static DESCRIPTOR_T: Schema = Schema {
             "type exclusion is not implemented",
         ),
     ],
+    ignored: &[],
+};
+
+/// What DeePMD-kit 3.2.0 itself refuses or dpw does not implement for se_atten / se_atten_v2.
+const ATTEN_FIXED: &[(&str, Fixed, &str)] = &[
+    ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
+    (
+        "exclude_types",
+        Fixed::EmptyList,
+        "type exclusion is not implemented",
+    ),
+    (
+        "attn_mask",
+        Fixed::False,
+        "DeePMD-kit 3.2.0 itself refuses attn_mask true (NotImplementedError)",
+    ),
+    (
+        "use_econf_tebd",
+        Fixed::False,
+        "the electronic-configuration type embedding is not implemented",
+    ),
+];
+
+/// se_atten's keys (DeePMD-kit 3.2.0's `descrpt_se_atten_common_args` + `descrpt_se_atten_args`;
+/// registered also as `dpa1`). `lmax` is read and must be 1 (the only degree dpw implements).
+static DESCRIPTOR_ATTEN: Schema = Schema {
+    keys: &[
+        "type",
+        "sel",
+        "rcut",
+        "rcut_smth",
+        "neuron",
+        "axis_neuron",
+        "lmax",
+        "resnet_dt",
+        "type_one_side",
+        "precision",
+        "trainable",
+        "seed",
+        "env_protection",
+        "attn",
+        "attn_layer",
+        "attn_dotr",
+        "stripped_type_embedding",
+        "smooth_type_embedding",
+        "set_davg_zero",
+        "trainable_ln",
+        "ln_eps",
+        "tebd_dim",
+        "use_tebd_bias",
+        "tebd_input_mode",
+        "scaling_factor",
+        "normalize",
+        "temperature",
+        "concat_output_tebd",
+    ],
+    aliases: &[
+        ("n_axis_neuron", "axis_neuron"),
+        ("smooth_type_embdding", "smooth_type_embedding"),
+    ],
+    fixed: ATTEN_FIXED,
+    ignored: &[],
+};
+
+/// se_atten_v2's keys (`descrpt_se_atten_common_args` + `descrpt_se_atten_v2_args`): se_atten's
+/// without stripped_type_embedding, smooth_type_embedding and tebd_input_mode (v2 is always
+/// strip and smooth).
+static DESCRIPTOR_ATTEN_V2: Schema = Schema {
+    keys: &[
+        "type",
+        "sel",
+        "rcut",
+        "rcut_smth",
+        "neuron",
+        "axis_neuron",
+        "lmax",
+        "resnet_dt",
+        "type_one_side",
+        "precision",
+        "trainable",
+        "seed",
+        "env_protection",
+        "attn",
+        "attn_layer",
+        "attn_dotr",
+        "set_davg_zero",
+        "trainable_ln",
+        "ln_eps",
+        "tebd_dim",
+        "use_tebd_bias",
+        "scaling_factor",
+        "normalize",
+        "temperature",
+        "concat_output_tebd",
+    ],
+    aliases: &[("n_axis_neuron", "axis_neuron")],
+    fixed: ATTEN_FIXED,
     ignored: &[],
 };
 
@@ -398,6 +555,14 @@ fn parse_descriptor(
         "se_e2_r" | "se_r" => (DescriptorType::SeE2R, &DESCRIPTOR_R),
         // DeePMD-kit 3.2.0 registers se_e3 with these aliases.
         "se_e3" | "se_at" | "se_a_3be" | "se_t" => (DescriptorType::SeE3, &DESCRIPTOR_T),
+        "se_atten" | "dpa1" | "se_atten_v2" if in_hybrid => {
+            return Err(ConfigError::unsupported(
+                type_path,
+                format!("{kind} inside hybrid is not supported"),
+            ))
+        }
+        "se_atten" | "dpa1" => (DescriptorType::SeAtten, &DESCRIPTOR_ATTEN),
+        "se_atten_v2" => (DescriptorType::SeAttenV2, &DESCRIPTOR_ATTEN_V2),
         "hybrid" if in_hybrid => {
             return Err(ConfigError::unsupported(
                 type_path,
@@ -411,13 +576,29 @@ fn parse_descriptor(
                 type_path,
                 format!(
                     "descriptor type '{kind}' is not supported; dpw supports se_e2_a (se_a), \
-                     se_e2_r (se_r), se_e3 (se_t) and hybrid"
+                     se_e2_r (se_r), se_e3 (se_t), hybrid, and parses se_atten (dpa1) and \
+                     se_atten_v2"
                 ),
             ))
         }
     };
     let sec = Section::new(v, path, schema)?;
     let sel = match sec.get("sel") {
+        // DPA-1's one mixed-type list may be sized by a single number, or by a list of which
+        // DeePMD-kit uses only the sum (of any length: it serializes a number n as [n]).
+        Some(v) if descriptor.is_attention() && v.is_number() => {
+            Sel::Fixed(vec![to_usize(v, &sec.path_of("sel"))?])
+        }
+        Some(v) if descriptor.is_attention() && v.is_array() => {
+            let sel = to_usize_list(v, &sec.path_of("sel"))?;
+            if sel.is_empty() {
+                return Err(ConfigError::invalid(
+                    sec.path_of("sel"),
+                    "is empty; give the number of neighbours",
+                ));
+            }
+            Sel::Fixed(sel)
+        }
         Some(v) => Sel::parse(v, &sec.path_of("sel"), ntypes)?,
         None => Sel::Auto(1.1),
     };
@@ -438,7 +619,9 @@ fn parse_descriptor(
     }
     let neuron = widths(&sec, "neuron", &[10, 20, 40])?;
     let axis_neuron = match descriptor {
-        DescriptorType::SeE2A => sec.usize_or("axis_neuron", 4)?,
+        DescriptorType::SeE2A | DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
+            sec.usize_or("axis_neuron", 4)?
+        }
         DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
         DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
     };
@@ -452,7 +635,9 @@ fn parse_descriptor(
     // DeePMD-kit 3.2.0's se_e2_r has one embedding net per neighbour type only: its dpmodel
     // refuses `type_one_side: false`, its PyTorch backend ignores it.
     let type_one_side = match descriptor {
-        DescriptorType::SeE2A => sec.bool_or("type_one_side", false)?,
+        DescriptorType::SeE2A | DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
+            sec.bool_or("type_one_side", false)?
+        }
         DescriptorType::SeE2R => {
             if !sec.bool_or("type_one_side", true)? {
                 return Err(ConfigError::unsupported(
@@ -481,8 +666,82 @@ fn parse_descriptor(
         trainable: sec.bool_or("trainable", true)?,
         seed: sec.opt_u64("seed")?,
         env_protection: sec.f64_or("env_protection", 0.0)?,
-        set_davg_zero: sec.bool_or("set_davg_zero", false)?,
+        // DeePMD-kit 3.2.0: true for se_atten, false for se_atten_v2 and the others.
+        set_davg_zero: sec.bool_or("set_davg_zero", descriptor == DescriptorType::SeAtten)?,
+        attention: match descriptor.is_attention() {
+            true => Some(parse_attention(&sec, descriptor)?),
+            false => None,
+        },
         list: vec![],
+    })
+}
+
+/// se_atten / se_atten_v2's own keys (the schema has already refused the unsupported values).
+fn parse_attention(sec: &Section, kind: DescriptorType) -> Result<AttentionConfig> {
+    if let Some(v) = sec.get_nonnull("lmax") {
+        let lmax = to_usize(v, &sec.path_of("lmax"))?;
+        if lmax != 1 {
+            return Err(ConfigError::unsupported(
+                sec.path_of("lmax"),
+                format!(
+                    "lmax {lmax} (DeePMD-kit's higher-degree moment basis) is not supported; \
+                     dpw implements lmax 1, the default"
+                ),
+            ));
+        }
+    }
+    let v2 = kind == DescriptorType::SeAttenV2;
+    let tebd_input_mode = if v2 {
+        TebdInputMode::Strip
+    } else {
+        // DeePMD-kit: a given stripped_type_embedding (true/false) overrides tebd_input_mode.
+        let stripped = match sec.get_nonnull("stripped_type_embedding") {
+            Some(v) => Some(to_bool(v, &sec.path_of("stripped_type_embedding"))?),
+            None => None,
+        };
+        let mode = sec.string_or("tebd_input_mode", "concat")?;
+        match (stripped, mode.as_str()) {
+            (Some(true), _) => TebdInputMode::Strip,
+            (Some(false), _) => TebdInputMode::Concat,
+            (None, "concat") => TebdInputMode::Concat,
+            (None, "strip") => TebdInputMode::Strip,
+            (None, other) => {
+                return Err(ConfigError::invalid(
+                    sec.path_of("tebd_input_mode"),
+                    format!("must be \"concat\" or \"strip\", found {other:?}"),
+                ))
+            }
+        }
+    };
+    let tebd_dim = sec.usize_or("tebd_dim", 8)?;
+    at_least_one(tebd_dim, &sec.path_of("tebd_dim"))?;
+    let attn = sec.usize_or("attn", 128)?;
+    at_least_one(attn, &sec.path_of("attn"))?;
+    let temperature = sec.opt_f64("temperature")?;
+    if let Some(t) = temperature {
+        positive(t, &sec.path_of("temperature"))?;
+    }
+    let ln_eps = match sec.opt_f64("ln_eps")? {
+        Some(e) => positive(e, &sec.path_of("ln_eps"))?,
+        None => 1e-5,
+    };
+    Ok(AttentionConfig {
+        tebd_dim,
+        tebd_input_mode,
+        attn,
+        attn_layer: sec.usize_or("attn_layer", 2)?,
+        attn_dotr: sec.bool_or("attn_dotr", true)?,
+        scaling_factor: positive(
+            sec.f64_or("scaling_factor", 1.0)?,
+            &sec.path_of("scaling_factor"),
+        )?,
+        normalize: sec.bool_or("normalize", true)?,
+        temperature,
+        trainable_ln: sec.bool_or("trainable_ln", true)?,
+        ln_eps,
+        smooth_type_embedding: v2 || sec.bool_or("smooth_type_embedding", false)?,
+        concat_output_tebd: sec.bool_or("concat_output_tebd", true)?,
+        use_tebd_bias: sec.bool_or("use_tebd_bias", false)?,
     })
 }
 
@@ -535,6 +794,7 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
         seed: None,
         env_protection: 0.0,
         set_davg_zero: false,
+        attention: None,
         list,
     })
 }
@@ -629,6 +889,40 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
             o.remove("axis_neuron");
             o.remove("type_one_side");
             DESCRIPTOR_T.write_fixed(o);
+        }
+        DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
+            let a = d
+                .attention
+                .as_ref()
+                .expect("parsed with its attention keys");
+            let o = object(&mut descriptor);
+            for (k, v) in [
+                ("tebd_dim", json!(a.tebd_dim)),
+                ("attn", json!(a.attn)),
+                ("attn_layer", json!(a.attn_layer)),
+                ("attn_dotr", json!(a.attn_dotr)),
+                ("scaling_factor", json!(a.scaling_factor)),
+                ("normalize", json!(a.normalize)),
+                ("temperature", json!(a.temperature)),
+                ("trainable_ln", json!(a.trainable_ln)),
+                ("ln_eps", json!(a.ln_eps)),
+                ("concat_output_tebd", json!(a.concat_output_tebd)),
+                ("use_tebd_bias", json!(a.use_tebd_bias)),
+            ] {
+                o.insert(k.into(), v);
+            }
+            if d.kind == DescriptorType::SeAtten {
+                // The mode resolved from tebd_input_mode and stripped_type_embedding.
+                o.insert("tebd_input_mode".into(), json!(a.tebd_input_mode.as_str()));
+                o.insert("stripped_type_embedding".into(), Value::Null);
+                o.insert(
+                    "smooth_type_embedding".into(),
+                    json!(a.smooth_type_embedding),
+                );
+                DESCRIPTOR_ATTEN.write_fixed(o);
+            } else {
+                DESCRIPTOR_ATTEN_V2.write_fixed(o);
+            }
         }
         DescriptorType::Hybrid => unreachable!("written above"),
     }

@@ -36,15 +36,32 @@ pub enum DescriptorType {
     /// §10).
     #[serde(rename = "hybrid")]
     Hybrid,
+    /// DPA-1: a type embedding, one mixed-type neighbour list, the embedding of (ŝ, type
+    /// embeddings) concatenated (or stripped, `tebd_input_mode: strip`), attention layers over
+    /// the neighbours, then se_e2_a's contraction (docs/design.md §11). Parsed; not trainable yet.
+    #[serde(rename = "se_atten")]
+    SeAtten,
+    /// DPA-1 with the stripped type embedding: G = G_s(ŝ)·(1 + sw·G_t(type embeddings)) and
+    /// smooth attention (docs/design.md §11). Parsed; not trainable yet.
+    #[serde(rename = "se_atten_v2")]
+    SeAttenV2,
 }
 
 impl DescriptorType {
+    /// DPA-1 (se_atten, se_atten_v2): parsed from input.json, but without its passes in dpw
+    /// yet, so training refuses it (issue 30).
+    pub fn is_attention(self) -> bool {
+        matches!(self, DescriptorType::SeAtten | DescriptorType::SeAttenV2)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             DescriptorType::SeE2A => "se_e2_a",
             DescriptorType::SeE2R => "se_e2_r",
             DescriptorType::SeE3 => "se_e3",
             DescriptorType::Hybrid => "hybrid",
+            DescriptorType::SeAtten => "se_atten",
+            DescriptorType::SeAttenV2 => "se_atten_v2",
         }
     }
 

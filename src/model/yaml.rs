@@ -737,7 +737,10 @@ fn descriptor_tree(
 /// How many columns of the environment rows a descriptor's davg/dstd cover in DeePMD-kit's files.
 fn env_columns(kind: DescriptorType) -> usize {
     match kind {
-        DescriptorType::SeE2A | DescriptorType::SeE3 => 4,
+        DescriptorType::SeE2A
+        | DescriptorType::SeE3
+        | DescriptorType::SeAtten
+        | DescriptorType::SeAttenV2 => 4,
         DescriptorType::SeE2R => 1,
         DescriptorType::Hybrid => unreachable!("a hybrid's parts have their own"),
     }

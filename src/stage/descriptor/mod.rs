@@ -72,6 +72,9 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
             DescriptorType::SeE2R => Descriptor::SeE2R(SeE2R::new(b, layout, d, zeros)?),
             DescriptorType::SeE3 => Descriptor::SeE3(SeE3::new(b, layout, d, zeros)?),
             DescriptorType::Hybrid => unreachable!("a hybrid inside hybrid is refused"),
+            DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
+                unreachable!("training refuses DPA-1 until its stage exists (check_supported)")
+            }
         })
     }
 
