@@ -646,6 +646,51 @@ def fd_param(pt, data, lpar, names, pick, h=1e-4):
     return d
 
 
+def hand_written_losses(pt, data, losses, names, n, arrays):
+    """The loss written out by hand (hand_grads), for each (label, loss parameters, DeePMD-kit's
+    gradient) of `losses`: with f32(1/N) it must give DeePMD-kit's gradient (this proves the
+    formula); with the float64 1/N that dpw uses, it gives the gradient dpw should match to 1e-12,
+    stored in `arrays` as `grad_f64inv.` / `vgrad_f64inv.`."""
+    inv32 = float(np.float32(1.0) / np.float32(n))
+    hand = {}
+    for lab, lp, ref in losses:
+        l32, g32 = hand_grads(pt, data, lp, names, inv32)
+        l64, g64 = hand_grads(pt, data, lp, names, 1.0 / n)
+        pre = "grad_f64inv." if lab == "loss" else "vgrad_f64inv."
+        for k in sorted(g64):
+            arrays[pre + k] = g64[k]
+        hand[lab] = {
+            "value_f32_inv": l32,
+            "value_f64_inv": l64,
+            "grad_f32_inv_vs_deepmd_max_rel": grad_rel_diff(g32, ref),
+            "grad_f64_inv_vs_deepmd_max_rel": grad_rel_diff(g64, ref),
+        }
+    return hand
+
+
+def fd_check(pt, data, lpar, names, g, key, idx, label):
+    """DeePMD-kit's loss `lpar` by finite differences in one parameter against autograd's `g`."""
+    fd = fd_param(pt, data, lpar, names, (key, idx))
+    auto = float(g[key][idx])
+    return {"of": label, "tensor": key, "index": list(idx), "h": 1e-4,
+            "scheme": "fourth-order central", "autograd": auto, "fd": fd,
+            "rel_err": abs(fd - auto) / abs(auto)}
+
+
+def save_train_step(out, data, pred, arrays, meta):
+    """train_step.npz (the frames, labels, DeePMD-kit's predictions and the `arrays` of
+    gradients) and train_step.json (`meta`)."""
+    np.savez(os.path.join(out, "train_step.npz"), coord=data["coord"], box=data["box"],
+             atype=data["atype"], energy_label=data["energy"], force_label=data["force"],
+             **({"virial_label": data["virial"]} if "virial" in data else {}),
+             energy=pred["energy"].detach().numpy().reshape(-1),
+             force=pred["force"].detach().numpy(),
+             virial=pred["virial"].detach().numpy().reshape(-1, 9), **arrays)
+    with open(os.path.join(out, "train_step.json"), "w") as fh:
+        json.dump(meta, fh, indent=1)
+        fh.write("\n")
+
+
 def run_case(name, case):
     out = os.path.join(OUT, name)
     os.makedirs(out, exist_ok=True)
@@ -807,25 +852,9 @@ def run_case(name, case):
             arrays["vgrad." + k] = gv[k]
         tmeta["loss_virial_only"] = LOSS_V
         tmeta["loss_value_virial_only"] = lv
-    # The same loss written out by hand (hand_grads): with f32(1/N) it must give DeePMD-kit's
-    # gradient (this proves the formula); with the float64 1/N that dpw uses, it gives the
-    # gradient dpw should match to 1e-12 (`grad_f64inv.`, `vgrad_f64inv.`).
-    inv32 = float(np.float32(1.0) / np.float32(n))
-    hand = {}
-    for lab, lp, ref in [("loss", lpar, g)] + ([("loss_virial_only", LOSS_V, gv)]
-                                               if case["virial"] else []):
-        l32, g32 = hand_grads(pt, tr, lp, names, inv32)
-        l64, g64 = hand_grads(pt, tr, lp, names, 1.0 / n)
-        pre = "grad_f64inv." if lab == "loss" else "vgrad_f64inv."
-        for k in sorted(g64):
-            arrays[pre + k] = g64[k]
-        hand[lab] = {
-            "value_f32_inv": l32,
-            "value_f64_inv": l64,
-            "grad_f32_inv_vs_deepmd_max_rel": grad_rel_diff(g32, ref),
-            "grad_f64_inv_vs_deepmd_max_rel": grad_rel_diff(g64, ref),
-        }
-    tmeta["hand_written_loss"] = hand
+    tmeta["hand_written_loss"] = hand_written_losses(
+        pt, tr, [("loss", lpar, g)] + ([("loss_virial_only", LOSS_V, gv)] if case["virial"] else []),
+        names, n, arrays)
     # finite differences of DeePMD-kit's loss: the largest gradient element of the first
     # embedding layer's w (through the force's second derivatives) and of the first fitting w
     fds = []
@@ -834,22 +863,11 @@ def run_case(name, case):
         idx = tuple(int(i) for i in np.unravel_index(np.abs(g[key]).argmax(), g[key].shape))
         for lp, gg, lab in [(lpar, g, "loss")] + (
                 [(LOSS_V, gv, "loss_virial_only")] if case["virial"] else []):
-            fd = fd_param(pt, tr, lp, names, (key, idx))
-            fds.append({"of": lab, "tensor": key, "index": list(idx), "h": 1e-4, "scheme": "fourth-order central",
-                        "autograd": float(gg[key][idx]), "fd": fd,
-                        "rel_err": abs(fd - float(gg[key][idx])) / abs(float(gg[key][idx]))})
+            fds.append(fd_check(pt, tr, lp, names, gg, key, idx, lab))
     tmeta["fd_param_checks"] = fds
     tmeta["fd_note"] = ("finite differences of DeePMD-kit's EnergyStdLoss (f32 1/N), so they "
                         "check `grad.`")
-    np.savez(os.path.join(out, "train_step.npz"), coord=tr["coord"], box=tr["box"],
-             atype=tr["atype"], energy_label=tr["energy"], force_label=tr["force"],
-             **({"virial_label": tr["virial"]} if "virial" in tr else {}),
-             energy=tpred["energy"].detach().numpy().reshape(-1),
-             force=tpred["force"].detach().numpy(),
-             virial=tpred["virial"].detach().numpy().reshape(-1, 9), **arrays)
-    with open(os.path.join(out, "train_step.json"), "w") as fh:
-        json.dump(tmeta, fh, indent=1)
-        fh.write("\n")
+    save_train_step(out, tr, tpred, arrays, tmeta)
     print(f"{name}: loss {lval!r} (formula f32 inv {hl32!r}, f64 {hl!r}), {len(g)} tensors, "
           f"{tmeta['n_parameters']} parameters; fd rel "
           + ", ".join(f"{c['rel_err']:.1e}" for c in fds), flush=True)

@@ -488,21 +488,10 @@ def run_case(name, case):
             arrays["vgrad." + k] = gv[k]
         tmeta["loss_virial_only"] = base.LOSS_V
         tmeta["loss_value_virial_only"] = lv
-    inv32 = float(np.float32(1.0) / np.float32(n))
-    hand = {}
-    for lab, lp, ref in [("loss", lpar, g)] + ([("loss_virial_only", base.LOSS_V, gv)]
-                                               if case["virial"] else []):
-        l32, g32 = base.hand_grads(pt, tr, lp, names, inv32)
-        l64, g64 = base.hand_grads(pt, tr, lp, names, 1.0 / n)
-        pre = "grad_f64inv." if lab == "loss" else "vgrad_f64inv."
-        for k in sorted(g64):
-            arrays[pre + k] = g64[k]
-        hand[lab] = {
-            "value_f32_inv": l32,
-            "value_f64_inv": l64,
-            "grad_f32_inv_vs_deepmd_max_rel": base.grad_rel_diff(g32, ref),
-            "grad_f64_inv_vs_deepmd_max_rel": base.grad_rel_diff(g64, ref),
-        }
+    hand = base.hand_written_losses(
+        pt, tr, [("loss", lpar, g)] + ([("loss_virial_only", base.LOSS_V, gv)]
+                                       if case["virial"] else []),
+        names, n, arrays)
     tmeta["hand_written_loss"] = hand
     # finite differences of DeePMD-kit's loss: the largest gradient element of the embedding
     # net's first w, of the last attention layer's in_proj w (if any) and of the first fitting w
@@ -512,20 +501,9 @@ def run_case(name, case):
         keys.insert(2, f"attn{d['attn_layer'] - 1}.in.w")
     for key in keys:
         idx = tuple(int(i) for i in np.unravel_index(np.abs(g[key]).argmax(), g[key].shape))
-        fd = base.fd_param(pt, tr, lpar, names, (key, idx))
-        fds.append({"of": "loss", "tensor": key, "index": list(idx), "h": 1e-4,
-                    "scheme": "fourth-order central", "autograd": float(g[key][idx]), "fd": fd,
-                    "rel_err": abs(fd - float(g[key][idx])) / abs(float(g[key][idx]))})
+        fds.append(base.fd_check(pt, tr, lpar, names, g, key, idx, "loss"))
     tmeta["fd_param_checks"] = fds
-    np.savez(os.path.join(out, "train_step.npz"), coord=tr["coord"], box=tr["box"],
-             atype=tr["atype"], energy_label=tr["energy"], force_label=tr["force"],
-             **({"virial_label": tr["virial"]} if "virial" in tr else {}),
-             energy=tpred["energy"].detach().numpy().reshape(-1),
-             force=tpred["force"].detach().numpy(),
-             virial=tpred["virial"].detach().numpy().reshape(-1, 9), **arrays)
-    with open(os.path.join(out, "train_step.json"), "w") as fh:
-        json.dump(tmeta, fh, indent=1)
-        fh.write("\n")
+    base.save_train_step(out, tr, tpred, arrays, tmeta)
     print(f"{name}: loss {lval!r}, {len(g)} tensors, {tmeta['n_parameters']} parameters; "
           f"f64inv vs deepmd {hand['loss']['grad_f64_inv_vs_deepmd_max_rel']:.1e}, "
           f"f32inv {hand['loss']['grad_f32_inv_vs_deepmd_max_rel']:.1e}; fd rel "
