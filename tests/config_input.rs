@@ -85,6 +85,17 @@ fn error_of(input: &Value) -> String {
     err.to_string()
 }
 
+/// An input refused as unsupported (not as malformed), the message naming each of `parts`.
+fn assert_unsupported(input: &Value, parts: &[&str]) {
+    let (_dir, result) = load(input);
+    let err = result.expect_err("input should be refused");
+    assert!(
+        matches!(err.inner(), ConfigError::Unsupported { .. }),
+        "{err}"
+    );
+    assert_mentions(&err.to_string(), parts);
+}
+
 fn assert_mentions(msg: &str, parts: &[&str]) {
     for p in parts {
         assert!(msg.contains(p), "message {msg:?} should mention {p:?}");
@@ -495,13 +506,7 @@ fn unsupported_settings_are_errors() {
         ("/training/tensorboard", json!(true), "training.tensorboard"),
     ];
     for (ptr, value, path) in cases {
-        let (_d, r) = load(&water_with(ptr, value));
-        let err = r.expect_err(ptr);
-        assert!(
-            matches!(err.inner(), ConfigError::Unsupported { .. }),
-            "{ptr}: {err}"
-        );
-        assert_mentions(&err.to_string(), &[path]);
+        assert_unsupported(&water_with(ptr, value), &[path]);
     }
 }
 
@@ -531,15 +536,7 @@ fn se_e2_r_takes_deepmd_keys_and_defaults() {
 
     let mut v = water_se_r("se_r");
     *v.pointer_mut("/model/descriptor/type_one_side").unwrap() = json!(false);
-    let err = load(&v).1.unwrap_err();
-    assert!(
-        matches!(err.inner(), ConfigError::Unsupported { .. }),
-        "{err}"
-    );
-    assert_mentions(
-        &err.to_string(),
-        &["model.descriptor.type_one_side", "se_e2_r"],
-    );
+    assert_unsupported(&v, &["model.descriptor.type_one_side", "se_e2_r"]);
 
     let mut v = water_se_r("se_e2_r");
     v.pointer_mut("/model/descriptor")
@@ -590,12 +587,7 @@ fn se_e3_takes_deepmd_keys_and_defaults() {
             .unwrap()
             .entry(key)
             .or_insert(json!(null)) = value;
-        let err = load(&v).1.unwrap_err();
-        assert!(
-            matches!(err.inner(), ConfigError::Unsupported { .. }),
-            "{key}: {err}"
-        );
-        assert_mentions(&err.to_string(), &[&format!("model.descriptor.{key}")]);
+        assert_unsupported(&v, &[&format!("model.descriptor.{key}")]);
     }
 }
 
@@ -663,15 +655,7 @@ fn hybrid_takes_a_list_of_descriptors() {
     let mut v = water_hybrid();
     *v.pointer_mut("/model/descriptor/list/1").unwrap() =
         water_hybrid()["model"]["descriptor"].clone();
-    let err = load(&v).1.unwrap_err();
-    assert!(
-        matches!(err.inner(), ConfigError::Unsupported { .. }),
-        "{err}"
-    );
-    assert_mentions(
-        &err.to_string(),
-        &["model.descriptor.list[1].type", "inside hybrid"],
-    );
+    assert_unsupported(&v, &["model.descriptor.list[1].type", "inside hybrid"]);
     let mut v = water_hybrid();
     *v.pointer_mut("/model/descriptor/list/0/sel").unwrap() = json!("auto");
     assert_mentions(&error_of(&v), &["model.descriptor.list[0].sel", "auto"]);
@@ -873,14 +857,10 @@ fn se_atten_refuses_what_dpw_lacks_by_name() {
             ("activation_function", json!("gelu")),
             ("lmax", json!(2)),
         ] {
-            let err = load(&water_atten(json!({"type": ty, key: value})))
-                .1
-                .unwrap_err();
-            assert!(
-                matches!(err.inner(), ConfigError::Unsupported { .. }),
-                "{ty} {key}: {err}"
+            assert_unsupported(
+                &water_atten(json!({"type": ty, key: value})),
+                &[&format!("model.descriptor.{key}")],
             );
-            assert_mentions(&err.to_string(), &[&format!("model.descriptor.{key}")]);
         }
         // The defaults themselves are accepted.
         let (_d, r) = load(&water_atten(json!({
@@ -907,15 +887,7 @@ fn se_atten_refuses_what_dpw_lacks_by_name() {
     // Not inside hybrid (yet).
     let mut v = water_hybrid();
     *v.pointer_mut("/model/descriptor/list/1").unwrap() = json!({"type": "se_atten_v2", "sel": 30});
-    let err = load(&v).1.unwrap_err();
-    assert!(
-        matches!(err.inner(), ConfigError::Unsupported { .. }),
-        "{err}"
-    );
-    assert_mentions(
-        &err.to_string(),
-        &["model.descriptor.list[1].type", "inside hybrid"],
-    );
+    assert_unsupported(&v, &["model.descriptor.list[1].type", "inside hybrid"]);
 }
 
 #[test]
