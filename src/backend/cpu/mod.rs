@@ -2,8 +2,10 @@
 
 mod adam;
 mod angle;
+pub mod attn;
 mod contract;
 mod dense;
+pub mod dual;
 mod embed;
 mod env_mat;
 mod gemm;
