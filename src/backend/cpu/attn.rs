@@ -979,8 +979,8 @@ mod tests {
             for i in 0..c.g0.len() {
                 c.g0[i] += h * self.g0p[i] * rdot[4 * (i / m)];
             }
-            for i in 0..c.rhat.len() {
-                c.rhat[i] += h * rdot[i];
+            for (r, rd) in c.rhat.iter_mut().zip(&rdot) {
+                *r += h * rd;
             }
             for j in 0..c.sw.len() {
                 c.sw[j] += h * self.dsw[j] * rdot[4 * j];
@@ -1067,9 +1067,9 @@ mod tests {
                 f(&mut q, -h);
                 (p.objective() - q.objective()) / (2.0 * h)
             };
-            for i in 0..grad.len() {
+            for (i, &g) in grad.iter().enumerate() {
                 let want = fd(&|c, h| c.params[i] += h);
-                close(grad[i], want, 1.0, &format!("θ̄[{i}]"));
+                close(g, want, 1.0, &format!("θ̄[{i}]"));
             }
             let rdot = c.rdot();
             for i in 0..ns * m {
