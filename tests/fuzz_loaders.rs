@@ -220,6 +220,7 @@ fn small_model() -> Model {
             env_protection: 0.0,
             set_davg_zero: false,
             list: vec![],
+            attention: None,
         },
         fitting: FittingSpec {
             neuron: vec![4, 4],

@@ -646,6 +646,7 @@ fn batch_errors_name_frames_by_their_index() {
             env_protection: 0.0,
             set_davg_zero: false,
             list: vec![],
+            attention: None,
         },
         fitting: FittingSpec {
             neuron: vec![2],

@@ -57,6 +57,7 @@ fn reads_model_a_exactly() {
             env_protection: 0.0,
             set_davg_zero: false,
             list: vec![],
+            attention: None,
         },
         fitting: FittingSpec {
             neuron: vec![32, 32, 32],
@@ -195,6 +196,7 @@ fn two_sided_spec() -> ModelSpec {
             env_protection: 1e-7,
             set_davg_zero: true,
             list: vec![],
+            attention: None,
         },
         fitting: FittingSpec {
             neuron: vec![10, 20, 20],

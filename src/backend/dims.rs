@@ -2,8 +2,14 @@
 //!
 //! Centres (the atoms of all frames of the batch) are ordered by type first, so the atoms of a
 //! type form one contiguous row range for the fitting nets. Neighbour slots are ordered in
-//! blocks `(ti, tj)` (centre type, neighbour type): inside a block, centre by centre, the
+//! blocks `(ti, tj)` (centre type, neighbour section): inside a block, centre by centre, the
 //! `sel[tj]` slots of that section. Every embedding net thus runs on contiguous rows.
+//!
+//! The neighbour sections are one per neighbour type (`nsec == ntypes`) for every descriptor
+//! but DPA-1, whose list mixes all neighbour types in ONE section of nnei slots (`nsec == 1`,
+//! blocks `(ti, 0)`, slots `slot(ti, c, 0, j)`; the neighbour type of each slot is a batch
+//! buffer of its own, `HostBatch::nei_type`). Loops over centre types run to `ntypes`, loops
+//! over neighbour sections to `nsec`.
 
 use std::ops::Range;
 
@@ -13,21 +19,26 @@ use crate::model::pair_types;
 pub struct Dims {
     pub nframes: usize,
     pub natoms: usize,
+    /// Centre types (the type map's length).
     pub ntypes: usize,
+    /// Neighbour sections per centre: `ntypes` (one per neighbour type), or 1 for a mixed list.
+    pub nsec: usize,
+    /// Slots of each neighbour section, `[nsec]`.
     pub sel: Vec<usize>,
     pub nnei: usize,
     pub m1: usize,
     pub m2: usize,
     /// Centres of type t are `centre_start[t]..centre_start[t+1]`.
     pub centre_start: Vec<usize>,
-    /// Slots of block (ti, tj) start at `block_start[ti * ntypes + tj]`; the last entry is the total.
+    /// Slots of block (ti, tj) start at `block_start[ti * nsec + tj]`; the last entry is the total.
     pub block_start: Vec<usize>,
 }
 
 impl Dims {
-    /// `type_counts[t]` atoms of type t per frame.
+    /// `type_counts[t]` atoms of type t per frame (`ntypes` entries), `sel[tj]` slots in
+    /// neighbour section tj (`nsec` entries: one per type, or one for a mixed list).
     pub fn new(nframes: usize, type_counts: &[usize], sel: &[usize], m1: usize, m2: usize) -> Self {
-        let ntypes = sel.len();
+        let ntypes = type_counts.len();
         let mut centre_start = vec![0];
         for &c in type_counts {
             centre_start.push(centre_start.last().unwrap() + c * nframes);
@@ -43,6 +54,7 @@ impl Dims {
             nframes,
             natoms: type_counts.iter().sum(),
             ntypes,
+            nsec: sel.len(),
             sel: sel.to_vec(),
             nnei: sel.iter().sum(),
             m1,
@@ -64,14 +76,25 @@ impl Dims {
         self.centre_start[t]..self.centre_start[t + 1]
     }
 
+    /// Slots of (centre type ti, neighbour section tj).
     pub fn block(&self, ti: usize, tj: usize) -> Range<usize> {
-        let k = ti * self.ntypes + tj;
+        let k = ti * self.nsec + tj;
         self.block_start[k]..self.block_start[k + 1]
     }
 
     /// Slot of (centre c of type ti, j-th slot of section tj).
     pub fn slot(&self, ti: usize, c: usize, tj: usize, j: usize) -> usize {
         self.block(ti, tj).start + (c - self.centre_start[ti]) * self.sel[tj] + j
+    }
+
+    /// The neighbour sections, `0..nsec`.
+    pub fn sections(&self) -> Range<usize> {
+        0..self.nsec
+    }
+
+    /// All slots of the centres of type ti (every section), a contiguous range.
+    pub fn type_slots(&self, ti: usize) -> Range<usize> {
+        self.block(ti, 0).start..self.block(ti, self.nsec - 1).end
     }
 
     pub fn centre_type(&self, c: usize) -> usize {
@@ -120,7 +143,7 @@ impl Pairs {
 impl Dims {
     /// The pair rows of this batch (se_e3).
     pub fn pairs(&self) -> Pairs {
-        let types = pair_types(self.ntypes);
+        let types = pair_types(self.nsec);
         let mut start = vec![0];
         for c in 0..self.ntypes {
             let nc = self.centres(c).len();

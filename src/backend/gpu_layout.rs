@@ -108,7 +108,16 @@ fn sections(d: &Dims) -> [&[usize]; 3] {
 
 /// The batch layout ([`Dims`]) as one table of 4-byte integers, the one way both GPU backends
 /// pass it to their kernels: a [`DimsHeader`], then the sections [`SECTIONS`] lists.
+///
+/// The table and the kernels take one neighbour section per type (`nsec == ntypes`: the
+/// kernels loop over sections up to `ntypes`, and the sections' offsets are functions of it),
+/// so the GPU backends do not take DPA-1's mixed list (one section) yet: refused here.
 pub fn shape_table(d: &Dims) -> Vec<u32> {
+    assert_eq!(
+        d.nsec, d.ntypes,
+        "the GPU backends take one neighbour section per type; a mixed-type list (DPA-1) is \
+         not supported on them yet"
+    );
     let head = DimsHeader {
         ntypes: count(d.ntypes),
         nnei: count(d.nnei),
@@ -338,7 +347,7 @@ impl AngleParams {
         let u = Self::new(d);
         let mut out = Vec::new();
         for tc in 0..d.ntypes {
-            for t in 0..d.ntypes {
+            for t in d.sections() {
                 let slots = d.block(tc, t);
                 if !slots.is_empty() {
                     out.push(AngleParams {

@@ -287,8 +287,8 @@ fn embed_flops(d: &Dims, nets: &[&Net], real: usize, f: impl Fn(&Net) -> f64) ->
     let frac = real as f64 / ns;
     let mut total = 0.0;
     for ti in 0..d.ntypes {
-        for tj in 0..d.ntypes {
-            total += f(nets[ti * d.ntypes + tj]) * d.block(ti, tj).len() as f64 * frac;
+        for tj in d.sections() {
+            total += f(nets[ti * d.nsec + tj]) * d.block(ti, tj).len() as f64 * frac;
         }
     }
     total

@@ -9,6 +9,7 @@ use super::keys::{
 };
 use super::ConfigError;
 use crate::model::DescriptorType;
+pub use crate::model::{AttentionConfig, TebdInputMode};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -133,61 +134,6 @@ pub struct DescriptorConfig {
     /// empty for the others. A hybrid's own sel and rcut are its list's largest, its precision
     /// and trainable those its list shares, its other keys empty or zero.
     pub list: Vec<DescriptorConfig>,
-}
-
-/// How DPA-1 feeds the type embeddings into the embedding net (`tebd_input_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TebdInputMode {
-    /// One net on [ŝ, T(neighbour), T(centre)] (T(centre) left out with type_one_side).
-    Concat,
-    /// G = G_s(ŝ)·(1 + σ·G_t(T(neighbour), T(centre))), σ the switch when smooth (else 1):
-    /// se_atten_v2's, or se_atten's `tebd_input_mode: "strip"` (`stripped_type_embedding: true`).
-    Strip,
-}
-
-impl TebdInputMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TebdInputMode::Concat => "concat",
-            TebdInputMode::Strip => "strip",
-        }
-    }
-}
-
-/// The keys se_atten and se_atten_v2 add to the common descriptor keys (DeePMD-kit 3.2.0's
-/// `descrpt_se_atten_args`, `descrpt_se_atten_v2_args`), with its defaults.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttentionConfig {
-    /// Width of the type embedding (`tebd_dim`, 8).
-    pub tebd_dim: usize,
-    /// se_atten: `tebd_input_mode` ("concat") or the deprecated `stripped_type_embedding`;
-    /// se_atten_v2: always strip.
-    pub tebd_input_mode: TebdInputMode,
-    /// Hidden width of the attention's queries, keys and values (`attn`, 128).
-    pub attn: usize,
-    /// Number of attention layers (`attn_layer`, 2; 0 = none).
-    pub attn_layer: usize,
-    /// Gate the attention weights by r̂_j·r̂_k (`attn_dotr`, true).
-    pub attn_dotr: bool,
-    /// The logits' scale is (attn·scaling_factor)^(−1/2) unless `temperature` is given.
-    pub scaling_factor: f64,
-    /// Normalise q, k, v to unit length (`normalize`, true).
-    pub normalize: bool,
-    /// The logits' scale itself, when given (`temperature`, null).
-    pub temperature: Option<f64>,
-    /// Layer norm with trainable scale and shift (`trainable_ln`, true); false keeps them at
-    /// 1 and 0.
-    pub trainable_ln: bool,
-    /// The layer norm's ε (`ln_eps`; null means 1e-5, as DeePMD-kit's PyTorch and dpmodel).
-    pub ln_eps: f64,
-    /// se_atten: `smooth_type_embedding` (false); se_atten_v2: always true. Smooth attention
-    /// (logits and weights scaled by the neighbours' switches) and, with strip, the type
-    /// net's output scaled by the switch.
-    pub smooth_type_embedding: bool,
-    /// Append the centre's type embedding to the descriptor (`concat_output_tebd`, true).
-    pub concat_output_tebd: bool,
-    /// A bias in the type-embedding layer (`use_tebd_bias`, false).
-    pub use_tebd_bias: bool,
 }
 
 /// `ener` fitting net: one net per atom type mapping the descriptor to an atomic energy.

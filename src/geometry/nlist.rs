@@ -114,3 +114,75 @@ pub fn visit_nlist(
     }
     (max_count, min_d2.sqrt())
 }
+
+/// DPA-1's mixed-type neighbour list (DeePMD-kit's `build_neighbor_list` with
+/// `distinguish_types=False`): per atom ONE section of `nnei` slots, the nearest neighbours of
+/// any type within rcut, nearest first (ties by extended index, as [`visit_nlist`]), truncated
+/// to nnei, then padding (owner −1). `max_count` has one entry: the largest neighbour count of
+/// any type together (DeePMD-kit's mixed-type sel statistic).
+pub fn build_nlist_mixed(
+    coord: &[f64],
+    cell: Option<&Cell>,
+    atype: &[usize],
+    rcut: f64,
+    nnei: usize,
+) -> NeighborList {
+    let mut owner = vec![-1i32; atype.len() * nnei];
+    let mut rij = vec![0.0; atype.len() * nnei * 3];
+    let (max_count, min_dist) = visit_nlist_mixed(coord, cell, rcut, nnei, |i, kept| {
+        for (k, &(j, d)) in kept.iter().enumerate() {
+            let slot = i * nnei + k;
+            owner[slot] = j as i32;
+            rij[3 * slot..3 * slot + 3].copy_from_slice(&d);
+        }
+    });
+    NeighborList {
+        nnei,
+        owner,
+        rij,
+        max_count: vec![max_count],
+        min_dist,
+    }
+}
+
+/// [`build_nlist_mixed`] one atom at a time, without its padding: `f(i, kept)` for every atom
+/// in order, `kept` the (owner, r_j − r_i) of its filled slots, nearest first. Returns the
+/// largest neighbour count (all types) inside rcut and the smallest pair distance.
+pub fn visit_nlist_mixed(
+    coord: &[f64],
+    cell: Option<&Cell>,
+    rcut: f64,
+    nnei: usize,
+    mut f: impl FnMut(usize, &[(usize, [f64; 3])]),
+) -> (usize, f64) {
+    let n = coord.len() / 3;
+    let pos = wrapped(coord, cell);
+    let grid = ImageGrid::new(&pos, cell, rcut);
+    let rc2 = rcut * rcut;
+    let mut max_count = 0usize;
+    let mut min_d2 = f64::INFINITY;
+    // The sort key of [`visit_nlist`]: distance², then extended index, then the position in
+    // `found`.
+    let mut keys: Vec<u128> = Vec::new();
+    let mut found: Vec<(usize, [f64; 3])> = Vec::new();
+    let mut kept: Vec<(usize, [f64; 3])> = Vec::new();
+    for i in 0..n {
+        keys.clear();
+        kept.clear();
+        found.clear();
+        grid.neighbours(i, rc2, |e, j, d, d2| {
+            min_d2 = min_d2.min(d2);
+            keys.push((u128::from(d2.to_bits()) << 64) | ((e as u128) << 32) | found.len() as u128);
+            found.push((j, d));
+        });
+        max_count = max_count.max(keys.len());
+        if keys.len() > nnei {
+            keys.select_nth_unstable(nnei);
+            keys.truncate(nnei);
+        }
+        keys.sort_unstable();
+        kept.extend(keys.iter().map(|&k| found[(k as u32) as usize]));
+        f(i, &kept);
+    }
+    (max_count, min_d2.sqrt())
+}

@@ -3,7 +3,7 @@
 
 use super::env_row::env_value;
 use super::EnvParams;
-use super::{visit_nlist, Cell};
+use super::{visit_nlist, visit_nlist_mixed, Cell};
 use crate::model::DescriptorSpec;
 
 /// Raw sums per centre type: `[number, sum, squared_sum]` of the radial column (`r`) and of the
@@ -83,7 +83,10 @@ pub struct FrameRows {
     pub min_dist: f64,
 }
 
-/// The environment rows of one frame, atoms in `atype`'s order.
+/// The environment rows of one frame, atoms in `atype`'s order. A mixed-type descriptor (DPA-1)
+/// has one list of nnei slots per atom, all neighbour types together, so its rows are per
+/// centre type over all its neighbours (DeePMD-kit's `compute_input_stats` of se_atten), and
+/// `max_count` has one entry, the largest count of all types together.
 pub fn frame_rows(
     d: &DescriptorSpec,
     coord: &[f64],
@@ -102,6 +105,15 @@ pub fn frame_rows(
         slots: vec![0; ntypes],
         ..FrameRows::default()
     };
+    if d.is_mixed() {
+        let (max, min_dist) = visit_nlist_mixed(coord, cell, d.rcut, nnei, |i, kept| {
+            let t = atype[i];
+            out.slots[t] += nnei;
+            out.rows[t].extend(kept.iter().map(|&(_, x)| env_value(x, &env)));
+        });
+        (out.max_count, out.min_dist) = (vec![max], min_dist);
+        return out;
+    }
     (out.max_count, out.min_dist) = visit_nlist(coord, cell, atype, d.rcut, &d.sel, |i, kept| {
         let t = atype[i];
         out.slots[t] += nnei;

@@ -89,13 +89,23 @@ impl ModelSpec {
             n + prev + 1.0
         };
         let nt = self.ntypes() as f64;
+        let dim = self.descriptor.dim();
+        if let Some(a) = self.descriptor.attn() {
+            // DPA-1: one embedding net (and strip's), the type embedding, the attention layers
+            // and one fitting net; every input width counted at its largest.
+            let (d, tebd) = (&self.descriptor, a.tebd_dim as f64);
+            let m1 = d.neuron.last().map_or(0.0, |&m| m as f64);
+            let (attn, layers) = (a.attn as f64, a.attn_layer as f64);
+            let embed = 2.0 * net(1 + 2 * a.tebd_dim, &d.neuron);
+            let attention = layers * (m1 * 3.0 * attn + 3.0 * attn + attn * m1 + 3.0 * m1);
+            return nt * tebd + tebd + embed + attention + net(dim, &self.fitting.neuron);
+        }
         let embed: f64 = (self.descriptor.parts().iter())
             .map(|d| {
                 let nembed = if d.type_one_side { nt } else { nt * nt };
                 nembed * net(1, &d.neuron)
             })
             .sum();
-        let dim = self.descriptor.dim();
         embed + nt * net(dim, &self.fitting.neuron)
     }
 }
@@ -118,11 +128,62 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
         "{key}.env_protection: must be >= 0, found {}",
         d.env_protection
     );
-    ensure!(
-        d.sel.len() == nt,
-        "{key}.sel: {} entries for {nt} types in type_map",
-        d.sel.len()
-    );
+    if d.is_mixed() {
+        // DPA-1: one mixed-type list of nnei slots.
+        ensure!(
+            d.sel.len() == 1,
+            "{key}.sel: a mixed-type neighbour list (se_atten, se_atten_v2) has one number, \
+             nnei; found {} entries",
+            d.sel.len()
+        );
+        let Some(a) = d.attn() else {
+            bail!(
+                "{key}: a {} descriptor needs its attention keys",
+                d.kind.as_str()
+            );
+        };
+        ensure!(
+            (1..=MAX_WIDTH).contains(&a.tebd_dim),
+            "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
+            a.tebd_dim
+        );
+        ensure!(
+            (1..=MAX_WIDTH).contains(&a.attn),
+            "{key}.attn: must be between 1 and {MAX_WIDTH}, found {}",
+            a.attn
+        );
+        ensure!(
+            a.attn_layer <= MAX_LAYERS,
+            "{key}.attn_layer: at most {MAX_LAYERS} layers are supported, found {}",
+            a.attn_layer
+        );
+        ensure!(
+            a.ln_eps.is_finite() && a.ln_eps > 0.0,
+            "{key}.ln_eps: must be a positive number, found {}",
+            a.ln_eps
+        );
+        ensure!(
+            a.scaling_factor.is_finite() && a.scaling_factor > 0.0,
+            "{key}.scaling_factor: must be a positive number, found {}",
+            a.scaling_factor
+        );
+        if let Some(t) = a.temperature {
+            ensure!(
+                t.is_finite() && t > 0.0,
+                "{key}.temperature: must be a positive number, found {t}"
+            );
+        }
+    } else {
+        ensure!(
+            d.attention.is_none(),
+            "{key}: only se_atten and se_atten_v2 have attention keys"
+        );
+        ensure!(
+            d.sel.len() == nt,
+            "{key}.sel: {} entries for {nt} types in type_map",
+            d.sel.len()
+        );
+    }
     let nnei = d.sel.iter().try_fold(0usize, |a, &s| a.checked_add(s));
     if nnei.is_none_or(|n| n > MAX_NNEI) {
         bail!(

@@ -6,22 +6,47 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-use super::ParamLayout;
+use super::{Layer, ParamLayout};
 
 pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut p = vec![0.0; layout.len];
     for net in layout.embed.iter().chain(&layout.fit) {
         for l in &net.layers {
-            let std_w = 1.0 / ((l.nin + l.nout) as f64).sqrt();
-            fill(&mut p[l.w..l.w + l.nin * l.nout], 0.0, std_w, &mut rng);
-            fill(&mut p[l.b..l.b + l.nout], 0.0, 1.0, &mut rng);
-            if let Some(idt) = l.idt {
-                fill(&mut p[idt..idt + l.nout], 0.1, 0.001, &mut rng);
-            }
+            layer(&mut p, l, &mut rng);
+        }
+    }
+    // DPA-1's other nets, after the others' (whose draws are thus as before): the type
+    // embedding and projections as any layer, the layer norms at scale 1 and shift 0
+    // (DeePMD-kit's LayerNorm starts there).
+    if let Some(a) = &layout.attn {
+        let t = &a.tebd;
+        let std_w = 1.0 / ((t.ntypes + t.dim) as f64).sqrt();
+        fill(&mut p[t.w..t.w + t.ntypes * t.dim], 0.0, std_w, &mut rng);
+        if let Some(b) = t.b {
+            fill(&mut p[b..b + t.dim], 0.0, 1.0, &mut rng);
+        }
+        for l in a.strip.iter().flat_map(|n| &n.layers) {
+            layer(&mut p, l, &mut rng);
+        }
+        for k in &a.layers {
+            layer(&mut p, &k.proj_in, &mut rng);
+            layer(&mut p, &k.proj_out, &mut rng);
+            let m1 = k.proj_out.nout;
+            p[k.ln_w..k.ln_w + m1].fill(1.0);
+            p[k.ln_b..k.ln_b + m1].fill(0.0);
         }
     }
     p
+}
+
+fn layer(p: &mut [f64], l: &Layer, rng: &mut ChaCha8Rng) {
+    let std_w = 1.0 / ((l.nin + l.nout) as f64).sqrt();
+    fill(&mut p[l.w..l.w + l.nin * l.nout], 0.0, std_w, rng);
+    fill(&mut p[l.b..l.b + l.nout], 0.0, 1.0, rng);
+    if let Some(idt) = l.idt {
+        fill(&mut p[idt..idt + l.nout], 0.1, 0.001, rng);
+    }
 }
 
 fn fill(x: &mut [f64], mean: f64, std: f64, rng: &mut ChaCha8Rng) {

@@ -1,7 +1,15 @@
 //! Where every trainable tensor lives in the flat parameter vector. Names follow the reference
 //! export of DeePMD-kit (`embed.t1.layer0.w`, `fit.t0.layer3.b`, ...), so tests can compare by name.
+//!
+//! DPA-1 (se_atten, se_atten_v2; tests/reference/dpa1/README.md) has, in this order:
+//! `tebd.layer0.{w,b}` (the type embedding), `embed.layer{l}.{w,b,idt}` (its one embedding
+//! net, [`ParamLayout::embed`]`[0]`), `embed_strip.layer{l}.*` (strip's type net),
+//! `attn{k}.{in,out,ln}.{w,b}` (the attention layers), then `fit.layer{l}.*` (one fitting net
+//! for every type): all but the embedding and fitting nets in [`ParamLayout::attn`].
 
-use super::{DescriptorType, ModelSpec};
+use std::ops::Range;
+
+use super::{DescriptorSpec, DescriptorType, ModelSpec, TebdInputMode};
 
 /// The skip connection of a layer, decided by its widths alone (docs/deepmd-spec.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,15 +64,61 @@ impl TensorInfo {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamLayout {
-    /// Embedding nets, indexed by [`embed_net_index`] (se_e3: by pair type, [`pair_types`]).
+    /// Embedding nets, indexed by [`embed_net_index`] (se_e3: by pair type, [`pair_types`]);
+    /// DPA-1: its one net, `embed[0]`, named `embed`.
     pub embed: Vec<Net>,
-    /// Fitting net of each atom type.
+    /// Fitting net of each atom type, or one net (`fit`) for every type for a mixed-type
+    /// descriptor (DPA-1): ask [`ParamLayout::fit_net`] for a type's net.
     pub fit: Vec<Net>,
     pub tensors: Vec<TensorInfo>,
     pub len: usize,
     /// The embedding nets of each part of the descriptor ([`super::DescriptorSpec::parts`]):
     /// `embed[parts[k]]`, one range covering them all but for a hybrid.
     pub parts: Vec<std::ops::Range<usize>>,
+    /// DPA-1's nets beside `embed` (type embedding, strip's type net, attention layers);
+    /// `None` for the other descriptors.
+    pub attn: Option<AttnLayout>,
+    /// Parameter ranges that training holds fixed (no gradient, no update): DPA-1's layer norm
+    /// scale and shift (`attn{k}.ln.*`) when `trainable_ln` is false, as DeePMD-kit's `dp train`
+    /// builds them with `requires_grad = False`. They stay in the layout and the files. Empty
+    /// for every other model.
+    pub frozen: Vec<Range<usize>>,
+}
+
+/// DPA-1's nets beside [`ParamLayout::embed`] (which holds its one embedding net, `embed[0]`,
+/// named `embed`, input width 1 + 2·tebd_dim for concat, 1 + tebd_dim with type_one_side, 1
+/// for strip).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnLayout {
+    /// T = skip(I) + W (+ b): the type embedding, one linear layer over one-hot rows.
+    pub tebd: TebdLayout,
+    /// strip's type net N_t (`embed_strip`, input 2·tebd_dim, tebd_dim with type_one_side);
+    /// None for concat.
+    pub strip: Option<Net>,
+    pub layers: Vec<AttnLayerLayout>,
+}
+
+/// The type embedding `tebd.layer0`: `w` `[ntypes][dim]`, `b` `[dim]` (with use_tebd_bias),
+/// linear, the skip decided by the widths as any DeePMD-kit layer (`I` when dim == ntypes,
+/// `[I, I]` when dim == 2·ntypes), no timestep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TebdLayout {
+    pub ntypes: usize,
+    pub dim: usize,
+    pub skip: Skip,
+    pub w: usize,
+    pub b: Option<usize>,
+}
+
+/// One attention layer: in_proj `[M1][3·attn]` and out_proj `[attn][M1]` as linear `Layer`s
+/// with bias, no skip, no idt (`tanh: false`, `skip: Skip::None`, `idt: None`), and the layer
+/// norm's scale and shift `[M1]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnLayerLayout {
+    pub proj_in: Layer,
+    pub proj_out: Layer,
+    pub ln_w: usize,
+    pub ln_b: usize,
 }
 
 /// The embedding net used for a (centre type, neighbour type) pair: one net per neighbour type
@@ -87,6 +141,9 @@ pub fn pair_types(ntypes: usize) -> Vec<(usize, usize)> {
 
 impl ParamLayout {
     pub fn new(spec: &ModelSpec) -> Self {
+        if spec.descriptor.is_mixed() {
+            return Self::mixed(spec);
+        }
         let nt = spec.ntypes();
         let mut b = Builder::default();
         let hybrid = spec.descriptor.kind == DescriptorType::Hybrid;
@@ -135,7 +192,79 @@ impl ParamLayout {
             tensors: b.tensors,
             len: b.len,
             parts,
+            attn: None,
+            frozen: vec![],
         }
+    }
+
+    /// DPA-1's layout (tensor order in the module's doc).
+    fn mixed(spec: &ModelSpec) -> Self {
+        let d = &spec.descriptor;
+        let a = d.attn().expect("a DPA-1 spec has its attention keys");
+        let nt = spec.ntypes();
+        let mut b = Builder::default();
+        let tebd_w = b.alloc("tebd.layer0.w".into(), vec![nt, a.tebd_dim]);
+        let tebd_b = (a.use_tebd_bias).then(|| b.alloc("tebd.layer0.b".into(), vec![a.tebd_dim]));
+        let tebd = TebdLayout {
+            ntypes: nt,
+            dim: a.tebd_dim,
+            skip: skip_of(nt, a.tebd_dim),
+            w: tebd_w,
+            b: tebd_b,
+        };
+        let (nin, strip_nin) = embed_inputs(d);
+        let embed = vec![b.net("embed".into(), nin, &d.neuron, d.resnet_dt, false)];
+        let strip =
+            strip_nin.map(|n| b.net("embed_strip".into(), n, &d.neuron, d.resnet_dt, false));
+        let m1 = d.m1();
+        let mut frozen = Vec::new();
+        let layers = (0..a.attn_layer)
+            .map(|k| {
+                let proj_in = b.linear(format!("attn{k}.in"), m1, 3 * a.attn);
+                let proj_out = b.linear(format!("attn{k}.out"), a.attn, m1);
+                let ln_w = b.alloc(format!("attn{k}.ln.w"), vec![m1]);
+                let ln_b = b.alloc(format!("attn{k}.ln.b"), vec![m1]);
+                if !a.trainable_ln {
+                    frozen.push(ln_w..ln_b + m1);
+                }
+                AttnLayerLayout {
+                    proj_in,
+                    proj_out,
+                    ln_w,
+                    ln_b,
+                }
+            })
+            .collect();
+        let f = &spec.fitting;
+        let fit = vec![b.net("fit".into(), d.dim(), &f.neuron, f.resnet_dt, true)];
+        ParamLayout {
+            embed,
+            fit,
+            tensors: b.tensors,
+            len: b.len,
+            parts: vec![0..1],
+            attn: Some(AttnLayout {
+                tebd,
+                strip,
+                layers,
+            }),
+            frozen,
+        }
+    }
+
+    /// The fitting net of centre type t: `fit[t]`, or the one net of a mixed-type descriptor
+    /// (DPA-1), which serves every type.
+    pub fn fit_net(&self, t: usize) -> &Net {
+        if self.fit.len() == 1 {
+            &self.fit[0]
+        } else {
+            &self.fit[t]
+        }
+    }
+
+    /// Whether parameter `i` is held fixed in training ([`ParamLayout::frozen`]).
+    pub fn is_frozen(&self, i: usize) -> bool {
+        self.frozen.iter().any(|r| r.contains(&i))
     }
 
     /// Part k's embedding nets as a layout of their own (offsets still into the whole parameter
@@ -148,11 +277,40 @@ impl ParamLayout {
             fit: vec![],
             tensors: vec![],
             len: self.len,
+            attn: None,
+            frozen: vec![],
         }
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+/// DPA-1's embedding-net input widths: the net's (1 + 2·tebd_dim for concat, 1 + tebd_dim with
+/// type_one_side, 1 for strip) and strip's type net's (2·tebd_dim, tebd_dim with type_one_side;
+/// `None` for concat).
+fn embed_inputs(d: &DescriptorSpec) -> (usize, Option<usize>) {
+    let a = d.attn().expect("a DPA-1 spec has its attention keys");
+    let types = if d.type_one_side {
+        a.tebd_dim
+    } else {
+        2 * a.tebd_dim
+    };
+    match a.tebd_input_mode {
+        TebdInputMode::Concat => (1 + types, None),
+        TebdInputMode::Strip => (1, Some(types)),
+    }
+}
+
+/// DeePMD-kit's skip of a layer by its widths (docs/deepmd-spec.md §5).
+fn skip_of(nin: usize, nout: usize) -> Skip {
+    if nout == nin {
+        Skip::Identity
+    } else if nout == 2 * nin {
+        Skip::Double
+    } else {
+        Skip::None
     }
 }
 
@@ -194,12 +352,8 @@ impl Builder {
             let is_out = linear_out && l == widths.len() - 1;
             let skip = if is_out {
                 Skip::None
-            } else if n_out == n_in {
-                Skip::Identity
-            } else if n_out == 2 * n_in {
-                Skip::Double
             } else {
-                Skip::None
+                skip_of(n_in, n_out)
             };
             let w = self.alloc(format!("{name}.layer{l}.w"), vec![n_in, n_out]);
             let b = self.alloc(format!("{name}.layer{l}.b"), vec![n_out]);
@@ -217,5 +371,20 @@ impl Builder {
             n_in = n_out;
         }
         Net { name, layers }
+    }
+
+    /// A linear layer with bias, no skip, no timestep (`{name}.w` `[nin][nout]`, `{name}.b`).
+    fn linear(&mut self, name: String, nin: usize, nout: usize) -> Layer {
+        let w = self.alloc(format!("{name}.w"), vec![nin, nout]);
+        let b = self.alloc(format!("{name}.b"), vec![nout]);
+        Layer {
+            nin,
+            nout,
+            tanh: false,
+            skip: Skip::None,
+            w,
+            b,
+            idt: None,
+        }
     }
 }

@@ -10,7 +10,10 @@ mod yaml;
 
 pub use check::MAX_NNEI;
 pub use init::init_params;
-pub use layout::{embed_net_index, pair_types, Layer, Net, ParamLayout, Skip, TensorInfo};
+pub use layout::{
+    embed_net_index, pair_types, AttnLayerLayout, AttnLayout, Layer, Net, ParamLayout, Skip,
+    TebdLayout, TensorInfo,
+};
 pub use source::read_model;
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
@@ -72,6 +75,62 @@ impl DescriptorType {
     }
 }
 
+/// How DPA-1 feeds the type embeddings into the embedding net (`tebd_input_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TebdInputMode {
+    /// One net on [ŝ, T(neighbour), T(centre)] (T(centre) left out with type_one_side).
+    Concat,
+    /// G = G_s(ŝ)·(1 + σ·G_t(T(neighbour), T(centre))), σ the switch when smooth (else 1):
+    /// se_atten_v2's, or se_atten's `tebd_input_mode: "strip"` (`stripped_type_embedding: true`).
+    Strip,
+}
+
+impl TebdInputMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TebdInputMode::Concat => "concat",
+            TebdInputMode::Strip => "strip",
+        }
+    }
+}
+
+/// The keys se_atten and se_atten_v2 add to the common descriptor keys (DeePMD-kit 3.2.0's
+/// `descrpt_se_atten_args`, `descrpt_se_atten_v2_args`), with its defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttentionConfig {
+    /// Width of the type embedding (`tebd_dim`, 8).
+    pub tebd_dim: usize,
+    /// se_atten: `tebd_input_mode` ("concat") or the deprecated `stripped_type_embedding`;
+    /// se_atten_v2: always strip.
+    pub tebd_input_mode: TebdInputMode,
+    /// Hidden width of the attention's queries, keys and values (`attn`, 128).
+    pub attn: usize,
+    /// Number of attention layers (`attn_layer`, 2; 0 = none).
+    pub attn_layer: usize,
+    /// Gate the attention weights by r̂_j·r̂_k (`attn_dotr`, true).
+    pub attn_dotr: bool,
+    /// The logits' scale is (attn·scaling_factor)^(−1/2) unless `temperature` is given.
+    pub scaling_factor: f64,
+    /// Normalise q, k, v to unit length (`normalize`, true).
+    pub normalize: bool,
+    /// The logits' scale itself, when given (`temperature`, null).
+    pub temperature: Option<f64>,
+    /// Layer norm with trainable scale and shift (`trainable_ln`, true); false keeps them at
+    /// 1 and 0.
+    pub trainable_ln: bool,
+    /// The layer norm's ε (`ln_eps`; null means 1e-5, as DeePMD-kit's PyTorch and dpmodel).
+    pub ln_eps: f64,
+    /// se_atten: `smooth_type_embedding` (false); se_atten_v2: always true. Smooth attention
+    /// (logits and weights scaled by the neighbours' switches) and, with strip, the type
+    /// net's output scaled by the switch.
+    pub smooth_type_embedding: bool,
+    /// Append the centre's type embedding to the descriptor (`concat_output_tebd`, true).
+    pub concat_output_tebd: bool,
+    /// A bias in the type-embedding layer (`use_tebd_bias`, false).
+    pub use_tebd_bias: bool,
+}
+
 /// Hyper-parameters of the descriptor (docs/deepmd-spec.md §3–§6).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DescriptorSpec {
@@ -93,6 +152,11 @@ pub struct DescriptorSpec {
     /// then not written, so that the other descriptors' files stay as they were.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub list: Vec<DescriptorSpec>,
+    /// DPA-1 (se_atten, se_atten_v2): its attention and type-embedding keys; `None` otherwise,
+    /// and then not written, so that the other descriptors' files stay as they were. A DPA-1
+    /// spec's `sel` is one number, nnei (DeePMD-kit sums a list sel): one mixed-type section.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionConfig>,
 }
 
 impl DescriptorSpec {
@@ -123,7 +187,19 @@ impl DescriptorSpec {
             env_protection: 0.0,
             set_davg_zero: false,
             list,
+            attention: None,
         }
+    }
+
+    /// DPA-1 (se_atten, se_atten_v2): one mixed-type neighbour list of `nnei()` slots per
+    /// centre, all neighbour types together (`sel` has one entry), and one embedding net.
+    pub fn is_mixed(&self) -> bool {
+        self.kind.is_attention()
+    }
+
+    /// DPA-1's attention keys (`None` for every other descriptor).
+    pub fn attn(&self) -> Option<&AttentionConfig> {
+        self.attention.as_ref()
     }
 
     /// The descriptors that compute: the sub-descriptors of a hybrid, else this one.
@@ -135,14 +211,28 @@ impl DescriptorSpec {
         }
     }
 
-    /// Width of the descriptor of one atom (a hybrid's: the sum of its parts').
+    /// Width of the descriptor of one atom (a hybrid's: the sum of its parts'): M1·axis_neuron,
+    /// and for DPA-1 with `concat_output_tebd` the centre's type embedding (tebd_dim) after it.
     pub fn dim(&self) -> usize {
-        (self.parts().iter()).map(|d| d.m1() * d.axis_neuron).sum()
+        (self.parts().iter())
+            .map(|d| {
+                let tebd = d
+                    .attn()
+                    .filter(|a| a.concat_output_tebd)
+                    .map_or(0, |a| a.tebd_dim);
+                d.m1() * d.axis_neuron + tebd
+            })
+            .sum()
     }
 
-    /// The neighbour slots per type of a batch's slot layout ([`crate::backend::Dims`]): the
-    /// sel, or for a hybrid every part's slots of a type one after the other (part 0's sel[t],
-    /// then part 1's, ...).
+    /// DeePMD-kit's `dim_descrpt`: [`DescriptorSpec::dim`].
+    pub fn dim_descrpt(&self) -> usize {
+        self.dim()
+    }
+
+    /// The neighbour slots per section of a batch's slot layout ([`crate::backend::Dims`]): the
+    /// sel (DPA-1: one section of nnei), or for a hybrid every part's slots of a type one after
+    /// the other (part 0's sel[t], then part 1's, ...).
     pub fn slot_sel(&self) -> Vec<usize> {
         (0..self.sel.len())
             .map(|t| self.parts().iter().map(|d| d.sel[t]).sum())
@@ -165,7 +255,8 @@ impl DescriptorSpec {
     pub fn m1(&self) -> usize {
         *self.neuron.last().expect("neuron is never empty")
     }
-    /// Start of each neighbour-type section within a centre's slots, plus the total at the end.
+    /// Start of each neighbour-type section within a centre's slots, plus the total at the end
+    /// (DPA-1: `[0, nnei]`, its one mixed section).
     pub fn sections(&self) -> Vec<usize> {
         let mut s = vec![0];
         for &n in &self.sel {

@@ -351,6 +351,7 @@ fn read_descriptor(d: &At, nt: usize) -> Result<DescriptorSpec> {
         env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
         set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
         list: vec![],
+        attention: None,
     };
     ensure!(
         descriptor.sel.len() == nt,

@@ -87,7 +87,7 @@ impl<Buf> Embed<Buf> {
             }
             Embed::Layered(c) => {
                 for ti in 0..d.ntypes {
-                    for tj in 0..d.ntypes {
+                    for tj in d.sections() {
                         let dual = NetDual {
                             input: (&env.s, &env.ones_s),
                             seed: (gbar, gdotbar),
@@ -110,14 +110,21 @@ pub struct Nets<'a> {
 }
 
 impl<'a> Nets<'a> {
+    /// The net of block (centre type ti, neighbour section tj); a layout of one net (DPA-1's
+    /// mixed list, or one type) serves every block.
     pub fn net(&self, d: &Dims, ti: usize, tj: usize) -> &'a Net {
+        if self.layout.embed.len() == 1 {
+            return &self.layout.embed[0];
+        }
         &self.layout.embed[embed_net_index(self.type_one_side, d.ntypes, ti, tj)]
     }
 
-    /// The net of every block, `[ti·ntypes + tj]`.
+    /// The net of every block, `[ti·nsec + tj]`.
     pub fn all(&self, d: &Dims) -> Vec<&'a Net> {
-        let nt = d.ntypes;
-        (0..nt * nt).map(|k| self.net(d, k / nt, k % nt)).collect()
+        let ns = d.nsec;
+        (0..d.ntypes * ns)
+            .map(|k| self.net(d, k / ns, k % ns))
+            .collect()
     }
 }
 
@@ -131,7 +138,7 @@ fn forward_layered<T: Real, B: Backend<T>>(
 ) {
     let nets = m.nets();
     for ti in 0..d.ntypes {
-        for tj in 0..d.ntypes {
+        for tj in d.sections() {
             let net = nets.net(d, ti, tj);
             net_forward(b, m.params, net, d.block(ti, tj), c, (&env.s, &env.ones_s));
         }

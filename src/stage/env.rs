@@ -11,6 +11,10 @@ use super::DescModel;
 pub struct Env<T: Real, B: Backend<T>> {
     pub rij: B::Buf,
     pub owner: B::Idx,
+    /// A mixed-type descriptor's (DPA-1's) neighbour type of every slot, `[nslots]`
+    /// ([`crate::train::batch::HostBatch::nei_type`]: padding slots hold the lowest type of the
+    /// frame); `None` for the other descriptors.
+    pub nei_type: Option<B::Idx>,
     pub centre_atom: B::Idx,
     /// R̂ `[nslots][4]`, ∂R̂/∂r_ij `[nslots][4][3]`, s = R̂[0] `[nslots]`.
     pub rhat: B::Buf,
@@ -24,16 +28,20 @@ pub struct Env<T: Real, B: Backend<T>> {
 }
 
 impl<T: Real, B: Backend<T>> Env<T, B> {
+    /// `mixed`: the descriptor has a mixed-type list (DPA-1), whose slots' neighbour types get
+    /// a buffer of their own.
     pub fn new(
         b: &B,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
         centre_atom: &[i32],
+        mixed: bool,
     ) -> Result<Self, OutOfMemory> {
         let ns = d.nslots();
         Ok(Env {
             rij: zeros(3 * ns)?,
             owner: b.upload_idx(&vec![-1; ns]),
+            nei_type: mixed.then(|| b.upload_idx(&vec![0; ns])),
             centre_atom: b.upload_idx(centre_atom),
             rhat: zeros(4 * ns)?,
             jac: zeros(12 * ns)?,

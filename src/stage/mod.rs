@@ -10,7 +10,7 @@ pub mod net;
 
 use crate::backend::{Backend, Real};
 use crate::geometry::EnvParams;
-use crate::model::{DescriptorType, Model, ParamLayout};
+use crate::model::{AttentionConfig, DescriptorType, Model, ParamLayout};
 
 use embed::Nets;
 
@@ -34,6 +34,8 @@ pub struct DescState<T: Real, B: Backend<T>> {
     pub layout: ParamLayout,
     pub env: EnvParams,
     pub type_one_side: bool,
+    /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
+    pub attention: Option<AttentionConfig>,
     pub davg: B::Buf,
     pub dstd: B::Buf,
 }
@@ -45,6 +47,7 @@ impl<T: Real, B: Backend<T>> DescState<T, B> {
             layout: &self.layout,
             env: self.env,
             type_one_side: self.type_one_side,
+            attention: self.attention.as_ref(),
             davg: &self.davg,
             dstd: &self.dstd,
             params,
@@ -68,6 +71,8 @@ pub struct DescModel<'a, T: Real, B: Backend<T>> {
     pub layout: &'a ParamLayout,
     pub env: EnvParams,
     pub type_one_side: bool,
+    /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
+    pub attention: Option<&'a AttentionConfig>,
     pub davg: &'a B::Buf,
     pub dstd: &'a B::Buf,
     pub params: &'a B::Buf,
@@ -105,6 +110,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                             protection: p.env_protection,
                         },
                         type_one_side: p.type_one_side,
+                        attention: None,
                         davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
                         dstd: b.upload(&to_t(&model.dstd[k * nstat..(k + 1) * nstat])),
                     },
@@ -126,6 +132,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                     protection: d.env_protection,
                 },
                 type_one_side: d.type_one_side,
+                attention: d.attention.clone(),
                 davg: b.upload(&to_t(&model.davg)),
                 dstd: b.upload(&to_t(&model.dstd)),
                 layout,

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
-use crate::geometry::{build_nlist, Cell};
+use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
 use crate::model::{DescriptorType, ModelSpec};
 
 /// One frame as the model sees it; atoms sorted by type.
@@ -34,6 +34,12 @@ pub struct HostBatch {
     pub dims: Dims,
     pub rij: Vec<f64>,
     pub owner: Vec<i32>,
+    /// A mixed-type descriptor's (DPA-1's) neighbour type of every slot, `[nslots]` in the slot
+    /// order of [`Dims`]: the type of the slot's neighbour, and for a padding slot the type of
+    /// the frame's first atom in type-sorted order, i.e. the lowest type present (DeePMD-kit
+    /// gathers atom 0 for padding, and its data loader sorts atoms by type). Empty for every
+    /// other descriptor.
+    pub nei_type: Vec<i32>,
     pub centre_atom: Vec<i32>,
     pub energy: Vec<f64>,
     pub force: Vec<f64>,
@@ -57,6 +63,20 @@ pub fn centre_atoms(d: &Dims) -> Vec<i32> {
         type_start += count;
     }
     out
+}
+
+/// The neighbour type of every slot of a mixed-type list ([`HostBatch::nei_type`]): the type of
+/// its owner (`frame·natoms + atom`), or for padding (owner < 0) `atype[0]`, the lowest type
+/// present, since the atoms of a batch are sorted by type.
+pub fn neighbour_types(owner: &[i32], atype: &[usize]) -> Vec<i32> {
+    let n = atype.len();
+    let pad = atype.first().map_or(0, |&t| t as i32);
+    (owner.iter())
+        .map(|&o| match usize::try_from(o) {
+            Ok(o) => atype[o % n] as i32,
+            Err(_) => pad,
+        })
+        .collect()
 }
 
 /// The batch of frames `frames` of `sys`; an error names the (`what`: training, validation)
@@ -118,7 +138,10 @@ fn assemble_numbered(
                 }
                 None => None,
             };
-            Ok(build_nlist(fr.coord, cell.as_ref(), atype, d.rcut, &d.sel))
+            Ok(match d.is_mixed() {
+                true => build_nlist_mixed(fr.coord, cell.as_ref(), atype, d.rcut, d.nnei()),
+                false => build_nlist(fr.coord, cell.as_ref(), atype, d.rcut, &d.sel),
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     // A hybrid's sub-descriptor takes the first sel_k[t] slots of each type section of the one
@@ -154,11 +177,16 @@ fn assemble_numbered(
             .zip(&part.sel)
             .for_each(|(o, s)| *o += s);
     }
+    let nei_type = match d.is_mixed() {
+        true => neighbour_types(&owner, atype),
+        false => vec![],
+    };
     let has_virial = frames.iter().all(|f| f.virial.is_some());
     Ok(HostBatch {
         dims,
         rij,
         owner,
+        nei_type,
         centre_atom,
         energy: frames.iter().map(|f| f.energy).collect(),
         force: frames

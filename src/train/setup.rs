@@ -118,7 +118,9 @@ fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
 }
 
 /// The descriptor of input.json with `sel` (a hybrid's sub-descriptors have theirs as numbers).
-fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec {
+/// DPA-1 (se_atten, se_atten_v2) keeps its attention keys and one mixed sel, the sum of the
+/// list given (DeePMD-kit's nnei = Σ sel: one section).
+pub fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec {
     if d.kind == DescriptorType::Hybrid {
         let list = (d.list.iter())
             .map(|p| {
@@ -130,6 +132,10 @@ fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec {
             .collect();
         return DescriptorSpec::hybrid(list);
     }
+    let sel = match d.kind.is_attention() {
+        true => vec![sel.iter().sum()],
+        false => sel,
+    };
     DescriptorSpec {
         kind: d.kind,
         rcut: d.rcut,
@@ -142,6 +148,7 @@ fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec {
         env_protection: d.env_protection,
         set_davg_zero: d.set_davg_zero,
         list: vec![],
+        attention: d.attention.clone(),
     }
 }
 

@@ -38,7 +38,8 @@ pub struct Workspace<T: Real, B: Backend<T>> {
 impl<T: Real, B: Backend<T>> Workspace<T, B> {
     /// The buffers of batch shape `dims`; the big ones are asked for fallibly, and a failure
     /// names the batch and what makes it smaller.
-    pub fn new(b: &B, m: &DeviceModel<T, B>, dims: &Dims) -> Result<Self, OutOfMemory> {
+    /// An error, not a panic, where the model's descriptor has no stage yet (DPA-1).
+    pub fn new(b: &B, m: &DeviceModel<T, B>, dims: &Dims) -> anyhow::Result<Self> {
         let (ns, nc, na, nf) = (
             dims.nslots(),
             dims.ncentres(),
@@ -66,7 +67,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         let centre_atom = centre_atoms(dims);
         Ok(Workspace {
             dims: dims.clone(),
-            env: Env::new(b, dims, &zeros, &centre_atom)?,
+            env: Env::new(b, dims, &zeros, &centre_atom, m.desc.kind.is_attention())?,
             labels: [zeros(nf)?, zeros(3 * na)?, zeros(9 * nf)?],
             descriptor: Descriptor::new(b, m, dims, &zeros, &centre_atom)?,
             fitting: Fitting::new(b, m, dims, &zeros)?,
@@ -117,6 +118,9 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         debug_assert_eq!(batch.centre_atom, centre_atoms(&self.dims));
         b.write(&mut self.env.rij, &to_t(&batch.rij));
         b.write_idx(&mut self.env.owner, &batch.owner);
+        if let Some(t) = &mut self.env.nei_type {
+            b.write_idx(t, &batch.nei_type);
+        }
         let [e, f, v] = &mut self.labels;
         b.write(e, &to_t(&batch.energy));
         b.write(f, &to_t(&batch.force));
@@ -148,6 +152,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         ]);
         let mut ids: Vec<u64> = bufs.into_iter().map(|x| b.buf_id(x)).collect();
         ids.extend([b.idx_id(&self.env.owner), b.idx_id(&self.env.centre_atom)]);
+        ids.extend(self.env.nei_type.iter().map(|t| b.idx_id(t)));
         ids
     }
 }

@@ -73,6 +73,7 @@ pub fn water_descriptor() -> DescriptorSpec {
         env_protection: 0.0,
         set_davg_zero: false,
         list: vec![],
+        attention: None,
     }
 }
 

@@ -104,6 +104,7 @@ pub fn small_model_of(
             env_protection: 0.0,
             set_davg_zero: false,
             list: vec![],
+            attention: None,
         },
         fitting: FittingSpec {
             neuron: vec![12, 12],

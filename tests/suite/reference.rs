@@ -105,7 +105,7 @@ pub fn env_mat_and_descriptor<B: Backend<f64>>(b: &B) {
     for ti in 0..d.ntypes {
         for c in d.centres(ti) {
             let orig = rf.perm[batch.centre_atom[c] as usize];
-            for tj in 0..d.ntypes {
+            for tj in d.sections() {
                 for j in 0..d.sel[tj] {
                     let s = d.slot(ti, c, tj, j);
                     for k in 0..4 {

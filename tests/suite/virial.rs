@@ -52,6 +52,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
             env_protection: 0.0,
             set_davg_zero: false,
             list: vec![],
+            attention: None,
         },
         fitting: FittingSpec {
             neuron: usizes(&meta["fitting"]["neuron"]),

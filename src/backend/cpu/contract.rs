@@ -91,7 +91,7 @@ pub(super) fn dot<T: Real>(x: &[T], y: &[T]) -> T {
 /// The slot ranges (one per neighbour-type section) of centre c.
 pub(super) fn sections(d: &Dims, c: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
     let ti = d.centre_type(c);
-    (0..d.ntypes).map(move |tj| {
+    d.sections().map(move |tj| {
         let first = d.slot(ti, c, tj, 0);
         first..first + d.sel[tj]
     })
@@ -197,7 +197,7 @@ pub(super) fn per_slot_at<T: Real>(
 ) {
     for ti in 0..d.ntypes {
         let mut section = 0;
-        for tj in 0..d.ntypes {
+        for tj in d.sections() {
             let blk = d.block(ti, tj);
             let sel = d.sel[tj];
             if sel == 0 {
@@ -406,7 +406,7 @@ pub fn dual<T: Real>(
     let per_centre = centre_adjoints(d, a, adot, dbar, ddotbar);
     let f = inv_nnei::<T>(d);
     for ti in 0..d.ntypes {
-        for tj in 0..d.ntypes {
+        for tj in d.sections() {
             let (blk, sel) = (d.block(ti, tj), d.sel[tj]);
             if sel == 0 {
                 continue;

@@ -642,7 +642,7 @@ struct Cache<T> {
     owner: Vec<i32>,
     /// The parameters of every block's net, concatenated.
     params: Vec<T>,
-    /// Per block `ti·ntypes + tj`, per task.
+    /// Per block `ti·nsec + tj`, per task.
     traces: Vec<Vec<Trace<T>>>,
     /// The dual reverse's per-task partial gradients of one block, kept from call to call.
     partials: Vec<T>,
@@ -763,10 +763,10 @@ fn forward_into<T: Real>(
     mut out: Option<(&mut [T], &mut [T])>,
 ) {
     let m1 = d.m1;
-    cache.traces.resize_with(d.ntypes * d.ntypes, Vec::new);
+    cache.traces.resize_with(d.ntypes * d.nsec, Vec::new);
     for ti in 0..d.ntypes {
-        for tj in 0..d.ntypes {
-            let k = ti * d.ntypes + tj;
+        for tj in d.sections() {
+            let k = ti * d.nsec + tj;
             let (rows, sel) = (d.block(ti, tj), d.sel[tj]);
             let traces = &mut cache.traces[k];
             if rows.is_empty() {
@@ -961,8 +961,8 @@ pub fn dual_backward<T: Real>(
         }
         let m1 = d.m1;
         for ti in 0..d.ntypes {
-            for tj in 0..d.ntypes {
-                let k = ti * d.ntypes + tj;
+            for tj in d.sections() {
+                let k = ti * d.nsec + tj;
                 let (rows, sel) = (d.block(ti, tj), d.sel[tj]);
                 if rows.is_empty() {
                     continue;

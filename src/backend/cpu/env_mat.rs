@@ -19,8 +19,7 @@ pub fn env_mat<T: Real>(
     s: &mut [T],
 ) {
     for ti in 0..d.ntypes {
-        let lo = d.block(ti, 0).start;
-        let hi = d.block(ti, d.ntypes - 1).end;
+        let (lo, hi) = (d.type_slots(ti).start, d.type_slots(ti).end);
         let avg: [f64; 4] = std::array::from_fn(|k| davg[4 * ti + k].f64());
         let std: [f64; 4] = std::array::from_fn(|k| dstd[4 * ti + k].f64());
         rhat[4 * lo..4 * hi]

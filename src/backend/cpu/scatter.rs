@@ -20,7 +20,7 @@ pub fn energy<T: Real>(d: &Dims, e_fit: &[T], bias: &[T], e_atom: &mut [T], ener
 pub fn for_each_slot(d: &Dims, mut f: impl FnMut(usize, usize)) {
     for ti in 0..d.ntypes {
         for c in d.centres(ti) {
-            for tj in 0..d.ntypes {
+            for tj in d.sections() {
                 let first = d.slot(ti, c, tj, 0);
                 for s in first..first + d.sel[tj] {
                     f(c, s);

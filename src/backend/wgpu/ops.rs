@@ -51,7 +51,7 @@ fn grid_tiles(cols: usize, rows: usize) -> [u32; 3] {
 /// Calls `f(slots, sel, first centre)` for every non-empty (ti, tj) block.
 fn for_blocks(d: &Dims, mut f: impl FnMut(Range<usize>, usize, usize)) {
     for ti in 0..d.ntypes {
-        for tj in 0..d.ntypes {
+        for tj in d.sections() {
             let b = d.block(ti, tj);
             if !b.is_empty() {
                 f(b, d.sel[tj], d.centre_start[ti]);
@@ -68,7 +68,7 @@ pub(super) fn force_csr(d: &Dims, owner: &[i32], centre_atom: &[i32]) -> (Vec<u3
     let mut visit = Vec::new();
     for ti in 0..d.ntypes {
         for c in d.centres(ti) {
-            for tj in 0..d.ntypes {
+            for tj in d.sections() {
                 let first = d.slot(ti, c, tj, 0);
                 for (s, &o) in owner.iter().enumerate().skip(first).take(d.sel[tj]) {
                     if o >= 0 {
@@ -310,8 +310,7 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         let op = self.exclusive();
         let envp = self.reals::<T>(&op, "env_mat", &[env.rcut, env.rcut_smth, env.protection]);
         for ti in 0..d.ntypes {
-            let lo = d.block(ti, 0).start;
-            let hi = d.block(ti, d.ntypes - 1).end;
+            let (lo, hi) = (d.type_slots(ti).start, d.type_slots(ti).end);
             let u = EnvMatParams {
                 slot0: count(lo),
                 nslots: count(hi - lo),

@@ -152,7 +152,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
                 );
             }
             subs.push(Sub {
-                env: Env::new(b, &dims, zeros, centre_atom)?,
+                env: Env::new(b, &dims, zeros, centre_atom, false)?,
                 desc: Descriptor::single(b, p.state.kind, &p.state.layout, &dims, zeros)?,
                 q: zeros(3 * ns)?,
                 dbar: zeros(nc * dk)?,
