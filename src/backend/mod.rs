@@ -13,6 +13,7 @@
 #[macro_use]
 mod ops;
 
+pub mod attn;
 pub mod counts;
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -24,13 +25,14 @@ pub mod timed;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
+pub use attn::{AttnArgs, AttnOpts};
 pub use dims::{Dims, Pairs};
 pub use real::Real;
 
 use std::ops::Range;
 
 use crate::geometry::EnvParams;
-use crate::model::{Layer, Net};
+use crate::model::{Layer, Net, TebdLayout};
 
 /// Loss prefactors in effect at a step, already multiplied by the label's presence (docs/deepmd-spec.md §9).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -163,6 +165,7 @@ pub trait Backend<T: Real>: Sync {
     fn upload(&self, x: &[T]) -> Self::Buf;
     fn upload_idx(&self, x: &[i32]) -> Self::Idx;
     fn download(&self, b: &Self::Buf) -> Vec<T>;
+    fn download_idx(&self, b: &Self::Idx) -> Vec<i32>;
     fn zeros(&self, n: usize) -> Self::Buf;
     /// [`Backend::zeros`] that returns `None` where the memory is not there, for the big
     /// buffers of a batch. Host memory can be asked for fallibly; the GPU backends allocate as

@@ -391,6 +391,111 @@ macro_rules! compute_ops {
             4.0 * (d.m1 * d.pairs().len()) as f64
         }
 
+        /// DPA-1: the switch σ and its slope dσ/dŝ against the slot's normalised radial value,
+        /// per slot (0 for padding), for the smooth attention and strip (docs/design.md §11).
+        fn attn_switch(
+            &self,
+            d: &Dims,
+            env: EnvParams,
+            rij: &Self::Buf,
+            owner: &Self::Idx,
+            dstd: &Self::Buf,
+            sw: &mut Self::Buf,
+            dsw: &mut Self::Buf,
+        ) as AttnSwitch;
+        flops(_) { 30.0 * d.nslots() as f64 }
+        default { crate::backend::attn::attn_switch(self, d, env, rij, owner, dstd, (sw, dsw)) }
+
+        /// DPA-1: rows of type-embedding values, `out[r·stride + col..]` = `[lead[r],
+        /// T[types[0][r]], T[types[1][r]], ...]` (no lead column without `lead`): the embedding
+        /// net's input `[ŝ, T[t_j], T[t_i]]`, the descriptor's appended T[t_i].
+        fn tebd_rows(
+            &self,
+            tebd: &TebdLayout,
+            params: &Self::Buf,
+            lead: Option<&Self::Buf>,
+            types: &[&Self::Idx],
+            out: &mut Self::Buf,
+            stride: usize,
+            col: usize,
+        ) as TebdRows;
+        flops(_) { 0.0 }
+        default {
+            crate::backend::attn::tebd_rows(self, tebd, params, lead, types, out, stride, col)
+        }
+
+        /// Adjoint of [`Backend::tebd_rows`]: the type columns of `xbar` into the type
+        /// embedding's gradient.
+        fn tebd_rows_backward(
+            &self,
+            tebd: &TebdLayout,
+            lead: bool,
+            types: &[&Self::Idx],
+            xbar: &Self::Buf,
+            stride: usize,
+            col: usize,
+            grad: &mut Self::Buf,
+        ) as TebdRowsBackward;
+        flops(_) { 0.0 }
+        default {
+            crate::backend::attn::tebd_rows_backward(self, tebd, lead, types, xbar, stride, col, grad)
+        }
+
+        /// DPA-1's attention layers and contraction, per centre: D `[nc][stride]` (its first
+        /// M1·M2 columns) from G⁰ and R̂ (docs/design.md §11.1).
+        fn attn_forward(
+            &self,
+            d: &Dims,
+            a: &AttnArgs<Self::Buf, Self::Idx>,
+            desc: &mut Self::Buf,
+            stride: usize,
+        ) as AttnForward;
+        flops(_) { attn_flops(d, a) }
+        default { crate::backend::attn::attn_forward(self, d, a, desc, stride) }
+
+        /// Forces of the attention block: q = ∂E/∂r_ij per slot from D̄, through R̂, σ and G⁰'s
+        /// dependence on ŝ (docs/design.md §11.2).
+        fn attn_backward(
+            &self,
+            d: &Dims,
+            a: &AttnArgs<Self::Buf, Self::Idx>,
+            jac: &Self::Buf,
+            dbar: &Self::Buf,
+            stride: usize,
+            q: &mut Self::Buf,
+        ) as AttnBackward;
+        flops(_) { 2.0 * attn_flops(d, a) }
+        default { crate::backend::attn::attn_backward(self, d, a, jac, dbar, stride, q) }
+
+        /// Ḋ of the attention block for the tangent Ṙ of R̂ (docs/design.md §11.3).
+        fn attn_tangent(
+            &self,
+            d: &Dims,
+            a: &AttnArgs<Self::Buf, Self::Idx>,
+            rdot: &Self::Buf,
+            ddot: &mut Self::Buf,
+            stride: usize,
+        ) as AttnTangent;
+        flops(_) { 2.0 * attn_flops(d, a) }
+        default { crate::backend::attn::attn_tangent(self, d, a, rdot, ddot, stride) }
+
+        /// The dual reverse of the attention block from (D̄, Ḋ̄): its layers' gradient added to
+        /// `grad`, Ḡ⁰ and Ġ̄⁰ per slot written (docs/design.md §11.4).
+        fn attn_dual(
+            &self,
+            d: &Dims,
+            a: &AttnArgs<Self::Buf, Self::Idx>,
+            rdot: &Self::Buf,
+            adjoints: (&Self::Buf, &Self::Buf),
+            stride: usize,
+            g0_adjoints: (&mut Self::Buf, &mut Self::Buf),
+            grad: &mut Self::Buf,
+        ) as AttnDual;
+        flops(_) { 4.0 * attn_flops(d, a) }
+        default {
+            crate::backend::attn::attn_dual(self, d, a, rdot, adjoints, stride, g0_adjoints, grad)
+        }
+
         /// Per-frame energy E_f = Σ atoms (E_atom + bias[type]) and the per-centre energies with bias.
         fn energy(
             &self,

@@ -18,9 +18,11 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::counts::{Counters, Counts};
-use super::{AdamStep, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span};
+use super::{
+    AdamStep, AttnArgs, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span,
+};
 use crate::geometry::EnvParams;
-use crate::model::{Layer, Net};
+use crate::model::{Layer, Net, TebdLayout};
 
 /// What profiling needs from a backend beyond its ops.
 pub trait Timeable<T: Real>: Backend<T> {
@@ -296,6 +298,15 @@ fn embed_flops(d: &Dims, nets: &[&Net], real: usize, f: impl Fn(&Net) -> f64) ->
 
 /// [`Backend::contract_dual`]'s work: Ā, Ǡ, three adjoints of D = AA<ᵀ per centre
 /// (3·8·M1·M2); Ḡ, Ġ̄, 12·M1 per slot.
+/// The attention block's forward work (docs/design.md §11.1): per centre and layer the two
+/// projections, the n² logits and weighted sums, then the contraction.
+fn attn_flops<B, I>(d: &Dims, a: &AttnArgs<B, I>) -> f64 {
+    let (n, m, h) = (d.nnei, a.opts.m1, a.opts.h);
+    let layer = 2 * n * m * 3 * h + 2 * n * h * m + 4 * n * n * h;
+    let contract = 8 * n * m + 8 * m * a.opts.m2;
+    ((a.layout.layers.len() * layer + contract) * d.ncentres()) as f64
+}
+
 fn contract_dual_flops(d: &Dims) -> f64 {
     2.0 * (12 * d.m1 * d.nslots() + 24 * d.m1 * d.m2 * d.ncentres()) as f64
 }
@@ -329,6 +340,9 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         self.counters.buffer();
         self.counters.upload(size_of_val(x));
         self.time::<T, _>(Op::Upload, 0.0, |b| b.upload_idx(x))
+    }
+    fn download_idx(&self, b: &Self::Idx) -> Vec<i32> {
+        self.inner.download_idx(b)
     }
     fn download(&self, buf: &Self::Buf) -> Vec<T> {
         self.counters.readback(self.inner.len(buf) * size_of::<T>());

@@ -24,6 +24,16 @@ fn switch(r: f64, env: &EnvParams) -> (f64, f64) {
     (sw, dsw)
 }
 
+/// The switch sw(r) of a neighbour at x and its slope dsw/ds against the raw radial value
+/// s = sw/(r + p) ([`env_row`]'s R[0]), which DPA-1 needs to treat sw as a function of s.
+pub fn env_switch(x: [f64; 3], env: &EnvParams) -> (f64, f64) {
+    let r = (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt();
+    let rr = r + env.protection;
+    let (sw, dsw) = switch(r, env);
+    let ds = dsw / rr - sw / (rr * rr);
+    (sw, if ds == 0.0 { 0.0 } else { dsw / ds })
+}
+
 /// Raw R = sw·[1/r, x/r², y/r², z/r²] and ∂R/∂r_ij (4×3), computed in f64.
 pub fn env_row(x: [f64; 3], env: &EnvParams) -> ([f64; 4], [[f64; 3]; 4]) {
     let r = (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt();

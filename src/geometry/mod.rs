@@ -9,7 +9,7 @@ mod stat;
 
 pub use bias::energy_bias;
 pub use cell::Cell;
-pub use env_row::{env_row, EnvParams};
+pub use env_row::{env_row, env_switch, EnvParams};
 pub use images::{wrapped, ImageGrid};
 pub use nlist::{build_nlist, build_nlist_mixed, visit_nlist, visit_nlist_mixed, NeighborList};
 pub use stat::{frame_rows, EnvStats, FrameRows};

@@ -164,7 +164,7 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
     w.fitting.forward(b, m, d, w.descriptor.desc());
     b.energy(d, w.fitting.e_fit(), &m.bias, &mut w.e_atom, &mut w.energy);
     let (dbar, _) = w.fitting.adjoints();
-    w.descriptor.backward(b, d, &w.env, dbar, &mut w.q);
+    w.descriptor.backward(b, m, d, &w.env, dbar, &mut w.q);
     b.force_virial(
         d,
         &w.q,
@@ -195,7 +195,7 @@ pub fn gradient<T: Real, B: Backend<T>>(
         &mut w.vres,
         &mut w.sums,
     );
-    w.descriptor.tangent(b, d, &mut w.env, &w.fres, &w.vres);
+    w.descriptor.tangent(b, m, d, &mut w.env, (&w.fres, &w.vres));
     b.fill(&mut m.grad, T::zero());
     let desc = (w.descriptor.desc(), w.descriptor.ddot());
     w.fitting.dual(b, m, d, desc, &w.ebar);

@@ -12,36 +12,12 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::dual::{Dual, Num};
-use crate::backend::{Dims, Real};
+use crate::backend::{AttnOpts, Dims, Real};
 
 /// Shift of the smooth attention's logits (DeePMD-kit's `attnw_shift`).
 const SHIFT: f64 = 20.0;
 /// Floor of the norms in DeePMD-kit's normalisations (`torch.nn.functional.normalize`'s eps).
 const NORM_FLOOR: f64 = 1e-12;
-
-/// The attention block's shape and settings, one per model.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttnOpts {
-    /// M1 (the embedding width), M2 (axis_neuron), H (`attn`).
-    pub m1: usize,
-    pub m2: usize,
-    pub h: usize,
-    /// The logits' scale: `temperature`, or (H·scaling_factor)^(−1/2).
-    pub alpha: f64,
-    pub normalize: bool,
-    /// Smooth attention (`smooth_type_embedding`; always for se_atten_v2).
-    pub smooth: bool,
-    pub dotr: bool,
-    pub ln_eps: f64,
-}
-
-impl AttnOpts {
-    /// Parameters of one attention layer, in the order of [`LayerParams`].
-    pub fn layer_len(&self) -> usize {
-        let (m, h3) = (self.m1, 3 * self.h);
-        m * h3 + h3 + self.h * m + m + 2 * m
-    }
-}
 
 /// One attention layer's parameters: in_proj `[M1][3H]` + `[3H]`, out_proj `[H][M1]` + `[M1]`,
 /// the layer norm's scale and shift `[M1]`, in this order when packed (gradients).
@@ -856,6 +832,7 @@ mod tests {
             smooth,
             dotr,
             ln_eps: 1e-3,
+            trainable_ln: true,
         };
         let mut r = Rng(7);
         let ns = nc * n;

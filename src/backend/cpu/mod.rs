@@ -56,6 +56,9 @@ impl<T: Real> Backend<T> for Cpu {
     fn upload_idx(&self, x: &[i32]) -> Vec<i32> {
         x.to_vec()
     }
+    fn download_idx(&self, b: &Vec<i32>) -> Vec<i32> {
+        b.clone()
+    }
     fn download(&self, b: &Vec<T>) -> Vec<T> {
         b.clone()
     }

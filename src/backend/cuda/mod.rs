@@ -734,6 +734,10 @@ impl<T: CudaReal> Backend<T> for Cuda {
         }
     }
 
+    fn download_idx(&self, b: &CudaIdx) -> Vec<i32> {
+        b.host.clone()
+    }
+
     fn download(&self, b: &CudaBuf<T>) -> Vec<T> {
         if b.len == 0 {
             return Vec::new();

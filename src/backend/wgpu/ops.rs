@@ -196,6 +196,10 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         self.upload_i32(x)
     }
 
+    fn download_idx(&self, b: &Idx) -> Vec<i32> {
+        b.host.to_vec()
+    }
+
     fn download(&self, b: &Buf<T>) -> Vec<T> {
         self.download_real(b)
     }

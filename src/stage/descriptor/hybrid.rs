@@ -211,19 +211,33 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
     }
 
     /// Each sub-descriptor's q from its columns of D̄, into the batch's slots.
-    pub fn backward(&mut self, b: &B, _d: &Dims, dbar: &B::Buf, q: &mut B::Buf) {
-        for s in &mut self.subs {
+    pub fn backward(
+        &mut self,
+        b: &B,
+        m: &[DescModel<'_, T, B>],
+        _d: &Dims,
+        dbar: &B::Buf,
+        q: &mut B::Buf,
+    ) {
+        for (s, m) in self.subs.iter_mut().zip(m) {
             b.gather(dbar, &mut s.dbar, &s.split);
-            s.desc.backward(b, &s.dims, &s.env, &s.dbar, &mut s.q);
+            s.desc.backward_one(b, m, &s.dims, &s.env, &s.dbar, &mut s.q);
             b.copy(&s.q, &mut self.qside, s.q_at);
         }
         b.gather(&self.qside, q, &self.qjoin);
     }
 
     /// Each sub-descriptor's environment tangent and Ḋ; Ḋ side by side.
-    pub fn tangent(&mut self, b: &B, _d: &Dims, fres: &B::Buf, vres: &B::Buf) {
-        for s in &mut self.subs {
-            s.desc.tangent_one(b, &s.dims, &mut s.env, fres, vres);
+    pub fn tangent(
+        &mut self,
+        b: &B,
+        m: &[DescModel<'_, T, B>],
+        _d: &Dims,
+        fres: &B::Buf,
+        vres: &B::Buf,
+    ) {
+        for (s, m) in self.subs.iter_mut().zip(m) {
+            s.desc.tangent_one(b, m, &s.dims, &mut s.env, (fres, vres));
             b.copy(s.desc.ddot(), &mut self.side, s.desc_at);
         }
         b.gather(&self.side, &mut self.ddot, &self.join);

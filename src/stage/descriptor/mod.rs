@@ -4,6 +4,7 @@
 //! (q = ∂E/∂r_ij) pass, so the step knows no descriptor by name: it calls [`Descriptor`].
 
 mod hybrid;
+mod se_atten;
 mod se_e2_a;
 mod se_e2_r;
 mod se_e3;
@@ -17,30 +18,17 @@ use super::net::Zeros;
 use super::{DescModel, DeviceModel};
 
 use hybrid::Hybrid;
+use se_atten::SeAtten;
 use se_e2_a::SeE2A;
 use se_e2_r::SeE2R;
 use se_e3::SeE3;
-
-/// Whether dpw can compute a descriptor's passes: DPA-1 (se_atten, se_atten_v2) has its model,
-/// files, batches and statistics, but not its stage yet (issue 30), so evaluating or training
-/// one is a clear error, not a panic.
-pub fn check_passes(kind: DescriptorType) -> anyhow::Result<()> {
-    if kind.is_attention() {
-        anyhow::bail!(
-            "the {} (DPA-1) descriptor cannot be evaluated by dpw yet: its model, .yaml files \
-             and statistics are read, but its type embedding and attention passes are not built \
-             (issue 30); use DeePMD-kit (dp test, dp train) for DPA-1 models",
-            kind.as_str()
-        );
-    }
-    Ok(())
-}
 
 /// The buffers of one descriptor for one batch shape, and its passes.
 pub enum Descriptor<T: Real, B: Backend<T>> {
     SeE2A(SeE2A<T, B>),
     SeE2R(SeE2R<T, B>),
     SeE3(SeE3<T, B>),
+    SeAtten(SeAtten<T, B>),
     Hybrid(Hybrid<T, B>),
 }
 
@@ -51,6 +39,7 @@ macro_rules! each {
             Descriptor::SeE2A($d) => $e,
             Descriptor::SeE2R($d) => $e,
             Descriptor::SeE3($d) => $e,
+            Descriptor::SeAtten($d) => $e,
             Descriptor::Hybrid(_) => unreachable!("a hybrid's passes are its own"),
         }
     };
@@ -58,8 +47,8 @@ macro_rules! each {
 
 impl<T: Real, B: Backend<T>> Descriptor<T, B> {
     /// The buffers of the model's descriptor for batch shape `d`; `centre_atom` is the batch
-    /// atom of every centre. An error where the descriptor has no stage yet
-    /// ([`check_passes`]), or where memory runs out.
+    /// atom of every centre. An error where memory runs out or the descriptor's options are
+    /// not built.
     pub fn new(
         b: &B,
         m: &DeviceModel<T, B>,
@@ -67,10 +56,12 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         zeros: &Zeros<B::Buf>,
         centre_atom: &[i32],
     ) -> anyhow::Result<Self> {
-        check_passes(m.desc.kind)?;
         Ok(match m.desc.kind {
             DescriptorType::Hybrid => {
                 Descriptor::Hybrid(Hybrid::new(b, &m.parts, d, zeros, centre_atom)?)
+            }
+            DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
+                Descriptor::SeAtten(SeAtten::new(b, &m.views()[0], d, zeros)?)
             }
             kind => Self::single(b, kind, &m.desc.layout, d, zeros)?,
         })
@@ -90,7 +81,7 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
             DescriptorType::SeE3 => Descriptor::SeE3(SeE3::new(b, layout, d, zeros)?),
             DescriptorType::Hybrid => unreachable!("a hybrid inside hybrid is refused"),
             DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
-                unreachable!("refused by check_passes until DPA-1's stage exists")
+                unreachable!("DPA-1 is not a part of a hybrid (refused when the input is read)")
             }
         })
     }
@@ -133,24 +124,58 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
     }
 
     /// q = ∂E/∂r_ij of every slot from D̄ = ∂E/∂D.
-    pub fn backward(&mut self, b: &B, d: &Dims, env: &Env<T, B>, dbar: &B::Buf, q: &mut B::Buf) {
+    pub fn backward(
+        &mut self,
+        b: &B,
+        m: &DeviceModel<T, B>,
+        d: &Dims,
+        env: &Env<T, B>,
+        dbar: &B::Buf,
+        q: &mut B::Buf,
+    ) {
         match self {
-            Descriptor::Hybrid(h) => h.backward(b, d, dbar, q),
-            _ => each!(self, x => x.backward(b, d, env, dbar, q)),
+            Descriptor::Hybrid(h) => h.backward(b, &m.views(), d, dbar, q),
+            _ => self.backward_one(b, &m.views()[0], d, env, dbar, q),
         }
+    }
+
+    fn backward_one(
+        &mut self,
+        b: &B,
+        m: &DescModel<'_, T, B>,
+        d: &Dims,
+        env: &Env<T, B>,
+        dbar: &B::Buf,
+        q: &mut B::Buf,
+    ) {
+        each!(self, x => x.backward(b, m, d, env, dbar, q))
     }
 
     /// The environment's tangent Ṙ, ṡ from the loss residuals ∂L/∂F, ∂L/∂W, then Ḋ from it.
-    pub fn tangent(&mut self, b: &B, d: &Dims, env: &mut Env<T, B>, fres: &B::Buf, vres: &B::Buf) {
+    pub fn tangent(
+        &mut self,
+        b: &B,
+        m: &DeviceModel<T, B>,
+        d: &Dims,
+        env: &mut Env<T, B>,
+        (fres, vres): (&B::Buf, &B::Buf),
+    ) {
         match self {
-            Descriptor::Hybrid(h) => h.tangent(b, d, fres, vres),
-            _ => self.tangent_one(b, d, env, fres, vres),
+            Descriptor::Hybrid(h) => h.tangent(b, &m.views(), d, fres, vres),
+            _ => self.tangent_one(b, &m.views()[0], d, env, (fres, vres)),
         }
     }
 
-    fn tangent_one(&mut self, b: &B, d: &Dims, env: &mut Env<T, B>, fres: &B::Buf, vres: &B::Buf) {
+    fn tangent_one(
+        &mut self,
+        b: &B,
+        m: &DescModel<'_, T, B>,
+        d: &Dims,
+        env: &mut Env<T, B>,
+        (fres, vres): (&B::Buf, &B::Buf),
+    ) {
         env.tangent(b, d, fres, vres);
-        each!(self, x => x.tangent(b, d, env))
+        each!(self, x => x.tangent(b, m, d, env))
     }
 
     /// The dual reverse from (D̄, Ḋ̄): the descriptor's parameter gradient, added to `m.grad`.

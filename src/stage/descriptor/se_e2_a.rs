@@ -75,13 +75,21 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
         b.contract_forward(d, g, &env.rhat, &mut self.a, &mut self.desc);
     }
 
-    pub fn backward(&mut self, b: &B, d: &Dims, env: &Env<T, B>, dbar: &B::Buf, q: &mut B::Buf) {
+    pub fn backward(
+        &mut self,
+        b: &B,
+        _m: &DescModel<'_, T, B>,
+        d: &Dims,
+        env: &Env<T, B>,
+        dbar: &B::Buf,
+        q: &mut B::Buf,
+    ) {
         let (g, gp) = self.embed.g_gp();
         b.contract_backward(d, &self.a, dbar, &mut self.abar);
         b.slot_backward(d, &self.abar, g, gp, &env.rhat, &env.jac, q);
     }
 
-    pub fn tangent(&mut self, b: &B, d: &Dims, env: &Env<T, B>) {
+    pub fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         let (g, gp) = self.embed.g_gp();
         b.contract_tangent(
             d,

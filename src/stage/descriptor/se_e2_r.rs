@@ -57,12 +57,20 @@ impl<T: Real, B: Backend<T>> SeE2R<T, B> {
         b.radial_forward(d, g, &mut self.desc);
     }
 
-    pub fn backward(&mut self, b: &B, d: &Dims, env: &Env<T, B>, dbar: &B::Buf, q: &mut B::Buf) {
+    pub fn backward(
+        &mut self,
+        b: &B,
+        _m: &DescModel<'_, T, B>,
+        d: &Dims,
+        env: &Env<T, B>,
+        dbar: &B::Buf,
+        q: &mut B::Buf,
+    ) {
         let (_, gp) = self.embed.g_gp();
         b.radial_backward(d, dbar, gp, &env.jac, q);
     }
 
-    pub fn tangent(&mut self, b: &B, d: &Dims, env: &Env<T, B>) {
+    pub fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         let (_, gp) = self.embed.g_gp();
         b.radial_tangent(d, gp, &env.sdot, &mut self.ddot);
     }

@@ -92,12 +92,20 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
         b.angle_forward(d, &self.e, g, &mut self.desc);
     }
 
-    pub fn backward(&mut self, b: &B, d: &Dims, env: &Env<T, B>, dbar: &B::Buf, q: &mut B::Buf) {
+    pub fn backward(
+        &mut self,
+        b: &B,
+        _m: &DescModel<'_, T, B>,
+        d: &Dims,
+        env: &Env<T, B>,
+        dbar: &B::Buf,
+        q: &mut B::Buf,
+    ) {
         let (g, gp) = self.nets.out();
         b.angle_backward(d, &env.rhat, &env.jac, &self.e, g, gp, dbar, q);
     }
 
-    pub fn tangent(&mut self, b: &B, d: &Dims, env: &Env<T, B>) {
+    pub fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         b.angle_values_tangent(d, &env.rhat, &env.rdot, &mut self.edot);
         let (g, gp) = self.nets.out();
         b.angle_tangent(d, &self.e, &self.edot, g, gp, &mut self.ddot);

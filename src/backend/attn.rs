@@ -1,0 +1,341 @@
+//! The arguments of DPA-1's ops (docs/design.md §11), shared by every backend, and their host
+//! bodies: the op table's default for each (`ops.rs`), so a backend runs DPA-1 through them
+//! (downloading its inputs, computing on the host, writing the outputs back) until it has
+//! kernels of its own. On the CPU backend the transfers are copies.
+
+use super::cpu::attn as host;
+use super::{Backend, Dims, Real};
+use crate::geometry::{env_switch, EnvParams};
+use crate::model::{AttentionConfig, AttnLayout, Skip, TebdLayout};
+
+pub use host::LayerParams;
+
+/// The attention block's shape and settings, one per model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnOpts {
+    /// M1 (the embedding width), M2 (axis_neuron), H (`attn`).
+    pub m1: usize,
+    pub m2: usize,
+    pub h: usize,
+    /// The logits' scale: `temperature`, or (H·scaling_factor)^(−1/2).
+    pub alpha: f64,
+    pub normalize: bool,
+    /// Smooth attention (`smooth_type_embedding`; always for se_atten_v2).
+    pub smooth: bool,
+    pub dotr: bool,
+    pub ln_eps: f64,
+    /// Whether the layer norms' scale and shift get a gradient (`trainable_ln`).
+    pub trainable_ln: bool,
+}
+
+impl AttnOpts {
+    pub fn new(c: &AttentionConfig, m1: usize, m2: usize) -> Self {
+        AttnOpts {
+            m1,
+            m2,
+            h: c.attn,
+            alpha: c
+                .temperature
+                .unwrap_or_else(|| (c.attn as f64 * c.scaling_factor).powf(-0.5)),
+            normalize: c.normalize,
+            smooth: c.smooth_type_embedding,
+            dotr: c.attn_dotr,
+            ln_eps: c.ln_eps,
+            trainable_ln: c.trainable_ln,
+        }
+    }
+
+    /// Parameters of one attention layer, in the order of [`LayerParams`].
+    pub fn layer_len(&self) -> usize {
+        let (m, h3) = (self.m1, 3 * self.h);
+        m * h3 + h3 + self.h * m + m + 2 * m
+    }
+
+    /// Each layer's parameters as slices of the model's parameter vector.
+    pub fn layers<'a, T>(&self, a: &AttnLayout, params: &'a [T]) -> Vec<LayerParams<'a, T>> {
+        let (m, h3) = (self.m1, 3 * self.h);
+        a.layers
+            .iter()
+            .map(|l| LayerParams {
+                w_in: &params[l.proj_in.w..l.proj_in.w + m * h3],
+                b_in: &params[l.proj_in.b..l.proj_in.b + h3],
+                w_out: &params[l.proj_out.w..l.proj_out.w + self.h * m],
+                b_out: &params[l.proj_out.b..l.proj_out.b + m],
+                gamma: &params[l.ln_w..l.ln_w + m],
+                beta: &params[l.ln_b..l.ln_b + m],
+            })
+            .collect()
+    }
+
+    /// Adds a packed gradient ([`LayerParams`]' order, layer after layer) into the model's.
+    fn add_grad<T: Real>(&self, a: &AttnLayout, packed: &[T], grad: &mut [T]) {
+        let (m, h3) = (self.m1, 3 * self.h);
+        for (l, p) in a.layers.iter().zip(packed.chunks(self.layer_len())) {
+            let mut at = 0;
+            let mut add = |to: usize, n: usize, on: bool| {
+                if on {
+                    for (g, v) in grad[to..to + n].iter_mut().zip(&p[at..at + n]) {
+                        *g += *v;
+                    }
+                }
+                at += n;
+            };
+            add(l.proj_in.w, m * h3, true);
+            add(l.proj_in.b, h3, true);
+            add(l.proj_out.w, self.h * m, true);
+            add(l.proj_out.b, m, true);
+            add(l.ln_w, m, self.trainable_ln);
+            add(l.ln_b, m, self.trainable_ln);
+        }
+    }
+}
+
+/// What every pass of the attention block reads: the model's layers and parameters, and per
+/// slot G⁰, G⁰' = ∂G⁰/∂ŝ `[nslots][M1]`, R̂ `[nslots][4]`, σ and dσ/dŝ, the owners.
+pub struct AttnArgs<'a, B, I> {
+    pub layout: &'a AttnLayout,
+    pub opts: AttnOpts,
+    pub params: &'a B,
+    pub g0: &'a B,
+    pub g0p: &'a B,
+    pub rhat: &'a B,
+    pub sw: &'a B,
+    pub dsw: &'a B,
+    pub owner: &'a I,
+}
+
+/// [`AttnArgs`] on the host.
+pub struct HostArgs<T> {
+    params: Vec<T>,
+    g0: Vec<T>,
+    g0p: Vec<T>,
+    rhat: Vec<T>,
+    sw: Vec<T>,
+    dsw: Vec<T>,
+    owner: Vec<i32>,
+}
+
+impl<'a, B, I> AttnArgs<'a, B, I> {
+    pub fn host<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> HostArgs<T> {
+        HostArgs {
+            params: b.download(self.params),
+            g0: b.download(self.g0),
+            g0p: b.download(self.g0p),
+            rhat: b.download(self.rhat),
+            sw: b.download(self.sw),
+            dsw: b.download(self.dsw),
+            owner: b.download_idx(self.owner),
+        }
+    }
+
+    /// Runs `f` on the host view of the arguments.
+    pub fn with<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized, R>(
+        &self,
+        b: &K,
+        f: impl FnOnce(&host::AttnIn<'_, T>) -> R,
+    ) -> R {
+        let h = self.host(b);
+        let layers = self.opts.layers(self.layout, &h.params);
+        f(&host::AttnIn {
+            opts: self.opts,
+            layers: &layers,
+            g0: &h.g0,
+            g0p: &h.g0p,
+            rhat: &h.rhat,
+            sw: &h.sw,
+            dsw: &h.dsw,
+            owner: &h.owner,
+        })
+    }
+}
+
+/// The bodies of the attention ops on any backend.
+pub fn attn_forward<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    a: &AttnArgs<B::Buf, B::Idx>,
+    desc: &mut B::Buf,
+    stride: usize,
+) {
+    let mut out = b.download(desc);
+    a.with(b, |x| host::forward(d, x, &mut out, stride));
+    b.write(desc, &out);
+}
+
+pub fn attn_backward<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    a: &AttnArgs<B::Buf, B::Idx>,
+    jac: &B::Buf,
+    dbar: &B::Buf,
+    stride: usize,
+    q: &mut B::Buf,
+) {
+    let (jac, dbar) = (b.download(jac), b.download(dbar));
+    let mut out = vec![T::zero(); 3 * d.nslots()];
+    a.with(b, |x| host::backward(d, x, &jac, &dbar, stride, &mut out));
+    b.write(q, &out);
+}
+
+pub fn attn_tangent<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    a: &AttnArgs<B::Buf, B::Idx>,
+    rdot: &B::Buf,
+    ddot: &mut B::Buf,
+    stride: usize,
+) {
+    let rdot = b.download(rdot);
+    let mut out = b.download(ddot);
+    a.with(b, |x| host::tangent(d, x, &rdot, &mut out, stride));
+    b.write(ddot, &out);
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn attn_dual<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    a: &AttnArgs<B::Buf, B::Idx>,
+    rdot: &B::Buf,
+    (dbar, ddotbar): (&B::Buf, &B::Buf),
+    stride: usize,
+    (g0bar, g0dotbar): (&mut B::Buf, &mut B::Buf),
+    grad: &mut B::Buf,
+) {
+    let (rdot, dbar, ddotbar) = (b.download(rdot), b.download(dbar), b.download(ddotbar));
+    let n = d.nslots() * a.opts.m1;
+    let (mut gb, mut gdb) = (vec![T::zero(); n], vec![T::zero(); n]);
+    let packed = a.with(b, |x| {
+        host::dual(d, x, &rdot, &dbar, &ddotbar, stride, &mut gb, &mut gdb)
+    });
+    let mut g = b.download(grad);
+    a.opts.add_grad(a.layout, &packed, &mut g);
+    b.write(grad, &g);
+    b.write(g0bar, &gb);
+    b.write(g0dotbar, &gdb);
+}
+
+/// σ and dσ/dŝ of every slot (0 for padding): the switch and its slope against the normalised
+/// radial value ŝ = (sw/(r + p) − davg₀)/dstd₀ of the centre's type.
+pub fn attn_switch<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    env: EnvParams,
+    rij: &B::Buf,
+    owner: &B::Idx,
+    dstd: &B::Buf,
+    (sw, dsw): (&mut B::Buf, &mut B::Buf),
+) {
+    let (rij, owner, dstd) = (b.download(rij), b.download_idx(owner), b.download(dstd));
+    let ns = d.nslots();
+    let (mut s, mut ds) = (vec![T::zero(); ns], vec![T::zero(); ns]);
+    for c in 0..d.ncentres() {
+        let tc = d.centre_type(c);
+        let std0 = dstd[4 * tc].f64();
+        let at = d.slot(tc, c, 0, 0);
+        for slot in at..at + d.nnei {
+            if owner[slot] < 0 {
+                continue;
+            }
+            let x = [0, 1, 2].map(|a| rij[3 * slot + a].f64());
+            let (v, slope) = env_switch(x, &env);
+            s[slot] = T::of(v);
+            ds[slot] = T::of(slope * std0);
+        }
+    }
+    b.write(sw, &s);
+    b.write(dsw, &ds);
+}
+
+/// T[t] = skip(e_t) + W[t] (+ b): row t of the type embedding.
+fn tebd_row<T: Real>(t: &TebdLayout, params: &[T], ty: usize) -> Vec<T> {
+    (0..t.dim)
+        .map(|c| {
+            let skip = match t.skip {
+                Skip::None => false,
+                Skip::Identity => c == ty,
+                Skip::Double => c % t.ntypes == ty,
+            };
+            let mut v = params[t.w + ty * t.dim + c];
+            if let Some(b) = t.b {
+                v += params[b + c];
+            }
+            if skip {
+                v += T::one();
+            }
+            v
+        })
+        .collect()
+}
+
+/// Rows of type-embedding values: `out[r·stride + col..]` = `[lead[r], T[types[0][r]],
+/// T[types[1][r]], ...]` (no lead column without `lead`), for every row r of the type lists.
+#[allow(clippy::too_many_arguments)]
+pub fn tebd_rows<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    t: &TebdLayout,
+    params: &B::Buf,
+    lead: Option<&B::Buf>,
+    types: &[&B::Idx],
+    out: &mut B::Buf,
+    stride: usize,
+    col: usize,
+) {
+    let params = b.download(params);
+    let table: Vec<Vec<T>> = (0..t.ntypes).map(|ty| tebd_row(t, &params, ty)).collect();
+    let lead = lead.map(|l| b.download(l));
+    let types: Vec<Vec<i32>> = types.iter().map(|i| b.download_idx(i)).collect();
+    let mut o = b.download(out);
+    for r in 0..types.first().map_or(0, Vec::len) {
+        let mut at = r * stride + col;
+        if let Some(l) = &lead {
+            o[at] = l[r];
+            at += 1;
+        }
+        for ty in &types {
+            o[at..at + t.dim].copy_from_slice(&table[ty[r] as usize]);
+            at += t.dim;
+        }
+    }
+    b.write(out, &o);
+}
+
+/// Adjoint of [`tebd_rows`]: the type columns of `xbar` summed into the type embedding's
+/// gradient (W̄[t] += T̄[t], b̄ += Σ_t T̄[t]), rows in order.
+#[allow(clippy::too_many_arguments)]
+pub fn tebd_rows_backward<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    t: &TebdLayout,
+    lead: bool,
+    types: &[&B::Idx],
+    xbar: &B::Buf,
+    stride: usize,
+    col: usize,
+    grad: &mut B::Buf,
+) {
+    let xbar = b.download(xbar);
+    let types: Vec<Vec<i32>> = types.iter().map(|i| b.download_idx(i)).collect();
+    let mut tbar = vec![T::zero(); t.ntypes * t.dim];
+    for r in 0..types.first().map_or(0, Vec::len) {
+        let mut at = r * stride + col + usize::from(lead);
+        for ty in &types {
+            let row = &mut tbar[ty[r] as usize * t.dim..(ty[r] as usize + 1) * t.dim];
+            for (v, &x) in row.iter_mut().zip(&xbar[at..at + t.dim]) {
+                *v += x;
+            }
+            at += t.dim;
+        }
+    }
+    let mut g = b.download(grad);
+    for (gv, &v) in g[t.w..t.w + t.ntypes * t.dim].iter_mut().zip(&tbar) {
+        *gv += v;
+    }
+    if let Some(bo) = t.b {
+        for row in tbar.chunks(t.dim) {
+            for (gv, &v) in g[bo..bo + t.dim].iter_mut().zip(row) {
+                *gv += v;
+            }
+        }
+    }
+    b.write(grad, &g);
+}
