@@ -778,6 +778,19 @@ fn se_atten_reads_the_reference_inputs() {
             c,
             "{case}"
         );
+
+        // The model spec made from the input is the one DeePMD-kit's own file of the same
+        // model gives: its attention keys and one mixed sel.
+        let Sel::Fixed(sel) = d.sel.clone() else {
+            unreachable!()
+        };
+        let spec = dpw::train::setup::descriptor_spec(&d, sel);
+        let file = dpw::model::read_deepmd_yaml(&dpa1_dir().join(case).join("model.yaml"))
+            .unwrap()
+            .spec
+            .descriptor;
+        assert_eq!(spec, file, "{case}");
+        assert_eq!(spec.sel.len(), 1);
     }
 }
 
@@ -800,6 +813,9 @@ fn se_atten_aliases_and_deprecated_keys() {
     // serializes sel 30 as [30]).
     let d = parsed(json!({"sel": [10, 20]}));
     assert_eq!(d.sel, Sel::Fixed(vec![10, 20]));
+    // The model's spec has one mixed section, the sum.
+    let spec = dpw::train::setup::descriptor_spec(&d, vec![10, 20]);
+    assert_eq!(spec.sel, [30]);
     assert_eq!(parsed(json!({"sel": [30]})).sel, Sel::Fixed(vec![30]));
     assert_mentions(
         &error_of(&atten(json!({"sel": []}))),

@@ -315,9 +315,15 @@ fn bad_files_name_the_culprit() {
     let e = read_err("model:\n  descriptor: [1, 2\n");
     assert!(e.contains("not valid YAML"), "{e}");
 
+    let e = read_err(&edit(&good, "type: se_e2_a", "type: dpa2"));
+    assert!(
+        e.contains("model.descriptor.type: unsupported value \"dpa2\""),
+        "{e}"
+    );
+    // se_atten is read, and an se_e2_a section lacks its keys.
     let e = read_err(&edit(&good, "type: se_e2_a", "type: se_atten"));
     assert!(
-        e.contains("model.descriptor.type: unsupported value \"se_atten\""),
+        e.contains("model.descriptor: missing key `tebd_input_mode`"),
         "{e}"
     );
 
@@ -448,4 +454,158 @@ fn hybrid_models_round_trip_in_deepmd_form() {
         assert_eq!(def["list"][0]["type"], Value::from("se_e2_a"));
         assert_eq!(def["list"][1]["type"], Value::from(second));
     }
+}
+
+/// The array at a `/`-separated path of a parsed DeePMD-kit file (list items as numbers),
+/// flattened.
+fn yaml_array(v: &Value, path: &str) -> Vec<f64> {
+    let mut at = v;
+    for k in path.split('/') {
+        at = match k.parse::<usize>() {
+            Ok(i) => &at[i],
+            Err(_) => &at[k],
+        };
+    }
+    fn flat(v: &Value, out: &mut Vec<f64>) {
+        match v {
+            Value::Sequence(s) => s.iter().for_each(|x| flat(x, out)),
+            x => out.push(x.as_f64().expect("a number")),
+        }
+    }
+    let mut out = Vec::new();
+    flat(&at["value"], &mut out);
+    out
+}
+
+/// Where DeePMD-kit 3.2.0's DPA-1 file keeps the tensor dpw names `name`.
+fn dpa1_path(name: &str) -> String {
+    let d = "model/descriptor";
+    let parts: Vec<&str> = name.split('.').collect();
+    let layer = |l: &str| l.trim_start_matches("layer").to_string();
+    match parts[..] {
+        ["tebd", "layer0", x] => format!("{d}/type_embedding/embedding/layers/0/@variables/{x}"),
+        ["embed", l, x] => format!(
+            "{d}/embeddings/networks/0/layers/{}/@variables/{x}",
+            layer(l)
+        ),
+        ["embed_strip", l, x] => {
+            format!(
+                "{d}/embeddings_strip/networks/0/layers/{}/@variables/{x}",
+                layer(l)
+            )
+        }
+        ["fit", l, x] => format!(
+            "model/fitting/nets/networks/0/layers/{}/@variables/{x}",
+            layer(l)
+        ),
+        [k, p, x] if k.starts_with("attn") => {
+            let k = &k["attn".len()..];
+            let inner = match p {
+                "in" => "attention_layer/in_proj/@variables",
+                "out" => "attention_layer/out_proj/@variables",
+                _ => "attn_layer_norm/@variables",
+            };
+            format!("{d}/attention_layers/attention_layers/{k}/{inner}/{x}")
+        }
+        _ => panic!("unexpected tensor {name}"),
+    }
+}
+
+/// DPA-1 (DeePMD-kit writes se_atten as `type: dpa1`, se_atten_v2 as itself): every tensor
+/// dpw reads is the file's by name, davg/dstd are its rows, and the file dpw writes back reads
+/// the same, with DeePMD-kit's key paths and the same values everywhere but the statistics'
+/// storage and the provenance.
+#[test]
+fn dpa1_models_round_trip_in_deepmd_form() {
+    for (case, kind, tag) in [
+        ("se_atten_l0_water", DescriptorType::SeAtten, "dpa1"),
+        ("se_atten_l2_alloy", DescriptorType::SeAtten, "dpa1"),
+        (
+            "se_atten_v2_alloy",
+            DescriptorType::SeAttenV2,
+            "se_atten_v2",
+        ),
+        ("se_atten_l2_opts_water", DescriptorType::SeAtten, "dpa1"),
+    ] {
+        let path = repo(&format!("tests/reference/dpa1/{case}/model.yaml"));
+        let m = read_deepmd_yaml(&path).unwrap_or_else(|e| panic!("{case}: {e:#}"));
+        assert_eq!(m.spec.descriptor.kind, kind);
+        let orig = parse(&path);
+        assert_eq!(orig["model"]["descriptor"]["type"], Value::from(tag));
+        for t in m.layout().tensors {
+            let want = yaml_array(&orig, &dpa1_path(&t.name));
+            assert_eq!(
+                bits(&m.params[t.offset..t.offset + t.len()]),
+                bits(&want),
+                "{case}: {}",
+                t.name
+            );
+        }
+        // davg/dstd: DeePMD-kit's `[ntypes][nnei][4]`, dpw's row of slot 0 per type.
+        let (nt, nnei) = (m.spec.ntypes(), m.spec.descriptor.nnei());
+        for (name, ours) in [("davg", &m.davg), ("dstd", &m.dstd)] {
+            let all = yaml_array(&orig, &format!("model/descriptor/@variables/{name}"));
+            assert_eq!(all.len(), nt * nnei * 4);
+            let rows: Vec<f64> = (0..nt)
+                .flat_map(|t| all[t * nnei * 4..][..4].to_vec())
+                .collect();
+            assert_eq!(bits(ours), bits(&rows), "{case}: {name}");
+        }
+
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m.yaml");
+        write_deepmd_yaml(&m, &out).unwrap();
+        assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
+        let ours = parse(&out);
+        let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
+        key_paths(&orig["model"], "model", &mut ko);
+        key_paths(&ours["model"], "model", &mut kw);
+        let missing: Vec<_> = ko.difference(&kw).collect();
+        let extra: Vec<_> = kw.difference(&ko).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{case}: missing {missing:?}, extra {extra:?}"
+        );
+        // The descriptor and fitting sections are DeePMD-kit's, values included (davg/dstd as
+        // DeePMD-kit's equal rows, bias_atom_e folded into out_bias: both zero here).
+        let (d0, d1) = (&orig["model"]["descriptor"], &ours["model"]["descriptor"]);
+        assert!(d0 == d1, "{case}: descriptor sections differ");
+        // atom_ener: DeePMD-kit writes the input's (absent: null here), dpw `[]`; both none.
+        let no_atom_ener = |v: &Value| {
+            let mut v = v.clone();
+            v.as_mapping_mut().unwrap().remove("atom_ener");
+            v
+        };
+        let (f0, f1) = (&orig["model"]["fitting"], &ours["model"]["fitting"]);
+        assert!(
+            no_atom_ener(f0) == no_atom_ener(f1),
+            "{case}: fitting sections differ"
+        );
+        let def = &ours["model_def_script"]["descriptor"];
+        let input_type = if kind == DescriptorType::SeAttenV2 {
+            "se_atten_v2"
+        } else {
+            "se_atten"
+        };
+        assert_eq!(def["type"], Value::from(input_type));
+    }
+}
+
+/// DeePMD-kit keeps davg/dstd per slot; dpw one row per type: a DPA-1 file whose rows differ
+/// across slots is refused, naming the file and the array.
+#[test]
+fn dpa1_unequal_statistics_rows_are_refused() {
+    let path = repo("tests/reference/dpa1/se_atten_l2_alloy/model.yaml");
+    let mut v = parse(&path);
+    let row = &mut v["model"]["descriptor"]["@variables"]["dstd"]["value"][1][7][0];
+    *row = Value::from(0.5);
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.yaml");
+    std::fs::write(&bad, serde_yaml_ng::to_string(&v).unwrap()).unwrap();
+    let e = format!("{:#}", read_deepmd_yaml(&bad).unwrap_err());
+    assert!(e.contains("bad.yaml"), "{e}");
+    assert!(
+        e.contains("model.descriptor.@variables.dstd") && e.contains("type 1"),
+        "{e}"
+    );
 }

@@ -18,12 +18,13 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
 use super::{
-    pair_types, DescriptorSpec, DescriptorType, FittingSpec, Layer, Model, ModelSpec, Net,
-    ParamLayout,
+    pair_types, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FittingSpec, Layer,
+    Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode,
 };
 
-/// Reads a DeePMD-kit v3 `.yaml` model; only a `standard` model with an `se_e2_a` descriptor and
-/// an `ener` fitting, without exclusions or frame/atom parameters, is accepted.
+/// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model with an `se_e2_a`, `se_e2_r`
+/// (`se_r`), `se_e3`, `hybrid`, `dpa1` (se_atten) or `se_atten_v2` descriptor and an `ener`
+/// fitting, without exclusions or frame/atom parameters.
 pub fn read_deepmd_yaml(path: &Path) -> Result<Model> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let root: Value = serde_yaml_ng::from_str(&text)
@@ -256,7 +257,10 @@ fn model_from_tree(root: &Value) -> Result<Model> {
     ] {
         f.expect_off(key)?;
     }
-    f.expect_off("mixed_types")?;
+    // A mixed-type descriptor (DPA-1) gives the fitting `mixed_types: true` and one net.
+    if !descriptor.is_mixed() {
+        f.expect_off("mixed_types")?;
+    }
     let fitting = FittingSpec {
         neuron: f.key("neuron")?.usizes()?,
         resnet_dt: f.key("resnet_dt")?.bool()?,
@@ -271,7 +275,19 @@ fn model_from_tree(root: &Value) -> Result<Model> {
     let mut params = vec![0.0; layout.len];
 
     let parts = spec.descriptor.parts();
+    if let Some(a) = &layout.attn {
+        read_attention(
+            &items[0],
+            &spec.descriptor,
+            a,
+            &layout.embed[0],
+            &mut params,
+        )?;
+    }
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
+        if part.is_mixed() {
+            break; // read above
+        }
         let embed_ndim = if part.type_one_side { 1 } else { 2 };
         let nets = &layout.embed[layout.parts[k].clone()];
         read_nets(
@@ -281,7 +297,9 @@ fn model_from_tree(root: &Value) -> Result<Model> {
             &mut params,
         )?;
     }
-    read_nets(&f.key("nets")?, &some(&layout.fit), 1, &mut params)?;
+    // One fitting net in a collection of ndim 0 for a mixed-type descriptor, else one per type.
+    let fit_ndim = if spec.descriptor.is_mixed() { 0 } else { 1 };
+    read_nets(&f.key("nets")?, &some(&layout.fit), fit_ndim, &mut params)?;
     let (mut davg, mut dstd) = (Vec::new(), Vec::new());
     for (part, at) in parts.iter().zip(&items) {
         let [a, s] = read_stats(at, part, nt)?;
@@ -313,12 +331,26 @@ fn model_from_tree(root: &Value) -> Result<Model> {
 /// The keys of one descriptor that is not a hybrid.
 fn read_descriptor(d: &At, nt: usize) -> Result<DescriptorSpec> {
     d.expect("@class", &["Descriptor"])?;
+    if let Some(t) = d.opt("type") {
+        if let Ok(t @ ("dpa1" | "se_atten" | "se_atten_v2")) = t.str() {
+            return read_dpa1(d, t);
+        }
+    }
     // se_e3's names are those DeePMD-kit's descriptor registry knows it by.
     let se_e3 = ["se_e3", "se_at", "se_a_3be", "se_t"];
     d.expect(
         "type",
         &[
-            "se_e2_a", "se_r", "se_e2_r", se_e3[0], se_e3[1], se_e3[2], se_e3[3],
+            "se_e2_a",
+            "se_r",
+            "se_e2_r",
+            se_e3[0],
+            se_e3[1],
+            se_e3[2],
+            se_e3[3],
+            "dpa1",
+            "se_atten",
+            "se_atten_v2",
         ],
     )?;
     let kind = match d.key("type")?.str()? {
@@ -361,6 +393,185 @@ fn read_descriptor(d: &At, nt: usize) -> Result<DescriptorSpec> {
     );
     ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
     Ok(descriptor)
+}
+
+/// DPA-1's keys: DeePMD-kit serialises se_atten as `type: dpa1`, se_atten_v2 as itself
+/// (without tebd_input_mode and smooth_type_embedding: always strip and smooth). Its sel is
+/// one mixed list: a list's sum (DeePMD-kit's nnei), kept as one number.
+fn read_dpa1(d: &At, t: &str) -> Result<DescriptorSpec> {
+    let kind = match t {
+        "se_atten_v2" => DescriptorType::SeAttenV2,
+        _ => DescriptorType::SeAtten,
+    };
+    d.expect("activation_function", &["tanh"])?;
+    for key in [
+        "exclude_types",
+        "spin",
+        "attn_mask",
+        "use_econf_tebd",
+        "compress",
+    ] {
+        d.expect_off(key)?;
+    }
+    if let Some(l) = d.opt("lmax") {
+        ensure!(
+            l.usize()? == 1,
+            "{}: unsupported value {} (dpw supports lmax 1)",
+            l.path,
+            brief(l.v)
+        );
+    }
+    if let Some(env) = d.opt("env_mat") {
+        env.expect_off("use_exp_switch")?;
+    }
+    let sel = d.key("sel")?;
+    let nnei = match sel.v {
+        Value::Sequence(_) => sel.usizes()?.iter().sum(),
+        _ => sel.usize()?,
+    };
+    let v2 = kind == DescriptorType::SeAttenV2;
+    let tebd_input_mode = match v2 {
+        true => TebdInputMode::Strip,
+        false => match d.key("tebd_input_mode")?.str()? {
+            "concat" => TebdInputMode::Concat,
+            "strip" => TebdInputMode::Strip,
+            _ => return d.key("tebd_input_mode")?.fail("\"concat\" or \"strip\""),
+        },
+    };
+    let attention = AttentionConfig {
+        tebd_dim: d.key("tebd_dim")?.usize()?,
+        tebd_input_mode,
+        attn: d.key("attn")?.usize()?,
+        attn_layer: d.key("attn_layer")?.usize()?,
+        attn_dotr: d.key("attn_dotr")?.bool()?,
+        scaling_factor: d.key("scaling_factor")?.f64()?,
+        normalize: d.key("normalize")?.bool()?,
+        temperature: d.opt("temperature").map(|t| t.f64()).transpose()?,
+        trainable_ln: d.key("trainable_ln")?.bool()?,
+        // DeePMD-kit: null means 1e-5.
+        ln_eps: d.opt("ln_eps").map_or(Ok(1e-5), |e| e.f64())?,
+        smooth_type_embedding: v2 || d.key("smooth_type_embedding")?.bool()?,
+        concat_output_tebd: d.key("concat_output_tebd")?.bool()?,
+        // DeePMD-kit's version-1 files lack it and mean true.
+        use_tebd_bias: d.opt("use_tebd_bias").map_or(Ok(true), |b| b.bool())?,
+    };
+    let descriptor = DescriptorSpec {
+        kind,
+        rcut: d.key("rcut")?.f64()?,
+        rcut_smth: d.key("rcut_smth")?.f64()?,
+        sel: vec![nnei],
+        neuron: d.key("neuron")?.usizes()?,
+        axis_neuron: d.key("axis_neuron")?.usize()?,
+        resnet_dt: d.key("resnet_dt")?.bool()?,
+        type_one_side: d.key("type_one_side")?.bool()?,
+        env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
+        set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
+        list: vec![],
+        attention: Some(attention),
+    };
+    ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
+    Ok(descriptor)
+}
+
+/// DPA-1's nets into `params`: the type embedding, the embedding net (and strip's), the
+/// attention layers, each checked against the layout.
+fn read_attention(
+    d: &At,
+    spec: &DescriptorSpec,
+    a: &AttnLayout,
+    embed: &Net,
+    params: &mut [f64],
+) -> Result<()> {
+    let cfg = spec.attn().expect("a DPA-1 spec");
+    read_nets(&d.key("embeddings")?, &[Some(embed)], 0, params)?;
+    match (&a.strip, d.opt("embeddings_strip")) {
+        (Some(strip), Some(at)) => read_nets(&at, &[Some(strip)], 0, params)?,
+        (Some(_), None) => bail!(
+            "{}.embeddings_strip: missing (tebd_input_mode strip)",
+            d.path
+        ),
+        (None, _) => d.expect_off("embeddings_strip")?,
+    }
+    // The type embedding: one linear layer over the one-hot rows.
+    let te = d.key("type_embedding")?;
+    te.expect("@class", &["TypeEmbedNet"])?;
+    te.expect_off("use_econf_tebd")?;
+    let net = te.key("embedding")?;
+    let layers = net.key("layers")?.seq()?;
+    ensure!(
+        layers.len() == 1,
+        "{}.layers: expected 1 layer (neuron [tebd_dim]), found {}",
+        net.path,
+        layers.len()
+    );
+    let l = &layers[0];
+    l.expect("activation_function", &["Linear", "linear", "none"])?;
+    let t = &a.tebd;
+    if t.skip != Skip::None {
+        let resnet = l.key("resnet")?;
+        ensure!(resnet.bool()?, "{}: unsupported value false", resnet.path);
+    }
+    let vars = l.key("@variables")?;
+    let w = vars.key("w")?.array(&[t.ntypes, t.dim])?;
+    params[t.w..t.w + w.len()].copy_from_slice(&w);
+    match (t.b, vars.opt("b")) {
+        (Some(off), Some(b)) => params[off..off + t.dim].copy_from_slice(&b.array(&[t.dim])?),
+        (None, None) => {}
+        (Some(_), None) => bail!("{}.b: missing (use_tebd_bias is true)", vars.path),
+        (None, Some(_)) => bail!("{}.b: expected null (use_tebd_bias is false)", vars.path),
+    }
+    vars.expect_off("idt")?;
+    // The attention layers.
+    let al = d.key("attention_layers")?;
+    al.expect("@class", &["NeighborGatedAttention"])?;
+    let items = al.key("attention_layers")?.seq()?;
+    ensure!(
+        items.len() == a.layers.len(),
+        "{}.attention_layers: expected {} layers (attn_layer), found {}",
+        al.path,
+        a.layers.len(),
+        items.len()
+    );
+    for (k, at) in a.layers.iter().zip(&items) {
+        let att = at.key("attention_layer")?;
+        if let Some(h) = att.opt("num_heads") {
+            ensure!(
+                h.usize()? == 1,
+                "{}: unsupported value {} (dpw supports one head)",
+                h.path,
+                brief(h.v)
+            );
+        }
+        for (name, layer) in [("in_proj", &k.proj_in), ("out_proj", &k.proj_out)] {
+            let lat = att.key(name)?;
+            lat.expect("activation_function", &["none", "linear", "Linear"])?;
+            lat.expect_off("resnet")?;
+            let vars = lat.key("@variables")?;
+            let w = vars.key("w")?.array(&[layer.nin, layer.nout])?;
+            params[layer.w..layer.w + w.len()].copy_from_slice(&w);
+            let Some(b) = vars.opt("b") else {
+                bail!("{}.b: missing (dpw needs a bias)", vars.path)
+            };
+            params[layer.b..layer.b + layer.nout].copy_from_slice(&b.array(&[layer.nout])?);
+            vars.expect_off("idt")?;
+        }
+        let ln = at.key("attn_layer_norm")?;
+        ln.expect("@class", &["LayerNorm"])?;
+        let m1 = k.proj_out.nout;
+        let vars = ln.key("@variables")?;
+        params[k.ln_w..k.ln_w + m1].copy_from_slice(&vars.key("w")?.array(&[m1])?);
+        params[k.ln_b..k.ln_b + m1].copy_from_slice(&vars.key("b")?.array(&[m1])?);
+        if let Some(eps) = ln.opt("eps") {
+            ensure!(
+                eps.f64()? == cfg.ln_eps,
+                "{}: {} differs from the descriptor's ln_eps {}",
+                eps.path,
+                eps.f64()?,
+                cfg.ln_eps
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A descriptor's davg and dstd, one row of 4 per type.
@@ -587,7 +798,10 @@ fn model_to_tree(model: &Model) -> Value {
                 &model.davg[k * nstat..(k + 1) * nstat],
                 &model.dstd[k * nstat..(k + 1) * nstat],
             ];
-            descriptor_tree(part, nets, p, stats, type_map)
+            match &layout.attn {
+                Some(a) => dpa1_tree(part, &nets[0], a, p, stats, type_map),
+                None => descriptor_tree(part, nets, p, stats, type_map),
+            }
         })
         .collect();
     let (descriptor, def_descriptor) = if d.kind == DescriptorType::Hybrid {
@@ -602,9 +816,11 @@ fn model_to_tree(model: &Model) -> Value {
         trees.pop().expect("one part")
     };
 
+    let mixed = d.is_mixed();
     let nets = Nets {
         nets: some(&layout.fit),
-        ndim: 1,
+        // One net for every type (a collection of ndim 0) for a mixed-type descriptor.
+        ndim: if mixed { 0 } else { 1 },
         fitting: true,
         neuron: &fit.neuron,
         resnet_dt: fit.resnet_dt,
@@ -619,7 +835,7 @@ fn model_to_tree(model: &Model) -> Value {
         },
         "activation_function" => "tanh", "atom_ener" => none, "default_fparam" => Value::Null,
         "dim_case_embd" => 0, "dim_descrpt" => spec.dim_descrpt(), "dim_out" => 1,
-        "exclude_types" => none, "layer_name" => Value::Null, "mixed_types" => false,
+        "exclude_types" => none, "layer_name" => Value::Null, "mixed_types" => mixed,
         "nets" => nets_tree(nets, p, nt), "neuron" => &fit.neuron[..], "ntypes" => nt,
         "numb_aparam" => 0, "numb_fparam" => 0, "precision" => "float64", "rcond" => Value::Null,
         "resnet_dt" => fit.resnet_dt, "spin" => Value::Null, "tot_ener_zero" => false,
@@ -732,6 +948,183 @@ fn descriptor_tree(
         }
     }
 
+    (descriptor, def)
+}
+
+/// DPA-1 as DeePMD-kit 3.2.0 serialises it (`DescrptDPA1.serialize`, `type: dpa1`, or
+/// `DescrptSeAttenV2.serialize`), and the `model_def_script` descriptor that builds it.
+fn dpa1_tree(
+    d: &DescriptorSpec,
+    embed: &Net,
+    a: &AttnLayout,
+    p: &[f64],
+    [davg, dstd]: [&[f64]; 2],
+    type_map: &[String],
+) -> (Value, Value) {
+    let cfg = d.attn().expect("a DPA-1 spec");
+    let (nt, nnei, m1) = (type_map.len(), d.nnei(), d.m1());
+    let v2 = d.kind == DescriptorType::SeAttenV2;
+    let none: &[usize] = &[];
+    let expand = |rows: &[f64]| -> Vec<f64> {
+        (0..nt)
+            .flat_map(|t| (0..nnei).flat_map(move |_| rows[t * 4..t * 4 + 4].iter().copied()))
+            .collect()
+    };
+    let collection = |net: &Net| {
+        nets_tree(
+            Nets {
+                nets: vec![Some(net)],
+                ndim: 0,
+                fitting: false,
+                neuron: &d.neuron,
+                resnet_dt: d.resnet_dt,
+            },
+            p,
+            nt,
+        )
+    };
+    let temperature = cfg.temperature.map_or(Value::Null, Value::from);
+    // One linear layer (in_proj, out_proj): DeePMD-kit's NativeLayer without activation.
+    let linear = |l: &Layer| {
+        obj! {
+            "@class" => "Layer", "@version" => 2,
+            "@variables" => obj! {
+                "w" => ndarray(&[l.nin, l.nout], &p[l.w..]),
+                "b" => ndarray(&[l.nout], &p[l.b..]),
+                "idt" => Value::Null,
+            },
+            "activation_function" => "none", "bias" => true, "precision" => "float64",
+            "resnet" => false, "trainable" => true, "use_timestep" => false,
+        }
+    };
+    // The keys every level of the attention block repeats.
+    let common = || {
+        obj! {
+            "do_mask" => false, "dotr" => cfg.attn_dotr, "embed_dim" => m1,
+            "hidden_dim" => cfg.attn, "nnei" => nnei, "normalize" => cfg.normalize,
+            "precision" => "float64", "scaling_factor" => cfg.scaling_factor,
+            "temperature" => temperature.clone(),
+        }
+    };
+    let merge = |mut v: Value, extra: Value| {
+        if let (Value::Mapping(m), Value::Mapping(e)) = (&mut v, extra) {
+            m.extend(e);
+        }
+        v
+    };
+    let layers: Vec<Value> = (a.layers.iter())
+        .map(|k| {
+            let attention_layer = merge(
+                common(),
+                obj! {
+                    "bias" => true, "in_proj" => linear(&k.proj_in), "num_heads" => 1,
+                    "out_proj" => linear(&k.proj_out), "smooth" => cfg.smooth_type_embedding,
+                },
+            );
+            let norm = obj! {
+                "@class" => "LayerNorm", "@version" => 1,
+                "@variables" => obj! {
+                    "w" => ndarray(&[m1], &p[k.ln_w..]), "b" => ndarray(&[m1], &p[k.ln_b..]),
+                },
+                "eps" => cfg.ln_eps, "precision" => "float64", "trainable" => cfg.trainable_ln,
+            };
+            merge(
+                common(),
+                obj! {
+                    "attention_layer" => attention_layer, "attn_layer_norm" => norm,
+                    "ln_eps" => cfg.ln_eps, "trainable_ln" => cfg.trainable_ln,
+                },
+            )
+        })
+        .collect();
+    let attention_layers = merge(
+        common(),
+        obj! {
+            "@class" => "NeighborGatedAttention", "@version" => 1,
+            "attention_layers" => layers, "layer_num" => cfg.attn_layer, "ln_eps" => cfg.ln_eps,
+            "trainable_ln" => cfg.trainable_ln,
+        },
+    );
+    let t = &a.tebd;
+    let tebd_layer = obj! {
+        "@class" => "Layer", "@version" => 2,
+        "@variables" => obj! {
+            "w" => ndarray(&[t.ntypes, t.dim], &p[t.w..]),
+            "b" => t.b.map_or(Value::Null, |o| ndarray(&[t.dim], &p[o..])),
+            "idt" => Value::Null,
+        },
+        "activation_function" => "Linear", "bias" => cfg.use_tebd_bias, "precision" => "float64",
+        "resnet" => true, "trainable" => true, "use_timestep" => false,
+    };
+    let tebd_dim = [cfg.tebd_dim];
+    let type_embedding = obj! {
+        "@class" => "TypeEmbedNet", "@version" => 2, "activation_function" => "Linear",
+        "embedding" => obj! {
+            "@class" => "EmbeddingNetwork", "@version" => 2, "activation_function" => "Linear",
+            "bias" => cfg.use_tebd_bias, "in_dim" => nt, "layers" => vec![tebd_layer],
+            "neuron" => &tebd_dim[..], "precision" => "float64", "resnet_dt" => false,
+        },
+        "neuron" => &tebd_dim[..], "ntypes" => nt, "padding" => true, "precision" => "float64",
+        "resnet_dt" => false, "trainable" => true, "type_map" => type_map,
+        "use_econf_tebd" => false, "use_tebd_bias" => cfg.use_tebd_bias,
+    };
+    let sel = [nnei];
+    let mut descriptor = obj! {
+        "@class" => "Descriptor", "@version" => 2,
+        "@variables" => obj! {
+            "davg" => ndarray(&[nt, nnei, 4], &expand(davg)),
+            "dstd" => ndarray(&[nt, nnei, 4], &expand(dstd)),
+        },
+        "activation_function" => "tanh", "attention_layers" => attention_layers,
+        "attn" => cfg.attn, "attn_dotr" => cfg.attn_dotr, "attn_layer" => cfg.attn_layer,
+        "attn_mask" => false, "axis_neuron" => d.axis_neuron,
+        "concat_output_tebd" => cfg.concat_output_tebd, "embeddings" => collection(embed),
+        "env_mat" => obj! {
+            "protection" => d.env_protection, "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
+            "use_exp_switch" => false,
+        },
+        "env_protection" => d.env_protection, "exclude_types" => none, "ln_eps" => cfg.ln_eps,
+        "neuron" => &d.neuron[..], "normalize" => cfg.normalize, "ntypes" => nt,
+        "precision" => "float64", "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
+        "resnet_dt" => d.resnet_dt, "scaling_factor" => cfg.scaling_factor, "sel" => &sel[..],
+        "set_davg_zero" => d.set_davg_zero, "spin" => Value::Null, "tebd_dim" => cfg.tebd_dim,
+        "temperature" => temperature.clone(), "trainable" => true,
+        "trainable_ln" => cfg.trainable_ln, "type" => if v2 { "se_atten_v2" } else { "dpa1" },
+        "type_embedding" => type_embedding, "type_map" => type_map,
+        "type_one_side" => d.type_one_side, "use_econf_tebd" => false,
+        "use_tebd_bias" => cfg.use_tebd_bias,
+    };
+    let mut def = obj! {
+        "type" => if v2 { "se_atten_v2" } else { "se_atten" }, "sel" => nnei, "rcut" => d.rcut,
+        "rcut_smth" => d.rcut_smth, "neuron" => &d.neuron[..], "axis_neuron" => d.axis_neuron,
+        "resnet_dt" => d.resnet_dt, "type_one_side" => d.type_one_side,
+        "env_protection" => d.env_protection, "set_davg_zero" => d.set_davg_zero,
+        "activation_function" => "tanh", "precision" => "float64", "tebd_dim" => cfg.tebd_dim,
+        "attn" => cfg.attn, "attn_layer" => cfg.attn_layer, "attn_dotr" => cfg.attn_dotr,
+        "attn_mask" => false, "scaling_factor" => cfg.scaling_factor,
+        "normalize" => cfg.normalize, "trainable_ln" => cfg.trainable_ln, "ln_eps" => cfg.ln_eps,
+        "concat_output_tebd" => cfg.concat_output_tebd, "use_econf_tebd" => false,
+        "use_tebd_bias" => cfg.use_tebd_bias,
+    };
+    let (dm, fm) = (
+        descriptor.as_mapping_mut().expect("built by obj!"),
+        def.as_mapping_mut().expect("built by obj!"),
+    );
+    if let Some(t) = cfg.temperature {
+        fm.insert("temperature".into(), t.into());
+    }
+    if let Some(strip) = &a.strip {
+        dm.insert("embeddings_strip".into(), collection(strip));
+    }
+    if !v2 {
+        // se_atten_v2 is always strip and smooth, and DeePMD-kit writes neither key for it.
+        let mode = cfg.tebd_input_mode.as_str();
+        let smooth = cfg.smooth_type_embedding;
+        dm.insert("tebd_input_mode".into(), mode.into());
+        dm.insert("smooth_type_embedding".into(), smooth.into());
+        fm.insert("tebd_input_mode".into(), mode.into());
+        fm.insert("smooth_type_embedding".into(), smooth.into());
+    }
     (descriptor, def)
 }
 

@@ -1,0 +1,394 @@
+//! DPA-1 (se_atten, se_atten_v2) around its descriptor stage: the parameter layout against
+//! DeePMD-kit 3.2.0's tensors (tests/reference/dpa1/), `Dims` with one mixed neighbour section,
+//! the batch's one mixed list and per-slot neighbour types, the statistics against DeePMD-kit's
+//! `compute_input_stats`, and the clear error where the missing stage is needed.
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use dpw::backend::Dims;
+use dpw::geometry::{Cell, EnvStats};
+use dpw::model::{read_deepmd_yaml, Model, Skip};
+use dpw::train::batch::{assemble, Frame};
+use serde_json::Value;
+
+use common::{npz, npz_array, repo};
+
+const CASES: [&str; 4] = [
+    "se_atten_l0_water",
+    "se_atten_l2_alloy",
+    "se_atten_v2_alloy",
+    "se_atten_l2_opts_water",
+];
+
+fn case_dir(case: &str) -> PathBuf {
+    repo(&format!("tests/reference/dpa1/{case}"))
+}
+
+fn model(case: &str) -> Model {
+    read_deepmd_yaml(&case_dir(case).join("model.yaml")).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn eval_json(case: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(case_dir(case).join("eval.json")).unwrap())
+        .unwrap()
+}
+
+/// The eval frames of a case: atom types, coordinates `[nframes][natoms·3]`, boxes.
+struct Frames {
+    atype: Vec<usize>,
+    coord: Vec<Vec<f64>>,
+    cell: Vec<Vec<f64>>,
+}
+
+fn frames(case: &str) -> Frames {
+    let mut z = npz(&case_dir(case).join("eval.npz"));
+    let coord = npz_array(&mut z, "coord");
+    let cell = npz_array(&mut z, "box");
+    let atype: ndarray::ArrayD<i64> = z.by_name("atype").unwrap();
+    let nf = coord.shape()[0];
+    let rows = |a: &ndarray::ArrayD<f64>| -> Vec<Vec<f64>> {
+        (0..nf)
+            .map(|f| a.index_axis(ndarray::Axis(0), f).iter().copied().collect())
+            .collect()
+    };
+    Frames {
+        atype: atype.iter().map(|&t| t as usize).collect(),
+        coord: rows(&coord),
+        cell: rows(&cell),
+    }
+}
+
+/// The README's `parameters` column.
+fn parameters(case: &str) -> usize {
+    match case {
+        "se_atten_l0_water" => 1929,
+        "se_atten_l2_alloy" => 3209,
+        "se_atten_v2_alloy" => 3397,
+        "se_atten_l2_opts_water" => 2489,
+        _ => unreachable!(),
+    }
+}
+
+/// Every tensor of the layout is a `grad.*` array of DeePMD-kit's train step, by name and shape,
+/// and the other way round; the count is the README's.
+#[test]
+fn layout_names_and_shapes_are_deepmds() {
+    for case in CASES {
+        let m = model(case);
+        let layout = m.layout();
+        assert_eq!(layout.len, parameters(case), "{case}: parameter count");
+        let mut z = npz(&case_dir(case).join("train_step.npz"));
+        let names: Vec<String> = z.names().unwrap();
+        let mut want = BTreeMap::new();
+        for n in names.iter().filter(|n| n.starts_with("grad.")) {
+            let n = n.trim_end_matches(".npy");
+            let a = npz_array(&mut z, n);
+            want.insert(n["grad.".len()..].to_string(), a.shape().to_vec());
+        }
+        let ours: BTreeMap<String, Vec<usize>> = (layout.tensors.iter())
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        assert_eq!(ours, want, "{case}");
+        // The tensors tile the parameter vector.
+        let mut at = 0;
+        for t in &layout.tensors {
+            assert_eq!(t.offset, at, "{case}: {}", t.name);
+            at += t.len();
+        }
+        assert_eq!(at, layout.len);
+    }
+}
+
+/// The nets' structure: one embedding net of the README's input width, strip's type net only
+/// for strip, the type embedding's skip by widths, linear attention projections, one fitting
+/// net for every type, and trainable_ln false as frozen ranges.
+#[test]
+fn layout_structure() {
+    // (case, embed input, strip input, tebd skip, dim_descrpt)
+    let want = [
+        ("se_atten_l0_water", 9, None, Skip::Double, 16 * 4 + 4),
+        ("se_atten_l2_alloy", 17, None, Skip::None, 16 * 4 + 8),
+        ("se_atten_v2_alloy", 1, Some(16), Skip::None, 16 * 4 + 8),
+        ("se_atten_l2_opts_water", 9, None, Skip::None, 16 * 4),
+    ];
+    for (case, nin, strip_nin, skip, dim) in want {
+        let m = model(case);
+        let l = m.layout();
+        let a = l.attn.as_ref().expect("a DPA-1 layout has attention nets");
+        let cfg = m.spec.descriptor.attn().unwrap();
+        assert_eq!(m.spec.dim_descrpt(), dim, "{case}");
+        assert_eq!(l.embed.len(), 1, "{case}");
+        assert_eq!(l.embed[0].name, "embed");
+        assert_eq!(l.embed[0].layers[0].nin, nin, "{case}");
+        assert_eq!(
+            a.strip.as_ref().map(|n| n.layers[0].nin),
+            strip_nin,
+            "{case}"
+        );
+        assert_eq!(a.tebd.skip, skip, "{case}");
+        assert_eq!((a.tebd.ntypes, a.tebd.dim), (m.spec.ntypes(), cfg.tebd_dim));
+        assert_eq!(a.tebd.b.is_some(), cfg.use_tebd_bias, "{case}");
+        assert_eq!(a.layers.len(), cfg.attn_layer, "{case}");
+        for k in &a.layers {
+            for (p, nin, nout) in [(&k.proj_in, 16, 3 * cfg.attn), (&k.proj_out, cfg.attn, 16)] {
+                assert_eq!((p.nin, p.nout), (nin, nout));
+                assert!(!p.tanh && p.skip == Skip::None && p.idt.is_none());
+            }
+        }
+        assert_eq!(l.fit.len(), 1, "{case}");
+        assert_eq!(l.fit[0].name, "fit");
+        assert_eq!(l.fit[0].layers[0].nin, dim);
+        for t in 0..m.spec.ntypes() {
+            assert_eq!(l.fit_net(t), &l.fit[0]);
+        }
+        let ln: Vec<_> = (0..cfg.attn_layer)
+            .flat_map(|k| ["w", "b"].map(|x| l.tensor(&format!("attn{k}.ln.{x}")).unwrap()))
+            .collect();
+        if cfg.trainable_ln {
+            assert!(l.frozen.is_empty(), "{case}");
+        } else {
+            let n: usize = l.frozen.iter().map(|r| r.len()).sum();
+            assert_eq!(n, ln.iter().map(|t| t.len()).sum::<usize>(), "{case}");
+            for t in &ln {
+                assert!((t.offset..t.offset + t.len()).all(|i| l.is_frozen(i)));
+            }
+            let fit0 = l.tensor("fit.layer0.w").unwrap().offset;
+            assert!(!l.is_frozen(fit0));
+        }
+    }
+}
+
+/// A fresh DPA-1 model: the layer norms start at scale 1 and shift 0, everything else drawn.
+#[test]
+fn fresh_model_initialises_every_tensor() {
+    let spec = model("se_atten_l2_alloy").spec;
+    let m = Model::new(spec, 7);
+    let l = m.layout();
+    for t in &l.tensors {
+        let x = &m.params[t.offset..t.offset + t.len()];
+        if t.name.ends_with(".ln.w") {
+            assert!(x.iter().all(|&v| v == 1.0), "{}", t.name);
+        } else if t.name.ends_with(".ln.b") {
+            assert!(x.iter().all(|&v| v == 0.0), "{}", t.name);
+        } else {
+            assert!(x.iter().all(|&v| v != 0.0), "{}", t.name);
+        }
+    }
+}
+
+/// DPA-1's Dims: ntypes centre types, one neighbour section of nnei slots.
+#[test]
+fn dims_have_one_mixed_section() {
+    let spec = model("se_atten_l2_alloy").spec;
+    let d = spec.descriptor.dims(2, &[3, 0, 2]);
+    assert_eq!((d.ntypes, d.nsec, d.nnei), (3, 1, 48));
+    assert_eq!(d.sel, [48]);
+    assert_eq!(d.nslots(), 2 * 5 * 48);
+    assert_eq!(d.block(0, 0), 0..6 * 48);
+    assert_eq!(d.block(1, 0), 6 * 48..6 * 48);
+    assert_eq!(d.block(2, 0), 6 * 48..10 * 48);
+    assert_eq!(d.slot(2, 7, 0, 5), 6 * 48 + 48 + 5);
+    assert_eq!(d.type_slots(2), 6 * 48..10 * 48);
+    assert_eq!(d.sections().count(), 1);
+    // Per-type sections as before for the others.
+    let e = Dims::new(2, &[3, 2], &[4, 6], 16, 4);
+    assert_eq!((e.ntypes, e.nsec), (2, 2));
+    assert_eq!(e.block(1, 1), 2 * 3 * 10 + 2 * 2 * 4..2 * 5 * 10);
+}
+
+/// Brute force: every (owner, r_j − r_i) within rcut of atom i over the periodic images.
+fn brute_neighbours(coord: &[f64], cell: &[f64], i: usize, rcut: f64) -> Vec<(f64, usize)> {
+    let n = coord.len() / 3;
+    let mut out = Vec::new();
+    for a in -2i32..=2 {
+        for b in -2i32..=2 {
+            for c in -2i32..=2 {
+                let shift: Vec<f64> = (0..3)
+                    .map(|k| a as f64 * cell[k] + b as f64 * cell[3 + k] + c as f64 * cell[6 + k])
+                    .collect();
+                for j in 0..n {
+                    if a == 0 && b == 0 && c == 0 && j == i {
+                        continue;
+                    }
+                    let d: f64 = (0..3)
+                        .map(|k| (coord[3 * j + k] + shift[k] - coord[3 * i + k]).powi(2))
+                        .sum::<f64>()
+                        .sqrt();
+                    if d <= rcut {
+                        out.push((d, j));
+                    }
+                }
+            }
+        }
+    }
+    out.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    out
+}
+
+/// A batch of the eval frames: each centre's slots are ONE list of every neighbour within rcut,
+/// nearest first, then padding; a real slot's type is its neighbour's, a padding slot's the
+/// frame's lowest type.
+#[test]
+fn batch_slots_are_one_mixed_list_with_neighbour_types() {
+    for case in ["se_atten_l0_water", "se_atten_v2_alloy"] {
+        let m = model(case);
+        let d = &m.spec.descriptor;
+        let fr = frames(case);
+        let n = fr.atype.len();
+        let frames: Vec<Frame> = (0..fr.coord.len())
+            .map(|f| Frame {
+                coord: &fr.coord[f],
+                cell: Some(&fr.cell[f]),
+                energy: 0.0,
+                force: &[],
+                virial: None,
+            })
+            .collect();
+        let hb = assemble(&m.spec, &fr.atype, &frames).unwrap();
+        let dims = &hb.dims;
+        assert_eq!((dims.nsec, dims.ntypes), (1, m.spec.ntypes()));
+        assert_eq!(hb.nei_type.len(), dims.nslots());
+        let nnei = d.nnei();
+        let mut most = 0;
+        for c in 0..dims.ncentres() {
+            let ti = dims.centre_type(c);
+            let f = dims.centre_frame(c);
+            let i = hb.centre_atom[c] as usize - f * n;
+            let want = brute_neighbours(&fr.coord[f], &fr.cell[f], i, d.rcut);
+            most = most.max(want.len());
+            assert!(want.len() <= nnei, "{case}: sel is large enough");
+            for j in 0..nnei {
+                let s = dims.slot(ti, c, 0, j);
+                if j < want.len() {
+                    let o = hb.owner[s];
+                    assert!(o >= 0, "{case}: centre {c} slot {j} is padding");
+                    let r = &hb.rij[3 * s..3 * s + 3];
+                    let dist = r.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    assert!(
+                        (dist - want[j].0).abs() < 1e-12,
+                        "{case}: centre {c} slot {j}"
+                    );
+                    assert_eq!(o as usize - f * n, want[j].1, "{case}: centre {c} slot {j}");
+                    assert_eq!(hb.nei_type[s] as usize, fr.atype[want[j].1]);
+                } else {
+                    assert_eq!(hb.owner[s], -1, "{case}: centre {c} slot {j}");
+                    assert_eq!(hb.nei_type[s], fr.atype[0] as i32);
+                }
+            }
+        }
+        let j = eval_json(case);
+        let max = &j["neighbour_list"]["max_neighbours_within_rcut_on_eval_frames"];
+        assert_eq!(most as u64, max.as_u64().unwrap(), "{case}");
+    }
+}
+
+/// Padding takes the lowest type present: a frame of the water's H atoms alone pads with H.
+#[test]
+fn padding_slots_take_the_lowest_type_present() {
+    let m = model("se_atten_l0_water");
+    let fr = frames("se_atten_l0_water");
+    let first_h = fr.atype.iter().position(|&t| t == 1).unwrap();
+    let coord = fr.coord[0][3 * first_h..].to_vec();
+    let atype = fr.atype[first_h..].to_vec();
+    let frame = Frame {
+        coord: &coord,
+        cell: Some(&fr.cell[0]),
+        energy: 0.0,
+        force: &[],
+        virial: None,
+    };
+    let hb = assemble(&m.spec, &atype, &[frame]).unwrap();
+    let pads: Vec<i32> = (hb.owner.iter().zip(&hb.nei_type))
+        .filter(|(&o, _)| o < 0)
+        .map(|(_, &t)| t)
+        .collect();
+    assert!(!pads.is_empty());
+    assert!(pads.iter().all(|&t| t == 1));
+    // The other descriptors have no per-slot types.
+    let spec = common::model_a().spec;
+    let hb = assemble(
+        &spec,
+        &fr.atype,
+        &[Frame {
+            coord: &fr.coord[0],
+            ..frame
+        }],
+    )
+    .unwrap();
+    assert!(hb.nei_type.is_empty());
+}
+
+/// davg/dstd on the eval frames as DeePMD-kit's `compute_input_stats` gives them for a mixed
+/// list: one row per centre type over all its neighbours.
+#[test]
+fn statistics_are_deepmds_for_a_mixed_list() {
+    for case in CASES {
+        let m = model(case);
+        let d = &m.spec.descriptor;
+        let fr = frames(case);
+        let mut env = EnvStats::new(m.spec.ntypes());
+        for (coord, cell) in fr.coord.iter().zip(&fr.cell) {
+            env.add_frame(d, coord, Cell::new(cell).as_ref(), &fr.atype);
+        }
+        let (davg, dstd) = env.davg_dstd(d.set_davg_zero);
+        let j = eval_json(case);
+        let want = &j["deepmd_compute_input_stats_on_these_frames"];
+        let rows = |k: &str| -> Vec<f64> {
+            (want[k].as_array().unwrap().iter())
+                .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+                .collect()
+        };
+        for (name, ours, theirs) in [
+            ("davg", &davg, rows("davg_per_type")),
+            ("dstd", &dstd, rows("dstd_per_type")),
+        ] {
+            assert_eq!(ours.len(), theirs.len());
+            for (k, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-12 * b.abs().max(1e-3),
+                    "{case} {name}[{k}]: {a} vs DeePMD-kit's {b}"
+                );
+            }
+        }
+    }
+}
+
+/// Evaluating a DPA-1 model (its stage is not built yet) is an error that says so, not a panic:
+/// the library call and `dpw test`.
+#[test]
+fn evaluation_is_a_clear_error() {
+    let m = model("se_atten_l0_water");
+    let fr = frames("se_atten_l0_water");
+    let frame = Frame {
+        coord: &fr.coord[0],
+        cell: Some(&fr.cell[0]),
+        energy: 0.0,
+        force: &[],
+        virial: None,
+    };
+    let b = dpw::backend::cpu::Cpu::default();
+    let e = dpw::train::predict::predict::<f64, _>(&b, &m, &fr.atype, &[frame]).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("se_atten") && msg.contains("issue 30"),
+        "{msg}"
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .args(["test", "-m"])
+        .arg(case_dir("se_atten_v2_alloy").join("model.yaml"))
+        .arg("-s")
+        .arg(repo("examples/alloy/data/train/Cu36Ni36Al36"))
+        .args(["-n", "1", "--backend", "cpu"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("se_atten_v2") && stderr.contains("issue 30"),
+        "{stderr}"
+    );
+}
