@@ -195,7 +195,8 @@ pub fn gradient<T: Real, B: Backend<T>>(
         &mut w.vres,
         &mut w.sums,
     );
-    w.descriptor.tangent(b, m, d, &mut w.env, (&w.fres, &w.vres));
+    w.descriptor
+        .tangent(b, m, d, &mut w.env, (&w.fres, &w.vres));
     b.fill(&mut m.grad, T::zero());
     let desc = (w.descriptor.desc(), w.descriptor.ddot());
     w.fitting.dual(b, m, d, desc, &w.ebar);

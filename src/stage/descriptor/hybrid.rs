@@ -221,7 +221,8 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
     ) {
         for (s, m) in self.subs.iter_mut().zip(m) {
             b.gather(dbar, &mut s.dbar, &s.split);
-            s.desc.backward_one(b, m, &s.dims, &s.env, &s.dbar, &mut s.q);
+            s.desc
+                .backward_one(b, m, &s.dims, &s.env, &s.dbar, &mut s.q);
             b.copy(&s.q, &mut self.qside, s.q_at);
         }
         b.gather(&self.qside, q, &self.qjoin);

@@ -79,7 +79,10 @@ fn input_types<'a, T: Real, B: Backend<T>>(
 }
 
 fn attn_layout<'a, T: Real, B: Backend<T>>(m: &'a DescModel<'_, T, B>) -> &'a AttnLayout {
-    m.layout.attn.as_ref().expect("a DPA-1 layout has its attention nets")
+    m.layout
+        .attn
+        .as_ref()
+        .expect("a DPA-1 layout has its attention nets")
 }
 
 impl<T: Real, B: Backend<T>> SeAtten<T, B> {
@@ -161,18 +164,42 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
     pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         let tebd = &attn_layout(m).tebd;
         let types = input_types(m, env, &self.slot_centre_type);
-        b.tebd_rows(tebd, m.params, Some(&env.s), &types, &mut self.x0, self.nin, 0);
+        b.tebd_rows(
+            tebd,
+            m.params,
+            Some(&env.s),
+            &types,
+            &mut self.x0,
+            self.nin,
+            0,
+        );
         let blk = &mut self.block;
         let net = &m.layout.embed[0];
         let input = (&self.x0, &self.x0dot);
         net_forward(b, m.params, net, 0..d.nslots(), &mut blk.nets, input);
         let dstd = m.dstd;
-        b.attn_switch(d, m.env, &env.rij, &env.owner, dstd, &mut blk.sw, &mut blk.dsw);
+        b.attn_switch(
+            d,
+            m.env,
+            &env.rij,
+            &env.owner,
+            dstd,
+            &mut blk.sw,
+            &mut blk.dsw,
+        );
         b.attn_forward(d, &self.block.args(m, env), &mut self.desc, self.stride);
         if self.concat_output {
             let at = self.block.opts.m1 * self.block.opts.m2;
             let types = [&self.centre_type];
-            b.tebd_rows(tebd, m.params, None, &types, &mut self.desc, self.stride, at);
+            b.tebd_rows(
+                tebd,
+                m.params,
+                None,
+                &types,
+                &mut self.desc,
+                self.stride,
+                at,
+            );
         }
     }
 
@@ -205,7 +232,15 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
     ) {
         let g0_adjoints = (&mut self.g0bar, &mut self.g0dotbar);
         let args = self.block.args(m, env);
-        b.attn_dual(d, &args, &env.rdot, (dbar, ddotbar), self.stride, g0_adjoints, grad);
+        b.attn_dual(
+            d,
+            &args,
+            &env.rdot,
+            (dbar, ddotbar),
+            self.stride,
+            g0_adjoints,
+            grad,
+        );
         let dual = NetDual {
             input: (&self.x0, &self.x0dot),
             seed: (&self.g0bar, &self.g0dotbar),
