@@ -339,3 +339,118 @@ pub fn tebd_rows_backward<T: Real, B: Backend<T> + ?Sized>(
     }
     b.write(grad, &g);
 }
+
+/// What strip's ops read (se_atten_v2; docs/design.md §11.1 step 4): per slot G_s and
+/// G_s' = ∂G_s/∂ŝ `[nslots][M1]`, the type net's table τ `[pairs][M1]` (row t_i·ntypes + t_j,
+/// or t_j with type_one_side), the slots' neighbour and centre types, σ and dσ/dŝ.
+pub struct StripArgs<'a, B, I> {
+    pub ntypes: usize,
+    pub m1: usize,
+    pub one_side: bool,
+    /// G⁰ = G_s (1 + σ τ) when smooth, G_s (1 + τ) when not.
+    pub smooth: bool,
+    pub gs: &'a B,
+    pub gsp: &'a B,
+    pub tau: &'a B,
+    pub nei_type: &'a I,
+    pub centre_type: &'a I,
+    pub sw: &'a B,
+    pub dsw: &'a B,
+}
+
+/// [`StripArgs`] on the host, and per slot its τ row, c = σ or 1 and c' = dc/dŝ.
+struct StripHost<T> {
+    gs: Vec<T>,
+    gsp: Vec<T>,
+    tau: Vec<T>,
+    row: Vec<usize>,
+    c: Vec<T>,
+    cp: Vec<T>,
+}
+
+impl<B, I> StripArgs<'_, B, I> {
+    fn host<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> StripHost<T> {
+        let (tj, ti) = (
+            b.download_idx(self.nei_type),
+            b.download_idx(self.centre_type),
+        );
+        let (sw, dsw) = (b.download(self.sw), b.download(self.dsw));
+        let row = (tj.iter().zip(&ti))
+            .map(|(&j, &i)| {
+                if self.one_side {
+                    j as usize
+                } else {
+                    i as usize * self.ntypes + j as usize
+                }
+            })
+            .collect();
+        let (c, cp) = if self.smooth {
+            (sw, dsw)
+        } else {
+            (vec![T::one(); sw.len()], vec![T::zero(); sw.len()])
+        };
+        StripHost {
+            gs: b.download(self.gs),
+            gsp: b.download(self.gsp),
+            tau: b.download(self.tau),
+            row,
+            c,
+            cp,
+        }
+    }
+}
+
+/// G⁰ = G_s ⊙ (1 + c τ) and G⁰' = G_s' ⊙ (1 + c τ) + G_s ⊙ τ c' per slot.
+pub fn strip_forward<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    a: &StripArgs<B::Buf, B::Idx>,
+    g0: &mut B::Buf,
+    g0p: &mut B::Buf,
+) {
+    let h = a.host(b);
+    let m = a.m1;
+    let (mut g, mut gp) = (vec![T::zero(); h.gs.len()], vec![T::zero(); h.gs.len()]);
+    for (s, &r) in h.row.iter().enumerate() {
+        for k in 0..m {
+            let (i, t) = (s * m + k, h.tau[r * m + k]);
+            g[i] = h.gs[i] * (T::one() + h.c[s] * t);
+            gp[i] = h.gsp[i] * (T::one() + h.c[s] * t) + h.gs[i] * t * h.cp[s];
+        }
+    }
+    b.write(g0, &g);
+    b.write(g0p, &gp);
+}
+
+/// The dual reverse of [`strip_forward`] for the tangent ṡ, from (Ḡ⁰, Ġ̄⁰): (Ḡ_s, Ġ̄_s) per
+/// slot and τ̄ per table row (summed over the slots in order). With Ġ⁰ = Ġ_s (1 + cτ) + G_s τ ċ
+/// (Ġ_s = G_s'ṡ, ċ = c'ṡ, which no parameter moves): Ḡ_s = Ḡ⁰(1 + cτ) + Ġ̄⁰ τ ċ,
+/// Ġ̄_s = Ġ̄⁰(1 + cτ), τ̄ = Ḡ⁰ G_s c + Ġ̄⁰ (Ġ_s c + G_s ċ).
+#[allow(clippy::too_many_arguments)]
+pub fn strip_dual<T: Real, B: Backend<T> + ?Sized>(
+    b: &B,
+    a: &StripArgs<B::Buf, B::Idx>,
+    sdot: &B::Buf,
+    (g0bar, g0dotbar): (&B::Buf, &B::Buf),
+    (gsbar, gsdotbar): (&mut B::Buf, &mut B::Buf),
+    taubar: &mut B::Buf,
+) {
+    let h = a.host(b);
+    let m = a.m1;
+    let (sdot, gb, gdb) = (b.download(sdot), b.download(g0bar), b.download(g0dotbar));
+    let (mut sb, mut sdb) = (vec![T::zero(); h.gs.len()], vec![T::zero(); h.gs.len()]);
+    let mut tb = vec![T::zero(); h.tau.len()];
+    for (s, &r) in h.row.iter().enumerate() {
+        let cdot = h.cp[s] * sdot[s];
+        for k in 0..m {
+            let (i, t) = (s * m + k, h.tau[r * m + k]);
+            let one = T::one() + h.c[s] * t;
+            sb[i] = gb[i] * one + gdb[i] * t * cdot;
+            sdb[i] = gdb[i] * one;
+            let gsdot = h.gsp[i] * sdot[s];
+            tb[r * m + k] += gb[i] * h.gs[i] * h.c[s] + gdb[i] * (gsdot * h.c[s] + h.gs[i] * cdot);
+        }
+    }
+    b.write(gsbar, &sb);
+    b.write(gsdotbar, &sdb);
+    b.write(taubar, &tb);
+}

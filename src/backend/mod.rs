@@ -25,7 +25,7 @@ pub mod timed;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
-pub use attn::{AttnArgs, AttnOpts};
+pub use attn::{AttnArgs, AttnOpts, StripArgs};
 pub use dims::{Dims, Pairs};
 pub use real::Real;
 

@@ -441,6 +441,32 @@ macro_rules! compute_ops {
             crate::backend::attn::tebd_rows_backward(self, tebd, lead, types, xbar, stride, col, grad)
         }
 
+        /// DPA-1's strip (se_atten_v2): G⁰ = G_s ⊙ (1 + c τ[t_i, t_j]) and G⁰' = ∂G⁰/∂ŝ per slot,
+        /// c = σ when smooth, else 1.
+        fn strip_forward(
+            &self,
+            a: &StripArgs<Self::Buf, Self::Idx>,
+            g0: &mut Self::Buf,
+            g0p: &mut Self::Buf,
+        ) as StripForward;
+        flops(inner) { 6.0 * inner.len(g0) as f64 }
+        default { crate::backend::attn::strip_forward(self, a, g0, g0p) }
+
+        /// The dual reverse of [`Backend::strip_forward`] for the tangent ṡ: (Ḡ_s, Ġ̄_s) per slot
+        /// and τ̄ per row of the type net's table.
+        fn strip_dual(
+            &self,
+            a: &StripArgs<Self::Buf, Self::Idx>,
+            sdot: &Self::Buf,
+            g0_adjoints: (&Self::Buf, &Self::Buf),
+            gs_adjoints: (&mut Self::Buf, &mut Self::Buf),
+            taubar: &mut Self::Buf,
+        ) as StripDual;
+        flops(inner) { 12.0 * inner.len(sdot) as f64 * a.m1 as f64 }
+        default {
+            crate::backend::attn::strip_dual(self, a, sdot, g0_adjoints, gs_adjoints, taubar)
+        }
+
         /// DPA-1's attention layers and contraction, per centre: D `[nc][stride]` (its first
         /// M1·M2 columns) from G⁰ and R̂ (docs/design.md §11.1).
         fn attn_forward(

@@ -18,7 +18,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::counts::{Counters, Counts};
-use super::{AdamStep, AttnArgs, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span};
+use super::{
+    AdamStep, AttnArgs, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span, StripArgs,
+};
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net, TebdLayout};
 

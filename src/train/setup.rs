@@ -68,14 +68,6 @@ pub struct TrainSetup {
 /// Settings DeePMD-kit accepts that dpw stores but does not implement.
 fn check_supported(cfg: &Config) -> Result<()> {
     let m = &cfg.model;
-    if m.descriptor.kind.is_attention() {
-        bail!(
-            "model.descriptor.type: {:?} (DPA-1) is parsed and checked, but dpw cannot train it \
-             yet: its type embedding, attention layers and their passes are not built (issue \
-             30); use se_e2_a, se_e2_r, se_e3 or hybrid, or DeePMD-kit for DPA-1",
-            m.descriptor.r#type
-        );
-    }
     if m.descriptor.precision != m.fitting_net.precision {
         bail!(
             "model.descriptor.precision ({}) and model.fitting_net.precision ({}) differ; \
@@ -559,8 +551,28 @@ fn describe(d: &DescriptorSpec) -> String {
             )
         }
         DescriptorType::SeE2R => format!("{head} type_one_side {}", d.type_one_side),
-        // DPA-1 is refused before training (check_supported); its keys come with its stage.
-        DescriptorType::SeE3 | DescriptorType::SeAtten | DescriptorType::SeAttenV2 => head,
+        DescriptorType::SeE3 => head,
+        DescriptorType::SeAtten | DescriptorType::SeAttenV2 => match &d.attention {
+            Some(a) => format!(
+                "{head} axis {} tebd_dim {} {} attn {} × {} layers{}{}",
+                d.axis_neuron,
+                a.tebd_dim,
+                a.tebd_input_mode.as_str(),
+                a.attn,
+                a.attn_layer,
+                if a.smooth_type_embedding {
+                    ", smooth"
+                } else {
+                    ""
+                },
+                if d.type_one_side {
+                    ", type_one_side"
+                } else {
+                    ""
+                },
+            ),
+            None => head,
+        },
         DescriptorType::Hybrid => {
             let parts: Vec<String> = d.list.iter().map(describe).collect();
             format!("hybrid of [{}]", parts.join("; "))

@@ -103,6 +103,7 @@ macro_rules! backend_suite {
             $crate::suite::descriptors::predictions(&$backend, "se_atten_l0_water");
             $crate::suite::descriptors::predictions(&$backend, "se_atten_l2_alloy");
             $crate::suite::descriptors::predictions(&$backend, "se_atten_l2_opts_water");
+            $crate::suite::descriptors::predictions(&$backend, "se_atten_v2_alloy");
         }
         #[test]
         $(#[$attr])?
@@ -110,6 +111,7 @@ macro_rules! backend_suite {
             $crate::suite::descriptors::training_gradients(&$backend, "se_atten_l0_water");
             $crate::suite::descriptors::training_gradients(&$backend, "se_atten_l2_alloy");
             $crate::suite::descriptors::training_gradients(&$backend, "se_atten_l2_opts_water");
+            $crate::suite::descriptors::training_gradients(&$backend, "se_atten_v2_alloy");
         }
         #[test]
         $(#[$attr])?

@@ -2,11 +2,13 @@
 //! one mixed-type list, attention layers over each centre's slots, then se_e2_a's contraction,
 //! D_i with T[t_i] appended (docs/design.md §11).
 //!
-//! G⁰ = N([ŝ_j, T[t_j], T[t_i]]) (concat) runs through the dense ops with the unit input tangent
-//! e₀, so the net gives G⁰ and G⁰' = ∂G⁰/∂ŝ, as the other embedding nets do; the attention block
-//! is one op family (`attn_*`) whose passes read G⁰, G⁰', R̂ and the switch σ.
+//! G⁰ comes with its derivative G⁰' = ∂G⁰/∂ŝ, so the attention block's passes (one op family,
+//! `attn_*`) read only G⁰, G⁰', R̂ and the switch σ: concat's G⁰ = N([ŝ_j, T[t_j], T[t_i]]) runs
+//! through the dense ops with the unit input tangent e₀, as the other embedding nets do; strip's
+//! G⁰ = G_s(ŝ_j) ⊙ (1 + c_j τ[t_i, t_j]) combines a slot net with the type net's table
+//! (`strip_*`).
 
-use crate::backend::{AttnArgs, AttnOpts, Backend, Dims, Real};
+use crate::backend::{AttnArgs, AttnOpts, Backend, Dims, Real, StripArgs};
 use crate::mem::OutOfMemory;
 use crate::model::{AttnLayout, Net, TebdInputMode};
 
@@ -16,16 +18,13 @@ use super::super::DescModel;
 
 pub struct SeAtten<T: Real, B: Backend<T>> {
     block: Block<B::Buf>,
-    /// The embedding net's input width, 1 + (1 or 2)·tebd_dim, and D's row width.
-    nin: usize,
+    input: Input<B::Buf, B::Idx>,
+    /// D's row width: M1·M2, + tebd_dim with concat_output_tebd.
     stride: usize,
     concat_output: bool,
     /// The type of each slot's centre, and of each centre.
     slot_centre_type: B::Idx,
     centre_type: B::Idx,
-    /// The embedding net's input [ŝ, T[t_j], T[t_i]] and its unit tangent e₀, `[nslots][nin]`.
-    x0: B::Buf,
-    x0dot: B::Buf,
     /// D, Ḋ: `[nc][stride]`.
     desc: B::Buf,
     ddot: B::Buf,
@@ -34,11 +33,41 @@ pub struct SeAtten<T: Real, B: Backend<T>> {
     g0dotbar: B::Buf,
 }
 
+/// How G⁰ is made.
+enum Input<Buf, Idx> {
+    /// The embedding net's input [ŝ, T[t_j], T[t_i]] (no T[t_i] with type_one_side) and its
+    /// unit tangent e₀, `[nslots][nin]`.
+    Concat {
+        nin: usize,
+        x0: Buf,
+        x0dot: Buf,
+    },
+    Strip(Strip<Buf, Idx>),
+}
+
+/// strip: the type net N_t over its table of type pairs, and the buffers of its dual.
+struct Strip<Buf, Idx> {
+    /// Rows of the table: (t_i, t_j) at t_i·ntypes + t_j (t_j alone with type_one_side); the
+    /// input [T[t_j], T[t_i]] and a zero tangent.
+    rows: usize,
+    types: Vec<Idx>,
+    xt: Buf,
+    xt_zero: Buf,
+    nets: NetCache<Buf>,
+    /// τ̄, the zero seed of its tangent, and (Ḡ_s, Ġ̄_s) per slot.
+    taubar: Buf,
+    tau_zero: Buf,
+    gsbar: Buf,
+    gsdotbar: Buf,
+}
+
 /// What the attention ops read besides the model and the environment: the embedding net's
-/// layers (G⁰, G⁰' the last), σ and dσ/dŝ per slot.
+/// layers over the slots (concat: G⁰, G⁰' the last; strip: G_s, G_s'), strip's G⁰ and G⁰', σ
+/// and dσ/dŝ per slot.
 struct Block<Buf> {
     opts: AttnOpts,
     nets: NetCache<Buf>,
+    strip_g0: Option<(Buf, Buf)>,
     sw: Buf,
     dsw: Buf,
 }
@@ -49,7 +78,10 @@ impl<Buf> Block<Buf> {
         m: &'a DescModel<'_, T, B>,
         env: &'a Env<T, B>,
     ) -> AttnArgs<'a, Buf, B::Idx> {
-        let (g0, g0p) = self.nets.out();
+        let (g0, g0p) = match &self.strip_g0 {
+            Some((g, gp)) => (g, gp),
+            None => self.nets.out(),
+        };
         AttnArgs {
             layout: attn_layout(m),
             opts: self.opts,
@@ -93,17 +125,15 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         zeros: &Zeros<B::Buf>,
     ) -> anyhow::Result<Self> {
         let cfg = m.attention.expect("a DPA-1 model has its attention keys");
-        if cfg.tebd_input_mode == TebdInputMode::Strip {
-            anyhow::bail!(
-                "tebd_input_mode strip (se_atten_v2, or se_atten with strip) is not built in dpw \
-                 yet (issue 30); se_atten with tebd_input_mode concat is"
-            );
-        }
-        let (ns, nc, m1, m2) = (d.nslots(), d.ncentres(), d.m1, d.m2);
+        let attn = attn_layout(m);
+        let (ns, nc, m1, m2, nt) = (d.nslots(), d.ncentres(), d.m1, d.m2, d.ntypes);
         let net: &Net = &m.layout.embed[0];
-        let nin = net.layers[0].nin;
-        let tebd_dim = attn_layout(m).tebd.dim;
-        let stride = m1 * m2 + if cfg.concat_output_tebd { tebd_dim } else { 0 };
+        let stride = m1 * m2
+            + if cfg.concat_output_tebd {
+                attn.tebd.dim
+            } else {
+                0
+            };
         let mut slot_type = vec![0; ns];
         let mut centre_type = vec![0; nc];
         for (c, ct) in centre_type.iter_mut().enumerate() {
@@ -112,25 +142,63 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
             let at = d.slot(tc, c, 0, 0);
             slot_type[at..at + d.nnei].fill(tc as i32);
         }
-        let mut unit = vec![T::zero(); ns * nin];
-        for row in unit.chunks_mut(nin) {
-            row[0] = T::one();
-        }
         let alloc = |n| -> Result<B::Buf, OutOfMemory> { zeros(n) };
+        let input = if cfg.tebd_input_mode == TebdInputMode::Strip {
+            let tnet = attn.strip.as_ref().expect("strip has its type net");
+            let tnin = tnet.layers[0].nin;
+            let (ti, tj): (Vec<i32>, Vec<i32>) = if m.type_one_side {
+                (vec![], (0..nt as i32).collect())
+            } else {
+                (0..nt * nt)
+                    .map(|r| ((r / nt) as i32, (r % nt) as i32))
+                    .unzip()
+            };
+            let rows = tj.len();
+            let mut types = vec![b.upload_idx(&tj)];
+            if !m.type_one_side {
+                types.push(b.upload_idx(&ti));
+            }
+            Input::Strip(Strip {
+                rows,
+                types,
+                xt: alloc(rows * tnin)?,
+                xt_zero: alloc(rows * tnin)?,
+                nets: NetCache::new(zeros, tnet, rows)?,
+                taubar: alloc(rows * m1)?,
+                tau_zero: alloc(rows * m1)?,
+                gsbar: alloc(ns * m1)?,
+                gsdotbar: alloc(ns * m1)?,
+            })
+        } else {
+            let nin = net.layers[0].nin;
+            let mut unit = vec![T::zero(); ns * nin];
+            for row in unit.chunks_mut(nin) {
+                row[0] = T::one();
+            }
+            Input::Concat {
+                nin,
+                x0: alloc(ns * nin)?,
+                x0dot: b.upload(&unit),
+            }
+        };
+        let strip = matches!(input, Input::Strip(_));
         Ok(SeAtten {
             block: Block {
                 opts: AttnOpts::new(cfg, m1, m2),
                 nets: NetCache::new(zeros, net, ns)?,
+                strip_g0: if strip {
+                    Some((alloc(ns * m1)?, alloc(ns * m1)?))
+                } else {
+                    None
+                },
                 sw: alloc(ns)?,
                 dsw: alloc(ns)?,
             },
-            nin,
+            input,
             stride,
             concat_output: cfg.concat_output_tebd,
             slot_centre_type: b.upload_idx(&slot_type),
             centre_type: b.upload_idx(&centre_type),
-            x0: alloc(ns * nin)?,
-            x0dot: b.upload(&unit),
             desc: alloc(nc * stride)?,
             ddot: alloc(nc * stride)?,
             g0bar: alloc(ns * m1)?,
@@ -148,9 +216,22 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
 
     pub fn buffers(&self) -> Vec<&B::Buf> {
         let mut v: Vec<&B::Buf> = self.block.nets.all().collect();
+        v.extend(self.block.strip_g0.iter().flat_map(|(g, gp)| [g, gp]));
+        match &self.input {
+            Input::Concat { x0, x0dot, .. } => v.extend([x0, x0dot]),
+            Input::Strip(s) => {
+                v.extend(s.nets.all());
+                v.extend([
+                    &s.xt,
+                    &s.xt_zero,
+                    &s.taubar,
+                    &s.tau_zero,
+                    &s.gsbar,
+                    &s.gsdotbar,
+                ]);
+            }
+        }
         v.extend([
-            &self.x0,
-            &self.x0dot,
             &self.block.sw,
             &self.block.dsw,
             &self.desc,
@@ -161,22 +242,32 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         v
     }
 
+    fn strip_args<'a>(
+        blk: &'a Block<B::Buf>,
+        tau: &'a B::Buf,
+        m: &DescModel<'_, T, B>,
+        env: &'a Env<T, B>,
+        slot_centre_type: &'a B::Idx,
+    ) -> StripArgs<'a, B::Buf, B::Idx> {
+        let (gs, gsp) = blk.nets.out();
+        StripArgs {
+            ntypes: attn_layout(m).tebd.ntypes,
+            m1: blk.opts.m1,
+            one_side: m.type_one_side,
+            smooth: blk.opts.smooth,
+            gs,
+            gsp,
+            tau,
+            nei_type: (env.nei_type.as_ref()).expect("a mixed-type batch has its neighbour types"),
+            centre_type: slot_centre_type,
+            sw: &blk.sw,
+            dsw: &blk.dsw,
+        }
+    }
+
     pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         let tebd = &attn_layout(m).tebd;
-        let types = input_types(m, env, &self.slot_centre_type);
-        b.tebd_rows(
-            tebd,
-            m.params,
-            Some(&env.s),
-            &types,
-            &mut self.x0,
-            self.nin,
-            0,
-        );
         let blk = &mut self.block;
-        let net = &m.layout.embed[0];
-        let input = (&self.x0, &self.x0dot);
-        net_forward(b, m.params, net, 0..d.nslots(), &mut blk.nets, input);
         let dstd = m.dstd;
         b.attn_switch(
             d,
@@ -187,6 +278,39 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
             &mut blk.sw,
             &mut blk.dsw,
         );
+        let net = &m.layout.embed[0];
+        let slots = 0..d.nslots();
+        match &mut self.input {
+            Input::Concat { nin, x0, x0dot } => {
+                let types = input_types(m, env, &self.slot_centre_type);
+                b.tebd_rows(tebd, m.params, Some(&env.s), &types, x0, *nin, 0);
+                net_forward(b, m.params, net, slots, &mut blk.nets, (x0, x0dot));
+            }
+            Input::Strip(st) => {
+                let tnet = attn_layout(m)
+                    .strip
+                    .as_ref()
+                    .expect("strip has its type net");
+                let types: Vec<&B::Idx> = st.types.iter().collect();
+                let tnin = tnet.layers[0].nin;
+                b.tebd_rows(tebd, m.params, None, &types, &mut st.xt, tnin, 0);
+                let input = (&st.xt, &st.xt_zero);
+                net_forward(b, m.params, tnet, 0..st.rows, &mut st.nets, input);
+                net_forward(
+                    b,
+                    m.params,
+                    net,
+                    slots,
+                    &mut blk.nets,
+                    (&env.s, &env.ones_s),
+                );
+                let (mut g0, mut g0p) = blk.strip_g0.take().expect("strip's G⁰ buffers");
+                let tau = st.nets.out().0;
+                let args = Self::strip_args(blk, tau, m, env, &self.slot_centre_type);
+                b.strip_forward(&args, &mut g0, &mut g0p);
+                blk.strip_g0 = Some((g0, g0p));
+            }
+        }
         b.attn_forward(d, &self.block.args(m, env), &mut self.desc, self.stride);
         if self.concat_output {
             let at = self.block.opts.m1 * self.block.opts.m2;
@@ -241,19 +365,53 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
             g0_adjoints,
             grad,
         );
-        let dual = NetDual {
-            input: (&self.x0, &self.x0dot),
-            seed: (&self.g0bar, &self.g0dotbar),
-            scale: Some(&env.sdot),
-            input_adjoint: true,
-        };
-        let net = &m.layout.embed[0];
-        let nets = &mut self.block.nets;
-        net_dual_backward(b, m.params, grad, net, 0..d.nslots(), nets, dual);
         let tebd = &attn_layout(m).tebd;
-        let types = input_types(m, env, &self.slot_centre_type);
-        let xbar = &self.block.nets.xbar[0];
-        b.tebd_rows_backward(tebd, true, &types, xbar, self.nin, 0, grad);
+        let net = &m.layout.embed[0];
+        let slots = 0..d.nslots();
+        match &mut self.input {
+            Input::Concat { nin, x0, x0dot } => {
+                let dual = NetDual {
+                    input: (&*x0, &*x0dot),
+                    seed: (&self.g0bar, &self.g0dotbar),
+                    scale: Some(&env.sdot),
+                    input_adjoint: true,
+                };
+                let nets = &mut self.block.nets;
+                net_dual_backward(b, m.params, grad, net, slots, nets, dual);
+                let types = input_types(m, env, &self.slot_centre_type);
+                let xbar = &self.block.nets.xbar[0];
+                b.tebd_rows_backward(tebd, true, &types, xbar, *nin, 0, grad);
+            }
+            Input::Strip(st) => {
+                let tau = st.nets.out().0;
+                let args = Self::strip_args(&self.block, tau, m, env, &self.slot_centre_type);
+                let gs_adjoints = (&mut st.gsbar, &mut st.gsdotbar);
+                let g0_adjoints = (&self.g0bar, &self.g0dotbar);
+                b.strip_dual(&args, &env.sdot, g0_adjoints, gs_adjoints, &mut st.taubar);
+                let dual = NetDual {
+                    input: (&env.s, &env.ones_s),
+                    seed: (&st.gsbar, &st.gsdotbar),
+                    scale: Some(&env.sdot),
+                    input_adjoint: false,
+                };
+                let nets = &mut self.block.nets;
+                net_dual_backward(b, m.params, grad, net, slots, nets, dual);
+                let tnet = attn_layout(m)
+                    .strip
+                    .as_ref()
+                    .expect("strip has its type net");
+                let dual = NetDual {
+                    input: (&st.xt, &st.xt_zero),
+                    seed: (&st.taubar, &st.tau_zero),
+                    scale: None,
+                    input_adjoint: true,
+                };
+                net_dual_backward(b, m.params, grad, tnet, 0..st.rows, &mut st.nets, dual);
+                let types: Vec<&B::Idx> = st.types.iter().collect();
+                let tnin = tnet.layers[0].nin;
+                b.tebd_rows_backward(tebd, false, &types, &st.nets.xbar[0], tnin, 0, grad);
+            }
+        }
         if self.concat_output {
             let at = self.block.opts.m1 * self.block.opts.m2;
             let types = [&self.centre_type];
