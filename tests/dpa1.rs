@@ -457,3 +457,22 @@ for case in sys.argv[3:]:
         );
     }
 }
+
+/// A dpw model file (and so a checkpoint) keeps DPA-1's attention keys and one sel; the other
+/// descriptors' specs are written without the key, as before.
+#[test]
+fn model_files_keep_the_attention_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    for case in CASES {
+        let m = model(case);
+        let path = tmp.path().join(format!("{case}.dpw"));
+        dpw::model::file::save_model(&path, &m).unwrap();
+        let back = dpw::model::read_model(&path).unwrap();
+        assert_eq!(back.spec, m.spec, "{case}");
+        assert_eq!(back.params, m.params, "{case}");
+        let json = serde_json::to_value(&m.spec.descriptor).unwrap();
+        assert!(json.get("attention").is_some() && json["sel"].as_array().unwrap().len() == 1);
+    }
+    let json = serde_json::to_value(&common::model_a().spec.descriptor).unwrap();
+    assert!(json.get("attention").is_none() && json.get("kind").is_none());
+}
