@@ -476,3 +476,16 @@ fn model_files_keep_the_attention_keys() {
     let json = serde_json::to_value(&common::model_a().spec.descriptor).unwrap();
     assert!(json.get("attention").is_none() && json.get("kind").is_none());
 }
+
+/// A DPA-1 part inside a hybrid (its one mixed list beside per-type sections) is refused by
+/// the spec check, whatever the source (input.json refuses it already).
+#[test]
+fn dpa1_inside_hybrid_is_refused() {
+    let mut spec = common::model_a().spec;
+    let atten = model("se_atten_l0_water").spec.descriptor;
+    let mut first = spec.descriptor.clone();
+    first.sel = vec![46, 92];
+    spec.descriptor = dpw::model::DescriptorSpec::hybrid(vec![first, atten]);
+    let e = format!("{:#}", spec.check().unwrap_err());
+    assert!(e.contains("list[1].type: se_atten inside hybrid"), "{e}");
+}
