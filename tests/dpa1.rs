@@ -376,3 +376,100 @@ fn dpw_test_runs_a_deepmd_kit_model() {
         "{stdout}{stderr}"
     );
 }
+
+/// DeePMD-kit 3.2.0 itself reads the `.yaml` dpw writes for each case and predicts what it
+/// predicts from its own file (energy, forces, virial on the eval frames). Needs a Python with
+/// deepmd-kit: `DPW_DEEPMD_PYTHON=/path/to/python`. Without it the test is a visible skip, or a
+/// failure when `DPW_REQUIRE_DEEPMD=1` (the convention of `DPW_REQUIRE_WGPU`).
+#[test]
+fn deepmd_kit_reads_dpws_dpa1_yaml() {
+    let Ok(python) = std::env::var("DPW_DEEPMD_PYTHON") else {
+        let why = "DPW_DEEPMD_PYTHON (a Python with deepmd-kit 3.2.0) is not set";
+        if std::env::var("DPW_REQUIRE_DEEPMD").is_ok_and(|v| v == "1") {
+            panic!("DPW_REQUIRE_DEEPMD=1 but {why}");
+        }
+        eprintln!("SKIPPED: deepmd_kit_reads_dpws_dpa1_yaml: {why}");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for case in CASES {
+        let ours = tmp.path().join(format!("{case}.yaml"));
+        dpw::model::write_deepmd_yaml(&model(case), &ours).unwrap();
+    }
+    let script = r#"
+import sys, numpy as np
+from deepmd.infer import DeepPot
+root, tmp = sys.argv[1:3]
+for case in sys.argv[3:]:
+    z = np.load(f"{root}/{case}/eval.npz")
+    nf = z["coord"].shape[0]
+    out = []
+    for path in (f"{root}/{case}/model.yaml", f"{tmp}/{case}.yaml"):
+        e, f, v = DeepPot(path).eval(z["coord"].reshape(nf, -1), z["box"].reshape(nf, 9),
+                                     z["atype"].tolist())[:3]
+        out.append(np.concatenate([e.ravel(), f.ravel(), v.ravel()]))
+    # DeePMD-kit's numpy backend gives NaN forces and virials for se_atten_l0_water from its
+    # own file too: the same NaNs count as agreeing, the energies must be finite.
+    assert np.isfinite(out[0][:nf]).all()
+    same_nan = bool((np.isnan(out[0]) == np.isnan(out[1])).all())
+    print(case, float(np.nanmax(np.abs(out[0] - out[1]))) if same_nan else "nan-mismatch")
+"#;
+    let out = std::process::Command::new(&python)
+        .args(["-c", script])
+        .arg(repo("tests/reference/dpa1"))
+        .arg(tmp.path())
+        .args(CASES)
+        .output()
+        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("se_atten"))
+        .collect();
+    assert_eq!(lines.len(), CASES.len(), "{stdout}");
+    for l in lines {
+        let (case, diff) = l.split_once(' ').unwrap();
+        let diff: f64 = diff.trim().parse().unwrap_or(f64::NAN);
+        assert!(
+            diff <= 1e-10,
+            "{case}: DeePMD-kit on dpw's file differs by {diff}"
+        );
+    }
+}
+
+/// A dpw model file (and so a checkpoint) keeps DPA-1's attention keys and one sel; the other
+/// descriptors' specs are written without the key, as before.
+#[test]
+fn model_files_keep_the_attention_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    for case in CASES {
+        let m = model(case);
+        let path = tmp.path().join(format!("{case}.dpw"));
+        dpw::model::file::save_model(&path, &m).unwrap();
+        let back = dpw::model::read_model(&path).unwrap();
+        assert_eq!(back.spec, m.spec, "{case}");
+        assert_eq!(back.params, m.params, "{case}");
+        let json = serde_json::to_value(&m.spec.descriptor).unwrap();
+        assert!(json.get("attention").is_some() && json["sel"].as_array().unwrap().len() == 1);
+    }
+    let json = serde_json::to_value(&common::model_a().spec.descriptor).unwrap();
+    assert!(json.get("attention").is_none() && json.get("kind").is_none());
+}
+
+/// A DPA-1 part inside a hybrid (its one mixed list beside per-type sections) is refused by
+/// the spec check, whatever the source (input.json refuses it already).
+#[test]
+fn dpa1_inside_hybrid_is_refused() {
+    let mut spec = common::model_a().spec;
+    let atten = model("se_atten_l0_water").spec.descriptor;
+    let mut first = spec.descriptor.clone();
+    first.sel = vec![46, 92];
+    spec.descriptor = dpw::model::DescriptorSpec::hybrid(vec![first, atten]);
+    let e = format!("{:#}", spec.check().unwrap_err());
+    assert!(e.contains("list[1].type: se_atten inside hybrid"), "{e}");
+}

@@ -44,6 +44,11 @@ impl ModelSpec {
                     p.kind != DescriptorType::Hybrid,
                     "{key}.type: a hybrid descriptor inside hybrid is not supported"
                 );
+                ensure!(
+                    !p.is_mixed(),
+                    "{key}.type: {} inside hybrid is not supported",
+                    p.kind.as_str()
+                );
                 check_descriptor(p, nt, &key)?;
             }
             ensure!(

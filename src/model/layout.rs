@@ -242,7 +242,7 @@ impl ParamLayout {
             fit,
             tensors: b.tensors,
             len: b.len,
-            parts: vec![0..1],
+            parts: std::iter::once(0..1).collect(),
             attn: Some(AttnLayout {
                 tebd,
                 strip,

@@ -51,6 +51,9 @@ pub struct ResidentSystem<T: Real, B: Backend<T>> {
     /// `[position][frame][slots]`, each owner already numbered for its batch position
     /// (`position·natoms + atom`), so that a batch is assembled by copies alone.
     owner: B::Idx,
+    /// A mixed-type descriptor's (DPA-1's) neighbour type of every slot, `[frame][slots]`
+    /// ([`crate::train::batch::HostBatch::nei_type`]); `None` for the others.
+    nei_type: Option<B::Idx>,
     /// `[frame]`, `[frame][3·natoms]`, `[frame][9]`.
     labels: [B::Buf; 3],
 }
@@ -89,6 +92,7 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
         let mut rij = try_with_capacity(3 * ns * nframes, what).map_err(oom)?;
         let mut owner = try_with_capacity(ns * nframes * positions.max(1), what).map_err(oom)?;
         let [mut e, mut f, mut v] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut nei_type = Vec::new();
         let all: Vec<usize> = (0..nframes).collect();
         for chunk in all.chunks(CHUNK) {
             let batches = chunk
@@ -99,6 +103,7 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
                 assert_eq!(hb.dims, one, "a frame of another shape in one system");
                 rij.extend(hb.rij.iter().map(|&x| T::of(x)));
                 owner.extend(hb.owner);
+                nei_type.extend(hb.nei_type);
                 e.extend(hb.energy.iter().map(|&x| T::of(x)));
                 f.extend(hb.force.iter().map(|&x| T::of(x)));
                 v.extend(hb.virial.iter().map(|&x| T::of(x)));
@@ -124,6 +129,7 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
             positions,
             rij: b.upload(&rij),
             owner,
+            nei_type: (spec.descriptor.is_mixed()).then(|| b.upload_idx(&nei_type)),
             labels: [b.upload(&e), b.upload(&f), b.upload(&v)],
         })
     }
@@ -188,6 +194,9 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
                 })
                 .collect();
             b.gather(&self.labels[i], &mut labels[i], &spans);
+        }
+        if let (Some(src), Some(dst)) = (&self.nei_type, w.nei_type_mut()) {
+            b.gather_idx(src, dst, &slot_spans(1, &|_| 0));
         }
     }
 }

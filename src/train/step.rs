@@ -133,6 +133,12 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         (&mut self.env.rij, &mut self.env.owner, &mut self.labels)
     }
 
+    /// The per-slot neighbour types of a mixed-type descriptor (DPA-1), for gathering a batch
+    /// on the device (`train::resident`); `None` for the others.
+    pub(super) fn nei_type_mut(&mut self) -> Option<&mut B::Idx> {
+        self.env.nei_type.as_mut()
+    }
+
     /// The identities ([`Backend::buf_id`]) of every buffer of the plan, in a fixed order.
     pub fn buffer_ids(&self, b: &B) -> Vec<u64> {
         let mut bufs: Vec<&B::Buf> = self.env.buffers().to_vec();
