@@ -906,26 +906,25 @@ fn se_atten_refuses_what_dpw_lacks_by_name() {
     assert_unsupported(&v, &["model.descriptor.list[1].type", "inside hybrid"]);
 }
 
+/// DPA-1 under each of its names sets up for training (statistics, model, batches), with its
+/// keys as DeePMD-kit defaults them.
 #[test]
-fn training_se_atten_fails_clearly() {
+fn training_se_atten_prepares() {
     use dpw::train::setup::{prepare_in, Start};
     for ty in ["se_atten", "dpa1", "se_atten_v2"] {
         let dir = tempfile::tempdir().unwrap();
-        let v = water_atten(json!({"type": ty, "sel": 30}));
-        let cfg = Config::from_value(&v, dir.path()).unwrap();
+        let mut v = water_atten(json!({"type": ty, "sel": 30}));
+        v["training"]["numb_steps"] = json!(1);
+        v["training"]["training_data"]["systems"] = json!(["data_0"]);
+        if v["training"].get("validation_data").is_some() {
+            v["training"]["validation_data"]["systems"] = json!(["data_3"]);
+        }
+        let water = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/water");
+        let cfg = Config::from_value(&v, &water).unwrap();
         let start = web_time::Instant::now();
-        let msg = match prepare_in(&dpw::data::Disk, cfg, Start::Fresh, true, dir.path(), start) {
-            Ok(_) => panic!("{ty}: training must be refused"),
-            Err(e) => format!("{e:#}"),
-        };
-        assert_mentions(
-            &msg,
-            &[
-                "model.descriptor.type",
-                &format!("{ty:?}"),
-                "DPA-1",
-                "cannot train it yet",
-            ],
-        );
+        let setup = prepare_in(&dpw::data::Disk, cfg, Start::Fresh, true, dir.path(), start)
+            .unwrap_or_else(|e| panic!("{ty}: {e:#}"));
+        let a = setup.model.spec.descriptor.attention.as_ref().unwrap();
+        assert_eq!((a.attn, a.attn_layer, a.tebd_dim), (128, 2, 8), "{ty}");
     }
 }

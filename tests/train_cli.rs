@@ -438,9 +438,12 @@ fn bad_inputs_fail_cleanly_without_touching_outputs() {
             "not supported",
         ),
         (
-            "DPA-1, parsed but not trainable yet",
-            set(&|v| v["model"]["descriptor"]["type"] = json!("se_atten_v2")),
-            "cannot train it yet",
+            "DPA-1 with a key it refuses",
+            set(&|v| {
+                v["model"]["descriptor"]["type"] = json!("se_atten_v2");
+                v["model"]["descriptor"]["attn_mask"] = json!(true);
+            }),
+            "attn_mask",
         ),
         (
             "precisions differ",

@@ -99,22 +99,6 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
-        fn reference_se_atten_predictions() {
-            $crate::suite::descriptors::predictions(&$backend, "se_atten_l0_water");
-            $crate::suite::descriptors::predictions(&$backend, "se_atten_l2_alloy");
-            $crate::suite::descriptors::predictions(&$backend, "se_atten_l2_opts_water");
-            $crate::suite::descriptors::predictions(&$backend, "se_atten_v2_alloy");
-        }
-        #[test]
-        $(#[$attr])?
-        fn reference_se_atten_training_gradients() {
-            $crate::suite::descriptors::training_gradients(&$backend, "se_atten_l0_water");
-            $crate::suite::descriptors::training_gradients(&$backend, "se_atten_l2_alloy");
-            $crate::suite::descriptors::training_gradients(&$backend, "se_atten_l2_opts_water");
-            $crate::suite::descriptors::training_gradients(&$backend, "se_atten_v2_alloy");
-        }
-        #[test]
-        $(#[$attr])?
         fn reference_hybrid_predictions() {
             $crate::suite::descriptors::predictions(&$backend, "hybrid_water");
             $crate::suite::descriptors::predictions(&$backend, "hybrid_alloy");

@@ -734,6 +734,10 @@ impl<T: CudaReal> Backend<T> for Cuda {
         }
     }
 
+    fn takes_mixed_sections(&self) -> bool {
+        false
+    }
+
     fn download_idx(&self, b: &CudaIdx) -> Vec<i32> {
         b.host.clone()
     }
