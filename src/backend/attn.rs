@@ -6,7 +6,7 @@
 use super::cpu::attn as host;
 use super::{Backend, Dims, Real};
 use crate::geometry::{env_switch, EnvParams};
-use crate::model::{AttentionConfig, AttnLayout, Skip, TebdLayout};
+use crate::model::{AttentionConfig, AttnLayerLayout, AttnLayout, Skip, TebdLayout};
 
 pub use host::LayerParams;
 
@@ -45,47 +45,66 @@ impl AttnOpts {
         }
     }
 
-    /// Parameters of one attention layer, in the order of [`LayerParams`].
-    pub fn layer_len(&self) -> usize {
+    /// The sizes of one attention layer's tensors in the order of [`LayerParams`] (W_in, b_in,
+    /// W_out, b_out, γ, β): the packed form the host bodies compute with.
+    pub fn layer_parts(&self) -> [usize; 6] {
         let (m, h3) = (self.m1, 3 * self.h);
-        m * h3 + h3 + self.h * m + m + 2 * m
+        [m * h3, h3, self.h * m, m, m, m]
+    }
+
+    /// Parameters of one attention layer.
+    pub fn layer_len(&self) -> usize {
+        self.layer_parts().iter().sum()
+    }
+
+    /// Where each tensor of [`AttnOpts::layer_parts`] starts in the model's parameters.
+    fn layer_offsets(l: &AttnLayerLayout) -> [usize; 6] {
+        [
+            l.proj_in.w,
+            l.proj_in.b,
+            l.proj_out.w,
+            l.proj_out.b,
+            l.ln_w,
+            l.ln_b,
+        ]
     }
 
     /// Each layer's parameters as slices of the model's parameter vector.
     pub fn layers<'a, T>(&self, a: &AttnLayout, params: &'a [T]) -> Vec<LayerParams<'a, T>> {
-        let (m, h3) = (self.m1, 3 * self.h);
+        let parts = self.layer_parts();
         a.layers
             .iter()
-            .map(|l| LayerParams {
-                w_in: &params[l.proj_in.w..l.proj_in.w + m * h3],
-                b_in: &params[l.proj_in.b..l.proj_in.b + h3],
-                w_out: &params[l.proj_out.w..l.proj_out.w + self.h * m],
-                b_out: &params[l.proj_out.b..l.proj_out.b + m],
-                gamma: &params[l.ln_w..l.ln_w + m],
-                beta: &params[l.ln_b..l.ln_b + m],
+            .map(|l| {
+                let [w_in, b_in, w_out, b_out, gamma, beta] = std::array::from_fn(|k| {
+                    let at = Self::layer_offsets(l)[k];
+                    &params[at..at + parts[k]]
+                });
+                LayerParams {
+                    w_in,
+                    b_in,
+                    w_out,
+                    b_out,
+                    gamma,
+                    beta,
+                }
             })
             .collect()
     }
 
-    /// Adds a packed gradient ([`LayerParams`]' order, layer after layer) into the model's.
+    /// Adds a packed gradient (layer after layer) into the model's; the layer norms' only where
+    /// they are trainable.
     fn add_grad<T: Real>(&self, a: &AttnLayout, packed: &[T], grad: &mut [T]) {
-        let (m, h3) = (self.m1, 3 * self.h);
+        let parts = self.layer_parts();
         for (l, p) in a.layers.iter().zip(packed.chunks(self.layer_len())) {
             let mut at = 0;
-            let mut add = |to: usize, n: usize, on: bool| {
-                if on {
+            for (k, (to, n)) in Self::layer_offsets(l).into_iter().zip(parts).enumerate() {
+                if k < 4 || self.trainable_ln {
                     for (g, v) in grad[to..to + n].iter_mut().zip(&p[at..at + n]) {
                         *g += *v;
                     }
                 }
                 at += n;
-            };
-            add(l.proj_in.w, m * h3, true);
-            add(l.proj_in.b, h3, true);
-            add(l.proj_out.w, self.h * m, true);
-            add(l.proj_out.b, m, true);
-            add(l.ln_w, m, self.trainable_ln);
-            add(l.ln_b, m, self.trainable_ln);
+            }
         }
     }
 }
@@ -105,7 +124,7 @@ pub struct AttnArgs<'a, B, I> {
 }
 
 /// [`AttnArgs`] on the host.
-pub struct HostArgs<T> {
+struct HostArgs<T> {
     params: Vec<T>,
     g0: Vec<T>,
     g0p: Vec<T>,
@@ -116,7 +135,7 @@ pub struct HostArgs<T> {
 }
 
 impl<'a, B, I> AttnArgs<'a, B, I> {
-    pub fn host<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> HostArgs<T> {
+    fn host<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> HostArgs<T> {
         HostArgs {
             params: b.download(self.params),
             g0: b.download(self.g0),
@@ -129,7 +148,7 @@ impl<'a, B, I> AttnArgs<'a, B, I> {
     }
 
     /// Runs `f` on the host view of the arguments.
-    pub fn with<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized, R>(
+    fn with<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized, R>(
         &self,
         b: &K,
         f: impl FnOnce(&host::AttnIn<'_, T>) -> R,
@@ -230,10 +249,8 @@ pub fn attn_switch<T: Real, B: Backend<T> + ?Sized>(
     let ns = d.nslots();
     let (mut s, mut ds) = (vec![T::zero(); ns], vec![T::zero(); ns]);
     for c in 0..d.ncentres() {
-        let tc = d.centre_type(c);
-        let std0 = dstd[4 * tc].f64();
-        let at = d.slot(tc, c, 0, 0);
-        for slot in at..at + d.nnei {
+        let std0 = dstd[4 * d.centre_type(c)].f64();
+        for slot in d.mixed_slots(c) {
             if owner[slot] < 0 {
                 continue;
             }

@@ -97,6 +97,14 @@ impl Dims {
         self.block(ti, 0).start..self.block(ti, self.nsec - 1).end
     }
 
+    /// The slots of centre c in a batch of one neighbour section (DPA-1's mixed-type list):
+    /// nnei in a row.
+    pub fn mixed_slots(&self, c: usize) -> Range<usize> {
+        debug_assert_eq!(self.nsec, 1, "one mixed section");
+        let s = self.slot(self.centre_type(c), c, 0, 0);
+        s..s + self.nnei
+    }
+
     pub fn centre_type(&self, c: usize) -> usize {
         (0..self.ntypes)
             .find(|&t| c < self.centre_start[t + 1])

@@ -41,13 +41,33 @@ struct LayerGrad<'a, N> {
     beta: &'a mut [N],
 }
 
+impl<'a, R> LayerParams<'a, R> {
+    /// One layer's parameters from their packed form ([`AttnOpts::layer_parts`]).
+    pub fn packed(o: &AttnOpts, p: &'a [R]) -> Self {
+        let [n0, n1, n2, n3, n4, _] = o.layer_parts();
+        let (w_in, p) = p.split_at(n0);
+        let (b_in, p) = p.split_at(n1);
+        let (w_out, p) = p.split_at(n2);
+        let (b_out, p) = p.split_at(n3);
+        let (gamma, beta) = p.split_at(n4);
+        LayerParams {
+            w_in,
+            b_in,
+            w_out,
+            b_out,
+            gamma,
+            beta,
+        }
+    }
+}
+
 fn split_grad<'a, N>(o: &AttnOpts, g: &'a mut [N]) -> LayerGrad<'a, N> {
-    let (m, h) = (o.m1, o.h);
-    let (w_in, g) = g.split_at_mut(m * 3 * h);
-    let (b_in, g) = g.split_at_mut(3 * h);
-    let (w_out, g) = g.split_at_mut(h * m);
-    let (b_out, g) = g.split_at_mut(m);
-    let (gamma, beta) = g.split_at_mut(m);
+    let [n0, n1, n2, n3, n4, _] = o.layer_parts();
+    let (w_in, g) = g.split_at_mut(n0);
+    let (b_in, g) = g.split_at_mut(n1);
+    let (w_out, g) = g.split_at_mut(n2);
+    let (b_out, g) = g.split_at_mut(n3);
+    let (gamma, beta) = g.split_at_mut(n4);
     LayerGrad {
         w_in,
         b_in,
@@ -570,12 +590,6 @@ pub struct AttnIn<'a, T> {
     pub owner: &'a [i32],
 }
 
-/// The slots of centre c: one mixed section of nnei.
-fn centre_slots(d: &Dims, c: usize) -> Range<usize> {
-    let s = d.slot(d.centre_type(c), c, 0, 0);
-    s..s + d.nnei
-}
-
 /// Runs `f(c, slots, out_rows)` for every centre in parallel, `out` holding `width` values per
 /// centre.
 fn per_centre<T: Send>(
@@ -586,7 +600,7 @@ fn per_centre<T: Send>(
 ) {
     out.par_chunks_mut(width)
         .enumerate()
-        .for_each(|(c, o)| f(c, centre_slots(d, c), o));
+        .for_each(|(c, o)| f(c, d.mixed_slots(c), o));
 }
 
 impl<T: Real> AttnIn<'_, T> {
@@ -673,7 +687,7 @@ pub fn backward<T: Real>(
     let per: Vec<(Range<usize>, Vec<T>)> = (0..d.ncentres())
         .into_par_iter()
         .map(|c| {
-            let s = centre_slots(d, c);
+            let s = d.mixed_slots(c);
             let n = s.len();
             let real = x.real(s.clone());
             let cx = Centre {
@@ -741,7 +755,7 @@ pub fn dual<T: Real>(
             let mut acc = vec![z; plen];
             let mut rows = Vec::new();
             for c in gi * GRAD_GROUP..((gi + 1) * GRAD_GROUP).min(nc) {
-                let s = centre_slots(d, c);
+                let s = d.mixed_slots(c);
                 let n = s.len();
                 let real = x.real(s.clone());
                 let di = dual_inputs(x, s.clone(), rdot);
@@ -877,22 +891,7 @@ mod tests {
 
     fn layers<'a>(o: &AttnOpts, p: &'a [f64]) -> Vec<LayerParams<'a, f64>> {
         p.chunks(o.layer_len())
-            .map(|l| {
-                let (m, h) = (o.m1, o.h);
-                let (w_in, l) = l.split_at(m * 3 * h);
-                let (b_in, l) = l.split_at(3 * h);
-                let (w_out, l) = l.split_at(h * m);
-                let (b_out, l) = l.split_at(m);
-                let (gamma, beta) = l.split_at(m);
-                LayerParams {
-                    w_in,
-                    b_in,
-                    w_out,
-                    b_out,
-                    gamma,
-                    beta,
-                }
-            })
+            .map(|l| LayerParams::packed(o, l))
             .collect()
     }
 

@@ -144,10 +144,8 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         let mut slot_type = vec![0; ns];
         let mut centre_type = vec![0; nc];
         for (c, ct) in centre_type.iter_mut().enumerate() {
-            let tc = d.centre_type(c);
-            *ct = tc as i32;
-            let at = d.slot(tc, c, 0, 0);
-            slot_type[at..at + d.nnei].fill(tc as i32);
+            *ct = d.centre_type(c) as i32;
+            slot_type[d.mixed_slots(c)].fill(*ct);
         }
         let alloc = |n| -> Result<B::Buf, OutOfMemory> { zeros(n) };
         let input = if cfg.tebd_input_mode == TebdInputMode::Strip {
