@@ -425,6 +425,29 @@ EOF
         --backend cuda "${flag[@]}" --steps 30 --warmup 5 --json "$LOGS/bench_cuda-graph_${p}_b$b.json"
     done
   done
+  # Many systems, so many batch shapes (the alloy example: four compositions): the graph path
+  # must give the default path's lcurve.out, and its capture guard decides when to stop capturing.
+  local alloy=$W/alloy
+  mkdir -p "$alloy/default" "$alloy/graph"
+  python3 - "$ROOT/examples/alloy" "$alloy" <<'EOF'
+import json, sys
+src, out = sys.argv[1:3]
+v = json.load(open(f"{src}/input.json"))
+t = v["training"]
+for k in ("training_data", "validation_data"):
+    t[k]["systems"] = [f"{src}/{s}" for s in t[k]["systems"]]
+t.update(numb_steps=300, disp_freq=50, save_freq=300)
+for d in ("default", "graph"):
+    json.dump(v, open(f"{out}/{d}/input.json", "w"), indent=1)
+EOF
+  step cuda_alloy_graph 90 bash -c "
+    s=\$(date +%s.%N); cd '$alloy/default' && '$dpw' train input.json --backend cuda || exit 1
+    m=\$(date +%s.%N); cd '$alloy/graph' && DPW_CUDA_GRAPH=1 '$dpw' train input.json --backend cuda || exit 1
+    e=\$(date +%s.%N)
+    python3 -c 'import sys; a, b, c = map(float, sys.argv[1:]); print(f\"alloy 300 steps wall: default {b - a:.2f} s, graph {c - b:.2f} s\")' \$s \$m \$e
+    python3 '$W/compare.py' '$alloy/default/lcurve.out' '$alloy/graph/lcurve.out'"
+  info cuda_alloy_graph "$(grep -o 'alloy 300 steps wall.*' "$LOGS/cuda_alloy_graph.log" 2>/dev/null) $(grep -o 'DPW_CUDA_GRAPH: [0-9]* captures.*' \
+    "$LOGS/cuda_alloy_graph.log" 2>/dev/null | tail -n1)"
 
   # DeePMD-kit 3.2.0's PyTorch backend on the same GPU and input: the ratio, side by side.
   deepmd_pt "$water"
