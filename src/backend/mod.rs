@@ -221,13 +221,6 @@ pub trait Backend<T: Real>: Sync {
     // The compute ops: src/backend/ops.rs.
     compute_ops!(declare_ops);
 
-    /// Whether batches with one mixed-type neighbour section (DPA-1, `Dims::nsec` = 1) can run
-    /// here. The GPU backends' shape table and kernels take one section per type, until they
-    /// index sections by `nsec` (issue 30); DPA-1's stage refuses them with an error.
-    fn takes_mixed_sections(&self) -> bool {
-        true
-    }
-
     /// Whether this backend runs the embedding nets fused ([`Backend::embed_forward`] and
     /// [`Backend::embed_dual_backward`]); otherwise the step runs the per-layer dense ops and
     /// keeps every layer's values.

@@ -734,10 +734,6 @@ impl<T: CudaReal> Backend<T> for Cuda {
         }
     }
 
-    fn takes_mixed_sections(&self) -> bool {
-        false
-    }
-
     fn download_idx(&self, b: &CudaIdx) -> Vec<i32> {
         b.host.clone()
     }
