@@ -72,16 +72,17 @@ dpw_time() {
   python3 -c "import json; print(json.load(open('$work/$tag.json'))['median_s_per_step'])"
 }
 
-ratio() { python3 -c "print(f'{float(\"$1\") / float(\"$2\"):.2f}')"; }
+# "N.NNx faster" or "N.NNx slower": dpw's s/step $2 against DeePMD-kit's $1.
+speedup() { python3 -c "r = float('$1') / float('$2'); print(f'{r:.2f}x faster' if r >= 1 else f'{1 / r:.2f}x slower')"; }
 
 backends=(tf ${COMPARE_PT:+pt})
-# One line per DeePMD-kit backend: how many times dpw's s/step $2 fits in the backend's, from the
-# array named $3 (s/step in the order of `backends`), in precision $1.
+# One line per DeePMD-kit backend: dpw's s/step $2 against the backend's, from the array named
+# $3 (s/step in the order of `backends`), in precision $1.
 ratios() {
   local prec=$1 ours=$2 i
   local -n times=$3
   for i in "${!backends[@]}"; do
-    echo "$prec: dpw is $(ratio "${times[$i]}" "$ours")x faster per step than DeePMD-kit --${backends[$i]}"
+    echo "$prec: dpw is $(speedup "${times[$i]}" "$ours") per step than DeePMD-kit --${backends[$i]}"
   done
 }
 
