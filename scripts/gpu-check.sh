@@ -451,6 +451,26 @@ EOF
   info cuda_alloy "$(grep -o 'alloy 300 steps wall.*' "$LOGS/cuda_alloy.log" 2>/dev/null) $(grep -o 'DPW_CUDA_GRAPH: [0-9]* captures.*' \
     "$LOGS/cuda_alloy.log" 2>/dev/null | tail -n1)"
 
+  # DPA-1 (se_atten_v2 on the alloy, its attention ops on the host for now): 20 float64 steps
+  # on cuda give the lcurve.out of the same binary's cpu run, made here.
+  local dpa1=$W/dpa1
+  mkdir -p "$dpa1/cpu" "$dpa1/cuda"
+  python3 - "$ROOT/examples/alloy" "$dpa1" <<'EOF'
+import json, sys
+src, out = sys.argv[1:3]
+v = json.load(open(f"{src}/input_se_atten_v2.json"))
+t = v["training"]
+for k in ("training_data", "validation_data"):
+    t[k]["systems"] = [f"{src}/{s}" for s in t[k]["systems"]]
+t.update(numb_steps=20, disp_freq=5, save_freq=20)
+for d in ("cpu", "cuda"):
+    json.dump(v, open(f"{out}/{d}/input.json", "w"), indent=1)
+EOF
+  step cuda_dpa1_train 90 bash -c "
+    cd '$dpa1/cpu' && '$dpw' train input.json --backend cpu || exit 1
+    cd '$dpa1/cuda' && '$dpw' train input.json --backend cuda || exit 1
+    python3 '$W/compare.py' '$dpa1/cpu/lcurve.out' '$dpa1/cuda/lcurve.out'"
+
   # DeePMD-kit 3.2.0's PyTorch backend on the same GPU and input: the ratio, side by side.
   deepmd_pt "$water"
 
