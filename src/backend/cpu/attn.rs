@@ -740,8 +740,8 @@ impl AttnOpts {
             };
             let rb = &mut t.rdbar[3 * j..3 * j + 3];
             normalize_backward(&t.rdir[3 * j..3 * j + 3], nr, rb);
-            for a in 0..3 {
-                t.rbar[4 * j + 1 + a] += rb[a];
+            for (rv, &b) in t.rbar[4 * j + 1..4 * j + 4].iter_mut().zip(rb.iter()) {
+                *rv += b;
             }
         }
     }
