@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Trains an example with DeePMD-kit 3.2.0 (`dp --tf train`, and `dp --pt train` with
 # COMPARE_PT=1) and with dpw on this machine, one after the other, and prints s/step, peak memory
-# and the ratio. DeePMD-kit is installed into a virtual environment on first use.
+# and dpw's speed-up over each. DeePMD-kit is installed into a virtual environment on first use.
 #
 #   bench/compare-deepmd.sh [STEPS] [INPUT] (default 300 steps of examples/water/input.json;
 #                                           DeePMD-kit's average skips the first 100, dpw's bench
@@ -72,15 +72,27 @@ dpw_time() {
   python3 -c "import json; print(json.load(open('$work/$tag.json'))['median_s_per_step'])"
 }
 
-ratio() { python3 -c "print(f'{float(\"$1\") / float(\"$2\"):.2f}')"; }
+# "N.NNx faster" or "N.NNx slower": dpw's s/step $2 against DeePMD-kit's $1.
+speedup() { python3 -c "r = float('$1') / float('$2'); print(f'{r:.2f}x faster' if r >= 1 else f'{1 / r:.2f}x slower')"; }
+
+backends=(tf ${COMPARE_PT:+pt})
+# One line per DeePMD-kit backend: dpw's s/step $2 against the backend's, from the array named
+# $3 (s/step in the order of `backends`), in precision $1.
+ratios() {
+  local prec=$1 ours=$2 i
+  local -n times=$3
+  for i in "${!backends[@]}"; do
+    echo "$prec: dpw is $(speedup "${times[$i]}" "$ours") per step than DeePMD-kit --${backends[$i]}"
+  done
+}
 
 results=()
-for b in tf ${COMPARE_PT:+pt}; do
+for b in "${backends[@]}"; do
   results+=("$(dp_time "$b" ../input.json "$b" float64)")
 done
 ours=$(dpw_time input.json dpw)
 echo "dpw (cpu, float64): ${ours} s/step, peak memory $(peak_mb "$work/dpw-time.txt") MB"
-echo "float64: dpw is $(ratio "${results[0]}" "$ours")x faster per step than DeePMD-kit --tf"
+ratios float64 "$ours" results
 
 if [ -n "${FLOAT32:-}" ]; then
   python3 - "$work/input.json" "$work/input32.json" <<'PY'
@@ -91,10 +103,10 @@ for k in ("descriptor", "fitting_net"):
 json.dump(d, open(sys.argv[2], "w"), indent=2)
 PY
   results32=()
-  for b in tf ${COMPARE_PT:+pt}; do
+  for b in "${backends[@]}"; do
     results32+=("$(dp_time "$b" ../input32.json "$b-f32" float32)")
   done
   ours32=$(dpw_time input32.json dpw32 --float32)
   echo "dpw (cpu, float32): ${ours32} s/step, peak memory $(peak_mb "$work/dpw32-time.txt") MB"
-  echo "float32: dpw is $(ratio "${results32[0]}" "$ours32")x faster per step than DeePMD-kit --tf"
+  ratios float32 "$ours32" results32
 fi

@@ -110,7 +110,7 @@ __device__ __forceinline__ void pair_sum(const AngleParams& u, const int* __rest
   int c = (int)(id / m1), i = (int)(id % m1), tc = d.centre_type(c);
   T acc = T(0);
   int before = 0;
-  for (int tj = 0; tj < u.ntypes; ++tj) {
+  for (int tj = 0; tj < d.nsec(); ++tj) {
     for (int ti = 0; ti <= tj; ++ti) {
       int n = d.sel(ti) * d.sel(tj);
       T w = pair_weight<T>(d, ti, tj);
@@ -184,7 +184,7 @@ __device__ void angle_backward_slots ANGLE_BACKWARD_SLOTS_PARAMS(T) {
   int t = u.ti, m = (int)(id % d.sel(t)), c = u.centre0 + (int)(id / d.sel(t));
   T xb[3] = {T(0), T(0), T(0)}, x[3];
   int before = 0;
-  for (int tj = 0; tj < u.ntypes; ++tj) {
+  for (int tj = 0; tj < d.nsec(); ++tj) {
     for (int ti = 0; ti <= tj; ++ti) {
       int nj = d.sel(ti), nk = d.sel(tj);
       if (ti == t || tj == t) {

@@ -31,6 +31,7 @@ struct Dims {
   const int* p;
   __device__ explicit Dims(const int* table) : p(table) {}
   __device__ int ntypes() const { return __ldg(p + DIMS_NTYPES); }
+  __device__ int nsec() const { return __ldg(p + DIMS_NSEC); }
   __device__ int nnei() const { return __ldg(p + DIMS_NNEI); }
   __device__ int m1() const { return __ldg(p + DIMS_M1); }
   __device__ int m2() const { return __ldg(p + DIMS_M2); }
@@ -38,9 +39,10 @@ struct Dims {
   __device__ int natoms() const { return __ldg(p + DIMS_NATOMS); }
   __device__ int ncentres() const { return __ldg(p + DIMS_NCENTRES); }
   __device__ int nslots() const { return __ldg(p + DIMS_NSLOTS); }
-  __device__ int sel(int t) const { return __ldg(p + DIMS_SEL_AT(ntypes()) + t); }
-  __device__ int centre_start(int t) const { return __ldg(p + DIMS_CENTRE_START_AT(ntypes()) + t); }
-  __device__ int block_start(int k) const { return __ldg(p + DIMS_BLOCK_START_AT(ntypes()) + k); }
+  // The sections, where the head says they start.
+  __device__ int sel(int t) const { return __ldg(p + __ldg(p + DIMS_SEL_AT) + t); }
+  __device__ int centre_start(int t) const { return __ldg(p + __ldg(p + DIMS_CENTRE_START_AT) + t); }
+  __device__ int block_start(int k) const { return __ldg(p + __ldg(p + DIMS_BLOCK_START_AT) + k); }
 
   // Type of centre c (centres are ordered by type).
   __device__ int centre_type(int c) const {
@@ -54,17 +56,17 @@ struct Dims {
     int per_frame = (centre_start(t + 1) - centre_start(t)) / nframes();
     return (c - centre_start(t)) / per_frame;
   }
-  // First slot of centre c (of type ti) in the section of neighbour type tj.
+  // First slot of centre c (of type ti) in neighbour section tj.
   __device__ int first_slot(int ti, int c, int tj) const {
-    return block_start(ti * ntypes() + tj) + (c - centre_start(ti)) * sel(tj);
+    return block_start(ti * nsec() + tj) + (c - centre_start(ti)) * sel(tj);
   }
   // The centre that owns slot s: find its block (ti, tj), then the row inside the block.
   // Empty blocks have block_start(k) == block_start(k + 1) and are stepped over.
   __device__ int slot_centre(int s) const {
     int k = 0;
     while (s >= block_start(k + 1)) ++k;
-    int nt = ntypes();
-    int ti = k / nt, tj = k % nt;
+    int ns = nsec();
+    int ti = k / ns, tj = k % ns;
     return centre_start(ti) + (s - block_start(k)) / sel(tj);
   }
 };

@@ -73,7 +73,7 @@ __device__ __forceinline__ void sum_slot_tiles(const Dims& d, int c, T* sums, T*
   for (int i = threadIdx.x; i < m1; i += blockDim.x)
 #pragma unroll
     for (int k = 0; k < 4; ++k) sums[4 * i + k] = T(0);
-  for (int tj = 0; tj < d.ntypes(); ++tj) {
+  for (int tj = 0; tj < d.nsec(); ++tj) {
     i64 first = d.first_slot(ti, c, tj);
     int sel = d.sel(tj);
     for (int base = 0; base < sel; base += CONTRACT_TILE) {
@@ -177,7 +177,7 @@ __device__ void slot_backward SLOT_BACKWARD_PARAMS(T) {
   int warp = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   int ti = d.centre_type(c);
   int local = 0;  // index of the slot among the centre's nnei slots
-  for (int tj = 0; tj < d.ntypes(); ++tj) {
+  for (int tj = 0; tj < d.nsec(); ++tj) {
     int first = d.first_slot(ti, c, tj);
     for (int j = 0; j < d.sel(tj); ++j, ++local) {
       if (local % nwarps != warp) continue;
@@ -303,7 +303,7 @@ __device__ void contract_dual CONTRACT_DUAL_PARAMS(T) {
     }
   }
   int ti = d.centre_type(c);
-  for (int tj = 0; tj < d.ntypes(); ++tj) {
+  for (int tj = 0; tj < d.nsec(); ++tj) {
     i64 first = d.first_slot(ti, c, tj);
     int sel = d.sel(tj);
     for (int base = 0; base < sel; base += 4 * CONTRACT_TILE) {

@@ -141,20 +141,33 @@ DPW_INSTANTIATE(dense_dual_elems, DENSE_DUAL_ELEMS_PARAMS,
   (DenseParams p, const T* __restrict__ zbar, const T* __restrict__ tidt, \
    T* __restrict__ part_b, T* __restrict__ part_idt)
 
+// Σ over rows lo..hi of column k of x, in row order. The loads of ROWS rows are issued before
+// their sums: the order of the additions is the cpu's, but a thread keeps ROWS loads in flight
+// instead of one (there are only a few thousand threads, each walking a whole chunk).
+template <typename T>
+__device__ T column_sum(const T* __restrict__ x, int lo, int hi, int nout, int k) {
+  constexpr int ROWS = 8;
+  T s = T(0);
+  int r = lo;
+  for (; r + ROWS <= hi; r += ROWS) {
+    T v[ROWS];
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) v[j] = x[(i64)(r + j) * nout + k];
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) s += v[j];
+  }
+  for (; r < hi; ++r) s += x[(i64)r * nout + k];
+  return s;
+}
+
 template <typename T>
 __device__ void dense_dual_sums DENSE_DUAL_SUMS_PARAMS(T) {
   int k = blockIdx.y * blockDim.x + threadIdx.x;
   if (k >= p.nout) return;
   int c = blockIdx.x;
   int lo = c * p.chunk, hi = min(p.nrows, lo + p.chunk);
-  T gb = T(0), gidt = T(0);
-  for (int r = lo; r < hi; ++r) {
-    i64 l = (i64)r * p.nout + k;
-    gb += zbar[l];
-    if (tidt) gidt += tidt[l];
-  }
-  part_b[(i64)c * p.nout + k] = gb;
-  if (part_idt) part_idt[(i64)c * p.nout + k] = gidt;
+  part_b[(i64)c * p.nout + k] = column_sum(zbar, lo, hi, p.nout, k);
+  if (part_idt) part_idt[(i64)c * p.nout + k] = column_sum(tidt, lo, hi, p.nout, k);
 }
 DPW_INSTANTIATE(dense_dual_sums, DENSE_DUAL_SUMS_PARAMS, (p, zbar, tidt, part_b, part_idt))
 

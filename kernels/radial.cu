@@ -13,7 +13,7 @@ __device__ __forceinline__ void slot_sum(const int* __restrict__ dims, T k, cons
   if (e >= (i64)d.ncentres() * m1) return;
   int c = (int)(e / m1), i = (int)(e % m1), ti = d.centre_type(c);
   T acc = T(0);
-  for (int tj = 0; tj < d.ntypes(); ++tj) {
+  for (int tj = 0; tj < d.nsec(); ++tj) {
     i64 first = d.first_slot(ti, c, tj);
     for (i64 s = first; s < first + d.sel(tj); ++s) acc += (w ? w[s] : T(1)) * x[s * m1 + i];
   }

@@ -85,7 +85,7 @@ __device__ void force_centres FORCE_CENTRES_PARAMS(T) {
   // Lane 3 + 3a + b sums W[a][b]; lanes a < 3 sum F[a]; lanes from 12 only load.
   int wa = (lane - 3) / 3, wb = (lane - 3) % 3;
   double acc = 0.0;
-  for (int tj = 0; tj < d.ntypes(); ++tj) {
+  for (int tj = 0; tj < d.nsec(); ++tj) {
     i64 first = d.first_slot(ti, (int)c, tj);
     int sel = d.sel(tj);
     for (int base = 0; base < sel; base += FORCE_CHUNK) {

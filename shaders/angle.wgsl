@@ -90,7 +90,7 @@ fn pair_sum(id: u32, tangent: bool) {
     var acc = real(0);
     var before = 0u;
     var p = 0u;
-    for (var tj = 0u; tj < u.ntypes; tj++) {
+    for (var tj = 0u; tj < nsec(); tj++) {
         for (var ti = 0u; ti <= tj; ti++) {
             let n = sel_of(ti) * sel_of(tj);
             let r0 = first_row(tc, c, before, n);
@@ -175,7 +175,7 @@ fn angle_backward_slots(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     let c = u.centre0 + id / sel_of(t);
     var xb = vec3<real>();
     var before = 0u;
-    for (var tj = 0u; tj < u.ntypes; tj++) {
+    for (var tj = 0u; tj < nsec(); tj++) {
         for (var ti = 0u; ti <= tj; ti++) {
             let nj = sel_of(ti);
             let nk = sel_of(tj);

@@ -47,7 +47,7 @@ fn a_forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let i = id % u.m1;
     let ti = centre_type(c);
     var acc = vec4<real>();
-    for (var tj = 0u; tj < u.ntypes; tj++) {
+    for (var tj = 0u; tj < nsec(); tj++) {
         let s0 = first_slot(ti, c, tj);
         for (var s = s0; s < s0 + sel_of(tj); s++) {
             let gv = g[s * u.m1 + i];
@@ -201,7 +201,7 @@ fn a_tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let i = id % u.m1;
     let ti = centre_type(c);
     var acc = vec4<real>();
-    for (var tj = 0u; tj < u.ntypes; tj++) {
+    for (var tj = 0u; tj < nsec(); tj++) {
         let s0 = first_slot(ti, c, tj);
         for (var s = s0; s < s0 + sel_of(tj); s++) {
             let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);

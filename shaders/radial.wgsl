@@ -28,7 +28,7 @@ fn slot_sum(id: u32, weighted: bool) {
     let i = id % u.m1;
     let ti = centre_type(c);
     var acc = real(0);
-    for (var tj = 0u; tj < u.ntypes; tj++) {
+    for (var tj = 0u; tj < nsec(); tj++) {
         let s0 = first_slot(ti, c, tj);
         for (var s = s0; s < s0 + sel_of(tj); s++) {
             var w = real(1);

@@ -47,7 +47,7 @@ fn frame_energy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
         return;
     }
     var acc = WideSum();
-    for (var t = 0u; t < u.ntypes; t++) {
+    for (var t = 0u; t < ntypes(); t++) {
         let n = per_frame(t);
         let c0 = centre_start(t) + f * n;
         for (var c = c0; c < c0 + n; c++) {
@@ -92,7 +92,7 @@ fn centre_virial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     var w0 = vec3<real>();
     var w1 = vec3<real>();
     var w2 = vec3<real>();
-    for (var tj = 0u; tj < u.ntypes; tj++) {
+    for (var tj = 0u; tj < nsec(); tj++) {
         let s0 = first_slot(ti, c, tj);
         for (var s = s0; s < s0 + sel_of(tj); s++) {
             if (owner[s] < 0) {
@@ -122,7 +122,7 @@ fn frame_virial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let f = id / 9u;
     let k = id % 9u;
     var acc = real(0);
-    for (var t = 0u; t < u.ntypes; t++) {
+    for (var t = 0u; t < ntypes(); t++) {
         let n = per_frame(t);
         let c0 = centre_start(t) + f * n;
         for (var c = c0; c < c0 + n; c++) {

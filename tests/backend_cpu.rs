@@ -86,36 +86,3 @@ mod timed {
         assert_eq!(adam.calls_per_step, 1.0);
     }
 }
-
-/// DPA-1 against DeePMD-kit 3.2.0 (`tests/reference/dpa1/`): the cpu backend's only for now, as
-/// the GPU backends refuse DPA-1's mixed-type batches until their kernels index sections by
-/// `Dims::nsec` (issue 30; `gpu_refuses_dpa1` below checks the refusal).
-mod dpa1 {
-    use crate::suite::descriptors::{predictions, training_gradients};
-    use dpw::backend::cpu::Cpu;
-
-    const CASES: [&str; 4] = [
-        "se_atten_l0_water",
-        "se_atten_l2_alloy",
-        "se_atten_l2_opts_water",
-        "se_atten_v2_alloy",
-    ];
-
-    #[test]
-    fn reference_se_atten_predictions() {
-        for fused in [true, false] {
-            for case in CASES {
-                predictions(&Cpu { fused }, case);
-            }
-        }
-    }
-
-    #[test]
-    fn reference_se_atten_training_gradients() {
-        for fused in [true, false] {
-            for case in CASES {
-                training_gradients(&Cpu { fused }, case);
-            }
-        }
-    }
-}

@@ -12,13 +12,10 @@ mod suite;
 
 use std::sync::OnceLock;
 
-use dpw::backend::cpu::Cpu;
 use dpw::backend::cuda::{Cuda, NO_DRIVER};
 use dpw::backend::{Backend, Prefactors, Real};
-use dpw::model::Model;
-use dpw::train::batch::Frame;
-use dpw::train::predict::{loss_and_grad, predict};
-use suite::parity::{check, frame_of, small_cases};
+use dpw::train::predict::loss_and_grad;
+use suite::parity::{frame_of, small_cases, step};
 
 /// The device, opened once for all tests (NVRTC compiles the kernels once).
 fn cuda() -> Option<&'static Cuda> {
@@ -86,64 +83,6 @@ fn parity_ops_f32() {
 
 // ---------------------------------------------------------------- whole-step parity
 
-/// Predictions, loss sums and the full loss gradient on CPU and GPU.
-fn step_parity<T: Real>(
-    gpu: &Cuda,
-    what: &str,
-    m: &Model,
-    atype: &[usize],
-    frames: &[Frame],
-    tol: f64,
-    failures: &mut Vec<String>,
-) where
-    Cuda: Backend<T>,
-{
-    let pref = Prefactors {
-        e: 0.02,
-        f: 1000.0,
-        v: 1.0,
-    };
-    let (cs, cg, cp) = loss_and_grad::<T, _>(&Cpu::default(), m, atype, frames, pref).unwrap();
-    let (gs, gg, gp) = loss_and_grad::<T, _>(gpu, m, atype, frames, pref).unwrap();
-    let w = format!("{what} ({})", T::NAME);
-    check(
-        &format!("{w} energy"),
-        &gp.energy,
-        &cp.energy,
-        tol,
-        failures,
-    );
-    check(
-        &format!("{w} atom energy"),
-        &gp.atom_energy,
-        &cp.atom_energy,
-        tol,
-        failures,
-    );
-    check(&format!("{w} force"), &gp.force, &cp.force, tol, failures);
-    check(
-        &format!("{w} virial"),
-        &gp.virial,
-        &cp.virial,
-        tol,
-        failures,
-    );
-    check(
-        &format!("{w} loss sums"),
-        &[gs.e2, gs.f2, gs.v2],
-        &[cs.e2, cs.f2, cs.v2],
-        tol,
-        failures,
-    );
-    check(&format!("{w} gradient"), &gg, &cg, tol, failures);
-    let p = predict::<T, _>(gpu, m, atype, frames).unwrap();
-    if p != gp {
-        failures.push(format!(
-            "{w}: predict and loss_and_grad disagree on the GPU"
-        ));
-    }
-}
-
 fn water_parity<T: Real>(gpu: &Cuda, tol: f64)
 where
     Cuda: Backend<T>,
@@ -151,7 +90,7 @@ where
     let (model, rf) = (common::model_a(), common::ref_frames());
     let frames: Vec<_> = (0..3).map(|f| rf.frame(f)).collect();
     let mut failures = Vec::new();
-    step_parity::<T>(
+    step::<T, _>(
         gpu,
         "water, 3 frames",
         &model,
@@ -170,7 +109,7 @@ where
     let mut failures = Vec::new();
     for (name, m, s) in small_cases() {
         let frames = [frame_of(&s)];
-        step_parity::<T>(gpu, name, &m, &s.atype, &frames, tol, &mut failures);
+        step::<T, _>(gpu, name, &m, &s.atype, &frames, tol, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -197,6 +136,18 @@ fn parity_small_systems_f64() {
 #[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
 fn parity_small_systems_f32() {
     small_parity::<f32>(cuda_or_skip!(), 1e-5);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_dpa1_f64() {
+    suite::parity::dpa1::<f64, _>(cuda_or_skip!(), 1e-12);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_dpa1_f32() {
+    suite::parity::dpa1::<f32, _>(cuda_or_skip!(), 1e-5);
 }
 
 // ---------------------------------------------------------------- determinism

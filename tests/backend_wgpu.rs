@@ -630,30 +630,20 @@ fn steps_after_the_first_create_and_read_nothing() {
     assert!(rows.iter().all(|r| r.sums.f2 > 0.0 && r.grad_norm > 0.0));
 }
 
-/// DPA-1's mixed-type batches are refused on wgpu with an error that says so and names the way
-/// out, not a panic (its kernels take one neighbour section per type; issue 30).
+/// DPA-1's whole step (one mixed neighbour section, its own ops on the host) against the cpu
+/// backend, on the reference cases' training frames.
+fn parity_dpa1<T: GpuReal>(test: &str, tol: f64) {
+    if let Some(w) = wgpu_for::<T>(test) {
+        suite::parity::dpa1::<T, _>(w, tol);
+    }
+}
+
 #[test]
-fn gpu_refuses_dpa1() {
-    let Some(w) = wgpu_for::<f64>(&this_test()) else {
-        return;
-    };
-    let dir = repo("tests/reference/dpa1/se_atten_l0_water");
-    let model = dpw::model::read_deepmd_yaml(&dir.join("model.yaml")).unwrap();
-    let atype = [0, 0, 1, 1, 1, 1];
-    let coord = [
-        0.0, 0.0, 0.0, 3.0, 0.0, 0.0, 0.9, 0.2, 0.0, -0.3, 0.9, 0.0, 3.9, 0.2, 0.0, 2.7, 0.9, 0.0,
-    ];
-    let frame = dpw::train::batch::Frame {
-        coord: &coord,
-        cell: None,
-        energy: 0.0,
-        force: &[],
-        virial: None,
-    };
-    let e = dpw::train::predict::predict::<f64, _>(w, &model, &atype, &[frame]).unwrap_err();
-    let msg = format!("{e:#}");
-    assert!(
-        msg.contains("--backend cpu") && msg.contains("issue 30"),
-        "{msg}"
-    );
+fn parity_dpa1_f64() {
+    parity_dpa1::<f64>("parity_dpa1_f64", 1e-12);
+}
+
+#[test]
+fn parity_dpa1_f32() {
+    parity_dpa1::<f32>("parity_dpa1_f32", 1e-5);
 }

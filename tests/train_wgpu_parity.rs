@@ -1,5 +1,5 @@
-//! 40 training steps on the wgpu backend and on the cpu backend, in float64, write the same
-//! lcurve.out to the printed digits at every 4th step. A small model on the water data and few
+//! Training steps on the wgpu backend and on the cpu backend, in float64, write the same
+//! lcurve.out to the printed digits at every 4th step: 40 of se_e2_a, 12 of DPA-1. A small model on the water data and few
 //! steps (the lr still decays 3 times) keep it to minutes on lavapipe (software Vulkan); 200
 //! steps took 21 min on a busy 2-core machine.
 #![cfg(feature = "wgpu")]
@@ -19,13 +19,33 @@ fn train(dir: &Path, backend: &str) -> String {
     std::fs::read_to_string(dir.join("lcurve.out")).unwrap()
 }
 
-#[test]
-fn lcurve_of_40_steps_matches_cpu() {
+/// Trains `input` on cpu and on wgpu, each in a directory of its own; their lcurve.out, which
+/// must have `lines` rows, are equal.
+fn lcurves_match(test: &str, input: &serde_json::Value, lines: usize) {
     if let Err(e) = dpw::backend::wgpu::Wgpu::new_f64(wgpu::PowerPreference::HighPerformance) {
         let why = format!("no wgpu adapter with float64 ({e:#})");
-        common::no_wgpu("lcurve_of_40_steps_matches_cpu", &why);
+        common::no_wgpu(test, &why);
         return;
     }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut curves = Vec::new();
+    for backend in ["cpu", "wgpu"] {
+        let dir = tmp.path().join(backend);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("input.json"),
+            serde_json::to_string_pretty(input).unwrap(),
+        )
+        .unwrap();
+        curves.push(train(&dir, backend));
+    }
+    let rows = curves[0].lines().filter(|l| !l.starts_with('#')).count();
+    assert_eq!(rows, lines, "rows of lcurve.out:\n{}", curves[0]);
+    assert_eq!(curves[0], curves[1], "cpu and wgpu lcurve.out differ");
+}
+
+#[test]
+fn lcurve_of_40_steps_matches_cpu() {
     let water = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/water");
     let input = serde_json::json!({
         "model": {
@@ -43,19 +63,34 @@ fn lcurve_of_40_steps_matches_cpu() {
             "numb_steps": 40, "seed": 3, "disp_freq": 4, "save_freq": 40
         }
     });
-    let tmp = tempfile::tempdir().unwrap();
-    let mut curves = Vec::new();
-    for backend in ["cpu", "wgpu"] {
-        let dir = tmp.path().join(backend);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("input.json"),
-            serde_json::to_string_pretty(&input).unwrap(),
-        )
-        .unwrap();
-        curves.push(train(&dir, backend));
-    }
-    let lines = curves[0].lines().filter(|l| !l.starts_with('#')).count();
-    assert_eq!(lines, 11, "lines at steps 1, 4, ..., 40:\n{}", curves[0]);
-    assert_eq!(curves[0], curves[1], "cpu and wgpu lcurve.out differ");
+    // Steps 1, 4, ..., 40.
+    lcurves_match("lcurve_of_40_steps_matches_cpu", &input, 11);
+}
+
+/// DPA-1 (se_atten_v2, one attention layer) on the alloy data, kept tiny: its attention ops
+/// run on the host on wgpu, the rest on the device.
+#[test]
+fn dpa1_lcurve_of_12_steps_matches_cpu() {
+    let alloy = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/alloy/data");
+    let input = serde_json::json!({
+        "model": {
+            "type_map": ["Cu", "Ni", "Al"],
+            "descriptor": {"type": "se_atten_v2", "sel": 40, "rcut": 4.0, "rcut_smth": 0.5,
+                           "neuron": [4, 8], "axis_neuron": 2, "tebd_dim": 4, "attn": 8,
+                           "attn_layer": 1, "attn_dotr": true, "seed": 1},
+            "fitting_net": {"neuron": [8, 8], "resnet_dt": true, "seed": 1},
+            "data_stat_nbatch": 2
+        },
+        "learning_rate": {"type": "exp", "start_lr": 0.002, "stop_lr": 1e-5, "decay_steps": 4},
+        "loss": {"type": "ener", "start_pref_e": 0.02, "limit_pref_e": 1, "start_pref_f": 1000,
+                 "limit_pref_f": 1, "start_pref_v": 0.02, "limit_pref_v": 1},
+        "training": {
+            "training_data": {"systems": [alloy.join("train/Cu36Ni36Al36")], "batch_size": 1},
+            "validation_data": {"systems": [alloy.join("valid/Cu48Ni30Al30")], "batch_size": 1,
+                                "numb_btch": 1},
+            "numb_steps": 12, "seed": 3, "disp_freq": 4, "save_freq": 12
+        }
+    });
+    // Steps 1, 4, 8, 12.
+    lcurves_match("dpa1_lcurve_of_12_steps_matches_cpu", &input, 4);
 }

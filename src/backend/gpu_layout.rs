@@ -80,9 +80,14 @@ pub fn count(x: usize) -> u32 {
 }
 
 gpu_struct! {
-    /// The fixed head of the shape table ([`shape_table`]).
+    /// The head of the shape table ([`shape_table`]): the counts, then where each of its
+    /// sections ([`sections`]) starts in the table. A kernel finds a section through the head,
+    /// so section lengths (`nsec` sels, `ntypes·nsec + 1` block starts) need no formula of
+    /// their own in the kernel languages.
     pub struct DimsHeader {
         pub ntypes: u32,
+        /// Neighbour sections per centre: `ntypes`, or 1 for DPA-1's mixed-type list.
+        pub nsec: u32,
         pub nnei: u32,
         pub m1: u32,
         pub m2: u32,
@@ -90,36 +95,37 @@ gpu_struct! {
         pub natoms: u32,
         pub ncentres: u32,
         pub nslots: u32,
+        pub sel_at: u32,
+        pub centre_start_at: u32,
+        pub block_start_at: u32,
     }
 }
 
-/// The sections of the shape table after its head, in table order: the name, and the length
-/// for nt types as `[constant, coefficient of nt, coefficient of nt²]`.
-const SECTIONS: [(&str, [usize; 3]); 3] = [
-    ("sel", [0, 1, 0]),
-    ("centre_start", [1, 1, 0]),
-    ("block_start", [1, 0, 1]),
-];
-
-/// The data of each of [`SECTIONS`].
-fn sections(d: &Dims) -> [&[usize]; 3] {
-    [&d.sel, &d.centre_start, &d.block_start]
+/// The sections of the shape table after its head, in table order, each named as the head
+/// field `<name>_at` that says where it starts: `sel` [nsec], `centre_start` [ntypes + 1],
+/// `block_start` [ntypes·nsec + 1].
+fn sections(d: &Dims) -> [(&'static str, &[usize]); 3] {
+    [
+        ("sel", &d.sel),
+        ("centre_start", &d.centre_start),
+        ("block_start", &d.block_start),
+    ]
 }
 
 /// The batch layout ([`Dims`]) as one table of 4-byte integers, the one way both GPU backends
-/// pass it to their kernels: a [`DimsHeader`], then the sections [`SECTIONS`] lists.
-///
-/// The table and the kernels take one neighbour section per type (`nsec == ntypes`: the
-/// kernels loop over sections up to `ntypes`, and the sections' offsets are functions of it),
-/// so the GPU backends do not take DPA-1's mixed list (one section) yet: refused here.
+/// pass it to their kernels: a [`DimsHeader`], then the [`sections`]. Kernels
+/// walk neighbour sections up to `nsec`, so one table serves one section per type and DPA-1's
+/// one mixed section alike.
 pub fn shape_table(d: &Dims) -> Vec<u32> {
-    assert_eq!(
-        d.nsec, d.ntypes,
-        "the GPU backends take one neighbour section per type; a mixed-type list (DPA-1) is \
-         not supported on them yet"
-    );
+    let mut at = [0; 3];
+    let mut next = size_of::<DimsHeader>() / 4;
+    for (a, (_, s)) in at.iter_mut().zip(sections(d)) {
+        *a = count(next);
+        next += s.len();
+    }
     let head = DimsHeader {
         ntypes: count(d.ntypes),
+        nsec: count(d.nsec),
         nnei: count(d.nnei),
         m1: count(d.m1),
         m2: count(d.m2),
@@ -127,36 +133,15 @@ pub fn shape_table(d: &Dims) -> Vec<u32> {
         natoms: count(d.natoms),
         ncentres: count(d.ncentres()),
         nslots: count(d.nslots()),
+        sel_at: at[0],
+        centre_start_at: at[1],
+        block_start_at: at[2],
     };
     let mut t = bytemuck::cast_slice::<DimsHeader, u32>(&[head]).to_vec();
-    for s in sections(d) {
+    for (_, s) in sections(d) {
         t.extend(s.iter().map(|&v| count(v)));
     }
     t
-}
-
-/// Where each section of the shape table starts, in entries, as `[constant, ·nt, ·nt²]`.
-fn section_starts() -> [(&'static str, [usize; 3]); 3] {
-    let mut at = [size_of::<DimsHeader>() / 4, 0, 0];
-    SECTIONS.map(|(name, len)| {
-        let start = at;
-        (0..3).for_each(|i| at[i] += len[i]);
-        (name, start)
-    })
-}
-
-/// `c + a·nt + b·nt²` as source text; `lit` writes a number as the language spells it.
-fn polynomial([c, a, b]: [usize; 3], lit: impl Fn(usize) -> String) -> String {
-    let times = |k: usize, x: &str| match k {
-        0 => None,
-        1 => Some(x.to_string()),
-        _ => Some(format!("{} * {x}", lit(k))),
-    };
-    std::iter::once(lit(c))
-        .chain(times(a, "nt"))
-        .chain(times(b, "nt * nt"))
-        .collect::<Vec<_>>()
-        .join(" + ")
 }
 
 /// Rows per partial sum of b̄ and īdt (and W̄ on wgpu) in the dense dual backward: the
@@ -240,7 +225,6 @@ gpu_struct! {
         pub m1: u32,
         pub m2: u32,
         pub nnei: u32,
-        pub ntypes: u32,
         /// Per-slot kernels, launched per (ti, tj) block: the block's first slot, its slot
         /// count, sel[tj] and first centre.
         pub slot0: u32,
@@ -251,6 +235,7 @@ gpu_struct! {
         pub mode: u32,
         pub _pad0: u32,
         pub _pad1: u32,
+        pub _pad2: u32,
     }
 }
 
@@ -261,7 +246,6 @@ impl ContractParams {
             m1: count(d.m1),
             m2: count(d.m2),
             nnei: count(d.nnei),
-            ntypes: count(d.ntypes),
             mode,
             ..Default::default()
         }
@@ -286,7 +270,6 @@ gpu_struct! {
     pub struct AngleParams {
         pub ncentres: u32,
         pub m1: u32,
-        pub ntypes: u32,
         /// Pair rows per centre, Σ_p sel[ti]·sel[tj]: block (tc, p) starts at
         /// centre_start[tc]·pair_rows + (centres of tc)·(rows per centre of the pairs before p).
         pub pair_rows: u32,
@@ -300,6 +283,7 @@ gpu_struct! {
         pub ti: u32,
         pub tj: u32,
         pub _pad0: u32,
+        pub _pad1: u32,
     }
 }
 
@@ -310,7 +294,6 @@ impl AngleParams {
         AngleParams {
             ncentres: count(d.ncentres()),
             m1: count(d.m1),
-            ntypes: count(d.ntypes),
             pair_rows: count(
                 pairs
                     .types
@@ -378,13 +361,13 @@ gpu_struct! {
         pub ncentres: u32,
         pub nframes: u32,
         pub natoms: u32,
-        pub ntypes: u32,
         /// Atoms with a list of the slots they own (max(owner) + 1): force_centres looks up
         /// only these.
         pub n_owned: u32,
         pub _pad0: u32,
         pub _pad1: u32,
         pub _pad2: u32,
+        pub _pad3: u32,
     }
 }
 
@@ -394,7 +377,6 @@ impl ScatterParams {
             ncentres: count(d.ncentres()),
             nframes: count(d.nframes),
             natoms: count(d.natoms),
-            ntypes: count(d.ntypes),
             ..Default::default()
         }
     }
@@ -471,8 +453,8 @@ gpu_struct! {
         pub slot0: u32,
         pub sel: u32,
         pub centre0: u32,
-        pub ntypes: u32,
         pub nframes: u32,
+        pub _pad0: u32,
     }
 }
 
@@ -483,7 +465,6 @@ impl LossParams {
             n: count(n),
             which: count(which),
             natoms: count(d.natoms),
-            ntypes: count(d.ntypes),
             nframes: count(d.nframes),
             ..Default::default()
         }
@@ -513,8 +494,8 @@ pub const PARAMS: &[Layout] = &[
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes
-/// ([`CONTRACT_TILE`], [`FORCE_WARPS`], [`LOSS_CHUNK`]), the shape table's offsets (`DIMS_NTYPES`, ...,
-/// `DIMS_SEL_AT(nt)`, ...) and the parameter structs. The members are
+/// ([`CONTRACT_TILE`], [`FORCE_WARPS`], [`LOSS_CHUNK`]), the offsets of the shape table's head
+/// fields (`DIMS_NTYPES`, ..., `DIMS_SEL_AT`, ...) and the parameter structs. The members are
 /// those of the Rust struct in its order, all 4 bytes, so C lays them out at the same offsets;
 /// a static_assert of the size checks that NVRTC agrees (it has no offsetof).
 pub fn cuda_declarations() -> String {
@@ -523,10 +504,6 @@ pub fn cuda_declarations() -> String {
     s += &format!("#define LOSS_CHUNK {LOSS_CHUNK}\n");
     for f in DimsHeader::LAYOUT.fields {
         s += &format!("#define DIMS_{} {}\n", f.name.to_uppercase(), f.offset / 4);
-    }
-    for (name, start) in section_starts() {
-        let at = polynomial(start, |n| n.to_string()).replace("nt", "(nt)");
-        s += &format!("#define DIMS_{}_AT(nt) ({at})\n", name.to_uppercase());
     }
     for l in PARAMS {
         s += &format!("struct {} {{\n", l.name);
@@ -542,8 +519,8 @@ pub fn cuda_declarations() -> String {
     s
 }
 
-/// The declarations put before every WGSL shader: the shape table's offsets (`DIMS_NTYPES`,
-/// ..., `dims_sel_at(nt)`, ...) and the parameter structs (checked against the Rust structs by
+/// The declarations put before every WGSL shader: the offsets of the shape table's head fields
+/// (`DIMS_NTYPES`, ..., `DIMS_SEL_AT`, ...) and the parameter structs (checked against the Rust structs by
 /// tests/shaders_naga.rs).
 pub fn wgsl_declarations() -> String {
     let mut s = String::from("// Generated from src/backend/gpu_layout.rs.\n");
@@ -553,10 +530,6 @@ pub fn wgsl_declarations() -> String {
             f.name.to_uppercase(),
             f.offset / 4
         );
-    }
-    for (name, start) in section_starts() {
-        let at = polynomial(start, |n| format!("{n}u"));
-        s += &format!("fn dims_{name}_at(nt: u32) -> u32 {{\n    return {at};\n}}\n");
     }
     for l in PARAMS {
         s += &format!("struct {} {{\n", l.name);
@@ -572,30 +545,33 @@ pub fn wgsl_declarations() -> String {
 mod tests {
     use super::*;
 
-    /// The section lengths [`SECTIONS`] declares are those of [`Dims`], and each value of the
-    /// table stands where the generated offsets say.
+    /// Each section stands where its head field says, one after the other to the table's end,
+    /// with one neighbour section per type and with one mixed section (DPA-1).
     #[test]
     fn shape_table_layout() {
         for counts in [&[3usize][..], &[2, 0, 5], &[1, 4]] {
-            let sel: Vec<usize> = (0..counts.len()).map(|t| 3 + t).collect();
-            let d = Dims::new(2, counts, &sel, 8, 4);
-            let t = shape_table(&d);
-            let nt = d.ntypes;
-            let eval = |[c, a, b]: [usize; 3]| c + a * nt + b * nt * nt;
-            for ((name, len), data) in SECTIONS.iter().zip(sections(&d)) {
-                assert_eq!(eval(*len), data.len(), "{name}: length");
+            let per_type: Vec<usize> = (0..counts.len()).map(|t| 3 + t).collect();
+            let mixed = [per_type.iter().sum()];
+            for sel in [&per_type[..], &mixed] {
+                let d = Dims::new(2, counts, sel, 8, 4);
+                let t = shape_table(&d);
+                let head = DimsHeader::LAYOUT.fields;
+                let field =
+                    |n: &str| t[head.iter().find(|f| f.name == n).unwrap().offset / 4] as usize;
+                let mut next = size_of::<DimsHeader>() / 4;
+                for (name, data) in sections(&d) {
+                    let at = field(&format!("{name}_at"));
+                    assert_eq!(at, next, "{name}: where it starts");
+                    let want: Vec<u32> = data.iter().map(|&v| v as u32).collect();
+                    assert_eq!(&t[at..at + data.len()], &want[..], "{name}");
+                    next = at + data.len();
+                }
+                assert_eq!(t.len(), next);
+                assert_eq!(field("ntypes"), d.ntypes);
+                assert_eq!(field("nsec"), sel.len());
+                assert_eq!(field("ncentres"), d.ncentres());
+                assert_eq!(field("nslots"), d.nslots());
             }
-            for ((_, start), data) in section_starts().iter().zip(sections(&d)) {
-                let at = eval(*start);
-                let want: Vec<u32> = data.iter().map(|&v| v as u32).collect();
-                assert_eq!(&t[at..at + data.len()], &want[..]);
-            }
-            assert_eq!(t.len(), eval(section_starts()[2].1) + d.block_start.len());
-            let head = DimsHeader::LAYOUT.fields;
-            let field = |n: &str| t[head.iter().find(|f| f.name == n).unwrap().offset / 4];
-            assert_eq!(field("ntypes") as usize, nt);
-            assert_eq!(field("ncentres") as usize, d.ncentres());
-            assert_eq!(field("nslots") as usize, d.nslots());
         }
     }
 }

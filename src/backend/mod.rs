@@ -208,7 +208,7 @@ pub trait Backend<T: Real>: Sync {
     /// Runs `f`, the part of a training step that enqueues the same ops on the same buffers
     /// step after step (forward + gradient on a workspace, after its batch is loaded): a
     /// backend whose launches cost more host time than the work may record it once and replay
-    /// it (the CUDA backend with `DPW_CUDA_GRAPH=1`). `f` may then run more than once per call
+    /// it (the CUDA backend, unless `DPW_CUDA_GRAPH=0`). `f` may then run more than once per call
     /// (dry runs that enqueue nothing), so it must act only through this backend's ops and keep
     /// no other state. The default just runs it.
     fn replayable(&self, f: &mut dyn FnMut()) {
@@ -220,13 +220,6 @@ pub trait Backend<T: Real>: Sync {
 
     // The compute ops: src/backend/ops.rs.
     compute_ops!(declare_ops);
-
-    /// Whether batches with one mixed-type neighbour section (DPA-1, `Dims::nsec` = 1) can run
-    /// here. The GPU backends' shape table and kernels take one section per type, until they
-    /// index sections by `nsec` (issue 30); DPA-1's stage refuses them with an error.
-    fn takes_mixed_sections(&self) -> bool {
-        true
-    }
 
     /// Whether this backend runs the embedding nets fused ([`Backend::embed_forward`] and
     /// [`Backend::embed_dual_backward`]); otherwise the step runs the per-layer dense ops and

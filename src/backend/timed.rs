@@ -341,9 +341,6 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         self.counters.upload(size_of_val(x));
         self.time::<T, _>(Op::Upload, 0.0, |b| b.upload_idx(x))
     }
-    fn takes_mixed_sections(&self) -> bool {
-        self.inner.takes_mixed_sections()
-    }
     fn download_idx(&self, b: &Self::Idx) -> Vec<i32> {
         self.inner.download_idx(b)
     }

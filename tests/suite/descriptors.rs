@@ -19,6 +19,15 @@ use dpw::train::predict::{loss_and_grad, predict};
 
 use crate::common::*;
 
+/// The DPA-1 cases (`tests/reference/dpa1/`): se_atten without and with attention layers, with
+/// its options, and se_atten_v2.
+pub const DPA1_CASES: [&str; 4] = [
+    "se_atten_l0_water",
+    "se_atten_l2_alloy",
+    "se_atten_l2_opts_water",
+    "se_atten_v2_alloy",
+];
+
 fn case_dir(case: &str) -> PathBuf {
     let set = if case.starts_with("se_atten") {
         "dpa1"
@@ -29,8 +38,8 @@ fn case_dir(case: &str) -> PathBuf {
 }
 
 /// Frames of a reference npz: coordinates, cells and labels, per frame.
-struct Frames {
-    atype: Vec<usize>,
+pub struct Frames {
+    pub atype: Vec<usize>,
     coord: Vec<Vec<f64>>,
     cell: Vec<Vec<f64>>,
     energy: Vec<f64>,
@@ -62,7 +71,7 @@ impl Frames {
         }
     }
 
-    fn all(&self) -> Vec<Frame<'_>> {
+    pub fn all(&self) -> Vec<Frame<'_>> {
         (0..self.energy.len())
             .map(|f| Frame {
                 coord: &self.coord[f],
@@ -83,6 +92,12 @@ fn rel_max(a: &[f64], b: &[f64]) -> f64 {
 
 fn model(case: &str) -> Model {
     read_deepmd_yaml(&case_dir(case).join("model.yaml")).unwrap()
+}
+
+/// A case's model and training frames, for runs other than against DeePMD-kit's numbers.
+pub fn training_inputs(case: &str) -> (Model, Frames) {
+    let mut z = npz(&case_dir(case).join("train_step.npz"));
+    (model(case), Frames::read(&mut z))
 }
 
 /// Energies, atomic energies, forces and virials of the three eval frames, each ≤ 1e-10

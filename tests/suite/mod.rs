@@ -109,6 +109,20 @@ macro_rules! backend_suite {
             $crate::suite::descriptors::training_gradients(&$backend, "hybrid_water");
             $crate::suite::descriptors::training_gradients(&$backend, "hybrid_alloy");
         }
+        #[test]
+        $(#[$attr])?
+        fn reference_se_atten_predictions() {
+            for case in $crate::suite::descriptors::DPA1_CASES {
+                $crate::suite::descriptors::predictions(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_se_atten_training_gradients() {
+            for case in $crate::suite::descriptors::DPA1_CASES {
+                $crate::suite::descriptors::training_gradients(&$backend, case);
+            }
+        }
     };
     (#[$attr:meta] $backend:expr) => {
         $crate::backend_suite!(@tests [$attr] $backend);

@@ -7,6 +7,7 @@ use dpw::backend::{AdamStep, Backend, DenseIo, Prefactors, Real};
 use dpw::geometry::EnvParams;
 use dpw::model::Model;
 use dpw::train::batch::{assemble, Frame, HostBatch};
+use dpw::train::predict::{loss_and_grad, predict};
 
 /// max |a − b| / max |b| (the error relative to the array's largest entry).
 pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
@@ -333,6 +334,75 @@ pub fn ops<T: Real, B: Backend<T>>(dev: &B, tol: f64) {
         for ((what, c), (_, g)) in cpu.iter().zip(&got) {
             check(&format!("{name}: {what}"), g, c, tol, &mut failures);
         }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+// ---------------------------------------------------------------- whole-step parity
+
+/// Predictions, loss sums and the full loss gradient on the cpu backend and on `gpu`, which
+/// must also predict what it computes in `loss_and_grad`.
+pub fn step<T: Real, B: Backend<T>>(
+    gpu: &B,
+    what: &str,
+    m: &Model,
+    atype: &[usize],
+    frames: &[Frame],
+    tol: f64,
+    failures: &mut Vec<String>,
+) {
+    let pref = Prefactors {
+        e: 0.02,
+        f: 1000.0,
+        v: 1.0,
+    };
+    let (cs, cg, cp) = loss_and_grad::<T, _>(&Cpu::default(), m, atype, frames, pref).unwrap();
+    let (gs, gg, gp) = loss_and_grad::<T, _>(gpu, m, atype, frames, pref).unwrap();
+    let w = format!("{what} ({})", T::NAME);
+    check(
+        &format!("{w} energy"),
+        &gp.energy,
+        &cp.energy,
+        tol,
+        failures,
+    );
+    check(
+        &format!("{w} atom energy"),
+        &gp.atom_energy,
+        &cp.atom_energy,
+        tol,
+        failures,
+    );
+    check(&format!("{w} force"), &gp.force, &cp.force, tol, failures);
+    check(
+        &format!("{w} virial"),
+        &gp.virial,
+        &cp.virial,
+        tol,
+        failures,
+    );
+    check(
+        &format!("{w} loss sums"),
+        &[gs.e2, gs.f2, gs.v2],
+        &[cs.e2, cs.f2, cs.v2],
+        tol,
+        failures,
+    );
+    check(&format!("{w} gradient"), &gg, &cg, tol, failures);
+    let p = predict::<T, _>(gpu, m, atype, frames).unwrap();
+    if p != gp {
+        failures.push(format!(
+            "{w}: predict and loss_and_grad disagree on the GPU"
+        ));
+    }
+}
+
+/// [`step`] on the training frames of the DPA-1 reference cases.
+pub fn dpa1<T: Real, B: Backend<T>>(gpu: &B, tol: f64) {
+    let mut failures = Vec::new();
+    for case in super::descriptors::DPA1_CASES {
+        let (m, fr) = super::descriptors::training_inputs(case);
+        step::<T, _>(gpu, case, &m, &fr.atype, &fr.all(), tol, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -11,9 +11,9 @@
 //! building needs no CUDA toolkit (the feature is on by default); [`Cuda::new`] reports a missing library
 //! as an error instead of panicking.
 //!
-//! With `DPW_CUDA_GRAPH=1` the forward + gradient of a training step ([`Backend::replayable`])
-//! is captured once as a CUDA graph and replayed while its ops and arguments repeat (the
-//! `graph` module says how a replay is matched to the step, never trusted). Off by default.
+//! The forward + gradient of a training step ([`Backend::replayable`]) is captured once as a
+//! CUDA graph and replayed while its ops and arguments repeat (the `graph` module says how a
+//! replay is matched to the step, never trusted); `DPW_CUDA_GRAPH=0` turns it off.
 //! The gradient all-reduce across GPUs (NCCL) lives in src/dist and reaches the buffers through
 //! [`DeviceAccess`].
 
@@ -198,7 +198,7 @@ pub struct Cuda {
     device: String,
     arch: String,
     counters: Counters,
-    /// With `DPW_CUDA_GRAPH=1`: the captured graphs and what matching them needs. After
+    /// Unless `DPW_CUDA_GRAPH=0`: the captured graphs and what matching them needs. After
     /// `blas`, which references its cuBLAS workspace, so that the handle goes first.
     graph: Option<graph::Graphs>,
 }
@@ -732,10 +732,6 @@ impl<T: CudaReal> Backend<T> for Cuda {
             windows: OwnedWindows::default(),
             window: None,
         }
-    }
-
-    fn takes_mixed_sections(&self) -> bool {
-        false
     }
 
     fn download_idx(&self, b: &CudaIdx) -> Vec<i32> {

@@ -196,10 +196,6 @@ impl<T: GpuReal> Backend<T> for Wgpu {
         self.upload_i32(x)
     }
 
-    fn takes_mixed_sections(&self) -> bool {
-        false
-    }
-
     fn download_idx(&self, b: &Idx) -> Vec<i32> {
         b.host.to_vec()
     }

@@ -125,13 +125,6 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         zeros: &Zeros<B::Buf>,
     ) -> anyhow::Result<Self> {
         let cfg = m.attention.expect("a DPA-1 model has its attention keys");
-        if !b.takes_mixed_sections() {
-            anyhow::bail!(
-                "DPA-1 ({}) runs on the cpu backend only for now: the {} backend's kernels take                  one neighbour section per type, not DPA-1's one mixed-type list (issue 30); use                  --backend cpu",
-                m.kind.as_str(),
-                b.name()
-            );
-        }
         let attn = attn_layout(m);
         let (ns, nc, m1, m2, nt) = (d.nslots(), d.ncentres(), d.m1, d.m2, d.ntypes);
         let net: &Net = &m.layout.embed[0];
