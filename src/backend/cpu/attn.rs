@@ -4,14 +4,18 @@
 //! One generic forward and one generic backward over [`Num`]: on reals they are the forward and
 //! the force pass (D̄ → q); on [`Dual`] numbers the forward is the tangent pass (Ḋ) and the
 //! backward the dual reverse (θ̄, Ḡ⁰, Ġ̄⁰), so the second derivatives of the softmax, the
-//! normalisations and the layer norm come from the same code as the first. Everything a pass
-//! needs is recomputed per centre from G⁰ (nothing nnei² is kept between passes).
+//! normalisations and the layer norm come from the same code as the first. The products (the
+//! projections, the logits q̂k̂ᵀ, the weighted sum A v̂ and their adjoints) are matrix products
+//! through [`Num::gemm`], which a dual does as real GEMMs; only the element-wise steps between
+//! them are loops over numbers. Everything a pass needs is recomputed per centre from G⁰
+//! (nothing nnei² is kept between passes), in buffers each thread reuses centre after centre.
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::dual::{Dual, Num};
+use super::dual::{Dual, Num, Prod};
+use super::gemm::Mat;
 use crate::backend::{AttnOpts, Dims, Real};
 
 /// Shift of the smooth attention's logits (DeePMD-kit's `attnw_shift`).
@@ -78,90 +82,205 @@ fn split_grad<'a, N>(o: &AttnOpts, g: &'a mut [N]) -> LayerGrad<'a, N> {
     }
 }
 
-/// What one centre's forward keeps for its backward.
-struct Tape<N> {
-    /// Per layer: its input G `[n][M1]`, q̂k̂v̂ `[n][3H]` and their norms `[n][3]`, the attention
+/// A layer's weights transposed, W_in `[3H][M1]` and W_out `[M1][H]`: the backward's x̄ = ȳWᵀ
+/// is a GEMM that reads B's rows in place.
+struct Transposed<R> {
+    w_in: Vec<R>,
+    w_out: Vec<R>,
+}
+
+/// `out[c][r] = x[r·rs + c]` for r < rows, c < cols.
+fn transpose<N: Copy>(x: &[N], rows: usize, cols: usize, rs: usize, out: &mut [N]) {
+    for (r, xr) in x.chunks(rs).take(rows).enumerate() {
+        for (c, &v) in xr[..cols].iter().enumerate() {
+            out[c * rows + r] = v;
+        }
+    }
+}
+
+/// One thread's buffers for one centre's passes, reused centre after centre (n slots each):
+/// what the forward keeps for the backward, and the scratch of both.
+struct Work<N, R> {
+    /// Per layer: its input G `[n][M1]` (one more: the last layer's output), q̂k̂v̂ `[n][3H]`
+    /// and their norms `[n][3]`, the logits L, softmax P and weights A `[n][n]`, the attention
     /// output O `[n][H]`, the layer norm's x̂ `[n][M1]` and 1/s `[n]`.
     g: Vec<Vec<N>>,
     qkv: Vec<Vec<N>>,
     nrm: Vec<Vec<N>>,
+    logit: Vec<Vec<N>>,
+    p: Vec<Vec<N>>,
+    w: Vec<Vec<N>>,
     o: Vec<Vec<N>>,
     xhat: Vec<Vec<N>>,
     sinv: Vec<Vec<N>>,
-    /// The last layer's output, r̂ `[n][3]`, A `[4][M1]`.
-    gl: Vec<N>,
+    /// r̂ `[n][3]`, C_jk = r̂_j·r̂_k `[n][n]` (attn_dotr only), A `[4][M1]`, D `[M1][M2]`.
     rdir: Vec<N>,
+    dotr: Vec<N>,
     a: Vec<N>,
-    /// Scratch for one row of the attention weights.
-    row: Row<N>,
+    desc: Vec<N>,
+    /// The backward's seed D̄ `[M1][M2]` (the caller's) and results: Ḡ⁰ `[n][M1]`, R̄ `[n][4]`,
+    /// σ̄ `[n]`.
+    dbar: Vec<N>,
+    gbar: Vec<N>,
+    rbar: Vec<N>,
+    swbar: Vec<N>,
+    /// Scratch: k̂ or v̂ transposed `[H][n]`, an n × n adjoint, z and z̄ `[n][M1]`, Ō `[n][H]`,
+    /// q̂k̂v̂̄ `[n][3H]`, r̂̄ `[n][3]`, Ā `[4][M1]`, and the GEMMs' (a dual's parts).
+    vt: Vec<N>,
+    nn: Vec<N>,
+    z: Vec<N>,
+    obar: Vec<N>,
+    qkvbar: Vec<N>,
+    rdbar: Vec<N>,
+    abar: Vec<N>,
+    gemm: Vec<R>,
 }
 
-impl<N: Copy> Tape<N> {
-    fn new(o: &AttnOpts, n: usize, nlayers: usize, zero: N) -> Self {
-        let per = |w: usize| vec![vec![zero; n * w]; nlayers];
-        Tape {
-            g: per(o.m1),
-            qkv: per(3 * o.h),
+impl<R: Real, N: Num<R>> Work<N, R> {
+    fn new(o: &AttnOpts, n: usize, nlayers: usize) -> Self {
+        let z = N::zero();
+        let per = |w: usize| vec![vec![z; n * w]; nlayers];
+        let (m, h) = (o.m1, o.h);
+        Work {
+            g: vec![vec![z; n * m]; nlayers + 1],
+            qkv: per(3 * h),
             nrm: per(3),
-            o: per(o.h),
-            xhat: per(o.m1),
+            logit: per(n),
+            p: per(n),
+            w: per(n),
+            o: per(h),
+            xhat: per(m),
             sinv: per(1),
-            gl: vec![zero; n * o.m1],
-            rdir: vec![zero; 3 * n],
-            a: vec![zero; 4 * o.m1],
-            row: Row::new(n, zero),
+            rdir: vec![z; 3 * n],
+            dotr: vec![z; if o.dotr { n * n } else { 0 }],
+            a: vec![z; 4 * m],
+            desc: vec![z; m * o.m2],
+            dbar: vec![z; m * o.m2],
+            gbar: vec![z; n * m],
+            rbar: vec![z; 4 * n],
+            swbar: vec![z; n],
+            vt: vec![z; h * n],
+            nn: vec![z; n * n],
+            z: vec![z; n * m],
+            obar: vec![z; n * h],
+            qkvbar: vec![z; n * 3 * h],
+            rdbar: vec![z; 3 * n],
+            abar: vec![z; 4 * m],
+            gemm: Vec::new(),
         }
     }
 }
 
 /// One centre's inputs: its n slots' G⁰ `[n][M1]`, R̂ `[n][4]`, switch σ `[n]` and whether each
 /// slot holds a neighbour.
-struct Centre<'a, N> {
-    g0: &'a [N],
-    rhat: &'a [N],
-    sw: &'a [N],
-    real: &'a [bool],
+struct Centre<N> {
+    g0: Vec<N>,
+    rhat: Vec<N>,
+    sw: Vec<N>,
+    real: Vec<bool>,
 }
 
-/// out = x W (+ b): x `[n][k]`, W `[k][c]`.
-fn linear<R: Real, N: Num<R>>(x: &[N], w: &[R], b: &[R], k: usize, out: &mut [N]) {
+impl<N> Centre<N> {
+    fn new() -> Self {
+        Centre {
+            g0: Vec::new(),
+            rhat: Vec::new(),
+            sw: Vec::new(),
+            real: Vec::new(),
+        }
+    }
+
+    /// Takes slots `s` of the batch: G⁰ + ε G⁰'ṡ, R̂ + ε Ṙ, σ + ε σ'ṡ for the tangent Ṙ of R̂
+    /// (`rdot`, `[nslots][4]`) where the pass has one.
+    fn load<T: Real>(&mut self, x: &AttnIn<'_, T>, s: Range<usize>, rdot: Option<&[T]>)
+    where
+        N: Num<T>,
+    {
+        let m = x.opts.m1;
+        let tan = |i: usize| rdot.map_or(T::zero(), |r| r[i]);
+        self.g0.clear();
+        self.g0.extend(
+            (s.start * m..s.end * m).map(|i| N::pair(x.g0[i], x.g0p[i] * tan(4 * (i / m)))),
+        );
+        self.rhat.clear();
+        self.rhat
+            .extend((4 * s.start..4 * s.end).map(|i| N::pair(x.rhat[i], tan(i))));
+        self.sw.clear();
+        self.sw
+            .extend(s.clone().map(|j| N::pair(x.sw[j], x.dsw[j] * tan(4 * j))));
+        self.real.clear();
+        self.real.extend(x.owner[s].iter().map(|&o| o >= 0));
+    }
+}
+
+/// out = x W + b: x `[n][k]`, W `[k][c]`.
+fn linear<R: Real, N: Num<R>>(
+    x: &[N],
+    w: &[R],
+    b: &[R],
+    k: usize,
+    out: &mut [N],
+    work: &mut Vec<R>,
+) {
     let c = b.len();
-    for (xi, oi) in x.chunks(k).zip(out.chunks_mut(c)) {
+    for oi in out.chunks_mut(c) {
         for (o, &bv) in oi.iter_mut().zip(b) {
             *o = N::of(bv);
         }
-        for (kk, &xv) in xi.iter().enumerate() {
-            for (o, &wv) in oi.iter_mut().zip(&w[kk * c..(kk + 1) * c]) {
-                *o += xv.scale(wv);
-            }
-        }
     }
+    let p = Prod {
+        m: x.len() / k,
+        k,
+        n: c,
+        b_rs: c,
+        c_rs: c,
+        acc: true,
+    };
+    N::gemm_r(p, Mat { v: x, rs: k, cs: 1 }, w, out, work);
 }
 
-/// Adjoint of [`linear`]: x̄ += ȳ Wᵀ; W̄ += xᵀȳ and b̄ += Σ ȳ when asked.
+/// Adjoint of [`linear`] from Wᵀ `[c][k]`: x̄ = ȳ Wᵀ (added to x̄ with `acc`); W̄ += xᵀȳ and
+/// b̄ += Σ ȳ when asked.
 fn linear_backward<R: Real, N: Num<R>>(
     x: &[N],
-    w: &[R],
+    wt: &[R],
     k: usize,
     ybar: &[N],
-    xbar: &mut [N],
+    (xbar, acc): (&mut [N], bool),
     wb: Option<(&mut [N], &mut [N])>,
+    work: &mut Vec<R>,
 ) {
-    let c = ybar.len() / (x.len() / k);
-    for (yi, xi) in ybar.chunks(c).zip(xbar.chunks_mut(k)) {
-        for (kk, xv) in xi.iter_mut().enumerate() {
-            for (&y, &wv) in yi.iter().zip(&w[kk * c..(kk + 1) * c]) {
-                *xv += y.scale(wv);
-            }
-        }
-    }
+    let (n, c) = (x.len() / k, wt.len() / k);
+    let p = Prod {
+        m: n,
+        k: c,
+        n: k,
+        b_rs: k,
+        c_rs: k,
+        acc,
+    };
+    N::gemm_r(
+        p,
+        Mat {
+            v: ybar,
+            rs: c,
+            cs: 1,
+        },
+        wt,
+        xbar,
+        work,
+    );
     if let Some((wbar, bbar)) = wb {
-        for (yi, xi) in ybar.chunks(c).zip(x.chunks(k)) {
-            for (kk, &xv) in xi.iter().enumerate() {
-                for (wv, &y) in wbar[kk * c..(kk + 1) * c].iter_mut().zip(yi) {
-                    *wv += xv * y;
-                }
-            }
+        let p = Prod {
+            m: k,
+            k: n,
+            n: c,
+            b_rs: c,
+            c_rs: c,
+            acc: true,
+        };
+        N::gemm(p, Mat { v: x, rs: 1, cs: k }, ybar, wbar, work);
+        for yi in ybar.chunks(c) {
             for (bv, &y) in bbar.iter_mut().zip(yi) {
                 *bv += y;
             }
@@ -204,110 +323,169 @@ fn dot<R: Real, N: Num<R>>(x: &[N], y: &[N]) -> N {
     x.iter().zip(y).fold(N::zero(), |s, (&a, &b)| s + a * b)
 }
 
-/// Row j of the attention weights: the logits L_jk, the softmax P_jk and the weights A_jk of
-/// every slot k (zero where k takes no part), C_jk = r̂_j·r̂_k when attn_dotr.
-struct Row<N> {
-    l: Vec<N>,
-    p: Vec<N>,
-    c: Vec<N>,
-    a: Vec<N>,
-}
-
-impl<N: Copy> Row<N> {
-    fn new(n: usize, zero: N) -> Self {
-        Row {
-            l: vec![zero; n],
-            p: vec![zero; n],
-            c: vec![zero; n],
-            a: vec![zero; n],
-        }
-    }
-}
-
 impl AttnOpts {
     /// Whether row j attends at all (not smooth: padding rows are zero).
-    fn row_on(&self, x: &Centre<'_, impl Copy>, j: usize) -> bool {
+    fn row_on<N>(&self, x: &Centre<N>, j: usize) -> bool {
         self.smooth || x.real[j]
     }
 
     /// Whether slot k enters row j's softmax (not smooth: only neighbours).
-    fn col_on(&self, x: &Centre<'_, impl Copy>, k: usize) -> bool {
+    fn col_on<N>(&self, x: &Centre<N>, k: usize) -> bool {
         self.smooth || x.real[k]
     }
 
-    /// Fills `r` for row j from q̂k̂ `[n][3H]` (DeePMD-kit's GatedAttentionLayer).
-    fn row<R: Real, N: Num<R>>(
-        &self,
-        x: &Centre<'_, N>,
-        qkv: &[N],
-        rdir: &[N],
-        j: usize,
-        r: &mut Row<N>,
-    ) {
-        let (h, n) = (self.h, x.sw.len());
-        let q = &qkv[3 * h * j..3 * h * j + h];
+    /// Layer l's attention weights (DeePMD-kit's GatedAttentionLayer) from q̂_j·k̂_k in its
+    /// logits, which keep L = α q̂_j·k̂_k: the softmax P and the weights A, zero where a row or
+    /// a slot takes no part.
+    fn softmax<R: Real, N: Num<R>>(&self, x: &Centre<N>, t: &mut Work<N, R>, l: usize) {
+        let n = x.sw.len();
         let alpha = R::of(self.alpha);
         let shift = N::of(R::of(SHIFT));
-        let mut mx = R::neg_infinity();
-        for k in 0..n {
-            if !self.col_on(x, k) {
+        let rows = t.logit[l]
+            .chunks_mut(n)
+            .zip(t.p[l].chunks_mut(n))
+            .zip(t.w[l].chunks_mut(n));
+        for (j, ((lr, pr), wr)) in rows.enumerate() {
+            if !self.row_on(x, j) {
+                pr.fill(N::zero());
+                wr.fill(N::zero());
                 continue;
             }
-            let kk = &qkv[3 * h * k + h..3 * h * k + 2 * h];
-            let l = dot(q, kk).scale(alpha);
-            r.l[k] = l;
-            let lp = if self.smooth {
-                (l + shift) * x.sw[j] * x.sw[k] - shift
-            } else {
-                l
-            };
-            r.p[k] = lp;
-            mx = mx.max(lp.re());
-        }
-        let mut sum = N::zero();
-        for k in 0..n {
-            if self.col_on(x, k) {
-                r.p[k] = (r.p[k] - N::of(mx)).exp();
-                sum += r.p[k];
-            } else {
-                r.p[k] = N::zero();
+            let sj = x.sw[j];
+            let mut mx = R::neg_infinity();
+            for (k, (lv, pv)) in lr.iter_mut().zip(pr.iter_mut()).enumerate() {
+                if !self.col_on(x, k) {
+                    continue;
+                }
+                let l = lv.scale(alpha);
+                *lv = l;
+                *pv = if self.smooth {
+                    (l + shift) * sj * x.sw[k] - shift
+                } else {
+                    l
+                };
+                mx = mx.max(pv.re());
             }
-        }
-        for k in 0..n {
-            r.p[k] = r.p[k] / sum;
-            let m = if self.smooth {
-                r.p[k] * x.sw[j] * x.sw[k]
-            } else {
-                r.p[k]
-            };
-            r.a[k] = if self.dotr {
-                r.c[k] = dot(&rdir[3 * j..3 * j + 3], &rdir[3 * k..3 * k + 3]);
-                m * r.c[k]
-            } else {
-                m
-            };
+            for (k, pv) in pr.iter_mut().enumerate() {
+                *pv = if self.col_on(x, k) {
+                    *pv - N::of(mx)
+                } else {
+                    N::zero()
+                };
+            }
+            N::exp_nonpos(pr);
+            let mut sum = N::zero();
+            for (k, pv) in pr.iter_mut().enumerate() {
+                if !self.col_on(x, k) {
+                    *pv = N::zero();
+                }
+                sum += *pv;
+            }
+            let inv = N::of(R::one()) / sum;
+            let cj = &t.dotr[if self.dotr { j * n..(j + 1) * n } else { 0..0 }];
+            for (k, (pv, wv)) in pr.iter_mut().zip(wr.iter_mut()).enumerate() {
+                *pv *= inv;
+                let m = if self.smooth { *pv * sj * x.sw[k] } else { *pv };
+                *wv = if self.dotr { m * cj[k] } else { m };
+            }
         }
     }
 
-    /// One centre's forward; leaves D `[M1][M2]` in `desc` and everything else on the tape.
+    /// Adjoint of [`AttnOpts::softmax`]: from Ā `[n][n]` in `t.nn`, through C, the switches,
+    /// the softmax and the smoothing, to L̄·α, the adjoint of q̂_j·k̂_k, in place; r̂̄ and σ̄
+    /// gathered.
+    fn softmax_backward<R: Real, N: Num<R>>(&self, x: &Centre<N>, t: &mut Work<N, R>, l: usize) {
+        let n = x.sw.len();
+        let alpha = R::of(self.alpha);
+        let shift = N::of(R::of(SHIFT));
+        let Work {
+            p,
+            logit,
+            dotr,
+            rdir,
+            rdbar,
+            swbar,
+            nn,
+            ..
+        } = t;
+        let rows = nn.chunks_mut(n).zip(p[l].chunks(n)).zip(logit[l].chunks(n));
+        for (j, ((br, pr), lr)) in rows.enumerate() {
+            if !self.row_on(x, j) {
+                br.fill(N::zero());
+                continue;
+            }
+            let sj = x.sw[j];
+            let cj = &dotr[if self.dotr { j * n..(j + 1) * n } else { 0..0 }];
+            let mut pdot = N::zero();
+            for (k, (bv, &pk)) in br.iter_mut().zip(pr).enumerate() {
+                if !self.col_on(x, k) {
+                    *bv = N::zero();
+                    continue;
+                }
+                let ab = *bv;
+                let mbar = if self.dotr {
+                    let m_jk = if self.smooth { pk * sj * x.sw[k] } else { pk };
+                    let cbar = ab * m_jk;
+                    for a in 0..3 {
+                        rdbar[3 * j + a] += cbar * rdir[3 * k + a];
+                        rdbar[3 * k + a] += cbar * rdir[3 * j + a];
+                    }
+                    ab * cj[k]
+                } else {
+                    ab
+                };
+                *bv = if self.smooth {
+                    let mp = mbar * pk;
+                    swbar[j] += mp * x.sw[k];
+                    swbar[k] += mp * sj;
+                    mbar * sj * x.sw[k]
+                } else {
+                    mbar
+                };
+                pdot += pk * *bv;
+            }
+            for (k, ((bv, &pk), &lk)) in br.iter_mut().zip(pr).zip(lr).enumerate() {
+                if !self.col_on(x, k) {
+                    continue;
+                }
+                let lpbar = pk * (*bv - pdot);
+                *bv = if self.smooth {
+                    let e = lpbar * (lk + shift);
+                    swbar[j] += e * x.sw[k];
+                    swbar[k] += e * sj;
+                    lpbar * sj * x.sw[k]
+                } else {
+                    lpbar
+                }
+                .scale(alpha);
+            }
+        }
+    }
+
+    /// One centre's forward; leaves D `[M1][M2]` in `t.desc` and everything else in `t`.
     fn forward<R: Real, N: Num<R>>(
         &self,
         layers: &[LayerParams<'_, R>],
-        x: &Centre<'_, N>,
-        t: &mut Tape<N>,
-        desc: &mut [N],
+        x: &Centre<N>,
+        t: &mut Work<N, R>,
     ) {
         let (m, h, n) = (self.m1, self.h, x.sw.len());
-        for j in 0..n {
-            let rd = &mut t.rdir[3 * j..3 * j + 3];
+        for (j, rd) in t.rdir.chunks_mut(3).enumerate() {
             rd.copy_from_slice(&x.rhat[4 * j + 1..4 * j + 4]);
             normalize(rd);
         }
-        let mut g = x.g0.to_vec();
+        if self.dotr {
+            for (j, cj) in t.dotr.chunks_mut(n).enumerate() {
+                let rj = &t.rdir[3 * j..3 * j + 3];
+                for (c, rk) in cj.iter_mut().zip(t.rdir.chunks(3)) {
+                    *c = dot(rj, rk);
+                }
+            }
+        }
+        t.g[0].copy_from_slice(&x.g0);
         for (l, p) in layers.iter().enumerate() {
-            t.g[l].copy_from_slice(&g);
             let qkv = &mut t.qkv[l];
-            linear(&g, p.w_in, p.b_in, m, qkv);
+            linear(&t.g[l], p.w_in, p.b_in, m, qkv, &mut t.gemm);
             if self.normalize {
                 for (row, nr) in qkv.chunks_mut(3 * h).zip(t.nrm[l].chunks_mut(3)) {
                     for (part, nv) in row.chunks_mut(h).zip(nr.iter_mut()) {
@@ -315,30 +493,46 @@ impl AttnOpts {
                     }
                 }
             }
-            let o = &mut t.o[l];
-            o.fill(N::zero());
-            for j in 0..n {
-                if !self.row_on(x, j) {
-                    continue;
-                }
-                self.row(x, qkv, &t.rdir, j, &mut t.row);
-                let oj = &mut o[h * j..h * (j + 1)];
-                for k in 0..n {
-                    let a = t.row.a[k];
-                    for (ov, &v) in oj.iter_mut().zip(&qkv[3 * h * k + 2 * h..3 * h * (k + 1)]) {
-                        *ov += a * v;
-                    }
-                }
-            }
-            let mut z = vec![N::zero(); n * m];
-            linear(o, p.w_out, p.b_out, h, &mut z);
-            for (i, ((gi, zi), xh)) in g
+            // q̂_j·k̂_k for all j, k, k̂ transposed for the GEMM.
+            transpose(&qkv[h..], n, h, 3 * h, &mut t.vt);
+            let qk = Prod {
+                m: n,
+                k: h,
+                n,
+                b_rs: n,
+                c_rs: n,
+                acc: false,
+            };
+            let q = Mat {
+                v: &qkv[..],
+                rs: 3 * h,
+                cs: 1,
+            };
+            N::gemm(qk, q, &t.vt, &mut t.logit[l], &mut t.gemm);
+            self.softmax(x, t, l);
+            let av = Prod {
+                m: n,
+                k: n,
+                n: h,
+                b_rs: 3 * h,
+                c_rs: h,
+                acc: false,
+            };
+            let a = Mat {
+                v: &t.w[l][..],
+                rs: n,
+                cs: 1,
+            };
+            N::gemm(av, a, &t.qkv[l][2 * h..], &mut t.o[l], &mut t.gemm);
+            linear(&t.o[l], p.w_out, p.b_out, h, &mut t.z, &mut t.gemm);
+            let (gin, gout) = t.g.split_at_mut(l + 1);
+            let rows = gout[0]
                 .chunks_mut(m)
-                .zip(z.chunks(m))
-                .zip(t.xhat[l].chunks_mut(m))
-                .enumerate()
-            {
-                let inv_m = R::of(1.0 / m as f64);
+                .zip(gin[l].chunks(m))
+                .zip(t.z.chunks(m))
+                .zip(t.xhat[l].chunks_mut(m));
+            let inv_m = R::of(1.0 / m as f64);
+            for (i, (((go, gi), zi), xh)) in rows.enumerate() {
                 let mut mu = N::zero();
                 for (xv, (&gv, &zv)) in xh.iter_mut().zip(gi.iter().zip(zi)) {
                     *xv = gv + zv;
@@ -353,14 +547,14 @@ impl AttnOpts {
                 let s = (var.scale(inv_m) + N::of(R::of(self.ln_eps))).sqrt();
                 let sinv = N::of(R::one()) / s;
                 t.sinv[l][i] = sinv;
-                for (c, (gv, xv)) in gi.iter_mut().zip(xh.iter_mut()).enumerate() {
+                for (c, (gv, xv)) in go.iter_mut().zip(xh.iter_mut()).enumerate() {
                     *xv *= sinv;
                     *gv = xv.scale(p.gamma[c]) + N::of(p.beta[c]);
                 }
             }
         }
-        t.gl.copy_from_slice(&g);
         // A[k][c] = (1/n) Σ_j G[j][c] R̂[j][k]; D[c][b] = Σ_k A[k][c] A[k][b], b < M2.
+        let g = &t.g[layers.len()];
         let inv_n = R::of(1.0 / n as f64);
         t.a.fill(N::zero());
         for j in 0..n {
@@ -376,57 +570,55 @@ impl AttnOpts {
         }
         for c in 0..m {
             for b in 0..self.m2 {
-                desc[c * self.m2 + b] =
+                t.desc[c * self.m2 + b] =
                     (0..4).fold(N::zero(), |s, k| s + t.a[k * m + c] * t.a[k * m + b]);
             }
         }
     }
 
-    /// One centre's backward from D̄ `[M1][M2]` after [`AttnOpts::forward`] on the same inputs:
-    /// Ḡ⁰ `[n][M1]`, R̄ `[n][4]` and σ̄ `[n]` (written), the packed parameter gradient (added)
-    /// when asked.
+    /// One centre's backward from D̄ `[M1][M2]` in `t.dbar` after [`AttnOpts::forward`] on the
+    /// same inputs: leaves Ḡ⁰, R̄ and σ̄ in `t`, and adds the packed parameter gradient when
+    /// asked.
     fn backward<R: Real, N: Num<R>>(
         &self,
         layers: &[LayerParams<'_, R>],
-        x: &Centre<'_, N>,
-        t: &mut Tape<N>,
-        dbar: &[N],
-        (g0bar, rbar, swbar): (&mut [N], &mut [N], &mut [N]),
+        wt: &[Transposed<R>],
+        x: &Centre<N>,
+        t: &mut Work<N, R>,
         mut grad: Option<&mut [N]>,
     ) {
         let (m, h, n) = (self.m1, self.h, x.sw.len());
         let m2 = self.m2;
         // Ā[k][c] = Σ_b D̄[c][b] A[k][b] + [c < M2] Σ_c' D̄[c'][c] A[k][c'].
-        let mut abar = vec![N::zero(); 4 * m];
         for k in 0..4 {
             let ak = &t.a[k * m..(k + 1) * m];
             for c in 0..m {
-                let row_d = &dbar[c * m2..(c + 1) * m2];
+                let row_d = &t.dbar[c * m2..(c + 1) * m2];
                 let mut s = dot(row_d, &ak[..m2]);
                 if c < m2 {
                     for (cp, &av) in ak.iter().enumerate() {
-                        s += dbar[cp * m2 + c] * av;
+                        s += t.dbar[cp * m2 + c] * av;
                     }
                 }
-                abar[k * m + c] = s;
+                t.abar[k * m + c] = s;
             }
         }
         let inv_n = R::of(1.0 / n as f64);
-        let mut gbar = vec![N::zero(); n * m];
-        rbar.fill(N::zero());
-        swbar.fill(N::zero());
+        let gl = &t.g[layers.len()];
+        t.gbar.fill(N::zero());
+        t.swbar.fill(N::zero());
+        t.rdbar.fill(N::zero());
         for j in 0..n {
-            let gj = &t.gl[j * m..(j + 1) * m];
+            let gj = &gl[j * m..(j + 1) * m];
             for k in 0..4 {
-                let ab = &abar[k * m..(k + 1) * m];
-                rbar[4 * j + k] = dot(ab, gj).scale(inv_n);
+                let ab = &t.abar[k * m..(k + 1) * m];
+                t.rbar[4 * j + k] = dot(ab, gj).scale(inv_n);
                 let r = x.rhat[4 * j + k].scale(inv_n);
-                for (gv, &av) in gbar[j * m..(j + 1) * m].iter_mut().zip(ab) {
+                for (gv, &av) in t.gbar[j * m..(j + 1) * m].iter_mut().zip(ab) {
                     *gv += av * r;
                 }
             }
         }
-        let mut rdbar = vec![N::zero(); 3 * n];
         for (l, p) in layers.iter().enumerate().rev() {
             let mut lg = grad.as_deref_mut().map(|g| {
                 let len = self.layer_len();
@@ -434,8 +626,7 @@ impl AttnOpts {
             });
             // Layer norm: x̄ = (w − mean(w) − x̂ mean(x̂ w))/s, w = γ ȳ; the residual passes x̄ on.
             let inv_m = R::of(1.0 / m as f64);
-            let mut zbar = vec![N::zero(); n * m];
-            for (i, (gb, zb)) in gbar.chunks_mut(m).zip(zbar.chunks_mut(m)).enumerate() {
+            for (i, (gb, zb)) in t.gbar.chunks_mut(m).zip(t.z.chunks_mut(m)).enumerate() {
                 let xh = &t.xhat[l][i * m..(i + 1) * m];
                 if let Some(lg) = lg.as_mut() {
                     for c in 0..m {
@@ -459,105 +650,85 @@ impl AttnOpts {
                 }
             }
             // z = O W_out + b_out.
-            let o = &t.o[l];
-            let mut obar = vec![N::zero(); n * h];
             linear_backward(
-                o,
-                p.w_out,
+                &t.o[l],
+                &wt[l].w_out,
                 h,
-                &zbar,
-                &mut obar,
+                &t.z,
+                (&mut t.obar, false),
                 lg.as_mut().map(|lg| (&mut *lg.w_out, &mut *lg.b_out)),
+                &mut t.gemm,
             );
-            // The attention weights, row by row.
+            // O = A v̂: Ā = Ō v̂ᵀ (v̂ transposed for the GEMM), v̂̄ = Aᵀ Ō.
             let qkv = &t.qkv[l];
-            let mut qkvbar = vec![N::zero(); n * 3 * h];
-            let alpha = R::of(self.alpha);
-            let shift = N::of(R::of(SHIFT));
-            for j in 0..n {
-                if !self.row_on(x, j) {
-                    continue;
-                }
-                self.row(x, qkv, &t.rdir, j, &mut t.row);
-                let ob = &obar[h * j..h * (j + 1)];
-                // Ā_jk = ō_j·v̂_k, v̂̄_k += A_jk ō_j, then through C, S, the softmax, the logits.
-                let mut pdot = N::zero();
-                let mut pbar = vec![N::zero(); n];
-                for k in 0..n {
-                    if !self.col_on(x, k) {
-                        continue;
-                    }
-                    let vk = &qkv[3 * h * k + 2 * h..3 * h * (k + 1)];
-                    let ab = dot(ob, vk);
-                    for (vb, &ov) in qkvbar[3 * h * k + 2 * h..3 * h * (k + 1)]
-                        .iter_mut()
-                        .zip(ob)
-                    {
-                        *vb += t.row.a[k] * ov;
-                    }
-                    let mbar = if self.dotr {
-                        let m_jk = if self.smooth {
-                            t.row.p[k] * x.sw[j] * x.sw[k]
-                        } else {
-                            t.row.p[k]
-                        };
-                        let cbar = ab * m_jk;
-                        for a in 0..3 {
-                            rdbar[3 * j + a] += cbar * t.rdir[3 * k + a];
-                            rdbar[3 * k + a] += cbar * t.rdir[3 * j + a];
-                        }
-                        ab * t.row.c[k]
-                    } else {
-                        ab
-                    };
-                    pbar[k] = if self.smooth {
-                        let mp = mbar * t.row.p[k];
-                        swbar[j] += mp * x.sw[k];
-                        swbar[k] += mp * x.sw[j];
-                        mbar * x.sw[j] * x.sw[k]
-                    } else {
-                        mbar
-                    };
-                    pdot += t.row.p[k] * pbar[k];
-                }
-                let q = 3 * h * j;
-                for k in 0..n {
-                    if !self.col_on(x, k) {
-                        continue;
-                    }
-                    let lpbar = t.row.p[k] * (pbar[k] - pdot);
-                    let lbar = if self.smooth {
-                        let e = lpbar * (t.row.l[k] + shift);
-                        swbar[j] += e * x.sw[k];
-                        swbar[k] += e * x.sw[j];
-                        lpbar * x.sw[j] * x.sw[k]
-                    } else {
-                        lpbar
-                    }
-                    .scale(alpha);
-                    for c in 0..h {
-                        let (qv, kv) = (qkv[q + c], qkv[3 * h * k + h + c]);
-                        qkvbar[q + c] += lbar * kv;
-                        qkvbar[3 * h * k + h + c] += lbar * qv;
-                    }
-                }
-            }
+            transpose(&qkv[2 * h..], n, h, 3 * h, &mut t.vt);
+            let ov = Prod {
+                m: n,
+                k: h,
+                n,
+                b_rs: n,
+                c_rs: n,
+                acc: false,
+            };
+            let ob = Mat {
+                v: &t.obar[..],
+                rs: h,
+                cs: 1,
+            };
+            N::gemm(ov, ob, &t.vt, &mut t.nn, &mut t.gemm);
+            let to_qkv = |b_rs| Prod {
+                m: n,
+                k: n,
+                n: h,
+                b_rs,
+                c_rs: 3 * h,
+                acc: false,
+            };
+            let at = Mat {
+                v: &t.w[l][..],
+                rs: 1,
+                cs: n,
+            };
+            N::gemm(to_qkv(h), at, &t.obar, &mut t.qkvbar[2 * h..], &mut t.gemm);
+            self.softmax_backward(x, t, l);
+            // q̂_j·k̂_k: q̂̄ = L̄ k̂, k̂̄ = L̄ᵀ q̂.
+            let qkv = &t.qkv[l];
+            let lb = |rs, cs| Mat {
+                v: &t.nn[..],
+                rs,
+                cs,
+            };
+            N::gemm(
+                to_qkv(3 * h),
+                lb(n, 1),
+                &qkv[h..],
+                &mut t.qkvbar,
+                &mut t.gemm,
+            );
+            N::gemm(
+                to_qkv(3 * h),
+                lb(1, n),
+                qkv,
+                &mut t.qkvbar[h..],
+                &mut t.gemm,
+            );
             if self.normalize {
-                for ((yb, y), nr) in qkvbar.chunks_mut(h).zip(qkv.chunks(h)).zip(t.nrm[l].iter()) {
+                let parts = t.qkvbar.chunks_mut(h).zip(qkv.chunks(h));
+                for ((yb, y), nr) in parts.zip(t.nrm[l].iter()) {
                     normalize_backward(y, *nr, yb);
                 }
             }
             // [q k v] = G W_in + b_in; the residual's x̄ is already in Ḡ.
             linear_backward(
                 &t.g[l],
-                p.w_in,
+                &wt[l].w_in,
                 m,
-                &qkvbar,
-                &mut gbar,
+                &t.qkvbar,
+                (&mut t.gbar, true),
                 lg.as_mut().map(|lg| (&mut *lg.w_in, &mut *lg.b_in)),
+                &mut t.gemm,
             );
         }
-        g0bar.copy_from_slice(&gbar);
         // r̂ = R̂[1:4] / max(|R̂[1:4]|, floor).
         for j in 0..n {
             let rv = &x.rhat[4 * j + 1..4 * j + 4];
@@ -567,10 +738,10 @@ impl AttnOpts {
             } else {
                 nr
             };
-            let rb = &mut rdbar[3 * j..3 * j + 3];
+            let rb = &mut t.rdbar[3 * j..3 * j + 3];
             normalize_backward(&t.rdir[3 * j..3 * j + 3], nr, rb);
-            for a in 0..3 {
-                rbar[4 * j + 1 + a] += rb[a];
+            for (rv, &b) in t.rbar[4 * j + 1..4 * j + 4].iter_mut().zip(rb.iter()) {
+                *rv += b;
             }
         }
     }
@@ -590,86 +761,71 @@ pub struct AttnIn<'a, T> {
     pub owner: &'a [i32],
 }
 
-/// Runs `f(c, slots, out_rows)` for every centre in parallel, `out` holding `width` values per
-/// centre.
-fn per_centre<T: Send>(
+impl<T: Real> AttnIn<'_, T> {
+    /// A thread's buffers for the passes on numbers N.
+    fn work<N: Num<T>>(&self, d: &Dims) -> (Centre<N>, Work<N, T>) {
+        (
+            Centre::new(),
+            Work::new(&self.opts, d.nnei, self.layers.len()),
+        )
+    }
+
+    /// Each layer's weights transposed, for the backward.
+    fn transposed(&self) -> Vec<Transposed<T>> {
+        let (m, h3) = (self.opts.m1, 3 * self.opts.h);
+        self.layers
+            .iter()
+            .map(|p| {
+                let mut w_in = vec![T::zero(); m * h3];
+                transpose(p.w_in, m, h3, h3, &mut w_in);
+                let mut w_out = vec![T::zero(); m * self.opts.h];
+                transpose(p.w_out, self.opts.h, m, m, &mut w_out);
+                Transposed { w_in, w_out }
+            })
+            .collect()
+    }
+}
+
+/// Runs `f(buffers, slots, out_row)` for every centre in parallel, `out` holding `width` values
+/// per centre, each thread with its own buffers for numbers N.
+fn per_centre<T: Real, N: Num<T>>(
     d: &Dims,
+    x: &AttnIn<'_, T>,
     out: &mut [T],
     width: usize,
-    f: impl Fn(usize, Range<usize>, &mut [T]) + Sync,
+    f: impl Fn(&mut (Centre<N>, Work<N, T>), Range<usize>, &mut [T]) + Sync,
 ) {
     out.par_chunks_mut(width)
         .enumerate()
-        .for_each(|(c, o)| f(c, d.mixed_slots(c), o));
-}
-
-impl<T: Real> AttnIn<'_, T> {
-    fn real(&self, s: Range<usize>) -> Vec<bool> {
-        self.owner[s].iter().map(|&o| o >= 0).collect()
-    }
+        .for_each_init(|| x.work(d), |w, (c, o)| f(w, d.mixed_slots(c), o));
 }
 
 /// D `[ncentres][stride]` (its first M1·M2 columns) of every centre.
 pub fn forward<T: Real>(d: &Dims, x: &AttnIn<'_, T>, desc: &mut [T], stride: usize) {
     let o = &x.opts;
-    per_centre(d, desc, stride, |_, s, dc| {
-        let n = s.len();
-        let real = x.real(s.clone());
-        let cx = Centre {
-            g0: &x.g0[s.start * o.m1..s.end * o.m1],
-            rhat: &x.rhat[4 * s.start..4 * s.end],
-            sw: &x.sw[s.clone()],
-            real: &real,
-        };
-        let mut t = Tape::new(o, n, x.layers.len(), T::zero());
-        o.forward(x.layers, &cx, &mut t, &mut dc[..o.m1 * o.m2]);
+    per_centre(d, x, desc, stride, |(cx, t), s, dc| {
+        cx.load(x, s, None);
+        o.forward(x.layers, cx, t);
+        dc[..o.m1 * o.m2].copy_from_slice(&t.desc);
     });
-}
-
-/// The inputs of centre c's slots `s` as dual numbers: G⁰ + ε G⁰'ṡ, R̂ + ε Ṙ, σ + ε σ'ṡ.
-fn dual_inputs<T: Real>(x: &AttnIn<'_, T>, s: Range<usize>, rdot: &[T]) -> DualInputs<T> {
-    let m = x.opts.m1;
-    let g0 = (s.start * m..s.end * m)
-        .map(|i| Dual::new(x.g0[i], x.g0p[i] * rdot[4 * (i / m)]))
-        .collect();
-    let rhat = (4 * s.start..4 * s.end)
-        .map(|i| Dual::new(x.rhat[i], rdot[i]))
-        .collect();
-    let sw = s
-        .clone()
-        .map(|j| Dual::new(x.sw[j], x.dsw[j] * rdot[4 * j]))
-        .collect();
-    DualInputs { g0, rhat, sw }
-}
-
-/// One centre's G⁰, R̂ and σ as dual numbers.
-struct DualInputs<T> {
-    g0: Vec<Dual<T>>,
-    rhat: Vec<Dual<T>>,
-    sw: Vec<Dual<T>>,
 }
 
 /// Ḋ `[ncentres][stride]` (first M1·M2 columns) for the tangent Ṙ `[nslots][4]` of R̂.
 pub fn tangent<T: Real>(d: &Dims, x: &AttnIn<'_, T>, rdot: &[T], ddot: &mut [T], stride: usize) {
     let o = &x.opts;
-    per_centre(d, ddot, stride, |_, s, dc| {
-        let n = s.len();
-        let real = x.real(s.clone());
-        let di = dual_inputs(x, s, rdot);
-        let cx = Centre {
-            g0: &di.g0,
-            rhat: &di.rhat,
-            sw: &di.sw,
-            real: &real,
-        };
-        let z = Dual::default();
-        let mut t = Tape::new(o, n, x.layers.len(), z);
-        let mut out = vec![z; o.m1 * o.m2];
-        o.forward(x.layers, &cx, &mut t, &mut out);
-        for (v, dv) in dc.iter_mut().zip(&out) {
-            *v = dv.d;
-        }
-    });
+    per_centre(
+        d,
+        x,
+        ddot,
+        stride,
+        |(cx, t): &mut (_, Work<Dual<T>, T>), s, dc| {
+            cx.load(x, s, Some(rdot));
+            o.forward(x.layers, cx, t);
+            for (v, dv) in dc.iter_mut().zip(&t.desc) {
+                *v = dv.d;
+            }
+        },
+    );
 }
 
 /// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[ncentres][stride]`: the block's R̄ and σ̄, and ŝ̄ through
@@ -684,41 +840,32 @@ pub fn backward<T: Real>(
 ) {
     let o = &x.opts;
     let m = o.m1;
+    let wt = x.transposed();
     let per: Vec<(Range<usize>, Vec<T>)> = (0..d.ncentres())
         .into_par_iter()
-        .map(|c| {
-            let s = d.mixed_slots(c);
-            let n = s.len();
-            let real = x.real(s.clone());
-            let cx = Centre {
-                g0: &x.g0[s.start * m..s.end * m],
-                rhat: &x.rhat[4 * s.start..4 * s.end],
-                sw: &x.sw[s.clone()],
-                real: &real,
-            };
-            let mut t = Tape::new(o, n, x.layers.len(), T::zero());
-            let mut dc = vec![T::zero(); m * o.m2];
-            o.forward(x.layers, &cx, &mut t, &mut dc);
-            let (mut g0bar, mut rbar, mut swbar) = (
-                vec![T::zero(); n * m],
-                vec![T::zero(); 4 * n],
-                vec![T::zero(); n],
-            );
-            let seed = &dbar[c * stride..c * stride + m * o.m2];
-            let bars = (&mut g0bar[..], &mut rbar[..], &mut swbar[..]);
-            o.backward(x.layers, &cx, &mut t, seed, bars, None);
-            let mut qc = vec![T::zero(); 3 * n];
-            for (j, slot) in s.clone().enumerate() {
-                let gp = &x.g0p[slot * m..(slot + 1) * m];
-                rbar[4 * j] += dot(&g0bar[j * m..(j + 1) * m], gp) + swbar[j] * x.dsw[slot];
-                for a in 0..3 {
-                    qc[3 * j + a] = (0..4).fold(T::zero(), |acc, k| {
-                        acc + jac[12 * slot + 3 * k + a] * rbar[4 * j + k]
-                    });
+        .map_init(
+            || x.work::<T>(d),
+            |(cx, t), c| {
+                let s = d.mixed_slots(c);
+                cx.load(x, s.clone(), None);
+                o.forward(x.layers, cx, t);
+                t.dbar
+                    .copy_from_slice(&dbar[c * stride..c * stride + m * o.m2]);
+                o.backward(x.layers, &wt, cx, t, None);
+                let mut qc = vec![T::zero(); 3 * s.len()];
+                for (j, slot) in s.clone().enumerate() {
+                    let gp = &x.g0p[slot * m..(slot + 1) * m];
+                    let rbar = &mut t.rbar[4 * j..4 * j + 4];
+                    rbar[0] += dot(&t.gbar[j * m..(j + 1) * m], gp) + t.swbar[j] * x.dsw[slot];
+                    for a in 0..3 {
+                        qc[3 * j + a] = (0..4).fold(T::zero(), |acc, k| {
+                            acc + jac[12 * slot + 3 * k + a] * rbar[k]
+                        });
+                    }
                 }
-            }
-            (s, qc)
-        })
+                (s, qc)
+            },
+        )
         .collect();
     for (s, qc) in per {
         q[3 * s.start..3 * s.end].copy_from_slice(&qc);
@@ -747,39 +894,30 @@ pub fn dual<T: Real>(
     let m = o.m1;
     let plen = o.layer_len() * x.layers.len();
     let nc = d.ncentres();
+    let wt = x.transposed();
     type Piece<T> = (Vec<Dual<T>>, Vec<(Range<usize>, Vec<Dual<T>>)>);
     let pieces: Vec<Piece<T>> = (0..nc.div_ceil(GRAD_GROUP))
         .into_par_iter()
-        .map(|gi| {
-            let z = Dual::default();
-            let mut acc = vec![z; plen];
-            let mut rows = Vec::new();
-            for c in gi * GRAD_GROUP..((gi + 1) * GRAD_GROUP).min(nc) {
-                let s = d.mixed_slots(c);
-                let n = s.len();
-                let real = x.real(s.clone());
-                let di = dual_inputs(x, s.clone(), rdot);
-                let cx = Centre {
-                    g0: &di.g0,
-                    rhat: &di.rhat,
-                    sw: &di.sw,
-                    real: &real,
-                };
-                let mut t = Tape::new(o, n, x.layers.len(), z);
-                let mut dc = vec![z; m * o.m2];
-                o.forward(x.layers, &cx, &mut t, &mut dc);
-                // Cotangent Ḋ̄ + ε D̄: the real part of the result is the tangents' adjoint,
-                // the ε part the values' (dual.rs).
-                let seed: Vec<Dual<T>> = (c * stride..c * stride + m * o.m2)
-                    .map(|i| Dual::new(ddotbar[i], dbar[i]))
-                    .collect();
-                let (mut gb, mut rb, mut sb) = (vec![z; n * m], vec![z; 4 * n], vec![z; n]);
-                let bars = (&mut gb[..], &mut rb[..], &mut sb[..]);
-                o.backward(x.layers, &cx, &mut t, &seed, bars, Some(&mut acc));
-                rows.push((s, gb));
-            }
-            (acc, rows)
-        })
+        .map_init(
+            || x.work::<Dual<T>>(d),
+            |(cx, t), gi| {
+                let mut acc = vec![Dual::default(); plen];
+                let mut rows = Vec::new();
+                for c in gi * GRAD_GROUP..((gi + 1) * GRAD_GROUP).min(nc) {
+                    let s = d.mixed_slots(c);
+                    cx.load(x, s.clone(), Some(rdot));
+                    o.forward(x.layers, cx, t);
+                    // Cotangent Ḋ̄ + ε D̄: the real part of the result is the tangents' adjoint,
+                    // the ε part the values' (dual.rs).
+                    for (sd, i) in t.dbar.iter_mut().zip(c * stride..) {
+                        *sd = Dual::new(ddotbar[i], dbar[i]);
+                    }
+                    o.backward(x.layers, &wt, cx, t, Some(&mut acc));
+                    rows.push((s, t.gbar.clone()));
+                }
+                (acc, rows)
+            },
+        )
         .collect();
     let mut grad = vec![T::zero(); plen];
     for (acc, rows) in pieces {

@@ -14,7 +14,21 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 use num_traits::Float;
 
+use super::exp::exp_in_place;
+use super::gemm::{small_gemm, small_gemm_into, Mat};
 use crate::backend::Real;
+
+/// The shape of a product C (+)= A·B ([`Num::gemm`]): C `[m][n]` with rows `c_rs` apart, A
+/// `[m][k]` given by strides, B `[k][n]` with rows `b_rs` apart; `acc` adds to C.
+#[derive(Clone, Copy)]
+pub struct Prod {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub b_rs: usize,
+    pub c_rs: usize,
+    pub acc: bool,
+}
 
 /// What the generic passes compute with: a real `R`, or a [`Dual`] of `R`.
 pub trait Num<R: Real>:
@@ -35,9 +49,18 @@ pub trait Num<R: Real>:
     /// The value, for branches (a floor, the softmax's shift): they follow the value alone.
     fn re(self) -> R;
     fn sqrt(self) -> Self;
-    fn exp(self) -> Self;
     /// `self · r` for a constant r.
     fn scale(self, r: R) -> Self;
+    /// e^x of each number in place, for values ≤ 0 (a softmax's shifted logits), many at a
+    /// time (exp.rs).
+    fn exp_nonpos(x: &mut [Self]);
+    /// `v + εd`; a real keeps v alone (the passes that carry no tangent).
+    fn pair(v: R, d: R) -> Self;
+    /// C (+)= A·B through gemm.rs's kernel: a real product, or a dual one as real ones
+    /// ((A + εA')(B + εB') = AB + ε(A'B + AB')). `work` is scratch for a dual's parts.
+    fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>);
+    /// [`Num::gemm`] with B real (a layer's weights).
+    fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], work: &mut Vec<R>);
 
     fn zero() -> Self {
         Self::of(R::zero())
@@ -54,16 +77,27 @@ impl<R: Real> Num<R> for R {
     fn sqrt(self) -> Self {
         Float::sqrt(self)
     }
-    fn exp(self) -> Self {
-        Float::exp(self)
-    }
     fn scale(self, r: R) -> Self {
         self * r
     }
+    fn exp_nonpos(x: &mut [Self]) {
+        exp_in_place(x, |v| *v, |v, e| *v = e);
+    }
+    fn pair(v: R, _: R) -> Self {
+        v
+    }
+    fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], _: &mut Vec<R>) {
+        Self::gemm_r(p, a, b, c, &mut Vec::new());
+    }
+    fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], _: &mut Vec<R>) {
+        small_gemm_into(p.m, p.k, p.n, a, b, p.b_rs, p.acc, c, p.c_rs);
+    }
 }
 
-/// `v + ε d` with ε² = 0.
+/// `v + ε d` with ε² = 0. `repr(C)`: a slice of them is a slice of reals, v and d in turn
+/// ([`parts`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
 pub struct Dual<R> {
     pub v: R,
     pub d: R,
@@ -140,12 +174,90 @@ impl<R: Real> Num<R> for Dual<R> {
         let s = Float::sqrt(self.v);
         Dual::new(s, self.d / (s + s))
     }
-    fn exp(self) -> Self {
-        let e = Float::exp(self.v);
-        Dual::new(e, self.d * e)
-    }
     fn scale(self, r: R) -> Self {
         Dual::new(self.v * r, self.d * r)
+    }
+    fn exp_nonpos(x: &mut [Self]) {
+        exp_in_place(x, |x| x.v, |x, e| *x = Dual::new(e, x.d * e));
+    }
+    fn pair(v: R, d: R) -> Self {
+        Dual::new(v, d)
+    }
+    fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>) {
+        // The kernel reads B's rows in place, so B's parts are copied out; A's are read
+        // through strides.
+        let (kn, mn) = (p.k * p.n, p.m * p.n);
+        let (bv, bd, cv, cd) = split_work(work, [kn, kn, mn, mn]);
+        for (i, row) in b.chunks(p.b_rs).take(p.k).enumerate() {
+            for (j, x) in row[..p.n].iter().enumerate() {
+                bv[i * p.n + j] = x.v;
+                bd[i * p.n + j] = x.d;
+            }
+        }
+        let (av, ad) = mat_parts(a);
+        small_gemm(p.m, p.k, p.n, av, bv, p.n, false, cv);
+        small_gemm(p.m, p.k, p.n, ad, bv, p.n, false, cd);
+        small_gemm(p.m, p.k, p.n, av, bd, p.n, true, cd);
+        join(p, cv, cd, c);
+    }
+    fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], work: &mut Vec<R>) {
+        let mn = p.m * p.n;
+        let (cv, cd, _, _) = split_work(work, [mn, mn, 0, 0]);
+        let (av, ad) = mat_parts(a);
+        small_gemm(p.m, p.k, p.n, av, b, p.b_rs, false, cv);
+        small_gemm(p.m, p.k, p.n, ad, b, p.b_rs, false, cd);
+        join(p, cv, cd, c);
+    }
+}
+
+/// The reals of a slice of duals: v₀, d₀, v₁, d₁, …
+fn parts<R: Real>(x: &[Dual<R>]) -> &[R] {
+    // SAFETY: `Dual<R>` is `repr(C)` of two R, so n of them are 2n R in this order, aligned
+    // as R.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<R>(), 2 * x.len()) }
+}
+
+/// A matrix of duals as its matrix of values and its matrix of tangents.
+fn mat_parts<R: Real>(a: Mat<'_, Dual<R>>) -> (Mat<'_, R>, Mat<'_, R>) {
+    let f = parts(a.v);
+    let (rs, cs) = (2 * a.rs, 2 * a.cs);
+    (
+        Mat { v: f, rs, cs },
+        Mat {
+            v: f.get(1..).unwrap_or(&[]),
+            rs,
+            cs,
+        },
+    )
+}
+
+/// Four scratch slices of the given lengths from `work`, grown as needed (never shrunk: the
+/// same shapes come back centre after centre).
+fn split_work<R: Real>(
+    work: &mut Vec<R>,
+    len: [usize; 4],
+) -> (&mut [R], &mut [R], &mut [R], &mut [R]) {
+    let total = len.iter().sum();
+    if work.len() < total {
+        work.resize(total, R::zero());
+    }
+    let (a, w) = work.split_at_mut(len[0]);
+    let (b, w) = w.split_at_mut(len[1]);
+    let (c, w) = w.split_at_mut(len[2]);
+    (a, b, c, &mut w[..len[3]])
+}
+
+/// C (+)= (cv + ε cd) `[m][n]`, C's rows `c_rs` apart.
+fn join<R: Real>(p: Prod, cv: &[R], cd: &[R], c: &mut [Dual<R>]) {
+    for (i, row) in c.chunks_mut(p.c_rs).take(p.m).enumerate() {
+        let (v, d) = (&cv[i * p.n..(i + 1) * p.n], &cd[i * p.n..(i + 1) * p.n]);
+        for ((x, &v), &d) in row[..p.n].iter_mut().zip(v).zip(d) {
+            *x = if p.acc {
+                Dual::new(x.v + v, x.d + d)
+            } else {
+                Dual::new(v, d)
+            };
+        }
     }
 }
 
@@ -156,11 +268,50 @@ mod tests {
     #[test]
     fn derivatives_of_the_elementary_functions() {
         let x = Dual::new(0.7_f64, 1.0);
-        let y = (x * x + x.exp()) / x.sqrt() - x.scale(3.0);
-        let f = |x: f64| (x * x + x.exp()) / x.sqrt() - 3.0 * x;
+        let mut e = [x.scale(-1.0)];
+        Num::exp_nonpos(&mut e);
+        let y = (x * x + e[0]) / x.sqrt() - x.scale(3.0);
+        let f = |x: f64| (x * x + (-x).exp()) / x.sqrt() - 3.0 * x;
         let h = 1e-6;
         let fd = (f(0.7 + h) - f(0.7 - h)) / (2.0 * h);
-        assert_eq!(y.v, f(0.7));
+        assert!((y.v - f(0.7)).abs() < 1e-15, "{} vs {}", y.v, f(0.7));
         assert!((y.d - fd).abs() < 1e-8, "{} vs {fd}", y.d);
+    }
+
+    /// A dual product through the real GEMMs against the product of the numbers.
+    #[test]
+    fn gemm_of_duals() {
+        let (m, k, n) = (5, 7, 3);
+        let val = |i: usize, s: f64| Dual::new((i as f64 * s).sin(), (i as f64 * s).cos());
+        let a: Vec<Dual<f64>> = (0..m * k).map(|i| val(i, 0.3)).collect();
+        let b: Vec<Dual<f64>> = (0..k * (n + 2)).map(|i| val(i, 0.7)).collect();
+        let mut c = vec![Dual::new(1.0, 2.0); m * (n + 1)];
+        let p = Prod {
+            m,
+            k,
+            n,
+            b_rs: n + 2,
+            c_rs: n + 1,
+            acc: true,
+        };
+        let at = Mat {
+            v: &a,
+            rs: 1,
+            cs: m,
+        };
+        Num::gemm(p, at, &b, &mut c, &mut Vec::new());
+        for i in 0..m {
+            for j in 0..n + 1 {
+                let want = if j < n {
+                    (0..k).fold(Dual::new(1.0, 2.0), |s, q| {
+                        s + a[q * m + i] * b[q * (n + 2) + j]
+                    })
+                } else {
+                    Dual::new(1.0, 2.0)
+                };
+                let got = c[i * (n + 1) + j];
+                assert!((got.v - want.v).abs() < 1e-13 && (got.d - want.d).abs() < 1e-13);
+            }
+        }
     }
 }

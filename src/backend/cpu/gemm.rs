@@ -65,7 +65,28 @@ pub(super) fn small_gemm<T: Real>(
     accumulate: bool,
     c: &mut [T],
 ) {
-    let c = MatMut { v: c, rs: n, cs: 1 };
+    small_gemm_into(m, k, n, a, b, b_rs, accumulate, c, n);
+}
+
+/// [`small_gemm`] into rows of C `c_rs` apart: a block of columns of a wider matrix (DPA-1's
+/// q̂, k̂, v̂ side by side in one row per slot).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn small_gemm_into<T: Real>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<T>,
+    b: &[T],
+    b_rs: usize,
+    accumulate: bool,
+    c: &mut [T],
+    c_rs: usize,
+) {
+    let c = MatMut {
+        v: c,
+        rs: c_rs,
+        cs: 1,
+    };
     if let Some(p) = Problem::new(m, k, n, a, b, b_rs, accumulate, c) {
         p.run();
     }
@@ -323,7 +344,9 @@ impl<T: Real> Problem<T> {
         }
     }
 
-    /// The R rows at i over all columns: W at a time, then 4 and 1.
+    /// The R rows at i over all columns: W at a time, then 16 (one AVX-512 vector of f32,
+    /// where W is two: DPA-1's rows of H = 16), 4 and 1. Each element is the same chain of
+    /// FMAs whatever its tile's width.
     #[inline(always)]
     unsafe fn col_blocks<const R: usize, const W: usize>(
         &self,
@@ -336,6 +359,10 @@ impl<T: Real> Problem<T> {
         while j + W <= self.n {
             self.tile::<R, W>(i, j, p0, kc, add);
             j += W;
+        }
+        while W > 16 && j + 16 <= self.n {
+            self.tile::<R, 16>(i, j, p0, kc, add);
+            j += 16;
         }
         while j + 4 <= self.n {
             self.tile::<R, 4>(i, j, p0, kc, add);

@@ -12,11 +12,11 @@ use super::simd::rows_apart;
 use crate::backend::Real;
 
 /// A row of W values, one step of a formula at a time for all of them.
-type Row<F, const W: usize> = [F; W];
+pub(super) type Row<F, const W: usize> = [F; W];
 
 /// The row whose values are `f(q)`.
 #[inline(always)]
-fn map<F: Copy + Default, const W: usize>(f: impl Fn(usize) -> F) -> Row<F, W> {
+pub(super) fn map<F: Copy + Default, const W: usize>(f: impl Fn(usize) -> F) -> Row<F, W> {
     let mut o = [F::default(); W];
     for (q, v) in o.iter_mut().enumerate() {
         *v = f(q);
