@@ -55,6 +55,24 @@ json.dump(v, open(out, "w"), indent=1)
 EOF
 }
 
+# An example's input (its systems made absolute) for `steps` steps displayed every `disp`, as
+# input.json in each of the given folders (made if missing).
+example_input() { # input steps disp dir...
+  python3 - "$@" <<'EOF'
+import json, os, sys
+path, steps, disp, dirs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+src = os.path.dirname(os.path.abspath(path))
+v = json.load(open(path))
+t = v["training"]
+for k in ("training_data", "validation_data"):
+    t[k]["systems"] = [os.path.join(src, s) for s in t[k]["systems"]]
+t.update(numb_steps=steps, disp_freq=disp, save_freq=steps)
+for d in dirs:
+    os.makedirs(d, exist_ok=True)
+    json.dump(v, open(os.path.join(d, "input.json"), "w"), indent=1)
+EOF
+}
+
 # The test executables of the named test targets in `cargo test --message-format=json` output,
 # as "name path" lines.
 executables() { # artifacts.json name...
@@ -430,18 +448,7 @@ EOF
   # (the default) must give the eager path's lcurve.out, and its capture guard decides when to
   # stop capturing.
   local alloy=$W/alloy
-  mkdir -p "$alloy/default" "$alloy/nograph"
-  python3 - "$ROOT/examples/alloy" "$alloy" <<'EOF'
-import json, sys
-src, out = sys.argv[1:3]
-v = json.load(open(f"{src}/input.json"))
-t = v["training"]
-for k in ("training_data", "validation_data"):
-    t[k]["systems"] = [f"{src}/{s}" for s in t[k]["systems"]]
-t.update(numb_steps=300, disp_freq=50, save_freq=300)
-for d in ("default", "nograph"):
-    json.dump(v, open(f"{out}/{d}/input.json", "w"), indent=1)
-EOF
+  example_input "$ROOT/examples/alloy/input.json" 300 50 "$alloy/default" "$alloy/nograph"
   step cuda_alloy 90 bash -c "
     s=\$(date +%s.%N); cd '$alloy/default' && '$dpw' train input.json --backend cuda || exit 1
     m=\$(date +%s.%N); cd '$alloy/nograph' && DPW_CUDA_GRAPH=0 '$dpw' train input.json --backend cuda || exit 1
@@ -454,18 +461,7 @@ EOF
   # DPA-1 (se_atten_v2 on the alloy, its attention ops on the host for now): 20 float64 steps
   # on cuda give the lcurve.out of the same binary's cpu run, made here.
   local dpa1=$W/dpa1
-  mkdir -p "$dpa1/cpu" "$dpa1/cuda"
-  python3 - "$ROOT/examples/alloy" "$dpa1" <<'EOF'
-import json, sys
-src, out = sys.argv[1:3]
-v = json.load(open(f"{src}/input_se_atten_v2.json"))
-t = v["training"]
-for k in ("training_data", "validation_data"):
-    t[k]["systems"] = [f"{src}/{s}" for s in t[k]["systems"]]
-t.update(numb_steps=20, disp_freq=5, save_freq=20)
-for d in ("cpu", "cuda"):
-    json.dump(v, open(f"{out}/{d}/input.json", "w"), indent=1)
-EOF
+  example_input "$ROOT/examples/alloy/input_se_atten_v2.json" 20 5 "$dpa1/cpu" "$dpa1/cuda"
   step cuda_dpa1_train 90 bash -c "
     cd '$dpa1/cpu' && '$dpw' train input.json --backend cpu || exit 1
     cd '$dpa1/cuda' && '$dpw' train input.json --backend cuda || exit 1
