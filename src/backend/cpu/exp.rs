@@ -1,25 +1,32 @@
-//! e^y over slices, written so the compiler vectorises it (as tanh.rs): DPA-1's softmax takes
-//! nnei² exponentials per centre and layer in every pass, which through libm's scalar exp were
-//! the largest single cost of the attention once its products were GEMMs.
+//! e^y and e^y − 1 over rows and slices, written so the compiler vectorises them: tanh.rs's
+//! tanh is made of them, and DPA-1's softmax takes nnei² exponentials per centre and layer in
+//! every pass, which through libm's scalar exp were the largest single cost of the attention
+//! once its products were GEMMs.
 
 use super::simd;
 use super::tanh::{map, Row};
 use crate::backend::Real;
 
-/// e^y for y ≤ 0 in f64, within 2 ulp of libm (y below −700 gives e^−700 ≈ 1e−304, nothing
-/// beside a softmax's largest term, 1): y = k ln2 + r with |r| ≤ ln2/2, e^r by its Taylor
-/// series to degree 13 (remainder < 4e-18 relative), times 2^k made through the exponent bits.
+// ln 2 split in two (fdlibm's constants): k·LN2_HI is exact for the k that occur here.
+const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+// Round to nearest through the 1.5·2⁵² shift: unlike f64::round it needs no SSE4.1, so the loop
+// vectorises on the x86-64 baseline.
+const SHIFT: f64 = 6_755_399_441_055_744.0;
+
+/// y = k ln2 + r with |r| ≤ ln2/2: k + 1.5·2⁵² (whose last bits are k) and r.
 #[inline(always)]
-fn exp64<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
-    // ln 2 split in two (fdlibm's constants): k·LN2_HI is exact for the k that occur here.
-    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
-    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
-    // Round to nearest through the 1.5·2⁵² shift (as tanh.rs).
-    const SHIFT: f64 = 6_755_399_441_055_744.0;
-    let y: Row<f64, W> = map(|q| y[q].max(-700.0));
+fn reduce64<const W: usize>(y: &Row<f64, W>) -> (Row<f64, W>, Row<f64, W>) {
     let shifted: Row<f64, W> = map(|q| y[q] * std::f64::consts::LOG2_E + SHIFT);
     let k: Row<f64, W> = map(|q| shifted[q] - SHIFT);
-    let r: Row<f64, W> = map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO);
+    (shifted, map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO))
+}
+
+/// (e^r − 1)/r = 1 + r/2! + … + r¹²/13! (Taylor to degree 13 of e^r − 1, remainder < 4e-18
+/// relative for |r| ≤ ln2/2), by Horner. Plain multiplies and adds, not fused: the same bits on
+/// every target, wasm included.
+#[inline(always)]
+fn expm1_over_r64<const W: usize>(r: &Row<f64, W>) -> Row<f64, W> {
     let mut p = [1.0 / 6_227_020_800.0; W];
     for c in [
         1.0 / 479_001_600.0,
@@ -34,32 +41,53 @@ fn exp64<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
         1.0 / 6.0,
         0.5,
         1.0,
-        1.0,
     ] {
         p = map(|q| p[q] * r[q] + c);
     }
-    // 2^k from the bits of k + 1.5·2⁵², whose last bits are k (two's complement).
+    p
+}
+
+/// 2^k from the bits of k + 1.5·2⁵²: an integer subtraction where `k as i64` would need
+/// AVX-512's f64 → i64 conversion (AVX2 does it lane by lane).
+#[inline(always)]
+fn two_pow64(shifted: f64) -> f64 {
+    f64::from_bits(
+        shifted
+            .to_bits()
+            .wrapping_sub(SHIFT.to_bits())
+            .wrapping_add(1023)
+            << 52,
+    )
+}
+
+/// e^y − 1 for 0 ≤ y ≤ 90 as 2^k(e^r − 1) + (2^k − 1): accurate near 0 too, where e^y − 1
+/// would cancel (tanh's t = e^{2|x|} − 1).
+#[inline(always)]
+pub(super) fn expm1_pos<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
+    let (shifted, r) = reduce64::<W>(y);
+    let p = expm1_over_r64::<W>(&r);
     map(|q| {
-        let two_k = f64::from_bits(
-            shifted[q]
-                .to_bits()
-                .wrapping_sub(SHIFT.to_bits())
-                .wrapping_add(1023)
-                << 52,
-        );
-        p[q] * two_k
+        let two_k = two_pow64(shifted[q]);
+        (p[q] * r[q]) * two_k + (two_k - 1.0)
     })
 }
 
-/// e^y for y ≤ 0 in f32, as [`exp64`]: Taylor to degree 7 (remainder < 1e-8), y floored at −87
-/// (above the smallest normal f32).
+/// e^y for y ≤ 0 in f64, within 2 ulp of libm (y below −700 gives e^−700 ≈ 1e−304, nothing
+/// beside a softmax's largest term, 1).
 #[inline(always)]
-fn exp32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
-    // Cephes' split of ln 2 for f32.
+fn exp64<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
+    let (shifted, r) = reduce64::<W>(&map(|q| y[q].max(-700.0)));
+    let p = expm1_over_r64::<W>(&r);
+    map(|q| (p[q] * r[q] + 1.0) * two_pow64(shifted[q]))
+}
+
+/// e^y in f32 for −87 ≤ y ≤ 88 (normal results), as [`reduce64`] with Cephes' split of ln 2
+/// and e^r by its Taylor series to degree 7 (remainder < 1e-8).
+#[inline(always)]
+pub(super) fn exp32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     const SHIFT: f32 = 12_582_912.0;
-    let y: Row<f32, W> = map(|q| y[q].max(-87.0));
     let shifted: Row<f32, W> = map(|q| y[q] * std::f32::consts::LOG2_E + SHIFT);
     let k: Row<f32, W> = map(|q| shifted[q] - SHIFT);
     let r: Row<f32, W> = map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO);
@@ -75,6 +103,8 @@ fn exp32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
     ] {
         p = map(|q| p[q] * r[q] + c);
     }
+    // 2^k from the bits, as [`two_pow64`]: `k as i32` saturates, which the compiler does not
+    // vectorise.
     map(|q| {
         let two_k = shifted[q]
             .to_bits()
@@ -89,7 +119,7 @@ fn exp32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
 #[inline(always)]
 fn exp_row<T: Real, const W: usize>(y: &Row<T, W>) -> Row<T, W> {
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
-        let e = exp32::<W>(&map(|q| y[q].to_f32().unwrap_or(f32::NAN)));
+        let e = exp32::<W>(&map(|q| y[q].to_f32().unwrap_or(f32::NAN).max(-87.0)));
         map(|q| T::of(e[q] as f64))
     } else {
         let e = exp64::<W>(&map(|q| y[q].f64()));

@@ -8,6 +8,7 @@
 //! than calling them row after row, whose independent chains the out-of-order core overlaps
 //! as well.
 
+use super::exp::{exp32, expm1_pos};
 use super::simd::rows_apart;
 use crate::backend::Real;
 
@@ -22,53 +23,6 @@ pub(super) fn map<F: Copy + Default, const W: usize>(f: impl Fn(usize) -> F) -> 
         *v = f(q);
     }
     o
-}
-
-/// e^y − 1 for 0 ≤ y ≤ 90: y = k ln2 + r with |r| ≤ ln2/2, e^r − 1 by its Taylor series to
-/// degree 13 (remainder < 4e-18 relative), then 2^k(e^r − 1) + (2^k − 1), 2^k made through
-/// the exponent bits. Accurate near 0 too, where e^y − 1 would cancel.
-#[inline(always)]
-fn expm1_pos<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
-    // ln 2 split in two (fdlibm's constants): k·LN2_HI is exact for the k that occur here.
-    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
-    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
-    // Round to nearest through the 1.5·2⁵² shift: unlike f64::round it needs no SSE4.1, so the
-    // loop vectorises on the x86-64 baseline.
-    const SHIFT: f64 = 6_755_399_441_055_744.0;
-    let shifted: Row<f64, W> = map(|q| y[q] * std::f64::consts::LOG2_E + SHIFT);
-    let k: Row<f64, W> = map(|q| shifted[q] - SHIFT);
-    let r: Row<f64, W> = map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO);
-    // (e^r − 1)/r = 1 + r/2! + … + r¹²/13!, by Horner. Plain multiplies and adds, not fused:
-    // the same bits on every target, wasm included.
-    let mut p = [1.0 / 6_227_020_800.0; W];
-    for c in [
-        1.0 / 479_001_600.0,
-        1.0 / 39_916_800.0,
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-    ] {
-        p = map(|q| p[q] * r[q] + c);
-    }
-    // 2^k from the bits of k + 1.5·2⁵², whose last bits are k: an integer subtraction where
-    // `k as i64` would need AVX-512's f64 → i64 conversion (AVX2 does it lane by lane).
-    map(|q| {
-        let two_k = f64::from_bits(
-            shifted[q]
-                .to_bits()
-                .wrapping_sub(SHIFT.to_bits())
-                .wrapping_add(1023)
-                << 52,
-        );
-        (p[q] * r[q]) * two_k + (two_k - 1.0)
-    })
 }
 
 /// tanh of each value as t/(t + 2) with t = e^{2|x|} − 1, sign restored: one formula over the
@@ -86,40 +40,6 @@ pub fn tanh64_row<const W: usize>(x: &Row<f64, W>) -> Row<f64, W> {
     map(|q| (t[q] / (t[q] + 2.0)).copysign(x[q]))
 }
 
-/// e^y for 0 ≤ y ≤ 20 in f32: as [`expm1_pos`] for e^y, Taylor to degree 7 (remainder < 1e-8).
-#[inline(always)]
-fn exp_pos32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
-    // Cephes' split of ln 2 for f32.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const SHIFT: f32 = 12_582_912.0;
-    let shifted: Row<f32, W> = map(|q| y[q] * std::f32::consts::LOG2_E + SHIFT);
-    let k: Row<f32, W> = map(|q| shifted[q] - SHIFT);
-    let r: Row<f32, W> = map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO);
-    let mut p = [1.0 / 5_040.0; W];
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = map(|q| p[q] * r[q] + c);
-    }
-    // 2^k from the bits of k + 1.5·2²³, as in [`expm1_pos`]: `k as i32` saturates, which the
-    // compiler does not vectorise.
-    map(|q| {
-        let two_k = shifted[q]
-            .to_bits()
-            .wrapping_sub(SHIFT.to_bits())
-            .wrapping_add(127)
-            << 23;
-        p[q] * f32::from_bits(two_k)
-    })
-}
-
 /// Cephes' tanhf of each value: a polynomial below 0.625, 1 − 2/(e^{2|x|} + 1) above; within
 /// 2 ulp of f32, at twice the lanes of going through f64 (float32 training's embedding tanh).
 #[inline(always)]
@@ -132,7 +52,7 @@ pub fn tanh32_row<const W: usize>(x: &Row<f32, W>) -> Row<f32, W> {
             - 3.333_328e-1
     });
     // tanh(10) rounds to 1 in f32.
-    let e = exp_pos32::<W>(&map(|q| 2.0 * a[q].min(10.0)));
+    let e = exp32::<W>(&map(|q| 2.0 * a[q].min(10.0)));
     map(|q| {
         let x = x[q];
         if a[q] < 0.625 {
