@@ -1,5 +1,6 @@
 // Precision prelude for float32, prepended to every op shader (see src/backend/wgpu/shaders.rs).
 alias real = f32;
+const REAL_IS_F32 = true;
 
 // Clamped because some drivers compute tanh as a ratio of exponentials that overflows to NaN;
 // tanh(±15) is ±1 in f32 anyway.

@@ -2,6 +2,7 @@
 // Vulkan (GLSL.std.450), Metal and D3D have no f64 transcendentals, so tanh and sqrt are built
 // here from f64 arithmetic only; both are accurate to a few ulp.
 alias real = f64;
+const REAL_IS_F32 = false;
 
 // e^y − 1 for y ≥ 0: y = k·ln2 + r with |r| ≤ ln2/2 (Cody–Waite split: k·LN2_HI is exact for
 // k < 2^20), then a degree-13 Taylor polynomial (truncation < 1e-17 relative on that range).
