@@ -377,12 +377,15 @@ fn real_types(sys: &Path, rows: usize, cols: usize, value: impl Fn(usize, usize)
     a.write_npy(f).unwrap();
 }
 
+/// A change to a copy of the mixed system's files.
+type Edit = Box<dyn Fn(&Path)>;
+
 /// What dpw does not read as DeePMD-kit would is refused, naming the file, the frame and atom
 /// where there is one, and what was expected.
 #[test]
 fn what_is_not_read_is_refused_by_name() {
     let d = tempfile::tempdir().unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, Edit, Vec<&str>)> = vec![
         (
             "virtual atom",
             Box::new(|s| real_types(s, 4, 108, |f, a| if (f, a) == (2, 107) { -1 } else { 1 })),
