@@ -649,3 +649,34 @@ fn parity_dpa1_f64() {
 fn parity_dpa1_f32() {
     parity_dpa1::<f32>("parity_dpa1_f32", 1e-5);
 }
+
+/// A batch of a mixed-type system's frames of different compositions is refused on wgpu with a
+/// clear error (its kernels divide a type's centres among the frames evenly), while a batch of
+/// one of them runs (tests/data/mixed/alloy; tests/data_mixed.rs has the cpu numbers).
+#[test]
+fn mixed_compositions_are_refused_clearly() {
+    let Some(w) = wgpu_for::<f64>(&this_test()) else {
+        return;
+    };
+    let model =
+        dpw::model::read_deepmd_yaml(&repo("tests/reference/dpa1/se_atten_l2_alloy/model.yaml"))
+            .unwrap();
+    let type_map = model.spec.type_map.clone();
+    let sys = dpw::data::load_system(&repo("tests/data/mixed/alloy"), &type_map).unwrap();
+    let mixed = dpw::train::batch::assemble_frames(&model.spec, &sys, &[0, 1], "test").unwrap();
+    let err = dpw::train::predict::predict_batch::<f64, _>(w, &model, &mixed).unwrap_err();
+    let msg = format!("{err:#}");
+    for n in [
+        "one composition",
+        "mixed-type",
+        "--backend cpu",
+        "batch_size 1",
+    ] {
+        assert!(msg.contains(n), "{n:?} not in {msg}");
+    }
+    let one = dpw::train::batch::assemble_frames(&model.spec, &sys, &[1], "test").unwrap();
+    let on_gpu = dpw::train::predict::predict_batch::<f64, _>(w, &model, &one).unwrap();
+    let on_cpu =
+        dpw::train::predict::predict_batch::<f64, _>(&Cpu::default(), &model, &one).unwrap();
+    assert!((on_gpu.energy[0] - on_cpu.energy[0]).abs() <= 1e-10 * on_cpu.energy[0].abs());
+}

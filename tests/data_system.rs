@@ -23,7 +23,7 @@ fn water_loads_sorted_and_equal_to_raw() {
     let dir = repo("examples/water/data_0");
     let sys = load_system(&dir, &names(&["O", "H"])).unwrap();
     assert_eq!((sys.nframes, sys.natoms), (80, 192));
-    assert_eq!(sys.type_counts(2), vec![64, 128]);
+    assert_eq!(sys.type_counts(0, 2), vec![64, 128]);
     assert!(sys.atype[..64].iter().all(|&t| t == 0));
     assert!(sys.atype[64..].iter().all(|&t| t == 1));
     assert!(sys.virial.is_none());
@@ -49,7 +49,7 @@ fn all_water_systems_load() {
     for i in 0..4 {
         let dir = repo(&format!("examples/water/data_{i}"));
         let sys = load_system(&dir, &names(&["O", "H"])).unwrap();
-        assert_eq!((sys.natoms, sys.type_counts(2)), (192, vec![64, 128]));
+        assert_eq!((sys.natoms, sys.type_counts(0, 2)), (192, vec![64, 128]));
         assert!(sys.cell.is_some() && sys.nframes > 0);
         assert_eq!(sys.coord.len(), sys.nframes * 192 * 3);
     }
@@ -141,7 +141,7 @@ fn data_type_map_is_remapped_by_name() {
     // Data H (0) becomes model type 1, data O (1) model type 0; O atoms sort first.
     assert_eq!(sys.atype, vec![0, 0, 0, 1, 1]);
     assert_eq!(sys.orig_index, vec![1, 2, 4, 0, 3]);
-    assert_eq!(sys.type_counts(2), vec![3, 2]);
+    assert_eq!(sys.type_counts(0, 2), vec![3, 2]);
 }
 
 #[test]

@@ -37,7 +37,7 @@ fn bias_case(case: &str) {
         let path = repo("examples/alloy/data").join(s.as_str().unwrap());
         let sys = load_system(&path, &type_map).unwrap();
         let c: Vec<f64> = sys
-            .type_counts(type_map.len())
+            .type_counts(0, type_map.len())
             .iter()
             .map(|&n| n as f64)
             .collect();

@@ -52,7 +52,7 @@ fn statistics_match_deepmd() {
         for f in 0..10 {
             let cell = Cell::new(s.frame_cell(f).unwrap()).unwrap();
             st.add_frame(d, s.frame_coord(f), Some(&cell), &s.atype);
-            counts.push(s.type_counts(2).iter().map(|&c| c as f64).collect());
+            counts.push(s.type_counts(f, 2).iter().map(|&c| c as f64).collect());
             energy.push(s.energy[f]);
         }
     }

@@ -621,6 +621,7 @@ fn batch_errors_name_frames_by_their_index() {
     let sys = System {
         path: PathBuf::from("sys_in_memory"),
         natoms,
+        mixed: false,
         atype: vec![0, 0],
         orig_index: vec![0, 1],
         nframes: 4,

@@ -1,7 +1,9 @@
 //! Shapes of one batch as every backend sees them.
 //!
 //! Centres (the atoms of all frames of the batch) are ordered by type first, so the atoms of a
-//! type form one contiguous row range for the fitting nets. Neighbour slots are ordered in
+//! type form one contiguous row range for the fitting nets; within a type, frame by frame. The
+//! frames of a batch usually share one composition; a mixed-type system's may not
+//! ([`Dims::of_frames`], [`Dims::uniform`]), and then a type's centres per frame vary. Neighbour slots are ordered in
 //! blocks `(ti, tj)` (centre type, neighbour section): inside a block, centre by centre, the
 //! `sel[tj]` slots of that section. Every embedding net thus runs on contiguous rows.
 //!
@@ -32,27 +34,62 @@ pub struct Dims {
     pub centre_start: Vec<usize>,
     /// Slots of block (ti, tj) start at `block_start[ti * nsec + tj]`; the last entry is the total.
     pub block_start: Vec<usize>,
+    /// Centres of type t in frame f are `frame_start[t * (nframes + 1) + f]` up to the next entry.
+    pub frame_start: Vec<usize>,
 }
 
 impl Dims {
     /// `type_counts[t]` atoms of type t per frame (`ntypes` entries), `sel[tj]` slots in
     /// neighbour section tj (`nsec` entries: one per type, or one for a mixed list).
     pub fn new(nframes: usize, type_counts: &[usize], sel: &[usize], m1: usize, m2: usize) -> Self {
-        let ntypes = type_counts.len();
+        Self::build(
+            nframes,
+            type_counts.len(),
+            |_, t| type_counts[t],
+            sel,
+            m1,
+            m2,
+        )
+    }
+
+    /// [`Dims::new`] for frames of their own compositions, `counts[f][t]` (a batch of a
+    /// mixed-type system); every frame has the same number of atoms.
+    pub fn of_frames(counts: &[Vec<usize>], sel: &[usize], m1: usize, m2: usize) -> Self {
+        let ntypes = counts.first().map_or(0, Vec::len);
+        let natoms = |c: &Vec<usize>| c.iter().sum::<usize>();
+        debug_assert!(counts.iter().all(|c| natoms(c) == natoms(&counts[0])));
+        Self::build(counts.len(), ntypes, |f, t| counts[f][t], sel, m1, m2)
+    }
+
+    fn build(
+        nframes: usize,
+        ntypes: usize,
+        count: impl Fn(usize, usize) -> usize,
+        sel: &[usize],
+        m1: usize,
+        m2: usize,
+    ) -> Self {
         let mut centre_start = vec![0];
-        for &c in type_counts {
-            centre_start.push(centre_start.last().unwrap() + c * nframes);
+        let mut frame_start = Vec::with_capacity(ntypes * (nframes + 1));
+        for t in 0..ntypes {
+            let mut at = *centre_start.last().unwrap();
+            frame_start.push(at);
+            for f in 0..nframes {
+                at += count(f, t);
+                frame_start.push(at);
+            }
+            centre_start.push(at);
         }
         let mut block_start = vec![0];
-        for &count in type_counts {
-            let nc = count * nframes;
+        for t in 0..ntypes {
+            let nc = centre_start[t + 1] - centre_start[t];
             for &s in sel {
                 block_start.push(block_start.last().unwrap() + nc * s);
             }
         }
         Dims {
             nframes,
-            natoms: type_counts.iter().sum(),
+            natoms: (0..ntypes).map(|t| count(0, t)).sum(),
             ntypes,
             nsec: sel.len(),
             sel: sel.to_vec(),
@@ -61,6 +98,7 @@ impl Dims {
             m2,
             centre_start,
             block_start,
+            frame_start,
         }
     }
 
@@ -113,11 +151,28 @@ impl Dims {
 }
 
 impl Dims {
+    /// The centres of type t in frame f.
+    pub fn frame_centres(&self, t: usize, f: usize) -> Range<usize> {
+        let k = t * (self.nframes + 1) + f;
+        self.frame_start[k]..self.frame_start[k + 1]
+    }
+
     /// Frame of centre c: centres of a type are ordered frame by frame.
     pub fn centre_frame(&self, c: usize) -> usize {
         let t = self.centre_type(c);
-        let per_frame = (self.centre_start[t + 1] - self.centre_start[t]) / self.nframes;
-        (c - self.centre_start[t]) / per_frame
+        let starts = &self.frame_start[t * (self.nframes + 1)..(t + 1) * (self.nframes + 1)];
+        // The last frame starting at or before c: frames without atoms of t start where the
+        // next one does.
+        starts.partition_point(|&s| s <= c) - 1
+    }
+
+    /// Whether every frame has the same number of centres of each type (one composition),
+    /// which the GPU kernels assume when they find a centre's frame.
+    pub fn uniform(&self) -> bool {
+        (0..self.ntypes).all(|t| {
+            let n = self.frame_centres(t, 0).len();
+            (1..self.nframes).all(|f| self.frame_centres(t, f).len() == n)
+        })
     }
 }
 

@@ -13,8 +13,8 @@ use crate::dist::DeviceLink;
 use crate::fmt::sci;
 use crate::model::file::write_atomic;
 use crate::model::Model;
-use crate::train::batch::Frame;
-use crate::train::predict::predict;
+use crate::train::batch::assemble_frames;
+use crate::train::predict::predict_batch;
 
 pub struct TestJob {
     pub model: Model,
@@ -146,10 +146,9 @@ impl Job for TestJob {
             let (mut e, mut f, mut v) = (Vec::new(), Vec::new(), Vec::new());
             let per_call = frames_per_call(n, nnei);
             for start in (0..nf).step_by(per_call) {
-                let frames: Vec<Frame> = (start..(start + per_call).min(nf))
-                    .map(|i| Frame::of(&sys, i))
-                    .collect();
-                let p = predict(b, &self.model, &sys.atype, &frames)
+                let frames: Vec<usize> = (start..(start + per_call).min(nf)).collect();
+                let batch = assemble_frames(&self.model.spec, &sys, &frames, "test")?;
+                let p = predict_batch(b, &self.model, &batch)
                     .with_context(|| format!("system {}", path.display()))?;
                 e.extend(p.energy);
                 f.extend(p.force);

@@ -41,10 +41,11 @@ pub enum DataError {
         element: String,
         type_map: Vec<String>,
     },
-    #[error("{}: atom {atom} has type {index}, out of range for the model type_map {type_map:?} (and there is no type_map.raw)", path.display())]
+    #[error("{}: {at} has type {index}, out of range for the model type_map {type_map:?} (and there is no type_map.raw)", path.display())]
     TypeOutOfRange {
         path: PathBuf,
-        atom: usize,
+        /// The atom, or a mixed-type frame's atom.
+        at: String,
         index: usize,
         type_map: Vec<String>,
     },

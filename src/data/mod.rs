@@ -1,15 +1,17 @@
-//! Training data: deepmd/npy and deepmd/hdf5 systems (on disk or in memory), the system search,
+//! Training data: deepmd/npy (mixed-type too) and deepmd/hdf5 systems (on disk or in memory), the system search,
 //! the store that reads frames on demand, and the batch sampler over them.
 
 mod error;
 mod files;
 mod hdf5;
+mod mixed;
 mod npy;
 mod sampler;
 mod search;
 mod source;
 mod store;
 mod system;
+mod types;
 mod validate;
 
 pub use error::DataError;
@@ -18,5 +20,7 @@ pub use hdf5::{is_hdf5_file, keep_open, KeepOpen};
 pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
-pub use system::{in_hdf5_file, load_system, load_system_in, read_system_in, System, SystemInfo};
+pub use system::{
+    in_hdf5_file, load_system, load_system_in, read_system_in, Composition, System, SystemInfo,
+};
 pub use validate::{check_frames, check_images, MIN_DIST};

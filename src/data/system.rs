@@ -1,19 +1,28 @@
-//! Reading one deepmd/npy or deepmd/hdf5 system (docs/deepmd-spec.md §1).
+//! Reading one deepmd/npy or deepmd/hdf5 system (docs/deepmd-spec.md §1), of one composition or
+//! mixed-type (mixed.rs).
 
 use std::path::{Path, PathBuf};
 
 use super::error::DataError;
 use super::files::{Disk, Files};
 use super::source::{Location, NpyDir, Source};
+use super::types::TypeIndex;
 
-/// One system: all frames of all its `set.*` directories, atoms sorted by model type.
+/// One system: all frames of all its `set.*` directories, the atoms of each frame sorted by
+/// model type (stable). A mixed-type system (`set.*/real_atom_types.npy`, see mixed.rs) gives
+/// every frame its own types, so its per-atom fields hold one row per frame; read them through
+/// [`System::frame_atype`] and [`System::frame_orig_index`].
 #[derive(Debug, Clone)]
 pub struct System {
     pub path: PathBuf,
     pub natoms: usize,
-    /// Model type index per atom, in sorted order.
+    /// Whether each frame has its own atom types (the mixed-type format).
+    pub mixed: bool,
+    /// Model type index per atom, in sorted order: `[natoms]`, or `[nframes][natoms]` when
+    /// `mixed`.
     pub atype: Vec<usize>,
-    /// `orig_index[i]` is the row of `type.raw` that sorted atom `i` came from.
+    /// `orig_index[i]` is the row of `type.raw` (of the frame, when `mixed`) that sorted atom
+    /// `i` came from; shaped as `atype`.
     pub orig_index: Vec<usize>,
     pub nframes: usize,
     /// `[nframes][natoms][3]`, sorted atom order.
@@ -29,10 +38,43 @@ pub struct System {
 }
 
 impl System {
-    /// Number of atoms of each model type, for `ntypes` types.
-    pub fn type_counts(&self, ntypes: usize) -> Vec<usize> {
+    /// The row of the per-atom fields that holds frame `frame`.
+    fn atom_row(&self, frame: usize) -> std::ops::Range<usize> {
+        let row = if self.mixed { frame } else { 0 };
+        row * self.natoms..(row + 1) * self.natoms
+    }
+
+    /// Model type of each atom of frame `frame`, sorted.
+    pub fn frame_atype(&self, frame: usize) -> &[usize] {
+        &self.atype[self.atom_row(frame)]
+    }
+
+    /// The file row of each sorted atom of frame `frame`.
+    pub fn frame_orig_index(&self, frame: usize) -> &[usize] {
+        &self.orig_index[self.atom_row(frame)]
+    }
+
+    /// The type of DeePMD-kit's first atom of frame `frame`, which its padding slots take
+    /// (docs/design.md §11.1 item 3): DeePMD-kit sorts a frame by type, so the lowest type
+    /// present, but leaves a mixed-type frame in file order, so its row 0's type there.
+    pub fn pad_type(&self, frame: usize) -> usize {
+        let atype = self.frame_atype(frame);
+        match self.mixed {
+            false => atype[0],
+            true => {
+                let order = self.frame_orig_index(frame);
+                atype[order
+                    .iter()
+                    .position(|&o| o == 0)
+                    .expect("row 0 is an atom")]
+            }
+        }
+    }
+
+    /// Number of atoms of each model type in frame `frame`, for `ntypes` types.
+    pub fn type_counts(&self, frame: usize, ntypes: usize) -> Vec<usize> {
         let mut counts = vec![0; ntypes];
-        for &t in &self.atype {
+        for &t in self.frame_atype(frame) {
             counts[t] += 1;
         }
         counts
@@ -106,28 +148,54 @@ pub(crate) fn with_source<R>(
 pub struct SystemInfo {
     pub path: PathBuf,
     pub natoms: usize,
-    /// Model type index per atom, in sorted order.
-    pub atype: Vec<usize>,
+    /// Whether each frame has its own atom types (the mixed-type format).
+    pub mixed: bool,
+    /// The frames' compositions: one, or a mixed-type system's each once, in order of first
+    /// appearance.
+    pub compositions: Vec<Composition>,
     pub nframes: usize,
     pub pbc: bool,
     /// Every frame has a virial label.
     pub has_virial: bool,
 }
 
+/// The model types of a frame's atoms, sorted, and how many frames of the system have them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Composition {
+    pub atype: Vec<usize>,
+    pub nframes: usize,
+}
+
 impl SystemInfo {
     /// Bytes the system's frames take in memory, for the cache budget.
     pub fn bytes(&self) -> usize {
-        let per_frame = 6 * self.natoms + 1 + 18;
+        // coord and force, energy, cell and virial; a mixed frame's types and file rows
+        let per_frame = 6 * self.natoms + 1 + 18 + if self.mixed { 2 * self.natoms } else { 0 };
         8 * per_frame * self.nframes
     }
 }
 
 impl System {
     pub fn info(&self) -> SystemInfo {
+        let mut compositions: Vec<Composition> = Vec::new();
+        for f in 0..if self.mixed { self.nframes } else { 1 } {
+            let atype = self.frame_atype(f);
+            match compositions.iter_mut().find(|c| c.atype == atype) {
+                Some(c) => c.nframes += 1,
+                None => compositions.push(Composition {
+                    atype: atype.to_vec(),
+                    nframes: 1,
+                }),
+            }
+        }
+        if !self.mixed {
+            compositions[0].nframes = self.nframes;
+        }
         SystemInfo {
             path: self.path.clone(),
             natoms: self.natoms,
-            atype: self.atype.clone(),
+            mixed: self.mixed,
+            compositions,
             nframes: self.nframes,
             pbc: self.cell.is_some(),
             has_virial: self.virial.is_some(),
@@ -136,14 +204,22 @@ impl System {
 }
 
 fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<System, DataError> {
-    let model_types = read_types(src, type_map)?;
-    let natoms = model_types.len();
-    // Stable sort by type, as DeePMD's `np.lexsort((arange(natoms), atom_type))`.
-    let mut orig_index: Vec<usize> = (0..natoms).collect();
-    orig_index.sort_by_key(|&i| model_types[i]);
-    let atype = orig_index.iter().map(|&i| model_types[i]).collect();
-
+    let index = TypeIndex::read(src, type_map)?;
+    let raw = read_raw_types(src)?;
+    let natoms = raw.len();
     let sets = set_names(src)?;
+    let mixed = super::mixed::is_mixed(src, &sets)?;
+    let (mut atype, mut orig_index) = (Vec::new(), Vec::new());
+    if mixed {
+        super::mixed::check_placeholder(src, &raw)?;
+    } else {
+        let type_path = src.path("type.raw");
+        let model_types = (raw.iter().enumerate())
+            .map(|(atom, &t)| index.model_type(t, &type_path, || format!("atom {atom}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        push_sorted(&model_types, &mut atype, &mut orig_index);
+    }
+
     let pbc = !src.has_file("nopbc");
     let mut coord = Vec::new();
     let mut cell = Vec::new();
@@ -167,10 +243,18 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
             }
             Ok(data)
         };
+        let order_start = if mixed { orig_index.len() } else { 0 };
+        if mixed {
+            let types = super::mixed::set_types(src, set, natoms, nf, &index)?;
+            for frame in types.chunks_exact(natoms) {
+                push_sorted(frame, &mut atype, &mut orig_index);
+            }
+        }
+        let order = &orig_index[order_start..];
         energy.extend(frames("energy.npy", &[&[], &[1]])?);
         let f = frames("force.npy", &[&[natoms * 3], &[natoms, 3]])?;
-        coord.extend(permute_atoms(&c, &orig_index));
-        force.extend(permute_atoms(&f, &orig_index));
+        coord.extend(permute_atoms(&c, order, natoms));
+        force.extend(permute_atoms(&f, order, natoms));
         if pbc {
             let box_rel = format!("{set}/box.npy");
             if !src.has_file(&box_rel) {
@@ -204,6 +288,7 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
     Ok(System {
         path: path.to_path_buf(),
         natoms,
+        mixed,
         atype,
         orig_index,
         nframes,
@@ -215,8 +300,17 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
     })
 }
 
-/// Model type index of each atom, in `type.raw` order.
-fn read_types(src: &dyn Source, type_map: &[String]) -> Result<Vec<usize>, DataError> {
+/// Appends one frame's atoms sorted by model type (`types`, file order): their types and the
+/// file rows they came from. Stable, as DeePMD's `np.lexsort((arange(natoms), atom_type))`.
+fn push_sorted(types: &[usize], atype: &mut Vec<usize>, orig_index: &mut Vec<usize>) {
+    let mut order: Vec<usize> = (0..types.len()).collect();
+    order.sort_by_key(|&i| types[i]);
+    atype.extend(order.iter().map(|&i| types[i]));
+    orig_index.extend(order);
+}
+
+/// The integers of `type.raw`, at least one.
+fn read_raw_types(src: &dyn Source) -> Result<Vec<usize>, DataError> {
     let type_path = src.path("type.raw");
     let types = src
         .tokens("type.raw")?
@@ -234,42 +328,7 @@ fn read_types(src: &dyn Source, type_map: &[String]) -> Result<Vec<usize>, DataE
             reason: "no atoms".into(),
         });
     }
-
-    let map_path = src.path("type_map.raw");
-    if !src.has_file("type_map.raw") {
-        return match types.iter().position(|&t| t >= type_map.len()) {
-            Some(atom) => Err(DataError::TypeOutOfRange {
-                path: type_path,
-                atom,
-                index: types[atom],
-                type_map: type_map.to_vec(),
-            }),
-            None => Ok(types),
-        };
-    }
-    let data_names = src.tokens("type_map.raw")?;
-    types
-        .iter()
-        .enumerate()
-        .map(|(atom, &t)| {
-            let name = data_names.get(t).ok_or_else(|| DataError::Invalid {
-                path: type_path.clone(),
-                reason: format!(
-                    "atom {atom} has type {t}, but {} lists only {} elements",
-                    map_path.display(),
-                    data_names.len()
-                ),
-            })?;
-            type_map
-                .iter()
-                .position(|m| m == name)
-                .ok_or_else(|| DataError::UnknownElement {
-                    path: map_path.clone(),
-                    element: name.clone(),
-                    type_map: type_map.to_vec(),
-                })
-        })
-        .collect()
+    Ok(types)
 }
 
 /// The `set.*` entries of a system, sorted by name; at least one.
@@ -319,15 +378,16 @@ fn read_frames(
     Ok((nframes, values))
 }
 
-/// Reorder the atoms of every frame of a `[nframes][natoms][3]` array.
-fn permute_atoms(values: &[f64], orig_index: &[usize]) -> Vec<f64> {
-    let stride = orig_index.len() * 3;
-    values
-        .chunks_exact(stride)
-        .flat_map(|frame| {
-            orig_index
-                .iter()
-                .flat_map(move |&i| frame[3 * i..3 * i + 3].iter().copied())
+/// Reorder the atoms of every frame of a `[nframes][natoms][3]` array by `order`: the file rows
+/// of the sorted atoms, one row of `natoms` for every frame or one per frame.
+fn permute_atoms(values: &[f64], order: &[usize], natoms: usize) -> Vec<f64> {
+    (values.chunks_exact(3 * natoms).enumerate())
+        .flat_map(|(f, frame)| {
+            let rows = match order.len() == natoms {
+                true => order,
+                false => &order[f * natoms..(f + 1) * natoms],
+            };
+            (rows.iter()).flat_map(move |&i| frame[3 * i..3 * i + 3].iter().copied())
         })
         .collect()
 }

@@ -52,9 +52,9 @@ pub(super) fn check_npy_size(path: &Path, bytes: &[u8]) -> Result<(), DataError>
 /// Every frame of `sys`: a cell with a volume and at least [`MIN_DIST`] thick, and no two atoms
 /// (periodic images included) closer than [`MIN_DIST`]. Values are known finite already.
 pub fn check_frames(sys: &System) -> Result<(), DataError> {
-    // Atoms are named by their row in type.raw, as the user knows them.
-    let row = |i: usize| sys.orig_index[i];
     for f in 0..sys.nframes {
+        // Atoms are named by their row in type.raw (in the frame), as the user knows them.
+        let row = |i: usize| sys.frame_orig_index(f)[i];
         let bad = |reason: String| DataError::Invalid {
             path: sys.path.clone(),
             reason: format!("frame {f}: {reason}"),

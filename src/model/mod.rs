@@ -241,11 +241,23 @@ impl DescriptorSpec {
 
     /// The batch layout of `nframes` frames with `type_counts` atoms per type.
     pub fn dims(&self, nframes: usize, type_counts: &[usize]) -> crate::backend::Dims {
-        let (m1, m2) = match self.kind {
+        let (m1, m2) = self.dims_widths();
+        crate::backend::Dims::new(nframes, type_counts, &self.slot_sel(), m1, m2)
+    }
+
+    /// The batch layout of frames of their own compositions, `counts[f][t]` atoms of type t in
+    /// frame f (a mixed-type system's).
+    pub fn dims_of_frames(&self, counts: &[Vec<usize>]) -> crate::backend::Dims {
+        let (m1, m2) = self.dims_widths();
+        crate::backend::Dims::of_frames(counts, &self.slot_sel(), m1, m2)
+    }
+
+    /// `Dims::m1`, `Dims::m2`: a hybrid's are its output width and 1.
+    fn dims_widths(&self) -> (usize, usize) {
+        match self.kind {
             DescriptorType::Hybrid => (self.dim(), 1),
             _ => (self.m1(), self.axis_neuron),
-        };
-        crate::backend::Dims::new(nframes, type_counts, &self.slot_sel(), m1, m2)
+        }
     }
 
     pub fn nnei(&self) -> usize {

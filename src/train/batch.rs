@@ -1,6 +1,8 @@
 //! Host-side assembly of one batch: neighbour lists of every frame rearranged into the slot
 //! layout of [`Dims`], plus the labels in batch-atom order (`frame·natoms + atom`).
 
+use std::path::Path;
+
 use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
@@ -29,6 +31,32 @@ impl<'a> Frame<'a> {
     }
 }
 
+/// The atoms of one frame of a batch: their types, sorted, and the type its padding slots take
+/// (a mixed-type descriptor's; [`crate::data::System::pad_type`]).
+#[derive(Clone, Copy, Debug)]
+pub struct FrameTypes<'a> {
+    pub atype: &'a [usize],
+    pub pad: usize,
+}
+
+impl<'a> FrameTypes<'a> {
+    /// Atoms sorted by type whose padding takes the lowest type present, as in DeePMD-kit's
+    /// type-sorted frames.
+    pub fn sorted(atype: &'a [usize]) -> Self {
+        FrameTypes {
+            atype,
+            pad: atype.first().copied().unwrap_or(0),
+        }
+    }
+
+    pub fn of(sys: &'a crate::data::System, f: usize) -> Self {
+        FrameTypes {
+            atype: sys.frame_atype(f),
+            pad: sys.pad_type(f),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct HostBatch {
     pub dims: Dims,
@@ -36,9 +64,8 @@ pub struct HostBatch {
     pub owner: Vec<i32>,
     /// A mixed-type descriptor's (DPA-1's) neighbour type of every slot, `[nslots]` in the slot
     /// order of [`Dims`]: the type of the slot's neighbour, and for a padding slot the type of
-    /// the frame's first atom in type-sorted order, i.e. the lowest type present (DeePMD-kit
-    /// gathers atom 0 for padding, and its data loader sorts atoms by type). Empty for every
-    /// other descriptor.
+    /// DeePMD-kit's first atom of the frame ([`FrameTypes::pad`]; DeePMD-kit gathers atom 0 for
+    /// padding). Empty for every other descriptor.
     pub nei_type: Vec<i32>,
     pub centre_atom: Vec<i32>,
     pub energy: Vec<f64>,
@@ -49,34 +76,35 @@ pub struct HostBatch {
 }
 
 /// The batch atom (`frame·natoms + atom`) of every centre: a function of the shape alone, since
-/// atoms are sorted by type and centres are ordered by type, then frame.
+/// each frame's atoms are sorted by type and centres are ordered by type, then frame.
 pub fn centre_atoms(d: &Dims) -> Vec<i32> {
     let mut out = vec![0i32; d.ncentres()];
-    let mut type_start = 0;
-    for t in 0..d.ntypes {
-        let count = d.centres(t).len() / d.nframes.max(1);
-        for f in 0..d.nframes {
-            for k in 0..count {
-                out[d.centre_start[t] + f * count + k] = (f * d.natoms + type_start + k) as i32;
+    for f in 0..d.nframes {
+        let mut atom = f * d.natoms;
+        for t in 0..d.ntypes {
+            for c in d.frame_centres(t, f) {
+                out[c] = atom as i32;
+                atom += 1;
             }
         }
-        type_start += count;
     }
     out
 }
 
 /// The neighbour type of every slot of a mixed-type list ([`HostBatch::nei_type`]): the type of
-/// its owner (`frame·natoms + atom`), or for padding (owner < 0) `atype[0]`, the lowest type
-/// present, since the atoms of a batch are sorted by type.
-pub fn neighbour_types(owner: &[i32], atype: &[usize]) -> Vec<i32> {
-    let n = atype.len();
-    let pad = atype.first().map_or(0, |&t| t as i32);
-    (owner.iter())
-        .map(|&o| match usize::try_from(o) {
-            Ok(o) => atype[o % n] as i32,
-            Err(_) => pad,
-        })
-        .collect()
+/// its owner (`atype[frame·natoms + atom]`), or for padding (owner < 0) its frame's `pad`.
+pub fn neighbour_types(d: &Dims, owner: &[i32], atype: &[usize], pad: &[usize]) -> Vec<i32> {
+    let mut out = vec![0; owner.len()];
+    for c in 0..d.ncentres() {
+        let f = d.centre_frame(c);
+        for s in d.mixed_slots(c) {
+            out[s] = match usize::try_from(owner[s]) {
+                Ok(o) => atype[o],
+                Err(_) => pad[f],
+            } as i32;
+        }
+    }
+    out
 }
 
 /// The batch of frames `frames` of `sys`; an error names the (`what`: training, validation)
@@ -87,37 +115,69 @@ pub fn assemble_frames(
     frames: &[usize],
     what: &str,
 ) -> Result<HostBatch> {
+    check_mixed_data(spec, &sys.path, sys.mixed)?;
     let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
-    assemble_numbered(spec, &sys.atype, &fr, frames)
+    let types: Vec<FrameTypes> = frames.iter().map(|&f| FrameTypes::of(sys, f)).collect();
+    assemble_numbered(spec, &types, &fr, frames)
         .with_context(|| format!("{what} system {}", sys.path.display()))
 }
 
-/// The batch of `frames`; an error names a frame by its position in `frames`.
-pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<HostBatch> {
-    let index: Vec<usize> = (0..frames.len()).collect();
-    assemble_numbered(spec, atype, frames, &index)
+/// Refuses a mixed-type system (`mixed`: `set.*/real_atom_types.npy`) for a descriptor that is
+/// not mixed-type: DeePMD-kit reads such data for se_atten and se_atten_v2, whose one neighbour
+/// list serves frames of any composition in one batch.
+pub fn check_mixed_data(spec: &ModelSpec, path: &Path, mixed: bool) -> Result<()> {
+    if mixed && !spec.descriptor.is_mixed() {
+        bail!(
+            "{}: mixed-type data (set.*/real_atom_types.npy) needs a mixed-type descriptor \
+             (se_atten, se_atten_v2), not {}",
+            path.display(),
+            spec.descriptor.kind.as_str()
+        );
+    }
+    Ok(())
 }
 
-/// [`assemble`], an error naming frame `f` as `index[f]` (its index in its system).
+/// The batch of `frames`, every one of atoms `atype`; an error names a frame by its position in
+/// `frames`.
+pub fn assemble(spec: &ModelSpec, atype: &[usize], frames: &[Frame]) -> Result<HostBatch> {
+    let index: Vec<usize> = (0..frames.len()).collect();
+    let types = vec![FrameTypes::sorted(atype); frames.len()];
+    assemble_numbered(spec, &types, frames, &index)
+}
+
+/// [`assemble`] of frames of their own atoms, `types[f]`; an error names frame `f` as `index[f]`
+/// (its index in its system).
 fn assemble_numbered(
     spec: &ModelSpec,
-    atype: &[usize],
+    types: &[FrameTypes],
     frames: &[Frame],
     index: &[usize],
 ) -> Result<HostBatch> {
     let d = &spec.descriptor;
     let nt = spec.ntypes();
-    let n = atype.len();
-    if atype.windows(2).any(|w| w[0] > w[1]) {
-        bail!("atoms of a batch must be sorted by type");
+    let n = types.first().map_or(0, |t| t.atype.len());
+    let mut counts = Vec::with_capacity(types.len());
+    for (ft, &frame) in types.iter().zip(index) {
+        let atype = ft.atype;
+        if atype.windows(2).any(|w| w[0] > w[1]) {
+            bail!("frame {frame}: atoms of a batch must be sorted by type");
+        }
+        if atype.len() != n {
+            bail!(
+                "frame {frame} has {} atoms but the batch's first frame {n}: a batch holds \
+                 frames of one atom count",
+                atype.len()
+            );
+        }
+        let count = |t| atype.iter().filter(|&&x| x == t).count();
+        counts.push((0..nt).map(count).collect::<Vec<_>>());
     }
-    let counts: Vec<usize> = (0..nt)
-        .map(|t| atype.iter().filter(|&&x| x == t).count())
-        .collect();
-    let type_start: Vec<usize> = (0..nt)
-        .map(|t| atype.iter().take_while(|&&x| x < t).count())
-        .collect();
-    let dims = d.dims(frames.len(), &counts);
+    let uniform = counts.windows(2).all(|w| w[0] == w[1]);
+    let dims = match (uniform, counts.first()) {
+        (true, Some(c)) => d.dims(frames.len(), c),
+        (true, None) => d.dims(0, &vec![0; nt]),
+        (false, _) => d.dims_of_frames(&counts),
+    };
     let sections = d.sections();
     let ns = dims.nslots();
     let mut rij = vec![0.0; 3 * ns];
@@ -127,6 +187,7 @@ fn assemble_numbered(
         .iter()
         .enumerate()
         .map(|(f, fr)| {
+            let atype = types[f].atype;
             let cell = match fr.cell {
                 Some(c) => {
                     let frame = index[f];
@@ -152,11 +213,11 @@ fn assemble_numbered(
     let mut part_start = vec![0; nt];
     for part in d.parts() {
         let rc2 = part.rcut * part.rcut;
-        for (ti, &count) in counts.iter().enumerate() {
-            for (f, nl) in nlists.iter().enumerate() {
-                for k in 0..count {
-                    let i = type_start[ti] + k;
-                    let c = dims.centre_start[ti] + f * count + k;
+        for (f, nl) in nlists.iter().enumerate() {
+            // Frame f's atoms in sorted order, i.e. its centres type by type.
+            let mut i = 0;
+            for ti in 0..nt {
+                for c in dims.frame_centres(ti, f) {
                     for (tj, (&sel, &sec)) in part.sel.iter().zip(&sections).enumerate() {
                         for j in 0..sel {
                             let src = i * d.nnei() + sec + j;
@@ -169,6 +230,7 @@ fn assemble_numbered(
                             }
                         }
                     }
+                    i += 1;
                 }
             }
         }
@@ -178,7 +240,11 @@ fn assemble_numbered(
             .for_each(|(o, s)| *o += s);
     }
     let nei_type = match d.is_mixed() {
-        true => neighbour_types(&owner, atype),
+        true => {
+            let atype: Vec<usize> = types.iter().flat_map(|t| t.atype.iter().copied()).collect();
+            let pad: Vec<usize> = types.iter().map(|t| t.pad).collect();
+            neighbour_types(&dims, &owner, &atype, &pad)
+        }
         false => vec![],
     };
     let has_virial = frames.iter().all(|f| f.virial.is_some());

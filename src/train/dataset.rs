@@ -59,12 +59,16 @@ impl DataSet {
         for (t, name) in type_map.iter().enumerate() {
             let (mut nsys, mut nframes, mut natoms) = (0usize, 0usize, 0usize);
             for s in &self.systems {
-                let n = s.atype.iter().filter(|&&a| a == t).count();
-                if n > 0 {
-                    nsys += 1;
-                    nframes += s.nframes;
-                    natoms += n * s.nframes;
+                let mut has = false;
+                for c in &s.compositions {
+                    let n = c.atype.iter().filter(|&&a| a == t).count();
+                    if n > 0 {
+                        has = true;
+                        nframes += c.nframes;
+                        natoms += n * c.nframes;
+                    }
                 }
+                nsys += usize::from(has);
             }
             lines.push(format!("{name:>8}  {nsys:>8}  {nframes:>10}  {natoms:>14}"));
         }

@@ -48,12 +48,20 @@ pub fn predict<T: Real, B: Backend<T>>(
     atype: &[usize],
     frames: &[Frame],
 ) -> Result<Prediction> {
-    let batch = assemble(&model.spec, atype, frames)?;
+    predict_batch(b, model, &assemble(&model.spec, atype, frames)?)
+}
+
+/// Predictions for an assembled batch (frames of their own compositions too).
+pub fn predict_batch<T: Real, B: Backend<T>>(
+    b: &B,
+    model: &Model,
+    batch: &HostBatch,
+) -> Result<Prediction> {
     let dm = DeviceModel::<T, B>::new(b, model);
     let mut w = Workspace::new(b, &dm, &batch.dims)?;
-    w.load(b, &batch);
+    w.load(b, batch);
     forward(b, &dm, &mut w);
-    Ok(read_prediction(b, &w, &batch))
+    Ok(read_prediction(b, &w, batch))
 }
 
 /// The loss sums and the gradient (f64, in the layout's order) of one batch.

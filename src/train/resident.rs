@@ -67,7 +67,7 @@ fn bytes<T: Real>(one: &Dims, nframes: usize, positions: usize) -> usize {
     nframes * per_frame
 }
 
-/// The shape of a batch of one frame of atoms `atype`.
+/// The shape of a batch of one frame of atoms `atype` (sorted).
 fn one_frame_dims(spec: &ModelSpec, atype: &[usize]) -> Dims {
     let d = &spec.descriptor;
     let counts: Vec<usize> = (0..spec.ntypes())
@@ -79,7 +79,7 @@ fn one_frame_dims(spec: &ModelSpec, atype: &[usize]) -> Dims {
 impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
     /// Every frame of `sys` on the device, for batches of up to `positions` frames.
     pub fn new(b: &B, spec: &ModelSpec, sys: &System, positions: usize) -> Result<Self> {
-        let one = one_frame_dims(spec, &sys.atype);
+        let one = one_frame_dims(spec, sys.frame_atype(0));
         let nframes = sys.nframes;
         let (ns, n) = (one.nslots(), one.natoms);
         let oom = |e: OutOfMemory| {
@@ -221,9 +221,11 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
         let mut systems = Vec::new();
         let mut frames = 0;
         for (s, info) in infos.iter().enumerate() {
-            let one = one_frame_dims(spec, &info.atype);
+            let one = one_frame_dims(spec, &info.compositions[0].atype);
             let need = bytes::<T>(&one, info.nframes, batch_sizes[s]);
-            let keep = used.saturating_add(need) <= budget;
+            // A batch is gathered from frames of one slot layout and one padding type: a
+            // mixed-type system's frames need not share them, so it is assembled every step.
+            let keep = !info.mixed && used.saturating_add(need) <= budget;
             systems.push(if keep {
                 used += need;
                 frames += info.nframes;

@@ -16,6 +16,7 @@ use crate::model::{
     read_model, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
 };
 
+use super::batch::check_mixed_data;
 use super::checkpoint::Checkpoint;
 use super::dataset::{load_data_in, DataSet};
 use super::lr::LrSchedule;
@@ -228,6 +229,11 @@ pub fn prepare_in(
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
     let spec = resolve_spec(&mut cfg, given, &mut read)?;
+    for data in std::iter::once(&read.train).chain(&valid) {
+        for sys in &data.systems {
+            check_mixed_data(&spec, &sys.path, sys.mixed)?;
+        }
+    }
     if let Some(m) = given {
         let what = if restart.is_some() {
             "the restart checkpoint"

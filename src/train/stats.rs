@@ -46,7 +46,7 @@ fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>
     let mut count = vec![0usize; ntypes];
     for i in 0..pos.len() {
         count.fill(0);
-        min_d2 = min_d2.min(grid.count(i, rc2, &sys.atype, &mut count));
+        min_d2 = min_d2.min(grid.count(i, rc2, sys.frame_atype(f), &mut count));
         for (m, &c) in max_count.iter_mut().zip(&count) {
             *m = (*m).max(c);
         }
@@ -263,7 +263,8 @@ impl Pass<'_> {
                         FrameStat::Rows(
                             (parts.iter())
                                 .map(|p| {
-                                    frame_rows(p, sys.frame_coord(f), cell.as_ref(), &sys.atype)
+                                    let atype = sys.frame_atype(f);
+                                    frame_rows(p, sys.frame_coord(f), cell.as_ref(), atype)
                                 })
                                 .collect(),
                             widest,
@@ -328,12 +329,9 @@ impl Sums {
                 }
             }
             if pass.stat.is_some() {
-                let c: Vec<f64> = sys
-                    .type_counts(pass.ntypes)
-                    .iter()
-                    .map(|&n| n as f64)
-                    .collect();
                 for &f in &frames {
+                    // A mixed-type frame's own counts: DeePMD-kit's `real_natoms_vec`.
+                    let c = sys.type_counts(f, pass.ntypes);
                     let Some(FrameStat::Rows(r, _)) = &per_frame[f] else {
                         unreachable!("statistics frames have rows");
                     };
@@ -343,7 +341,7 @@ impl Sums {
                     for (env, r) in self.env.iter_mut().zip(r) {
                         env.add_rows(r);
                     }
-                    self.counts.push(c.clone());
+                    self.counts.push(c.iter().map(|&n| n as f64).collect());
                     self.energy.push(sys.energy[f]);
                 }
             }

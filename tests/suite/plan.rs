@@ -146,6 +146,7 @@ pub fn resident_batches_match_host<B: Backend<f64>>(b: &B) {
     let sys = System {
         path: "random".into(),
         natoms: 8,
+        mixed: false,
         atype: frames[0].atype.clone(),
         orig_index: (0..8).collect(),
         nframes: 3,

@@ -137,7 +137,7 @@ impl<B: Fetch> Session<B> {
         let force = self.reads.read(&self.b, &w.force).await?;
         Ok(json!({
             "type_map": self.spec.type_map,
-            "types": sys.atype,
+            "types": sys.frame_atype(0),
             "box": sys.frame_cell(0),
             "coord": sys.frame_coord(0),
             "force_ref": sys.frame_force(0),

@@ -1,0 +1,71 @@
+//! How a system's atom type indices become the model's: through the element names of its
+//! `type_map.raw` where it has one, else as indices into the model's type_map (DeePMD-kit's
+//! `DeepmdData`). One mapping for `type.raw` and for a mixed-type system's frames.
+
+use std::path::{Path, PathBuf};
+
+use super::error::DataError;
+use super::source::Source;
+
+pub(super) struct TypeIndex {
+    /// The system's `type_map.raw`, and the model type of each of its elements (`None`: absent
+    /// from the model's type_map).
+    names: Option<(PathBuf, Vec<String>, Vec<Option<usize>>)>,
+    type_map: Vec<String>,
+}
+
+impl TypeIndex {
+    pub fn read(src: &dyn Source, type_map: &[String]) -> Result<Self, DataError> {
+        let names = match src.has_file("type_map.raw") {
+            false => None,
+            true => {
+                let names = src.tokens("type_map.raw")?;
+                let model = (names.iter())
+                    .map(|n| type_map.iter().position(|m| m == n))
+                    .collect();
+                Some((src.path("type_map.raw"), names, model))
+            }
+        };
+        Ok(TypeIndex {
+            names,
+            type_map: type_map.to_vec(),
+        })
+    }
+
+    /// The model type of data type `t`, found in `path` at `at` (an atom, or a frame's atom).
+    pub fn model_type(
+        &self,
+        t: usize,
+        path: &Path,
+        at: impl Fn() -> String,
+    ) -> Result<usize, DataError> {
+        let Some((map_path, names, model)) = &self.names else {
+            if t < self.type_map.len() {
+                return Ok(t);
+            }
+            return Err(DataError::TypeOutOfRange {
+                path: path.to_path_buf(),
+                at: at(),
+                index: t,
+                type_map: self.type_map.clone(),
+            });
+        };
+        match model.get(t) {
+            None => Err(DataError::Invalid {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "{} has type {t}, but {} lists only {} elements",
+                    at(),
+                    map_path.display(),
+                    names.len()
+                ),
+            }),
+            Some(None) => Err(DataError::UnknownElement {
+                path: map_path.clone(),
+                element: names[t].clone(),
+                type_map: self.type_map.clone(),
+            }),
+            Some(Some(m)) => Ok(*m),
+        }
+    }
+}
