@@ -14,8 +14,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::dual::{Dual, Num, Prod};
-use super::gemm::Mat;
+use super::dual::{Dual, Num};
+use super::gemm::{Mat, Prod};
 use crate::backend::{AttnOpts, Dims, Real};
 
 /// Shift of the smooth attention's logits (DeePMD-kit's `attnw_shift`).

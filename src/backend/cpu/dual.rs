@@ -15,20 +15,8 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 use num_traits::Float;
 
 use super::exp::exp_in_place;
-use super::gemm::{small_gemm, small_gemm_into, Mat};
+use super::gemm::{small_gemm, small_gemm_into, Mat, Prod};
 use crate::backend::Real;
-
-/// The shape of a product C (+)= A·B ([`Num::gemm`]): C `[m][n]` with rows `c_rs` apart, A
-/// `[m][k]` given by strides, B `[k][n]` with rows `b_rs` apart; `acc` adds to C.
-#[derive(Clone, Copy)]
-pub struct Prod {
-    pub m: usize,
-    pub k: usize,
-    pub n: usize,
-    pub b_rs: usize,
-    pub c_rs: usize,
-    pub acc: bool,
-}
 
 /// What the generic passes compute with: a real `R`, or a [`Dual`] of `R`.
 pub trait Num<R: Real>:
@@ -90,7 +78,7 @@ impl<R: Real> Num<R> for R {
         Self::gemm_r(p, a, b, c, &mut Vec::new());
     }
     fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], _: &mut Vec<R>) {
-        small_gemm_into(p.m, p.k, p.n, a, b, p.b_rs, p.acc, c, p.c_rs);
+        small_gemm_into(p, a, b, c);
     }
 }
 

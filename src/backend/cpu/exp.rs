@@ -22,29 +22,42 @@ fn reduce64<const W: usize>(y: &Row<f64, W>) -> (Row<f64, W>, Row<f64, W>) {
     (shifted, map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO))
 }
 
-/// (e^r − 1)/r = 1 + r/2! + … + r¹²/13! (Taylor to degree 13 of e^r − 1, remainder < 4e-18
-/// relative for |r| ≤ ln2/2), by Horner. Plain multiplies and adds, not fused: the same bits on
-/// every target, wasm included.
+/// Σ c[i]·r^(N−1−i) of each value, by Horner from the highest power: plain multiplies and adds,
+/// not fused, so the same bits on every target, wasm included.
 #[inline(always)]
-fn expm1_over_r64<const W: usize>(r: &Row<f64, W>) -> Row<f64, W> {
-    let mut p = [1.0 / 6_227_020_800.0; W];
-    for c in [
-        1.0 / 479_001_600.0,
-        1.0 / 39_916_800.0,
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-    ] {
+fn horner<F, const W: usize, const N: usize>(r: &Row<F, W>, c: [F; N]) -> Row<F, W>
+where
+    F: Copy + Default + std::ops::Mul<Output = F> + std::ops::Add<Output = F>,
+{
+    let mut p = [c[0]; W];
+    for &c in &c[1..] {
         p = map(|q| p[q] * r[q] + c);
     }
     p
+}
+
+/// (e^r − 1)/r = 1 + r/2! + … + r¹²/13! (Taylor to degree 13 of e^r − 1, remainder < 4e-18
+/// relative for |r| ≤ ln2/2).
+#[inline(always)]
+fn expm1_over_r64<const W: usize>(r: &Row<f64, W>) -> Row<f64, W> {
+    horner(
+        r,
+        [
+            1.0 / 6_227_020_800.0,
+            1.0 / 479_001_600.0,
+            1.0 / 39_916_800.0,
+            1.0 / 3_628_800.0,
+            1.0 / 362_880.0,
+            1.0 / 40_320.0,
+            1.0 / 5_040.0,
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+        ],
+    )
 }
 
 /// 2^k from the bits of k + 1.5·2⁵²: an integer subtraction where `k as i64` would need
@@ -91,18 +104,19 @@ pub(super) fn exp32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
     let shifted: Row<f32, W> = map(|q| y[q] * std::f32::consts::LOG2_E + SHIFT);
     let k: Row<f32, W> = map(|q| shifted[q] - SHIFT);
     let r: Row<f32, W> = map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO);
-    let mut p = [1.0 / 5_040.0; W];
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = map(|q| p[q] * r[q] + c);
-    }
+    let p = horner(
+        &r,
+        [
+            1.0 / 5_040.0,
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ],
+    );
     // 2^k from the bits, as [`two_pow64`]: `k as i32` saturates, which the compiler does not
     // vectorise.
     map(|q| {

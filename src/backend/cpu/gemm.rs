@@ -34,6 +34,18 @@ const B_IN_L2: usize = 256 * 1024;
 /// Fewest rows (or columns) of C per parallel task.
 const MIN_PART: usize = 32;
 
+/// The shape of a product C (+)= A·B: C `[m][n]` with rows `c_rs` apart, A `[m][k]` given by
+/// strides, B `[k][n]` with rows `b_rs` apart; `acc` adds to C.
+#[derive(Clone, Copy)]
+pub struct Prod {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub b_rs: usize,
+    pub c_rs: usize,
+    pub acc: bool,
+}
+
 /// A matrix operand given by strides: element (i, p) is `v[i·rs + p·cs]`.
 #[derive(Clone, Copy)]
 pub(super) struct Mat<'a, T> {
@@ -65,29 +77,26 @@ pub(super) fn small_gemm<T: Real>(
     accumulate: bool,
     c: &mut [T],
 ) {
-    small_gemm_into(m, k, n, a, b, b_rs, accumulate, c, n);
+    let p = Prod {
+        m,
+        k,
+        n,
+        b_rs,
+        c_rs: n,
+        acc: accumulate,
+    };
+    small_gemm_into(p, a, b, c);
 }
 
-/// [`small_gemm`] into rows of C `c_rs` apart: a block of columns of a wider matrix (DPA-1's
-/// q̂, k̂, v̂ side by side in one row per slot).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn small_gemm_into<T: Real>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: Mat<T>,
-    b: &[T],
-    b_rs: usize,
-    accumulate: bool,
-    c: &mut [T],
-    c_rs: usize,
-) {
+/// [`small_gemm`] of shape `p`, into rows of C `p.c_rs` apart: a block of columns of a wider
+/// matrix (DPA-1's q̂, k̂, v̂ side by side in one row per slot).
+pub(super) fn small_gemm_into<T: Real>(p: Prod, a: Mat<T>, b: &[T], c: &mut [T]) {
     let c = MatMut {
         v: c,
-        rs: c_rs,
+        rs: p.c_rs,
         cs: 1,
     };
-    if let Some(p) = Problem::new(m, k, n, a, b, b_rs, accumulate, c) {
+    if let Some(p) = Problem::new(p.m, p.k, p.n, a, b, p.b_rs, p.acc, c) {
         p.run();
     }
 }
