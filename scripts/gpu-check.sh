@@ -20,7 +20,8 @@
 #       step has a time limit and the whole run stays under GPU_CHECK_BUDGET seconds (default
 #       540). Without a GPU it says so, writes the report and exits 1 within seconds
 #       (GPU_CHECK_FORCE=1 goes on: a dry run). GPU_CHECK_ONLY=REGEX runs only the steps whose
-#       names match (the others are reported as skipped).
+#       names match (the others are reported as skipped). GPU_CHECK_TEST_FILTER=NAME passes NAME
+#       to the test executables as libtest's filter (CI's dry run: one quick test of a step).
 #   scripts/gpu-check.sh more    (the follow-up, when the first call leaves time) the per-op
 #       profile (`dpw bench --profile`), ncu's per-kernel times, and the benches `run` leaves
 #       out (batch 4, frames not resident, wgpu at batch 16); budget 200 s by default.
@@ -256,6 +257,8 @@ run_checks() {
   INFO=$W/info.tsv
   : >"$INFO"
 
+  TEST_FILTER=()
+  [ -z "${GPU_CHECK_TEST_FILTER:-}" ] || TEST_FILTER=("$GPU_CHECK_TEST_FILTER")
   info() { printf '%s\t%s\n' "$1" "$2" >>"$INFO"; echo "$1: $2"; }
   # One step: `step NAME LIMIT_S command...`: its output goes to $LOGS/NAME.log; the limit is cut
   # to what the budget has left; a step with under 5 s left is skipped.
@@ -395,8 +398,8 @@ run_checks() {
 main_checks() { # kit dpw water
   local K=$1 dpw=$2 water=$3
   # CUDA: the kernels compile, the backend suite and the parity tests pass.
-  step cuda_kernels_nvrtc 60 "$K/bin/kernels_nvrtc" --nocapture
-  step cuda_backend_suite 180 "$K/bin/backend_cuda" --include-ignored --test-threads=1 --nocapture
+  step cuda_kernels_nvrtc 60 "$K/bin/kernels_nvrtc" "${TEST_FILTER[@]}" --nocapture
+  step cuda_backend_suite 180 "$K/bin/backend_cuda" "${TEST_FILTER[@]}" --include-ignored --test-threads=1 --nocapture
 
   # 200 float64 steps on cuda: lcurve.out equal to the cpu one.
   mkdir -p "$W/train"
@@ -426,7 +429,7 @@ EOF
   # The variant without the CUDA graph (DPW_CUDA_GRAPH=0; by default the training step's
   # forward + gradient is captured once and replayed): the backend suite, the 200 steps with
   # lcurve.out equal to the cpu one, and its speed.
-  step cuda_suite_nograph 120 env DPW_CUDA_GRAPH=0 "$K/bin/backend_cuda" --include-ignored \
+  step cuda_suite_nograph 120 env DPW_CUDA_GRAPH=0 "$K/bin/backend_cuda" "${TEST_FILTER[@]}" --include-ignored \
     --test-threads=1 --nocapture
   mkdir -p "$W/train-nograph"
   cp "$W/train/input.json" "$W/train-nograph/input.json"
@@ -472,7 +475,7 @@ EOF
 
   # wgpu through Vulkan on the same GPU.
   vulkan_setup "$K"
-  step wgpu_backend_suite 150 "$K/bin/backend_wgpu" --test-threads=1 --nocapture
+  step wgpu_backend_suite 150 "$K/bin/backend_wgpu" "${TEST_FILTER[@]}" --test-threads=1 --nocapture
   local adapter
   adapter=$(grep -m1 -o 'wgpu adapter:.*' "$LOGS/wgpu_backend_suite.log" 2>/dev/null || echo unknown)
   info wgpu_adapter "$adapter"
@@ -481,7 +484,7 @@ EOF
     *"cpu adapter: false"*) printf 'wgpu_on_the_gpu\tpass\t0\t0\t%s\n' "$adapter" >>"$RESULTS" ;;
     *) printf 'wgpu_on_the_gpu\tfail\t0\t-\tnot a GPU adapter: %s\n' "$adapter" >>"$RESULTS" ;;
   esac
-  step wgpu_train_parity 90 "$K/bin/train_wgpu_parity" --nocapture
+  step wgpu_train_parity 90 "$K/bin/train_wgpu_parity" "${TEST_FILTER[@]}" --nocapture
   for p in f64 f32; do bench_step wgpu "$p" 1 45; done
 
   # compute-sanitizer memcheck on a short cuda run.
@@ -640,7 +643,7 @@ mpi_checks() { # kit dpw water
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
   info gpus "$ngpu"
   [ -n "$(find_lib nccl)" ] && export DPW_REQUIRE_NCCL=1
-  step nccl_one_rank 60 "$K/bin/nccl_exchange" --include-ignored --nocapture
+  step nccl_one_rank 60 "$K/bin/nccl_exchange" "${TEST_FILTER[@]}" --include-ignored --nocapture
   unset DPW_REQUIRE_NCCL
 
   local mpirun r=$K/mpi/usr
