@@ -59,7 +59,7 @@ mod timed {
                 eps: 1e-8,
                 t,
             };
-            b.adam(s, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
+            Backend::<f64>::adam(&b, s, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
         }
         assert_eq!(b.steps(), 3);
         let p = b.profile(1);

@@ -12,6 +12,7 @@ mod suite;
 
 use std::sync::OnceLock;
 
+use dpw::backend::cpu::Cpu;
 use dpw::backend::cuda::{Cuda, NO_DRIVER};
 use dpw::backend::{Backend, Prefactors, Real};
 use dpw::train::predict::loss_and_grad;
@@ -86,6 +87,7 @@ fn parity_ops_f32() {
 fn water_parity<T: Real>(gpu: &Cuda, tol: f64)
 where
     Cuda: Backend<T>,
+    Cpu: Backend<T>,
 {
     let (model, rf) = (common::model_a(), common::ref_frames());
     let frames: Vec<_> = (0..3).map(|f| rf.frame(f)).collect();
@@ -105,6 +107,7 @@ where
 fn small_parity<T: Real>(gpu: &Cuda, tol: f64)
 where
     Cuda: Backend<T>,
+    Cpu: Backend<T>,
 {
     let mut failures = Vec::new();
     for (name, m, s) in small_cases() {

@@ -139,6 +139,7 @@ fn deviations(
 fn parity<T: GpuReal>(test: &str, tol: f64)
 where
     Cpu: Backend<T>,
+    Wgpu: Backend<T>,
 {
     let Some(w) = wgpu_for::<T>(test) else { return };
     let c = case();
@@ -186,7 +187,10 @@ fn parity_ops_f32() {
     }
 }
 
-fn repeatable<T: GpuReal>(test: &str) {
+fn repeatable<T: GpuReal>(test: &str)
+where
+    Wgpu: Backend<T>,
+{
     let Some(w) = wgpu_for::<T>(test) else { return };
     let c = case();
     let a = run::<T, Wgpu>(w, &c, 2);
@@ -267,7 +271,7 @@ fn f64_tanh_is_accurate() {
         Backend::<f64>::zeros(w, xs.len()),
         Backend::<f64>::zeros(w, xs.len()),
     );
-    w.dense_forward(&layer, &params, 0..xs.len(), &x, &mut h, &mut y);
+    Backend::<f64>::dense_forward(w, &layer, &params, 0..xs.len(), &x, &mut h, &mut y);
     let got = Backend::<f64>::download(w, &h);
     let worst = xs
         .iter()
@@ -303,7 +307,7 @@ fn f64_sqrt_in_adam_is_accurate() {
     Backend::<f64>::adam(&Cpu::default(), step, &mut pc, &g, &mut mc, &mut vc);
     let (mut p, mut m, mut v) = (w.upload(&p0), w.upload(&m0), w.upload(&v0));
     let gb = w.upload(&g);
-    w.adam(step, &mut p, &gb, &mut m, &mut v);
+    Backend::<f64>::adam(w, step, &mut p, &gb, &mut m, &mut v);
     let dp: Vec<f64> = Backend::<f64>::download(w, &p)
         .iter()
         .zip(&p0)
@@ -399,6 +403,7 @@ fn other_case() -> Case {
 fn parity_other<T: GpuReal>(test: &str, tol: f64)
 where
     Cpu: Backend<T>,
+    Wgpu: Backend<T>,
 {
     let Some(w) = wgpu_for::<T>(test) else { return };
     let c = other_case();
@@ -480,8 +485,8 @@ fn f32_frame_energy_is_the_rounded_exact_sum() {
             Backend::<f32>::energy(&Cpu::default(), &d, e_fit, &bias.to_vec(), &mut ea, &mut en);
             let (ef, bb) = (w.upload(e_fit), w.upload(&bias));
             let (mut ga, mut ge) = (Backend::<f32>::zeros(w, nc), Backend::<f32>::zeros(w, 3));
-            w.energy(&d, &ef, &bb, &mut ga, &mut ge);
-            assert_eq!(w.download(&ga), ea);
+            Backend::<f32>::energy(w, &d, &ef, &bb, &mut ga, &mut ge);
+            assert_eq!(Backend::<f32>::download(w, &ga), ea);
             let exact: Vec<f32> = (0..3)
                 .map(|f| {
                     let terms: Vec<f32> = (0..nc)
@@ -491,7 +496,7 @@ fn f32_frame_energy_is_the_rounded_exact_sum() {
                     exact_f32_sum(&terms)
                 })
                 .collect();
-            let got = w.download(&ge);
+            let got = Backend::<f32>::download(w, &ge);
             assert_eq!(
                 got, exact,
                 "case {k}: per-frame energies (cpu's f64 sum gives {en:?})"
@@ -510,7 +515,7 @@ fn large_launches_spill_over() {
     let n = 65535 * 64 + 1000;
     let mut b = Backend::<f32>::zeros(w, n);
     w.fill(&mut b, 1.5f32);
-    let got = w.download(&b);
+    let got = Backend::<f32>::download(w, &b);
     assert!(got.iter().all(|&v| v == 1.5), "fill missed elements");
     let rows = 65535 * 16 + 100;
     let layer = Layer {
@@ -529,8 +534,8 @@ fn large_launches_spill_over() {
         Backend::<f32>::zeros(w, rows),
         Backend::<f32>::zeros(w, rows),
     );
-    w.dense_forward(&layer, &params, 0..rows, &x, &mut h, &mut y);
-    let got = w.download(&y);
+    Backend::<f32>::dense_forward(w, &layer, &params, 0..rows, &x, &mut h, &mut y);
+    let got = Backend::<f32>::download(w, &y);
     let bad = (0..rows).find(|&i| got[i] != 2.0 * xs[i] + 0.5);
     assert_eq!(bad, None, "dense forward missed rows");
 }
@@ -549,7 +554,7 @@ fn adapter_without_f64_refuses_float64() {
     let e = w.require::<f64>().unwrap_err().to_string();
     assert!(e.contains("\"precision\": \"float32\""), "{e}");
     let b = w.upload(&[1.0f32, 2.0]);
-    assert_eq!(w.download(&b), vec![1.0, 2.0]);
+    assert_eq!(Backend::<f32>::download(&w, &b), vec![1.0, 2.0]);
 }
 
 /// A training step after the first two creates no buffer and no bind group and reads nothing back;
@@ -598,8 +603,9 @@ fn steps_after_the_first_create_and_read_nothing() {
             pf,
         };
         let (rows, at) = log.record(w, sums, info);
-        w.clip_grad_norm(&mut dm.grad, 0.1, rows, at);
-        w.adam(
+        Backend::<f32>::clip_grad_norm(w, &mut dm.grad, 0.1, rows, at);
+        Backend::<f32>::adam(
+            w,
             adam_step(&opt, 1e-3, t),
             &mut dm.params,
             &dm.grad,
@@ -632,7 +638,11 @@ fn steps_after_the_first_create_and_read_nothing() {
 
 /// DPA-1's whole step (one mixed neighbour section, its own ops on the host) against the cpu
 /// backend, on the reference cases' training frames.
-fn parity_dpa1<T: GpuReal>(test: &str, tol: f64) {
+fn parity_dpa1<T: GpuReal>(test: &str, tol: f64)
+where
+    Cpu: Backend<T>,
+    Wgpu: Backend<T>,
+{
     if let Some(w) = wgpu_for::<T>(test) {
         suite::parity::dpa1::<T, _>(w, tol);
     }

@@ -37,9 +37,9 @@ fn a_one_rank_nccl_exchange_weights_like_the_host_path() {
     let share = 1.0 / 3.0;
     let g: Vec<f64> = (0..1000).map(|i| (0.37 * i as f64).sin()).collect();
 
-    let mut ex = GradExchange::new(DeviceLink::cuda(&cuda));
-    let mut grad = cuda.upload(&g);
-    let mut sums = cuda.upload(&[1.5, 2.5, 3.5]);
+    let mut ex = GradExchange::<f64, _>::new(DeviceLink::cuda(&cuda));
+    let mut grad = Backend::<f64>::upload(&cuda, &g);
+    let mut sums = Backend::<f64>::upload(&cuda, &[1.5, 2.5, 3.5]);
     ex.all_reduce(&w, &cuda, &mut grad, &mut sums, share);
     let want: Vec<f64> = g.iter().map(|x| x * share).collect();
     assert_eq!(Backend::<f64>::download(&cuda, &grad), want);
@@ -54,7 +54,7 @@ fn a_one_rank_nccl_exchange_weights_like_the_host_path() {
     assert!(ex.summary(&w, 1.0).contains("(NCCL)"));
 
     let g32: Vec<f32> = g.iter().map(|&x| x as f32).collect();
-    let mut ex = GradExchange::new(DeviceLink::cuda(&cuda));
+    let mut ex = GradExchange::<f32, _>::new(DeviceLink::cuda(&cuda));
     let mut grad = cuda.upload(&g32);
     let mut sums = cuda.upload(&[1.5f32, 2.5, 3.5]);
     ex.all_reduce(&w, &cuda, &mut grad, &mut sums, share);

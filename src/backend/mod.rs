@@ -12,6 +12,8 @@
 
 #[macro_use]
 mod ops;
+#[macro_use]
+mod monomorphic;
 
 pub mod attn;
 pub mod counts;

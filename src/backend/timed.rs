@@ -38,7 +38,10 @@ pub trait Timeable<T: Real>: Backend<T> {
     }
 }
 
-impl<T: Real> Timeable<T> for super::cpu::Cpu {
+impl<T: Real> Timeable<T> for super::cpu::Cpu
+where
+    super::cpu::Cpu: Backend<T, Buf = Vec<T>, Idx = Vec<i32>>,
+{
     fn count_real(&self, owner: &Vec<i32>) -> usize {
         owner.iter().filter(|&&o| o >= 0).count()
     }

@@ -322,7 +322,10 @@ fn op_outputs<T: Real, B: Backend<T>>(
 
 /// Every op's outputs on `dev` against the cpu backend's, on the small systems of the
 /// finite-difference suite, each relative to its largest entry.
-pub fn ops<T: Real, B: Backend<T>>(dev: &B, tol: f64) {
+pub fn ops<T: Real, B: Backend<T>>(dev: &B, tol: f64)
+where
+    Cpu: Backend<T>,
+{
     let mut failures = Vec::new();
     for (name, m, s) in small_cases() {
         // Two frames, so per-frame sums and centre ↔ frame maps are exercised.
@@ -350,7 +353,9 @@ pub fn step<T: Real, B: Backend<T>>(
     frames: &[Frame],
     tol: f64,
     failures: &mut Vec<String>,
-) {
+) where
+    Cpu: Backend<T>,
+{
     let pref = Prefactors {
         e: 0.02,
         f: 1000.0,
@@ -398,7 +403,10 @@ pub fn step<T: Real, B: Backend<T>>(
 }
 
 /// [`step`] on the training frames of the DPA-1 reference cases.
-pub fn dpa1<T: Real, B: Backend<T>>(gpu: &B, tol: f64) {
+pub fn dpa1<T: Real, B: Backend<T>>(gpu: &B, tol: f64)
+where
+    Cpu: Backend<T>,
+{
     let mut failures = Vec::new();
     for case in super::descriptors::DPA1_CASES {
         let (m, fr) = super::descriptors::training_inputs(case);

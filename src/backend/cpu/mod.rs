@@ -19,6 +19,7 @@ mod tile;
 
 use std::ops::Range;
 
+use super::monomorphic::Generic;
 use super::{
     gather_slices, AdamStep, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span,
 };
@@ -44,7 +45,10 @@ impl Cpu {
     }
 }
 
-impl<T: Real> Backend<T> for Cpu {
+monomorphic_backend!(impl Backend<f32> for Cpu, Buf = Vec<f32>, Idx = Vec<i32>);
+monomorphic_backend!(impl Backend<f64> for Cpu, Buf = Vec<f64>, Idx = Vec<i32>);
+
+impl<T: Real> Backend<T> for Generic<'_, Cpu> {
     type Buf = Vec<T>;
     type Idx = Vec<i32>;
 

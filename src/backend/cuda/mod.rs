@@ -40,6 +40,7 @@ use super::counts::{Counters, Counts};
 use super::gpu_layout::{
     self, AngleParams, LossParams, ScatterParams, SumParams, VectorParams, LOSS_CHUNK,
 };
+use super::monomorphic::Generic;
 use super::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -709,7 +710,10 @@ fn name<T: CudaReal>(base: &str) -> String {
 
 const BLOCK: u32 = 256;
 
-impl<T: CudaReal> Backend<T> for Cuda {
+monomorphic_backend!(impl Backend<f32> for Cuda, Buf = CudaBuf<f32>, Idx = CudaIdx);
+monomorphic_backend!(impl Backend<f64> for Cuda, Buf = CudaBuf<f64>, Idx = CudaIdx);
+
+impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
     type Buf = CudaBuf<T>;
     type Idx = CudaIdx;
 
@@ -1680,7 +1684,10 @@ impl<T: CudaReal> Backend<T> for Cuda {
     }
 }
 
-impl<T: CudaReal> super::timed::Timeable<T> for Cuda {
+impl<T: CudaReal> super::timed::Timeable<T> for Cuda
+where
+    Cuda: Backend<T, Buf = CudaBuf<T>, Idx = CudaIdx>,
+{
     fn count_real(&self, owner: &CudaIdx) -> usize {
         owner.host.iter().filter(|&&o| o >= 0).count()
     }

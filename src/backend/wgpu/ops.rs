@@ -10,6 +10,7 @@ use crate::backend::gpu_layout::{
     count, AngleParams, ContractParams, DenseParams, EnvMatParams, GpuStruct, LossParams,
     ScatterParams, VectorParams,
 };
+use crate::backend::monomorphic::Generic;
 use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
@@ -172,7 +173,10 @@ impl Wgpu {
     }
 }
 
-impl<T: GpuReal> Backend<T> for Wgpu {
+monomorphic_backend!(impl Backend<f32> for Wgpu, Buf = Buf<f32>, Idx = Idx);
+monomorphic_backend!(impl Backend<f64> for Wgpu, Buf = Buf<f64>, Idx = Idx);
+
+impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
     type Buf = Buf<T>;
     type Idx = Idx;
 
@@ -901,7 +905,10 @@ impl<T: GpuReal> Backend<T> for Wgpu {
     }
 }
 
-impl<T: GpuReal> crate::backend::timed::Timeable<T> for Wgpu {
+impl<T: GpuReal> crate::backend::timed::Timeable<T> for Wgpu
+where
+    Wgpu: Backend<T, Buf = Buf<T>, Idx = Idx>,
+{
     fn count_real(&self, owner: &Idx) -> usize {
         owner.host.iter().filter(|&&o| o >= 0).count()
     }
