@@ -43,13 +43,13 @@ macro_rules! monomorphic_backend {
                     Backend::<T>::name(&Generic(self))
                 }
                 fn upload(&self, x: &[T]) -> Self::Buf {
-                    Generic(self).upload(x)
+                    Backend::<T>::upload(&Generic(self), x)
                 }
                 fn upload_idx(&self, x: &[i32]) -> Self::Idx {
                     Backend::<T>::upload_idx(&Generic(self), x)
                 }
                 fn download(&self, b: &Self::Buf) -> Vec<T> {
-                    Generic(self).download(b)
+                    Backend::<T>::download(&Generic(self), b)
                 }
                 fn download_idx(&self, b: &Self::Idx) -> Vec<i32> {
                     Backend::<T>::download_idx(&Generic(self), b)
@@ -61,10 +61,10 @@ macro_rules! monomorphic_backend {
                     Backend::<T>::try_zeros(&Generic(self), n)
                 }
                 fn fill(&self, b: &mut Self::Buf, v: T) {
-                    Generic(self).fill(b, v)
+                    Backend::<T>::fill(&Generic(self), b, v)
                 }
                 fn write(&self, b: &mut Self::Buf, x: &[T]) {
-                    Generic(self).write(b, x)
+                    Backend::<T>::write(&Generic(self), b, x)
                 }
                 fn write_idx(&self, b: &mut Self::Idx, x: &[i32]) {
                     Backend::<T>::write_idx(&Generic(self), b, x)
