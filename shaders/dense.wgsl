@@ -1,8 +1,7 @@
 // Dense layers over a row range (see cpu/dense.rs): z = xW + b, h = tanh(z) or z, y = h·idt + skip(x).
-// Matrix products are 16×16 tiles staged in workgroup memory; every output element is summed by
-// one thread in a fixed order, so results are reproducible run to run.
-
-const TS: u32 = 16u;
+// One thread per output element, summing in a fixed order (so results are reproducible run to
+// run) with no workgroup memory or barriers: 16×16 tiles behind barriers ran software Vulkan
+// (lavapipe, SwiftShader: CI and the browser test) at 0.02 GFLOP/s on small layers.
 
 // DenseParams: src/backend/gpu_layout.rs.
 @group(0) @binding(0) var<uniform> u: DenseParams;
@@ -25,11 +24,6 @@ const TS: u32 = 16u;
 @group(0) @binding(12) var<storage, read_write> partial: array<real>;
 @group(0) @binding(13) var<storage, read_write> grad: array<real>;
 
-var<workgroup> ta: array<array<real, 16>, 16>;
-var<workgroup> tb: array<array<real, 16>, 16>;
-var<workgroup> tc: array<array<real, 16>, 16>;
-var<workgroup> td: array<array<real, 16>, 16>;
-
 fn is_tanh() -> bool {
     return u.is_tanh != 0u;
 }
@@ -50,11 +44,6 @@ fn row_scale(row: u32) -> real {
     return select(real(1), scale[row], u.has_scale != 0u);
 }
 
-// Row tiles run along y then z (65535 workgroups at most per dimension).
-fn row_tile(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wg.y + wg.z * nwg.y;
-}
-
 // skip(v) at column n of an output row, v being the row's input (x or ẋ) starting at `base`.
 fn skip_fwd(base: u32, n: u32) -> real {
     switch skip_kind() {
@@ -70,61 +59,57 @@ fn skip_fwd(base: u32, n: u32) -> real {
     }
 }
 
-// Tiled c = a·W for a = xin rows (forward, tangent); each thread returns its element.
-fn xw_tile(r: u32, n: u32, l: vec3<u32>) -> real {
+// (xW)[r][n] for x = xin (forward, tangent), summed over k in order.
+fn xw(r: u32, n: u32) -> real {
+    let x0 = (u.row0 + r) * u.nin;
     var acc = real(0);
-    for (var k0 = 0u; k0 < u.nin; k0 += TS) {
-        let ka = k0 + l.x;
-        ta[l.y][l.x] = select(real(0), xin[(u.row0 + r) * u.nin + ka], r < u.nrows && ka < u.nin);
-        let kb = k0 + l.y;
-        tb[l.y][l.x] = select(real(0), params[u.w + kb * u.nout + n], kb < u.nin && n < u.nout);
-        workgroupBarrier();
-        for (var t = 0u; t < TS; t++) {
-            acc += ta[l.y][t] * tb[t][l.x];
-        }
-        workgroupBarrier();
+    for (var k = 0u; k < u.nin; k++) {
+        acc += xin[x0 + k] * params[u.w + k * u.nout + n];
     }
     return acc;
 }
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(64)
 fn forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) l: vec3<u32>) {
-    let r = row_tile(wg, nwg) * TS + l.y;
-    let n = wg.x * TS + l.x;
-    let acc = xw_tile(r, n, l);
-    if (r < u.nrows && n < u.nout) {
-        let row = u.row0 + r;
-        let z = acc + params[u.b + n];
-        let h = select(z, tanh_r(z), is_tanh());
-        var y = h;
-        if (has_idt()) {
-            y = h * params[u.idt + n];
-        }
-        y += skip_fwd(row * u.nin, n);
-        out0[row * u.nout + n] = h;
-        out1[row * u.nout + n] = y;
+    let i = flat_id(wg, nwg, l);
+    if (i >= u.nrows * u.nout) {
+        return;
     }
+    let r = i / u.nout;
+    let n = i % u.nout;
+    let row = u.row0 + r;
+    let z = xw(r, n) + params[u.b + n];
+    let h = select(z, tanh_r(z), is_tanh());
+    var y = h;
+    if (has_idt()) {
+        y = h * params[u.idt + n];
+    }
+    y += skip_fwd(row * u.nin, n);
+    out0[row * u.nout + n] = h;
+    out1[row * u.nout + n] = y;
 }
 
 // ż = ẋW, ẏ = φ'(z)⊙ż·idt + skip(ẋ); `xin` holds ẋ.
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(64)
 fn tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) l: vec3<u32>) {
-    let r = row_tile(wg, nwg) * TS + l.y;
-    let n = wg.x * TS + l.x;
-    let acc = xw_tile(r, n, l);
-    if (r < u.nrows && n < u.nout) {
-        let row = u.row0 + r;
-        let g = row * u.nout + n;
-        var y = dphi(hin[g]) * acc;
-        if (has_idt()) {
-            y = y * params[u.idt + n];
-        }
-        y += skip_fwd(row * u.nin, n);
-        out0[g] = acc;
-        out1[g] = y;
+    let i = flat_id(wg, nwg, l);
+    if (i >= u.nrows * u.nout) {
+        return;
     }
+    let r = i / u.nout;
+    let n = i % u.nout;
+    let row = u.row0 + r;
+    let g = row * u.nout + n;
+    let acc = xw(r, n);
+    var y = dphi(hin[g]) * acc;
+    if (has_idt()) {
+        y = y * params[u.idt + n];
+    }
+    y += skip_fwd(row * u.nin, n);
+    out0[g] = acc;
+    out1[g] = y;
 }
 
 // The adjoint of the skip connection at input column k, from a row of ȳ (or of ẏ̄ below)
@@ -157,37 +142,26 @@ fn skip_adj_dot(base: u32, k: u32) -> real {
     }
 }
 
-// x̄ = (φ'(z)⊙(ȳ·idt))Wᵀ + skipᵀ(ȳ); z̄ is formed while its tile is loaded.
-@compute @workgroup_size(16, 16)
+// x̄ = (φ'(z)⊙(ȳ·idt))Wᵀ + skipᵀ(ȳ), z̄ formed on the fly.
+@compute @workgroup_size(64)
 fn backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_id) l: vec3<u32>) {
-    let r = row_tile(wg, nwg) * TS + l.y;
-    let k = wg.x * TS + l.x;
+    let i = flat_id(wg, nwg, l);
+    if (i >= u.nrows * u.nin) {
+        return;
+    }
+    let row = u.row0 + i / u.nin;
+    let k = i % u.nin;
     var acc = real(0);
-    for (var n0 = 0u; n0 < u.nout; n0 += TS) {
-        let na = n0 + l.x;
-        var zb = real(0);
-        if (r < u.nrows && na < u.nout) {
-            let g = (u.row0 + r) * u.nout + na;
-            var yb = ybar[g];
-            if (has_idt()) {
-                yb = yb * params[u.idt + na];
-            }
-            zb = dphi(hin[g]) * yb;
+    for (var n = 0u; n < u.nout; n++) {
+        let g = row * u.nout + n;
+        var yb = ybar[g];
+        if (has_idt()) {
+            yb = yb * params[u.idt + n];
         }
-        ta[l.y][l.x] = zb;
-        let nb = n0 + l.y;
-        tb[l.y][l.x] = select(real(0), params[u.w + k * u.nout + nb], nb < u.nout && k < u.nin);
-        workgroupBarrier();
-        for (var t = 0u; t < TS; t++) {
-            acc += ta[l.y][t] * tb[t][l.x];
-        }
-        workgroupBarrier();
+        acc += (dphi(hin[g]) * yb) * params[u.w + k * u.nout + n];
     }
-    if (r < u.nrows && k < u.nin) {
-        let row = u.row0 + r;
-        out0[row * u.nin + k] = acc + skip_adj(row * u.nout, k);
-    }
+    out0[row * u.nin + k] = acc + skip_adj(row * u.nout, k);
 }
 
 // Dual reverse, step 1 (elementwise): z̄, ż̄ and the per-row īdt terms into `scratch`.
@@ -222,36 +196,27 @@ fn dual_z(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     scratch[2u * m + i] = tidt;
 }
 
-// Dual reverse, step 2: W̄ partials of one chunk of rows, (xᵀz̄ + ẋᵀż̄) over a 16×16 tile of
-// (input, output) pairs; rows are visited in order inside the chunk.
-@compute @workgroup_size(16, 16)
-fn dual_wgrad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
-    let n = wg.x * TS + l.x;
-    let i = wg.y * TS + l.y;
-    let c = wg.z;
+// Dual reverse, step 2: W̄ partials of one chunk of rows, xᵀz̄ + ẋᵀż̄ for one (input, output)
+// pair per thread; rows are visited in order inside the chunk.
+@compute @workgroup_size(64)
+fn dual_wgrad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) l: vec3<u32>) {
+    let j = flat_id(wg, nwg, l);
+    if (j >= u.nchunks * u.nin * u.nout) {
+        return;
+    }
+    let n = j % u.nout;
+    let i = (j / u.nout) % u.nin;
+    let c = j / (u.nout * u.nin);
     let m = u.nrows * u.nout;
-    let r_end = min((c + 1u) * u.chunk, u.nrows);
     var acc = real(0);
-    for (var r0 = c * u.chunk; r0 < r_end; r0 += TS) {
-        // Thread (x, y) stages row r0 + y: input column x of the i-tile, output column x of the n-tile.
-        let r = r0 + l.y;
-        let ia = wg.y * TS + l.x;
-        let ok_x = r < r_end && ia < u.nin;
+    for (var r = c * u.chunk; r < min((c + 1u) * u.chunk, u.nrows); r++) {
         let row = u.row0 + r;
-        ta[l.y][l.x] = select(real(0), xin[row * u.nin + ia], ok_x);
-        tc[l.y][l.x] = select(real(0), xdot[row * u.nin + ia] * row_scale(row), ok_x);
-        let ok_z = r < r_end && n < u.nout;
-        tb[l.y][l.x] = select(real(0), scratch[r * u.nout + n], ok_z);
-        td[l.y][l.x] = select(real(0), scratch[m + r * u.nout + n], ok_z);
-        workgroupBarrier();
-        for (var t = 0u; t < TS; t++) {
-            acc += ta[t][l.y] * tb[t][l.x] + tc[t][l.y] * td[t][l.x];
-        }
-        workgroupBarrier();
+        let a = xin[row * u.nin + i];
+        let cd = xdot[row * u.nin + i] * row_scale(row);
+        acc += a * scratch[r * u.nout + n] + cd * scratch[m + r * u.nout + n];
     }
-    if (i < u.nin && n < u.nout) {
-        partial[(c * (u.nin + 2u) + i) * u.nout + n] = acc;
-    }
+    partial[(c * (u.nin + 2u) + i) * u.nout + n] = acc;
 }
 
 // Dual reverse, step 2b: b̄ and īdt partials of one chunk (one thread per (chunk, column)).
@@ -300,31 +265,24 @@ fn dual_wsum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 }
 
 // Dual reverse, step 4: x̄ = z̄Wᵀ + skipᵀ(ȳ) and ẋ̄ = ż̄Wᵀ + skipᵀ(ẏ̄).
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(64)
 fn dual_xbar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_id) l: vec3<u32>) {
-    let r = row_tile(wg, nwg) * TS + l.y;
-    let k = wg.x * TS + l.x;
+    let i = flat_id(wg, nwg, l);
+    if (i >= u.nrows * u.nin) {
+        return;
+    }
+    let r = i / u.nin;
+    let k = i % u.nin;
     let m = u.nrows * u.nout;
     var acc = real(0);
     var accd = real(0);
-    for (var n0 = 0u; n0 < u.nout; n0 += TS) {
-        let na = n0 + l.x;
-        let ok = r < u.nrows && na < u.nout;
-        ta[l.y][l.x] = select(real(0), scratch[r * u.nout + na], ok);
-        tc[l.y][l.x] = select(real(0), scratch[m + r * u.nout + na], ok);
-        let nb = n0 + l.y;
-        tb[l.y][l.x] = select(real(0), params[u.w + k * u.nout + nb], nb < u.nout && k < u.nin);
-        workgroupBarrier();
-        for (var t = 0u; t < TS; t++) {
-            acc += ta[l.y][t] * tb[t][l.x];
-            accd += tc[l.y][t] * tb[t][l.x];
-        }
-        workgroupBarrier();
+    for (var n = 0u; n < u.nout; n++) {
+        let w = params[u.w + k * u.nout + n];
+        acc += scratch[r * u.nout + n] * w;
+        accd += scratch[m + r * u.nout + n] * w;
     }
-    if (r < u.nrows && k < u.nin) {
-        let row = u.row0 + r;
-        out0[row * u.nin + k] = acc + skip_adj(row * u.nout, k);
-        out1[row * u.nin + k] = accd + skip_adj_dot(row * u.nout, k);
-    }
+    let row = u.row0 + r;
+    out0[row * u.nin + k] = acc + skip_adj(row * u.nout, k);
+    out1[row * u.nin + k] = accd + skip_adj_dot(row * u.nout, k);
 }

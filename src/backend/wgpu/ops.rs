@@ -17,8 +17,6 @@ use crate::model::Layer;
 
 /// Threads per workgroup of the 1-D kernels (`WG` in shaders/common.wgsl).
 const WG: u32 = 64;
-/// Tile edge of the dense kernels (`TS` in shaders/dense.wgsl).
-const TS: u32 = 16;
 const MAX_GROUPS: u32 = 65535;
 /// Training frames kept on the device by default: 1 GiB, a fraction of any discrete GPU and of a
 /// laptop's shared memory (the water example's 400 frames take 170 MB in float32).
@@ -36,17 +34,6 @@ fn grid1(n: usize) -> [u32; 3] {
     } else {
         [MAX_GROUPS, groups.div_ceil(MAX_GROUPS), 1]
     }
-}
-
-/// Workgroups of a 16×16-tiled kernel: columns along x, row tiles along y then z.
-fn grid_tiles(cols: usize, rows: usize) -> [u32; 3] {
-    let rt = u32_of(rows).div_ceil(TS);
-    let (y, z) = if rt <= MAX_GROUPS {
-        (rt, 1)
-    } else {
-        (MAX_GROUPS, rt.div_ceil(MAX_GROUPS))
-    };
-    [u32_of(cols).div_ceil(TS), y, z]
 }
 
 /// Calls `f(slots, sel, first centre)` for every non-empty (ti, tj) block.
@@ -350,7 +337,7 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             &k::DENSE_FORWARD,
             &u,
             &[&p.buf, &x.buf, &h.buf, &y.buf],
-            grid_tiles(l.nout, rows.len()),
+            grid1(rows.len() * l.nout),
         );
     }
 
@@ -368,7 +355,7 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             &k::DENSE_BACKWARD,
             &u,
             &[&p.buf, &h.buf, &ybar.buf, &xbar.buf],
-            grid_tiles(l.nin, rows.len()),
+            grid1(rows.len() * l.nin),
         );
     }
 
@@ -387,7 +374,7 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             &k::DENSE_TANGENT,
             &u,
             &[&p.buf, &xdot.buf, &h.buf, &zdot.buf, &ydot.buf],
-            grid_tiles(l.nout, rows.len()),
+            grid1(rows.len() * l.nout),
         );
     }
 
@@ -439,11 +426,7 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             &k::DENSE_DUAL_WGRAD,
             &u,
             &[&io.x.buf, &xdot.buf, scale, &scratch, &partial],
-            [
-                u32_of(l.nout).div_ceil(TS),
-                u32_of(l.nin).div_ceil(TS),
-                u.nchunks,
-            ],
+            grid1(nchunks * l.nin * l.nout),
         );
         self.go::<T>(
             &k::DENSE_DUAL_BSUM,
@@ -462,7 +445,7 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
                 &k::DENSE_DUAL_XBAR,
                 &u,
                 &[&p.buf, &scratch, &ybar.buf, &ydotbar.buf, &xb.buf, &xdb.buf],
-                grid_tiles(l.nin, rows.len()),
+                grid1(rows.len() * l.nin),
             );
         }
     }
