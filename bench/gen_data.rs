@@ -1,8 +1,8 @@
 //! Benchmark data: `N` systems of `M` frames derived from the shipped water data, written as
-//! deepmd/npy folders and (built with `--features hdf5`) as one deepmd/hdf5 file, with an
-//! input.json for each.
+//! deepmd/npy folders and as one deepmd/hdf5 file (the HDF5 C library must be installed), with
+//! an input.json for each.
 //!
-//!     cargo run --release --features hdf5 --example gen-data -- OUT N M
+//!     cargo run --release --example gen-data -- OUT N M
 //!
 //! System `i` takes the frames of water system `i mod 4`, keeps a random subset of its O and H
 //! atoms (so natoms varies across systems), perturbs the coordinates (σ 0.01 Å) and forces, and
@@ -11,13 +11,13 @@
 //! from a seed per system, so a size is the same data set on every machine.
 //!
 //! A Rust example rather than a Python script: it reads the water data with dpw's own reader
-//! and writes HDF5 with the crate dpw reads it with, and needs no numpy/h5py installed.
+//! and writes HDF5 through the library dpw reads it with, and needs no numpy/h5py installed.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use dpw::data::{load_system, System};
+use dpw::data::{load_system, Hdf5Writer, System};
 use ndarray::{Array1, Array2};
 use ndarray_npy::write_npy;
 use rand::{RngExt, SeedableRng};
@@ -136,57 +136,33 @@ fn write_npy_system(dir: &Path, g: &Generated) -> Result<()> {
     Ok(())
 }
 
-#[cfg(feature = "hdf5")]
-mod h5out {
-    use super::Generated;
-    use anyhow::Result;
-    use hdf5_metno as h5;
-    use hdf5_metno::types::FixedAscii;
-
-    fn put(g: &h5::Group, name: &str, shape: &[usize], data: &[f32]) -> Result<()> {
-        let ds = g.new_dataset::<f32>().shape(shape).create(name)?;
-        ds.write_raw(data)?;
-        Ok(())
+/// The system as dpdata's deepmd/hdf5 writer lays it out, in group `name` of `file`.
+fn write_group(file: &Hdf5Writer, name: &str, g: &Generated) -> Result<()> {
+    let types: Vec<i64> = g.types.iter().map(|&t| t as i64).collect();
+    file.write(&format!("{name}/type.raw"), &[types.len()], &types)?;
+    file.write_strings(&format!("{name}/type_map.raw"), &["O", "H"])?;
+    if !g.pbc {
+        // h5py stores a numpy bool as one byte; only the dataset's presence matters.
+        file.write(&format!("{name}/nopbc"), &[], &[1i8])?;
     }
-
-    /// The system as dpdata's deepmd/hdf5 writer lays it out.
-    pub fn write_group(file: &h5::File, name: &str, g: &Generated) -> Result<()> {
-        let grp = file.create_group(name)?;
-        let types: Vec<i64> = g.types.iter().map(|&t| t as i64).collect();
-        grp.new_dataset::<i64>()
-            .shape([types.len()])
-            .create("type.raw")?
-            .write_raw(&types)?;
-        let names = [
-            FixedAscii::<1>::from_ascii("O")?,
-            FixedAscii::<1>::from_ascii("H")?,
-        ];
-        grp.new_dataset::<FixedAscii<1>>()
-            .shape([2])
-            .create("type_map.raw")?
-            .write_raw(&names)?;
-        if !g.pbc {
-            grp.new_dataset::<bool>()
-                .shape(())
-                .create("nopbc")?
-                .write_scalar(&true)?;
+    for (k, s) in g.sets.iter().enumerate() {
+        let set = format!("{name}/set.{k:03}");
+        let nf = s.energy.len();
+        let flat = |a: &ndarray::Array2<f32>| a.iter().copied().collect::<Vec<f32>>();
+        let put = |f: &str, shape: &[usize], data: &[f32]| {
+            file.write(&format!("{set}/{f}.npy"), shape, data)
+        };
+        put("coord", &[nf, s.coord.ncols()], &flat(&s.coord))?;
+        put("energy", &[nf], &s.energy.to_vec())?;
+        put("force", &[nf, s.force.ncols()], &flat(&s.force))?;
+        if g.pbc {
+            put("box", &[nf, 9], &flat(&s.cell))?;
         }
-        for (k, s) in g.sets.iter().enumerate() {
-            let set = grp.create_group(&format!("set.{k:03}"))?;
-            let nf = s.energy.len();
-            let flat = |a: &ndarray::Array2<f32>| a.iter().copied().collect::<Vec<f32>>();
-            put(&set, "coord.npy", &[nf, s.coord.ncols()], &flat(&s.coord))?;
-            put(&set, "energy.npy", &[nf], &s.energy.to_vec())?;
-            put(&set, "force.npy", &[nf, s.force.ncols()], &flat(&s.force))?;
-            if g.pbc {
-                put(&set, "box.npy", &[nf, 9], &flat(&s.cell))?;
-            }
-            if let Some(v) = &s.virial {
-                put(&set, "virial.npy", &[nf, 9], &flat(v))?;
-            }
+        if let Some(v) = &s.virial {
+            put("virial", &[nf, 9], &flat(v))?;
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// input.json for `systems`: the water example's model with `numb_steps` steps.
@@ -223,34 +199,25 @@ fn main() -> Result<()> {
         bail!("{} exists; give a new folder", out.display());
     }
     fs::create_dir_all(&npy)?;
-    #[cfg(feature = "hdf5")]
-    let h5 = hdf5_metno::File::create(out.join("data.hdf5"))?;
+    let h5 = Hdf5Writer::create(&out.join("data.hdf5"))?;
     for i in 0..n {
         let g = generate(&sources[i % 4], i, m);
         let name = format!("sys.{i:05}");
         write_npy_system(&npy.join(&name), &g).with_context(|| format!("writing {name}"))?;
-        #[cfg(feature = "hdf5")]
-        h5out::write_group(&h5, &name, &g)?;
+        write_group(&h5, &name, &g)?;
         if (i + 1) % 500 == 0 {
             eprintln!("{} / {n} systems", i + 1);
         }
     }
     let template = water.join("input.json");
     fs::write(out.join("input-npy.json"), input_json(&template, "npy", 1)?)?;
-    if cfg!(feature = "hdf5") {
-        fs::write(
-            out.join("input-hdf5.json"),
-            input_json(&template, "data.hdf5", 1)?,
-        )?;
-    }
+    fs::write(
+        out.join("input-hdf5.json"),
+        input_json(&template, "data.hdf5", 1)?,
+    )?;
     eprintln!(
-        "wrote {n} systems of {m} frames to {}{}",
-        out.display(),
-        if cfg!(feature = "hdf5") {
-            " (npy/ and data.hdf5)"
-        } else {
-            " (npy/ only: build with --features hdf5 for data.hdf5)"
-        }
+        "wrote {n} systems of {m} frames to {} (npy/ and data.hdf5)",
+        out.display()
     );
     Ok(())
 }

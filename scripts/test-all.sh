@@ -80,19 +80,17 @@ if want lint; then
     rustup target list --installed | grep -qx wasm32-unknown-unknown ||
       rustup target add wasm32-unknown-unknown
     cargo clippy --release -p dpw-web --target wasm32-unknown-unknown -- -D warnings
-    # The optional features together (mpi with cuda, a default feature, is also the NCCL
-    # all-reduce in src/dist/nccl.rs), on the targets they change: the other tests compile the
-    # same with or without them, and re-checking all of them per feature cost minutes of CI.
-    cargo clippy --release --features mpi,hdf5 --lib --bins --test mpi_train \
-      --test nccl_exchange --test data_hdf5 -- -D warnings
+    # The optional feature mpi (with cuda, a default feature, it is also the NCCL
+    # all-reduce in src/dist/nccl.rs), on the targets it changes: the other tests compile the
+    # same with or without it, and re-checking all of them per feature cost minutes of CI.
+    cargo clippy --release --features mpi --lib --bins --test mpi_train \
+      --test nccl_exchange -- -D warnings
   fi
 fi
 if want test; then
   phase test
   # The wgpu tests run on lavapipe (mesa-vulkan-drivers): without an adapter they would skip.
   DPW_REQUIRE_WGPU=1 cargo test --release --all-targets
-  # deepmd/hdf5 data (feature hdf5, against the system libhdf5).
-  cargo test --release --features hdf5 --test data_hdf5
 fi
 if want cuda; then
   phase cuda

@@ -1,17 +1,15 @@
-//! deepmd/hdf5 systems (feature `hdf5`): the same frames and batches as the deepmd/npy folders
-//! they were written from, DeePMD-kit's `file.hdf5` / `file.hdf5#/group` system names, and
-//! named errors for bad files.
-#![cfg(feature = "hdf5")]
+//! deepmd/hdf5 systems: the same frames and batches as the deepmd/npy folders they were
+//! written from, DeePMD-kit's `file.hdf5` / `file.hdf5#/group` system names, and named errors
+//! for bad files. Needs the HDF5 C library installed (dpw loads it at run time).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use dpw::data::{keep_open, load_system, search_systems, DataError};
+use dpw::data::{keep_open, load_system, search_systems, DataError, Hdf5Writer};
 use dpw::model::{FittingSpec, ModelSpec};
 use dpw::train::batch::assemble_frames;
-use hdf5_metno as h5;
 use ndarray::ArrayD;
 use ndarray_npy::read_npy;
 use tempfile::TempDir;
@@ -34,55 +32,45 @@ fn names(list: &[&str]) -> Vec<String> {
 
 /// Copies the npy folder `dir` into group `name` of `file`, as dpdata lays a system out:
 /// integer `type.raw`, string `type_map.raw`, float32 `set.*/*.npy` datasets.
-fn put_system(file: &h5::File, name: &str, dir: &Path) {
-    let g = file.create_group(name).unwrap();
+fn put_system(file: &Hdf5Writer, name: &str, dir: &Path) {
     let text = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
     let types: Vec<i64> = text("type.raw")
         .split_whitespace()
         .map(|t| t.parse().unwrap())
         .collect();
-    g.new_dataset::<i64>()
-        .shape([types.len()])
-        .create("type.raw")
-        .unwrap()
-        .write_raw(&types)
+    file.write(&format!("{name}/type.raw"), &[types.len()], &types)
         .unwrap();
-    let elems: Vec<h5::types::FixedAscii<2>> = text("type_map.raw")
-        .split_whitespace()
-        .map(|e| h5::types::FixedAscii::from_ascii(e).unwrap())
-        .collect();
-    g.new_dataset::<h5::types::FixedAscii<2>>()
-        .shape([elems.len()])
-        .create("type_map.raw")
-        .unwrap()
-        .write_raw(&elems)
+    let map = text("type_map.raw");
+    let elems: Vec<&str> = map.split_whitespace().collect();
+    file.write_strings(&format!("{name}/type_map.raw"), &elems)
         .unwrap();
     for k in 0.. {
         let set_dir = dir.join(format!("set.{k:03}"));
         if !set_dir.is_dir() {
             break;
         }
-        let set = g.create_group(&format!("set.{k:03}")).unwrap();
         for f in ["coord", "box", "energy", "force"] {
             let a: ArrayD<f32> = read_npy(set_dir.join(format!("{f}.npy"))).unwrap();
-            set.new_dataset::<f32>()
-                .shape(a.shape())
-                .create(format!("{f}.npy").as_str())
-                .unwrap()
-                .write_raw(a.as_slice().unwrap())
-                .unwrap();
+            let at = format!("{name}/set.{k:03}/{f}.npy");
+            file.write(&at, a.shape(), a.as_slice().unwrap()).unwrap();
         }
     }
 }
 
 fn water_file(dir: &Path) -> PathBuf {
     let p = dir.join("water.hdf5");
-    let f = h5::File::create(&p).unwrap();
+    let f = Hdf5Writer::create(&p).unwrap();
     for k in 0..3 {
         let name = format!("data_{k}");
         put_system(&f, &format!("train/{name}"), &water(&name));
     }
     p
+}
+
+/// Dataset `set.000/<name>.npy` of the water example's `data_0`.
+fn water_set0(name: &str) -> Vec<f32> {
+    let a: ArrayD<f32> = read_npy(water("data_0").join(format!("set.000/{name}.npy"))).unwrap();
+    a.iter().copied().collect()
 }
 
 fn spec() -> ModelSpec {
@@ -163,20 +151,12 @@ fn bad_hdf5_files_get_named_errors() {
     assert!(e.contains("/nowhere"), "{e}");
 
     // A coord dataset of the wrong width, and a missing force dataset.
-    let f = h5::File::open_rw(&file).unwrap();
-    let set = f.group("train/data_0/set.000").unwrap();
-    set.unlink("coord.npy").unwrap();
-    set.new_dataset::<f32>()
-        .shape([80, 5])
-        .create("coord.npy")
-        .unwrap()
-        .write_raw(&vec![0.0f32; 400])
+    let f = Hdf5Writer::open(&file).unwrap();
+    f.unlink("train/data_0/set.000/coord.npy").unwrap();
+    f.write("train/data_0/set.000/coord.npy", &[80, 5], &[0.0f32; 400])
         .unwrap();
-    f.group("train/data_1/set.000")
-        .unwrap()
-        .unlink("force.npy")
-        .unwrap();
-    drop((set, f));
+    f.unlink("train/data_1/set.000/force.npy").unwrap();
+    drop(f);
     let e = load_err(&PathBuf::from(format!("{}#/train/data_0", file.display())));
     assert!(
         e.contains("water.hdf5#/train/data_0/set.000/coord.npy") && e.contains("[80, 5]"),
@@ -236,11 +216,12 @@ fn a_file_rewritten_between_passes_is_read_anew() {
     };
     let e0 = pass();
     {
-        let f = h5::File::open_rw(&file).unwrap();
-        let e = f.dataset("train/data_0/set.000/energy.npy").unwrap();
-        let mut v = e.read_raw::<f32>().unwrap();
+        let f = Hdf5Writer::open(&file).unwrap();
+        let mut v = water_set0("energy");
         v[0] += 1.0;
-        e.write_raw(&v).unwrap();
+        f.unlink("train/data_0/set.000/energy.npy").unwrap();
+        f.write("train/data_0/set.000/energy.npy", &[v.len()], &v)
+            .unwrap();
     }
     let e1 = pass();
     assert!((e1 - (e0 + 1.0)).abs() < 1e-3, "{e0} then {e1}");
@@ -255,32 +236,49 @@ fn integer_datasets_are_widened() {
     let file = water_file(tmp.path());
     let sys = PathBuf::from(format!("{}#/train/data_0", file.display()));
     let floats = load_system(&sys, &names(&["O", "H"])).unwrap();
-    let f = h5::File::open_rw(&file).unwrap();
-    let set = f.group("train/data_0/set.000").unwrap();
+    let f = Hdf5Writer::open(&file).unwrap();
+    let set = "train/data_0/set.000";
     let rounded = |name: &str| -> Vec<f32> {
-        let v: Vec<f32> = set.dataset(name).unwrap().read_raw().unwrap();
-        set.unlink(name).unwrap();
-        v.iter().map(|x| x.round()).collect()
+        f.unlink(&format!("{set}/{name}.npy")).unwrap();
+        water_set0(name).iter().map(|x| x.round()).collect()
     };
-    let e = rounded("energy.npy");
-    set.new_dataset::<i32>()
-        .shape([e.len()])
-        .create("energy.npy")
-        .unwrap()
-        .write_raw(&e.iter().map(|&x| x as i32).collect::<Vec<_>>())
+    let e: Vec<i32> = rounded("energy").iter().map(|&x| x as i32).collect();
+    f.write(&format!("{set}/energy.npy"), &[e.len()], &e)
         .unwrap();
-    let force = rounded("force.npy");
+    let force: Vec<i8> = rounded("force").iter().map(|&x| x as i8).collect();
     let nf = floats.nframes;
-    set.new_dataset::<i8>()
-        .shape([nf, force.len() / nf])
-        .create("force.npy")
-        .unwrap()
-        .write_raw(&force.iter().map(|&x| x as i8).collect::<Vec<_>>())
+    f.write(&format!("{set}/force.npy"), &[nf, force.len() / nf], &force)
         .unwrap();
-    drop((set, f));
+    drop(f);
     let ints = load_system(&sys, &names(&["O", "H"])).unwrap();
     let round = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
     assert_eq!(ints.energy, round(&floats.energy));
     assert_eq!(ints.force, round(&floats.force));
     assert_eq!(ints.coord, floats.coord);
+}
+
+/// Without the HDF5 library (here: `DPW_HDF5_LIB` naming none), `dpw train` on HDF5 data stops
+/// with an error that names the file and says what is missing.
+#[test]
+fn a_missing_library_is_a_named_error() {
+    let _turn = one_at_a_time();
+    let tmp = TempDir::new().unwrap();
+    let file = water_file(tmp.path());
+    let input = common::tiny_water_input(serde_json::json!(file), 2);
+    std::fs::write(tmp.path().join("input.json"), input.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(tmp.path())
+        .env("DPW_HDF5_LIB", "/nowhere/libhdf5.so")
+        .args(["train", "input.json", "--backend", "cpu"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("water.hdf5")
+            && err.contains("HDF5 C library")
+            && err.contains("DPW_HDF5_LIB=/nowhere/libhdf5.so"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("lcurve.out").exists());
 }

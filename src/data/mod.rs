@@ -16,7 +16,7 @@ mod validate;
 
 pub use error::DataError;
 pub use files::{Disk, Files, MemFiles};
-pub use hdf5::{is_hdf5_file, keep_open, KeepOpen};
+pub use hdf5::{is_hdf5_file, keep_open, Hdf5Writer, KeepOpen};
 pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
