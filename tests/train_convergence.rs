@@ -73,49 +73,55 @@ fn water_trained(file: &str, steps: usize) -> (f64, f64) {
     (f, e)
 }
 
+// The water runs below are kept short for CI's sake (1000 steps of se_e2_a and se_e2_r, 500 of
+// se_e3 and hybrid: 7.8 minutes for the whole file on 2 cores). Their bounds sit 10-15 % above
+// what they measured (2026-11-28, in the comments), far below the untrained 0.9 eV/Å: training
+// that does not converge fails them, a change of rounding does not.
+
+/// se_e2_a (the water example): 0.178 eV/Å after these 1000 steps (from 0.9 at the start).
 #[test]
 #[ignore = "minutes of training; run in release mode (see the file's doc)"]
-fn convergence_water_2000_steps() {
-    let (f, _) = water_trained("input.json", 2000);
+fn convergence_water_1000_steps() {
+    let (f, _) = water_trained("input.json", 1000);
     assert!(
         f < 0.20,
-        "validation force RMSE {f} ≥ 0.20 eV/Å after 2000 steps"
+        "validation force RMSE {f} ≥ 0.20 eV/Å after 1000 steps"
     );
 }
 
-/// se_e2_r sees distances only, so it fits water's forces less well than se_e2_a: 0.256 eV/Å
-/// after these 2000 steps (from 0.9 at the start), against se_e2_a's < 0.20.
+/// se_e2_r sees distances only, so it fits water's forces less well than se_e2_a: 0.305 eV/Å
+/// after these 1000 steps (from 0.9 at the start; 0.256 after 2000).
 #[test]
 #[ignore = "minutes of training; run in release mode (see the file's doc)"]
-fn convergence_water_se_e2_r_2000_steps() {
-    let (f, _) = water_trained("input_se_e2_r.json", 2000);
+fn convergence_water_se_e2_r_1000_steps() {
+    let (f, _) = water_trained("input_se_e2_r.json", 1000);
     assert!(
-        f < 0.32,
-        "validation force RMSE {f} ≥ 0.32 eV/Å after 2000 steps"
+        f < 0.35,
+        "validation force RMSE {f} ≥ 0.35 eV/Å after 1000 steps"
     );
 }
 
-/// se_e3 (examples/water/input_se_e3.json, rcut 4) over 1000 steps, its pair embedding making
-/// a step ~5× se_e2_r's: 0.289 eV/Å after them (from 0.94 at the start).
+/// se_e3 (examples/water/input_se_e3.json, rcut 4) over 500 steps, its pair embedding making
+/// a step ~5× se_e2_r's: 0.408 eV/Å after them (from 0.94 at the start; 0.289 after 1000).
 #[test]
 #[ignore = "minutes of training; run in release mode (see the file's doc)"]
-fn convergence_water_se_e3_1000_steps() {
-    let (f, _) = water_trained("input_se_e3.json", 1000);
+fn convergence_water_se_e3_500_steps() {
+    let (f, _) = water_trained("input_se_e3.json", 500);
     assert!(
-        f < 0.36,
-        "validation force RMSE {f} ≥ 0.36 eV/Å after 1000 steps"
+        f < 0.46,
+        "validation force RMSE {f} ≥ 0.46 eV/Å after 500 steps"
     );
 }
 
 /// hybrid se_e2_a + se_e2_r (examples/water/input_hybrid.json, DeePMD-kit's water hybrid
-/// example) over 1000 steps: 0.155 eV/Å after them (from 0.98 at the start; 2026-11-27).
+/// example) over 500 steps: 0.174 eV/Å after them (from 0.98 at the start; 0.155 after 1000).
 #[test]
 #[ignore = "minutes of training; run in release mode (see the file's doc)"]
-fn convergence_water_hybrid_1000_steps() {
-    let (f, _) = water_trained("input_hybrid.json", 1000);
+fn convergence_water_hybrid_500_steps() {
+    let (f, _) = water_trained("input_hybrid.json", 500);
     assert!(
         f < 0.20,
-        "validation force RMSE {f} ≥ 0.20 eV/Å after 1000 steps"
+        "validation force RMSE {f} ≥ 0.20 eV/Å after 500 steps"
     );
 }
 
