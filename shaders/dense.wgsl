@@ -69,6 +69,15 @@ fn xw(r: u32, n: u32) -> real {
     return acc;
 }
 
+// v·idt + skip(x) at column n of `row` (y from h, or ẏ from φ'(z)⊙ż).
+fn with_idt_skip(v: real, row: u32, n: u32) -> real {
+    var y = v;
+    if (has_idt()) {
+        y = v * params[u.idt + n];
+    }
+    return y + skip_fwd(row * u.nin, n);
+}
+
 @compute @workgroup_size(64)
 fn forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) l: vec3<u32>) {
@@ -81,13 +90,8 @@ fn forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let row = u.row0 + r;
     let z = xw(r, n) + params[u.b + n];
     let h = select(z, tanh_r(z), is_tanh());
-    var y = h;
-    if (has_idt()) {
-        y = h * params[u.idt + n];
-    }
-    y += skip_fwd(row * u.nin, n);
     out0[row * u.nout + n] = h;
-    out1[row * u.nout + n] = y;
+    out1[row * u.nout + n] = with_idt_skip(h, row, n);
 }
 
 // ż = ẋW, ẏ = φ'(z)⊙ż·idt + skip(ẋ); `xin` holds ẋ.
@@ -103,11 +107,7 @@ fn tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let row = u.row0 + r;
     let g = row * u.nout + n;
     let acc = xw(r, n);
-    var y = dphi(hin[g]) * acc;
-    if (has_idt()) {
-        y = y * params[u.idt + n];
-    }
-    y += skip_fwd(row * u.nin, n);
+    let y = with_idt_skip(dphi(hin[g]) * acc, row, n);
     out0[g] = acc;
     out1[g] = y;
 }
