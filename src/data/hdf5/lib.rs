@@ -464,16 +464,16 @@ impl H5 {
         }
     }
 
-    /// The whole dataset as `T`, converted by the library from the file's type to `mem` (one
-    /// of [`Types`], matching `T`).
-    pub fn read<T: bytemuck::Pod>(&self, ds: Hid, mem: Hid) -> Option<Vec<T>> {
-        let n = self.shape(ds)?.iter().product();
-        let mut v = vec![T::zeroed(); n];
+    /// The dataset's shape and all its values as `T`, converted by the library from the
+    /// file's type to `mem` (one of [`Types`], matching `T`).
+    pub fn read<T: bytemuck::Pod>(&self, ds: Hid, mem: Hid) -> Option<(Vec<usize>, Vec<T>)> {
+        let shape = self.shape(ds)?;
+        let mut v = vec![T::zeroed(); shape.iter().product()];
         // SAFETY: `v` holds the dataset's every element of `mem`, the size of T.
         let ok = unsafe {
             (self.api.fns.H5Dread)(ds, mem, S_ALL, S_ALL, P_DEFAULT, v.as_mut_ptr().cast())
         };
-        (ok >= 0).then_some(v)
+        (ok >= 0).then_some((shape, v))
     }
 
     /// A dataset of strings, each as stored without its padding.

@@ -51,11 +51,12 @@ impl Drop for KeepOpen {
     }
 }
 
-fn library_error(path: &Path, e: String) -> DataError {
-    DataError::Invalid {
+/// The library's lock, or an error naming `path` when the library cannot be loaded.
+fn lock_for(path: &Path) -> Result<H5, DataError> {
+    lib::lock().map_err(|e| DataError::Invalid {
         path: path.to_path_buf(),
         reason: format!("a deepmd/hdf5 file, but {e}"),
-    }
+    })
 }
 
 /// Files most recently opened first, kept while `guards` > 0.
@@ -112,28 +113,23 @@ fn no_group(file: &Path, group: &str) -> DataError {
 /// keeps its file open after the file's own handle closes (HDF5's default "weak" close).
 fn open_group(file: &Path, group: &str) -> Result<Owned, DataError> {
     let mut k = kept();
-    if k.guards == 0 {
-        drop(k);
-        let h5 = lib::lock().map_err(|e| library_error(file, e))?;
+    let h5 = lock_for(file)?;
+    let (g, evicted) = if k.guards == 0 {
         let f = open(&h5, file)?;
-        let g = h5
-            .open_group(f.id, group)
-            .ok_or_else(|| no_group(file, group))?;
-        return Ok(g.keep());
-    }
-    let h5 = lib::lock().map_err(|e| library_error(file, e))?;
-    if let Some(i) = k.files.iter().position(|(p, _)| p == file) {
-        let entry = k.files.remove(i);
-        k.files.insert(0, entry);
+        (h5.open_group(f.id, group).map(Scoped::keep), Vec::new())
     } else {
-        let f = open(&h5, file)?.keep();
-        k.files.insert(0, (file.to_path_buf(), f));
-    }
-    let g = h5.open_group(k.files[0].1.id, group);
+        if let Some(i) = k.files.iter().position(|(p, _)| p == file) {
+            let entry = k.files.remove(i);
+            k.files.insert(0, entry);
+        } else {
+            let f = open(&h5, file)?.keep();
+            k.files.insert(0, (file.to_path_buf(), f));
+        }
+        let g = h5.open_group(k.files[0].1.id, group).map(Scoped::keep);
+        let keep = k.files.len().min(MAX_KEPT);
+        (g, k.files.split_off(keep))
+    };
     // Evicted files close under the library's lock, which Owned's drop takes: released first.
-    let keep = k.files.len().min(MAX_KEPT);
-    let evicted = k.files.split_off(keep);
-    let g = g.map(Scoped::keep);
     drop(h5);
     drop(evicted);
     g.ok_or_else(|| no_group(file, group))
@@ -147,7 +143,7 @@ struct Group {
 
 impl Group {
     fn lock(&self) -> Result<H5, DataError> {
-        lib::lock().map_err(|e| library_error(&self.file, e))
+        lock_for(&self.file)
     }
 
     fn cannot_read(&self, rel: &str) -> DataError {
@@ -220,7 +216,8 @@ impl Source for Group {
         // dpdata writes type.raw as integers and type_map.raw as fixed-length strings.
         let strings = match h5.element(ds.id) {
             Some(Element::Integer { .. }) => {
-                let v: Vec<i64> = h5.read(ds.id, t.i64).ok_or_else(|| self.cannot_read(rel))?;
+                let (_, v): (_, Vec<i64>) =
+                    h5.read(ds.id, t.i64).ok_or_else(|| self.cannot_read(rel))?;
                 return Ok(v.iter().map(i64::to_string).collect());
             }
             Some(Element::String) => h5
@@ -248,19 +245,19 @@ impl Source for Group {
         // A float32 dataset is read as stored and widened here (every f32 is an f64), not
         // converted by the library. Integers are widened, as the npy reader does: DeePMD-kit
         // casts whatever it loads.
-        let values = match h5.element(ds.id) {
+        let (shape, values) = match h5.element(ds.id) {
             Some(Element::Float { bytes: 4 }) => {
-                let v: Vec<f32> = h5.read(ds.id, t.f32).ok_or_else(bad)?;
-                v.into_iter().map(f64::from).collect()
+                let (shape, v): (_, Vec<f32>) = h5.read(ds.id, t.f32).ok_or_else(bad)?;
+                (shape, v.into_iter().map(f64::from).collect())
             }
             Some(Element::Float { .. }) => h5.read(ds.id, t.f64).ok_or_else(bad)?,
             Some(Element::Integer { signed: true }) => {
-                let v: Vec<i64> = h5.read(ds.id, t.i64).ok_or_else(bad)?;
-                v.into_iter().map(|x| x as f64).collect()
+                let (shape, v): (_, Vec<i64>) = h5.read(ds.id, t.i64).ok_or_else(bad)?;
+                (shape, v.into_iter().map(|x| x as f64).collect())
             }
             Some(Element::Integer { signed: false }) => {
-                let v: Vec<u64> = h5.read(ds.id, t.u64).ok_or_else(bad)?;
-                v.into_iter().map(|x| x as f64).collect()
+                let (shape, v): (_, Vec<u64>) = h5.read(ds.id, t.u64).ok_or_else(bad)?;
+                (shape, v.into_iter().map(|x| x as f64).collect())
             }
             Some(other) => {
                 return Err(DataError::Invalid {
@@ -273,7 +270,7 @@ impl Source for Group {
             }
             None => return Err(bad()),
         };
-        Ok((h5.shape(ds.id).ok_or_else(bad)?, values))
+        Ok((shape, values))
     }
 }
 
@@ -294,7 +291,7 @@ pub fn with_group<R>(
 /// The groups of `file` at or below `group` that hold a `type.raw`, sorted (DeePMD-kit's
 /// `rglob` over an HDF5 path).
 pub fn system_groups(file: &Path, group: &str) -> Result<Vec<String>, DataError> {
-    let h5 = lib::lock().map_err(|e| library_error(file, e))?;
+    let h5 = lock_for(file)?;
     let f = open(&h5, file)?;
     let root = h5
         .open_group(f.id, group)
