@@ -3,9 +3,9 @@
 # wgpu backends in one call, built here where Rust is, run there where the GPU is.
 #
 #   scripts/gpu-check.sh build   (here, in the checkout the device tool sends) builds the release
-#       dpw and the GPU test executables, strips them, packs them with a cpu lcurve.out to
-#       compare with (the tests' reference numbers travel in the working tree), the Vulkan
-#       loader packages, and for the multi-GPU checks dpw built with MPI, its NCCL test and Open
+#       dpw (with MPI, for the multi-GPU checks too) and the GPU test executables, NCCL's
+#       included, strips them, packs them with a cpu lcurve.out to compare with (the tests'
+#       reference numbers travel in the working tree), the Vulkan loader packages and Open
 #       MPI's run time into .gpu-kit/kit.tar.xz (git-ignored), checks that the working tree and
 #       the kit fit in the device tool's 64 MiB, and prints the exact call to make.
 #   scripts/gpu-check.sh run     (on the GPU machine; no Rust there) prints the GPU and driver,
@@ -96,15 +96,13 @@ for name, exe in sorted(found.items()):
 EOF
 }
 
-# Open MPI's run time as installed here, for a device without MPI (dpw-mpi is linked against
-# it): the packages of mpirun, libmpi and libpmix whole (MCA components, help texts), and the
-# libraries they link that are not on every system. The device relocates it (OPAL_PREFIX).
-stage_mpi() { # dest dpw-mpi
+# Open MPI's run time as installed here, for a device without MPI (the kit's dpw is linked
+# against it): the packages of mpirun, libmpi and libpmix whole (MCA components, help texts), and
+# the libraries they link that are not on every system. The device relocates it (OPAL_PREFIX).
+stage_mpi() { # dest dpw
   local dest=$1 exe=$2 f p
-  if ! command -v mpirun >/dev/null || ! command -v dpkg >/dev/null; then
-    echo "warning: no mpirun or dpkg here: the kit carries no MPI (the 2-rank checks need the device's)" >&2
-    return 0
-  fi
+  command -v mpirun >/dev/null && command -v dpkg >/dev/null ||
+    die "the kit's dpw links libmpi: build the kit where Open MPI comes from Debian's packages (mpirun, dpkg)"
   local libmpi libpmix
   libmpi=$(ldd "$exe" | awk '/libmpi\.so/ {print $3}')
   [ -n "$libmpi" ] || die "$exe is not linked against libmpi"
@@ -151,28 +149,23 @@ build() {
   local stage=$KIT/stage
   mkdir -p "$stage/bin"
 
-  # Both dpw binaries come out of `cargo test --no-run` (the bin built for the integration
-  # tests): the tests' feature set (dev-dependencies unify features), so after scripts/test-all.sh's
-  # test and mpi phases nothing here is compiled again.
-  echo "== dpw with MPI (features mpi + cuda: the NCCL all-reduce), its NCCL test, Open MPI"
-  : >"$KIT/executables.txt"
-  cargo test --release --no-run --features mpi --message-format=json --test nccl_exchange \
-    >"$KIT/artifacts-mpi.json"
-  executables "$KIT/artifacts-mpi.json" nccl_exchange >>"$KIT/executables.txt"
-  strip -o "$stage/bin/dpw-mpi" "$(executables "$KIT/artifacts-mpi.json" dpw | cut -d' ' -f2)"
-  stage_mpi "$stage/mpi" "$stage/bin/dpw-mpi"
-
-  echo "== release dpw (default features: wgpu and cuda) and the GPU test executables"
-  local args=()
+  # One build, scripts/test-all.sh's feature set (the default wgpu and cuda, and mpi: with cuda
+  # that is also the NCCL all-reduce), so after its test phase nothing here is compiled again.
+  # dpw comes out of `cargo test --no-run` (the bin built for the integration tests:
+  # dev-dependencies unify features). With the mpi feature dpw trains serially unless an MPI
+  # launcher started it, so one binary serves every step.
+  echo "== release dpw (features wgpu, cuda, mpi), the GPU test executables, Open MPI"
+  local args=(--test nccl_exchange)
   for t in "${TESTS[@]}"; do args+=(--test "$t"); done
-  cargo test --release --no-run --message-format=json "${args[@]}" >"$KIT/artifacts.json"
-  executables "$KIT/artifacts.json" "${TESTS[@]}" >>"$KIT/executables.txt"
+  cargo test --release --no-run --features mpi --message-format=json "${args[@]}" >"$KIT/artifacts.json"
+  executables "$KIT/artifacts.json" "${TESTS[@]}" nccl_exchange >"$KIT/executables.txt"
   while read -r name exe; do
     strip -o "$stage/bin/$name" "$exe"
   done <"$KIT/executables.txt"
   local dpw_exe
   dpw_exe=$(executables "$KIT/artifacts.json" dpw | cut -d' ' -f2)
   strip -o "$stage/bin/dpw" "$dpw_exe"
+  stage_mpi "$stage/mpi" "$stage/bin/dpw"
 
   echo "== the cpu lcurve.out the cuda run must equal (200 steps, float64)"
   local work=$KIT/cpu-run
@@ -379,6 +372,7 @@ run_checks() {
     cp "$K/bin/dpw" "$MANIFEST_DIR/target/release/dpw"
   fi
   local dpw=$K/bin/dpw water=$ROOT/examples/water
+  kit_mpi_env "$K"
 
   export DPW_REQUIRE_CUDA=1 DPW_REQUIRE_NVRTC=1 RUST_LOG=info NO_COLOR=1
   local b
@@ -602,7 +596,7 @@ EOF
       # mpich's libmpi finds its own libfabric through RUNPATH, which LD_LIBRARY_PATH (holding
       # the system's older one beside libnccl) would override.
       step "deepmd_pt_${p}_b$b" 120 bash -c "cd '$d' && \
-        LD_LIBRARY_PATH='$prefix/lib/mpich':\$LD_LIBRARY_PATH PYTHONPATH='$site:$W/stub' \
+        LD_LIBRARY_PATH='$prefix/lib/mpich${LDP_WITHOUT_KIT_MPI:+:$LDP_WITHOUT_KIT_MPI}' PYTHONPATH='$site:$W/stub' \
         python3 -m deepmd --pt train input.json >dp.log 2>&1; rc=\$?; tail -40 dp.log
         [ \$rc = 0 ] || exit \$rc
         python3 '$W/dp_time.py' dp.log '$LOGS/bench_deepmdpt_${p}_b$b.json' '$p' 100"
@@ -633,11 +627,24 @@ vulkan_setup() { # kit
   export WGPU_BACKEND=vulkan
 }
 
+# The kit's Open MPI, relocated (OPAL_PREFIX), ahead of everything: the kit's dpw links libmpi,
+# so every step needs it, not only the 2-rank ones. DeePMD-kit's steps get the library path as
+# it was before (LDP_WITHOUT_KIT_MPI): its wheel brings MPICH.
+kit_mpi_env() { # kit
+  local r=$1/mpi/usr
+  LDP_WITHOUT_KIT_MPI=${LD_LIBRARY_PATH:-}
+  KIT_MPIRUN=
+  [ -x "$r/bin/orterun" ] || return 0
+  export OPAL_PREFIX=$r PMIX_INSTALL_PREFIX=$r/lib/x86_64-linux-gnu/pmix2
+  export LD_LIBRARY_PATH=$r/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu/openmpi/lib:$r/lib/x86_64-linux-gnu/pmix2/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  KIT_MPIRUN=$r/bin/orterun
+}
+
 # Multi-GPU training (features mpi + cuda): NCCL on one GPU as a one-rank world; two ranks on one
 # GPU, which must fall back to host MPI (NCCL refuses two ranks on one device) and train as one
 # rank with the global batch does; and, given two GPUs, two ranks through NCCL, whose lcurve.out
 # must equal host MPI's (in float64 a sum of two is the same in either order). mpirun and Open
-# MPI come from the kit (dpw-mpi is linked against them), else from the device.
+# MPI come from the kit (see kit_mpi_env), else from the device.
 mpi_checks() { # kit dpw water
   local K=$1 dpw=$2 water=$3 ngpu
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
@@ -646,13 +653,11 @@ mpi_checks() { # kit dpw water
   step nccl_one_rank 60 "$K/bin/nccl_exchange" "${TEST_FILTER[@]}" --include-ignored --nocapture
   unset DPW_REQUIRE_NCCL
 
-  local mpirun r=$K/mpi/usr
-  if [ -x "$r/bin/orterun" ]; then
-    export OPAL_PREFIX=$r PMIX_INSTALL_PREFIX=$r/lib/x86_64-linux-gnu/pmix2
-    export LD_LIBRARY_PATH=$r/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu/openmpi/lib:$r/lib/x86_64-linux-gnu/pmix2/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    mpirun=$r/bin/orterun
+  local mpirun
+  if [ -n "$KIT_MPIRUN" ]; then
+    mpirun=$KIT_MPIRUN
     info mpi "Open MPI from the kit ($("$mpirun" --version 2>&1 | head -1))"
-  elif command -v mpirun >/dev/null && ! ldd "$K/bin/dpw-mpi" | grep -q 'libmpi.*not found'; then
+  elif command -v mpirun >/dev/null && ! ldd "$dpw" | grep -q 'libmpi.*not found'; then
     mpirun=$(command -v mpirun)
     info mpi "the device's mpirun ($("$mpirun" --version 2>&1 | head -1))"
   else
@@ -662,7 +667,7 @@ mpi_checks() { # kit dpw water
     return 0
   fi
   export OMPI_MCA_mca_base_component_show_load_errors=0
-  local np2=("$mpirun" --allow-run-as-root --oversubscribe -np 2 "$K/bin/dpw-mpi" train input.json --backend cuda)
+  local np2=("$mpirun" --allow-run-as-root --oversubscribe -np 2 "$dpw" train input.json --backend cuda)
 
   local d=$W/mpi
   mkdir -p "$d/shared" "$d/serial" "$d/nccl" "$d/host"

@@ -5,15 +5,18 @@
 # tests are slow in debug builds). CI runs it without arguments: every phase.
 #
 # Usage: scripts/test-all.sh [--quick] [--only PHASE,...] [--skip PHASE,...]
-#   phases, in order: setup lint test cuda mpi kit convergence web
+#   phases, in order: setup lint test cuda kit convergence web
 #   --quick       setup, rustfmt, clippy on the default features and the default-feature tests
-#                 (what to run before a commit; no CUDA/MPI/wasm builds, convergence or browser)
+#                 (what to run before a commit; no MPI/wasm builds, convergence or browser)
 #   --only LIST   run just these phases; --skip LIST: all but these
 # Each phase's wall time is printed at the end.
+# A full run builds and tests one feature set, the default features plus mpi (one build of the
+# crate, not one per feature set; dpw with the feature runs serially like the default build
+# unless an MPI launcher started it); --quick builds the default features only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-all_phases=(setup lint test cuda mpi kit convergence web)
+all_phases=(setup lint test cuda kit convergence web)
 phases=("${all_phases[@]}")
 quick=0
 list() { tr ',' ' ' <<<"$1"; }
@@ -28,7 +31,7 @@ while [ $# -gt 0 ]; do
       for p in "${phases[@]}"; do [[ "$skip" == *" $p "* ]] || kept+=("$p"); done
       phases=("${kept[@]}")
       ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "test-all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -38,6 +41,8 @@ for p in "${phases[@]}"; do
     { echo "test-all.sh: unknown phase $p (phases: ${all_phases[*]})" >&2; exit 2; }
 done
 want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
+features=(--features mpi)
+[ "$quick" = 0 ] || features=()
 timings=()
 started=$SECONDS
 phase() {
@@ -89,21 +94,18 @@ if want lint; then
 fi
 if want test; then
   phase test
-  # The wgpu tests run on lavapipe (mesa-vulkan-drivers): without an adapter they would skip.
-  DPW_REQUIRE_WGPU=1 cargo test --release --all-targets
+  # The wgpu tests run on lavapipe (mesa-vulkan-drivers) and the mpi tests under mpirun
+  # (2 ranks): without an adapter or mpirun they would skip.
+  [ "$quick" = 1 ] || export DPW_REQUIRE_MPI=1
+  DPW_REQUIRE_WGPU=1 cargo test --release --all-targets "${features[@]}"
 fi
 if want cuda; then
   phase cuda
-  DPW_REQUIRE_NVRTC=1 cargo test --release --test kernels_nvrtc --test backend_cuda
-fi
-if want mpi; then
-  phase mpi
-  # Multi-process training under mpirun (2 ranks).
-  DPW_REQUIRE_MPI=1 cargo test --release --features mpi --test mpi_train
+  DPW_REQUIRE_NVRTC=1 cargo test --release "${features[@]}" --test kernels_nvrtc --test backend_cuda
 fi
 if want kit; then
   phase kit
-  # The GPU verification kit (issue 28): it builds (after the mpi phase, most of it is cached),
+  # The GPU verification kit (issue 28): it builds (the test phase's feature set: cached),
   # fits the device tool's 64 MiB with the working tree, and its run half works end to end
   # without a GPU on one quick step (a dry run; the cuda steps are reported as skipped).
   scripts/gpu-check.sh build
@@ -125,7 +127,7 @@ fi
 if want convergence; then
   phase convergence
   # Training convergence on the water data (minutes; not a timed test).
-  cargo test --release --test train_convergence -- --ignored --nocapture
+  cargo test --release "${features[@]}" --test train_convergence -- --ignored --nocapture
 fi
 if want web; then
   phase web
@@ -133,7 +135,8 @@ if want web; then
   # parity with the native CPU backend (minutes; builds the wasm crate, the wasm-bindgen CLI
   # once per machine, and npm packages). The parity test takes the release dpw the test phase
   # built: a plain `cargo build --release` would compile wgpu and dpw again (5 min), since the
-  # tests' dev-dependency tempfile turns on bitflags' `std` feature, which wgpu depends on.
+  # tests' dev-dependency tempfile turns on bitflags' `std` feature, which wgpu depends on (and
+  # the test phase's dpw has the mpi feature).
   if [ -z "${DPW_BIN:-}" ] && want test; then
     export DPW_BIN="$PWD/target/release/dpw"
   fi

@@ -7,15 +7,13 @@ pub use without_mpi::*;
 
 #[cfg(not(feature = "mpi"))]
 mod without_mpi {
-    use super::super::{launcher_world_size, World, BUILD_HINT};
+    use super::super::{launcher_world_size, refuse_launcher_world_without_mpi, World};
 
     /// Nothing to finalize without MPI.
     pub struct Guard;
 
     pub fn init() -> anyhow::Result<(Guard, World)> {
-        if let Some(n) = launcher_world_size().filter(|&n| n > 1) {
-            anyhow::bail!("{n} processes: {BUILD_HINT}");
-        }
+        refuse_launcher_world_without_mpi(launcher_world_size())?;
         Ok((Guard, World::serial()))
     }
 

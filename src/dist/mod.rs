@@ -40,6 +40,15 @@ would overwrite each other's files. Build it with MPI: `cargo build --release --
 (needs an MPI library with its headers, e.g. Debian/Ubuntu's libopenmpi-dev and openmpi-bin, and \
 libclang-dev), or run a single process";
 
+/// Without the `mpi` feature a launcher's world of more than one process (`launcher_size`, as
+/// [`launcher_world_size`] reads it) cannot be joined: each process would train alone.
+pub fn refuse_launcher_world_without_mpi(launcher_size: Option<usize>) -> anyhow::Result<()> {
+    match launcher_size {
+        Some(n) if n > 1 => anyhow::bail!("{n} processes: {BUILD_HINT}"),
+        _ => Ok(()),
+    }
+}
+
 /// The processes of this run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct World {
