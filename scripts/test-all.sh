@@ -95,9 +95,9 @@ fi
 if want test; then
   phase test
   # The wgpu tests run on lavapipe (mesa-vulkan-drivers) and the mpi tests under mpirun
-  # (2 ranks): without an adapter or mpirun they would skip.
-  [ "$quick" = 1 ] || export DPW_REQUIRE_MPI=1
-  DPW_REQUIRE_WGPU=1 cargo test --release --all-targets "${features[@]}"
+  # (2 ranks; compiled only with the mpi feature, so not by --quick): without an adapter or
+  # mpirun they would skip.
+  DPW_REQUIRE_WGPU=1 DPW_REQUIRE_MPI=1 cargo test --release --all-targets "${features[@]}"
 fi
 if want cuda; then
   phase cuda
