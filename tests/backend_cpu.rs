@@ -29,7 +29,7 @@ mod timed {
     #[test]
     fn profile_counts_steps_and_ops() {
         use dpw::backend::timed::{Op, Timed};
-        use dpw::backend::{AdamStep, Backend, Prefactors};
+        use dpw::backend::{AdamStep, Prefactors, TrainOps};
         use dpw::train::batch::assemble;
         use dpw::train::step::{forward, gradient, DeviceModel, Workspace};
         let model = crate::suite::fd::small_model(2, true, vec![6, 10], 7);
@@ -59,7 +59,7 @@ mod timed {
                 eps: 1e-8,
                 t,
             };
-            Backend::<f64>::adam(&b, s, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
+            TrainOps::<f64>::adam(&b, s, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
         }
         assert_eq!(b.steps(), 3);
         let p = b.profile(1);

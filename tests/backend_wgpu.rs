@@ -12,7 +12,7 @@ mod suite;
 
 use dpw::backend::cpu::Cpu;
 use dpw::backend::wgpu::{GpuReal, PowerPreference, Wgpu};
-use dpw::backend::{AdamStep, Backend, LossSums, Prefactors};
+use dpw::backend::{AdamStep, Backend, DenseOps, Device, LossSums, Prefactors, TrainOps};
 use dpw::model::{Layer, Skip};
 use dpw::train::batch::assemble;
 use dpw::train::predict::{loss_and_grad, Prediction};
@@ -265,14 +265,14 @@ fn f64_tanh_is_accurate() {
         b: 1,
         idt: None,
     };
-    let params = Backend::<f64>::upload(w, &[1.0, 0.0]);
-    let x = Backend::<f64>::upload(w, &xs);
+    let params = Device::<f64>::upload(w, &[1.0, 0.0]);
+    let x = Device::<f64>::upload(w, &xs);
     let (mut h, mut y) = (
-        Backend::<f64>::zeros(w, xs.len()),
-        Backend::<f64>::zeros(w, xs.len()),
+        Device::<f64>::zeros(w, xs.len()),
+        Device::<f64>::zeros(w, xs.len()),
     );
-    Backend::<f64>::dense_forward(w, &layer, &params, 0..xs.len(), &x, &mut h, &mut y);
-    let got = Backend::<f64>::download(w, &h);
+    DenseOps::<f64>::dense_forward(w, &layer, &params, 0..xs.len(), &x, &mut h, &mut y);
+    let got = Device::<f64>::download(w, &h);
     let worst = xs
         .iter()
         .zip(&got)
@@ -304,11 +304,11 @@ fn f64_sqrt_in_adam_is_accurate() {
     let m0: Vec<f64> = g.iter().map(|x| 0.3 * x).collect();
     let v0: Vec<f64> = g.iter().map(|x| 0.2 * x * x).collect();
     let (mut pc, mut mc, mut vc) = (p0.clone(), m0.clone(), v0.clone());
-    Backend::<f64>::adam(&Cpu::default(), step, &mut pc, &g, &mut mc, &mut vc);
+    TrainOps::<f64>::adam(&Cpu::default(), step, &mut pc, &g, &mut mc, &mut vc);
     let (mut p, mut m, mut v) = (w.upload(&p0), w.upload(&m0), w.upload(&v0));
     let gb = w.upload(&g);
-    Backend::<f64>::adam(w, step, &mut p, &gb, &mut m, &mut v);
-    let dp: Vec<f64> = Backend::<f64>::download(w, &p)
+    TrainOps::<f64>::adam(w, step, &mut p, &gb, &mut m, &mut v);
+    let dp: Vec<f64> = Device::<f64>::download(w, &p)
         .iter()
         .zip(&p0)
         .map(|(a, b)| a - b)
@@ -327,8 +327,8 @@ fn f64_sqrt_in_adam_is_accurate() {
     // Parameter updates are differences of O(1) numbers: a few ulp of p.
     assert!(worst < 1e-9, "Adam off by {worst:e}");
     // A driver may fuse β·m + (1 − β)·g into one FMA (NVIDIA's Vulkan compiler does): an ulp.
-    assert!(rel_dev(&Backend::<f64>::download(w, &m), &mc) < 1e-15);
-    assert!(rel_dev(&Backend::<f64>::download(w, &v), &vc) < 1e-15);
+    assert!(rel_dev(&Device::<f64>::download(w, &m), &mc) < 1e-15);
+    assert!(rel_dev(&Device::<f64>::download(w, &v), &vc) < 1e-15);
 }
 
 /// The fill op with a value other than zero, and zeros of odd sizes.
@@ -337,15 +337,15 @@ fn fill_and_zeros() {
     let Some(w) = wgpu_for::<f32>("fill_and_zeros") else {
         return;
     };
-    let mut b = Backend::<f32>::zeros(w, 7);
-    assert_eq!(Backend::<f32>::download(w, &b), vec![0.0; 7]);
+    let mut b = Device::<f32>::zeros(w, 7);
+    assert_eq!(Device::<f32>::download(w, &b), vec![0.0; 7]);
     w.fill(&mut b, 2.5f32);
     w.synchronize();
-    assert_eq!(Backend::<f32>::download(w, &b), vec![2.5; 7]);
+    assert_eq!(Device::<f32>::download(w, &b), vec![2.5; 7]);
     w.fill(&mut b, 0.0f32);
-    assert_eq!(Backend::<f32>::download(w, &b), vec![0.0; 7]);
-    let e = Backend::<f32>::zeros(w, 0);
-    assert!(Backend::<f32>::download(w, &e).is_empty());
+    assert_eq!(Device::<f32>::download(w, &b), vec![0.0; 7]);
+    let e = Device::<f32>::zeros(w, 0);
+    assert!(Device::<f32>::download(w, &e).is_empty());
 }
 
 /// The awaited read-back the web page uses gives what the blocking one gives, after ops that
@@ -355,12 +355,12 @@ fn awaited_download_matches_blocking() {
     let Some(w) = wgpu_for::<f32>("awaited_download_matches_blocking") else {
         return;
     };
-    let mut b = Backend::<f32>::upload(w, &[1.0, -2.0, 3.5]);
+    let mut b = Device::<f32>::upload(w, &[1.0, -2.0, 3.5]);
     w.fill(&mut b, 4.25f32);
     let got = pollster::block_on(w.download_async(&b)).unwrap();
     assert_eq!(got, vec![4.25; 3]);
-    assert_eq!(got, Backend::<f32>::download(w, &b));
-    let e = Backend::<f32>::zeros(w, 0);
+    assert_eq!(got, Device::<f32>::download(w, &b));
+    let e = Device::<f32>::zeros(w, 0);
     assert!(pollster::block_on(w.download_async(&e)).unwrap().is_empty());
 }
 
@@ -482,11 +482,11 @@ fn f32_frame_energy_is_the_rounded_exact_sum() {
     for bias in [[0.0f32, 0.0], [-93.0625, 187.1]] {
         for (k, e_fit) in cases.iter().enumerate() {
             let (mut ea, mut en) = (vec![0.0f32; nc], vec![0.0f32; 3]);
-            Backend::<f32>::energy(&Cpu::default(), &d, e_fit, &bias.to_vec(), &mut ea, &mut en);
+            TrainOps::<f32>::energy(&Cpu::default(), &d, e_fit, &bias.to_vec(), &mut ea, &mut en);
             let (ef, bb) = (w.upload(e_fit), w.upload(&bias));
-            let (mut ga, mut ge) = (Backend::<f32>::zeros(w, nc), Backend::<f32>::zeros(w, 3));
-            Backend::<f32>::energy(w, &d, &ef, &bb, &mut ga, &mut ge);
-            assert_eq!(Backend::<f32>::download(w, &ga), ea);
+            let (mut ga, mut ge) = (Device::<f32>::zeros(w, nc), Device::<f32>::zeros(w, 3));
+            TrainOps::<f32>::energy(w, &d, &ef, &bb, &mut ga, &mut ge);
+            assert_eq!(Device::<f32>::download(w, &ga), ea);
             let exact: Vec<f32> = (0..3)
                 .map(|f| {
                     let terms: Vec<f32> = (0..nc)
@@ -496,7 +496,7 @@ fn f32_frame_energy_is_the_rounded_exact_sum() {
                     exact_f32_sum(&terms)
                 })
                 .collect();
-            let got = Backend::<f32>::download(w, &ge);
+            let got = Device::<f32>::download(w, &ge);
             assert_eq!(
                 got, exact,
                 "case {k}: per-frame energies (cpu's f64 sum gives {en:?})"
@@ -513,9 +513,9 @@ fn large_launches_spill_over() {
         return;
     };
     let n = 65535 * 64 + 1000;
-    let mut b = Backend::<f32>::zeros(w, n);
+    let mut b = Device::<f32>::zeros(w, n);
     w.fill(&mut b, 1.5f32);
-    let got = Backend::<f32>::download(w, &b);
+    let got = Device::<f32>::download(w, &b);
     assert!(got.iter().all(|&v| v == 1.5), "fill missed elements");
     let rows = 65535 * 16 + 100;
     let layer = Layer {
@@ -530,12 +530,9 @@ fn large_launches_spill_over() {
     let xs: Vec<f32> = (0..rows).map(|i| (i % 1000) as f32).collect();
     let params = w.upload(&[2.0f32, 0.5]);
     let x = w.upload(&xs);
-    let (mut h, mut y) = (
-        Backend::<f32>::zeros(w, rows),
-        Backend::<f32>::zeros(w, rows),
-    );
-    Backend::<f32>::dense_forward(w, &layer, &params, 0..rows, &x, &mut h, &mut y);
-    let got = Backend::<f32>::download(w, &y);
+    let (mut h, mut y) = (Device::<f32>::zeros(w, rows), Device::<f32>::zeros(w, rows));
+    DenseOps::<f32>::dense_forward(w, &layer, &params, 0..rows, &x, &mut h, &mut y);
+    let got = Device::<f32>::download(w, &y);
     let bad = (0..rows).find(|&i| got[i] != 2.0 * xs[i] + 0.5);
     assert_eq!(bad, None, "dense forward missed rows");
 }
@@ -554,7 +551,7 @@ fn adapter_without_f64_refuses_float64() {
     let e = w.require::<f64>().unwrap_err().to_string();
     assert!(e.contains("\"precision\": \"float32\""), "{e}");
     let b = w.upload(&[1.0f32, 2.0]);
-    assert_eq!(Backend::<f32>::download(&w, &b), vec![1.0, 2.0]);
+    assert_eq!(Device::<f32>::download(&w, &b), vec![1.0, 2.0]);
 }
 
 /// A training step after the first two creates no buffer and no bind group and reads nothing back;
@@ -603,8 +600,8 @@ fn steps_after_the_first_create_and_read_nothing() {
             pf,
         };
         let (rows, at) = log.record(w, sums, info);
-        Backend::<f32>::clip_grad_norm(w, &mut dm.grad, 0.1, rows, at);
-        Backend::<f32>::adam(
+        TrainOps::<f32>::clip_grad_norm(w, &mut dm.grad, 0.1, rows, at);
+        TrainOps::<f32>::adam(
             w,
             adam_step(&opt, 1e-3, t),
             &mut dm.params,

@@ -13,7 +13,7 @@
 use std::io::Write as _;
 
 use dpw::backend::cuda::Cuda;
-use dpw::backend::Backend;
+use dpw::backend::Device;
 use dpw::dist::{DeviceLink, GradExchange, World};
 
 fn skip(what: &str, var: &str, why: &str) {
@@ -38,12 +38,12 @@ fn a_one_rank_nccl_exchange_weights_like_the_host_path() {
     let g: Vec<f64> = (0..1000).map(|i| (0.37 * i as f64).sin()).collect();
 
     let mut ex = GradExchange::<f64, _>::new(DeviceLink::cuda(&cuda));
-    let mut grad = Backend::<f64>::upload(&cuda, &g);
-    let mut sums = Backend::<f64>::upload(&cuda, &[1.5, 2.5, 3.5]);
+    let mut grad = Device::<f64>::upload(&cuda, &g);
+    let mut sums = Device::<f64>::upload(&cuda, &[1.5, 2.5, 3.5]);
     ex.all_reduce(&w, &cuda, &mut grad, &mut sums, share);
     let want: Vec<f64> = g.iter().map(|x| x * share).collect();
-    assert_eq!(Backend::<f64>::download(&cuda, &grad), want);
-    assert_eq!(Backend::<f64>::download(&cuda, &sums), [1.5, 2.5, 3.5]);
+    assert_eq!(Device::<f64>::download(&cuda, &grad), want);
+    assert_eq!(Device::<f64>::download(&cuda, &sums), [1.5, 2.5, 3.5]);
     if !ex.uses_nccl() {
         return skip(
             what,
@@ -59,7 +59,7 @@ fn a_one_rank_nccl_exchange_weights_like_the_host_path() {
     let mut sums = cuda.upload(&[1.5f32, 2.5, 3.5]);
     ex.all_reduce(&w, &cuda, &mut grad, &mut sums, share);
     assert!(ex.uses_nccl());
-    for (i, (got, x)) in Backend::<f32>::download(&cuda, &grad)
+    for (i, (got, x)) in Device::<f32>::download(&cuda, &grad)
         .iter()
         .zip(&g32)
         .enumerate()
@@ -70,5 +70,5 @@ fn a_one_rank_nccl_exchange_weights_like_the_host_path() {
             "value {i}: {got} (NCCL) vs {host} (host path)"
         );
     }
-    assert_eq!(Backend::<f32>::download(&cuda, &sums), [1.5, 2.5, 3.5]);
+    assert_eq!(Device::<f32>::download(&cuda, &sums), [1.5, 2.5, 3.5]);
 }

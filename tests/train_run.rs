@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 
 use anyhow::Result;
 use dpw::backend::cpu::Cpu;
-use dpw::backend::Backend;
+use dpw::backend::Device;
 use dpw::config::Config;
 use dpw::data::Disk;
 use dpw::dist::DeviceLink;

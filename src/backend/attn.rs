@@ -4,7 +4,7 @@
 //! kernels of its own. On the CPU backend the transfers are copies.
 
 use super::cpu::attn as host;
-use super::{Backend, Dims, Real};
+use super::{Device, Dims, Real};
 use crate::geometry::{env_switch, EnvParams};
 use crate::model::{AttentionConfig, AttnLayerLayout, AttnLayout, Skip, TebdLayout};
 
@@ -135,7 +135,7 @@ struct HostArgs<T> {
 }
 
 impl<'a, B, I> AttnArgs<'a, B, I> {
-    fn host<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> HostArgs<T> {
+    fn host<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> HostArgs<T> {
         HostArgs {
             params: b.download(self.params),
             g0: b.download(self.g0),
@@ -148,7 +148,7 @@ impl<'a, B, I> AttnArgs<'a, B, I> {
     }
 
     /// Runs `f` on the host view of the arguments.
-    fn with<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized, R>(
+    fn with<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized, R>(
         &self,
         b: &K,
         f: impl FnOnce(&host::AttnIn<'_, T>) -> R,
@@ -169,7 +169,7 @@ impl<'a, B, I> AttnArgs<'a, B, I> {
 }
 
 /// The bodies of the attention ops on any backend.
-pub fn attn_forward<T: Real, B: Backend<T> + ?Sized>(
+pub fn attn_forward<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     d: &Dims,
     a: &AttnArgs<B::Buf, B::Idx>,
@@ -181,7 +181,7 @@ pub fn attn_forward<T: Real, B: Backend<T> + ?Sized>(
     b.write(desc, &out);
 }
 
-pub fn attn_backward<T: Real, B: Backend<T> + ?Sized>(
+pub fn attn_backward<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     d: &Dims,
     a: &AttnArgs<B::Buf, B::Idx>,
@@ -196,7 +196,7 @@ pub fn attn_backward<T: Real, B: Backend<T> + ?Sized>(
     b.write(q, &out);
 }
 
-pub fn attn_tangent<T: Real, B: Backend<T> + ?Sized>(
+pub fn attn_tangent<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     d: &Dims,
     a: &AttnArgs<B::Buf, B::Idx>,
@@ -211,7 +211,7 @@ pub fn attn_tangent<T: Real, B: Backend<T> + ?Sized>(
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn attn_dual<T: Real, B: Backend<T> + ?Sized>(
+pub fn attn_dual<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     d: &Dims,
     a: &AttnArgs<B::Buf, B::Idx>,
@@ -236,7 +236,7 @@ pub fn attn_dual<T: Real, B: Backend<T> + ?Sized>(
 
 /// σ and dσ/dŝ of every slot (0 for padding): the switch and its slope against the normalised
 /// radial value ŝ = (sw/(r + p) − davg₀)/dstd₀ of the centre's type.
-pub fn attn_switch<T: Real, B: Backend<T> + ?Sized>(
+pub fn attn_switch<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     d: &Dims,
     env: EnvParams,
@@ -288,7 +288,7 @@ fn tebd_row<T: Real>(t: &TebdLayout, params: &[T], ty: usize) -> Vec<T> {
 /// Rows of type-embedding values: `out[r·stride + col..]` = `[lead[r], T[types[0][r]],
 /// T[types[1][r]], ...]` (no lead column without `lead`), for every row r of the type lists.
 #[allow(clippy::too_many_arguments)]
-pub fn tebd_rows<T: Real, B: Backend<T> + ?Sized>(
+pub fn tebd_rows<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     t: &TebdLayout,
     params: &B::Buf,
@@ -320,7 +320,7 @@ pub fn tebd_rows<T: Real, B: Backend<T> + ?Sized>(
 /// Adjoint of [`tebd_rows`]: the type columns of `xbar` summed into the type embedding's
 /// gradient (W̄[t] += T̄[t], b̄ += Σ_t T̄[t]), rows in order.
 #[allow(clippy::too_many_arguments)]
-pub fn tebd_rows_backward<T: Real, B: Backend<T> + ?Sized>(
+pub fn tebd_rows_backward<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     t: &TebdLayout,
     lead: bool,
@@ -386,7 +386,7 @@ struct StripHost<T> {
 }
 
 impl<B, I> StripArgs<'_, B, I> {
-    fn host<T: Real, K: Backend<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> StripHost<T> {
+    fn host<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> StripHost<T> {
         let (tj, ti) = (
             b.download_idx(self.nei_type),
             b.download_idx(self.centre_type),
@@ -418,7 +418,7 @@ impl<B, I> StripArgs<'_, B, I> {
 }
 
 /// G⁰ = G_s ⊙ (1 + c τ) and G⁰' = G_s' ⊙ (1 + c τ) + G_s ⊙ τ c' per slot.
-pub fn strip_forward<T: Real, B: Backend<T> + ?Sized>(
+pub fn strip_forward<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     a: &StripArgs<B::Buf, B::Idx>,
     g0: &mut B::Buf,
@@ -443,7 +443,7 @@ pub fn strip_forward<T: Real, B: Backend<T> + ?Sized>(
 /// (Ġ_s = G_s'ṡ, ċ = c'ṡ, which no parameter moves): Ḡ_s = Ḡ⁰(1 + cτ) + Ġ̄⁰ τ ċ,
 /// Ġ̄_s = Ġ̄⁰(1 + cτ), τ̄ = Ḡ⁰ G_s c + Ġ̄⁰ (Ġ_s c + G_s ċ).
 #[allow(clippy::too_many_arguments)]
-pub fn strip_dual<T: Real, B: Backend<T> + ?Sized>(
+pub fn strip_dual<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     a: &StripArgs<B::Buf, B::Idx>,
     sdot: &B::Buf,

@@ -1,5 +1,6 @@
-//! The op-level Backend trait. The training step (`crate::train::step`) calls only these ops, so
-//! a backend is a folder implementing them and nothing else changes. Ops are named alike in
+//! The op-level Backend traits: a [`Device`] and the op families over it (`ops.rs`). The
+//! training step (`crate::train::step`) calls only these ops, so a backend is a folder
+//! implementing them and nothing else changes. Ops are named alike in
 //! `src/backend/cpu/`, `shaders/` and `kernels/`.
 //!
 //! Shapes (see [`Dims`]): C centres, S slots, per slot `rhat[4]`, `jac[4][3]` (∂R̂/∂r_ij),
@@ -7,8 +8,8 @@
 //! values each, laid out as the backend's contraction ops like, since only they read them). Dense-layer ops work on a row range of
 //! row-major matrices, so one call serves the atoms of one type or the slots of one block.
 //!
-//! The compute ops are declared in one table, `ops.rs`, from which the trait's methods and the
-//! profiler's forwarders ([`timed::Timed`]) are made.
+//! The compute ops are declared in one table, `ops.rs`, from which the family traits, the
+//! profiler's forwarders ([`timed::Timed`]) and each backend's concrete impls are made.
 
 #[macro_use]
 mod ops;
@@ -54,7 +55,7 @@ pub struct LossSums {
 }
 
 impl LossSums {
-    /// From the 3-value buffer the [`Backend::loss`] op writes.
+    /// From the 3-value buffer the [`TrainOps::loss`] op writes.
     pub fn from_values<T: Real>(v: &[T]) -> Self {
         LossSums {
             e2: v[0].f64(),
@@ -64,7 +65,7 @@ impl LossSums {
     }
 }
 
-/// One piece of a [`Backend::gather`]: `len` values from `src` in the source to `dst` in the
+/// One piece of a [`Device::gather`]: `len` values from `src` in the source to `dst` in the
 /// destination. How a batch is put together on the device from frames resident there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
@@ -73,7 +74,7 @@ pub struct Span {
     pub len: usize,
 }
 
-/// [`Backend::gather`] on host slices: the CPU backend's op, and how GPU backends keep the host
+/// [`Device::gather`] on host slices: the CPU backend's op, and how GPU backends keep the host
 /// copies of their index buffers.
 pub fn gather_slices<X: Copy>(src: &[X], dst: &mut [X], spans: &[Span]) {
     assert_eq!(
@@ -121,7 +122,7 @@ pub struct DenseIo<'a, B> {
     pub h: &'a B,
 }
 
-/// The inputs of [`Backend::contract_dual`], for the fused stage that starts with it.
+/// The inputs of [`ContractOps::contract_dual`], for the fused stage that starts with it.
 pub struct ContractDual<'a, B> {
     pub a: &'a B,
     pub adot: &'a B,
@@ -133,7 +134,7 @@ pub struct ContractDual<'a, B> {
 }
 
 impl<Buf> ContractDual<'_, Buf> {
-    /// [`Backend::contract_dual`] on these inputs, into (Ḡ, Ġ̄).
+    /// [`ContractOps::contract_dual`] on these inputs, into (Ḡ, Ġ̄).
     pub fn run<T: Real, B: Backend<T, Buf = Buf> + ?Sized>(
         self,
         b: &B,
@@ -153,10 +154,10 @@ impl<Buf> ContractDual<'_, Buf> {
     }
 }
 
-// The ops take the buffers they read and write one by one: a struct per op would be a second
-// place that spells its arguments out.
-#[allow(clippy::too_many_arguments)]
-pub trait Backend<T: Real>: Sync {
+/// A backend's memory and schedule: its buffers, moving values in and out of them, waiting, and
+/// what it can run. The compute ops are the op families over it (`ops.rs`); [`Backend`] is
+/// all of them together.
+pub trait Device<T: Real>: Sync {
     /// A device vector of T.
     type Buf: Send + Sync;
     /// A device vector of i32.
@@ -169,7 +170,7 @@ pub trait Backend<T: Real>: Sync {
     fn download(&self, b: &Self::Buf) -> Vec<T>;
     fn download_idx(&self, b: &Self::Idx) -> Vec<i32>;
     fn zeros(&self, n: usize) -> Self::Buf;
-    /// [`Backend::zeros`] that returns `None` where the memory is not there, for the big
+    /// [`Device::zeros`] that returns `None` where the memory is not there, for the big
     /// buffers of a batch. Host memory can be asked for fallibly; the GPU backends allocate as
     /// `zeros` does.
     fn try_zeros(&self, n: usize) -> Option<Self::Buf> {
@@ -180,12 +181,12 @@ pub trait Backend<T: Real>: Sync {
     /// Overwrites a buffer of `x.len()` values in place, in order with the ops issued before:
     /// a plan keeps its allocations (and so its addresses) from one batch to the next.
     fn write(&self, b: &mut Self::Buf, x: &[T]);
-    /// [`Backend::write`] for an index buffer.
+    /// [`Device::write`] for an index buffer.
     fn write_idx(&self, b: &mut Self::Idx, x: &[i32]);
     /// The identity of a buffer's allocation (its device address or id): equal for as long as
     /// the allocation lives, whatever is written into it.
     fn buf_id(&self, b: &Self::Buf) -> u64;
-    /// [`Backend::buf_id`] for an index buffer.
+    /// [`Device::buf_id`] for an index buffer.
     fn idx_id(&self, b: &Self::Idx) -> u64;
     /// `dst[at..at + src.len]` = `src`, on the device: how per-step results (the loss sums) are
     /// logged for reading at a display step.
@@ -194,13 +195,13 @@ pub trait Backend<T: Real>: Sync {
     /// device, in order with the ops issued before. The spans tile `dst` (every value is
     /// overwritten), so its contents follow from `src` and the spans alone.
     fn gather(&self, src: &Self::Buf, dst: &mut Self::Buf, spans: &[Span]);
-    /// [`Backend::gather`] for an index buffer. A backend that derives tables from an index
+    /// [`Device::gather`] for an index buffer. A backend that derives tables from an index
     /// buffer's contents (the force gather lists) may derive them from the source's.
     fn gather_idx(&self, src: &Self::Idx, dst: &mut Self::Idx, spans: &[Span]);
     /// Called once for `owner`, the owner tables of resident frames of one-frame shape `d`, one
     /// after the other, with the centre table of that shape: a backend that derives tables from
     /// an owner table (the force gather lists) derives them for every frame now, so that a
-    /// batch of one of those frames, gathered by [`Backend::gather_idx`], costs no upload.
+    /// batch of one of those frames, gathered by [`Device::gather_idx`], costs no upload.
     fn prepare_frames(&self, _d: &Dims, _owner: &Self::Idx, _centre_atom: &Self::Idx) {}
     /// Refuses, saying why, a batch shape this backend cannot run: by default one whose frames
     /// differ in composition ([`Dims::uniform`] false, a mixed-type system's), since the GPU
@@ -234,19 +235,33 @@ pub trait Backend<T: Real>: Sync {
     /// that the wall time around a step or an op is its time.
     fn wait(&self) {}
 
-    // The compute ops: src/backend/ops.rs.
-    compute_ops!(declare_ops);
-
-    /// Whether this backend runs the embedding nets fused ([`Backend::embed_forward`] and
-    /// [`Backend::embed_dual_backward`]); otherwise the step runs the per-layer dense ops and
-    /// keeps every layer's values.
-    fn fused_embedding(&self) -> bool {
-        false
-    }
-
-    /// Whether [`Backend::contract_embed_dual`] is overridden so that it never writes Ḡ, Ġ̄:
-    /// the step then gives it empty buffers for them.
-    fn fuses_contract_dual(&self) -> bool {
-        false
+    /// The fused embedding stage, where this backend has one; `None` (the default) makes the
+    /// step run the nets layer by layer through [`DenseOps`].
+    fn fused_embedding(&self) -> Option<&dyn FusedEmbedding<T, Buf = Self::Buf, Idx = Self::Idx>> {
+        None
     }
 }
+
+// The op families, one trait each: src/backend/ops.rs.
+compute_ops!(declare_ops);
+
+/// `Backend` from its list of families, written once: the trait and its blanket impl.
+macro_rules! backend_of {
+    ($($family:ident),*) => {
+        /// What a training step runs on: a [`Device`] with every op family. Every backend has it
+        /// (the families it has no kernels for take their default bodies).
+        pub trait Backend<T: Real>: Device<T> $(+ $family<T>)* {}
+
+        impl<T: Real, B: Device<T> $(+ $family<T>)*> Backend<T> for B {}
+    };
+}
+
+backend_of!(
+    EnvOps,
+    DenseOps,
+    ContractOps,
+    RadialOps,
+    AngleOps,
+    AttnOps,
+    TrainOps
+);

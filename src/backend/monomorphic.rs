@@ -1,6 +1,8 @@
 //! A backend's ops are written once, generic over the precision, as
-//! `impl<T: ..> Backend<T> for Generic<'_, B>`; `monomorphic_backend!(impl Backend<f64> for B,
-//! Buf = .., Idx = ..)` then makes `B`'s concrete impl, every method forwarding to those.
+//! `impl<T: ..> Device<T> for Generic<'_, B>` and an impl of each op family likewise;
+//! `monomorphic_backend!(impl Backend<f64> for B, Buf = .., Idx = ..)` then makes `B`'s concrete
+//! impls, every method forwarding to those. With `fused if |b| ..`, `B` also offers
+//! `Generic<'_, B>`'s [`FusedEmbedding`](super::FusedEmbedding) where that function says so.
 //!
 //! Why: a crate that calls a generic function compiles its own copy of it, in release builds
 //! too (rustc shares generic instantiations across crates only in debug builds). With a generic
@@ -21,105 +23,119 @@ impl<B> Deref for Generic<'_, B> {
 }
 
 macro_rules! monomorphic_backend {
-    (impl Backend<$t:ty> for $outer:ty, Buf = $buf:ty, Idx = $idx:ty) => {
+    (impl Backend<$t:ty> for $outer:ty, Buf = $buf:ty, Idx = $idx:ty $(, fused if $fused:expr)?) => {
         const _: () = {
-            // The op table's argument types, and the precision `T` its forwarders name.
+            // The op table's argument types, and the precision `T` its forwarders name; the fused
+            // family's own go unused in a backend that does not offer it.
             use std::ops::Range;
             use $crate::backend::monomorphic::Generic;
+            #[allow(unused_imports)]
             use $crate::backend::{
-                AdamStep, AttnArgs, Backend, ContractDual, DenseIo, Dims, Prefactors, Span,
-                StripArgs,
+                AdamStep, AngleOps, AttnArgs, AttnOps, ContractDual, ContractOps, DenseIo,
+                DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Span,
+                StripArgs, TrainOps,
             };
             use $crate::geometry::EnvParams;
+            #[allow(unused_imports)]
             use $crate::model::{Layer, Net, TebdLayout};
             type T = $t;
 
-            #[allow(clippy::too_many_arguments)]
-            impl Backend<T> for $outer {
+            impl Device<T> for $outer {
                 type Buf = $buf;
                 type Idx = $idx;
 
                 fn name(&self) -> String {
-                    Backend::<T>::name(&Generic(self))
+                    Device::<T>::name(&Generic(self))
                 }
                 fn upload(&self, x: &[T]) -> Self::Buf {
-                    Backend::<T>::upload(&Generic(self), x)
+                    Device::<T>::upload(&Generic(self), x)
                 }
                 fn upload_idx(&self, x: &[i32]) -> Self::Idx {
-                    Backend::<T>::upload_idx(&Generic(self), x)
+                    Device::<T>::upload_idx(&Generic(self), x)
                 }
                 fn download(&self, b: &Self::Buf) -> Vec<T> {
-                    Backend::<T>::download(&Generic(self), b)
+                    Device::<T>::download(&Generic(self), b)
                 }
                 fn download_idx(&self, b: &Self::Idx) -> Vec<i32> {
-                    Backend::<T>::download_idx(&Generic(self), b)
+                    Device::<T>::download_idx(&Generic(self), b)
                 }
                 fn zeros(&self, n: usize) -> Self::Buf {
-                    Backend::<T>::zeros(&Generic(self), n)
+                    Device::<T>::zeros(&Generic(self), n)
                 }
                 fn try_zeros(&self, n: usize) -> Option<Self::Buf> {
-                    Backend::<T>::try_zeros(&Generic(self), n)
+                    Device::<T>::try_zeros(&Generic(self), n)
                 }
                 fn fill(&self, b: &mut Self::Buf, v: T) {
-                    Backend::<T>::fill(&Generic(self), b, v)
+                    Device::<T>::fill(&Generic(self), b, v)
                 }
                 fn write(&self, b: &mut Self::Buf, x: &[T]) {
-                    Backend::<T>::write(&Generic(self), b, x)
+                    Device::<T>::write(&Generic(self), b, x)
                 }
                 fn write_idx(&self, b: &mut Self::Idx, x: &[i32]) {
-                    Backend::<T>::write_idx(&Generic(self), b, x)
+                    Device::<T>::write_idx(&Generic(self), b, x)
                 }
                 fn buf_id(&self, b: &Self::Buf) -> u64 {
-                    Backend::<T>::buf_id(&Generic(self), b)
+                    Device::<T>::buf_id(&Generic(self), b)
                 }
                 fn idx_id(&self, b: &Self::Idx) -> u64 {
-                    Backend::<T>::idx_id(&Generic(self), b)
+                    Device::<T>::idx_id(&Generic(self), b)
                 }
                 fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, at: usize) {
-                    Backend::<T>::copy(&Generic(self), src, dst, at)
+                    Device::<T>::copy(&Generic(self), src, dst, at)
                 }
                 fn gather(&self, src: &Self::Buf, dst: &mut Self::Buf, spans: &[Span]) {
-                    Backend::<T>::gather(&Generic(self), src, dst, spans)
+                    Device::<T>::gather(&Generic(self), src, dst, spans)
                 }
                 fn gather_idx(&self, src: &Self::Idx, dst: &mut Self::Idx, spans: &[Span]) {
-                    Backend::<T>::gather_idx(&Generic(self), src, dst, spans)
+                    Device::<T>::gather_idx(&Generic(self), src, dst, spans)
                 }
                 fn prepare_frames(&self, d: &Dims, owner: &Self::Idx, centre_atom: &Self::Idx) {
-                    Backend::<T>::prepare_frames(&Generic(self), d, owner, centre_atom)
+                    Device::<T>::prepare_frames(&Generic(self), d, owner, centre_atom)
                 }
                 fn check_shape(&self, d: &Dims) -> Result<(), String> {
-                    Backend::<T>::check_shape(&Generic(self), d)
+                    Device::<T>::check_shape(&Generic(self), d)
                 }
                 fn resident_budget(&self) -> usize {
-                    Backend::<T>::resident_budget(&Generic(self))
+                    Device::<T>::resident_budget(&Generic(self))
                 }
                 fn replayable(&self, f: &mut dyn FnMut()) {
-                    Backend::<T>::replayable(&Generic(self), f)
+                    Device::<T>::replayable(&Generic(self), f)
                 }
                 fn wait(&self) {
-                    Backend::<T>::wait(&Generic(self))
+                    Device::<T>::wait(&Generic(self))
                 }
-                fn fused_embedding(&self) -> bool {
-                    Backend::<T>::fused_embedding(&Generic(self))
-                }
-                fn fuses_contract_dual(&self) -> bool {
-                    Backend::<T>::fuses_contract_dual(&Generic(self))
-                }
-
-                compute_ops!(forward_ops);
+                $(
+                    fn fused_embedding(
+                        &self,
+                    ) -> Option<&dyn FusedEmbedding<T, Buf = $buf, Idx = $idx>> {
+                        let fused: fn(&Self) -> bool = $fused;
+                        fused(self).then_some(self as &dyn FusedEmbedding<T, Buf = $buf, Idx = $idx>)
+                    }
+                )?
             }
+
+            compute_ops!(forward_ops, [$outer], [$($fused)?]);
         };
     };
 }
 
-/// The compute ops of `monomorphic_backend!`, from the op table.
+/// The op families' impls of `monomorphic_backend!`, from the table: `FusedEmbedding`'s only
+/// for a backend that offers it.
 macro_rules! forward_ops {
-    ($({ $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
-         $inner:tt, $flops:block, [$($body:block)?] })*) => {
-        $(
-            fn $name(&$slf, $($arg: $ty),*) {
-                Backend::<T>::$name(&Generic($slf), $($arg),*)
-            }
-        )*
+    ([[$outer:ty] $fused:tt] $($family:ident [$(#[$fm:meta])*] [$($entry:tt)*])*) => {
+        $(forward_ops!(@family $outer, $fused, $family $($entry)*);)*
+    };
+    (@family $outer:ty, [], FusedEmbedding $($entry:tt)*) => {};
+    (@family $outer:ty, [$($fused:tt)*], $family:ident $({
+        $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
+        $inner:tt, $flops:block, [$($body:block)?]
+    })*) => {
+        impl $family<T> for $outer {
+            $(
+                fn $name(&$slf, $($arg: $ty),*) {
+                    $family::<T>::$name(&Generic($slf), $($arg),*)
+                }
+            )*
+        }
     };
 }

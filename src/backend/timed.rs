@@ -3,9 +3,9 @@
 //! `dpw bench --profile` runs training on it and reports, per op, the time per step, its share
 //! and the achieved GFLOP/s.
 //!
-//! Steps are delimited by [`Backend::adam`], the last op of a training step: the calls from the
+//! Steps are delimited by [`TrainOps::adam`], the last op of a training step: the calls from the
 //! end of one `adam` to the end of the next are one step's record. Whether a time stamp can be
-//! taken right after a call is the inner backend's business ([`Backend::wait`]): a GPU backend
+//! taken right after a call is the inner backend's business ([`Device::wait`]): a GPU backend
 //! queues its ops and must wait for them, the CPU runs them synchronously.
 //!
 //! FLOP counts (a multiply-add is 2) are of the work the algorithm needs, not of what an
@@ -19,7 +19,8 @@ use std::time::Instant;
 
 use super::counts::{Counters, Counts};
 use super::{
-    AdamStep, AttnArgs, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span, StripArgs,
+    AdamStep, AngleOps, AttnArgs, AttnOps, Backend, ContractDual, ContractOps, DenseIo, DenseOps,
+    Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net, TebdLayout};
@@ -53,8 +54,10 @@ where
 /// The profile's rows: the data movement ops, then every compute op of the table (ops.rs), in
 /// the trait's order.
 macro_rules! op_rows {
-    ($({ $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
-         $inner:tt, $flops:block, [$($body:block)?] })*) => {
+    ([] $($family:ident [$(#[$fm:meta])*] [$({
+        $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
+        $inner:tt, $flops:block, [$($body:block)?]
+    })*])*) => {
         /// Every op of the [`Backend`] trait, as a row of the profile.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Op {
@@ -65,7 +68,7 @@ macro_rules! op_rows {
             Write,
             Copy,
             Gather,
-            $($op),*
+            $($($op,)*)*
         }
         impl Op {
             pub const ALL: &'static [Op] = &[
@@ -76,7 +79,7 @@ macro_rules! op_rows {
                 Op::Write,
                 Op::Copy,
                 Op::Gather,
-                $(Op::$op),*
+                $($(Op::$op,)*)*
             ];
             pub fn name(self) -> &'static str {
                 match self {
@@ -87,7 +90,7 @@ macro_rules! op_rows {
                     Op::Write => "write",
                     Op::Copy => "copy",
                     Op::Gather => "gather",
-                    $(Op::$op => stringify!($name)),*
+                    $($(Op::$op => stringify!($name),)*)*
                 }
             }
         }
@@ -96,22 +99,37 @@ macro_rules! op_rows {
 
 compute_ops!(op_rows);
 
-/// [`Timed`]'s compute ops from the table: the op's FLOPs from its shapes, then the inner
-/// backend's op between two waits.
+/// [`Timed`]'s op families from the table: each op's FLOPs from its shapes, then the inner
+/// backend's op (for [`FusedEmbedding`], its fused object's) between two waits.
 macro_rules! timed_ops {
-    ($({ $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
-         $inner:tt, $flops:block, [$($body:block)?] })*) => {
-        $(
-            fn $name(&$slf, $($arg: $ty),*) {
-                let flops: f64 = {
-                    let $inner = &$slf.inner;
-                    $flops
-                };
-                $slf.time::<T, _>(Op::$op, flops, |b| b.$name($($arg),*))
-            }
-        )*
+    ([] $($family:ident [$(#[$fm:meta])*] [$($entry:tt)*])*) => {
+        $(timed_ops!(@family $family $($entry)*);)*
+    };
+    (@family $family:ident $({
+        $name:ident, $op:ident, [$(#[$m:meta])*], $slf:ident, [$($arg:ident: $ty:ty),*],
+        $inner:tt, $flops:block, [$($body:block)?]
+    })*) => {
+        impl<T: Real, B: Timeable<T>> $family<T> for Timed<B> {
+            $(
+                fn $name(&$slf, $($arg: $ty),*) {
+                    let flops: f64 = {
+                        let $inner = &$slf.inner;
+                        $flops
+                    };
+                    $slf.time::<T, _>(Op::$op, flops, |b| timed_ops!(@ops $family b).$name($($arg),*))
+                }
+            )*
+        }
+    };
+    (@ops FusedEmbedding $b:ident) => {
+        $b.fused_embedding().expect("Timed offers the fused stage only where its inner backend does")
+    };
+    (@ops $family:ident $b:ident) => {
+        $b
     };
 }
+
+compute_ops!(timed_ops);
 
 const NOPS: usize = Op::ALL.len();
 
@@ -299,7 +317,7 @@ fn embed_flops(d: &Dims, nets: &[&Net], real: usize, f: impl Fn(&Net) -> f64) ->
     total
 }
 
-/// [`Backend::contract_dual`]'s work: Ā, Ǡ, three adjoints of D = AA<ᵀ per centre
+/// [`ContractOps::contract_dual`]'s work: Ā, Ǡ, three adjoints of D = AA<ᵀ per centre
 /// (3·8·M1·M2); Ḡ, Ġ̄, 12·M1 per slot.
 /// The attention block's forward work (docs/design.md §11.1): per centre and layer the two
 /// projections, the n² logits and weighted sums, then the contraction.
@@ -314,7 +332,7 @@ fn contract_dual_flops(d: &Dims) -> f64 {
     2.0 * (12 * d.m1 * d.nslots() + 24 * d.m1 * d.m2 * d.ncentres()) as f64
 }
 
-/// [`Backend::embed_dual_backward`]'s work: W̄ (value and tangent) through every layer, x̄ and
+/// [`FusedEmbedding::embed_dual_backward`]'s work: W̄ (value and tangent) through every layer, x̄ and
 /// ẋ̄ through all but the first; recomputing the forward values, where a backend does, is not
 /// counted.
 fn embed_dual_flops(d: &Dims, nets: &[&Net], real: usize) -> f64 {
@@ -325,8 +343,7 @@ fn dense_macs(l: &Layer, rows: &Range<usize>) -> f64 {
     (rows.len() * l.nin * l.nout) as f64
 }
 
-#[allow(clippy::too_many_arguments)]
-impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
+impl<T: Real, B: Timeable<T>> Device<T> for Timed<B> {
     type Buf = B::Buf;
     type Idx = B::Idx;
 
@@ -374,7 +391,7 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
         self.inner.buf_id(buf)
     }
     fn idx_id(&self, buf: &Self::Idx) -> u64 {
-        Backend::<T>::idx_id(&self.inner, buf)
+        Device::<T>::idx_id(&self.inner, buf)
     }
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, at: usize) {
         self.time::<T, _>(Op::Copy, 0.0, |b| b.copy(src, dst, at))
@@ -401,13 +418,8 @@ impl<T: Real, B: Timeable<T>> Backend<T> for Timed<B> {
     fn wait(&self) {
         self.inner.wait()
     }
-    fn fused_embedding(&self) -> bool {
-        self.inner.fused_embedding()
+    fn fused_embedding(&self) -> Option<&dyn FusedEmbedding<T, Buf = B::Buf, Idx = B::Idx>> {
+        let fused: &dyn FusedEmbedding<T, Buf = B::Buf, Idx = B::Idx> = self;
+        self.inner.fused_embedding().map(|_| fused)
     }
-
-    fn fuses_contract_dual(&self) -> bool {
-        self.inner.fuses_contract_dual()
-    }
-
-    compute_ops!(timed_ops);
 }

@@ -152,7 +152,7 @@ fn profiled<B: Timeable<f64> + Timeable<f32>>(
         let timed = Timed::new(inner);
         tracing::info!(
             "backend: {}, precision {}",
-            crate::backend::Backend::<T>::name(&timed),
+            crate::backend::Device::<T>::name(&timed),
             T::NAME
         );
         let report = job.run::<T, Timed<B>>(&timed, DeviceLink::host())?;

@@ -1,7 +1,7 @@
 //! The embedding stage over slots, shared by the descriptors that embed s = R̂[0]: G and
 //! G' = dG/ds of every slot, and the dual reverse of the nets from (Ḡ, Ġ̄).
 
-use crate::backend::{Backend, Dims, Real};
+use crate::backend::{Backend, Dims, FusedEmbedding, Real};
 use crate::mem::OutOfMemory;
 use crate::model::{embed_net_index, Net, ParamLayout};
 
@@ -15,7 +15,7 @@ pub enum Embed<Buf> {
     Layered(NetCache<Buf>),
 }
 
-impl<Buf> Embed<Buf> {
+impl<Buf: Send + Sync> Embed<Buf> {
     pub fn new<T: Real, B: Backend<T, Buf = Buf>>(
         b: &B,
         layout: &ParamLayout,
@@ -23,7 +23,7 @@ impl<Buf> Embed<Buf> {
         zeros: &Zeros<Buf>,
     ) -> Result<Self, OutOfMemory> {
         let (ns, m1) = (d.nslots(), d.m1);
-        Ok(if b.fused_embedding() {
+        Ok(if b.fused_embedding().is_some() {
             Embed::Fused {
                 g: zeros(ns * m1)?,
                 gp: zeros(ns * m1)?,
@@ -58,7 +58,7 @@ impl<Buf> Embed<Buf> {
         match self {
             Embed::Fused { g, gp } => {
                 let nets = m.nets().all(d);
-                b.embed_forward(d, &nets, m.params, &env.s, &env.owner, g, gp)
+                fused(b).embed_forward(d, &nets, m.params, &env.s, &env.owner, g, gp)
             }
             Embed::Layered(c) => forward_layered(b, m, d, env, c),
         }
@@ -81,7 +81,7 @@ impl<Buf> Embed<Buf> {
         match self {
             Embed::Fused { .. } => {
                 let nets = m.all(d);
-                b.embed_dual_backward(
+                fused(b).embed_dual_backward(
                     d, &nets, params, &env.s, &env.owner, &env.sdot, gbar, gdotbar, grad,
                 )
             }
@@ -101,6 +101,12 @@ impl<Buf> Embed<Buf> {
             }
         }
     }
+}
+
+/// The backend's fused embedding stage, which an [`Embed::Fused`] was made for.
+pub fn fused<T: Real, B: Backend<T>>(b: &B) -> &dyn FusedEmbedding<T, Buf = B::Buf, Idx = B::Idx> {
+    b.fused_embedding()
+        .expect("Embed::Fused is made only for a backend with a fused embedding")
 }
 
 /// The embedding nets of a model and which serves each block (ti, tj).

@@ -91,7 +91,7 @@ pub fn net_forward<T: Real, B: Backend<T>>(
 }
 
 /// What one net's dual reverse starts from: its input (value, tangent), the adjoints of its
-/// output (ȳ, ẏ̄), the per-row tangent scale of [`Backend::dense_dual_backward`], and
+/// output (ȳ, ẏ̄), the per-row tangent scale of [`DenseOps::dense_dual_backward`](crate::backend::DenseOps::dense_dual_backward), and
 /// whether the adjoints of the input are wanted (they are `c.xbar[0]`, `c.xdotbar[0]`).
 pub struct NetDual<'a, Buf> {
     pub input: (&'a Buf, &'a Buf),

@@ -1,10 +1,10 @@
 //! Training frames kept on the device for the whole run (docs/design.md §5): each frame's slot
 //! layout (r_ij, owners) and labels are assembled once at start-up, so that a step only selects
-//! frames: the batch is put together on the device by [`Backend::gather`] and
-//! [`Backend::gather_idx`] into the plan's buffers, and nothing of it crosses from the host.
+//! frames: the batch is put together on the device by [`Device::gather`](crate::backend::Device::gather) and
+//! [`Device::gather_idx`](crate::backend::Device::gather_idx) into the plan's buffers, and nothing of it crosses from the host.
 //!
 //! Which systems: those that fit the budget, in order — `DPW_RESIDENT_MB` or the backend's
-//! [`Backend::resident_budget`] (1 GiB on wgpu and cuda; 0 on the cpu backend, where a resident
+//! [`Device::resident_budget`](crate::backend::Device::resident_budget) (1 GiB on wgpu and cuda; 0 on the cpu backend, where a resident
 //! frame would be a copy as large as the per-step write it replaces, and the float64 slot
 //! layout of the water example alone, 0.7 MB a frame, would take its memory past the CPU
 //! target). A system left out is assembled on the host and written every step, as before.
@@ -59,7 +59,7 @@ pub struct ResidentSystem<T: Real, B: Backend<T>> {
 }
 
 /// Bytes a system's frames take on the device: r_ij, owners (per batch position), labels, and
-/// up to two entries per slot of a backend's force gather lists ([`Backend::prepare_frames`]).
+/// up to two entries per slot of a backend's force gather lists ([`Device::prepare_frames`](crate::backend::Device::prepare_frames)).
 fn bytes<T: Real>(one: &Dims, nframes: usize, positions: usize) -> usize {
     let (ns, n) = (one.nslots(), one.natoms);
     let per_frame = ns * (3 * size_of::<T>() + (positions + 2) * size_of::<i32>())

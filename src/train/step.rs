@@ -140,7 +140,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         self.env.nei_type.as_mut()
     }
 
-    /// The identities ([`Backend::buf_id`]) of every buffer of the plan, in a fixed order.
+    /// The identities ([`Device::buf_id`](crate::backend::Device::buf_id)) of every buffer of the plan, in a fixed order.
     pub fn buffer_ids(&self, b: &B) -> Vec<u64> {
         let mut bufs: Vec<&B::Buf> = self.env.buffers().to_vec();
         bufs.extend(&self.labels);

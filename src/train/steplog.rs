@@ -58,7 +58,7 @@ impl<T: Real, B: Backend<T>> StepLog<T, B> {
     }
 
     /// Logs a step's loss sums (a device copy); returns the row's buffer and the index in it
-    /// where [`Backend::clip_grad_norm`] puts the step's gradient norm.
+    /// where [`TrainOps::clip_grad_norm`](crate::backend::TrainOps::clip_grad_norm) puts the step's gradient norm.
     pub fn record(&mut self, b: &B, sums: &B::Buf, info: StepInfo) -> (&mut B::Buf, usize) {
         assert!(!self.is_full(), "the step log is full: read it first");
         let at = ROW * self.pending.len();

@@ -95,7 +95,7 @@ pub fn resident_gradient<'a, T: Real, B: Backend<T>>(
 }
 
 /// Forward and gradient of the batch loaded in `w`: the part of a step that repeats itself,
-/// which the backend may replay ([`Backend::replayable`]).
+/// which the backend may replay ([`Device::replayable`]).
 fn forward_gradient<T: Real, B: Backend<T>>(
     b: &B,
     dm: &mut DeviceModel<T, B>,

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use dpw::backend::cpu::Cpu;
 use dpw::backend::wgpu::Wgpu;
-use dpw::backend::Backend;
+use dpw::backend::{Backend, Device};
 
 pub trait Fetch: Backend<f32> {
     /// The ops run on the page's own thread, so training hands control back to the page

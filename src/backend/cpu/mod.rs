@@ -21,7 +21,8 @@ use std::ops::Range;
 
 use super::monomorphic::Generic;
 use super::{
-    gather_slices, AdamStep, Backend, ContractDual, DenseIo, Dims, Prefactors, Real, Span,
+    gather_slices, AdamStep, AngleOps, AttnOps, ContractDual, ContractOps, DenseIo, DenseOps,
+    Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, Span, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
@@ -45,68 +46,81 @@ impl Cpu {
     }
 }
 
-monomorphic_backend!(impl Backend<f32> for Cpu, Buf = Vec<f32>, Idx = Vec<i32>);
-monomorphic_backend!(impl Backend<f64> for Cpu, Buf = Vec<f64>, Idx = Vec<i32>);
+monomorphic_backend!(impl Backend<f32> for Cpu, Buf = Vec<f32>, Idx = Vec<i32>, fused if |c| c.fused);
+monomorphic_backend!(impl Backend<f64> for Cpu, Buf = Vec<f64>, Idx = Vec<i32>, fused if |c| c.fused);
 
-impl<T: Real> Backend<T> for Generic<'_, Cpu> {
+impl<T: Real> Device<T> for Generic<'_, Cpu> {
     type Buf = Vec<T>;
     type Idx = Vec<i32>;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", self.threads())
     }
+
     fn upload(&self, x: &[T]) -> Vec<T> {
         x.to_vec()
     }
+
     fn upload_idx(&self, x: &[i32]) -> Vec<i32> {
         x.to_vec()
     }
+
     fn download_idx(&self, b: &Vec<i32>) -> Vec<i32> {
         b.clone()
     }
+
     fn download(&self, b: &Vec<T>) -> Vec<T> {
         b.clone()
     }
+
     fn zeros(&self, n: usize) -> Vec<T> {
         vec![T::zero(); n]
     }
+
     fn try_zeros(&self, n: usize) -> Option<Vec<T>> {
         crate::mem::try_filled(n, T::zero(), String::new).ok()
     }
+
     fn fill(&self, b: &mut Vec<T>, v: T) {
         b.fill(v);
     }
+
     fn write(&self, b: &mut Vec<T>, x: &[T]) {
         b.copy_from_slice(x);
     }
+
     fn write_idx(&self, b: &mut Vec<i32>, x: &[i32]) {
         b.copy_from_slice(x);
     }
+
     fn buf_id(&self, b: &Vec<T>) -> u64 {
         b.as_ptr() as u64
     }
+
     fn idx_id(&self, b: &Vec<i32>) -> u64 {
         b.as_ptr() as u64
     }
+
     fn copy(&self, src: &Vec<T>, dst: &mut Vec<T>, at: usize) {
         dst[at..at + src.len()].copy_from_slice(src);
     }
+
     fn gather(&self, src: &Vec<T>, dst: &mut Vec<T>, spans: &[Span]) {
         gather_slices(src, dst, spans);
     }
+
     fn gather_idx(&self, src: &Vec<i32>, dst: &mut Vec<i32>, spans: &[Span]) {
         gather_slices(src, dst, spans);
     }
-    fn clip_grad_norm(&self, grad: &mut Vec<T>, max: f64, norm: &mut Vec<T>, at: usize) {
-        let n = grad.iter().map(|x| x.f64() * x.f64()).sum::<f64>().sqrt();
-        norm[at] = T::of(n);
-        let coef = max / (n + 1e-6);
-        if coef < 1.0 {
-            let c = T::of(coef);
-            grad.iter_mut().for_each(|x| *x *= c);
-        }
-    }
 
+    /// Every op finds a centre's frame from [`Dims::frame_start`], so frames of different
+    /// compositions share a batch.
+    fn check_shape(&self, _: &Dims) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl<T: Real> EnvOps<T> for Generic<'_, Cpu> {
     fn env_mat(
         &self,
         d: &Dims,
@@ -122,6 +136,36 @@ impl<T: Real> Backend<T> for Generic<'_, Cpu> {
         env_mat::env_mat(d, env, rij, owner, davg, dstd, rhat, jac, s);
     }
 
+    fn force_virial(
+        &self,
+        d: &Dims,
+        q: &Vec<T>,
+        rij: &Vec<T>,
+        owner: &Vec<i32>,
+        centre_atom: &Vec<i32>,
+        force: &mut Vec<T>,
+        virial: &mut Vec<T>,
+    ) {
+        scatter::force_virial(d, q, rij, owner, centre_atom, force, virial);
+    }
+
+    fn virtual_tangent(
+        &self,
+        d: &Dims,
+        fres: &Vec<T>,
+        vres: &Vec<T>,
+        jac: &Vec<T>,
+        rij: &Vec<T>,
+        owner: &Vec<i32>,
+        centre_atom: &Vec<i32>,
+        rdot: &mut Vec<T>,
+        sdot: &mut Vec<T>,
+    ) {
+        loss::virtual_tangent(d, fres, vres, jac, rij, owner, centre_atom, rdot, sdot);
+    }
+}
+
+impl<T: Real> DenseOps<T> for Generic<'_, Cpu> {
     fn dense_forward(
         &self,
         l: &Layer,
@@ -179,72 +223,9 @@ impl<T: Real> Backend<T> for Generic<'_, Cpu> {
             l, p, rows, io.x, io.h, xdot, zdot, scale, ybar, ydotbar, grad, xbar,
         );
     }
+}
 
-    fn fused_embedding(&self) -> bool {
-        self.fused
-    }
-
-    /// Every op finds a centre's frame from [`Dims::frame_start`], so frames of different
-    /// compositions share a batch.
-    fn check_shape(&self, _: &Dims) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn embed_forward(
-        &self,
-        d: &Dims,
-        nets: &[&Net],
-        p: &Vec<T>,
-        s: &Vec<T>,
-        owner: &Vec<i32>,
-        g: &mut Vec<T>,
-        gp: &mut Vec<T>,
-    ) {
-        embed::forward(d, nets, p, s, owner, g, gp);
-    }
-
-    fn embed_dual_backward(
-        &self,
-        d: &Dims,
-        nets: &[&Net],
-        p: &Vec<T>,
-        s: &Vec<T>,
-        owner: &Vec<i32>,
-        sdot: &Vec<T>,
-        gbar: &Vec<T>,
-        gdotbar: &Vec<T>,
-        grad: &mut Vec<T>,
-    ) {
-        let seeds = embed::Seeds::Slots { gbar, gdotbar };
-        embed::dual_backward(d, nets, p, s, owner, sdot, seeds, grad);
-    }
-
-    fn contract_embed_dual(
-        &self,
-        d: &Dims,
-        nets: &[&Net],
-        p: &Vec<T>,
-        s: &Vec<T>,
-        owner: &Vec<i32>,
-        sdot: &Vec<T>,
-        c: ContractDual<Vec<T>>,
-        _gbar: &mut Vec<T>,
-        _gdotbar: &mut Vec<T>,
-        grad: &mut Vec<T>,
-    ) {
-        let adjoints = contract::centre_adjoints(d, c.a, c.adot, c.dbar, c.ddotbar);
-        let seeds = embed::Seeds::Contract {
-            adjoints: &adjoints,
-            rhat: c.rhat,
-            rdot: c.rdot,
-        };
-        embed::dual_backward(d, nets, p, s, owner, sdot, seeds, grad);
-    }
-
-    fn fuses_contract_dual(&self) -> bool {
-        self.fused
-    }
-
+impl<T: Real> ContractOps<T> for Generic<'_, Cpu> {
     fn contract_forward(
         &self,
         d: &Dims,
@@ -301,7 +282,9 @@ impl<T: Real> Backend<T> for Generic<'_, Cpu> {
     ) {
         contract::dual(d, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar);
     }
+}
 
+impl<T: Real> RadialOps<T> for Generic<'_, Cpu> {
     fn radial_forward(&self, d: &Dims, g: &Vec<T>, desc: &mut Vec<T>) {
         radial::forward(d, g, desc);
     }
@@ -324,7 +307,9 @@ impl<T: Real> Backend<T> for Generic<'_, Cpu> {
     ) {
         radial::dual(d, dbar, ddotbar, gbar, gdotbar);
     }
+}
 
+impl<T: Real> AngleOps<T> for Generic<'_, Cpu> {
     fn angle_values(&self, d: &Dims, rhat: &Vec<T>, e: &mut Vec<T>) {
         angle::values(d, rhat, e);
     }
@@ -375,6 +360,21 @@ impl<T: Real> Backend<T> for Generic<'_, Cpu> {
     ) {
         angle::dual(d, e, edot, dbar, ddotbar, gbar, gdotbar);
     }
+}
+
+/// DPA-1's ops: the host bodies of `backend/attn.rs`, the family's defaults.
+impl<T: Real> AttnOps<T> for Generic<'_, Cpu> {}
+
+impl<T: Real> TrainOps<T> for Generic<'_, Cpu> {
+    fn clip_grad_norm(&self, grad: &mut Vec<T>, max: f64, norm: &mut Vec<T>, at: usize) {
+        let n = grad.iter().map(|x| x.f64() * x.f64()).sum::<f64>().sqrt();
+        norm[at] = T::of(n);
+        let coef = max / (n + 1e-6);
+        if coef < 1.0 {
+            let c = T::of(coef);
+            grad.iter_mut().for_each(|x| *x *= c);
+        }
+    }
 
     fn energy(
         &self,
@@ -385,19 +385,6 @@ impl<T: Real> Backend<T> for Generic<'_, Cpu> {
         energy: &mut Vec<T>,
     ) {
         scatter::energy(d, e_fit, bias, e_atom, energy);
-    }
-
-    fn force_virial(
-        &self,
-        d: &Dims,
-        q: &Vec<T>,
-        rij: &Vec<T>,
-        owner: &Vec<i32>,
-        centre_atom: &Vec<i32>,
-        force: &mut Vec<T>,
-        virial: &mut Vec<T>,
-    ) {
-        scatter::force_virial(d, q, rij, owner, centre_atom, force, virial);
     }
 
     fn loss(
@@ -417,21 +404,6 @@ impl<T: Real> Backend<T> for Generic<'_, Cpu> {
         sums.copy_from_slice(&[T::of(s.e2), T::of(s.f2), T::of(s.v2)]);
     }
 
-    fn virtual_tangent(
-        &self,
-        d: &Dims,
-        fres: &Vec<T>,
-        vres: &Vec<T>,
-        jac: &Vec<T>,
-        rij: &Vec<T>,
-        owner: &Vec<i32>,
-        centre_atom: &Vec<i32>,
-        rdot: &mut Vec<T>,
-        sdot: &mut Vec<T>,
-    ) {
-        loss::virtual_tangent(d, fres, vres, jac, rij, owner, centre_atom, rdot, sdot);
-    }
-
     fn adam(
         &self,
         s: AdamStep,
@@ -441,5 +413,56 @@ impl<T: Real> Backend<T> for Generic<'_, Cpu> {
         v: &mut Vec<T>,
     ) {
         adam::adam(s, params, grad, m, v);
+    }
+}
+
+impl<T: Real> FusedEmbedding<T> for Generic<'_, Cpu> {
+    fn embed_forward(
+        &self,
+        d: &Dims,
+        nets: &[&Net],
+        p: &Vec<T>,
+        s: &Vec<T>,
+        owner: &Vec<i32>,
+        g: &mut Vec<T>,
+        gp: &mut Vec<T>,
+    ) {
+        embed::forward(d, nets, p, s, owner, g, gp);
+    }
+
+    fn embed_dual_backward(
+        &self,
+        d: &Dims,
+        nets: &[&Net],
+        p: &Vec<T>,
+        s: &Vec<T>,
+        owner: &Vec<i32>,
+        sdot: &Vec<T>,
+        gbar: &Vec<T>,
+        gdotbar: &Vec<T>,
+        grad: &mut Vec<T>,
+    ) {
+        let seeds = embed::Seeds::Slots { gbar, gdotbar };
+        embed::dual_backward(d, nets, p, s, owner, sdot, seeds, grad);
+    }
+
+    fn contract_embed_dual(
+        &self,
+        d: &Dims,
+        nets: &[&Net],
+        p: &Vec<T>,
+        s: &Vec<T>,
+        owner: &Vec<i32>,
+        sdot: &Vec<T>,
+        c: ContractDual<Vec<T>>,
+        grad: &mut Vec<T>,
+    ) {
+        let adjoints = contract::centre_adjoints(d, c.a, c.adot, c.dbar, c.ddotbar);
+        let seeds = embed::Seeds::Contract {
+            adjoints: &adjoints,
+            rhat: c.rhat,
+            rdot: c.rdot,
+        };
+        embed::dual_backward(d, nets, p, s, owner, sdot, seeds, grad);
     }
 }

@@ -171,7 +171,7 @@ pub(super) fn tangent<T: CudaReal>(
     );
 }
 
-/// The inputs of the dual reverse pass (see `Backend::dense_dual_backward`).
+/// The inputs of the dual reverse pass (see `DenseOps::dense_dual_backward`).
 pub(super) struct DualIn<'a, T> {
     pub x: &'a CudaBuf<T>,
     pub h: &'a CudaBuf<T>,

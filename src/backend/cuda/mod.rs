@@ -11,7 +11,7 @@
 //! building needs no CUDA toolkit (the feature is on by default); [`Cuda::new`] reports a missing library
 //! as an error instead of panicking.
 //!
-//! The forward + gradient of a training step ([`Backend::replayable`]) is captured once as a
+//! The forward + gradient of a training step ([`Device::replayable`]) is captured once as a
 //! CUDA graph and replayed while its ops and arguments repeat (the `graph` module says how a
 //! replay is matched to the step, never trusted); `DPW_CUDA_GRAPH=0` turns it off.
 //! The gradient all-reduce across GPUs (NCCL) lives in src/dist and reaches the buffers through
@@ -41,7 +41,10 @@ use super::gpu_layout::{
     self, AngleParams, LossParams, ScatterParams, SumParams, VectorParams, LOSS_CHUNK,
 };
 use super::monomorphic::Generic;
-use super::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Real, Span};
+use super::{
+    radial_scale, AdamStep, AngleOps, AttnOps, Backend, ContractOps, DenseIo, DenseOps, Device,
+    Dims, EnvOps, Prefactors, RadialOps, Real, Span, TrainOps,
+};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
 
@@ -461,7 +464,7 @@ impl Cuda {
         b
     }
 
-    /// The spans of [`Backend::gather`], device to device, in stream order.
+    /// The spans of [`Device::gather`], device to device, in stream order.
     fn copy_spans<X: DeviceRepr>(
         &self,
         src: &CudaSlice<X>,
@@ -713,7 +716,7 @@ const BLOCK: u32 = 256;
 monomorphic_backend!(impl Backend<f32> for Cuda, Buf = CudaBuf<f32>, Idx = CudaIdx);
 monomorphic_backend!(impl Backend<f64> for Cuda, Buf = CudaBuf<f64>, Idx = CudaIdx);
 
-impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
+impl<T: CudaReal> Device<T> for Generic<'_, Cuda> {
     type Buf = CudaBuf<T>;
     type Idx = CudaIdx;
 
@@ -869,6 +872,7 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
     fn wait(&self) {
         self.synchronize();
     }
+
     fn resident_budget(&self) -> usize {
         // As wgpu's (src/backend/wgpu/ops.rs): far below any CUDA GPU's memory.
         1 << 30
@@ -886,49 +890,9 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
                 .or_insert_with(|| Arc::new(self.build_owned(frame)));
         }
     }
+}
 
-    fn clip_grad_norm(&self, grad: &mut CudaBuf<T>, max: f64, norm: &mut CudaBuf<T>, at: usize) {
-        assert!(at < norm.len, "clip_grad_norm: norm index past the buffer");
-        let chunks = grad.len.div_ceil(LOSS_CHUNK);
-        // The partials, then their total in double at part[chunks].
-        let part = self.scratch::<f64>(chunks + 1);
-        if chunks > 0 {
-            launch!(
-                self,
-                &name::<T>("grad_sq"),
-                grid(chunks, 64),
-                [
-                    VectorParams::new(grad.len),
-                    self.ptr(grad),
-                    self.addr(&part)
-                ]
-            );
-        }
-        launch!(
-            self,
-            &name::<T>("sum_parts"),
-            grid(1, 32),
-            [
-                SumParams::new(chunks, true),
-                self.addr(&part),
-                self.at(norm, at)
-            ]
-        );
-        if grad.len > 0 {
-            launch!(
-                self,
-                &name::<T>("clip_scale"),
-                grid(grad.len, BLOCK),
-                [
-                    VectorParams::new(grad.len),
-                    max,
-                    self.addr(&part) + (chunks * size_of::<f64>()) as u64,
-                    self.ptr(grad)
-                ]
-            );
-        }
-    }
-
+impl<T: CudaReal> EnvOps<T> for Generic<'_, Cuda> {
     fn env_mat(
         &self,
         d: &Dims,
@@ -965,6 +929,97 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
         );
     }
 
+    fn force_virial(
+        &self,
+        d: &Dims,
+        q: &CudaBuf<T>,
+        rij: &CudaBuf<T>,
+        owner: &CudaIdx,
+        centre_atom: &CudaIdx,
+        force: &mut CudaBuf<T>,
+        virial: &mut CudaBuf<T>,
+    ) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        let owned = self.owned(owner);
+        let (start, slot) = self.owned_lists(d, owned);
+        let wpart = self.scratch::<f64>(9 * d.ncentres());
+        // Every atom is a centre, so every force is written below; zero first all the same,
+        // so an atom that is no centre can never keep stale values.
+        let mut op = self.op("memset", None);
+        op.words(&[self.ptr(force), (force.data.len() * size_of::<T>()) as u64]);
+        if self.submit(op) {
+            self.stream
+                .memset_zeros(&mut force.data)
+                .expect("cuda: memset");
+        }
+        launch!(
+            self,
+            &name::<T>("force_centres"),
+            // A warp per centre.
+            grid(32 * d.ncentres(), 32 * gpu_layout::FORCE_WARPS as u32),
+            [
+                ScatterParams {
+                    n_owned: gpu_layout::count(owned.n),
+                    ..ScatterParams::new(d)
+                },
+                self.addr(&*dims),
+                self.ptr(q),
+                self.ptr(rij),
+                self.idx(owner),
+                self.idx(centre_atom),
+                start,
+                slot,
+                self.ptr(force),
+                self.addr(&wpart)
+            ]
+        );
+        launch!(
+            self,
+            &name::<T>("virial_frames"),
+            per_frame(d),
+            [self.addr(&*dims), self.addr(&wpart), self.ptr(virial)]
+        );
+    }
+
+    fn virtual_tangent(
+        &self,
+        d: &Dims,
+        fres: &CudaBuf<T>,
+        vres: &CudaBuf<T>,
+        jac: &CudaBuf<T>,
+        rij: &CudaBuf<T>,
+        owner: &CudaIdx,
+        centre_atom: &CudaIdx,
+        rdot: &mut CudaBuf<T>,
+        sdot: &mut CudaBuf<T>,
+    ) {
+        if d.nslots() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        launch!(
+            self,
+            &name::<T>("virtual_tangent"),
+            grid(d.nslots(), 128),
+            [
+                self.addr(&*dims),
+                self.ptr(fres),
+                self.ptr(vres),
+                self.ptr(jac),
+                self.ptr(rij),
+                self.idx(owner),
+                self.idx(centre_atom),
+                self.ptr(rdot),
+                self.ptr(sdot)
+            ]
+        );
+    }
+}
+
+impl<T: CudaReal> DenseOps<T> for Generic<'_, Cuda> {
     fn dense_forward(
         &self,
         l: &Layer,
@@ -1034,7 +1089,9 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
             xbar,
         );
     }
+}
 
+impl<T: CudaReal> ContractOps<T> for Generic<'_, Cuda> {
     fn contract_forward(
         &self,
         d: &Dims,
@@ -1204,7 +1261,9 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
             ]
         );
     }
+}
 
+impl<T: CudaReal> RadialOps<T> for Generic<'_, Cuda> {
     fn radial_forward(&self, d: &Dims, g: &CudaBuf<T>, desc: &mut CudaBuf<T>) {
         if d.ncentres() == 0 {
             return;
@@ -1296,7 +1355,9 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
             ]
         );
     }
+}
 
+impl<T: CudaReal> AngleOps<T> for Generic<'_, Cuda> {
     fn angle_values(&self, d: &Dims, rhat: &CudaBuf<T>, e: &mut CudaBuf<T>) {
         let dims = self.dims_table(d);
         for u in AngleParams::pair_blocks(d) {
@@ -1450,6 +1511,54 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
             );
         }
     }
+}
+
+/// DPA-1's ops run through their host bodies (`backend/attn.rs`), the family's defaults.
+/// DPA-1's ops run through their host bodies (`backend/attn.rs`), the family's defaults.
+impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {}
+
+impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
+    fn clip_grad_norm(&self, grad: &mut CudaBuf<T>, max: f64, norm: &mut CudaBuf<T>, at: usize) {
+        assert!(at < norm.len, "clip_grad_norm: norm index past the buffer");
+        let chunks = grad.len.div_ceil(LOSS_CHUNK);
+        // The partials, then their total in double at part[chunks].
+        let part = self.scratch::<f64>(chunks + 1);
+        if chunks > 0 {
+            launch!(
+                self,
+                &name::<T>("grad_sq"),
+                grid(chunks, 64),
+                [
+                    VectorParams::new(grad.len),
+                    self.ptr(grad),
+                    self.addr(&part)
+                ]
+            );
+        }
+        launch!(
+            self,
+            &name::<T>("sum_parts"),
+            grid(1, 32),
+            [
+                SumParams::new(chunks, true),
+                self.addr(&part),
+                self.at(norm, at)
+            ]
+        );
+        if grad.len > 0 {
+            launch!(
+                self,
+                &name::<T>("clip_scale"),
+                grid(grad.len, BLOCK),
+                [
+                    VectorParams::new(grad.len),
+                    max,
+                    self.addr(&part) + (chunks * size_of::<f64>()) as u64,
+                    self.ptr(grad)
+                ]
+            );
+        }
+    }
 
     fn energy(
         &self,
@@ -1479,61 +1588,6 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
             &name::<T>("energy_frames"),
             per_frame(d),
             [self.addr(&*dims), self.ptr(e_atom), self.ptr(energy)]
-        );
-    }
-
-    fn force_virial(
-        &self,
-        d: &Dims,
-        q: &CudaBuf<T>,
-        rij: &CudaBuf<T>,
-        owner: &CudaIdx,
-        centre_atom: &CudaIdx,
-        force: &mut CudaBuf<T>,
-        virial: &mut CudaBuf<T>,
-    ) {
-        if d.ncentres() == 0 {
-            return;
-        }
-        let dims = self.dims_table(d);
-        let owned = self.owned(owner);
-        let (start, slot) = self.owned_lists(d, owned);
-        let wpart = self.scratch::<f64>(9 * d.ncentres());
-        // Every atom is a centre, so every force is written below; zero first all the same,
-        // so an atom that is no centre can never keep stale values.
-        let mut op = self.op("memset", None);
-        op.words(&[self.ptr(force), (force.data.len() * size_of::<T>()) as u64]);
-        if self.submit(op) {
-            self.stream
-                .memset_zeros(&mut force.data)
-                .expect("cuda: memset");
-        }
-        launch!(
-            self,
-            &name::<T>("force_centres"),
-            // A warp per centre.
-            grid(32 * d.ncentres(), 32 * gpu_layout::FORCE_WARPS as u32),
-            [
-                ScatterParams {
-                    n_owned: gpu_layout::count(owned.n),
-                    ..ScatterParams::new(d)
-                },
-                self.addr(&*dims),
-                self.ptr(q),
-                self.ptr(rij),
-                self.idx(owner),
-                self.idx(centre_atom),
-                start,
-                slot,
-                self.ptr(force),
-                self.addr(&wpart)
-            ]
-        );
-        launch!(
-            self,
-            &name::<T>("virial_frames"),
-            per_frame(d),
-            [self.addr(&*dims), self.addr(&wpart), self.ptr(virial)]
         );
     }
 
@@ -1614,40 +1668,6 @@ impl<T: CudaReal> Backend<T> for Generic<'_, Cuda> {
                 [self.addr(&*dims), self.addr(&ce), self.ptr(ebar)]
             );
         }
-    }
-
-    fn virtual_tangent(
-        &self,
-        d: &Dims,
-        fres: &CudaBuf<T>,
-        vres: &CudaBuf<T>,
-        jac: &CudaBuf<T>,
-        rij: &CudaBuf<T>,
-        owner: &CudaIdx,
-        centre_atom: &CudaIdx,
-        rdot: &mut CudaBuf<T>,
-        sdot: &mut CudaBuf<T>,
-    ) {
-        if d.nslots() == 0 {
-            return;
-        }
-        let dims = self.dims_table(d);
-        launch!(
-            self,
-            &name::<T>("virtual_tangent"),
-            grid(d.nslots(), 128),
-            [
-                self.addr(&*dims),
-                self.ptr(fres),
-                self.ptr(vres),
-                self.ptr(jac),
-                self.ptr(rij),
-                self.idx(owner),
-                self.idx(centre_atom),
-                self.ptr(rdot),
-                self.ptr(sdot)
-            ]
-        );
     }
 
     fn adam(

@@ -622,7 +622,7 @@ impl Wgpu {
         b.window = None;
     }
 
-    /// [`Backend::gather`](crate::backend::Backend::gather) of index buffers: device copies,
+    /// [`Device::gather`](crate::backend::Device::gather) of index buffers: device copies,
     /// the host copy kept alike.
     pub(super) fn gather_i32(&self, src: &Idx, dst: &mut Idx, spans: &[Span]) {
         let host: &mut Vec<i32> = Arc::make_mut(&mut dst.host);

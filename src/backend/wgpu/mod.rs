@@ -46,7 +46,7 @@ impl GpuReal for f64 {
 pub struct Buf<T> {
     buf: wgpu::Buffer,
     len: usize,
-    /// Unique per allocation ([`Backend::buf_id`](super::Backend::buf_id)).
+    /// Unique per allocation ([`Device::buf_id`](super::Device::buf_id)).
     id: u64,
     _t: PhantomData<T>,
 }

@@ -11,7 +11,10 @@ use crate::backend::gpu_layout::{
     ScatterParams, VectorParams,
 };
 use crate::backend::monomorphic::Generic;
-use crate::backend::{radial_scale, AdamStep, Backend, DenseIo, Dims, Prefactors, Span};
+use crate::backend::{
+    radial_scale, AdamStep, AngleOps, AttnOps, Backend, ContractOps, DenseIo, DenseOps, Device,
+    Dims, EnvOps, Prefactors, RadialOps, Span, TrainOps,
+};
 use crate::geometry::EnvParams;
 use crate::model::Layer;
 
@@ -163,7 +166,7 @@ impl Wgpu {
 monomorphic_backend!(impl Backend<f32> for Wgpu, Buf = Buf<f32>, Idx = Idx);
 monomorphic_backend!(impl Backend<f64> for Wgpu, Buf = Buf<f64>, Idx = Idx);
 
-impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
+impl<T: GpuReal> Device<T> for Generic<'_, Wgpu> {
     type Buf = Buf<T>;
     type Idx = Idx;
 
@@ -260,6 +263,7 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
     fn wait(&self) {
         self.synchronize();
     }
+
     fn resident_budget(&self) -> usize {
         // Each resident system is one buffer per array: within the total, within the device's
         // largest buffer too (a browser's WebGPU may allow only 256 MiB).
@@ -270,26 +274,9 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
     fn prepare_frames(&self, d: &Dims, owner: &Idx, centre_atom: &Idx) {
         self.frame_lists(d, owner, centre_atom);
     }
+}
 
-    fn clip_grad_norm(&self, grad: &mut Buf<T>, max: f64, norm: &mut Buf<T>, at: usize) {
-        assert!(at < norm.len, "clip_grad_norm: norm index past the buffer");
-        // The norm goes to a scratch slot, then is copied to `at`: a uniform block without the
-        // index keeps both dispatches' bind groups the same from step to step.
-        let op = self.exclusive();
-        let sz = size_of::<T>() as u64;
-        let slot = self.scratch(&op, "clip.norm", sz);
-        let u = VectorParams::new(grad.len);
-        self.go::<T>(&k::GRAD_NORM, &u, &[&slot, &grad.buf], [1, 1, 1]);
-        let hyper = self.reals::<T>(&op, "clip", &[max, 1e-6]);
-        self.go::<T>(
-            &k::CLIP_SCALE,
-            &u,
-            &[&hyper, &slot, &grad.buf],
-            grid1(grad.len),
-        );
-        self.copy_bytes(&slot, &norm.buf, at as u64 * sz, sz);
-    }
-
+impl<T: GpuReal> EnvOps<T> for Generic<'_, Wgpu> {
     fn env_mat(
         &self,
         d: &Dims,
@@ -323,6 +310,78 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
         }
     }
 
+    fn force_virial(
+        &self,
+        d: &Dims,
+        q: &Buf<T>,
+        rij: &Buf<T>,
+        owner: &Idx,
+        centre_atom: &Idx,
+        force: &mut Buf<T>,
+        virial: &mut Buf<T>,
+    ) {
+        let op = self.exclusive();
+        let dims = self.dims_buf(d);
+        let (ptr, ent) = self.force_lists(&op, d, owner, centre_atom);
+        let u = ScatterParams::new(d);
+        self.go::<T>(
+            &k::SCATTER_GATHER_FORCE,
+            &u,
+            &[&ptr, &ent, &q.buf, &force.buf],
+            grid1(d.nframes * d.natoms),
+        );
+        let wpart = self.scratch(
+            &op,
+            "scatter.wpart",
+            (9 * d.ncentres() * size_of::<T>()) as u64,
+        );
+        self.go::<T>(
+            &k::SCATTER_CENTRE_VIRIAL,
+            &u,
+            &[&dims, &q.buf, &rij.buf, &owner.buf, &wpart],
+            grid1(d.ncentres()),
+        );
+        self.go::<T>(
+            &k::SCATTER_FRAME_VIRIAL,
+            &u,
+            &[&dims, &wpart, &virial.buf],
+            grid1(9 * d.nframes),
+        );
+    }
+
+    fn virtual_tangent(
+        &self,
+        d: &Dims,
+        fres: &Buf<T>,
+        vres: &Buf<T>,
+        jac: &Buf<T>,
+        rij: &Buf<T>,
+        owner: &Idx,
+        centre_atom: &Idx,
+        rdot: &mut Buf<T>,
+        sdot: &mut Buf<T>,
+    ) {
+        for_blocks(d, |slots, sel, c0| {
+            self.go::<T>(
+                &k::LOSS_VIRTUAL_TANGENT,
+                &LossParams::block(d, &slots, sel, c0),
+                &[
+                    &fres.buf,
+                    &vres.buf,
+                    &jac.buf,
+                    &rij.buf,
+                    &owner.buf,
+                    &centre_atom.buf,
+                    &rdot.buf,
+                    &sdot.buf,
+                ],
+                grid1(slots.len()),
+            );
+        });
+    }
+}
+
+impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
     fn dense_forward(
         &self,
         l: &Layer,
@@ -449,7 +508,9 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             );
         }
     }
+}
 
+impl<T: GpuReal> ContractOps<T> for Generic<'_, Wgpu> {
     fn contract_forward(
         &self,
         d: &Dims,
@@ -568,7 +629,9 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             );
         });
     }
+}
 
+impl<T: GpuReal> RadialOps<T> for Generic<'_, Wgpu> {
     fn radial_forward(&self, d: &Dims, g: &Buf<T>, desc: &mut Buf<T>) {
         // The weights ṡ are not read; g is a stand-in.
         self.radial_sum(&k::RADIAL_FORWARD, d, g, g, desc);
@@ -612,7 +675,9 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             );
         });
     }
+}
 
+impl<T: GpuReal> AngleOps<T> for Generic<'_, Wgpu> {
     fn angle_values(&self, d: &Dims, rhat: &Buf<T>, e: &mut Buf<T>) {
         let dims = self.dims_buf(d);
         for u in AngleParams::pair_blocks(d) {
@@ -719,6 +784,31 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             );
         }
     }
+}
+
+/// DPA-1's ops run through their host bodies (`backend/attn.rs`), the family's defaults.
+/// DPA-1's ops run through their host bodies (`backend/attn.rs`), the family's defaults.
+impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {}
+
+impl<T: GpuReal> TrainOps<T> for Generic<'_, Wgpu> {
+    fn clip_grad_norm(&self, grad: &mut Buf<T>, max: f64, norm: &mut Buf<T>, at: usize) {
+        assert!(at < norm.len, "clip_grad_norm: norm index past the buffer");
+        // The norm goes to a scratch slot, then is copied to `at`: a uniform block without the
+        // index keeps both dispatches' bind groups the same from step to step.
+        let op = self.exclusive();
+        let sz = size_of::<T>() as u64;
+        let slot = self.scratch(&op, "clip.norm", sz);
+        let u = VectorParams::new(grad.len);
+        self.go::<T>(&k::GRAD_NORM, &u, &[&slot, &grad.buf], [1, 1, 1]);
+        let hyper = self.reals::<T>(&op, "clip", &[max, 1e-6]);
+        self.go::<T>(
+            &k::CLIP_SCALE,
+            &u,
+            &[&hyper, &slot, &grad.buf],
+            grid1(grad.len),
+        );
+        self.copy_bytes(&slot, &norm.buf, at as u64 * sz, sz);
+    }
 
     fn energy(
         &self,
@@ -741,45 +831,6 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
             &u,
             &[&dims, &e_atom.buf, &energy.buf],
             grid1(d.nframes),
-        );
-    }
-
-    fn force_virial(
-        &self,
-        d: &Dims,
-        q: &Buf<T>,
-        rij: &Buf<T>,
-        owner: &Idx,
-        centre_atom: &Idx,
-        force: &mut Buf<T>,
-        virial: &mut Buf<T>,
-    ) {
-        let op = self.exclusive();
-        let dims = self.dims_buf(d);
-        let (ptr, ent) = self.force_lists(&op, d, owner, centre_atom);
-        let u = ScatterParams::new(d);
-        self.go::<T>(
-            &k::SCATTER_GATHER_FORCE,
-            &u,
-            &[&ptr, &ent, &q.buf, &force.buf],
-            grid1(d.nframes * d.natoms),
-        );
-        let wpart = self.scratch(
-            &op,
-            "scatter.wpart",
-            (9 * d.ncentres() * size_of::<T>()) as u64,
-        );
-        self.go::<T>(
-            &k::SCATTER_CENTRE_VIRIAL,
-            &u,
-            &[&dims, &q.buf, &rij.buf, &owner.buf, &wpart],
-            grid1(d.ncentres()),
-        );
-        self.go::<T>(
-            &k::SCATTER_FRAME_VIRIAL,
-            &u,
-            &[&dims, &wpart, &virial.buf],
-            grid1(9 * d.nframes),
         );
     }
 
@@ -830,37 +881,6 @@ impl<T: GpuReal> Backend<T> for Generic<'_, Wgpu> {
                 [1, 1, 1],
             );
         }
-    }
-
-    fn virtual_tangent(
-        &self,
-        d: &Dims,
-        fres: &Buf<T>,
-        vres: &Buf<T>,
-        jac: &Buf<T>,
-        rij: &Buf<T>,
-        owner: &Idx,
-        centre_atom: &Idx,
-        rdot: &mut Buf<T>,
-        sdot: &mut Buf<T>,
-    ) {
-        for_blocks(d, |slots, sel, c0| {
-            self.go::<T>(
-                &k::LOSS_VIRTUAL_TANGENT,
-                &LossParams::block(d, &slots, sel, c0),
-                &[
-                    &fres.buf,
-                    &vres.buf,
-                    &jac.buf,
-                    &rij.buf,
-                    &owner.buf,
-                    &centre_atom.buf,
-                    &rdot.buf,
-                    &sdot.buf,
-                ],
-                grid1(slots.len()),
-            );
-        });
     }
 
     fn adam(

@@ -3,7 +3,7 @@
 use crate::backend::{Backend, ContractDual, Dims, Real};
 use crate::mem::OutOfMemory;
 
-use super::super::embed::Embed;
+use super::super::embed::{fused, Embed};
 use super::super::env::Env;
 use super::super::net::Zeros;
 use super::super::DescModel;
@@ -17,7 +17,7 @@ pub struct SeE2A<T: Real, B: Backend<T>> {
     adot: B::Buf,
     desc: B::Buf,
     ddot: B::Buf,
-    /// Ḡ, Ġ̄ of every slot, empty where the backend's fused stage never writes them.
+    /// Ḡ, Ġ̄ of every slot, empty where the backend's fused stage makes them as it goes.
     gbar: B::Buf,
     gdotbar: B::Buf,
 }
@@ -30,7 +30,7 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {
         let (ns, nc, m1, m2) = (d.nslots(), d.ncentres(), d.m1, d.m2);
-        let slot_adjoints = if b.fused_embedding() && b.fuses_contract_dual() {
+        let slot_adjoints = if b.fused_embedding().is_some() {
             0
         } else {
             m1 * ns
@@ -122,7 +122,7 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
         };
         let nets = m.nets();
         match &mut self.embed {
-            Embed::Fused { .. } => b.contract_embed_dual(
+            Embed::Fused { .. } => fused(b).contract_embed_dual(
                 d,
                 &nets.all(d),
                 m.params,
@@ -130,8 +130,6 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
                 &env.owner,
                 &env.sdot,
                 contract,
-                &mut self.gbar,
-                &mut self.gdotbar,
                 grad,
             ),
             embed => {
