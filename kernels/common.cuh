@@ -43,6 +43,11 @@ struct Dims {
   __device__ int sel(int t) const { return __ldg(p + __ldg(p + DIMS_SEL_AT) + t); }
   __device__ int centre_start(int t) const { return __ldg(p + __ldg(p + DIMS_CENTRE_START_AT) + t); }
   __device__ int block_start(int k) const { return __ldg(p + __ldg(p + DIMS_BLOCK_START_AT) + k); }
+  // First centre of type t in frame f (f = nframes: the type's end); frames of a batch may
+  // differ in composition.
+  __device__ int frame_start(int t, int f) const {
+    return __ldg(p + __ldg(p + DIMS_FRAME_START_AT) + t * (nframes() + 1) + f);
+  }
 
   // Type of centre c (centres are ordered by type).
   __device__ int centre_type(int c) const {
@@ -50,11 +55,17 @@ struct Dims {
     while (c >= centre_start(t + 1)) ++t;
     return t;
   }
-  // Frame of centre c: inside a type, centres are ordered frame by frame.
+  // Frame of centre c: inside a type, centres are ordered frame by frame. The last frame whose
+  // centres of c's type start at or before c (a frame without any starts where the next does),
+  // by bisection as Dims::centre_frame.
   __device__ int centre_frame(int c) const {
     int t = centre_type(c);
-    int per_frame = (centre_start(t + 1) - centre_start(t)) / nframes();
-    return (c - centre_start(t)) / per_frame;
+    int lo = 0, hi = nframes();
+    while (hi - lo > 1) {
+      int mid = (lo + hi) / 2;
+      if (frame_start(t, mid) <= c) lo = mid; else hi = mid;
+    }
+    return lo;
   }
   // First slot of centre c (of type ti) in neighbour section tj.
   __device__ int first_slot(int ti, int c, int tj) const {

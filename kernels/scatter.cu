@@ -36,8 +36,8 @@ __device__ void energy_frames ENERGY_FRAMES_PARAMS(T) {
   int f = blockIdx.x;
   double acc = 0.0;  // thread 0's is the sum
   for (int t = 0; t < d.ntypes(); ++t) {
-    int count = (d.centre_start(t + 1) - d.centre_start(t)) / d.nframes();
-    int first = d.centre_start(t) + f * count;
+    int first = d.frame_start(t, f);
+    int count = d.frame_start(t, f + 1) - first;
     for (int base = 0; base < count; base += FRAME_CHUNK) {
       int n = min(FRAME_CHUNK, count - base);
       for (int e = threadIdx.x; e < n; e += blockDim.x) chunk[e] = (double)e_atom[first + base + e];
@@ -142,8 +142,8 @@ __device__ void virial_frames VIRIAL_FRAMES_PARAMS(T) {
   int f = blockIdx.x, k = threadIdx.x;
   double acc = 0.0;  // thread k < 9's is component k
   for (int t = 0; t < d.ntypes(); ++t) {
-    int count = (d.centre_start(t + 1) - d.centre_start(t)) / d.nframes();
-    int first = d.centre_start(t) + f * count;
+    int first = d.frame_start(t, f);
+    int count = d.frame_start(t, f + 1) - first;
     for (int base = 0; base < count; base += FRAME_CHUNK) {
       int n = min(FRAME_CHUNK, count - base);
       const double* src = wpart + 9 * (i64)(first + base);

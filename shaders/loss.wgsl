@@ -39,10 +39,7 @@ fn energy_bar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (c >= u.n) {
         return;
     }
-    // Centres run by type, then frame: the frame is the index within the type's block over
-    // the type's centres per frame (Dims::centre_frame).
-    let t = centre_type(c);
-    let f = (c - centre_start(t)) / ((centre_start(t + 1u) - centre_start(t)) / u.nframes);
+    let f = centre_frame(c);
     res[c] = coef[0] * (pred[f] - label[f]);
 }
 

@@ -22,11 +22,6 @@
 @group(0) @binding(12) var<storage, read_write> wpart: array<real>;
 @group(0) @binding(13) var<storage, read_write> virial: array<real>;
 
-// Centres of type t per frame.
-fn per_frame(t: u32) -> u32 {
-    return (centre_start(t + 1u) - centre_start(t)) / u.nframes;
-}
-
 @compute @workgroup_size(64)
 fn atom_energy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_id) l: vec3<u32>) {
@@ -48,9 +43,8 @@ fn frame_energy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     }
     var acc = WideSum();
     for (var t = 0u; t < ntypes(); t++) {
-        let n = per_frame(t);
-        let c0 = centre_start(t) + f * n;
-        for (var c = c0; c < c0 + n; c++) {
+        let end = frame_start(t, f + 1u);
+        for (var c = frame_start(t, f); c < end; c++) {
             wide_add(&acc, e_atom[c]);
         }
     }
@@ -123,9 +117,8 @@ fn frame_virial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let k = id % 9u;
     var acc = real(0);
     for (var t = 0u; t < ntypes(); t++) {
-        let n = per_frame(t);
-        let c0 = centre_start(t) + f * n;
-        for (var c = c0; c < c0 + n; c++) {
+        let end = frame_start(t, f + 1u);
+        for (var c = frame_start(t, f); c < end; c++) {
             acc += wpart[9u * c + k];
         }
     }

@@ -153,6 +153,18 @@ fn parity_dpa1_f32() {
     suite::parity::dpa1::<f32, _>(cuda_or_skip!(), 1e-5);
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_mixed_compositions_f64() {
+    suite::parity::mixed_compositions::<f64, _>(cuda_or_skip!(), 1e-12);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_mixed_compositions_f32() {
+    suite::parity::mixed_compositions::<f32, _>(cuda_or_skip!(), 1e-5);
+}
+
 // ---------------------------------------------------------------- determinism
 
 fn bits(x: &[f64]) -> Vec<u64> {

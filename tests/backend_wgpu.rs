@@ -633,57 +633,46 @@ fn steps_after_the_first_create_and_read_nothing() {
     assert!(rows.iter().all(|r| r.sums.f2 > 0.0 && r.grad_norm > 0.0));
 }
 
-/// DPA-1's whole step (one mixed neighbour section, its own ops on the host) against the cpu
-/// backend, on the reference cases' training frames.
-fn parity_dpa1<T: GpuReal>(test: &str, tol: f64)
+/// A whole-step parity body of the suite on wgpu, for the precision T.
+fn on_wgpu<T: GpuReal>(test: &str, tol: f64, body: fn(&Wgpu, f64))
 where
-    Cpu: Backend<T>,
     Wgpu: Backend<T>,
 {
     if let Some(w) = wgpu_for::<T>(test) {
-        suite::parity::dpa1::<T, _>(w, tol);
+        body(w, tol);
     }
 }
 
+/// DPA-1's whole step (one mixed neighbour section, its own ops on the host) against the cpu
+/// backend, on the reference cases' training frames.
 #[test]
 fn parity_dpa1_f64() {
-    parity_dpa1::<f64>("parity_dpa1_f64", 1e-12);
+    on_wgpu::<f64>("parity_dpa1_f64", 1e-12, suite::parity::dpa1::<f64, _>);
 }
 
 /// In float32 too: se_atten_l2_alloy has neighbours just inside rcut, where the switch's
 /// f32 cancellation once flipped its r̂ (shaders/env_mat.wgsl).
 #[test]
 fn parity_dpa1_f32() {
-    parity_dpa1::<f32>("parity_dpa1_f32", 1e-5);
+    on_wgpu::<f32>("parity_dpa1_f32", 1e-5, suite::parity::dpa1::<f32, _>);
 }
 
-/// A batch of a mixed-type system's frames of different compositions is refused on wgpu with a
-/// clear error (its kernels divide a type's centres among the frames evenly), while a batch of
-/// one of them runs (tests/data/mixed/alloy; tests/data_mixed.rs has the cpu numbers).
+/// A batch of a mixed-type system's frames of several compositions, against the cpu's numbers
+/// (tests/data_mixed.rs has the cpu's against DeePMD-kit's).
 #[test]
-fn mixed_compositions_are_refused_clearly() {
-    let Some(w) = wgpu_for::<f64>(&this_test()) else {
-        return;
-    };
-    let model =
-        dpw::model::read_deepmd_yaml(&repo("tests/reference/dpa1/se_atten_l2_alloy/model.yaml"))
-            .unwrap();
-    let type_map = model.spec.type_map.clone();
-    let sys = dpw::data::load_system(&repo("tests/data/mixed/alloy"), &type_map).unwrap();
-    let mixed = dpw::train::batch::assemble_frames(&model.spec, &sys, &[0, 1], "test").unwrap();
-    let err = dpw::train::predict::predict_batch::<f64, _>(w, &model, &mixed).unwrap_err();
-    let msg = format!("{err:#}");
-    for n in [
-        "one composition",
-        "mixed-type",
-        "--backend cpu",
-        "batch_size 1",
-    ] {
-        assert!(msg.contains(n), "{n:?} not in {msg}");
-    }
-    let one = dpw::train::batch::assemble_frames(&model.spec, &sys, &[1], "test").unwrap();
-    let on_gpu = dpw::train::predict::predict_batch::<f64, _>(w, &model, &one).unwrap();
-    let on_cpu =
-        dpw::train::predict::predict_batch::<f64, _>(&Cpu::default(), &model, &one).unwrap();
-    assert!((on_gpu.energy[0] - on_cpu.energy[0]).abs() <= 1e-10 * on_cpu.energy[0].abs());
+fn parity_mixed_compositions_f64() {
+    on_wgpu::<f64>(
+        "parity_mixed_compositions_f64",
+        1e-12,
+        suite::parity::mixed_compositions::<f64, _>,
+    );
+}
+
+#[test]
+fn parity_mixed_compositions_f32() {
+    on_wgpu::<f32>(
+        "parity_mixed_compositions_f32",
+        1e-5,
+        suite::parity::mixed_compositions::<f32, _>,
+    );
 }

@@ -3,7 +3,8 @@
 //! Centres (the atoms of all frames of the batch) are ordered by type first, so the atoms of a
 //! type form one contiguous row range for the fitting nets; within a type, frame by frame. The
 //! frames of a batch usually share one composition; a mixed-type system's may not
-//! ([`Dims::of_frames`], [`Dims::uniform`]), and then a type's centres per frame vary. Neighbour slots are ordered in
+//! ([`Dims::of_frames`]), and then a type's centres per frame vary: `frame_start` says where
+//! they start, on every backend (the GPU shape table carries it). Neighbour slots are ordered in
 //! blocks `(ti, tj)` (centre type, neighbour section): inside a block, centre by centre, the
 //! `sel[tj]` slots of that section. Every embedding net thus runs on contiguous rows.
 //!
@@ -164,15 +165,6 @@ impl Dims {
         // The last frame starting at or before c: frames without atoms of t start where the
         // next one does.
         starts.partition_point(|&s| s <= c) - 1
-    }
-
-    /// Whether every frame has the same number of centres of each type (one composition),
-    /// which the GPU kernels assume when they find a centre's frame.
-    pub fn uniform(&self) -> bool {
-        (0..self.ntypes).all(|t| {
-            let n = self.frame_centres(t, 0).len();
-            (1..self.nframes).all(|f| self.frame_centres(t, f).len() == n)
-        })
     }
 }
 

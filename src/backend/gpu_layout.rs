@@ -98,17 +98,23 @@ gpu_struct! {
         pub sel_at: u32,
         pub centre_start_at: u32,
         pub block_start_at: u32,
+        pub frame_start_at: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+        pub _pad2: u32,
     }
 }
 
 /// The sections of the shape table after its head, in table order, each named as the head
 /// field `<name>_at` that says where it starts: `sel` [nsec], `centre_start` [ntypes + 1],
-/// `block_start` [ntypes·nsec + 1].
-fn sections(d: &Dims) -> [(&'static str, &[usize]); 3] {
+/// `block_start` [ntypes·nsec + 1], `frame_start` [ntypes·(nframes + 1)] (where each frame's
+/// centres of a type start, so frames of a batch may differ in composition).
+fn sections(d: &Dims) -> [(&'static str, &[usize]); 4] {
     [
         ("sel", &d.sel),
         ("centre_start", &d.centre_start),
         ("block_start", &d.block_start),
+        ("frame_start", &d.frame_start),
     ]
 }
 
@@ -117,7 +123,7 @@ fn sections(d: &Dims) -> [(&'static str, &[usize]); 3] {
 /// walk neighbour sections up to `nsec`, so one table serves one section per type and DPA-1's
 /// one mixed section alike.
 pub fn shape_table(d: &Dims) -> Vec<u32> {
-    let mut at = [0; 3];
+    let mut at = [0; 4];
     let mut next = size_of::<DimsHeader>() / 4;
     for (a, (_, s)) in at.iter_mut().zip(sections(d)) {
         *a = count(next);
@@ -136,6 +142,8 @@ pub fn shape_table(d: &Dims) -> Vec<u32> {
         sel_at: at[0],
         centre_start_at: at[1],
         block_start_at: at[2],
+        frame_start_at: at[3],
+        ..Default::default()
     };
     let mut t = bytemuck::cast_slice::<DimsHeader, u32>(&[head]).to_vec();
     for (_, s) in sections(d) {
@@ -453,8 +461,8 @@ gpu_struct! {
         pub slot0: u32,
         pub sel: u32,
         pub centre0: u32,
-        pub nframes: u32,
         pub _pad0: u32,
+        pub _pad1: u32,
     }
 }
 
@@ -465,7 +473,6 @@ impl LossParams {
             n: count(n),
             which: count(which),
             natoms: count(d.natoms),
-            nframes: count(d.nframes),
             ..Default::default()
         }
     }
@@ -546,32 +553,42 @@ mod tests {
     use super::*;
 
     /// Each section stands where its head field says, one after the other to the table's end,
-    /// with one neighbour section per type and with one mixed section (DPA-1).
+    /// with one neighbour section per type and with one mixed section (DPA-1), and for a batch
+    /// of frames of several compositions.
     #[test]
     fn shape_table_layout() {
+        let mut batches = Vec::new();
         for counts in [&[3usize][..], &[2, 0, 5], &[1, 4]] {
             let per_type: Vec<usize> = (0..counts.len()).map(|t| 3 + t).collect();
             let mixed = [per_type.iter().sum()];
             for sel in [&per_type[..], &mixed] {
-                let d = Dims::new(2, counts, sel, 8, 4);
-                let t = shape_table(&d);
-                let head = DimsHeader::LAYOUT.fields;
-                let field =
-                    |n: &str| t[head.iter().find(|f| f.name == n).unwrap().offset / 4] as usize;
-                let mut next = size_of::<DimsHeader>() / 4;
-                for (name, data) in sections(&d) {
-                    let at = field(&format!("{name}_at"));
-                    assert_eq!(at, next, "{name}: where it starts");
-                    let want: Vec<u32> = data.iter().map(|&v| v as u32).collect();
-                    assert_eq!(&t[at..at + data.len()], &want[..], "{name}");
-                    next = at + data.len();
-                }
-                assert_eq!(t.len(), next);
-                assert_eq!(field("ntypes"), d.ntypes);
-                assert_eq!(field("nsec"), sel.len());
-                assert_eq!(field("ncentres"), d.ncentres());
-                assert_eq!(field("nslots"), d.nslots());
+                batches.push(Dims::new(2, counts, sel, 8, 4));
             }
+        }
+        batches.push(Dims::of_frames(
+            &[vec![2, 0, 1], vec![1, 2, 0], vec![0, 1, 2]],
+            &[9],
+            8,
+            4,
+        ));
+        for d in batches {
+            let t = shape_table(&d);
+            let head = DimsHeader::LAYOUT.fields;
+            let field = |n: &str| t[head.iter().find(|f| f.name == n).unwrap().offset / 4] as usize;
+            let mut next = size_of::<DimsHeader>() / 4;
+            for (name, data) in sections(&d) {
+                let at = field(&format!("{name}_at"));
+                assert_eq!(at, next, "{name}: where it starts");
+                let want: Vec<u32> = data.iter().map(|&v| v as u32).collect();
+                assert_eq!(&t[at..at + data.len()], &want[..], "{name}");
+                next = at + data.len();
+            }
+            assert_eq!(t.len(), next);
+            assert_eq!(field("ntypes"), d.ntypes);
+            assert_eq!(field("nsec"), d.nsec);
+            assert_eq!(field("nframes"), d.nframes);
+            assert_eq!(field("ncentres"), d.ncentres());
+            assert_eq!(field("nslots"), d.nslots());
         }
     }
 }

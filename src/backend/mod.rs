@@ -155,7 +155,7 @@ impl<Buf> ContractDual<'_, Buf> {
 }
 
 /// A backend's memory and schedule: its buffers, moving values in and out of them, waiting, and
-/// what it can run. The compute ops are the op families over it (`ops.rs`); [`Backend`] is
+/// what it offers beyond the ops. The compute ops are the op families over it (`ops.rs`); [`Backend`] is
 /// all of them together.
 pub trait Device<T: Real>: Sync {
     /// A device vector of T.
@@ -203,20 +203,6 @@ pub trait Device<T: Real>: Sync {
     /// an owner table (the force gather lists) derives them for every frame now, so that a
     /// batch of one of those frames, gathered by [`Device::gather_idx`], costs no upload.
     fn prepare_frames(&self, _d: &Dims, _owner: &Self::Idx, _centre_atom: &Self::Idx) {}
-    /// Refuses, saying why, a batch shape this backend cannot run: by default one whose frames
-    /// differ in composition ([`Dims::uniform`] false, a mixed-type system's), since the GPU
-    /// kernels find a centre's frame by dividing its type's centres among the frames evenly.
-    fn check_shape(&self, d: &Dims) -> Result<(), String> {
-        match d.uniform() {
-            true => Ok(()),
-            false => Err(format!(
-                "the {} backend runs batches of frames of one composition only, and this batch \
-                 of a mixed-type system (set.*/real_atom_types.npy) holds several: use \
-                 --backend cpu, or batch_size 1",
-                self.name()
-            )),
-        }
-    }
     /// Bytes of training frames the trainer may keep on this device for the whole run
     /// (`train::resident`), unless `DPW_RESIDENT_MB` says otherwise.
     fn resident_budget(&self) -> usize {

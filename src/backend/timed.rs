@@ -405,9 +405,6 @@ impl<T: Real, B: Timeable<T>> Device<T> for Timed<B> {
     fn resident_budget(&self) -> usize {
         self.inner.resident_budget()
     }
-    fn check_shape(&self, d: &Dims) -> Result<(), String> {
-        self.inner.check_shape(d)
-    }
     fn prepare_frames(&self, d: &Dims, owner: &Self::Idx, centre_atom: &Self::Idx) {
         self.inner.prepare_frames(d, owner, centre_atom)
     }

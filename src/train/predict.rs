@@ -72,15 +72,24 @@ pub fn loss_and_grad<T: Real, B: Backend<T>>(
     frames: &[Frame],
     pref: Prefactors,
 ) -> Result<(LossSums, Vec<f64>, Prediction)> {
-    let batch = assemble(&model.spec, atype, frames)?;
+    loss_and_grad_batch(b, model, &assemble(&model.spec, atype, frames)?, pref)
+}
+
+/// [`loss_and_grad`] of an assembled batch (frames of their own compositions too).
+pub fn loss_and_grad_batch<T: Real, B: Backend<T>>(
+    b: &B,
+    model: &Model,
+    batch: &HostBatch,
+    pref: Prefactors,
+) -> Result<(LossSums, Vec<f64>, Prediction)> {
     let mut dm = DeviceModel::<T, B>::new(b, model);
     let mut w = Workspace::new(b, &dm, &batch.dims)?;
-    w.load(b, &batch);
+    w.load(b, batch);
     forward(b, &dm, &mut w);
     gradient(b, &mut dm, &mut w, pref);
     Ok((
         w.loss_sums(b),
         dm.grad_f64(b),
-        read_prediction(b, &w, &batch),
+        read_prediction(b, &w, batch),
     ))
 }

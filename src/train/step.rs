@@ -40,7 +40,6 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
     /// names the batch and what makes it smaller.
     /// An error, not a panic, where the model's descriptor has no stage yet (DPA-1).
     pub fn new(b: &B, m: &DeviceModel<T, B>, dims: &Dims) -> anyhow::Result<Self> {
-        b.check_shape(dims).map_err(anyhow::Error::msg)?;
         let (ns, nc, na, nf) = (
             dims.nslots(),
             dims.ncentres(),

@@ -7,7 +7,7 @@ use dpw::backend::{AdamStep, Backend, DenseIo, Prefactors, Real};
 use dpw::geometry::EnvParams;
 use dpw::model::Model;
 use dpw::train::batch::{assemble, Frame, HostBatch};
-use dpw::train::predict::{loss_and_grad, predict};
+use dpw::train::predict::{loss_and_grad_batch, predict_batch};
 
 /// max |a − b| / max |b| (the error relative to the array's largest entry).
 pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
@@ -356,13 +356,28 @@ pub fn step<T: Real, B: Backend<T>>(
 ) where
     Cpu: Backend<T>,
 {
+    let batch = assemble(&m.spec, atype, frames).unwrap();
+    batch_step::<T, _>(gpu, what, m, &batch, tol, failures);
+}
+
+/// [`step`] on an assembled batch.
+pub fn batch_step<T: Real, B: Backend<T>>(
+    gpu: &B,
+    what: &str,
+    m: &Model,
+    batch: &HostBatch,
+    tol: f64,
+    failures: &mut Vec<String>,
+) where
+    Cpu: Backend<T>,
+{
     let pref = Prefactors {
         e: 0.02,
         f: 1000.0,
         v: 1.0,
     };
-    let (cs, cg, cp) = loss_and_grad::<T, _>(&Cpu::default(), m, atype, frames, pref).unwrap();
-    let (gs, gg, gp) = loss_and_grad::<T, _>(gpu, m, atype, frames, pref).unwrap();
+    let (cs, cg, cp) = loss_and_grad_batch::<T, _>(&Cpu::default(), m, batch, pref).unwrap();
+    let (gs, gg, gp) = loss_and_grad_batch::<T, _>(gpu, m, batch, pref).unwrap();
     let w = format!("{what} ({})", T::NAME);
     check(
         &format!("{w} energy"),
@@ -394,7 +409,7 @@ pub fn step<T: Real, B: Backend<T>>(
         failures,
     );
     check(&format!("{w} gradient"), &gg, &cg, tol, failures);
-    let p = predict::<T, _>(gpu, m, atype, frames).unwrap();
+    let p = predict_batch::<T, _>(gpu, m, batch).unwrap();
     if p != gp {
         failures.push(format!(
             "{w}: predict and loss_and_grad disagree on the GPU"
@@ -412,5 +427,29 @@ where
         let (m, fr) = super::descriptors::training_inputs(case);
         step::<T, _>(gpu, case, &m, &fr.atype, &fr.all(), tol, &mut failures);
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// [`batch_step`] on one batch of all six frames of a mixed-type system, three compositions
+/// (tests/data/mixed/alloy), with the se_atten_l2_alloy model: the GPU kernels find each
+/// centre's frame and sum each frame's energy and virial from the shape table's `frame_start`.
+pub fn mixed_compositions<T: Real, B: Backend<T>>(gpu: &B, tol: f64)
+where
+    Cpu: Backend<T>,
+{
+    let m = dpw::model::read_deepmd_yaml(&crate::common::repo(
+        "tests/reference/dpa1/se_atten_l2_alloy/model.yaml",
+    ))
+    .unwrap();
+    let sys = dpw::data::load_system(
+        &crate::common::repo("tests/data/mixed/alloy"),
+        &m.spec.type_map,
+    )
+    .unwrap();
+    assert_eq!(sys.info().compositions.len(), 3);
+    let all: Vec<usize> = (0..sys.nframes).collect();
+    let batch = dpw::train::batch::assemble_frames(&m.spec, &sys, &all, "test").unwrap();
+    let mut failures = Vec::new();
+    batch_step::<T, _>(gpu, "mixed compositions", &m, &batch, tol, &mut failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

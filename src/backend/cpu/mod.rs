@@ -112,12 +112,6 @@ impl<T: Real> Device<T> for Generic<'_, Cpu> {
     fn gather_idx(&self, src: &Vec<i32>, dst: &mut Vec<i32>, spans: &[Span]) {
         gather_slices(src, dst, spans);
     }
-
-    /// Every op finds a centre's frame from [`Dims::frame_start`], so frames of different
-    /// compositions share a batch.
-    fn check_shape(&self, _: &Dims) -> Result<(), String> {
-        Ok(())
-    }
 }
 
 impl<T: Real> EnvOps<T> for Generic<'_, Cpu> {
