@@ -3,6 +3,8 @@
 //! (downloading its inputs, computing on the host, writing the outputs back) until it has
 //! kernels of its own. On the CPU backend the transfers are copies.
 
+use std::borrow::Cow;
+
 use super::cpu::attn as host;
 use super::{Device, Dims, Real};
 use crate::geometry::{env_switch, EnvParams};
@@ -93,7 +95,7 @@ impl AttnOpts {
 
     /// Adds a packed gradient (layer after layer) into the model's; the layer norms' only where
     /// they are trainable.
-    fn add_grad<T: Real>(&self, a: &AttnLayout, packed: &[T], grad: &mut [T]) {
+    pub(crate) fn add_grad<T: Real>(&self, a: &AttnLayout, packed: &[T], grad: &mut [T]) {
         let parts = self.layer_parts();
         for (l, p) in a.layers.iter().zip(packed.chunks(self.layer_len())) {
             let mut at = 0;
@@ -123,27 +125,27 @@ pub struct AttnArgs<'a, B, I> {
     pub owner: &'a I,
 }
 
-/// [`AttnArgs`] on the host.
-struct HostArgs<T> {
-    params: Vec<T>,
-    g0: Vec<T>,
-    g0p: Vec<T>,
-    rhat: Vec<T>,
-    sw: Vec<T>,
-    dsw: Vec<T>,
-    owner: Vec<i32>,
+/// [`AttnArgs`] on the host: downloaded, or borrowed where the buffers are host vectors.
+struct HostArgs<'h, T: Clone> {
+    params: Cow<'h, [T]>,
+    g0: Cow<'h, [T]>,
+    g0p: Cow<'h, [T]>,
+    rhat: Cow<'h, [T]>,
+    sw: Cow<'h, [T]>,
+    dsw: Cow<'h, [T]>,
+    owner: Cow<'h, [i32]>,
 }
 
 impl<'a, B, I> AttnArgs<'a, B, I> {
-    fn host<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> HostArgs<T> {
+    fn host<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> HostArgs<'_, T> {
         HostArgs {
-            params: b.download(self.params),
-            g0: b.download(self.g0),
-            g0p: b.download(self.g0p),
-            rhat: b.download(self.rhat),
-            sw: b.download(self.sw),
-            dsw: b.download(self.dsw),
-            owner: b.download_idx(self.owner),
+            params: b.download(self.params).into(),
+            g0: b.download(self.g0).into(),
+            g0p: b.download(self.g0p).into(),
+            rhat: b.download(self.rhat).into(),
+            sw: b.download(self.sw).into(),
+            dsw: b.download(self.dsw).into(),
+            owner: b.download_idx(self.owner).into(),
         }
     }
 
@@ -153,7 +155,10 @@ impl<'a, B, I> AttnArgs<'a, B, I> {
         b: &K,
         f: impl FnOnce(&host::AttnIn<'_, T>) -> R,
     ) -> R {
-        let h = self.host(b);
+        self.run(&self.host(b), f)
+    }
+
+    fn run<T: Real, R>(&self, h: &HostArgs<'_, T>, f: impl FnOnce(&host::AttnIn<'_, T>) -> R) -> R {
         let layers = self.opts.layers(self.layout, &h.params);
         f(&host::AttnIn {
             opts: self.opts,
@@ -165,6 +170,22 @@ impl<'a, B, I> AttnArgs<'a, B, I> {
             dsw: &h.dsw,
             owner: &h.owner,
         })
+    }
+}
+
+impl<T: Real> AttnArgs<'_, Vec<T>, Vec<i32>> {
+    /// Runs `f` on the arguments where they are: the cpu backend's bodies, which need no copy.
+    pub fn in_place<R>(&self, f: impl FnOnce(&host::AttnIn<'_, T>) -> R) -> R {
+        let h = HostArgs {
+            params: self.params.into(),
+            g0: self.g0.into(),
+            g0p: self.g0p.into(),
+            rhat: self.rhat.into(),
+            sw: self.sw.into(),
+            dsw: self.dsw.into(),
+            owner: self.owner.into(),
+        };
+        self.run(&h, f)
     }
 }
 

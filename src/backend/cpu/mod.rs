@@ -21,8 +21,8 @@ use std::ops::Range;
 
 use super::monomorphic::Generic;
 use super::{
-    gather_slices, AdamStep, AngleOps, AttnOps, ContractDual, ContractOps, DenseIo, DenseOps,
-    Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, Span, TrainOps,
+    gather_slices, AdamStep, AngleOps, AttnArgs, AttnOps, ContractDual, ContractOps, DenseIo,
+    DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, Span, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
@@ -356,8 +356,57 @@ impl<T: Real> AngleOps<T> for Generic<'_, Cpu> {
     }
 }
 
-/// DPA-1's ops: the host bodies of `backend/attn.rs`, the family's defaults.
-impl<T: Real> AttnOps<T> for Generic<'_, Cpu> {}
+/// DPA-1's ops: the attention block's host bodies (`cpu/attn.rs`) on the buffers where they
+/// are, without the copies in and out that the family's defaults make for a device; the type
+/// embedding's and the strip's are the defaults.
+impl<T: Real> AttnOps<T> for Generic<'_, Cpu> {
+    fn attn_forward(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Vec<T>, Vec<i32>>,
+        desc: &mut Vec<T>,
+        stride: usize,
+    ) {
+        a.in_place(|x| attn::forward(d, x, desc, stride));
+    }
+
+    fn attn_backward(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Vec<T>, Vec<i32>>,
+        jac: &Vec<T>,
+        dbar: &Vec<T>,
+        stride: usize,
+        q: &mut Vec<T>,
+    ) {
+        a.in_place(|x| attn::backward(d, x, jac, dbar, stride, q));
+    }
+
+    fn attn_tangent(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Vec<T>, Vec<i32>>,
+        rdot: &Vec<T>,
+        ddot: &mut Vec<T>,
+        stride: usize,
+    ) {
+        a.in_place(|x| attn::tangent(d, x, rdot, ddot, stride));
+    }
+
+    fn attn_dual(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Vec<T>, Vec<i32>>,
+        rdot: &Vec<T>,
+        (dbar, ddotbar): (&Vec<T>, &Vec<T>),
+        stride: usize,
+        (g0bar, g0dotbar): (&mut Vec<T>, &mut Vec<T>),
+        grad: &mut Vec<T>,
+    ) {
+        let packed = a.in_place(|x| attn::dual(d, x, rdot, dbar, ddotbar, stride, g0bar, g0dotbar));
+        a.opts.add_grad(a.layout, &packed, grad);
+    }
+}
 
 impl<T: Real> TrainOps<T> for Generic<'_, Cpu> {
     fn clip_grad_norm(&self, grad: &mut Vec<T>, max: f64, norm: &mut Vec<T>, at: usize) {
