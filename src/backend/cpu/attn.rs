@@ -786,24 +786,24 @@ impl<T: Real> AttnIn<'_, T> {
     }
 }
 
-/// Runs `f(buffers, slots, out_row)` for every centre in parallel, `out` holding `width` values
-/// per centre, each thread with its own buffers for numbers N.
+/// Runs `f(buffers, centre, slots, out_row)` for every centre in parallel, `out` holding `width`
+/// values per centre, each thread with its own buffers for numbers N.
 fn per_centre<T: Real, N: Num<T>>(
     d: &Dims,
     x: &AttnIn<'_, T>,
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut (Centre<N>, Work<N, T>), Range<usize>, &mut [T]) + Sync,
+    f: impl Fn(&mut (Centre<N>, Work<N, T>), usize, Range<usize>, &mut [T]) + Sync,
 ) {
     out.par_chunks_mut(width)
         .enumerate()
-        .for_each_init(|| x.work(d), |w, (c, o)| f(w, d.mixed_slots(c), o));
+        .for_each_init(|| x.work(d), |w, (c, o)| f(w, c, d.mixed_slots(c), o));
 }
 
 /// D `[ncentres][stride]` (its first M1·M2 columns) of every centre.
 pub fn forward<T: Real>(d: &Dims, x: &AttnIn<'_, T>, desc: &mut [T], stride: usize) {
     let o = &x.opts;
-    per_centre(d, x, desc, stride, |(cx, t), s, dc| {
+    per_centre(d, x, desc, stride, |(cx, t), _, s, dc| {
         cx.load(x, s, None);
         o.forward(x.layers, cx, t);
         dc[..o.m1 * o.m2].copy_from_slice(&t.desc);
@@ -818,7 +818,7 @@ pub fn tangent<T: Real>(d: &Dims, x: &AttnIn<'_, T>, rdot: &[T], ddot: &mut [T],
         x,
         ddot,
         stride,
-        |(cx, t): &mut (_, Work<Dual<T>, T>), s, dc| {
+        |(cx, t): &mut (_, Work<Dual<T>, T>), _, s, dc| {
             cx.load(x, s, Some(rdot));
             o.forward(x.layers, cx, t);
             for (v, dv) in dc.iter_mut().zip(&t.desc) {
@@ -841,35 +841,31 @@ pub fn backward<T: Real>(
     let o = &x.opts;
     let m = o.m1;
     let wt = x.transposed();
-    let per: Vec<(Range<usize>, Vec<T>)> = (0..d.ncentres())
-        .into_par_iter()
-        .map_init(
-            || x.work::<T>(d),
-            |(cx, t), c| {
-                let s = d.mixed_slots(c);
-                cx.load(x, s.clone(), None);
-                o.forward(x.layers, cx, t);
-                t.dbar
-                    .copy_from_slice(&dbar[c * stride..c * stride + m * o.m2]);
-                o.backward(x.layers, &wt, cx, t, None);
-                let mut qc = vec![T::zero(); 3 * s.len()];
-                for (j, slot) in s.clone().enumerate() {
-                    let gp = &x.g0p[slot * m..(slot + 1) * m];
-                    let rbar = &mut t.rbar[4 * j..4 * j + 4];
-                    rbar[0] += dot(&t.gbar[j * m..(j + 1) * m], gp) + t.swbar[j] * x.dsw[slot];
-                    for a in 0..3 {
-                        qc[3 * j + a] = (0..4).fold(T::zero(), |acc, k| {
-                            acc + jac[12 * slot + 3 * k + a] * rbar[k]
-                        });
-                    }
+    // A centre's slots are the nnei in a row from c·nnei (one mixed section), so q's rows of
+    // them are its chunk.
+    per_centre(
+        d,
+        x,
+        q,
+        3 * d.nnei,
+        |(cx, t): &mut (_, Work<T, T>), c, s, qc| {
+            cx.load(x, s.clone(), None);
+            o.forward(x.layers, cx, t);
+            t.dbar
+                .copy_from_slice(&dbar[c * stride..c * stride + m * o.m2]);
+            o.backward(x.layers, &wt, cx, t, None);
+            for (j, slot) in s.enumerate() {
+                let gp = &x.g0p[slot * m..(slot + 1) * m];
+                let rbar = &mut t.rbar[4 * j..4 * j + 4];
+                rbar[0] += dot(&t.gbar[j * m..(j + 1) * m], gp) + t.swbar[j] * x.dsw[slot];
+                for a in 0..3 {
+                    qc[3 * j + a] = (0..4).fold(T::zero(), |acc, k| {
+                        acc + jac[12 * slot + 3 * k + a] * rbar[k]
+                    });
                 }
-                (s, qc)
-            },
-        )
-        .collect();
-    for (s, qc) in per {
-        q[3 * s.start..3 * s.end].copy_from_slice(&qc);
-    }
+            }
+        },
+    );
 }
 
 /// Centres per piece of the parameter gradient's sum: fixed, so the sum's order does not
@@ -895,14 +891,18 @@ pub fn dual<T: Real>(
     let plen = o.layer_len() * x.layers.len();
     let nc = d.ncentres();
     let wt = x.transposed();
-    type Piece<T> = (Vec<Dual<T>>, Vec<(Range<usize>, Vec<Dual<T>>)>);
-    let pieces: Vec<Piece<T>> = (0..nc.div_ceil(GRAD_GROUP))
-        .into_par_iter()
+    // A group's slots are GRAD_GROUP·nnei in a row (see backward), so Ḡ⁰'s and Ġ̄⁰'s rows of
+    // them are its chunks.
+    let rows = GRAD_GROUP * d.nnei * m;
+    let pieces: Vec<Vec<Dual<T>>> = g0bar
+        .par_chunks_mut(rows)
+        .zip(g0dotbar.par_chunks_mut(rows))
+        .enumerate()
         .map_init(
             || x.work::<Dual<T>>(d),
-            |(cx, t), gi| {
+            |(cx, t), (gi, (gb, gdb))| {
                 let mut acc = vec![Dual::default(); plen];
-                let mut rows = Vec::new();
+                let first = gi * GRAD_GROUP * d.nnei;
                 for c in gi * GRAD_GROUP..((gi + 1) * GRAD_GROUP).min(nc) {
                     let s = d.mixed_slots(c);
                     cx.load(x, s.clone(), Some(rdot));
@@ -913,22 +913,20 @@ pub fn dual<T: Real>(
                         *sd = Dual::new(ddotbar[i], dbar[i]);
                     }
                     o.backward(x.layers, &wt, cx, t, Some(&mut acc));
-                    rows.push((s, t.gbar.clone()));
+                    let at = (s.start - first) * m..(s.end - first) * m;
+                    for ((b, db), v) in gb[at.clone()].iter_mut().zip(&mut gdb[at]).zip(&t.gbar) {
+                        *b = v.d;
+                        *db = v.v;
+                    }
                 }
-                (acc, rows)
+                acc
             },
         )
         .collect();
     let mut grad = vec![T::zero(); plen];
-    for (acc, rows) in pieces {
+    for acc in pieces {
         for (g, a) in grad.iter_mut().zip(acc) {
             *g += a.d;
-        }
-        for (s, gb) in rows {
-            for (i, v) in (s.start * m..s.end * m).zip(gb) {
-                g0bar[i] = v.d;
-                g0dotbar[i] = v.v;
-            }
         }
     }
     grad
