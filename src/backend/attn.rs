@@ -1,7 +1,9 @@
 //! The arguments of DPA-1's ops (docs/design.md §11), shared by every backend, and their host
 //! bodies: the op table's default for each (`ops.rs`), so a backend runs DPA-1 through them
 //! (downloading its inputs, computing on the host, writing the outputs back) until it has
-//! kernels of its own. On the CPU backend the transfers are copies.
+//! kernels of its own. The CPU backend runs the attention block's bodies on its buffers in place
+//! ([`AttnArgs::in_place`]); its type-embedding and strip ops take the defaults, whose transfers
+//! are copies there.
 
 use std::borrow::Cow;
 

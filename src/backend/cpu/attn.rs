@@ -849,6 +849,7 @@ pub fn backward<T: Real>(
         q,
         3 * d.nnei,
         |(cx, t): &mut (_, Work<T, T>), c, s, qc| {
+            debug_assert_eq!(s.start, c * d.nnei, "centre {c}'s slots");
             cx.load(x, s.clone(), None);
             o.forward(x.layers, cx, t);
             t.dbar
@@ -905,6 +906,7 @@ pub fn dual<T: Real>(
                 let first = gi * GRAD_GROUP * d.nnei;
                 for c in gi * GRAD_GROUP..((gi + 1) * GRAD_GROUP).min(nc) {
                     let s = d.mixed_slots(c);
+                    debug_assert_eq!(s.start, c * d.nnei, "centre {c}'s slots");
                     cx.load(x, s.clone(), Some(rdot));
                     o.forward(x.layers, cx, t);
                     // Cotangent Ḋ̄ + ε D̄: the real part of the result is the tangents' adjoint,
