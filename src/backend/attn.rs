@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 
 use super::cpu::attn as host;
+use super::cpu::strip;
 use super::{Device, Dims, Real};
 use crate::geometry::{env_switch, EnvParams};
 use crate::model::{AttentionConfig, AttnLayerLayout, AttnLayout, Skip, TebdLayout};
@@ -398,73 +399,85 @@ pub struct StripArgs<'a, B, I> {
     pub dsw: &'a B,
 }
 
-/// [`StripArgs`] on the host, and per slot its τ row, c = σ or 1 and c' = dc/dŝ.
-struct StripHost<T> {
-    gs: Vec<T>,
-    gsp: Vec<T>,
-    tau: Vec<T>,
-    row: Vec<usize>,
-    c: Vec<T>,
-    cp: Vec<T>,
-}
-
 impl<B, I> StripArgs<'_, B, I> {
-    fn host<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized>(&self, b: &K) -> StripHost<T> {
+    /// Runs `f` on the host view of the arguments, downloaded.
+    fn with<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized, R>(
+        &self,
+        b: &K,
+        f: impl FnOnce(&strip::StripIn<'_, T>) -> R,
+    ) -> R {
+        let (gs, gsp, tau) = (
+            b.download(self.gs),
+            b.download(self.gsp),
+            b.download(self.tau),
+        );
         let (tj, ti) = (
             b.download_idx(self.nei_type),
             b.download_idx(self.centre_type),
         );
         let (sw, dsw) = (b.download(self.sw), b.download(self.dsw));
-        let row = (tj.iter().zip(&ti))
-            .map(|(&j, &i)| {
-                if self.one_side {
-                    j as usize
-                } else {
-                    i as usize * self.ntypes + j as usize
-                }
-            })
-            .collect();
-        let (c, cp) = if self.smooth {
-            (sw, dsw)
-        } else {
-            (vec![T::one(); sw.len()], vec![T::zero(); sw.len()])
-        };
-        StripHost {
-            gs: b.download(self.gs),
-            gsp: b.download(self.gsp),
-            tau: b.download(self.tau),
-            row,
-            c,
-            cp,
+        f(&self.view(&gs, &gsp, &tau, &tj, &ti, &sw, &dsw))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn view<'h, T>(
+        &self,
+        gs: &'h [T],
+        gsp: &'h [T],
+        tau: &'h [T],
+        nei_type: &'h [i32],
+        centre_type: &'h [i32],
+        sw: &'h [T],
+        dsw: &'h [T],
+    ) -> strip::StripIn<'h, T> {
+        strip::StripIn {
+            ntypes: self.ntypes,
+            m1: self.m1,
+            one_side: self.one_side,
+            smooth: self.smooth,
+            gs,
+            gsp,
+            tau,
+            nei_type,
+            centre_type,
+            sw,
+            dsw,
         }
     }
 }
 
-/// G⁰ = G_s ⊙ (1 + c τ) and G⁰' = G_s' ⊙ (1 + c τ) + G_s ⊙ τ c' per slot.
+impl<'a, T> StripArgs<'a, Vec<T>, Vec<i32>> {
+    /// The arguments where they are: the cpu backend's, which need no copy.
+    pub fn in_place(&self) -> strip::StripIn<'a, T> {
+        self.view(
+            self.gs,
+            self.gsp,
+            self.tau,
+            self.nei_type,
+            self.centre_type,
+            self.sw,
+            self.dsw,
+        )
+    }
+}
+
+/// G⁰ and G⁰' per slot ([`strip::forward`]).
 pub fn strip_forward<T: Real, B: Device<T> + ?Sized>(
     b: &B,
     a: &StripArgs<B::Buf, B::Idx>,
     g0: &mut B::Buf,
     g0p: &mut B::Buf,
 ) {
-    let h = a.host(b);
-    let m = a.m1;
-    let (mut g, mut gp) = (vec![T::zero(); h.gs.len()], vec![T::zero(); h.gs.len()]);
-    for (s, &r) in h.row.iter().enumerate() {
-        for k in 0..m {
-            let (i, t) = (s * m + k, h.tau[r * m + k]);
-            g[i] = h.gs[i] * (T::one() + h.c[s] * t);
-            gp[i] = h.gsp[i] * (T::one() + h.c[s] * t) + h.gs[i] * t * h.cp[s];
-        }
-    }
+    let (g, gp) = a.with(b, |x| {
+        let (mut g, mut gp) = (vec![T::zero(); x.gs.len()], vec![T::zero(); x.gs.len()]);
+        strip::forward(x, &mut g, &mut gp);
+        (g, gp)
+    });
     b.write(g0, &g);
     b.write(g0p, &gp);
 }
 
-/// The dual reverse of [`strip_forward`] for the tangent ṡ, from (Ḡ⁰, Ġ̄⁰): (Ḡ_s, Ġ̄_s) per
-/// slot and τ̄ per table row (summed over the slots in order). With Ġ⁰ = Ġ_s (1 + cτ) + G_s τ ċ
-/// (Ġ_s = G_s'ṡ, ċ = c'ṡ, which no parameter moves): Ḡ_s = Ḡ⁰(1 + cτ) + Ġ̄⁰ τ ċ,
-/// Ġ̄_s = Ġ̄⁰(1 + cτ), τ̄ = Ḡ⁰ G_s c + Ġ̄⁰ (Ġ_s c + G_s ċ).
+/// The strip's dual reverse ([`strip::dual`]).
 #[allow(clippy::too_many_arguments)]
 pub fn strip_dual<T: Real, B: Device<T> + ?Sized>(
     b: &B,
@@ -474,22 +487,13 @@ pub fn strip_dual<T: Real, B: Device<T> + ?Sized>(
     (gsbar, gsdotbar): (&mut B::Buf, &mut B::Buf),
     taubar: &mut B::Buf,
 ) {
-    let h = a.host(b);
-    let m = a.m1;
     let (sdot, gb, gdb) = (b.download(sdot), b.download(g0bar), b.download(g0dotbar));
-    let (mut sb, mut sdb) = (vec![T::zero(); h.gs.len()], vec![T::zero(); h.gs.len()]);
-    let mut tb = vec![T::zero(); h.tau.len()];
-    for (s, &r) in h.row.iter().enumerate() {
-        let cdot = h.cp[s] * sdot[s];
-        for k in 0..m {
-            let (i, t) = (s * m + k, h.tau[r * m + k]);
-            let one = T::one() + h.c[s] * t;
-            sb[i] = gb[i] * one + gdb[i] * t * cdot;
-            sdb[i] = gdb[i] * one;
-            let gsdot = h.gsp[i] * sdot[s];
-            tb[r * m + k] += gb[i] * h.gs[i] * h.c[s] + gdb[i] * (gsdot * h.c[s] + h.gs[i] * cdot);
-        }
-    }
+    let (sb, sdb, tb) = a.with(b, |x| {
+        let (mut sb, mut sdb) = (vec![T::zero(); x.gs.len()], vec![T::zero(); x.gs.len()]);
+        let mut tb = vec![T::zero(); x.tau.len()];
+        strip::dual(x, &sdot, (&gb, &gdb), (&mut sb, &mut sdb), &mut tb);
+        (sb, sdb, tb)
+    });
     b.write(gsbar, &sb);
     b.write(gsdotbar, &sdb);
     b.write(taubar, &tb);

@@ -14,6 +14,7 @@ mod loss;
 mod radial;
 mod scatter;
 mod simd;
+pub mod strip;
 mod tanh;
 mod tile;
 
@@ -22,7 +23,8 @@ use std::ops::Range;
 use super::monomorphic::Generic;
 use super::{
     gather_slices, AdamStep, AngleOps, AttnArgs, AttnOps, ContractDual, ContractOps, DenseIo,
-    DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, Span, TrainOps,
+    DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, Span, StripArgs,
+    TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
@@ -357,9 +359,30 @@ impl<T: Real> AngleOps<T> for Generic<'_, Cpu> {
 }
 
 /// DPA-1's ops: the attention block's host bodies (`cpu/attn.rs`) on the buffers where they
-/// are, without the copies in and out that the family's defaults make for a device; the type
-/// embedding's and the strip's are the defaults.
+/// are, without the copies in and out that the family's defaults make for a device, and the
+/// strip's (`cpu/strip.rs`) likewise; the type embedding's are the defaults.
 impl<T: Real> AttnOps<T> for Generic<'_, Cpu> {
+    fn strip_forward(&self, a: &StripArgs<Vec<T>, Vec<i32>>, g0: &mut Vec<T>, g0p: &mut Vec<T>) {
+        strip::forward(&a.in_place(), g0, g0p);
+    }
+
+    fn strip_dual(
+        &self,
+        a: &StripArgs<Vec<T>, Vec<i32>>,
+        sdot: &Vec<T>,
+        (g0bar, g0dotbar): (&Vec<T>, &Vec<T>),
+        (gsbar, gsdotbar): (&mut Vec<T>, &mut Vec<T>),
+        taubar: &mut Vec<T>,
+    ) {
+        strip::dual(
+            &a.in_place(),
+            sdot,
+            (g0bar, g0dotbar),
+            (gsbar, gsdotbar),
+            taubar,
+        );
+    }
+
     fn attn_forward(
         &self,
         d: &Dims,
