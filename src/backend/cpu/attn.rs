@@ -124,10 +124,13 @@ struct Work<N, R> {
     gbar: Vec<N>,
     rbar: Vec<N>,
     swbar: Vec<N>,
-    /// Scratch: k̂ or v̂ transposed `[H][n]`, an n × n adjoint, z and z̄ `[n][M1]`, Ō `[n][H]`,
-    /// q̂k̂v̂̄ `[n][3H]`, r̂̄ `[n][3]`, Ā `[4][M1]`, and the GEMMs' (a dual's parts).
+    /// Scratch: k̂ or v̂ transposed `[H][n]`, an n × n adjoint, the softmax's shares of r̂̄ and
+    /// σ̄ `[n][n]` (attn_dotr and smooth only), z and z̄ `[n][M1]`, Ō `[n][H]`, q̂k̂v̂̄ `[n][3H]`,
+    /// r̂̄ `[n][3]`, Ā `[4][M1]`, and the GEMMs' (a dual's parts).
     vt: Vec<N>,
     nn: Vec<N>,
+    cbar: Vec<N>,
+    ebar: Vec<N>,
     z: Vec<N>,
     obar: Vec<N>,
     qkvbar: Vec<N>,
@@ -161,6 +164,8 @@ impl<R: Real, N: Num<R>> Work<N, R> {
             swbar: vec![z; n],
             vt: vec![z; h * n],
             nn: vec![z; n * n],
+            cbar: vec![z; if o.dotr { n * n } else { 0 }],
+            ebar: vec![z; if o.smooth { n * n } else { 0 }],
             z: vec![z; n * m],
             obar: vec![z; n * h],
             qkvbar: vec![z; n * 3 * h],
@@ -334,6 +339,18 @@ impl AttnOpts {
         self.smooth || x.real[k]
     }
 
+    /// The largest value of the slots in row's softmax, in four independent chains (a max is
+    /// exact, so their order cannot change it).
+    fn row_max<R: Real, N: Num<R>>(&self, x: &Centre<N>, row: &[N]) -> R {
+        let mut mx = [R::neg_infinity(); 4];
+        for (k, v) in row.iter().enumerate() {
+            if self.col_on(x, k) {
+                mx[k % 4] = mx[k % 4].max(v.re());
+            }
+        }
+        mx[0].max(mx[1]).max(mx[2].max(mx[3]))
+    }
+
     /// Layer l's attention weights (DeePMD-kit's GatedAttentionLayer) from q̂_j·k̂_k in its
     /// logits, which keep L = α q̂_j·k̂_k: the softmax P and the weights A, zero where a row or
     /// a slot takes no part.
@@ -352,7 +369,6 @@ impl AttnOpts {
                 continue;
             }
             let sj = x.sw[j];
-            let mut mx = R::neg_infinity();
             for (k, (lv, pv)) in lr.iter_mut().zip(pr.iter_mut()).enumerate() {
                 if !self.col_on(x, k) {
                     continue;
@@ -364,8 +380,8 @@ impl AttnOpts {
                 } else {
                     l
                 };
-                mx = mx.max(pv.re());
             }
+            let mx = self.row_max(x, pr);
             for (k, pv) in pr.iter_mut().enumerate() {
                 *pv = if self.col_on(x, k) {
                     *pv - N::of(mx)
@@ -393,7 +409,9 @@ impl AttnOpts {
 
     /// Adjoint of [`AttnOpts::softmax`]: from Ā `[n][n]` in `t.nn`, through C, the switches,
     /// the softmax and the smoothing, to L̄·α, the adjoint of q̂_j·k̂_k, in place; r̂̄ and σ̄
-    /// gathered.
+    /// added. Each element's share of r̂̄ (C̄_jk, through C_jk = r̂_j·r̂_k) and of σ̄ (Ē_jk, through
+    /// the factor σ_j σ_k) is kept in an n × n matrix, and the sums over the row and the column
+    /// are then products with r̂ and σ, so that the loops over elements scatter nothing.
     fn softmax_backward<R: Real, N: Num<R>>(&self, x: &Centre<N>, t: &mut Work<N, R>, l: usize) {
         let n = x.sw.len();
         let alpha = R::of(self.alpha);
@@ -406,12 +424,22 @@ impl AttnOpts {
             rdbar,
             swbar,
             nn,
+            cbar,
+            ebar,
+            gemm,
             ..
         } = t;
         let rows = nn.chunks_mut(n).zip(p[l].chunks(n)).zip(logit[l].chunks(n));
         for (j, ((br, pr), lr)) in rows.enumerate() {
+            let cb = &mut cbar[if self.dotr { j * n..(j + 1) * n } else { 0..0 }];
+            let eb = &mut ebar[if self.smooth {
+                j * n..(j + 1) * n
+            } else {
+                0..0
+            }];
             if !self.row_on(x, j) {
                 br.fill(N::zero());
+                cb.fill(N::zero());
                 continue;
             }
             let sj = x.sw[j];
@@ -420,24 +448,21 @@ impl AttnOpts {
             for (k, (bv, &pk)) in br.iter_mut().zip(pr).enumerate() {
                 if !self.col_on(x, k) {
                     *bv = N::zero();
+                    if self.dotr {
+                        cb[k] = N::zero();
+                    }
                     continue;
                 }
                 let ab = *bv;
                 let mbar = if self.dotr {
                     let m_jk = if self.smooth { pk * sj * x.sw[k] } else { pk };
-                    let cbar = ab * m_jk;
-                    for a in 0..3 {
-                        rdbar[3 * j + a] += cbar * rdir[3 * k + a];
-                        rdbar[3 * k + a] += cbar * rdir[3 * j + a];
-                    }
+                    cb[k] = ab * m_jk;
                     ab * cj[k]
                 } else {
                     ab
                 };
                 *bv = if self.smooth {
-                    let mp = mbar * pk;
-                    swbar[j] += mp * x.sw[k];
-                    swbar[k] += mp * sj;
+                    eb[k] = mbar * pk;
                     mbar * sj * x.sw[k]
                 } else {
                     mbar
@@ -450,14 +475,33 @@ impl AttnOpts {
                 }
                 let lpbar = pk * (*bv - pdot);
                 *bv = if self.smooth {
-                    let e = lpbar * (lk + shift);
-                    swbar[j] += e * x.sw[k];
-                    swbar[k] += e * sj;
+                    eb[k] += lpbar * (lk + shift);
                     lpbar * sj * x.sw[k]
                 } else {
                     lpbar
                 }
                 .scale(alpha);
+            }
+        }
+        // r̂̄_j += Σ_k (C̄_jk + C̄_kj) r̂_k, σ̄_j += Σ_k (Ē_jk + Ē_kj) σ_k.
+        let sums = [
+            (self.dotr, &cbar[..], &rdir[..], &mut rdbar[..], 3),
+            (self.smooth, &ebar[..], &x.sw[..], &mut swbar[..], 1),
+        ];
+        for (on, e, v, out, w) in sums {
+            if !on {
+                continue;
+            }
+            let prod = Prod {
+                m: n,
+                k: n,
+                n: w,
+                b_rs: w,
+                c_rs: w,
+                acc: true,
+            };
+            for (rs, cs) in [(n, 1), (1, n)] {
+                N::gemm(prod, Mat { v: e, rs, cs }, v, out, gemm);
             }
         }
     }
@@ -475,10 +519,15 @@ impl AttnOpts {
             normalize(rd);
         }
         if self.dotr {
-            for (j, cj) in t.dotr.chunks_mut(n).enumerate() {
-                let rj = &t.rdir[3 * j..3 * j + 3];
-                for (c, rk) in cj.iter_mut().zip(t.rdir.chunks(3)) {
-                    *c = dot(rj, rk);
+            // C is symmetric to the bit (r̂_j·r̂_k and r̂_k·r̂_j multiply the same pairs), so the
+            // lower triangle is the upper's mirror.
+            let r = &t.rdir;
+            for j in 0..n {
+                let rj = &r[3 * j..3 * j + 3];
+                for k in j..n {
+                    let c = dot(rj, &r[3 * k..3 * k + 3]);
+                    t.dotr[j * n + k] = c;
+                    t.dotr[k * n + j] = c;
                 }
             }
         }
@@ -795,8 +844,10 @@ fn per_centre<T: Real, N: Num<T>>(
     width: usize,
     f: impl Fn(&mut (Centre<N>, Work<N, T>), usize, Range<usize>, &mut [T]) + Sync,
 ) {
+    // A job of at least GRAD_GROUP centres: the buffers are made once per job.
     out.par_chunks_mut(width)
         .enumerate()
+        .with_min_len(GRAD_GROUP)
         .for_each_init(|| x.work(d), |w, (c, o)| f(w, c, d.mixed_slots(c), o));
 }
 
