@@ -68,7 +68,8 @@ __device__ void tebd_rows_lead TEBD_ROWS_LEAD_PARAMS(T) {
 }
 DPW_INSTANTIATE(tebd_rows_lead, TEBD_ROWS_LEAD_PARAMS, (u, lead, out))
 
-// Per (chunk, type t, column c) of one type list: the chunk's rows of type t summed, in order.
+// Per (chunk, column c) of one type list: the chunk's rows summed per type, in row order, each
+// type's sum kept in its partial, which only this thread reads and writes.
 #define TEBD_ROWS_BACKWARD_PARTS_PARAMS(T)                                  \
   (AttnParams u, const int* __restrict__ types, const T* __restrict__ xbar, \
    T* __restrict__ partial)
@@ -76,16 +77,13 @@ DPW_INSTANTIATE(tebd_rows_lead, TEBD_ROWS_LEAD_PARAMS, (u, lead, out))
 template <typename T>
 __device__ void tebd_rows_backward_parts TEBD_ROWS_BACKWARD_PARTS_PARAMS(T) {
   i64 id = global_index();
-  int entries = u.ntypes * u.width;
-  if (id >= (i64)u.nchunks * entries) return;
-  int chunk = (int)(id / entries), e = (int)(id % entries);
-  int t = e / u.width, c = e % u.width;
+  if (id >= (i64)u.nchunks * u.width) return;
+  int chunk = (int)(id / u.width), c = (int)(id % u.width);
+  T* part = partial + (i64)(u.part0 + chunk) * u.ntypes * u.width + c;
+  for (int t = 0; t < u.ntypes; ++t) part[t * u.width] = T(0);
   i64 lo = (i64)chunk * u.chunk;
   i64 hi = min((i64)u.nrows, lo + u.chunk);
-  T acc = T(0);
-  for (i64 r = lo; r < hi; ++r)
-    if (types[r] == t) acc += xbar[r * u.stride + u.col + c];
-  partial[(i64)(u.part0 + chunk) * entries + e] = acc;
+  for (i64 r = lo; r < hi; ++r) part[types[r] * u.width] += xbar[r * u.stride + u.col + c];
 }
 DPW_INSTANTIATE(tebd_rows_backward_parts, TEBD_ROWS_BACKWARD_PARTS_PARAMS,
                 (u, types, xbar, partial))
@@ -167,9 +165,9 @@ __device__ void strip_dual STRIP_DUAL_PARAMS(T) {
 DPW_INSTANTIATE(strip_dual, STRIP_DUAL_PARAMS,
                 (u, tau, nei_type, centre_type, sw, dsw, sdot, g0bar, g0dotbar, gsbar, gsdotbar))
 
-// Per (chunk, row of τ, column): τ̄ = Ḡ⁰ G_s c + Ġ̄⁰ (G_s' ṡ c + G_s ċ) over the chunk's slots
-// of that row, in slot order.
-#define STRIP_DUAL_PARTS_PARAMS(T)                                                  \
+// Per (chunk, column k): τ̄ = Ḡ⁰ G_s c + Ġ̄⁰ (G_s' ṡ c + G_s ċ) over the chunk's slots, in slot
+// order, each row of τ's sum kept in its partial, which only this thread reads and writes.
+#define STRIP_DUAL_PARTS_PARAMS(T)                                                   \
   (AttnParams u, const T* __restrict__ gs, const T* __restrict__ gsp,               \
    const int* __restrict__ nei_type, const int* __restrict__ centre_type,           \
    const T* __restrict__ sw, const T* __restrict__ dsw, const T* __restrict__ sdot, \
@@ -178,23 +176,21 @@ DPW_INSTANTIATE(strip_dual, STRIP_DUAL_PARAMS,
 template <typename T>
 __device__ void strip_dual_parts STRIP_DUAL_PARTS_PARAMS(T) {
   i64 id = global_index();
-  int entries = u.table_rows * u.width;
-  if (id >= (i64)u.nchunks * entries) return;
-  int e = (int)(id % entries);
-  int row = e / u.width, k = e % u.width;
-  i64 lo = (id / entries) * u.chunk;
+  if (id >= (i64)u.nchunks * u.width) return;
+  int chunk = (int)(id / u.width), k = (int)(id % u.width);
+  T* part = partial + (i64)chunk * u.table_rows * u.width + k;
+  for (int row = 0; row < u.table_rows; ++row) part[row * u.width] = T(0);
+  i64 lo = (i64)chunk * u.chunk;
   i64 hi = min((i64)u.nrows, lo + u.chunk);
-  T acc = T(0);
   for (i64 s = lo; s < hi; ++s) {
-    if (strip_row(u, nei_type, centre_type, s) != row) continue;
     i64 i = s * u.width + k;
     T c, cp;
     strip_c(u, sw, dsw, s, c, cp);
     T cdot = cp * sdot[s];
     T gsdot = gsp[i] * sdot[s];
-    acc += g0bar[i] * gs[i] * c + g0dotbar[i] * (gsdot * c + gs[i] * cdot);
+    part[strip_row(u, nei_type, centre_type, s) * u.width] +=
+        g0bar[i] * gs[i] * c + g0dotbar[i] * (gsdot * c + gs[i] * cdot);
   }
-  partial[id] = acc;
 }
 DPW_INSTANTIATE(strip_dual_parts, STRIP_DUAL_PARTS_PARAMS,
                 (u, gs, gsp, nei_type, centre_type, sw, dsw, sdot, g0bar, g0dotbar, partial))

@@ -106,29 +106,27 @@ fn tebd_rows_lead(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
-// Per (chunk, type t, column c) of one type list: the chunk's rows of type t summed, in order.
+// Per (chunk, column c) of one type list: the chunk's rows summed per type, in row order, each
+// type's sum kept in its partial, which only this thread reads and writes.
 @compute @workgroup_size(64)
 fn tebd_rows_backward_parts(@builtin(workgroup_id) wg: vec3<u32>,
                             @builtin(num_workgroups) nwg: vec3<u32>,
                             @builtin(local_invocation_id) l: vec3<u32>) {
     let id = flat_id(wg, nwg, l);
-    let entries = u.ntypes * u.width;
-    if (id >= u.nchunks * entries) {
+    if (id >= u.nchunks * u.width) {
         return;
     }
-    let chunk = id / entries;
-    let e = id % entries;
-    let t = i32(e / u.width);
-    let c = e % u.width;
+    let chunk = id / u.width;
+    let c = id % u.width;
+    let part = (u.part0 + chunk) * u.ntypes * u.width + c;
+    for (var t = 0u; t < u.ntypes; t++) {
+        partial[part + t * u.width] = real(0);
+    }
     let lo = chunk * u.chunk;
     let hi = min(u.nrows, lo + u.chunk);
-    var acc = real(0);
     for (var r = lo; r < hi; r++) {
-        if (types[r] == t) {
-            acc += xbar[r * u.stride + u.col + c];
-        }
+        partial[part + u32(types[r]) * u.width] += xbar[r * u.stride + u.col + c];
     }
-    partial[(u.part0 + chunk) * entries + e] = acc;
 }
 
 // Per column c: T̄[t][c] from the partials of every list, in order; W̄[t][c] += T̄[t][c] and
@@ -206,32 +204,31 @@ fn strip_dual(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     gdot_out[i] = g0dotbar[i] * one;
 }
 
-// Per (chunk, row of τ, column): τ̄ = Ḡ⁰ G_s c + Ġ̄⁰ (G_s' ṡ c + G_s ċ) over the chunk's slots
-// of that row, in slot order.
+// Per (chunk, column k): τ̄ = Ḡ⁰ G_s c + Ġ̄⁰ (G_s' ṡ c + G_s ċ) over the chunk's slots, in slot
+// order, each row of τ's sum kept in its partial, which only this thread reads and writes.
 @compute @workgroup_size(64)
 fn strip_dual_parts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_id) l: vec3<u32>) {
     let id = flat_id(wg, nwg, l);
-    let entries = u.table_rows * u.width;
-    if (id >= u.nchunks * entries) {
+    if (id >= u.nchunks * u.width) {
         return;
     }
-    let e = id % entries;
-    let row = i32(e / u.width);
-    let k = e % u.width;
-    let lo = (id / entries) * u.chunk;
-    let hi = min(u.nrows, lo + u.chunk);
-    var acc = real(0);
-    for (var s = lo; s < hi; s++) {
-        if (slot_row[s] == row) {
-            let i = s * u.width + k;
-            let c = slot_c[2u * s];
-            let cdot = slot_c[2u * s + 1u] * sdot[s];
-            let gsdot = gsp[i] * sdot[s];
-            acc += g0bar[i] * gs[i] * c + g0dotbar[i] * (gsdot * c + gs[i] * cdot);
-        }
+    let chunk = id / u.width;
+    let k = id % u.width;
+    let part = chunk * u.table_rows * u.width + k;
+    for (var row = 0u; row < u.table_rows; row++) {
+        partial[part + row * u.width] = real(0);
     }
-    partial[id] = acc;
+    let lo = chunk * u.chunk;
+    let hi = min(u.nrows, lo + u.chunk);
+    for (var s = lo; s < hi; s++) {
+        let i = s * u.width + k;
+        let c = slot_c[2u * s];
+        let cdot = slot_c[2u * s + 1u] * sdot[s];
+        let gsdot = gsp[i] * sdot[s];
+        partial[part + u32(slot_row[s]) * u.width] +=
+            g0bar[i] * gs[i] * c + g0dotbar[i] * (gsdot * c + gs[i] * cdot);
+    }
 }
 
 // Per entry of τ̄: its partials added in chunk order.

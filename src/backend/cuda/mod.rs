@@ -1615,7 +1615,7 @@ impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
             launch!(
                 self,
                 &name::<T>("tebd_rows_backward_parts"),
-                grid(u.nchunks as usize * entries, BLOCK),
+                grid(u.nchunks as usize * tebd.dim, BLOCK),
                 [
                     u.list(list),
                     self.idx(ty),
@@ -1697,7 +1697,7 @@ impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
         launch!(
             self,
             &name::<T>("strip_dual_parts"),
-            grid(u.nchunks as usize * entries, BLOCK),
+            grid((u.nchunks * u.width) as usize, BLOCK),
             [
                 u,
                 self.ptr(a.gs),

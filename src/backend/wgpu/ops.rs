@@ -899,7 +899,7 @@ impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
                 &k::TEBD_ROWS_BACKWARD_PARTS,
                 &u.list(list),
                 &[&ty.buf, &xbar.buf, &partial],
-                grid1(u.nchunks as usize * entries),
+                grid1(u.nchunks as usize * tebd.dim),
             );
         }
         self.go::<T>(
@@ -964,7 +964,7 @@ impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
                 &g0dotbar.buf,
                 &partial,
             ],
-            grid1(u.nchunks as usize * entries),
+            grid1((u.nchunks * u.width) as usize),
         );
         self.go::<T>(
             &k::STRIP_DUAL_SUM,
