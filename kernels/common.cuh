@@ -87,3 +87,23 @@ template <typename T>
 __device__ __forceinline__ T dphi(bool is_tanh, T h) {
   return is_tanh ? T(1) - h * h : T(1);
 }
+
+// The environment's switch, in double (env_mat.cu, and DPA-1's σ in attn.cu): its value and
+// its derivative with respect to r (C2-smooth quintic), as geometry::env_row computes them.
+__device__ __forceinline__ void env_switch(double r, double rcut, double rcut_smth, double* sw,
+                                           double* dsw) {
+  if (r <= rcut_smth) {
+    *sw = 1.0;
+    *dsw = 0.0;
+    return;
+  }
+  if (r >= rcut) {
+    *sw = 0.0;
+    *dsw = 0.0;
+    return;
+  }
+  double w = rcut - rcut_smth;
+  double u = (r - rcut_smth) / w;
+  *sw = u * u * u * (-6.0 * u * u + 15.0 * u - 10.0) + 1.0;
+  *dsw = (3.0 * u * u * (-6.0 * u * u + 15.0 * u - 10.0) + u * u * u * (-12.0 * u + 15.0)) / w;
+}

@@ -4,25 +4,6 @@
 // The arithmetic runs in double for both precisions, then is rounded to T, exactly as the CPU
 // backend does: the expressions below keep the CPU's order of operations.
 
-// Switch value and its derivative with respect to r (C2-smooth quintic).
-__device__ __forceinline__ void env_switch(double r, double rcut, double rcut_smth, double* sw,
-                                           double* dsw) {
-  if (r <= rcut_smth) {
-    *sw = 1.0;
-    *dsw = 0.0;
-    return;
-  }
-  if (r >= rcut) {
-    *sw = 0.0;
-    *dsw = 0.0;
-    return;
-  }
-  double w = rcut - rcut_smth;
-  double u = (r - rcut_smth) / w;
-  *sw = u * u * u * (-6.0 * u * u + 15.0 * u - 10.0) + 1.0;
-  *dsw = (3.0 * u * u * (-6.0 * u * u + 15.0 * u - 10.0) + u * u * u * (-12.0 * u + 15.0)) / w;
-}
-
 #define ENV_MAT_PARAMS(T)                                                                  \
   (const int* __restrict__ dims, double rcut, double rcut_smth, double protection,         \
    const T* __restrict__ rij, const int* __restrict__ owner, const T* __restrict__ davg,   \

@@ -13,34 +13,6 @@
 @group(0) @binding(7) var<storage, read_write> jac: array<real>;
 @group(0) @binding(8) var<storage, read_write> s_out: array<real>;
 
-// The C2-smooth quintic switch and its r-derivative.
-fn switch_fn(r: real) -> vec2<real> {
-    let rcut = env[0];
-    let rsm = env[1];
-    if (r <= rsm) {
-        return vec2<real>(real(1), real(0));
-    }
-    if (r >= rcut) {
-        return vec2<real>(real(0), real(0));
-    }
-    let w = rcut - rsm;
-    let x = (r - rsm) / w;
-    if (REAL_IS_F32) {
-        // From rcut's side, sw = S(y) with y = 1 − x and S(y) = y³(6y² − 15y + 10): near rcut
-        // the form below is 1 − (1 − sw) with sw far below f32's epsilon, and DPA-1's r̂ = R̂[1:4]/|R̂[1:4]|
-        // of a neighbour at the cut would flip or vanish (its attn_dotr gate is not damped by
-        // sw). The cpu's f32 takes the env mat in f64, so both then agree.
-        let y = (rcut - r) / w;
-        let sw = y * y * y * (real(6) * y * y - real(15) * y + real(10));
-        return vec2<real>(sw, real(-30) * x * x * y * y / w);
-    }
-    // f64 keeps the cpu's (DeePMD-kit's) formula, so the wgpu step equals the cpu's bit for bit.
-    let poly = real(-6) * x * x + real(15) * x - real(10);
-    let sw = x * x * x * poly + real(1);
-    let dsw = (real(3) * x * x * poly + x * x * x * (real(-12) * x + real(15))) / w;
-    return vec2<real>(sw, dsw);
-}
-
 @compute @workgroup_size(64)
 fn env_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) l: vec3<u32>) {
@@ -56,7 +28,7 @@ fn env_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         let x = vec3<real>(rij[3u * s], rij[3u * s + 1u], rij[3u * s + 2u]);
         let r = sqrt_r(x.x * x.x + x.y * x.y + x.z * x.z);
         let rr = r + env[2];
-        let sw = switch_fn(r);
+        let sw = switch_fn(r, env[0], env[1]);
         let dir = x / r;
         let rr2 = rr * rr;
         let d0 = sw.y / rr - sw.x / rr2;

@@ -82,6 +82,19 @@ fn parity_ops_f32() {
     suite::parity::ops::<f32, _>(cuda_or_skip!(), 1e-5);
 }
 
+/// DPA-1's element-wise ops, and the same bits on a second run.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_attn_ops_f64() {
+    suite::parity::attn_ops::<f64, _>(cuda_or_skip!(), 1e-12);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_attn_ops_f32() {
+    suite::parity::attn_ops::<f32, _>(cuda_or_skip!(), 1e-5);
+}
+
 // ---------------------------------------------------------------- whole-step parity
 
 fn water_parity<T: Real>(gpu: &Cuda, tol: f64)

@@ -187,6 +187,24 @@ fn parity_ops_f32() {
     }
 }
 
+#[test]
+fn parity_attn_ops_f64() {
+    on_wgpu::<f64>(
+        "parity_attn_ops_f64",
+        1e-12,
+        suite::parity::attn_ops::<f64, _>,
+    );
+}
+
+#[test]
+fn parity_attn_ops_f32() {
+    on_wgpu::<f32>(
+        "parity_attn_ops_f32",
+        1e-5,
+        suite::parity::attn_ops::<f32, _>,
+    );
+}
+
 fn repeatable<T: GpuReal>(test: &str)
 where
     Wgpu: Backend<T>,
@@ -643,8 +661,8 @@ where
     }
 }
 
-/// DPA-1's whole step (one mixed neighbour section, its own ops on the host) against the cpu
-/// backend, on the reference cases' training frames.
+/// DPA-1's whole step (one mixed neighbour section, its attention block on the host) against
+/// the cpu backend, on the reference cases' training frames.
 #[test]
 fn parity_dpa1_f64() {
     on_wgpu::<f64>("parity_dpa1_f64", 1e-12, suite::parity::dpa1::<f64, _>);

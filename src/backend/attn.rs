@@ -4,6 +4,9 @@
 //! kernels of its own. The CPU backend runs the attention block's bodies on its buffers in place
 //! ([`AttnArgs::in_place`]); its type-embedding and strip ops take the defaults, whose transfers
 //! are copies there.
+//! The wgpu and cuda backends have kernels of their own for the element-wise ops (attn_switch,
+//! tebd_rows, tebd_rows_backward, strip_forward, strip_dual: `shaders/attn.wgsl`,
+//! `kernels/attn.cu`) and run the attention block (`attn_*`) through these bodies.
 
 use std::borrow::Cow;
 

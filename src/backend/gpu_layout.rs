@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use super::Dims;
-use crate::model::{Layer, Skip};
+use crate::model::{Layer, Skip, TebdLayout};
 
 /// A scalar type a GPU struct field may have, with its names in the two kernel languages.
 pub trait GpuScalar {
@@ -199,6 +199,15 @@ gpu_struct! {
     }
 }
 
+/// A skip connection as the kernels read it: 0 none, 1 identity, 2 doubled.
+fn skip_code(skip: Skip) -> u32 {
+    match skip {
+        Skip::None => 0,
+        Skip::Identity => 1,
+        Skip::Double => 2,
+    }
+}
+
 impl DenseParams {
     /// Layer `l` on `rows`; `scale`: whether ẋ is scaled per row.
     pub fn new(l: &Layer, rows: &Range<usize>, scale: bool) -> Self {
@@ -208,11 +217,7 @@ impl DenseParams {
             nin: count(l.nin),
             nout: count(l.nout),
             is_tanh: l.tanh.into(),
-            skip: match l.skip {
-                Skip::None => 0,
-                Skip::Identity => 1,
-                Skip::Double => 2,
-            },
+            skip: skip_code(l.skip),
             has_idt: l.idt.is_some().into(),
             has_scale: scale.into(),
             w: count(l.w),
@@ -432,6 +437,122 @@ impl SumParams {
     }
 }
 
+/// Rows per partial sum of DPA-1's sums over rows (T̄ in tebd_rows_backward, τ̄ in
+/// strip_dual), at the least: the partials are then added in chunk order, so that the sums'
+/// order depends on the shapes alone.
+const ATTN_CHUNK: usize = 256;
+
+/// The partial values one of those sums keeps, at most (give or take a chunk's): with many
+/// types (τ̄ has ntypes²·M1 entries) the chunks grow instead of the scratch.
+const ATTN_PARTIALS: usize = 1 << 22;
+
+/// (rows per chunk, chunks) for `entries` sums over `rows` rows.
+fn attn_chunks(rows: usize, entries: usize) -> (u32, u32) {
+    let chunk = ATTN_CHUNK.max((rows * entries).div_ceil(ATTN_PARTIALS));
+    (count(chunk), count(rows.div_ceil(chunk)))
+}
+
+gpu_struct! {
+    /// The scalars of DPA-1's kernels (attn_switch, tebd_rows, tebd_rows_backward,
+    /// strip_forward, strip_dual), on both backends. attn_switch is launched once per centre
+    /// type over its slots, the type-embedding kernels once per type list, whose values start
+    /// at column `col` of each row.
+    pub struct AttnParams {
+        /// The rows (slots, or rows of the type lists): the first, and how many.
+        pub row0: u32,
+        pub nrows: u32,
+        /// attn_switch's centre type: the row of dstd.
+        pub ti: u32,
+        pub ntypes: u32,
+        /// Values per row of a table: the type embedding's dim, or M1 (strip).
+        pub width: u32,
+        /// The type embedding T = skip(e_t) + W (+ b): its skip (0 none, 1 identity, 2
+        /// doubled), the offsets of W and b in the parameter vector, whether there is a b.
+        pub skip: u32,
+        pub w: u32,
+        pub b: u32,
+        pub has_b: u32,
+        /// The row stride of the type-embedding values, the launch's first column.
+        pub stride: u32,
+        pub col: u32,
+        /// strip: the rows of the type net's table τ (ntypes, or ntypes² at t_i·ntypes + t_j),
+        /// whether a slot's is t_j alone (type_one_side), whether c = σ (smooth; else 1).
+        /// (`smooth` is a reserved word in WGSL.)
+        pub table_rows: u32,
+        pub one_side: u32,
+        pub c_is_sw: u32,
+        /// The sums over rows (T̄, τ̄): rows per partial sum (see `attn_chunks`), chunks per
+        /// launch, the launch's first partial (a type list's come after the lists before it),
+        /// and the partials of all launches.
+        pub chunk: u32,
+        pub nchunks: u32,
+        pub part0: u32,
+        pub nparts: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+    }
+}
+
+impl AttnParams {
+    /// attn_switch on the slots of centre type `ti`.
+    pub fn switch(slots: &Range<usize>, ti: usize) -> Self {
+        AttnParams {
+            row0: count(slots.start),
+            nrows: count(slots.len()),
+            ti: count(ti),
+            ..Default::default()
+        }
+    }
+
+    /// The type-embedding kernels on `nlists` type lists of `nrows` rows each, the values of
+    /// the first at column `col` of rows of `stride`.
+    pub fn tebd(t: &TebdLayout, nlists: usize, nrows: usize, stride: usize, col: usize) -> Self {
+        let (chunk, nchunks) = attn_chunks(nrows, t.ntypes * t.dim);
+        AttnParams {
+            nrows: count(nrows),
+            ntypes: count(t.ntypes),
+            width: count(t.dim),
+            skip: skip_code(t.skip),
+            w: count(t.w),
+            b: count(t.b.unwrap_or(0)),
+            has_b: t.b.is_some().into(),
+            stride: count(stride),
+            col: count(col),
+            chunk,
+            nchunks,
+            nparts: nchunks * count(nlists),
+            ..Default::default()
+        }
+    }
+
+    /// For type list `k` of [`AttnParams::tebd`]: its values follow those of the lists before.
+    pub fn list(self, k: usize) -> Self {
+        AttnParams {
+            col: self.col + count(k) * self.width,
+            part0: count(k) * self.nchunks,
+            ..self
+        }
+    }
+
+    /// The strip kernels on `nslots` slots.
+    pub fn strip(nslots: usize, m1: usize, ntypes: usize, one_side: bool, smooth: bool) -> Self {
+        let rows = if one_side { ntypes } else { ntypes * ntypes };
+        let (chunk, nchunks) = attn_chunks(nslots, rows * m1);
+        AttnParams {
+            nrows: count(nslots),
+            ntypes: count(ntypes),
+            width: count(m1),
+            table_rows: count(rows),
+            one_side: one_side.into(),
+            c_is_sw: smooth.into(),
+            chunk,
+            nchunks,
+            nparts: nchunks,
+            ..Default::default()
+        }
+    }
+}
+
 gpu_struct! {
     /// The scalars of the WGSL environment-matrix kernel, launched once per centre type over
     /// that type's slots (CUDA's reads the type of each slot from the shape table).
@@ -498,6 +619,7 @@ pub const PARAMS: &[Layout] = &[
     SumParams::LAYOUT,
     EnvMatParams::LAYOUT,
     LossParams::LAYOUT,
+    AttnParams::LAYOUT,
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes

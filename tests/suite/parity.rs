@@ -3,9 +3,9 @@
 //! array's largest entry). A GPU backend's test file calls [`ops`] for each precision.
 
 use dpw::backend::cpu::Cpu;
-use dpw::backend::{AdamStep, Backend, DenseIo, Prefactors, Real};
+use dpw::backend::{AdamStep, Backend, DenseIo, Prefactors, Real, StripArgs};
 use dpw::geometry::EnvParams;
-use dpw::model::Model;
+use dpw::model::{Model, Skip, TebdLayout};
 use dpw::train::batch::{assemble, Frame, HostBatch};
 use dpw::train::predict::{loss_and_grad_batch, predict_batch};
 
@@ -336,6 +336,166 @@ where
         let got = op_outputs::<T, _>(dev, &m, &batch);
         for ((what, c), (_, g)) in cpu.iter().zip(&got) {
             check(&format!("{name}: {what}"), g, c, tol, &mut failures);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+// ---------------------------------------------------------------- DPA-1's element-wise ops
+
+/// DPA-1's element-wise ops (the switch, the type-embedding rows, strip) on a real mixed-type
+/// batch, with every option their kernels branch on (the three skips, with and without a
+/// bias, a lead column, one or two type lists, type_one_side, smooth), over pseudo-random
+/// values; every output, named, as f64.
+fn attn_outputs<T: Real, B: Backend<T>>(
+    b: &B,
+    m: &Model,
+    batch: &HostBatch,
+) -> Vec<(String, Vec<f64>)> {
+    let d = &batch.dims;
+    let (ns, nc, nt, m1) = (d.nslots(), d.ncentres(), d.ntypes, d.m1);
+    let mut rng = Lcg(2718);
+    let up = |v: &[f64]| b.upload(&to_t::<T>(v));
+    let mut out: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut take = |name: String, buf: &B::Buf| out.push((name, f64s(b.download(buf))));
+
+    let desc = &m.spec.descriptor;
+    let env = EnvParams {
+        rcut: desc.rcut,
+        rcut_smth: desc.rcut_smth,
+        protection: desc.env_protection,
+    };
+    let (rij, owner, dstd) = (up(&batch.rij), b.upload_idx(&batch.owner), up(&m.dstd));
+    let (mut sw, mut dsw) = (b.zeros(ns), b.zeros(ns));
+    b.attn_switch(d, env, &rij, &owner, &dstd, &mut sw, &mut dsw);
+    take("attn_switch sw".into(), &sw);
+    take("attn_switch dsw".into(), &dsw);
+
+    let centre_types: Vec<i32> = (0..nc).map(|c| d.centre_type(c) as i32).collect();
+    let mut slot_types = vec![0; ns];
+    for c in 0..nc {
+        slot_types[d.mixed_slots(c)].fill(centre_types[c]);
+    }
+    let (nei, slot_type, centre_type) = (
+        b.upload_idx(&batch.nei_type),
+        b.upload_idx(&slot_types),
+        b.upload_idx(&centre_types),
+    );
+    let s = up(&rng.vec(ns));
+    for (skip, dim) in [
+        (Skip::None, 5),
+        (Skip::Identity, nt),
+        (Skip::Double, 2 * nt),
+    ] {
+        for bias in [false, true] {
+            let tag = format!("{skip:?} bias {bias}");
+            let t = TebdLayout {
+                ntypes: nt,
+                dim,
+                skip,
+                w: 7,
+                b: bias.then_some(9 + nt * dim),
+            };
+            let params = up(&rng.vec(12 + (nt + 1) * dim));
+            // The concat net's input [ŝ, T[t_j], T[t_i]] inside wider rows, and T[t_i] per centre.
+            let (wide, narrow) = (2 * dim + 4, dim + 3);
+            let mut x = up(&rng.vec(ns * wide));
+            b.tebd_rows(&t, &params, Some(&s), &[&nei, &slot_type], &mut x, wide, 2);
+            take(format!("tebd_rows lead, 2 lists, {tag}"), &x);
+            let mut y = up(&rng.vec(nc * narrow));
+            b.tebd_rows(&t, &params, None, &[&centre_type], &mut y, narrow, 3);
+            take(format!("tebd_rows 1 list, {tag}"), &y);
+            // Adjoints ≥ 0, so that the sums over ~10⁴ rows do not cancel: with cancellation,
+            // the rounding of the cpu's f32 running sum alone exceeds the f32 tolerance (and
+            // the chunks' sums differ from it by that).
+            let xbar: Vec<f64> = rng.vec(ns * wide).iter().map(|v| v.abs()).collect();
+            let mut grad = up(&rng.vec(12 + (nt + 1) * dim));
+            let lists = [&nei, &slot_type];
+            b.tebd_rows_backward(&t, true, &lists, &up(&xbar), wide, 2, &mut grad);
+            take(format!("tebd_rows_backward lead, 2 lists, {tag}"), &grad);
+            b.tebd_rows_backward(&t, false, &[&centre_type], &y, narrow, 3, &mut grad);
+            take(format!("tebd_rows_backward 1 list, {tag}"), &grad);
+        }
+    }
+
+    // σ and dσ/dŝ the same on both backends (attn_switch's may differ, see attn_ops).
+    let (sw, dsw) = (up(&rng.vec(ns)), up(&rng.vec(ns)));
+    let (gs, gsp, sdot) = (
+        up(&rng.vec(ns * m1)),
+        up(&rng.vec(ns * m1)),
+        up(&rng.vec(ns)),
+    );
+    let (g0bar, g0dotbar) = (up(&rng.vec(ns * m1)), up(&rng.vec(ns * m1)));
+    for one_side in [false, true] {
+        for smooth in [false, true] {
+            let tag = format!("one_side {one_side} smooth {smooth}");
+            let rows = if one_side { nt } else { nt * nt };
+            let tau = up(&rng.vec(rows * m1));
+            let a = StripArgs {
+                ntypes: nt,
+                m1,
+                one_side,
+                smooth,
+                gs: &gs,
+                gsp: &gsp,
+                tau: &tau,
+                nei_type: &nei,
+                centre_type: &slot_type,
+                sw: &sw,
+                dsw: &dsw,
+            };
+            let (mut g0, mut g0p) = (b.zeros(ns * m1), b.zeros(ns * m1));
+            b.strip_forward(&a, &mut g0, &mut g0p);
+            take(format!("strip_forward g0 {tag}"), &g0);
+            take(format!("strip_forward g0p {tag}"), &g0p);
+            let (mut gsbar, mut gsdotbar) = (b.zeros(ns * m1), b.zeros(ns * m1));
+            let mut taubar = b.zeros(rows * m1);
+            b.strip_dual(
+                &a,
+                &sdot,
+                (&g0bar, &g0dotbar),
+                (&mut gsbar, &mut gsdotbar),
+                &mut taubar,
+            );
+            take(format!("strip_dual gsbar {tag}"), &gsbar);
+            take(format!("strip_dual gsdotbar {tag}"), &gsdotbar);
+            take(format!("strip_dual taubar {tag}"), &taubar);
+        }
+    }
+    out
+}
+
+/// The tolerance of attn_switch's dσ/dŝ in f64. For a neighbour just inside rcut it is a ratio
+/// of two vanishing quantities, and σ = 1 − (1 − σ) there (the cpu's formula) carries ~1e-15
+/// of rounding, which the ratio amplifies: on these frames (a neighbour 5e-4 inside rcut) to
+/// 3e-9 of the largest slope between two devices that round it differently (fused
+/// multiply-adds).
+const SLOPE_TOL: f64 = 1e-8;
+
+/// DPA-1's element-wise ops on `dev` against the cpu backend's, each output relative to its
+/// largest entry, on two frames of se_atten_v2_alloy (several chunks of the sums over slots),
+/// and bit for bit the same on a second run.
+pub fn attn_ops<T: Real, B: Backend<T>>(dev: &B, tol: f64)
+where
+    Cpu: Backend<T>,
+{
+    let (m, fr) = super::descriptors::training_inputs("se_atten_v2_alloy");
+    let batch = assemble(&m.spec, &fr.atype, &fr.all()).unwrap();
+    eprintln!("{} slots ({}):", batch.dims.nslots(), T::NAME);
+    let cpu = attn_outputs::<T, _>(&Cpu::default(), &m, &batch);
+    let got = attn_outputs::<T, _>(dev, &m, &batch);
+    let again = attn_outputs::<T, _>(dev, &m, &batch);
+    let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let mut failures = Vec::new();
+    for (((what, c), (_, g)), (_, g2)) in cpu.iter().zip(&got).zip(&again) {
+        let tol = if what == "attn_switch dsw" {
+            tol.max(SLOPE_TOL)
+        } else {
+            tol
+        };
+        check(what, g, c, tol, &mut failures);
+        if bits(g) != bits(g2) {
+            failures.push(format!("{what}: differs between two runs"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -84,6 +84,21 @@ pub const FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "attn.cu",
+        source: include_str!("../../../kernels/attn.cu"),
+        kernels: &[
+            "attn_switch",
+            "tebd_rows",
+            "tebd_rows_lead",
+            "tebd_rows_backward_parts",
+            "tebd_rows_backward_sum",
+            "strip_forward",
+            "strip_dual",
+            "strip_dual_parts",
+            "strip_dual_sum",
+        ],
+    },
+    KernelFile {
         name: "scatter.cu",
         source: include_str!("../../../kernels/scatter.cu"),
         kernels: &[

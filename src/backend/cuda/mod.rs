@@ -38,15 +38,15 @@ use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
 use super::gpu_layout::{
-    self, AngleParams, LossParams, ScatterParams, SumParams, VectorParams, LOSS_CHUNK,
+    self, AngleParams, AttnParams, LossParams, ScatterParams, SumParams, VectorParams, LOSS_CHUNK,
 };
 use super::monomorphic::Generic;
 use super::{
     radial_scale, AdamStep, AngleOps, AttnOps, Backend, ContractOps, DenseIo, DenseOps, Device,
-    Dims, EnvOps, Prefactors, RadialOps, Real, Span, TrainOps,
+    Dims, EnvOps, Prefactors, RadialOps, Real, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
-use crate::model::Layer;
+use crate::model::{Layer, TebdLayout};
 
 /// The message when no driver library can be loaded.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend cpu or wgpu";
@@ -135,6 +135,8 @@ unsafe impl DeviceRepr for gpu_layout::VectorParams {}
 unsafe impl DeviceRepr for gpu_layout::SumParams {}
 // SAFETY: as DenseParams.
 unsafe impl DeviceRepr for gpu_layout::LossParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::AttnParams {}
 
 /// A device vector of T. The allocation has at least one element (CUDA allocations of zero
 /// bytes are not portable); `len` is the logical length.
@@ -1513,9 +1515,211 @@ impl<T: CudaReal> AngleOps<T> for Generic<'_, Cuda> {
     }
 }
 
-/// DPA-1's ops run through their host bodies (`backend/attn.rs`), the family's defaults.
-/// DPA-1's ops run through their host bodies (`backend/attn.rs`), the family's defaults.
-impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {}
+/// DPA-1's element-wise ops run as kernels (kernels/attn.cu); the attention block
+/// (`attn_forward`, `_backward`, `_tangent`, `_dual`) through its host bodies
+/// (`backend/attn.rs`), the family's defaults.
+impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
+    fn attn_switch(
+        &self,
+        d: &Dims,
+        env: EnvParams,
+        rij: &CudaBuf<T>,
+        owner: &CudaIdx,
+        dstd: &CudaBuf<T>,
+        sw: &mut CudaBuf<T>,
+        dsw: &mut CudaBuf<T>,
+    ) {
+        for ti in 0..d.ntypes {
+            let slots = d.type_slots(ti);
+            if slots.is_empty() {
+                continue;
+            }
+            launch!(
+                self,
+                &name::<T>("attn_switch"),
+                grid(slots.len(), 128),
+                [
+                    AttnParams::switch(&slots, ti),
+                    env.rcut,
+                    env.rcut_smth,
+                    env.protection,
+                    self.ptr(rij),
+                    self.idx(owner),
+                    self.ptr(dstd),
+                    self.ptr(sw),
+                    self.ptr(dsw)
+                ]
+            );
+        }
+    }
+
+    fn tebd_rows(
+        &self,
+        tebd: &TebdLayout,
+        params: &CudaBuf<T>,
+        lead: Option<&CudaBuf<T>>,
+        types: &[&CudaIdx],
+        out: &mut CudaBuf<T>,
+        stride: usize,
+        col: usize,
+    ) {
+        let nrows = types.first().map_or(0, |t| t.host.len());
+        if nrows == 0 {
+            return;
+        }
+        let first = usize::from(lead.is_some());
+        let u = AttnParams::tebd(tebd, types.len(), nrows, stride, col + first);
+        if let Some(lead) = lead {
+            launch!(
+                self,
+                &name::<T>("tebd_rows_lead"),
+                grid(nrows, BLOCK),
+                [
+                    AttnParams {
+                        col: gpu_layout::count(col),
+                        ..u
+                    },
+                    self.ptr(lead),
+                    self.ptr(out)
+                ]
+            );
+        }
+        for (list, ty) in types.iter().enumerate() {
+            launch!(
+                self,
+                &name::<T>("tebd_rows"),
+                grid(nrows * tebd.dim, BLOCK),
+                [u.list(list), self.ptr(params), self.idx(ty), self.ptr(out)]
+            );
+        }
+    }
+
+    fn tebd_rows_backward(
+        &self,
+        tebd: &TebdLayout,
+        lead: bool,
+        types: &[&CudaIdx],
+        xbar: &CudaBuf<T>,
+        stride: usize,
+        col: usize,
+        grad: &mut CudaBuf<T>,
+    ) {
+        let nrows = types.first().map_or(0, |t| t.host.len());
+        if nrows == 0 {
+            return;
+        }
+        let u = AttnParams::tebd(tebd, types.len(), nrows, stride, col + usize::from(lead));
+        let entries = tebd.ntypes * tebd.dim;
+        let partial = self.scratch::<T>(u.nparts as usize * entries);
+        for (list, ty) in types.iter().enumerate() {
+            launch!(
+                self,
+                &name::<T>("tebd_rows_backward_parts"),
+                grid(u.nchunks as usize * tebd.dim, BLOCK),
+                [
+                    u.list(list),
+                    self.idx(ty),
+                    self.ptr(xbar),
+                    self.addr(&partial)
+                ]
+            );
+        }
+        launch!(
+            self,
+            &name::<T>("tebd_rows_backward_sum"),
+            grid(tebd.dim, 32),
+            [u, self.addr(&partial), self.ptr(grad)]
+        );
+    }
+
+    fn strip_forward(
+        &self,
+        a: &StripArgs<CudaBuf<T>, CudaIdx>,
+        g0: &mut CudaBuf<T>,
+        g0p: &mut CudaBuf<T>,
+    ) {
+        let ns = a.nei_type.host.len();
+        if ns == 0 {
+            return;
+        }
+        launch!(
+            self,
+            &name::<T>("strip_forward"),
+            grid(ns * a.m1, BLOCK),
+            [
+                AttnParams::strip(ns, a.m1, a.ntypes, a.one_side, a.smooth),
+                self.ptr(a.gs),
+                self.ptr(a.gsp),
+                self.ptr(a.tau),
+                self.idx(a.nei_type),
+                self.idx(a.centre_type),
+                self.ptr(a.sw),
+                self.ptr(a.dsw),
+                self.ptr(g0),
+                self.ptr(g0p)
+            ]
+        );
+    }
+
+    fn strip_dual(
+        &self,
+        a: &StripArgs<CudaBuf<T>, CudaIdx>,
+        sdot: &CudaBuf<T>,
+        (g0bar, g0dotbar): (&CudaBuf<T>, &CudaBuf<T>),
+        (gsbar, gsdotbar): (&mut CudaBuf<T>, &mut CudaBuf<T>),
+        taubar: &mut CudaBuf<T>,
+    ) {
+        let ns = a.nei_type.host.len();
+        if ns == 0 {
+            return;
+        }
+        let u = AttnParams::strip(ns, a.m1, a.ntypes, a.one_side, a.smooth);
+        launch!(
+            self,
+            &name::<T>("strip_dual"),
+            grid(ns * a.m1, BLOCK),
+            [
+                u,
+                self.ptr(a.tau),
+                self.idx(a.nei_type),
+                self.idx(a.centre_type),
+                self.ptr(a.sw),
+                self.ptr(a.dsw),
+                self.ptr(sdot),
+                self.ptr(g0bar),
+                self.ptr(g0dotbar),
+                self.ptr(gsbar),
+                self.ptr(gsdotbar)
+            ]
+        );
+        let entries = (u.table_rows * u.width) as usize;
+        let partial = self.scratch::<T>(u.nparts as usize * entries);
+        launch!(
+            self,
+            &name::<T>("strip_dual_parts"),
+            grid((u.nchunks * u.width) as usize, BLOCK),
+            [
+                u,
+                self.ptr(a.gs),
+                self.ptr(a.gsp),
+                self.idx(a.nei_type),
+                self.idx(a.centre_type),
+                self.ptr(a.sw),
+                self.ptr(a.dsw),
+                self.ptr(sdot),
+                self.ptr(g0bar),
+                self.ptr(g0dotbar),
+                self.addr(&partial)
+            ]
+        );
+        launch!(
+            self,
+            &name::<T>("strip_dual_sum"),
+            grid(entries, BLOCK),
+            [u, self.addr(&partial), self.ptr(taubar)]
+        );
+    }
+}
 
 impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
     fn clip_grad_norm(&self, grad: &mut CudaBuf<T>, max: f64, norm: &mut CudaBuf<T>, at: usize) {

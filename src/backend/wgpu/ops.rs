@@ -7,16 +7,16 @@ use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, GpuReal, Idx, Wgpu};
 use crate::backend::gpu_layout::{
-    count, AngleParams, ContractParams, DenseParams, EnvMatParams, GpuStruct, LossParams,
-    ScatterParams, VectorParams,
+    count, AngleParams, AttnParams, ContractParams, DenseParams, EnvMatParams, GpuStruct,
+    LossParams, ScatterParams, VectorParams,
 };
 use crate::backend::monomorphic::Generic;
 use crate::backend::{
     radial_scale, AdamStep, AngleOps, AttnOps, Backend, ContractOps, DenseIo, DenseOps, Device,
-    Dims, EnvOps, Prefactors, RadialOps, Span, TrainOps,
+    Dims, EnvOps, Prefactors, RadialOps, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
-use crate::model::Layer;
+use crate::model::{Layer, TebdLayout};
 
 /// Threads per workgroup of the 1-D kernels (`WG` in shaders/common.wgsl).
 const WG: u32 = 64;
@@ -123,6 +123,33 @@ impl Wgpu {
             &[&self.dims_buf(d), &scale, &x.buf, &w.buf, &out.buf],
             grid1(d.ncentres() * d.m1),
         );
+    }
+
+    /// The strip kernels' uniform block, and each slot's row of τ and [c, c'] (see
+    /// shaders/attn.wgsl), in scratch of the op holding `op`.
+    fn strip_slots<T: GpuReal>(
+        &self,
+        op: &OneOp,
+        a: &StripArgs<Buf<T>, Idx>,
+    ) -> (AttnParams, wgpu::Buffer, wgpu::Buffer) {
+        let ns = a.nei_type.len();
+        let u = AttnParams::strip(ns, a.m1, a.ntypes, a.one_side, a.smooth);
+        let row = self.scratch(op, "attn.strip_row", (ns * size_of::<i32>()) as u64);
+        let c = self.scratch(op, "attn.strip_c", (2 * ns * size_of::<T>()) as u64);
+        self.go::<T>(
+            &k::STRIP_SLOTS,
+            &u,
+            &[
+                &a.nei_type.buf,
+                &a.centre_type.buf,
+                &a.sw.buf,
+                &a.dsw.buf,
+                &row,
+                &c,
+            ],
+            grid1(ns),
+        );
+        (u, row, c)
     }
 
     /// se_e3's w_p per pair type, rounded to T as the CPU rounds them.
@@ -786,9 +813,167 @@ impl<T: GpuReal> AngleOps<T> for Generic<'_, Wgpu> {
     }
 }
 
-/// DPA-1's ops run through their host bodies (`backend/attn.rs`), the family's defaults.
-/// DPA-1's ops run through their host bodies (`backend/attn.rs`), the family's defaults.
-impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {}
+/// DPA-1's element-wise ops run as kernels (shaders/attn.wgsl); the attention block
+/// (`attn_forward`, `_backward`, `_tangent`, `_dual`) through its host bodies
+/// (`backend/attn.rs`), the family's defaults.
+impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
+    fn attn_switch(
+        &self,
+        d: &Dims,
+        env: EnvParams,
+        rij: &Buf<T>,
+        owner: &Idx,
+        dstd: &Buf<T>,
+        sw: &mut Buf<T>,
+        dsw: &mut Buf<T>,
+    ) {
+        let op = self.exclusive();
+        let envp = self.reals::<T>(
+            &op,
+            "attn_switch",
+            &[env.rcut, env.rcut_smth, env.protection],
+        );
+        for ti in 0..d.ntypes {
+            let slots = d.type_slots(ti);
+            self.go::<T>(
+                &k::ATTN_SWITCH,
+                &AttnParams::switch(&slots, ti),
+                &[&envp, &rij.buf, &owner.buf, &dstd.buf, &sw.buf, &dsw.buf],
+                grid1(slots.len()),
+            );
+        }
+    }
+
+    fn tebd_rows(
+        &self,
+        tebd: &TebdLayout,
+        params: &Buf<T>,
+        lead: Option<&Buf<T>>,
+        types: &[&Idx],
+        out: &mut Buf<T>,
+        stride: usize,
+        col: usize,
+    ) {
+        let nrows = types.first().map_or(0, |t| t.len());
+        let first = usize::from(lead.is_some());
+        let u = AttnParams::tebd(tebd, types.len(), nrows, stride, col + first);
+        if let Some(lead) = lead {
+            self.go::<T>(
+                &k::TEBD_ROWS_LEAD,
+                &AttnParams {
+                    col: count(col),
+                    ..u
+                },
+                &[&lead.buf, &out.buf],
+                grid1(nrows),
+            );
+        }
+        for (list, ty) in types.iter().enumerate() {
+            self.go::<T>(
+                &k::TEBD_ROWS,
+                &u.list(list),
+                &[&params.buf, &ty.buf, &out.buf],
+                grid1(nrows * tebd.dim),
+            );
+        }
+    }
+
+    fn tebd_rows_backward(
+        &self,
+        tebd: &TebdLayout,
+        lead: bool,
+        types: &[&Idx],
+        xbar: &Buf<T>,
+        stride: usize,
+        col: usize,
+        grad: &mut Buf<T>,
+    ) {
+        let nrows = types.first().map_or(0, |t| t.len());
+        let u = AttnParams::tebd(tebd, types.len(), nrows, stride, col + usize::from(lead));
+        let entries = tebd.ntypes * tebd.dim;
+        let op = self.exclusive();
+        let bytes = (u.nparts as usize * entries * size_of::<T>()) as u64;
+        let partial = self.scratch(&op, "attn.tebd_partial", bytes);
+        for (list, ty) in types.iter().enumerate() {
+            self.go::<T>(
+                &k::TEBD_ROWS_BACKWARD_PARTS,
+                &u.list(list),
+                &[&ty.buf, &xbar.buf, &partial],
+                grid1(u.nchunks as usize * tebd.dim),
+            );
+        }
+        self.go::<T>(
+            &k::TEBD_ROWS_BACKWARD_SUM,
+            &u,
+            &[&partial, &grad.buf],
+            grid1(tebd.dim),
+        );
+    }
+
+    fn strip_forward(&self, a: &StripArgs<Buf<T>, Idx>, g0: &mut Buf<T>, g0p: &mut Buf<T>) {
+        let op = self.exclusive();
+        let (u, row, c) = self.strip_slots(&op, a);
+        self.go::<T>(
+            &k::STRIP_FORWARD,
+            &u,
+            &[
+                &row, &c, &a.gs.buf, &a.gsp.buf, &a.tau.buf, &g0.buf, &g0p.buf,
+            ],
+            grid1(a.gs.len),
+        );
+    }
+
+    fn strip_dual(
+        &self,
+        a: &StripArgs<Buf<T>, Idx>,
+        sdot: &Buf<T>,
+        (g0bar, g0dotbar): (&Buf<T>, &Buf<T>),
+        (gsbar, gsdotbar): (&mut Buf<T>, &mut Buf<T>),
+        taubar: &mut Buf<T>,
+    ) {
+        let op = self.exclusive();
+        let (u, row, c) = self.strip_slots(&op, a);
+        self.go::<T>(
+            &k::STRIP_DUAL,
+            &u,
+            &[
+                &row,
+                &c,
+                &a.tau.buf,
+                &sdot.buf,
+                &g0bar.buf,
+                &g0dotbar.buf,
+                &gsbar.buf,
+                &gsdotbar.buf,
+            ],
+            grid1(a.gs.len),
+        );
+        let entries = (u.table_rows * u.width) as usize;
+        let bytes = (u.nparts as usize * entries * size_of::<T>()) as u64;
+        let partial = self.scratch(&op, "attn.strip_partial", bytes);
+        self.go::<T>(
+            &k::STRIP_DUAL_PARTS,
+            &u,
+            &[
+                &row,
+                &c,
+                &a.gs.buf,
+                &a.gsp.buf,
+                &sdot.buf,
+                &g0bar.buf,
+                &g0dotbar.buf,
+                &partial,
+            ],
+            grid1((u.nchunks * u.width) as usize),
+        );
+        self.go::<T>(
+            &k::STRIP_DUAL_SUM,
+            &u,
+            &[&partial, &taubar.buf],
+            grid1(entries),
+        );
+    }
+}
 
 impl<T: GpuReal> TrainOps<T> for Generic<'_, Wgpu> {
     fn clip_grad_norm(&self, grad: &mut Buf<T>, max: f64, norm: &mut Buf<T>, at: usize) {

@@ -1,7 +1,7 @@
 //! WGSL sources and the kernel table. Every op shader is written once against `real`; the
 //! precision prelude (`shaders/real_f32.wgsl` or `real_f64.wgsl`) is prepended at pipeline
 //! creation, then the layouts shared with the host (`gpu_layout::wgsl_declarations`), then
-//! `shaders/common.wgsl`.
+//! `shaders/common.wgsl`; the helpers a shader calls (`shape.wgsl`, `switch.wgsl`) follow it.
 
 /// The precision a pipeline is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -27,6 +27,7 @@ pub enum Shader {
     Contract,
     Radial,
     Angle,
+    Attn,
     Scatter,
     Loss,
     Adam,
@@ -34,12 +35,13 @@ pub enum Shader {
 }
 
 impl Shader {
-    pub const ALL: [Shader; 9] = [
+    pub const ALL: [Shader; 10] = [
         Shader::EnvMat,
         Shader::Dense,
         Shader::Contract,
         Shader::Radial,
         Shader::Angle,
+        Shader::Attn,
         Shader::Scatter,
         Shader::Loss,
         Shader::Adam,
@@ -53,6 +55,7 @@ impl Shader {
             Shader::Contract => "contract.wgsl",
             Shader::Radial => "radial.wgsl",
             Shader::Angle => "angle.wgsl",
+            Shader::Attn => "attn.wgsl",
             Shader::Scatter => "scatter.wgsl",
             Shader::Loss => "loss.wgsl",
             Shader::Adam => "adam.wgsl",
@@ -68,6 +71,11 @@ impl Shader {
         )
     }
 
+    /// Whether the shader calls the environment's switch, and so gets `shaders/switch.wgsl`.
+    fn calls_switch(self) -> bool {
+        matches!(self, Shader::EnvMat | Shader::Attn)
+    }
+
     fn body(self) -> &'static str {
         match self {
             Shader::EnvMat => include_str!("../../../shaders/env_mat.wgsl"),
@@ -75,6 +83,7 @@ impl Shader {
             Shader::Contract => include_str!("../../../shaders/contract.wgsl"),
             Shader::Radial => include_str!("../../../shaders/radial.wgsl"),
             Shader::Angle => include_str!("../../../shaders/angle.wgsl"),
+            Shader::Attn => include_str!("../../../shaders/attn.wgsl"),
             Shader::Scatter => include_str!("../../../shaders/scatter.wgsl"),
             Shader::Loss => include_str!("../../../shaders/loss.wgsl"),
             Shader::Adam => include_str!("../../../shaders/adam.wgsl"),
@@ -95,8 +104,13 @@ pub fn source(shader: Shader, prec: Precision) -> String {
     } else {
         ""
     };
+    let switch = if shader.calls_switch() {
+        include_str!("../../../shaders/switch.wgsl")
+    } else {
+        ""
+    };
     format!(
-        "{prelude}\n{}\n{common}\n{}\n{shape}",
+        "{prelude}\n{}\n{common}\n{}\n{shape}\n{switch}",
         crate::backend::gpu_layout::wgsl_declarations(),
         shader.body()
     )
@@ -309,6 +323,82 @@ kernel!(
     ]
 );
 
+// attn: env 1, rij 2, owner 3, dstd 4, sw_out 5, dsw_out 6, params 7, types 8, lead 9, out 10,
+// xbar 11, partial 12, grad 13, nei_type 14, centre_type 15, sw_in 16, dsw_in 17, slot_row 18,
+// slot_c 19, gs 20, gsp 21, tau 22, g_out 23, gdot_out 24, sdot 25, g0bar 26, g0dotbar 27,
+// taubar 28
+kernel!(
+    ATTN_SWITCH,
+    Attn,
+    "attn_switch",
+    [(1, R), (2, R), (3, R), (4, R), (5, W), (6, W)]
+);
+kernel!(TEBD_ROWS, Attn, "tebd_rows", [(7, R), (8, R), (10, W)]);
+kernel!(TEBD_ROWS_LEAD, Attn, "tebd_rows_lead", [(9, R), (10, W)]);
+kernel!(
+    TEBD_ROWS_BACKWARD_PARTS,
+    Attn,
+    "tebd_rows_backward_parts",
+    [(8, R), (11, R), (12, W)]
+);
+kernel!(
+    TEBD_ROWS_BACKWARD_SUM,
+    Attn,
+    "tebd_rows_backward_sum",
+    [(12, W), (13, W)]
+);
+kernel!(
+    STRIP_SLOTS,
+    Attn,
+    "strip_slots",
+    [(14, R), (15, R), (16, R), (17, R), (18, W), (19, W)]
+);
+kernel!(
+    STRIP_FORWARD,
+    Attn,
+    "strip_forward",
+    [
+        (18, W),
+        (19, W),
+        (20, R),
+        (21, R),
+        (22, R),
+        (23, W),
+        (24, W)
+    ]
+);
+kernel!(
+    STRIP_DUAL,
+    Attn,
+    "strip_dual",
+    [
+        (18, W),
+        (19, W),
+        (22, R),
+        (25, R),
+        (26, R),
+        (27, R),
+        (23, W),
+        (24, W)
+    ]
+);
+kernel!(
+    STRIP_DUAL_PARTS,
+    Attn,
+    "strip_dual_parts",
+    [
+        (18, W),
+        (19, W),
+        (20, R),
+        (21, R),
+        (25, R),
+        (26, R),
+        (27, R),
+        (12, W)
+    ]
+);
+kernel!(STRIP_DUAL_SUM, Attn, "strip_dual_sum", [(12, W), (28, W)]);
+
 // scatter: dims 1, e_fit 2, bias 3, e_atom 4, energy 5, csr_ptr 6, csr_ent 7, q 8, force 9,
 // rij 10, owner 11, wpart 12, virial 13
 kernel!(
@@ -407,6 +497,16 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &ANGLE_BACKWARD_PAIRS,
     &ANGLE_BACKWARD_SLOTS,
     &ANGLE_DUAL,
+    &ATTN_SWITCH,
+    &TEBD_ROWS,
+    &TEBD_ROWS_LEAD,
+    &TEBD_ROWS_BACKWARD_PARTS,
+    &TEBD_ROWS_BACKWARD_SUM,
+    &STRIP_SLOTS,
+    &STRIP_FORWARD,
+    &STRIP_DUAL,
+    &STRIP_DUAL_PARTS,
+    &STRIP_DUAL_SUM,
     &SCATTER_ATOM_ENERGY,
     &SCATTER_FRAME_ENERGY,
     &SCATTER_GATHER_FORCE,
