@@ -1,12 +1,12 @@
 //! The arguments of DPA-1's ops (docs/design.md §11), shared by every backend, and their host
 //! bodies: the op table's default for each (`ops.rs`), so a backend runs DPA-1 through them
 //! (downloading its inputs, computing on the host, writing the outputs back) until it has
-//! kernels of its own. The CPU backend runs the attention block's bodies on its buffers in place
-//! ([`AttnArgs::in_place`]); its type-embedding and strip ops take the defaults, whose transfers
-//! are copies there.
-//! The wgpu and cuda backends have kernels of their own for the element-wise ops (attn_switch,
-//! tebd_rows, tebd_rows_backward, strip_forward, strip_dual: `shaders/attn.wgsl`,
-//! `kernels/attn.cu`) and run the attention block (`attn_*`) through these bodies.
+//! kernels of its own. The CPU backend runs the attention block's and the strip's bodies on its
+//! buffers in place ([`AttnArgs::in_place`], [`StripArgs::in_place`]); its type-embedding ops
+//! take the defaults, whose transfers are copies there. The wgpu and cuda backends have kernels
+//! of their own for the element-wise ops (attn_switch, tebd_rows, tebd_rows_backward,
+//! strip_forward, strip_dual: `shaders/attn.wgsl`, `kernels/attn.cu`) and run the attention
+//! block (`attn_*`) through these bodies.
 
 use std::borrow::Cow;
 
