@@ -9,7 +9,6 @@ use std::process::{Command, Output};
 
 use dpw::config::Config;
 use dpw::data::{find_systems, search_systems, Disk};
-use dpw::geometry::EnvParams;
 use dpw::geometry::{build_nlist, energy_bias, env_row, Cell, EnvStats};
 use dpw::train::dataset::{load_data, DataSet};
 use dpw::train::stats::{
@@ -155,11 +154,7 @@ fn parallel_statistics_equal_the_sequential_sums() {
     // The sums as they were first written: every slot of every atom's full neighbour list, a
     // padded one included, added one at a time in system, frame, atom and slot order.
     let mut env = EnvStats::new(2);
-    let params = EnvParams {
-        rcut: d.rcut,
-        rcut_smth: d.rcut_smth,
-        protection: d.env_protection,
-    };
+    let params = d.env();
     let (mut counts, mut energy) = (Vec::new(), Vec::new());
     for (s, fr) in frames.iter().enumerate() {
         let sys = data.system(s).unwrap();

@@ -2,7 +2,7 @@
 //! bodies: the op table's default for each (`ops.rs`), so a backend runs DPA-1 through them
 //! (downloading its inputs, computing on the host, writing the outputs back) until it has
 //! kernels of its own. The CPU backend runs the attention block's and the strip's bodies on its
-//! buffers in place ([`AttnArgs::in_place`], [`StripArgs::in_place`]); its type-embedding ops
+//! buffers in place ([`AttnArgs::in_place`]; the strip's take any slices); its type-embedding ops
 //! take the defaults, whose transfers are copies there. The wgpu and cuda backends have kernels
 //! of their own for the element-wise ops (attn_switch, tebd_rows, tebd_rows_backward,
 //! strip_forward, strip_dual: `shaders/attn.wgsl`, `kernels/attn.cu`) and run the attention
@@ -387,7 +387,7 @@ pub fn tebd_rows_backward<T: Real, B: Device<T> + ?Sized>(
 /// What strip's ops read (se_atten_v2; docs/design.md §11.1 step 4): per slot G_s and
 /// G_s' = ∂G_s/∂ŝ `[nslots][M1]`, the type net's table τ `[pairs][M1]` (row t_i·ntypes + t_j,
 /// or t_j with type_one_side), the slots' neighbour and centre types, σ and dσ/dŝ.
-pub struct StripArgs<'a, B, I> {
+pub struct StripArgs<'a, B: ?Sized, I: ?Sized> {
     pub ntypes: usize,
     pub m1: usize,
     pub one_side: bool,
@@ -403,11 +403,11 @@ pub struct StripArgs<'a, B, I> {
 }
 
 impl<B, I> StripArgs<'_, B, I> {
-    /// Runs `f` on the host view of the arguments, downloaded.
+    /// Runs `f` on the arguments downloaded.
     fn with<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized, R>(
         &self,
         b: &K,
-        f: impl FnOnce(&strip::StripIn<'_, T>) -> R,
+        f: impl FnOnce(&StripArgs<'_, Vec<T>, Vec<i32>>) -> R,
     ) -> R {
         let (gs, gsp, tau) = (
             b.download(self.gs),
@@ -419,48 +419,19 @@ impl<B, I> StripArgs<'_, B, I> {
             b.download_idx(self.centre_type),
         );
         let (sw, dsw) = (b.download(self.sw), b.download(self.dsw));
-        f(&self.view(&gs, &gsp, &tau, &tj, &ti, &sw, &dsw))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn view<'h, T>(
-        &self,
-        gs: &'h [T],
-        gsp: &'h [T],
-        tau: &'h [T],
-        nei_type: &'h [i32],
-        centre_type: &'h [i32],
-        sw: &'h [T],
-        dsw: &'h [T],
-    ) -> strip::StripIn<'h, T> {
-        strip::StripIn {
+        f(&StripArgs {
             ntypes: self.ntypes,
             m1: self.m1,
             one_side: self.one_side,
             smooth: self.smooth,
-            gs,
-            gsp,
-            tau,
-            nei_type,
-            centre_type,
-            sw,
-            dsw,
-        }
-    }
-}
-
-impl<'a, T> StripArgs<'a, Vec<T>, Vec<i32>> {
-    /// The arguments where they are: the cpu backend's, which need no copy.
-    pub fn in_place(&self) -> strip::StripIn<'a, T> {
-        self.view(
-            self.gs,
-            self.gsp,
-            self.tau,
-            self.nei_type,
-            self.centre_type,
-            self.sw,
-            self.dsw,
-        )
+            gs: &gs,
+            gsp: &gsp,
+            tau: &tau,
+            nei_type: &tj,
+            centre_type: &ti,
+            sw: &sw,
+            dsw: &dsw,
+        })
     }
 }
 

@@ -2,7 +2,6 @@
 //! (docs/deepmd-spec.md §4); the per-type energy bias is in `bias.rs`.
 
 use super::env_row::env_value;
-use super::EnvParams;
 use super::{visit_nlist, visit_nlist_mixed, Cell};
 use crate::model::DescriptorSpec;
 
@@ -93,11 +92,7 @@ pub fn frame_rows(
     cell: Option<&Cell>,
     atype: &[usize],
 ) -> FrameRows {
-    let env = EnvParams {
-        rcut: d.rcut,
-        rcut_smth: d.rcut_smth,
-        protection: d.env_protection,
-    };
+    let env = d.env();
     let nnei: usize = d.sel.iter().sum();
     let ntypes = atype.iter().max().map_or(0, |&t| t + 1);
     let mut out = FrameRows {

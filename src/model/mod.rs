@@ -19,6 +19,8 @@ pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};
 
+use crate::geometry::EnvParams;
+
 /// Which descriptor a [`DescriptorSpec`] describes: DeePMD-kit's `type`, in its canonical name.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DescriptorType {
@@ -188,6 +190,15 @@ impl DescriptorSpec {
             set_davg_zero: false,
             list,
             attention: None,
+        }
+    }
+
+    /// The environment matrix's switch and protection.
+    pub fn env(&self) -> EnvParams {
+        EnvParams {
+            rcut: self.rcut,
+            rcut_smth: self.rcut_smth,
+            protection: self.env_protection,
         }
     }
 

@@ -104,11 +104,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                     state: DescState {
                         kind: p.kind,
                         layout: layout.part(k),
-                        env: EnvParams {
-                            rcut: p.rcut,
-                            rcut_smth: p.rcut_smth,
-                            protection: p.env_protection,
-                        },
+                        env: p.env(),
                         type_one_side: p.type_one_side,
                         attention: None,
                         davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
@@ -126,11 +122,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             parts,
             desc: DescState {
                 kind: d.kind,
-                env: EnvParams {
-                    rcut: d.rcut,
-                    rcut_smth: d.rcut_smth,
-                    protection: d.env_protection,
-                },
+                env: d.env(),
                 type_one_side: d.type_one_side,
                 attention: d.attention.clone(),
                 davg: b.upload(&to_t(&model.davg)),

@@ -4,7 +4,6 @@
 
 use dpw::backend::cpu::Cpu;
 use dpw::backend::{AdamStep, Backend, DenseIo, Prefactors, Real, StripArgs};
-use dpw::geometry::EnvParams;
 use dpw::model::{Model, Skip, TebdLayout};
 use dpw::train::batch::{assemble, Frame, HostBatch};
 use dpw::train::predict::{loss_and_grad_batch, predict_batch};
@@ -98,11 +97,7 @@ fn op_outputs<T: Real, B: Backend<T>>(
     let mut take = |name: String, buf: &B::Buf| out.push((name, f64s(b.download(buf))));
 
     let desc = &m.spec.descriptor;
-    let env = EnvParams {
-        rcut: desc.rcut,
-        rcut_smth: desc.rcut_smth,
-        protection: desc.env_protection,
-    };
+    let env = desc.env();
     let rij = up(&batch.rij);
     let owner = b.upload_idx(&batch.owner);
     let centre_atom = b.upload_idx(&batch.centre_atom);
@@ -360,11 +355,7 @@ fn attn_outputs<T: Real, B: Backend<T>>(
     let mut take = |name: String, buf: &B::Buf| out.push((name, f64s(b.download(buf))));
 
     let desc = &m.spec.descriptor;
-    let env = EnvParams {
-        rcut: desc.rcut,
-        rcut_smth: desc.rcut_smth,
-        protection: desc.env_protection,
-    };
+    let env = desc.env();
     let (rij, owner, dstd) = (up(&batch.rij), b.upload_idx(&batch.owner), up(&m.dstd));
     let (mut sw, mut dsw) = (b.zeros(ns), b.zeros(ns));
     b.attn_switch(d, env, &rij, &owner, &dstd, &mut sw, &mut dsw);

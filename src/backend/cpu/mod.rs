@@ -363,7 +363,7 @@ impl<T: Real> AngleOps<T> for Generic<'_, Cpu> {
 /// strip's (`cpu/strip.rs`) likewise; the type embedding's are the defaults.
 impl<T: Real> AttnOps<T> for Generic<'_, Cpu> {
     fn strip_forward(&self, a: &StripArgs<Vec<T>, Vec<i32>>, g0: &mut Vec<T>, g0p: &mut Vec<T>) {
-        strip::forward(&a.in_place(), g0, g0p);
+        strip::forward(a, g0, g0p);
     }
 
     fn strip_dual(
@@ -374,13 +374,7 @@ impl<T: Real> AttnOps<T> for Generic<'_, Cpu> {
         (gsbar, gsdotbar): (&mut Vec<T>, &mut Vec<T>),
         taubar: &mut Vec<T>,
     ) {
-        strip::dual(
-            &a.in_place(),
-            sdot,
-            (g0bar, g0dotbar),
-            (gsbar, gsdotbar),
-            taubar,
-        );
+        strip::dual(a, sdot, (g0bar, g0dotbar), (gsbar, gsdotbar), taubar);
     }
 
     fn attn_forward(
