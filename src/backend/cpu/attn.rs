@@ -140,49 +140,106 @@ struct Work<N, R> {
 }
 
 impl<R: Real, N: Num<R>> Work<N, R> {
+    /// Buffers for up to `n` slots, sized for `n`.
     fn new(o: &AttnOpts, n: usize, nlayers: usize) -> Self {
-        let z = N::zero();
-        let per = |w: usize| vec![vec![z; n * w]; nlayers];
-        let (m, h) = (o.m1, o.h);
-        Work {
-            g: vec![vec![z; n * m]; nlayers + 1],
-            qkv: per(3 * h),
-            nrm: per(3),
-            logit: per(n),
-            p: per(n),
-            w: per(n),
-            o: per(h),
-            xhat: per(m),
-            sinv: per(1),
-            rdir: vec![z; 3 * n],
-            dotr: vec![z; if o.dotr { n * n } else { 0 }],
+        let (m, z) = (o.m1, N::zero());
+        let mut t = Work {
+            g: vec![Vec::new(); nlayers + 1],
+            qkv: vec![Vec::new(); nlayers],
+            nrm: vec![Vec::new(); nlayers],
+            logit: vec![Vec::new(); nlayers],
+            p: vec![Vec::new(); nlayers],
+            w: vec![Vec::new(); nlayers],
+            o: vec![Vec::new(); nlayers],
+            xhat: vec![Vec::new(); nlayers],
+            sinv: vec![Vec::new(); nlayers],
+            rdir: Vec::new(),
+            dotr: Vec::new(),
             a: vec![z; 4 * m],
             desc: vec![z; m * o.m2],
             dbar: vec![z; m * o.m2],
-            gbar: vec![z; n * m],
-            rbar: vec![z; 4 * n],
-            swbar: vec![z; n],
-            vt: vec![z; h * n],
-            nn: vec![z; n * n],
-            cbar: vec![z; if o.dotr { n * n } else { 0 }],
-            ebar: vec![z; if o.smooth { n * n } else { 0 }],
-            z: vec![z; n * m],
-            obar: vec![z; n * h],
-            qkvbar: vec![z; n * 3 * h],
-            rdbar: vec![z; 3 * n],
+            gbar: Vec::new(),
+            rbar: Vec::new(),
+            swbar: Vec::new(),
+            vt: Vec::new(),
+            nn: Vec::new(),
+            cbar: Vec::new(),
+            ebar: Vec::new(),
+            z: Vec::new(),
+            obar: Vec::new(),
+            qkvbar: Vec::new(),
+            rdbar: Vec::new(),
             abar: vec![z; 4 * m],
             gemm: Vec::new(),
+        };
+        t.fit(o, n);
+        t
+    }
+
+    /// Sizes the per-slot buffers for a centre of n slots: within the capacity of the largest
+    /// size so far, so centre after centre allocates nothing.
+    fn fit(&mut self, o: &AttnOpts, n: usize) {
+        let z = N::zero();
+        let (m, h) = (o.m1, o.h);
+        let nn = |on: bool| if on { n * n } else { 0 };
+        self.g.iter_mut().for_each(|v| v.resize(n * m, z));
+        let per = [
+            (&mut self.qkv, 3 * h),
+            (&mut self.nrm, 3),
+            (&mut self.logit, n),
+            (&mut self.p, n),
+            (&mut self.w, n),
+            (&mut self.o, h),
+            (&mut self.xhat, m),
+            (&mut self.sinv, 1),
+        ];
+        for (layers, w) in per {
+            layers.iter_mut().for_each(|v| v.resize(n * w, z));
+        }
+        let one = [
+            (&mut self.rdir, 3 * n),
+            (&mut self.dotr, nn(o.dotr)),
+            (&mut self.gbar, n * m),
+            (&mut self.rbar, 4 * n),
+            (&mut self.swbar, n),
+            (&mut self.vt, h * n),
+            (&mut self.nn, n * n),
+            (&mut self.cbar, nn(o.dotr)),
+            (&mut self.ebar, nn(o.smooth)),
+            (&mut self.z, n * m),
+            (&mut self.obar, n * h),
+            (&mut self.qkvbar, n * 3 * h),
+            (&mut self.rdbar, 3 * n),
+        ];
+        for (v, len) in one {
+            v.resize(len, z);
         }
     }
 }
 
-/// One centre's inputs: its n slots' G⁰ `[n][M1]`, R̂ `[n][4]`, switch σ `[n]` and whether each
-/// slot holds a neighbour.
+/// One centre's inputs: G⁰ `[n][M1]`, R̂ `[n][4]`, switch σ `[n]` and whether each slot holds
+/// a neighbour, for its first n slots: up to the last neighbour and one slot of the padding
+/// after it, which stands for all of that padding.
+///
+/// The padding after the last neighbour is nnei − n + 1 copies of one slot (the same G⁰, R̂
+/// and σ = 0), and the block treats each the same: σ = 0 makes its weights σ_j σ_k P_jk zero
+/// both ways, so no other row reads its q̂k̂v̂ and it reads none, and smooth attention's logits
+/// of it are the constant −shift. Each copy's row only passes through the layer norms and the
+/// out projection's bias into A (R̂'s first entry, −davg/dstd, is not 0), and back. So one copy
+/// is computed, and where the dense block sums over rows or columns — A, the softmax's sums,
+/// the layer norms' and the biases' gradients — it is added once per copy, in the same order;
+/// every other sum only lost terms that were exactly zero. The results are the dense block's
+/// to the bit. DeePMD-kit's sel is set above the most neighbours any atom has (the alloy
+/// example: 44 on average in 100 slots), and the block's cost goes with n² and n.
 struct Centre<N> {
     g0: Vec<N>,
     rhat: Vec<N>,
     sw: Vec<N>,
     real: Vec<bool>,
+    /// The copies of the last slot left out (nnei − n).
+    extra: usize,
+    /// 1/nnei: A's mean is over all slots.
+    inv_nnei: f64,
 }
 
 impl<N> Centre<N> {
@@ -192,15 +249,52 @@ impl<N> Centre<N> {
             rhat: Vec::new(),
             sw: Vec::new(),
             real: Vec::new(),
+            extra: 0,
+            inv_nnei: 0.0,
         }
     }
 
-    /// Takes slots `s` of the batch: G⁰ + ε G⁰'ṡ, R̂ + ε Ṙ, σ + ε σ'ṡ for the tangent Ṙ of R̂
+    /// The slots taken (n).
+    fn len(&self) -> usize {
+        self.sw.len()
+    }
+
+    /// How many of the nnei slots slot j stands for.
+    fn copies(&self, j: usize) -> usize {
+        if j + 1 == self.len() {
+            1 + self.extra
+        } else {
+            1
+        }
+    }
+
+    /// Takes the centre's slots `s` of the batch (returns how many: up to one past the last
+    /// neighbour where the padding after it is copies of one slot, else all) and sizes the
+    /// thread's buffers `t` for them: G⁰ + ε G⁰'ṡ, R̂ + ε Ṙ, σ + ε σ'ṡ for the tangent Ṙ of R̂
     /// (`rdot`, `[nslots][4]`) where the pass has one.
-    fn load<T: Real>(&mut self, x: &AttnIn<'_, T>, s: Range<usize>, rdot: Option<&[T]>)
+    fn load<T: Real>(
+        &mut self,
+        x: &AttnIn<'_, T>,
+        t: &mut Work<N, T>,
+        s: Range<usize>,
+        rdot: Option<&[T]>,
+    ) -> usize
     where
         N: Num<T>,
     {
+        let nnei = s.len();
+        let first_pad = x.owner[s.clone()]
+            .iter()
+            .rposition(|&o| o >= 0)
+            .map_or(0, |j| j + 1);
+        let n = if first_pad < nnei && x.copies(s.start + first_pad, s.end, rdot) {
+            first_pad + 1
+        } else {
+            nnei
+        };
+        let s = s.start..s.start + n;
+        self.extra = nnei - n;
+        self.inv_nnei = 1.0 / nnei as f64;
         let m = x.opts.m1;
         let tan = |i: usize| rdot.map_or(T::zero(), |r| r[i]);
         self.g0.clear();
@@ -215,6 +309,8 @@ impl<N> Centre<N> {
             .extend(s.clone().map(|j| N::pair(x.sw[j], x.dsw[j] * tan(4 * j))));
         self.real.clear();
         self.real.extend(x.owner[s].iter().map(|&o| o >= 0));
+        t.fit(&x.opts, n);
+        n
     }
 }
 
@@ -245,12 +341,15 @@ fn linear<R: Real, N: Num<R>>(
 }
 
 /// Adjoint of [`linear`] from Wᵀ `[c][k]`: x̄ = ȳ Wᵀ (added to x̄ with `acc`); W̄ += xᵀȳ and
-/// b̄ += Σ ȳ when asked.
+/// b̄ += Σ ȳ when asked, the last row of ȳ counted `last` times (the copies it stands for;
+/// their terms of W̄ are 0, see Centre).
+#[allow(clippy::too_many_arguments)]
 fn linear_backward<R: Real, N: Num<R>>(
     x: &[N],
     wt: &[R],
     k: usize,
     ybar: &[N],
+    last: usize,
     (xbar, acc): (&mut [N], bool),
     wb: Option<(&mut [N], &mut [N])>,
     work: &mut Vec<R>,
@@ -285,9 +384,11 @@ fn linear_backward<R: Real, N: Num<R>>(
             acc: true,
         };
         N::gemm(p, Mat { v: x, rs: 1, cs: k }, ybar, wbar, work);
-        for yi in ybar.chunks(c) {
-            for (bv, &y) in bbar.iter_mut().zip(yi) {
-                *bv += y;
+        for (i, yi) in ybar.chunks(c).enumerate() {
+            for _ in 0..if i + 1 == n { last } else { 1 } {
+                for (bv, &y) in bbar.iter_mut().zip(yi) {
+                    *bv += y;
+                }
             }
         }
     }
@@ -355,7 +456,7 @@ impl AttnOpts {
     /// logits, which keep L = α q̂_j·k̂_k: the softmax P and the weights A, zero where a row or
     /// a slot takes no part.
     fn softmax<R: Real, N: Num<R>>(&self, x: &Centre<N>, t: &mut Work<N, R>, l: usize) {
-        let n = x.sw.len();
+        let n = x.len();
         let alpha = R::of(self.alpha);
         let shift = N::of(R::of(SHIFT));
         let rows = t.logit[l]
@@ -397,6 +498,12 @@ impl AttnOpts {
                 }
                 sum += *pv;
             }
+            // The copies of the last slot left out (see Centre).
+            if self.smooth {
+                for _ in 0..x.extra {
+                    sum += pr[n - 1];
+                }
+            }
             let inv = N::of(R::one()) / sum;
             let cj = &t.dotr[if self.dotr { j * n..(j + 1) * n } else { 0..0 }];
             for (k, (pv, wv)) in pr.iter_mut().zip(wr.iter_mut()).enumerate() {
@@ -413,7 +520,7 @@ impl AttnOpts {
     /// the factor σ_j σ_k) is kept in an n × n matrix, and the sums over the row and the column
     /// are then products with r̂ and σ, so that the loops over elements scatter nothing.
     fn softmax_backward<R: Real, N: Num<R>>(&self, x: &Centre<N>, t: &mut Work<N, R>, l: usize) {
-        let n = x.sw.len();
+        let n = x.len();
         let alpha = R::of(self.alpha);
         let shift = N::of(R::of(SHIFT));
         let Work {
@@ -513,7 +620,7 @@ impl AttnOpts {
         x: &Centre<N>,
         t: &mut Work<N, R>,
     ) {
-        let (m, h, n) = (self.m1, self.h, x.sw.len());
+        let (m, h, n) = (self.m1, self.h, x.len());
         for (j, rd) in t.rdir.chunks_mut(3).enumerate() {
             rd.copy_from_slice(&x.rhat[4 * j + 1..4 * j + 4]);
             normalize(rd);
@@ -602,11 +709,11 @@ impl AttnOpts {
                 }
             }
         }
-        // A[k][c] = (1/n) Σ_j G[j][c] R̂[j][k]; D[c][b] = Σ_k A[k][c] A[k][b], b < M2.
+        // A[k][c] = (1/nnei) Σ_j G[j][c] R̂[j][k]; D[c][b] = Σ_k A[k][c] A[k][b], b < M2.
         let g = &t.g[layers.len()];
-        let inv_n = R::of(1.0 / n as f64);
+        let inv_n = R::of(x.inv_nnei);
         t.a.fill(N::zero());
-        for j in 0..n {
+        for j in (0..n).flat_map(|j| std::iter::repeat_n(j, x.copies(j))) {
             for k in 0..4 {
                 let r = x.rhat[4 * j + k].scale(inv_n);
                 for (av, &gv) in t.a[k * m..(k + 1) * m]
@@ -636,7 +743,7 @@ impl AttnOpts {
         t: &mut Work<N, R>,
         mut grad: Option<&mut [N]>,
     ) {
-        let (m, h, n) = (self.m1, self.h, x.sw.len());
+        let (m, h, n) = (self.m1, self.h, x.len());
         let m2 = self.m2;
         // Ā[k][c] = Σ_b D̄[c][b] A[k][b] + [c < M2] Σ_c' D̄[c'][c] A[k][c'].
         for k in 0..4 {
@@ -652,7 +759,7 @@ impl AttnOpts {
                 t.abar[k * m + c] = s;
             }
         }
-        let inv_n = R::of(1.0 / n as f64);
+        let inv_n = R::of(x.inv_nnei);
         let gl = &t.g[layers.len()];
         t.gbar.fill(N::zero());
         t.swbar.fill(N::zero());
@@ -678,9 +785,11 @@ impl AttnOpts {
             for (i, (gb, zb)) in t.gbar.chunks_mut(m).zip(t.z.chunks_mut(m)).enumerate() {
                 let xh = &t.xhat[l][i * m..(i + 1) * m];
                 if let Some(lg) = lg.as_mut() {
-                    for c in 0..m {
-                        lg.gamma[c] += gb[c] * xh[c];
-                        lg.beta[c] += gb[c];
+                    for _ in 0..x.copies(i) {
+                        for c in 0..m {
+                            lg.gamma[c] += gb[c] * xh[c];
+                            lg.beta[c] += gb[c];
+                        }
                     }
                 }
                 let mut mw = N::zero();
@@ -704,6 +813,7 @@ impl AttnOpts {
                 &wt[l].w_out,
                 h,
                 &t.z,
+                x.copies(n - 1),
                 (&mut t.obar, false),
                 lg.as_mut().map(|lg| (&mut *lg.w_out, &mut *lg.b_out)),
                 &mut t.gemm,
@@ -773,6 +883,7 @@ impl AttnOpts {
                 &wt[l].w_in,
                 m,
                 &t.qkvbar,
+                x.copies(n - 1),
                 (&mut t.gbar, true),
                 lg.as_mut().map(|lg| (&mut *lg.w_in, &mut *lg.b_in)),
                 &mut t.gemm,
@@ -811,6 +922,27 @@ pub struct AttnIn<'a, T> {
 }
 
 impl<T: Real> AttnIn<'_, T> {
+    /// Whether slots `first..end` are padding and copies of slot `first` in everything the
+    /// block reads (the tangent `rdot` included).
+    fn copies(&self, first: usize, end: usize, rdot: Option<&[T]>) -> bool {
+        let m = self.opts.m1;
+        let rows: [(&[T], usize); 4] = [
+            (self.g0, m),
+            (self.g0p, m),
+            (self.rhat, 4),
+            (rdot.unwrap_or(&[]), 4),
+        ];
+        let same = |v: &[T], w: usize, j: usize| {
+            v.is_empty() || v[j * w..(j + 1) * w] == v[first * w..(first + 1) * w]
+        };
+        (first + 1..end).all(|j| {
+            self.owner[j] < 0
+                && self.sw[j] == self.sw[first]
+                && self.dsw[j] == self.dsw[first]
+                && rows.iter().all(|&(v, w)| same(v, w, j))
+        })
+    }
+
     /// A thread's buffers for the passes on numbers N.
     fn work<N: Num<T>>(&self, d: &Dims) -> (Centre<N>, Work<N, T>) {
         (
@@ -855,7 +987,7 @@ fn per_centre<T: Real, N: Num<T>>(
 pub fn forward<T: Real>(d: &Dims, x: &AttnIn<'_, T>, desc: &mut [T], stride: usize) {
     let o = &x.opts;
     per_centre(d, x, desc, stride, |(cx, t), _, s, dc| {
-        cx.load(x, s, None);
+        cx.load(x, t, s, None);
         o.forward(x.layers, cx, t);
         dc[..o.m1 * o.m2].copy_from_slice(&t.desc);
     });
@@ -870,7 +1002,7 @@ pub fn tangent<T: Real>(d: &Dims, x: &AttnIn<'_, T>, rdot: &[T], ddot: &mut [T],
         ddot,
         stride,
         |(cx, t): &mut (_, Work<Dual<T>, T>), _, s, dc| {
-            cx.load(x, s, Some(rdot));
+            cx.load(x, t, s, Some(rdot));
             o.forward(x.layers, cx, t);
             for (v, dv) in dc.iter_mut().zip(&t.desc) {
                 *v = dv.d;
@@ -901,15 +1033,17 @@ pub fn backward<T: Real>(
         3 * d.nnei,
         |(cx, t): &mut (_, Work<T, T>), c, s, qc| {
             debug_assert_eq!(s.start, c * d.nnei, "centre {c}'s slots");
-            cx.load(x, s.clone(), None);
+            let n = cx.load(x, t, s.clone(), None);
             o.forward(x.layers, cx, t);
             t.dbar
                 .copy_from_slice(&dbar[c * stride..c * stride + m * o.m2]);
             o.backward(x.layers, &wt, cx, t, None);
+            // The slots left out are copies of the last slot taken (see Centre).
             for (j, slot) in s.enumerate() {
+                let r = j.min(n - 1);
+                let mut rbar: [T; 4] = std::array::from_fn(|k| t.rbar[4 * r + k]);
                 let gp = &x.g0p[slot * m..(slot + 1) * m];
-                let rbar = &mut t.rbar[4 * j..4 * j + 4];
-                rbar[0] += dot(&t.gbar[j * m..(j + 1) * m], gp) + t.swbar[j] * x.dsw[slot];
+                rbar[0] += dot(&t.gbar[r * m..(r + 1) * m], gp) + t.swbar[r] * x.dsw[slot];
                 for a in 0..3 {
                     qc[3 * j + a] = (0..4).fold(T::zero(), |acc, k| {
                         acc + jac[12 * slot + 3 * k + a] * rbar[k]
@@ -958,7 +1092,7 @@ pub fn dual<T: Real>(
                 for c in gi * GRAD_GROUP..((gi + 1) * GRAD_GROUP).min(nc) {
                     let s = d.mixed_slots(c);
                     debug_assert_eq!(s.start, c * d.nnei, "centre {c}'s slots");
-                    cx.load(x, s.clone(), Some(rdot));
+                    let n = cx.load(x, t, s.clone(), Some(rdot));
                     o.forward(x.layers, cx, t);
                     // Cotangent Ḋ̄ + ε D̄: the real part of the result is the tangents' adjoint,
                     // the ε part the values' (dual.rs).
@@ -966,10 +1100,15 @@ pub fn dual<T: Real>(
                         *sd = Dual::new(ddotbar[i], dbar[i]);
                     }
                     o.backward(x.layers, &wt, cx, t, Some(&mut acc));
+                    // The slots left out are copies of the last slot taken (see Centre).
                     let at = (s.start - first) * m..(s.end - first) * m;
-                    for ((b, db), v) in gb[at.clone()].iter_mut().zip(&mut gdb[at]).zip(&t.gbar) {
-                        *b = v.d;
-                        *db = v.v;
+                    let rows = gb[at.clone()].chunks_mut(m).zip(gdb[at].chunks_mut(m));
+                    for (j, (b, db)) in rows.enumerate() {
+                        let v = &t.gbar[j.min(n - 1) * m..][..m];
+                        for ((b, db), v) in b.iter_mut().zip(db).zip(v) {
+                            *b = v.d;
+                            *db = v.v;
+                        }
                     }
                 }
                 acc
@@ -989,8 +1128,9 @@ pub fn dual<T: Real>(
 mod tests {
     use super::*;
 
-    /// A small random instance: 2 centres of 5 slots (the last two of centre 0 and the last of
-    /// centre 1 padding), M1 4, M2 2, H 3, two layers.
+    /// A small random instance: 3 centres of 6 slots, M1 4, M2 2, H 3, two layers. Padding:
+    /// centre 0's last three slots (copies of one, as the batch has them: the block leaves two
+    /// out), centre 1's second and last, all of centre 2's.
     struct Case {
         d: Dims,
         opts: AttnOpts,
@@ -1022,9 +1162,11 @@ mod tests {
     }
 
     const LAYERS: usize = 2;
+    /// The padding slots that are copies of the one before them.
+    const COPIES: [usize; 7] = [4, 5, 13, 14, 15, 16, 17];
 
     fn case(smooth: bool, normalize: bool, dotr: bool) -> Case {
-        let (nc, n, m1, m2, h) = (2, 5, 4, 2, 3);
+        let (nc, n, m1, m2, h) = (3, 6, 4, 2, 3);
         let d = Dims::new(1, &[nc], &[n], m1, m2);
         let opts = AttnOpts {
             m1,
@@ -1040,7 +1182,13 @@ mod tests {
         let mut r = Rng(7);
         let ns = nc * n;
         let owner: Vec<i32> = (0..ns)
-            .map(|s| if s == 3 || s == 4 || s == 9 { -1 } else { 0 })
+            .map(|s| {
+                if matches!(s, 3..=5 | 7 | 11 | 12..) {
+                    -1
+                } else {
+                    0
+                }
+            })
             .collect();
         let real = |s: usize| owner[s] >= 0;
         let mut params = r.vec(opts.layer_len() * LAYERS, 0.6);
@@ -1061,10 +1209,16 @@ mod tests {
             dsw[s] = 0.0;
             jac[12 * s..12 * s + 12].fill(0.0);
         }
+        let (mut g0, mut g0p) = (r.vec(ns * m1, 0.9), r.vec(ns * m1, 0.9));
+        for s in COPIES {
+            for g in [&mut g0, &mut g0p] {
+                g.copy_within((s - 1) * m1..s * m1, s * m1);
+            }
+        }
         Case {
             params,
-            g0: r.vec(ns * m1, 0.9),
-            g0p: r.vec(ns * m1, 0.9),
+            g0,
+            g0p,
             rhat,
             sw,
             dsw,
@@ -1178,6 +1332,32 @@ mod tests {
             (true, false, false),
             (false, false, true),
         ]
+    }
+
+    /// Every pass's results with the padding's copies left out, and with them in (a copy that
+    /// differs in dσ/dŝ, which the padding's zero tangent never reads), to the bit.
+    #[test]
+    fn padding_left_out_changes_no_bit() {
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let passes = |c: &Case| {
+            let l = layers(&c.opts, &c.params);
+            let ns = c.d.nslots();
+            let mut q = vec![0.0; 3 * ns];
+            backward(&c.d, &c.input(&l), &c.jac, &c.dbar, c.width(), &mut q);
+            let (mut gb, mut gdb) = (vec![0.0; ns * c.opts.m1], vec![0.0; ns * c.opts.m1]);
+            let x = c.input(&l);
+            let (rdot, w) = (c.rdot(), c.width());
+            let grad = dual(&c.d, &x, &rdot, &c.dbar, &c.ddotbar, w, &mut gb, &mut gdb);
+            [c.desc(), c.ddot(), q, gb, gdb, grad].map(|v| bits(&v))
+        };
+        for (smooth, normalize, dotr) in options() {
+            let c = case(smooth, normalize, dotr);
+            let mut dense = case(smooth, normalize, dotr);
+            for s in [5, 17] {
+                dense.dsw[s] = 0.25;
+            }
+            assert_eq!(passes(&c), passes(&dense));
+        }
     }
 
     #[test]
