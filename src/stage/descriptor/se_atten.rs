@@ -12,6 +12,7 @@ use crate::backend::{AttnArgs, AttnOpts, Backend, Dims, Real, StripArgs};
 use crate::mem::OutOfMemory;
 use crate::model::{AttnLayout, Net, TebdInputMode};
 
+use super::super::embed::Embed;
 use super::super::env::Env;
 use super::super::net::{net_dual_backward, net_forward, NetCache, NetDual, Zeros};
 use super::super::DescModel;
@@ -36,17 +37,23 @@ pub struct SeAtten<T: Real, B: Backend<T>> {
 /// How G⁰ is made.
 enum Input<Buf, Idx> {
     /// The embedding net's input [ŝ, T[t_j], T[t_i]] (no T[t_i] with type_one_side) and its
-    /// unit tangent e₀, `[nslots][nin]`.
+    /// unit tangent e₀, `[nslots][nin]`, and its layers over the slots (G⁰, G⁰' the last).
     Concat {
         nin: usize,
         x0: Buf,
         x0dot: Buf,
+        nets: NetCache<Buf>,
     },
     Strip(Strip<Buf, Idx>),
 }
 
-/// strip: the type net N_t over its table of type pairs, and the buffers of its dual.
+/// strip: the slot net G_s(ŝ) — se_e2_a's embedding stage, which on a backend with a fused
+/// embedding evaluates the padding once per centre type —, G⁰ and G⁰', the type net N_t over
+/// its table of type pairs, and the buffers of its dual.
 struct Strip<Buf, Idx> {
+    slot: Embed<Buf>,
+    g0: Buf,
+    g0p: Buf,
     /// Rows of the table: (t_i, t_j) at t_i·ntypes + t_j (t_j alone with type_one_side); the
     /// input [T[t_j], T[t_i]] and a zero tangent.
     rows: usize,
@@ -61,27 +68,32 @@ struct Strip<Buf, Idx> {
     gsdotbar: Buf,
 }
 
-/// What the attention ops read besides the model and the environment: the embedding net's
-/// layers over the slots (concat: G⁰, G⁰' the last; strip: G_s, G_s'), strip's G⁰ and G⁰', σ
-/// and dσ/dŝ per slot.
+/// What the attention ops read besides the model, the environment and G⁰: σ and dσ/dŝ per
+/// slot.
 struct Block<Buf> {
     opts: AttnOpts,
-    nets: NetCache<Buf>,
-    strip_g0: Option<(Buf, Buf)>,
     sw: Buf,
     dsw: Buf,
+}
+
+impl<Buf, Idx> Input<Buf, Idx> {
+    /// G⁰ and G⁰' per slot.
+    fn g0(&self) -> (&Buf, &Buf) {
+        match self {
+            Input::Concat { nets, .. } => nets.out(),
+            Input::Strip(st) => (&st.g0, &st.g0p),
+        }
+    }
 }
 
 impl<Buf> Block<Buf> {
     fn args<'a, T: Real, B: Backend<T, Buf = Buf>>(
         &'a self,
+        input: &'a Input<Buf, B::Idx>,
         m: &'a DescModel<'_, T, B>,
         env: &'a Env<T, B>,
     ) -> AttnArgs<'a, Buf, B::Idx> {
-        let (g0, g0p) = match &self.strip_g0 {
-            Some((g, gp)) => (g, gp),
-            None => self.nets.out(),
-        };
+        let (g0, g0p) = input.g0();
         AttnArgs {
             layout: attn_layout(m),
             opts: self.opts,
@@ -157,6 +169,9 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
                 types.push(b.upload_idx(&ti));
             }
             Input::Strip(Strip {
+                slot: Embed::new(b, m.layout, d, zeros)?,
+                g0: alloc(ns * m1)?,
+                g0p: alloc(ns * m1)?,
                 rows,
                 types,
                 xt: alloc(rows * tnin)?,
@@ -177,18 +192,12 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
                 nin,
                 x0: alloc(ns * nin)?,
                 x0dot: b.upload(&unit),
+                nets: NetCache::new(zeros, net, ns)?,
             }
         };
-        let strip = matches!(input, Input::Strip(_));
         Ok(SeAtten {
             block: Block {
                 opts: AttnOpts::new(cfg, m1, m2),
-                nets: NetCache::new(zeros, net, ns)?,
-                strip_g0: if strip {
-                    Some((alloc(ns * m1)?, alloc(ns * m1)?))
-                } else {
-                    None
-                },
                 sw: alloc(ns)?,
                 dsw: alloc(ns)?,
             },
@@ -213,13 +222,20 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
     }
 
     pub fn buffers(&self) -> Vec<&B::Buf> {
-        let mut v: Vec<&B::Buf> = self.block.nets.all().collect();
-        v.extend(self.block.strip_g0.iter().flat_map(|(g, gp)| [g, gp]));
+        let mut v: Vec<&B::Buf> = Vec::new();
         match &self.input {
-            Input::Concat { x0, x0dot, .. } => v.extend([x0, x0dot]),
+            Input::Concat {
+                x0, x0dot, nets, ..
+            } => {
+                v.extend(nets.all());
+                v.extend([x0, x0dot]);
+            }
             Input::Strip(s) => {
+                v.extend(s.slot.buffers());
                 v.extend(s.nets.all());
                 v.extend([
+                    &s.g0,
+                    &s.g0p,
                     &s.xt,
                     &s.xt_zero,
                     &s.taubar,
@@ -242,12 +258,12 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
 
     fn strip_args<'a>(
         blk: &'a Block<B::Buf>,
+        (gs, gsp): (&'a B::Buf, &'a B::Buf),
         tau: &'a B::Buf,
         m: &DescModel<'_, T, B>,
         env: &'a Env<T, B>,
         slot_centre_type: &'a B::Idx,
     ) -> StripArgs<'a, B::Buf, B::Idx> {
-        let (gs, gsp) = blk.nets.out();
         StripArgs {
             ntypes: attn_layout(m).tebd.ntypes,
             m1: blk.opts.m1,
@@ -276,13 +292,17 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
             &mut blk.sw,
             &mut blk.dsw,
         );
-        let net = &m.layout.embed[0];
-        let slots = 0..d.nslots();
         match &mut self.input {
-            Input::Concat { nin, x0, x0dot } => {
+            Input::Concat {
+                nin,
+                x0,
+                x0dot,
+                nets,
+            } => {
                 let types = input_types(m, env, &self.slot_centre_type);
                 b.tebd_rows(tebd, m.params, Some(&env.s), &types, x0, *nin, 0);
-                net_forward(b, m.params, net, slots, &mut blk.nets, (x0, x0dot));
+                let net = &m.layout.embed[0];
+                net_forward(b, m.params, net, 0..d.nslots(), nets, (x0, x0dot));
             }
             Input::Strip(st) => {
                 let tnet = attn_layout(m)
@@ -294,22 +314,15 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
                 b.tebd_rows(tebd, m.params, None, &types, &mut st.xt, tnin, 0);
                 let input = (&st.xt, &st.xt_zero);
                 net_forward(b, m.params, tnet, 0..st.rows, &mut st.nets, input);
-                net_forward(
-                    b,
-                    m.params,
-                    net,
-                    slots,
-                    &mut blk.nets,
-                    (&env.s, &env.ones_s),
-                );
-                let (mut g0, mut g0p) = blk.strip_g0.take().expect("strip's G⁰ buffers");
+                st.slot.forward(b, m, d, env);
                 let tau = st.nets.out().0;
-                let args = Self::strip_args(blk, tau, m, env, &self.slot_centre_type);
-                b.strip_forward(&args, &mut g0, &mut g0p);
-                blk.strip_g0 = Some((g0, g0p));
+                let gs = st.slot.g_gp();
+                let args = Self::strip_args(blk, gs, tau, m, env, &self.slot_centre_type);
+                b.strip_forward(&args, &mut st.g0, &mut st.g0p);
             }
         }
-        b.attn_forward(d, &self.block.args(m, env), &mut self.desc, self.stride);
+        let args = self.block.args(&self.input, m, env);
+        b.attn_forward(d, &args, &mut self.desc, self.stride);
         if self.concat_output {
             let at = self.block.opts.m1 * self.block.opts.m2;
             let types = [&self.centre_type];
@@ -335,11 +348,12 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         dbar: &B::Buf,
         q: &mut B::Buf,
     ) {
-        b.attn_backward(d, &self.block.args(m, env), &env.jac, dbar, self.stride, q);
+        let args = self.block.args(&self.input, m, env);
+        b.attn_backward(d, &args, &env.jac, dbar, self.stride, q);
     }
 
     pub fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
-        let args = self.block.args(m, env);
+        let args = self.block.args(&self.input, m, env);
         b.attn_tangent(d, &args, &env.rdot, &mut self.ddot, self.stride);
     }
 
@@ -353,7 +367,7 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         (dbar, ddotbar): (&B::Buf, &B::Buf),
     ) {
         let g0_adjoints = (&mut self.g0bar, &mut self.g0dotbar);
-        let args = self.block.args(m, env);
+        let args = self.block.args(&self.input, m, env);
         b.attn_dual(
             d,
             &args,
@@ -364,36 +378,34 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
             grad,
         );
         let tebd = &attn_layout(m).tebd;
-        let net = &m.layout.embed[0];
-        let slots = 0..d.nslots();
         match &mut self.input {
-            Input::Concat { nin, x0, x0dot } => {
+            Input::Concat {
+                nin,
+                x0,
+                x0dot,
+                nets,
+            } => {
                 let dual = NetDual {
                     input: (&*x0, &*x0dot),
                     seed: (&self.g0bar, &self.g0dotbar),
                     scale: Some(&env.sdot),
                     input_adjoint: true,
                 };
-                let nets = &mut self.block.nets;
-                net_dual_backward(b, m.params, grad, net, slots, nets, dual);
+                let net = &m.layout.embed[0];
+                net_dual_backward(b, m.params, grad, net, 0..d.nslots(), nets, dual);
                 let types = input_types(m, env, &self.slot_centre_type);
-                let xbar = &self.block.nets.xbar[0];
-                b.tebd_rows_backward(tebd, true, &types, xbar, *nin, 0, grad);
+                b.tebd_rows_backward(tebd, true, &types, &nets.xbar[0], *nin, 0, grad);
             }
             Input::Strip(st) => {
                 let tau = st.nets.out().0;
-                let args = Self::strip_args(&self.block, tau, m, env, &self.slot_centre_type);
+                let gs = st.slot.g_gp();
+                let args = Self::strip_args(&self.block, gs, tau, m, env, &self.slot_centre_type);
                 let gs_adjoints = (&mut st.gsbar, &mut st.gsdotbar);
                 let g0_adjoints = (&self.g0bar, &self.g0dotbar);
                 b.strip_dual(&args, &env.sdot, g0_adjoints, gs_adjoints, &mut st.taubar);
-                let dual = NetDual {
-                    input: (&env.s, &env.ones_s),
-                    seed: (&st.gsbar, &st.gsdotbar),
-                    scale: Some(&env.sdot),
-                    input_adjoint: false,
-                };
-                let nets = &mut self.block.nets;
-                net_dual_backward(b, m.params, grad, net, slots, nets, dual);
+                let (gsbar, gsdotbar) = (&st.gsbar, &st.gsdotbar);
+                st.slot
+                    .dual(b, m.params, grad, &m.nets(), d, env, gsbar, gsdotbar);
                 let tnet = attn_layout(m)
                     .strip
                     .as_ref()
