@@ -36,15 +36,17 @@ pub struct SeAtten<T: Real, B: Backend<T>> {
 
 /// How G⁰ is made.
 enum Input<Buf, Idx> {
-    /// The embedding net's input [ŝ, T[t_j], T[t_i]] (no T[t_i] with type_one_side) and its
-    /// unit tangent e₀, `[nslots][nin]`, and its layers over the slots (G⁰, G⁰' the last).
-    Concat {
-        nin: usize,
-        x0: Buf,
-        x0dot: Buf,
-        nets: NetCache<Buf>,
-    },
+    Concat(Concat<Buf>),
     Strip(Strip<Buf, Idx>),
+}
+
+/// concat: the embedding net's input [ŝ, T[t_j], T[t_i]] (no T[t_i] with type_one_side) and its
+/// unit tangent e₀, `[nslots][nin]`, and its layers over the slots (G⁰, G⁰' the last).
+struct Concat<Buf> {
+    nin: usize,
+    x0: Buf,
+    x0dot: Buf,
+    nets: NetCache<Buf>,
 }
 
 /// strip: the slot net G_s(ŝ) — se_e2_a's embedding stage, which on a backend with a fused
@@ -80,7 +82,7 @@ impl<Buf, Idx> Input<Buf, Idx> {
     /// G⁰ and G⁰' per slot.
     fn g0(&self) -> (&Buf, &Buf) {
         match self {
-            Input::Concat { nets, .. } => nets.out(),
+            Input::Concat(c) => c.nets.out(),
             Input::Strip(st) => (&st.g0, &st.g0p),
         }
     }
@@ -188,12 +190,12 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
             for row in unit.chunks_mut(nin) {
                 row[0] = T::one();
             }
-            Input::Concat {
+            Input::Concat(Concat {
                 nin,
                 x0: alloc(ns * nin)?,
                 x0dot: b.upload(&unit),
                 nets: NetCache::new(zeros, net, ns)?,
-            }
+            })
         };
         Ok(SeAtten {
             block: Block {
@@ -224,11 +226,9 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
     pub fn buffers(&self) -> Vec<&B::Buf> {
         let mut v: Vec<&B::Buf> = Vec::new();
         match &self.input {
-            Input::Concat {
-                x0, x0dot, nets, ..
-            } => {
-                v.extend(nets.all());
-                v.extend([x0, x0dot]);
+            Input::Concat(c) => {
+                v.extend(c.nets.all());
+                v.extend([&c.x0, &c.x0dot]);
             }
             Input::Strip(s) => {
                 v.extend(s.slot.buffers());
@@ -293,16 +293,12 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
             &mut blk.dsw,
         );
         match &mut self.input {
-            Input::Concat {
-                nin,
-                x0,
-                x0dot,
-                nets,
-            } => {
+            Input::Concat(c) => {
                 let types = input_types(m, env, &self.slot_centre_type);
-                b.tebd_rows(tebd, m.params, Some(&env.s), &types, x0, *nin, 0);
+                b.tebd_rows(tebd, m.params, Some(&env.s), &types, &mut c.x0, c.nin, 0);
                 let net = &m.layout.embed[0];
-                net_forward(b, m.params, net, 0..d.nslots(), nets, (x0, x0dot));
+                let input = (&c.x0, &c.x0dot);
+                net_forward(b, m.params, net, 0..d.nslots(), &mut c.nets, input);
             }
             Input::Strip(st) => {
                 let tnet = attn_layout(m)
@@ -379,22 +375,17 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         );
         let tebd = &attn_layout(m).tebd;
         match &mut self.input {
-            Input::Concat {
-                nin,
-                x0,
-                x0dot,
-                nets,
-            } => {
+            Input::Concat(c) => {
                 let dual = NetDual {
-                    input: (&*x0, &*x0dot),
+                    input: (&c.x0, &c.x0dot),
                     seed: (&self.g0bar, &self.g0dotbar),
                     scale: Some(&env.sdot),
                     input_adjoint: true,
                 };
                 let net = &m.layout.embed[0];
-                net_dual_backward(b, m.params, grad, net, 0..d.nslots(), nets, dual);
+                net_dual_backward(b, m.params, grad, net, 0..d.nslots(), &mut c.nets, dual);
                 let types = input_types(m, env, &self.slot_centre_type);
-                b.tebd_rows_backward(tebd, true, &types, &nets.xbar[0], *nin, 0, grad);
+                b.tebd_rows_backward(tebd, true, &types, &c.nets.xbar[0], c.nin, 0, grad);
             }
             Input::Strip(st) => {
                 let tau = st.nets.out().0;
