@@ -268,18 +268,22 @@ impl<N> Centre<N> {
         }
     }
 
-    /// Takes the centre's slots `s` of the batch (returns how many: up to one past the last
-    /// neighbour where the padding after it is copies of one slot, else all) and sizes the
-    /// thread's buffers `t` for them: G⁰ + ε G⁰'ṡ, R̂ + ε Ṙ, σ + ε σ'ṡ for the tangent Ṙ of R̂
-    /// (`rdot`, `[nslots][4]`) where the pass has one.
+    /// The slot taken that slot j of all nnei is (itself, or the copy it was left out for).
+    fn taken(&self, j: usize) -> usize {
+        j.min(self.len() - 1)
+    }
+
+    /// Takes the centre's slots `s` of the batch (up to one past the last neighbour where the
+    /// padding after it is copies of one slot, else all) and sizes the thread's buffers `t` for
+    /// them: G⁰ + ε G⁰'ṡ, R̂ + ε Ṙ, σ + ε σ'ṡ for the tangent Ṙ of R̂ (`rdot`, `[nslots][4]`)
+    /// where the pass has one.
     fn load<T: Real>(
         &mut self,
         x: &AttnIn<'_, T>,
         t: &mut Work<N, T>,
         s: Range<usize>,
         rdot: Option<&[T]>,
-    ) -> usize
-    where
+    ) where
         N: Num<T>,
     {
         let nnei = s.len();
@@ -310,7 +314,6 @@ impl<N> Centre<N> {
         self.real.clear();
         self.real.extend(x.owner[s].iter().map(|&o| o >= 0));
         t.fit(&x.opts, n);
-        n
     }
 }
 
@@ -341,15 +344,15 @@ fn linear<R: Real, N: Num<R>>(
 }
 
 /// Adjoint of [`linear`] from Wᵀ `[c][k]`: x̄ = ȳ Wᵀ (added to x̄ with `acc`); W̄ += xᵀȳ and
-/// b̄ += Σ ȳ when asked, the last row of ȳ counted `last` times (the copies it stands for;
-/// their terms of W̄ are 0, see Centre).
+/// b̄ += Σ ȳ when asked, row i of ȳ counted `copies(i)` times (the slots it stands for; the
+/// left-out copies' terms of W̄ are 0, see Centre).
 #[allow(clippy::too_many_arguments)]
 fn linear_backward<R: Real, N: Num<R>>(
     x: &[N],
     wt: &[R],
     k: usize,
     ybar: &[N],
-    last: usize,
+    copies: impl Fn(usize) -> usize,
     (xbar, acc): (&mut [N], bool),
     wb: Option<(&mut [N], &mut [N])>,
     work: &mut Vec<R>,
@@ -385,7 +388,7 @@ fn linear_backward<R: Real, N: Num<R>>(
         };
         N::gemm(p, Mat { v: x, rs: 1, cs: k }, ybar, wbar, work);
         for (i, yi) in ybar.chunks(c).enumerate() {
-            for _ in 0..if i + 1 == n { last } else { 1 } {
+            for _ in 0..copies(i) {
                 for (bv, &y) in bbar.iter_mut().zip(yi) {
                     *bv += y;
                 }
@@ -813,7 +816,7 @@ impl AttnOpts {
                 &wt[l].w_out,
                 h,
                 &t.z,
-                x.copies(n - 1),
+                |i| x.copies(i),
                 (&mut t.obar, false),
                 lg.as_mut().map(|lg| (&mut *lg.w_out, &mut *lg.b_out)),
                 &mut t.gemm,
@@ -883,7 +886,7 @@ impl AttnOpts {
                 &wt[l].w_in,
                 m,
                 &t.qkvbar,
-                x.copies(n - 1),
+                |i| x.copies(i),
                 (&mut t.gbar, true),
                 lg.as_mut().map(|lg| (&mut *lg.w_in, &mut *lg.b_in)),
                 &mut t.gemm,
@@ -1033,14 +1036,14 @@ pub fn backward<T: Real>(
         3 * d.nnei,
         |(cx, t): &mut (_, Work<T, T>), c, s, qc| {
             debug_assert_eq!(s.start, c * d.nnei, "centre {c}'s slots");
-            let n = cx.load(x, t, s.clone(), None);
+            cx.load(x, t, s.clone(), None);
             o.forward(x.layers, cx, t);
             t.dbar
                 .copy_from_slice(&dbar[c * stride..c * stride + m * o.m2]);
             o.backward(x.layers, &wt, cx, t, None);
             // The slots left out are copies of the last slot taken (see Centre).
             for (j, slot) in s.enumerate() {
-                let r = j.min(n - 1);
+                let r = cx.taken(j);
                 let mut rbar: [T; 4] = std::array::from_fn(|k| t.rbar[4 * r + k]);
                 let gp = &x.g0p[slot * m..(slot + 1) * m];
                 rbar[0] += dot(&t.gbar[r * m..(r + 1) * m], gp) + t.swbar[r] * x.dsw[slot];
@@ -1092,7 +1095,7 @@ pub fn dual<T: Real>(
                 for c in gi * GRAD_GROUP..((gi + 1) * GRAD_GROUP).min(nc) {
                     let s = d.mixed_slots(c);
                     debug_assert_eq!(s.start, c * d.nnei, "centre {c}'s slots");
-                    let n = cx.load(x, t, s.clone(), Some(rdot));
+                    cx.load(x, t, s.clone(), Some(rdot));
                     o.forward(x.layers, cx, t);
                     // Cotangent Ḋ̄ + ε D̄: the real part of the result is the tangents' adjoint,
                     // the ε part the values' (dual.rs).
@@ -1104,7 +1107,7 @@ pub fn dual<T: Real>(
                     let at = (s.start - first) * m..(s.end - first) * m;
                     let rows = gb[at.clone()].chunks_mut(m).zip(gdb[at].chunks_mut(m));
                     for (j, (b, db)) in rows.enumerate() {
-                        let v = &t.gbar[j.min(n - 1) * m..][..m];
+                        let v = &t.gbar[cx.taken(j) * m..][..m];
                         for ((b, db), v) in b.iter_mut().zip(db).zip(v) {
                             *b = v.d;
                             *db = v.v;
