@@ -11,7 +11,7 @@ mod common;
 mod suite;
 
 use dpw::backend::cpu::Cpu;
-use dpw::backend::wgpu::{GpuReal, PowerPreference, Wgpu};
+use dpw::backend::wgpu::{DenseKernels, GpuReal, PowerPreference, Wgpu};
 use dpw::backend::{AdamStep, Backend, DenseOps, Device, LossSums, Prefactors, TrainOps};
 use dpw::model::{Layer, Skip};
 use dpw::train::batch::assemble;
@@ -141,7 +141,16 @@ where
     Cpu: Backend<T>,
     Wgpu: Backend<T>,
 {
-    let Some(w) = wgpu_for::<T>(test) else { return };
+    if let Some(w) = wgpu_for::<T>(test) {
+        parity_on::<T>(w, tol);
+    }
+}
+
+fn parity_on<T: GpuReal>(w: &Wgpu, tol: f64)
+where
+    Cpu: Backend<T>,
+    Wgpu: Backend<T>,
+{
     let c = case();
     for nframes in [1, 3] {
         let cpu = run::<T, Cpu>(&Cpu::default(), &c, nframes);
@@ -184,6 +193,45 @@ fn parity_ops_f64() {
 fn parity_ops_f32() {
     if let Some(w) = wgpu_for::<f32>("parity_ops_f32") {
         suite::parity::ops::<f32, _>(w, 1e-5);
+    }
+}
+
+/// A second device on the same adapter running the other kind of dense kernels than the
+/// adapter's default (tiled on lavapipe, flat on a GPU), so every machine checks both.
+fn other_dense<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
+    static W: std::sync::OnceLock<Option<Wgpu>> = std::sync::OnceLock::new();
+    wgpu_for::<T>(test)?;
+    W.get_or_init(|| {
+        let mut w = Wgpu::new(PowerPreference::HighPerformance).ok()?;
+        let other = match w.dense_kernels() {
+            DenseKernels::Tiled => DenseKernels::Flat,
+            DenseKernels::Flat => DenseKernels::Tiled,
+        };
+        w.set_dense_kernels(other);
+        eprintln!("second device: dense kernels {}", other.name());
+        Some(w)
+    })
+    .as_ref()
+}
+
+#[test]
+fn parity_ops_other_dense_f64() {
+    if let Some(w) = other_dense::<f64>("parity_ops_other_dense_f64") {
+        suite::parity::ops::<f64, _>(w, 1e-12);
+    }
+}
+
+#[test]
+fn parity_ops_other_dense_f32() {
+    if let Some(w) = other_dense::<f32>("parity_ops_other_dense_f32") {
+        suite::parity::ops::<f32, _>(w, 1e-5);
+    }
+}
+
+#[test]
+fn parity_with_cpu_other_dense_f64() {
+    if let Some(w) = other_dense::<f64>("parity_with_cpu_other_dense_f64") {
+        parity_on::<f64>(w, 1e-12);
     }
 }
 

@@ -188,7 +188,12 @@ pub(super) fn open_wgpu(float64: bool, real_gpu_only: bool) -> Result<crate::bac
         tracing::info!("wgpu adapter {} of {n} ({})", pick.index, pick.why);
         pollster::block_on(Wgpu::on_adapter(adapter))?
     };
-    tracing::info!("wgpu adapter: {} ({})", w.adapter_name(), w.backend_name());
+    tracing::info!(
+        "wgpu adapter: {} ({}), dense kernels {}",
+        w.adapter_name(),
+        w.backend_name(),
+        w.dense_kernels().name()
+    );
     if real_gpu_only && w.is_cpu_adapter() {
         bail!("the only adapter, {}, is a CPU emulation", w.adapter_name());
     }

@@ -83,6 +83,36 @@ pub(super) struct OneOp<'a> {
     _held: std::sync::MutexGuard<'a, ()>,
 }
 
+/// How the dense layers' matrix products run. Both sum every output in the same order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseKernels {
+    /// 16×16 tiles staged in workgroup memory (`shaders/dense_tiled.wgsl`): hardware GPUs.
+    Tiled,
+    /// One thread per output, no workgroup memory or barriers: software adapters, which switch a
+    /// workgroup's invocations at every barrier.
+    Flat,
+}
+
+impl DenseKernels {
+    /// `DPW_WGPU_DENSE` (tiled, flat) if set, else by the kind of adapter.
+    fn choose(info: &wgpu::AdapterInfo) -> Result<Self> {
+        match std::env::var("DPW_WGPU_DENSE").as_deref() {
+            Ok("tiled") => Ok(Self::Tiled),
+            Ok("flat") => Ok(Self::Flat),
+            Ok(other) => bail!("DPW_WGPU_DENSE={other}: expected `tiled` or `flat`"),
+            Err(_) if info.device_type == wgpu::DeviceType::Cpu => Ok(Self::Flat),
+            Err(_) => Ok(Self::Tiled),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tiled => "tiled",
+            Self::Flat => "flat",
+        }
+    }
+}
+
 /// A wgpu device with its queue and the compute pipelines built so far.
 pub struct Wgpu {
     adapter: wgpu::Adapter,
@@ -114,6 +144,7 @@ pub struct Wgpu {
     max_binding: u64,
     next_id: AtomicU64,
     counters: Counters,
+    dense: DenseKernels,
     /// With `DPW_WGPU_PROFILE` set: every dispatch waits for the device, and its wall time is
     /// added up per kernel (calls, seconds). For finding slow kernels, not for production runs.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -221,6 +252,7 @@ impl Wgpu {
             .await
             .map_err(|e| anyhow!("wgpu device on {} ({:?}): {e}", info.name, info.backend))?;
         let max_binding = device.limits().max_storage_buffer_binding_size;
+        let dense = DenseKernels::choose(&info)?;
         Ok(Wgpu {
             adapter,
             info,
@@ -244,6 +276,7 @@ impl Wgpu {
             max_binding,
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
+            dense,
             profile: std::env::var_os("DPW_WGPU_PROFILE").map(|_| Mutex::default()),
         })
     }
@@ -260,6 +293,16 @@ impl Wgpu {
     /// A software rasteriser (lavapipe, llvmpipe, SwiftShader, WARP): correct, not fast.
     pub fn is_cpu_adapter(&self) -> bool {
         self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// The dense kernels this device runs.
+    pub fn dense_kernels(&self) -> DenseKernels {
+        self.dense
+    }
+
+    /// Runs the dense layers with `k` from now on (the tests run both kinds on one adapter).
+    pub fn set_dense_kernels(&mut self, k: DenseKernels) {
+        self.dense = k;
     }
 
     pub fn supports_f64(&self) -> bool {

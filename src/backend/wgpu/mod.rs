@@ -10,8 +10,9 @@
 //! order), never with atomics, so a run is bit-for-bit repeatable on one device.
 //!
 //! Environment: `WGPU_BACKEND` (vulkan, metal, dx12, gl), `WGPU_ADAPTER_NAME` (part of a name),
-//! `WGPU_POWER_PREF` (low, high) choose the adapter; `DPW_WGPU_PROFILE` makes every dispatch
-//! wait for the device and adds up time per kernel ([`Wgpu::profile_report`]). Without a GPU,
+//! `WGPU_POWER_PREF` (low, high) choose the adapter; `DPW_WGPU_DENSE` (tiled, flat) overrides
+//! the dense kernels chosen for the adapter ([`DenseKernels`]); `DPW_WGPU_PROFILE` makes every
+//! dispatch wait for the device and adds up time per kernel ([`Wgpu::profile_report`]). Without a GPU,
 //! Mesa's lavapipe (Debian: `mesa-vulkan-drivers`, `libvulkan1`) is a Vulkan CPU adapter with
 //! float64.
 
@@ -23,7 +24,7 @@ use std::marker::PhantomData;
 
 /// The adapter preference taken by [`Wgpu::new`].
 pub use ::wgpu::PowerPreference;
-pub use device::Wgpu;
+pub use device::{DenseKernels, Wgpu};
 pub use shaders::Precision;
 
 use super::Real;

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
-use super::{Buf, GpuReal, Idx, Wgpu};
+use super::{Buf, DenseKernels, GpuReal, Idx, Wgpu};
 use crate::backend::gpu_layout::{
     count, AngleParams, AttnParams, ContractParams, DenseParams, EnvMatParams, GpuStruct,
     LossParams, ScatterParams, VectorParams,
@@ -37,6 +37,20 @@ fn grid1(n: usize) -> [u32; 3] {
     } else {
         [MAX_GROUPS, groups.div_ceil(MAX_GROUPS), 1]
     }
+}
+
+/// Tile edge of the tiled dense kernels (`TS` in shaders/dense_tiled.wgsl).
+const TS: u32 = 16;
+
+/// Workgroups of a 16×16-tiled kernel: columns along x, row tiles along y then z.
+fn grid_tiles(cols: usize, rows: usize) -> [u32; 3] {
+    let rt = u32_of(rows).div_ceil(TS);
+    let (y, z) = if rt <= MAX_GROUPS {
+        (rt, 1)
+    } else {
+        (MAX_GROUPS, rt.div_ceil(MAX_GROUPS))
+    };
+    [u32_of(cols).div_ceil(TS), y, z]
 }
 
 /// Calls `f(slots, sel, first centre)` for every non-empty (ti, tj) block.
@@ -408,6 +422,23 @@ impl<T: GpuReal> EnvOps<T> for Generic<'_, Wgpu> {
     }
 }
 
+impl Generic<'_, Wgpu> {
+    /// The flat kernel or its tiled twin, as this device runs dense layers, with its grid for
+    /// `rows` × `cols` outputs.
+    fn dense_kernel(
+        &self,
+        flat: &'static Kernel,
+        tiled: &'static Kernel,
+        rows: usize,
+        cols: usize,
+    ) -> (&'static Kernel, [u32; 3]) {
+        match self.dense_kernels() {
+            DenseKernels::Flat => (flat, grid1(rows * cols)),
+            DenseKernels::Tiled => (tiled, grid_tiles(cols, rows)),
+        }
+    }
+}
+
 impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
     fn dense_forward(
         &self,
@@ -419,12 +450,13 @@ impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
         y: &mut Buf<T>,
     ) {
         let u = DenseParams::new(l, &rows, false);
-        self.go::<T>(
+        let (kern, grid) = self.dense_kernel(
             &k::DENSE_FORWARD,
-            &u,
-            &[&p.buf, &x.buf, &h.buf, &y.buf],
-            grid1(rows.len() * l.nout),
+            &k::DENSE_FORWARD_TILED,
+            rows.len(),
+            l.nout,
         );
+        self.go::<T>(kern, &u, &[&p.buf, &x.buf, &h.buf, &y.buf], grid);
     }
 
     fn dense_backward(
@@ -437,12 +469,13 @@ impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
         xbar: &mut Buf<T>,
     ) {
         let u = DenseParams::new(l, &rows, false);
-        self.go::<T>(
+        let (kern, grid) = self.dense_kernel(
             &k::DENSE_BACKWARD,
-            &u,
-            &[&p.buf, &h.buf, &ybar.buf, &xbar.buf],
-            grid1(rows.len() * l.nin),
+            &k::DENSE_BACKWARD_TILED,
+            rows.len(),
+            l.nin,
         );
+        self.go::<T>(kern, &u, &[&p.buf, &h.buf, &ybar.buf, &xbar.buf], grid);
     }
 
     fn dense_tangent(
@@ -456,11 +489,17 @@ impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
         ydot: &mut Buf<T>,
     ) {
         let u = DenseParams::new(l, &rows, false);
-        self.go::<T>(
+        let (kern, grid) = self.dense_kernel(
             &k::DENSE_TANGENT,
+            &k::DENSE_TANGENT_TILED,
+            rows.len(),
+            l.nout,
+        );
+        self.go::<T>(
+            kern,
             &u,
             &[&p.buf, &xdot.buf, &h.buf, &zdot.buf, &ydot.buf],
-            grid1(rows.len() * l.nout),
+            grid,
         );
     }
 
@@ -508,11 +547,22 @@ impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
             ],
             grid1(m as usize),
         );
+        let (wgrad, grid) = match self.dense_kernels() {
+            DenseKernels::Flat => (&k::DENSE_DUAL_WGRAD, grid1(nchunks * l.nin * l.nout)),
+            DenseKernels::Tiled => (
+                &k::DENSE_DUAL_WGRAD_TILED,
+                [
+                    u32_of(l.nout).div_ceil(TS),
+                    u32_of(l.nin).div_ceil(TS),
+                    u.nchunks,
+                ],
+            ),
+        };
         self.go::<T>(
-            &k::DENSE_DUAL_WGRAD,
+            wgrad,
             &u,
             &[&io.x.buf, &xdot.buf, scale, &scratch, &partial],
-            grid1(nchunks * l.nin * l.nout),
+            grid,
         );
         self.go::<T>(
             &k::DENSE_DUAL_BSUM,
@@ -527,11 +577,17 @@ impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
             grid1((l.nin + 2) * l.nout),
         );
         if let Some((xb, xdb)) = xbar {
-            self.go::<T>(
+            let (kern, grid) = self.dense_kernel(
                 &k::DENSE_DUAL_XBAR,
+                &k::DENSE_DUAL_XBAR_TILED,
+                rows.len(),
+                l.nin,
+            );
+            self.go::<T>(
+                kern,
                 &u,
                 &[&p.buf, &scratch, &ybar.buf, &ydotbar.buf, &xb.buf, &xdb.buf],
-                grid1(rows.len() * l.nin),
+                grid,
             );
         }
     }

@@ -79,7 +79,10 @@ impl Shader {
     fn body(self) -> &'static str {
         match self {
             Shader::EnvMat => include_str!("../../../shaders/env_mat.wgsl"),
-            Shader::Dense => include_str!("../../../shaders/dense.wgsl"),
+            Shader::Dense => concat!(
+                include_str!("../../../shaders/dense.wgsl"),
+                include_str!("../../../shaders/dense_tiled.wgsl")
+            ),
             Shader::Contract => include_str!("../../../shaders/contract.wgsl"),
             Shader::Radial => include_str!("../../../shaders/radial.wgsl"),
             Shader::Angle => include_str!("../../../shaders/angle.wgsl"),
@@ -196,6 +199,22 @@ kernel!(
     "dual_xbar",
     [(1, R), (10, W), (6, R), (7, R), (3, W), (4, W)]
 );
+
+// The tiled twins (shaders/dense_tiled.wgsl) bind what the flat kernels bind.
+macro_rules! tiled {
+    ($name:ident, $entry:literal, $flat:ident) => {
+        pub const $name: Kernel = Kernel {
+            shader: Shader::Dense,
+            entry: $entry,
+            bindings: $flat.bindings,
+        };
+    };
+}
+tiled!(DENSE_FORWARD_TILED, "forward_tiled", DENSE_FORWARD);
+tiled!(DENSE_TANGENT_TILED, "tangent_tiled", DENSE_TANGENT);
+tiled!(DENSE_BACKWARD_TILED, "backward_tiled", DENSE_BACKWARD);
+tiled!(DENSE_DUAL_WGRAD_TILED, "dual_wgrad_tiled", DENSE_DUAL_WGRAD);
+tiled!(DENSE_DUAL_XBAR_TILED, "dual_xbar_tiled", DENSE_DUAL_XBAR);
 
 // contract: dims 1, g 2, gp 3, rhat 4, rdot 5, a 6, adot 7, dbar 8, ddotbar 9, out_a 10,
 // out_d 11, jac 12, abar 13, q 14, adotbar 15
@@ -479,6 +498,11 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &DENSE_DUAL_BSUM,
     &DENSE_DUAL_WSUM,
     &DENSE_DUAL_XBAR,
+    &DENSE_FORWARD_TILED,
+    &DENSE_TANGENT_TILED,
+    &DENSE_BACKWARD_TILED,
+    &DENSE_DUAL_WGRAD_TILED,
+    &DENSE_DUAL_XBAR_TILED,
     &CONTRACT_A_FORWARD,
     &CONTRACT_D_OUTER,
     &CONTRACT_A_BACKWARD,
