@@ -480,6 +480,9 @@ EOF
   esac
   step wgpu_train_parity 90 "$K/bin/train_wgpu_parity" "${TEST_FILTER[@]}" --nocapture
   for p in f64 f32; do bench_step wgpu "$p" 1 45; done
+  # The other dense kernels (the default on a GPU adapter is tiled; flat is software Vulkan's).
+  info wgpu_dense "$(grep -m1 -o 'dense kernels [a-z]*' "$LOGS/bench_wgpu_f64_b1.log" 2>/dev/null || echo unknown)"
+  for p in f64 f32; do DPW_WGPU_DENSE=flat bench_step wgpu "$p" 1 45 -flat; done
 
   # compute-sanitizer memcheck on a short cuda run.
   local cs
@@ -522,14 +525,21 @@ more_checks() { # kit dpw water
     --backend cuda --steps 30 --warmup 5 --json "$LOGS/bench_cuda-noresident_f64_b1.json"
   vulkan_setup "$K"
   for p in f64 f32; do bench_step wgpu "$p" 16 30; done
+  DPW_WGPU_DENSE=flat bench_step wgpu f64 16 30 -flat
+  # wgpu's time per kernel (every dispatch waits for the device), both kinds of dense kernels.
+  local d
+  for d in tiled flat; do
+    step "profile_wgpu-${d}_f64_b1" 40 env DPW_WGPU_PROFILE=1 DPW_WGPU_DENSE=$d "$dpw" bench \
+      "$W/bench-b1.json" --backend wgpu --steps 10 --warmup 3
+  done
 }
 
 # `dpw bench` on one backend, precision and batch size, its JSON kept for the report.
-bench_step() { # backend f64|f32 batch limit_s
-  local flag=()
+bench_step() { # backend f64|f32 batch limit_s [variant suffix]
+  local flag=() name="bench_$1${5:-}_$2_b$3"
   [ "$2" = f32 ] && flag=(--float32)
-  step "bench_$1_$2_b$3" "$4" "$dpw" bench "$W/bench-b$3.json" --backend "$1" "${flag[@]}" \
-    --steps 30 --warmup 5 --json "$LOGS/bench_$1_$2_b$3.json"
+  step "$name" "$4" "$dpw" bench "$W/bench-b$3.json" --backend "$1" "${flag[@]}" \
+    --steps 30 --warmup 5 --json "$LOGS/$name.json"
 }
 
 # DeePMD-kit 3.2.0's PyTorch backend (`dp --pt train`) on the water input at batch 1 and 16,
@@ -758,7 +768,8 @@ if bench:
         for nb in (1, 4, 16):
             cuda = t.get(("cuda", prec, nb))
             for other, what in (("deepmdpt", "DeePMD-kit PT s/step / dpw cuda s/step"),
-                                ("wgpu", "dpw wgpu s/step / dpw cuda s/step")):
+                                ("wgpu", "dpw wgpu s/step / dpw cuda s/step"),
+                                ("wgpu-flat", "dpw wgpu (flat dense kernels) s/step / dpw cuda s/step")):
                 if cuda and t.get((other, prec, nb)):
                     ratios.append(f"| {what} | {prec} | {nb} | {t[(other, prec, nb)] / cuda:.2f} |")
     if ratios:
