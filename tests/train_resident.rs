@@ -133,20 +133,9 @@ fn cpu_resident_run_is_identical() {
 }
 
 #[cfg(feature = "wgpu")]
-fn wgpu_present(test: &str) -> bool {
-    match dpw::backend::wgpu::Wgpu::new_f64(wgpu::PowerPreference::HighPerformance) {
-        Ok(_) => true,
-        Err(e) => {
-            common::no_wgpu(test, &format!("no wgpu adapter with float64 ({e:#})"));
-            false
-        }
-    }
-}
-
-#[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_resident_step_uploads_under_1kb() {
-    if wgpu_present("wgpu_resident_step_uploads_under_1kb") {
+    if common::wgpu_f64_present("wgpu_resident_step_uploads_under_1kb") {
         check_counts(tempfile::tempdir().unwrap().path(), "wgpu", "float32");
     }
 }
@@ -154,7 +143,7 @@ fn wgpu_resident_step_uploads_under_1kb() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_resident_run_is_identical() {
-    if wgpu_present("wgpu_resident_run_is_identical") {
+    if common::wgpu_f64_present("wgpu_resident_run_is_identical") {
         let tmp = tempfile::tempdir().unwrap();
         check_same_run(tmp.path(), "wgpu", "float32");
         check_same_run(tmp.path(), "wgpu", "float64");

@@ -22,9 +22,7 @@ fn train(dir: &Path, backend: &str) -> String {
 /// Trains `input` on cpu and on wgpu, each in a directory of its own; their lcurve.out, which
 /// must have `lines` rows, are equal.
 fn lcurves_match(test: &str, input: &serde_json::Value, lines: usize) {
-    if let Err(e) = dpw::backend::wgpu::Wgpu::new_f64(wgpu::PowerPreference::HighPerformance) {
-        let why = format!("no wgpu adapter with float64 ({e:#})");
-        common::no_wgpu(test, &why);
+    if !common::wgpu_f64_present(test) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

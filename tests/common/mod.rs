@@ -23,6 +23,27 @@ pub fn no_wgpu(test: &str, why: &str) {
     eprintln!("SKIPPED: {test}: {why}");
 }
 
+/// Whether this machine has a wgpu adapter with float64, for tests whose runs are `dpw`
+/// processes of their own; if not, reports it through [`no_wgpu`]. The probe's device is opened
+/// once per test binary and kept: two test threads opening and dropping Vulkan devices at once
+/// crashed the test binary (SIGSEGV) in 2 of 3 runs on an NVIDIA H200 (driver 580.159.04).
+#[cfg(feature = "wgpu")]
+pub fn wgpu_f64_present(test: &str) -> bool {
+    static PROBE: std::sync::OnceLock<Result<dpw::backend::wgpu::Wgpu, String>> =
+        std::sync::OnceLock::new();
+    let probe = PROBE.get_or_init(|| {
+        dpw::backend::wgpu::Wgpu::new_f64(wgpu::PowerPreference::HighPerformance)
+            .map_err(|e| format!("{e:#}"))
+    });
+    match probe {
+        Ok(_) => true,
+        Err(e) => {
+            no_wgpu(test, &format!("no wgpu adapter with float64 ({e})"));
+            false
+        }
+    }
+}
+
 /// DeePMD-kit 3.2.0's numbers for model_A (`tests/reference/deepmd-3.2.0/README.md`).
 pub fn model_a_dir() -> PathBuf {
     repo("tests/reference/deepmd-3.2.0/model_A")
