@@ -143,11 +143,10 @@ DPW_INSTANTIATE(dense_dual_elems, DENSE_DUAL_ELEMS_PARAMS,
 
 // Σ over rows lo..hi of column k of x, in row order. The loads of ROWS rows are issued before
 // their sums: the order of the additions is the cpu's, but a thread keeps ROWS loads in flight
-// instead of one (there are only a few thousand threads, each walking a whole chunk). With 8
-// in flight these sums took 17 µs a launch on an H200 (ncu), waiting on memory.
+// instead of one (there are only a few thousand threads, each walking a whole chunk).
 template <typename T>
 __device__ T column_sum(const T* __restrict__ x, int lo, int hi, int nout, int k) {
-  constexpr int ROWS = 32;
+  constexpr int ROWS = 8;
   T s = T(0);
   int r = lo;
   for (; r + ROWS <= hi; r += ROWS) {
