@@ -1,7 +1,8 @@
 // Dense layers over a row range (see cpu/dense.rs): z = xW + b, h = tanh(z) or z, y = h·idt + skip(x).
 // One thread per output element, summing in a fixed order (so results are reproducible run to
 // run) with no workgroup memory or barriers: 16×16 tiles behind barriers ran software Vulkan
-// (lavapipe, SwiftShader: CI and the browser test) at 0.02 GFLOP/s on small layers.
+// (lavapipe, SwiftShader: CI and the browser test) at 0.02 GFLOP/s on small layers. Hardware GPUs
+// run the tiled twins of the products in dense_tiled.wgsl (appended to this file).
 
 // DenseParams: src/backend/gpu_layout.rs.
 @group(0) @binding(0) var<uniform> u: DenseParams;
