@@ -79,6 +79,23 @@ fn with_idt_skip(v: real, row: u32, n: u32) -> real {
     return y + skip_fwd(row * u.nin, n);
 }
 
+// Forward epilogue of output (r, n) from its xW: h and y.
+fn forward_out(xw_rn: real, r: u32, n: u32) {
+    let row = u.row0 + r;
+    let z = xw_rn + params[u.b + n];
+    let h = select(z, tanh_r(z), is_tanh());
+    out0[row * u.nout + n] = h;
+    out1[row * u.nout + n] = with_idt_skip(h, row, n);
+}
+
+// Tangent epilogue of output (r, n) from its ż = ẋW: ż and ẏ = φ'(z)⊙ż·idt + skip(ẋ).
+fn tangent_out(zdot_rn: real, r: u32, n: u32) {
+    let row = u.row0 + r;
+    let g = row * u.nout + n;
+    out0[g] = zdot_rn;
+    out1[g] = with_idt_skip(dphi(hin[g]) * zdot_rn, row, n);
+}
+
 @compute @workgroup_size(64)
 fn forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) l: vec3<u32>) {
@@ -86,16 +103,10 @@ fn forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (i >= u.nrows * u.nout) {
         return;
     }
-    let r = i / u.nout;
-    let n = i % u.nout;
-    let row = u.row0 + r;
-    let z = xw(r, n) + params[u.b + n];
-    let h = select(z, tanh_r(z), is_tanh());
-    out0[row * u.nout + n] = h;
-    out1[row * u.nout + n] = with_idt_skip(h, row, n);
+    forward_out(xw(i / u.nout, i % u.nout), i / u.nout, i % u.nout);
 }
 
-// ż = ẋW, ẏ = φ'(z)⊙ż·idt + skip(ẋ); `xin` holds ẋ.
+// `xin` holds ẋ.
 @compute @workgroup_size(64)
 fn tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) l: vec3<u32>) {
@@ -103,14 +114,7 @@ fn tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (i >= u.nrows * u.nout) {
         return;
     }
-    let r = i / u.nout;
-    let n = i % u.nout;
-    let row = u.row0 + r;
-    let g = row * u.nout + n;
-    let acc = xw(r, n);
-    let y = with_idt_skip(dphi(hin[g]) * acc, row, n);
-    out0[g] = acc;
-    out1[g] = y;
+    tangent_out(xw(i / u.nout, i % u.nout), i / u.nout, i % u.nout);
 }
 
 // The adjoint of the skip connection at input column k, from a row of ȳ (or of ẏ̄ below)

@@ -41,11 +41,7 @@ fn forward_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let n = wg.x * TS + l.x;
     let acc = xw_tile(r, n, l);
     if (r < u.nrows && n < u.nout) {
-        let row = u.row0 + r;
-        let z = acc + params[u.b + n];
-        let h = select(z, tanh_r(z), is_tanh());
-        out0[row * u.nout + n] = h;
-        out1[row * u.nout + n] = with_idt_skip(h, row, n);
+        forward_out(acc, r, n);
     }
 }
 
@@ -56,10 +52,7 @@ fn tangent_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let n = wg.x * TS + l.x;
     let acc = xw_tile(r, n, l);
     if (r < u.nrows && n < u.nout) {
-        let row = u.row0 + r;
-        let g = row * u.nout + n;
-        out0[g] = acc;
-        out1[g] = with_idt_skip(dphi(hin[g]) * acc, row, n);
+        tangent_out(acc, r, n);
     }
 }
 
