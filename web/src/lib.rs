@@ -134,16 +134,17 @@ async fn create(input: &str, files: &js_sys::Map, backend: &str) -> Result<(Engi
         },
         other => bail!("backend {other:?}: expected auto, webgpu or cpu"),
     };
-    let (engine, name, adapter) = match gpu {
+    let (engine, name, adapter, dense) = match gpu {
         Some(w) => {
             let adapter = w.adapter_name().to_string();
+            let dense = w.dense_kernels().name();
             let errors = watch_errors(&w);
             let s = Session::new(w, setup, errors)?;
-            (Engine::Gpu(Box::new(s)), "webgpu", adapter)
+            (Engine::Gpu(Box::new(s)), "webgpu", adapter, dense)
         }
         None => {
             let s = Session::new(Cpu::default(), setup, Box::new(|| None))?;
-            (Engine::Cpu(Box::new(s)), "cpu", String::new())
+            (Engine::Cpu(Box::new(s)), "cpu", String::new(), "")
         }
     };
     let (natoms, nparams, numb_steps, disp_freq) = on_session!(&engine, s => (
@@ -155,6 +156,7 @@ async fn create(input: &str, files: &js_sys::Map, backend: &str) -> Result<(Engi
     let info = json!({
         "backend": name,
         "adapter": adapter,
+        "dense_kernels": dense,
         "fallback": fallback,
         "note": note,
         "precision": "float32",

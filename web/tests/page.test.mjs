@@ -172,7 +172,7 @@ function steadyRate(records) {
 
 function report(t, backend, run) {
   const line =
-    `steps/s on the page, ${backend} (${backend === 'cpu' ? 'wasm' : run.info.adapter}): ` +
+    `steps/s on the page, ${backend} (${backend === 'cpu' ? 'wasm' : `${run.info.adapter}, dense kernels ${run.info.dense_kernels}`}): ` +
     `${steadyRate(run.records).toFixed(2)} steady (steps ${run.records[0].step}–${run.records[run.records.length - 1].step}), ` +
     `${run.stepsPerSec.toFixed(2)} overall incl. start-up and frame refreshes; ` +
     `time in train(): ${run.timing.trainSecs.toFixed(1)} s of ${run.timing.wallSecs.toFixed(1)} s; ` +
@@ -183,6 +183,7 @@ function report(t, backend, run) {
   const all = fs.existsSync(file) ? JSON.parse(fs.readFileSync(file, 'utf8')) : {};
   all[backend] = {
     adapter: run.info.adapter,
+    dense_kernels: run.info.dense_kernels,
     steps: run.records[run.records.length - 1].step,
     steady_steps_per_s: steadyRate(run.records),
     overall_steps_per_s: run.stepsPerSec,
@@ -202,6 +203,8 @@ test('WebGPU: trains on the WebGPU adapter (SwiftShader here) and the validation
   assert.equal(run.info.backend, 'webgpu', `the page used ${run.info.backend}: ${run.info.note}`);
   assert.equal(run.info.fallback, false);
   assert.ok(run.info.adapter, 'no adapter name');
+  // Software adapters get the dense kernels without workgroup barriers (5× faster here).
+  if (/swiftshader/i.test(run.info.adapter)) assert.equal(run.info.dense_kernels, 'flat');
   assert.equal(run.info.precision, 'float32');
   checkRun('webgpu', run, STEPS.webgpu);
 });
