@@ -20,34 +20,14 @@ use dpw::train::step::DeviceModel;
 
 use common::*;
 
-/// One device for the whole test binary (pipelines are compiled once): the tests run their ops
-/// on it from parallel threads, as the backend allows.
-fn wgpu() -> Option<&'static Wgpu> {
-    static W: std::sync::OnceLock<Option<Wgpu>> = std::sync::OnceLock::new();
-    W.get_or_init(|| match Wgpu::new(PowerPreference::HighPerformance) {
-        Ok(w) => {
-            eprintln!(
-                "wgpu adapter: {} ({}, cpu adapter: {}, f64: {})",
-                w.adapter_name(),
-                w.backend_name(),
-                w.is_cpu_adapter(),
-                w.supports_f64()
-            );
-            Some(w)
-        }
-        Err(e) => {
-            eprintln!("no wgpu adapter: {e:#}");
-            None
-        }
-    })
-    .as_ref()
-}
-
 /// The backend for a test in T, or None after printing why the test is skipped.
 fn wgpu_for<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
-    let Some(w) = wgpu() else {
-        no_wgpu(test, "no wgpu adapter on this machine");
-        return None;
+    let w = match wgpu_device() {
+        Ok(w) => w,
+        Err(why) => {
+            no_wgpu(test, why);
+            return None;
+        }
     };
     if let Err(e) = w.require::<T>() {
         no_wgpu(test, &e.to_string());
@@ -199,19 +179,26 @@ fn parity_ops_f32() {
 /// A second device on the same adapter running the other kind of dense kernels than the
 /// adapter's default (tiled on lavapipe, flat on a GPU), so every machine checks both.
 fn other_dense<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
-    static W: std::sync::OnceLock<Option<Wgpu>> = std::sync::OnceLock::new();
+    static W: std::sync::OnceLock<Result<Wgpu, String>> = std::sync::OnceLock::new();
     wgpu_for::<T>(test)?;
-    W.get_or_init(|| {
-        let mut w = Wgpu::new(PowerPreference::HighPerformance).ok()?;
+    let second = W.get_or_init(|| {
+        let mut w = Wgpu::new(PowerPreference::HighPerformance)
+            .map_err(|e| format!("a second device on the adapter: {e:#}"))?;
         let other = match w.dense_kernels() {
             DenseKernels::Tiled => DenseKernels::Flat,
             DenseKernels::Flat => DenseKernels::Tiled,
         };
         w.set_dense_kernels(other);
         eprintln!("second device: dense kernels {}", other.name());
-        Some(w)
-    })
-    .as_ref()
+        Ok(w)
+    });
+    match second {
+        Ok(w) => Some(w),
+        Err(why) => {
+            no_wgpu(test, why);
+            None
+        }
+    }
 }
 
 #[test]
@@ -432,9 +419,12 @@ fn awaited_download_matches_blocking() {
 
 #[test]
 fn f64_without_shader_f64_is_a_clear_error() {
-    let Some(w) = wgpu() else {
-        no_wgpu(&this_test(), "no wgpu adapter");
-        return;
+    let w = match wgpu_device() {
+        Ok(w) => w,
+        Err(why) => {
+            no_wgpu(&this_test(), why);
+            return;
+        }
     };
     assert!(w.require::<f32>().is_ok());
     match w.require::<f64>() {

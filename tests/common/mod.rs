@@ -23,25 +23,42 @@ pub fn no_wgpu(test: &str, why: &str) {
     eprintln!("SKIPPED: {test}: {why}");
 }
 
+/// The test binary's wgpu device, opened on first use (its adapter printed: the GPU kit reads the
+/// line) and kept for the binary's life, or why there is none. Kept, not dropped: two test threads
+/// opening and dropping Vulkan devices at once crashed a test binary (SIGSEGV) in 2 of 3 runs on
+/// an NVIDIA H200 (driver 580.159.04).
+#[cfg(feature = "wgpu")]
+pub fn wgpu_device() -> Result<&'static dpw::backend::wgpu::Wgpu, &'static str> {
+    use dpw::backend::wgpu::Wgpu;
+    static W: std::sync::OnceLock<Result<Wgpu, String>> = std::sync::OnceLock::new();
+    W.get_or_init(|| {
+        let w = Wgpu::new(wgpu::PowerPreference::HighPerformance).map_err(|e| format!("{e:#}"))?;
+        eprintln!(
+            "wgpu adapter: {} ({}, cpu adapter: {}, f64: {})",
+            w.adapter_name(),
+            w.backend_name(),
+            w.is_cpu_adapter(),
+            w.supports_f64()
+        );
+        Ok(w)
+    })
+    .as_ref()
+    .map_err(String::as_str)
+}
+
 /// Whether this machine has a wgpu adapter with float64, for tests whose runs are `dpw`
-/// processes of their own; if not, reports it through [`no_wgpu`]. The probe's device is opened
-/// once per test binary and kept: two test threads opening and dropping Vulkan devices at once
-/// crashed the test binary (SIGSEGV) in 2 of 3 runs on an NVIDIA H200 (driver 580.159.04).
+/// processes of their own; if not, reports it through [`no_wgpu`].
 #[cfg(feature = "wgpu")]
 pub fn wgpu_f64_present(test: &str) -> bool {
-    static PROBE: std::sync::OnceLock<Result<dpw::backend::wgpu::Wgpu, String>> =
-        std::sync::OnceLock::new();
-    let probe = PROBE.get_or_init(|| {
-        dpw::backend::wgpu::Wgpu::new_f64(wgpu::PowerPreference::HighPerformance)
-            .map_err(|e| format!("{e:#}"))
-    });
-    match probe {
-        Ok(_) => true,
-        Err(e) => {
-            no_wgpu(test, &format!("no wgpu adapter with float64 ({e})"));
-            false
-        }
-    }
+    let why = match wgpu_device() {
+        Ok(w) => match w.require::<f64>() {
+            Ok(()) => return true,
+            Err(e) => format!("no wgpu adapter with float64 ({e:#})"),
+        },
+        Err(e) => e.to_string(),
+    };
+    no_wgpu(test, &why);
+    false
 }
 
 /// DeePMD-kit 3.2.0's numbers for model_A (`tests/reference/deepmd-3.2.0/README.md`).
