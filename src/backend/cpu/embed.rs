@@ -125,6 +125,9 @@ struct Forward<'a, T> {
 }
 
 impl<T: Real> Epilogue<T> for Forward<'_, T> {
+    // Its tanh on one-vector rows (32 + 16 + 1 + 1 for a row of 50 in f32) took more time
+    // than on the two half-vector tiles (32 + 8 + 8 + 1 + 1) it replaces.
+    const HALF: bool = false;
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
     fn tile<const N: usize, const W: usize>(
@@ -309,7 +312,7 @@ fn bias_grads<'a, T>(l: &Layer, g: &'a mut [T], base: usize) -> (&'a mut [T], Op
     }
 }
 
-/// The dual rows of layer li: `scr.zb` = `[z̄; ż̄]` from `scr.yb` = `[ȳ; ẏ̄]`, b̄ and īdt added.
+/// The dual rows of layer li: `scr.zb` = `[z̄; ż̄]` (rows [`tile::padded`]) from `scr.yb` = `[ȳ; ẏ̄]`, b̄ and īdt added.
 #[inline(always)]
 fn dual_rows<T: Real>(
     li: usize,
@@ -320,15 +323,15 @@ fn dual_rows<T: Real>(
     g: &mut [T],
     base: usize,
 ) {
-    let (n, no) = (tr.n, l.nout);
+    let (n, no, zs) = (tr.n, l.nout, tile::padded::<T>(l.nout));
     let idt = l.idt.map(|o| &p[o..o + no]);
     let hz = &tr.hz[li];
-    resize(&mut scr.zb, 2 * n * no);
-    let (zb, zdb) = scr.zb.split_at_mut(n * no);
+    resize(&mut scr.zb, 2 * n * zs);
+    let (zb, zdb) = scr.zb.split_at_mut(n * zs);
     let (yb, ydb) = scr.yb.split_at(n * no);
     let (gb, mut gi) = bias_grads(l, g, base);
     for (r, &sd) in scr.sdot.iter().enumerate() {
-        let q = r * no..(r + 1) * no;
+        let (q, qz) = (r * no..(r + 1) * no, r * zs..r * zs + no);
         dual_row(
             true,
             idt,
@@ -336,9 +339,9 @@ fn dual_rows<T: Real>(
             zp_row(li, l, p, n, hz, r),
             sd,
             &yb[q.clone()],
-            &ydb[q.clone()],
-            &mut zb[q.clone()],
-            &mut zdb[q],
+            &ydb[q],
+            &mut zb[qz.clone()],
+            &mut zdb[qz],
             gb,
             gi.as_deref_mut(),
         );
@@ -348,9 +351,10 @@ fn dual_rows<T: Real>(
 /// The epilogue of x̄ = z̄ Wᵀ through layer `l`, fused with the dual rows of the layer below
 /// (`below`, index li − 1): the tiles come with value rows first and the matching tangent rows
 /// (n + r) after. It adds skipᵀ(ȳ) as [`add_skip_t`] does, keeps the result (the layer
-/// below's `[ȳ; ẏ̄]`) in `xb` and makes that layer's `[z̄; ż̄]` in `zb` as [`dual_rows`] does,
-/// element for element and summing b̄ and īdt in the same order of rows.
+/// below's `[ȳ; ẏ̄]`) in `xb` and makes that layer's `[z̄; ż̄]` in `zb` (rows `zs` long) as
+/// [`dual_rows`] does, element for element and summing b̄ and īdt in the same order of rows.
 struct Reverse<'a, T> {
+    zs: usize,
     l: &'a Layer,
     below: &'a Layer,
     li: usize,
@@ -422,7 +426,8 @@ impl<T: Real> Reverse<'_, T> {
             let (v, vt) = (&v[..w], &vt[..w]);
             self.xb[r * ni + j0..r * ni + j0 + w].copy_from_slice(v);
             self.xb[rt * ni + j0..rt * ni + j0 + w].copy_from_slice(vt);
-            let (lo, hi) = self.zb.split_at_mut(rt * ni);
+            let zs = self.zs;
+            let (lo, hi) = self.zb.split_at_mut(rt * zs);
             dual_row(
                 true,
                 idt,
@@ -431,7 +436,7 @@ impl<T: Real> Reverse<'_, T> {
                 self.sdot[r],
                 v,
                 vt,
-                &mut lo[r * ni + j0..r * ni + j0 + w],
+                &mut lo[r * zs + j0..r * zs + j0 + w],
                 &mut hi[j0..j0 + w],
                 &mut self.gb[cols.clone()],
                 self.gi.as_deref_mut().map(|g| &mut g[cols.clone()]),
@@ -459,6 +464,8 @@ fn dual<T: Real>(
     dual_rows(top, &net.layers[top], p, tr, scr, g, base);
     for (li, l) in net.layers.iter().enumerate().rev() {
         let (ni, no) = (l.nin, l.nout);
+        // The rows of `[z̄; ż̄]` and of Wᵀ are padded for the tiles.
+        let (zs, zs_below) = (tile::padded::<T>(no), tile::padded::<T>(ni));
         // The stacked input's tangent half holds x' for a unit ṡ: scale it to ẋ = x'·ṡ.
         let x = &mut scr.xs[li];
         for (r, &sd) in scr.sdot.iter().enumerate() {
@@ -472,7 +479,7 @@ fn dual<T: Real>(
             rs: 1,
             cs: ni,
         };
-        tile::gemm(ni, 2 * n, no, xt, &scr.zb, no, true, gw);
+        tile::gemm(ni, 2 * n, no, xt, &scr.zb, zs, true, gw);
         if li == 0 {
             break;
         }
@@ -481,13 +488,14 @@ fn dual<T: Real>(
         let below = &net.layers[li - 1];
         let zb = Mat {
             v: &scr.zb[..],
-            rs: no,
+            rs: zs,
             cs: 1,
         };
         if fma() && no <= tile::KC {
-            resize(&mut scr.zb_below, 2 * n * ni);
+            resize(&mut scr.zb_below, 2 * n * zs_below);
             let (gb, gi) = bias_grads(below, g, base);
             let mut e = Reverse {
+                zs: zs_below,
                 l,
                 below,
                 li,
@@ -501,20 +509,11 @@ fn dual<T: Real>(
                 gb,
                 gi,
             };
-            pair_tiles(n, zb, &wt[li], wt_stride(ni), 0..no, &mut e);
+            pair_tiles(n, zb, &wt[li], zs_below, 0..no, &mut e);
             std::mem::swap(&mut scr.yb, &mut scr.xb);
             std::mem::swap(&mut scr.zb, &mut scr.zb_below);
         } else {
-            tile::gemm(
-                2 * n,
-                no,
-                ni,
-                zb,
-                &wt[li],
-                wt_stride(ni),
-                false,
-                &mut scr.xb,
-            );
+            tile::gemm(2 * n, no, ni, zb, &wt[li], zs_below, false, &mut scr.xb);
             for r in 0..2 * n {
                 add_skip_t(
                     l,
@@ -552,20 +551,15 @@ fn pair_tiles<T: Real, E: Epilogue<T>>(
     }
 }
 
-/// The row stride of a layer's Wᵀ: nin rounded up to four columns, so that the tiles of
-/// x̄ = z̄ Wᵀ end in a vector tile whose zero columns are dropped (nin = 25 and 50 would
-/// otherwise end in one-column tiles, each a few scalar chains bound by the FMA's latency).
-fn wt_stride(nin: usize) -> usize {
-    nin.next_multiple_of(4)
-}
-
-/// Every layer's Wᵀ (`[nout][wt_stride(nin)]`, zero past nin), so that x̄ = z̄ Wᵀ reads
-/// contiguous rows; made once per block and step, not per task.
+/// Every layer's Wᵀ (`[nout][padded(nin)]`, zero past nin), so that x̄ = z̄ Wᵀ reads
+/// contiguous rows and its tiles end in a vector tile (nin = 25 and 50 would otherwise end in
+/// narrower tiles, down to one-column ones bound by the FMA's latency); made once per block and
+/// step, not per task.
 fn transposed_weights<T: Real>(net: &Net, p: &[T]) -> Vec<Vec<T>> {
     net.layers
         .iter()
         .map(|l| {
-            let (ni, no, st) = (l.nin, l.nout, wt_stride(l.nin));
+            let (ni, no, st) = (l.nin, l.nout, tile::padded::<T>(l.nin));
             let mut wt = vec![T::zero(); st * no];
             for (j, wr) in p[l.w..l.w + ni * no].chunks_exact(no).enumerate() {
                 for (o, &v) in wr.iter().enumerate() {

@@ -24,6 +24,8 @@ pub(super) const R: usize = 6;
 
 /// What to do with a tile's sums: `acc[i][q]` is C's element (rows\[i\], j0 + q).
 pub(super) trait Epilogue<T> {
+    /// Whether the tiles one vector wide (H) run after the two-vector ones.
+    const HALF: bool = true;
     fn tile<const N: usize, const W: usize>(
         &mut self,
         rows: [usize; N],
@@ -60,10 +62,11 @@ unsafe fn tile<T: Real, const N: usize, const W: usize>(
     acc
 }
 
-/// All of C's columns `0..n` for the rows `rows`: tiles W wide, then 8, 4 and 1 wide.
+/// All of C's columns `0..n` for the rows `rows`: tiles W wide, then H (half of W, one vector),
+/// 8, 4 and 1 wide.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn columns<T: Real, E: Epilogue<T>, const N: usize, const W: usize>(
+fn columns<T: Real, E: Epilogue<T>, const N: usize, const W: usize, const H: usize>(
     rows: [usize; N],
     a: Mat<T>,
     b: &[T],
@@ -85,6 +88,13 @@ fn columns<T: Real, E: Epilogue<T>, const N: usize, const W: usize>(
         });
         j += W;
     }
+    // Where H is 8 or less, the next loop does its work.
+    while H > 8 && E::HALF && j + H <= n {
+        e.tile(rows, j, &unsafe {
+            tile::<T, N, H>(a, rows, b, b_rs, j, ps.clone())
+        });
+        j += H;
+    }
     while j + 8 <= n {
         e.tile(rows, j, &unsafe {
             tile::<T, N, 8>(a, rows, b, b_rs, j, ps.clone())
@@ -105,6 +115,27 @@ fn columns<T: Real, E: Epilogue<T>, const N: usize, const W: usize>(
     }
 }
 
+/// Whether the tiles are AVX-512 wide.
+fn wide512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::simd::avx512()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// n rounded up to whole vectors of T (16 f32 or 8 f64 with AVX-512, half that without). A B
+/// whose rows are that long (zero or anything past n) lets a row of C end in a vector tile whose
+/// extra columns the epilogue drops: a row of 50 would otherwise end in one-column tiles, each
+/// six scalar chains of FMAs bound by the FMA's latency, as slow as a whole vector tile.
+pub(super) fn padded<T>(n: usize) -> usize {
+    let bytes = if wide512() { 64 } else { 32 };
+    n.next_multiple_of(bytes / std::mem::size_of::<T>())
+}
+
 /// The tiles of rows `rows` of C = A·B over the depth range `ps` (B's rows contiguous, stride
 /// `b_rs`, n columns), each handed to `e`; the tile width is picked for the CPU and T.
 #[inline(always)]
@@ -117,29 +148,40 @@ pub(super) fn row_tiles<T: Real, E: Epilogue<T>, const N: usize>(
     ps: Range<usize>,
     e: &mut E,
 ) {
-    let wide512 = {
-        #[cfg(target_arch = "x86_64")]
-        {
-            super::simd::avx512()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    };
-    match (wide512, std::mem::size_of::<T>() == 8) {
-        (true, true) => columns::<T, E, N, 16>(rows, a, b, b_rs, n, ps, e),
-        (true, false) => columns::<T, E, N, 32>(rows, a, b, b_rs, n, ps, e),
-        (false, true) => columns::<T, E, N, 8>(rows, a, b, b_rs, n, ps, e),
-        (false, false) => columns::<T, E, N, 16>(rows, a, b, b_rs, n, ps, e),
+    match (wide512(), std::mem::size_of::<T>() == 8) {
+        (true, true) => columns::<T, E, N, 16, 8>(rows, a, b, b_rs, n, ps, e),
+        (true, false) => columns::<T, E, N, 32, 16>(rows, a, b, b_rs, n, ps, e),
+        (false, true) => columns::<T, E, N, 8, 4>(rows, a, b, b_rs, n, ps, e),
+        (false, false) => columns::<T, E, N, 16, 8>(rows, a, b, b_rs, n, ps, e),
     }
 }
 
-/// Writes (or adds) each tile into a row-major C of n columns.
+/// Writes (or adds) each tile into a row-major C of n columns; a tile reaching past n (into B's
+/// row padding) leaves its extra columns out.
 struct Store<'a, T> {
     c: &'a mut [T],
     n: usize,
     add: bool,
+}
+
+impl<T: Real> Store<'_, T> {
+    #[inline(always)]
+    fn rows<const N: usize, const W: usize>(
+        &mut self,
+        rows: [usize; N],
+        j0: usize,
+        w: usize,
+        acc: &[[T; W]; N],
+    ) {
+        for (&r, acc) in rows.iter().zip(acc) {
+            let (cr, acc) = (&mut self.c[r * self.n + j0..r * self.n + j0 + w], &acc[..w]);
+            if self.add {
+                cr.iter_mut().zip(acc).for_each(|(c, v)| *c += *v);
+            } else {
+                cr.copy_from_slice(acc);
+            }
+        }
+    }
 }
 
 impl<T: Real> Epilogue<T> for Store<'_, T> {
@@ -150,19 +192,19 @@ impl<T: Real> Epilogue<T> for Store<'_, T> {
         j0: usize,
         acc: &[[T; W]; N],
     ) {
-        for (&r, acc) in rows.iter().zip(acc) {
-            let cr = &mut self.c[r * self.n + j0..r * self.n + j0 + W];
-            if self.add {
-                cr.iter_mut().zip(acc).for_each(|(c, v)| *c += *v);
-            } else {
-                cr.copy_from_slice(acc);
-            }
+        // Only the last tile of a padded B is partial; for the others W stays a constant.
+        if j0 + W <= self.n {
+            self.rows(rows, j0, W, acc);
+        } else {
+            self.rows(rows, j0, self.n - j0, acc);
         }
     }
 }
 
 /// `c[i·n + j] = Σ_p a(i, p)·b[p·b_rs + j]` (or `+=` with `accumulate`), as
 /// [`super::gemm::small_gemm`] and with its bits, in this module's tiles where the CPU has FMA.
+/// Where B's rows are [`padded`] (b_rs ≥ padded(n), whatever the padding holds), the tiles run
+/// on to the padded width and drop the columns past n.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn gemm<T: Real>(
@@ -180,6 +222,11 @@ pub(super) fn gemm<T: Real>(
         return;
     }
     assert!(c.len() >= m * n);
+    let nt = if b_rs >= padded::<T>(n) && (k - 1) * b_rs + padded::<T>(n) <= b.len() {
+        padded::<T>(n)
+    } else {
+        n
+    };
     for k0 in (0..k).step_by(KC) {
         let ps = k0..(k0 + KC).min(k);
         let mut e = Store {
@@ -194,7 +241,7 @@ pub(super) fn gemm<T: Real>(
                 a,
                 b,
                 b_rs,
-                n,
+                nt,
                 ps.clone(),
                 &mut e,
             );
@@ -204,11 +251,11 @@ pub(super) fn gemm<T: Real>(
         // chains of FMAs, bound by the FMA's latency rather than its throughput.
         match m - i {
             0 => {}
-            1 => row_tiles([i], a, b, b_rs, n, ps, &mut e),
-            2 => row_tiles([i, i + 1], a, b, b_rs, n, ps, &mut e),
-            3 => row_tiles([i, i + 1, i + 2], a, b, b_rs, n, ps, &mut e),
-            4 => row_tiles([i, i + 1, i + 2, i + 3], a, b, b_rs, n, ps, &mut e),
-            5 => row_tiles([i, i + 1, i + 2, i + 3, i + 4], a, b, b_rs, n, ps, &mut e),
+            1 => row_tiles([i], a, b, b_rs, nt, ps, &mut e),
+            2 => row_tiles([i, i + 1], a, b, b_rs, nt, ps, &mut e),
+            3 => row_tiles([i, i + 1, i + 2], a, b, b_rs, nt, ps, &mut e),
+            4 => row_tiles([i, i + 1, i + 2, i + 3], a, b, b_rs, nt, ps, &mut e),
+            5 => row_tiles([i, i + 1, i + 2, i + 3, i + 4], a, b, b_rs, nt, ps, &mut e),
             _ => unreachable!("fewer than R = 6 rows are left"),
         }
     }
@@ -216,8 +263,42 @@ pub(super) fn gemm<T: Real>(
 
 #[cfg(test)]
 mod tests {
-    use super::{gemm, Mat};
+    use super::{gemm, padded, Mat};
     use crate::backend::cpu::simd::wide;
+
+    /// With B's rows padded (NaN in the padding), the tiles run into the padding and drop it:
+    /// the same bits as the layered GEMM on the real columns, and C past n untouched.
+    #[test]
+    fn padded_rows_give_the_same_bits() {
+        for &(m, k, n) in &[(25, 40, 50), (1, 30, 25), (50, 12, 100), (7, 5, 9)] {
+            let st = padded::<f32>(n);
+            assert!(st >= n && st.is_multiple_of(4));
+            let b: Vec<f32> = (0..k * st)
+                .map(|i| {
+                    if i % st < n {
+                        (i as f32 * 0.37).sin()
+                    } else {
+                        f32::NAN
+                    }
+                })
+                .collect();
+            let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.11).cos()).collect();
+            let a = Mat {
+                v: &a,
+                rs: k,
+                cs: 1,
+            };
+            let (mut want, mut got) = (vec![0.5f32; m * n + 3], vec![0.5f32; m * n + 3]);
+            wide(
+                #[inline(always)]
+                || {
+                    super::super::gemm::small_gemm(m, k, n, a, &b, st, true, &mut want);
+                    gemm(m, k, n, a, &b, st, true, &mut got);
+                },
+            );
+            assert_eq!(got, want, "m {m} k {k} n {n}");
+        }
+    }
 
     /// The same bits as the layered GEMM, on the embedding's shapes, overwriting and
     /// accumulating, with A transposed.
