@@ -94,16 +94,36 @@ fn exp64<const W: usize>(y: &Row<f64, W>) -> Row<f64, W> {
     map(|q| (p[q] * r[q] + 1.0) * two_pow64(shifted[q]))
 }
 
-/// e^y in f32 for −87 ≤ y ≤ 88 (normal results), as [`reduce64`] with Cephes' split of ln 2
-/// and e^r by its Taylor series to degree 7 (remainder < 1e-8).
+/// y = k ln2 + r in f32, as [`reduce64`] with Cephes' split of ln 2.
 #[inline(always)]
-pub(super) fn exp32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
+fn reduce32<const W: usize>(y: &Row<f32, W>) -> (Row<f32, W>, Row<f32, W>) {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    const SHIFT: f32 = 12_582_912.0;
-    let shifted: Row<f32, W> = map(|q| y[q] * std::f32::consts::LOG2_E + SHIFT);
-    let k: Row<f32, W> = map(|q| shifted[q] - SHIFT);
-    let r: Row<f32, W> = map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO);
+    let shifted: Row<f32, W> = map(|q| y[q] * std::f32::consts::LOG2_E + SHIFT32);
+    let k: Row<f32, W> = map(|q| shifted[q] - SHIFT32);
+    (shifted, map(|q| (y[q] - k[q] * LN2_HI) - k[q] * LN2_LO))
+}
+
+const SHIFT32: f32 = 12_582_912.0;
+
+/// 2^k from the bits of k + 1.5·2²³, as [`two_pow64`]: `k as i32` saturates, which the
+/// compiler does not vectorise.
+#[inline(always)]
+fn two_pow32(shifted: f32) -> f32 {
+    f32::from_bits(
+        shifted
+            .to_bits()
+            .wrapping_sub(SHIFT32.to_bits())
+            .wrapping_add(127)
+            << 23,
+    )
+}
+
+/// e^y in f32 for −87 ≤ y ≤ 88 (normal results), e^r by its Taylor series to degree 7
+/// (remainder < 1e-8).
+#[inline(always)]
+pub(super) fn exp32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
+    let (shifted, r) = reduce32::<W>(y);
     let p = horner(
         &r,
         [
@@ -117,15 +137,29 @@ pub(super) fn exp32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
             1.0,
         ],
     );
-    // 2^k from the bits, as [`two_pow64`]: `k as i32` saturates, which the compiler does not
-    // vectorise.
+    map(|q| p[q] * two_pow32(shifted[q]))
+}
+
+/// e^y − 1 in f32 for 0 ≤ y ≤ 20, as [`expm1_pos`]: (e^r − 1)/r by its Taylor series to degree
+/// 6 (remainder < 2e-8 relative for |r| ≤ ln2/2).
+#[inline(always)]
+pub(super) fn expm1_pos32<const W: usize>(y: &Row<f32, W>) -> Row<f32, W> {
+    let (shifted, r) = reduce32::<W>(y);
+    let p = horner(
+        &r,
+        [
+            1.0 / 5_040.0,
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+        ],
+    );
     map(|q| {
-        let two_k = shifted[q]
-            .to_bits()
-            .wrapping_sub(SHIFT.to_bits())
-            .wrapping_add(127)
-            << 23;
-        p[q] * f32::from_bits(two_k)
+        let two_k = two_pow32(shifted[q]);
+        (p[q] * r[q]) * two_k + (two_k - 1.0)
     })
 }
 

@@ -8,7 +8,7 @@
 //! than calling them row after row, whose independent chains the out-of-order core overlaps
 //! as well.
 
-use super::exp::{exp32, expm1_pos};
+use super::exp::{expm1_pos, expm1_pos32};
 use super::simd::rows_apart;
 use crate::backend::Real;
 
@@ -40,30 +40,21 @@ pub fn tanh64_row<const W: usize>(x: &Row<f64, W>) -> Row<f64, W> {
     map(|q| (t[q] / (t[q] + 2.0)).copysign(x[q]))
 }
 
-/// Cephes' tanhf of each value: a polynomial below 0.625, 1 − 2/(e^{2|x|} + 1) above; within
-/// 2 ulp of f32, at twice the lanes of going through f64 (float32 training's embedding tanh).
+/// tanh of each value in f32 as [`tanh64_row`] does in f64, t/(t + 2) with t = e^{2|x|} − 1:
+/// within 2 ulp (1.75 at worst), at twice the lanes of going through f64 (float32 training's
+/// embedding tanh). It replaced Cephes' tanhf, whose two branches (a polynomial below 0.625)
+/// were both evaluated for every value: a third fewer operations.
 #[inline(always)]
 pub fn tanh32_row<const W: usize>(x: &Row<f32, W>) -> Row<f32, W> {
-    let a: Row<f32, W> = map(|q| x[q].abs());
-    let z: Row<f32, W> = map(|q| x[q] * x[q]);
-    let p: Row<f32, W> = map(|q| {
-        let z = z[q];
-        (((-5.704_988_7e-3 * z + 2.063_909e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z
-            - 3.333_328e-1
-    });
-    // tanh(10) rounds to 1 in f32.
-    let e = exp32::<W>(&map(|q| 2.0 * a[q].min(10.0)));
-    map(|q| {
-        let x = x[q];
-        if a[q] < 0.625 {
-            p[q] * z[q] * x + x
-        } else {
-            (1.0 - 2.0 / (e[q] + 1.0)).copysign(x)
-        }
-    })
+    // tanh(10) rounds to 1 in f32; a NaN stays NaN.
+    let t = expm1_pos32::<W>(&map(|q| {
+        let a = x[q].abs();
+        2.0 * if a > 10.0 { 10.0 } else { a }
+    }));
+    map(|q| (t[q] / (t[q] + 2.0)).copysign(x[q]))
 }
 
-/// tanh of each value in T's own arithmetic: [`tanh32_row`] for f32 (within 2 ulp), else
+/// tanh of each value in T's own arithmetic: [`tanh32_row`] for f32, else
 /// [`tanh64_row`].
 #[inline(always)]
 pub fn tanh_row<T: Real, const W: usize>(x: &mut Row<T, W>) {
@@ -171,8 +162,11 @@ mod tests {
     #[test]
     fn f32_within_two_ulp() {
         let mut worst = 0.0f64;
-        for i in -400_000..=400_000 {
-            let x = i as f32 * 4.1e-5 + 1e-7;
+        let small = (1..100_000).map(|i| i as f32 * 1.3e-6);
+        for x in (-400_000..=400_000)
+            .map(|i| i as f32 * 4.1e-5 + 1e-7)
+            .chain(small)
+        {
             let exact = (x as f64).tanh();
             let ulp = f64::from(f32::EPSILON) * exact.abs().max(f64::from(f32::MIN_POSITIVE));
             worst = worst.max((f64::from(tanh32(x)) - exact).abs() / ulp);
@@ -181,6 +175,10 @@ mod tests {
         assert_eq!(tanh32(0.0), 0.0);
         assert_eq!(tanh32(30.0), 1.0);
         assert_eq!(tanh32(-1e30), -1.0);
+        assert_eq!(tanh32(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(tanh32(1e-30), 1e-30);
+        assert!(tanh32(f32::NAN).is_nan());
+        assert_eq!(tanh32(f32::INFINITY), 1.0);
     }
 
     #[test]
