@@ -20,15 +20,14 @@ use dpw::train::step::DeviceModel;
 
 use common::*;
 
+/// The test binary's device, or None after printing why the test is skipped.
+fn device(test: &str) -> Option<&'static Wgpu> {
+    wgpu_device().map_err(|why| no_wgpu(test, why)).ok()
+}
+
 /// The backend for a test in T, or None after printing why the test is skipped.
 fn wgpu_for<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
-    let w = match wgpu_device() {
-        Ok(w) => w,
-        Err(why) => {
-            no_wgpu(test, why);
-            return None;
-        }
-    };
+    let w = device(test)?;
     if let Err(e) = w.require::<T>() {
         no_wgpu(test, &e.to_string());
         return None;
@@ -192,13 +191,7 @@ fn other_dense<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
         eprintln!("second device: dense kernels {}", other.name());
         Ok(w)
     });
-    match second {
-        Ok(w) => Some(w),
-        Err(why) => {
-            no_wgpu(test, why);
-            None
-        }
-    }
+    second.as_ref().map_err(|why| no_wgpu(test, why)).ok()
 }
 
 #[test]
@@ -419,12 +412,8 @@ fn awaited_download_matches_blocking() {
 
 #[test]
 fn f64_without_shader_f64_is_a_clear_error() {
-    let w = match wgpu_device() {
-        Ok(w) => w,
-        Err(why) => {
-            no_wgpu(&this_test(), why);
-            return;
-        }
+    let Some(w) = device(&this_test()) else {
+        return;
     };
     assert!(w.require::<f32>().is_ok());
     match w.require::<f64>() {

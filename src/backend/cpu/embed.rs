@@ -312,7 +312,8 @@ fn bias_grads<'a, T>(l: &Layer, g: &'a mut [T], base: usize) -> (&'a mut [T], Op
     }
 }
 
-/// The dual rows of layer li: `scr.zb` = `[z̄; ż̄]` (rows [`tile::padded`]) from `scr.yb` = `[ȳ; ẏ̄]`, b̄ and īdt added.
+/// The dual rows of layer li: `scr.zb` = `[z̄; ż̄]` (rows [`tile::padded`] long) from
+/// `scr.yb` = `[ȳ; ẏ̄]`, b̄ and īdt added.
 #[inline(always)]
 fn dual_rows<T: Real>(
     li: usize,

@@ -222,8 +222,9 @@ pub(super) fn gemm<T: Real>(
         return;
     }
     assert!(c.len() >= m * n);
-    let nt = if b_rs >= padded::<T>(n) && (k - 1) * b_rs + padded::<T>(n) <= b.len() {
-        padded::<T>(n)
+    let np = padded::<T>(n);
+    let nt = if b_rs >= np && (k - 1) * b_rs + np <= b.len() {
+        np
     } else {
         n
     };
