@@ -23,8 +23,9 @@
 #       names match (the others are reported as skipped). GPU_CHECK_TEST_FILTER=NAME passes NAME
 #       to the test executables as libtest's filter (CI's dry run: one quick test of a step).
 #   scripts/gpu-check.sh more    (the follow-up, when the first call leaves time) the per-op
-#       profile (`dpw bench --profile`), ncu's per-kernel times, and the benches `run` leaves
-#       out (batch 4, frames not resident, wgpu at batch 16); budget 200 s by default.
+#       profile (`dpw bench --profile`), ncu's per-kernel times, wgpu's per-kernel GPU times
+#       (DPW_WGPU_PROFILE), and the benches `run` leaves out (batch 4, frames not resident, wgpu at
+#       batch 16); budget 200 s by default.
 #       Both in one call: `bash scripts/gpu-check.sh run; OUT=$OUT/more bash scripts/gpu-check.sh more`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -480,9 +481,11 @@ EOF
   esac
   step wgpu_train_parity 90 "$K/bin/train_wgpu_parity" "${TEST_FILTER[@]}" --nocapture
   for p in f64 f32; do bench_step wgpu "$p" 1 45; done
+  info wgpu_variants "$(grep -m1 -o 'dense kernels [a-z]*, passes [a-z]*' "$LOGS/bench_wgpu_f64_b1.log" 2>/dev/null || echo unknown)"
+  # A compute pass per dispatch (the default shares one between the dispatches of a submit).
+  for p in f64 f32; do DPW_WGPU_PASSES=each bench_step wgpu "$p" 1 45 -each; done
   # The other dense kernels (the default on a GPU adapter is tiled; flat is software Vulkan's).
-  info wgpu_dense "$(grep -m1 -o 'dense kernels [a-z]*' "$LOGS/bench_wgpu_f64_b1.log" 2>/dev/null || echo unknown)"
-  for p in f64 f32; do DPW_WGPU_DENSE=flat bench_step wgpu "$p" 1 45 -flat; done
+  DPW_WGPU_DENSE=flat bench_step wgpu f64 1 45 -flat
 
   # compute-sanitizer memcheck on a short cuda run.
   local cs
@@ -524,14 +527,16 @@ more_checks() { # kit dpw water
   step bench_cuda-noresident_f64_b1 30 env DPW_RESIDENT_MB=0 "$dpw" bench "$W/bench-b1.json" \
     --backend cuda --steps 30 --warmup 5 --json "$LOGS/bench_cuda-noresident_f64_b1.json"
   vulkan_setup "$K"
-  for p in f64 f32; do bench_step wgpu "$p" 16 30; done
-  DPW_WGPU_DENSE=flat bench_step wgpu f64 16 30 -flat
-  # wgpu's time per kernel (every dispatch waits for the device), both kinds of dense kernels.
-  local d
-  for d in tiled flat; do
-    step "profile_wgpu-${d}_f64_b1" 40 env DPW_WGPU_PROFILE=1 DPW_WGPU_DENSE=$d "$dpw" bench \
-      "$W/bench-b1.json" --backend wgpu --steps 10 --warmup 3
+  # wgpu's device time per kernel and between kernels (GPU timestamps), float64 and float32.
+  for p in f64 f32; do
+    local flag=()
+    [ "$p" = f32 ] && flag=(--float32)
+    step "profile_wgpu_${p}_b1" 40 env DPW_WGPU_PROFILE=1 "$dpw" bench "$W/bench-b1.json" \
+      --backend wgpu "${flag[@]}" --steps 10 --warmup 3
   done
+  for p in f64 f32; do bench_step wgpu "$p" 16 30; done
+  DPW_WGPU_PASSES=each bench_step wgpu f64 16 30 -each
+  DPW_WGPU_DENSE=flat bench_step wgpu f32 1 30 -flat
 }
 
 # `dpw bench` on one backend, precision and batch size, its JSON kept for the report.
@@ -769,6 +774,7 @@ if bench:
             cuda = t.get(("cuda", prec, nb))
             for other, what in (("deepmdpt", "DeePMD-kit PT s/step / dpw cuda s/step"),
                                 ("wgpu", "dpw wgpu s/step / dpw cuda s/step"),
+                                ("wgpu-each", "dpw wgpu (a pass per dispatch) s/step / dpw cuda s/step"),
                                 ("wgpu-flat", "dpw wgpu (flat dense kernels) s/step / dpw cuda s/step")):
                 if cuda and t.get((other, prec, nb)):
                     ratios.append(f"| {what} | {prec} | {nb} | {t[(other, prec, nb)] / cuda:.2f} |")

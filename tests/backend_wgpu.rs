@@ -11,7 +11,7 @@ mod common;
 mod suite;
 
 use dpw::backend::cpu::Cpu;
-use dpw::backend::wgpu::{DenseKernels, GpuReal, PowerPreference, Wgpu};
+use dpw::backend::wgpu::{DenseKernels, GpuReal, Passes, PowerPreference, Wgpu};
 use dpw::backend::{AdamStep, Backend, DenseOps, Device, LossSums, Prefactors, TrainOps};
 use dpw::model::{Layer, Skip};
 use dpw::train::batch::assemble;
@@ -175,42 +175,52 @@ fn parity_ops_f32() {
     }
 }
 
-/// A second device on the same adapter running the other kind of dense kernels than the
-/// adapter's default (tiled on lavapipe, flat on a GPU), so every machine checks both.
-fn other_dense<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
+/// A second device on the same adapter running the variants the first does not: the other kind
+/// of dense kernels (tiled on lavapipe, flat on a GPU) and the other grouping of dispatches into
+/// compute passes, so every machine checks both of each.
+fn other_variant<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
     static W: std::sync::OnceLock<Result<Wgpu, String>> = std::sync::OnceLock::new();
     wgpu_for::<T>(test)?;
     let second = W.get_or_init(|| {
         let mut w = Wgpu::new(PowerPreference::HighPerformance)
             .map_err(|e| format!("a second device on the adapter: {e:#}"))?;
-        let other = match w.dense_kernels() {
+        let dense = match w.dense_kernels() {
             DenseKernels::Tiled => DenseKernels::Flat,
             DenseKernels::Flat => DenseKernels::Tiled,
         };
-        w.set_dense_kernels(other);
-        eprintln!("second device: dense kernels {}", other.name());
+        let passes = match w.passes() {
+            Passes::Shared => Passes::Each,
+            Passes::Each => Passes::Shared,
+        };
+        w.set_dense_kernels(dense);
+        w.set_passes(passes);
+        eprintln!(
+            "second device: dense kernels {}, passes {}",
+            dense.name(),
+            passes.name()
+        );
         Ok(w)
     });
     second.as_ref().map_err(|why| no_wgpu(test, why)).ok()
 }
 
 #[test]
-fn parity_ops_other_dense_f64() {
-    if let Some(w) = other_dense::<f64>("parity_ops_other_dense_f64") {
+fn parity_ops_other_variant_f64() {
+    if let Some(w) = other_variant::<f64>("parity_ops_other_variant_f64") {
         suite::parity::ops::<f64, _>(w, 1e-12);
     }
 }
 
 #[test]
-fn parity_ops_other_dense_f32() {
-    if let Some(w) = other_dense::<f32>("parity_ops_other_dense_f32") {
+fn parity_ops_other_variant_f32() {
+    if let Some(w) = other_variant::<f32>("parity_ops_other_variant_f32") {
         suite::parity::ops::<f32, _>(w, 1e-5);
     }
 }
 
 #[test]
-fn parity_with_cpu_other_dense_f64() {
-    if let Some(w) = other_dense::<f64>("parity_with_cpu_other_dense_f64") {
+fn parity_with_cpu_other_variant_f64() {
+    if let Some(w) = other_variant::<f64>("parity_with_cpu_other_variant_f64") {
         parity_on::<f64>(w, 1e-12);
     }
 }

@@ -1,7 +1,8 @@
 //! Training steps on the wgpu backend and on the cpu backend, in float64, write the same
-//! lcurve.out to the printed digits at every 4th step: 40 of se_e2_a, 12 of DPA-1. A small model on the water data and few
-//! steps (the lr still decays 3 times) keep it to minutes on lavapipe (software Vulkan); 200
-//! steps took 21 min on a busy 2-core machine.
+//! lcurve.out to the printed digits at every 4th step: 40 of se_e2_a, 12 of DPA-1. A small model
+//! on the water data and few steps (the lr still decays 3 times) keep it to minutes on lavapipe
+//! (software Vulkan); 200 steps took 21 min on a busy 2-core machine. Also: the profiled run
+//! (`DPW_WGPU_PROFILE`) gives the same lcurve.out and a report of every dispatch.
 #![cfg(feature = "wgpu")]
 mod common;
 
@@ -9,14 +10,35 @@ use std::path::Path;
 use std::process::Command;
 
 fn train(dir: &Path, backend: &str) -> String {
+    train_with(dir, backend, &[]).0
+}
+
+/// Trains in `dir` with `env` set: (lcurve.out, the log).
+fn train_with(dir: &Path, backend: &str, env: &[(&str, &str)]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
         .args(["train", "input.json", "--backend", backend])
+        .envs(env.iter().copied())
         .current_dir(dir)
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{backend}: {log}");
-    std::fs::read_to_string(dir.join("lcurve.out")).unwrap()
+    (
+        std::fs::read_to_string(dir.join("lcurve.out")).unwrap(),
+        log,
+    )
+}
+
+/// A directory of its own under `tmp`, with `input` as its input.json.
+fn run_dir(tmp: &Path, name: &str, input: &serde_json::Value) -> std::path::PathBuf {
+    let dir = tmp.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("input.json"),
+        serde_json::to_string_pretty(input).unwrap(),
+    )
+    .unwrap();
+    dir
 }
 
 /// Trains `input` on cpu and on wgpu, each in a directory of its own; their lcurve.out, which
@@ -28,24 +50,17 @@ fn lcurves_match(test: &str, input: &serde_json::Value, lines: usize) {
     let tmp = tempfile::tempdir().unwrap();
     let mut curves = Vec::new();
     for backend in ["cpu", "wgpu"] {
-        let dir = tmp.path().join(backend);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("input.json"),
-            serde_json::to_string_pretty(input).unwrap(),
-        )
-        .unwrap();
-        curves.push(train(&dir, backend));
+        curves.push(train(&run_dir(tmp.path(), backend, input), backend));
     }
     let rows = curves[0].lines().filter(|l| !l.starts_with('#')).count();
     assert_eq!(rows, lines, "rows of lcurve.out:\n{}", curves[0]);
     assert_eq!(curves[0], curves[1], "cpu and wgpu lcurve.out differ");
 }
 
-#[test]
-fn lcurve_of_40_steps_matches_cpu() {
+/// A small se_e2_a model on the water data: an lcurve.out line every 4th step.
+fn water_input(steps: usize) -> serde_json::Value {
     let water = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/water");
-    let input = serde_json::json!({
+    serde_json::json!({
         "model": {
             "type_map": ["O", "H"],
             "descriptor": {"type": "se_e2_a", "sel": [46, 92], "rcut": 6.0, "rcut_smth": 0.5,
@@ -58,11 +73,62 @@ fn lcurve_of_40_steps_matches_cpu() {
         "training": {
             "training_data": {"systems": [water.join("data_0")], "batch_size": 1},
             "validation_data": {"systems": [water.join("data_3")], "batch_size": 1, "numb_btch": 1},
-            "numb_steps": 40, "seed": 3, "disp_freq": 4, "save_freq": 40
+            "numb_steps": steps, "seed": 3, "disp_freq": 4, "save_freq": steps
         }
-    });
+    })
+}
+
+#[test]
+fn lcurve_of_40_steps_matches_cpu() {
     // Steps 1, 4, ..., 40.
-    lcurves_match("lcurve_of_40_steps_matches_cpu", &input, 11);
+    lcurves_match("lcurve_of_40_steps_matches_cpu", &water_input(40), 11);
+}
+
+/// `DPW_WGPU_PROFILE`: the report names every dispatch once (from GPU timestamps where the
+/// adapter has them, else waited for), and the profiled run, a compute pass per dispatch, writes
+/// the lcurve.out of the run without it.
+#[test]
+fn profile_reports_every_dispatch() {
+    if !common::wgpu_f64_present("profile_reports_every_dispatch") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let input = water_input(8);
+    let (plain, _) = train_with(&run_dir(tmp.path(), "plain", &input), "wgpu", &[]);
+    let dir = run_dir(tmp.path(), "profiled", &input);
+    let (profiled, log) = train_with(&dir, "wgpu", &[("DPW_WGPU_PROFILE", "1")]);
+    assert_eq!(plain, profiled, "the profiled run's lcurve.out differs");
+
+    let mut lines = log.lines().skip_while(|l| !l.contains("wgpu kernels, "));
+    let head = lines
+        .next()
+        .unwrap_or_else(|| panic!("no profile in the log:\n{log}"));
+    let mut calls = 0;
+    let mut rows = 0;
+    for row in lines {
+        let w: Vec<&str> = row.split_whitespace().collect();
+        let [ms, "ms", n, "calls", us, "µs", "a", "call", kernel, prec] = w[..] else {
+            break;
+        };
+        let (ms, us): (f64, f64) = (ms.parse().unwrap(), us.parse().unwrap());
+        assert!(ms >= 0.0 && us >= 0.0, "{row}");
+        assert!(kernel.contains(".wgsl:") && prec == "float64", "{row}");
+        calls += n.parse::<u64>().unwrap();
+        rows += 1;
+    }
+    assert!(rows > 10, "{rows} kernels in the profile:\n{log}");
+    eprintln!("{head}");
+    if head.contains("GPU timestamps") {
+        let dispatches = head
+            .split(" inside ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no dispatch count in {head}"));
+        assert_eq!(calls, dispatches, "{head}");
+    } else {
+        assert!(head.contains("each dispatch waited for"), "{head}");
+    }
 }
 
 /// DPA-1 (se_atten_v2, one attention layer) on the alloy data, kept tiny: its attention ops

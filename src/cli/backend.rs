@@ -189,10 +189,11 @@ pub(super) fn open_wgpu(float64: bool, real_gpu_only: bool) -> Result<crate::bac
         pollster::block_on(Wgpu::on_adapter(adapter))?
     };
     tracing::info!(
-        "wgpu adapter: {} ({}), dense kernels {}",
+        "wgpu adapter: {} ({}), dense kernels {}, passes {}",
         w.adapter_name(),
         w.backend_name(),
-        w.dense_kernels().name()
+        w.dense_kernels().name(),
+        w.passes().name()
     );
     if real_gpu_only && w.is_cpu_adapter() {
         bail!("the only adapter, {}, is a CPU emulation", w.adapter_name());

@@ -7,21 +7,25 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, bail, Result};
 use wgpu::util::DeviceExt;
 
+use super::profile::{add_waited, KernelName, Profile, Stamps};
 use super::shaders::{source, Access, Kernel, Precision, Shader};
 use super::{Buf, GpuReal, Idx, Window};
 use crate::backend::counts::{Counters, Counts};
 use crate::backend::{gpu_layout, Dims, Span};
 
 /// Ops recorded before a submit, so that the device starts on long sequences early.
-const MAX_PENDING_PASSES: u32 = 64;
+const MAX_PENDING_OPS: u32 = 64;
 
 /// Cached bind groups kept before the cache is emptied: a training run needs a few hundred (one
 /// per dispatch of a step, per batch shape), so this only bounds runs that keep making buffers.
 const MAX_BIND_GROUPS: usize = 8192;
 
 struct Pending {
+    /// The compute pass open on `encoder` for the dispatches since its last other command
+    /// ([`Passes::Shared`]). Declared first, so that it ends before the encoder is dropped.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
-    passes: u32,
+    ops: u32,
     /// The latest submission, to wait for.
     last: Option<wgpu::SubmissionIndex>,
 }
@@ -64,6 +68,33 @@ pub(super) struct FrameLists {
     ent: wgpu::Buffer,
     cap: usize,
     used: Vec<usize>,
+}
+
+impl Pending {
+    /// The pending encoder, with no pass open on it.
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("dpw ops"),
+            })
+        })
+    }
+
+    /// The shared compute pass, begun on the pending encoder if none is open.
+    fn pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let pass = self
+                .encoder(device)
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("dpw ops"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        self.pass.as_mut().expect("just begun")
+    }
 }
 
 /// An op's name and the bytes per value of its constants.
@@ -113,6 +144,36 @@ impl DenseKernels {
     }
 }
 
+/// How dispatches are grouped into compute passes. wgpu-core makes two command buffers of every
+/// pass (its barriers, then its commands), so a pass per dispatch gives the driver some 600
+/// command buffers a training step; in a shared pass wgpu puts the same barriers between the
+/// dispatches. Both run the same kernels on the same buffers, so the numbers are the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passes {
+    /// One pass for all the dispatches between two other commands (a copy, a clear, a submit).
+    Shared,
+    /// A pass of its own for every dispatch.
+    Each,
+}
+
+impl Passes {
+    /// `DPW_WGPU_PASSES` (shared, each) if set, else shared.
+    fn choose() -> Result<Self> {
+        match std::env::var("DPW_WGPU_PASSES").as_deref() {
+            Ok("shared") | Err(_) => Ok(Self::Shared),
+            Ok("each") => Ok(Self::Each),
+            Ok(other) => bail!("DPW_WGPU_PASSES={other}: expected `shared` or `each`"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Each => "each",
+        }
+    }
+}
+
 /// A wgpu device with its queue and the compute pipelines built so far.
 pub struct Wgpu {
     adapter: wgpu::Adapter,
@@ -145,9 +206,10 @@ pub struct Wgpu {
     next_id: AtomicU64,
     counters: Counters,
     dense: DenseKernels,
-    /// With `DPW_WGPU_PROFILE` set: every dispatch waits for the device, and its wall time is
-    /// added up per kernel (calls, seconds). For finding slow kernels, not for production runs.
-    profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
+    passes: Passes,
+    /// With `DPW_WGPU_PROFILE` set: time per kernel (see `profile.rs`). For finding slow
+    /// kernels, not for production runs.
+    profile: Option<Mutex<Profile>>,
 }
 
 impl std::fmt::Debug for Wgpu {
@@ -237,14 +299,17 @@ impl Wgpu {
         let info = adapter.get_info();
         let f64_ok = adapter.features().contains(wgpu::Features::SHADER_F64)
             && allowed.contains(wgpu::Features::SHADER_F64);
+        let profiling = std::env::var_os("DPW_WGPU_PROFILE").is_some();
+        let mut features = wgpu::Features::empty();
+        features.set(wgpu::Features::SHADER_F64, f64_ok);
+        features.set(
+            wgpu::Features::TIMESTAMP_QUERY,
+            profiling && (adapter.features() & allowed).contains(wgpu::Features::TIMESTAMP_QUERY),
+        );
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("dpw"),
-                required_features: if f64_ok {
-                    wgpu::Features::SHADER_F64
-                } else {
-                    wgpu::Features::empty()
-                },
+                required_features: features,
                 // The adapter's own limits: large batches need large storage bindings.
                 required_limits: adapter.limits(),
                 ..Default::default()
@@ -253,6 +318,8 @@ impl Wgpu {
             .map_err(|e| anyhow!("wgpu device on {} ({:?}): {e}", info.name, info.backend))?;
         let max_binding = device.limits().max_storage_buffer_binding_size;
         let dense = DenseKernels::choose(&info)?;
+        let passes = Passes::choose()?;
+        let profile = profiling.then(|| Mutex::new(Profile::new(&device, &queue)));
         Ok(Wgpu {
             adapter,
             info,
@@ -262,8 +329,9 @@ impl Wgpu {
             modules: Mutex::default(),
             pipelines: Mutex::default(),
             pending: Mutex::new(Pending {
+                pass: None,
                 encoder: None,
-                passes: 0,
+                ops: 0,
                 last: None,
             }),
             scratch: Mutex::default(),
@@ -277,7 +345,8 @@ impl Wgpu {
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
             dense,
-            profile: std::env::var_os("DPW_WGPU_PROFILE").map(|_| Mutex::default()),
+            passes,
+            profile,
         })
     }
 
@@ -303,6 +372,16 @@ impl Wgpu {
     /// Runs the dense layers with `k` from now on (the tests run both kinds on one adapter).
     pub fn set_dense_kernels(&mut self, k: DenseKernels) {
         self.dense = k;
+    }
+
+    /// How this device groups dispatches into compute passes.
+    pub fn passes(&self) -> Passes {
+        self.passes
+    }
+
+    /// Groups dispatches as `p` from now on (the tests run both ways on one adapter).
+    pub fn set_passes(&mut self, p: Passes) {
+        self.passes = p;
     }
 
     pub fn supports_f64(&self) -> bool {
@@ -430,10 +509,6 @@ impl Wgpu {
         }
         let _device = self.device_guard();
         let p = self.pipeline(k, prec);
-        let t0 = self.profile.as_ref().map(|_| {
-            self.sync_inner();
-            std::time::Instant::now()
-        });
         let key = BindKey {
             pipeline: (k.shader.file_name(), k.entry, prec),
             uniform: uniform.to_vec(),
@@ -441,23 +516,62 @@ impl Wgpu {
         };
         let bg = self.bind_group(k, &p, key);
         self.counters.launch();
-        self.record(|enc| {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(k.entry),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&p.pipeline);
-            pass.set_bind_group(0, &bg, &[]);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        });
-        if let (Some(prof), Some(t0)) = (&self.profile, t0) {
-            self.sync_inner();
-            let key = format!("{}:{} {}", k.shader.file_name(), k.entry, prec.name());
-            let mut prof = prof.lock().unwrap();
-            let e = prof.entry(key).or_default();
-            e.0 += 1;
-            e.1 += t0.elapsed().as_secs_f64();
+        let dispatch = Dispatch {
+            label: k.entry,
+            pipeline: &p.pipeline,
+            bind_group: &bg,
+            groups,
+        };
+        let name: KernelName = (k.shader.file_name(), k.entry, prec.name());
+        let mut profile = self.profile.as_ref().map(|p| p.lock().unwrap());
+        match profile.as_deref_mut() {
+            None if self.passes == Passes::Shared => {
+                let mut pending = self.pending.lock().unwrap();
+                dispatch.encode(pending.pass(&self.device));
+                self.recorded(&mut pending);
+            }
+            None => self.own_pass(dispatch, None),
+            Some(Profile::Stamped(s)) => {
+                if s.full() {
+                    self.read_stamps(s);
+                }
+                self.own_pass(dispatch, Some(s.next(name)));
+            }
+            Some(Profile::Waited(kernels)) => {
+                self.sync_inner();
+                let t0 = std::time::Instant::now();
+                self.own_pass(dispatch, None);
+                self.sync_inner();
+                add_waited(kernels, name, t0.elapsed());
+            }
         }
+    }
+
+    /// Records a dispatch in a compute pass of its own, stamped at both ends if `stamps`.
+    fn own_pass(&self, d: Dispatch, stamps: Option<wgpu::ComputePassTimestampWrites>) {
+        let mut pending = self.pending.lock().unwrap();
+        d.encode(&mut pending.encoder(&self.device).begin_compute_pass(
+            &wgpu::ComputePassDescriptor {
+                label: Some(d.label),
+                timestamp_writes: stamps,
+            },
+        ));
+        self.recorded(&mut pending);
+    }
+
+    /// Reads back the timestamps of the dispatches stamped since the last read.
+    fn read_stamps(&self, s: &mut Stamps) {
+        let n = s.queries();
+        if n == 0 {
+            return;
+        }
+        self.pending
+            .lock()
+            .unwrap()
+            .encoder(&self.device)
+            .resolve_query_set(&s.set, 0..n, &s.resolved, 0);
+        let bytes = self.read_locked(&s.resolved, 8 * n as u64);
+        s.add(&bytemuck::pod_collect_to_vec::<u8, u64>(&bytes));
     }
 
     /// The bind group of a dispatch, with its uniform block, made on first use.
@@ -500,38 +614,35 @@ impl Wgpu {
 
     /// Time per kernel, slowest first, when `DPW_WGPU_PROFILE` is set.
     pub fn profile_report(&self) -> Option<String> {
-        let prof = self.profile.as_ref()?.lock().unwrap();
-        let mut rows: Vec<_> = prof.iter().collect();
-        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
-        let total: f64 = rows.iter().map(|r| r.1 .1).sum();
-        let mut out = format!("wgpu kernels, {:.1} ms in all:\n", total * 1e3);
-        for (name, (n, t)) in rows {
-            out += &format!("  {:9.2} ms {n:6} calls  {name}\n", t * 1e3);
+        let _device = self.device_guard();
+        let mut profile = self.profile.as_ref()?.lock().unwrap();
+        if let Profile::Stamped(s) = &mut *profile {
+            self.read_stamps(s);
         }
-        Some(out)
+        Some(profile.report())
     }
 
-    /// Appends commands to the pending encoder, submitting it when it grows long.
+    /// Appends commands other than a dispatch to the pending encoder.
     pub(super) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut p = self.pending.lock().unwrap();
-        let enc = p.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("dpw ops"),
-                })
-        });
-        f(enc);
-        p.passes += 1;
-        if p.passes >= MAX_PENDING_PASSES {
-            self.submit(&mut p);
+        f(p.encoder(&self.device));
+        self.recorded(&mut p);
+    }
+
+    /// Counts an op recorded, submitting the pending encoder when it has grown long.
+    fn recorded(&self, p: &mut Pending) {
+        p.ops += 1;
+        if p.ops >= MAX_PENDING_OPS {
+            self.submit(p);
         }
     }
 
     fn submit(&self, p: &mut Pending) {
+        p.pass = None;
         if let Some(enc) = p.encoder.take() {
             p.last = Some(self.queue.submit(std::iter::once(enc.finish())));
         }
-        p.passes = 0;
+        p.ops = 0;
     }
 
     /// Submits everything recorded so far.
@@ -781,13 +892,8 @@ impl Wgpu {
             mapped_at_creation: false,
         });
         let mut p = self.pending.lock().unwrap();
-        let enc = p.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("dpw ops"),
-                })
-        });
-        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
+        p.encoder(&self.device)
+            .copy_buffer_to_buffer(buf, 0, &staging, 0, size);
         self.submit(&mut p);
         (staging, p.last.clone().expect("just submitted"))
     }
@@ -804,6 +910,11 @@ impl Wgpu {
             return Vec::new();
         }
         let _device = self.device_guard();
+        self.read_locked(buf, bytes)
+    }
+
+    /// [`Wgpu::read_bytes`] for a caller that holds the device lock.
+    fn read_locked(&self, buf: &wgpu::Buffer, bytes: u64) -> Vec<u8> {
         let (staging, idx) = self.stage(buf, bytes);
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -1006,5 +1117,21 @@ impl Wgpu {
         let ns = d.nslots();
         let same = lists.dims == *d && lists.centre_atom == *centre_atom.host;
         (same && owner.len() == ns && w.at.is_multiple_of(ns)).then_some((lists, w.at / ns))
+    }
+}
+
+/// One dispatch, ready to be encoded into a compute pass.
+struct Dispatch<'a> {
+    label: &'static str,
+    pipeline: &'a wgpu::ComputePipeline,
+    bind_group: &'a wgpu::BindGroup,
+    groups: [u32; 3],
+}
+
+impl Dispatch<'_> {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(self.pipeline);
+        pass.set_bind_group(0, self.bind_group, &[]);
+        pass.dispatch_workgroups(self.groups[0], self.groups[1], self.groups[2]);
     }
 }

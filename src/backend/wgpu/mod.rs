@@ -11,20 +11,23 @@
 //!
 //! Environment: `WGPU_BACKEND` (vulkan, metal, dx12, gl), `WGPU_ADAPTER_NAME` (part of a name),
 //! `WGPU_POWER_PREF` (low, high) choose the adapter; `DPW_WGPU_DENSE` (tiled, flat) overrides
-//! the dense kernels chosen for the adapter ([`DenseKernels`]); `DPW_WGPU_PROFILE` makes every
-//! dispatch wait for the device and adds up time per kernel ([`Wgpu::profile_report`]). Without a GPU,
+//! the dense kernels chosen for the adapter ([`DenseKernels`]); `DPW_WGPU_PASSES` (shared, each)
+//! how dispatches are grouped into compute passes ([`Passes`]); `DPW_WGPU_PROFILE` adds up the
+//! device's time per kernel, from GPU timestamps where the adapter has them
+//! ([`Wgpu::profile_report`]). Without a GPU,
 //! Mesa's lavapipe (Debian: `mesa-vulkan-drivers`, `libvulkan1`) is a Vulkan CPU adapter with
 //! float64.
 
 mod device;
 mod ops;
+mod profile;
 pub mod shaders;
 
 use std::marker::PhantomData;
 
 /// The adapter preference taken by [`Wgpu::new`].
 pub use ::wgpu::PowerPreference;
-pub use device::{DenseKernels, Wgpu};
+pub use device::{DenseKernels, Passes, Wgpu};
 pub use shaders::Precision;
 
 use super::Real;
