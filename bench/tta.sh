@@ -9,7 +9,7 @@
 #
 #   bench/tta.sh [options]        every option also as an environment variable (a flag wins)
 #   --seeds N      SEEDS=3        runs per tool; run i sets descriptor seed i, fitting_net seed i,
-#                                 training seed 10·i
+#                                 training seed 10·i; a list ("2 3") runs those seed sets only
 #   --steps N      STEPS=20000    numb_steps; save_freq is set to it (one checkpoint, at the end)
 #   --tools "..."  TOOLS="dpw tf pt"   which trainers, in this order within a seed
 #   --input FILE   INPUT=examples/water/input.json   data paths are taken relative to its folder
@@ -80,6 +80,10 @@ while [ $# -gt 0 ]; do
 done
 for t in $tools; do
   case $t in dpw | tf | pt) ;; *) echo "unknown tool $t in TOOLS (dpw, tf, pt)" >&2; exit 2 ;; esac
+done
+if [[ $seeds =~ ^[0-9]+$ ]]; then seed_list=$(seq 1 "$seeds"); else seed_list=$seeds; fi
+for i in $seed_list; do
+  [[ $i =~ ^[1-9][0-9]*$ ]] || { echo "SEEDS: $seeds is neither a count nor a list of seed sets (1, 2, ...)" >&2; exit 2; }
 done
 
 mkdir -p "$out"
@@ -338,11 +342,11 @@ print(json.dumps(dict(zip(["input", "steps", "seeds", "tools", "thresholds", "di
     "start_lr", "stop_lr", "decay_steps", "machine", "dpw_commit", "deepmd_kit"], a))))' \
   "$input" "$steps" "$seeds" "$tools" "$thresholds" "$disp" "$val_frames" "$test_system" \
   "$start_lr" "$stop_lr" "$decay_steps" "$machine" "$commit" "$kit")
-note "input $input, $steps steps, seeds 1..$seeds, tools: $tools; machine: $machine; out: $out"
+note "input $input, $steps steps, seed sets $(echo $seed_list), tools: $tools; machine: $machine; out: $out"
 
 report() { python3 "$helpers/report.py" "$out" "$thresholds" "$meta"; }
 
-for ((i = 1; i <= seeds; i++)); do
+for i in $seed_list; do
   for t in $tools; do
     d=$out/$t-seed$i
     rm -rf "$d"
