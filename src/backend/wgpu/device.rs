@@ -570,7 +570,7 @@ impl Wgpu {
             .unwrap()
             .encoder(&self.device)
             .resolve_query_set(&s.set, 0..n, &s.resolved, 0);
-        let bytes = self.read_locked(&s.resolved, 8 * n as u64);
+        let bytes = self.read_locked(&s.resolved, n as u64 * wgpu::QUERY_SIZE as u64);
         s.add(&bytemuck::pod_collect_to_vec::<u8, u64>(&bytes));
     }
 

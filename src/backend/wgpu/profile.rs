@@ -24,6 +24,13 @@ pub(super) struct Totals {
     seconds: f64,
 }
 
+impl Totals {
+    fn add(&mut self, seconds: f64) {
+        self.calls += 1;
+        self.seconds += seconds;
+    }
+}
+
 pub(super) enum Profile {
     /// Every dispatch waited for; host wall time per kernel.
     Waited(HashMap<KernelName, Totals>),
@@ -40,8 +47,6 @@ pub(super) struct Stamps {
     /// The kernel of each dispatch stamped since the last read-back, in order.
     pending: Vec<KernelName>,
     kernels: HashMap<KernelName, Totals>,
-    /// Seconds inside dispatches, summed over all of them.
-    busy: f64,
     /// Seconds from the first start to the last end of each read-back's dispatches, summed.
     span: f64,
     dispatches: u64,
@@ -60,7 +65,7 @@ impl Profile {
         });
         let resolved = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("dpw profile"),
-            size: 16 * STAMPED as u64,
+            size: 2 * STAMPED as u64 * wgpu::QUERY_SIZE as u64,
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
@@ -70,7 +75,6 @@ impl Profile {
             period_ns: queue.get_timestamp_period() as f64,
             pending: Vec::with_capacity(STAMPED),
             kernels: HashMap::new(),
-            busy: 0.0,
             span: 0.0,
             dispatches: 0,
         })
@@ -79,19 +83,19 @@ impl Profile {
     pub(super) fn report(&self) -> String {
         match self {
             Profile::Waited(kernels) => {
-                let total: f64 = kernels.values().map(|t| t.seconds).sum();
                 let head = format!(
                     "wgpu kernels, each dispatch waited for: {:.1} ms in all:\n",
-                    total * 1e3
+                    seconds(kernels) * 1e3
                 );
                 head + &rows(kernels)
             }
             Profile::Stamped(s) => {
-                let gaps = s.span - s.busy;
+                let busy = seconds(&s.kernels);
+                let gaps = s.span - busy;
                 let head = format!(
                     "wgpu kernels, GPU timestamps: {:.1} ms inside {} dispatches, {:.1} ms from \
                      first start to last end ({:.1} ms between dispatches, {:.1} µs a dispatch):\n",
-                    s.busy * 1e3,
+                    busy * 1e3,
                     s.dispatches,
                     s.span * 1e3,
                     gaps * 1e3,
@@ -105,9 +109,7 @@ impl Profile {
 
 /// Adds one waited-for dispatch's wall time.
 pub(super) fn add_waited(kernels: &mut HashMap<KernelName, Totals>, k: KernelName, t: Duration) {
-    let e = kernels.entry(k).or_default();
-    e.calls += 1;
-    e.seconds += t.as_secs_f64();
+    kernels.entry(k).or_default().add(t.as_secs_f64());
 }
 
 impl Stamps {
@@ -139,14 +141,16 @@ impl Stamps {
             first = first.min(t[0]);
             last = last.max(t[1]);
             let seconds = t[1].saturating_sub(t[0]) as f64 * to_s;
-            let e = self.kernels.entry(k).or_default();
-            e.calls += 1;
-            e.seconds += seconds;
-            self.busy += seconds;
+            self.kernels.entry(k).or_default().add(seconds);
             self.dispatches += 1;
         }
         self.span += last.saturating_sub(first) as f64 * to_s;
     }
+}
+
+/// Seconds inside all the kernels.
+fn seconds(kernels: &HashMap<KernelName, Totals>) -> f64 {
+    kernels.values().map(|t| t.seconds).sum()
 }
 
 /// One line per kernel, slowest first.
