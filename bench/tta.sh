@@ -8,8 +8,10 @@
 # `dpw freeze`); s/step. DeePMD-kit is installed into a virtual environment on first use.
 #
 #   bench/tta.sh [options]        every option also as an environment variable (a flag wins)
-#   --seeds N      SEEDS=3        runs per tool; run i sets descriptor seed i, fitting_net seed i,
-#                                 training seed 10·i; a list ("2 3") runs those seed sets only
+#   --seeds N      SEEDS=3        runs per tool, seed sets 1..N; seed set i sets descriptor seed i,
+#                                 fitting_net seed i, training seed 10·i
+#   --seed-sets "..." SEED_SETS=  which seed sets to run instead of 1..N, e.g. "2" or "2 3" (to add
+#                                 runs to an earlier OUT one seed set at a time)
 #   --steps N      STEPS=20000    numb_steps; save_freq is set to it (one checkpoint, at the end)
 #   --tools "..."  TOOLS="dpw tf pt"   which trainers, in this order within a seed
 #   --input FILE   INPUT=examples/water/input.json   data paths are taken relative to its folder
@@ -50,6 +52,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seeds=${SEEDS:-3}
+seed_sets=${SEED_SETS:-}
 steps=${STEPS:-20000}
 tools=${TOOLS:-"dpw tf pt"}
 input=${INPUT:-examples/water/input.json}
@@ -66,6 +69,7 @@ while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 2; }
   case $1 in
     --seeds) seeds=$2 ;;
+    --seed-sets) seed_sets=$2 ;;
     --steps) steps=$2 ;;
     --tools) tools=$2 ;;
     --input) input=$2 ;;
@@ -81,9 +85,13 @@ done
 for t in $tools; do
   case $t in dpw | tf | pt) ;; *) echo "unknown tool $t in TOOLS (dpw, tf, pt)" >&2; exit 2 ;; esac
 done
-if [[ $seeds =~ ^[0-9]+$ ]]; then seed_list=$(seq 1 "$seeds"); else seed_list=$seeds; fi
+# A count and a list are two options: "SEEDS=2" meaning seed set 2 alone would silently rerun set 1.
+[[ $seeds =~ ^[1-9][0-9]*$ ]] ||
+  { echo "SEEDS: '$seeds' is not a count of seed sets (1, 2, ...); for chosen sets use SEED_SETS=\"2 3\"" >&2; exit 2; }
+seed_list=${seed_sets:-$(seq 1 "$seeds")}
+[ -n "$(echo $seed_list)" ] || { echo "SEED_SETS is empty" >&2; exit 2; }
 for i in $seed_list; do
-  [[ $i =~ ^[1-9][0-9]*$ ]] || { echo "SEEDS: $seeds is neither a count nor a list of seed sets (1, 2, ...)" >&2; exit 2; }
+  [[ $i =~ ^[1-9][0-9]*$ ]] || { echo "SEED_SETS: '$i' in '$seed_sets' is not a seed set (1, 2, ...)" >&2; exit 2; }
 done
 
 mkdir -p "$out"
@@ -338,9 +346,9 @@ test_default=$(python3 "$helpers/make_input.py" "$input" "$first_input" 1 "$step
 rm -f "$first_input"
 test_system=$(realpath "${test_system:-$test_default}")
 meta=$(python3 -c 'import json, sys; a = sys.argv[1:]
-print(json.dumps(dict(zip(["input", "steps", "seeds", "tools", "thresholds", "disp", "val_frames", "test_system",
+print(json.dumps(dict(zip(["input", "steps", "seed_sets", "tools", "thresholds", "disp", "val_frames", "test_system",
     "start_lr", "stop_lr", "decay_steps", "machine", "dpw_commit", "deepmd_kit"], a))))' \
-  "$input" "$steps" "$seeds" "$tools" "$thresholds" "$disp" "$val_frames" "$test_system" \
+  "$input" "$steps" "$(echo $seed_list)" "$tools" "$thresholds" "$disp" "$val_frames" "$test_system" \
   "$start_lr" "$stop_lr" "$decay_steps" "$machine" "$commit" "$kit")
 note "input $input, $steps steps, seed sets $(echo $seed_list), tools: $tools; machine: $machine; out: $out"
 
