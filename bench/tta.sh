@@ -26,7 +26,8 @@
 #   START_LR=1e-3 STOP_LR=3.51e-8 DECAY_STEPS=1000   the exp learning-rate schedule (decay_rate is
 #                                 removed, so the rate follows from stop_lr); the loss (start_pref_f
 #                                 1000 in the water example) is left as the input has it
-#   DPW=path                      uses that dpw binary instead of building this checkout's
+#   DPW=path                      uses that dpw binary instead of building this checkout's (tta.json
+#                                 then names its sha256, not a commit)
 #   DEEPMD_VENV=.bench/deepmd-venv  where DeePMD-kit 3.2.0 is (or gets) installed:
 #                                 `pip install "deepmd-kit[cpu]==3.2.0"` for tf, the `torch` extra
 #                                 (`deepmd-kit[cpu,torch]`) for pt; TORCH_INDEX=URL installs torch
@@ -339,6 +340,8 @@ PY
 # ---------------------------------------------------------------------------------------------
 machine="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# A given binary need not be this checkout's build, and dpw --version names no commit.
+[ -z "${DPW:-}" ] || ! has dpw || commit="unknown: DPW=$dpw, sha256 $(sha256sum "$dpw" | cut -c1-16)"
 kit=$([ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import deepmd; print(deepmd.__version__)" 2>/dev/null || echo none)
 first_input=$out/.input-probe.json
 test_default=$(python3 "$helpers/make_input.py" "$input" "$first_input" 1 "$steps" "$disp" "$val_frames" \
