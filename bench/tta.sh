@@ -89,8 +89,9 @@ done
 # A count and a list are two options: "SEEDS=2" meaning seed set 2 alone would silently rerun set 1.
 [[ $seeds =~ ^[1-9][0-9]*$ ]] ||
   { echo "SEEDS: '$seeds' is not a count of seed sets (1, 2, ...); for chosen sets use SEED_SETS=\"2 3\"" >&2; exit 2; }
-seed_list=${seed_sets:-$(seq 1 "$seeds")}
-[ -n "$(echo $seed_list)" ] || { echo "SEED_SETS is empty" >&2; exit 2; }
+# One space between the sets, as the log and tta.json show them.
+seed_list=$(xargs <<<"${seed_sets:-$(seq 1 "$seeds")}")
+[ -n "$seed_list" ] || { echo "SEED_SETS is empty" >&2; exit 2; }
 for i in $seed_list; do
   [[ $i =~ ^[1-9][0-9]*$ ]] || { echo "SEED_SETS: '$i' in '$seed_sets' is not a seed set (1, 2, ...)" >&2; exit 2; }
 done
@@ -351,9 +352,9 @@ test_system=$(realpath "${test_system:-$test_default}")
 meta=$(python3 -c 'import json, sys; a = sys.argv[1:]
 print(json.dumps(dict(zip(["input", "steps", "seed_sets", "tools", "thresholds", "disp", "val_frames", "test_system",
     "start_lr", "stop_lr", "decay_steps", "machine", "dpw_commit", "deepmd_kit"], a))))' \
-  "$input" "$steps" "$(echo $seed_list)" "$tools" "$thresholds" "$disp" "$val_frames" "$test_system" \
+  "$input" "$steps" "$seed_list" "$tools" "$thresholds" "$disp" "$val_frames" "$test_system" \
   "$start_lr" "$stop_lr" "$decay_steps" "$machine" "$commit" "$kit")
-note "input $input, $steps steps, seed sets $(echo $seed_list), tools: $tools; machine: $machine; out: $out"
+note "input $input, $steps steps, seed sets $seed_list, tools: $tools; machine: $machine; out: $out"
 
 report() { python3 "$helpers/report.py" "$out" "$thresholds" "$meta"; }
 
