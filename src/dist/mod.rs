@@ -226,13 +226,7 @@ impl World {
         if self.size == 1 {
             return;
         }
-        let parts = [
-            &mut m.params,
-            &mut m.davg,
-            &mut m.dstd,
-            &mut m.bias,
-            &mut m.out_std,
-        ];
+        let parts = [&mut m.params, &mut m.davg, &mut m.dstd, &mut m.bias];
         let mut buf: Vec<f64> = parts.iter().flat_map(|p| p.iter().copied()).collect();
         self.broadcast(&mut buf);
         let mut at = 0;

@@ -241,7 +241,6 @@ impl Model {
             ("davg", &self.davg, nstat),
             ("dstd", &self.dstd, nstat),
             ("bias", &self.bias, nt),
-            ("out_std", &self.out_std, nt),
         ] {
             ensure!(
                 a.len() == len,
@@ -254,7 +253,6 @@ impl Model {
             ("statistics davg", &self.davg),
             ("statistics dstd", &self.dstd),
             ("energy bias", &self.bias),
-            ("statistics out_std", &self.out_std),
         ] {
             if let Some(i) = a.iter().position(|x| !x.is_finite()) {
                 bail!("{name}[{i}] is {}: the model is damaged", a[i]);

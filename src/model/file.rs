@@ -230,7 +230,6 @@ pub fn model_parts(m: &Model) -> (Value, Vec<(&'static str, &[f64])>) {
         ("davg", m.davg.as_slice()),
         ("dstd", m.dstd.as_slice()),
         ("bias", m.bias.as_slice()),
-        ("out_std", m.out_std.as_slice()),
     ];
     (header, arrays)
 }
@@ -243,7 +242,6 @@ pub fn model_from_container(c: &Container) -> Result<Model> {
         davg: c.array("davg")?.to_vec(),
         dstd: c.array("dstd")?.to_vec(),
         bias: c.array("bias")?.to_vec(),
-        out_std: c.array("out_std")?.to_vec(),
         spec,
     };
     m.check()?;

@@ -325,8 +325,6 @@ pub struct Model {
     pub dstd: Vec<f64>,
     /// Energy added to every atom of a type: DeePMD's `out_bias + bias_atom_e`, `[ntypes]`.
     pub bias: Vec<f64>,
-    /// Residual energy std per type after the bias fit (DeePMD's `out_std`), kept for export.
-    pub out_std: Vec<f64>,
 }
 
 impl Model {
@@ -346,7 +344,6 @@ impl Model {
             davg: vec![0.0; np * nt * 4],
             dstd: vec![1.0; np * nt * 4],
             bias: vec![0.0; nt],
-            out_std: vec![1.0; nt],
         }
     }
 }

@@ -308,9 +308,7 @@ fn model_from_tree(root: &Value) -> Result<Model> {
     }
 
     let bias_atom_e = f.key("@variables")?.key("bias_atom_e")?.array(&[nt, 1])?;
-    let mv = m.key("@variables")?;
-    let out_bias = mv.key("out_bias")?.array(&[1, nt, 1])?;
-    let out_std = mv.key("out_std")?.array(&[1, nt, 1])?;
+    let out_bias = m.key("@variables")?.key("out_bias")?.array(&[1, nt, 1])?;
     // Adding a zero bias_atom_e (DeePMD's usual case) keeps out_bias bit-exact, even for -0.0.
     let bias = (out_bias.iter().zip(&bias_atom_e))
         .map(|(&o, &b)| if b == 0.0 { o } else { o + b })
@@ -322,7 +320,6 @@ fn model_from_tree(root: &Value) -> Result<Model> {
         davg,
         dstd,
         bias,
-        out_std,
     };
     model.check()?;
     Ok(model)
@@ -861,7 +858,10 @@ fn model_to_tree(model: &Model) -> Value {
             "@class" => "Model", "@version" => 2,
             "@variables" => obj! {
                 "out_bias" => ndarray(&[1, nt, 1], &model.bias),
-                "out_std" => ndarray(&[1, nt, 1], &model.out_std),
+                // dpmodel and PT add out_bias alone and keep the residual std here unused, but
+                // DeePMD-kit 3.2.0's TF model computes `output·out_std + out_bias`: with any value
+                // but 1, `dp convert-backend model.yaml model.pb` would scale every force by it.
+                "out_std" => ndarray(&[1, nt, 1], &vec![1.0; nt]),
             },
             "atom_exclude_types" => none, "descriptor" => descriptor, "fitting" => fitting,
             "pair_exclude_types" => none, "preset_out_bias" => Value::Null, "rcond" => Value::Null,

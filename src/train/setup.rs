@@ -456,7 +456,7 @@ impl Reading {
             st.out_std[0],
             t.elapsed().as_secs_f64()
         );
-        (m.davg, m.dstd, m.bias, m.out_std) = (st.davg, st.dstd, st.bias, st.out_std);
+        (m.davg, m.dstd, m.bias) = (st.davg, st.dstd, st.bias);
         Ok(m)
     }
 }
