@@ -192,7 +192,7 @@ fn parallel_statistics_equal_the_sequential_sums() {
     assert_eq!(got.davg, davg);
     assert_eq!(got.dstd, dstd);
     assert_eq!(got.bias, bias);
-    assert_eq!(got.out_std, vec![std; 2]);
+    assert_eq!(got.residual_std, std);
     assert_eq!(got.nframes, 30);
 
     let ns = neighbor_stats(&data, 2, d.rcut).unwrap();

@@ -453,7 +453,7 @@ impl Reading {
             st.dstd.chunks(4).map(|r| [r[0], r[1]]).collect::<Vec<_>>(),
             st.bias,
             self.type_map.join(", "),
-            st.out_std[0],
+            st.residual_std,
             t.elapsed().as_secs_f64()
         );
         (m.davg, m.dstd, m.bias) = (st.davg, st.dstd, st.bias);

@@ -106,7 +106,9 @@ pub struct DataStats {
     pub davg: Vec<f64>,
     pub dstd: Vec<f64>,
     pub bias: Vec<f64>,
-    pub out_std: Vec<f64>,
+    /// The std over frames of the energy left after the bias fit (DeePMD's `out_std`, one value
+    /// for every type): logged only, see `write_deepmd_yaml`.
+    pub residual_std: f64,
     pub nframes: usize,
 }
 
@@ -378,7 +380,7 @@ impl Sums {
                 davg,
                 dstd,
                 bias,
-                out_std: vec![std; pass.ntypes],
+                residual_std: std,
                 nframes: self.energy.len(),
             }
         });
