@@ -182,7 +182,7 @@ fn fresh_model_initialises_every_tensor() {
 #[test]
 fn dims_have_one_mixed_section() {
     let spec = model("se_atten_l2_alloy").spec;
-    let d = spec.descriptor.dims(2, &[3, 0, 2]);
+    let d = Dims::of_descriptor(&spec.descriptor, 2, &[3, 0, 2]);
     assert_eq!((d.ntypes, d.nsec, d.nnei), (3, 1, 48));
     assert_eq!(d.sel, [48]);
     assert_eq!(d.nslots(), 2 * 5 * 48);

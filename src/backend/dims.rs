@@ -16,7 +16,7 @@
 
 use std::ops::Range;
 
-use crate::model::pair_types;
+use crate::model::{pair_types, DescriptorSpec};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dims {
@@ -51,6 +51,19 @@ impl Dims {
             m1,
             m2,
         )
+    }
+
+    /// The layout descriptor `d` asks for: its slots per section and widths
+    /// ([`DescriptorSpec::slot_sel`], [`DescriptorSpec::slot_widths`]).
+    pub fn of_descriptor(d: &DescriptorSpec, nframes: usize, type_counts: &[usize]) -> Self {
+        let (m1, m2) = d.slot_widths();
+        Self::new(nframes, type_counts, &d.slot_sel(), m1, m2)
+    }
+
+    /// [`Dims::of_descriptor`] for frames of their own compositions (a mixed-type system's).
+    pub fn of_descriptor_frames(d: &DescriptorSpec, counts: &[Vec<usize>]) -> Self {
+        let (m1, m2) = d.slot_widths();
+        Self::of_frames(counts, &d.slot_sel(), m1, m2)
     }
 
     /// [`Dims::new`] for frames of their own compositions, `counts[f][t]` (a batch of a

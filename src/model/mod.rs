@@ -1,5 +1,5 @@
-//! The se_e2_a + ener model: hyper-parameters, the flat parameter vector and its layout,
-//! statistics (davg/dstd, energy bias) and file formats.
+//! The model (a descriptor and the ener fitting net): hyper-parameters, the flat parameter
+//! vector and its layout, statistics (davg/dstd, energy bias) and file formats.
 
 mod check;
 pub mod file;
@@ -43,18 +43,17 @@ pub enum DescriptorType {
     Hybrid,
     /// DPA-1: a type embedding, one mixed-type neighbour list, the embedding of (ŝ, type
     /// embeddings) concatenated (or stripped, `tebd_input_mode: strip`), attention layers over
-    /// the neighbours, then se_e2_a's contraction (docs/design.md §11). Parsed; not trainable yet.
+    /// the neighbours, then se_e2_a's contraction (docs/design.md §11).
     #[serde(rename = "se_atten")]
     SeAtten,
     /// DPA-1 with the stripped type embedding: G = G_s(ŝ)·(1 + sw·G_t(type embeddings)) and
-    /// smooth attention (docs/design.md §11). Parsed; not trainable yet.
+    /// smooth attention (docs/design.md §11).
     #[serde(rename = "se_atten_v2")]
     SeAttenV2,
 }
 
 impl DescriptorType {
-    /// DPA-1 (se_atten, se_atten_v2): parsed from input.json, but without its passes in dpw
-    /// yet, so training refuses it (issue 30).
+    /// DPA-1 (se_atten, se_atten_v2): one mixed-type neighbour list and a type embedding.
     pub fn is_attention(self) -> bool {
         matches!(self, DescriptorType::SeAtten | DescriptorType::SeAttenV2)
     }
@@ -241,7 +240,7 @@ impl DescriptorSpec {
         self.dim()
     }
 
-    /// The neighbour slots per section of a batch's slot layout ([`crate::backend::Dims`]): the
+    /// The neighbour slots per section of a batch's slot layout (`backend::Dims`): the
     /// sel (DPA-1: one section of nnei), or for a hybrid every part's slots of a type one after
     /// the other (part 0's sel[t], then part 1's, ...).
     pub fn slot_sel(&self) -> Vec<usize> {
@@ -250,21 +249,9 @@ impl DescriptorSpec {
             .collect()
     }
 
-    /// The batch layout of `nframes` frames with `type_counts` atoms per type.
-    pub fn dims(&self, nframes: usize, type_counts: &[usize]) -> crate::backend::Dims {
-        let (m1, m2) = self.dims_widths();
-        crate::backend::Dims::new(nframes, type_counts, &self.slot_sel(), m1, m2)
-    }
-
-    /// The batch layout of frames of their own compositions, `counts[f][t]` atoms of type t in
-    /// frame f (a mixed-type system's).
-    pub fn dims_of_frames(&self, counts: &[Vec<usize>]) -> crate::backend::Dims {
-        let (m1, m2) = self.dims_widths();
-        crate::backend::Dims::of_frames(counts, &self.slot_sel(), m1, m2)
-    }
-
-    /// `Dims::m1`, `Dims::m2`: a hybrid's are its output width and 1.
-    fn dims_widths(&self) -> (usize, usize) {
+    /// The widths a batch layout carries (`Dims::m1`, `Dims::m2`): M1 and axis_neuron, or for a
+    /// hybrid its output width and 1.
+    pub fn slot_widths(&self) -> (usize, usize) {
         match self.kind {
             DescriptorType::Hybrid => (self.dim(), 1),
             _ => (self.m1(), self.axis_neuron),

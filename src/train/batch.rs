@@ -174,9 +174,9 @@ fn assemble_numbered(
     }
     let uniform = counts.windows(2).all(|w| w[0] == w[1]);
     let dims = match (uniform, counts.first()) {
-        (true, Some(c)) => d.dims(frames.len(), c),
-        (true, None) => d.dims(0, &vec![0; nt]),
-        (false, _) => d.dims_of_frames(&counts),
+        (true, Some(c)) => Dims::of_descriptor(d, frames.len(), c),
+        (true, None) => Dims::of_descriptor(d, 0, &vec![0; nt]),
+        (false, _) => Dims::of_descriptor_frames(d, &counts),
     };
     let sections = d.sections();
     let ns = dims.nslots();

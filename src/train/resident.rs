@@ -73,7 +73,7 @@ fn one_frame_dims(spec: &ModelSpec, atype: &[usize]) -> Dims {
     let counts: Vec<usize> = (0..spec.ntypes())
         .map(|t| atype.iter().filter(|&&x| x == t).count())
         .collect();
-    d.dims(1, &counts)
+    Dims::of_descriptor(d, 1, &counts)
 }
 
 impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
