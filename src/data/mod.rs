@@ -4,6 +4,7 @@
 mod error;
 mod files;
 mod hdf5;
+mod load;
 mod mixed;
 mod npy;
 mod sampler;
@@ -20,7 +21,6 @@ pub use hdf5::{is_hdf5_file, keep_open, Hdf5Writer, KeepOpen};
 pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
-pub use system::{
-    in_hdf5_file, load_system, load_system_in, read_system_in, Composition, System, SystemInfo,
-};
+pub use load::{load_system, load_system_in};
+pub use system::{in_hdf5_file, read_system_in, Composition, System, SystemInfo};
 pub use validate::{check_frames, check_images, MIN_DIST};

@@ -3,8 +3,46 @@
 //! (a general npy reader parses the header as a Python literal, which took more instructions than
 //! decoding the data of a small file).
 
+use std::path::Path;
+
+use super::error::DataError;
+
+/// Checks that an npy file holds as many data bytes as its header declares. A malformed header
+/// passes: the npy reader then reports it.
+pub(super) fn check_npy_size(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
+    let Some((header, data_start)) = npy_header(bytes) else {
+        return Ok(());
+    };
+    let (Some(descr), Some(shape)) = (dict_str(header, "descr"), dict_shape(header, "shape"))
+    else {
+        return Ok(());
+    };
+    let Some(item) = descr
+        .trim_start_matches(['<', '>', '|', '='])
+        .get(1..)
+        .and_then(|n| n.parse::<u64>().ok())
+    else {
+        return Ok(());
+    };
+    let have = (bytes.len() - data_start) as u64;
+    let need = shape
+        .iter()
+        .try_fold(item, |acc, &d| acc.checked_mul(d))
+        .map_or("more than 2^64".to_string(), |n| n.to_string());
+    if need.parse::<u64>().is_ok_and(|n| n <= have) {
+        return Ok(());
+    }
+    Err(DataError::Invalid {
+        path: path.to_path_buf(),
+        reason: format!(
+            "the npy header declares shape {shape:?} of {descr:?} ({need} bytes of data) but the \
+             file holds {have} bytes after its header: it is truncated or damaged"
+        ),
+    })
+}
+
 /// The header text of an npy file and where its data start.
-pub(super) fn npy_header(bytes: &[u8]) -> Option<(&str, usize)> {
+fn npy_header(bytes: &[u8]) -> Option<(&str, usize)> {
     if bytes.get(..6)? != b"\x93NUMPY" {
         return None;
     }
@@ -29,14 +67,14 @@ fn dict_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
     Some(rest.strip_prefix(':')?.trim_start())
 }
 
-pub(super) fn dict_str<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+fn dict_str<'a>(header: &'a str, key: &str) -> Option<&'a str> {
     let v = dict_value(header, key)?;
     let q = v.chars().next().filter(|c| *c == '\'' || *c == '"')?;
     let v = &v[1..];
     Some(&v[..v.find(q)?])
 }
 
-pub(super) fn dict_shape(header: &str, key: &str) -> Option<Vec<u64>> {
+fn dict_shape(header: &str, key: &str) -> Option<Vec<u64>> {
     let v = dict_value(header, key)?.strip_prefix('(')?;
     v[..v.find(')')?]
         .split(',')

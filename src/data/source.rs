@@ -104,7 +104,7 @@ impl Source for NpyDir<'_> {
     fn array(&self, rel: &str) -> Result<(Vec<usize>, Vec<f64>), DataError> {
         let path = self.dir.join(rel);
         let bytes = self.fs.read(&path).map_err(|e| io_error(&path, e))?;
-        super::validate::check_npy_size(&path, &bytes)?;
+        super::npy::check_npy_size(&path, &bytes)?;
         if let Some(read) = super::npy::read_numbers(&bytes) {
             return Ok(read);
         }

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::error::DataError;
-use super::system::{load_system, System};
+use super::load::load_system;
+use super::system::System;
 
 /// Budget of the frames kept in memory, from `DPW_DATA_CACHE_MB` (default 384 MiB: with the
 /// model, the workspaces and a prefetched batch, training stays under 1 GB however large the

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::error::DataError;
-use super::files::{Disk, Files};
+use super::files::Files;
 use super::source::{Location, NpyDir, Source};
 use super::types::TypeIndex;
 
@@ -99,24 +99,7 @@ impl System {
     }
 }
 
-/// Load the system at `path` (a folder, or `file.hdf5#/group`), mapping its atom types onto the
-/// model's `type_map`.
-pub fn load_system(path: &Path, type_map: &[String]) -> Result<System, DataError> {
-    load_system_in(&Disk, path, type_map)
-}
-
-/// [`load_system`] from the files of `fs`.
-pub fn load_system_in(
-    fs: &dyn Files,
-    path: &Path,
-    type_map: &[String],
-) -> Result<System, DataError> {
-    let sys = read_system_in(fs, path, type_map)?;
-    super::validate::check_frames(&sys)?;
-    Ok(sys)
-}
-
-/// [`load_system_in`] without [`check_frames`](super::check_frames): the reading alone, for a
+/// The reading of [`load_system_in`](super::load_system_in) without its frame checks, for a
 /// caller that checks the frames elsewhere (in parallel, while HDF5 reads take turns).
 pub fn read_system_in(
     fs: &dyn Files,

@@ -1,53 +1,16 @@
-//! Checks on a system's data that catch what would otherwise surface much later, or as an
-//! abort: an npy header claiming more data than its file holds (checked before anything is
-//! allocated for it), and frames no model can learn from (a singular or collapsed cell,
-//! overlapping atoms, or a cell needing too many periodic images for the cut-off). Each error
-//! names the file or system, the frame and the atoms.
-
-use std::path::Path;
+//! Checks on a system's frames that catch what would otherwise surface much later, or as an
+//! abort: frames no model can learn from (a singular or collapsed cell, overlapping atoms, or a
+//! cell needing too many periodic images for the cut-off). Each error names the system, the
+//! frame and the atoms. (An npy file's size against its header is checked as it is read,
+//! `npy::check_npy_size`.)
 
 use super::error::DataError;
-use super::npy::{dict_shape, dict_str, npy_header};
 use super::system::System;
 use crate::geometry::{wrapped, Cell, ImageGrid};
 
 /// Atoms closer than this (Å) overlap: DeePMD-kit warns about such data, and the loss of a
 /// frame holding them is NaN or huge.
 pub const MIN_DIST: f64 = 0.1;
-
-/// Checks that an npy file holds as many data bytes as its header declares. A malformed header
-/// passes: the npy reader then reports it.
-pub(super) fn check_npy_size(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
-    let Some((header, data_start)) = npy_header(bytes) else {
-        return Ok(());
-    };
-    let (Some(descr), Some(shape)) = (dict_str(header, "descr"), dict_shape(header, "shape"))
-    else {
-        return Ok(());
-    };
-    let Some(item) = descr
-        .trim_start_matches(['<', '>', '|', '='])
-        .get(1..)
-        .and_then(|n| n.parse::<u64>().ok())
-    else {
-        return Ok(());
-    };
-    let have = (bytes.len() - data_start) as u64;
-    let need = shape
-        .iter()
-        .try_fold(item, |acc, &d| acc.checked_mul(d))
-        .map_or("more than 2^64".to_string(), |n| n.to_string());
-    if need.parse::<u64>().is_ok_and(|n| n <= have) {
-        return Ok(());
-    }
-    Err(DataError::Invalid {
-        path: path.to_path_buf(),
-        reason: format!(
-            "the npy header declares shape {shape:?} of {descr:?} ({need} bytes of data) but the \
-             file holds {have} bytes after its header: it is truncated or damaged"
-        ),
-    })
-}
 
 /// Every frame of `sys`: a cell with a volume and at least [`MIN_DIST`] thick, and no two atoms
 /// (periodic images included) closer than [`MIN_DIST`]. Values are known finite already.
