@@ -236,9 +236,10 @@ macro_rules! backend_of {
     ($($family:ident),*) => {
         /// What a training step runs on: a [`Device`] with every op family. Every backend has it
         /// (the families it has no kernels for take their default bodies).
-        pub trait Backend<T: Real>: Device<T> $(+ $family<T>)* {}
+        /// `'static`: a step holds its stages as trait objects (`stage::descriptor::Stage`).
+        pub trait Backend<T: Real>: Device<T> + 'static $(+ $family<T>)* {}
 
-        impl<T: Real, B: Device<T> $(+ $family<T>)*> Backend<T> for B {}
+        impl<T: Real, B: Device<T> + 'static $(+ $family<T>)*> Backend<T> for B {}
     };
 }
 

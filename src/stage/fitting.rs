@@ -1,5 +1,5 @@
 //! The `ener` fitting stage: one net per centre type (one net for every type with a mixed-type
-//! descriptor, DPA-1: [`crate::model::ParamLayout::fit_net`]) from D_i to the atomic energy E_i,
+//! descriptor, DPA-1: [`super::DeviceModel::fitting`]) from D_i to the atomic energy E_i,
 //! back to D̄_i = ∂E_i/∂D_i, and in training its tangent and dual reverse (docs/design.md §3).
 
 use crate::backend::{Backend, Dims, Real};
@@ -23,7 +23,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
     ) -> Result<Self, OutOfMemory> {
         let nc = d.ncentres();
         Ok(Fitting {
-            cache: NetCache::new(zeros, &m.desc.layout.fit[0], nc)?,
+            cache: NetCache::new(zeros, &m.fitting[0], nc)?,
             ones_c: b.upload(&vec![T::one(); nc]),
         })
     }
@@ -48,7 +48,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
     /// Nets forward from D, then back to D̄.
     pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, desc: &B::Buf) {
         for t in 0..d.ntypes {
-            let net = m.desc.layout.fit_net(t);
+            let net = &m.fitting[t];
             let rows = d.centres(t);
             let c = &mut self.cache;
             for (l, layer) in net.layers.iter().enumerate() {
@@ -79,7 +79,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         ebar: &B::Buf,
     ) {
         for t in 0..d.ntypes {
-            let net = m.desc.layout.fit_net(t);
+            let net = &m.fitting[t];
             let rows = d.centres(t);
             let c = &mut self.cache;
             for (l, layer) in net.layers.iter().enumerate() {

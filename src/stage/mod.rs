@@ -10,13 +10,13 @@ pub mod net;
 
 use crate::backend::{Backend, Real};
 use crate::geometry::EnvParams;
-use crate::model::{AttentionConfig, DescriptorType, Model, ParamLayout};
+use crate::model::{AttentionConfig, DescriptorType, Model, Net, ParamLayout};
 
 use embed::Nets;
 
 /// Model state on the device: parameters in the backend's precision, statistics, Adam moments.
 pub struct DeviceModel<T: Real, B: Backend<T>> {
-    /// The model's descriptor (for a hybrid, the whole: its layout holds every net).
+    /// The model's descriptor (for a hybrid, the whole: its layout holds every part's nets).
     pub desc: DescState<T, B>,
     pub params: B::Buf,
     pub bias: B::Buf,
@@ -25,6 +25,8 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     pub v: B::Buf,
     /// A hybrid's sub-descriptors, in `list` order; empty for the others.
     pub parts: Vec<Part<T, B>>,
+    /// The fitting net of each centre type (a mixed-type descriptor's one net, for every type).
+    pub fitting: Vec<Net>,
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
@@ -120,6 +122,9 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
         };
         DeviceModel {
             parts,
+            fitting: (0..model.spec.ntypes())
+                .map(|t| layout.fit_net(t).clone())
+                .collect(),
             desc: DescState {
                 kind: d.kind,
                 env: d.env(),

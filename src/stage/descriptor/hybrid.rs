@@ -11,19 +11,18 @@
 //! Only the backend's `gather`, `gather_idx` and `copy`: no op of its own.
 
 use crate::backend::{Backend, Dims, Real, Span};
-use crate::mem::OutOfMemory;
 
 use super::super::env::Env;
 use super::super::net::Zeros;
 use super::super::{DescModel, Part};
-use super::Descriptor;
+use super::{forward_on, stage, tangent_on, BoxedStage};
 
 /// One sub-descriptor: its slot layout, environment, stage and the spans that move its values
 /// between its layout and the hybrid's.
 struct Sub<T: Real, B: Backend<T>> {
     dims: Dims,
     env: Env<T, B>,
-    desc: Descriptor<T, B>,
+    desc: BoxedStage<T, B>,
     /// q of its slots; D̄, Ḋ̄ of its columns.
     q: B::Buf,
     dbar: B::Buf,
@@ -86,10 +85,11 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
     pub fn new(
         b: &B,
         parts: &[Part<T, B>],
+        views: &[DescModel<'_, T, B>],
         d: &Dims,
         zeros: &Zeros<B::Buf>,
         centre_atom: &[i32],
-    ) -> Result<Self, OutOfMemory> {
+    ) -> anyhow::Result<Self> {
         let nt = d.ntypes;
         let nc = d.ncentres();
         let counts: Vec<usize> = (0..nt)
@@ -100,7 +100,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
         let (mut col, mut desc_at, mut q_at) = (0, 0, 0);
         let (mut join, mut qjoin) = (Vec::new(), Vec::new());
         let mut subs = Vec::new();
-        for p in parts {
+        for (p, view) in parts.iter().zip(views) {
             let dims = Dims::new(d.nframes, &counts, &p.sel, p.m1, p.m2);
             let (ns, dk) = (dims.nslots(), p.m1 * p.m2);
             let (mut rij_spans, mut owner_spans, mut split) = (Vec::new(), Vec::new(), Vec::new());
@@ -153,7 +153,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
             }
             subs.push(Sub {
                 env: Env::new(b, &dims, zeros, centre_atom, false)?,
-                desc: Descriptor::single(b, p.state.kind, &p.state.layout, &dims, zeros)?,
+                desc: stage(b, view, &dims, zeros)?,
                 q: zeros(3 * ns)?,
                 dbar: zeros(nc * dk)?,
                 ddotbar: zeros(nc * dk)?,
@@ -204,7 +204,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
         for (s, m) in self.subs.iter_mut().zip(m) {
             b.gather(&env.rij, &mut s.env.rij, &s.rij_spans);
             b.gather_idx(&env.owner, &mut s.env.owner, &s.owner_spans);
-            s.desc.forward_one(b, m, &s.dims, &mut s.env);
+            forward_on(s.desc.as_mut(), b, m, &s.dims, &mut s.env);
             b.copy(s.desc.desc(), &mut self.side, s.desc_at);
         }
         b.gather(&self.side, &mut self.desc, &self.join);
@@ -221,8 +221,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
     ) {
         for (s, m) in self.subs.iter_mut().zip(m) {
             b.gather(dbar, &mut s.dbar, &s.split);
-            s.desc
-                .backward_one(b, m, &s.dims, &s.env, &s.dbar, &mut s.q);
+            s.desc.backward(b, m, &s.dims, &s.env, &s.dbar, &mut s.q);
             b.copy(&s.q, &mut self.qside, s.q_at);
         }
         b.gather(&self.qside, q, &self.qjoin);
@@ -234,11 +233,10 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
         b: &B,
         m: &[DescModel<'_, T, B>],
         _d: &Dims,
-        fres: &B::Buf,
-        vres: &B::Buf,
+        residuals: (&B::Buf, &B::Buf),
     ) {
         for (s, m) in self.subs.iter_mut().zip(m) {
-            s.desc.tangent_one(b, m, &s.dims, &mut s.env, (fres, vres));
+            tangent_on(s.desc.as_mut(), b, m, &s.dims, &mut s.env, residuals);
             b.copy(s.desc.ddot(), &mut self.side, s.desc_at);
         }
         b.gather(&self.side, &mut self.ddot, &self.join);
@@ -256,8 +254,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
         for (s, m) in self.subs.iter_mut().zip(m) {
             b.gather(dbar, &mut s.dbar, &s.split);
             b.gather(ddotbar, &mut s.ddotbar, &s.split);
-            s.desc
-                .dual_one(b, m, grad, &s.dims, &s.env, (&s.dbar, &s.ddotbar));
+            s.desc.dual(b, m, grad, &s.dims, &s.env, (&s.dbar, &s.ddotbar));
         }
     }
 }

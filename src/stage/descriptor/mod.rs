@@ -10,8 +10,7 @@ mod se_e2_r;
 mod se_e3;
 
 use crate::backend::{Backend, Dims, Real};
-use crate::mem::OutOfMemory;
-use crate::model::{DescriptorType, ParamLayout};
+use crate::model::DescriptorType;
 
 use super::env::Env;
 use super::net::Zeros;
@@ -23,26 +22,93 @@ use se_e2_a::SeE2A;
 use se_e2_r::SeE2R;
 use se_e3::SeE3;
 
-/// The buffers of one descriptor for one batch shape, and its passes.
-pub enum Descriptor<T: Real, B: Backend<T>> {
-    SeE2A(SeE2A<T, B>),
-    SeE2R(SeE2R<T, B>),
-    SeE3(SeE3<T, B>),
-    SeAtten(SeAtten<T, B>),
-    Hybrid(Hybrid<T, B>),
+/// One descriptor's buffers for one batch shape and its four passes over an environment: what
+/// every descriptor module implements (a hybrid's parts are each one, on an environment of
+/// their own). Between it and the rest of the step pass only per-centre rows and per-slot q.
+pub trait Stage<T: Real, B: Backend<T>> {
+    /// D of every centre, `[ncentres][dim]`, after [`Stage::forward`].
+    fn desc(&self) -> &B::Buf;
+    /// Ḋ of every centre, after [`Stage::tangent`].
+    fn ddot(&self) -> &B::Buf;
+    /// Every buffer, in a fixed order.
+    fn buffers(&self) -> Vec<&B::Buf>;
+    /// D from the environment (R̂ and its Jacobian).
+    fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>);
+    /// q = ∂E/∂r_ij of every slot from D̄ = ∂E/∂D.
+    fn backward(
+        &mut self,
+        b: &B,
+        m: &DescModel<'_, T, B>,
+        d: &Dims,
+        env: &Env<T, B>,
+        dbar: &B::Buf,
+        q: &mut B::Buf,
+    );
+    /// Ḋ from the environment's tangent (Ṙ, ṡ).
+    fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>);
+    /// The dual reverse from (D̄, Ḋ̄): the parameter gradient, added to `grad`.
+    fn dual(
+        &mut self,
+        b: &B,
+        m: &DescModel<'_, T, B>,
+        grad: &mut B::Buf,
+        d: &Dims,
+        env: &Env<T, B>,
+        adjoints: (&B::Buf, &B::Buf),
+    );
 }
 
-/// Forwards a call to the descriptor's own module (a hybrid's are its own, [`Hybrid`]).
-macro_rules! each {
-    ($self:expr, $d:ident => $e:expr) => {
-        match $self {
-            Descriptor::SeE2A($d) => $e,
-            Descriptor::SeE2R($d) => $e,
-            Descriptor::SeE3($d) => $e,
-            Descriptor::SeAtten($d) => $e,
-            Descriptor::Hybrid(_) => unreachable!("a hybrid's passes are its own"),
+/// A boxed [`Stage`]: the step holds its descriptor without naming its kind.
+pub type BoxedStage<T, B> = Box<dyn Stage<T, B>>;
+
+/// The stage of descriptor `m.kind` for batch shape `d`: the one place a descriptor's kind
+/// picks its module. An error where memory runs out or an option is not built.
+fn stage<T: Real, B: Backend<T>>(
+    b: &B,
+    m: &DescModel<'_, T, B>,
+    d: &Dims,
+    zeros: &Zeros<B::Buf>,
+) -> anyhow::Result<BoxedStage<T, B>> {
+    Ok(match m.kind {
+        DescriptorType::SeE2A => Box::new(SeE2A::new(b, m.layout, d, zeros)?),
+        DescriptorType::SeE2R => Box::new(SeE2R::new(b, m.layout, d, zeros)?),
+        DescriptorType::SeE3 => Box::new(SeE3::new(b, m.layout, d, zeros)?),
+        DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
+            Box::new(SeAtten::new(b, m, d, zeros)?)
         }
-    };
+        DescriptorType::Hybrid => unreachable!("a hybrid is a composition of stages, not one"),
+    })
+}
+
+/// A stage and the environment passes it runs on.
+fn forward_on<T: Real, B: Backend<T>>(
+    s: &mut dyn Stage<T, B>,
+    b: &B,
+    m: &DescModel<'_, T, B>,
+    d: &Dims,
+    env: &mut Env<T, B>,
+) {
+    env.forward(b, m, d);
+    s.forward(b, m, d, env)
+}
+
+fn tangent_on<T: Real, B: Backend<T>>(
+    s: &mut dyn Stage<T, B>,
+    b: &B,
+    m: &DescModel<'_, T, B>,
+    d: &Dims,
+    env: &mut Env<T, B>,
+    (fres, vres): (&B::Buf, &B::Buf),
+) {
+    env.tangent(b, d, fres, vres);
+    s.tangent(b, m, d, env)
+}
+
+/// The model's descriptor for one batch shape: one stage on the batch's environment, or a
+/// hybrid's stages side by side.
+pub enum Descriptor<T: Real, B: Backend<T>> {
+    One(BoxedStage<T, B>),
+    Hybrid(Hybrid<T, B>),
 }
 
 impl<T: Real, B: Backend<T>> Descriptor<T, B> {
@@ -56,33 +122,10 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         zeros: &Zeros<B::Buf>,
         centre_atom: &[i32],
     ) -> anyhow::Result<Self> {
-        Ok(match m.desc.kind {
-            DescriptorType::Hybrid => {
-                Descriptor::Hybrid(Hybrid::new(b, &m.parts, d, zeros, centre_atom)?)
-            }
-            DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
-                Descriptor::SeAtten(SeAtten::new(b, &m.views()[0], d, zeros)?)
-            }
-            kind => Self::single(b, kind, &m.desc.layout, d, zeros)?,
-        })
-    }
-
-    /// One descriptor that is not a hybrid.
-    fn single(
-        b: &B,
-        kind: DescriptorType,
-        layout: &ParamLayout,
-        d: &Dims,
-        zeros: &Zeros<B::Buf>,
-    ) -> Result<Self, OutOfMemory> {
-        Ok(match kind {
-            DescriptorType::SeE2A => Descriptor::SeE2A(SeE2A::new(b, layout, d, zeros)?),
-            DescriptorType::SeE2R => Descriptor::SeE2R(SeE2R::new(b, layout, d, zeros)?),
-            DescriptorType::SeE3 => Descriptor::SeE3(SeE3::new(b, layout, d, zeros)?),
-            DescriptorType::Hybrid => unreachable!("a hybrid inside hybrid is refused"),
-            DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
-                unreachable!("DPA-1 is not a part of a hybrid (refused when the input is read)")
-            }
+        Ok(if m.desc.kind == DescriptorType::Hybrid {
+            Descriptor::Hybrid(Hybrid::new(b, &m.parts, &m.views(), d, zeros, centre_atom)?)
+        } else {
+            Descriptor::One(stage(b, &m.views()[0], d, zeros)?)
         })
     }
 
@@ -90,7 +133,7 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
     pub fn desc(&self) -> &B::Buf {
         match self {
             Descriptor::Hybrid(h) => h.desc(),
-            _ => each!(self, x => x.desc()),
+            Descriptor::One(s) => s.desc(),
         }
     }
 
@@ -98,7 +141,7 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
     pub fn ddot(&self) -> &B::Buf {
         match self {
             Descriptor::Hybrid(h) => h.ddot(),
-            _ => each!(self, x => x.ddot()),
+            Descriptor::One(s) => s.ddot(),
         }
     }
 
@@ -106,7 +149,7 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
     pub fn buffers(&self) -> Vec<&B::Buf> {
         match self {
             Descriptor::Hybrid(h) => h.buffers(),
-            _ => each!(self, x => x.buffers()),
+            Descriptor::One(s) => s.buffers(),
         }
     }
 
@@ -114,13 +157,8 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
     pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, env: &mut Env<T, B>) {
         match self {
             Descriptor::Hybrid(h) => h.forward(b, &m.views(), d, env),
-            _ => self.forward_one(b, &m.views()[0], d, env),
+            Descriptor::One(s) => forward_on(s.as_mut(), b, &m.views()[0], d, env),
         }
-    }
-
-    fn forward_one(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &mut Env<T, B>) {
-        env.forward(b, m, d);
-        each!(self, x => x.forward(b, m, d, env))
     }
 
     /// q = ∂E/∂r_ij of every slot from D̄ = ∂E/∂D.
@@ -135,20 +173,8 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
     ) {
         match self {
             Descriptor::Hybrid(h) => h.backward(b, &m.views(), d, dbar, q),
-            _ => self.backward_one(b, &m.views()[0], d, env, dbar, q),
+            Descriptor::One(s) => s.backward(b, &m.views()[0], d, env, dbar, q),
         }
-    }
-
-    fn backward_one(
-        &mut self,
-        b: &B,
-        m: &DescModel<'_, T, B>,
-        d: &Dims,
-        env: &Env<T, B>,
-        dbar: &B::Buf,
-        q: &mut B::Buf,
-    ) {
-        each!(self, x => x.backward(b, m, d, env, dbar, q))
     }
 
     /// The environment's tangent Ṙ, ṡ from the loss residuals ∂L/∂F, ∂L/∂W, then Ḋ from it.
@@ -158,24 +184,12 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         m: &DeviceModel<T, B>,
         d: &Dims,
         env: &mut Env<T, B>,
-        (fres, vres): (&B::Buf, &B::Buf),
+        residuals: (&B::Buf, &B::Buf),
     ) {
         match self {
-            Descriptor::Hybrid(h) => h.tangent(b, &m.views(), d, fres, vres),
-            _ => self.tangent_one(b, &m.views()[0], d, env, (fres, vres)),
+            Descriptor::Hybrid(h) => h.tangent(b, &m.views(), d, residuals),
+            Descriptor::One(s) => tangent_on(s.as_mut(), b, &m.views()[0], d, env, residuals),
         }
-    }
-
-    fn tangent_one(
-        &mut self,
-        b: &B,
-        m: &DescModel<'_, T, B>,
-        d: &Dims,
-        env: &mut Env<T, B>,
-        (fres, vres): (&B::Buf, &B::Buf),
-    ) {
-        env.tangent(b, d, fres, vres);
-        each!(self, x => x.tangent(b, m, d, env))
     }
 
     /// The dual reverse from (D̄, Ḋ̄): the descriptor's parameter gradient, added to `m.grad`.
@@ -190,19 +204,7 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         let (views, grad) = m.views_grad();
         match self {
             Descriptor::Hybrid(h) => h.dual(b, &views, grad, d, adjoints),
-            _ => self.dual_one(b, &views[0], grad, d, env, adjoints),
+            Descriptor::One(s) => s.dual(b, &views[0], grad, d, env, adjoints),
         }
-    }
-
-    fn dual_one(
-        &mut self,
-        b: &B,
-        m: &DescModel<'_, T, B>,
-        grad: &mut B::Buf,
-        d: &Dims,
-        env: &Env<T, B>,
-        adjoints: (&B::Buf, &B::Buf),
-    ) {
-        each!(self, x => x.dual(b, m, grad, d, env, adjoints))
     }
 }

@@ -16,6 +16,7 @@ use super::super::embed::Embed;
 use super::super::env::Env;
 use super::super::net::{net_dual_backward, net_forward, NetCache, NetDual, Zeros};
 use super::super::DescModel;
+use super::Stage;
 
 pub struct SeAtten<T: Real, B: Backend<T>> {
     block: Block<B::Buf>,
@@ -215,15 +216,40 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         })
     }
 
-    pub fn desc(&self) -> &B::Buf {
+    fn strip_args<'a>(
+        blk: &'a Block<B::Buf>,
+        (gs, gsp): (&'a B::Buf, &'a B::Buf),
+        tau: &'a B::Buf,
+        m: &DescModel<'_, T, B>,
+        env: &'a Env<T, B>,
+        slot_centre_type: &'a B::Idx,
+    ) -> StripArgs<'a, B::Buf, B::Idx> {
+        StripArgs {
+            ntypes: attn_layout(m).tebd.ntypes,
+            m1: blk.opts.m1,
+            one_side: m.type_one_side,
+            smooth: blk.opts.smooth,
+            gs,
+            gsp,
+            tau,
+            nei_type: (env.nei_type.as_ref()).expect("a mixed-type batch has its neighbour types"),
+            centre_type: slot_centre_type,
+            sw: &blk.sw,
+            dsw: &blk.dsw,
+        }
+    }
+}
+
+impl<T: Real, B: Backend<T>> Stage<T, B> for SeAtten<T, B> {
+    fn desc(&self) -> &B::Buf {
         &self.desc
     }
 
-    pub fn ddot(&self) -> &B::Buf {
+    fn ddot(&self) -> &B::Buf {
         &self.ddot
     }
 
-    pub fn buffers(&self) -> Vec<&B::Buf> {
+    fn buffers(&self) -> Vec<&B::Buf> {
         let mut v: Vec<&B::Buf> = Vec::new();
         match &self.input {
             Input::Concat(c) => {
@@ -256,30 +282,7 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         v
     }
 
-    fn strip_args<'a>(
-        blk: &'a Block<B::Buf>,
-        (gs, gsp): (&'a B::Buf, &'a B::Buf),
-        tau: &'a B::Buf,
-        m: &DescModel<'_, T, B>,
-        env: &'a Env<T, B>,
-        slot_centre_type: &'a B::Idx,
-    ) -> StripArgs<'a, B::Buf, B::Idx> {
-        StripArgs {
-            ntypes: attn_layout(m).tebd.ntypes,
-            m1: blk.opts.m1,
-            one_side: m.type_one_side,
-            smooth: blk.opts.smooth,
-            gs,
-            gsp,
-            tau,
-            nei_type: (env.nei_type.as_ref()).expect("a mixed-type batch has its neighbour types"),
-            centre_type: slot_centre_type,
-            sw: &blk.sw,
-            dsw: &blk.dsw,
-        }
-    }
-
-    pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+    fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         let tebd = &attn_layout(m).tebd;
         let blk = &mut self.block;
         let dstd = m.dstd;
@@ -335,7 +338,7 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn backward(
+    fn backward(
         &mut self,
         b: &B,
         m: &DescModel<'_, T, B>,
@@ -348,12 +351,12 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         b.attn_backward(d, &args, &env.jac, dbar, self.stride, q);
     }
 
-    pub fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+    fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         let args = self.block.args(&self.input, m, env);
         b.attn_tangent(d, &args, &env.rdot, &mut self.ddot, self.stride);
     }
 
-    pub fn dual(
+    fn dual(
         &mut self,
         b: &B,
         m: &DescModel<'_, T, B>,

@@ -7,6 +7,7 @@ use super::super::embed::{fused, Embed};
 use super::super::env::Env;
 use super::super::net::Zeros;
 use super::super::DescModel;
+use super::Stage;
 use crate::model::ParamLayout;
 
 pub struct SeE2A<T: Real, B: Backend<T>> {
@@ -46,16 +47,18 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
             gdotbar: zeros(slot_adjoints)?,
         })
     }
+}
 
-    pub fn desc(&self) -> &B::Buf {
+impl<T: Real, B: Backend<T>> Stage<T, B> for SeE2A<T, B> {
+    fn desc(&self) -> &B::Buf {
         &self.desc
     }
 
-    pub fn ddot(&self) -> &B::Buf {
+    fn ddot(&self) -> &B::Buf {
         &self.ddot
     }
 
-    pub fn buffers(&self) -> Vec<&B::Buf> {
+    fn buffers(&self) -> Vec<&B::Buf> {
         let mut v = self.embed.buffers();
         v.extend([
             &self.a,
@@ -69,13 +72,13 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
         v
     }
 
-    pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+    fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         self.embed.forward(b, m, d, env);
         let (g, _) = self.embed.g_gp();
         b.contract_forward(d, g, &env.rhat, &mut self.a, &mut self.desc);
     }
 
-    pub fn backward(
+    fn backward(
         &mut self,
         b: &B,
         _m: &DescModel<'_, T, B>,
@@ -89,7 +92,7 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
         b.slot_backward(d, &self.abar, g, gp, &env.rhat, &env.jac, q);
     }
 
-    pub fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+    fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         let (g, gp) = self.embed.g_gp();
         b.contract_tangent(
             d,
@@ -103,7 +106,7 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
         );
     }
 
-    pub fn dual(
+    fn dual(
         &mut self,
         b: &B,
         m: &DescModel<'_, T, B>,

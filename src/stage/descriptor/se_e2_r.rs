@@ -8,6 +8,7 @@ use super::super::embed::Embed;
 use super::super::env::Env;
 use super::super::net::Zeros;
 use super::super::DescModel;
+use super::Stage;
 use crate::model::ParamLayout;
 
 pub struct SeE2R<T: Real, B: Backend<T>> {
@@ -36,28 +37,30 @@ impl<T: Real, B: Backend<T>> SeE2R<T, B> {
             gdotbar: zeros(m1 * ns)?,
         })
     }
+}
 
-    pub fn desc(&self) -> &B::Buf {
+impl<T: Real, B: Backend<T>> Stage<T, B> for SeE2R<T, B> {
+    fn desc(&self) -> &B::Buf {
         &self.desc
     }
 
-    pub fn ddot(&self) -> &B::Buf {
+    fn ddot(&self) -> &B::Buf {
         &self.ddot
     }
 
-    pub fn buffers(&self) -> Vec<&B::Buf> {
+    fn buffers(&self) -> Vec<&B::Buf> {
         let mut v = self.embed.buffers();
         v.extend([&self.desc, &self.ddot, &self.gbar, &self.gdotbar]);
         v
     }
 
-    pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+    fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         self.embed.forward(b, m, d, env);
         let (g, _) = self.embed.g_gp();
         b.radial_forward(d, g, &mut self.desc);
     }
 
-    pub fn backward(
+    fn backward(
         &mut self,
         b: &B,
         _m: &DescModel<'_, T, B>,
@@ -70,12 +73,12 @@ impl<T: Real, B: Backend<T>> SeE2R<T, B> {
         b.radial_backward(d, dbar, gp, &env.jac, q);
     }
 
-    pub fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+    fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         let (_, gp) = self.embed.g_gp();
         b.radial_tangent(d, gp, &env.sdot, &mut self.ddot);
     }
 
-    pub fn dual(
+    fn dual(
         &mut self,
         b: &B,
         m: &DescModel<'_, T, B>,

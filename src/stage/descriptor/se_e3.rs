@@ -11,6 +11,7 @@ use crate::mem::OutOfMemory;
 use super::super::env::Env;
 use super::super::net::{net_dual_backward, net_forward, NetCache, NetDual, Zeros};
 use super::super::DescModel;
+use super::Stage;
 use crate::model::ParamLayout;
 
 pub struct SeE3<T: Real, B: Backend<T>> {
@@ -50,16 +51,18 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
             pairs,
         })
     }
+}
 
-    pub fn desc(&self) -> &B::Buf {
+impl<T: Real, B: Backend<T>> Stage<T, B> for SeE3<T, B> {
+    fn desc(&self) -> &B::Buf {
         &self.desc
     }
 
-    pub fn ddot(&self) -> &B::Buf {
+    fn ddot(&self) -> &B::Buf {
         &self.ddot
     }
 
-    pub fn buffers(&self) -> Vec<&B::Buf> {
+    fn buffers(&self) -> Vec<&B::Buf> {
         let mut v: Vec<&B::Buf> = self.nets.all().collect();
         v.extend([
             &self.e,
@@ -73,7 +76,7 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
         v
     }
 
-    pub fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+    fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         b.angle_values(d, &env.rhat, &mut self.e);
         for (p, net) in m.layout.embed.iter().enumerate() {
             for tc in 0..d.ntypes {
@@ -92,7 +95,7 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
         b.angle_forward(d, &self.e, g, &mut self.desc);
     }
 
-    pub fn backward(
+    fn backward(
         &mut self,
         b: &B,
         _m: &DescModel<'_, T, B>,
@@ -105,13 +108,13 @@ impl<T: Real, B: Backend<T>> SeE3<T, B> {
         b.angle_backward(d, &env.rhat, &env.jac, &self.e, g, gp, dbar, q);
     }
 
-    pub fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+    fn tangent(&mut self, b: &B, _m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
         b.angle_values_tangent(d, &env.rhat, &env.rdot, &mut self.edot);
         let (g, gp) = self.nets.out();
         b.angle_tangent(d, &self.e, &self.edot, g, gp, &mut self.ddot);
     }
 
-    pub fn dual(
+    fn dual(
         &mut self,
         b: &B,
         m: &DescModel<'_, T, B>,
