@@ -1,6 +1,6 @@
 //! DeePMD-kit's input.json → a typed [`Config`] with DeePMD-kit 3.2's defaults.
 //!
-//! dpw reads the same input file as `dp train` for the se_e2_a + ener model. Anything dpw
+//! dpw reads the same input file as `dp train` for the models it trains. Anything dpw
 //! cannot honour is an error, never silently dropped: an unknown key (a typo, usually) names
 //! its path and the keys valid there, and a valid DeePMD-kit setting that dpw does not
 //! implement says so. [`Config::to_expanded_json`] gives back the input with every default

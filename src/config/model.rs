@@ -1,5 +1,5 @@
-//! The `model` section: type map, the descriptor (se_e2_a, se_e2_r, se_e3, hybrid; se_atten and
-//! se_atten_v2 parsed only) and the ener fitting net.
+//! The `model` section: type map, the descriptor (se_e2_a, se_e2_r, se_e3, hybrid, se_atten,
+//! se_atten_v2) and the ener fitting net.
 
 use serde_json::{json, Map, Value};
 

@@ -38,7 +38,6 @@ pub struct Workspace<T: Real, B: Backend<T>> {
 impl<T: Real, B: Backend<T>> Workspace<T, B> {
     /// The buffers of batch shape `dims`; the big ones are asked for fallibly, and a failure
     /// names the batch and what makes it smaller.
-    /// An error, not a panic, where the model's descriptor has no stage yet (DPA-1).
     pub fn new(b: &B, m: &DeviceModel<T, B>, dims: &Dims) -> anyhow::Result<Self> {
         let (ns, nc, na, nf) = (
             dims.nslots(),
