@@ -3,8 +3,7 @@
 //! every pass, which through libm's scalar exp were the largest single cost of the attention
 //! once its products were GEMMs.
 
-use super::simd;
-use super::tanh::{map, Row};
+use super::simd::{self, map, Row};
 use crate::backend::Real;
 
 // ln 2 split in two (fdlibm's constants): k·LN2_HI is exact for the k that occur here.

@@ -73,3 +73,16 @@ pub(super) fn rows_apart() {
         std::arch::asm!("", options(nomem, nostack, preserves_flags));
     }
 }
+
+/// A row of W values, one step of a formula at a time for all of them.
+pub(super) type Row<F, const W: usize> = [F; W];
+
+/// The row whose values are `f(q)`.
+#[inline(always)]
+pub(super) fn map<F: Copy + Default, const W: usize>(f: impl Fn(usize) -> F) -> Row<F, W> {
+    let mut o = [F::default(); W];
+    for (q, v) in o.iter_mut().enumerate() {
+        *v = f(q);
+    }
+    o
+}

@@ -9,21 +9,8 @@
 //! as well.
 
 use super::exp::{expm1_pos, expm1_pos32};
-use super::simd::rows_apart;
+use super::simd::{map, rows_apart, Row};
 use crate::backend::Real;
-
-/// A row of W values, one step of a formula at a time for all of them.
-pub(super) type Row<F, const W: usize> = [F; W];
-
-/// The row whose values are `f(q)`.
-#[inline(always)]
-pub(super) fn map<F: Copy + Default, const W: usize>(f: impl Fn(usize) -> F) -> Row<F, W> {
-    let mut o = [F::default(); W];
-    for (q, v) in o.iter_mut().enumerate() {
-        *v = f(q);
-    }
-    o
-}
 
 /// tanh of each value as t/(t + 2) with t = e^{2|x|} − 1, sign restored: one formula over the
 /// whole range, within 3 ulp (libm's tanh as the reference). It replaced Cephes' rational
