@@ -3,16 +3,21 @@
 //! what was being allocated, how much, and what lowers it, instead of Rust's abort, which says
 //! only "memory allocation of N bytes failed".
 
-/// An allocation that failed, with the setting that lowers it (empty: none).
+/// An allocation that failed, or was refused before it was made for exceeding a limit (`limit`:
+/// which; empty where the memory was simply not there), with the setting that lowers it
+/// (empty: none).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "out of memory: cannot allocate {:.1} MiB for {what}{}",
+    "{}cannot allocate {:.1} MiB for {what}{}{}",
+    if .limit.is_empty() { "out of memory: " } else { "" },
     *.bytes as f64 / (1u64 << 20) as f64,
+    if .limit.is_empty() { String::new() } else { format!(": {}", .limit) },
     if .knob.is_empty() { String::new() } else { format!("; {}", .knob) }
 )]
 pub struct OutOfMemory {
     pub what: String,
     pub bytes: usize,
+    pub limit: String,
     pub knob: String,
 }
 
@@ -26,6 +31,21 @@ impl OutOfMemory {
     }
 }
 
+/// Bytes of host memory a new allocation can take without swapping (Linux's `MemAvailable`);
+/// `None` where the system does not say.
+pub fn host_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
 /// An empty vector with room for `n` items, or the failure naming `what`.
 pub fn try_with_capacity<T>(
     n: usize,
@@ -35,6 +55,7 @@ pub fn try_with_capacity<T>(
     v.try_reserve_exact(n).map_err(|_| OutOfMemory {
         what: what(),
         bytes: n.saturating_mul(size_of::<T>()),
+        limit: String::new(),
         knob: String::new(),
     })?;
     Ok(v)

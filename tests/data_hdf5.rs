@@ -258,7 +258,8 @@ fn integer_datasets_are_widened() {
 }
 
 /// Without the HDF5 library (here: `DPW_HDF5_LIB` naming none), `dpw train` on HDF5 data stops
-/// with an error that names the file and says what is missing.
+/// with an error that names the file and says what is missing; `DPW_HDF5_LIB` naming another
+/// library (the C maths library) says that it is not HDF5's and which symbol it lacks.
 #[test]
 fn a_missing_library_is_a_named_error() {
     let _turn = one_at_a_time();
@@ -266,19 +267,27 @@ fn a_missing_library_is_a_named_error() {
     let file = water_file(tmp.path());
     let input = common::tiny_water_input(serde_json::json!(file), 2);
     std::fs::write(tmp.path().join("input.json"), input.to_string()).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
-        .current_dir(tmp.path())
-        .env("DPW_HDF5_LIB", "/nowhere/libhdf5.so")
-        .args(["train", "input.json", "--backend", "cpu"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+    let train_with = |lib: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
+            .current_dir(tmp.path())
+            .env("DPW_HDF5_LIB", lib)
+            .args(["train", "input.json", "--backend", "cpu"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+        assert!(err.contains("water.hdf5"), "{err}");
+        assert!(!tmp.path().join("lcurve.out").exists());
+        err
+    };
+    let err = train_with("/nowhere/libhdf5.so");
     assert!(
-        err.contains("water.hdf5")
-            && err.contains("HDF5 C library")
-            && err.contains("DPW_HDF5_LIB=/nowhere/libhdf5.so"),
+        err.contains("HDF5 C library") && err.contains("DPW_HDF5_LIB=/nowhere/libhdf5.so"),
         "{err}"
     );
-    assert!(!tmp.path().join("lcurve.out").exists());
+    let err = train_with("libm.so.6");
+    assert!(
+        err.contains("libm.so.6: not an HDF5 library: it has no symbol H5open"),
+        "{err}"
+    );
 }

@@ -419,7 +419,7 @@ fn what_is_not_read_is_refused_by_name() {
         (
             "element not in the model",
             Box::new(|s| std::fs::write(s.join("type_map.raw"), "Al\nCu\nZn\n").unwrap()),
-            vec!["type_map.raw", "\"Zn\"", "absent from the model type_map"],
+            vec!["type_map.raw", "\"Zn\"", "absent from the type_map"],
         ),
         (
             "shape",

@@ -195,9 +195,13 @@ fn parallel_statistics_equal_the_sequential_sums() {
     assert_eq!(got.residual_std, std);
     assert_eq!(got.nframes, 30);
 
-    let ns = neighbor_stats(&data, 2, d.rcut).unwrap();
+    let ns = neighbor_stats(&data, 2, d.rcut, false).unwrap();
     assert_eq!(ns.nframes, 320);
     assert!(ns.max_count[0] > 0 && ns.max_count[1] > ns.max_count[0]);
+    // All types together: one count, reached at one atom, so at most the per-type maxima's sum.
+    let mixed = neighbor_stats(&data, 2, d.rcut, true).unwrap().max_count;
+    assert!(mixed.len() == 1 && mixed[0] > ns.max_count[1], "{mixed:?}");
+    assert!(mixed[0] <= ns.max_count[0] + ns.max_count[1], "{mixed:?}");
     // Both in one pass: the same numbers.
     assert_eq!(
         neighbor_and_data_stats(&d, 2, &data, &frames).unwrap(),
@@ -223,6 +227,7 @@ fn statistics_while_reading_equal_those_after_loading() {
     let pass = Pass {
         ntypes: 2,
         count: Some(d.rcut),
+        mixed: false,
         stat: Some(&d),
     };
     let draw = StatDraw {

@@ -154,6 +154,15 @@ impl<Buf> ContractDual<'_, Buf> {
     }
 }
 
+/// What [`Device::memory_limits`] says: bytes, each with what the limit is, for messages.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryLimits {
+    /// Memory free for a workspace.
+    pub available: Option<(u64, String)>,
+    /// Largest single buffer.
+    pub largest: Option<(u64, String)>,
+}
+
 /// A backend's memory and schedule: its buffers, moving values in and out of them, waiting, and
 /// what it offers beyond the ops. The compute ops are the op families over it (`ops.rs`); [`Backend`] is
 /// all of them together.
@@ -170,11 +179,22 @@ pub trait Device<T: Real>: Sync {
     fn download(&self, b: &Self::Buf) -> Vec<T>;
     fn download_idx(&self, b: &Self::Idx) -> Vec<i32>;
     fn zeros(&self, n: usize) -> Self::Buf;
-    /// [`Device::zeros`] that returns `None` where the memory is not there, for the big
-    /// buffers of a batch. Host memory can be asked for fallibly; the GPU backends allocate as
-    /// `zeros` does.
-    fn try_zeros(&self, n: usize) -> Option<Self::Buf> {
-        Some(self.zeros(n))
+    /// [`Device::zeros`] that fails where the memory is not there (`Err("")`) or the buffer
+    /// would break one of the backend's limits (`Err`: which, e.g. a largest binding), for the
+    /// big buffers of a batch. Host memory can be asked for fallibly; the GPU backends check
+    /// their limits, then allocate as `zeros` does.
+    fn try_zeros(&self, n: usize) -> Result<Self::Buf, String> {
+        Ok(self.zeros(n))
+    }
+    /// The memory a batch's workspace may take and its largest buffer, where this device can
+    /// tell (`None`: it cannot): a workspace estimated beyond either is refused before anything
+    /// of it is allocated. Host memory by default (the cpu backend's).
+    fn memory_limits(&self) -> MemoryLimits {
+        MemoryLimits {
+            available: crate::mem::host_available()
+                .map(|b| (b, "memory available (MemAvailable)".into())),
+            largest: None,
+        }
     }
     fn fill(&self, b: &mut Self::Buf, v: T);
 

@@ -62,8 +62,11 @@ macro_rules! monomorphic_backend {
                 fn zeros(&self, n: usize) -> Self::Buf {
                     Device::<T>::zeros(&Generic(self), n)
                 }
-                fn try_zeros(&self, n: usize) -> Option<Self::Buf> {
+                fn try_zeros(&self, n: usize) -> Result<Self::Buf, String> {
                     Device::<T>::try_zeros(&Generic(self), n)
+                }
+                fn memory_limits(&self) -> $crate::backend::MemoryLimits {
+                    Device::<T>::memory_limits(&Generic(self))
                 }
                 fn fill(&self, b: &mut Self::Buf, v: T) {
                     Device::<T>::fill(&Generic(self), b, v)

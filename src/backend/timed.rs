@@ -372,7 +372,7 @@ impl<T: Real, B: Timeable<T>> Device<T> for Timed<B> {
         self.counters.buffer();
         self.time::<T, _>(Op::Zeros, 0.0, |b| b.zeros(n))
     }
-    fn try_zeros(&self, n: usize) -> Option<Self::Buf> {
+    fn try_zeros(&self, n: usize) -> Result<Self::Buf, String> {
         self.counters.buffer();
         self.time::<T, _>(Op::Zeros, 0.0, |b| b.try_zeros(n))
     }
@@ -404,6 +404,9 @@ impl<T: Real, B: Timeable<T>> Device<T> for Timed<B> {
     }
     fn resident_budget(&self) -> usize {
         self.inner.resident_budget()
+    }
+    fn memory_limits(&self) -> super::MemoryLimits {
+        self.inner.memory_limits()
     }
     fn prepare_frames(&self, d: &Dims, owner: &Self::Idx, centre_atom: &Self::Idx) {
         self.inner.prepare_frames(d, owner, centre_atom)

@@ -24,7 +24,7 @@ pub fn neighbor_stat(systems: &[PathBuf], rcut: f64, type_map: &[String]) -> Res
         sys_probs: None,
     };
     let data = load_data(&cfg, type_map, rcut, "neighbor-stat")?;
-    let ns = neighbor_stats(&data, type_map.len(), rcut)?;
+    let ns = neighbor_stats(&data, type_map.len(), rcut, false)?;
     tracing::info!(
         "{} frames in {} system(s), rcut {rcut}, types {}",
         ns.nframes,

@@ -4,15 +4,16 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::backend::Job;
 use crate::backend::{Backend, Real};
-use crate::data::{find_systems, load_system, Disk};
+use crate::data::{find_systems, load_system, Disk, System};
 use crate::dist::DeviceLink;
 use crate::fmt::sci;
+use crate::mem::OutOfMemory;
 use crate::model::file::write_atomic;
-use crate::model::Model;
+use crate::model::{Model, ModelSpec};
 use crate::train::batch::assemble_frames;
 use crate::train::predict::predict_batch;
 
@@ -122,6 +123,19 @@ fn frames_per_call(natoms: usize, nnei: usize) -> usize {
     (SLOTS_PER_CALL / (natoms * nnei).max(1)).max(1)
 }
 
+/// The end of the call that evaluates frames `start..end` of `sys`, or fewer: a model whose
+/// neighbour list is per type takes frames of one composition at a time, so on mixed-type data
+/// (frames of their own compositions) a call ends where the composition changes.
+fn call_end(spec: &ModelSpec, sys: &System, start: usize, end: usize) -> usize {
+    if !sys.mixed || spec.descriptor.is_mixed() {
+        return end;
+    }
+    let first = sys.frame_atype(start);
+    (start + 1..end)
+        .find(|&f| sys.frame_atype(f) != first)
+        .unwrap_or(end)
+}
+
 impl Job for TestJob {
     type Output = (Vec<SystemErrors>, String);
 
@@ -144,15 +158,29 @@ impl Job for TestJob {
             };
             let n = sys.natoms;
             let (mut e, mut f, mut v) = (Vec::new(), Vec::new(), Vec::new());
-            let per_call = frames_per_call(n, nnei);
-            for start in (0..nf).step_by(per_call) {
-                let frames: Vec<usize> = (start..(start + per_call).min(nf)).collect();
+            let mut per_call = frames_per_call(n, nnei);
+            let mut start = 0;
+            while start < nf {
+                let end = call_end(&self.model.spec, &sys, start, (start + per_call).min(nf));
+                let frames: Vec<usize> = (start..end).collect();
                 let batch = assemble_frames(&self.model.spec, &sys, &frames, "test")?;
-                let p = predict_batch(b, &self.model, &batch)
-                    .with_context(|| format!("system {}", path.display()))?;
-                e.extend(p.energy);
-                f.extend(p.force);
-                v.extend(p.virial);
+                match predict_batch(b, &self.model, &batch) {
+                    Ok(p) => {
+                        e.extend(p.energy);
+                        f.extend(p.force);
+                        v.extend(p.virial);
+                        start = end;
+                    }
+                    // More frames than the device holds at once: fewer a call, as `dp test`
+                    // evaluates in pieces; each frame's numbers are its own whatever the call.
+                    Err(err) if frames.len() > 1 && err.is::<OutOfMemory>() => {
+                        per_call = frames.len() / 2;
+                        tracing::info!("{err:#}: evaluating {per_call} frames a call");
+                    }
+                    Err(err) => {
+                        return Err(err.context(format!("system {}", path.display())));
+                    }
+                }
             }
             let (le, lf) = (&sys.energy[..nf], &sys.force[..3 * n * nf]);
             let inv_n = 1.0 / n as f64;

@@ -14,7 +14,11 @@ pub enum DataError {
     // The causes are part of the message, not a source chain, which `{:#}` would print again.
     #[error("cannot read {}: {error}", path.display())]
     Io { path: PathBuf, error: io::Error },
-    #[error("cannot read {} as a float32/float64 npy array: {error}", path.display())]
+    #[error(
+        "cannot read {} as an npy array of float16, float32, float64, or signed or unsigned \
+         integers (1, 2, 4 or 8 bytes): {error}",
+        path.display()
+    )]
     Npy { path: PathBuf, error: ReadNpyError },
     #[error("{}: expected shape {expected}, found {found:?}", path.display())]
     Shape {
@@ -35,13 +39,13 @@ pub enum DataError {
         frame: usize,
         value: f64,
     },
-    #[error("{}: element {element:?} is used by atoms but absent from the model type_map {type_map:?}", path.display())]
+    #[error("{}: element {element:?} is used by atoms but absent from the type_map {type_map:?}", path.display())]
     UnknownElement {
         path: PathBuf,
         element: String,
         type_map: Vec<String>,
     },
-    #[error("{}: {at} has type {index}, out of range for the model type_map {type_map:?} (and there is no type_map.raw)", path.display())]
+    #[error("{}: {at} has type {index}, out of range for the type_map {type_map:?} (and there is no type_map.raw)", path.display())]
     TypeOutOfRange {
         path: PathBuf,
         /// The atom, or a mixed-type frame's atom.

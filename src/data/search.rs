@@ -1,7 +1,9 @@
 //! DeePMD-kit's system search (`expand_sys_str`): every folder at or below a `systems` entry
 //! that holds a `type.raw` is a system, and so is every such group of a deepmd/hdf5 file.
-//! Symbolic links are followed, but a folder reached a second time (a link loop, or two links
-//! to one folder) is skipped and named, so a loop neither repeats systems nor hangs.
+//! Symbolic links are followed, but a folder reached a second time below one entry (a link
+//! loop, or two links to one folder) is skipped and named, so a loop neither repeats systems
+//! nor hangs. Entries are searched each on its own: a system listed twice is used twice, as
+//! DeePMD-kit uses it (its probability counted twice).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -23,7 +25,6 @@ pub fn search_systems(root: &Path) -> Result<Vec<PathBuf>> {
 /// HDF5 file or a group of one. `what` (training, validation) names the list in errors.
 pub fn find_systems(fs: &dyn Files, paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
-    let mut visited = HashSet::new();
     for p in paths {
         let before = out.len();
         if let Some(found) = hdf5_systems(fs, p)? {
@@ -38,7 +39,7 @@ pub fn find_systems(fs: &dyn Files, paths: &[PathBuf], what: &str) -> Result<Vec
                 }
                 bail!("{what} system folder {} does not exist", p.display());
             }
-            walk(fs, p, &mut visited, &mut out)?;
+            walk(fs, p, &mut HashSet::new(), &mut out)?;
         }
         if out.len() == before {
             bail!(

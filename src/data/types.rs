@@ -20,6 +20,20 @@ impl TypeIndex {
             false => None,
             true => {
                 let names = src.tokens("type_map.raw")?;
+                // Two types of one element would give both the same model type: every atom of
+                // the second evaluated as the first's element.
+                if let Some((i, n)) =
+                    (names.iter().enumerate()).find(|(i, n)| names[..*i].contains(n))
+                {
+                    let first = names.iter().position(|m| m == n).expect("found before i");
+                    return Err(DataError::Invalid {
+                        path: src.path("type_map.raw"),
+                        reason: format!(
+                            "element {n:?} is listed twice (types {first} and {i}); list each \
+                             element once"
+                        ),
+                    });
+                }
                 let model = (names.iter())
                     .map(|n| type_map.iter().position(|m| m == n))
                     .collect();

@@ -199,6 +199,14 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
             nnei.map_or("more than 2^64".into(), |n| n.to_string())
         );
     }
+    // No slot at all leaves the descriptor empty: the passes have nothing to size their rows by
+    // and the statistics nothing to average.
+    ensure!(
+        nnei != Some(0),
+        "{key}.sel: {:?} keeps no neighbour; give at least one type a positive sel (`dpw \
+         neighbor-stat` prints the largest neighbour counts)",
+        d.sel
+    );
     widths(&format!("{key}.neuron"), &d.neuron)?;
     ensure!(
         (1..=d.m1()).contains(&d.axis_neuron),

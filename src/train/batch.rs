@@ -115,7 +115,6 @@ pub fn assemble_frames(
     frames: &[usize],
     what: &str,
 ) -> Result<HostBatch> {
-    check_mixed_data(spec, &sys.path, sys.mixed)?;
     let fr: Vec<Frame> = frames.iter().map(|&f| Frame::of(sys, f)).collect();
     let types: Vec<FrameTypes> = frames.iter().map(|&f| FrameTypes::of(sys, f)).collect();
     assemble_numbered(spec, &types, &fr, frames)

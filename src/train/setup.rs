@@ -299,6 +299,9 @@ struct Reading {
     train: DataSet,
     type_map: Vec<String>,
     rcut: f64,
+    /// Whether the descriptor's one neighbour list holds all types together (DPA-1), so that
+    /// its sel is checked against, and "auto" made from, the count of all types together.
+    mixed: bool,
     /// Whether a fixed sel is checked against the data's neighbour counts, as dp train does (one
     /// smaller than them drops neighbours).
     check_sel: bool,
@@ -333,6 +336,7 @@ impl Reading {
         let pass = Pass {
             ntypes: type_map.len(),
             count: (check_sel || (fresh && matches!(d.sel, Sel::Auto(_)))).then_some(d.rcut),
+            mixed: d.kind.is_attention(),
             stat: early_spec.as_ref().map(|m| &m.descriptor),
         };
         let draw = StatDraw {
@@ -359,6 +363,7 @@ impl Reading {
             train,
             type_map,
             rcut: d.rcut,
+            mixed: d.kind.is_attention(),
             check_sel,
             draw,
             t_read,
@@ -368,12 +373,14 @@ impl Reading {
     }
 
     fn log_neighbours(&self, ns: &NeighborStats, since: Instant) {
+        let counts = match self.mixed {
+            true => format!("{} (all types together)", ns.max_count[0]),
+            false => format!("per type {:?} ({})", ns.max_count, self.type_map.join(", ")),
+        };
         tracing::info!(
-            "neighbour statistics over {} training frames (rcut {}): max neighbours per type {:?} ({}), min pair distance {:.4} ({:.2} s)",
+            "neighbour statistics over {} training frames (rcut {}): max neighbours {counts}, min pair distance {:.4} ({:.2} s)",
             ns.nframes,
             self.rcut,
-            ns.max_count,
-            self.type_map.join(", "),
             ns.min_dist,
             since.elapsed().as_secs_f64()
         );
@@ -386,12 +393,24 @@ impl Reading {
             return Ok(ns);
         }
         let t = Instant::now();
-        let ns = neighbor_stats(&self.train, self.type_map.len(), self.rcut)?;
+        let ns = neighbor_stats(&self.train, self.type_map.len(), self.rcut, self.mixed)?;
         self.log_neighbours(&ns, t);
         Ok(ns)
     }
 
+    /// `sel` as the model has it: for a mixed-type descriptor one number, nnei.
     fn warn_small_sel(&self, ns: &NeighborStats, sel: &[usize]) {
+        if self.mixed {
+            let (want, have) = (ns.max_count[0], sel.iter().sum::<usize>());
+            if have < want {
+                tracing::warn!(
+                    "sel (one list for all types) is not enough! The expected value is not \
+                     less than {want} (the most neighbours of all types together), but you set \
+                     it to {have}. The accuracy of your model may get worse."
+                );
+            }
+            return;
+        }
         for (t, (&want, &have)) in ns.max_count.iter().zip(sel).enumerate() {
             if have < want {
                 tracing::warn!(

@@ -18,6 +18,9 @@ use super::dataset::{load_data_visiting, phase_bar, window, DataSet, Kept};
 /// pair distance seen.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NeighborStats {
+    /// Per type; for a mixed-type count one entry, the largest number of neighbours of all
+    /// types together (DeePMD-kit's `NeighborStat` with `mixed_type`), which is not the sum of
+    /// the per-type maxima: those are reached at different atoms.
     pub max_count: Vec<usize>,
     pub min_dist: f64,
     pub nframes: usize,
@@ -28,8 +31,15 @@ fn cell_of(sys: &System, f: usize) -> Option<Cell> {
 }
 
 /// Per type, the largest number of neighbours of that type any atom of the frame has within
-/// `rcut` (all periodic images), and the smallest pair distance.
-fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>, f64) {
+/// `rcut` (all periodic images), and the smallest pair distance; `mixed`: one entry, the largest
+/// number of neighbours of any type.
+fn frame_counts(
+    sys: &System,
+    f: usize,
+    ntypes: usize,
+    rcut: f64,
+    mixed: bool,
+) -> (Vec<usize>, f64) {
     let cell = cell_of(sys, f);
     let pos: Vec<[f64; 3]> = sys
         .frame_coord(f)
@@ -41,25 +51,35 @@ fn frame_counts(sys: &System, f: usize, ntypes: usize, rcut: f64) -> (Vec<usize>
         .collect();
     let grid = ImageGrid::new(&pos, cell.as_ref(), rcut);
     let rc2 = rcut * rcut;
-    let mut max_count = vec![0usize; ntypes];
+    let mut max_count = vec![0usize; if mixed { 1 } else { ntypes }];
     let mut min_d2 = f64::INFINITY;
     let mut count = vec![0usize; ntypes];
     for i in 0..pos.len() {
         count.fill(0);
         min_d2 = min_d2.min(grid.count(i, rc2, sys.frame_atype(f), &mut count));
-        for (m, &c) in max_count.iter_mut().zip(&count) {
-            *m = (*m).max(c);
+        if mixed {
+            max_count[0] = max_count[0].max(count.iter().sum());
+        } else {
+            for (m, &c) in max_count.iter_mut().zip(&count) {
+                *m = (*m).max(c);
+            }
         }
     }
     (max_count, min_d2.sqrt())
 }
 
-/// Neighbour statistics over every frame of the data (DeePMD-kit's `NeighborStat`), systems
-/// read a window at a time and their frames counted in parallel.
-pub fn neighbor_stats(data: &DataSet, ntypes: usize, rcut: f64) -> Result<NeighborStats> {
+/// Neighbour statistics over every frame of the data (DeePMD-kit's `NeighborStat`; `mixed`:
+/// its mixed-type count), systems read a window at a time and their frames counted in parallel.
+pub fn neighbor_stats(
+    data: &DataSet,
+    ntypes: usize,
+    rcut: f64,
+    mixed: bool,
+) -> Result<NeighborStats> {
     let pass = Pass {
         ntypes,
         count: Some(rcut),
+        mixed,
         stat: None,
     };
     let (ns, _) = scan(pass, data, &[], "neighbour statistics")?;
@@ -123,6 +143,7 @@ pub fn data_stats(
     let pass = Pass {
         ntypes,
         count: None,
+        mixed: d.is_mixed(),
         stat: Some(d),
     };
     let (_, st) = scan(pass, data, frames, "data statistics")?;
@@ -140,6 +161,7 @@ pub fn neighbor_and_data_stats(
     let pass = Pass {
         ntypes,
         count: Some(d.rcut),
+        mixed: d.is_mixed(),
         stat: Some(d),
     };
     let (ns, st) = scan(pass, data, frames, "statistics")?;
@@ -147,12 +169,14 @@ pub fn neighbor_and_data_stats(
 }
 
 /// What a pass over the data computes: with `count` (an rcut), the neighbour statistics over
-/// every frame; with `stat`, the environment rows of each system's statistics frames and the
-/// energy bias.
+/// every frame (of all types together if `mixed`, as a mixed-type descriptor's sel counts them;
+/// `mixed` is then `stat`'s own); with `stat`, the environment rows of each system's statistics
+/// frames and the energy bias.
 #[derive(Clone, Copy)]
 pub struct Pass<'a> {
     pub ntypes: usize,
     pub count: Option<f64>,
+    pub mixed: bool,
     pub stat: Option<&'a DescriptorSpec>,
 }
 
@@ -178,7 +202,7 @@ pub fn load_training_with_stats(
     pass: Pass,
     draw: &StatDraw,
 ) -> Result<(DataSet, Option<NeighborStats>, Option<DataStats>)> {
-    let mut sums = Sums::new(pass.ntypes);
+    let mut sums = Sums::new(&pass);
     let data = load_data_visiting(
         fs,
         cfg,
@@ -274,7 +298,7 @@ impl Pass<'_> {
                     }
                     _ => {
                         let rcut = self.count.expect("a frame only counted");
-                        let (c, m) = frame_counts(sys, f, self.ntypes, rcut);
+                        let (c, m) = frame_counts(sys, f, self.ntypes, rcut, self.mixed);
                         FrameStat::Counts(c, m)
                     }
                 }
@@ -307,9 +331,9 @@ struct Sums {
 }
 
 impl Sums {
-    fn new(ntypes: usize) -> Self {
+    fn new(pass: &Pass) -> Self {
         Sums {
-            max_count: vec![0; ntypes],
+            max_count: vec![0; if pass.mixed { 1 } else { pass.ntypes }],
             min_dist: f64::INFINITY,
             nframes: 0,
             env: Vec::new(),
@@ -397,7 +421,7 @@ fn scan(
     frames: &[Vec<usize>],
     what: &str,
 ) -> Result<(Option<NeighborStats>, Option<DataStats>)> {
-    let mut sums = Sums::new(pass.ntypes);
+    let mut sums = Sums::new(&pass);
     let bar = phase_bar(data.systems.len(), what);
     let all: Vec<usize> = (0..data.systems.len()).collect();
     let _open = keep_open();

@@ -10,6 +10,7 @@ use crate::stage::fitting::Fitting;
 pub use crate::stage::DeviceModel;
 
 use super::batch::{centre_atoms, HostBatch};
+use super::workspaces::{batch_knob, batch_what, check_workspace};
 
 fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
     x.iter().map(|&v| T::of(v)).collect()
@@ -45,22 +46,13 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             dims.nframes * dims.natoms,
             dims.nframes,
         );
+        check_workspace(b, m, dims)?;
         let zeros = |n: usize| {
-            b.try_zeros(n).ok_or_else(|| OutOfMemory {
-                what: format!(
-                    "the workspace of a batch of {} frame{} of {} atoms ({ns} neighbour slots), \
-                     one of its arrays",
-                    dims.nframes,
-                    if dims.nframes == 1 { "" } else { "s" },
-                    dims.natoms,
-                ),
+            b.try_zeros(n).map_err(|limit| OutOfMemory {
+                what: format!("{}, one of its arrays", batch_what(dims)),
                 bytes: n.saturating_mul(size_of::<T>()),
-                knob: if dims.nframes > 1 {
-                    "a smaller batch_size (training_data, validation_data) lowers it".into()
-                } else {
-                    "one frame is the smallest batch: a smaller descriptor sel or neuron lowers it"
-                        .into()
-                },
+                limit,
+                knob: batch_knob(dims),
             })
         };
         let centre_atom = centre_atoms(dims);

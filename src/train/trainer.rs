@@ -28,6 +28,7 @@ use super::run::{block_on, Driver, Resume, Run, Shown, Validation};
 use super::setup::TrainSetup;
 use super::step::DeviceModel;
 use super::validation::VALID_STREAM;
+use super::workspaces::check_batches;
 
 /// Target of the per-display progress lines (`RUST_LOG=info,dpw::progress=off` hides them).
 pub const PROGRESS_TARGET: &str = "dpw::progress";
@@ -136,6 +137,13 @@ pub fn train<T: Real, B: Backend<T>>(
     }
     let tc = &cfg.training;
     let numb_steps = tc.numb_steps;
+    if restart.as_ref().map_or(0, |c| c.step) < numb_steps {
+        let dm = DeviceModel::<T, B>::new(b, &model);
+        check_batches(b, &dm, &model.spec, &train_data, "training")?;
+        if let Some(v) = &valid {
+            check_batches(b, &dm, &model.spec, v, "validation")?;
+        }
+    }
     // Data-parallel over MPI (src/dist): rank 0 alone writes files and validates.
     let world = dist::world();
     let root = world.is_root();

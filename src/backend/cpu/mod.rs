@@ -79,8 +79,8 @@ impl<T: Real> Device<T> for Generic<'_, Cpu> {
         vec![T::zero(); n]
     }
 
-    fn try_zeros(&self, n: usize) -> Option<Vec<T>> {
-        crate::mem::try_filled(n, T::zero(), String::new).ok()
+    fn try_zeros(&self, n: usize) -> Result<Vec<T>, String> {
+        crate::mem::try_filled(n, T::zero(), String::new).map_err(|_| String::new())
     }
 
     fn fill(&self, b: &mut Vec<T>, v: T) {

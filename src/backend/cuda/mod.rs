@@ -43,7 +43,7 @@ use super::gpu_layout::{
 use super::monomorphic::Generic;
 use super::{
     radial_scale, AdamStep, AngleOps, AttnOps, Backend, ContractOps, DenseIo, DenseOps, Device,
-    Dims, EnvOps, Prefactors, RadialOps, Real, Span, StripArgs, TrainOps,
+    Dims, EnvOps, MemoryLimits, Prefactors, RadialOps, Real, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -709,6 +709,9 @@ fn per_frame(d: &Dims) -> LaunchConfig {
     }
 }
 
+/// Most values of one buffer: the kernels and cuBLAS index them with 32-bit integers.
+const MAX_ELEMENTS: usize = i32::MAX as usize;
+
 fn name<T: CudaReal>(base: &str) -> String {
     format!("{base}{}", T::SUFFIX)
 }
@@ -767,6 +770,40 @@ impl<T: CudaReal> Device<T> for Generic<'_, Cuda> {
         CudaBuf {
             data: self.stream.alloc_zeros(n.max(1)).expect("cuda: allocation"),
             len: n,
+        }
+    }
+
+    fn try_zeros(&self, n: usize) -> Result<CudaBuf<T>, String> {
+        if n > MAX_ELEMENTS {
+            return Err(format!(
+                "over the {MAX_ELEMENTS} values of a buffer the CUDA kernels index (32-bit)"
+            ));
+        }
+        self.uncapturable("an allocation", false);
+        self.counters.buffer();
+        let data = self
+            .stream
+            .alloc_zeros(n.max(1))
+            .map_err(|_| String::new())?;
+        Ok(CudaBuf { data, len: n })
+    }
+
+    fn memory_limits(&self) -> MemoryLimits {
+        let free = self.ctx.mem_get_info().ok().map(|(free, _)| free as u64);
+        MemoryLimits {
+            available: free.map(|b| {
+                (
+                    b,
+                    format!(
+                        "the {} GPU's free memory",
+                        self.ctx.name().unwrap_or_default()
+                    ),
+                )
+            }),
+            largest: Some((
+                (MAX_ELEMENTS * size_of::<T>()) as u64,
+                "the largest buffer the CUDA kernels index (2^31 - 1 values, 32-bit)".into(),
+            )),
         }
     }
 

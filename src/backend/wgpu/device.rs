@@ -688,16 +688,36 @@ impl Wgpu {
         }
     }
 
-    /// Fails clearly where wgpu would reject a binding later, far from its cause.
-    fn check_size(&self, bytes: u64) {
-        assert!(
-            bytes <= self.max_binding,
-            "a {:.1} MiB buffer exceeds this adapter's largest storage binding ({:.1} MiB, {}): \
-             use a smaller batch",
-            bytes as f64 / 1048576.0,
+    /// This adapter's largest storage binding: bytes, and the limit as messages name it.
+    pub(super) fn binding_limit(&self) -> (u64, String) {
+        let limit = format!(
+            "this adapter's largest storage binding ({:.1} MiB, {})",
             self.max_binding as f64 / 1048576.0,
             self.info.name
         );
+        (self.max_binding, limit)
+    }
+
+    /// A buffer of `bytes` that wgpu would reject when bound, later and far from its cause: an
+    /// error saying so.
+    pub(super) fn check_size(&self, bytes: u64) -> Result<(), String> {
+        let (max, limit) = self.binding_limit();
+        match bytes <= max {
+            true => Ok(()),
+            false => Err(format!("over {limit}")),
+        }
+    }
+
+    /// [`Wgpu::check_size`] where no error can be returned: the batch buffers are checked
+    /// before ([`Device::memory_limits`], [`Device::try_zeros`]), and every other buffer is
+    /// sized by a batch's, so this is a broken invariant, not bad input.
+    fn assert_size(&self, bytes: u64) {
+        if let Err(e) = self.check_size(bytes) {
+            panic!(
+                "a {:.1} MiB buffer is {e}, past the workspace's checks",
+                bytes as f64 / 1048576.0
+            );
+        }
     }
 
     fn device_guard(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -705,7 +725,7 @@ impl Wgpu {
     }
 
     pub(super) fn buf_from<T: bytemuck::Pod>(&self, x: &[T]) -> wgpu::Buffer {
-        self.check_size(size_of_val(x) as u64);
+        self.assert_size(size_of_val(x) as u64);
         let _device = self.device_guard();
         let bytes: &[u8] = bytemuck::cast_slice(x);
         let mut data = bytes.to_vec();
@@ -859,7 +879,7 @@ impl Wgpu {
 
     /// A zero-filled buffer (wgpu zero-initialises new buffers).
     pub(super) fn zeros_raw(&self, bytes: u64) -> wgpu::Buffer {
-        self.check_size(bytes);
+        self.assert_size(bytes);
         let _device = self.device_guard();
         self.counters.buffer();
         self.device.create_buffer(&wgpu::BufferDescriptor {

@@ -13,7 +13,7 @@ use crate::backend::gpu_layout::{
 use crate::backend::monomorphic::Generic;
 use crate::backend::{
     radial_scale, AdamStep, AngleOps, AttnOps, Backend, ContractOps, DenseIo, DenseOps, Device,
-    Dims, EnvOps, Prefactors, RadialOps, Span, StripArgs, TrainOps,
+    Dims, EnvOps, MemoryLimits, Prefactors, RadialOps, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -241,6 +241,28 @@ impl<T: GpuReal> Device<T> for Generic<'_, Wgpu> {
 
     fn zeros(&self, n: usize) -> Buf<T> {
         self.zeros_real(n)
+    }
+
+    fn try_zeros(&self, n: usize) -> Result<Buf<T>, String> {
+        self.check_size(n.saturating_mul(size_of::<T>()) as u64)?;
+        Ok(self.zeros_real(n))
+    }
+
+    fn memory_limits(&self) -> MemoryLimits {
+        // A software adapter's buffers are host memory; a GPU's free memory wgpu does not tell.
+        let available = match self.is_cpu_adapter() {
+            true => crate::mem::host_available().map(|b| {
+                (
+                    b,
+                    "memory available (MemAvailable; a software adapter)".into(),
+                )
+            }),
+            false => None,
+        };
+        MemoryLimits {
+            available,
+            largest: Some(self.binding_limit()),
+        }
     }
 
     fn fill(&self, b: &mut Buf<T>, v: T) {

@@ -52,9 +52,14 @@ macro_rules! api {
         impl Fns {
             /// # Safety
             /// `lib` must be an HDF5 library, whose symbols have these C signatures.
-            unsafe fn load(lib: &Library) -> Result<Fns, libloading::Error> {
+            /// A failure names the first symbol missing (another library was named).
+            unsafe fn load(lib: &Library) -> Result<Fns, String> {
+                let missing = |name: &str, e: libloading::Error| {
+                    format!("not an HDF5 library: it has no symbol {name} ({e})")
+                };
                 Ok(Fns {
-                    $($name: *unsafe { lib.get(concat!(stringify!($name), "\0").as_bytes()) }?,)*
+                    $($name: *unsafe { lib.get(concat!(stringify!($name), "\0").as_bytes()) }
+                        .map_err(|e| missing(stringify!($name), e))?,)*
                 })
             }
         }
@@ -169,7 +174,7 @@ fn load() -> Result<Api, String> {
 #[cfg(any(unix, windows))]
 fn init(lib: Library) -> Result<Api, String> {
     // SAFETY: the names are HDF5's functions with the C signatures of its headers.
-    let fns = unsafe { Fns::load(&lib) }.map_err(|e| e.to_string())?;
+    let fns = unsafe { Fns::load(&lib) }?;
     let (mut major, mut minor, mut release) = (0, 0, 0);
     // SAFETY: plain calls with valid out-pointers; H5open sets up the predefined types.
     unsafe {
