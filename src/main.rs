@@ -147,6 +147,13 @@ fn main() -> ExitCode {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }
+    // Every DPW_* setting, before anything is read or written: a mistyped one costs no run.
+    if let Err(e) = dpw::settings::check_all() {
+        if dpw::dist::launcher_rank().unwrap_or(0) == 0 {
+            eprintln!("error: {e:#}");
+        }
+        return ExitCode::FAILURE;
+    }
     // The MPI world (training only); MPI stays initialized while `_mpi` lives.
     let _mpi = match &cli.command {
         Command::Train { .. } => match dpw::dist::init() {
