@@ -168,7 +168,8 @@ fn main() -> ExitCode {
         },
         _ => None,
     };
-    // Before the log file is created: `-l input.json` must not replace the input.
+    // Before the log file is created: an input that cannot be read, or `-l input.json`, must
+    // leave the file `-l` names as it was.
     if let Command::Train {
         input,
         restart,
@@ -209,6 +210,14 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     match run(cli.command, t0) {
+        // The run is done, but the log file lacks lines (said on stderr when it happened).
+        Ok(()) if dpw::cli::log_write_error().is_some() => {
+            eprintln!(
+                "error: {}; the log file lacks lines that are on stderr",
+                dpw::cli::log_write_error().unwrap_or_default()
+            );
+            ExitCode::FAILURE
+        }
         Ok(()) => ExitCode::SUCCESS,
         // Ctrl-C / SIGTERM: the trainer has said where its checkpoint is, and its lock files
         // went with it; the process now ends by the signal.
