@@ -1,5 +1,6 @@
-//! dpw: a trainer for Deep Potential models (DeePMD-kit's `se_e2_a` descriptor with an `ener`
-//! fitting net), with one training step written against an op-level [`backend::Backend`] trait.
+//! dpw: a trainer for Deep Potential models (DeePMD-kit's `se_e2_a`, `se_e2_r`, `se_e3`,
+//! `hybrid` and `se_atten`/`se_atten_v2` (DPA-1) descriptors with an `ener` fitting net), with
+//! one training step written against an op-level [`backend::Backend`] trait.
 
 pub mod backend;
 pub mod cli;
@@ -10,5 +11,6 @@ pub mod fmt;
 pub mod geometry;
 pub mod mem;
 pub mod model;
+pub mod settings;
 pub mod stage;
 pub mod train;

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use dpw::cli::backend::{quiet_vulkan_probe, run_job, BackendChoice};
 use dpw::cli::bench::{run_bench, BenchArgs};
 use dpw::cli::neighbor_stat::{neighbor_stat, report};
-use dpw::cli::test::TestJob;
+use dpw::cli::test::{check_detail_prefix, TestJob};
 use dpw::cli::train::{
     check_train_files, convert, freeze, run_train, wants_progress_bar, TrainArgs,
 };
@@ -14,7 +14,8 @@ use dpw::cli::{init_logging, load_model};
 use dpw::dist::log::MpiLog;
 use dpw::train::interrupt::{self, Interrupted};
 
-/// dpw trains Deep Potential models (DeePMD-kit se_e2_a + ener) on CPU and GPU.
+/// dpw trains Deep Potential models on CPU and GPU: DeePMD-kit's se_e2_a, se_e2_r, se_e3,
+/// hybrid and se_atten/se_atten_v2 (DPA-1) descriptors with the ener fitting.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -49,8 +50,9 @@ enum Command {
     /// finishes the step, saves a checkpoint and ends the process by that signal; another one
     /// more than 2 s later stops at once.
     Train {
-        /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml) (se_e2_a
-        /// descriptor, ener fitting).
+        /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml): a se_e2_a,
+        /// se_e2_r, se_e3, hybrid or se_atten/se_atten_v2 (DPA-1) descriptor with the ener
+        /// fitting.
         input: PathBuf,
         /// Continue the run of this checkpoint (optimizer state, step and data stream included).
         #[arg(short = 'r', long, conflicts_with_all = ["init_model", "init_frz_model"])]
@@ -147,6 +149,13 @@ fn main() -> ExitCode {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }
+    // Every DPW_* setting, before anything is read or written: a mistyped one costs no run.
+    if let Err(e) = dpw::settings::check_all() {
+        if dpw::dist::launcher_rank().unwrap_or(0) == 0 {
+            eprintln!("error: {e:#}");
+        }
+        return ExitCode::FAILURE;
+    }
     // The MPI world (training only); MPI stays initialized while `_mpi` lives.
     let _mpi = match &cli.command {
         Command::Train { .. } => match dpw::dist::init() {
@@ -161,7 +170,8 @@ fn main() -> ExitCode {
         },
         _ => None,
     };
-    // Before the log file is created: `-l input.json` must not replace the input.
+    // Before the log file is created: an input that cannot be read, or `-l input.json`, must
+    // leave the file `-l` names as it was.
     if let Command::Train {
         input,
         restart,
@@ -202,6 +212,14 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     match run(cli.command, t0) {
+        // The run is done, but the log file lacks lines (said on stderr when it happened).
+        Ok(()) if dpw::cli::log_write_error().is_some() => {
+            eprintln!(
+                "error: {}; the log file lacks lines that are on stderr",
+                dpw::cli::log_write_error().unwrap_or_default()
+            );
+            ExitCode::FAILURE
+        }
         Ok(()) => ExitCode::SUCCESS,
         // Ctrl-C / SIGTERM: the trainer has said where its checkpoint is, and its lock files
         // went with it; the process now ends by the signal.
@@ -229,6 +247,9 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             backend,
             float32,
         } => {
+            if let Some(prefix) = &detail_file {
+                check_detail_prefix(prefix)?;
+            }
             let model = load_model(&model)?;
             let job = TestJob {
                 model,

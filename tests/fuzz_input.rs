@@ -240,7 +240,7 @@ fn output_paths_that_clash_are_refused() {
                 .collect(),
         };
         let result = catch_unwind(AssertUnwindSafe(|| {
-            check_files(&root, &files, Some(&cfg.training))
+            check_files(&root, &files, &cfg.training)
         }));
         let named: Vec<&str> = [Some(out), log, Some(disp), Some(ckpt)]
             .into_iter()

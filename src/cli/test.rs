@@ -296,3 +296,21 @@ fn detail_path(prefix: &Path, suffix: &str) -> PathBuf {
     s.push(format!(".{suffix}.out"));
     PathBuf::from(s)
 }
+
+/// Checks, before anything is evaluated, that the folder the detail files of `prefix` (`-d`) go
+/// to exists.
+pub fn check_detail_prefix(prefix: &Path) -> Result<()> {
+    let first = detail_path(prefix, "e");
+    let dir = first
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "-d/--detail-file {}: the folder {} does not exist; create it first",
+            prefix.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}

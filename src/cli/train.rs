@@ -71,13 +71,12 @@ pub fn init_logging(log_path: Option<&Path>) -> Result<()> {
         .with_filter(env_filter());
     let file_layer = match log_path {
         Some(p) => {
-            let file = std::fs::File::create(p)
-                .with_context(|| format!("cannot create log file {}", p.display()))?;
+            let file = super::LogFile::create(p)?;
             Some(
                 tracing_subscriber::fmt::layer()
                     .with_target(false)
                     .with_ansi(false)
-                    .with_writer(Mutex::new(file))
+                    .with_writer(move || file.clone())
                     .with_filter(env_filter()),
             )
         }
@@ -150,6 +149,13 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "?".into())
     );
+    // Under MPI a signal reaches the ranks at different steps, and stopping one alone would
+    // leave the others waiting in a collective: there the default (an immediate stop) stays.
+    // Elsewhere from the start, so that a signal during the start-up is said and leaves no lock
+    // file.
+    if !crate::dist::world().is_distributed() {
+        interrupt::install()?;
+    }
     let input = args.input.clone();
     let setup = (|| {
         let cfg = load_config(&args.input)?;
@@ -188,11 +194,6 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
     })();
     // Under MPI the ranks agree on whether all of them could start (a collective).
     let mut setup = crate::dist::world().agree(setup)?;
-    // Under MPI a signal reaches the ranks at different steps, and stopping one alone would
-    // leave the others waiting in a collective: there the default (an immediate stop) stays.
-    if !crate::dist::world().is_distributed() {
-        interrupt::install()?;
-    }
     if args.progress_bar {
         let bar = progress_bar();
         *ACTIVE_BAR.lock().expect("bar lock") = Some(bar.clone());
@@ -219,8 +220,9 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
 }
 
 /// Checks the files of `dpw train INPUT` before anything is written, the log file (`-l`)
-/// included: no output may replace an input or another output ([`outputs::check_files`]).
-/// `model` is the flag and path of the checkpoint or model the run starts from.
+/// included: the input must be read and valid (the outputs it names are known only then), and
+/// no output may replace an input or another output ([`outputs::check_files`]). `model` is the
+/// flag and path of the checkpoint or model the run starts from.
 pub fn check_train_files(
     input: &Path,
     model: Option<(&str, &Path)>,
@@ -236,10 +238,8 @@ pub fn check_train_files(
         model: model.map(|(flag, p)| RunFile::new(flag, p)),
         outputs,
     };
-    // An input that cannot be read is reported once logging is up; the outputs it names are
-    // then unknown, and the run stops before writing them.
-    let cfg = load_config(input).ok();
-    outputs::check_files(Path::new("."), &files, cfg.as_ref().map(|c| &c.training))
+    let cfg = load_config(input)?;
+    outputs::check_files(Path::new("."), &files, &cfg.training)
 }
 
 /// The checkpoint a `-c` argument names: a file, or `model.ckpt` in a folder.
@@ -316,6 +316,15 @@ fn write_model(model: &Model, out: &Path, writing: &str) -> Result<&'static str>
 pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
     let path = checkpoint_path(ckpt);
     if !path.exists() {
+        // A dangling link (`model.ckpt` whose step file is gone): the file missing is the target.
+        if let Ok(target) = std::fs::read_link(&path) {
+            let target = path.parent().map_or(target.clone(), |d| d.join(&target));
+            anyhow::bail!(
+                "checkpoint {} is a link to {}, which does not exist",
+                path.display(),
+                target.display()
+            );
+        }
         anyhow::bail!("checkpoint {} does not exist", path.display());
     }
     refuse_same_file(&path, out)?;

@@ -18,18 +18,9 @@ use super::system::System;
 /// Budget of the frames kept in memory, from `DPW_DATA_CACHE_MB` (default 384 MiB: with the
 /// model, the workspaces and a prefetched batch, training stays under 1 GB however large the
 /// data set).
-pub fn cache_budget() -> usize {
-    const DEFAULT_MB: usize = 384;
-    let mb = match std::env::var("DPW_DATA_CACHE_MB") {
-        Ok(v) => v.trim().parse::<usize>().unwrap_or_else(|_| {
-            tracing::warn!(
-                "DPW_DATA_CACHE_MB={v:?} is not a whole number of MiB; using {DEFAULT_MB}"
-            );
-            DEFAULT_MB
-        }),
-        Err(_) => DEFAULT_MB,
-    };
-    mb.saturating_mul(1 << 20)
+pub fn cache_budget() -> anyhow::Result<usize> {
+    const DEFAULT: usize = 384 << 20;
+    Ok(crate::settings::DATA_CACHE_MB.bytes()?.unwrap_or(DEFAULT))
 }
 
 pub struct SystemStore {

@@ -39,14 +39,10 @@ pub struct GradExchange<'a, T, Buf> {
     pub t_total: f64,
 }
 
-/// `DPW_NCCL=0` (or `false`, `no`, `off`): host MPI even where NCCL could run.
+/// `DPW_NCCL=0` (or `false`, `no`, `off`): host MPI even where NCCL could run. (A bad value
+/// has been refused at start-up, `crate::settings::check_all`.)
 fn nccl_disabled() -> bool {
-    std::env::var("DPW_NCCL").is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "0" | "false" | "no" | "off"
-        )
-    })
+    matches!(crate::settings::NCCL.get(), Ok(Some(false)))
 }
 
 /// This rank's facts for the choice of path.

@@ -9,7 +9,6 @@
 //! * `workers`: each rank prints its own lines, prefixed with `[rank]`; with `-l FILE` each
 //!   rank writes its own file (`FILE_R.ext`, see [`super::worker_log_path`]).
 
-use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -23,6 +22,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
 
 use super::{worker_log_path, World};
+use crate::cli::LogFile;
 
 /// `-m/--mpi-log`: how the ranks of an MPI run log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -39,7 +39,7 @@ pub enum MpiLog {
 /// The collect mode's state: this rank's lines not yet sent (ranks > 0), and rank 0's log file.
 struct Collect {
     pending: Mutex<Vec<u8>>,
-    file: Option<Arc<Mutex<File>>>,
+    file: Option<LogFile>,
 }
 
 static COLLECT: OnceLock<Collect> = OnceLock::new();
@@ -77,20 +77,6 @@ impl<W: Write> Write for Prefixed<W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
-    }
-}
-
-/// A shared file as a writer.
-#[derive(Clone)]
-struct SharedFile(Arc<Mutex<File>>);
-
-impl Write for SharedFile {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().map_or(Ok(buf.len()), |mut f| f.write(buf))
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.lock().map_or(Ok(()), |mut f| f.flush())
     }
 }
 
@@ -136,11 +122,6 @@ where
         .with_writer(make)
 }
 
-fn open(p: &Path) -> Result<Arc<Mutex<File>>> {
-    let f = File::create(p).with_context(|| format!("cannot create log file {}", p.display()))?;
-    Ok(Arc::new(Mutex::new(f)))
-}
-
 /// Logging for `dpw train` in `world`: a serial world logs as before
 /// ([`crate::cli::train::init_logging`]); an MPI world by `mode`.
 pub fn init(log_path: Option<&Path>, world: &World, mode: MpiLog) -> Result<()> {
@@ -163,7 +144,7 @@ pub fn init(log_path: Option<&Path>, world: &World, mode: MpiLog) -> Result<()> 
         (MpiLog::Master, true) => {
             layers.push(layer(plain_stderr, false).with_filter(env_filter()).boxed());
             if let Some(p) = log_path {
-                let f = SharedFile(open(p)?);
+                let f = LogFile::create(p)?;
                 layers.push(
                     layer(move || f.clone(), false)
                         .with_filter(env_filter())
@@ -177,7 +158,7 @@ pub fn init(log_path: Option<&Path>, world: &World, mode: MpiLog) -> Result<()> 
         (MpiLog::Workers, _) => {
             layers.push(layer(stderr, false).with_filter(env_filter()).boxed());
             if let Some(p) = log_path {
-                let f = SharedFile(open(&worker_log_path(p, rank))?);
+                let f = LogFile::create(&worker_log_path(p, rank))?;
                 layers.push(
                     layer(move || f.clone(), false)
                         .with_filter(env_filter())
@@ -186,10 +167,10 @@ pub fn init(log_path: Option<&Path>, world: &World, mode: MpiLog) -> Result<()> 
             }
         }
         (MpiLog::Collect, true) => {
-            let file = log_path.map(open).transpose()?;
+            let file = log_path.map(LogFile::create).transpose()?;
             layers.push(layer(stderr, false).with_filter(env_filter()).boxed());
             if let Some(f) = &file {
-                let (f, tag) = (SharedFile(Arc::clone(f)), Arc::clone(&tag));
+                let (f, tag) = (f.clone(), Arc::clone(&tag));
                 layers.push(
                     layer(
                         move || Prefixed {
@@ -255,9 +236,7 @@ pub fn flush(world: &World) {
         for bytes in all.iter().skip(1).filter(|b| !b.is_empty()) {
             let _ = err.write_all(bytes);
             if let Some(f) = &c.file {
-                if let Ok(mut f) = f.lock() {
-                    let _ = f.write_all(bytes);
-                }
+                let _ = f.clone().write_all(bytes);
             }
         }
         let _ = err.flush();

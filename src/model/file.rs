@@ -38,9 +38,19 @@ pub fn write_atomic_with(
         .file_name()
         .with_context(|| format!("{}: not a file path", path.display()))?
         .to_string_lossy();
+    if !dir.is_dir() {
+        bail!(
+            "cannot write {}: the folder {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
     let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let mut created = false;
     let write = || -> std::io::Result<()> {
-        let mut w = std::io::BufWriter::new(fs::File::create(&tmp)?);
+        let f = fs::File::create(&tmp)?;
+        created = true;
+        let mut w = std::io::BufWriter::new(f);
         fill(&mut w)?;
         w.flush()?;
         w.get_ref().sync_all()?;
@@ -48,6 +58,9 @@ pub fn write_atomic_with(
         fs::rename(&tmp, path)
     };
     write().map_err(|e| {
+        if !created {
+            return anyhow::Error::new(e).context(format!("cannot write {}", path.display()));
+        }
         let removed = match fs::remove_file(&tmp) {
             Err(r) if r.kind() != std::io::ErrorKind::NotFound => {
                 format!("could not be removed: {r}")

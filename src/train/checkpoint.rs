@@ -180,14 +180,18 @@ impl Rotation {
             earlier.sort_by_key(|c| c.step);
         }
         if let (Some(first), Some(last)) = (earlier.first(), earlier.last()) {
+            let dir = dir_of(save_ckpt).display();
+            let (first, last) = (first.path.display(), last.path.display());
+            let found = match earlier.len() {
+                1 => format!("a numbered checkpoint of an earlier run is in {dir} ({first}): it is"),
+                n => format!(
+                    "{n} numbered checkpoints of an earlier run are in {dir} ({first} to {last}): \
+                     they are"
+                ),
+            };
             tracing::warn!(
-                "{} numbered checkpoints of an earlier run are in {} ({} to {}): they are kept, \
-                 as max_ckpt_keep rotates only this run's, except where this run saves at the \
-                 same step",
-                earlier.len(),
-                dir_of(save_ckpt).display(),
-                first.path.display(),
-                last.path.display()
+                "{found} kept, as max_ckpt_keep rotates only this run's, except where this run \
+                 saves at the same step"
             );
         }
         Ok(Rotation {

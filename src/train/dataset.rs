@@ -219,7 +219,7 @@ pub(crate) fn load_data_visiting<D: Send>(
         }
     }
     let on_disk = fs.on_disk();
-    let budget = if on_disk { cache_budget() } else { usize::MAX };
+    let budget = if on_disk { cache_budget()? } else { usize::MAX };
     let mut used = 0usize;
     let mut systems = Vec::new();
     let mut kept_paths = Vec::new();
@@ -311,12 +311,15 @@ pub(crate) fn load_data_visiting<D: Send>(
         systems.len(),
         nf.iter().sum::<usize>(),
         t.elapsed().as_secs_f64(),
-        if streamed {
+        if streamed && budget == 0 {
+            "DPW_DATA_CACHE_MB is 0: no frame stays in memory, every system is read from disk on demand".to_string()
+        } else if streamed {
+            let mib = |b: usize| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
             format!(
-                "{:.0} MiB of frames exceed the {} MiB cache (DPW_DATA_CACHE_MB): {:.0} MiB stay in memory, the other systems are read from disk on demand",
-                systems.iter().map(SystemInfo::bytes).sum::<usize>() as f64 / (1u64 << 20) as f64,
+                "{} of frames exceed the {} MiB cache (DPW_DATA_CACHE_MB): {} stay in memory, the other systems are read from disk on demand",
+                mib(systems.iter().map(SystemInfo::bytes).sum::<usize>()),
                 budget >> 20,
-                used as f64 / (1u64 << 20) as f64
+                if used == 0 { "none of them".to_string() } else { mib(used) }
             )
         } else {
             "all frames in memory".to_string()

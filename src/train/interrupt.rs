@@ -8,10 +8,13 @@
 //! A second signal within [`GRACE`] of the first is the same request: a wrapper such as `timeout`
 //! or `mpirun` forwards to dpw the signal its process group got too, so one Ctrl-C arrives
 //! twice. A later one stops the process at once, naming the last checkpoint.
+//!
+//! Before the first step (reading the data, the statistics) there is no step to finish and
+//! nothing new to save: a signal then stops the process at once, saying so.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -20,6 +23,9 @@ static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 
 /// The checkpoint a run stopped at once continues from.
 static LAST_CHECKPOINT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// Whether the training loop has begun ([`training_started`]).
+static TRAINING: AtomicBool = AtomicBool::new(false);
 
 /// How long after the first signal another one is taken as the same request.
 pub const GRACE: Duration = Duration::from_secs(2);
@@ -59,6 +65,14 @@ pub fn install() -> anyhow::Result<()> {
             for sig in signals.forever() {
                 let name = signal_name(sig as usize);
                 match classify(first.map(|t| t.elapsed())) {
+                    Request::Stop if !TRAINING.load(Ordering::SeqCst) => {
+                        tracing::warn!(
+                            "{name} during start-up, before the first training step: stopping \
+                             now; {}",
+                            resume_note()
+                        );
+                        stop_now(sig as usize);
+                    }
                     Request::Stop => {
                         first = Some(std::time::Instant::now());
                         REQUESTED.store(sig as usize, Ordering::SeqCst);
@@ -73,21 +87,12 @@ pub fn install() -> anyhow::Result<()> {
                         GRACE.as_secs()
                     ),
                     Request::Now => {
-                        let last = LAST_CHECKPOINT.lock().ok().and_then(|p| p.clone());
-                        let from = last.map_or_else(
-                            || "no checkpoint has been written yet".to_string(),
-                            |p| {
-                                format!(
-                                    "continue from the last checkpoint with --restart {}",
-                                    p.display()
-                                )
-                            },
-                        );
                         tracing::warn!(
                             "{name} after the first signal: stopping at once, in the middle of \
-                             a step; {from}"
+                             a step; {}",
+                            resume_note()
                         );
-                        end_by(sig as usize);
+                        stop_now(sig as usize);
                     }
                 }
             }
@@ -99,6 +104,35 @@ pub fn install() -> anyhow::Result<()> {
 #[cfg(not(unix))]
 pub fn install() -> anyhow::Result<()> {
     Ok(())
+}
+
+/// Where a run stopped at once goes on from.
+#[cfg(unix)]
+fn resume_note() -> String {
+    let last = LAST_CHECKPOINT.lock().ok().and_then(|p| p.clone());
+    last.map_or_else(
+        || "no checkpoint has been written yet".to_string(),
+        |p| {
+            format!(
+                "continue from the last checkpoint with --restart {}",
+                p.display()
+            )
+        },
+    )
+}
+
+/// Ends the process by `signal` from the signal thread, without unwinding the run: its lock
+/// files are removed here, as the run would on its way out.
+#[cfg(unix)]
+fn stop_now(signal: usize) {
+    super::outputs::remove_lock_files();
+    end_by(signal);
+}
+
+/// Marks the start of the training loop: from now on a signal lets the step finish and saves a
+/// checkpoint.
+pub fn training_started() {
+    TRAINING.store(true, Ordering::SeqCst);
 }
 
 /// Catches SIGXFSZ for the rest of the process. Its default action kills the process when a

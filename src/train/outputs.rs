@@ -6,6 +6,7 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 
@@ -22,16 +23,45 @@ pub struct RunLock {
     held: Vec<(PathBuf, File)>,
 }
 
+/// The lock files held, for a stop by a signal, which ends the process without dropping the
+/// [`RunLock`] ([`remove_lock_files`]).
+static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+impl RunLock {
+    fn hold(&mut self, path: PathBuf, file: File) {
+        if let Ok(mut held) = HELD.lock() {
+            held.push(path.clone());
+        }
+        self.held.push((path, file));
+    }
+}
+
 impl Drop for RunLock {
     fn drop(&mut self) {
-        // Removed while still locked: a run that opened the file before the removal finds it
-        // replaced once it gets the lock, and opens it again (see `lock`).
         for (path, _) in &self.held {
-            if let Err(e) = std::fs::remove_file(path) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!("cannot remove {}: {e}", path.display());
-                }
+            if let Ok(mut held) = HELD.lock() {
+                held.retain(|p| p != path);
             }
+            remove_lock_file(path);
+        }
+    }
+}
+
+/// Removes the lock files of the run, for a process about to end by a signal.
+pub fn remove_lock_files() {
+    if let Ok(mut held) = HELD.lock() {
+        for path in held.drain(..) {
+            remove_lock_file(&path);
+        }
+    }
+}
+
+/// Removed while still locked: a run that opened the file before the removal finds it replaced
+/// once it gets the lock, and opens it again (see `lock`).
+fn remove_lock_file(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!("cannot remove {}: {e}", path.display());
         }
     }
 }
@@ -64,7 +94,7 @@ pub fn claim(out_dir: &Path, tc: &TrainingConfig) -> Result<RunLock> {
         seen.push(canon);
         let path = d.join(LOCK_FILE);
         let file = lock(&path, &d)?;
-        run_lock.held.push((path, file));
+        run_lock.hold(path, file);
         remove_stale_temps(&d, tc);
     }
     Ok(run_lock)
@@ -154,27 +184,25 @@ pub struct RunFiles {
 }
 
 /// Checks, before anything is written, that every output of a run in `out_dir` (those of
-/// `files`, the lock files, and where the input could be read, `tc`'s disp_file and save_ckpt
-/// with its step files) goes to an existing folder, and is neither one of the run's inputs (those
-/// of `files`, `tc`'s data systems) nor another output.
-pub fn check_files(out_dir: &Path, files: &RunFiles, tc: Option<&TrainingConfig>) -> Result<()> {
+/// `files`, the lock files, and `tc`'s disp_file and save_ckpt with its step files) goes to an
+/// existing folder, and is neither one of the run's inputs (those of `files`, `tc`'s data
+/// systems) nor another output.
+pub fn check_files(out_dir: &Path, files: &RunFiles, tc: &TrainingConfig) -> Result<()> {
     let mut outputs = files.outputs.clone();
     for o in &outputs {
         check_output(&o.what, &o.path.to_string_lossy(), &o.path)?;
     }
     let mut lock_dirs = vec![out_dir.to_path_buf()];
     let mut ckpt = None;
-    if let Some(tc) = tc {
-        for (key, name) in config_outputs(tc) {
-            let path = out_dir.join(name);
-            check_output(key, name, &path)?;
-            lock_dirs.push(dir_of(&path).to_path_buf());
-            let file = RunFile::new(key, path);
-            if key == "training.save_ckpt" {
-                ckpt = Some(file.clone());
-            }
-            outputs.push(file);
+    for (key, name) in config_outputs(tc) {
+        let path = out_dir.join(name);
+        check_output(key, name, &path)?;
+        lock_dirs.push(dir_of(&path).to_path_buf());
+        let file = RunFile::new(key, path);
+        if key == "training.save_ckpt" {
+            ckpt = Some(file.clone());
         }
+        outputs.push(file);
     }
     let mut locks: Vec<RunFile> = Vec::new();
     for d in lock_dirs {
@@ -255,9 +283,6 @@ pub fn check_files(out_dir: &Path, files: &RunFiles, tc: Option<&TrainingConfig>
             }
         }
     }
-    let Some(tc) = tc else {
-        return Ok(());
-    };
     let validation = tc.validation_data.iter().map(|v| &v.data);
     let data = [("training.training_data.systems", &tc.training_data)]
         .into_iter()

@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rayon::prelude::*;
 
 use crate::backend::{Backend, Dims, Real, Span};
@@ -28,15 +28,9 @@ const CHUNK: usize = 64;
 
 /// The budget in bytes: `DPW_RESIDENT_MB` if set, else the backend's default.
 pub fn budget<T: Real, B: Backend<T>>(b: &B) -> Result<usize> {
-    match std::env::var("DPW_RESIDENT_MB") {
-        Ok(v) => {
-            let mb: usize = v.trim().parse().with_context(|| {
-                format!("DPW_RESIDENT_MB={v:?}: expected a whole number of MiB (0 keeps no frame on the device)")
-            })?;
-            Ok(mb.saturating_mul(1 << 20))
-        }
-        Err(_) => Ok(b.resident_budget()),
-    }
+    Ok(crate::settings::RESIDENT_MB
+        .bytes()?
+        .unwrap_or_else(|| b.resident_budget()))
 }
 
 /// One system's frames on the device.

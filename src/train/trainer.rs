@@ -149,18 +149,24 @@ pub fn train<T: Real, B: Backend<T>>(
     let root = world.is_root();
     let lr_scale = announce_world(world, &b.name(), &cfg);
 
-    // Outputs: out.json first, as dp train does.
+    // Outputs: out.json first, as dp train does, then lcurve.out; both once the first step has
+    // run (or at once where there is none to run), so that what fails before it (memory for the
+    // frames kept on the device or for the first batch's workspace) leaves the outputs of the
+    // previous run in the folder as they were.
     let mut text = serde_json::to_string_pretty(&cfg.to_expanded_json())?;
     text.push('\n');
-    if root {
-        write_atomic(&out_json, text.as_bytes())?;
-    }
     let lcurve_path = out_dir.join(&tc.disp_file);
 
     let start = restart.as_ref().map_or(0, |c| c.step);
     let mut model = model;
     world.broadcast_model(&mut model);
-    let streams = Streams::resume(restart.as_deref(), &train_data, valid.as_ref(), seed);
+    let streams = Streams::resume(
+        restart.as_deref(),
+        &train_data,
+        valid.as_ref(),
+        seed,
+        tc.seed,
+    );
     let save_ckpt = out_dir.join(&tc.save_ckpt);
     // Only rank 0 saves checkpoints.
     let rotation = if root {
@@ -181,11 +187,12 @@ pub fn train<T: Real, B: Backend<T>>(
         rotation,
     };
     drop(restart);
-
-    let mut fout = if root {
-        Some(open_lcurve(&lcurve_path, start)?)
-    } else {
-        None
+    let open_outputs = || -> Result<Option<File>> {
+        if !root {
+            return Ok(None);
+        }
+        write_atomic(&out_json, text.as_bytes())?;
+        open_lcurve(&lcurve_path, start).map(Some)
     };
 
     let mut report = TrainReport {
@@ -243,6 +250,7 @@ pub fn train<T: Real, B: Backend<T>>(
         streams.resume,
     );
     if start >= numb_steps {
+        open_outputs()?;
         if start == 0 && root {
             // numb_steps 0: DeePMD-kit still saves the initial model.
             let p = saver.save(b, &run, 0, 0.0)?;
@@ -281,6 +289,8 @@ pub fn train<T: Real, B: Backend<T>>(
         disp_freq: tc.disp_freq,
         signal: None,
     };
+    let mut fout: Option<File> = None;
+    interrupt::training_started();
 
     while !run.is_done() {
         let t_step = Instant::now();
@@ -291,6 +301,7 @@ pub fn train<T: Real, B: Backend<T>>(
         report.step_s.push(t_step.elapsed().as_secs_f64());
         let done = plan.done;
         if done == start + 1 {
+            fout = open_outputs()?;
             tracing::info!(
                 "first step done {:.2} s after start",
                 t0.elapsed().as_secs_f64()
@@ -392,12 +403,14 @@ struct Streams<T> {
 impl<T: Real> Streams<T> {
     /// A checkpoint's streams where its data are these; new ones otherwise. A restart on other
     /// data (or other batch sizes or probabilities) cannot continue the checkpoint's batch
-    /// stream; it starts a new one, seeded from the seed and the step.
+    /// stream; it starts a new one, seeded from the seed and the step. `given_seed` is
+    /// training.seed as input.json gives it, for the note that a restart does not use it.
     fn resume(
         restart: Option<&Checkpoint>,
         train: &DataSet,
         valid: Option<&DataSet>,
         seed: u64,
+        given_seed: Option<u64>,
     ) -> Self {
         let train_shape = shape(train);
         let valid_shape = valid.map(shape);
@@ -408,6 +421,13 @@ impl<T: Real> Streams<T> {
         let (train, valid, resume) = match restart {
             Some(ck) => {
                 let ts = if ck.train_shape == train_shape {
+                    if let Some(s) = given_seed {
+                        tracing::info!(
+                            "training.seed {s} is not used: a restart continues the \
+                             checkpoint's batch stream where it stopped, whatever seed its run \
+                             began with"
+                        );
+                    }
                     ck.sampler.clone()
                 } else {
                     tracing::warn!(
@@ -416,14 +436,29 @@ impl<T: Real> Streams<T> {
                     );
                     new_train()
                 };
-                let vs = if ck.valid_shape == valid_shape {
-                    ck.valid_sampler.clone()
-                } else {
-                    tracing::warn!(
-                        "the validation data differ from the checkpoint's: starting a new batch \
-                         stream"
-                    );
-                    new_valid()
+                let vs = match (&ck.valid_shape, &valid_shape) {
+                    (was, now) if was == now => ck.valid_sampler.clone(),
+                    (Some(_), None) => {
+                        tracing::info!(
+                            "input.json has no validation_data (the checkpoint's run had): the \
+                             run goes on without validation"
+                        );
+                        None
+                    }
+                    (None, Some(_)) => {
+                        tracing::info!(
+                            "validation_data is new since the checkpoint: validating on a new \
+                             batch stream"
+                        );
+                        new_valid()
+                    }
+                    _ => {
+                        tracing::warn!(
+                            "the validation data differ from the checkpoint's: starting a new \
+                             batch stream"
+                        );
+                        new_valid()
+                    }
                 };
                 let resume = Resume {
                     step: start,

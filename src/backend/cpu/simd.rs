@@ -45,7 +45,8 @@ pub(super) fn avx512() -> bool {
             && std::is_x86_feature_detected!("avx512dq")
             && std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("fma")
-            && std::env::var_os("DPW_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0")
+            // A bad value has been refused at start-up (`crate::settings::check_all`).
+            && !matches!(crate::settings::NO_AVX512.get(), Ok(Some(true)))
     })
 }
 

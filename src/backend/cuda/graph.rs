@@ -18,32 +18,21 @@
 //! *staged*: copied into arena blocks before the graph runs, outside it, so that the graph
 //! reads them at fixed addresses.
 
-use std::env::VarError;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::{self, ThreadId};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{result, CudaGraph, CudaSlice, DeviceRepr, LaunchConfig};
 
 use super::Cuda;
 
 /// The switch, read once when the backend opens.
-pub const ENV: &str = "DPW_CUDA_GRAPH";
+pub const ENV: &str = crate::settings::CUDA_GRAPH.name;
 
-/// Whether [`ENV`] leaves graphs on: unset, empty or `1` is on, `0` off, anything else an error.
+/// Whether [`ENV`] leaves graphs on (the default; `crate::settings` reads the value).
 pub(super) fn enabled() -> Result<bool> {
-    parse(std::env::var(ENV))
-}
-
-fn parse(value: Result<String, VarError>) -> Result<bool> {
-    match value {
-        Err(VarError::NotPresent) => Ok(true),
-        Ok(v) if v.is_empty() || v == "1" => Ok(true),
-        Ok(v) if v == "0" => Ok(false),
-        Ok(v) => bail!("{ENV}={v:?}: expected 0 (off) or 1 (capture the training step)"),
-        Err(VarError::NotUnicode(v)) => bail!("{ENV}={v:?}: expected 0 or 1"),
-    }
+    Ok(crate::settings::CUDA_GRAPH.get()?.unwrap_or(true))
 }
 
 /// Graphs kept: one per batch shape (and owner-list length) in use; the least recently used
@@ -470,20 +459,5 @@ impl Drop for Graphs {
             s.replays,
             s.eager
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_switch_is_0_or_1() {
-        assert!(parse(Err(VarError::NotPresent)).unwrap());
-        assert!(parse(Ok(String::new())).unwrap());
-        assert!(!parse(Ok("0".into())).unwrap());
-        assert!(parse(Ok("1".into())).unwrap());
-        let e = parse(Ok("yes".into())).unwrap_err().to_string();
-        assert!(e.contains(ENV) && e.contains("yes"), "{e}");
     }
 }

@@ -127,13 +127,13 @@ pub enum DenseKernels {
 impl DenseKernels {
     /// `DPW_WGPU_DENSE` (tiled, flat) if set, else by the kind of adapter.
     fn choose(info: &wgpu::AdapterInfo) -> Result<Self> {
-        match std::env::var("DPW_WGPU_DENSE").as_deref() {
-            Ok("tiled") => Ok(Self::Tiled),
-            Ok("flat") => Ok(Self::Flat),
-            Ok(other) => bail!("DPW_WGPU_DENSE={other}: expected `tiled` or `flat`"),
-            Err(_) if info.device_type == wgpu::DeviceType::Cpu => Ok(Self::Flat),
-            Err(_) => Ok(Self::Tiled),
-        }
+        Ok(match crate::settings::WGPU_DENSE.get()? {
+            Some("flat") => Self::Flat,
+            // "tiled", the other word the setting takes.
+            Some(_) => Self::Tiled,
+            None if info.device_type == wgpu::DeviceType::Cpu => Self::Flat,
+            None => Self::Tiled,
+        })
     }
 
     pub fn name(self) -> &'static str {
@@ -159,11 +159,11 @@ pub enum Passes {
 impl Passes {
     /// `DPW_WGPU_PASSES` (shared, each) if set, else shared.
     fn choose() -> Result<Self> {
-        match std::env::var("DPW_WGPU_PASSES").as_deref() {
-            Ok("shared") | Err(_) => Ok(Self::Shared),
-            Ok("each") => Ok(Self::Each),
-            Ok(other) => bail!("DPW_WGPU_PASSES={other}: expected `shared` or `each`"),
-        }
+        Ok(match crate::settings::WGPU_PASSES.get()? {
+            Some("each") => Self::Each,
+            // "shared", the other word the setting takes, or the default.
+            _ => Self::Shared,
+        })
     }
 
     pub fn name(self) -> &'static str {
@@ -207,7 +207,7 @@ pub struct Wgpu {
     counters: Counters,
     dense: DenseKernels,
     passes: Passes,
-    /// With `DPW_WGPU_PROFILE` set: time per kernel (see `profile.rs`). For finding slow
+    /// With `DPW_WGPU_PROFILE=1`: time per kernel (see `profile.rs`). For finding slow
     /// kernels, not for production runs.
     profile: Option<Mutex<Profile>>,
 }
@@ -299,7 +299,7 @@ impl Wgpu {
         let info = adapter.get_info();
         let f64_ok = adapter.features().contains(wgpu::Features::SHADER_F64)
             && allowed.contains(wgpu::Features::SHADER_F64);
-        let profiling = std::env::var_os("DPW_WGPU_PROFILE").is_some();
+        let profiling = crate::settings::WGPU_PROFILE.get()?.unwrap_or(false);
         let mut features = wgpu::Features::empty();
         features.set(wgpu::Features::SHADER_F64, f64_ok);
         features.set(
@@ -612,7 +612,7 @@ impl Wgpu {
         bg
     }
 
-    /// Time per kernel, slowest first, when `DPW_WGPU_PROFILE` is set.
+    /// Time per kernel, slowest first, when `DPW_WGPU_PROFILE=1`.
     pub fn profile_report(&self) -> Option<String> {
         let _device = self.device_guard();
         let mut profile = self.profile.as_ref()?.lock().unwrap();

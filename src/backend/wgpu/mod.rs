@@ -12,7 +12,7 @@
 //! Environment: `WGPU_BACKEND` (vulkan, metal, dx12, gl), `WGPU_ADAPTER_NAME` (part of a name),
 //! `WGPU_POWER_PREF` (low, high) choose the adapter; `DPW_WGPU_DENSE` (tiled, flat) overrides
 //! the dense kernels chosen for the adapter ([`DenseKernels`]); `DPW_WGPU_PASSES` (shared, each)
-//! how dispatches are grouped into compute passes ([`Passes`]); `DPW_WGPU_PROFILE` adds up the
+//! how dispatches are grouped into compute passes ([`Passes`]); `DPW_WGPU_PROFILE=1` adds up the
 //! device's time per kernel, from GPU timestamps where the adapter has them
 //! ([`Wgpu::profile_report`]). Without a GPU,
 //! Mesa's lavapipe (Debian: `mesa-vulkan-drivers`, `libvulkan1`) is a Vulkan CPU adapter with
