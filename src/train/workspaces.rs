@@ -190,7 +190,7 @@ pub fn check_batches<T: Real, B: Backend<T>>(
         let counts: Vec<usize> = (0..spec.ntypes())
             .map(|t| atype.iter().filter(|&&x| x == t).count())
             .collect();
-        check_workspace(b, m, &spec.descriptor.dims(bs, &counts))
+        check_workspace(b, m, &Dims::of_descriptor(&spec.descriptor, bs, &counts))
             .with_context(|| format!("{what} system {}", sys.path.display()))?;
     }
     Ok(())
