@@ -118,3 +118,131 @@ fn bad_inputs_give_clear_errors() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// Trains (numb_steps 0: the initial model, cpu) `descriptor` on `systems` with `type_map` in
+/// `dir`, and returns its checkpoint.
+fn new_model(
+    dir: &std::path::Path,
+    type_map: &[&str],
+    descriptor: serde_json::Value,
+    systems: &[std::path::PathBuf],
+) -> std::path::PathBuf {
+    let mut input = tiny_water_input(serde_json::json!(systems), 0);
+    input["model"]["type_map"] = serde_json::json!(type_map);
+    input["model"]["descriptor"] = descriptor;
+    std::fs::write(dir.join("input.json"), input.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(dir)
+        .args(["train", "input.json", "--backend", "cpu"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.join("model.ckpt")
+}
+
+/// `dpw test` with `args` after `-m model -d prefix`; its report and its energies
+/// (data_e, pred_e) per frame.
+fn test_energies(
+    model: &std::path::Path,
+    prefix: &std::path::Path,
+    args: &[&str],
+    limits: Option<&str>,
+) -> (String, Vec<Vec<f64>>) {
+    let (m, p) = (model.to_str().unwrap(), prefix.to_str().unwrap());
+    let mut all = vec!["test", "-m", m, "-d", p];
+    all.extend(args);
+    let out = match limits {
+        None => dpw(&all),
+        // A shell that sets the limits and execs dpw, so that they bind dpw alone.
+        Some(l) => Command::new("sh")
+            .env("RAYON_NUM_THREADS", "2")
+            .env("MALLOC_ARENA_MAX", "2")
+            .env("RUST_LOG", "info")
+            .arg("-c")
+            .arg(format!("ulimit {l} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_dpw"))
+            .args(&all)
+            .output()
+            .unwrap(),
+    };
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success() && !err.contains("panicked"),
+        "{all:?}: {err}"
+    );
+    let e = columns(&std::path::PathBuf::from(format!("{p}.e.out")));
+    (format!("{}{err}", String::from_utf8_lossy(&out.stdout)), e)
+}
+
+/// Issue 59: `dp test` evaluates mixed-type data (`deepmd/npy/mixed`) with a model whose
+/// descriptor is not mixed-type, each frame with its own types; so does `dpw test`, a
+/// composition at a time, each frame's energy that of the same frame in its own system.
+#[test]
+fn mixed_type_data_is_tested_with_any_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let alloy = repo("examples/alloy/data/train");
+    let systems: Vec<_> = ["Cu65Ni32Al11_a", "Cu36Ni36Al36", "Cu27Ni54Al27"]
+        .iter()
+        .map(|s| alloy.join(s))
+        .collect();
+    let descriptor = serde_json::json!({"type": "se_e2_a", "sel": [24, 20, 16], "rcut": 4.0,
+        "rcut_smth": 0.5, "neuron": [4, 8], "axis_neuron": 4, "seed": 1});
+    let model = new_model(tmp.path(), &["Cu", "Ni", "Al"], descriptor, &systems);
+    let mixed = repo("tests/data/mixed/alloy");
+    let (report, got) = test_energies(
+        &model,
+        &tmp.path().join("mixed"),
+        &["-s", mixed.to_str().unwrap(), "--backend", "cpu"],
+        None,
+    );
+    assert!(report.contains("number of test data : 6"), "{report}");
+    let mut want = Vec::new();
+    for (k, s) in systems.iter().enumerate() {
+        let prefix = tmp.path().join(format!("own{k}"));
+        let args = ["-s", s.to_str().unwrap(), "-n", "2", "--backend", "cpu"];
+        want.extend(test_energies(&model, &prefix, &args, None).1);
+    }
+    assert_eq!(got.len(), 6);
+    for row in &got {
+        let label = |w: &&Vec<f64>| (w[0] - row[0]).abs() <= 1e-6 * row[0].abs();
+        let same = want.iter().find(label).unwrap_or_else(|| {
+            panic!("no frame of the systems has the label of {row:?}: {want:?}")
+        });
+        assert!(
+            (same[1] - row[1]).abs() <= 1e-10 * row[1].abs(),
+            "{row:?} vs {same:?}"
+        );
+    }
+}
+
+/// Issue 59, defect 11: `dpw test` evaluates as many frames a call as fit, fewer where a call's
+/// workspace cannot be had (here under a `ulimit -v` that holds one frame's and not three's),
+/// with the numbers of a run that had the memory.
+#[test]
+fn test_evaluates_in_calls_that_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = repo("examples/water/data_0");
+    // se_e3 rows are pairs of neighbours: 192 atoms × (8·16 + 8·8) pairs × (4·192 + 2)
+    // values of its net, ~230 MB a frame with the adjoints of its output.
+    let descriptor = serde_json::json!({"type": "se_e3", "sel": [8, 8], "rcut": 4.0,
+        "rcut_smth": 0.5, "neuron": [192], "seed": 1});
+    let model = new_model(
+        tmp.path(),
+        &["O", "H"],
+        descriptor,
+        std::slice::from_ref(&data),
+    );
+    let args = ["-s", data.to_str().unwrap(), "-n", "3", "--backend", "cpu"];
+    let (_, want) = test_energies(&model, &tmp.path().join("whole"), &args, None);
+    let limit = format!("-v {}", 1 << 20);
+    let (log, got) = test_energies(&model, &tmp.path().join("pieces"), &args, Some(&limit));
+    assert!(
+        log.contains("cannot allocate") && log.contains("evaluating 1 frames a call"),
+        "{log}"
+    );
+    assert_eq!(got, want);
+}

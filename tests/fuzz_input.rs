@@ -16,7 +16,11 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
 use dpw::config::Config;
+use dpw::data::Disk;
 use dpw::train::outputs::{check_files, RunFile, RunFiles};
+use dpw::train::setup::{prepare_in, Start};
+use dpw::train::step::DeviceModel;
+use dpw::train::workspaces::check_workspace;
 
 fn water() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/water"))
@@ -284,6 +288,140 @@ fn output_paths_that_clash_are_refused() {
     eprintln!(
         "{} output cases ({refused} refused) in {:.1} s",
         cases(),
+        t.elapsed().as_secs_f64()
+    );
+    assert!(faults.is_empty(), "{}", faults.join("\n"));
+}
+
+/// A tiny model of `descriptor` on water data_0, one statistics batch.
+fn tiny_with(descriptor: Value) -> Value {
+    json!({
+        "model": {"type_map": ["O", "H"], "descriptor": descriptor,
+                  "fitting_net": {"neuron": [8], "seed": 1}, "data_stat_nbatch": 1},
+        "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-5, "decay_steps": 5},
+        "loss": {"type": "ener"},
+        "training": {"training_data": {"systems": [water().join("data_0")], "batch_size": 1},
+                     "numb_steps": 1, "seed": 1}
+    })
+}
+
+/// Values of a sel or size key: zero, negative, non-integer, huge, of the wrong length.
+fn size_values() -> Vec<Value> {
+    vec![
+        json!(0),
+        json!(-1),
+        json!(2.5),
+        json!("2"),
+        json!(1e308),
+        json!(u64::MAX),
+        json!(4294967296u64),
+        json!(5000),
+        json!([]),
+        json!([0]),
+        json!([0, 0]),
+        json!([0, 0, 0]),
+        json!([-1, 2]),
+        json!([2.5, 3]),
+        json!([2000, 2000]),
+        json!([100000, 1]),
+        json!([1e18, 1e18]),
+        json!([u64::MAX, u64::MAX]),
+        json!("auto"),
+        json!("auto:0.01"),
+    ]
+}
+
+/// Issue 59: the sel and size keys of the newer descriptors (se_e3, se_atten, se_atten_v2, and a
+/// hybrid's list) set to zero, negative, non-integer, huge or ill-sized values. Loading refuses
+/// them naming the key, or the whole start-up of a run follows (the data read, sel resolved, the
+/// model checked and its statistics computed, and the workspace of a one-frame batch checked
+/// against the memory): it must end in a model or an error, never a panic nor an allocation of
+/// what the memory cannot hold.
+#[test]
+fn descriptor_sels_and_sizes_of_every_kind() {
+    let common = json!({"rcut": 4.0, "rcut_smth": 0.5, "neuron": [4, 8], "seed": 1});
+    let with = |extra: Value| {
+        let mut d = common.clone();
+        d.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        d
+    };
+    let atten = json!({"sel": 40, "attn": 8, "attn_layer": 1, "tebd_dim": 4, "axis_neuron": 4});
+    let attn_keys = [
+        "sel",
+        "neuron",
+        "axis_neuron",
+        "attn",
+        "attn_layer",
+        "tebd_dim",
+    ];
+    let mut v2 = atten.clone();
+    v2["type"] = json!("se_atten_v2");
+    let mut v1 = atten;
+    v1["type"] = json!("se_atten");
+    let sub_a = with(json!({"type": "se_e2_a", "sel": [20, 28], "axis_neuron": 4}));
+    let sub_r = with(json!({"type": "se_e2_r", "sel": [20, 28]}));
+    let bases = [
+        (
+            with(json!({"type": "se_e3", "sel": [20, 28]})),
+            vec!["sel", "neuron"],
+        ),
+        (with(v1), attn_keys.to_vec()),
+        (with(v2), attn_keys.to_vec()),
+        (
+            json!({"type": "hybrid", "list": [sub_a, sub_r]}),
+            vec![
+                "list/0/sel",
+                "list/1/sel",
+                "list/0/neuron",
+                "list/0/axis_neuron",
+            ],
+        ),
+    ];
+    let b = dpw::backend::cpu::Cpu::default();
+    let (mut cases, mut refused, mut faults) = (0, 0, Vec::new());
+    let t = std::time::Instant::now();
+    for (descriptor, keys) in &bases {
+        for key in keys {
+            for bad in size_values() {
+                cases += 1;
+                let mut input = tiny_with(descriptor.clone());
+                let at = format!("/model/descriptor/{key}");
+                *input.pointer_mut(&at).unwrap() = bad.clone();
+                let case = format!("{} {key} = {bad}", descriptor["type"]);
+                let name = key.rsplit('/').next().unwrap();
+                let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
+                    let cfg = Config::from_value(&input, &water()).map_err(|e| e.to_string())?;
+                    let setup = prepare_in(
+                        &Disk,
+                        cfg,
+                        Start::Fresh,
+                        true,
+                        Path::new("."),
+                        web_time::Instant::now(),
+                    )
+                    .map_err(|e| format!("{e:#}"))?;
+                    let model = &setup.model;
+                    let dm = DeviceModel::<f64, _>::new(&b, model);
+                    let dims = model.spec.descriptor.dims(1, &[64, 128]);
+                    check_workspace(&b, &dm, &dims).map_err(|e| e.to_string())
+                }));
+                match outcome {
+                    Err(_) => faults.push(format!("{case}: panicked")),
+                    Ok(Err(msg)) => {
+                        refused += 1;
+                        if !msg.contains(name) && !msg.contains("cannot allocate") {
+                            faults.push(format!("{case}: {name:?} not in {msg:?}"));
+                        }
+                    }
+                    Ok(Ok(())) => {}
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{cases} sel and size cases ({refused} refused) in {:.1} s",
         t.elapsed().as_secs_f64()
     );
     assert!(faults.is_empty(), "{}", faults.join("\n"));

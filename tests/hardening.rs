@@ -548,6 +548,260 @@ fn small_sel_is_warned_about() {
     assert!(!err.contains("sel of type 1"), "{err}");
 }
 
+fn alloy() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/alloy/data/train"
+    ))
+}
+
+/// The expanded input (`-o`, out.json's contents) of `dpw train` on `input`.
+fn expanded(input: &Value) -> Value {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), input);
+    ok(
+        d.path(),
+        &["train", "input.json", "--backend", "cpu", "-o", "exp.json"],
+    );
+    serde_json::from_str(&std::fs::read_to_string(d.path().join("exp.json")).unwrap()).unwrap()
+}
+
+/// A run of `numb_steps` of `descriptor` (tiny nets) on the training systems of the water
+/// example (data_0..2) or of the alloy example (its four training systems).
+fn input_with(descriptor: Value, on_alloy: bool, numb_steps: usize) -> Value {
+    let systems: Vec<PathBuf> = match on_alloy {
+        true => [
+            "Cu65Ni32Al11_a",
+            "Cu65Ni32Al11_b",
+            "Cu36Ni36Al36",
+            "Cu27Ni54Al27",
+        ]
+        .iter()
+        .map(|s| alloy().join(s))
+        .collect(),
+        false => (0..3).map(|k| water().join(format!("data_{k}"))).collect(),
+    };
+    let systems: Vec<&Path> = systems.iter().map(PathBuf::as_path).collect();
+    let mut input = tiny_input(numb_steps, &systems);
+    input["model"]["descriptor"] = descriptor;
+    if on_alloy {
+        input["model"]["type_map"] = json!(["Cu", "Ni", "Al"]);
+    }
+    input
+}
+
+/// Issue 59, defect 3: `sel: "auto"` is DeePMD-kit 3.2.0's for every descriptor: per type
+/// (se_e2_a, se_e2_r, se_e3), and for the mixed-type se_atten and se_atten_v2 the count of all
+/// types together (NeighborStat with mixed_type), not the sum of the per-type maxima. The
+/// numbers are DeePMD-kit 3.2.0's `update_sel` on the shipped data (its NeighborStat: water
+/// rcut 4 [16, 26], rcut 6 [38, 72], mixed 108; alloy rcut 5 [35, 30, 21], mixed 51).
+#[test]
+fn auto_sel_is_deepmd_kits() {
+    let net = json!({"neuron": [4, 8], "rcut_smth": 0.5, "sel": "auto", "seed": 1});
+    let with = |kind: &str, rcut: f64| {
+        let mut d = net.clone();
+        d["type"] = json!(kind);
+        d["rcut"] = json!(rcut);
+        if kind.starts_with("se_atten") {
+            d["attn"] = json!(8);
+            d["attn_layer"] = json!(1);
+            d["tebd_dim"] = json!(4);
+        }
+        d
+    };
+    for (kind, rcut, on_alloy, want) in [
+        ("se_e2_a", 6.0, false, json!([44, 80])),
+        ("se_e2_r", 6.0, false, json!([44, 80])),
+        ("se_e3", 4.0, false, json!([20, 28])),
+        ("se_atten", 6.0, false, json!([120])),
+        ("se_atten_v2", 6.0, false, json!([120])),
+        ("se_e2_a", 5.0, true, json!([40, 36, 24])),
+        ("se_atten", 5.0, true, json!([56])),
+        ("se_atten_v2", 5.0, true, json!([56])),
+    ] {
+        let out = expanded(&input_with(with(kind, rcut), on_alloy, 0));
+        assert_eq!(
+            out["model"]["descriptor"]["sel"], want,
+            "{kind} rcut {rcut}"
+        );
+    }
+}
+
+/// Issue 59, defect 3: the sel warning of a mixed-type descriptor compares its one sel (nnei)
+/// with the count of all types together, and names neither a type nor an element.
+#[test]
+fn small_mixed_sel_is_warned_about_as_one_list() {
+    let d = tempfile::tempdir().unwrap();
+    let descriptor = json!({"type": "se_atten_v2", "sel": 40, "rcut": 5.0, "rcut_smth": 0.5,
+                            "neuron": [4, 8], "attn": 8, "attn_layer": 1, "tebd_dim": 4});
+    write_input(d.path(), &input_with(descriptor, true, 0));
+    let err = stderr(&ok(d.path(), &["train", "input.json", "--backend", "cpu"]));
+    assert!(
+        err.contains(
+            "sel (one list for all types) is not enough! The expected value is not less than 51"
+        ) && err.contains("but you set it to 40"),
+        "{err}"
+    );
+    assert!(!err.contains("sel of type"), "{err}");
+}
+
+/// Issue 59, defect 4: a sel with no neighbour slot at all (every entry 0) is refused at
+/// start-up naming the key, for every descriptor and a hybrid's sub-descriptor, where se_atten_v2
+/// panicked, se_e3 panicked and se_e2_r gave a NaN loss; `attn_layer: 0` (no attention layers,
+/// which DeePMD-kit allows) trains.
+#[test]
+fn all_zero_sel_is_refused_and_attn_layer_0_trains() {
+    let atten = |sel: Value, layers: usize| {
+        json!({"type": "se_atten_v2", "sel": sel, "rcut": 4.0, "rcut_smth": 0.5,
+               "neuron": [4, 8], "attn": 8, "attn_layer": layers, "tebd_dim": 4})
+    };
+    let radial = json!({"type": "se_e2_r", "sel": [0, 0], "rcut": 4.0, "rcut_smth": 0.5,
+                        "neuron": [4, 8]});
+    let cases = [
+        (atten(json!(0), 1), "model.descriptor.sel"),
+        (atten(json!(0), 0), "model.descriptor.sel"),
+        (
+            json!({"type": "se_e3", "sel": [0, 0], "rcut": 4.0, "rcut_smth": 0.5,
+                   "neuron": [4, 8]}),
+            "model.descriptor.sel",
+        ),
+        (radial.clone(), "model.descriptor.sel"),
+        (
+            json!({"type": "hybrid", "list": [
+                {"type": "se_e2_a", "sel": [20, 28], "rcut": 4.0, "rcut_smth": 0.5,
+                 "neuron": [4, 8], "axis_neuron": 4},
+                radial,
+            ]}),
+            "model.descriptor.list[1].sel",
+        ),
+    ];
+    for (descriptor, key) in cases {
+        let d = tempfile::tempdir().unwrap();
+        write_input(d.path(), &input_with(descriptor, false, 1));
+        fails_at_start(d.path(), &[], &[key, "keeps no neighbour"]);
+    }
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &input_with(atten(json!(40), 0), false, 1));
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+}
+
+/// Issue 59, defect 7: a `type_map.raw` that lists an element twice is refused naming the file
+/// (it made every H an O).
+#[test]
+fn duplicate_element_in_type_map_raw_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let sys = d.path().join("sys");
+    copy_dir(&water().join("data_0"), &sys);
+    std::fs::write(sys.join("type_map.raw"), "O\nO\n").unwrap();
+    write_input(d.path(), &tiny_input(1, &[&sys]));
+    fails_at_start(d.path(), &[], &["sys/type_map.raw", "\"O\"", "twice"]);
+}
+
+/// Issue 59, defect 8: a system listed twice is used twice, as DeePMD-kit uses it: two
+/// systems, each with its own share of the probability (prob_sys_size: by batches), so the
+/// system listed twice is drawn twice as often.
+#[test]
+fn system_listed_twice_is_used_twice() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (water().join("data_0"), water().join("data_1"));
+    write_input(d.path(), &tiny_input(1, &[&a, &b, &a]));
+    let err = stderr(&ok(d.path(), &["train", "input.json", "--backend", "cpu"]));
+    assert!(err.contains("found 3 system(s)"), "{err}");
+    assert!(!err.contains("symbolic link"), "{err}");
+    // The summary's rows: system, natoms, frames, bch_sz, n_bch, prob, pbc.
+    let probs: Vec<(String, f64)> = err
+        .lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let at = cols.iter().position(|c| c.contains("water/data_"))?;
+            (cols.len() == at + 7).then(|| (cols[at].to_string(), cols[at + 5].parse().unwrap()))
+        })
+        .collect();
+    assert_eq!(probs.len(), 3, "{err}");
+    assert!(
+        probs[0].0.ends_with("data_0") && probs[2].0.ends_with("data_0"),
+        "{probs:?}"
+    );
+    assert_eq!(probs[0].1, probs[2].1, "{probs:?}");
+    let total: f64 = probs.iter().map(|p| p.1).sum();
+    assert!((total - 1.0).abs() < 2e-3, "{probs:?}");
+}
+
+/// Issue 59, defect 5: a workspace that cannot fit the machine's memory (se_e3, whose rows are
+/// pairs of neighbour slots: sel² of them per atom) is refused before it is allocated, naming
+/// sel², instead of being allocated under overcommit and killed. Under a `ulimit -v` too, so
+/// that a failing check cannot take the machine's memory.
+#[test]
+fn se_e3_workspace_beyond_memory_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let descriptor = json!({"type": "se_e3", "sel": [2000, 2000], "rcut": 4.0,
+                            "rcut_smth": 0.5, "neuron": [4, 8]});
+    write_input(d.path(), &input_with(descriptor, false, 1));
+    let args = ["train", "input.json", "--backend", "cpu"];
+    let out = dpw_under(d.path(), &format!("-v {}", 4 << 20), &args);
+    failed(
+        out,
+        &args,
+        &[
+            "training system",
+            "cannot allocate",
+            "MemAvailable",
+            "se_e3",
+            "sel²",
+            "sel",
+        ],
+    );
+    assert!(!d.path().join("lcurve.out").exists());
+}
+
+/// Issue 59 (minor): a type error of `dpw neighbor-stat` names the type map it has (`-t`), not a
+/// model's, which neighbor-stat has none of.
+#[test]
+fn neighbor_stat_type_errors_name_no_model() {
+    let d = tempfile::tempdir().unwrap();
+    let sys = d.path().join("sys");
+    copy_dir(&water().join("data_0"), &sys);
+    let s = sys.to_str().unwrap();
+    let err = fails(
+        d.path(),
+        &["neighbor-stat", "-s", s, "-r", "4", "-t", "O"],
+        &["\"H\""],
+    );
+    assert!(!err.contains("model"), "{err}");
+    std::fs::remove_file(sys.join("type_map.raw")).unwrap();
+    let err = fails(
+        d.path(),
+        &["neighbor-stat", "-s", s, "-r", "4", "-t", "O"],
+        &["type 1"],
+    );
+    assert!(!err.contains("model"), "{err}");
+}
+
+/// Issue 59 (minor): an npy array of a type dpw does not read (here complex64) is refused with
+/// every type it reads: float16/32/64 and integers.
+#[test]
+fn npy_of_an_unread_type_lists_the_types_read() {
+    let d = tempfile::tempdir().unwrap();
+    let sys = d.path().join("sys");
+    copy_dir(&water().join("data_0"), &sys);
+    let p = sys.join("set.000/energy.npy");
+    let n = read_npy(&p).len();
+    let header = format!("{{'descr': '<c8', 'fortran_order': False, 'shape': ({n},), }}");
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    let pad = 64 - (10 + header.len() + 1) % 64;
+    let header = format!("{header}{}\n", " ".repeat(pad));
+    bytes.extend((header.len() as u16).to_le_bytes());
+    bytes.extend(header.as_bytes());
+    bytes.extend(vec![0u8; 8 * n]);
+    std::fs::write(&p, bytes).unwrap();
+    let s = sys.to_str().unwrap();
+    fails(
+        d.path(),
+        &["neighbor-stat", "-s", s, "-r", "4", "-t", "O", "H"],
+        &["energy.npy", "float16", "float32", "float64", "integers"],
+    );
+}
+
 /// Point 12: causes are printed once; a DeePMD-kit yaml is named as such where a checkpoint is
 /// needed, and `--init-model` takes one.
 #[test]

@@ -158,3 +158,92 @@ fn dpa1_lcurve_of_12_steps_matches_cpu() {
     // Steps 1, 4, 8, 12.
     lcurves_match("dpa1_lcurve_of_12_steps_matches_cpu", &input, 4);
 }
+
+/// dpw's `args` in `dir`: whether it succeeded, and its stdout and stderr.
+fn dpw_in(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("panicked"), "{args:?}: {text}");
+    (out.status.success(), text)
+}
+
+/// Issue 59, defect 11: DeePMD-kit's se_e3 water hyper-parameters (sel [24, 48], rcut 4): a
+/// frame's pair rows (192 atoms × 4032 pairs) × 16 take 99 MB a buffer in float64, so `dpw test`'s
+/// calls of 2 frames passed lavapipe's 128 MiB storage binding and panicked. It evaluates as
+/// many frames a call as the device takes, with the cpu's numbers; a training batch past any
+/// adapter's binding (44 frames: 4.4 GB, wgpu's bindings are below 4 GiB) is refused at start-up
+/// naming the system and the binding.
+#[test]
+fn se_e3_batches_past_the_storage_binding() {
+    if !common::wgpu_f64_present("se_e3_batches_past_the_storage_binding") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let water = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/water");
+    let mut input = water_input(0);
+    input["model"]["descriptor"] = serde_json::json!({"type": "se_e3", "sel": [24, 48],
+        "rcut": 4.0, "rcut_smth": 0.5, "neuron": [4, 8, 16], "seed": 1});
+    input["training"]
+        .as_object_mut()
+        .unwrap()
+        .remove("validation_data");
+    input["training"]["save_freq"] = serde_json::json!(1);
+    let dir = run_dir(tmp.path(), "model", &input);
+    let (ok, log) = dpw_in(&dir, &["train", "input.json", "--backend", "cpu"]);
+    assert!(ok, "{log}");
+    let data = water.join("data_3");
+    let mut energies = Vec::new();
+    for backend in ["cpu", "wgpu"] {
+        let args = [
+            "test",
+            "-m",
+            "model.ckpt",
+            "-s",
+            data.to_str().unwrap(),
+            "-n",
+            "5",
+            "-d",
+            backend,
+            "--backend",
+            backend,
+        ];
+        let (ok, log) = dpw_in(&dir, &args);
+        assert!(ok && log.contains("number of test data : 5"), "{log}");
+        energies.push(std::fs::read_to_string(dir.join(format!("{backend}.e.out"))).unwrap());
+    }
+    let values = |s: &str| -> Vec<f64> {
+        s.lines()
+            .filter(|l| !l.starts_with('#'))
+            .flat_map(|l| {
+                l.split_whitespace()
+                    .map(|x| x.parse::<f64>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let (cpu, gpu) = (values(&energies[0]), values(&energies[1]));
+    assert_eq!(cpu.len(), 10);
+    for (c, g) in cpu.iter().zip(&gpu) {
+        assert!((c - g).abs() <= 1e-9 * c.abs(), "cpu {cpu:?}\nwgpu {gpu:?}");
+    }
+
+    input["training"]["numb_steps"] = serde_json::json!(1);
+    input["training"]["training_data"]["batch_size"] = serde_json::json!(44);
+    let dir = run_dir(tmp.path(), "big", &input);
+    let (ok, log) = dpw_in(&dir, &["train", "input.json", "--backend", "wgpu"]);
+    assert!(!ok, "{log}");
+    assert!(
+        log.contains("training system") && log.contains("largest storage binding"),
+        "{log}"
+    );
+    assert!(!dir.join("lcurve.out").exists(), "{log}");
+}
