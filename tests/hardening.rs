@@ -1171,6 +1171,298 @@ fn interrupt_ends_by_the_signal() {
     }
 }
 
+/// dpw with the environment variables `env` set.
+fn dpw_env(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpw"));
+    cmd.args(args).envs(env.iter().copied());
+    run(cmd, dir, args)
+}
+
+/// Issue 59, defect 1: the file `-l` names is left as it was when the input cannot be read
+/// (missing, malformed, an unknown key), and an existing file that is not a dpw log is refused
+/// even with a valid input; a previous dpw log is replaced.
+#[test]
+fn log_file_waits_for_the_input() {
+    let d = tempfile::tempdir().unwrap();
+    let npy = water().join("data_0/set.000/energy.npy");
+    let precious = std::fs::read(&npy).unwrap();
+    std::fs::write(d.path().join("e.npy"), &precious).unwrap();
+    std::fs::write(d.path().join("model.ckpt-5"), &precious).unwrap();
+    let mut misspelt = tiny_input(2, &[]);
+    misspelt["training"]["numb_step"] = json!(2);
+    let cases: [(&str, Option<String>, &str); 4] = [
+        ("missing.json", None, "missing.json"),
+        ("bad.json", Some("{\"model\": [".into()), "bad.json"),
+        (
+            "misspelt.json",
+            Some(misspelt.to_string()),
+            "unknown key 'numb_step'",
+        ),
+        // Refused as not a log, or as a checkpoint file of the run.
+        (
+            "valid.json",
+            Some(tiny_input(2, &[]).to_string()),
+            "-l/--log-path",
+        ),
+    ];
+    for (input, text, names) in cases {
+        if let Some(t) = &text {
+            std::fs::write(d.path().join(input), t).unwrap();
+        }
+        for log in ["e.npy", "model.ckpt-5"] {
+            let args = ["train", input, "-l", log, "--backend", "cpu"];
+            fails(d.path(), &args, &[names]);
+            assert_eq!(
+                std::fs::read(d.path().join(log)).unwrap(),
+                precious,
+                "dpw {args:?} changed {log}"
+            );
+        }
+    }
+    fails(
+        d.path(),
+        &["train", "valid.json", "-l", "e.npy"],
+        &["-l/--log-path e.npy: the file exists and is not a dpw log"],
+    );
+    // A dpw log is the log of the run before: the next run replaces it.
+    let args = ["train", "valid.json", "-l", "train.log", "--backend", "cpu"];
+    ok(d.path(), &args);
+    let first = std::fs::read_to_string(d.path().join("train.log")).unwrap();
+    assert!(
+        first.contains("dpw") && first.contains("trained 2 steps"),
+        "{first}"
+    );
+    ok(d.path(), &args);
+}
+
+/// Issue 59, defect 10 and the minor on settings: every DPW_* value is checked by one rule
+/// before anything is read or written (the previous run's lcurve.out and out.json stay as they
+/// were); empty is the default, without a warning.
+#[test]
+fn settings_are_checked_before_anything() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(2, &[]));
+    let args = ["train", "input.json", "--backend", "cpu"];
+    ok(d.path(), &args);
+    let outputs = ["lcurve.out", "out.json"].map(|f| d.path().join(f));
+    let before = outputs.each_ref().map(|p| std::fs::read(p).unwrap());
+    for (var, value, expected) in [
+        ("DPW_RESIDENT_MB", "abc", "a whole number of MiB"),
+        ("DPW_DATA_CACHE_MB", "1.5", "a whole number of MiB"),
+        ("DPW_WGPU_DENSE", "wide", "`tiled` or `flat`"),
+        ("DPW_WGPU_PASSES", "all", "`shared` or `each`"),
+        ("DPW_WGPU_PROFILE", "maybe", "expected 1, true, on or yes"),
+        ("DPW_CUDA_GRAPH", "2", "expected 1, true, on or yes"),
+        ("DPW_NCCL", "x", "expected 1, true, on or yes"),
+        ("DPW_NO_AVX512", "sure", "expected 1, true, on or yes"),
+    ] {
+        let out = dpw_env(d.path(), &[(var, value)], &args);
+        let err = failed(out, &args, &[&format!("{var}=\"{value}\""), expected]);
+        assert!(!err.contains("training systems"), "data read first:\n{err}");
+        for (p, b) in outputs.iter().zip(&before) {
+            assert_eq!(
+                &std::fs::read(p).unwrap(),
+                b,
+                "{var}={value}: {p:?} changed"
+            );
+        }
+    }
+    let out = ok_env(
+        d.path(),
+        &[("DPW_DATA_CACHE_MB", ""), ("DPW_RESIDENT_MB", " ")],
+        &args,
+    );
+    let err = stderr(&out);
+    assert!(
+        !err.contains("DPW_DATA_CACHE_MB=") && !err.contains("DPW_RESIDENT_MB="),
+        "{err}"
+    );
+    let out = ok_env(d.path(), &[("DPW_DATA_CACHE_MB", "0")], &args);
+    let err = stderr(&out);
+    assert!(
+        err.contains("DPW_DATA_CACHE_MB is 0: no frame stays in memory")
+            && !err.contains("MiB of frames exceed"),
+        "{err}"
+    );
+}
+
+fn ok_env(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let out = dpw_env(dir, env, args);
+    assert!(
+        out.status.success(),
+        "dpw {args:?} with {env:?} failed:\n{}",
+        stderr(&out)
+    );
+    out
+}
+
+/// Issue 59, minor: a log file that takes no lines (a full disk: /dev/full) is an error, not a
+/// success with lines lost; a file that is not a log (/proc/version) is refused up front.
+#[cfg(target_os = "linux")]
+#[test]
+fn log_write_errors_are_errors() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(2, &[]));
+    let args = ["train", "input.json", "-l", "/dev/full", "--backend", "cpu"];
+    let err = failed(
+        dpw(d.path(), &args),
+        &args,
+        &["cannot write the log file /dev/full", "lacks lines"],
+    );
+    assert!(err.contains("trained 2 steps"), "{err}");
+    fails(
+        d.path(),
+        &["train", "input.json", "-l", "/proc/version"],
+        &["-l/--log-path /proc/version", "not a dpw log"],
+    );
+}
+
+/// Issue 59, minor: Ctrl-C before the first step (here while the run waits for its
+/// --init-model, a pipe no one writes) stops at once, says so, and leaves no lock file.
+#[cfg(unix)]
+#[test]
+fn interrupt_during_start_up_is_said() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(2, &[]));
+    let fifo = d.path().join("init.ckpt");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let log = d.path().join("stderr.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(d.path())
+        .env("RUST_LOG", "info")
+        .args(["train", "input.json", "--init-model", "init.ckpt"])
+        .args(["--backend", "cpu"])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let lock = d.path().join(".dpw-train.lock");
+    let t = std::time::Instant::now();
+    while !lock.exists() {
+        assert!(t.elapsed().as_secs() < 120, "the run never took its lock");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let s = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(s.success());
+    // Not a timing: a run that ignored the signal would wait for its pipe for ever.
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed().as_secs() > 120 {
+            child.kill().unwrap();
+            panic!("SIGINT did not stop the run");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.signal(), Some(2), "{err}");
+    assert!(
+        err.contains("SIGINT during start-up, before the first training step: stopping now"),
+        "{err}"
+    );
+    assert!(!lock.exists(), "{err}");
+}
+
+/// Issue 59, minors: a restart says what it does with a training.seed (the checkpoint's batch
+/// stream goes on) and with validation_data removed (no validation), without false warnings.
+#[test]
+fn restart_notes_say_what_happens() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(2, &[]);
+    input["training"]["validation_data"] = json!({
+        "systems": [water().join("data_3")], "batch_size": 1, "numb_btch": 1
+    });
+    write_input(d.path(), &input);
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    input["training"]["numb_steps"] = json!(3);
+    input["training"]["seed"] = json!(11);
+    input["training"]
+        .as_object_mut()
+        .unwrap()
+        .remove("validation_data");
+    write_input(d.path(), &input);
+    let args = [
+        "train",
+        "input.json",
+        "--restart",
+        "model.ckpt",
+        "--backend",
+        "cpu",
+    ];
+    let err = stderr(&ok(d.path(), &args));
+    assert!(
+        err.contains(
+            "training.seed 11 is not used: a restart continues the checkpoint's batch stream"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("no validation_data (the checkpoint's run had)")
+            && !err.contains("validation data differ"),
+        "{err}"
+    );
+}
+
+/// Issue 59, minors: messages that name what happened: a dangling `model.ckpt` link names its
+/// target; `dpw test -d` and `dpw convert` into a missing folder name the folder (before any
+/// evaluation, and with no temporary file that never was); one earlier checkpoint is one; the
+/// help names the descriptors dpw trains.
+#[test]
+fn messages_name_what_happened() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(1, &[]);
+    input["training"]["save_freq"] = json!(1);
+    write_input(d.path(), &input);
+    ok(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let err = stderr(&ok(d.path(), &["train", "input.json", "--backend", "cpu"]));
+    assert!(
+        err.contains("a numbered checkpoint of an earlier run is in")
+            && err.contains("model.ckpt-1): it is kept"),
+        "{err}"
+    );
+    let sys = water().join("data_0").display().to_string();
+    let err = fails(
+        d.path(),
+        &["test", "-m", "model.ckpt", "-s", &sys, "-d", "nodir/x"],
+        &["-d/--detail-file nodir/x: the folder nodir does not exist"],
+    );
+    assert!(!err.contains("temporary"), "{err}");
+    let err = fails(
+        d.path(),
+        &["convert", "model.ckpt", "nodir/x.yaml"],
+        &["cannot write nodir/x.yaml: the folder nodir does not exist"],
+    );
+    assert!(!err.contains("temporary"), "{err}");
+    #[cfg(unix)]
+    {
+        let link = d.path().join("gone/model.ckpt");
+        std::fs::create_dir(d.path().join("gone")).unwrap();
+        std::os::unix::fs::symlink("model.ckpt-9", &link).unwrap();
+        fails(
+            d.path(),
+            &["freeze", "-c", "gone"],
+            &["gone/model.ckpt is a link to gone/model.ckpt-9, which does not exist"],
+        );
+    }
+    for (args, names) in [
+        (&["--help"][..], "se_atten"),
+        (&["train", "--help"][..], "se_e3"),
+    ] {
+        let out = ok(d.path(), args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(names) && text.contains("hybrid"), "{text}");
+    }
+}
+
 /// An npy file of float16 values (exact small integers here) in `shape`.
 fn write_f16_npy(p: &Path, shape: &[usize], v: &[f64]) {
     let mut bytes = Vec::new();
@@ -1464,6 +1756,9 @@ fn out_of_memory_names_the_allocation() {
     write_input(d.path(), &input);
     let out = dpw_under(d.path(), &limit, &args);
     assert!(out.status.success(), "{}", stderr(&out));
+    // Issue 59, defect 10: the failure leaves the outputs of the run before as they were.
+    let outputs = ["lcurve.out", "out.json"].map(|f| d.path().join(f));
+    let before = outputs.each_ref().map(|p| std::fs::read(p).unwrap());
     // G, the embedding net's output: one frame's neighbour slots × m1 values.
     let m1 = 1 << 15;
     input["model"]["descriptor"]["neuron"] = json!([4, m1]);
@@ -1489,4 +1784,7 @@ fn out_of_memory_names_the_allocation() {
             "sel or neuron",
         ],
     );
+    for (p, b) in outputs.iter().zip(&before) {
+        assert_eq!(&std::fs::read(p).unwrap(), b, "{p:?} changed");
+    }
 }

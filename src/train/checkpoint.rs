@@ -183,7 +183,9 @@ impl Rotation {
             let dir = dir_of(save_ckpt).display();
             let (first, last) = (first.path.display(), last.path.display());
             let found = match earlier.len() {
-                1 => format!("a numbered checkpoint of an earlier run is in {dir} ({first}): it is"),
+                1 => {
+                    format!("a numbered checkpoint of an earlier run is in {dir} ({first}): it is")
+                }
                 n => format!(
                     "{n} numbered checkpoints of an earlier run are in {dir} ({first} to {last}): \
                      they are"
