@@ -15,6 +15,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
+use dpw::backend::Dims;
 use dpw::config::Config;
 use dpw::data::Disk;
 use dpw::train::outputs::{check_files, RunFile, RunFiles};
@@ -404,7 +405,7 @@ fn descriptor_sels_and_sizes_of_every_kind() {
                     .map_err(|e| format!("{e:#}"))?;
                     let model = &setup.model;
                     let dm = DeviceModel::<f64, _>::new(&b, model);
-                    let dims = model.spec.descriptor.dims(1, &[64, 128]);
+                    let dims = Dims::of_descriptor(&model.spec.descriptor, 1, &[64, 128]);
                     check_workspace(&b, &dm, &dims).map_err(|e| e.to_string())
                 }));
                 match outcome {
