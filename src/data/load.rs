@@ -24,4 +24,3 @@ pub fn load_system_in(
     check_frames(&sys)?;
     Ok(sys)
 }
-

@@ -254,7 +254,8 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
         for (s, m) in self.subs.iter_mut().zip(m) {
             b.gather(dbar, &mut s.dbar, &s.split);
             b.gather(ddotbar, &mut s.ddotbar, &s.split);
-            s.desc.dual(b, m, grad, &s.dims, &s.env, (&s.dbar, &s.ddotbar));
+            s.desc
+                .dual(b, m, grad, &s.dims, &s.env, (&s.dbar, &s.ddotbar));
         }
     }
 }
