@@ -71,3 +71,11 @@ pub fn try_filled<T: Clone>(
     v.resize(n, x);
     Ok(v)
 }
+
+/// Checks that `bytes` more can be allocated now, for buffers that are then made one at a time
+/// without a way to fail: where the room is missing (a small machine, a `ulimit -v`), this
+/// error instead of an abort halfway. The room is reserved and given back at once, so nothing
+/// stays allocated (and, under overcommit, nothing is touched).
+pub fn check_room(bytes: usize, what: impl FnOnce() -> String) -> Result<(), OutOfMemory> {
+    try_with_capacity::<u8>(bytes, what).map(drop)
+}

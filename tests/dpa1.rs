@@ -377,6 +377,93 @@ fn dpw_test_runs_a_deepmd_kit_model() {
     );
 }
 
+/// Issue 59, defect 2: a fitting's `atom_ener` (here `[1.0, 2.0, 3.0]` in the se_atten alloy
+/// model) takes the net's output on an all-zero descriptor off every atom's energy, as
+/// DeePMD-kit's dpmodel does; `dp test` of DeePMD-kit 3.2.0 on this frame gives 32.5311425 eV
+/// (dpw gave 219.8177293 before, ignoring the key). Training from such a model (`-t`,
+/// `--init-model`) is refused, naming the key; `dpw convert` writes the same energies without it.
+#[test]
+fn atom_ener_of_a_yaml_model_is_deepmd_kits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(case_dir("se_atten_l2_alloy").join("model.yaml")).unwrap();
+    let from = "\n    atom_ener: null\n";
+    assert!(text.contains(from), "the fixture lost its atom_ener key");
+    let yaml = tmp.path().join("atom_ener.yaml");
+    std::fs::write(
+        &yaml,
+        text.replacen(from, "\n    atom_ener: [1.0, 2.0, 3.0]\n", 1),
+    )
+    .unwrap();
+    let dpw = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
+            .args(args)
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.contains("panicked"), "{err}");
+        (out.status.code(), err)
+    };
+    let system = repo("examples/alloy/data/train/Cu36Ni36Al36");
+    let energy = |model: &str| {
+        let (code, err) = dpw(&[
+            "test",
+            "-m",
+            model,
+            "-s",
+            system.to_str().unwrap(),
+            "-n",
+            "1",
+            "-d",
+            "out",
+            "--backend",
+            "cpu",
+        ]);
+        assert_eq!(code, Some(0), "{err}");
+        let e = std::fs::read_to_string(tmp.path().join("out.e.out")).unwrap();
+        let last = e.lines().last().unwrap().split_whitespace().nth(1).unwrap();
+        last.parse::<f64>().unwrap()
+    };
+    let e = energy("atom_ener.yaml");
+    assert!((e - 32.5311425).abs() < 1e-6, "{e}");
+
+    // The same model with its vacuum energies in the bias, as a plain model.
+    let (code, err) = dpw(&["convert", "atom_ener.yaml", "folded.yaml"]);
+    assert_eq!(code, Some(0), "{err}");
+    let folded = std::fs::read_to_string(tmp.path().join("folded.yaml")).unwrap();
+    assert!(folded.contains("atom_ener: []"), "{folded}");
+    assert!((energy("folded.yaml") - 32.5311425).abs() < 1e-6);
+
+    let mut input: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo("examples/alloy/input_se_atten_v2.json")).unwrap(),
+    )
+    .unwrap();
+    input["training"]["training_data"]["systems"] = serde_json::json!([system]);
+    input["training"]
+        .as_object_mut()
+        .unwrap()
+        .remove("validation_data");
+    std::fs::write(tmp.path().join("input.json"), input.to_string()).unwrap();
+    for flag in ["-t", "--init-model"] {
+        let (code, err) = dpw(&[
+            "train",
+            "input.json",
+            flag,
+            "atom_ener.yaml",
+            "--backend",
+            "cpu",
+        ]);
+        assert_eq!(code, Some(1), "{flag}: {err}");
+        assert!(
+            err.contains(
+                "atom_ener.yaml: model.fitting.atom_ener is [1, 2, 3]: dpw evaluates \
+                          such a model, but cannot train from it"
+            ),
+            "{flag}: {err}"
+        );
+    }
+}
+
 /// DeePMD-kit 3.2.0 itself reads the `.yaml` dpw writes for each case and predicts what it
 /// predicts from its own file (energy, forces, virial on the eval frames). Needs a Python with
 /// deepmd-kit: `DPW_DEEPMD_PYTHON=/path/to/python`. Without it the test is a visible skip, or a

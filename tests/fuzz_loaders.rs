@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 
 use dpw::config::{Config, Precision};
 use dpw::data::{load_system_in, MemFiles, Sampler};
-use dpw::model::file::{model_from_container, read_container, save_model};
+use dpw::model::file::{model_from_container, read_container, save_model, write_container};
 use dpw::model::{
     read_deepmd_yaml, write_deepmd_yaml, DescriptorSpec, FittingSpec, Model, ModelSpec,
 };
@@ -303,4 +303,153 @@ fn fuzz_dpw_model_and_checkpoint() {
         }
     }
     assert!(all.is_empty(), "crashes (file, resealed, seed): {all:?}");
+}
+
+/// A checkpoint of `model`, its sampler part way through an epoch of two systems.
+fn checkpoint_of(model: Model) -> Checkpoint {
+    let np = model.params.len();
+    let mut sampler = Sampler::new(&[3, 2], &[1, 2], vec![0.5, 0.5], 5);
+    for _ in 0..3 {
+        sampler.next_batch();
+    }
+    Checkpoint {
+        model,
+        precision: Precision::F64,
+        step: 7,
+        lr: 1e-3,
+        adam_m: vec![0.1; np],
+        adam_v: vec![0.2; np],
+        sampler,
+        valid_sampler: None,
+        train_shape: DataShape {
+            nframes: vec![3, 2],
+            batch_sizes: vec![1, 2],
+            probs: vec![0.5, 0.5],
+        },
+        valid_shape: None,
+        disp_acc: [0.0; 5],
+    }
+}
+
+/// A model of each descriptor kind: se_e2_a's [`small_model`], the others DeePMD-kit's
+/// reference models.
+fn models_of_each_kind() -> Vec<(&'static str, Model)> {
+    let reference = |case: &str| {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/reference")
+            .join(case)
+            .join("model.yaml");
+        read_deepmd_yaml(&p).unwrap()
+    };
+    vec![
+        ("se_e2_a", small_model()),
+        ("se_e2_r", reference("descriptors/se_e2_r_water")),
+        ("se_e3", reference("descriptors/se_e3_water")),
+        ("hybrid", reference("descriptors/hybrid_water")),
+        ("se_atten", reference("dpa1/se_atten_l0_water")),
+        ("se_atten_v2", reference("dpa1/se_atten_v2_alloy")),
+    ]
+}
+
+/// Issue 59, defect 6: a checkpoint whose checksum is right (or an older one without any) but
+/// whose state no run reaches is refused on load, naming the file and the field, for every
+/// descriptor kind; a restart panicked in the sampler (`next` past the frames) or in the batch
+/// thread (an `order` entry out of range).
+#[test]
+fn crafted_checkpoint_states_are_refused() {
+    type Edit = fn(&mut serde_json::Value, &mut [(String, Vec<f64>)]);
+    let edits: [(&str, Edit); 11] = [
+        (
+            "sampler: systems[0].next is 4, past the system's 3 frames",
+            |h, _| h["sampler"]["systems"][0]["next"] = 4.into(),
+        ),
+        (
+            "sampler: systems[1].order is not an order of the system's 2 frames",
+            |h, _| h["sampler"]["systems"][1]["order"][0] = 9.into(),
+        ),
+        ("sampler: systems[1].order is not an order", |h, _| {
+            h["sampler"]["systems"][1]["order"] = serde_json::json!([1, 1])
+        }),
+        ("sampler: systems[0].batch_size is 0, not 1", |h, _| {
+            h["sampler"]["systems"][0]["batch_size"] = 0.into()
+        }),
+        ("sampler: cumulative probabilities [0.5]", |h, _| {
+            h["sampler"]["cumulative"] = serde_json::json!([0.5])
+        }),
+        ("sampler: 1 systems for 2", |h, _| {
+            h["sampler"]["systems"].as_array_mut().unwrap().pop();
+        }),
+        (
+            "sampler: frame counts [0, 2] and batch sizes [1, 2] must be positive",
+            |h, _| h["train_shape"]["nframes"] = serde_json::json!([0, 2]),
+        ),
+        ("lr is NaN", |h, _| h["lr"] = serde_json::Value::Null),
+        ("valid_sampler without its data shape", |h, _| {
+            h["valid_sampler"] = h["sampler"].clone()
+        }),
+        ("adam_v[2] is -1", |_, a| {
+            a.iter_mut().find(|(n, _)| n == "adam_v").unwrap().1[2] = -1.0
+        }),
+        ("disp_acc[0], a count of steps, is 0.5", |_, a| {
+            a.iter_mut().find(|(n, _)| n == "disp_acc").unwrap().1[0] = 0.5
+        }),
+    ];
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("model.ckpt-7");
+    for (kind, model) in models_of_each_kind() {
+        checkpoint_of(model).write(&path).unwrap();
+        Checkpoint::read(&path).unwrap_or_else(|e| panic!("{kind}: {e:#}"));
+        let c = read_container(&path).unwrap();
+        for (want, edit) in &edits {
+            let (mut header, mut arrays) = (c.header.clone(), c.arrays.clone());
+            edit(&mut header, &mut arrays[..]);
+            let named: Vec<(&str, &[f64])> = (arrays.iter())
+                .map(|(n, a)| (n.as_str(), a.as_slice()))
+                .collect();
+            write_container(&path, &header, &named).unwrap();
+            for legacy in [false, true] {
+                if legacy {
+                    // dpw's files before the checksum: DPWFILE1, no CRC trailer.
+                    let mut b = std::fs::read(&path).unwrap();
+                    b[..8].copy_from_slice(b"DPWFILE1");
+                    b.truncate(b.len() - 4);
+                    std::fs::write(&path, b).unwrap();
+                }
+                let e = format!("{:#}", Checkpoint::read(&path).unwrap_err());
+                assert!(
+                    e.contains(&format!("{}: impossible training state", path.display()))
+                        && e.contains(want),
+                    "{kind} (legacy {legacy}): {want:?} not in {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Mutation fuzzing of a checkpoint of each descriptor kind, resealed so that the mutations
+/// reach the state behind the checksum: every checkpoint that loads must also run, its batch
+/// stream handing out frames of its systems only.
+#[test]
+fn fuzz_checkpoints_of_each_kind() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("model.ckpt-7");
+    let case = d.path().join("case");
+    let mut all = Vec::new();
+    for (kind, model) in models_of_each_kind() {
+        checkpoint_of(model).write(&path).unwrap();
+        let original = std::fs::read(&path).unwrap();
+        let (_, crashes) = campaign(&format!("checkpoint {kind}"), &original, true, |b| {
+            std::fs::write(&case, resealed(b)).unwrap();
+            if let Ok(ck) = Checkpoint::read(&case) {
+                let mut s = ck.sampler.clone();
+                for _ in 0..8 {
+                    let (sys, frames) = s.next_batch();
+                    let nf = ck.train_shape.nframes[sys];
+                    assert!(frames.iter().all(|&f| f < nf), "{frames:?} of {nf}");
+                }
+            }
+        });
+        all.extend(crashes.into_iter().map(|s| (kind, s)));
+    }
+    assert!(all.is_empty(), "crashes (kind, seed): {all:?}");
 }

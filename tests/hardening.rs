@@ -1788,3 +1788,89 @@ fn out_of_memory_names_the_allocation() {
         assert_eq!(&std::fs::read(p).unwrap(), b, "{p:?} changed");
     }
 }
+
+/// Issue 59, defect 9: a model that does not fit input.json is described in input.json's
+/// names and values, and named for what it is: a descriptor of another type by the two types
+/// alone, a `-t` model as such (not "the --init-model file … in the checkpoint"), and no key
+/// input.json does not have (`kind`, se_e2_r's `axis_neuron`).
+#[test]
+fn model_mismatch_says_what_differs_in_input_json_terms() {
+    let d = tempfile::tempdir().unwrap();
+    write_input(d.path(), &tiny_input(1, &[]));
+    let se_atten = common::repo("tests/reference/dpa1/se_atten_l0_water/model.yaml");
+    let y = se_atten.display().to_string();
+    let err = fails(
+        d.path(),
+        &["train", "input.json", "-t", &y, "--backend", "cpu"],
+        &[
+            "the model of the -t/--init-frz-model model does not match input.json's: \
+           model.descriptor.type: \"se_e2_a\" in input.json, \"se_atten\" in the \
+           -t/--init-frz-model model",
+        ],
+    );
+    assert!(
+        !err.contains("checkpoint") && !err.contains("descriptor.neuron"),
+        "{err}"
+    );
+    fails(
+        d.path(),
+        &[
+            "train",
+            "input.json",
+            "--init-model",
+            &y,
+            "--backend",
+            "cpu",
+        ],
+        &[&format!(
+            "model.descriptor.type: \"se_e2_a\" in input.json, \"se_atten\" in the \
+             --init-model file {y}"
+        )],
+    );
+
+    // se_e2_r against an se_e2_a model, then against an se_e2_r one of other widths.
+    let mut input = tiny_input(1, &[]);
+    input["model"]["descriptor"] = json!({"type": "se_e2_r", "sel": [46, 92], "rcut": 6.0,
+        "rcut_smth": 0.5, "neuron": [4, 8], "type_one_side": true, "seed": 1});
+    write_input(d.path(), &input);
+    let model_a = common::model_a_dir().join("model.yaml");
+    let err = fails(
+        d.path(),
+        &["train", "input.json", "-t", &model_a.display().to_string()],
+        &["model.descriptor.type: \"se_e2_r\" in input.json, \"se_e2_a\" in the -t"],
+    );
+    assert!(
+        !err.contains("axis_neuron") && !err.contains("kind") && !err.contains("null"),
+        "{err}"
+    );
+    let se_e2_r = common::repo("tests/reference/descriptors/se_e2_r_water/model.yaml");
+    let err = fails(
+        d.path(),
+        &["train", "input.json", "-t", &se_e2_r.display().to_string()],
+        &["model.descriptor.neuron: [4,8] in input.json, [4,8,16] in the -t/--init-frz-model model"],
+    );
+    assert!(
+        !err.contains("axis_neuron") && !err.contains("kind"),
+        "{err}"
+    );
+}
+
+/// Issue 59 (minor): parameter-sized vectors that do not fit (here under a `ulimit -v`) are an
+/// error naming them, not an abort ("memory allocation of N bytes failed", exit 134).
+#[test]
+fn parameters_beyond_memory_are_an_error() {
+    // Room for start-up and the model itself (19 M parameters, 152 MB), not for the ten copies
+    // a run keeps at its peak.
+    const LIMIT: usize = 1 << 30;
+    let d = tempfile::tempdir().unwrap();
+    let args = ["train", "input.json", "--backend", "cpu"];
+    let mut input = tiny_input(1, &[]);
+    input["model"]["fitting_net"]["neuron"] = json!([3072, 3072]);
+    write_input(d.path(), &input);
+    let out = dpw_under(d.path(), &format!("-v {}", LIMIT >> 10), &args);
+    failed(
+        out,
+        &args,
+        &["out of memory", "parameters", "fitting_net neuron"],
+    );
+}

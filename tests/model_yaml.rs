@@ -617,3 +617,173 @@ fn dpa1_unequal_statistics_rows_are_refused() {
         "{e}"
     );
 }
+
+/// `path` read from `text` written to a temporary `.yaml`: the model or the error in full.
+fn read_text(text: &str) -> Result<Model, String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("m.yaml");
+    std::fs::write(&p, text).unwrap();
+    read_deepmd_yaml(&p).map_err(|e| format!("{e:#}"))
+}
+
+/// Issue 59 (minor): what DeePMD-kit 3.2.0's deserialisers refuse, dpw refuses: an unknown key
+/// in any node it reads (a constructor's TypeError there), a format `@version` beyond the one
+/// DeePMD-kit reads, `tot_ener_zero: true` (NotImplementedError), and a fitting or descriptor
+/// whose own type_map is not the model's.
+#[test]
+fn yaml_models_deepmd_kit_refuses_are_refused() {
+    let m = Model::new(two_sided_spec(), 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("good.yaml");
+    write_deepmd_yaml(&m, &p).unwrap();
+    let good: Value = parse(&p);
+    assert_same(
+        &read_text(&serde_yaml_ng::to_string(&good).unwrap()).unwrap(),
+        &m,
+    );
+    let edited = |path: &[&str], key: &str, v: Value| {
+        let mut tree = good.clone();
+        let mut node = &mut tree;
+        for k in path {
+            node = match k.parse::<usize>() {
+                Ok(i) => &mut node[i],
+                Err(_) => &mut node[*k],
+            };
+        }
+        node.as_mapping_mut().unwrap().insert(Value::from(key), v);
+        read_text(&serde_yaml_ng::to_string(&tree).unwrap()).unwrap_err()
+    };
+    let fitting_layer = ["model", "fitting", "nets", "networks", "0", "layers", "1"];
+    for (path, what) in [
+        (&["model"][..], "model"),
+        (&["model", "descriptor"][..], "model.descriptor"),
+        (&["model", "fitting"][..], "model.fitting"),
+        (
+            &["model", "fitting", "@variables"][..],
+            "model.fitting.@variables",
+        ),
+        (
+            &["model", "descriptor", "embeddings"][..],
+            "model.descriptor.embeddings",
+        ),
+        (
+            &fitting_layer[..],
+            "model.fitting.nets.networks[0].layers[1]",
+        ),
+    ] {
+        let e = edited(path, "frobnicate", Value::from(1));
+        assert!(
+            e.contains(&format!("{what}: unknown key frobnicate")),
+            "{what}: {e}"
+        );
+        let e = edited(path, "@version", Value::from(99));
+        let refused = e.contains(&format!("{what}.@version: version 99 is not supported"));
+        // @variables has no version of its own; its unknown key is enough there.
+        assert!(refused || what.ends_with("@variables"), "{what}: {e}");
+    }
+    let e = edited(&["model", "fitting"], "tot_ener_zero", Value::from(true));
+    assert!(
+        e.contains("model.fitting.tot_ener_zero: unsupported value true"),
+        "{e}"
+    );
+    let other_map: Value = serde_yaml_ng::from_str("[H, O, 'No']").unwrap();
+    for what in ["fitting", "descriptor"] {
+        let e = edited(&["model", what], "type_map", other_map.clone());
+        assert!(
+            e.contains(&format!("model.{what}.type_map: [\"H\", \"O\", \"No\"] differs from the model's type_map [\"O\", \"H\", \"No\"]")),
+            "{e}"
+        );
+    }
+    // The model's own version is required to be 2, as DeePMD-kit's DPAtomicModel requires it.
+    let mut tree = good.clone();
+    tree["model"].as_mapping_mut().unwrap().remove("@version");
+    let e = read_text(&serde_yaml_ng::to_string(&tree).unwrap()).unwrap_err();
+    assert!(
+        e.contains("model.@version: version 1 is not supported"),
+        "{e}"
+    );
+}
+
+/// Issue 59 (minor): a UTF-8 byte-order mark is read past (PyYAML does); a file cut short is
+/// said to be truncated, with its last line; a training input in YAML is named as such.
+#[test]
+fn yaml_bom_truncation_and_training_inputs() {
+    let m = Model::new(two_sided_spec(), 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("good.yaml");
+    write_deepmd_yaml(&m, &p).unwrap();
+    let good = std::fs::read_to_string(&p).unwrap();
+    assert_same(&read_text(&format!("\u{feff}{good}")).unwrap(), &m);
+
+    // Cut at a line end inside the fitting (valid YAML, keys lost) and inside a line.
+    let at = good.find("  fitting:\n").unwrap() + 400;
+    let line_end = at + good[at..].find('\n').unwrap() + 1;
+    for cut in [line_end, at] {
+        let lines = good[..cut].lines().count();
+        let e = read_text(&good[..cut]).unwrap_err();
+        assert!(
+            e.contains(&format!(
+                "the file is truncated or incomplete: it ends at line {lines}"
+            )),
+            "{e}"
+        );
+    }
+
+    let input = common::tiny_water_input(serde_json::json!(["data"]), 1);
+    let e = read_text(&serde_yaml_ng::to_string(&input).unwrap()).unwrap_err();
+    assert!(
+        e.contains("is a training input (it has `training`), not a model"),
+        "{e}"
+    );
+}
+
+/// Issue 59, defect 9: models that differ in their descriptor type differ by that, said once,
+/// whatever their other keys (an se_e2_a input against an se_atten checkpoint whose other keys
+/// agreed gave an empty list); keys no input.json sets still give a non-empty one.
+#[test]
+fn model_differences_name_the_descriptor_type() {
+    let mut mine = two_sided_spec();
+    mine.type_map.truncate(1);
+    mine.descriptor.sel = vec![22];
+    let mut theirs = mine.clone();
+    theirs.descriptor.kind = DescriptorType::SeAtten;
+    theirs.descriptor.attention = Some(dpw::model::AttentionConfig {
+        tebd_dim: 8,
+        tebd_input_mode: dpw::model::TebdInputMode::Concat,
+        attn: 16,
+        attn_layer: 0,
+        attn_dotr: true,
+        scaling_factor: 1.0,
+        normalize: true,
+        temperature: None,
+        trainable_ln: true,
+        ln_eps: 1e-5,
+        smooth_type_embedding: false,
+        concat_output_tebd: true,
+        use_tebd_bias: false,
+    });
+    assert_eq!(
+        mine.differences(&theirs, "input.json", "the --restart checkpoint"),
+        [
+            "model.descriptor.type: \"se_e2_a\" in input.json, \"se_atten\" in the --restart \
+          checkpoint"
+        ]
+    );
+    let mut r = mine.clone();
+    r.descriptor.kind = DescriptorType::SeE2R;
+    r.descriptor.axis_neuron = 1;
+    let mut r2 = r.clone();
+    r2.descriptor.neuron = vec![4, 8];
+    assert_eq!(
+        r.differences(&r2, "input.json", "m.yaml"),
+        ["model.descriptor.neuron: [4,8,16] in input.json, [4,8] in m.yaml"]
+    );
+    // se_e2_r's axis_neuron is no key of input.json: a crafted difference there is still shown.
+    r2.descriptor = r.descriptor.clone();
+    r2.descriptor.axis_neuron = 2;
+    let d = r.differences(&r2, "input.json", "m.yaml");
+    assert!(
+        d.len() == 1 && d[0].starts_with("keys that input.json does not set"),
+        "{d:?}"
+    );
+}

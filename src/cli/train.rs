@@ -168,7 +168,7 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
             }
             (None, Some(p), None) => Start::InitModel(p),
             (None, None, Some(t)) => {
-                let m = super::load_model(&t)?;
+                let m = crate::model::read_model_to_train(&t)?;
                 tracing::info!(
                     "initial parameters and statistics from the frozen model {}",
                     t.display()

@@ -305,6 +305,74 @@ impl Sampler {
         (sys, frames)
     }
 
+    /// Whether this state is one a sampler of `nframes`, `batch_sizes` and `probs` can reach
+    /// (a restored checkpoint's, which [`Sampler::next_batches`] indexes by): the problem
+    /// found, in words.
+    pub fn check(
+        &self,
+        nframes: &[usize],
+        batch_sizes: &[usize],
+        probs: &[f64],
+    ) -> Result<(), String> {
+        let nsys = nframes.len();
+        if batch_sizes.len() != nsys || probs.len() != nsys {
+            return Err(format!(
+                "{nsys} systems, {} batch sizes, {} probabilities",
+                batch_sizes.len(),
+                probs.len()
+            ));
+        }
+        if nframes.contains(&0) || batch_sizes.contains(&0) {
+            return Err(format!(
+                "frame counts {nframes:?} and batch sizes {batch_sizes:?} must be positive"
+            ));
+        }
+        if !(probs.iter().all(|p| p.is_finite() && *p >= 0.0) && probs.iter().sum::<f64>() > 0.0) {
+            return Err(format!("invalid system probabilities {probs:?}"));
+        }
+        let cumulative: Vec<f64> = (probs.iter())
+            .scan(0.0, |acc, p| {
+                *acc += p;
+                Some(*acc)
+            })
+            .collect();
+        if self.cumulative != cumulative {
+            return Err(format!(
+                "cumulative probabilities {:?}, not the running sums of {probs:?}",
+                self.cumulative
+            ));
+        }
+        if self.systems.len() != nsys {
+            return Err(format!("{} systems for {nsys}", self.systems.len()));
+        }
+        for (i, (e, (&nf, &bs))) in (self.systems.iter())
+            .zip(nframes.iter().zip(batch_sizes))
+            .enumerate()
+        {
+            if e.batch_size != bs {
+                return Err(format!(
+                    "systems[{i}].batch_size is {}, not {bs}",
+                    e.batch_size
+                ));
+            }
+            let mut seen = vec![false; nf];
+            let permutation = e.order.len() == nf
+                && (e.order.iter()).all(|&f| f < nf && !std::mem::replace(&mut seen[f], true));
+            if !permutation {
+                return Err(format!(
+                    "systems[{i}].order is not an order of the system's {nf} frames"
+                ));
+            }
+            if e.next > nf {
+                return Err(format!(
+                    "systems[{i}].next is {}, past the system's {nf} frames",
+                    e.next
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn draw_system(&mut self) -> usize {
         let total = *self.cumulative.last().expect("at least one system");
         let u = self.rng.random::<f64>() * total;

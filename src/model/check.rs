@@ -3,6 +3,7 @@
 //! instead of training or predicting garbage. Keys are named as in input.json and the yaml.
 
 use anyhow::{bail, ensure, Result};
+use serde_json::{json, Value};
 
 use super::{DescriptorSpec, DescriptorType, Model, ModelSpec};
 
@@ -271,4 +272,135 @@ impl Model {
         }
         Ok(())
     }
+}
+
+impl ModelSpec {
+    /// How `other` differs from this model, key by key in input.json's names and values
+    /// (`model.descriptor.type: "se_e2_a" in input.json, "se_atten" in …`), for the error of a
+    /// run that starts from a model of another shape. `mine` and `theirs` name the two sources.
+    /// Where descriptor types differ, only that is said (their other keys are not comparable).
+    /// Never empty when the two differ.
+    pub fn differences(&self, other: &ModelSpec, mine: &str, theirs: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut push = |key: &str, a: Option<Value>, b: Option<Value>| {
+            if a != b {
+                let show = |v: Option<Value>| v.map_or("absent".into(), |v| v.to_string());
+                out.push(format!(
+                    "{key}: {} in {mine}, {} in {theirs}",
+                    show(a),
+                    show(b)
+                ));
+            }
+        };
+        push(
+            "model.type_map",
+            Some(json!(self.type_map)),
+            Some(json!(other.type_map)),
+        );
+        descriptor_differences(
+            &self.descriptor,
+            &other.descriptor,
+            "model.descriptor",
+            &mut push,
+        );
+        for (key, a, b) in [
+            (
+                "neuron",
+                json!(self.fitting.neuron),
+                json!(other.fitting.neuron),
+            ),
+            (
+                "resnet_dt",
+                json!(self.fitting.resnet_dt),
+                json!(other.fitting.resnet_dt),
+            ),
+        ] {
+            push(&format!("model.fitting_net.{key}"), Some(a), Some(b));
+        }
+        if out.is_empty() && self != other {
+            // Keys no input.json sets (a crafted file's): say so rather than list nothing.
+            out.push(format!(
+                "keys that input.json does not set: {} in {mine}, {} in {theirs}",
+                json!(self),
+                json!(other)
+            ));
+        }
+        out
+    }
+}
+
+/// The differences of two descriptors under `key`, to `push(key, mine, theirs)`.
+fn descriptor_differences(
+    a: &DescriptorSpec,
+    b: &DescriptorSpec,
+    key: &str,
+    push: &mut impl FnMut(&str, Option<Value>, Option<Value>),
+) {
+    if a.kind != b.kind {
+        let kind = |d: &DescriptorSpec| Some(json!(d.kind.as_str()));
+        push(&format!("{key}.type"), kind(a), kind(b));
+        return;
+    }
+    if a.kind == DescriptorType::Hybrid {
+        // A hybrid's own keys are its list's.
+        for k in 0..a.list.len().max(b.list.len()) {
+            let item = format!("{key}.list[{k}]");
+            match (a.list.get(k), b.list.get(k)) {
+                (Some(x), Some(y)) => descriptor_differences(x, y, &item, push),
+                (x, y) => push(
+                    &item,
+                    x.map(|d| json!(d.kind.as_str())),
+                    y.map(|d| json!(d.kind.as_str())),
+                ),
+            }
+        }
+        return;
+    }
+    let (ka, kb) = (input_keys(a), input_keys(b));
+    let mut names: Vec<&String> = ka.keys().chain(kb.keys()).collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        push(
+            &format!("{key}.{name}"),
+            ka.get(name).cloned(),
+            kb.get(name).cloned(),
+        );
+    }
+}
+
+/// A descriptor's keys (not a hybrid's) as input.json gives them: only those of its type, and
+/// DPA-1's sel as the one number it is (the sum of a list).
+fn input_keys(d: &DescriptorSpec) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    let sel = match d.is_mixed() {
+        true => json!(d.nnei()),
+        false => json!(d.sel),
+    };
+    for (k, v) in [
+        ("rcut", json!(d.rcut)),
+        ("rcut_smth", json!(d.rcut_smth)),
+        ("sel", sel),
+        ("neuron", json!(d.neuron)),
+        ("resnet_dt", json!(d.resnet_dt)),
+        ("env_protection", json!(d.env_protection)),
+        ("set_davg_zero", json!(d.set_davg_zero)),
+    ] {
+        m.insert(k.into(), v);
+    }
+    if matches!(d.kind, DescriptorType::SeE2A) || d.is_mixed() {
+        m.insert("axis_neuron".into(), json!(d.axis_neuron));
+    }
+    if d.kind != DescriptorType::SeE3 {
+        m.insert("type_one_side".into(), json!(d.type_one_side));
+    }
+    if let Some(Value::Object(a)) = d.attn().map(|a| json!(a)) {
+        m.extend(a);
+        if d.kind == DescriptorType::SeAttenV2 {
+            // Fixed for se_atten_v2: input.json has neither key.
+            m.remove("tebd_input_mode");
+            m.remove("smooth_type_embedding");
+        }
+    }
+    m
 }

@@ -14,7 +14,7 @@ pub use layout::{
     embed_net_index, pair_types, AttnLayerLayout, AttnLayout, Layer, Net, ParamLayout, Skip,
     TebdLayout, TensorInfo,
 };
-pub use source::read_model;
+pub use source::{read_model, read_model_to_train};
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};

@@ -6,19 +6,51 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use super::file::{is_container, model_from_container, read_container};
-use super::{read_deepmd_yaml, Model};
+use super::yaml::{read_yaml_model, YamlModel};
+use super::Model;
 
 pub fn read_model(path: &Path) -> Result<Model> {
+    Ok(read_any(path)?.model)
+}
+
+/// A model to start training from (`--init-model`, `--init-frz-model`): [`read_model`], but a
+/// `.yaml` model whose fitting has `atom_ener` is refused. DeePMD-kit takes the fitting net's
+/// output on an all-zero descriptor off those atoms' energies at every step, a term that moves
+/// with the net; dpw takes it off the bias once, which is exact only for a net that stays.
+pub fn read_model_to_train(path: &Path) -> Result<Model> {
+    let YamlModel { model, atom_ener } = read_any(path)?;
+    if let Some(ae) = atom_ener {
+        let ae: Vec<String> = (ae.iter())
+            .map(|e| e.map_or("null".into(), |x| x.to_string()))
+            .collect();
+        bail!(
+            "{}: model.fitting.atom_ener is [{}]: dpw evaluates such a model, but cannot train \
+             from it (training with atom_ener is not supported, as in input.json); `dpw convert \
+             {} OUT.yaml` writes the same model with the vacuum energies in its bias and no \
+             atom_ener, which trains",
+            path.display(),
+            ae.join(", "),
+            path.display()
+        );
+    }
+    Ok(model)
+}
+
+fn read_any(path: &Path) -> Result<YamlModel> {
     if !path.exists() {
         bail!("model file {} does not exist", path.display());
     }
     if is_container(path) {
-        return model_from_container(&read_container(path)?)
-            .with_context(|| format!("reading {}", path.display()));
+        let model = model_from_container(&read_container(path)?)
+            .with_context(|| format!("reading {}", path.display()))?;
+        return Ok(YamlModel {
+            model,
+            atom_ener: None,
+        });
     }
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     if ext == "yaml" || ext == "yml" {
-        return read_deepmd_yaml(path);
+        return read_yaml_model(path);
     }
     bail!(
         "{}: not a model file dpw can read (a DeePMD-kit .yaml model, or a dpw model or checkpoint)",

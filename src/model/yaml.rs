@@ -12,6 +12,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
+use std::ops::RangeInclusive;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -26,10 +27,63 @@ use super::{
 /// (`se_r`), `se_e3`, `hybrid`, `dpa1` (se_atten) or `se_atten_v2` descriptor and an `ener`
 /// fitting, without exclusions or frame/atom parameters.
 pub fn read_deepmd_yaml(path: &Path) -> Result<Model> {
+    Ok(read_yaml_model(path)?.model)
+}
+
+/// A `.yaml` model and what of its file dpw evaluates but cannot train on.
+pub struct YamlModel {
+    pub model: Model,
+    /// The fitting's `atom_ener` where it names an energy for some type: DeePMD-kit subtracts
+    /// the fitting net's output on an all-zero descriptor from those types' atomic energies.
+    /// For a fixed net that is a constant per type, taken off `model.bias` here (the same
+    /// energies and forces); in training it moves with the net, which dpw does not model.
+    pub atom_ener: Option<Vec<Option<f64>>>,
+}
+
+/// [`read_deepmd_yaml`], with what the file holds beyond the model dpw trains.
+pub fn read_yaml_model(path: &Path) -> Result<YamlModel> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let root: Value = serde_yaml_ng::from_str(&text)
+    // PyYAML skips a UTF-8 byte-order mark; serde_yaml_ng would read a second document in it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let root: Value = serde_yaml_ng::from_str(text)
+        .map_err(|e| incomplete(text, anyhow!(e)))
         .with_context(|| format!("{}: not valid YAML", path.display()))?;
-    model_from_tree(&root).with_context(|| format!("reading DeePMD-kit model {}", path.display()))
+    if let Some(key) = training_input_key(&root) {
+        bail!(
+            "{} is a training input (it has `{key}`), not a model: a DeePMD-kit .yaml model is \
+             what `dp convert-backend` or `dpw freeze -o model.yaml` writes; train this input \
+             with `dpw train`",
+            path.display()
+        );
+    }
+    model_from_tree(&root)
+        .map_err(|e| incomplete(text, e))
+        .with_context(|| format!("reading DeePMD-kit model {}", path.display()))
+}
+
+/// `e`, said to come from a truncated file where `text` lacks the `version` line DeePMD-kit
+/// (and dpw) write last: a file cut short is still valid YAML more often than not, and would
+/// otherwise be reported by the first key it lost.
+fn incomplete(text: &str, e: anyhow::Error) -> anyhow::Error {
+    if text.lines().any(|l| l.starts_with("version:")) {
+        return e;
+    }
+    e.context(format!(
+        "the file is truncated or incomplete: it ends at line {} without the `version` key \
+         DeePMD-kit writes last",
+        text.lines().count()
+    ))
+}
+
+/// The key that makes `root` a training input (input.json's keys, here in YAML) rather than
+/// a model.
+fn training_input_key(root: &Value) -> Option<&'static str> {
+    if root.get("training").is_some() {
+        return Some("training");
+    }
+    let model = root.get("model")?;
+    (model.get("@class").is_none() && model.get("fitting_net").is_some())
+        .then_some("model.fitting_net")
 }
 
 /// Writes `model` as DeePMD-kit 3.2.0 would (`dp convert-backend x.pth out.yaml`). Atomic: the
@@ -112,11 +166,13 @@ impl<'a> At<'a> {
     fn f64(&self) -> Result<f64> {
         self.v.as_f64().map_or_else(|| self.fail("a number"), Ok)
     }
+    fn u64(&self) -> Result<u64> {
+        self.v
+            .as_u64()
+            .map_or_else(|| self.fail("a non-negative integer"), Ok)
+    }
     fn usize(&self) -> Result<usize> {
-        match self.v.as_u64() {
-            Some(n) => Ok(n as usize),
-            None => self.fail("a non-negative integer"),
-        }
+        self.u64().map(|n| n as usize)
     }
     fn usizes(&self) -> Result<Vec<usize>> {
         self.seq()?.iter().map(At::usize).collect()
@@ -153,6 +209,46 @@ impl<'a> At<'a> {
             at.path,
             brief(at.v)
         );
+        Ok(())
+    }
+
+    /// DeePMD-kit's `check_version_compatibility(data.pop("@version", default), max, min)`:
+    /// a file of a later format is refused rather than read as if it were this one.
+    fn version(&self, versions: RangeInclusive<u64>, default: Option<u64>) -> Result<()> {
+        let found = self.v.as_mapping().and_then(|m| m.get("@version"));
+        let v = match (found, default) {
+            (None, Some(d)) => d,
+            (None, None) => bail!("{}: missing key `@version`", self.display()),
+            (Some(v), _) => self.child(v, "@version").u64()?,
+        };
+        ensure!(
+            versions.contains(&v),
+            "{}.@version: version {v} is not supported (DeePMD-kit 3.2.0 reads versions {} to \
+             {} here)",
+            self.path,
+            versions.start(),
+            versions.end()
+        );
+        Ok(())
+    }
+
+    /// Every key of this mapping must be one of `lists`: DeePMD-kit's deserialisers pass the
+    /// keys they do not take out to a constructor, which refuses any it does not know.
+    fn known(&self, lists: &[&[&str]]) -> Result<()> {
+        let Value::Mapping(m) = self.v else {
+            return self.fail("a mapping");
+        };
+        for k in m.keys() {
+            let ok = k
+                .as_str()
+                .is_some_and(|k| lists.iter().any(|l| l.contains(&k)));
+            ensure!(
+                ok,
+                "{}: unknown key {} (DeePMD-kit 3.2.0 refuses it too)",
+                self.display(),
+                brief(k)
+            );
+        }
         Ok(())
     }
 
@@ -215,13 +311,72 @@ fn brief(v: &Value) -> String {
     }
 }
 
-fn model_from_tree(root: &Value) -> Result<Model> {
+// The keys DeePMD-kit 3.2.0's dpmodel deserialisers accept in each node: the arguments of the
+// class's constructor and the keys its `deserialize` takes out first.
+#[rustfmt::skip]
+const MODEL_KEYS: &[&str] = &[
+    "@class", "@version", "@variables", "type", "descriptor", "fitting", "type_map",
+    "atom_exclude_types", "pair_exclude_types", "rcond", "preset_out_bias", "data_stat_protect",
+];
+const MODEL_VARIABLES: &[&str] = &["out_bias", "out_std"];
+/// Every descriptor dpw reads but a hybrid (which keeps its `list` and ignores the rest).
+#[rustfmt::skip]
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "@class", "@version", "@variables", "type", "embeddings", "env_mat", "compress", "rcut",
+    "rcut_smth", "sel", "ntypes", "neuron", "resnet_dt", "trainable", "exclude_types",
+    "env_protection", "set_davg_zero", "activation_function", "precision", "type_map", "seed",
+];
+const SE_E2_A_KEYS: &[&str] = &["axis_neuron", "type_one_side", "spin"];
+const SE_R_KEYS: &[&str] = &["type_one_side", "spin"];
+#[rustfmt::skip]
+const SE_ATTEN_V2_KEYS: &[&str] = &[
+    "type_embedding", "attention_layers", "embeddings_strip", "axis_neuron", "tebd_dim",
+    "type_one_side", "attn", "attn_layer", "attn_dotr", "attn_mask", "scaling_factor",
+    "normalize", "temperature", "trainable_ln", "ln_eps", "concat_output_tebd", "spin",
+    "stripped_type_embedding", "use_econf_tebd", "use_tebd_bias",
+];
+/// se_atten (`dpa1`) adds these to se_atten_v2's.
+const DPA1_KEYS: &[&str] = &["tebd_input_mode", "smooth_type_embedding"];
+const DESCRIPTOR_VARIABLES: &[&str] = &["davg", "dstd", "avg", "data_avg", "std", "data_std"];
+#[rustfmt::skip]
+const FITTING_KEYS: &[&str] = &[
+    "@class", "@version", "@variables", "type", "var_name", "dim_out", "nets", "ntypes",
+    "dim_descrpt", "neuron", "resnet_dt", "numb_fparam", "numb_aparam", "dim_case_embd", "rcond",
+    "tot_ener_zero", "trainable", "atom_ener", "activation_function", "precision", "layer_name",
+    "use_aparam_as_mask", "spin", "mixed_types", "exclude_types", "type_map", "seed",
+    "default_fparam",
+];
+#[rustfmt::skip]
+const FITTING_VARIABLES: &[&str] = &[
+    "bias_atom_e", "fparam_avg", "fparam_inv_std", "aparam_avg", "aparam_inv_std", "case_embd",
+    "scale", "default_fparam_tensor",
+];
+#[rustfmt::skip]
+const COLLECTION_KEYS: &[&str] = &[
+    "@class", "@version", "ndim", "ntypes", "network_type", "networks",
+];
+/// EmbeddingNet's and FittingNet's together.
+#[rustfmt::skip]
+const NETWORK_KEYS: &[&str] = &[
+    "@class", "@version", "layers", "in_dim", "out_dim", "neuron", "activation_function",
+    "resnet_dt", "precision", "seed", "bias", "bias_out", "trainable",
+];
+#[rustfmt::skip]
+const LAYER_KEYS: &[&str] = &[
+    "@class", "@version", "@variables", "bias", "use_timestep", "activation_function", "resnet",
+    "precision", "seed", "trainable",
+];
+
+fn model_from_tree(root: &Value) -> Result<YamlModel> {
     let root = At {
         v: root,
         path: String::new(),
     };
     let m = root.key("model")?;
     m.expect("@class", &["Model"])?;
+    m.version(2..=2, Some(1))?;
+    m.known(&[MODEL_KEYS])?;
+    m.key("@variables")?.known(&[MODEL_VARIABLES])?;
     m.expect("type", &["standard"])?;
     m.expect_off("atom_exclude_types")?;
     m.expect_off("pair_exclude_types")?;
@@ -234,29 +389,37 @@ fn model_from_tree(root: &Value) -> Result<Model> {
     d.expect("@class", &["Descriptor"])?;
     // A hybrid's sub-descriptors, each a descriptor of its own; else the descriptor alone.
     let (descriptor, items) = if d.opt("type").map(|t| t.str().ok()) == Some(Some("hybrid")) {
+        d.version(1..=1, None)?;
         let items = d.key("list")?.seq()?;
         ensure!(!items.is_empty(), "{}.list: empty", d.path);
         let list = (items.iter())
-            .map(|at| read_descriptor(at, nt))
+            .map(|at| read_descriptor(at, &type_map))
             .collect::<Result<Vec<_>>>()?;
         (DescriptorSpec::hybrid(list), items)
     } else {
-        let spec = read_descriptor(&d, nt)?;
+        let spec = read_descriptor(&d, &type_map)?;
         (spec, vec![d])
     };
 
     let f = m.key("fitting")?;
     f.expect("@class", &["Fitting"])?;
     f.expect("type", &["ener"])?;
+    f.version(1..=4, Some(1))?;
+    f.known(&[FITTING_KEYS])?;
     f.expect("activation_function", &["tanh"])?;
+    // tot_ener_zero, layer_name and spin: DeePMD-kit's dpmodel raises NotImplementedError.
     for key in [
         "numb_fparam",
         "numb_aparam",
         "dim_case_embd",
         "exclude_types",
+        "tot_ener_zero",
+        "layer_name",
+        "spin",
     ] {
         f.expect_off(key)?;
     }
+    same_type_map(&f, &type_map)?;
     // A mixed-type descriptor (DPA-1) gives the fitting `mixed_types: true` and one net.
     if !descriptor.is_mixed() {
         f.expect_off("mixed_types")?;
@@ -307,12 +470,30 @@ fn model_from_tree(root: &Value) -> Result<Model> {
         dstd.extend(s);
     }
 
-    let bias_atom_e = f.key("@variables")?.key("bias_atom_e")?.array(&[nt, 1])?;
+    let fv = f.key("@variables")?;
+    fv.known(&[FITTING_VARIABLES])?;
+    let bias_atom_e = fv.key("bias_atom_e")?.array(&[nt, 1])?;
     let out_bias = m.key("@variables")?.key("out_bias")?.array(&[1, nt, 1])?;
     // Adding a zero bias_atom_e (DeePMD's usual case) keeps out_bias bit-exact, even for -0.0.
-    let bias = (out_bias.iter().zip(&bias_atom_e))
+    let mut bias: Vec<f64> = (out_bias.iter().zip(&bias_atom_e))
         .map(|(&o, &b)| if b == 0.0 { o } else { o + b })
         .collect();
+
+    // DeePMD-kit's dpmodel (`GeneralFitting._call_common`, with `remove_vaccum_contribution`
+    // from `InvarFitting`): where atom_ener names an energy for type t (or has no entry for
+    // it), t's atomic energy is the net's output less its output on an all-zero descriptor;
+    // with one net for all types (mixed_types), every type's is. The atom_ener values
+    // themselves go nowhere. The net's output on zeros is a constant per type, so it is
+    // taken off the bias: the same energies, the forces untouched.
+    let atom_ener = read_atom_ener(&f)?;
+    if let Some(ae) = &atom_ener {
+        for (t, b) in bias.iter_mut().enumerate() {
+            if spec.descriptor.is_mixed() || ae.get(t).is_none_or(Option::is_some) {
+                let net = layout.fit_net(t);
+                *b -= net_output(net, &params, &vec![0.0; net.layers[0].nin])[0];
+            }
+        }
+    }
 
     let model = Model {
         spec,
@@ -322,12 +503,73 @@ fn model_from_tree(root: &Value) -> Result<Model> {
         bias,
     };
     model.check()?;
-    Ok(model)
+    Ok(YamlModel { model, atom_ener })
+}
+
+/// The fitting's `atom_ener` where some entry is a number (DeePMD-kit: else it has none).
+fn read_atom_ener(f: &At) -> Result<Option<Vec<Option<f64>>>> {
+    let Some(at) = f.opt("atom_ener") else {
+        return Ok(None);
+    };
+    let ae = (at.seq()?.iter())
+        .map(|e| match e.v {
+            Value::Null => Ok(None),
+            _ => e.f64().map(Some),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ae.iter().any(Option::is_some).then_some(ae))
+}
+
+/// A net's output on input `x`, computed as DeePMD-kit's `NativeLayer` does layer by layer:
+/// y = φ(x·W + b)·idt + skip(x).
+fn net_output(net: &Net, p: &[f64], x: &[f64]) -> Vec<f64> {
+    let mut x = x.to_vec();
+    for l in &net.layers {
+        let y = (0..l.nout)
+            .map(|j| {
+                let z = p[l.b + j]
+                    + (0..l.nin)
+                        .map(|i| x[i] * p[l.w + i * l.nout + j])
+                        .sum::<f64>();
+                let h = if l.tanh { z.tanh() } else { z };
+                let y = l.idt.map_or(h, |o| h * p[o + j]);
+                match l.skip {
+                    Skip::None => y,
+                    Skip::Identity => y + x[j],
+                    Skip::Double => y + x[j % l.nin],
+                }
+            })
+            .collect();
+        x = y;
+    }
+    x
+}
+
+/// A section's own `type_map`, where it has one, must be the model's: DeePMD-kit keeps one per
+/// section, and a file whose sections disagree cannot say which types its nets are for.
+fn same_type_map(at: &At, type_map: &[String]) -> Result<()> {
+    let Some(tm) = at.opt("type_map") else {
+        return Ok(());
+    };
+    let names = (tm.seq()?.iter())
+        .map(|t| t.str())
+        .collect::<Result<Vec<_>>>()?;
+    ensure!(
+        names == type_map,
+        "{}: {names:?} differs from the model's type_map {type_map:?}",
+        tm.path
+    );
+    Ok(())
 }
 
 /// The keys of one descriptor that is not a hybrid.
-fn read_descriptor(d: &At, nt: usize) -> Result<DescriptorSpec> {
+fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
+    let nt = type_map.len();
     d.expect("@class", &["Descriptor"])?;
+    same_type_map(d, type_map)?;
+    if let Some(v) = d.opt("@variables") {
+        v.known(&[DESCRIPTOR_VARIABLES])?;
+    }
     if let Some(t) = d.opt("type") {
         if let Ok(t @ ("dpa1" | "se_atten" | "se_atten_v2")) = t.str() {
             return read_dpa1(d, t);
@@ -355,6 +597,15 @@ fn read_descriptor(d: &At, nt: usize) -> Result<DescriptorSpec> {
         t if se_e3.contains(&t) => DescriptorType::SeE3,
         _ => DescriptorType::SeE2R,
     };
+    d.version(1..=3, Some(1))?;
+    d.known(&[
+        DESCRIPTOR_KEYS,
+        match kind {
+            DescriptorType::SeE2A => SE_E2_A_KEYS,
+            DescriptorType::SeE2R => SE_R_KEYS,
+            _ => &[],
+        },
+    ])?;
     d.expect("activation_function", &["tanh"])?;
     d.expect_off("exclude_types")?;
     d.expect_off("spin")?;
@@ -400,6 +651,13 @@ fn read_dpa1(d: &At, t: &str) -> Result<DescriptorSpec> {
         "se_atten_v2" => DescriptorType::SeAttenV2,
         _ => DescriptorType::SeAtten,
     };
+    let v2 = kind == DescriptorType::SeAttenV2;
+    d.version(1..=3, None)?;
+    d.known(&[
+        DESCRIPTOR_KEYS,
+        SE_ATTEN_V2_KEYS,
+        if v2 { &[] } else { DPA1_KEYS },
+    ])?;
     d.expect("activation_function", &["tanh"])?;
     for key in [
         "exclude_types",
@@ -426,7 +684,6 @@ fn read_dpa1(d: &At, t: &str) -> Result<DescriptorSpec> {
         Value::Sequence(_) => sel.usizes()?.iter().sum(),
         _ => sel.usize()?,
     };
-    let v2 = kind == DescriptorType::SeAttenV2;
     let tebd_input_mode = match v2 {
         true => TebdInputMode::Strip,
         false => match d.key("tebd_input_mode")?.str()? {
@@ -492,8 +749,11 @@ fn read_attention(
     // The type embedding: one linear layer over the one-hot rows.
     let te = d.key("type_embedding")?;
     te.expect("@class", &["TypeEmbedNet"])?;
+    te.version(1..=2, Some(1))?;
     te.expect_off("use_econf_tebd")?;
     let net = te.key("embedding")?;
+    net.version(1..=2, Some(1))?;
+    net.known(&[NETWORK_KEYS])?;
     let layers = net.key("layers")?.seq()?;
     ensure!(
         layers.len() == 1,
@@ -502,6 +762,8 @@ fn read_attention(
         layers.len()
     );
     let l = &layers[0];
+    l.version(1..=2, Some(1))?;
+    l.known(&[LAYER_KEYS])?;
     l.expect("activation_function", &["Linear", "linear", "none"])?;
     let t = &a.tebd;
     if t.skip != Skip::None {
@@ -521,6 +783,7 @@ fn read_attention(
     // The attention layers.
     let al = d.key("attention_layers")?;
     al.expect("@class", &["NeighborGatedAttention"])?;
+    al.version(1..=1, None)?;
     let items = al.key("attention_layers")?.seq()?;
     ensure!(
         items.len() == a.layers.len(),
@@ -541,6 +804,8 @@ fn read_attention(
         }
         for (name, layer) in [("in_proj", &k.proj_in), ("out_proj", &k.proj_out)] {
             let lat = att.key(name)?;
+            lat.version(1..=2, Some(1))?;
+            lat.known(&[LAYER_KEYS])?;
             lat.expect("activation_function", &["none", "linear", "Linear"])?;
             lat.expect_off("resnet")?;
             let vars = lat.key("@variables")?;
@@ -554,6 +819,7 @@ fn read_attention(
         }
         let ln = at.key("attn_layer_norm")?;
         ln.expect("@class", &["LayerNorm"])?;
+        ln.version(1..=1, Some(1))?;
         let m1 = k.proj_out.nout;
         let vars = ln.key("@variables")?;
         params[k.ln_w..k.ln_w + m1].copy_from_slice(&vars.key("w")?.array(&[m1])?);
@@ -630,6 +896,11 @@ fn some(nets: &[Net]) -> Vec<Option<&Net>> {
 /// which is how the layout orders them.
 fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) -> Result<()> {
     coll.expect("@class", &["NetworkCollection"])?;
+    coll.version(1..=1, Some(1))?;
+    coll.known(&[COLLECTION_KEYS])?;
+    // EmbeddingNet reads versions 1 and 2, FittingNet only 1.
+    let fitting = coll.opt("network_type").and_then(|t| t.v.as_str()) == Some("fitting_network");
+    let net_versions = if fitting { 1..=1 } else { 1..=2 };
     let ndim = coll.key("ndim")?;
     ensure!(
         ndim.usize()? == want,
@@ -647,6 +918,8 @@ fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) 
     );
     for (net, at) in nets.iter().zip(&networks) {
         let Some(net) = net else { continue };
+        at.version(net_versions.clone(), Some(1))?;
+        at.known(&[NETWORK_KEYS])?;
         let layers = at.key("layers")?.seq()?;
         ensure!(
             layers.len() == net.layers.len(),
@@ -656,6 +929,8 @@ fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) 
             layers.len()
         );
         for (l, at) in net.layers.iter().zip(&layers) {
+            at.version(1..=2, Some(1))?;
+            at.known(&[LAYER_KEYS])?;
             // Hidden layers are tanh with width-decided skips; the fitting output is linear.
             if l.tanh {
                 at.expect("activation_function", &["tanh"])?;

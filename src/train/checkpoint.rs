@@ -121,7 +121,7 @@ impl Checkpoint {
         );
         let acc = c.array("disp_acc").with_context(ctx)?;
         ensure!(acc.len() == 5, "{}: bad disp_acc", path.display());
-        Ok(Checkpoint {
+        let ck = Checkpoint {
             model,
             precision,
             step: h["step"].as_u64().context("no step").with_context(ctx)? as usize,
@@ -133,7 +133,58 @@ impl Checkpoint {
             train_shape: serde_json::from_value(field("train_shape")?).with_context(ctx)?,
             valid_shape: serde_json::from_value(field("valid_shape")?).with_context(ctx)?,
             disp_acc: acc.try_into().expect("length checked"),
-        })
+        };
+        ck.check().map_err(|why| {
+            anyhow::anyhow!(
+                "{}: impossible training state: {why}; the file was altered or written by \
+                 something else than dpw (its checksum, if it has one, matches its contents)",
+                path.display()
+            )
+        })?;
+        Ok(ck)
+    }
+
+    /// The restored state is one a run can reach: everything a restart indexes by or divides
+    /// by is in range (a file with a valid checksum can still be crafted, and an older one has
+    /// none), so that a restart cannot panic halfway. Names the field at fault.
+    fn check(&self) -> Result<(), String> {
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(format!("lr is {}", self.lr));
+        }
+        let bad = |name: &str, a: &[f64], ok: fn(f64) -> bool| {
+            (a.iter().position(|&x| !ok(x))).map(|i| format!("{name}[{i}] is {}", a[i]))
+        };
+        if let Some(e) = bad("adam_m", &self.adam_m, f64::is_finite)
+            .or_else(|| bad("adam_v", &self.adam_v, |x| x.is_finite() && x >= 0.0))
+            .or_else(|| bad("disp_acc", &self.disp_acc, |x| x.is_finite() && x >= 0.0))
+        {
+            return Err(e);
+        }
+        if self.disp_acc[0].fract() != 0.0 {
+            return Err(format!(
+                "disp_acc[0], a count of steps, is {}",
+                self.disp_acc[0]
+            ));
+        }
+        let streams = [
+            ("sampler", Some(&self.sampler), Some(&self.train_shape)),
+            (
+                "valid_sampler",
+                self.valid_sampler.as_ref(),
+                self.valid_shape.as_ref(),
+            ),
+        ];
+        for (name, sampler, shape) in streams {
+            match (sampler, shape) {
+                (Some(s), Some(d)) => s
+                    .check(&d.nframes, &d.batch_sizes, &d.probs)
+                    .map_err(|why| format!("{name}: {why}"))?,
+                (None, None) => {}
+                (Some(_), None) => return Err(format!("{name} without its data shape")),
+                (None, Some(_)) => return Err(format!("a data shape without {name}")),
+            }
+        }
+        Ok(())
     }
 }
 

@@ -6,14 +6,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
-use serde_json::Value;
 use web_time::Instant;
 
 use crate::config::{Config, DescriptorConfig, Precision, Sel};
 use crate::data::{Disk, Files};
 use crate::dist;
 use crate::model::{
-    read_model, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
+    read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
 };
 
 use super::batch::check_mixed_data;
@@ -145,38 +144,13 @@ pub fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec 
     }
 }
 
-/// Paths where two JSON values differ, for a readable "model differs" error.
-fn json_diff(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            for (k, va) in x {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
-                json_diff(va, y.get(k).unwrap_or(&Value::Null), &p, out);
-            }
-        }
-        _ if a != b => out.push(format!("{path}: {a} here, {b} in the checkpoint")),
-        _ => {}
-    }
-}
-
 fn check_same_spec(mine: &ModelSpec, theirs: &ModelSpec, what: &str) -> Result<()> {
     if mine == theirs {
         return Ok(());
     }
-    let mut diffs = Vec::new();
-    json_diff(
-        &serde_json::to_value(mine)?,
-        &serde_json::to_value(theirs)?,
-        "",
-        &mut diffs,
-    );
     bail!(
         "the model of {what} does not match input.json's: {}",
-        diffs.join("; ")
+        mine.differences(theirs, "input.json", what).join("; ")
     )
 }
 
@@ -225,6 +199,12 @@ pub fn prepare_in(
     };
     let mut read = Reading::training(fs, &cfg, &start, neighbor_stat, seed)?;
     let valid = read_validation(fs, &cfg)?;
+    let what = match &start {
+        Start::Restart(_) => "the --restart checkpoint".to_string(),
+        Start::InitModel(p) => format!("the --init-model file {}", p.display()),
+        Start::InitFrozen(_) => "the -t/--init-frz-model model".to_string(),
+        Start::Fresh => String::new(),
+    };
     let (restart, init) = open_start(start)?;
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
@@ -235,12 +215,7 @@ pub fn prepare_in(
         }
     }
     if let Some(m) = given {
-        let what = if restart.is_some() {
-            "the restart checkpoint"
-        } else {
-            "the --init-model file"
-        };
-        check_same_spec(&spec, &m.spec, what)?;
+        check_same_spec(&spec, &m.spec, &what)?;
     }
     let precision = cfg.model.descriptor.precision;
     if let Some(ck) = &restart {
@@ -506,7 +481,7 @@ fn open_start(start: Start) -> Result<(Option<Box<Checkpoint>>, Option<Model>)> 
             if !p.exists() {
                 bail!("--init-model: {} does not exist", p.display());
             }
-            let m = read_model(&p).context("--init-model")?;
+            let m = read_model_to_train(&p).context("--init-model")?;
             tracing::info!("initial parameters and statistics from {}", p.display());
             (None, Some(m))
         }

@@ -214,6 +214,14 @@ pub fn train<T: Real, B: Backend<T>>(
         }),
         _ => None,
     };
+    // The parameter-sized vectors of the run (the model on the device, its gradient, Adam's two
+    // moments, and at each save a checkpoint's copies: 10 at the most, f64 or less) are made
+    // one at a time, none of them fallibly.
+    let nparams = model.params.len();
+    crate::mem::check_room(10 * nparams * size_of::<f64>(), || {
+        format!("the run's copies of the model's {nparams} parameters (the model, its gradient, Adam's moments, a checkpoint's)")
+    })
+    .map_err(|e| e.lowered_by("narrower descriptor or fitting_net neuron lower it"))?;
     let spec = &model.spec;
     let systems = std::mem::take(&mut train_data.systems);
     let resident = if start < numb_steps {
