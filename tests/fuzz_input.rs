@@ -18,10 +18,10 @@ use serde_json::{json, Value};
 use dpw::backend::Dims;
 use dpw::config::Config;
 use dpw::data::Disk;
+use dpw::train::budget::check_workspace;
 use dpw::train::outputs::{check_files, RunFile, RunFiles};
 use dpw::train::setup::{prepare_in, Start};
 use dpw::train::step::DeviceModel;
-use dpw::train::workspaces::check_workspace;
 
 fn water() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/water"))

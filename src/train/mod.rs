@@ -2,6 +2,7 @@
 //! learning-rate schedule, statistics, lcurve.out and checkpoints.
 
 pub mod batch;
+pub mod budget;
 pub mod checkpoint;
 pub mod dataset;
 pub mod interrupt;

@@ -10,7 +10,7 @@ use crate::stage::fitting::Fitting;
 pub use crate::stage::DeviceModel;
 
 use super::batch::{centre_atoms, HostBatch};
-use super::workspaces::{batch_knob, batch_what, check_workspace};
+use super::budget::{batch_knob, batch_what, check_workspace};
 
 fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
     x.iter().map(|&v| T::of(v)).collect()

@@ -18,6 +18,7 @@ use crate::fmt::sci;
 use crate::model::file::write_atomic;
 use crate::model::Model;
 
+use super::budget::check_batches;
 use super::checkpoint::{self, Checkpoint, DataShape, Rotation};
 use super::dataset::DataSet;
 use super::interrupt;
@@ -28,7 +29,6 @@ use super::run::{block_on, Driver, Resume, Run, Shown, Validation};
 use super::setup::TrainSetup;
 use super::step::DeviceModel;
 use super::validation::VALID_STREAM;
-use super::workspaces::check_batches;
 
 /// Target of the per-display progress lines (`RUST_LOG=info,dpw::progress=off` hides them).
 pub const PROGRESS_TARGET: &str = "dpw::progress";
