@@ -527,7 +527,7 @@ fn restart_with_more_steps_or_other_data() {
         &["train", "input.json", "--restart", "model.ckpt"],
     );
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("fitting.neuron"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("model.fitting_net.neuron"));
 }
 
 /// A fresh folder where no libcuda loads; where one does, the calling test's error path cannot
