@@ -9,6 +9,7 @@ pub mod data;
 pub mod dist;
 pub mod fmt;
 pub mod geometry;
+pub mod logfile;
 pub mod mem;
 pub mod model;
 pub mod settings;

@@ -22,7 +22,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
 
 use super::{worker_log_path, World};
-use crate::cli::LogFile;
+use crate::logfile::LogFile;
 
 /// `-m/--mpi-log`: how the ranks of an MPI run log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
