@@ -11,9 +11,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-fn water() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/water"))
-}
+use common::{copy_dir, water, water_system};
 
 /// A tiny model on water data_0 (`systems` replaces the training systems when given), one frame
 /// a batch.
@@ -130,19 +128,6 @@ fn files_in(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), &to).unwrap();
-        }
-    }
 }
 
 /// An npy file as f64, whatever its precision.
@@ -300,8 +285,7 @@ fn bad_output_paths_fail_at_start() {
 fn huge_claims_are_named_errors() {
     let d = tempfile::tempdir().unwrap();
     // coord.npy's header claims 1e11 frames.
-    let sys = d.path().join("big_header");
-    copy_dir(&water().join("data_0"), &sys);
+    let sys = water_system(d.path(), "big_header");
     let p = sys.join("set.000/coord.npy");
     let mut bytes = std::fs::read(&p).unwrap();
     assert_eq!(bytes[8], 118, "a 128-byte v1 header");
@@ -690,8 +674,7 @@ fn all_zero_sel_is_refused_and_attn_layer_0_trains() {
 #[test]
 fn duplicate_element_in_type_map_raw_is_refused() {
     let d = tempfile::tempdir().unwrap();
-    let sys = d.path().join("sys");
-    copy_dir(&water().join("data_0"), &sys);
+    let sys = water_system(d.path(), "sys");
     std::fs::write(sys.join("type_map.raw"), "O\nO\n").unwrap();
     write_input(d.path(), &tiny_input(1, &[&sys]));
     fails_at_start(d.path(), &[], &["sys/type_map.raw", "\"O\"", "twice"]);
@@ -759,8 +742,7 @@ fn se_e3_workspace_beyond_memory_is_refused() {
 #[test]
 fn neighbor_stat_type_errors_name_no_model() {
     let d = tempfile::tempdir().unwrap();
-    let sys = d.path().join("sys");
-    copy_dir(&water().join("data_0"), &sys);
+    let sys = water_system(d.path(), "sys");
     let s = sys.to_str().unwrap();
     let err = fails(
         d.path(),
@@ -782,8 +764,7 @@ fn neighbor_stat_type_errors_name_no_model() {
 #[test]
 fn npy_of_an_unread_type_lists_the_types_read() {
     let d = tempfile::tempdir().unwrap();
-    let sys = d.path().join("sys");
-    copy_dir(&water().join("data_0"), &sys);
+    let sys = water_system(d.path(), "sys");
     let p = sys.join("set.000/energy.npy");
     let n = read_npy(&p).len();
     let header = format!("{{'descr': '<c8', 'fortran_order': False, 'shape': ({n},), }}");
@@ -812,8 +793,7 @@ fn messages_name_things_once() {
     ok(d.path(), &["freeze", "-o", "m.yaml"]);
 
     // coord.npy is a folder.
-    let sys = d.path().join("dir_coord");
-    copy_dir(&water().join("data_0"), &sys);
+    let sys = water_system(d.path(), "dir_coord");
     let c = sys.join("set.000/coord.npy");
     std::fs::remove_file(&c).unwrap();
     std::fs::create_dir(&c).unwrap();
@@ -826,8 +806,7 @@ fn messages_name_things_once() {
     assert!(err.matches("os error").count() == 1, "{err}");
 
     // A truncated npy.
-    let sys = d.path().join("short_force");
-    copy_dir(&water().join("data_0"), &sys);
+    let sys = water_system(d.path(), "short_force");
     let f = sys.join("set.000/force.npy");
     let bytes = std::fs::read(&f).unwrap();
     std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
@@ -1029,8 +1008,7 @@ fn yaml_input_and_byte_order_mark() {
 #[test]
 fn colliding_outputs_are_refused() {
     let d = tempfile::tempdir().unwrap();
-    let sys = d.path().join("sys");
-    copy_dir(&water().join("data_0"), &sys);
+    let sys = water_system(d.path(), "sys");
     let base = tiny_input(2, &[&sys]);
     // (extra arguments, a training key set to a value, what the message names)
     type Case<'a> = (&'a [&'a str], Option<(&'a str, &'a str)>, &'a [&'a str]);

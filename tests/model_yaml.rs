@@ -138,15 +138,7 @@ fn model_a_round_trips_and_matches_deepmd_structure() {
             .collect()
     };
     assert_eq!(top(&orig), top(&ours));
-    let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
-    key_paths(&orig["model"], "model", &mut ko);
-    key_paths(&ours["model"], "model", &mut kw);
-    let missing: Vec<_> = ko.difference(&kw).collect();
-    let extra: Vec<_> = kw.difference(&ko).collect();
-    assert!(
-        missing.is_empty() && extra.is_empty(),
-        "missing {missing:?}, extra {extra:?}"
-    );
+    assert_same_model_keys("model_A", &orig, &ours);
     // model_A has equal davg rows and zero bias_atom_e, so even the values agree everywhere but
     // out_std, which dpw writes as 1 (`write_deepmd_yaml`), and the printing follows PyYAML's so
     // closely that the text of the section is the same.
@@ -171,6 +163,19 @@ fn model_a_round_trips_and_matches_deepmd_structure() {
 }
 
 /// Every mapping key path; list items share one path (`networks[]`), values are not compared.
+/// The `model` sections of two `.yaml` files have the same key paths.
+fn assert_same_model_keys(case: &str, orig: &Value, ours: &Value) {
+    let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
+    key_paths(&orig["model"], "model", &mut ko);
+    key_paths(&ours["model"], "model", &mut kw);
+    let missing: Vec<_> = ko.difference(&kw).collect();
+    let extra: Vec<_> = kw.difference(&ko).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{case}: missing {missing:?}, extra {extra:?}"
+    );
+}
+
 fn key_paths(v: &Value, path: &str, out: &mut BTreeSet<String>) {
     match v {
         Value::Mapping(m) => {
@@ -411,15 +416,7 @@ fn round_trips_in_deepmd_form(case: &str, kind: DescriptorType) -> (Model, Value
     write_deepmd_yaml(&m, &out).unwrap();
     assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
     let (orig, ours) = (parse(&path), parse(&out));
-    let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
-    key_paths(&orig["model"], "model", &mut ko);
-    key_paths(&ours["model"], "model", &mut kw);
-    let missing: Vec<_> = ko.difference(&kw).collect();
-    let extra: Vec<_> = kw.difference(&ko).collect();
-    assert!(
-        missing.is_empty() && extra.is_empty(),
-        "{case}: missing {missing:?}, extra {extra:?}"
-    );
+    assert_same_model_keys(case, &orig, &ours);
     let (d0, d1) = (&orig["model"]["descriptor"], &ours["model"]["descriptor"]);
     assert!(d0 == d1, "{case}: descriptor sections differ");
     (m, ours["model_def_script"]["descriptor"].clone())
@@ -565,15 +562,7 @@ fn dpa1_models_round_trip_in_deepmd_form() {
         write_deepmd_yaml(&m, &out).unwrap();
         assert_same(&read_deepmd_yaml(&out).unwrap(), &m);
         let ours = parse(&out);
-        let (mut ko, mut kw) = (BTreeSet::new(), BTreeSet::new());
-        key_paths(&orig["model"], "model", &mut ko);
-        key_paths(&ours["model"], "model", &mut kw);
-        let missing: Vec<_> = ko.difference(&kw).collect();
-        let extra: Vec<_> = kw.difference(&ko).collect();
-        assert!(
-            missing.is_empty() && extra.is_empty(),
-            "{case}: missing {missing:?}, extra {extra:?}"
-        );
+        assert_same_model_keys(case, &orig, &ours);
         // The descriptor and fitting sections are DeePMD-kit's, values included (davg/dstd as
         // DeePMD-kit's equal rows, bias_atom_e folded into out_bias: both zero here).
         let (d0, d1) = (&orig["model"]["descriptor"], &ours["model"]["descriptor"]);

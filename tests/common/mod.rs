@@ -62,6 +62,32 @@ pub fn wgpu_f64_present(test: &str) -> bool {
 }
 
 /// DeePMD-kit 3.2.0's numbers for model_A (`tests/reference/deepmd-3.2.0/README.md`).
+/// The shipped water example (examples/water).
+pub fn water() -> PathBuf {
+    repo("examples/water")
+}
+
+/// A copy of `src` (a data system, a folder tree) at `dst`.
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+/// A copy of the water example's system data_0 at `dir/name`, to be changed by a test.
+pub fn water_system(dir: &Path, name: &str) -> PathBuf {
+    let sys = dir.join(name);
+    copy_dir(&water().join("data_0"), &sys);
+    sys
+}
+
 pub fn model_a_dir() -> PathBuf {
     repo("tests/reference/deepmd-3.2.0/model_A")
 }
