@@ -115,7 +115,8 @@ fn layout_structure() {
     ];
     for (case, nin, strip_nin, skip, dim) in want {
         let m = model(case);
-        let l = m.layout();
+        let layout = m.layout();
+        let (l, fit) = (&layout.descriptor, &layout.fitting);
         let a = l.attn.as_ref().expect("a DPA-1 layout has attention nets");
         let cfg = m.spec.descriptor.attn().unwrap();
         assert_eq!(m.spec.dim_descrpt(), dim, "{case}");
@@ -137,14 +138,14 @@ fn layout_structure() {
                 assert!(!p.tanh && p.skip == Skip::None && p.idt.is_none());
             }
         }
-        assert_eq!(l.fit.len(), 1, "{case}");
-        assert_eq!(l.fit[0].name, "fit");
-        assert_eq!(l.fit[0].layers[0].nin, dim);
+        assert_eq!(fit.nets.len(), 1, "{case}");
+        assert_eq!(fit.nets[0].name, "fit");
+        assert_eq!(fit.nets[0].layers[0].nin, dim);
         for t in 0..m.spec.ntypes() {
-            assert_eq!(l.fit_net(t), &l.fit[0]);
+            assert_eq!(fit.net(t), &fit.nets[0]);
         }
         let ln: Vec<_> = (0..cfg.attn_layer)
-            .flat_map(|k| ["w", "b"].map(|x| l.tensor(&format!("attn{k}.ln.{x}")).unwrap()))
+            .flat_map(|k| ["w", "b"].map(|x| layout.tensor(&format!("attn{k}.ln.{x}")).unwrap()))
             .collect();
         if cfg.trainable_ln {
             assert!(l.frozen.is_empty(), "{case}");
@@ -152,10 +153,10 @@ fn layout_structure() {
             let n: usize = l.frozen.iter().map(|r| r.len()).sum();
             assert_eq!(n, ln.iter().map(|t| t.len()).sum::<usize>(), "{case}");
             for t in &ln {
-                assert!((t.offset..t.offset + t.len()).all(|i| l.is_frozen(i)));
+                assert!((t.offset..t.offset + t.len()).all(|i| layout.is_frozen(i)));
             }
-            let fit0 = l.tensor("fit.layer0.w").unwrap().offset;
-            assert!(!l.is_frozen(fit0));
+            let fit0 = layout.tensor("fit.layer0.w").unwrap().offset;
+            assert!(!layout.is_frozen(fit0));
         }
     }
 }

@@ -219,7 +219,7 @@ fn two_sided_spec() -> ModelSpec {
 #[test]
 fn two_sided_model_round_trips_bit_exactly() {
     let mut m = Model::new(two_sided_spec(), 7);
-    assert_eq!(m.layout().embed.len(), 9);
+    assert_eq!(m.layout().descriptor.embed.len(), 9);
     // Statistics that exercise the float printer: tiny, huge, negative zero, many digits.
     m.davg = vec![
         0.1,
@@ -440,7 +440,7 @@ fn se_e3_models_round_trip_in_deepmd_form() {
     for case in ["se_e3_water", "se_e3_alloy"] {
         let (m, def) = round_trips_in_deepmd_form(case, DescriptorType::SeE3);
         let nt = m.spec.ntypes();
-        assert_eq!(m.layout().embed.len(), nt * (nt + 1) / 2);
+        assert_eq!(m.layout().descriptor.embed.len(), nt * (nt + 1) / 2);
         assert_eq!(def["type"], Value::from("se_e3"));
         assert!(def.get("axis_neuron").is_none() && def.get("type_one_side").is_none());
     }

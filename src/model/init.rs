@@ -11,7 +11,7 @@ use super::{Layer, ParamLayout};
 pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut p = vec![0.0; layout.len];
-    for net in layout.embed.iter().chain(&layout.fit) {
+    for net in (layout.descriptor.embed.iter()).chain(&layout.fitting.nets) {
         for l in &net.layers {
             layer(&mut p, l, &mut rng);
         }
@@ -19,7 +19,7 @@ pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
     // DPA-1's other nets, after the others' (whose draws are thus as before): the type
     // embedding and projections as any layer, the layer norms at scale 1 and shift 0
     // (DeePMD-kit's LayerNorm starts there).
-    if let Some(a) = &layout.attn {
+    if let Some(a) = &layout.descriptor.attn {
         let t = &a.tebd;
         let std_w = 1.0 / ((t.ntypes + t.dim) as f64).sqrt();
         fill(&mut p[t.w..t.w + t.ntypes * t.dim], 0.0, std_w, &mut rng);

@@ -3,9 +3,9 @@
 //!
 //! DPA-1 (se_atten, se_atten_v2; tests/reference/dpa1/README.md) has, in this order:
 //! `tebd.layer0.{w,b}` (the type embedding), `embed.layer{l}.{w,b,idt}` (its one embedding
-//! net, [`ParamLayout::embed`]`[0]`), `embed_strip.layer{l}.*` (strip's type net),
+//! net, [`DescriptorLayout::embed`]`[0]`), `embed_strip.layer{l}.*` (strip's type net),
 //! `attn{k}.{in,out,ln}.{w,b}` (the attention layers), then `fit.layer{l}.*` (one fitting net
-//! for every type): all but the embedding and fitting nets in [`ParamLayout::attn`].
+//! for every type): all but the embedding and fitting nets in [`DescriptorLayout::attn`].
 
 use std::ops::Range;
 
@@ -62,19 +62,24 @@ impl TensorInfo {
     }
 }
 
+/// The whole parameter vector: the descriptor's tensors, then the fitting's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamLayout {
+    pub descriptor: DescriptorLayout,
+    pub fitting: FittingLayout,
+    pub tensors: Vec<TensorInfo>,
+    pub len: usize,
+}
+
+/// The descriptor's nets (offsets into the whole parameter vector).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DescriptorLayout {
     /// Embedding nets, indexed by [`embed_net_index`] (se_e3: by pair type, [`pair_types`]);
     /// DPA-1: its one net, `embed[0]`, named `embed`.
     pub embed: Vec<Net>,
-    /// Fitting net of each atom type, or one net (`fit`) for every type for a mixed-type
-    /// descriptor (DPA-1): ask [`ParamLayout::fit_net`] for a type's net.
-    pub fit: Vec<Net>,
-    pub tensors: Vec<TensorInfo>,
-    pub len: usize,
     /// The embedding nets of each part of the descriptor ([`super::DescriptorSpec::parts`]):
     /// `embed[parts[k]]`, one range covering them all but for a hybrid.
-    pub parts: Vec<std::ops::Range<usize>>,
+    pub parts: Vec<Range<usize>>,
     /// DPA-1's nets beside `embed` (type embedding, strip's type net, attention layers);
     /// `None` for the other descriptors.
     pub attn: Option<AttnLayout>,
@@ -85,7 +90,14 @@ pub struct ParamLayout {
     pub frozen: Vec<Range<usize>>,
 }
 
-/// DPA-1's nets beside [`ParamLayout::embed`] (which holds its one embedding net, `embed[0]`,
+/// The fitting's nets: one per atom type, or one (`fit`) for every type after a mixed-type
+/// descriptor (DPA-1); ask [`FittingLayout::net`] for a type's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FittingLayout {
+    pub nets: Vec<Net>,
+}
+
+/// DPA-1's nets beside [`DescriptorLayout::embed`] (which holds its one embedding net, `embed[0]`,
 /// named `embed`, input width 1 + 2·tebd_dim for concat, 1 + tebd_dim with type_one_side, 1
 /// for strip).
 #[derive(Clone, Debug, PartialEq)]
@@ -140,16 +152,38 @@ pub fn pair_types(ntypes: usize) -> Vec<(usize, usize)> {
 }
 
 impl ParamLayout {
+    /// The descriptor's tensors first, then the fitting's, in DeePMD-kit's order.
     pub fn new(spec: &ModelSpec) -> Self {
-        if spec.descriptor.is_mixed() {
-            return Self::mixed(spec);
-        }
-        let nt = spec.ntypes();
         let mut b = Builder::default();
-        let hybrid = spec.descriptor.kind == DescriptorType::Hybrid;
+        let descriptor = DescriptorLayout::new(&spec.descriptor, spec.ntypes(), &mut b);
+        let fitting = FittingLayout::new(spec, &mut b);
+        ParamLayout {
+            descriptor,
+            fitting,
+            tensors: b.tensors,
+            len: b.len,
+        }
+    }
+
+    /// Whether parameter `i` is held fixed in training ([`DescriptorLayout::frozen`]).
+    pub fn is_frozen(&self, i: usize) -> bool {
+        self.descriptor.frozen.iter().any(|r| r.contains(&i))
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+impl DescriptorLayout {
+    fn new(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
+        if d.is_mixed() {
+            return Self::mixed(d, nt, b);
+        }
+        let hybrid = d.kind == DescriptorType::Hybrid;
         let mut embed = Vec::new();
         let mut parts = Vec::new();
-        for (k, d) in spec.descriptor.parts().iter().enumerate() {
+        for (k, d) in d.parts().iter().enumerate() {
             // A hybrid's sub-descriptor k has its nets under `d{k}.`.
             let prefix = if hybrid {
                 format!("d{k}.")
@@ -174,23 +208,8 @@ impl ParamLayout {
                 }));
             parts.push(start..embed.len());
         }
-        let fit = (0..nt)
-            .map(|t| {
-                let f = &spec.fitting;
-                b.net(
-                    format!("fit.t{t}"),
-                    spec.dim_descrpt(),
-                    &f.neuron,
-                    f.resnet_dt,
-                    true,
-                )
-            })
-            .collect();
-        ParamLayout {
+        DescriptorLayout {
             embed,
-            fit,
-            tensors: b.tensors,
-            len: b.len,
             parts,
             attn: None,
             frozen: vec![],
@@ -198,11 +217,8 @@ impl ParamLayout {
     }
 
     /// DPA-1's layout (tensor order in the module's doc).
-    fn mixed(spec: &ModelSpec) -> Self {
-        let d = &spec.descriptor;
+    fn mixed(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
         let a = d.attn().expect("a DPA-1 spec has its attention keys");
-        let nt = spec.ntypes();
-        let mut b = Builder::default();
         let tebd_w = b.alloc("tebd.layer0.w".into(), vec![nt, a.tebd_dim]);
         let tebd_b = (a.use_tebd_bias).then(|| b.alloc("tebd.layer0.b".into(), vec![a.tebd_dim]));
         let tebd = TebdLayout {
@@ -235,13 +251,8 @@ impl ParamLayout {
                 }
             })
             .collect();
-        let f = &spec.fitting;
-        let fit = vec![b.net("fit".into(), d.dim(), &f.neuron, f.resnet_dt, true)];
-        ParamLayout {
+        DescriptorLayout {
             embed,
-            fit,
-            tensors: b.tensors,
-            len: b.len,
             parts: std::iter::once(0..1).collect(),
             attn: Some(AttnLayout {
                 tebd,
@@ -252,38 +263,43 @@ impl ParamLayout {
         }
     }
 
-    /// The fitting net of centre type t: `fit[t]`, or the one net of a mixed-type descriptor
-    /// (DPA-1), which serves every type.
-    pub fn fit_net(&self, t: usize) -> &Net {
-        if self.fit.len() == 1 {
-            &self.fit[0]
-        } else {
-            &self.fit[t]
-        }
-    }
-
-    /// Whether parameter `i` is held fixed in training ([`ParamLayout::frozen`]).
-    pub fn is_frozen(&self, i: usize) -> bool {
-        self.frozen.iter().any(|r| r.contains(&i))
-    }
-
     /// Part k's embedding nets as a layout of their own (offsets still into the whole parameter
-    /// vector; no fitting nets, no tensor list): what a hybrid's sub-descriptor computes with.
-    pub fn part(&self, k: usize) -> ParamLayout {
+    /// vector): what a hybrid's sub-descriptor computes with.
+    pub fn part(&self, k: usize) -> DescriptorLayout {
         let nets = self.embed[self.parts[k].clone()].to_vec();
-        ParamLayout {
+        DescriptorLayout {
             parts: std::iter::once(0..nets.len()).collect(),
             embed: nets,
-            fit: vec![],
-            tensors: vec![],
-            len: self.len,
             attn: None,
             frozen: vec![],
         }
     }
+}
 
-    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensors.iter().find(|t| t.name == name)
+impl FittingLayout {
+    /// The `ener` fitting: a net from the descriptor to one atomic energy, per centre type
+    /// (`fit.t{t}`), or one net (`fit`) for every type after a mixed-type descriptor.
+    fn new(spec: &ModelSpec, b: &mut Builder) -> Self {
+        let f = &spec.fitting;
+        let dim = spec.dim_descrpt();
+        let nets = if spec.descriptor.is_mixed() {
+            vec![b.net("fit".into(), dim, &f.neuron, f.resnet_dt, true)]
+        } else {
+            (0..spec.ntypes())
+                .map(|t| b.net(format!("fit.t{t}"), dim, &f.neuron, f.resnet_dt, true))
+                .collect()
+        };
+        FittingLayout { nets }
+    }
+
+    /// The fitting net of centre type t: `nets[t]`, or the one net of a mixed-type descriptor
+    /// (DPA-1), which serves every type.
+    pub fn net(&self, t: usize) -> &Net {
+        if self.nets.len() == 1 {
+            &self.nets[0]
+        } else {
+            &self.nets[t]
+        }
     }
 }
 

@@ -11,8 +11,8 @@ mod yaml;
 pub use check::MAX_NNEI;
 pub use init::init_params;
 pub use layout::{
-    embed_net_index, pair_types, AttnLayerLayout, AttnLayout, Layer, Net, ParamLayout, Skip,
-    TebdLayout, TensorInfo,
+    embed_net_index, pair_types, AttnLayerLayout, AttnLayout, DescriptorLayout, FittingLayout,
+    Layer, Net, ParamLayout, Skip, TebdLayout, TensorInfo,
 };
 pub use source::{read_model, read_model_to_train};
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};

@@ -3,7 +3,7 @@
 
 use crate::backend::{Backend, Dims, FusedEmbedding, Real};
 use crate::mem::OutOfMemory;
-use crate::model::{embed_net_index, Net, ParamLayout};
+use crate::model::{embed_net_index, DescriptorLayout, Net};
 
 use super::env::Env;
 use super::net::{net_dual_backward, net_forward, NetCache, NetDual, Zeros};
@@ -18,7 +18,7 @@ pub enum Embed<Buf> {
 impl<Buf: Send + Sync> Embed<Buf> {
     pub fn new<T: Real, B: Backend<T, Buf = Buf>>(
         b: &B,
-        layout: &ParamLayout,
+        layout: &DescriptorLayout,
         d: &Dims,
         zeros: &Zeros<Buf>,
     ) -> Result<Self, OutOfMemory> {
@@ -111,7 +111,7 @@ pub fn fused<T: Real, B: Backend<T>>(b: &B) -> &dyn FusedEmbedding<T, Buf = B::B
 
 /// The embedding nets of a model and which serves each block (ti, tj).
 pub struct Nets<'a> {
-    pub layout: &'a ParamLayout,
+    pub layout: &'a DescriptorLayout,
     pub type_one_side: bool,
 }
 

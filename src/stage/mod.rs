@@ -10,7 +10,7 @@ pub mod net;
 
 use crate::backend::{Backend, Real};
 use crate::geometry::EnvParams;
-use crate::model::{AttentionConfig, DescriptorType, Model, Net, ParamLayout};
+use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
 
 use embed::Nets;
 
@@ -27,13 +27,15 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     pub parts: Vec<Part<T, B>>,
     /// The fitting net of each centre type (a mixed-type descriptor's one net, for every type).
     pub fitting: Vec<Net>,
+    /// The length of the parameter vector (and of `grad`, `m`, `v`).
+    pub nparams: usize,
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
 /// environment settings and statistics.
 pub struct DescState<T: Real, B: Backend<T>> {
     pub kind: DescriptorType,
-    pub layout: ParamLayout,
+    pub layout: DescriptorLayout,
     pub env: EnvParams,
     pub type_one_side: bool,
     /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
@@ -70,7 +72,7 @@ pub struct Part<T: Real, B: Backend<T>> {
 /// parameters (for a hybrid, one sub-descriptor's).
 pub struct DescModel<'a, T: Real, B: Backend<T>> {
     pub kind: DescriptorType,
-    pub layout: &'a ParamLayout,
+    pub layout: &'a DescriptorLayout,
     pub env: EnvParams,
     pub type_one_side: bool,
     /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
@@ -105,7 +107,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                 .map(|(k, p)| Part {
                     state: DescState {
                         kind: p.kind,
-                        layout: layout.part(k),
+                        layout: layout.descriptor.part(k),
                         env: p.env(),
                         type_one_side: p.type_one_side,
                         attention: None,
@@ -123,8 +125,9 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
         DeviceModel {
             parts,
             fitting: (0..model.spec.ntypes())
-                .map(|t| layout.fit_net(t).clone())
+                .map(|t| layout.fitting.net(t).clone())
                 .collect(),
+            nparams: n,
             desc: DescState {
                 kind: d.kind,
                 env: d.env(),
@@ -132,7 +135,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                 attention: d.attention.clone(),
                 davg: b.upload(&to_t(&model.davg)),
                 dstd: b.upload(&to_t(&model.dstd)),
-                layout,
+                layout: layout.descriptor,
             },
             params: b.upload(&to_t(&model.params)),
             bias: b.upload(&to_t(&model.bias)),

@@ -516,8 +516,7 @@ fn resolve_spec(cfg: &mut Config, given: Option<&Model>, read: &mut Reading) -> 
 fn log_model(model: &Model, precision: Precision) {
     let spec = &model.spec;
     let layout = model.layout();
-    let nembed: usize = layout
-        .embed
+    let nembed: usize = (layout.descriptor.embed)
         .iter()
         .flat_map(|n| &n.layers)
         .map(|l| l.nin * l.nout + l.nout * (1 + usize::from(l.idt.is_some())))

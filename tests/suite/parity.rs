@@ -113,7 +113,10 @@ fn op_outputs<T: Real, B: Backend<T>>(
     // Dense layers: every layer of the first embedding net (over slots) and of the first
     // fitting net (over centres), on all rows and on a range that does not start at 0.
     let params = up(&m.params);
-    let nets = [(&layout.embed[0], ns), (&layout.fit[0], nc)];
+    let nets = [
+        (&layout.descriptor.embed[0], ns),
+        (&layout.fitting.nets[0], nc),
+    ];
     for (net, total) in nets {
         let ranges = [0..total, total / 3..total - total / 5];
         for (l, layer) in net.layers.iter().enumerate() {

@@ -87,7 +87,7 @@ impl<B: Fetch> Session<B> {
     }
 
     pub fn nparams(&self) -> usize {
-        self.run.dm().desc.layout.len
+        self.run.dm().nparams
     }
 
     pub fn numb_steps(&self) -> usize {

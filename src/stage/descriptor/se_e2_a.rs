@@ -8,7 +8,7 @@ use super::super::env::Env;
 use super::super::net::Zeros;
 use super::super::DescModel;
 use super::Stage;
-use crate::model::ParamLayout;
+use crate::model::DescriptorLayout;
 
 pub struct SeE2A<T: Real, B: Backend<T>> {
     embed: Embed<B::Buf>,
@@ -26,7 +26,7 @@ pub struct SeE2A<T: Real, B: Backend<T>> {
 impl<T: Real, B: Backend<T>> SeE2A<T, B> {
     pub fn new(
         b: &B,
-        layout: &ParamLayout,
+        layout: &DescriptorLayout,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {

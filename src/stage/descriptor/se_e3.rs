@@ -12,7 +12,7 @@ use super::super::env::Env;
 use super::super::net::{net_dual_backward, net_forward, NetCache, NetDual, Zeros};
 use super::super::DescModel;
 use super::Stage;
-use crate::model::ParamLayout;
+use crate::model::DescriptorLayout;
 
 pub struct SeE3<T: Real, B: Backend<T>> {
     pairs: Pairs,
@@ -33,7 +33,7 @@ pub struct SeE3<T: Real, B: Backend<T>> {
 impl<T: Real, B: Backend<T>> SeE3<T, B> {
     pub fn new(
         b: &B,
-        layout: &ParamLayout,
+        layout: &DescriptorLayout,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {
