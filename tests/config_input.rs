@@ -463,7 +463,10 @@ fn unsupported_settings_are_errors() {
             "descriptor type 'dpa2' is not supported",
             "se_e2_a (se_a)",
             "se_e2_r (se_r)",
-            "se_e3 (se_t)",
+            "se_e3 (se_at, se_a_3be, se_t)",
+            "se_atten (dpa1)",
+            "se_atten_v2",
+            "hybrid",
         ],
     );
     let cases = [

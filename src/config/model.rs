@@ -8,6 +8,7 @@ use super::keys::{
     to_usize_list, wrong_type, Fixed, Schema, Section,
 };
 use super::ConfigError;
+use crate::model::registry::descriptor_names;
 use crate::model::DescriptorType;
 pub use crate::model::{AttentionConfig, TebdInputMode};
 
@@ -496,37 +497,35 @@ fn parse_descriptor(
         }
         None => return Err(wrong_type(path, "an object", v)),
     };
-    let (descriptor, schema) = match kind {
-        "se_e2_a" | "se_a" => (DescriptorType::SeE2A, &DESCRIPTOR),
-        "se_e2_r" | "se_r" => (DescriptorType::SeE2R, &DESCRIPTOR_R),
-        // DeePMD-kit 3.2.0 registers se_e3 with these aliases.
-        "se_e3" | "se_at" | "se_a_3be" | "se_t" => (DescriptorType::SeE3, &DESCRIPTOR_T),
-        "se_atten" | "dpa1" | "se_atten_v2" if in_hybrid => {
+    let Some(descriptor) = DescriptorType::from_name(kind) else {
+        return Err(ConfigError::unsupported(
+            type_path,
+            format!(
+                "descriptor type '{kind}' is not supported; dpw supports {}",
+                descriptor_names()
+            ),
+        ));
+    };
+    let schema = match descriptor {
+        DescriptorType::SeE2A => &DESCRIPTOR,
+        DescriptorType::SeE2R => &DESCRIPTOR_R,
+        DescriptorType::SeE3 => &DESCRIPTOR_T,
+        DescriptorType::SeAtten | DescriptorType::SeAttenV2 if in_hybrid => {
             return Err(ConfigError::unsupported(
                 type_path,
                 format!("{kind} inside hybrid is not supported"),
             ))
         }
-        "se_atten" | "dpa1" => (DescriptorType::SeAtten, &DESCRIPTOR_ATTEN),
-        "se_atten_v2" => (DescriptorType::SeAttenV2, &DESCRIPTOR_ATTEN_V2),
-        "hybrid" if in_hybrid => {
+        DescriptorType::SeAtten => &DESCRIPTOR_ATTEN,
+        DescriptorType::SeAttenV2 => &DESCRIPTOR_ATTEN_V2,
+        DescriptorType::Hybrid if in_hybrid => {
             return Err(ConfigError::unsupported(
                 type_path,
                 "a hybrid descriptor inside hybrid is not supported; list its sub-descriptors \
                  in the outer hybrid's list",
             ))
         }
-        "hybrid" => return parse_hybrid(v, path, ntypes),
-        _ => {
-            return Err(ConfigError::unsupported(
-                type_path,
-                format!(
-                    "descriptor type '{kind}' is not supported; dpw supports se_e2_a (se_a), \
-                     se_e2_r (se_r), se_e3 (se_t), hybrid, and parses se_atten (dpa1) and \
-                     se_atten_v2"
-                ),
-            ))
-        }
+        DescriptorType::Hybrid => return parse_hybrid(v, path, ntypes),
     };
     let sec = Section::new(v, path, schema)?;
     let sel = match sec.get("sel") {

@@ -5,6 +5,7 @@ mod check;
 pub mod file;
 mod init;
 mod layout;
+pub mod registry;
 mod source;
 mod yaml;
 
@@ -56,17 +57,6 @@ impl DescriptorType {
     /// DPA-1 (se_atten, se_atten_v2): one mixed-type neighbour list and a type embedding.
     pub fn is_attention(self) -> bool {
         matches!(self, DescriptorType::SeAtten | DescriptorType::SeAttenV2)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DescriptorType::SeE2A => "se_e2_a",
-            DescriptorType::SeE2R => "se_e2_r",
-            DescriptorType::SeE3 => "se_e3",
-            DescriptorType::Hybrid => "hybrid",
-            DescriptorType::SeAtten => "se_atten",
-            DescriptorType::SeAttenV2 => "se_atten_v2",
-        }
     }
 
     /// se_e2_a: files written before descriptors had a type read as it, and it is written

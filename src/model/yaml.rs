@@ -19,8 +19,8 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
 use super::{
-    pair_types, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FittingSpec, Layer,
-    Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode,
+    pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FittingSpec,
+    Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode,
 };
 
 /// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model with an `se_e2_a`, `se_e2_r`
@@ -438,21 +438,16 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     let mut params = vec![0.0; layout.len];
 
     let parts = spec.descriptor.parts();
-    if let Some(a) = &layout.attn {
-        read_attention(
-            &items[0],
-            &spec.descriptor,
-            a,
-            &layout.embed[0],
-            &mut params,
-        )?;
+    let dl = &layout.descriptor;
+    if let Some(a) = &dl.attn {
+        read_attention(&items[0], &spec.descriptor, a, &dl.embed[0], &mut params)?;
     }
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
         if part.is_mixed() {
             break; // read above
         }
         let embed_ndim = if part.type_one_side { 1 } else { 2 };
-        let nets = &layout.embed[layout.parts[k].clone()];
+        let nets = &dl.embed[dl.parts[k].clone()];
         read_nets(
             &at.key("embeddings")?,
             &file_nets(part, nt, nets),
@@ -462,7 +457,12 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     }
     // One fitting net in a collection of ndim 0 for a mixed-type descriptor, else one per type.
     let fit_ndim = if spec.descriptor.is_mixed() { 0 } else { 1 };
-    read_nets(&f.key("nets")?, &some(&layout.fit), fit_ndim, &mut params)?;
+    read_nets(
+        &f.key("nets")?,
+        &some(&layout.fitting.nets),
+        fit_ndim,
+        &mut params,
+    )?;
     let (mut davg, mut dstd) = (Vec::new(), Vec::new());
     for (part, at) in parts.iter().zip(&items) {
         let [a, s] = read_stats(at, part, nt)?;
@@ -489,7 +489,7 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     if let Some(ae) = &atom_ener {
         for (t, b) in bias.iter_mut().enumerate() {
             if spec.descriptor.is_mixed() || ae.get(t).is_none_or(Option::is_some) {
-                let net = layout.fit_net(t);
+                let net = layout.fitting.net(t);
                 *b -= net_output(net, &params, &vec![0.0; net.layers[0].nin])[0];
             }
         }
@@ -570,33 +570,16 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
     if let Some(v) = d.opt("@variables") {
         v.known(&[DESCRIPTOR_VARIABLES])?;
     }
-    if let Some(t) = d.opt("type") {
-        if let Ok(t @ ("dpa1" | "se_atten" | "se_atten_v2")) = t.str() {
-            return read_dpa1(d, t);
-        }
+    // DeePMD-kit's registry finds a descriptor by its type or any alias.
+    let names: Vec<&str> = (registry::DESCRIPTORS.iter())
+        .filter(|r| r.kind != DescriptorType::Hybrid)
+        .flat_map(|r| r.names.iter().copied())
+        .collect();
+    d.expect("type", &names)?;
+    let kind = DescriptorType::from_name(d.key("type")?.str()?).expect("a registered name");
+    if kind.is_attention() {
+        return read_dpa1(d, kind);
     }
-    // se_e3's names are those DeePMD-kit's descriptor registry knows it by.
-    let se_e3 = ["se_e3", "se_at", "se_a_3be", "se_t"];
-    d.expect(
-        "type",
-        &[
-            "se_e2_a",
-            "se_r",
-            "se_e2_r",
-            se_e3[0],
-            se_e3[1],
-            se_e3[2],
-            se_e3[3],
-            "dpa1",
-            "se_atten",
-            "se_atten_v2",
-        ],
-    )?;
-    let kind = match d.key("type")?.str()? {
-        "se_e2_a" => DescriptorType::SeE2A,
-        t if se_e3.contains(&t) => DescriptorType::SeE3,
-        _ => DescriptorType::SeE2R,
-    };
     d.version(1..=3, Some(1))?;
     d.known(&[
         DESCRIPTOR_KEYS,
@@ -646,11 +629,7 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
 /// DPA-1's keys: DeePMD-kit serialises se_atten as `type: dpa1`, se_atten_v2 as itself
 /// (without tebd_input_mode and smooth_type_embedding: always strip and smooth). Its sel is
 /// one mixed list: a list's sum (DeePMD-kit's nnei), kept as one number.
-fn read_dpa1(d: &At, t: &str) -> Result<DescriptorSpec> {
-    let kind = match t {
-        "se_atten_v2" => DescriptorType::SeAttenV2,
-        _ => DescriptorType::SeAtten,
-    };
+fn read_dpa1(d: &At, kind: DescriptorType) -> Result<DescriptorSpec> {
     let v2 = kind == DescriptorType::SeAttenV2;
     d.version(1..=3, None)?;
     d.known(&[
@@ -1065,12 +1044,13 @@ fn model_to_tree(model: &Model) -> Value {
     let nstat = 4 * nt;
     let mut trees: Vec<(Value, Value)> = (d.parts().iter().enumerate())
         .map(|(k, part)| {
-            let nets = &layout.embed[layout.parts[k].clone()];
+            let dl = &layout.descriptor;
+            let nets = &dl.embed[dl.parts[k].clone()];
             let stats = [
                 &model.davg[k * nstat..(k + 1) * nstat],
                 &model.dstd[k * nstat..(k + 1) * nstat],
             ];
-            match &layout.attn {
+            match &dl.attn {
                 Some(a) => dpa1_tree(part, &nets[0], a, p, stats, type_map),
                 None => descriptor_tree(part, nets, p, stats, type_map),
             }
@@ -1090,7 +1070,7 @@ fn model_to_tree(model: &Model) -> Value {
 
     let mixed = d.is_mixed();
     let nets = Nets {
-        nets: some(&layout.fit),
+        nets: some(&layout.fitting.nets),
         // One net for every type (a collection of ndim 0) for a mixed-type descriptor.
         ndim: if mixed { 0 } else { 1 },
         fitting: true,

@@ -1,0 +1,90 @@
+//! The descriptors dpw knows, found by DeePMD-kit's `type` and the aliases DeePMD-kit's
+//! registry knows them by (`BaseDescriptor.register("se_e2_r")` and `register("se_r")`): the
+//! one table input.json, `.yaml` files and messages read names from.
+
+use super::DescriptorType;
+
+/// A registered descriptor: its kind and its names, DeePMD-kit's canonical `type` first.
+pub struct Registered {
+    pub kind: DescriptorType,
+    pub names: &'static [&'static str],
+}
+
+/// Every descriptor, in the order messages list them.
+pub static DESCRIPTORS: &[Registered] = &[
+    Registered {
+        kind: DescriptorType::SeE2A,
+        names: &["se_e2_a", "se_a"],
+    },
+    Registered {
+        kind: DescriptorType::SeE2R,
+        names: &["se_e2_r", "se_r"],
+    },
+    Registered {
+        kind: DescriptorType::SeE3,
+        names: &["se_e3", "se_at", "se_a_3be", "se_t"],
+    },
+    Registered {
+        kind: DescriptorType::SeAtten,
+        names: &["se_atten", "dpa1"],
+    },
+    Registered {
+        kind: DescriptorType::SeAttenV2,
+        names: &["se_atten_v2"],
+    },
+    Registered {
+        kind: DescriptorType::Hybrid,
+        names: &["hybrid"],
+    },
+];
+
+impl DescriptorType {
+    /// The descriptor registered under `name` (a `type` or one of its aliases).
+    pub fn from_name(name: &str) -> Option<Self> {
+        (DESCRIPTORS.iter())
+            .find(|r| r.names.contains(&name))
+            .map(|r| r.kind)
+    }
+
+    /// Its names, the canonical `type` first.
+    pub fn names(self) -> &'static [&'static str] {
+        (DESCRIPTORS.iter())
+            .find(|r| r.kind == self)
+            .map(|r| r.names)
+            .expect("every kind is registered")
+    }
+
+    /// DeePMD-kit's canonical `type`.
+    pub fn as_str(self) -> &'static str {
+        self.names()[0]
+    }
+}
+
+/// The registered descriptors for a message: `se_e2_a (se_a), se_e2_r (se_r), ...`.
+pub fn descriptor_names() -> String {
+    let one = |r: &Registered| match r.names {
+        [name] => name.to_string(),
+        [name, aliases @ ..] => format!("{name} ({})", aliases.join(", ")),
+        [] => unreachable!("a registered descriptor has a name"),
+    };
+    DESCRIPTORS.iter().map(one).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_finds_its_kind_and_no_name_is_taken_twice() {
+        let mut seen = std::collections::HashSet::new();
+        for r in DESCRIPTORS {
+            assert_eq!(r.kind.as_str(), r.names[0]);
+            for name in r.names {
+                assert!(seen.insert(*name), "{name} registered twice");
+                assert_eq!(DescriptorType::from_name(name), Some(r.kind));
+            }
+        }
+        assert_eq!(DescriptorType::from_name("dpa2"), None);
+        assert!(descriptor_names().starts_with("se_e2_a (se_a), se_e2_r (se_r), se_e3 ("));
+    }
+}
