@@ -50,23 +50,23 @@ impl Fixed {
 
 /// The keys of one JSON object.
 pub(crate) struct Schema {
-    /// Keys read into the typed config (canonical DeePMD-kit names).
-    pub keys: &'static [&'static str],
+    /// Keys read into the typed config (canonical DeePMD-kit names), in groups so that the
+    /// keys several sections share are listed once.
+    pub keys: &'static [&'static [&'static str]],
     /// `(alias, canonical)`: DeePMD-kit's alternative spellings.
     pub aliases: &'static [(&'static str, &'static str)],
     /// `(key, only accepted value, why)`: see [`Fixed`]. Checked when the section is opened and
     /// written back by [`Schema::write_fixed`] so out.json lists them like `dp train` does.
-    pub fixed: &'static [(&'static str, Fixed, &'static str)],
+    /// Grouped as `keys` is.
+    pub fixed: &'static [&'static [(&'static str, Fixed, &'static str)]],
     /// Keys accepted and not used (any value).
     pub ignored: &'static [&'static str],
 }
 
 impl Schema {
     fn valid_keys(&self) -> Vec<String> {
-        let fixed = self.fixed.iter().map(|(k, _, _)| k);
-        let mut v: Vec<String> = self
-            .keys
-            .iter()
+        let fixed = self.fixed_keys().map(|(k, _, _)| k);
+        let mut v: Vec<String> = (self.keys.iter().copied().flatten())
             .chain(fixed)
             .chain(self.ignored)
             .map(|k| k.to_string())
@@ -75,16 +75,24 @@ impl Schema {
         v
     }
 
+    fn fixed_keys(&self) -> impl Iterator<Item = &'static (&'static str, Fixed, &'static str)> {
+        self.fixed.iter().copied().flatten()
+    }
+
+    fn has_key(&self, key: &str) -> bool {
+        self.keys.iter().any(|g| g.contains(&key))
+    }
+
     fn knows(&self, key: &str) -> bool {
-        self.keys.contains(&key)
+        self.has_key(key)
             || self.aliases.iter().any(|(a, _)| *a == key)
-            || self.fixed.iter().any(|(k, _, _)| *k == key)
+            || self.fixed_keys().any(|(k, _, _)| *k == key)
             || self.ignored.contains(&key)
     }
 
     /// Adds the fixed keys with their one accepted value to an expanded-JSON object.
     pub(crate) fn write_fixed(&self, map: &mut Map<String, Value>) {
-        for (key, value, _) in self.fixed {
+        for (key, value, _) in self.fixed_keys() {
             map.insert(key.to_string(), value.to_value());
         }
     }
@@ -191,7 +199,7 @@ impl<'a> Section<'a> {
             schema,
         };
         // Fixed keys first: an unsupported `type` explains the unknown keys that follow it.
-        for (key, only, why) in schema.fixed {
+        for (key, only, why) in schema.fixed_keys() {
             if let Some(v) = map.get(*key) {
                 if !only.matches(v) {
                     return Err(ConfigError::unsupported(
@@ -236,10 +244,7 @@ impl<'a> Section<'a> {
 
     /// The raw value of `key` (or of one of its aliases), `None` when absent.
     pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
-        debug_assert!(
-            self.schema.keys.contains(&key),
-            "{key} is not in the schema"
-        );
+        debug_assert!(self.schema.has_key(key), "{key} is not in the schema");
         self.map.get(key).or_else(|| {
             self.schema
                 .aliases

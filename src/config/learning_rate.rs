@@ -69,7 +69,7 @@ impl LearningRateConfig {
 }
 
 static LEARNING_RATE: Schema = Schema {
-    keys: &[
+    keys: &[&[
         "start_lr",
         "stop_lr",
         "stop_lr_ratio",
@@ -80,13 +80,13 @@ static LEARNING_RATE: Schema = Schema {
         "warmup_ratio",
         "warmup_start_factor",
         "scale_by_worker",
-    ],
+    ]],
     aliases: &[],
-    fixed: &[(
+    fixed: &[&[(
         "type",
         Fixed::Str("exp"),
         "the only schedule dpw implements",
-    )],
+    )]],
     ignored: &[],
 };
 

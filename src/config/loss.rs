@@ -41,7 +41,7 @@ const NO_PF: &str = "atom-prefactor forces are not trained";
 const NO_GF: &str = "generalized forces are not trained";
 
 static LOSS: Schema = Schema {
-    keys: &[
+    keys: &[&[
         "start_pref_e",
         "limit_pref_e",
         "start_pref_f",
@@ -50,9 +50,9 @@ static LOSS: Schema = Schema {
         "limit_pref_v",
         "relative_f",
         "intensive_ener_virial",
-    ],
+    ]],
     aliases: &[],
-    fixed: &[
+    fixed: &[&[
         ("type", Fixed::Str("ener"), "the only loss dpw implements"),
         ("start_pref_ae", Fixed::Zero, NO_AE),
         ("limit_pref_ae", Fixed::Zero, NO_AE),
@@ -72,7 +72,7 @@ static LOSS: Schema = Schema {
             Fixed::False,
             "the Huber loss is not implemented",
         ),
-    ],
+    ]],
     // Only meaningful with use_huber, which must be false.
     ignored: &["huber_delta"],
 };

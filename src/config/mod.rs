@@ -42,7 +42,7 @@ pub struct Config {
 }
 
 static ROOT: Schema = Schema {
-    keys: &["model", "learning_rate", "loss", "optimizer", "training"],
+    keys: &[&["model", "learning_rate", "loss", "optimizer", "training"]],
     aliases: &[],
     fixed: &[],
     ignored: &[],

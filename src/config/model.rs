@@ -154,15 +154,15 @@ pub struct FittingConfig {
 const TANH_ONLY: &str = "the only activation dpw implements";
 
 static MODEL: Schema = Schema {
-    keys: &[
+    keys: &[&[
         "type_map",
         "descriptor",
         "fitting_net",
         "data_stat_nbatch",
         "data_stat_protect",
-    ],
+    ]],
     aliases: &[],
-    fixed: &[
+    fixed: &[&[
         (
             "pair_exclude_types",
             Fixed::EmptyList,
@@ -178,101 +178,63 @@ static MODEL: Schema = Schema {
             Fixed::Null,
             "the energy bias is always computed from data",
         ),
-    ],
+    ]],
     ignored: &[],
 };
 
-static DESCRIPTOR: Schema = Schema {
-    keys: &[
-        "type",
-        "sel",
-        "rcut",
-        "rcut_smth",
-        "neuron",
-        "axis_neuron",
-        "resnet_dt",
-        "type_one_side",
-        "precision",
-        "trainable",
-        "seed",
-        "env_protection",
-        "set_davg_zero",
-    ],
-    aliases: &[("n_axis_neuron", "axis_neuron")],
-    fixed: &[
-        ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
-        (
-            "exclude_types",
-            Fixed::EmptyList,
-            "type exclusion is not implemented",
-        ),
-    ],
-    ignored: &[],
-};
+/// The keys every se_* and DPA-1 descriptor has (DeePMD-kit 3.2.0's `descrpt_se_a_args` and
+/// its siblings share them).
+const SE_KEYS: &[&str] = &[
+    "type",
+    "sel",
+    "rcut",
+    "rcut_smth",
+    "neuron",
+    "resnet_dt",
+    "precision",
+    "trainable",
+    "seed",
+    "env_protection",
+    "set_davg_zero",
+];
 
-/// se_e2_r's keys: se_e2_a's without `axis_neuron` (DeePMD-kit 3.2.0's `descrpt_se_r_args`).
-static DESCRIPTOR_R: Schema = Schema {
-    keys: &[
-        "type",
-        "sel",
-        "rcut",
-        "rcut_smth",
-        "neuron",
-        "resnet_dt",
-        "type_one_side",
-        "precision",
-        "trainable",
-        "seed",
-        "env_protection",
-        "set_davg_zero",
-    ],
-    aliases: &[],
-    fixed: &[
-        ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
-        (
-            "exclude_types",
-            Fixed::EmptyList,
-            "type exclusion is not implemented",
-        ),
-    ],
-    ignored: &[],
-};
-
-/// se_e3's keys (DeePMD-kit 3.2.0's `descrpt_se_t_args`): no axis_neuron, no type_one_side.
-static DESCRIPTOR_T: Schema = Schema {
-    keys: &[
-        "type",
-        "sel",
-        "rcut",
-        "rcut_smth",
-        "neuron",
-        "resnet_dt",
-        "set_davg_zero",
-        "precision",
-        "trainable",
-        "seed",
-        "env_protection",
-    ],
-    aliases: &[],
-    fixed: &[
-        ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
-        (
-            "exclude_types",
-            Fixed::EmptyList,
-            "type exclusion is not implemented",
-        ),
-    ],
-    ignored: &[],
-};
-
-/// What DeePMD-kit 3.2.0 itself refuses or dpw does not implement for se_atten / se_atten_v2.
-const ATTEN_FIXED: &[(&str, Fixed, &str)] = &[
+/// What dpw does not implement for any se_* descriptor.
+const SE_FIXED: &[(&str, Fixed, &str)] = &[
     ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
     (
         "exclude_types",
         Fixed::EmptyList,
         "type exclusion is not implemented",
     ),
+];
+
+/// se_e2_a's keys (`descrpt_se_a_args`).
+static DESCRIPTOR: Schema = Schema {
+    keys: &[SE_KEYS, &["axis_neuron", "type_one_side"]],
+    aliases: &[("n_axis_neuron", "axis_neuron")],
+    fixed: &[SE_FIXED],
+    ignored: &[],
+};
+
+/// se_e2_r's keys: se_e2_a's without `axis_neuron` (DeePMD-kit 3.2.0's `descrpt_se_r_args`).
+static DESCRIPTOR_R: Schema = Schema {
+    keys: &[SE_KEYS, &["type_one_side"]],
+    aliases: &[],
+    fixed: &[SE_FIXED],
+    ignored: &[],
+};
+
+/// se_e3's keys (DeePMD-kit 3.2.0's `descrpt_se_t_args`): no axis_neuron, no type_one_side.
+static DESCRIPTOR_T: Schema = Schema {
+    keys: &[SE_KEYS],
+    aliases: &[],
+    fixed: &[SE_FIXED],
+    ignored: &[],
+};
+
+/// What DeePMD-kit 3.2.0 itself refuses or dpw does not implement for se_atten / se_atten_v2,
+/// beyond [`SE_FIXED`].
+const ATTEN_FIXED: &[(&str, Fixed, &str)] = &[
     (
         "attn_mask",
         Fixed::False,
@@ -285,44 +247,42 @@ const ATTEN_FIXED: &[(&str, Fixed, &str)] = &[
     ),
 ];
 
-/// se_atten's keys (DeePMD-kit 3.2.0's `descrpt_se_atten_common_args` + `descrpt_se_atten_args`;
-/// registered also as `dpa1`). `lmax` is read and must be 1 (the only degree dpw implements).
+/// The keys se_atten and se_atten_v2 share beyond [`SE_KEYS`] (`descrpt_se_atten_common_args`).
+/// `lmax` is read and must be 1 (the only degree dpw implements).
+const ATTEN_KEYS: &[&str] = &[
+    "axis_neuron",
+    "type_one_side",
+    "lmax",
+    "attn",
+    "attn_layer",
+    "attn_dotr",
+    "trainable_ln",
+    "ln_eps",
+    "tebd_dim",
+    "use_tebd_bias",
+    "scaling_factor",
+    "normalize",
+    "temperature",
+    "concat_output_tebd",
+];
+
+/// se_atten's keys (`descrpt_se_atten_common_args` + `descrpt_se_atten_args`; registered also
+/// as `dpa1`).
 static DESCRIPTOR_ATTEN: Schema = Schema {
     keys: &[
-        "type",
-        "sel",
-        "rcut",
-        "rcut_smth",
-        "neuron",
-        "axis_neuron",
-        "lmax",
-        "resnet_dt",
-        "type_one_side",
-        "precision",
-        "trainable",
-        "seed",
-        "env_protection",
-        "attn",
-        "attn_layer",
-        "attn_dotr",
-        "stripped_type_embedding",
-        "smooth_type_embedding",
-        "set_davg_zero",
-        "trainable_ln",
-        "ln_eps",
-        "tebd_dim",
-        "use_tebd_bias",
-        "tebd_input_mode",
-        "scaling_factor",
-        "normalize",
-        "temperature",
-        "concat_output_tebd",
+        SE_KEYS,
+        ATTEN_KEYS,
+        &[
+            "stripped_type_embedding",
+            "smooth_type_embedding",
+            "tebd_input_mode",
+        ],
     ],
     aliases: &[
         ("n_axis_neuron", "axis_neuron"),
         ("smooth_type_embdding", "smooth_type_embedding"),
     ],
-    fixed: ATTEN_FIXED,
+    fixed: &[SE_FIXED, ATTEN_FIXED],
     ignored: &[],
 };
 
@@ -330,48 +290,22 @@ static DESCRIPTOR_ATTEN: Schema = Schema {
 /// without stripped_type_embedding, smooth_type_embedding and tebd_input_mode (v2 is always
 /// strip and smooth).
 static DESCRIPTOR_ATTEN_V2: Schema = Schema {
-    keys: &[
-        "type",
-        "sel",
-        "rcut",
-        "rcut_smth",
-        "neuron",
-        "axis_neuron",
-        "lmax",
-        "resnet_dt",
-        "type_one_side",
-        "precision",
-        "trainable",
-        "seed",
-        "env_protection",
-        "attn",
-        "attn_layer",
-        "attn_dotr",
-        "set_davg_zero",
-        "trainable_ln",
-        "ln_eps",
-        "tebd_dim",
-        "use_tebd_bias",
-        "scaling_factor",
-        "normalize",
-        "temperature",
-        "concat_output_tebd",
-    ],
+    keys: &[SE_KEYS, ATTEN_KEYS],
     aliases: &[("n_axis_neuron", "axis_neuron")],
-    fixed: ATTEN_FIXED,
+    fixed: &[SE_FIXED, ATTEN_FIXED],
     ignored: &[],
 };
 
 /// hybrid's keys (DeePMD-kit 3.2.0's `descrpt_hybrid_args`): its list of sub-descriptors.
 static DESCRIPTOR_HYBRID: Schema = Schema {
-    keys: &["type", "list"],
+    keys: &[&["type", "list"]],
     aliases: &[],
     fixed: &[],
     ignored: &[],
 };
 
 static FITTING: Schema = Schema {
-    keys: &[
+    keys: &[&[
         "neuron",
         "resnet_dt",
         "precision",
@@ -379,9 +313,9 @@ static FITTING: Schema = Schema {
         "atom_ener",
         "trainable",
         "seed",
-    ],
+    ]],
     aliases: &[("n_neuron", "neuron")],
-    fixed: &[
+    fixed: &[&[
         (
             "type",
             Fixed::Str("ener"),
@@ -398,7 +332,7 @@ static FITTING: Schema = Schema {
             Fixed::ZeroCount,
             "atomic parameters are not implemented",
         ),
-    ],
+    ]],
     ignored: &[],
 };
 

@@ -21,9 +21,9 @@ impl OptimizerConfig {
 }
 
 static OPTIMIZER: Schema = Schema {
-    keys: &["adam_beta1", "adam_beta2"],
+    keys: &[&["adam_beta1", "adam_beta2"]],
     aliases: &[],
-    fixed: &[
+    fixed: &[&[
         (
             "type",
             Fixed::Str("Adam"),
@@ -34,7 +34,7 @@ static OPTIMIZER: Schema = Schema {
             Fixed::Zero,
             "weight decay is not implemented",
         ),
-    ],
+    ]],
     ignored: &[],
 };
 

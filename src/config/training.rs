@@ -225,30 +225,24 @@ impl AutoProb {
     }
 }
 
-const DATA_KEYS: [&str; 4] = ["systems", "batch_size", "auto_prob", "sys_probs"];
+const DATA_KEYS: &[&str] = &["systems", "batch_size", "auto_prob", "sys_probs"];
 
 static TRAINING_DATA: Schema = Schema {
-    keys: &DATA_KEYS,
+    keys: &[DATA_KEYS],
     aliases: &[("sys_weights", "sys_probs")],
     fixed: &[],
     ignored: &[],
 };
 
 static VALIDATION_DATA: Schema = Schema {
-    keys: &[
-        DATA_KEYS[0],
-        DATA_KEYS[1],
-        DATA_KEYS[2],
-        DATA_KEYS[3],
-        "numb_btch",
-    ],
+    keys: &[DATA_KEYS, &["numb_btch"]],
     aliases: &[("sys_weights", "sys_probs")],
     fixed: &[],
     ignored: &[],
 };
 
 static TRAINING: Schema = Schema {
-    keys: &[
+    keys: &[&[
         "training_data",
         "validation_data",
         "numb_steps",
@@ -262,9 +256,9 @@ static TRAINING: Schema = Schema {
         "disp_training",
         "time_training",
         "gradient_max_norm",
-    ],
+    ]],
     aliases: &[("stop_batch", "numb_steps")],
-    fixed: &[
+    fixed: &[&[
         (
             "tensorboard",
             Fixed::False,
@@ -286,7 +280,7 @@ static TRAINING: Schema = Schema {
             Fixed::False,
             "changing the bias after training is not implemented",
         ),
-    ],
+    ]],
     // stat_file: dpw recomputes the statistics each run (warned about); the others only
     // configure features that are off.
     ignored: &[
