@@ -1082,7 +1082,7 @@ impl Wgpu {
                 let (cap, used) = (lists.cap as u64, lists.used[g] as u64);
                 self.copy_region(&lists.ent, 4 * cap * g as u64, &fl.ent, 0, 4 * used);
             } else {
-                let (ptr, ent) = super::ops::force_csr(d, &owner.host, &centre_atom.host);
+                let (ptr, ent) = super::force_csr::force_csr(d, &owner.host, &centre_atom.host);
                 self.write_bytes(&fl.ptr, bytemuck::cast_slice(&ptr));
                 self.write_bytes(&fl.ent, bytemuck::cast_slice(&ent));
             }
@@ -1102,7 +1102,7 @@ impl Wgpu {
             let mut ptr = Vec::new();
             let mut ents = Vec::new();
             for frame in owner.host.chunks(ns) {
-                let (p, e) = super::ops::force_csr(d, frame, &centre_atom.host);
+                let (p, e) = super::force_csr::force_csr(d, frame, &centre_atom.host);
                 ptr.extend(p);
                 ents.push(e);
             }

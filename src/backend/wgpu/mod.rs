@@ -19,6 +19,7 @@
 //! float64.
 
 mod device;
+mod force_csr;
 mod ops;
 mod profile;
 pub mod shaders;
