@@ -725,6 +725,34 @@ fn se_atten_takes_deepmd_defaults() {
     assert_eq!(load(&water()).1.unwrap().model.descriptor.attention, None);
 }
 
+/// Issue 57, item 2: out.json holds no null where DeePMD-kit 3.2.0's argcheck (`dp train
+/// out.json`) wants a value: `training.mixed_precision` (a dict or no key; before: null,
+/// "requires <dict> but None is not a dict") and se_atten's `temperature` (a float or no key);
+/// a temperature given is kept, and the expanded input loads back to the same config.
+#[test]
+fn out_json_has_no_null_that_deepmd_kit_refuses() {
+    for (input, temperature) in [
+        (water(), None),
+        (water_atten(json!({"type": "se_atten"})), None),
+        (
+            water_atten(json!({"type": "se_atten_v2", "temperature": 0.5})),
+            Some(json!(0.5)),
+        ),
+    ] {
+        let (dir, c) = load(&input);
+        let c = c.unwrap();
+        let expanded = c.to_expanded_json();
+        assert_eq!(expanded["training"].get("mixed_precision"), None);
+        let d = &expanded["model"]["descriptor"];
+        assert_eq!(d.get("temperature"), temperature.as_ref());
+        assert_eq!(Config::from_value(&expanded, dir.path()).unwrap(), c);
+    }
+    // dpw's earlier out.json files (with the null) still load.
+    let mut old = water();
+    old["training"]["mixed_precision"] = Value::Null;
+    load(&old).1.unwrap();
+}
+
 #[test]
 fn se_atten_reads_the_reference_inputs() {
     use dpw::config::TebdInputMode;

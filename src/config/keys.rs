@@ -21,6 +21,10 @@ pub(crate) enum Fixed {
     ZeroCount,
     False,
     Null,
+    /// A key DeePMD-kit gives no default (`training.mixed_precision`: any value it takes turns
+    /// the feature on): accepted absent or null, and left out of out.json, where DeePMD-kit's
+    /// argcheck refuses a null.
+    Unset,
     EmptyList,
     Str(&'static str),
 }
@@ -30,7 +34,7 @@ impl Fixed {
         match self {
             Fixed::Zero | Fixed::ZeroCount => v.as_f64() == Some(0.0),
             Fixed::False => v == &Value::Bool(false),
-            Fixed::Null => v.is_null(),
+            Fixed::Null | Fixed::Unset => v.is_null(),
             Fixed::EmptyList => v.as_array().is_some_and(|a| a.is_empty()),
             Fixed::Str(s) => v.as_str() == Some(s),
         }
@@ -41,7 +45,7 @@ impl Fixed {
             Fixed::Zero => Value::from(0.0),
             Fixed::ZeroCount => Value::from(0),
             Fixed::False => Value::Bool(false),
-            Fixed::Null => Value::Null,
+            Fixed::Null | Fixed::Unset => Value::Null,
             Fixed::EmptyList => Value::Array(vec![]),
             Fixed::Str(s) => Value::from(s),
         }
@@ -93,7 +97,9 @@ impl Schema {
     /// Adds the fixed keys with their one accepted value to an expanded-JSON object.
     pub(crate) fn write_fixed(&self, map: &mut Map<String, Value>) {
         for (key, value, _) in self.fixed_keys() {
-            map.insert(key.to_string(), value.to_value());
+            if !matches!(value, Fixed::Unset) {
+                map.insert(key.to_string(), value.to_value());
+            }
         }
     }
 }

@@ -782,13 +782,16 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
                 ("attn_dotr", json!(a.attn_dotr)),
                 ("scaling_factor", json!(a.scaling_factor)),
                 ("normalize", json!(a.normalize)),
-                ("temperature", json!(a.temperature)),
                 ("trainable_ln", json!(a.trainable_ln)),
                 ("ln_eps", json!(a.ln_eps)),
                 ("concat_output_tebd", json!(a.concat_output_tebd)),
                 ("use_tebd_bias", json!(a.use_tebd_bias)),
             ] {
                 o.insert(k.into(), v);
+            }
+            // DeePMD-kit's argcheck takes a float or no key, not null.
+            if let Some(t) = a.temperature {
+                o.insert("temperature".into(), json!(t));
             }
             if d.kind == DescriptorType::SeAtten {
                 // The mode resolved from tebd_input_mode and stripped_type_embedding.

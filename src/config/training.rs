@@ -272,7 +272,7 @@ static TRAINING: Schema = Schema {
         ),
         (
             "mixed_precision",
-            Fixed::Null,
+            Fixed::Unset,
             "mixed precision is not implemented",
         ),
         (
