@@ -753,6 +753,35 @@ fn out_json_has_no_null_that_deepmd_kit_refuses() {
     load(&old).1.unwrap();
 }
 
+/// Issue 57: `model.type` is known. "standard" (DeePMD-kit's own out.json has it) trains and
+/// is written to out.json; DPA-4's input (DeePMD-kit's examples/water/dpa4/input.json has
+/// `"type": "DPA4"`, its own descriptor keys and a top-level `validating`) is refused naming
+/// DPA-4, not the first unknown key (before: "unknown key 'validating'"); linear and pair-table
+/// models are named too.
+#[test]
+fn model_type_is_known_and_named_first() {
+    let mut standard = water();
+    standard["model"]["type"] = json!("standard");
+    let c = load(&standard).1.unwrap();
+    assert_eq!(c.to_expanded_json()["model"]["type"], "standard");
+    let mut dpa4 = water();
+    dpa4["model"]["type"] = json!("DPA4");
+    dpa4["model"]["descriptor"] = json!({"rcut": 6.0, "channels": 32, "lmax": 3});
+    dpa4["model"]["enable_tf32"] = json!(true);
+    dpa4["validating"] = json!({"compiled_infer": false});
+    assert_unsupported(&dpa4, &["model.type", "DPA-4", "\"standard\""]);
+    for (ty, named) in [
+        ("linear_ener", "linear models"),
+        ("pairtab", "pair-table models"),
+        ("zbl_mix", "not known"),
+    ] {
+        assert_unsupported(
+            &water_with("/model/type", json!(ty)),
+            &["model.type", ty, named],
+        );
+    }
+}
+
 #[test]
 fn se_atten_reads_the_reference_inputs() {
     use dpw::config::TebdInputMode;

@@ -84,6 +84,11 @@ pub fn load_config(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
 impl Config {
     /// Builds a config from parsed JSON; relative system paths are resolved against `base_dir`.
     pub fn from_value(value: &Value, base_dir: &Path) -> Result<Config, ConfigError> {
+        // The model's type first: an input for a model dpw lacks is refused for that, not for
+        // the first of the keys that came with it.
+        if let Some(m) = value.get("model") {
+            model::check_type(m, "model")?;
+        }
         let root = Section::new(value, "", &ROOT)?;
         let model = model::parse(
             root.required(

@@ -8,7 +8,7 @@ use super::keys::{
     to_usize_list, wrong_type, Fixed, Schema, Section,
 };
 use super::ConfigError;
-use crate::model::registry::descriptor_names;
+use crate::model::registry::{descriptor_names, RegisteredModel, MODELS};
 use crate::model::DescriptorType;
 pub use crate::model::{AttentionConfig, TebdInputMode};
 
@@ -155,6 +155,7 @@ const TANH_ONLY: &str = "the only activation dpw implements";
 
 static MODEL: Schema = Schema {
     keys: &[&[
+        "type",
         "type_map",
         "descriptor",
         "fitting_net",
@@ -361,6 +362,30 @@ fn precision(sec: &Section) -> Result<Precision> {
     })
 }
 
+/// `model.type`, checked before any other key of the input: a model dpw lacks (DPA-4's
+/// `"type": "DPA4"`) comes with keys of its own at every level, and the model is what to name.
+pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
+    let Some(t) = v.get("type") else {
+        return Ok(());
+    };
+    let type_path = join(path, "type");
+    let name = to_str(t, &type_path)?;
+    match MODELS.iter().find(|m| m.names.contains(&name)) {
+        Some(RegisteredModel { lacks: None, .. }) => Ok(()),
+        Some(RegisteredModel {
+            lacks: Some(why), ..
+        }) => Err(ConfigError::unsupported(
+            type_path,
+            format!("model type {name:?}: {why}; dpw trains \"standard\" models"),
+        )),
+        None => Err(ConfigError::unsupported(
+            type_path,
+            format!("model type {name:?} is not known; dpw trains \"standard\" models"),
+        )),
+    }
+}
+
+/// The model section, its type already checked by [`check_type`].
 pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
     let sec = Section::new(v, path, &MODEL)?;
     let type_map = parse_type_map(&sec)?;
@@ -723,6 +748,7 @@ impl ModelConfig {
         FITTING.write_fixed(object(&mut fitting));
 
         let mut model = json!({
+            "type": "standard",
             "type_map": self.type_map,
             "descriptor": descriptor,
             "fitting_net": fitting,

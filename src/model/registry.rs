@@ -60,6 +60,38 @@ impl DescriptorType {
     }
 }
 
+/// A model type DeePMD-kit's input takes (`model.type`): dpw builds only `standard` (a
+/// descriptor and a fitting); the others are refused naming what they are.
+pub struct RegisteredModel {
+    pub names: &'static [&'static str],
+    /// What dpw lacks for it; `None` for the one it builds.
+    pub lacks: Option<&'static str>,
+}
+
+/// DeePMD-kit's model types (its argcheck's `model` variants and `get_model`'s branches).
+pub static MODELS: &[RegisteredModel] = &[
+    RegisteredModel {
+        names: &["standard"],
+        lacks: None,
+    },
+    RegisteredModel {
+        names: &["DPA4", "dpa4", "SeZM", "sezm"],
+        lacks: Some("DPA-4 (SeZM) is not supported"),
+    },
+    RegisteredModel {
+        names: &["linear_ener"],
+        lacks: Some("linear models (a weighted sum of models) are not supported"),
+    },
+    RegisteredModel {
+        names: &["pairtab"],
+        lacks: Some("pair-table models are not supported"),
+    },
+    RegisteredModel {
+        names: &["frozen"],
+        lacks: Some("frozen models as part of a model are not supported"),
+    },
+];
+
 /// The registered descriptors for a message: `se_e2_a (se_a), se_e2_r (se_r), ...`.
 pub fn descriptor_names() -> String {
     let one = |r: &Registered| match r.names {
