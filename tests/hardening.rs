@@ -1167,14 +1167,14 @@ fn log_file_waits_for_the_input() {
     std::fs::write(d.path().join("e.npy"), &precious).unwrap();
     std::fs::write(d.path().join("model.ckpt-5"), &precious).unwrap();
     let mut misspelt = tiny_input(2, &[]);
-    misspelt["training"]["numb_step"] = json!(2);
+    misspelt["training"]["numb_stps"] = json!(2);
     let cases: [(&str, Option<String>, &str); 4] = [
         ("missing.json", None, "missing.json"),
         ("bad.json", Some("{\"model\": [".into()), "bad.json"),
         (
             "misspelt.json",
             Some(misspelt.to_string()),
-            "unknown key 'numb_step'",
+            "unknown key 'numb_stps'",
         ),
         // Refused as not a log, or as a checkpoint file of the run.
         (

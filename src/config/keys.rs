@@ -6,72 +6,32 @@
 
 use serde_json::{Map, Value};
 
+use super::deepmd_args;
 use super::ConfigError;
 
 type Result<T> = std::result::Result<T, ConfigError>;
-
-/// A value dpw accepts for a DeePMD-kit key only because it is that key's default: the key is
-/// valid in DeePMD-kit, dpw does not implement other values, so anything else is an error
-/// rather than being silently ignored.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Fixed {
-    /// A float key at 0.
-    Zero,
-    /// A count key at 0 (written back as the integer 0).
-    ZeroCount,
-    False,
-    Null,
-    /// A key DeePMD-kit gives no default (`training.mixed_precision`: any value it takes turns
-    /// the feature on): accepted absent or null, and left out of out.json, where DeePMD-kit's
-    /// argcheck refuses a null.
-    Unset,
-    EmptyList,
-    Str(&'static str),
-}
-
-impl Fixed {
-    fn matches(self, v: &Value) -> bool {
-        match self {
-            Fixed::Zero | Fixed::ZeroCount => v.as_f64() == Some(0.0),
-            Fixed::False => v == &Value::Bool(false),
-            Fixed::Null | Fixed::Unset => v.is_null(),
-            Fixed::EmptyList => v.as_array().is_some_and(|a| a.is_empty()),
-            Fixed::Str(s) => v.as_str() == Some(s),
-        }
-    }
-
-    pub(crate) fn to_value(self) -> Value {
-        match self {
-            Fixed::Zero => Value::from(0.0),
-            Fixed::ZeroCount => Value::from(0),
-            Fixed::False => Value::Bool(false),
-            Fixed::Null | Fixed::Unset => Value::Null,
-            Fixed::EmptyList => Value::Array(vec![]),
-            Fixed::Str(s) => Value::from(s),
-        }
-    }
-}
 
 /// The keys of one JSON object.
 pub(crate) struct Schema {
     /// Keys read into the typed config (canonical DeePMD-kit names), in groups so that the
     /// keys several sections share are listed once.
     pub keys: &'static [&'static [&'static str]],
-    /// `(alias, canonical)`: DeePMD-kit's alternative spellings.
-    pub aliases: &'static [(&'static str, &'static str)],
-    /// `(key, only accepted value, why)`: see [`Fixed`]. Checked when the section is opened and
-    /// written back by [`Schema::write_fixed`] so out.json lists them like `dp train` does.
-    /// Grouped as `keys` is.
-    pub fixed: &'static [&'static [(&'static str, Fixed, &'static str)]],
+    /// `(key, what dpw lacks)`: DeePMD-kit keys dpw accepts only at DeePMD-kit's default,
+    /// checked first and named in the refusal. Every other key DeePMD-kit knows here is
+    /// accepted at its default too and refused with DeePMD-kit's own words otherwise. Grouped
+    /// as `keys` is.
+    pub unsupported: &'static [&'static [(&'static str, &'static str)]],
     /// Keys accepted and not used (any value).
     pub ignored: &'static [&'static str],
+    /// Where this object is in DeePMD-kit's schema ([`deepmd_args::node`]).
+    pub deepmd: &'static str,
 }
 
 impl Schema {
     fn valid_keys(&self) -> Vec<String> {
-        let fixed = self.fixed_keys().map(|(k, _, _)| k);
+        let unsupported = self.unsupported_keys().map(|(k, _)| k);
         let mut v: Vec<String> = (self.keys.iter().copied().flatten())
-            .chain(fixed)
+            .chain(unsupported)
             .chain(self.ignored)
             .map(|k| k.to_string())
             .collect();
@@ -79,28 +39,17 @@ impl Schema {
         v
     }
 
-    fn fixed_keys(&self) -> impl Iterator<Item = &'static (&'static str, Fixed, &'static str)> {
-        self.fixed.iter().copied().flatten()
+    fn unsupported_keys(&self) -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+        self.unsupported.iter().copied().flatten()
     }
 
     fn has_key(&self, key: &str) -> bool {
         self.keys.iter().any(|g| g.contains(&key))
     }
 
-    fn knows(&self, key: &str) -> bool {
-        self.has_key(key)
-            || self.aliases.iter().any(|(a, _)| *a == key)
-            || self.fixed_keys().any(|(k, _, _)| *k == key)
-            || self.ignored.contains(&key)
-    }
-
-    /// Adds the fixed keys with their one accepted value to an expanded-JSON object.
-    pub(crate) fn write_fixed(&self, map: &mut Map<String, Value>) {
-        for (key, value, _) in self.fixed_keys() {
-            if !matches!(value, Fixed::Unset) {
-                map.insert(key.to_string(), value.to_value());
-            }
-        }
+    pub(crate) fn deepmd_node(&self) -> &'static deepmd_args::Arg {
+        deepmd_args::node(self.deepmd)
+            .unwrap_or_else(|| panic!("{:?} is not in DeePMD-kit's schema", self.deepmd))
     }
 }
 
@@ -192,6 +141,8 @@ pub(crate) struct Section<'a> {
     map: &'a Map<String, Value>,
     path: String,
     schema: &'static Schema,
+    /// `(alias, canonical)` for the keys dpw reads: DeePMD-kit's other spellings of them.
+    aliases: Vec<(&'static str, &'static str)>,
 }
 
 impl<'a> Section<'a> {
@@ -199,37 +150,30 @@ impl<'a> Section<'a> {
         let map = value
             .as_object()
             .ok_or_else(|| wrong_type(path, "an object", value))?;
+        let node = schema.deepmd_node();
+        let aliases = (schema.keys.iter().copied().flatten())
+            .filter_map(|k| deepmd_args::lookup(node, map, k).map(|known| (*k, known)))
+            .flat_map(|(k, known)| known.aliases().iter().map(move |a| (a.as_str(), k)))
+            .collect();
         let sec = Section {
             map,
             path: path.to_string(),
             schema,
+            aliases,
         };
-        // Fixed keys first: an unsupported `type` explains the unknown keys that follow it.
-        for (key, only, why) in schema.fixed_keys() {
+        // What dpw lacks first: an unsupported `type` explains the keys that follow it.
+        for (key, lacks) in schema.unsupported_keys() {
             if let Some(v) = map.get(*key) {
-                if !only.matches(v) {
-                    return Err(ConfigError::unsupported(
-                        sec.path_of(key),
-                        format!(
-                            "dpw supports only {} here ({why}); found {}",
-                            only.to_value(),
-                            describe(v)
-                        ),
-                    ));
-                }
+                sec.check_deepmd_key(key, v, Some(lacks))?;
             }
         }
-        for key in map.keys() {
-            if !key.starts_with('_') && !schema.knows(key) {
-                return Err(ConfigError::UnknownKey {
-                    key: key.clone(),
-                    path: sec.path_of(key),
-                    parent: display_path(path).to_string(),
-                    valid: schema.valid_keys(),
-                });
+        for (key, v) in map {
+            let ignored = schema.ignored.contains(&key.as_str());
+            if !key.starts_with('_') && !sec.reads(key) && !ignored {
+                sec.check_deepmd_key(key, v, None)?;
             }
         }
-        for (alias, canonical) in schema.aliases {
+        for (alias, canonical) in &sec.aliases {
             if map.contains_key(*alias) && map.contains_key(*canonical) {
                 return Err(ConfigError::invalid(
                     sec.path_of(alias),
@@ -238,6 +182,58 @@ impl<'a> Section<'a> {
             }
         }
         Ok(sec)
+    }
+
+    /// Whether dpw reads `key`, under its name or an alias.
+    fn reads(&self, key: &str) -> bool {
+        self.schema.has_key(key) || self.aliases.iter().any(|(a, _)| *a == key)
+    }
+
+    /// A key dpw does not read: accepted at DeePMD-kit's default, refused naming what dpw
+    /// lacks (`lacks`, or DeePMD-kit's own description of the key) otherwise, and an unknown key
+    /// when DeePMD-kit does not know it either.
+    fn check_deepmd_key(&self, key: &str, v: &Value, lacks: Option<&str>) -> Result<()> {
+        let Some(known) = deepmd_args::lookup(self.schema.deepmd_node(), self.map, key) else {
+            return Err(ConfigError::UnknownKey {
+                key: key.to_string(),
+                path: self.path_of(key),
+                parent: display_path(&self.path).to_string(),
+                valid: self.schema.valid_keys(),
+            });
+        };
+        let lacks = lacks.or_else(|| {
+            (self.schema.unsupported_keys())
+                .find(|(k, _)| known.is(k))
+                .map(|(_, l)| *l)
+        });
+        let default = known.default_text();
+        let Some(departure) = known.departure(v) else {
+            return Ok(());
+        };
+        // A feature dpw lacks is named at its key; anything else at the key that departs from
+        // DeePMD-kit's default, in DeePMD-kit's words.
+        let (path, default, lacks, found) = match lacks {
+            Some(lacks) => (self.path_of(key), default, lacks.to_string(), v),
+            None => (
+                format!("{}{}", self.path_of(key), departure.below),
+                departure.known.default_text(),
+                match departure.known.doc() {
+                    "" => "not implemented in dpw".to_string(),
+                    doc => format!(
+                        "not implemented in dpw; DeePMD-kit: {:?}",
+                        doc.trim_end_matches('.')
+                    ),
+                },
+                departure.value,
+            ),
+        };
+        Err(ConfigError::unsupported(
+            path,
+            format!(
+                "dpw supports only {default} here ({lacks}); found {}",
+                describe(found)
+            ),
+        ))
     }
 
     pub(crate) fn path(&self) -> &str {
@@ -252,8 +248,7 @@ impl<'a> Section<'a> {
     pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
         debug_assert!(self.schema.has_key(key), "{key} is not in the schema");
         self.map.get(key).or_else(|| {
-            self.schema
-                .aliases
+            self.aliases
                 .iter()
                 .filter(|(_, c)| *c == key)
                 .find_map(|(a, _)| self.map.get(*a))

@@ -2,8 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::keys::{non_negative, positive, Fixed, Schema, Section};
-use super::model::object;
+use super::keys::{non_negative, positive, Schema, Section};
 use super::ConfigError;
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -81,13 +80,9 @@ static LEARNING_RATE: Schema = Schema {
         "warmup_start_factor",
         "scale_by_worker",
     ]],
-    aliases: &[],
-    fixed: &[&[(
-        "type",
-        Fixed::Str("exp"),
-        "the only schedule dpw implements",
-    )]],
+    unsupported: &[&[("type", "the only schedule dpw implements")]],
     ignored: &[],
+    deepmd: "learning_rate",
 };
 
 pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LearningRateConfig> {
@@ -228,7 +223,7 @@ fn check_decays(
 
 impl LearningRateConfig {
     pub(super) fn to_json(&self) -> Value {
-        let mut v = json!({
+        json!({
             "start_lr": self.start_lr,
             "stop_lr": self.stop_lr,
             "stop_lr_ratio": self.stop_lr_ratio,
@@ -239,8 +234,6 @@ impl LearningRateConfig {
             "warmup_ratio": self.warmup_ratio,
             "warmup_start_factor": self.warmup_start_factor,
             "scale_by_worker": self.scale_by_worker.as_str(),
-        });
-        LEARNING_RATE.write_fixed(object(&mut v));
-        v
+        })
     }
 }

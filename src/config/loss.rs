@@ -2,8 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::keys::{non_negative, Fixed, Schema, Section};
-use super::model::object;
+use super::keys::{non_negative, Schema, Section};
 use super::ConfigError;
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -51,30 +50,22 @@ static LOSS: Schema = Schema {
         "relative_f",
         "intensive_ener_virial",
     ]],
-    aliases: &[],
-    fixed: &[&[
-        ("type", Fixed::Str("ener"), "the only loss dpw implements"),
-        ("start_pref_ae", Fixed::Zero, NO_AE),
-        ("limit_pref_ae", Fixed::Zero, NO_AE),
-        ("start_pref_pf", Fixed::Zero, NO_PF),
-        ("limit_pref_pf", Fixed::Zero, NO_PF),
-        ("start_pref_gf", Fixed::Zero, NO_GF),
-        ("limit_pref_gf", Fixed::Zero, NO_GF),
-        ("numb_generalized_coord", Fixed::ZeroCount, NO_GF),
-        ("enable_atom_ener_coeff", Fixed::False, NO_AE),
-        (
-            "loss_func",
-            Fixed::Str("mse"),
-            "the MAE loss is not implemented",
-        ),
-        (
-            "use_huber",
-            Fixed::False,
-            "the Huber loss is not implemented",
-        ),
+    unsupported: &[&[
+        ("type", "the only loss dpw implements"),
+        ("start_pref_ae", NO_AE),
+        ("limit_pref_ae", NO_AE),
+        ("start_pref_pf", NO_PF),
+        ("limit_pref_pf", NO_PF),
+        ("start_pref_gf", NO_GF),
+        ("limit_pref_gf", NO_GF),
+        ("numb_generalized_coord", NO_GF),
+        ("enable_atom_ener_coeff", NO_AE),
+        ("loss_func", "the MAE loss is not implemented"),
+        ("use_huber", "the Huber loss is not implemented"),
     ]],
     // Only meaningful with use_huber, which must be false.
     ignored: &["huber_delta"],
+    deepmd: "loss",
 };
 
 pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
@@ -112,7 +103,7 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
 
 impl LossConfig {
     pub(super) fn to_json(&self) -> Value {
-        let mut v = json!({
+        json!({
             "start_pref_e": self.start_pref_e,
             "limit_pref_e": self.limit_pref_e,
             "start_pref_f": self.start_pref_f,
@@ -121,8 +112,6 @@ impl LossConfig {
             "limit_pref_v": self.limit_pref_v,
             "relative_f": self.relative_f,
             "intensive_ener_virial": self.intensive_ener_virial,
-        });
-        LOSS.write_fixed(object(&mut v));
-        v
+        })
     }
 }

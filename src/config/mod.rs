@@ -6,6 +6,7 @@
 //! implement says so. [`Config::to_expanded_json`] gives back the input with every default
 //! filled in, which the trainer writes to `out.json` as `dp train` does.
 
+mod deepmd_args;
 mod error;
 mod keys;
 mod learning_rate;
@@ -43,9 +44,12 @@ pub struct Config {
 
 static ROOT: Schema = Schema {
     keys: &[&["model", "learning_rate", "loss", "optimizer", "training"]],
-    aliases: &[],
-    fixed: &[],
+    unsupported: &[&[(
+        "nvnmd",
+        "training for the NVNMD (non-von Neumann MD) hardware is not implemented",
+    )]],
     ignored: &[],
+    deepmd: "",
 };
 
 /// Reads and checks an input.json, or the same input in YAML when the file name ends in `.yaml`
@@ -111,15 +115,20 @@ impl Config {
         })
     }
 
-    /// The input with every default filled in and aliases under their canonical names (the
-    /// descriptor's `type` stays as given). Loading it again gives an equal `Config`.
+    /// The input with every default filled in, DeePMD-kit's included, and aliases under their
+    /// canonical names (the descriptor's `type` stays as given): what `dp train` writes to
+    /// out.json. Loading it again gives an equal `Config`.
     pub fn to_expanded_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "model": self.model.to_json(),
             "learning_rate": self.learning_rate.to_json(),
             "loss": self.loss.to_json(),
             "optimizer": self.optimizer.to_json(),
             "training": self.training.to_json(),
-        })
+        });
+        if let Value::Object(map) = &mut v {
+            deepmd_args::fill_defaults(ROOT.deepmd_node(), map);
+        }
+        v
     }
 }

@@ -5,10 +5,10 @@ use serde_json::{json, Map, Value};
 
 use super::keys::{
     at_least_one, join, non_negative, positive, to_bool, to_f64, to_list, to_str, to_usize,
-    to_usize_list, wrong_type, Fixed, Schema, Section,
+    to_usize_list, wrong_type, Schema, Section,
 };
 use super::ConfigError;
-use crate::model::registry::{descriptor_names, RegisteredModel, MODELS};
+use crate::model::registry::{descriptor_names, KnownType, FITTINGS, MODELS};
 use crate::model::DescriptorType;
 pub use crate::model::{AttentionConfig, TebdInputMode};
 
@@ -162,25 +162,25 @@ static MODEL: Schema = Schema {
         "data_stat_nbatch",
         "data_stat_protect",
     ]],
-    aliases: &[],
-    fixed: &[&[
-        (
-            "pair_exclude_types",
-            Fixed::EmptyList,
-            "type exclusion is not implemented",
-        ),
-        (
-            "atom_exclude_types",
-            Fixed::EmptyList,
-            "type exclusion is not implemented",
-        ),
+    unsupported: &[&[
+        ("pair_exclude_types", "type exclusion is not implemented"),
+        ("atom_exclude_types", "type exclusion is not implemented"),
         (
             "preset_out_bias",
-            Fixed::Null,
             "the energy bias is always computed from data",
+        ),
+        ("use_srtab", "pair tables (use_srtab) are not implemented"),
+        ("modifier", "model modifiers are not implemented"),
+        ("compress", "model compression is not implemented"),
+        ("spin", "spin models are not implemented"),
+        ("finetune_head", "fine-tuning is not implemented"),
+        (
+            "type_embedding",
+            "a model-level type embedding (TensorFlow's se_e2_a with type embedding) is not implemented",
         ),
     ]],
     ignored: &[],
+    deepmd: "model",
 };
 
 /// The keys every se_* and DPA-1 descriptor has (DeePMD-kit 3.2.0's `descrpt_se_a_args` and
@@ -200,50 +200,44 @@ const SE_KEYS: &[&str] = &[
 ];
 
 /// What dpw does not implement for any se_* descriptor.
-const SE_FIXED: &[(&str, Fixed, &str)] = &[
-    ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
-    (
-        "exclude_types",
-        Fixed::EmptyList,
-        "type exclusion is not implemented",
-    ),
+const SE_UNSUPPORTED: &[(&str, &str)] = &[
+    ("activation_function", TANH_ONLY),
+    ("exclude_types", "type exclusion is not implemented"),
 ];
 
 /// se_e2_a's keys (`descrpt_se_a_args`).
 static DESCRIPTOR: Schema = Schema {
     keys: &[SE_KEYS, &["axis_neuron", "type_one_side"]],
-    aliases: &[("n_axis_neuron", "axis_neuron")],
-    fixed: &[SE_FIXED],
+    unsupported: &[SE_UNSUPPORTED],
     ignored: &[],
+    deepmd: "model[standard].descriptor",
 };
 
 /// se_e2_r's keys: se_e2_a's without `axis_neuron` (DeePMD-kit 3.2.0's `descrpt_se_r_args`).
 static DESCRIPTOR_R: Schema = Schema {
     keys: &[SE_KEYS, &["type_one_side"]],
-    aliases: &[],
-    fixed: &[SE_FIXED],
+    unsupported: &[SE_UNSUPPORTED],
     ignored: &[],
+    deepmd: "model[standard].descriptor",
 };
 
 /// se_e3's keys (DeePMD-kit 3.2.0's `descrpt_se_t_args`): no axis_neuron, no type_one_side.
 static DESCRIPTOR_T: Schema = Schema {
     keys: &[SE_KEYS],
-    aliases: &[],
-    fixed: &[SE_FIXED],
+    unsupported: &[SE_UNSUPPORTED],
     ignored: &[],
+    deepmd: "model[standard].descriptor",
 };
 
 /// What DeePMD-kit 3.2.0 itself refuses or dpw does not implement for se_atten / se_atten_v2,
-/// beyond [`SE_FIXED`].
-const ATTEN_FIXED: &[(&str, Fixed, &str)] = &[
+/// beyond [`SE_UNSUPPORTED`].
+const ATTEN_UNSUPPORTED: &[(&str, &str)] = &[
     (
         "attn_mask",
-        Fixed::False,
         "DeePMD-kit 3.2.0 itself refuses attn_mask true (NotImplementedError)",
     ),
     (
         "use_econf_tebd",
-        Fixed::False,
         "the electronic-configuration type embedding is not implemented",
     ),
 ];
@@ -279,12 +273,9 @@ static DESCRIPTOR_ATTEN: Schema = Schema {
             "tebd_input_mode",
         ],
     ],
-    aliases: &[
-        ("n_axis_neuron", "axis_neuron"),
-        ("smooth_type_embdding", "smooth_type_embedding"),
-    ],
-    fixed: &[SE_FIXED, ATTEN_FIXED],
+    unsupported: &[SE_UNSUPPORTED, ATTEN_UNSUPPORTED],
     ignored: &[],
+    deepmd: "model[standard].descriptor",
 };
 
 /// se_atten_v2's keys (`descrpt_se_atten_common_args` + `descrpt_se_atten_v2_args`): se_atten's
@@ -292,17 +283,17 @@ static DESCRIPTOR_ATTEN: Schema = Schema {
 /// strip and smooth).
 static DESCRIPTOR_ATTEN_V2: Schema = Schema {
     keys: &[SE_KEYS, ATTEN_KEYS],
-    aliases: &[("n_axis_neuron", "axis_neuron")],
-    fixed: &[SE_FIXED, ATTEN_FIXED],
+    unsupported: &[SE_UNSUPPORTED, ATTEN_UNSUPPORTED],
     ignored: &[],
+    deepmd: "model[standard].descriptor",
 };
 
 /// hybrid's keys (DeePMD-kit 3.2.0's `descrpt_hybrid_args`): its list of sub-descriptors.
 static DESCRIPTOR_HYBRID: Schema = Schema {
     keys: &[&["type", "list"]],
-    aliases: &[],
-    fixed: &[],
+    unsupported: &[],
     ignored: &[],
+    deepmd: "model[standard].descriptor",
 };
 
 static FITTING: Schema = Schema {
@@ -315,26 +306,13 @@ static FITTING: Schema = Schema {
         "trainable",
         "seed",
     ]],
-    aliases: &[("n_neuron", "neuron")],
-    fixed: &[&[
-        (
-            "type",
-            Fixed::Str("ener"),
-            "the only fitting dpw implements",
-        ),
-        ("activation_function", Fixed::Str("tanh"), TANH_ONLY),
-        (
-            "numb_fparam",
-            Fixed::ZeroCount,
-            "frame parameters are not implemented",
-        ),
-        (
-            "numb_aparam",
-            Fixed::ZeroCount,
-            "atomic parameters are not implemented",
-        ),
+    unsupported: &[&[
+        ("activation_function", TANH_ONLY),
+        ("numb_fparam", "frame parameters are not implemented"),
+        ("numb_aparam", "atomic parameters are not implemented"),
     ]],
     ignored: &[],
+    deepmd: "model[standard].fitting_net",
 };
 
 /// Layer widths: a non-empty list of positive integers.
@@ -365,22 +343,50 @@ fn precision(sec: &Section) -> Result<Precision> {
 /// `model.type`, checked before any other key of the input: a model dpw lacks (DPA-4's
 /// `"type": "DPA4"`) comes with keys of its own at every level, and the model is what to name.
 pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
-    let Some(t) = v.get("type") else {
-        return Ok(());
-    };
-    let type_path = join(path, "type");
-    let name = to_str(t, &type_path)?;
-    match MODELS.iter().find(|m| m.names.contains(&name)) {
-        Some(RegisteredModel { lacks: None, .. }) => Ok(()),
-        Some(RegisteredModel {
+    // DeePMD-kit's multi-task input: another schema (model_dict, loss_dict, data_dict).
+    if v.get("model_dict").is_some() {
+        return Err(ConfigError::unsupported(
+            join(path, "model_dict"),
+            "multi-task training (a model_dict of models sharing parts) is not implemented; \
+             dpw trains one model",
+        ));
+    }
+    if let Some(t) = v.get("type") {
+        check_known(
+            t,
+            &join(path, "type"),
+            MODELS,
+            "model",
+            "\"standard\" models",
+        )?;
+    }
+    if let Some(t) = v.get("fitting_net").and_then(|f| f.get("type")) {
+        let type_path = join(&join(path, "fitting_net"), "type");
+        check_known(t, &type_path, FITTINGS, "fitting", "the \"ener\" fitting")?;
+    }
+    Ok(())
+}
+
+/// A `type` from one of the tables of [`crate::model::registry`].
+fn check_known(
+    t: &Value,
+    type_path: &str,
+    table: &[KnownType],
+    what: &str,
+    builds: &str,
+) -> Result<()> {
+    let name = to_str(t, type_path)?;
+    match table.iter().find(|m| m.names.contains(&name)) {
+        Some(KnownType { lacks: None, .. }) => Ok(()),
+        Some(KnownType {
             lacks: Some(why), ..
         }) => Err(ConfigError::unsupported(
             type_path,
-            format!("model type {name:?}: {why}; dpw trains \"standard\" models"),
+            format!("{what} type {name:?}: {why}; dpw trains {builds}"),
         )),
         None => Err(ConfigError::unsupported(
             type_path,
-            format!("model type {name:?} is not known; dpw trains \"standard\" models"),
+            format!("{what} type {name:?} is not known; dpw trains {builds}"),
         )),
     }
 }
@@ -736,7 +742,7 @@ impl ModelConfig {
         let descriptor = descriptor_json(&self.descriptor);
 
         let f = &self.fitting_net;
-        let mut fitting = json!({
+        let fitting = json!({
             "neuron": f.neuron,
             "resnet_dt": f.resnet_dt,
             "precision": f.precision.as_str(),
@@ -745,18 +751,15 @@ impl ModelConfig {
             "trainable": f.trainable,
             "seed": f.seed,
         });
-        FITTING.write_fixed(object(&mut fitting));
 
-        let mut model = json!({
+        json!({
             "type": "standard",
             "type_map": self.type_map,
             "descriptor": descriptor,
             "fitting_net": fitting,
             "data_stat_nbatch": self.data_stat_nbatch,
             "data_stat_protect": self.data_stat_protect,
-        });
-        MODEL.write_fixed(object(&mut model));
-        model
+        })
     }
 }
 
@@ -784,16 +787,14 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
         "set_davg_zero": d.set_davg_zero,
     });
     match d.kind {
-        DescriptorType::SeE2A => DESCRIPTOR.write_fixed(object(&mut descriptor)),
+        DescriptorType::SeE2A => {}
         DescriptorType::SeE2R => {
             object(&mut descriptor).remove("axis_neuron");
-            DESCRIPTOR_R.write_fixed(object(&mut descriptor));
         }
         DescriptorType::SeE3 => {
             let o = object(&mut descriptor);
             o.remove("axis_neuron");
             o.remove("type_one_side");
-            DESCRIPTOR_T.write_fixed(o);
         }
         DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
             let a = d
@@ -812,12 +813,10 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
                 ("ln_eps", json!(a.ln_eps)),
                 ("concat_output_tebd", json!(a.concat_output_tebd)),
                 ("use_tebd_bias", json!(a.use_tebd_bias)),
+                // null when not given, which out.json leaves out (DeePMD-kit refuses it).
+                ("temperature", json!(a.temperature)),
             ] {
                 o.insert(k.into(), v);
-            }
-            // DeePMD-kit's argcheck takes a float or no key, not null.
-            if let Some(t) = a.temperature {
-                o.insert("temperature".into(), json!(t));
             }
             if d.kind == DescriptorType::SeAtten {
                 // The mode resolved from tebd_input_mode and stripped_type_embedding.
@@ -827,9 +826,6 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
                     "smooth_type_embedding".into(),
                     json!(a.smooth_type_embedding),
                 );
-                DESCRIPTOR_ATTEN.write_fixed(o);
-            } else {
-                DESCRIPTOR_ATTEN_V2.write_fixed(o);
             }
         }
         DescriptorType::Hybrid => unreachable!("written above"),

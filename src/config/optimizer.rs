@@ -2,8 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::keys::{Fixed, Schema, Section};
-use super::model::object;
+use super::keys::{Schema, Section};
 use super::ConfigError;
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -22,20 +21,12 @@ impl OptimizerConfig {
 
 static OPTIMIZER: Schema = Schema {
     keys: &[&["adam_beta1", "adam_beta2"]],
-    aliases: &[],
-    fixed: &[&[
-        (
-            "type",
-            Fixed::Str("Adam"),
-            "the only optimizer dpw implements",
-        ),
-        (
-            "weight_decay",
-            Fixed::Zero,
-            "weight decay is not implemented",
-        ),
+    unsupported: &[&[
+        ("type", "the only optimizer dpw implements"),
+        ("weight_decay", "weight decay is not implemented"),
     ]],
     ignored: &[],
+    deepmd: "optimizer",
 };
 
 fn beta(sec: &Section, key: &str, default: f64) -> Result<f64> {
@@ -61,11 +52,9 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<OptimizerConfig> {
 
 impl OptimizerConfig {
     pub(super) fn to_json(&self) -> Value {
-        let mut v = json!({
+        json!({
             "adam_beta1": self.adam_beta1,
             "adam_beta2": self.adam_beta2,
-        });
-        OPTIMIZER.write_fixed(object(&mut v));
-        v
+        })
     }
 }

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::keys::{
     at_least_one, non_negative, to_f64, to_list, to_str, to_usize, to_usize_list, wrong_type,
-    Fixed, Schema, Section,
+    Schema, Section,
 };
 use super::model::object;
 use super::ConfigError;
@@ -229,16 +229,16 @@ const DATA_KEYS: &[&str] = &["systems", "batch_size", "auto_prob", "sys_probs"];
 
 static TRAINING_DATA: Schema = Schema {
     keys: &[DATA_KEYS],
-    aliases: &[("sys_weights", "sys_probs")],
-    fixed: &[],
+    unsupported: &[],
     ignored: &[],
+    deepmd: "training.training_data",
 };
 
 static VALIDATION_DATA: Schema = Schema {
     keys: &[DATA_KEYS, &["numb_btch"]],
-    aliases: &[("sys_weights", "sys_probs")],
-    fixed: &[],
+    unsupported: &[],
     ignored: &[],
+    deepmd: "training.validation_data",
 };
 
 static TRAINING: Schema = Schema {
@@ -257,28 +257,20 @@ static TRAINING: Schema = Schema {
         "time_training",
         "gradient_max_norm",
     ]],
-    aliases: &[("stop_batch", "numb_steps")],
-    fixed: &[&[
-        (
-            "tensorboard",
-            Fixed::False,
-            "TensorBoard output is not implemented",
-        ),
-        ("profiling", Fixed::False, "profiling is not implemented"),
-        (
-            "enable_profiler",
-            Fixed::False,
-            "profiling is not implemented",
-        ),
-        (
-            "mixed_precision",
-            Fixed::Unset,
-            "mixed precision is not implemented",
-        ),
+    unsupported: &[&[
+        ("tensorboard", "TensorBoard output is not implemented"),
+        ("profiling", "profiling is not implemented"),
+        ("enable_profiler", "profiling is not implemented"),
+        ("mixed_precision", "mixed precision is not implemented"),
         (
             "change_bias_after_training",
-            Fixed::False,
             "changing the bias after training is not implemented",
+        ),
+        ("enable_ema", "EMA of the parameters is not implemented"),
+        ("zero_stage", "ZeRO sharding is not implemented"),
+        (
+            "numb_epoch",
+            "training for a number of epochs is not implemented; give numb_steps",
         ),
     ]],
     // stat_file: dpw recomputes the statistics each run (warned about); the others only
@@ -289,6 +281,7 @@ static TRAINING: Schema = Schema {
         "tensorboard_freq",
         "profiling_file",
     ],
+    deepmd: "training",
 };
 
 fn parse_systems(sec: &Section) -> Result<Vec<String>> {
@@ -440,7 +433,7 @@ impl TrainingConfig {
             object(&mut d).insert("numb_btch".into(), json!(v.numb_btch));
             d
         });
-        let mut t = json!({
+        json!({
             "training_data": self.training_data.to_json(),
             "validation_data": validation,
             "numb_steps": self.numb_steps,
@@ -453,9 +446,8 @@ impl TrainingConfig {
             "disp_avg": self.disp_avg,
             "disp_training": self.disp_training,
             "time_training": self.time_training,
-            "gradient_max_norm": self.gradient_max_norm,
-        });
-        TRAINING.write_fixed(object(&mut t));
-        t
+            // 0 (no clipping) as DeePMD-kit writes it: no key.
+            "gradient_max_norm": (self.gradient_max_norm > 0.0).then_some(self.gradient_max_norm),
+        })
     }
 }

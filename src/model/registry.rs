@@ -60,35 +60,72 @@ impl DescriptorType {
     }
 }
 
-/// A model type DeePMD-kit's input takes (`model.type`): dpw builds only `standard` (a
-/// descriptor and a fitting); the others are refused naming what they are.
-pub struct RegisteredModel {
+/// A type DeePMD-kit's input takes for a model (`model.type`) or a fitting
+/// (`model.fitting_net.type`): dpw builds some; the others are refused naming what they are.
+pub struct KnownType {
     pub names: &'static [&'static str],
     /// What dpw lacks for it; `None` for the one it builds.
     pub lacks: Option<&'static str>,
 }
 
 /// DeePMD-kit's model types (its argcheck's `model` variants and `get_model`'s branches).
-pub static MODELS: &[RegisteredModel] = &[
-    RegisteredModel {
+pub static MODELS: &[KnownType] = &[
+    KnownType {
         names: &["standard"],
         lacks: None,
     },
-    RegisteredModel {
+    KnownType {
         names: &["DPA4", "dpa4", "SeZM", "sezm"],
         lacks: Some("DPA-4 (SeZM) is not supported"),
     },
-    RegisteredModel {
+    KnownType {
         names: &["linear_ener"],
         lacks: Some("linear models (a weighted sum of models) are not supported"),
     },
-    RegisteredModel {
+    KnownType {
         names: &["pairtab"],
         lacks: Some("pair-table models are not supported"),
     },
-    RegisteredModel {
+    KnownType {
         names: &["frozen"],
         lacks: Some("frozen models as part of a model are not supported"),
+    },
+    KnownType {
+        names: &["pairwise_dprc"],
+        lacks: Some("DPRC's pairwise QM/MM models are not supported"),
+    },
+];
+
+/// DeePMD-kit's fitting types (its argcheck's `fitting_net` variants). The fitting decides what
+/// a standard model predicts, so it is checked with the model's type, before other keys.
+pub static FITTINGS: &[KnownType] = &[
+    KnownType {
+        names: &["ener"],
+        lacks: None,
+    },
+    KnownType {
+        names: &["dipole"],
+        lacks: Some("dipole fittings (a dipole moment model) are not supported"),
+    },
+    KnownType {
+        names: &["polar"],
+        lacks: Some("polarizability fittings are not supported"),
+    },
+    KnownType {
+        names: &["dos"],
+        lacks: Some("density-of-states fittings are not supported"),
+    },
+    KnownType {
+        names: &["property"],
+        lacks: Some("property fittings are not supported"),
+    },
+    KnownType {
+        names: &["population"],
+        lacks: Some("population fittings are not supported"),
+    },
+    KnownType {
+        names: &["dpa4_ener", "sezm_ener"],
+        lacks: Some("DPA-4's energy fitting is not supported"),
     },
 ];
 
