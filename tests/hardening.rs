@@ -712,6 +712,42 @@ fn neighbor_stat_mixed_type_is_deepmd_kits() {
     }
 }
 
+/// Issue 57 item 3: `dpw neighbor-stat` reads data without energy or force labels, as
+/// `dp neighbor-stat` does (its numbers on tests/data/unlabelled/water, DeePMD-kit 3.2.0: see
+/// tests/data/README.md); training on such data is refused naming the system and the labels.
+#[test]
+fn neighbor_stat_reads_unlabelled_data_and_train_refuses_it() {
+    let d = tempfile::tempdir().unwrap();
+    let sys = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/unlabelled/water"
+    ));
+    let s = sys.display().to_string();
+    let args = ["neighbor-stat", "-s", &s, "-r", "6", "-t", "O", "H"];
+    let printed = |extra: &[&str]| {
+        let args = [&args[..], extra].concat();
+        String::from_utf8(ok(d.path(), &args).stdout).unwrap()
+    };
+    assert_eq!(
+        printed(&[]),
+        "min_nbor_dist: 0.897768\nmax_nbor_size: [35, 68]\n"
+    );
+    assert_eq!(
+        printed(&["--mixed-type"]),
+        "min_nbor_dist: 0.897768\nmax_nbor_size: [101]\n"
+    );
+    write_input(d.path(), &tiny_input(1, &[&sys]));
+    let out = dpw(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{s}: no set has energy.npy or force.npy: training needs energy and force labels"
+        )),
+        "{err}"
+    );
+}
+
 /// Issue 59, defect 4: a sel with no neighbour slot at all (every entry 0) is refused at
 /// start-up naming the key, for every descriptor and a hybrid's sub-descriptor, where se_atten_v2
 /// panicked, se_e3 panicked and se_e2_r gave a NaN loss; `attn_layer: 0` (no attention layers,
@@ -948,6 +984,8 @@ fn batch_errors_name_frames_by_their_index() {
         energy: vec![0.0; 4],
         force: vec![0.0; 4 * 6],
         virial: None,
+        has_energy: true,
+        has_force: true,
     };
     let spec = ModelSpec {
         type_map: vec!["O".into()],

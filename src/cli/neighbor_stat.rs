@@ -29,7 +29,9 @@ pub fn neighbor_stat(
         auto_prob: AutoProb::Uniform,
         sys_probs: None,
     };
-    let data = load_data(&cfg, type_map, rcut, "neighbor-stat")?;
+    // Coordinates, cells and types are all it reads: data without labels is fine, as for
+    // `dp neighbor-stat`.
+    let data = load_data(&cfg, type_map, rcut, "neighbor-stat", false)?;
     let ns = neighbor_stats(&data, type_map.len(), rcut, mixed_type)?;
     tracing::info!(
         "{} frames in {} system(s), rcut {rcut}, types {}",

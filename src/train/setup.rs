@@ -489,6 +489,7 @@ fn read_validation(fs: &dyn Files, cfg: &Config) -> Result<Option<DataSet>> {
         &cfg.model.type_map,
         cfg.model.descriptor.rcut,
         "validation",
+        true,
     )?;
     for l in d.summary("validation") {
         tracing::info!("{l}");
