@@ -127,6 +127,9 @@ enum Command {
         /// Element names in type order, e.g. `-t O H`.
         #[arg(short, long, num_args = 1.., required = true)]
         type_map: Vec<String>,
+        /// Count the neighbours of all types together (one number), as se_atten's sel is.
+        #[arg(long, alias = "one-type")]
+        mixed_type: bool,
     },
     /// Convert a model between DeePMD-kit's .yaml and dpw's model file (by the output's
     /// extension), like `dp convert-backend`.
@@ -311,7 +314,11 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             systems,
             rcut,
             type_map,
-        } => print!("{}", report(&neighbor_stat(&systems, rcut, &type_map)?)),
+            mixed_type,
+        } => print!(
+            "{}",
+            report(&neighbor_stat(&systems, rcut, &type_map, mixed_type)?)
+        ),
     }
     Ok(())
 }

@@ -246,3 +246,78 @@ fn test_evaluates_in_calls_that_fit() {
     );
     assert_eq!(got, want);
 }
+
+/// Issue 57 item 3: `dpw test` on data without some labels reports what the labels there allow,
+/// as `dp test` (find_energy / find_force 0: that error left out, the detail files written
+/// with 0 for the missing label); data without any label is evaluated, said so, and exits 0 as
+/// `dp test` does. tests/data/unlabelled/water is frames 0-3 of examples/water/data_3 without
+/// labels; `energy_only` is data_3 without force.npy.
+#[test]
+fn data_without_labels_is_tested_for_what_it_has() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_a_dir().join("model.yaml");
+    let energy_only = tmp.path().join("energy_only");
+    copy_dir(&repo("examples/water/data_3"), &energy_only);
+    std::fs::remove_file(energy_only.join("set.000/force.npy")).unwrap();
+    let unlabelled = repo("tests/data/unlabelled/water");
+    let run = |name: &str, systems: &[&std::path::Path]| {
+        let mut args = vec!["-n", "4", "--backend", "cpu"];
+        for s in systems {
+            args.extend(["-s", s.to_str().unwrap()]);
+        }
+        let prefix = tmp.path().join(name);
+        let (report, e) = test_energies(&model, &prefix, &args, None);
+        let f = columns(&tmp.path().join(format!("{name}.f.out")));
+        (report, e, f)
+    };
+    let metric = |report: &str, name: &str| -> Vec<String> {
+        (report.lines())
+            .filter(|l| l.starts_with(name))
+            .map(String::from)
+            .collect()
+    };
+    let (full, full_e, full_f) = run("full", &[&repo("examples/water/data_3")]);
+    assert_eq!(metric(&full, "Force").len(), 2, "{full}");
+
+    let (report, e, f) = run("energy_only", &[&energy_only]);
+    assert_eq!(
+        metric(&report, "Energy"),
+        metric(&full, "Energy"),
+        "{report}"
+    );
+    assert!(metric(&report, "Force").is_empty(), "{report}");
+    assert_eq!(e, full_e);
+    assert!(
+        f.iter().all(|r| r[..3] == [0.0; 3]),
+        "data_f of no label: 0"
+    );
+    assert_eq!(
+        f.iter().map(|r| &r[3..]).collect::<Vec<_>>(),
+        full_f.iter().map(|r| &r[3..]).collect::<Vec<_>>()
+    );
+
+    let (report, e, _) = run("none", &[&unlabelled]);
+    assert!(report.contains("number of test data : 4"), "{report}");
+    assert!(
+        metric(&report, "Energy").is_empty() && metric(&report, "Force").is_empty(),
+        "{report}"
+    );
+    assert!(
+        report
+            .contains("has no energy, force or virial labels (energy.npy, force.npy, virial.npy)"),
+        "{report}"
+    );
+    assert!(e.iter().all(|r| r[0] == 0.0), "data_e of no label: 0");
+    let pred = |rows: &[Vec<f64>]| rows.iter().map(|r| r[1]).collect::<Vec<_>>();
+    assert_eq!(pred(&e), pred(&full_e));
+
+    // The weighted average over both: the energy of the one system that has it, no force.
+    let (report, _, _) = run("both", &[&energy_only, &unlabelled]);
+    let average = &report[report.find("weighted average").expect("an average")..];
+    assert_eq!(
+        metric(average, "Energy"),
+        metric(&full, "Energy"),
+        "{report}"
+    );
+    assert!(metric(average, "Force").is_empty(), "{report}");
+}

@@ -85,6 +85,7 @@ fn training_data(cfg: &Config) -> anyhow::Result<DataSet> {
         &cfg.model.type_map,
         cfg.model.descriptor.rcut,
         "training",
+        true,
     )
 }
 

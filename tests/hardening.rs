@@ -574,16 +574,23 @@ fn input_with(descriptor: Value, on_alloy: bool, numb_steps: usize) -> Value {
     input
 }
 
-/// Issue 59, defect 3: `sel: "auto"` is DeePMD-kit 3.2.0's for every descriptor: per type
-/// (se_e2_a, se_e2_r, se_e3), and for the mixed-type se_atten and se_atten_v2 the count of all
-/// types together (NeighborStat with mixed_type), not the sum of the per-type maxima. The
-/// numbers are DeePMD-kit 3.2.0's `update_sel` on the shipped data (its NeighborStat: water
-/// rcut 4 [16, 26], rcut 6 [38, 72], mixed 108; alloy rcut 5 [35, 30, 21], mixed 51).
+/// Issue 59, defect 3, and issue 57 item 5: `sel: "auto"` is DeePMD-kit 3.2.0's for every
+/// descriptor family: per type (se_e2_a, se_e2_r, se_e3), and for the mixed-type se_atten and
+/// se_atten_v2 the count of all types together (NeighborStat with mixed_type), not the sum of the
+/// per-type maxima. The numbers are what DeePMD-kit 3.2.0's `update_sel` writes into the model on
+/// the same data (scripts/make-reference/auto_sel.py prints them; its NeighborStat: water rcut 4
+/// [16, 26], rcut 6 [38, 72], mixed 108; alloy rcut 5 [35, 30, 21], mixed 51). A hybrid's
+/// sub-descriptors are refused "auto" by the config (DeePMD-kit resolves each at its own rcut).
 #[test]
 fn auto_sel_is_deepmd_kits() {
     let net = json!({"neuron": [4, 8], "rcut_smth": 0.5, "sel": "auto", "seed": 1});
+    // "kind:R" asks for "auto:R".
     let with = |kind: &str, rcut: f64| {
         let mut d = net.clone();
+        let (kind, ratio) = kind.split_once(':').unwrap_or((kind, ""));
+        if !ratio.is_empty() {
+            d["sel"] = json!(format!("auto:{ratio}"));
+        }
         d["type"] = json!(kind);
         d["rcut"] = json!(rcut);
         if kind.starts_with("se_atten") {
@@ -599,6 +606,8 @@ fn auto_sel_is_deepmd_kits() {
         ("se_e3", 4.0, false, json!([20, 28])),
         ("se_atten", 6.0, false, json!([120])),
         ("se_atten_v2", 6.0, false, json!([120])),
+        ("se_e2_a:1.5", 6.0, false, json!([60, 108])),
+        ("se_atten:1.5", 6.0, false, json!([164])),
         ("se_e2_a", 5.0, true, json!([40, 36, 24])),
         ("se_atten", 5.0, true, json!([56])),
         ("se_atten_v2", 5.0, true, json!([56])),
@@ -627,6 +636,116 @@ fn small_mixed_sel_is_warned_about_as_one_list() {
         "{err}"
     );
     assert!(!err.contains("sel of type"), "{err}");
+}
+
+/// Issue 57 item 5: DeePMD-kit's `update_sel` skips the warning for a sel of 0 (a type left out
+/// on purpose), and checks each of a hybrid's sub-descriptors against the counts at its own rcut
+/// (scripts/make-reference/auto_sel.py: water data_0..2, se_e2_a rcut 6 [0, 28] warns type 1
+/// only, 72 > 28; a hybrid of se_e2_a rcut 6 [46, 92] and se_e2_r rcut 4 [10, 20] warns types
+/// 0 and 1 of the se_e2_r, 16 > 10 and 26 > 20). dpw warned of the 0, and of no sub-descriptor.
+#[test]
+fn sel_warnings_skip_0_and_check_each_sub_descriptor_at_its_rcut() {
+    let sub = |kind: &str, rcut: f64, sel: Value| json!({"type": kind, "sel": sel, "rcut": rcut, "rcut_smth": 0.5, "neuron": [4, 8]});
+    let warnings = |descriptor: Value| {
+        let d = tempfile::tempdir().unwrap();
+        write_input(d.path(), &input_with(descriptor, false, 0));
+        let err = stderr(&ok(d.path(), &["train", "input.json", "--backend", "cpu"]));
+        let lines: Vec<String> = (err.lines())
+            .filter(|l| l.contains("is not enough!"))
+            .map(|l| l[l.find("sel of").unwrap()..].to_string())
+            .collect();
+        lines
+    };
+    let tail = "The accuracy of your model may get worse.";
+    assert_eq!(
+        warnings(sub("se_e2_a", 6.0, json!([0, 28]))),
+        [format!(
+            "sel of type 1 (H) is not enough! The expected value is not less than 72, \
+             but you set it to 28. {tail}"
+        )]
+    );
+    let hybrid = json!({"type": "hybrid", "list": [
+        sub("se_e2_a", 6.0, json!([46, 92])),
+        sub("se_e2_r", 4.0, json!([10, 20])),
+    ]});
+    assert_eq!(
+        warnings(hybrid),
+        [(0, "O", 16, 10), (1, "H", 26, 20)].map(|(t, e, want, have)| format!(
+            "sel of type {t} ({e}) in model.descriptor.list[1] (se_e2_r, rcut 4) is not \
+             enough! The expected value is not less than {want}, but you set it to {have}. {tail}"
+        ))
+    );
+}
+
+/// Issue 57 item 5: `dpw neighbor-stat --mixed-type` (alias `--one-type`) prints the count of
+/// all types together that se_atten's sel is made from, as `dp neighbor-stat --mixed-type` does
+/// (scripts/make-reference/auto_sel.py: the alloy's training systems, rcut 5, Cu Ni Al:
+/// min_nbor_dist 2.071108, max_nbor_size [35, 30, 21], with --mixed-type [51]).
+#[test]
+fn neighbor_stat_mixed_type_is_deepmd_kits() {
+    let d = tempfile::tempdir().unwrap();
+    let systems = alloy().display().to_string();
+    let args = [
+        "neighbor-stat",
+        "-s",
+        &systems,
+        "-r",
+        "5",
+        "-t",
+        "Cu",
+        "Ni",
+        "Al",
+    ];
+    let printed = |extra: &[&str]| {
+        let args = [&args[..], extra].concat();
+        String::from_utf8(ok(d.path(), &args).stdout).unwrap()
+    };
+    assert_eq!(
+        printed(&[]),
+        "min_nbor_dist: 2.071108\nmax_nbor_size: [35, 30, 21]\n"
+    );
+    for flag in ["--mixed-type", "--one-type"] {
+        assert_eq!(
+            printed(&[flag]),
+            "min_nbor_dist: 2.071108\nmax_nbor_size: [51]\n"
+        );
+    }
+}
+
+/// Issue 57 item 3: `dpw neighbor-stat` reads data without energy or force labels, as
+/// `dp neighbor-stat` does (its numbers on tests/data/unlabelled/water, DeePMD-kit 3.2.0: see
+/// tests/data/README.md); training on such data is refused naming the system and the labels.
+#[test]
+fn neighbor_stat_reads_unlabelled_data_and_train_refuses_it() {
+    let d = tempfile::tempdir().unwrap();
+    let sys = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/unlabelled/water"
+    ));
+    let s = sys.display().to_string();
+    let args = ["neighbor-stat", "-s", &s, "-r", "6", "-t", "O", "H"];
+    let printed = |extra: &[&str]| {
+        let args = [&args[..], extra].concat();
+        String::from_utf8(ok(d.path(), &args).stdout).unwrap()
+    };
+    assert_eq!(
+        printed(&[]),
+        "min_nbor_dist: 0.897768\nmax_nbor_size: [35, 68]\n"
+    );
+    assert_eq!(
+        printed(&["--mixed-type"]),
+        "min_nbor_dist: 0.897768\nmax_nbor_size: [101]\n"
+    );
+    write_input(d.path(), &tiny_input(1, &[&sys]));
+    let out = dpw(d.path(), &["train", "input.json", "--backend", "cpu"]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{s}: no set has energy.npy or force.npy: training needs energy and force labels"
+        )),
+        "{err}"
+    );
 }
 
 /// Issue 59, defect 4: a sel with no neighbour slot at all (every entry 0) is refused at
@@ -865,6 +984,8 @@ fn batch_errors_name_frames_by_their_index() {
         energy: vec![0.0; 4],
         force: vec![0.0; 4 * 6],
         virial: None,
+        has_energy: true,
+        has_force: true,
     };
     let spec = ModelSpec {
         type_map: vec!["O".into()],

@@ -10,8 +10,14 @@ use crate::config::{AutoProb, BatchSizeSpec, DataConfig};
 use crate::train::dataset::load_data;
 use crate::train::stats::{neighbor_stats, NeighborStats};
 
-/// Searches `systems` for deepmd/npy systems, loads them with `type_map` and scans them.
-pub fn neighbor_stat(systems: &[PathBuf], rcut: f64, type_map: &[String]) -> Result<NeighborStats> {
+/// Searches `systems` for deepmd/npy systems, loads them with `type_map` and scans them;
+/// `mixed_type`: one count of all types together, as a se_atten's sel "auto" is made from.
+pub fn neighbor_stat(
+    systems: &[PathBuf],
+    rcut: f64,
+    type_map: &[String],
+    mixed_type: bool,
+) -> Result<NeighborStats> {
     if !(rcut.is_finite() && rcut > 0.0) {
         anyhow::bail!("--rcut {rcut}: expected a positive cut-off radius in Å");
     }
@@ -23,8 +29,10 @@ pub fn neighbor_stat(systems: &[PathBuf], rcut: f64, type_map: &[String]) -> Res
         auto_prob: AutoProb::Uniform,
         sys_probs: None,
     };
-    let data = load_data(&cfg, type_map, rcut, "neighbor-stat")?;
-    let ns = neighbor_stats(&data, type_map.len(), rcut, false)?;
+    // Coordinates, cells and types are all it reads: data without labels is fine, as for
+    // `dp neighbor-stat`.
+    let data = load_data(&cfg, type_map, rcut, "neighbor-stat", false)?;
+    let ns = neighbor_stats(&data, type_map.len(), rcut, mixed_type)?;
     tracing::info!(
         "{} frames in {} system(s), rcut {rcut}, types {}",
         ns.nframes,

@@ -1,5 +1,6 @@
 //! `dpw test`: errors of a model on labelled systems, reported like `dp test`, with dp test's
-//! detail files.
+//! detail files. As dp test, it reports the errors the labels allow (energy without
+//! `energy.npy`, force without `force.npy`, virial without `virial.npy` left out).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -76,13 +77,14 @@ fn root_mean_square(xw: impl Iterator<Item = (f64, f64)> + Clone, n: f64) -> f64
     big * (scaled / n).sqrt()
 }
 
-/// Errors of one system: energy, energy per atom, force, and (with labels) virial and per atom.
+/// Errors of one system: energy, energy per atom, force, virial and per atom, each where the
+/// system has its label (dp test's `find_energy`, `find_force`, `find_virial`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SystemErrors {
     pub nframes: usize,
-    pub e: Err,
-    pub e_atom: Err,
-    pub f: Err,
+    pub e: Option<Err>,
+    pub e_atom: Option<Err>,
+    pub f: Option<Err>,
     pub v: Option<(Err, Err)>,
 }
 
@@ -90,12 +92,16 @@ fn report(out: &mut String, s: &SystemErrors) {
     let line = |out: &mut String, name: &str, e: f64, unit: &str| {
         let _ = writeln!(out, "{name:<19}: {} {unit}", sci(e, 6, 0));
     };
-    line(out, "Energy MAE", s.e.mae, "eV");
-    line(out, "Energy RMSE", s.e.rmse, "eV");
-    line(out, "Energy MAE/Natoms", s.e_atom.mae, "eV");
-    line(out, "Energy RMSE/Natoms", s.e_atom.rmse, "eV");
-    line(out, "Force  MAE", s.f.mae, "eV/A");
-    line(out, "Force  RMSE", s.f.rmse, "eV/A");
+    if let (Some(e), Some(ea)) = (&s.e, &s.e_atom) {
+        line(out, "Energy MAE", e.mae, "eV");
+        line(out, "Energy RMSE", e.rmse, "eV");
+        line(out, "Energy MAE/Natoms", ea.mae, "eV");
+        line(out, "Energy RMSE/Natoms", ea.rmse, "eV");
+    }
+    if let Some(f) = &s.f {
+        line(out, "Force  MAE", f.mae, "eV/A");
+        line(out, "Force  RMSE", f.rmse, "eV/A");
+    }
     if let Some((v, va)) = &s.v {
         line(out, "Virial MAE", v.mae, "eV");
         line(out, "Virial RMSE", v.rmse, "eV");
@@ -186,9 +192,9 @@ impl Job for TestJob {
             let inv_n = 1.0 / n as f64;
             let errs = SystemErrors {
                 nframes: nf,
-                e: Err::of(&e, le, 1.0),
-                e_atom: Err::of(&e, le, inv_n),
-                f: Err::of(&f, lf, 1.0),
+                e: sys.has_energy.then(|| Err::of(&e, le, 1.0)),
+                e_atom: sys.has_energy.then(|| Err::of(&e, le, inv_n)),
+                f: sys.has_force.then(|| Err::of(&f, lf, 1.0)),
                 v: sys.virial.as_ref().map(|lv| {
                     (
                         Err::of(&v, &lv[..9 * nf], 1.0),
@@ -197,6 +203,12 @@ impl Job for TestJob {
                 }),
             };
             let name = path.display();
+            if errs.e.is_none() && errs.f.is_none() && errs.v.is_none() {
+                tracing::warn!(
+                    "{name} has no energy, force or virial labels (energy.npy, force.npy, \
+                     virial.npy): its predictions are compared with nothing (-d writes them)"
+                );
+            }
             let _ = writeln!(out, "# ---------------output of dpw test---------------");
             let _ = writeln!(out, "# testing system : {name}");
             let _ = writeln!(out, "# number of test data : {nf}");
@@ -245,32 +257,17 @@ impl Job for TestJob {
             all.push(errs);
         }
         if all.len() > 1 {
-            let avg = |f: &dyn Fn(&SystemErrors) -> Err| {
-                Err::average(&all.iter().map(f).collect::<Vec<_>>())
+            // Each over the systems that have its label, as dp test's merge_weighted_errors.
+            let avg = |f: &dyn Fn(&SystemErrors) -> Option<Err>| {
+                let errs: Vec<Err> = all.iter().filter_map(f).collect();
+                (!errs.is_empty()).then(|| Err::average(&errs))
             };
-            let vs: Vec<&SystemErrors> = all.iter().filter(|s| s.v.is_some()).collect();
-            let v = (!vs.is_empty()).then(|| {
-                let pick = |k: usize| {
-                    Err::average(
-                        &vs.iter()
-                            .map(|s| {
-                                if k == 0 {
-                                    s.v.unwrap().0
-                                } else {
-                                    s.v.unwrap().1
-                                }
-                            })
-                            .collect::<Vec<_>>(),
-                    )
-                };
-                (pick(0), pick(1))
-            });
             let mean = SystemErrors {
                 nframes: all.iter().map(|s| s.nframes).sum(),
                 e: avg(&|s| s.e),
                 e_atom: avg(&|s| s.e_atom),
                 f: avg(&|s| s.f),
-                v,
+                v: avg(&|s| s.v.map(|v| v.0)).zip(avg(&|s| s.v.map(|v| v.1))),
             };
             let _ = writeln!(out, "# ----------weighted average of errors-----------");
             let _ = writeln!(out, "# number of systems : {}", all.len());

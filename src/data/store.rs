@@ -30,6 +30,8 @@ pub struct SystemStore {
     budget: usize,
     /// Systems kept for the whole run (those that fit the budget at start-up).
     pinned: Vec<Option<Arc<System>>>,
+    /// Whether a system read on demand must hold energy and force labels (training data).
+    labelled: bool,
     recent: Mutex<Recent>,
 }
 
@@ -43,12 +45,14 @@ struct Recent {
 impl SystemStore {
     /// A store over the systems at `paths` (on disk), holding `pinned[s]` for good where it is
     /// `Some` and reading the others on demand, caching them within what the pinned systems
-    /// leave of `budget` bytes.
+    /// leave of `budget` bytes; `labelled`: each must hold energy and force labels, as the
+    /// pinned ones were checked to.
     pub fn new(
         paths: Vec<PathBuf>,
         type_map: Vec<String>,
         pinned: Vec<Option<Arc<System>>>,
         budget: usize,
+        labelled: bool,
     ) -> Self {
         assert_eq!(paths.len(), pinned.len(), "one entry per system");
         let held: usize = pinned.iter().flatten().map(|s| s.info().bytes()).sum();
@@ -57,6 +61,7 @@ impl SystemStore {
             type_map,
             budget: budget.saturating_sub(held),
             pinned,
+            labelled,
             recent: Mutex::default(),
         }
     }
@@ -82,6 +87,9 @@ impl SystemStore {
         }
         // Read outside the lock so the batch thread and statistics threads overlap their I/O.
         let sys = Arc::new(load_system(&self.paths[s], &self.type_map)?);
+        if self.labelled {
+            sys.check_labels()?;
+        }
         let size = sys.info().bytes();
         let mut r = self.recent.lock().expect("system cache lock");
         if !r.lru.iter().any(|(k, _)| *k == s) {

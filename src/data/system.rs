@@ -29,10 +29,16 @@ pub struct System {
     pub coord: Vec<f64>,
     /// `[nframes][9]`, rows are the lattice vectors a, b, c; `None` for `nopbc` systems.
     pub cell: Option<Vec<f64>>,
-    /// `[nframes]`.
+    /// `[nframes]`; zeros where the system has no energy labels.
     pub energy: Vec<f64>,
-    /// `[nframes][natoms][3]`, sorted atom order.
+    /// `[nframes][natoms][3]`, sorted atom order; zeros where the system has no force labels.
     pub force: Vec<f64>,
+    /// Whether the sets hold `energy.npy` and `force.npy`: DeePMD-kit's `find_energy` and
+    /// `find_force`, which fill a missing label with zeros as well. Training needs both
+    /// ([`System::check_labels`]); `dpw test` reports what the labels there allow, and
+    /// neighbour statistics need neither.
+    pub has_energy: bool,
+    pub has_force: bool,
     /// `[nframes][9]`; `Some` only if every set has `virial.npy`.
     pub virial: Option<Vec<f64>>,
 }
@@ -96,6 +102,28 @@ impl System {
 
     pub fn frame_virial(&self, frame: usize) -> Option<&[f64]> {
         self.virial.as_ref().map(|v| &v[frame * 9..(frame + 1) * 9])
+    }
+
+    /// The energy and force labels training learns from, present.
+    pub fn check_labels(&self) -> Result<(), DataError> {
+        let missing: Vec<&str> = [
+            (self.has_energy, "energy.npy"),
+            (self.has_force, "force.npy"),
+        ]
+        .into_iter()
+        .filter_map(|(has, name)| (!has).then_some(name))
+        .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(DataError::Invalid {
+            path: self.path.clone(),
+            reason: format!(
+                "no set has {}: training needs energy and force labels (dpw test and dpw \
+                 neighbor-stat read such data)",
+                missing.join(" or ")
+            ),
+        })
     }
 }
 
@@ -204,6 +232,9 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
     }
 
     let pbc = !src.has_file("nopbc");
+    // A label is read where any set has it, and then required of every set.
+    let labelled = |name: &str| sets.iter().any(|s| src.has_file(&format!("{s}/{name}")));
+    let (has_energy, has_force) = (labelled("energy.npy"), labelled("force.npy"));
     let mut coord = Vec::new();
     let mut cell = Vec::new();
     let mut energy = Vec::new();
@@ -234,10 +265,18 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
             }
         }
         let order = &orig_index[order_start..];
-        energy.extend(frames("energy.npy", &[&[], &[1]])?);
-        let f = frames("force.npy", &[&[natoms * 3], &[natoms, 3]])?;
+        match has_energy {
+            true => energy.extend(frames("energy.npy", &[&[], &[1]])?),
+            false => energy.resize(energy.len() + nf, 0.0),
+        }
         coord.extend(permute_atoms(&c, order, natoms));
-        force.extend(permute_atoms(&f, order, natoms));
+        match has_force {
+            true => {
+                let f = frames("force.npy", &[&[natoms * 3], &[natoms, 3]])?;
+                force.extend(permute_atoms(&f, order, natoms));
+            }
+            false => force.resize(force.len() + nf * natoms * 3, 0.0),
+        }
         if pbc {
             let box_rel = format!("{set}/box.npy");
             if !src.has_file(&box_rel) {
@@ -279,6 +318,8 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
         cell: pbc.then_some(cell),
         energy,
         force,
+        has_energy,
+        has_force,
         virial: all_have_virial.then_some(virial),
     })
 }

@@ -142,9 +142,17 @@ pub fn phase_bar(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
-/// Finds, loads and sizes the systems of one data section, for a model of cut-off `rcut`.
-pub fn load_data(cfg: &DataConfig, type_map: &[String], rcut: f64, what: &str) -> Result<DataSet> {
-    load_data_in(&Disk, cfg, type_map, rcut, what)
+/// Finds, loads and sizes the systems of one data section, for a model of cut-off `rcut`;
+/// `labelled`: every system must hold energy and force labels (training and validation data,
+/// not the data neighbour statistics are taken of).
+pub fn load_data(
+    cfg: &DataConfig,
+    type_map: &[String],
+    rcut: f64,
+    what: &str,
+    labelled: bool,
+) -> Result<DataSet> {
+    load_data_in(&Disk, cfg, type_map, rcut, what, labelled)
 }
 
 /// [`load_data`] from the files of `fs`. Every system is read once here (so a bad file, or a
@@ -158,8 +166,9 @@ pub fn load_data_in(
     type_map: &[String],
     rcut: f64,
     what: &str,
+    labelled: bool,
 ) -> Result<DataSet> {
-    load_data_visiting(fs, cfg, type_map, rcut, what, |_| (), |()| ())
+    load_data_visiting(fs, cfg, type_map, rcut, what, labelled, |_| (), |()| ())
 }
 
 /// The systems at `paths`, read and checked, each with its own result. HDF5 reads take turns
@@ -170,6 +179,7 @@ fn read_window(
     paths: &[PathBuf],
     type_map: &[String],
     rcut: f64,
+    labelled: bool,
 ) -> Vec<Result<System, DataError>> {
     let read = |p: &PathBuf| read_system_in(fs, p, type_map);
     let read: Vec<_> = if paths.iter().any(|p| in_hdf5_file(p)) {
@@ -180,6 +190,9 @@ fn read_window(
     read.into_par_iter()
         .map(|sys| {
             let sys = sys?;
+            if labelled {
+                sys.check_labels()?;
+            }
             check_frames(&sys)?;
             check_images(&sys, rcut)?;
             Ok(sys)
@@ -198,12 +211,14 @@ pub(crate) struct Kept {
 /// [`load_data_in`], with work done on the kept systems as they are read: `compute` on the
 /// systems of one window (in parallel with the reading of the next window), then `add` on its
 /// result, window after window in system order (beside the computing of the next window).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn load_data_visiting<D: Send>(
     fs: &dyn Files,
     cfg: &DataConfig,
     type_map: &[String],
     rcut: f64,
     what: &str,
+    labelled: bool,
     compute: impl Fn(Vec<Kept>) -> D + Sync,
     mut add: impl FnMut(D) + Send,
 ) -> Result<DataSet> {
@@ -233,7 +248,7 @@ pub(crate) fn load_data_visiting<D: Send>(
     let _open = keep_open();
     for (w, chunk) in paths.chunks(window()).enumerate() {
         let (loaded, done) = rayon::join(
-            || read_window(fs, chunk, type_map, rcut),
+            || read_window(fs, chunk, type_map, rcut, labelled),
             || {
                 let window = std::mem::take(&mut ready);
                 let (done, ()) = rayon::join(
@@ -304,7 +319,7 @@ pub(crate) fn load_data_visiting<D: Send>(
     if probs.iter().any(|p| !p.is_finite() || *p < 0.0) {
         bail!("{what} data: invalid system probabilities {probs:?}");
     }
-    let store = SystemStore::new(kept_paths, type_map.to_vec(), pinned, budget);
+    let store = SystemStore::new(kept_paths, type_map.to_vec(), pinned, budget, labelled);
     let streamed = !store.all_in_memory();
     tracing::info!(
         "read {} {what} systems ({} frames) in {:.2} s; {}",

@@ -231,7 +231,7 @@ pub fn prepare_in(
     }
     if read.check_sel && given.is_some() {
         let ns = read.neighbours()?;
-        read.warn_small_sel(&ns, &spec.descriptor.sel);
+        read.warn_small_sel(&ns, &spec.descriptor)?;
     }
     let model = if let Some(ck) = &restart {
         tracing::info!("restarting from step {} (lr {:.3e})", ck.step, ck.lr);
@@ -373,10 +373,13 @@ impl Reading {
         Ok(ns)
     }
 
-    /// `sel` as the model has it: for a mixed-type descriptor one number, nnei.
-    fn warn_small_sel(&self, ns: &NeighborStats, sel: &[usize]) {
+    /// Warns where `d`'s sel is below the data's neighbour counts `ns` (at `d.rcut`), as
+    /// DeePMD-kit's `update_sel` does: a mixed-type descriptor's one sel (nnei) against the count
+    /// of all types together, a hybrid's sub-descriptors each against the counts at its own rcut,
+    /// and a sel of 0 not at all (a type left out on purpose).
+    fn warn_small_sel(&self, ns: &NeighborStats, d: &DescriptorSpec) -> Result<()> {
         if self.mixed {
-            let (want, have) = (ns.max_count[0], sel.iter().sum::<usize>());
+            let (want, have) = (ns.max_count[0], d.sel.iter().sum::<usize>());
             if have < want {
                 tracing::warn!(
                     "sel (one list for all types) is not enough! The expected value is not \
@@ -384,12 +387,33 @@ impl Reading {
                      it to {have}. The accuracy of your model may get worse."
                 );
             }
-            return;
+            return Ok(());
         }
-        for (t, (&want, &have)) in ns.max_count.iter().zip(sel).enumerate() {
-            if have < want {
+        if d.list.is_empty() {
+            self.warn_small_types(&ns.max_count, &d.sel, "");
+            return Ok(());
+        }
+        for (i, sub) in d.list.iter().enumerate() {
+            let counts = if sub.rcut == self.rcut {
+                ns.max_count.clone()
+            } else {
+                neighbor_stats(&self.train, self.type_map.len(), sub.rcut, false)?.max_count
+            };
+            let what = format!(
+                " in model.descriptor.list[{i}] ({}, rcut {})",
+                sub.kind.as_str(),
+                sub.rcut
+            );
+            self.warn_small_types(&counts, &sub.sel, &what);
+        }
+        Ok(())
+    }
+
+    fn warn_small_types(&self, max_count: &[usize], sel: &[usize], what: &str) {
+        for (t, (&want, &have)) in max_count.iter().zip(sel).enumerate() {
+            if have != 0 && have < want {
                 tracing::warn!(
-                    "sel of type {t} ({}) is not enough! The expected value is not less \
+                    "sel of type {t} ({}){what} is not enough! The expected value is not less \
                      than {want}, but you set it to {have}. The accuracy of your model \
                      may get worse.",
                     self.type_map[t]
@@ -412,7 +436,7 @@ impl Reading {
             t = self.t_read;
             if let Some(ns) = self.early_neighbours.take() {
                 self.log_neighbours(&ns, t);
-                self.warn_small_sel(&ns, &spec.descriptor.sel);
+                self.warn_small_sel(&ns, &spec.descriptor)?;
             }
             st
         } else {
@@ -433,7 +457,7 @@ impl Reading {
                 let (ns, st) =
                     neighbor_and_data_stats(&spec.descriptor, ntypes, &self.train, &frames)?;
                 self.log_neighbours(&ns, t);
-                self.warn_small_sel(&ns, &spec.descriptor.sel);
+                self.warn_small_sel(&ns, &spec.descriptor)?;
                 st
             } else {
                 data_stats(&spec.descriptor, ntypes, &self.train, &frames)?
@@ -465,6 +489,7 @@ fn read_validation(fs: &dyn Files, cfg: &Config) -> Result<Option<DataSet>> {
         &cfg.model.type_map,
         cfg.model.descriptor.rcut,
         "validation",
+        true,
     )?;
     for l in d.summary("validation") {
         tracing::info!("{l}");

@@ -209,6 +209,7 @@ pub fn load_training_with_stats(
         type_map,
         rcut,
         "training",
+        true,
         |kept: Vec<Kept>| {
             let systems = kept
                 .into_iter()

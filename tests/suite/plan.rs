@@ -154,6 +154,8 @@ pub fn resident_batches_match_host<B: Backend<f64>>(b: &B) {
         cell: Some(frames.iter().flat_map(|_| cell).collect()),
         energy: frames.iter().map(|f| f.energy).collect(),
         force: frames.iter().flat_map(|f| f.force.clone()).collect(),
+        has_energy: true,
+        has_force: true,
         virial: Some(frames.iter().flat_map(|f| f.virial.clone()).collect()),
     };
     let pref = Prefactors {
