@@ -162,15 +162,16 @@ impl<'a> Section<'a> {
             aliases,
         };
         // What dpw lacks first: an unsupported `type` explains the keys that follow it.
-        for (key, lacks) in schema.unsupported_keys() {
+        for (key, _) in schema.unsupported_keys() {
             if let Some(v) = map.get(*key) {
-                sec.check_deepmd_key(key, v, Some(lacks))?;
+                sec.check_deepmd_key(key, v)?;
             }
         }
         for (key, v) in map {
             let ignored = schema.ignored.contains(&key.as_str());
-            if !key.starts_with('_') && !sec.reads(key) && !ignored {
-                sec.check_deepmd_key(key, v, None)?;
+            let checked = schema.unsupported_keys().any(|(k, _)| k == key);
+            if !key.starts_with('_') && !sec.reads(key) && !ignored && !checked {
+                sec.check_deepmd_key(key, v)?;
             }
         }
         for (alias, canonical) in &sec.aliases {
@@ -190,9 +191,10 @@ impl<'a> Section<'a> {
     }
 
     /// A key dpw does not read: accepted at DeePMD-kit's default, refused naming what dpw
-    /// lacks (`lacks`, or DeePMD-kit's own description of the key) otherwise, and an unknown key
-    /// when DeePMD-kit does not know it either.
-    fn check_deepmd_key(&self, key: &str, v: &Value, lacks: Option<&str>) -> Result<()> {
+    /// lacks (the schema's `unsupported` entry for the key or its canonical name, else
+    /// DeePMD-kit's own description of the key) otherwise, and an unknown key when DeePMD-kit
+    /// does not know it either.
+    fn check_deepmd_key(&self, key: &str, v: &Value) -> Result<()> {
         let Some(known) = deepmd_args::lookup(self.schema.deepmd_node(), self.map, key) else {
             return Err(ConfigError::UnknownKey {
                 key: key.to_string(),
@@ -201,11 +203,9 @@ impl<'a> Section<'a> {
                 valid: self.schema.valid_keys(),
             });
         };
-        let lacks = lacks.or_else(|| {
-            (self.schema.unsupported_keys())
-                .find(|(k, _)| known.is(k))
-                .map(|(_, l)| *l)
-        });
+        let lacks = (self.schema.unsupported_keys())
+            .find(|(k, _)| *k == key || known.is(k))
+            .map(|(_, l)| *l);
         let default = known.default_text();
         let Some(departure) = known.departure(v) else {
             return Ok(());

@@ -394,17 +394,20 @@ impl Reading {
             return Ok(());
         }
         for (i, sub) in d.list.iter().enumerate() {
+            let rescanned;
             let counts = if sub.rcut == self.rcut {
-                ns.max_count.clone()
+                &ns.max_count
             } else {
-                neighbor_stats(&self.train, self.type_map.len(), sub.rcut, false)?.max_count
+                rescanned =
+                    neighbor_stats(&self.train, self.type_map.len(), sub.rcut, false)?.max_count;
+                &rescanned
             };
             let what = format!(
                 " in model.descriptor.list[{i}] ({}, rcut {})",
                 sub.kind.as_str(),
                 sub.rcut
             );
-            self.warn_small_types(&counts, &sub.sel, &what);
+            self.warn_small_types(counts, &sub.sel, &what);
         }
         Ok(())
     }
