@@ -30,7 +30,8 @@ enum Command {
         /// A DeePMD-kit .yaml model, or a dpw model or checkpoint.
         #[arg(short, long)]
         model: PathBuf,
-        /// A deepmd/npy system folder, or a folder searched for them (repeatable).
+        /// A deepmd/npy system folder or a folder searched for them, a deepmd/hdf5 file or an
+        /// LMDB environment (repeatable).
         #[arg(short, long = "system", required = true)]
         systems: Vec<PathBuf>,
         /// Number of frames tested per system (the first ones); 0: all of them.
@@ -118,7 +119,8 @@ enum Command {
     /// Smallest pair distance and largest neighbour count per type within rcut over some
     /// systems, like `dp neighbor-stat`.
     NeighborStat {
-        /// A deepmd/npy system folder, or a folder searched for them (repeatable).
+        /// A deepmd/npy system folder or a folder searched for them, a deepmd/hdf5 file or an
+        /// LMDB environment (repeatable).
         #[arg(short, long = "system", default_value = ".")]
         systems: Vec<PathBuf>,
         /// Cut-off radius (Å).

@@ -3,8 +3,8 @@
 mod common;
 
 use dpw::config::{
-    load_config, AutoProb, BatchSizeSpec, Config, ConfigError, Precision, ProbBlock, ScaleByWorker,
-    Sel,
+    deepmd_input_errors, load_config, AutoProb, BatchSizeSpec, Config, ConfigError, Precision,
+    ProbBlock, ScaleByWorker, Sel,
 };
 use serde_json::{json, Value};
 
@@ -1113,11 +1113,6 @@ fn deepmd_keys_beyond_dpw_are_accepted_at_their_default_and_refused_by_name() {
             vec!["training.zero_stage", "ZeRO", "0"],
         ),
         (
-            "/training/numb_epoch",
-            json!(10),
-            vec!["training.numb_epoch", "epochs"],
-        ),
-        (
             "/model/use_srtab",
             json!("table.xvg"),
             vec!["model.use_srtab", "pair tables"],
@@ -1196,6 +1191,133 @@ fn deepmd_kits_example_inputs_load_or_name_what_dpw_lacks() {
             fresh.display()
         );
     }
+}
+
+/// Issue 57, item 2: dpw's out.json of every example input it loads (DeePMD-kit's and dpw's own)
+/// is an input DeePMD-kit 3.2.0's strict check takes, by its schema; DeePMD-kit's own out.json
+/// passes the same check, and a broken one does not.
+#[test]
+fn dpws_out_json_is_a_valid_deepmd_kit_input() {
+    for name in ["water", "alloy"] {
+        let file = common::repo("tests/data/deepmd-kit").join(format!("out-{name}.json"));
+        let theirs: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(deepmd_input_errors(&theirs), Vec::<String>::new(), "{name}");
+    }
+    let mut inputs: Vec<std::path::PathBuf> = ["water", "alloy"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(common::repo("examples").join(d)).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    let tsv = std::fs::read_to_string(common::repo("tests/data/deepmd-kit/examples.tsv")).unwrap();
+    let examples = common::repo("tests/data/deepmd-kit/examples");
+    inputs.extend(
+        (tsv.lines().filter_map(|l| l.split_once('\t')))
+            .filter(|(_, outcome)| *outcome == "loads")
+            .map(|(name, _)| examples.join(name)),
+    );
+    assert!(inputs.len() >= 18, "{inputs:?}");
+    for path in &inputs {
+        let input: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let out = Config::from_value(&input, path.parent().unwrap())
+            .unwrap()
+            .to_expanded_json();
+        let errors = deepmd_input_errors(&out);
+        assert!(errors.is_empty(), "{}: {errors:#?}", path.display());
+    }
+
+    // The check can fail: a key DeePMD-kit does not know, a value of a type it does not take, a
+    // required key missing, a tag it does not have.
+    let good = load_config(common::repo("examples/water/input.json"))
+        .unwrap()
+        .to_expanded_json();
+    for (ptr, key, value, says) in [
+        (
+            "/training",
+            "numb_stps",
+            Some(json!(3)),
+            "training.numb_stps: not a key",
+        ),
+        (
+            "/model/descriptor",
+            "rcut",
+            Some(json!("6")),
+            "model.descriptor.rcut: \"6\" is not of type float",
+        ),
+        (
+            "/training/training_data",
+            "systems",
+            None,
+            "training.training_data.systems: required",
+        ),
+        (
+            "/model/descriptor",
+            "type",
+            Some(json!("se_e9")),
+            "model.descriptor.type: \"se_e9\" is not one",
+        ),
+    ] {
+        let mut bad = good.clone();
+        let parent = bad.pointer_mut(ptr).unwrap().as_object_mut().unwrap();
+        match value {
+            Some(v) => parent.insert(key.into(), v),
+            None => parent.remove(key),
+        };
+        let errors = deepmd_input_errors(&bad);
+        assert!(
+            errors.iter().any(|e| e.starts_with(says)),
+            "{says}: {errors:#?}"
+        );
+    }
+}
+
+/// README's table of DeePMD-kit's example inputs, made from examples.tsv: one row per outcome
+/// (the message up to its first `;`, the key it names in code), with the inputs that give it.
+fn examples_table(tsv: &str) -> String {
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    for (name, outcome) in tsv.lines().filter_map(|l| l.split_once('\t')) {
+        let said = match outcome {
+            "loads" => "**trains**".to_string(),
+            o => {
+                let o = o.split("; ").next().unwrap();
+                match o.split_once(": ") {
+                    Some((key, why)) => format!("`{key}`: {why}"),
+                    None => o.to_string(),
+                }
+            }
+        };
+        let name = format!("`{name}`");
+        match rows.iter_mut().find(|(s, _)| *s == said) {
+            Some((_, names)) => names.push(name),
+            None => rows.push((said, vec![name])),
+        }
+    }
+    rows.sort_by_key(|(said, _)| said != "**trains**");
+    let mut table = String::from("| dpw | DeePMD-kit's example inputs |\n|---|---|\n");
+    for (said, names) in rows {
+        let said = said.replace('|', "\\|");
+        table.push_str(&format!("| {said} | {} |\n", names.join(", ")));
+    }
+    table
+}
+
+/// Issue 57, item 6: README's list of what DeePMD-kit's examples ask that dpw lacks is the one
+/// examples.tsv holds (which the test above keeps true).
+#[test]
+fn readme_lists_deepmd_kits_examples_as_examples_tsv_has_them() {
+    let tsv = std::fs::read_to_string(common::repo("tests/data/deepmd-kit/examples.tsv")).unwrap();
+    let readme = std::fs::read_to_string(common::repo("README.md")).unwrap();
+    let (begin, end) = (
+        "<!-- made from tests/data/deepmd-kit/examples.tsv: begin -->\n",
+        "<!-- made from tests/data/deepmd-kit/examples.tsv: end -->",
+    );
+    let start = readme.find(begin).expect("README has the examples table") + begin.len();
+    let stop = readme[start..].find(end).expect("its end") + start;
+    let table = examples_table(&tsv);
+    assert!(
+        readme[start..stop] == table,
+        "README.md's examples table is not examples.tsv's; it should read:\n{table}"
+    );
 }
 
 /// Issue 57: DeePMD-kit's other spellings of the keys dpw reads are dpw's too (taken from its

@@ -530,6 +530,57 @@ fn restart_with_more_steps_or_other_data() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("model.fitting_net.neuron"));
 }
 
+/// `numb_epoch` in place of `numb_steps`: the steps DeePMD-kit 3.2.0 makes of it. On these
+/// systems (80, 160 and 80 frames, one per batch, drawn by size) `dp --pt train` logs
+/// "Computed num_steps=4 from num_epoch=0.01 and total_numb_batch=320".
+#[test]
+fn numb_epoch_gives_deepmd_kits_steps() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(0);
+    let training = input["training"].as_object_mut().unwrap();
+    training.remove("numb_steps");
+    training.insert("num_epoch".into(), json!(0.01));
+    let out = train(d.path(), &input, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("numb_steps 4: numb_epoch 0.01 of 320 batches"),
+        "{err}"
+    );
+    assert_eq!(
+        data_lines(&lcurve(d.path())).last().unwrap()[..7].trim(),
+        "4"
+    );
+    // out.json keeps what was given, as DeePMD-kit would read it back.
+    let out_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out.json")).unwrap()).unwrap();
+    assert_eq!(out_json["training"]["numb_epoch"], json!(0.01));
+    assert!(out_json["training"].get("numb_steps").is_none());
+
+    // Both, or neither: refused naming the keys.
+    for (steps, epochs, says) in [
+        (
+            Some(5),
+            Some(1.0),
+            "give numb_steps or numb_epoch, not both",
+        ),
+        (None, None, "numb_epoch"),
+    ] {
+        let mut input = tiny_input(0);
+        let training = input["training"].as_object_mut().unwrap();
+        training.remove("numb_steps");
+        if let Some(s) = steps {
+            training.insert("numb_steps".into(), json!(s));
+        }
+        if let Some(e) = epochs {
+            training.insert("numb_epoch".into(), json!(e));
+        }
+        write_input(d.path(), &input);
+        let out = run(d.path(), &["train", "input.json"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{err}");
+    }
+}
+
 /// A fresh folder where no libcuda loads; where one does, the calling test's error path cannot
 /// be reached: None, after saying it was skipped (the GPU tests are tests/backend_cuda.rs).
 #[cfg(feature = "cuda")]

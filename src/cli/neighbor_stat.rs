@@ -24,6 +24,7 @@ pub fn neighbor_stat(
     // The training loader, so that the systems are searched, checked and read as `train` does.
     let cfg = DataConfig {
         systems: systems.iter().map(|p| p.display().to_string()).collect(),
+        systems_string: false,
         system_paths: systems.to_vec(),
         batch_size: BatchSizeSpec::Fixed(1),
         auto_prob: AutoProb::Uniform,

@@ -22,6 +22,7 @@ pub(crate) struct Arg {
     alias: Vec<String>,
     #[serde(rename = "type")]
     types: Vec<String>,
+    optional: bool,
     /// The default as a one-element list: a default of `null` is not the same as none.
     default: Vec<Value>,
     repeat: bool,
@@ -92,10 +93,11 @@ impl Variant {
             None => &self.default_tag,
         };
         let tag = self.alias.get(tag).map_or(tag, String::as_str);
+        // A choice written once elsewhere (`same_as`) has its tag there.
         self.choices
             .iter()
-            .find(|c| c.tag == tag)
             .map(Arg::resolved)
+            .find(|c| c.tag == tag)
     }
 }
 
@@ -111,8 +113,8 @@ pub(crate) fn node(path: &str) -> Option<&'static Arg> {
         arg = arg.fields.iter().find(|f| f.is_named(name))?.resolved();
         if let Some(tag) = tag {
             arg = (arg.variants.iter().flat_map(|v| &v.choices))
-                .find(|c| c.tag == tag)?
-                .resolved();
+                .map(Arg::resolved)
+                .find(|c| c.tag == tag)?;
         }
     }
     Some(arg)
@@ -269,6 +271,87 @@ pub(crate) fn fill_defaults(arg: &'static Arg, map: &mut Map<String, Value>) {
                 _ => {}
             },
         }
+    }
+}
+
+/// Where `input` breaks DeePMD-kit's schema, as its strict check (`normalize`, dargs) would
+/// refuse it: keys it does not know, required keys missing, values of a type it does not take,
+/// unknown variant tags. Keys starting with `_` are comments, as dargs trims them. Empty when
+/// `dp train` would take the input.
+pub fn deepmd_input_errors(input: &Value) -> Vec<String> {
+    let mut errors = Vec::new();
+    match input {
+        Value::Object(map) => check_object(&ROOT, map, "", &mut errors),
+        _ => errors.push("the input is not an object".into()),
+    }
+    errors
+}
+
+fn check_object(arg: &'static Arg, map: &Map<String, Value>, path: &str, out: &mut Vec<String>) {
+    let at = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    for variant in &arg.variants {
+        match map.get(&variant.flag) {
+            None if !variant.optional => out.push(format!("{}: required", at(&variant.flag))),
+            Some(v) if variant.chosen(map).is_none() => out.push(format!(
+                "{}: {v} is not one of DeePMD-kit's",
+                at(&variant.flag)
+            )),
+            _ => {}
+        }
+    }
+    let fields = arg.fields_for(map);
+    for (k, v) in map.iter().filter(|(k, _)| !k.starts_with('_')) {
+        if arg.variants.iter().any(|var| var.flag == *k) {
+            continue;
+        }
+        match fields.iter().find(|f| f.is_named(k)) {
+            None => out.push(format!("{}: not a key of DeePMD-kit's", at(k))),
+            Some(field) => check_value(field, v, &at(k), out),
+        }
+    }
+    for field in fields.iter().filter(|f| !f.optional) {
+        if !map.keys().any(|k| field.is_named(k)) {
+            out.push(format!("{}: required", at(&field.name)));
+        }
+    }
+}
+
+fn check_value(arg: &'static Arg, v: &Value, path: &str, out: &mut Vec<String>) {
+    let takes = |t: &str| arg.types.iter().any(|x| x == t);
+    let fits = match v {
+        Value::Null => takes("NoneType"),
+        // typeguard's numeric tower, which dargs checks with: a bool is an int, an int a float.
+        Value::Bool(_) => takes("bool") || takes("int") || takes("float"),
+        Value::Number(n) if n.is_f64() => takes("float"),
+        Value::Number(_) => takes("int") || takes("float"),
+        Value::String(_) => takes("str"),
+        Value::Array(_) => takes("list"),
+        Value::Object(_) => takes("dict"),
+    };
+    if !fits {
+        out.push(format!(
+            "{path}: {v} is not of type {}",
+            arg.types.join(" or ")
+        ));
+        return;
+    }
+    match v {
+        Value::Object(map) => check_object(arg, map, path, out),
+        Value::Array(items) if arg.repeat => {
+            for (i, item) in items.iter().enumerate() {
+                match item {
+                    Value::Object(map) => check_object(arg, map, &format!("{path}[{i}]"), out),
+                    x => out.push(format!("{path}[{i}]: {x} is not an object")),
+                }
+            }
+        }
+        _ => {}
     }
 }
 

@@ -7,6 +7,7 @@
 //! filled in, which the trainer writes to `out.json` as `dp train` does.
 
 mod deepmd_args;
+pub use deepmd_args::deepmd_input_errors;
 mod error;
 mod keys;
 mod learning_rate;

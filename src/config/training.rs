@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use super::keys::{
-    at_least_one, non_negative, to_f64, to_list, to_str, to_usize, to_usize_list, wrong_type,
-    Schema, Section,
+    at_least_one, non_negative, positive, to_f64, to_list, to_str, to_usize, to_usize_list,
+    wrong_type, Schema, Section,
 };
 use super::model::object;
 use super::ConfigError;
@@ -18,7 +18,12 @@ type Result<T> = std::result::Result<T, ConfigError>;
 pub struct TrainingConfig {
     pub training_data: DataConfig,
     pub validation_data: Option<ValidationDataConfig>,
+    /// The steps to train: as given, or made from `numb_epoch` once the training data are read
+    /// ([`TrainingConfig::steps_from_epochs`]).
     pub numb_steps: usize,
+    /// Train for this many passes over the training data (fractional allowed), in place of
+    /// `numb_steps`.
+    pub numb_epoch: Option<f64>,
     pub seed: Option<u64>,
     pub disp_file: String,
     pub disp_freq: usize,
@@ -39,6 +44,9 @@ pub struct DataConfig {
     /// search for systems, so a loader should search any listed directory that is not itself a
     /// system (has no `type.raw`).
     pub systems: Vec<String>,
+    /// Whether `systems` was that single string, which out.json then repeats: DeePMD-kit reads
+    /// LMDB data only from a string.
+    pub systems_string: bool,
     /// `systems` resolved against the directory of input.json, same order.
     pub system_paths: Vec<PathBuf>,
     pub batch_size: BatchSizeSpec,
@@ -116,6 +124,13 @@ impl BatchSizeSpec {
                 Ok(BatchSizeSpec::PerSystem(list))
             }
             Value::String(s) if s == "auto" => Ok(BatchSizeSpec::Auto(32)),
+            Value::String(s) if s.starts_with("mixed") => Err(ConfigError::unsupported(
+                path,
+                format!(
+                    "batches mixing frames of several systems (\"mixed:N\", of DeePMD-kit's \
+                     TensorFlow backend) are not implemented; found {s:?}"
+                ),
+            )),
             Value::String(s) => {
                 let (kind, n) = s
                     .split_once(':')
@@ -246,6 +261,7 @@ static TRAINING: Schema = Schema {
         "training_data",
         "validation_data",
         "numb_steps",
+        "numb_epoch",
         "seed",
         "disp_file",
         "disp_freq",
@@ -268,10 +284,6 @@ static TRAINING: Schema = Schema {
         ),
         ("enable_ema", "EMA of the parameters is not implemented"),
         ("zero_stage", "ZeRO sharding is not implemented"),
-        (
-            "numb_epoch",
-            "training for a number of epochs is not implemented; give numb_steps",
-        ),
     ]],
     // stat_file: dpw recomputes the statistics each run (warned about); the others only
     // configure features that are off.
@@ -284,7 +296,7 @@ static TRAINING: Schema = Schema {
     deepmd: "training",
 };
 
-fn parse_systems(sec: &Section) -> Result<Vec<String>> {
+fn parse_systems(sec: &Section) -> Result<(Vec<String>, bool)> {
     const EXPECTED: &str = "a list of system directories (or one directory as a string)";
     let path = sec.path_of("systems");
     let v = sec.required("systems", EXPECTED)?;
@@ -309,11 +321,11 @@ fn parse_systems(sec: &Section) -> Result<Vec<String>> {
             "a system path must not be empty",
         ));
     }
-    Ok(systems)
+    Ok((systems, v.is_string()))
 }
 
 fn parse_data(sec: &Section, base_dir: &Path) -> Result<DataConfig> {
-    let systems = parse_systems(sec)?;
+    let (systems, systems_string) = parse_systems(sec)?;
     let system_paths = systems.iter().map(|s| base_dir.join(s)).collect();
     let batch_size = match sec.get("batch_size") {
         Some(v) => BatchSizeSpec::parse(v, &sec.path_of("batch_size"), systems.len())?,
@@ -344,6 +356,7 @@ fn parse_data(sec: &Section, base_dir: &Path) -> Result<DataConfig> {
     };
     Ok(DataConfig {
         systems,
+        systems_string,
         system_paths,
         batch_size,
         auto_prob,
@@ -385,8 +398,29 @@ pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<TrainingCo
         }
     };
 
-    let steps = sec.required("numb_steps", "a non-negative integer")?;
-    let numb_steps = to_usize(steps, &sec.path_of("numb_steps"))?;
+    // DeePMD-kit's rule: one of the two, never both.
+    let numb_epoch = match sec.opt_f64("numb_epoch")? {
+        Some(e) => Some(positive(e, &sec.path_of("numb_epoch"))?),
+        None => None,
+    };
+    let numb_steps = match (sec.get_nonnull("numb_steps"), numb_epoch) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::invalid(
+                sec.path_of("numb_epoch"),
+                "give numb_steps or numb_epoch, not both",
+            ))
+        }
+        (Some(v), None) => to_usize(v, &sec.path_of("numb_steps"))?,
+        (None, Some(_)) => 0,
+        (None, None) => {
+            return Err(ConfigError::Missing {
+                path: sec.path_of("numb_steps"),
+                expected: "a non-negative integer (or numb_epoch, a number of passes over \
+                           the training data)"
+                    .into(),
+            })
+        }
+    };
 
     if sec.has("stat_file") {
         tracing::warn!(
@@ -402,6 +436,7 @@ pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<TrainingCo
         training_data,
         validation_data,
         numb_steps,
+        numb_epoch,
         seed: sec.opt_u64("seed")?,
         disp_file: file_name(&sec, "disp_file", "lcurve.out")?,
         disp_freq: positive_count(&sec, "disp_freq", 1000)?,
@@ -417,8 +452,12 @@ pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<TrainingCo
 
 impl DataConfig {
     fn to_json(&self) -> Value {
+        let systems = match &self.systems[..] {
+            [one] if self.systems_string => json!(one),
+            all => json!(all),
+        };
         json!({
-            "systems": self.systems,
+            "systems": systems,
             "batch_size": self.batch_size.to_value(),
             "auto_prob": self.auto_prob.to_string(),
             "sys_probs": self.sys_probs,
@@ -427,6 +466,28 @@ impl DataConfig {
 }
 
 impl TrainingConfig {
+    /// `numb_steps` made from `numb_epoch` as DeePMD-kit makes it: `ceil(numb_epoch × B)`, B the
+    /// batches of one epoch, `ceil(max(nbatches_i / p_i))` over the systems drawn (`p_i`
+    /// normalised); each of `ranks` data-parallel processes draws from its share of a
+    /// system's frames, as PyTorch's DistributedSampler gives it.
+    pub fn steps_from_epochs(
+        &mut self,
+        nframes: &[usize],
+        batch_sizes: &[usize],
+        probs: &[f64],
+        ranks: usize,
+    ) -> Option<(usize, usize)> {
+        let epochs = self.numb_epoch?;
+        let total: f64 = probs.iter().sum();
+        let per_epoch = (nframes.iter().zip(batch_sizes).zip(probs))
+            .filter(|(_, &p)| p > 0.0)
+            .map(|((&nf, &bs), &p)| nf.div_ceil(ranks).div_ceil(bs) as f64 / (p / total))
+            .fold(0.0, f64::max)
+            .ceil() as usize;
+        self.numb_steps = (epochs * per_epoch as f64).ceil() as usize;
+        Some((self.numb_steps, per_epoch))
+    }
+
     pub(super) fn to_json(&self) -> Value {
         let validation = self.validation_data.as_ref().map(|v| {
             let mut d = v.data.to_json();
@@ -436,7 +497,9 @@ impl TrainingConfig {
         json!({
             "training_data": self.training_data.to_json(),
             "validation_data": validation,
-            "numb_steps": self.numb_steps,
+            // The one that was given (DeePMD-kit refuses both).
+            "numb_steps": self.numb_epoch.is_none().then_some(self.numb_steps),
+            "numb_epoch": self.numb_epoch,
             "seed": self.seed,
             "disp_file": self.disp_file,
             "disp_freq": self.disp_freq,

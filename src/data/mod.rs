@@ -1,9 +1,12 @@
-//! Training data: deepmd/npy (mixed-type too) and deepmd/hdf5 systems (on disk or in memory), the system search,
+//! Training data: deepmd/npy (mixed-type too) and deepmd/hdf5 systems (on disk or in memory),
+//! DeePMD-kit's LMDB data, the system search,
 //! the store that reads frames on demand, and the batch sampler over them.
 
 mod error;
 mod files;
 mod hdf5;
+#[cfg(feature = "lmdb")]
+mod lmdb;
 mod load;
 mod mixed;
 mod npy;
@@ -24,3 +27,12 @@ pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
 pub use system::{in_hdf5_file, read_system_in, Composition, System, SystemInfo};
 pub use validate::{check_frames, check_images, MIN_DIST};
+
+/// What a build without the `lmdb` feature (the page's) says of LMDB data.
+#[cfg(not(feature = "lmdb"))]
+fn lmdb_missing(file: &std::path::Path) -> DataError {
+    DataError::Invalid {
+        path: file.to_path_buf(),
+        reason: "is LMDB data, which this dpw was built without (the `lmdb` feature)".into(),
+    }
+}

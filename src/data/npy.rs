@@ -109,9 +109,15 @@ pub(super) fn read_numbers(bytes: &[u8]) -> Option<(Vec<usize>, Vec<f64>)> {
     let n = shape
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
-    let (order, kind, size) = dtype(descr)?;
     // Exactly the data: a file with bytes left over is the general reader's error.
-    let data = bytes.get(start..)?;
+    let values = decode_items(descr, bytes.get(start..)?, n)?;
+    Some((shape, values))
+}
+
+/// The `n` items of numpy type `descr` (`<f4`, `|u1`, ...) that fill `data` exactly, widened
+/// to f64; `None` when the type is not a number type or `data` is not `n` such items.
+pub(super) fn decode_items(descr: &str, data: &[u8], n: usize) -> Option<Vec<f64>> {
+    let (order, kind, size) = dtype(descr)?;
     if Some(data.len()) != n.checked_mul(size) {
         return None;
     }
@@ -126,7 +132,7 @@ pub(super) fn read_numbers(bytes: &[u8]) -> Option<(Vec<usize>, Vec<f64>)> {
             number(kind, size, u64::from_le_bytes(b))
         })
         .collect();
-    Some((shape, values))
+    Some(values)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

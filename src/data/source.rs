@@ -23,19 +23,33 @@ pub trait Source {
     fn array(&self, rel: &str) -> Result<(Vec<usize>, Vec<f64>), DataError>;
 }
 
-/// Where a system lives: a folder, or a group of a deepmd/hdf5 file (`file#/group`, as
-/// DeePMD-kit writes it).
+/// Where a system lives: a folder, a group of a deepmd/hdf5 file (`file#/group`, as
+/// DeePMD-kit writes it), or one of the systems an LMDB environment's frames make
+/// (`file.lmdb#N`, lmdb.rs).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Location {
     Dir(PathBuf),
     Hdf5 { file: PathBuf, group: String },
+    Lmdb { file: PathBuf, group: usize },
+}
+
+/// Whether `path` is an LMDB environment: a folder holding `data.mdb`, as DeePMD-kit tells one.
+pub fn is_lmdb(path: &Path) -> bool {
+    path.join("data.mdb").is_file()
 }
 
 impl Location {
-    /// `file.hdf5#/group` is a group of an HDF5 file; anything else is a folder.
+    /// `env.lmdb#N` is system N of an LMDB environment, `file.hdf5#/group` a group of an HDF5
+    /// file; anything else is a folder.
     pub fn parse(path: &Path) -> Location {
         let s = path.to_string_lossy();
         if let Some((file, group)) = s.split_once('#') {
+            if let Some(group) = group.parse().ok().filter(|_| is_lmdb(Path::new(file))) {
+                return Location::Lmdb {
+                    file: PathBuf::from(file),
+                    group,
+                };
+            }
             let group = if group.starts_with('/') {
                 group.to_string()
             } else {
@@ -54,6 +68,7 @@ impl Location {
         match self {
             Location::Dir(d) => d.clone(),
             Location::Hdf5 { file, group } => PathBuf::from(format!("{}#{group}", file.display())),
+            Location::Lmdb { file, group } => PathBuf::from(format!("{}#{group}", file.display())),
         }
     }
 }

@@ -151,6 +151,10 @@ pub(crate) fn with_source<R>(
     match Location::parse(path) {
         Location::Dir(dir) => f(&NpyDir { fs, dir }),
         Location::Hdf5 { file, group } => super::hdf5::with_group(&file, &group, f),
+        #[cfg(feature = "lmdb")]
+        Location::Lmdb { file, group } => super::lmdb::with_group(&file, group, f),
+        #[cfg(not(feature = "lmdb"))]
+        Location::Lmdb { file, .. } => Err(super::lmdb_missing(&file)),
     }
 }
 

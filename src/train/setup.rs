@@ -198,6 +198,17 @@ pub fn prepare_in(
         None => (random_seed(), " (training.seed not set: drawn at random)"),
     };
     let mut read = Reading::training(fs, &cfg, &start, neighbor_stat, seed)?;
+    let t = &read.train;
+    let ranks = dist::world().size();
+    if let Some((steps, per_epoch)) =
+        (cfg.training).steps_from_epochs(&t.nframes(), &t.batch_sizes, &t.probs, ranks)
+    {
+        tracing::info!(
+            "numb_steps {steps}: numb_epoch {} of {per_epoch} batches{}",
+            cfg.training.numb_epoch.expect("given"),
+            if ranks > 1 { " per process" } else { "" }
+        );
+    }
     let valid = read_validation(fs, &cfg)?;
     let what = match &start {
         Start::Restart(_) => "the --restart checkpoint".to_string(),

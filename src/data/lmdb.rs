@@ -1,0 +1,531 @@
+//! DeePMD-kit's LMDB training data (`"systems": "water.lmdb"`; its reader is
+//! deepmd/dpmodel/utils/lmdb_data.py): one LMDB environment whose `__metadata__` record holds
+//! the frame count, the key format (`frame_idx_fmt`, `012d`), the type_map and optionally each
+//! frame's system id, and whose records `000000000000`, `000000000001`, ... hold one frame each,
+//! a msgpack map of arrays (`{type, shape, data}`): `atom_types`, `coords`, `cells`, `energies`,
+//! `forces`, `virials`.
+//!
+//! dpw reads it as the deepmd/npy systems its frames would make: frames of one system id, one
+//! sequence of atom types, periodic or not and with the same labels form one system, in order
+//! of first appearance, named `file.lmdb#N`. Each is read through the reader of a folder
+//! (system.rs, through [`Source`]), so it gives the statistics and batches of the npy form of the
+//! same frames. (DeePMD-kit draws an LMDB's batches over its frames of one atom count rather
+//! than system by system; for data of one system, as its example, the two draw alike.)
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
+
+use heed::types::Bytes;
+use heed::{Database, Env, EnvFlags, EnvOpenOptions};
+use rmpv::Value;
+
+use super::error::DataError;
+use super::source::{Location, Source};
+
+/// The systems of the LMDB environment `file`, as the paths [`with_group`] reads.
+pub fn system_groups(file: &Path) -> Result<Vec<PathBuf>, DataError> {
+    let lmdb = open(file)?;
+    tracing::info!(
+        "{}: {} frames in {} system{} (frames of one system id, atom types and labels)",
+        file.display(),
+        lmdb.groups.iter().map(|g| g.keys.len()).sum::<usize>(),
+        lmdb.groups.len(),
+        if lmdb.groups.len() == 1 { "" } else { "s" },
+    );
+    Ok((0..lmdb.groups.len())
+        .map(|g| group_path(file, g))
+        .collect())
+}
+
+/// `file.lmdb#N`, the name of the environment's system `N`.
+fn group_path(file: &Path, group: usize) -> PathBuf {
+    Location::Lmdb {
+        file: file.to_path_buf(),
+        group,
+    }
+    .to_path()
+}
+
+/// Runs `f` on system `group` of the LMDB environment `file`.
+pub fn with_group<R>(
+    file: &Path,
+    group: usize,
+    f: impl FnOnce(&dyn Source) -> Result<R, DataError>,
+) -> Result<R, DataError> {
+    let lmdb = open(file)?;
+    let g = lmdb.groups.get(group).ok_or_else(|| DataError::Invalid {
+        path: group_path(file, group),
+        reason: format!("the LMDB environment has {} systems", lmdb.groups.len()),
+    })?;
+    let source = GroupSource::read(&lmdb, g, group_path(file, group))?;
+    f(&source)
+}
+
+/// An open environment and how its frames group into systems.
+struct Lmdb {
+    file: PathBuf,
+    env: Env,
+    db: Database<Bytes, Bytes>,
+    type_map: Option<Vec<String>>,
+    groups: Vec<Group>,
+    /// When `data.mdb` was written and its size, to see a rewritten file.
+    stamp: (Option<SystemTime>, u64),
+}
+
+/// The frames of one system.
+struct Group {
+    keys: Vec<String>,
+    atype: Vec<usize>,
+    pbc: bool,
+    labels: Labels,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Labels {
+    energy: bool,
+    force: bool,
+    virial: bool,
+}
+
+fn stamp(file: &Path) -> Result<(Option<SystemTime>, u64), DataError> {
+    let data = file.join("data.mdb");
+    let meta = std::fs::metadata(&data).map_err(|e| super::error::io_error(&data, e))?;
+    Ok((meta.modified().ok(), meta.len()))
+}
+
+/// The environment at `file`, opened and grouped once per process (a system is read many times:
+/// its statistics, its batches, again when the cache lets it go) unless it was rewritten since.
+fn open(file: &Path) -> Result<Arc<Lmdb>, DataError> {
+    static OPEN: OnceLock<Mutex<HashMap<PathBuf, Arc<Lmdb>>>> = OnceLock::new();
+    let key = std::fs::canonicalize(file).map_err(|e| super::error::io_error(file, e))?;
+    let now = stamp(file)?;
+    let mut open = OPEN
+        .get_or_init(Default::default)
+        .lock()
+        .expect("not poisoned");
+    if let Some(l) = open.get(&key).filter(|l| l.stamp == now) {
+        return Ok(l.clone());
+    }
+    // The old environment closes before the new one opens: LMDB opens a path once per process.
+    open.remove(&key);
+    let lmdb = Arc::new(Lmdb::read(file, now)?);
+    open.insert(key, lmdb.clone());
+    Ok(lmdb)
+}
+
+fn invalid(file: &Path, reason: impl Into<String>) -> DataError {
+    DataError::Invalid {
+        path: file.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+impl Lmdb {
+    fn read(file: &Path, stamp: (Option<SystemTime>, u64)) -> Result<Self, DataError> {
+        let lmdb_error = |e: heed::Error| invalid(file, format!("cannot read as LMDB: {e}"));
+        // Read-only and without the lock file, as DeePMD-kit opens it: the data may sit on a
+        // read-only file system. The map must cover the file.
+        let map_size = (stamp.1 as usize).next_multiple_of(1 << 20).max(1 << 20);
+        // SAFETY: LMDB maps the file; heed's contract is that it is not opened twice in the
+        // process (`open` keeps one per path) and that no one truncates it while mapped, which
+        // a file being trained on is not.
+        let mut options = EnvOpenOptions::new();
+        options.map_size(map_size);
+        let env = unsafe {
+            options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_LOCK);
+            options.open(file)
+        }
+        .map_err(lmdb_error)?;
+        let rtxn = env.read_txn().map_err(lmdb_error)?;
+        let db: Database<Bytes, Bytes> = env
+            .open_database(&rtxn, None)
+            .map_err(lmdb_error)?
+            .ok_or_else(|| invalid(file, "has no unnamed database"))?;
+        let record = |key: &str| -> Result<Value, DataError> {
+            let bytes = db
+                .get(&rtxn, key.as_bytes())
+                .map_err(lmdb_error)?
+                .ok_or_else(|| invalid(file, format!("has no record {key:?}")))?;
+            rmpv::decode::read_value(&mut &bytes[..])
+                .map_err(|e| invalid(file, format!("record {key:?} is not msgpack: {e}")))
+        };
+        let meta = Record::new(record("__metadata__")?, file, "__metadata__")?;
+        let nframes = meta.count("nframes")?;
+        let format = match meta.get("frame_idx_fmt") {
+            None => "012d".to_string(),
+            Some(v) => meta.string(v, "frame_idx_fmt")?,
+        };
+        let width = frame_key_width(&format)
+            .ok_or_else(|| meta.bad("frame_idx_fmt", "a zero-padded width such as \"012d\""))?;
+        let type_map = match meta.get("type_map") {
+            None | Some(Value::Nil) => None,
+            Some(v) => Some(meta.strings(v, "type_map")?),
+        };
+        let system_ids = match meta.get("frame_system_ids") {
+            None | Some(Value::Nil) => None,
+            Some(v) => {
+                let ids = meta.integers(v, "frame_system_ids")?;
+                if ids.len() != nframes {
+                    return Err(meta.bad(
+                        "frame_system_ids",
+                        &format!("one system id per frame ({nframes})"),
+                    ));
+                }
+                Some(ids)
+            }
+        };
+        type GroupKey = (i64, Vec<usize>, bool, Labels);
+        let mut groups: Vec<Group> = Vec::new();
+        let mut found: HashMap<GroupKey, usize> = HashMap::new();
+        for i in 0..nframes {
+            let key = format!("{i:0width$}");
+            let frame = Record::new(record(&key)?, file, &key)?;
+            let atype = frame.atom_types()?;
+            let group_key = (
+                system_ids.as_ref().map_or(0, |ids| ids[i]),
+                atype,
+                frame.has("cells"),
+                frame.labels(),
+            );
+            let g = *found.entry(group_key.clone()).or_insert_with(|| {
+                groups.push(Group {
+                    keys: Vec::new(),
+                    atype: group_key.1,
+                    pbc: group_key.2,
+                    labels: group_key.3,
+                });
+                groups.len() - 1
+            });
+            groups[g].keys.push(key);
+        }
+        if groups.is_empty() {
+            return Err(invalid(file, "holds no frames (nframes is 0)"));
+        }
+        drop(rtxn);
+        Ok(Lmdb {
+            file: file.to_path_buf(),
+            env,
+            db,
+            type_map,
+            groups,
+            stamp,
+        })
+    }
+}
+
+/// The key width of a Python format such as `012d`.
+fn frame_key_width(format: &str) -> Option<usize> {
+    let digits = format.strip_prefix('0')?.strip_suffix('d')?;
+    digits.parse().ok()
+}
+
+/// A decoded msgpack map: the metadata or one frame, with its record named in errors.
+struct Record<'a> {
+    map: Vec<(Value, Value)>,
+    file: &'a Path,
+    key: String,
+}
+
+/// A map key as text (msgpack writers give strings or, in raw mode, bytes).
+fn key_text(v: &Value) -> Option<&str> {
+    match v {
+        Value::String(s) => s.as_str(),
+        Value::Binary(b) => std::str::from_utf8(b).ok(),
+        _ => None,
+    }
+}
+
+impl<'a> Record<'a> {
+    fn new(v: Value, file: &'a Path, key: &str) -> Result<Self, DataError> {
+        match v {
+            Value::Map(map) => Ok(Record {
+                map,
+                file,
+                key: key.to_string(),
+            }),
+            _ => Err(invalid(
+                file,
+                format!("record {key:?} is not a msgpack map"),
+            )),
+        }
+    }
+
+    fn bad(&self, field: &str, expected: &str) -> DataError {
+        invalid(
+            self.file,
+            format!("record {:?}, {field}: expected {expected}", self.key),
+        )
+    }
+
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.map
+            .iter()
+            .find(|(k, _)| key_text(k) == Some(field))
+            .map(|(_, v)| v)
+    }
+
+    fn has(&self, field: &str) -> bool {
+        self.get(field).is_some_and(|v| !v.is_nil())
+    }
+
+    fn count(&self, field: &str) -> Result<usize, DataError> {
+        self.get(field)
+            .and_then(Value::as_u64)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| self.bad(field, "a non-negative integer"))
+    }
+
+    fn string(&self, v: &Value, field: &str) -> Result<String, DataError> {
+        key_text(v)
+            .map(str::to_string)
+            .ok_or_else(|| self.bad(field, "a string"))
+    }
+
+    fn strings(&self, v: &Value, field: &str) -> Result<Vec<String>, DataError> {
+        let items = v
+            .as_array()
+            .ok_or_else(|| self.bad(field, "a list of strings"))?;
+        items.iter().map(|x| self.string(x, field)).collect()
+    }
+
+    fn integers(&self, v: &Value, field: &str) -> Result<Vec<i64>, DataError> {
+        let bad = || self.bad(field, "a list of integers");
+        match v {
+            Value::Array(items) => items.iter().map(|x| x.as_i64().ok_or_else(bad)).collect(),
+            _ => self
+                .array(field)?
+                .1
+                .into_iter()
+                .map(|x| (x.fract() == 0.0).then_some(x as i64).ok_or_else(bad))
+                .collect(),
+        }
+    }
+
+    /// An encoded numpy array (`{type, shape, data}`), or a plain number or list of numbers.
+    fn array(&self, field: &str) -> Result<(Vec<usize>, Vec<f64>), DataError> {
+        let expected = "a numpy array ({type, shape, data}) or numbers";
+        let v = self.get(field).ok_or_else(|| self.bad(field, expected))?;
+        let number = |x: &Value| x.as_f64().or_else(|| x.as_i64().map(|i| i as f64));
+        match v {
+            Value::Map(entries) => {
+                let entry = |name: &str| {
+                    entries
+                        .iter()
+                        .find(|(k, _)| key_text(k) == Some(name))
+                        .map(|(_, v)| v)
+                };
+                let dtype = entry("type").and_then(key_text);
+                let data = match entry("data") {
+                    Some(Value::Binary(b)) => Some(b.as_slice()),
+                    _ => None,
+                };
+                let (Some(dtype), Some(data)) = (dtype, data) else {
+                    return Err(self.bad(field, expected));
+                };
+                let descr = numpy_descr(dtype)
+                    .ok_or_else(|| self.bad(field, &format!("a number type, not {dtype:?}")))?;
+                let size: usize = descr[2..].parse().expect("a size");
+                let shape: Vec<usize> = match entry("shape") {
+                    None => vec![data.len() / size],
+                    Some(s) => s
+                        .as_array()
+                        .and_then(|d| {
+                            d.iter()
+                                .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                                .collect::<Option<_>>()
+                        })
+                        .ok_or_else(|| self.bad(field, "a shape of non-negative integers"))?,
+                };
+                let n = shape.iter().product();
+                let values = super::npy::decode_items(&descr, data, n).ok_or_else(|| {
+                    self.bad(
+                        field,
+                        &format!("{n} items of {dtype} for the shape {shape:?}"),
+                    )
+                })?;
+                Ok((shape, values))
+            }
+            Value::Array(items) => {
+                let values: Option<Vec<f64>> = items.iter().map(number).collect();
+                let values = values.ok_or_else(|| self.bad(field, expected))?;
+                Ok((vec![values.len()], values))
+            }
+            x => number(x)
+                .map(|v| (vec![], vec![v]))
+                .ok_or_else(|| self.bad(field, expected)),
+        }
+    }
+
+    fn atom_types(&self) -> Result<Vec<usize>, DataError> {
+        let types = self.integers(
+            self.get("atom_types")
+                .ok_or_else(|| self.bad("atom_types", "each atom's type"))?,
+            "atom_types",
+        )?;
+        types
+            .into_iter()
+            .map(|t| usize::try_from(t).ok())
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                self.bad(
+                    "atom_types",
+                    "non-negative types (virtual atoms, type -1, are not supported)",
+                )
+            })
+    }
+
+    /// Whether the frame has `field`, and does not say otherwise with `find_<label>` 0.
+    fn labelled(&self, field: &str, label: &str) -> bool {
+        let denied = self
+            .get(&format!("find_{label}"))
+            .and_then(|v| v.as_f64().or_else(|| v.as_i64().map(|i| i as f64)))
+            .is_some_and(|f| f == 0.0);
+        self.has(field) && !denied
+    }
+
+    fn labels(&self) -> Labels {
+        Labels {
+            energy: self.labelled("energies", "energy"),
+            force: self.labelled("forces", "force"),
+            virial: self.labelled("virials", "virial"),
+        }
+    }
+}
+
+/// numpy's name of a number type (`float32`, `<f4`) as an npy `descr` (`<f4`); little-endian,
+/// the byte order of every machine DeePMD-kit writes these on.
+fn numpy_descr(dtype: &str) -> Option<String> {
+    let named = match dtype {
+        "float16" => "f2",
+        "float32" => "f4",
+        "float64" => "f8",
+        "int8" => "i1",
+        "int16" => "i2",
+        "int32" => "i4",
+        "int64" => "i8",
+        "uint8" => "u1",
+        "uint16" => "u2",
+        "uint32" => "u4",
+        "uint64" => "u8",
+        d => return matches!(d.as_bytes().first(), Some(b'<' | b'|' | b'=')).then(|| d.into()),
+    };
+    Some(format!("<{named}"))
+}
+
+/// One system of an environment as a deepmd/npy system: `type.raw`, the environment's
+/// `type_map.raw`, `nopbc` when its frames have no cell, and one set of its frames.
+struct GroupSource<'a> {
+    path: PathBuf,
+    lmdb: &'a Lmdb,
+    group: &'a Group,
+    arrays: HashMap<&'static str, (Vec<usize>, Vec<f64>)>,
+}
+
+/// The npy name of each array of a frame, its LMDB field, and the shape of one frame's.
+const FIELDS: [(&str, &str); 5] = [
+    ("coord.npy", "coords"),
+    ("box.npy", "cells"),
+    ("energy.npy", "energies"),
+    ("force.npy", "forces"),
+    ("virial.npy", "virials"),
+];
+
+impl<'a> GroupSource<'a> {
+    fn read(lmdb: &'a Lmdb, group: &'a Group, path: PathBuf) -> Result<Self, DataError> {
+        let file = &lmdb.file;
+        let lmdb_error = |e: heed::Error| invalid(file, format!("cannot read as LMDB: {e}"));
+        let rtxn = lmdb.env.read_txn().map_err(lmdb_error)?;
+        let natoms = group.atype.len();
+        let present = |npy: &str| match npy {
+            "box.npy" => group.pbc,
+            "energy.npy" => group.labels.energy,
+            "force.npy" => group.labels.force,
+            "virial.npy" => group.labels.virial,
+            _ => true,
+        };
+        let mut arrays: HashMap<&'static str, (Vec<usize>, Vec<f64>)> = HashMap::new();
+        for key in &group.keys {
+            let bytes = lmdb
+                .db
+                .get(&rtxn, key.as_bytes())
+                .map_err(lmdb_error)?
+                .ok_or_else(|| invalid(file, format!("has no record {key:?}")))?;
+            let value = rmpv::decode::read_value(&mut &bytes[..])
+                .map_err(|e| invalid(file, format!("record {key:?} is not msgpack: {e}")))?;
+            let frame = Record::new(value, file, key)?;
+            for (npy, field) in FIELDS.into_iter().filter(|(npy, _)| present(npy)) {
+                let (_, values) = frame.array(field)?;
+                let per_frame = match npy {
+                    "coord.npy" | "force.npy" => natoms * 3,
+                    "energy.npy" => 1,
+                    _ => 9,
+                };
+                if values.len() != per_frame {
+                    return Err(frame.bad(field, &format!("{per_frame} numbers")));
+                }
+                let (shape, all) = arrays.entry(npy).or_insert_with(|| (vec![0], Vec::new()));
+                shape[0] += 1;
+                all.extend(values);
+            }
+        }
+        for (npy, (shape, _)) in arrays.iter_mut() {
+            shape.extend(match *npy {
+                "coord.npy" | "force.npy" => vec![natoms, 3],
+                "energy.npy" => vec![],
+                _ => vec![9],
+            });
+        }
+        Ok(GroupSource {
+            path,
+            lmdb,
+            group,
+            arrays,
+        })
+    }
+}
+
+const SET: &str = "set.000";
+
+impl Source for GroupSource<'_> {
+    fn path(&self, rel: &str) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    fn has_file(&self, rel: &str) -> bool {
+        match rel {
+            "type.raw" => true,
+            "type_map.raw" => self.lmdb.type_map.is_some(),
+            "nopbc" => !self.group.pbc,
+            _ => rel
+                .strip_prefix(SET)
+                .and_then(|r| r.strip_prefix('/'))
+                .is_some_and(|name| self.arrays.contains_key(name)),
+        }
+    }
+
+    fn sets(&self) -> Result<Vec<String>, DataError> {
+        Ok(vec![SET.to_string()])
+    }
+
+    fn tokens(&self, rel: &str) -> Result<Vec<String>, DataError> {
+        match (rel, &self.lmdb.type_map) {
+            ("type.raw", _) => Ok(self.group.atype.iter().map(usize::to_string).collect()),
+            ("type_map.raw", Some(names)) => Ok(names.clone()),
+            _ => Err(DataError::Missing {
+                path: self.path(rel),
+            }),
+        }
+    }
+
+    fn array(&self, rel: &str) -> Result<(Vec<usize>, Vec<f64>), DataError> {
+        rel.strip_prefix(SET)
+            .and_then(|r| r.strip_prefix('/'))
+            .and_then(|name| self.arrays.get(name))
+            .cloned()
+            .ok_or_else(|| DataError::Missing {
+                path: self.path(rel),
+            })
+    }
+}

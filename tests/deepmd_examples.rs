@@ -1,0 +1,98 @@
+//! Issue 57, item 6: every example input of DeePMD-kit's that dpw loads
+//! (tests/data/deepmd-kit/examples.tsv says which) trains a step on its own data, as a user runs
+//! it: from its folder, its `../data` in place, the input unchanged but for the length of the run.
+//! The refusals of the others are tests/config_input.rs's.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+use common::repo;
+
+/// The examples dpw loads, by examples.tsv.
+fn loadable() -> Vec<String> {
+    let tsv = std::fs::read_to_string(repo("tests/data/deepmd-kit/examples.tsv")).unwrap();
+    tsv.lines()
+        .filter_map(|l| l.split_once('\t'))
+        .filter(|(_, outcome)| *outcome == "loads")
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
+/// Where each example folder's `../data` comes from in this repository: the same DeePMD-kit
+/// data (examples/water is its water data; tests/data/nopbc holds one of its nopbc systems) or,
+/// for the LMDB example, its own validation LMDB standing in for its training one too.
+fn link_data(tree: &Path) {
+    let link = |from: PathBuf, to: PathBuf| {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(from, to).unwrap();
+    };
+    for k in 0..4 {
+        link(
+            repo(&format!("examples/water/data_{k}")),
+            tree.join(format!("water/data/data_{k}")),
+        );
+    }
+    link(repo("tests/data/nopbc"), tree.join("nopbc/data"));
+    let lmdb = repo("tests/data/deepmd-kit/examples/lmdb_downsample_data/water_validation.lmdb");
+    for name in ["water_training.lmdb", "water_validation.lmdb"] {
+        link(lmdb.clone(), tree.join("lmdb_downsample_data").join(name));
+    }
+}
+
+/// The input of `example` with a run of one step (one in a thousand epochs where it counts in
+/// epochs), each step shown and saved.
+fn one_step(example: &str) -> Value {
+    let path = repo("tests/data/deepmd-kit/examples").join(example);
+    let mut input: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let training = input["training"].as_object_mut().unwrap();
+    if training.contains_key("num_epoch") {
+        training.insert("num_epoch".into(), json!(0.001));
+    } else {
+        training.insert("numb_steps".into(), json!(1));
+    }
+    training.insert("disp_freq".into(), json!(1));
+    training.insert("save_freq".into(), json!(1));
+    input
+}
+
+#[test]
+fn deepmd_kits_loadable_examples_train_a_step_on_their_data() {
+    let examples = loadable();
+    assert!(examples.len() >= 12, "{examples:?}");
+    let tree = TempDir::new().unwrap();
+    link_data(tree.path());
+    for example in &examples {
+        let input_path = tree.path().join(example);
+        let dir = input_path.parent().unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(
+            &input_path,
+            serde_json::to_string_pretty(&one_step(example)).unwrap(),
+        )
+        .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+            .current_dir(dir)
+            .args(["train", input_path.file_name().unwrap().to_str().unwrap()])
+            .args(["--backend", "cpu"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !err.contains("panicked"),
+            "{example}: {err}"
+        );
+        let lcurve = std::fs::read_to_string(dir.join("lcurve.out")).unwrap();
+        let last = lcurve.lines().last().unwrap();
+        assert_eq!(
+            last.split_whitespace().next(),
+            Some("1"),
+            "{example}: {lcurve}"
+        );
+        std::fs::remove_file(dir.join("lcurve.out")).unwrap();
+    }
+}
