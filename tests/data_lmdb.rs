@@ -305,6 +305,11 @@ fn a_bad_lmdb_is_refused_naming_the_record() {
         );
     }
 
+    // An element the model lacks (O and H only): named where the LMDB lists it.
+    let err = refused(&lmdb());
+    let names = format!("{}#__metadata__/type_map: element \"C\"", lmdb().display());
+    assert!(err.contains(&names), "{err}");
+
     // Named .lmdb but not one: said so, not searched for npy systems.
     let empty = tmp.path().join("empty.lmdb");
     std::fs::create_dir_all(&empty).unwrap();

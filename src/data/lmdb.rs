@@ -489,8 +489,20 @@ impl<'a> GroupSource<'a> {
 const SET: &str = "set.000";
 
 impl Source for GroupSource<'_> {
+    /// Messages name what the LMDB holds: `data.lmdb#1/atom_types`, `data.lmdb#1/coords`,
+    /// `data.lmdb#__metadata__/type_map`, not the npy files it stands in for.
     fn path(&self, rel: &str) -> PathBuf {
-        self.path.join(rel)
+        let field = match rel {
+            "type.raw" => "atom_types",
+            "type_map.raw" => {
+                let file = self.lmdb.file.display();
+                return PathBuf::from(format!("{file}#__metadata__/type_map"));
+            }
+            _ => (rel.strip_prefix(SET).and_then(|r| r.strip_prefix('/')))
+                .and_then(|name| FIELDS.iter().find(|(npy, _)| *npy == name))
+                .map_or(rel, |(_, field)| field),
+        };
+        self.path.join(field)
     }
 
     fn has_file(&self, rel: &str) -> bool {
