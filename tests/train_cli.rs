@@ -1,6 +1,8 @@
 //! `dpw train` / `dpw freeze` through the real binary on the water data with a tiny model:
 //! lcurve.out format, reproducibility, restart, interruption by SIGKILL, bad inputs.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -574,6 +576,56 @@ fn numb_epoch_gives_deepmd_kits_steps() {
         if let Some(e) = epochs {
             training.insert("numb_epoch".into(), json!(e));
         }
+        write_input(d.path(), &input);
+        let out = run(d.path(), &["train", "input.json"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{err}");
+    }
+}
+
+/// `model.type_map` left out: the names come from the training systems' type_map.raw, as
+/// DeePMD-kit's TensorFlow backend takes them (the longest, the others agreeing with its start);
+/// systems that disagree, or have none, are refused naming the file or the key.
+#[test]
+fn type_map_from_the_data_when_not_given() {
+    let d = tempfile::tempdir().unwrap();
+    let mut input = tiny_input(1);
+    input["model"].as_object_mut().unwrap().remove("type_map");
+    let out = train(d.path(), &input, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            r#"model.type_map not given: ["O", "H"], from the training systems' type_map.raw"#
+        ),
+        "{err}"
+    );
+    let out_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out.json")).unwrap()).unwrap();
+    assert_eq!(out_json["model"]["type_map"], json!(["O", "H"]));
+
+    // A system whose type_map.raw begins otherwise, and systems without one.
+    let swapped = d.path().join("swapped");
+    common::copy_dir(&water().join("data_0"), &swapped);
+    std::fs::write(swapped.join("type_map.raw"), "H\nO\n").unwrap();
+    let bare = d.path().join("bare");
+    common::copy_dir(&water().join("data_0"), &bare);
+    std::fs::remove_file(bare.join("type_map.raw")).unwrap();
+    for (systems, says) in [
+        (
+            json!([sys("data_0"), swapped.display().to_string()]),
+            "do not begin as",
+        ),
+        (
+            json!([bare.display().to_string()]),
+            "model.type_map: required key is missing",
+        ),
+    ] {
+        let mut input = input.clone();
+        input["training"]["training_data"]["systems"] = systems;
+        input["training"]
+            .as_object_mut()
+            .unwrap()
+            .remove("validation_data");
         write_input(d.path(), &input);
         let out = run(d.path(), &["train", "input.json"]);
         let err = String::from_utf8_lossy(&out.stderr);

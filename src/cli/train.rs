@@ -17,7 +17,8 @@ use tracing_subscriber::Layer;
 
 use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
-use crate::config::{load_config, Precision, Sel};
+use crate::config::{parse_input, read_input, Config, Precision, Sel};
+use crate::data::{find_systems, systems_type_map, Disk};
 use crate::dist::DeviceLink;
 use crate::model::file::{is_container, model_from_container, read_container, save_model};
 use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model};
@@ -158,7 +159,7 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
     }
     let input = args.input.clone();
     let setup = (|| {
-        let cfg = load_config(&args.input)?;
+        let cfg = load_training_input(&args.input)?;
         let start = match (args.restart, args.init_model, args.init_frz_model) {
             (None, None, None) => Start::Fresh,
             (Some(r), None, None) => {
@@ -238,8 +239,39 @@ pub fn check_train_files(
         model: model.map(|(flag, p)| RunFile::new(flag, p)),
         outputs,
     };
-    let cfg = load_config(input)?;
+    let cfg = load_training_input(input)?;
     outputs::check_files(Path::new("."), &files, &cfg.training)
+}
+
+/// The input of `dpw train`: an input without `model.type_map` takes the element names from the
+/// training systems' type_map.raw files, as DeePMD-kit's TensorFlow backend does (its PyTorch
+/// backend needs them given).
+fn load_training_input(path: &Path) -> Result<Config> {
+    let mut value = read_input(path)?;
+    let no_type_map = value.pointer("/model/type_map").is_none_or(|t| t.is_null());
+    let systems = value.pointer("/training/training_data/systems").cloned();
+    if let (true, Some(systems)) = (no_type_map, systems) {
+        let base = path.parent().unwrap_or(Path::new(""));
+        let listed: Vec<PathBuf> = match &systems {
+            serde_json::Value::String(s) => vec![base.join(s)],
+            serde_json::Value::Array(items) => (items.iter())
+                .filter_map(|s| s.as_str().map(|s| base.join(s)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        // Where the data cannot be read the parse below says what is missing.
+        let found = find_systems(&Disk, &listed, "training").ok();
+        let names = found.and_then(|f| systems_type_map(&Disk, &f).transpose());
+        let model = value.get_mut("model").and_then(|m| m.as_object_mut());
+        if let (Some(names), Some(model)) = (names, model) {
+            let names = names?;
+            tracing::info!(
+                "model.type_map not given: {names:?}, from the training systems' type_map.raw"
+            );
+            model.insert("type_map".into(), names.into());
+        }
+    }
+    Ok(parse_input(path, &value)?)
 }
 
 /// The checkpoint a `-c` argument names: a file, or `model.ckpt` in a folder.

@@ -61,6 +61,20 @@ static ROOT: Schema = Schema {
 /// directory, so both agree there, and dpw also works when started from elsewhere.
 pub fn load_config(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
     let path = path.as_ref();
+    parse_input(path, &read_input(path)?)
+}
+
+/// [`Config::from_value`] of the input read from `path`, an error naming the file.
+pub fn parse_input(path: &Path, value: &Value) -> Result<Config, ConfigError> {
+    let base_dir = path.parent().unwrap_or(Path::new(""));
+    Config::from_value(value, base_dir).map_err(|e| ConfigError::InFile {
+        file: path.to_path_buf(),
+        error: Box::new(e),
+    })
+}
+
+/// The input file at `path` (JSON, or YAML by its extension) as a JSON value, unparsed.
+pub fn read_input(path: &Path) -> Result<Value, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
         path: path.to_path_buf(),
         error,
@@ -79,11 +93,7 @@ pub fn load_config(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
     } else {
         serde_json::from_str(text).map_err(|e| ConfigError::json(path, &e))?
     };
-    let base_dir = path.parent().unwrap_or(Path::new(""));
-    Config::from_value(&value, base_dir).map_err(|e| ConfigError::InFile {
-        file: path.to_path_buf(),
-        error: Box::new(e),
-    })
+    Ok(value)
 }
 
 impl Config {

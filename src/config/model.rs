@@ -364,6 +364,9 @@ pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
         let type_path = join(&join(path, "fitting_net"), "type");
         check_known(t, &type_path, FITTINGS, "fitting", "the \"ener\" fitting")?;
     }
+    if let Some(d) = v.get("descriptor").filter(|d| d.get("type").is_some()) {
+        descriptor_type(d, &join(path, "descriptor"))?;
+    }
     Ok(())
 }
 
@@ -394,6 +397,12 @@ fn check_known(
 /// The model section, its type already checked by [`check_type`].
 pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
     let sec = Section::new(v, path, &MODEL)?;
+    // The fitting first: an input that asks for what dpw's fitting lacks (fparam, aparam) is
+    // refused for that, not for a type_map it may leave to the data.
+    let fitting_net = match sec.get("fitting_net") {
+        Some(v) => parse_fitting(v, &sec.path_of("fitting_net"))?,
+        None => parse_fitting(&json!({}), &sec.path_of("fitting_net"))?,
+    };
     let type_map = parse_type_map(&sec)?;
     let descriptor = parse_descriptor(
         sec.required("descriptor", "an object with \"type\": \"se_e2_a\"")?,
@@ -401,10 +410,6 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
         type_map.len(),
         false,
     )?;
-    let fitting_net = match sec.get("fitting_net") {
-        Some(v) => parse_fitting(v, &sec.path_of("fitting_net"))?,
-        None => parse_fitting(&json!({}), &sec.path_of("fitting_net"))?,
-    };
     let data_stat_nbatch = sec.usize_or("data_stat_nbatch", 10)?;
     at_least_one(data_stat_nbatch, &sec.path_of("data_stat_nbatch"))?;
     let data_stat_protect = sec.f64_or("data_stat_protect", 0.01)?;
@@ -421,7 +426,10 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
 fn parse_type_map(sec: &Section) -> Result<Vec<String>> {
     let path = sec.path_of("type_map");
     let expected = "a non-empty list of element names, e.g. [\"O\", \"H\"]";
-    let items = to_list(sec.required("type_map", expected)?, &path, expected)?;
+    let missing = "a non-empty list of element names, e.g. [\"O\", \"H\"] (dpw train takes \
+                   them from the training systems' type_map.raw files where they have them, as \
+                   DeePMD-kit's TensorFlow backend does)";
+    let items = to_list(sec.required("type_map", missing)?, &path, expected)?;
     if items.is_empty() {
         return Err(ConfigError::invalid(
             &path,
@@ -443,14 +451,8 @@ fn parse_type_map(sec: &Section) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// One descriptor; `in_hybrid` for an item of a hybrid's list.
-fn parse_descriptor(
-    v: &Value,
-    path: &str,
-    ntypes: usize,
-    in_hybrid: bool,
-) -> Result<DescriptorConfig> {
-    // The type decides which keys are valid, so it is checked before the keys are.
+/// The descriptor `v`'s type, one dpw has, and its name as given.
+fn descriptor_type<'v>(v: &'v Value, path: &str) -> Result<(DescriptorType, &'v str)> {
     let type_path = join(path, "type");
     let kind = match v.get("type") {
         Some(t) => to_str(t, &type_path)?,
@@ -462,15 +464,28 @@ fn parse_descriptor(
         }
         None => return Err(wrong_type(path, "an object", v)),
     };
-    let Some(descriptor) = DescriptorType::from_name(kind) else {
-        return Err(ConfigError::unsupported(
+    let descriptor = DescriptorType::from_name(kind).ok_or_else(|| {
+        ConfigError::unsupported(
             type_path,
             format!(
                 "descriptor type '{kind}' is not supported; dpw supports {}",
                 descriptor_names()
             ),
-        ));
-    };
+        )
+    })?;
+    Ok((descriptor, kind))
+}
+
+/// One descriptor; `in_hybrid` for an item of a hybrid's list.
+fn parse_descriptor(
+    v: &Value,
+    path: &str,
+    ntypes: usize,
+    in_hybrid: bool,
+) -> Result<DescriptorConfig> {
+    // The type decides which keys are valid, so it is checked before the keys are.
+    let type_path = join(path, "type");
+    let (descriptor, kind) = descriptor_type(v, path)?;
     let schema = match descriptor {
         DescriptorType::SeE2A => &DESCRIPTOR,
         DescriptorType::SeE2R => &DESCRIPTOR_R,

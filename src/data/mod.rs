@@ -26,6 +26,7 @@ pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
 pub use system::{in_hdf5_file, read_system_in, Composition, System, SystemInfo};
+pub use types::systems_type_map;
 pub use validate::{check_frames, check_images, MIN_DIST};
 
 /// What a build without the `lmdb` feature (the page's) says of LMDB data.

@@ -83,3 +83,41 @@ impl TypeIndex {
         }
     }
 }
+
+/// The element names of the systems at `paths` where the model gives none, as DeePMD-kit's
+/// TensorFlow backend takes them (`_check_type_map_consistency`): each system's `type_map.raw`
+/// must begin as the others do, and the longest is the model's; `None` when no system has one.
+pub fn systems_type_map(
+    fs: &dyn super::Files,
+    paths: &[PathBuf],
+) -> Result<Option<Vec<String>>, DataError> {
+    let mut names: Option<(PathBuf, Vec<String>)> = None;
+    for path in paths {
+        let found =
+            super::system::with_source(fs, path, |src| match src.has_file("type_map.raw") {
+                true => Ok(Some((
+                    src.path("type_map.raw"),
+                    src.tokens("type_map.raw")?,
+                ))),
+                false => Ok(None),
+            })?;
+        let Some((at, these)) = found else { continue };
+        if let Some((first, known)) = &names {
+            if !(known.iter().zip(&these)).all(|(a, b)| a == b) {
+                return Err(DataError::Invalid {
+                    path: at,
+                    reason: format!(
+                        "lists the elements {these:?}, which do not begin as {first}'s {known:?}: \
+                         with no model.type_map the systems must agree; give model.type_map",
+                        first = first.display()
+                    ),
+                });
+            }
+            if known.len() >= these.len() {
+                continue;
+            }
+        }
+        names = Some((at, these));
+    }
+    Ok(names.map(|(_, n)| n))
+}
