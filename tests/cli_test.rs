@@ -130,17 +130,7 @@ fn new_model(
     let mut input = tiny_water_input(serde_json::json!(systems), 0);
     input["model"]["type_map"] = serde_json::json!(type_map);
     input["model"]["descriptor"] = descriptor;
-    std::fs::write(dir.join("input.json"), input.to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
-        .current_dir(dir)
-        .args(["train", "input.json", "--backend", "cpu"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::train_cpu(dir, &input);
     dir.join("model.ckpt")
 }
 

@@ -179,19 +179,7 @@ fn training_on_hdf5_equals_training_on_npy() {
     let npy: Vec<PathBuf> = (0..3).map(|k| water(&format!("data_{k}"))).collect();
     for systems in [serde_json::json!(file), serde_json::json!(npy)] {
         let run = TempDir::new().unwrap();
-        let input = common::tiny_water_input(systems, 8);
-        std::fs::write(
-            run.path().join("input.json"),
-            serde_json::to_string_pretty(&input).unwrap(),
-        )
-        .unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
-            .current_dir(run.path())
-            .args(["train", "input.json", "--backend", "cpu"])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && !err.contains("panicked"), "{err}");
+        common::train_cpu(run.path(), &common::tiny_water_input(systems, 8));
         lcurves.push(std::fs::read_to_string(run.path().join("lcurve.out")).unwrap());
     }
     assert_eq!(lcurves[0].lines().count(), 10);

@@ -89,22 +89,6 @@ fn an_lmdb_reads_as_the_npy_systems_of_its_frames() {
     assert_ne!(mol.orig_index, (0..8).collect::<Vec<_>>());
 }
 
-fn write_input(dir: &Path, input: &serde_json::Value) {
-    std::fs::write(
-        dir.join("input.json"),
-        serde_json::to_string_pretty(input).unwrap(),
-    )
-    .unwrap();
-}
-
-fn dpw_train(dir: &Path) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_dpw"))
-        .current_dir(dir)
-        .args(["train", "input.json", "--backend", "cpu"])
-        .output()
-        .unwrap()
-}
-
 /// `dpw train` on the LMDB and on the npy form of its frames: the same statistics and batches,
 /// so the same lcurve.out.
 #[test]
@@ -117,10 +101,7 @@ fn training_on_lmdb_equals_training_on_its_npy_form() {
         let mut input = common::tiny_water_input(systems, 6);
         input["model"]["type_map"] = serde_json::json!(type_map());
         input["model"]["descriptor"]["sel"] = serde_json::json!([20, 28, 4]);
-        write_input(run.path(), &input);
-        let out = dpw_train(run.path());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && !err.contains("panicked"), "{err}");
+        common::train_cpu(run.path(), &input);
         lcurves.push(std::fs::read_to_string(run.path().join("lcurve.out")).unwrap());
     }
     assert_eq!(lcurves[0].lines().count(), 8);
@@ -140,10 +121,8 @@ fn deepmd_kits_lmdb_example_trains() {
     input["training"]["validation_data"]["systems"] = serde_json::json!(data);
     input["training"]["numb_steps"] = serde_json::json!(1);
     let run = TempDir::new().unwrap();
-    write_input(run.path(), &input);
-    let out = dpw_train(run.path());
+    let out = common::train_cpu(run.path(), &input);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && !err.contains("panicked"), "{err}");
     assert!(err.contains("20 frames in 1 system"), "{err}");
     let lcurve = std::fs::read_to_string(run.path().join("lcurve.out")).unwrap();
     assert_eq!(lcurve.lines().count(), 3, "{lcurve}");

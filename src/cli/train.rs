@@ -17,7 +17,7 @@ use tracing_subscriber::Layer;
 
 use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
-use crate::config::{parse_input, read_input, Config, Precision, Sel};
+use crate::config::{parse_input, read_input, training_system_paths, Config, Precision, Sel};
 use crate::data::{find_systems, systems_type_map, Disk};
 use crate::dist::DeviceLink;
 use crate::model::file::{is_container, model_from_container, read_container, save_model};
@@ -249,16 +249,10 @@ pub fn check_train_files(
 fn load_training_input(path: &Path) -> Result<Config> {
     let mut value = read_input(path)?;
     let no_type_map = value.pointer("/model/type_map").is_none_or(|t| t.is_null());
-    let systems = value.pointer("/training/training_data/systems").cloned();
-    if let (true, Some(systems)) = (no_type_map, systems) {
-        let base = path.parent().unwrap_or(Path::new(""));
-        let listed: Vec<PathBuf> = match &systems {
-            serde_json::Value::String(s) => vec![base.join(s)],
-            serde_json::Value::Array(items) => (items.iter())
-                .filter_map(|s| s.as_str().map(|s| base.join(s)))
-                .collect(),
-            _ => Vec::new(),
-        };
+    let listed = no_type_map
+        .then(|| training_system_paths(path, &value))
+        .flatten();
+    if let Some(listed) = listed {
         // Where the data cannot be read the parse below says what is missing.
         let found = find_systems(&Disk, &listed, "training").ok();
         let names = found.and_then(|f| systems_type_map(&Disk, &f).transpose());

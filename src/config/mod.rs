@@ -16,7 +16,7 @@ mod model;
 mod optimizer;
 mod training;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
@@ -64,10 +64,21 @@ pub fn load_config(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
     parse_input(path, &read_input(path)?)
 }
 
+/// The folder an input's relative paths are read from: the input file's.
+fn input_dir(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new(""))
+}
+
+/// The training systems of the input read from `path`, as [`parse_input`] resolves them;
+/// `None` where its training section does not parse (the whole parse then says why).
+pub fn training_system_paths(path: &Path, value: &Value) -> Option<Vec<PathBuf>> {
+    let training = training::parse(value.get("training")?, "training", input_dir(path)).ok()?;
+    Some(training.training_data.system_paths)
+}
+
 /// [`Config::from_value`] of the input read from `path`, an error naming the file.
 pub fn parse_input(path: &Path, value: &Value) -> Result<Config, ConfigError> {
-    let base_dir = path.parent().unwrap_or(Path::new(""));
-    Config::from_value(value, base_dir).map_err(|e| ConfigError::InFile {
+    Config::from_value(value, input_dir(path)).map_err(|e| ConfigError::InFile {
         file: path.to_path_buf(),
         error: Box::new(e),
     })

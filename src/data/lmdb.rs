@@ -115,6 +115,10 @@ fn open(file: &Path) -> Result<Arc<Lmdb>, DataError> {
     Ok(lmdb)
 }
 
+fn lmdb_error(file: &Path, e: heed::Error) -> DataError {
+    invalid(file, format!("cannot read as LMDB: {e}"))
+}
+
 fn invalid(file: &Path, reason: impl Into<String>) -> DataError {
     DataError::Invalid {
         path: file.to_path_buf(),
@@ -124,7 +128,7 @@ fn invalid(file: &Path, reason: impl Into<String>) -> DataError {
 
 impl Lmdb {
     fn read(file: &Path, stamp: (Option<SystemTime>, u64)) -> Result<Self, DataError> {
-        let lmdb_error = |e: heed::Error| invalid(file, format!("cannot read as LMDB: {e}"));
+        let lmdb_error = |e| lmdb_error(file, e);
         // Read-only and without the lock file, as DeePMD-kit opens it: the data may sit on a
         // read-only file system. The map must cover the file.
         let map_size = (stamp.1 as usize).next_multiple_of(1 << 20).max(1 << 20);
@@ -143,15 +147,7 @@ impl Lmdb {
             .open_database(&rtxn, None)
             .map_err(lmdb_error)?
             .ok_or_else(|| invalid(file, "has no unnamed database"))?;
-        let record = |key: &str| -> Result<Value, DataError> {
-            let bytes = db
-                .get(&rtxn, key.as_bytes())
-                .map_err(lmdb_error)?
-                .ok_or_else(|| invalid(file, format!("has no record {key:?}")))?;
-            rmpv::decode::read_value(&mut &bytes[..])
-                .map_err(|e| invalid(file, format!("record {key:?} is not msgpack: {e}")))
-        };
-        let meta = Record::new(record("__metadata__")?, file, "__metadata__")?;
+        let meta = Record::read(db, &rtxn, file, "__metadata__")?;
         let nframes = meta.count("nframes")?;
         let format = match meta.get("frame_idx_fmt") {
             None => "012d".to_string(),
@@ -181,23 +177,26 @@ impl Lmdb {
         let mut found: HashMap<GroupKey, usize> = HashMap::new();
         for i in 0..nframes {
             let key = format!("{i:0width$}");
-            let frame = Record::new(record(&key)?, file, &key)?;
-            let atype = frame.atom_types()?;
+            let frame = Record::read(db, &rtxn, file, &key)?;
             let group_key = (
                 system_ids.as_ref().map_or(0, |ids| ids[i]),
-                atype,
+                frame.atom_types()?,
                 frame.has("cells"),
                 frame.labels(),
             );
-            let g = *found.entry(group_key.clone()).or_insert_with(|| {
-                groups.push(Group {
-                    keys: Vec::new(),
-                    atype: group_key.1,
-                    pbc: group_key.2,
-                    labels: group_key.3,
-                });
-                groups.len() - 1
-            });
+            let g = match found.get(&group_key) {
+                Some(&g) => g,
+                None => {
+                    groups.push(Group {
+                        keys: Vec::new(),
+                        atype: group_key.1.clone(),
+                        pbc: group_key.2,
+                        labels: group_key.3,
+                    });
+                    found.insert(group_key, groups.len() - 1);
+                    groups.len() - 1
+                }
+            };
             groups[g].keys.push(key);
         }
         if groups.is_empty() {
@@ -238,8 +237,20 @@ fn key_text(v: &Value) -> Option<&str> {
 }
 
 impl<'a> Record<'a> {
-    fn new(v: Value, file: &'a Path, key: &str) -> Result<Self, DataError> {
-        match v {
+    /// The record `key` of the environment `file`.
+    fn read(
+        db: Database<Bytes, Bytes>,
+        rtxn: &heed::RoTxn,
+        file: &'a Path,
+        key: &str,
+    ) -> Result<Self, DataError> {
+        let bytes = db
+            .get(rtxn, key.as_bytes())
+            .map_err(|e| lmdb_error(file, e))?
+            .ok_or_else(|| invalid(file, format!("has no record {key:?}")))?;
+        let value = rmpv::decode::read_value(&mut &bytes[..])
+            .map_err(|e| invalid(file, format!("record {key:?} is not msgpack: {e}")))?;
+        match value {
             Value::Map(map) => Ok(Record {
                 map,
                 file,
@@ -423,7 +434,34 @@ struct GroupSource<'a> {
     arrays: HashMap<&'static str, (Vec<usize>, Vec<f64>)>,
 }
 
-/// The npy name of each array of a frame, its LMDB field, and the shape of one frame's.
+/// One frame's shape of the array `npy` of a system of `natoms` atoms.
+fn frame_shape(npy: &str, natoms: usize) -> Vec<usize> {
+    match npy {
+        "coord.npy" | "force.npy" => vec![natoms, 3],
+        "energy.npy" => vec![],
+        _ => vec![9],
+    }
+}
+
+impl Group {
+    /// Whether the system's frames hold the array `npy`.
+    fn has(&self, npy: &str) -> bool {
+        match npy {
+            "box.npy" => self.pbc,
+            "energy.npy" => self.labels.energy,
+            "force.npy" => self.labels.force,
+            "virial.npy" => self.labels.virial,
+            _ => true,
+        }
+    }
+}
+
+/// The entry of the one set, `set.000/coord.npy` → `coord.npy`.
+fn set_entry(rel: &str) -> Option<&str> {
+    rel.strip_prefix(SET)?.strip_prefix('/')
+}
+
+/// The npy name of each array of a frame and its LMDB field.
 const FIELDS: [(&str, &str); 5] = [
     ("coord.npy", "coords"),
     ("box.npy", "cells"),
@@ -435,48 +473,31 @@ const FIELDS: [(&str, &str); 5] = [
 impl<'a> GroupSource<'a> {
     fn read(lmdb: &'a Lmdb, group: &'a Group, path: PathBuf) -> Result<Self, DataError> {
         let file = &lmdb.file;
-        let lmdb_error = |e: heed::Error| invalid(file, format!("cannot read as LMDB: {e}"));
-        let rtxn = lmdb.env.read_txn().map_err(lmdb_error)?;
+        let rtxn = lmdb.env.read_txn().map_err(|e| lmdb_error(file, e))?;
         let natoms = group.atype.len();
-        let present = |npy: &str| match npy {
-            "box.npy" => group.pbc,
-            "energy.npy" => group.labels.energy,
-            "force.npy" => group.labels.force,
-            "virial.npy" => group.labels.virial,
-            _ => true,
-        };
-        let mut arrays: HashMap<&'static str, (Vec<usize>, Vec<f64>)> = HashMap::new();
+        let fields: Vec<_> = FIELDS
+            .into_iter()
+            .filter(|(npy, _)| group.has(npy))
+            .collect();
+        let mut data = vec![Vec::new(); fields.len()];
         for key in &group.keys {
-            let bytes = lmdb
-                .db
-                .get(&rtxn, key.as_bytes())
-                .map_err(lmdb_error)?
-                .ok_or_else(|| invalid(file, format!("has no record {key:?}")))?;
-            let value = rmpv::decode::read_value(&mut &bytes[..])
-                .map_err(|e| invalid(file, format!("record {key:?} is not msgpack: {e}")))?;
-            let frame = Record::new(value, file, key)?;
-            for (npy, field) in FIELDS.into_iter().filter(|(npy, _)| present(npy)) {
+            let frame = Record::read(lmdb.db, &rtxn, file, key)?;
+            for (&(npy, field), all) in fields.iter().zip(&mut data) {
                 let (_, values) = frame.array(field)?;
-                let per_frame = match npy {
-                    "coord.npy" | "force.npy" => natoms * 3,
-                    "energy.npy" => 1,
-                    _ => 9,
-                };
+                let per_frame: usize = frame_shape(npy, natoms).iter().product();
                 if values.len() != per_frame {
                     return Err(frame.bad(field, &format!("{per_frame} numbers")));
                 }
-                let (shape, all) = arrays.entry(npy).or_insert_with(|| (vec![0], Vec::new()));
-                shape[0] += 1;
                 all.extend(values);
             }
         }
-        for (npy, (shape, _)) in arrays.iter_mut() {
-            shape.extend(match *npy {
-                "coord.npy" | "force.npy" => vec![natoms, 3],
-                "energy.npy" => vec![],
-                _ => vec![9],
-            });
-        }
+        let arrays = (fields.iter().zip(data))
+            .map(|(&(npy, _), all)| {
+                let mut shape = frame_shape(npy, natoms);
+                shape.insert(0, group.keys.len());
+                (npy, (shape, all))
+            })
+            .collect();
         Ok(GroupSource {
             path,
             lmdb,
@@ -498,7 +519,7 @@ impl Source for GroupSource<'_> {
                 let file = self.lmdb.file.display();
                 return PathBuf::from(format!("{file}#__metadata__/type_map"));
             }
-            _ => (rel.strip_prefix(SET).and_then(|r| r.strip_prefix('/')))
+            _ => set_entry(rel)
                 .and_then(|name| FIELDS.iter().find(|(npy, _)| *npy == name))
                 .map_or(rel, |(_, field)| field),
         };
@@ -510,10 +531,7 @@ impl Source for GroupSource<'_> {
             "type.raw" => true,
             "type_map.raw" => self.lmdb.type_map.is_some(),
             "nopbc" => !self.group.pbc,
-            _ => rel
-                .strip_prefix(SET)
-                .and_then(|r| r.strip_prefix('/'))
-                .is_some_and(|name| self.arrays.contains_key(name)),
+            _ => set_entry(rel).is_some_and(|name| self.arrays.contains_key(name)),
         }
     }
 
@@ -532,8 +550,7 @@ impl Source for GroupSource<'_> {
     }
 
     fn array(&self, rel: &str) -> Result<(Vec<usize>, Vec<f64>), DataError> {
-        rel.strip_prefix(SET)
-            .and_then(|r| r.strip_prefix('/'))
+        set_entry(rel)
             .and_then(|name| self.arrays.get(name))
             .cloned()
             .ok_or_else(|| DataError::Missing {

@@ -162,6 +162,24 @@ pub fn tiny_water_input(systems: serde_json::Value, steps: usize) -> serde_json:
     })
 }
 
+/// `dpw train input.json --backend cpu` in `dir`, `input` written there first; it must succeed
+/// without a panic.
+pub fn train_cpu(dir: &Path, input: &serde_json::Value) -> std::process::Output {
+    std::fs::write(
+        dir.join("input.json"),
+        serde_json::to_string_pretty(input).unwrap(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(dir)
+        .args(["train", "input.json", "--backend", "cpu"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
+    out
+}
+
 /// model_A from its per-tensor npy export (independent of dpw's YAML reader).
 pub fn model_a() -> Model {
     let dir = model_a_dir();
