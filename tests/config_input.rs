@@ -486,9 +486,9 @@ fn unsupported_settings_are_errors() {
             "model.descriptor.precision",
         ),
         (
-            "/model/fitting_net/numb_fparam",
-            json!(2),
-            "model.fitting_net.numb_fparam",
+            "/model/fitting_net/use_aparam_as_mask",
+            json!(true),
+            "model.fitting_net.use_aparam_as_mask",
         ),
         (
             "/model/fitting_net/type",

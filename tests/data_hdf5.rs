@@ -77,10 +77,7 @@ fn spec() -> ModelSpec {
     ModelSpec {
         type_map: names(&["O", "H"]),
         descriptor: common::water_descriptor(),
-        fitting: FittingSpec {
-            neuron: vec![8],
-            resnet_dt: true,
-        },
+        fitting: FittingSpec::new(vec![8], true),
     }
 }
 

@@ -245,6 +245,8 @@ fn batch_slots_are_one_mixed_list_with_neighbour_types() {
                 energy: 0.0,
                 force: &[],
                 virial: None,
+                fparam: None,
+                aparam: None,
             })
             .collect();
         let hb = assemble(&m.spec, &fr.atype, &frames).unwrap();
@@ -299,6 +301,8 @@ fn padding_slots_take_the_lowest_type_present() {
         energy: 0.0,
         force: &[],
         virial: None,
+        fparam: None,
+        aparam: None,
     };
     let hb = assemble(&m.spec, &atype, &[frame]).unwrap();
     let pads: Vec<i32> = (hb.owner.iter().zip(&hb.nei_type))

@@ -222,10 +222,7 @@ fn small_model() -> Model {
             list: vec![],
             attention: None,
         },
-        fitting: FittingSpec {
-            neuron: vec![4, 4],
-            resnet_dt: true,
-        },
+        fitting: FittingSpec::new(vec![4, 4], true),
     };
     Model::new(spec, 1)
 }

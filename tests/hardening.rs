@@ -986,6 +986,8 @@ fn batch_errors_name_frames_by_their_index() {
         virial: None,
         has_energy: true,
         has_force: true,
+        fparam: None,
+        aparam: None,
     };
     let spec = ModelSpec {
         type_map: vec!["O".into()],
@@ -1003,10 +1005,7 @@ fn batch_errors_name_frames_by_their_index() {
             list: vec![],
             attention: None,
         },
-        fitting: FittingSpec {
-            neuron: vec![2],
-            resnet_dt: false,
-        },
+        fitting: FittingSpec::new(vec![2], false),
     };
     let err = dpw::train::batch::assemble_frames(&spec, &sys, &[1, 3], "training").unwrap_err();
     let msg = format!("{err:#}");

@@ -58,10 +58,7 @@ fn reads_model_a_exactly() {
             list: vec![],
             attention: None,
         },
-        fitting: FittingSpec {
-            neuron: vec![32, 32, 32],
-            resnet_dt: true,
-        },
+        fitting: FittingSpec::new(vec![32, 32, 32], true),
     };
     assert_eq!(m.spec, expect);
     let md = &meta["descriptor"];
@@ -209,10 +206,7 @@ fn two_sided_spec() -> ModelSpec {
             list: vec![],
             attention: None,
         },
-        fitting: FittingSpec {
-            neuron: vec![10, 20, 20],
-            resnet_dt: true,
-        },
+        fitting: FittingSpec::new(vec![10, 20, 20], true),
     }
 }
 
@@ -343,8 +337,18 @@ fn bad_files_name_the_culprit() {
     let e = read_err(&edit(&good, "type: standard", "type: zbl"));
     assert!(e.contains("model.type: unsupported value \"zbl\""), "{e}");
 
+    // Frame parameters are read, and then their statistics must be there.
     let e = read_err(&edit(&good, "numb_fparam: 0", "numb_fparam: 2"));
-    assert!(e.contains("model.fitting.numb_fparam: unsupported"), "{e}");
+    assert!(e.contains("model.fitting.@variables.fparam_avg"), "{e}");
+    let e = read_err(&edit(
+        &good,
+        "use_aparam_as_mask: false",
+        "use_aparam_as_mask: true",
+    ));
+    assert!(
+        e.contains("model.fitting.use_aparam_as_mask: unsupported"),
+        "{e}"
+    );
 
     let e = read_err(&edit(
         &good,

@@ -159,6 +159,34 @@ fn dpa1_lcurve_of_12_steps_matches_cpu() {
     lcurves_match("dpa1_lcurve_of_12_steps_matches_cpu", &input, 4);
 }
 
+/// Frame and atomic parameters (DeePMD-kit's fparam example data, four frames of each of its
+/// two systems): the fitting's input is joined on the device by copies and gathers.
+#[test]
+fn fparam_aparam_lcurve_of_8_steps_matches_cpu() {
+    let data =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepmd-kit/examples/fparam/data");
+    let input = serde_json::json!({
+        "model": {
+            "type_map": ["Be"],
+            "descriptor": {"type": "se_e2_a", "sel": [60], "rcut": 5.0, "rcut_smth": 1.8,
+                           "neuron": [4, 8], "axis_neuron": 4, "seed": 1},
+            "fitting_net": {"neuron": [8, 8], "resnet_dt": true, "numb_fparam": 1,
+                            "numb_aparam": 1, "seed": 1},
+            "data_stat_nbatch": 1
+        },
+        "learning_rate": {"type": "exp", "start_lr": 0.002, "stop_lr": 1e-5, "decay_steps": 4},
+        "loss": {"type": "ener", "start_pref_e": 0.02, "limit_pref_e": 1, "start_pref_f": 1000,
+                 "limit_pref_f": 1},
+        "training": {
+            "training_data": {"systems": [data.join("e3000_i2000"), data.join("e8000_i2000")],
+                              "batch_size": 2},
+            "numb_steps": 8, "seed": 3, "disp_freq": 4, "save_freq": 8
+        }
+    });
+    // Steps 1, 4, 8.
+    lcurves_match("fparam_aparam_lcurve_of_8_steps_matches_cpu", &input, 3);
+}
+
 /// dpw's `args` in `dir`: whether it succeeded, and its stdout and stderr.
 fn dpw_in(dir: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dpw"))

@@ -149,6 +149,12 @@ pub struct FittingConfig {
     pub atom_ener: Vec<Option<f64>>,
     pub trainable: bool,
     pub seed: Option<u64>,
+    /// Frame parameters per frame (`fparam.npy`) and atomic parameters per atom
+    /// (`aparam.npy`) the net takes beside the descriptor.
+    pub numb_fparam: usize,
+    pub numb_aparam: usize,
+    /// The frame parameters of a system without `fparam.npy`.
+    pub default_fparam: Option<Vec<f64>>,
 }
 
 const TANH_ONLY: &str = "the only activation dpw implements";
@@ -305,12 +311,11 @@ static FITTING: Schema = Schema {
         "atom_ener",
         "trainable",
         "seed",
+        "numb_fparam",
+        "numb_aparam",
+        "default_fparam",
     ]],
-    unsupported: &[&[
-        ("activation_function", TANH_ONLY),
-        ("numb_fparam", "frame parameters are not implemented"),
-        ("numb_aparam", "atomic parameters are not implemented"),
-    ]],
+    unsupported: &[&[("activation_function", TANH_ONLY)]],
     ignored: &[],
     deepmd: "model[standard].fitting_net",
 };
@@ -749,7 +754,30 @@ fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
         atom_ener,
         trainable: sec.bool_or("trainable", true)?,
         seed: sec.opt_u64("seed")?,
+        numb_fparam: sec.usize_or("numb_fparam", 0)?,
+        numb_aparam: sec.usize_or("numb_aparam", 0)?,
+        default_fparam: default_fparam(&sec)?,
     })
+}
+
+/// `default_fparam`: `numb_fparam` numbers, or absent (null).
+fn default_fparam(sec: &Section) -> Result<Option<Vec<f64>>> {
+    let Some(v) = sec.get_nonnull("default_fparam") else {
+        return Ok(None);
+    };
+    let p = sec.path_of("default_fparam");
+    let items = to_list(v, &p, "a list of numbers, one per frame parameter")?;
+    let values = (items.iter().enumerate())
+        .map(|(i, x)| to_f64(x, &format!("{p}[{i}]")))
+        .collect::<Result<Vec<_>>>()?;
+    let n = sec.usize_or("numb_fparam", 0)?;
+    if values.len() != n {
+        return Err(ConfigError::invalid(
+            p,
+            format!("{} values, but numb_fparam is {n}", values.len()),
+        ));
+    }
+    Ok(Some(values))
 }
 
 impl ModelConfig {
@@ -765,6 +793,9 @@ impl ModelConfig {
             "atom_ener": f.atom_ener,
             "trainable": f.trainable,
             "seed": f.seed,
+            "numb_fparam": f.numb_fparam,
+            "numb_aparam": f.numb_aparam,
+            "default_fparam": f.default_fparam,
         });
 
         json!({

@@ -41,6 +41,17 @@ pub struct System {
     pub has_force: bool,
     /// `[nframes][9]`; `Some` only if every set has `virial.npy`.
     pub virial: Option<Vec<f64>>,
+    /// DeePMD-kit's frame parameters, `fparam.npy`: `[nframes][width]`.
+    pub fparam: Option<Params>,
+    /// Its atomic parameters, `aparam.npy`: `[nframes][natoms][width]`, sorted atom order.
+    pub aparam: Option<Params>,
+}
+
+/// A system's frame or atomic parameters: `width` values per frame (or per atom).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    pub width: usize,
+    pub values: Vec<f64>,
 }
 
 impl System {
@@ -102,6 +113,18 @@ impl System {
 
     pub fn frame_virial(&self, frame: usize) -> Option<&[f64]> {
         self.virial.as_ref().map(|v| &v[frame * 9..(frame + 1) * 9])
+    }
+
+    pub fn frame_fparam(&self, frame: usize) -> Option<&[f64]> {
+        let p = self.fparam.as_ref()?;
+        Some(&p.values[frame * p.width..(frame + 1) * p.width])
+    }
+
+    /// `[natoms][width]` of frame `frame`, sorted atom order.
+    pub fn frame_aparam(&self, frame: usize) -> Option<&[f64]> {
+        let p = self.aparam.as_ref()?;
+        let n = self.natoms * p.width;
+        Some(&p.values[frame * n..(frame + 1) * n])
     }
 
     /// The energy and force labels training learns from, present.
@@ -172,6 +195,9 @@ pub struct SystemInfo {
     pub pbc: bool,
     /// Every frame has a virial label.
     pub has_virial: bool,
+    /// The values per frame of its `fparam.npy` and per atom of its `aparam.npy`, if it has them.
+    pub fparam: Option<usize>,
+    pub aparam: Option<usize>,
 }
 
 /// The model types of a frame's atoms, sorted, and how many frames of the system have them.
@@ -184,8 +210,11 @@ pub struct Composition {
 impl SystemInfo {
     /// Bytes the system's frames take in memory, for the cache budget.
     pub fn bytes(&self) -> usize {
-        // coord and force, energy, cell and virial; a mixed frame's types and file rows
-        let per_frame = 6 * self.natoms + 1 + 18 + if self.mixed { 2 * self.natoms } else { 0 };
+        // coord and force, energy, cell and virial; a mixed frame's types and file rows; the
+        // frame and atomic parameters
+        let params = self.fparam.unwrap_or(0) + self.natoms * self.aparam.unwrap_or(0);
+        let per_frame =
+            6 * self.natoms + 1 + 18 + if self.mixed { 2 * self.natoms } else { 0 } + params;
         8 * per_frame * self.nframes
     }
 }
@@ -214,6 +243,8 @@ impl System {
             nframes: self.nframes,
             pbc: self.cell.is_some(),
             has_virial: self.virial.is_some(),
+            fparam: self.fparam.as_ref().map(|p| p.width),
+            aparam: self.aparam.as_ref().map(|p| p.width),
         }
     }
 }
@@ -245,6 +276,7 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
     let mut force = Vec::new();
     let mut virial = Vec::new();
     let mut all_have_virial = true;
+    let (mut fparam, mut aparam) = (None, None);
     for set in &sets {
         let coord_rel = format!("{set}/coord.npy");
         let (nf, c) = read_frames(src, &coord_rel, &[&[natoms * 3], &[natoms, 3]])?;
@@ -273,11 +305,11 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
             true => energy.extend(frames("energy.npy", &[&[], &[1]])?),
             false => energy.resize(energy.len() + nf, 0.0),
         }
-        coord.extend(permute_atoms(&c, order, natoms));
+        coord.extend(permute_atoms(&c, order, natoms, 3));
         match has_force {
             true => {
                 let f = frames("force.npy", &[&[natoms * 3], &[natoms, 3]])?;
-                force.extend(permute_atoms(&f, order, natoms));
+                force.extend(permute_atoms(&f, order, natoms, 3));
             }
             false => force.resize(force.len() + nf * natoms * 3, 0.0),
         }
@@ -291,6 +323,35 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
                 });
             }
             cell.extend(frames("box.npy", &[&[9], &[3, 3]])?);
+        }
+        // Read where any set has them, then required of every set, at one width.
+        for (name, per, acc) in [
+            ("fparam.npy", 1, &mut fparam),
+            ("aparam.npy", natoms, &mut aparam),
+        ] {
+            if !labelled(name) {
+                continue;
+            }
+            let rel = format!("{set}/{name}");
+            let (width, v) = read_params(src, &rel, nf, per)?;
+            let acc = acc.get_or_insert(Params {
+                width,
+                values: Vec::new(),
+            });
+            if acc.width != width {
+                return Err(DataError::Invalid {
+                    path: src.path(&rel),
+                    reason: format!(
+                        "{width} values per {}, where the first set has {}",
+                        if per == 1 { "frame" } else { "atom" },
+                        acc.width
+                    ),
+                });
+            }
+            match per {
+                1 => acc.values.extend(v),
+                _ => acc.values.extend(permute_atoms(&v, order, natoms, width)),
+            }
         }
         if src.has_file(&format!("{set}/virial.npy")) {
             virial.extend(frames("virial.npy", &[&[9], &[3, 3]])?);
@@ -325,6 +386,8 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
         has_energy,
         has_force,
         virial: all_have_virial.then_some(virial),
+        fparam,
+        aparam,
     })
 }
 
@@ -406,16 +469,48 @@ fn read_frames(
     Ok((nframes, values))
 }
 
-/// Reorder the atoms of every frame of a `[nframes][natoms][3]` array by `order`: the file rows
+/// Reorder the atoms of every frame of a `[nframes][natoms][w]` array by `order`: the file rows
 /// of the sorted atoms, one row of `natoms` for every frame or one per frame.
-fn permute_atoms(values: &[f64], order: &[usize], natoms: usize) -> Vec<f64> {
-    (values.chunks_exact(3 * natoms).enumerate())
+fn permute_atoms(values: &[f64], order: &[usize], natoms: usize, w: usize) -> Vec<f64> {
+    (values.chunks_exact(w * natoms).enumerate())
         .flat_map(|(f, frame)| {
             let rows = match order.len() == natoms {
                 true => order,
                 false => &order[f * natoms..(f + 1) * natoms],
             };
-            (rows.iter()).flat_map(move |&i| frame[3 * i..3 * i + 3].iter().copied())
+            (rows.iter()).flat_map(move |&i| frame[w * i..w * i + w].iter().copied())
         })
         .collect()
+}
+
+/// A set's `fparam.npy` (`per` 1) or `aparam.npy` (`per` natoms) of `nf` frames: any shape of
+/// `nf` × a positive multiple of `per` values, as DeePMD-kit reshapes it to `[nframes][-1]`
+/// (its own fparam example stores aparam.npy as one row of every frame's values). Returns the
+/// values per frame (or atom) and the values, checked finite.
+fn read_params(
+    src: &dyn Source,
+    rel: &str,
+    nf: usize,
+    per: usize,
+) -> Result<(usize, Vec<f64>), DataError> {
+    let (shape, values) = src.array(rel)?;
+    let per_frame = values.len() / nf.max(1);
+    if per_frame == 0 || per_frame * nf != values.len() || !per_frame.is_multiple_of(per) {
+        return Err(DataError::Shape {
+            path: src.path(rel),
+            expected: match per {
+                1 => format!("[{nf} frames, numb_fparam]"),
+                n => format!("[{nf} frames, {n} atoms × numb_aparam]"),
+            },
+            found: shape,
+        });
+    }
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        return Err(DataError::NotFinite {
+            path: src.path(rel),
+            frame: i / per_frame,
+            value: values[i],
+        });
+    }
+    Ok((per_frame / per, values))
 }

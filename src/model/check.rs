@@ -74,6 +74,23 @@ impl ModelSpec {
             check_descriptor(d, nt, "model.descriptor")?;
         }
         widths("model.fitting_net.neuron", &self.fitting.neuron)?;
+        for (key, n) in [
+            ("numb_fparam", self.fitting.numb_fparam),
+            ("numb_aparam", self.fitting.numb_aparam),
+        ] {
+            ensure!(
+                n <= MAX_WIDTH,
+                "model.fitting_net.{key}: at most {MAX_WIDTH} are supported, found {n}"
+            );
+        }
+        if let Some(dflt) = &self.fitting.default_fparam {
+            ensure!(
+                dflt.len() == self.fitting.numb_fparam,
+                "model.fitting_net.default_fparam: {} values, numb_fparam is {}",
+                dflt.len(),
+                self.fitting.numb_fparam
+            );
+        }
         let nparams = self.param_count_estimate();
         ensure!(
             nparams <= MAX_PARAMS,
@@ -95,7 +112,7 @@ impl ModelSpec {
             n + prev + 1.0
         };
         let nt = self.ntypes() as f64;
-        let dim = self.descriptor.dim();
+        let fit_in = self.descriptor.dim() + self.fitting.extra_inputs();
         if let Some(a) = self.descriptor.attn() {
             // DPA-1: one embedding net (and strip's), the type embedding, the attention layers
             // and one fitting net; every input width counted at its largest.
@@ -104,7 +121,7 @@ impl ModelSpec {
             let (attn, layers) = (a.attn as f64, a.attn_layer as f64);
             let embed = 2.0 * net(1 + 2 * a.tebd_dim, &d.neuron);
             let attention = layers * (m1 * 3.0 * attn + 3.0 * attn + attn * m1 + 3.0 * m1);
-            return nt * tebd + tebd + embed + attention + net(dim, &self.fitting.neuron);
+            return nt * tebd + tebd + embed + attention + net(fit_in, &self.fitting.neuron);
         }
         let embed: f64 = (self.descriptor.parts().iter())
             .map(|d| {
@@ -112,7 +129,7 @@ impl ModelSpec {
                 nembed * net(1, &d.neuron)
             })
             .sum();
-        embed + nt * net(dim, &self.fitting.neuron)
+        embed + nt * net(fit_in, &self.fitting.neuron)
     }
 }
 
@@ -241,6 +258,7 @@ impl Model {
         self.spec.check()?;
         let (nt, np) = (self.spec.ntypes(), self.layout().len);
         let nstat = 4 * nt * self.spec.descriptor.parts().len();
+        let nx = self.spec.fitting.extra_inputs();
         ensure!(
             self.params.len() == np,
             "the file holds {} parameters, its model needs {np}",
@@ -250,6 +268,8 @@ impl Model {
             ("davg", &self.davg, nstat),
             ("dstd", &self.dstd, nstat),
             ("bias", &self.bias, nt),
+            ("fit_input_avg", &self.fit_input_avg, nx),
+            ("fit_input_inv_std", &self.fit_input_inv_std, nx),
         ] {
             ensure!(
                 a.len() == len,
@@ -262,6 +282,8 @@ impl Model {
             ("statistics davg", &self.davg),
             ("statistics dstd", &self.dstd),
             ("energy bias", &self.bias),
+            ("statistics fit_input_avg", &self.fit_input_avg),
+            ("statistics fit_input_inv_std", &self.fit_input_inv_std),
         ] {
             if let Some(i) = a.iter().position(|x| !x.is_finite()) {
                 bail!("{name}[{i}] is {}: the model is damaged", a[i]);
@@ -313,6 +335,16 @@ impl ModelSpec {
                 "resnet_dt",
                 json!(self.fitting.resnet_dt),
                 json!(other.fitting.resnet_dt),
+            ),
+            (
+                "numb_fparam",
+                json!(self.fitting.numb_fparam),
+                json!(other.fitting.numb_fparam),
+            ),
+            (
+                "numb_aparam",
+                json!(self.fitting.numb_aparam),
+                json!(other.fitting.numb_aparam),
             ),
         ] {
             push(&format!("model.fitting_net.{key}"), Some(a), Some(b));

@@ -128,6 +128,12 @@ impl Container {
             .map(|(_, a)| a.as_slice())
             .with_context(|| format!("the file has no array '{name}'"))
     }
+
+    /// An array that files of earlier versions (or of models without it) lack: empty then.
+    pub fn array_or_empty(&self, name: &str) -> Vec<f64> {
+        self.array(name)
+            .map_or_else(|_| Vec::new(), <[f64]>::to_vec)
+    }
 }
 
 pub fn is_container(path: &Path) -> bool {
@@ -238,12 +244,17 @@ fn parse_container(bytes: &[u8]) -> Result<Container, String> {
 /// The header and arrays that describe a model, shared by frozen models and checkpoints.
 pub fn model_parts(m: &Model) -> (Value, Vec<(&'static str, &[f64])>) {
     let header = json!({ "spec": m.spec });
-    let arrays = vec![
+    let mut arrays = vec![
         ("params", m.params.as_slice()),
         ("davg", m.davg.as_slice()),
         ("dstd", m.dstd.as_slice()),
         ("bias", m.bias.as_slice()),
     ];
+    // Only a model with frame or atomic parameters has them, so other files stay as they were.
+    if !m.fit_input_avg.is_empty() {
+        arrays.push(("fit_input_avg", m.fit_input_avg.as_slice()));
+        arrays.push(("fit_input_inv_std", m.fit_input_inv_std.as_slice()));
+    }
     (header, arrays)
 }
 
@@ -255,6 +266,8 @@ pub fn model_from_container(c: &Container) -> Result<Model> {
         davg: c.array("davg")?.to_vec(),
         dstd: c.array("dstd")?.to_vec(),
         bias: c.array("bias")?.to_vec(),
+        fit_input_avg: c.array_or_empty("fit_input_avg"),
+        fit_input_inv_std: c.array_or_empty("fit_input_inv_std"),
         spec,
     };
     m.check()?;

@@ -281,7 +281,7 @@ impl FittingLayout {
     /// (`fit.t{t}`), or one net (`fit`) for every type after a mixed-type descriptor.
     fn new(spec: &ModelSpec, b: &mut Builder) -> Self {
         let f = &spec.fitting;
-        let dim = spec.dim_descrpt();
+        let dim = spec.fitting_input();
         let nets = if spec.descriptor.is_mixed() {
             vec![b.net("fit".into(), dim, &f.neuron, f.resnet_dt, true)]
         } else {

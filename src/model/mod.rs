@@ -271,6 +271,35 @@ impl DescriptorSpec {
 pub struct FittingSpec {
     pub neuron: Vec<usize>,
     pub resnet_dt: bool,
+    /// Frame parameters (`fparam.npy`, `[nframes][numb_fparam]`) and atomic parameters
+    /// (`aparam.npy`, `[nframes][natoms][numb_aparam]`): the net's input is DeePMD-kit's
+    /// `[D_i, fparam, aparam]`, each parameter normalised by its statistics
+    /// ([`Model::fit_input_avg`]). Absent from the checkpoints of earlier versions: 0.
+    #[serde(default)]
+    pub numb_fparam: usize,
+    #[serde(default)]
+    pub numb_aparam: usize,
+    /// The frame parameters of a system without `fparam.npy` (`None`: each needs one).
+    #[serde(default)]
+    pub default_fparam: Option<Vec<f64>>,
+}
+
+impl FittingSpec {
+    /// An `ener` fitting of these widths, without frame or atomic parameters.
+    pub fn new(neuron: Vec<usize>, resnet_dt: bool) -> Self {
+        FittingSpec {
+            neuron,
+            resnet_dt,
+            numb_fparam: 0,
+            numb_aparam: 0,
+            default_fparam: None,
+        }
+    }
+
+    /// The columns the net takes beside the descriptor: numb_fparam + numb_aparam.
+    pub fn extra_inputs(&self) -> usize {
+        self.numb_fparam + self.numb_aparam
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -287,6 +316,10 @@ impl ModelSpec {
     pub fn dim_descrpt(&self) -> usize {
         self.descriptor.dim()
     }
+    /// The width of a fitting net's input: the descriptor, then the frame and atomic parameters.
+    pub fn fitting_input(&self) -> usize {
+        self.dim_descrpt() + self.fitting.extra_inputs()
+    }
 }
 
 /// A complete model: hyper-parameters, trainable parameters (always stored in f64; backends
@@ -302,6 +335,12 @@ pub struct Model {
     pub dstd: Vec<f64>,
     /// Energy added to every atom of a type: DeePMD's `out_bias + bias_atom_e`, `[ntypes]`.
     pub bias: Vec<f64>,
+    /// The fitting's input statistics, `[numb_fparam + numb_aparam]`: DeePMD-kit's
+    /// `fparam_avg` then `aparam_avg`, and their `*_inv_std`. Empty without such parameters.
+    #[serde(default)]
+    pub fit_input_avg: Vec<f64>,
+    #[serde(default)]
+    pub fit_input_inv_std: Vec<f64>,
 }
 
 impl Model {
@@ -315,12 +354,15 @@ impl Model {
         let nt = spec.ntypes();
         let np = spec.descriptor.parts().len();
         let params = init_params(&layout, seed);
+        let nx = spec.fitting.extra_inputs();
         Model {
             spec,
             params,
             davg: vec![0.0; np * nt * 4],
             dstd: vec![1.0; np * nt * 4],
             bias: vec![0.0; nt],
+            fit_input_avg: vec![0.0; nx],
+            fit_input_inv_std: vec![1.0; nx],
         }
     }
 }

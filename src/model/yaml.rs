@@ -409,8 +409,7 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     f.expect("activation_function", &["tanh"])?;
     // tot_ener_zero, layer_name and spin: DeePMD-kit's dpmodel raises NotImplementedError.
     for key in [
-        "numb_fparam",
-        "numb_aparam",
+        "use_aparam_as_mask",
         "dim_case_embd",
         "exclude_types",
         "tot_ener_zero",
@@ -424,10 +423,19 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     if !descriptor.is_mixed() {
         f.expect_off("mixed_types")?;
     }
+    let count = |key| f.opt(key).map_or(Ok(0), |n| n.usize());
+    let default_fparam = match f.opt("default_fparam") {
+        Some(v) => Some(v.seq()?.iter().map(At::f64).collect::<Result<Vec<_>>>()?),
+        None => None,
+    };
     let fitting = FittingSpec {
         neuron: f.key("neuron")?.usizes()?,
         resnet_dt: f.key("resnet_dt")?.bool()?,
+        numb_fparam: count("numb_fparam")?,
+        numb_aparam: count("numb_aparam")?,
+        default_fparam,
     };
+    let (nfp, nap) = (fitting.numb_fparam, fitting.numb_aparam);
     let spec = ModelSpec {
         type_map,
         descriptor,
@@ -486,6 +494,21 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     // themselves go nowhere. The net's output on zeros is a constant per type, so it is
     // taken off the bias: the same energies, the forces untouched.
     let atom_ener = read_atom_ener(&f)?;
+    // Its net's output on an all-zero descriptor would then depend on each frame's parameters,
+    // not a constant dpw can take off the bias.
+    ensure!(
+        atom_ener.is_none() || nfp + nap == 0,
+        "{}.atom_ener with frame or atomic parameters is not supported",
+        f.path
+    );
+    // DeePMD-kit's input statistics of the parameters: `*_avg` and `*_inv_std`, per parameter.
+    let (mut fit_input_avg, mut fit_input_inv_std) = (Vec::new(), Vec::new());
+    for (name, n) in [("fparam", nfp), ("aparam", nap)] {
+        if n > 0 {
+            fit_input_avg.extend(fv.key(&format!("{name}_avg"))?.array(&[n])?);
+            fit_input_inv_std.extend(fv.key(&format!("{name}_inv_std"))?.array(&[n])?);
+        }
+    }
     if let Some(ae) = &atom_ener {
         for (t, b) in bias.iter_mut().enumerate() {
             if spec.descriptor.is_mixed() || ae.get(t).is_none_or(Option::is_some) {
@@ -501,6 +524,8 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
         davg,
         dstd,
         bias,
+        fit_input_avg,
+        fit_input_inv_std,
     };
     model.check()?;
     Ok(YamlModel { model, atom_ener })
@@ -1077,19 +1102,33 @@ fn model_to_tree(model: &Model) -> Value {
         neuron: &fit.neuron,
         resnet_dt: fit.resnet_dt,
     };
+    // The parameters' statistics, DeePMD-kit's arrays of numb_fparam / numb_aparam (null
+    // where there are none).
+    let (nfp, nap) = (fit.numb_fparam, fit.numb_aparam);
+    let stat = |from: usize, n: usize, of: &[f64]| match n {
+        0 => Value::Null,
+        n => ndarray(&[n], &of[from..from + n]),
+    };
+    let (avg, inv_std) = (&model.fit_input_avg, &model.fit_input_inv_std);
+    let default_fparam = fit
+        .default_fparam
+        .as_ref()
+        .map_or(Value::Null, |v| v[..].into());
     // dpw keeps the whole energy bias in out_bias (as DeePMD v3 training does); bias_atom_e is 0.
     let fitting = obj! {
         "@class" => "Fitting", "@version" => 4,
         "@variables" => obj! {
-            "aparam_avg" => Value::Null, "aparam_inv_std" => Value::Null,
+            "aparam_avg" => stat(nfp, nap, avg), "aparam_inv_std" => stat(nfp, nap, inv_std),
             "bias_atom_e" => ndarray(&[nt, 1], &vec![0.0; nt]),
-            "case_embd" => Value::Null, "fparam_avg" => Value::Null, "fparam_inv_std" => Value::Null,
+            "case_embd" => Value::Null, "fparam_avg" => stat(0, nfp, avg),
+            "fparam_inv_std" => stat(0, nfp, inv_std),
         },
-        "activation_function" => "tanh", "atom_ener" => none, "default_fparam" => Value::Null,
+        "activation_function" => "tanh", "atom_ener" => none,
+        "default_fparam" => default_fparam.clone(),
         "dim_case_embd" => 0, "dim_descrpt" => spec.dim_descrpt(), "dim_out" => 1,
         "exclude_types" => none, "layer_name" => Value::Null, "mixed_types" => mixed,
         "nets" => nets_tree(nets, p, nt), "neuron" => &fit.neuron[..], "ntypes" => nt,
-        "numb_aparam" => 0, "numb_fparam" => 0, "precision" => "float64", "rcond" => Value::Null,
+        "numb_aparam" => nap, "numb_fparam" => nfp, "precision" => "float64", "rcond" => Value::Null,
         "resnet_dt" => fit.resnet_dt, "spin" => Value::Null, "tot_ener_zero" => false,
         "trainable" => vec![true; fit.neuron.len() + 1], "type" => "ener", "type_map" => type_map,
         "use_aparam_as_mask" => false, "var_name" => "energy",
@@ -1097,7 +1136,7 @@ fn model_to_tree(model: &Model) -> Value {
 
     // The `model` section of a DeePMD input that builds this model: `dp convert-backend` to
     // `.pth` requires it (and stores it), and DeePMD rebuilds the model from it on the way back.
-    let model_def_script = obj! {
+    let mut model_def_script = obj! {
         "type_map" => type_map,
         "descriptor" => def_descriptor,
         "fitting_net" => obj! {
@@ -1105,6 +1144,13 @@ fn model_to_tree(model: &Model) -> Value {
             "activation_function" => "tanh", "precision" => "float64",
         },
     };
+
+    if nfp + nap > 0 {
+        let f = &mut model_def_script["fitting_net"];
+        f["numb_fparam"] = nfp.into();
+        f["numb_aparam"] = nap.into();
+        f["default_fparam"] = default_fparam;
+    }
 
     // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
     obj! {

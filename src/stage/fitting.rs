@@ -5,6 +5,7 @@
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
 
+use super::fit_input::FitInput;
 use super::net::{net_dual_backward, NetCache, NetDual, Zeros};
 use super::DeviceModel;
 
@@ -12,6 +13,8 @@ pub struct Fitting<T: Real, B: Backend<T>> {
     cache: NetCache<B::Buf>,
     /// Ones over the centres: the seed dE_i/dE_i of the backward pass.
     ones_c: B::Buf,
+    /// The net's input beside D, with frame or atomic parameters.
+    input: Option<FitInput<T, B>>,
 }
 
 impl<T: Real, B: Backend<T>> Fitting<T, B> {
@@ -22,10 +25,19 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {
         let nc = d.ncentres();
+        let dim = m.fitting[0].layers[0].nin - m.fit_input_avg.len();
         Ok(Fitting {
             cache: NetCache::new(zeros, &m.fitting[0], nc)?,
             ones_c: b.upload(&vec![T::one(); nc]),
+            input: FitInput::new(&m.fit_input_avg, &m.fit_input_inv_std, d, dim, zeros)?,
         })
+    }
+
+    /// A batch's frame and atomic parameters ([`crate::train::batch::HostBatch::fit_input`]).
+    pub fn load(&mut self, b: &B, fit_input: &[f64]) {
+        if let Some(inp) = &mut self.input {
+            inp.load(b, fit_input);
+        }
     }
 
     /// The atomic energies (without bias) of the last [`Fitting::forward`].
@@ -36,17 +48,28 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
     /// D̄ = ∂E_i/∂D_i of the last [`Fitting::forward`], and after [`Fitting::dual`] the
     /// adjoints (D̄, Ḋ̄) of the loss's dual reverse.
     pub fn adjoints(&self) -> (&B::Buf, &B::Buf) {
-        (&self.cache.xbar[0], &self.cache.xdotbar[0])
+        match &self.input {
+            Some(inp) => (&inp.dbar, &inp.ddotbar),
+            None => (&self.cache.xbar[0], &self.cache.xdotbar[0]),
+        }
     }
 
     pub fn buffers(&self) -> Vec<&B::Buf> {
         let mut v: Vec<&B::Buf> = self.cache.all().collect();
         v.push(&self.ones_c);
+        v.extend(self.input.iter().flat_map(FitInput::buffers));
         v
     }
 
     /// Nets forward from D, then back to D̄.
     pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, desc: &B::Buf) {
+        let desc = match &mut self.input {
+            Some(inp) => {
+                inp.join(b, desc);
+                &inp.x
+            }
+            None => desc,
+        };
         for t in 0..d.ntypes {
             let net = &m.fitting[t];
             let rows = d.centres(t);
@@ -66,6 +89,9 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
                 b.dense_backward(layer, &m.params, rows.clone(), &c.h[l], ybar, &mut head[l]);
             }
         }
+        if let Some(inp) = &mut self.input {
+            inp.split(b, &self.cache.xbar[0], None);
+        }
     }
 
     /// Tangent forward from Ḋ, then the dual reverse seeded with (∂L/∂E, 1), into `m.grad`
@@ -78,6 +104,13 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         (desc, ddot): (&B::Buf, &B::Buf),
         ebar: &B::Buf,
     ) {
+        let (desc, ddot) = match &mut self.input {
+            Some(inp) => {
+                inp.join_tangent(b, ddot);
+                (&inp.x, &inp.xdot)
+            }
+            None => (desc, ddot),
+        };
         for t in 0..d.ntypes {
             let net = &m.fitting[t];
             let rows = d.centres(t);
@@ -102,6 +135,10 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
                 input_adjoint: true,
             };
             net_dual_backward(b, &m.params, &mut m.grad, net, rows, c, dual);
+        }
+        if let Some(inp) = &mut self.input {
+            let c = &self.cache;
+            inp.split(b, &c.xbar[0], Some(&c.xdotbar[0]));
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod descriptor;
 pub mod embed;
 pub mod env;
+pub mod fit_input;
 pub mod fitting;
 pub mod net;
 
@@ -29,6 +30,10 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     pub fitting: Vec<Net>,
     /// The length of the parameter vector (and of `grad`, `m`, `v`).
     pub nparams: usize,
+    /// The fitting's input statistics of the frame and atomic parameters
+    /// ([`Model::fit_input_avg`]); empty without them.
+    pub fit_input_avg: Vec<f64>,
+    pub fit_input_inv_std: Vec<f64>,
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
@@ -128,6 +133,8 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                 .map(|t| layout.fitting.net(t).clone())
                 .collect(),
             nparams: n,
+            fit_input_avg: model.fit_input_avg.clone(),
+            fit_input_inv_std: model.fit_input_inv_std.clone(),
             desc: DescState {
                 kind: d.kind,
                 env: d.env(),

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
 use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
-use crate::model::{DescriptorType, ModelSpec};
+use crate::model::{DescriptorType, FittingSpec, ModelSpec};
 
 /// One frame as the model sees it; atoms sorted by type.
 #[derive(Clone, Copy, Debug)]
@@ -17,6 +17,10 @@ pub struct Frame<'a> {
     pub energy: f64,
     pub force: &'a [f64],
     pub virial: Option<&'a [f64]>,
+    /// Frame parameters `[numb_fparam]` and atomic parameters `[natoms][numb_aparam]` (sorted
+    /// atom order), for a model that takes them.
+    pub fparam: Option<&'a [f64]>,
+    pub aparam: Option<&'a [f64]>,
 }
 
 impl<'a> Frame<'a> {
@@ -27,6 +31,8 @@ impl<'a> Frame<'a> {
             energy: sys.energy[f],
             force: sys.frame_force(f),
             virial: sys.frame_virial(f),
+            fparam: sys.frame_fparam(f),
+            aparam: sys.frame_aparam(f),
         }
     }
 }
@@ -73,6 +79,10 @@ pub struct HostBatch {
     pub virial: Vec<f64>,
     /// Every frame has a virial label.
     pub has_virial: bool,
+    /// The fitting net's inputs beside the descriptor, `[ncentres][numb_fparam + numb_aparam]`:
+    /// each centre's frame parameters, then its atomic parameters, as the data has them (the
+    /// fitting stage normalises them). Empty for a model without such parameters.
+    pub fit_input: Vec<f64>,
 }
 
 /// The batch atom (`frame·natoms + atom`) of every centre: a function of the shape alone, since
@@ -132,6 +142,36 @@ pub fn check_mixed_data(spec: &ModelSpec, path: &Path, mixed: bool) -> Result<()
             path.display(),
             spec.descriptor.kind.as_str()
         );
+    }
+    Ok(())
+}
+
+/// Refuses a system without the frame or atomic parameters the model takes, or with another
+/// number of them, naming the file and the model's key.
+pub fn check_params(spec: &ModelSpec, sys: &crate::data::SystemInfo) -> Result<()> {
+    let f = &spec.fitting;
+    let path = sys.path.display();
+    for (name, key, want, has, per) in [
+        ("fparam", "numb_fparam", f.numb_fparam, sys.fparam, "frame"),
+        ("aparam", "numb_aparam", f.numb_aparam, sys.aparam, "atom"),
+    ] {
+        match has {
+            _ if want == 0 => {}
+            None if name == "fparam" && f.default_fparam.is_some() => {}
+            None => bail!(
+                "{path}: no set has {name}.npy, which the model takes (model.fitting_net.{key} \
+                 {want}{})",
+                if name == "fparam" {
+                    "; or give model.fitting_net.default_fparam"
+                } else {
+                    ""
+                }
+            ),
+            Some(n) if n != want => bail!(
+                "{path}: {name}.npy has {n} values per {per}, model.fitting_net.{key} is {want}"
+            ),
+            Some(_) => {}
+        }
     }
     Ok(())
 }
@@ -247,6 +287,7 @@ fn assemble_numbered(
         false => vec![],
     };
     let has_virial = frames.iter().all(|f| f.virial.is_some());
+    let fit_input = fit_input(&spec.fitting, &dims, &centre_atom, frames, index)?;
     Ok(HostBatch {
         dims,
         rij,
@@ -263,5 +304,65 @@ fn assemble_numbered(
             .flat_map(|f| f.virial.map_or([0.0; 9].to_vec(), |v| v.to_vec()))
             .collect(),
         has_virial,
+        fit_input,
     })
+}
+
+/// [`HostBatch::fit_input`]: per centre, its frame's parameters (or the model's
+/// `default_fparam`) and its atom's.
+fn fit_input<'a>(
+    fit: &'a FittingSpec,
+    dims: &Dims,
+    centre_atom: &[i32],
+    frames: &[Frame<'a>],
+    index: &[usize],
+) -> Result<Vec<f64>> {
+    let (nfp, nap) = (fit.numb_fparam, fit.numb_aparam);
+    if nfp + nap == 0 {
+        return Ok(Vec::new());
+    }
+    let n = dims.natoms;
+    let fparam = |fr: &Frame<'a>| match nfp {
+        0 => None,
+        _ => fr.fparam.or(fit.default_fparam.as_deref()),
+    };
+    let aparam = |fr: &Frame<'a>| fr.aparam.filter(|_| nap > 0);
+    for (fr, &frame) in frames.iter().zip(index) {
+        match fparam(fr) {
+            Some(p) if p.len() != nfp => bail!(
+                "frame {frame}: {} frame parameters, the model takes numb_fparam {nfp}",
+                p.len()
+            ),
+            None if nfp > 0 => bail!(
+                "frame {frame}: no frame parameters (fparam.npy), which the model takes \
+                 (numb_fparam {nfp}, no default_fparam)"
+            ),
+            _ => {}
+        }
+        match aparam(fr) {
+            Some(p) if p.len() != n * nap => bail!(
+                "frame {frame}: {} atomic parameters for {n} atoms, the model takes \
+                 numb_aparam {nap} per atom",
+                p.len()
+            ),
+            None if nap > 0 => bail!(
+                "frame {frame}: no atomic parameters (aparam.npy), which the model takes \
+                 (numb_aparam {nap})"
+            ),
+            _ => {}
+        }
+    }
+    let mut out = Vec::with_capacity(centre_atom.len() * (nfp + nap));
+    for (c, &a) in centre_atom.iter().enumerate() {
+        let f = dims.centre_frame(c);
+        let fr = &frames[f];
+        if let Some(p) = fparam(fr) {
+            out.extend_from_slice(p);
+        }
+        if let Some(p) = aparam(fr) {
+            let atom = a as usize - f * n;
+            out.extend_from_slice(&p[atom * nap..(atom + 1) * nap]);
+        }
+    }
+    Ok(out)
 }

@@ -219,7 +219,11 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
             let need = bytes::<T>(&one, info.nframes, batch_sizes[s]);
             // A batch is gathered from frames of one slot layout and one padding type: a
             // mixed-type system's frames need not share them, so it is assembled every step.
-            let keep = !info.mixed && used.saturating_add(need) <= budget;
+            // So is a model's with frame or atomic parameters, whose fitting input the
+            // resident frames do not hold.
+            let keep = !info.mixed
+                && spec.fitting.extra_inputs() == 0
+                && used.saturating_add(need) <= budget;
             systems.push(if keep {
                 used += need;
                 frames += info.nframes;

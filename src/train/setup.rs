@@ -8,21 +8,21 @@ use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
 use web_time::Instant;
 
-use crate::config::{Config, DescriptorConfig, Precision, Sel};
+use crate::config::{Config, DescriptorConfig, ModelConfig, Precision, Sel};
 use crate::data::{Disk, Files};
 use crate::dist;
 use crate::model::{
     read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
 };
 
-use super::batch::check_mixed_data;
+use super::batch::{check_mixed_data, check_params};
 use super::checkpoint::Checkpoint;
 use super::dataset::{load_data_in, DataSet};
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
 use super::stats::{
-    auto_sel, data_stats, load_training_with_stats, neighbor_and_data_stats, neighbor_stats,
-    stat_frames, DataStats, NeighborStats, Pass, StatDraw,
+    auto_sel, data_stats, fit_input_stats, load_training_with_stats, neighbor_and_data_stats,
+    neighbor_stats, stat_frames, DataStats, NeighborStats, Pass, StatDraw,
 };
 
 /// Mixed into the training seed for the draw of the statistics frames ("STAT").
@@ -105,6 +105,9 @@ fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
         fitting: FittingSpec {
             neuron: f.neuron.clone(),
             resnet_dt: f.resnet_dt,
+            numb_fparam: f.numb_fparam,
+            numb_aparam: f.numb_aparam,
+            default_fparam: f.default_fparam.clone(),
         },
     }
 }
@@ -223,6 +226,7 @@ pub fn prepare_in(
     for data in std::iter::once(&read.train).chain(&valid) {
         for sys in &data.systems {
             check_mixed_data(&spec, &sys.path, sys.mixed)?;
+            check_params(&spec, sys)?;
         }
     }
     if let Some(m) = given {
@@ -256,7 +260,7 @@ pub fn prepare_in(
             .seed
             .or(cfg.model.fitting_net.seed)
             .unwrap_or(seed);
-        read.new_model(spec, init_seed, cfg.model.data_stat_nbatch)?
+        read.new_model(spec, init_seed, &cfg.model)?
     };
     log_model(&model, precision);
     let schedule = LrSchedule::new(&cfg.learning_rate, cfg.training.numb_steps);
@@ -436,14 +440,17 @@ impl Reading {
         }
     }
 
+    /// The training systems' batch sizes over all data-parallel ranks.
+    fn global_batch_sizes(&self) -> Vec<usize> {
+        (self.train.batch_sizes.iter())
+            .map(|b| b * self.draw.batch_factor)
+            .collect()
+    }
+
     /// A new model of `spec` with parameters from `init_seed` and the data statistics over
     /// `data_stat_nbatch` global batches (with N data-parallel ranks N × batch_size).
-    fn new_model(
-        &mut self,
-        spec: ModelSpec,
-        init_seed: u64,
-        data_stat_nbatch: usize,
-    ) -> Result<Model> {
+    fn new_model(&mut self, spec: ModelSpec, init_seed: u64, cfg: &ModelConfig) -> Result<Model> {
+        let data_stat_nbatch = cfg.data_stat_nbatch;
         let mut m = Model::new(spec.clone(), init_seed);
         let mut t = Instant::now();
         let st = if let Some(st) = self.early_stats.take() {
@@ -454,15 +461,9 @@ impl Reading {
             }
             st
         } else {
-            let global_bs: Vec<usize> = self
-                .train
-                .batch_sizes
-                .iter()
-                .map(|b| b * self.draw.batch_factor)
-                .collect();
             let frames = stat_frames(
                 &self.train.systems,
-                &global_bs,
+                &self.global_batch_sizes(),
                 self.draw.nbatch,
                 self.draw.seed,
             );
@@ -489,6 +490,25 @@ impl Reading {
             t.elapsed().as_secs_f64()
         );
         (m.davg, m.dstd, m.bias) = (st.davg, st.dstd, st.bias);
+        if spec.fitting.extra_inputs() > 0 {
+            let t = Instant::now();
+            let frames = stat_frames(
+                &self.train.systems,
+                &self.global_batch_sizes(),
+                self.draw.nbatch,
+                self.draw.seed,
+            );
+            let (avg, inv_std) =
+                fit_input_stats(&spec.fitting, &self.train, &frames, cfg.data_stat_protect)?;
+            tracing::info!(
+                "fitting input statistics (numb_fparam {}, numb_aparam {}): avg {avg:?}, \
+                 inv_std {inv_std:?} ({:.2} s)",
+                spec.fitting.numb_fparam,
+                spec.fitting.numb_aparam,
+                t.elapsed().as_secs_f64()
+            );
+            (m.fit_input_avg, m.fit_input_inv_std) = (avg, inv_std);
+        }
         Ok(m)
     }
 }

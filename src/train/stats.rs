@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use crate::config::DataConfig;
 use crate::data::{keep_open, Files, Sampler, System, SystemInfo};
 use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats, FrameRows, ImageGrid};
-use crate::model::{DescriptorSpec, DescriptorType};
+use crate::model::{DescriptorSpec, DescriptorType, FittingSpec};
 
 use super::dataset::{load_data_visiting, phase_bar, window, DataSet, Kept};
 
@@ -118,6 +118,57 @@ pub fn stat_frames(
 fn system_stat_frames(i: usize, nframes: usize, bs: usize, nbatch: usize, seed: u64) -> Vec<usize> {
     let mut s = Sampler::new(&[nframes], &[bs], vec![1.0], seed.wrapping_add(i as u64));
     (0..nbatch).flat_map(|_| s.next_batch().1).collect()
+}
+
+/// DeePMD-kit's input statistics of the fitting's frame and atomic parameters
+/// (`GeneralFitting.compute_input_stats`) over the statistics frames `frames` of each system:
+/// per parameter the mean and the inverse of the standard deviation (one below `protect`, the
+/// model's `data_stat_protect`, taken as `protect`); fparam's (a row per frame, the model's
+/// `default_fparam` for a system without fparam.npy) then aparam's (a row per atom).
+pub fn fit_input_stats(
+    fit: &FittingSpec,
+    data: &DataSet,
+    frames: &[Vec<usize>],
+    protect: f64,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (nfp, nap) = (fit.numb_fparam, fit.numb_aparam);
+    // Per column: rows, Σx, Σx².
+    let mut sums = vec![(0usize, 0.0f64, 0.0f64); nfp + nap];
+    let mut add = |cols: std::ops::Range<usize>, row: &[f64]| {
+        for (s, &x) in sums[cols].iter_mut().zip(row) {
+            *s = (s.0 + 1, s.1 + x, s.2 + x * x);
+        }
+    };
+    for (s, frames) in frames.iter().enumerate() {
+        if frames.is_empty() {
+            continue;
+        }
+        let sys = data.system(s)?;
+        for &f in frames {
+            if nfp > 0 {
+                let p = sys.frame_fparam(f).or(fit.default_fparam.as_deref());
+                add(0..nfp, p.expect("checked by check_params"));
+            }
+            if nap > 0 {
+                let p = sys.frame_aparam(f).expect("checked by check_params");
+                for row in p.chunks_exact(nap) {
+                    add(nfp..nfp + nap, row);
+                }
+            }
+        }
+    }
+    // DeePMD-kit's `StatItem.compute_avg` and `compute_std`.
+    Ok(sums
+        .iter()
+        .map(|&(n, s, s2)| {
+            if n == 0 {
+                return (0.0, 1.0 / 0.1);
+            }
+            let avg = s / n as f64;
+            let std = (s2 / n as f64 - avg * avg).max(0.0).sqrt();
+            (avg, 1.0 / if std < protect { protect } else { std })
+        })
+        .unzip())
 }
 
 /// The statistics a model starts from.

@@ -116,6 +116,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         b.write(e, &to_t(&batch.energy));
         b.write(f, &to_t(&batch.force));
         b.write(v, &to_t(&batch.virial));
+        self.fitting.load(b, &batch.fit_input);
     }
 
     /// The buffers a batch is loaded into: r_ij, owners and labels (energy, force, virial),

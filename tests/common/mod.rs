@@ -191,10 +191,7 @@ pub fn model_a() -> Model {
             axis_neuron: 4,
             ..water_descriptor()
         },
-        fitting: FittingSpec {
-            neuron: vec![32, 32, 32],
-            resnet_dt: true,
-        },
+        fitting: FittingSpec::new(vec![32, 32, 32], true),
     };
     let mut m = Model::new(spec, 0);
     load_params(&mut m, &dir.join("npy"));
@@ -234,6 +231,8 @@ impl RefFrames {
             energy: self.energy_label[f],
             force: &self.force_label[f],
             virial: None,
+            fparam: None,
+            aparam: None,
         }
     }
 

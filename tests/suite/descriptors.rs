@@ -28,9 +28,15 @@ pub const DPA1_CASES: [&str; 4] = [
     "se_atten_v2_alloy",
 ];
 
+/// The fittings' cases (`tests/reference/fittings/`): se_e2_a + ener with frame and atomic
+/// parameters.
+pub const FITTING_CASES: [&str; 1] = ["fparam_water"];
+
 fn case_dir(case: &str) -> PathBuf {
     let set = if case.starts_with("se_atten") {
         "dpa1"
+    } else if FITTING_CASES.contains(&case) {
+        "fittings"
     } else {
         "descriptors"
     };
@@ -45,6 +51,9 @@ pub struct Frames {
     energy: Vec<f64>,
     force: Vec<Vec<f64>>,
     virial: Option<Vec<Vec<f64>>>,
+    /// Frame and atomic parameters, `[frame][numb_fparam]` and `[frame][natoms·numb_aparam]`.
+    fparam: Option<Vec<Vec<f64>>>,
+    aparam: Option<Vec<Vec<f64>>>,
 }
 
 fn rows(a: &ArrayD<f64>) -> Vec<Vec<f64>> {
@@ -55,12 +64,13 @@ fn rows(a: &ArrayD<f64>) -> Vec<Vec<f64>> {
 
 impl Frames {
     fn read(z: &mut NpzReader<std::fs::File>) -> Self {
-        let virial = z
-            .names()
-            .unwrap()
-            .iter()
-            .any(|n| n.trim_end_matches(".npy") == "virial_label")
-            .then(|| rows(&npz_array(z, "virial_label")));
+        let names = z.names().unwrap();
+        let mut opt = |name: &str| {
+            (names.iter())
+                .any(|n| n.trim_end_matches(".npy") == name)
+                .then(|| rows(&npz_array(z, name)))
+        };
+        let (virial, fparam, aparam) = (opt("virial_label"), opt("fparam"), opt("aparam"));
         Frames {
             atype: npz_i64(z, "atype").iter().map(|&t| t as usize).collect(),
             coord: rows(&npz_array(z, "coord")),
@@ -68,6 +78,8 @@ impl Frames {
             energy: npz_array(z, "energy_label").iter().copied().collect(),
             force: rows(&npz_array(z, "force_label")),
             virial,
+            fparam,
+            aparam,
         }
     }
 
@@ -79,6 +91,8 @@ impl Frames {
                 energy: self.energy[f],
                 force: &self.force[f],
                 virial: self.virial.as_ref().map(|v| v[f].as_slice()),
+                fparam: self.fparam.as_ref().map(|v| v[f].as_slice()),
+                aparam: self.aparam.as_ref().map(|v| v[f].as_slice()),
             })
             .collect()
     }

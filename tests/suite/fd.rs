@@ -25,6 +25,8 @@ impl Sys {
             energy: self.energy,
             force: &self.force,
             virial: Some(&self.virial),
+            fparam: None,
+            aparam: None,
         }
     }
 }
@@ -106,10 +108,7 @@ pub fn small_model_of(
             list: vec![],
             attention: None,
         },
-        fitting: FittingSpec {
-            neuron: vec![12, 12],
-            resnet_dt: true,
-        },
+        fitting: FittingSpec::new(vec![12, 12], true),
     };
     let mut m = Model::new(spec, seed);
     for t in 0..ntypes {

@@ -123,6 +123,20 @@ macro_rules! backend_suite {
                 $crate::suite::descriptors::training_gradients(&$backend, case);
             }
         }
+        #[test]
+        $(#[$attr])?
+        fn reference_fparam_predictions() {
+            for case in $crate::suite::descriptors::FITTING_CASES {
+                $crate::suite::descriptors::predictions(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_fparam_training_gradients() {
+            for case in $crate::suite::descriptors::FITTING_CASES {
+                $crate::suite::descriptors::training_gradients(&$backend, case);
+            }
+        }
     };
     (#[$attr:meta] $backend:expr) => {
         $crate::backend_suite!(@tests [$attr] $backend);

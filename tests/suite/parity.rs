@@ -75,6 +75,8 @@ pub fn frame_of(s: &super::fd::Sys) -> Frame<'_> {
         energy: s.energy,
         force: &s.force,
         virial: Some(&s.virial),
+        fparam: None,
+        aparam: None,
     }
 }
 

@@ -157,6 +157,8 @@ pub fn resident_batches_match_host<B: Backend<f64>>(b: &B) {
         has_energy: true,
         has_force: true,
         virial: Some(frames.iter().flat_map(|f| f.virial.clone()).collect()),
+        fparam: None,
+        aparam: None,
     };
     let pref = Prefactors {
         e: 1.0,

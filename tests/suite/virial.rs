@@ -54,10 +54,10 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
             list: vec![],
             attention: None,
         },
-        fitting: FittingSpec {
-            neuron: usizes(&meta["fitting"]["neuron"]),
-            resnet_dt: meta["fitting"]["resnet_dt"].as_bool().unwrap(),
-        },
+        fitting: FittingSpec::new(
+            usizes(&meta["fitting"]["neuron"]),
+            meta["fitting"]["resnet_dt"].as_bool().unwrap(),
+        ),
     };
     let mut m = Model::new(spec, 0);
     let layout = m.layout();
