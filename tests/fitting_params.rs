@@ -207,3 +207,13 @@ fn missing_parameters_are_refused_or_defaulted() {
     // Every row equal: a std of 0, taken as data_stat_protect (0.01).
     assert_eq!(&m.fit_input_inv_std[..2], &[100.0, 100.0]);
 }
+
+/// A model without parameters writes its hyper-parameters as earlier versions did, no key
+/// added, so its checkpoints and frozen models stay byte for byte what they were.
+#[test]
+fn a_model_without_parameters_writes_no_new_key() {
+    let spec = serde_json::to_value(model_a().spec).unwrap();
+    for key in ["numb_fparam", "numb_aparam", "default_fparam"] {
+        assert!(spec["fitting"].get(key).is_none(), "{spec}");
+    }
+}

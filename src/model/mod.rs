@@ -274,14 +274,19 @@ pub struct FittingSpec {
     /// Frame parameters (`fparam.npy`, `[nframes][numb_fparam]`) and atomic parameters
     /// (`aparam.npy`, `[nframes][natoms][numb_aparam]`): the net's input is DeePMD-kit's
     /// `[D_i, fparam, aparam]`, each parameter normalised by its statistics
-    /// ([`Model::fit_input_avg`]). Absent from the checkpoints of earlier versions: 0.
-    #[serde(default)]
+    /// ([`Model::fit_input_avg`]). Written only where set, so that the files of a model
+    /// without them are those of earlier versions, which they read as 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub numb_fparam: usize,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub numb_aparam: usize,
     /// The frame parameters of a system without `fparam.npy` (`None`: each needs one).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_fparam: Option<Vec<f64>>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl FittingSpec {
