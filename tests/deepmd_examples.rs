@@ -58,6 +58,10 @@ fn one_step(example: &str) -> Value {
     if training.contains_key("num_epoch") {
         training.insert("num_epoch".into(), json!(0.001));
     } else {
+        // Under whichever of DeePMD-kit's names the example gives it (fparam's: stop_batch).
+        for alias in ["stop_batch", "numb_step", "num_step", "num_steps"] {
+            training.remove(alias);
+        }
         training.insert("numb_steps".into(), json!(1));
     }
     training.insert("disp_freq".into(), json!(1));
