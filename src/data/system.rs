@@ -458,15 +458,26 @@ fn read_frames(
         });
     }
     let nframes = shape[0];
-    let width = values.len() / nframes.max(1);
-    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        return Err(DataError::NotFinite {
-            path: src.path(rel),
-            frame: i / width,
-            value: values[i],
-        });
-    }
+    check_finite(src, rel, &values, values.len() / nframes.max(1))?;
     Ok((nframes, values))
+}
+
+/// Refuses the first value of `rel` that is not finite, naming its frame (`per_frame` values
+/// each).
+fn check_finite(
+    src: &dyn Source,
+    rel: &str,
+    values: &[f64],
+    per_frame: usize,
+) -> Result<(), DataError> {
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(DataError::NotFinite {
+            path: src.path(rel),
+            frame: i / per_frame,
+            value: values[i],
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Reorder the atoms of every frame of a `[nframes][natoms][w]` array by `order`: the file rows
@@ -505,12 +516,6 @@ fn read_params(
             found: shape,
         });
     }
-    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        return Err(DataError::NotFinite {
-            path: src.path(rel),
-            frame: i / per_frame,
-            value: values[i],
-        });
-    }
+    check_finite(src, rel, &values, per_frame)?;
     Ok((per_frame / per, values))
 }

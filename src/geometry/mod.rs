@@ -12,4 +12,4 @@ pub use cell::Cell;
 pub use env_row::{env_row, env_switch, EnvParams};
 pub use images::{wrapped, ImageGrid};
 pub use nlist::{build_nlist, build_nlist_mixed, visit_nlist, visit_nlist_mixed, NeighborList};
-pub use stat::{frame_rows, EnvStats, FrameRows};
+pub use stat::{frame_rows, protected_std, EnvStats, FrameRows};

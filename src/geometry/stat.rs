@@ -62,7 +62,7 @@ impl EnvStats {
                 r[1] / r[0]
             };
             davg.extend([avg_r, 0.0, 0.0, 0.0]);
-            let (sr, sa) = (protected_std(r), protected_std(a));
+            let (sr, sa) = (protected_std(r, 1e-2), protected_std(a, 1e-2));
             dstd.extend([sr, sa, sa, sa]);
         }
         (davg, dstd)
@@ -119,15 +119,17 @@ pub fn frame_rows(
     out
 }
 
-/// `StatItem.compute_std(default=1e-1, protection=1e-2)`.
-fn protected_std(s: &[f64; 3]) -> f64 {
+/// DeePMD-kit's `StatItem.compute_std(default=1e-1, protection)` of `[number, sum,
+/// squared_sum]`: the environment matrix's with protection 1e-2, the fitting's input
+/// statistics with the model's `data_stat_protect`.
+pub fn protected_std(s: &[f64; 3], protection: f64) -> f64 {
     if s[0] == 0.0 {
         return 0.1;
     }
     let avg = s[1] / s[0];
     let std = (s[2] / s[0] - avg * avg).max(0.0).sqrt();
-    if std < 1e-2 {
-        1e-2
+    if std < protection {
+        protection
     } else {
         std
     }

@@ -9,7 +9,9 @@ use rayon::prelude::*;
 
 use crate::config::DataConfig;
 use crate::data::{keep_open, Files, Sampler, System, SystemInfo};
-use crate::geometry::{energy_bias, frame_rows, Cell, EnvStats, FrameRows, ImageGrid};
+use crate::geometry::{
+    energy_bias, frame_rows, protected_std, Cell, EnvStats, FrameRows, ImageGrid,
+};
 use crate::model::{DescriptorSpec, DescriptorType, FittingSpec};
 
 use super::dataset::{load_data_visiting, phase_bar, window, DataSet, Kept};
@@ -132,11 +134,11 @@ pub fn fit_input_stats(
     protect: f64,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let (nfp, nap) = (fit.numb_fparam, fit.numb_aparam);
-    // Per column: rows, Σx, Σx².
-    let mut sums = vec![(0usize, 0.0f64, 0.0f64); nfp + nap];
+    // Per column: rows, Σx, Σx² (DeePMD-kit's StatItem).
+    let mut sums = vec![[0.0f64; 3]; nfp + nap];
     let mut add = |cols: std::ops::Range<usize>, row: &[f64]| {
         for (s, &x) in sums[cols].iter_mut().zip(row) {
-            *s = (s.0 + 1, s.1 + x, s.2 + x * x);
+            *s = [s[0] + 1.0, s[1] + x, s[2] + x * x];
         }
     };
     for (s, frames) in frames.iter().enumerate() {
@@ -157,16 +159,12 @@ pub fn fit_input_stats(
             }
         }
     }
-    // DeePMD-kit's `StatItem.compute_avg` and `compute_std`.
+    // DeePMD-kit's `StatItem.compute_avg` (0 without rows) and `compute_std`.
     Ok(sums
         .iter()
-        .map(|&(n, s, s2)| {
-            if n == 0 {
-                return (0.0, 1.0 / 0.1);
-            }
-            let avg = s / n as f64;
-            let std = (s2 / n as f64 - avg * avg).max(0.0).sqrt();
-            (avg, 1.0 / if std < protect { protect } else { std })
+        .map(|s| {
+            let avg = if s[0] == 0.0 { 0.0 } else { s[1] / s[0] };
+            (avg, 1.0 / protected_std(s, protect))
         })
         .unzip())
 }
