@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod dist;
+pub mod fitting;
 pub mod fmt;
 pub mod geometry;
 pub mod logfile;

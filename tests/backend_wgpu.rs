@@ -631,7 +631,7 @@ fn steps_after_the_first_create_and_read_nothing() {
     };
     let mut dm = DeviceModel::<f32, Wgpu>::new(w, &model);
     let mut cache: Cache<f32, Wgpu> = Vec::new();
-    let mut log = StepLog::<f32, Wgpu>::new(w, 100);
+    let mut log = StepLog::<f32, Wgpu>::new(w, 100, 3);
     let mut step = |t: usize| {
         // Prefactors that change every step, as they follow the learning rate.
         let op = Prefactors {
@@ -685,7 +685,7 @@ fn steps_after_the_first_create_and_read_nothing() {
     assert!(c.launches > 10, "{c:?}");
     let rows = log.drain(w);
     assert_eq!(rows.len(), 12);
-    assert!(rows.iter().all(|r| r.sums.f2 > 0.0 && r.grad_norm > 0.0));
+    assert!(rows.iter().all(|r| r.sums[1] > 0.0 && r.grad_norm > 0.0));
 }
 
 /// A whole-step parity body of the suite on wgpu, for the precision T.

@@ -138,7 +138,7 @@ fn model_a_loads_with_values_and_defaults() {
     assert_eq!(lr.warmup_start_factor, 0.0);
     assert_eq!(lr.scale_by_worker, ScaleByWorker::Linear);
 
-    let l = &c.loss;
+    let l = c.loss.ener().unwrap();
     assert_eq!((l.start_pref_e, l.limit_pref_e), (0.02, 1.0));
     assert_eq!((l.start_pref_f, l.limit_pref_f), (1000.0, 1.0));
     assert_eq!((l.start_pref_v, l.limit_pref_v), (0.0, 0.0));
@@ -247,7 +247,7 @@ fn other_accepted_forms() {
     );
     let (_d, c) = load(&v);
     let c = c.unwrap();
-    assert_eq!(c.loss.start_pref_f, 1000.0);
+    assert_eq!(c.loss.ener().unwrap().start_pref_f, 1000.0);
     assert_eq!(
         (c.learning_rate.stop_lr, c.learning_rate.stop_lr_ratio),
         (None, Some(1e-3))

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use dpw::config::Config;
-use dpw::data::{find_systems, search_systems, Disk};
+use dpw::data::{find_systems, search_systems, Disk, Labels};
 use dpw::geometry::{build_nlist, energy_bias, env_row, Cell, EnvStats};
 use dpw::train::dataset::{load_data, DataSet};
 use dpw::train::stats::{
@@ -85,7 +85,7 @@ fn training_data(cfg: &Config) -> anyhow::Result<DataSet> {
         &cfg.model.type_map,
         cfg.model.descriptor.rcut,
         "training",
-        true,
+        &Labels::EnergyForce,
     )
 }
 
@@ -228,6 +228,7 @@ fn statistics_while_reading_equal_those_after_loading() {
         d.rcut,
         pass,
         &draw,
+        &Labels::EnergyForce,
     )
     .unwrap();
     let bs: Vec<usize> = data.batch_sizes.iter().map(|b| 2 * b).collect();

@@ -25,7 +25,8 @@ fn loadable() -> Vec<String> {
 
 /// Where each example folder's `../data` comes from in this repository: the same DeePMD-kit
 /// data (examples/water is its water data; tests/data/nopbc holds one of its nopbc systems, and
-/// tests/data/deepmd-kit/examples/fparam/data four frames of each of its fparam systems) or,
+/// tests/data/deepmd-kit/examples/{fparam,property}/data four frames of each of its fparam and
+/// property systems) or,
 /// for the LMDB example, its own validation LMDB standing in for its training one too.
 fn link_data(tree: &Path) {
     let link = |from: PathBuf, to: PathBuf| {
@@ -39,10 +40,12 @@ fn link_data(tree: &Path) {
         );
     }
     link(repo("tests/data/nopbc"), tree.join("nopbc/data"));
-    link(
-        repo("tests/data/deepmd-kit/examples/fparam/data"),
-        tree.join("fparam/data"),
-    );
+    for example in ["fparam", "property"] {
+        link(
+            repo(&format!("tests/data/deepmd-kit/examples/{example}/data")),
+            tree.join(format!("{example}/data")),
+        );
+    }
     let lmdb = repo("tests/data/deepmd-kit/examples/lmdb_downsample_data/water_validation.lmdb");
     for name in ["water_training.lmdb", "water_validation.lmdb"] {
         link(lmdb.clone(), tree.join("lmdb_downsample_data").join(name));

@@ -274,7 +274,7 @@ fn fuzz_dpw_model_and_checkpoint() {
             probs: vec![1.0],
         },
         valid_shape: None,
-        disp_acc: [0.0; 5],
+        disp_acc: vec![0.0; 5],
     };
     let cpath = d.path().join("model.ckpt-7");
     ck.write(&cpath).unwrap();
@@ -324,7 +324,7 @@ fn checkpoint_of(model: Model) -> Checkpoint {
             probs: vec![0.5, 0.5],
         },
         valid_shape: None,
-        disp_acc: [0.0; 5],
+        disp_acc: vec![0.0; 5],
     }
 }
 

@@ -988,6 +988,7 @@ fn batch_errors_name_frames_by_their_index() {
         has_force: true,
         fparam: None,
         aparam: None,
+        label: None,
     };
     let spec = ModelSpec {
         type_map: vec!["O".into()],

@@ -187,6 +187,35 @@ fn fparam_aparam_lcurve_of_8_steps_matches_cpu() {
     lcurves_match("fparam_aparam_lcurve_of_8_steps_matches_cpu", &input, 3);
 }
 
+/// The property fitting (DeePMD-kit's property example data, DPA-1 without attention layers,
+/// an intensive 3-vector): the nets on the device, the head and loss on the host.
+#[test]
+fn property_lcurve_of_8_steps_matches_cpu() {
+    let data =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepmd-kit/examples/property/data");
+    let input = serde_json::json!({
+        "model": {
+            "type_map": ["H", "C", "N", "O"],
+            "descriptor": {"type": "dpa1", "sel": 24, "rcut": 6.0, "rcut_smth": 0.5,
+                           "neuron": [4, 8], "axis_neuron": 4, "tebd_dim": 4, "attn_layer": 0,
+                           "type_one_side": true, "seed": 1},
+            "fitting_net": {"type": "property", "property_name": "band_prop", "task_dim": 3,
+                            "intensive": true, "neuron": [8, 8], "seed": 1},
+            "data_stat_nbatch": 1
+        },
+        "learning_rate": {"type": "exp", "start_lr": 0.002, "stop_lr": 1e-5, "decay_steps": 4},
+        "loss": {"type": "property", "loss_func": "smooth_mae", "metric": ["mae", "rmse"]},
+        "training": {
+            "training_data": {"systems": [data.join("data_0"), data.join("data_1")],
+                              "batch_size": 2},
+            "validation_data": {"systems": [data.join("data_2")], "batch_size": 2},
+            "numb_steps": 8, "seed": 3, "disp_freq": 4, "save_freq": 8
+        }
+    });
+    // Steps 1, 4, 8.
+    lcurves_match("property_lcurve_of_8_steps_matches_cpu", &input, 3);
+}
+
 /// dpw's `args` in `dir`: whether it succeeded, and its stdout and stderr.
 fn dpw_in(dir: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dpw"))

@@ -55,6 +55,11 @@ pub struct LossSums {
 }
 
 impl LossSums {
+    /// The 3 values, as [`crate::train::loss::Loss::metrics`] reads them.
+    pub fn values(&self) -> [f64; 3] {
+        [self.e2, self.f2, self.v2]
+    }
+
     /// From the 3-value buffer the [`TrainOps::loss`] op writes.
     pub fn from_values<T: Real>(v: &[T]) -> Self {
         LossSums {

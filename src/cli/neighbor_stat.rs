@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use crate::config::{AutoProb, BatchSizeSpec, DataConfig};
+use crate::data::Labels;
 use crate::train::dataset::load_data;
 use crate::train::stats::{neighbor_stats, NeighborStats};
 
@@ -32,7 +33,7 @@ pub fn neighbor_stat(
     };
     // Coordinates, cells and types are all it reads: data without labels is fine, as for
     // `dp neighbor-stat`.
-    let data = load_data(&cfg, type_map, rcut, "neighbor-stat", false)?;
+    let data = load_data(&cfg, type_map, rcut, "neighbor-stat", &Labels::Optional)?;
     let ns = neighbor_stats(&data, type_map.len(), rcut, mixed_type)?;
     tracing::info!(
         "{} frames in {} system(s), rcut {rcut}, types {}",

@@ -9,14 +9,14 @@ use anyhow::Result;
 
 use super::backend::Job;
 use crate::backend::{Backend, Real};
-use crate::data::{find_systems, load_system, Disk, System};
+use crate::data::{find_systems, load_system, load_system_with, Disk, System};
 use crate::dist::DeviceLink;
 use crate::fmt::sci;
 use crate::mem::OutOfMemory;
 use crate::model::file::write_atomic;
 use crate::model::{Model, ModelSpec};
-use crate::train::batch::assemble_frames;
-use crate::train::predict::predict_batch;
+use crate::train::batch::{assemble_frames, model_labels};
+use crate::train::predict::{predict_batch, Prediction};
 
 pub struct TestJob {
     pub model: Model,
@@ -155,6 +155,9 @@ impl Job for TestJob {
             String::new(),
             String::new(),
         ];
+        if self.model.spec.fitting.output.property().is_some() {
+            return self.run_property(b);
+        }
         let nnei: usize = self.model.spec.descriptor.slot_sel().iter().sum();
         for path in &find_systems(&Disk, &self.systems, "test")? {
             let sys = load_system(path, &self.model.spec.type_map)?;
@@ -164,29 +167,10 @@ impl Job for TestJob {
             };
             let n = sys.natoms;
             let (mut e, mut f, mut v) = (Vec::new(), Vec::new(), Vec::new());
-            let mut per_call = frames_per_call(n, nnei);
-            let mut start = 0;
-            while start < nf {
-                let end = call_end(&self.model.spec, &sys, start, (start + per_call).min(nf));
-                let frames: Vec<usize> = (start..end).collect();
-                let batch = assemble_frames(&self.model.spec, &sys, &frames, "test")?;
-                match predict_batch(b, &self.model, &batch) {
-                    Ok(p) => {
-                        e.extend(p.energy);
-                        f.extend(p.force);
-                        v.extend(p.virial);
-                        start = end;
-                    }
-                    // More frames than the device holds at once: fewer a call, as `dp test`
-                    // evaluates in pieces; each frame's numbers are its own whatever the call.
-                    Err(err) if frames.len() > 1 && err.is::<OutOfMemory>() => {
-                        per_call = frames.len() / 2;
-                        tracing::info!("{err:#}: evaluating {per_call} frames a call");
-                    }
-                    Err(err) => {
-                        return Err(err.context(format!("system {}", path.display())));
-                    }
-                }
+            for p in self.predictions(b, path, &sys, nf, nnei)? {
+                e.extend(p.energy);
+                f.extend(p.force);
+                v.extend(p.virial);
             }
             let (le, lf) = (&sys.energy[..nf], &sys.force[..3 * n * nf]);
             let inv_n = 1.0 / n as f64;
@@ -280,7 +264,10 @@ impl Job for TestJob {
                 .zip(&detail)
             {
                 if !body.is_empty() {
-                    write_atomic(&detail_path(prefix, suffix), body.as_bytes())?;
+                    write_atomic(
+                        &detail_path(prefix, &format!("{suffix}.out")),
+                        body.as_bytes(),
+                    )?;
                 }
             }
         }
@@ -288,16 +275,138 @@ impl Job for TestJob {
     }
 }
 
+impl TestJob {
+    /// The predictions for the first `nf` frames of `sys`, a call at a time.
+    fn predictions<T: Real, B: Backend<T>>(
+        &self,
+        b: &B,
+        path: &Path,
+        sys: &System,
+        nf: usize,
+        nnei: usize,
+    ) -> Result<Vec<Prediction>> {
+        let mut out = Vec::new();
+        let mut per_call = frames_per_call(sys.natoms, nnei);
+        let mut start = 0;
+        while start < nf {
+            let end = call_end(&self.model.spec, sys, start, (start + per_call).min(nf));
+            let frames: Vec<usize> = (start..end).collect();
+            let batch = assemble_frames(&self.model.spec, sys, &frames, "test")?;
+            match predict_batch(b, &self.model, &batch) {
+                Ok(p) => {
+                    out.push(p);
+                    start = end;
+                }
+                // More frames than the device holds at once: fewer a call, as `dp test`
+                // evaluates in pieces; each frame's numbers are its own whatever the call.
+                Err(err) if frames.len() > 1 && err.is::<OutOfMemory>() => {
+                    per_call = frames.len() / 2;
+                    tracing::info!("{err:#}: evaluating {per_call} frames a call");
+                }
+                Err(err) => {
+                    return Err(err.context(format!("system {}", path.display())));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `dp test` of a property model: the property's MAE and RMSE per system and weighted
+    /// over them, and with `-d` one `{prefix}.property.out[.{system}].{frame}` file per frame
+    /// (DeePMD-kit's `PropertyTester`).
+    fn run_property<T: Real, B: Backend<T>>(self, b: &B) -> Result<(Vec<SystemErrors>, String)> {
+        let spec = &self.model.spec;
+        let p = spec.fitting.output.property().expect("a property model");
+        let labels = model_labels(&spec.fitting.output, false);
+        let nnei: usize = spec.descriptor.slot_sel().iter().sum();
+        let mut out = String::new();
+        let (mut all, mut errs) = (Vec::new(), Vec::new());
+        let mut files = Vec::new();
+        for (s, path) in find_systems(&Disk, &self.systems, "test")?
+            .iter()
+            .enumerate()
+        {
+            let sys = load_system_with(path, &spec.type_map, &labels)?;
+            let nf = match self.nframes {
+                0 => sys.nframes,
+                n => sys.nframes.min(n),
+            };
+            let pred: Vec<f64> = (self.predictions(b, path, &sys, nf, nnei)?)
+                .into_iter()
+                .flat_map(|p| p.property)
+                .collect();
+            let name = path.display();
+            let _ = writeln!(out, "# ---------------output of dpw test---------------");
+            let _ = writeln!(out, "# testing system : {name}");
+            let _ = writeln!(out, "# number of test data : {nf}");
+            let Some(label) = &sys.label else {
+                tracing::warn!(
+                    "{name} has no {}.npy: its predictions are compared with nothing (-d \
+                     writes them)",
+                    p.property_name
+                );
+                let _ = writeln!(out, "# -----------------------------------------------");
+                continue;
+            };
+            let label = &label.values[..nf * p.task_dim];
+            let err = Err::of(&pred, label, 1.0);
+            property_report(&mut out, &err);
+            let _ = writeln!(out, "# -----------------------------------------------");
+            if let Some(prefix) = &self.detail {
+                let group = if s == 0 {
+                    String::new()
+                } else {
+                    format!(".{s}")
+                };
+                let k = p.task_dim;
+                for f in 0..nf {
+                    let mut body = String::new();
+                    detail_rows(
+                        &mut body,
+                        &format!("{name} - {f}: data_property pred_property"),
+                        (0..k).map(|j| vec![label[f * k + j], pred[f * k + j]]),
+                    );
+                    files.push((
+                        detail_path(prefix, &format!("property.out{group}.{f}")),
+                        body,
+                    ));
+                }
+            }
+            errs.push(err);
+            all.push(SystemErrors {
+                nframes: nf,
+                ..SystemErrors::default()
+            });
+        }
+        if errs.len() > 1 {
+            let _ = writeln!(out, "# ----------weighted average of errors-----------");
+            let _ = writeln!(out, "# number of systems : {}", errs.len());
+            property_report(&mut out, &Err::average(&errs));
+            let _ = writeln!(out, "# -----------------------------------------------");
+        }
+        for (path, body) in files {
+            write_atomic(&path, body.as_bytes())?;
+        }
+        Ok((all, out))
+    }
+}
+
+/// `dp test`'s lines for a property.
+fn property_report(out: &mut String, e: &Err) {
+    let _ = writeln!(out, "PROPERTY MAE            : {} units", sci(e.mae, 6, 0));
+    let _ = writeln!(out, "PROPERTY RMSE           : {} units", sci(e.rmse, 6, 0));
+}
+
 fn detail_path(prefix: &Path, suffix: &str) -> PathBuf {
     let mut s = prefix.as_os_str().to_owned();
-    s.push(format!(".{suffix}.out"));
+    s.push(format!(".{suffix}"));
     PathBuf::from(s)
 }
 
 /// Checks, before anything is evaluated, that the folder the detail files of `prefix` (`-d`) go
 /// to exists.
 pub fn check_detail_prefix(prefix: &Path) -> Result<()> {
-    let first = detail_path(prefix, "e");
+    let first = detail_path(prefix, "e.out");
     let dir = first
         .parent()
         .filter(|d| !d.as_os_str().is_empty())

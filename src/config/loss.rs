@@ -1,16 +1,17 @@
-//! The `loss` section (type `ener`).
+//! The `loss` section: `ener`, or `property` (read by [`crate::fitting::property::config`]).
 
 use serde_json::{json, Value};
 
 use super::keys::{non_negative, Schema, Section};
 use super::ConfigError;
+use crate::fitting::property::config::{parse_loss, PropertyLossConfig};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// Prefactors move from `start_pref_X` to `limit_pref_X` as the lr decays. A term is active only
 /// when both are non-zero (DeePMD-kit's rule), see [`LossConfig::has_e`] etc.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LossConfig {
+pub struct EnerLossConfig {
     pub start_pref_e: f64,
     pub limit_pref_e: f64,
     pub start_pref_f: f64,
@@ -23,7 +24,39 @@ pub struct LossConfig {
     pub intensive_ener_virial: bool,
 }
 
+/// The loss: DeePMD-kit's `loss.type`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LossConfig {
+    Ener(EnerLossConfig),
+    Property(PropertyLossConfig),
+}
+
 impl LossConfig {
+    /// DeePMD-kit's `loss.type`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            LossConfig::Ener(_) => "ener",
+            LossConfig::Property(_) => "property",
+        }
+    }
+
+    /// The `ener` loss's settings; `None` for another loss.
+    pub fn ener(&self) -> Option<&EnerLossConfig> {
+        match self {
+            LossConfig::Ener(l) => Some(l),
+            LossConfig::Property(_) => None,
+        }
+    }
+
+    pub(super) fn to_json(&self) -> Value {
+        match self {
+            LossConfig::Ener(l) => l.to_json(),
+            LossConfig::Property(l) => l.to_json(),
+        }
+    }
+}
+
+impl EnerLossConfig {
     pub fn has_e(&self) -> bool {
         self.start_pref_e != 0.0 && self.limit_pref_e != 0.0
     }
@@ -51,7 +84,7 @@ static LOSS: Schema = Schema {
         "intensive_ener_virial",
     ]],
     unsupported: &[&[
-        ("type", "the only loss dpw implements"),
+        ("type", "dpw trains the \"ener\" and \"property\" losses"),
         ("start_pref_ae", NO_AE),
         ("limit_pref_ae", NO_AE),
         ("start_pref_pf", NO_PF),
@@ -69,6 +102,15 @@ static LOSS: Schema = Schema {
 };
 
 pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
+    match v {
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("property") => {
+            Ok(LossConfig::Property(parse_loss(v, path)?))
+        }
+        _ => parse_ener(v, path).map(LossConfig::Ener),
+    }
+}
+
+fn parse_ener(v: Option<&Value>, path: &str) -> Result<EnerLossConfig> {
     let empty = json!({});
     let sec = Section::new(v.unwrap_or(&empty), path, &LOSS)?;
     // Non-negative start and limit values are enough for every prefactor of the run to be
@@ -81,7 +123,7 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
     if let Some(r) = relative_f {
         non_negative(r, &sec.path_of("relative_f"))?;
     }
-    let loss = LossConfig {
+    let loss = EnerLossConfig {
         start_pref_e: pref("start_pref_e", 0.02)?,
         limit_pref_e: pref("limit_pref_e", 1.0)?,
         start_pref_f: pref("start_pref_f", 1000.0)?,
@@ -101,8 +143,8 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
     Ok(loss)
 }
 
-impl LossConfig {
-    pub(super) fn to_json(&self) -> Value {
+impl EnerLossConfig {
+    fn to_json(&self) -> Value {
         json!({
             "start_pref_e": self.start_pref_e,
             "limit_pref_e": self.limit_pref_e,

@@ -9,7 +9,7 @@
 mod deepmd_args;
 pub use deepmd_args::deepmd_input_errors;
 mod error;
-mod keys;
+pub(crate) mod keys;
 mod learning_rate;
 mod loss;
 mod model;
@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 pub use error::ConfigError;
 pub use learning_rate::{LearningRateConfig, ScaleByWorker, DEFAULT_STOP_LR};
-pub use loss::LossConfig;
+pub use loss::{EnerLossConfig, LossConfig};
 pub use model::{
     AttentionConfig, DescriptorConfig, FittingConfig, ModelConfig, Precision, Sel, TebdInputMode,
 };
@@ -128,10 +128,22 @@ impl Config {
             "training",
             base_dir,
         )?;
+        let loss = loss::parse(root.get("loss"), "loss")?;
+        let fitting = model.fitting_net.output.type_name();
+        if loss.type_name() != fitting {
+            return Err(ConfigError::invalid(
+                "loss.type",
+                format!(
+                    "the {:?} loss does not train a {fitting:?} fitting \
+                     (model.fitting_net.type); set \"type\": {fitting:?}",
+                    loss.type_name()
+                ),
+            ));
+        }
         Ok(Config {
             model,
             learning_rate: learning_rate::parse(root.get("learning_rate"), "learning_rate")?,
-            loss: loss::parse(root.get("loss"), "loss")?,
+            loss,
             optimizer: optimizer::parse(root.get("optimizer"), "optimizer")?,
             training,
         })

@@ -1,5 +1,5 @@
 //! The `model` section: type map, the descriptor (se_e2_a, se_e2_r, se_e3, hybrid, se_atten,
-//! se_atten_v2) and the ener fitting net.
+//! se_atten_v2) and the fitting net (ener, property).
 
 use serde_json::{json, Map, Value};
 
@@ -8,9 +8,10 @@ use super::keys::{
     to_usize_list, wrong_type, Schema, Section,
 };
 use super::ConfigError;
+use crate::fitting::property;
 use crate::model::registry::{descriptor_names, KnownType, FITTINGS, MODELS};
-use crate::model::DescriptorType;
 pub use crate::model::{AttentionConfig, TebdInputMode};
+use crate::model::{DescriptorType, FitOutput};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -137,9 +138,12 @@ pub struct DescriptorConfig {
     pub list: Vec<DescriptorConfig>,
 }
 
-/// `ener` fitting net: one net per atom type mapping the descriptor to an atomic energy.
+/// The fitting net: one net per atom type (one for all after a mixed-type descriptor) mapping
+/// the descriptor to an atomic energy (`ener`) or property (`property`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FittingConfig {
+    /// What the fitting predicts (`type`).
+    pub output: FitOutput,
     pub neuron: Vec<usize>,
     pub resnet_dt: bool,
     pub precision: Precision,
@@ -302,22 +306,30 @@ static DESCRIPTOR_HYBRID: Schema = Schema {
     deepmd: "model[standard].descriptor",
 };
 
+/// The keys every fitting dpw builds reads.
+const FITTING_KEYS: &[&str] = &[
+    "neuron",
+    "resnet_dt",
+    "precision",
+    "trainable",
+    "seed",
+    "numb_fparam",
+    "numb_aparam",
+    "default_fparam",
+];
+
 static FITTING: Schema = Schema {
-    keys: &[&[
-        "neuron",
-        "resnet_dt",
-        "precision",
-        "rcond",
-        "atom_ener",
-        "trainable",
-        "seed",
-        "numb_fparam",
-        "numb_aparam",
-        "default_fparam",
-    ]],
+    keys: &[FITTING_KEYS, &["rcond", "atom_ener"]],
     unsupported: &[&[("activation_function", TANH_ONLY)]],
     ignored: &[],
     deepmd: "model[standard].fitting_net",
+};
+
+static FITTING_PROPERTY: Schema = Schema {
+    keys: &[FITTING_KEYS, property::config::OUTPUT_KEYS],
+    unsupported: &[&[("activation_function", TANH_ONLY)]],
+    ignored: &[],
+    deepmd: "model[standard].fitting_net[property]",
 };
 
 /// Layer widths: a non-empty list of positive integers.
@@ -367,7 +379,13 @@ pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
     }
     if let Some(t) = v.get("fitting_net").and_then(|f| f.get("type")) {
         let type_path = join(&join(path, "fitting_net"), "type");
-        check_known(t, &type_path, FITTINGS, "fitting", "the \"ener\" fitting")?;
+        check_known(
+            t,
+            &type_path,
+            FITTINGS,
+            "fitting",
+            "the \"ener\" and \"property\" fittings",
+        )?;
     }
     if let Some(d) = v.get("descriptor").filter(|d| d.get("type").is_some()) {
         descriptor_type(d, &join(path, "descriptor"))?;
@@ -730,7 +748,17 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
 }
 
 fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
-    let sec = Section::new(v, path, &FITTING)?;
+    let property = v.get("type").and_then(Value::as_str) == Some("property");
+    let schema = if property {
+        &FITTING_PROPERTY
+    } else {
+        &FITTING
+    };
+    let sec = Section::new(v, path, schema)?;
+    let output = match property {
+        true => FitOutput::Property(property::config::parse_output(&sec)?),
+        false => FitOutput::Ener,
+    };
     let atom_ener = match sec.get("atom_ener") {
         None => vec![],
         Some(v) => {
@@ -747,6 +775,7 @@ fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
         }
     };
     Ok(FittingConfig {
+        output,
         neuron: widths(&sec, "neuron", &[120, 120, 120])?,
         resnet_dt: sec.bool_or("resnet_dt", true)?,
         precision: precision(&sec)?,
@@ -785,18 +814,28 @@ impl ModelConfig {
         let descriptor = descriptor_json(&self.descriptor);
 
         let f = &self.fitting_net;
-        let fitting = json!({
+        let mut fitting = json!({
             "neuron": f.neuron,
             "resnet_dt": f.resnet_dt,
             "precision": f.precision.as_str(),
-            "rcond": f.rcond,
-            "atom_ener": f.atom_ener,
             "trainable": f.trainable,
             "seed": f.seed,
             "numb_fparam": f.numb_fparam,
             "numb_aparam": f.numb_aparam,
             "default_fparam": f.default_fparam,
         });
+        match &f.output {
+            FitOutput::Ener => {
+                fitting["rcond"] = json!(f.rcond);
+                fitting["atom_ener"] = json!(f.atom_ener);
+            }
+            FitOutput::Property(p) => {
+                let keys = property::config::output_json(p);
+                for (k, v) in keys.as_object().expect("an object") {
+                    fitting[k] = v.clone();
+                }
+            }
+        }
 
         json!({
             "type": "standard",

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::error::DataError;
-use super::load::load_system;
-use super::system::System;
+use super::load::load_system_with;
+use super::system::{Labels, System};
 
 /// Budget of the frames kept in memory, from `DPW_DATA_CACHE_MB` (default 384 MiB: with the
 /// model, the workspaces and a prefetched batch, training stays under 1 GB however large the
@@ -30,8 +30,8 @@ pub struct SystemStore {
     budget: usize,
     /// Systems kept for the whole run (those that fit the budget at start-up).
     pinned: Vec<Option<Arc<System>>>,
-    /// Whether a system read on demand must hold energy and force labels (training data).
-    labelled: bool,
+    /// What a system read on demand is read with and must hold (training data: the loss's labels).
+    labels: Labels,
     recent: Mutex<Recent>,
 }
 
@@ -45,14 +45,14 @@ struct Recent {
 impl SystemStore {
     /// A store over the systems at `paths` (on disk), holding `pinned[s]` for good where it is
     /// `Some` and reading the others on demand, caching them within what the pinned systems
-    /// leave of `budget` bytes; `labelled`: each must hold energy and force labels, as the
-    /// pinned ones were checked to.
+    /// leave of `budget` bytes; `labels`: what each is read with and must hold, as the pinned
+    /// ones were checked to.
     pub fn new(
         paths: Vec<PathBuf>,
         type_map: Vec<String>,
         pinned: Vec<Option<Arc<System>>>,
         budget: usize,
-        labelled: bool,
+        labels: Labels,
     ) -> Self {
         assert_eq!(paths.len(), pinned.len(), "one entry per system");
         let held: usize = pinned.iter().flatten().map(|s| s.info().bytes()).sum();
@@ -61,7 +61,7 @@ impl SystemStore {
             type_map,
             budget: budget.saturating_sub(held),
             pinned,
-            labelled,
+            labels,
             recent: Mutex::default(),
         }
     }
@@ -86,10 +86,12 @@ impl SystemStore {
             }
         }
         // Read outside the lock so the batch thread and statistics threads overlap their I/O.
-        let sys = Arc::new(load_system(&self.paths[s], &self.type_map)?);
-        if self.labelled {
-            sys.check_labels()?;
-        }
+        let sys = Arc::new(load_system_with(
+            &self.paths[s],
+            &self.type_map,
+            &self.labels,
+        )?);
+        sys.check_labels(&self.labels)?;
         let size = sys.info().bytes();
         let mut r = self.recent.lock().expect("system cache lock");
         if !r.lru.iter().any(|(k, _)| *k == s) {

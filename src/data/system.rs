@@ -45,6 +45,36 @@ pub struct System {
     pub fparam: Option<Params>,
     /// Its atomic parameters, `aparam.npy`: `[nframes][natoms][width]`, sorted atom order.
     pub aparam: Option<Params>,
+    /// The frame label the model asked for ([`Labels::Frame`], e.g. a property's
+    /// `band_prop.npy`): `[nframes][width]`; `None` where no set has it or none was asked for.
+    pub label: Option<Params>,
+}
+
+/// The labels a model learns from: what training reads of a system and requires of it
+/// (DeePMD-kit's data requirements of the loss).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Labels {
+    /// None required (neighbour statistics; dpw test of an energy model): energy and force are
+    /// read where present.
+    Optional,
+    /// Energy and force, required (the ener loss).
+    EnergyForce,
+    /// `{name}.npy` with `width` values per frame (a property), required where `required`.
+    Frame {
+        name: String,
+        width: usize,
+        required: bool,
+    },
+}
+
+impl Labels {
+    /// The frame label to read, `(file, width)`.
+    fn frame(&self) -> Option<(String, usize)> {
+        match self {
+            Labels::Frame { name, width, .. } => Some((format!("{name}.npy"), *width)),
+            _ => None,
+        }
+    }
 }
 
 /// A system's frame or atomic parameters: `width` values per frame (or per atom).
@@ -127,26 +157,47 @@ impl System {
         Some(&p.values[frame * n..(frame + 1) * n])
     }
 
-    /// The energy and force labels training learns from, present.
-    pub fn check_labels(&self) -> Result<(), DataError> {
-        let missing: Vec<&str> = [
-            (self.has_energy, "energy.npy"),
-            (self.has_force, "force.npy"),
-        ]
-        .into_iter()
-        .filter_map(|(has, name)| (!has).then_some(name))
-        .collect();
+    /// The labels training learns from ([`Labels`]), present.
+    pub fn check_labels(&self, labels: &Labels) -> Result<(), DataError> {
+        let missing: Vec<String> = match labels {
+            Labels::Optional
+            | Labels::Frame {
+                required: false, ..
+            } => vec![],
+            Labels::EnergyForce => [
+                (self.has_energy, "energy.npy"),
+                (self.has_force, "force.npy"),
+            ]
+            .into_iter()
+            .filter(|(has, _)| !has)
+            .map(|(_, name)| name.to_string())
+            .collect(),
+            Labels::Frame { name, .. } => match self.label {
+                Some(_) => vec![],
+                None => vec![format!("{name}.npy")],
+            },
+        };
         if missing.is_empty() {
             return Ok(());
         }
+        let what = match labels {
+            Labels::Frame { name, .. } => format!("the model's label {name:?}"),
+            _ => "energy and force labels".to_string(),
+        };
         Err(DataError::Invalid {
             path: self.path.clone(),
             reason: format!(
-                "no set has {}: training needs energy and force labels (dpw test and dpw \
-                 neighbor-stat read such data)",
+                "no set has {}: training needs {what} (dpw test and dpw neighbor-stat read \
+                 such data)",
                 missing.join(" or ")
             ),
         })
+    }
+
+    /// Frame `frame`'s label ([`System::label`]).
+    pub fn frame_label(&self, frame: usize) -> Option<&[f64]> {
+        let p = self.label.as_ref()?;
+        Some(&p.values[frame * p.width..(frame + 1) * p.width])
     }
 }
 
@@ -156,8 +207,9 @@ pub fn read_system_in(
     fs: &dyn Files,
     path: &Path,
     type_map: &[String],
+    labels: &Labels,
 ) -> Result<System, DataError> {
-    with_source(fs, path, |src| load_from(src, path, type_map))
+    with_source(fs, path, |src| load_from(src, path, type_map, labels))
 }
 
 /// Whether the system at `path` is a group of an HDF5 file.
@@ -249,7 +301,12 @@ impl System {
     }
 }
 
-fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<System, DataError> {
+fn load_from(
+    src: &dyn Source,
+    path: &Path,
+    type_map: &[String],
+    labels: &Labels,
+) -> Result<System, DataError> {
     let index = TypeIndex::read(src, type_map)?;
     let raw = read_raw_types(src)?;
     let natoms = raw.len();
@@ -277,6 +334,8 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
     let mut virial = Vec::new();
     let mut all_have_virial = true;
     let (mut fparam, mut aparam) = (None, None);
+    let wanted = labels.frame().filter(|(name, _)| labelled(name));
+    let mut label = wanted.as_ref().map(|_| Vec::new());
     for set in &sets {
         let coord_rel = format!("{set}/coord.npy");
         let (nf, c) = read_frames(src, &coord_rel, &[&[natoms * 3], &[natoms, 3]])?;
@@ -353,6 +412,15 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
                 _ => acc.values.extend(permute_atoms(&v, order, natoms, width)),
             }
         }
+        if let (Some((name, width)), Some(acc)) = (&wanted, &mut label) {
+            // A one-value label may be stored as one number per frame.
+            let tails: &[&[usize]] = if *width == 1 {
+                &[&[1], &[]]
+            } else {
+                &[&[*width]]
+            };
+            acc.extend(frames(name, tails)?);
+        }
         if src.has_file(&format!("{set}/virial.npy")) {
             virial.extend(frames("virial.npy", &[&[9], &[3, 3]])?);
         } else {
@@ -388,6 +456,9 @@ fn load_from(src: &dyn Source, path: &Path, type_map: &[String]) -> Result<Syste
         virial: all_have_virial.then_some(virial),
         fparam,
         aparam,
+        label: label
+            .zip(wanted)
+            .map(|(values, (_, width))| Params { width, values }),
     })
 }
 

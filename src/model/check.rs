@@ -259,6 +259,12 @@ impl Model {
         let (nt, np) = (self.spec.ntypes(), self.layout().len);
         let nstat = 4 * nt * self.spec.descriptor.parts().len();
         let nx = self.spec.fitting.extra_inputs();
+        let no = self.spec.fitting.dim_out();
+        let nstd = if self.spec.fitting.output.is_ener() {
+            0
+        } else {
+            nt * no
+        };
         ensure!(
             self.params.len() == np,
             "the file holds {} parameters, its model needs {np}",
@@ -267,7 +273,8 @@ impl Model {
         for (name, a, len) in [
             ("davg", &self.davg, nstat),
             ("dstd", &self.dstd, nstat),
-            ("bias", &self.bias, nt),
+            ("bias", &self.bias, nt * no),
+            ("out_std", &self.out_std, nstd),
             ("fit_input_avg", &self.fit_input_avg, nx),
             ("fit_input_inv_std", &self.fit_input_inv_std, nx),
         ] {
@@ -281,7 +288,8 @@ impl Model {
             ("parameters", &self.params),
             ("statistics davg", &self.davg),
             ("statistics dstd", &self.dstd),
-            ("energy bias", &self.bias),
+            ("output bias", &self.bias),
+            ("output std", &self.out_std),
             ("statistics fit_input_avg", &self.fit_input_avg),
             ("statistics fit_input_inv_std", &self.fit_input_inv_std),
         ] {

@@ -255,6 +255,9 @@ pub fn model_parts(m: &Model) -> (Value, Vec<(&'static str, &[f64])>) {
         arrays.push(("fit_input_avg", m.fit_input_avg.as_slice()));
         arrays.push(("fit_input_inv_std", m.fit_input_inv_std.as_slice()));
     }
+    if !m.out_std.is_empty() {
+        arrays.push(("out_std", m.out_std.as_slice()));
+    }
     (header, arrays)
 }
 
@@ -268,6 +271,7 @@ pub fn model_from_container(c: &Container) -> Result<Model> {
         bias: c.array("bias")?.to_vec(),
         fit_input_avg: c.array_or_empty("fit_input_avg"),
         fit_input_inv_std: c.array_or_empty("fit_input_inv_std"),
+        out_std: c.array_or_empty("out_std"),
         spec,
     };
     m.check()?;

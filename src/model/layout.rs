@@ -202,10 +202,10 @@ impl DescriptorLayout {
                     .collect()
             };
             let start = embed.len();
-            embed
-                .extend((names.into_iter()).map(|name| {
-                    b.net(format!("{prefix}{name}"), 1, &d.neuron, d.resnet_dt, false)
-                }));
+            embed.extend(
+                (names.into_iter())
+                    .map(|name| b.net(format!("{prefix}{name}"), 1, &d.neuron, d.resnet_dt, None)),
+            );
             parts.push(start..embed.len());
         }
         DescriptorLayout {
@@ -229,9 +229,8 @@ impl DescriptorLayout {
             b: tebd_b,
         };
         let (nin, strip_nin) = embed_inputs(d);
-        let embed = vec![b.net("embed".into(), nin, &d.neuron, d.resnet_dt, false)];
-        let strip =
-            strip_nin.map(|n| b.net("embed_strip".into(), n, &d.neuron, d.resnet_dt, false));
+        let embed = vec![b.net("embed".into(), nin, &d.neuron, d.resnet_dt, None)];
+        let strip = strip_nin.map(|n| b.net("embed_strip".into(), n, &d.neuron, d.resnet_dt, None));
         let m1 = d.m1();
         let mut frozen = Vec::new();
         let layers = (0..a.attn_layer)
@@ -277,16 +276,18 @@ impl DescriptorLayout {
 }
 
 impl FittingLayout {
-    /// The `ener` fitting: a net from the descriptor to one atomic energy, per centre type
-    /// (`fit.t{t}`), or one net (`fit`) for every type after a mixed-type descriptor.
+    /// The fitting: a net from the descriptor to the atomic output (one energy, or `task_dim`
+    /// values of a property), per centre type (`fit.t{t}`), or one net (`fit`) for every type
+    /// after a mixed-type descriptor.
     fn new(spec: &ModelSpec, b: &mut Builder) -> Self {
         let f = &spec.fitting;
         let dim = spec.fitting_input();
+        let out = Some(f.dim_out());
         let nets = if spec.descriptor.is_mixed() {
-            vec![b.net("fit".into(), dim, &f.neuron, f.resnet_dt, true)]
+            vec![b.net("fit".into(), dim, &f.neuron, f.resnet_dt, out)]
         } else {
             (0..spec.ntypes())
-                .map(|t| b.net(format!("fit.t{t}"), dim, &f.neuron, f.resnet_dt, true))
+                .map(|t| b.net(format!("fit.t{t}"), dim, &f.neuron, f.resnet_dt, out))
                 .collect()
         };
         FittingLayout { nets }
@@ -348,21 +349,20 @@ impl Builder {
         offset
     }
 
-    /// Hidden layers follow the width-decided skip rules; the fitting net ends in a linear
-    /// `n_last -> 1` layer without skip or timestep.
+    /// Hidden layers follow the width-decided skip rules; a fitting net (`out`: its output
+    /// width) ends in a linear `n_last -> out` layer without skip or timestep.
     fn net(
         &mut self,
         name: String,
         nin: usize,
         neuron: &[usize],
         resnet_dt: bool,
-        linear_out: bool,
+        out: Option<usize>,
     ) -> Net {
         let mut layers = Vec::new();
         let mut widths: Vec<usize> = neuron.to_vec();
-        if linear_out {
-            widths.push(1);
-        }
+        let linear_out = out.is_some();
+        widths.extend(out);
         let mut n_in = nin;
         for (l, &n_out) in widths.iter().enumerate() {
             let is_out = linear_out && l == widths.len() - 1;

@@ -1,4 +1,4 @@
-//! The model (a descriptor and the ener fitting net): hyper-parameters, the flat parameter
+//! The model (a descriptor and a fitting net): hyper-parameters, the flat parameter
 //! vector and its layout, statistics (davg/dstd, energy bias) and file formats.
 
 mod check;
@@ -20,6 +20,7 @@ pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fitting::property::PropertySpec;
 use crate::geometry::EnvParams;
 
 /// Which descriptor a [`DescriptorSpec`] describes: DeePMD-kit's `type`, in its canonical name.
@@ -266,9 +267,45 @@ impl DescriptorSpec {
     }
 }
 
-/// Hyper-parameters of the `ener` fitting net (docs/deepmd-spec.md §7).
+/// What the fitting net predicts: DeePMD-kit's `fitting_net.type`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum FitOutput {
+    /// `ener`: one energy per atom; forces and virial are its derivatives (docs/deepmd-spec.md §7).
+    #[default]
+    Ener,
+    /// `property`: `task_dim` values per atom, reduced per frame ([`crate::fitting::property`]).
+    Property(PropertySpec),
+}
+
+impl FitOutput {
+    pub fn is_ener(&self) -> bool {
+        *self == FitOutput::Ener
+    }
+
+    /// DeePMD-kit's fitting `type`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            FitOutput::Ener => "ener",
+            FitOutput::Property(_) => "property",
+        }
+    }
+
+    /// The property fitting's keys; `None` for `ener`.
+    pub fn property(&self) -> Option<&PropertySpec> {
+        match self {
+            FitOutput::Property(p) => Some(p),
+            FitOutput::Ener => None,
+        }
+    }
+}
+
+/// Hyper-parameters of the fitting net (docs/deepmd-spec.md §7).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FittingSpec {
+    /// What it predicts; `ener` is not written, so that energy models' files stay as they were.
+    #[serde(default, skip_serializing_if = "FitOutput::is_ener")]
+    pub output: FitOutput,
     pub neuron: Vec<usize>,
     pub resnet_dt: bool,
     /// Frame parameters (`fparam.npy`, `[nframes][numb_fparam]`) and atomic parameters
@@ -293,12 +330,18 @@ impl FittingSpec {
     /// An `ener` fitting of these widths, without frame or atomic parameters.
     pub fn new(neuron: Vec<usize>, resnet_dt: bool) -> Self {
         FittingSpec {
+            output: FitOutput::Ener,
             neuron,
             resnet_dt,
             numb_fparam: 0,
             numb_aparam: 0,
             default_fparam: None,
         }
+    }
+
+    /// The values per atom the net puts out: 1 (an energy), or a property's task_dim.
+    pub fn dim_out(&self) -> usize {
+        self.output.property().map_or(1, |p| p.task_dim)
     }
 
     /// The columns the net takes beside the descriptor: numb_fparam + numb_aparam.
@@ -338,8 +381,13 @@ pub struct Model {
     pub davg: Vec<f64>,
     /// dstd row per centre type, `[ntypes][4]` (hybrid: `[part][ntypes][4]`).
     pub dstd: Vec<f64>,
-    /// Energy added to every atom of a type: DeePMD's `out_bias + bias_atom_e`, `[ntypes]`.
+    /// Added to every atom of a type: DeePMD's `out_bias + bias_atom_e`, `[ntypes][dim_out]`
+    /// (the energy bias, or a property's output bias).
     pub bias: Vec<f64>,
+    /// A property's output std per type, `[ntypes][task_dim]`, which scales the net's output;
+    /// empty for `ener` (which DeePMD-kit does not scale).
+    #[serde(default)]
+    pub out_std: Vec<f64>,
     /// The fitting's input statistics, `[numb_fparam + numb_aparam]`: DeePMD-kit's
     /// `fparam_avg` then `aparam_avg`, and their `*_inv_std`. Empty without such parameters.
     #[serde(default)]
@@ -360,12 +408,14 @@ impl Model {
         let np = spec.descriptor.parts().len();
         let params = init_params(&layout, seed);
         let nx = spec.fitting.extra_inputs();
+        let (no, scaled) = (spec.fitting.dim_out(), !spec.fitting.output.is_ener());
         Model {
             spec,
             params,
             davg: vec![0.0; np * nt * 4],
             dstd: vec![1.0; np * nt * 4],
-            bias: vec![0.0; nt],
+            bias: vec![0.0; nt * no],
+            out_std: if scaled { vec![1.0; nt * no] } else { vec![] },
             fit_input_avg: vec![0.0; nx],
             fit_input_inv_std: vec![1.0; nx],
         }

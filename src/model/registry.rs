@@ -117,7 +117,7 @@ pub static FITTINGS: &[KnownType] = &[
     },
     KnownType {
         names: &["property"],
-        lacks: Some("property fittings are not supported"),
+        lacks: None,
     },
     KnownType {
         names: &["population"],

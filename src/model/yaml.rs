@@ -18,9 +18,11 @@ use std::path::Path;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
+use crate::fitting::property::PropertySpec;
+
 use super::{
-    pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FittingSpec,
-    Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode,
+    pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FitOutput,
+    FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode,
 };
 
 /// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model with an `se_e2_a`, `se_e2_r`
@@ -347,6 +349,9 @@ const FITTING_KEYS: &[&str] = &[
     "default_fparam",
 ];
 #[rustfmt::skip]
+/// The property fitting adds these to `ener`'s.
+const PROPERTY_KEYS: &[&str] = &["task_dim", "intensive", "distinguish_types"];
+#[rustfmt::skip]
 const FITTING_VARIABLES: &[&str] = &[
     "bias_atom_e", "fparam_avg", "fparam_inv_std", "aparam_avg", "aparam_inv_std", "case_embd",
     "scale", "default_fparam_tensor",
@@ -403,9 +408,25 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
 
     let f = m.key("fitting")?;
     f.expect("@class", &["Fitting"])?;
-    f.expect("type", &["ener"])?;
-    f.version(1..=4, Some(1))?;
-    f.known(&[FITTING_KEYS])?;
+    f.expect("type", &["ener", "property"])?;
+    let output = match f.key("type")?.str()? {
+        "property" => {
+            f.version(1..=6, Some(1))?;
+            f.known(&[FITTING_KEYS, PROPERTY_KEYS])?;
+            FitOutput::Property(PropertySpec {
+                property_name: f.key("var_name")?.str()?.to_string(),
+                task_dim: f.key("task_dim")?.usize()?,
+                intensive: f.opt("intensive").map_or(Ok(false), |v| v.bool())?,
+                // DeePMD-kit's `PropertyFittingNet.deserialize` default.
+                distinguish_types: f.opt("distinguish_types").map_or(Ok(false), |v| v.bool())?,
+            })
+        }
+        _ => {
+            f.version(1..=4, Some(1))?;
+            f.known(&[FITTING_KEYS])?;
+            FitOutput::Ener
+        }
+    };
     f.expect("activation_function", &["tanh"])?;
     // tot_ener_zero, layer_name and spin: DeePMD-kit's dpmodel raises NotImplementedError.
     for key in [
@@ -429,6 +450,7 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
         None => None,
     };
     let fitting = FittingSpec {
+        output,
         neuron: f.key("neuron")?.usizes()?,
         resnet_dt: f.key("resnet_dt")?.bool()?,
         numb_fparam: count("numb_fparam")?,
@@ -480,8 +502,15 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
 
     let fv = f.key("@variables")?;
     fv.known(&[FITTING_VARIABLES])?;
-    let bias_atom_e = fv.key("bias_atom_e")?.array(&[nt, 1])?;
-    let out_bias = m.key("@variables")?.key("out_bias")?.array(&[1, nt, 1])?;
+    let no = spec.fitting.dim_out();
+    let bias_atom_e = fv.key("bias_atom_e")?.array(&[nt, no])?;
+    let mv = m.key("@variables")?;
+    let out_bias = mv.key("out_bias")?.array(&[1, nt, no])?;
+    // A property's atomic output is scaled by out_std (an energy's is not: see the writer).
+    let out_std = match spec.fitting.output.property() {
+        None => vec![],
+        Some(_) => mv.key("out_std")?.array(&[1, nt, no])?,
+    };
     // Adding a zero bias_atom_e (DeePMD's usual case) keeps out_bias bit-exact, even for -0.0.
     let mut bias: Vec<f64> = (out_bias.iter().zip(&bias_atom_e))
         .map(|(&o, &b)| if b == 0.0 { o } else { o + b })
@@ -518,12 +547,18 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
         }
     }
 
+    let (bias, out_std) = match spec.fitting.output.property() {
+        // Without distinguish_types every atom takes type 0's statistics.
+        Some(p) if !p.distinguish_types => (type0_rows(&bias, nt), type0_rows(&out_std, nt)),
+        _ => (bias, out_std),
+    };
     let model = Model {
         spec,
         params,
         davg,
         dstd,
         bias,
+        out_std,
         fit_input_avg,
         fit_input_inv_std,
     };
@@ -1114,12 +1149,13 @@ fn model_to_tree(model: &Model) -> Value {
         .default_fparam
         .as_ref()
         .map_or(Value::Null, |v| v[..].into());
+    let no = fit.dim_out();
     // dpw keeps the whole energy bias in out_bias (as DeePMD v3 training does); bias_atom_e is 0.
-    let fitting = obj! {
+    let mut fitting = obj! {
         "@class" => "Fitting", "@version" => 4,
         "@variables" => obj! {
             "aparam_avg" => stat(nfp, nap, avg), "aparam_inv_std" => stat(nfp, nap, inv_std),
-            "bias_atom_e" => ndarray(&[nt, 1], &vec![0.0; nt]),
+            "bias_atom_e" => ndarray(&[nt, no], &vec![0.0; nt * no]),
             "case_embd" => Value::Null, "fparam_avg" => stat(0, nfp, avg),
             "fparam_inv_std" => stat(0, nfp, inv_std),
         },
@@ -1145,6 +1181,34 @@ fn model_to_tree(model: &Model) -> Value {
         },
     };
 
+    // The property fitting: its keys (DeePMD-kit's serialisation version 6) and its output std,
+    // which scales its atomic output.
+    let out_std = match fit.output.property() {
+        Some(p) => {
+            for (k, v) in [
+                ("@version", Value::from(6)),
+                ("type", "property".into()),
+                ("var_name", p.property_name.as_str().into()),
+                ("dim_out", p.task_dim.into()),
+                ("task_dim", p.task_dim.into()),
+                ("intensive", p.intensive.into()),
+                ("distinguish_types", p.distinguish_types.into()),
+            ] {
+                fitting[k] = v;
+            }
+            let f = &mut model_def_script["fitting_net"];
+            for k in ["type", "task_dim", "intensive", "distinguish_types"] {
+                f[k] = fitting[k].clone();
+            }
+            f["property_name"] = p.property_name.as_str().into();
+            ndarray(&[1, nt, no], &model.out_std)
+        }
+        // dpmodel and PT add out_bias alone and keep the residual std here unused, but
+        // DeePMD-kit 3.2.0's TF model computes `output·out_std + out_bias`: with any value but
+        // 1, `dp convert-backend model.yaml model.pb` would scale every force by it.
+        None => ndarray(&[1, nt, 1], &vec![1.0; nt]),
+    };
+
     if nfp + nap > 0 {
         let f = &mut model_def_script["fitting_net"];
         f["numb_fparam"] = nfp.into();
@@ -1158,11 +1222,8 @@ fn model_to_tree(model: &Model) -> Value {
         "model" => obj! {
             "@class" => "Model", "@version" => 2,
             "@variables" => obj! {
-                "out_bias" => ndarray(&[1, nt, 1], &model.bias),
-                // dpmodel and PT add out_bias alone and keep the residual std here unused, but
-                // DeePMD-kit 3.2.0's TF model computes `output·out_std + out_bias`: with any value
-                // but 1, `dp convert-backend model.yaml model.pb` would scale every force by it.
-                "out_std" => ndarray(&[1, nt, 1], &vec![1.0; nt]),
+                "out_bias" => ndarray(&[1, nt, no], &model.bias),
+                "out_std" => out_std,
             },
             "atom_exclude_types" => none, "descriptor" => descriptor, "fitting" => fitting,
             "pair_exclude_types" => none, "preset_out_bias" => Value::Null, "rcond" => Value::Null,
@@ -1173,6 +1234,12 @@ fn model_to_tree(model: &Model) -> Value {
         "time" => utc_now(),
         "version" => env!("CARGO_PKG_VERSION"),
     }
+}
+
+/// Every type's row `[ntypes][k]` replaced by type 0's.
+fn type0_rows(a: &[f64], nt: usize) -> Vec<f64> {
+    let k = a.len() / nt.max(1);
+    a[..k].repeat(nt)
 }
 
 /// One descriptor (not a hybrid) as DeePMD-kit serialises it, and as the `model_def_script`

@@ -1,6 +1,7 @@
-//! The `ener` fitting stage: one net per centre type (one net for every type with a mixed-type
-//! descriptor, DPA-1: [`super::DeviceModel::fitting`]) from D_i to the atomic energy E_i,
-//! back to D̄_i = ∂E_i/∂D_i, and in training its tangent and dual reverse (docs/design.md §3).
+//! The fitting stage: one net per centre type (one net for every type with a mixed-type
+//! descriptor, DPA-1: [`super::DeviceModel::fitting`]) from D_i to the atomic output y_i (the
+//! energy E_i, or a property's task_dim values), back to D̄_i = ∂E_i/∂D_i (ener), and in training
+//! its tangent and dual reverse (docs/design.md §3).
 
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
@@ -11,8 +12,10 @@ use super::DeviceModel;
 
 pub struct Fitting<T: Real, B: Backend<T>> {
     cache: NetCache<B::Buf>,
-    /// Ones over the centres: the seed dE_i/dE_i of the backward pass.
-    ones_c: B::Buf,
+    /// The seed of the tangent output in the dual reverse, `[ncentres][dim_out]`: ones for
+    /// `ener` (dE_i/dE_i, also the backward pass's seed, since the forces are E's
+    /// derivatives), zeros for a property (whose loss reads no derivative).
+    tangent_seed: B::Buf,
     /// The net's input beside D, with frame or atomic parameters.
     input: Option<FitInput<T, B>>,
 }
@@ -26,9 +29,14 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
     ) -> Result<Self, OutOfMemory> {
         let nc = d.ncentres();
         let dim = m.fitting[0].layers[0].nin - m.fit_input_avg.len();
+        let seed = match m.property {
+            None => T::one(),
+            Some(_) => T::zero(),
+        };
+        let nout = m.fitting[0].layers.last().expect("a net has layers").nout;
         Ok(Fitting {
             cache: NetCache::new(zeros, &m.fitting[0], nc)?,
-            ones_c: b.upload(&vec![T::one(); nc]),
+            tangent_seed: b.upload(&vec![seed; nc * nout]),
             input: FitInput::new(&m.fit_input_avg, &m.fit_input_inv_std, d, dim, zeros)?,
         })
     }
@@ -40,7 +48,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         }
     }
 
-    /// The atomic energies (without bias) of the last [`Fitting::forward`].
+    /// The nets' outputs (the atomic energies without bias) of the last [`Fitting::forward`].
     pub fn e_fit(&self) -> &B::Buf {
         self.cache.y.last().unwrap()
     }
@@ -56,12 +64,12 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
 
     pub fn buffers(&self) -> Vec<&B::Buf> {
         let mut v: Vec<&B::Buf> = self.cache.all().collect();
-        v.push(&self.ones_c);
+        v.push(&self.tangent_seed);
         v.extend(self.input.iter().flat_map(FitInput::buffers));
         v
     }
 
-    /// Nets forward from D, then back to D̄.
+    /// The nets forward from D.
     pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, desc: &B::Buf) {
         let desc = match &mut self.input {
             Some(inp) => {
@@ -79,10 +87,19 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
                 let x = if l == 0 { desc } else { &head[l - 1] };
                 b.dense_forward(layer, &m.params, rows.clone(), x, &mut c.h[l], &mut tail[0]);
             }
+        }
+    }
+
+    /// After [`Fitting::forward`] of an energy: back to D̄ = ∂E_i/∂D_i.
+    pub fn backward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims) {
+        for t in 0..d.ntypes {
+            let net = &m.fitting[t];
+            let rows = d.centres(t);
+            let c = &mut self.cache;
             for (l, layer) in net.layers.iter().enumerate().rev() {
                 let (head, tail) = c.xbar.split_at_mut(l + 1);
                 let ybar = if l + 1 == net.layers.len() {
-                    &self.ones_c
+                    &self.tangent_seed
                 } else {
                     &tail[0]
                 };
@@ -94,8 +111,8 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         }
     }
 
-    /// Tangent forward from Ḋ, then the dual reverse seeded with (∂L/∂E, 1), into `m.grad`
-    /// and the adjoints (D̄, Ḋ̄).
+    /// Tangent forward from Ḋ, then the dual reverse seeded with (∂L/∂y, the tangent seed),
+    /// into `m.grad` and the adjoints (D̄, Ḋ̄).
     pub fn dual(
         &mut self,
         b: &B,
@@ -130,7 +147,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
             }
             let dual = NetDual {
                 input: (desc, ddot),
-                seed: (ebar, &self.ones_c),
+                seed: (ebar, &self.tangent_seed),
                 scale: None,
                 input_adjoint: true,
             };

@@ -10,6 +10,8 @@ pub mod fitting;
 pub mod net;
 
 use crate::backend::{Backend, Real};
+use crate::fitting::property::head::OutStat;
+use crate::fitting::property::PropertySpec;
 use crate::geometry::EnvParams;
 use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
 
@@ -34,6 +36,25 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     /// ([`Model::fit_input_avg`]); empty without them.
     pub fit_input_avg: Vec<f64>,
     pub fit_input_inv_std: Vec<f64>,
+    /// A property fitting's keys, with its output bias and std per type on the host (its head
+    /// runs there: [`crate::fitting::property::head`]); `None` for `ener`.
+    pub property: Option<PropertyHead>,
+}
+
+/// What a property model's head reads: its keys and output statistics, `[ntypes][task_dim]`.
+pub struct PropertyHead {
+    pub spec: PropertySpec,
+    pub bias: Vec<f64>,
+    pub std: Vec<f64>,
+}
+
+impl PropertyHead {
+    pub fn stat(&self) -> OutStat<'_> {
+        OutStat {
+            bias: &self.bias,
+            std: &self.std,
+        }
+    }
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
@@ -135,6 +156,11 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             nparams: n,
             fit_input_avg: model.fit_input_avg.clone(),
             fit_input_inv_std: model.fit_input_inv_std.clone(),
+            property: model.spec.fitting.output.property().map(|p| PropertyHead {
+                spec: p.clone(),
+                bias: model.bias.clone(),
+                std: model.out_std.clone(),
+            }),
             desc: DescState {
                 kind: d.kind,
                 env: d.env(),

@@ -6,8 +6,23 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
+use crate::data::Labels;
 use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
-use crate::model::{DescriptorType, FittingSpec, ModelSpec};
+use crate::model::{DescriptorType, FitOutput, FittingSpec, ModelSpec};
+
+/// The labels a model of fitting `output` learns from; `required` for training and validation
+/// data, read where present otherwise (dpw test).
+pub fn model_labels(output: &FitOutput, required: bool) -> Labels {
+    match output {
+        FitOutput::Ener if required => Labels::EnergyForce,
+        FitOutput::Ener => Labels::Optional,
+        FitOutput::Property(p) => Labels::Frame {
+            name: p.property_name.clone(),
+            width: p.task_dim,
+            required,
+        },
+    }
+}
 
 /// One frame as the model sees it; atoms sorted by type.
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +36,8 @@ pub struct Frame<'a> {
     /// atom order), for a model that takes them.
     pub fparam: Option<&'a [f64]>,
     pub aparam: Option<&'a [f64]>,
+    /// The frame label a property model learns (`[task_dim]`).
+    pub label: Option<&'a [f64]>,
 }
 
 impl<'a> Frame<'a> {
@@ -33,6 +50,7 @@ impl<'a> Frame<'a> {
             virial: sys.frame_virial(f),
             fparam: sys.frame_fparam(f),
             aparam: sys.frame_aparam(f),
+            label: sys.frame_label(f),
         }
     }
 }
@@ -83,6 +101,9 @@ pub struct HostBatch {
     /// each centre's frame parameters, then its atomic parameters, as the data has them (the
     /// fitting stage normalises them). Empty for a model without such parameters.
     pub fit_input: Vec<f64>,
+    /// A property model's frame labels, `[nframes][task_dim]` (0 where a frame has none: the
+    /// training data are checked to have them); empty for an energy model.
+    pub label: Vec<f64>,
 }
 
 /// The batch atom (`frame·natoms + atom`) of every centre: a function of the shape alone, since
@@ -305,6 +326,13 @@ fn assemble_numbered(
             .collect(),
         has_virial,
         fit_input,
+        label: match spec.fitting.output.property() {
+            Some(p) => frames
+                .iter()
+                .flat_map(|f| f.label.map_or(vec![0.0; p.task_dim], <[f64]>::to_vec))
+                .collect(),
+            None => Vec::new(),
+        },
     })
 }
 

@@ -15,10 +15,13 @@ use serde_json::{json, Value};
 
 use crate::config::Precision;
 use crate::data::Sampler;
+use crate::fitting::property::head;
 use crate::model::file::{
     is_container, model_from_container, model_parts, read_container, write_container,
 };
-use crate::model::{read_deepmd_yaml, Model};
+use crate::model::{read_deepmd_yaml, FitOutput, Model};
+
+use super::lcurve::ENER_METRICS;
 
 pub const KIND: &str = "checkpoint";
 const VERSION: u64 = 1;
@@ -46,8 +49,9 @@ pub struct Checkpoint {
     pub valid_sampler: Option<Sampler>,
     pub train_shape: DataShape,
     pub valid_shape: Option<DataShape>,
-    /// `disp_avg` running sums since the last display: `[count, rmse, rmse_e, rmse_f, rmse_v]`.
-    pub disp_acc: [f64; 5],
+    /// `disp_avg` running sums since the last display: `[count, then one per metric the loss
+    /// can show]` (`ener`: rmse, rmse_e, rmse_f, rmse_v).
+    pub disp_acc: Vec<f64>,
 }
 
 impl Checkpoint {
@@ -120,7 +124,11 @@ impl Checkpoint {
             path.display()
         );
         let acc = c.array("disp_acc").with_context(ctx)?;
-        ensure!(acc.len() == 5, "{}: bad disp_acc", path.display());
+        let slots = match model.spec.fitting.output {
+            FitOutput::Ener => ENER_METRICS.len(),
+            FitOutput::Property(_) => head::METRICS.len(),
+        };
+        ensure!(acc.len() == 1 + slots, "{}: bad disp_acc", path.display());
         let ck = Checkpoint {
             model,
             precision,
@@ -132,7 +140,7 @@ impl Checkpoint {
             valid_sampler: serde_json::from_value(field("valid_sampler")?).with_context(ctx)?,
             train_shape: serde_json::from_value(field("train_shape")?).with_context(ctx)?,
             valid_shape: serde_json::from_value(field("valid_shape")?).with_context(ctx)?,
-            disp_acc: acc.try_into().expect("length checked"),
+            disp_acc: acc.to_vec(),
         };
         ck.check().map_err(|why| {
             anyhow::anyhow!(

@@ -13,7 +13,8 @@ use web_time::Instant;
 use crate::config::DataConfig;
 use crate::data::{
     cache_budget, check_frames, check_images, find_systems, in_hdf5_file, keep_open, nbatches,
-    read_system_in, system_probs, DataError, Disk, Files, Sampler, System, SystemInfo, SystemStore,
+    read_system_in, system_probs, DataError, Disk, Files, Labels, Sampler, System, SystemInfo,
+    SystemStore,
 };
 use crate::model::ModelSpec;
 
@@ -143,16 +144,16 @@ pub fn phase_bar(len: usize, what: &str) -> ProgressBar {
 }
 
 /// Finds, loads and sizes the systems of one data section, for a model of cut-off `rcut`;
-/// `labelled`: every system must hold energy and force labels (training and validation data,
-/// not the data neighbour statistics are taken of).
+/// `labels`: what every system is read with and must hold (training and validation data:
+/// the loss's; the data neighbour statistics are taken of: none).
 pub fn load_data(
     cfg: &DataConfig,
     type_map: &[String],
     rcut: f64,
     what: &str,
-    labelled: bool,
+    labels: &Labels,
 ) -> Result<DataSet> {
-    load_data_in(&Disk, cfg, type_map, rcut, what, labelled)
+    load_data_in(&Disk, cfg, type_map, rcut, what, labels)
 }
 
 /// [`load_data`] from the files of `fs`. Every system is read once here (so a bad file, or a
@@ -166,9 +167,9 @@ pub fn load_data_in(
     type_map: &[String],
     rcut: f64,
     what: &str,
-    labelled: bool,
+    labels: &Labels,
 ) -> Result<DataSet> {
-    load_data_visiting(fs, cfg, type_map, rcut, what, labelled, |_| (), |()| ())
+    load_data_visiting(fs, cfg, type_map, rcut, what, labels, |_| (), |()| ())
 }
 
 /// The systems at `paths`, read and checked, each with its own result. HDF5 reads take turns
@@ -179,9 +180,9 @@ fn read_window(
     paths: &[PathBuf],
     type_map: &[String],
     rcut: f64,
-    labelled: bool,
+    labels: &Labels,
 ) -> Vec<Result<System, DataError>> {
-    let read = |p: &PathBuf| read_system_in(fs, p, type_map);
+    let read = |p: &PathBuf| read_system_in(fs, p, type_map, labels);
     let read: Vec<_> = if paths.iter().any(|p| in_hdf5_file(p)) {
         paths.iter().map(read).collect()
     } else {
@@ -190,9 +191,7 @@ fn read_window(
     read.into_par_iter()
         .map(|sys| {
             let sys = sys?;
-            if labelled {
-                sys.check_labels()?;
-            }
+            sys.check_labels(labels)?;
             check_frames(&sys)?;
             check_images(&sys, rcut)?;
             Ok(sys)
@@ -218,7 +217,7 @@ pub(crate) fn load_data_visiting<D: Send>(
     type_map: &[String],
     rcut: f64,
     what: &str,
-    labelled: bool,
+    labels: &Labels,
     compute: impl Fn(Vec<Kept>) -> D + Sync,
     mut add: impl FnMut(D) + Send,
 ) -> Result<DataSet> {
@@ -248,7 +247,7 @@ pub(crate) fn load_data_visiting<D: Send>(
     let _open = keep_open();
     for (w, chunk) in paths.chunks(window()).enumerate() {
         let (loaded, done) = rayon::join(
-            || read_window(fs, chunk, type_map, rcut, labelled),
+            || read_window(fs, chunk, type_map, rcut, labels),
             || {
                 let window = std::mem::take(&mut ready);
                 let (done, ()) = rayon::join(
@@ -319,7 +318,13 @@ pub(crate) fn load_data_visiting<D: Send>(
     if probs.iter().any(|p| !p.is_finite() || *p < 0.0) {
         bail!("{what} data: invalid system probabilities {probs:?}");
     }
-    let store = SystemStore::new(kept_paths, type_map.to_vec(), pinned, budget, labelled);
+    let store = SystemStore::new(
+        kept_paths,
+        type_map.to_vec(),
+        pinned,
+        budget,
+        labels.clone(),
+    );
     let streamed = !store.all_in_memory();
     tracing::info!(
         "read {} {what} systems ({} frames) in {:.2} s; {}",

@@ -5,52 +5,102 @@ use std::fmt::Write as _;
 
 use crate::fmt::sci;
 
-/// The displayed metrics of a batch (or an average of batches): `None` = the loss term is not
-/// active, so the column is absent; NaN = active but without reference data.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// The most metrics a loss shows.
+const MAX: usize = 5;
+
+/// The displayed metrics of a batch (or an average of batches): those of its loss's `names`
+/// that are present (an absent one: the loss term is not active, so the column is absent; NaN =
+/// active but without reference data).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Metrics {
-    pub rmse: f64,
-    pub rmse_e: Option<f64>,
-    pub rmse_f: Option<f64>,
-    pub rmse_v: Option<f64>,
+    /// Every metric the loss can show, sorted alphabetically as DeePMD-kit sorts them.
+    names: &'static [&'static str],
+    /// Bit i: `names[i]` is shown.
+    present: u8,
+    values: [f64; MAX],
+}
+
+/// The `ener` loss's metrics: the loss's root, then each active term's RMSE.
+pub const ENER_METRICS: &[&str] = &["rmse", "rmse_e", "rmse_f", "rmse_v"];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::ener(0.0, None, None, None)
+    }
 }
 
 impl Metrics {
-    /// `(key, value)` of every present metric, keys sorted alphabetically as DeePMD-kit sorts them.
-    pub fn entries(&self) -> Vec<(&'static str, f64)> {
-        let mut v = vec![("rmse", self.rmse)];
-        for (k, x) in [
-            ("rmse_e", self.rmse_e),
-            ("rmse_f", self.rmse_f),
-            ("rmse_v", self.rmse_v),
-        ] {
-            if let Some(x) = x {
-                v.push((k, x));
+    /// The metrics `names` (sorted; at most 5) with `values[i]` where given, absent where `None`.
+    pub fn new(names: &'static [&'static str], values: &[Option<f64>]) -> Self {
+        assert!(names.len() <= MAX && values.len() == names.len());
+        let mut m = Metrics {
+            names,
+            present: 0,
+            values: [0.0; MAX],
+        };
+        for (i, v) in values.iter().enumerate() {
+            if let Some(v) = v {
+                m.present |= 1 << i;
+                m.values[i] = *v;
             }
         }
-        v
+        m
+    }
+
+    /// The `ener` loss's: `rmse` = √loss and the active terms' RMSEs.
+    pub fn ener(rmse: f64, e: Option<f64>, f: Option<f64>, v: Option<f64>) -> Self {
+        Metrics::new(ENER_METRICS, &[Some(rmse), e, f, v])
+    }
+
+    /// The value of metric `name`, if shown.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        let i = self.names.iter().position(|n| *n == name)?;
+        (self.present & (1 << i) != 0).then_some(self.values[i])
+    }
+
+    /// `(key, value)` of every present metric, keys sorted alphabetically as DeePMD-kit sorts them.
+    pub fn entries(&self) -> Vec<(&'static str, f64)> {
+        (self.names.iter().enumerate())
+            .filter(|(i, _)| self.present & (1 << i) != 0)
+            .map(|(i, n)| (*n, self.values[i]))
+            .collect()
+    }
+
+    /// Whether every shown value is finite (a loss gone NaN shows in all of them).
+    pub fn is_finite(&self) -> bool {
+        self.entries().iter().all(|(_, v)| v.is_finite())
+    }
+
+    /// Every slot's value (0 where absent), for a checkpoint's running sums.
+    pub fn slots(&self) -> &[f64] {
+        &self.values[..self.names.len()]
+    }
+
+    /// The metrics of this shape with the slots' values `v` ([`Metrics::slots`]).
+    pub fn with_slots(&self, v: &[f64]) -> Self {
+        let mut m = *self;
+        m.values[..v.len()].copy_from_slice(v);
+        m
     }
 
     /// `Σ w·m` accumulation (validation's atom-weighted average, `disp_avg`'s running sum).
     pub fn add_scaled(&mut self, other: &Metrics, w: f64) {
-        self.rmse += w * other.rmse;
-        let add = |a: &mut Option<f64>, b: Option<f64>| {
-            if let Some(b) = b {
-                *a = Some(a.unwrap_or(0.0) + w * b);
+        for i in 0..self.names.len() {
+            if other.present & (1 << i) != 0 {
+                self.values[i] = if self.present & (1 << i) != 0 {
+                    self.values[i] + w * other.values[i]
+                } else {
+                    w * other.values[i]
+                };
+                self.present |= 1 << i;
             }
-        };
-        add(&mut self.rmse_e, other.rmse_e);
-        add(&mut self.rmse_f, other.rmse_f);
-        add(&mut self.rmse_v, other.rmse_v);
+        }
     }
 
     pub fn scaled(&self, s: f64) -> Metrics {
-        Metrics {
-            rmse: self.rmse * s,
-            rmse_e: self.rmse_e.map(|x| x * s),
-            rmse_f: self.rmse_f.map(|x| x * s),
-            rmse_v: self.rmse_v.map(|x| x * s),
-        }
+        let mut m = *self;
+        m.values.iter_mut().for_each(|x| *x *= s);
+        m
     }
 }
 
@@ -134,12 +184,7 @@ mod tests {
             "# step       rmse_trn   lr      \n\
              # If there is no available reference data, rmse_*_{val,trn} will print nan\n"
         );
-        let m = Metrics {
-            rmse: 12.5,
-            rmse_e: Some(0.0123),
-            rmse_f: Some(0.4),
-            rmse_v: None,
-        };
+        let m = Metrics::ener(12.5, Some(0.0123), Some(0.4), None);
         assert_eq!(
             line(100, 1e-3, &m, Some(&m.scaled(2.0))),
             "    100      2.50e+01    1.25e+01      2.46e-02    1.23e-02      8.00e-01    4.00e-01    1.0e-03\n"

@@ -1,15 +1,21 @@
-//! DeePMD-kit's `ener` loss around the backend's residual op (docs/deepmd-spec.md §9): prefactor interpolation,
-//! the loss value and the displayed RMSEs, from the per-batch sums of squared errors.
+//! The loss of a training step as the host sees it: DeePMD-kit's `ener` loss around the
+//! backend's residual op (docs/deepmd-spec.md §9: prefactor interpolation, the loss value and
+//! the displayed RMSEs, from the per-batch sums of squared errors), or a property's
+//! ([`crate::fitting::property::head`]).
 
 use crate::backend::{LossSums, Prefactors};
-use crate::config::LossConfig;
+use crate::config::{EnerLossConfig, LossConfig};
+use crate::fitting::property::head::{self, NSUMS};
 
 use super::lcurve::Metrics;
+use super::step::StepLoss;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Loss {
     pub cfg: LossConfig,
     pub start_lr: f64,
+    /// The fitting's values per atom (a property's task_dim; 1 for an energy).
+    pub dim_out: usize,
 }
 
 /// Prefactors of one batch: as DeePMD-kit defines them, and as the backend's loss op takes them
@@ -27,13 +33,46 @@ impl Loss {
         Loss {
             cfg: cfg.clone(),
             start_lr,
+            dim_out: 1,
+        }
+    }
+
+    /// The loss of a model whose fitting puts out `dim_out` values per atom.
+    pub fn with_dim_out(self, dim_out: usize) -> Self {
+        Loss { dim_out, ..self }
+    }
+
+    /// The loss sums a step leaves on the device.
+    pub fn nsums(&self) -> usize {
+        match self.cfg {
+            LossConfig::Ener(_) => 3,
+            LossConfig::Property(_) => NSUMS,
+        }
+    }
+
+    /// What the step needs of the loss, at prefactors `p`.
+    pub fn step_loss(&self, p: &BatchPrefactors) -> StepLoss<'_> {
+        match &self.cfg {
+            LossConfig::Ener(_) => StepLoss::Ener(p.op),
+            LossConfig::Property(c) => StepLoss::Property(c),
         }
     }
 
     /// `pref = limit + (start − limit)·lr/start_lr` for active terms, 0 otherwise; the virial
-    /// one times `find_virial`.
+    /// one times `find_virial`. A property loss has none (all 0).
     pub fn prefactors(&self, pref_lr: f64, natoms: usize, find_v: bool) -> BatchPrefactors {
-        let c = &self.cfg;
+        let LossConfig::Ener(c) = &self.cfg else {
+            let zero = Prefactors {
+                e: 0.0,
+                f: 0.0,
+                v: 0.0,
+            };
+            return BatchPrefactors {
+                nominal: zero,
+                op: zero,
+                find_v,
+            };
+        };
         let coef = pref_lr / self.start_lr;
         let interp = |on: bool, start: f64, limit: f64| {
             if on {
@@ -63,50 +102,66 @@ impl Loss {
         }
     }
 
-    /// The loss and displayed metrics of a batch of `nframes` frames of `natoms` atoms.
+    /// The loss and displayed metrics of a batch of `nframes` frames of `natoms` atoms, from its
+    /// loss sums ([`Loss::nsums`]).
     pub fn metrics(
         &self,
-        sums: &LossSums,
+        sums: &[f64],
         nframes: usize,
         natoms: usize,
         p: &BatchPrefactors,
     ) -> Metrics {
+        let c = match &self.cfg {
+            LossConfig::Ener(c) => c,
+            LossConfig::Property(c) => {
+                let v = head::metric_values(c, sums, nframes * self.dim_out);
+                return Metrics::new(head::METRICS, &v);
+            }
+        };
+        let sums = LossSums::from_values(sums);
         let (nf, n) = (nframes as f64, natoms as f64);
         let l_e = sums.e2 / nf;
         let l_f = sums.f2 / (3.0 * n * nf);
         let l_v = sums.v2 / (9.0 * nf);
         let loss = p.op.e * l_e / n + p.op.f * l_f + p.op.v * l_v / n;
-        Metrics {
-            rmse: loss.sqrt(),
-            rmse_e: self.cfg.has_e().then(|| l_e.sqrt() / n),
-            rmse_f: self.cfg.has_f().then(|| l_f.sqrt()),
-            rmse_v: self
-                .cfg
-                .has_v()
-                .then(|| if p.find_v { l_v.sqrt() / n } else { f64::NAN }),
-        }
+        Metrics::ener(
+            loss.sqrt(),
+            c.has_e().then(|| l_e.sqrt() / n),
+            c.has_f().then(|| l_f.sqrt()),
+            (c.has_v()).then(|| if p.find_v { l_v.sqrt() / n } else { f64::NAN }),
+        )
     }
 
     /// Which metrics are shown, with zero values (the shape of [`Metrics`] for this loss).
     pub fn zero_metrics(&self) -> Metrics {
-        Metrics {
-            rmse: 0.0,
-            rmse_e: self.cfg.has_e().then_some(0.0),
-            rmse_f: self.cfg.has_f().then_some(0.0),
-            rmse_v: self.cfg.has_v().then_some(0.0),
+        match &self.cfg {
+            LossConfig::Ener(c) => ener_zero(c),
+            LossConfig::Property(c) => {
+                let v = head::metric_values(c, &[0.0; NSUMS], 1);
+                Metrics::new(head::METRICS, &v)
+            }
         }
     }
+}
+
+fn ener_zero(c: &EnerLossConfig) -> Metrics {
+    Metrics::ener(
+        0.0,
+        c.has_e().then_some(0.0),
+        c.has_f().then_some(0.0),
+        c.has_v().then_some(0.0),
+    )
 }
 
 /// Squared-error sums of a prediction against labels (host side, for validation).
 pub fn host_sums(
     pred: (&[f64], &[f64], &[f64]),
     label: (&[f64], &[f64], Option<&[f64]>),
-) -> LossSums {
+) -> [f64; 3] {
     let sq = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    LossSums {
-        e2: sq(pred.0, label.0),
-        f2: sq(pred.1, label.1),
-        v2: label.2.map_or(0.0, |lv| sq(pred.2, lv)),
-    }
+    [
+        sq(pred.0, label.0),
+        sq(pred.1, label.1),
+        label.2.map_or(0.0, |lv| sq(pred.2, lv)),
+    ]
 }

@@ -3,12 +3,14 @@
 use anyhow::Result;
 
 use crate::backend::{Backend, LossSums, Prefactors, Real};
+use crate::fitting::property::head;
 use crate::model::Model;
 
 use super::batch::{assemble, Frame, HostBatch};
-use super::step::{forward, gradient, DeviceModel, Workspace};
+use super::step::{forward, gradient, DeviceModel, StepLoss, Workspace};
 
-/// Predictions for a batch, per frame, atoms in the order given (sorted by type).
+/// Predictions for a batch, per frame, atoms in the order given (sorted by type): an energy
+/// model's energies, forces and virials, or a property model's properties (the others empty).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prediction {
     pub energy: Vec<f64>,
@@ -18,6 +20,10 @@ pub struct Prediction {
     pub force: Vec<f64>,
     /// `[nframes][9]`
     pub virial: Vec<f64>,
+    /// `[nframes][task_dim]`
+    pub property: Vec<f64>,
+    /// `[nframes][natoms][task_dim]`
+    pub atom_property: Vec<f64>,
 }
 
 fn f64s<T: Real>(x: Vec<T>) -> Vec<f64> {
@@ -26,9 +32,27 @@ fn f64s<T: Real>(x: Vec<T>) -> Vec<f64> {
 
 pub fn read_prediction<T: Real, B: Backend<T>>(
     b: &B,
+    m: &DeviceModel<T, B>,
     w: &Workspace<T, B>,
     batch: &HostBatch,
 ) -> Prediction {
+    if let Some(p) = &m.property {
+        let k = p.spec.task_dim;
+        let (atomic, property) = head::outputs(&p.spec, &p.stat(), &w.centres(), &w.fit_outputs(b));
+        let mut atom_property = vec![0.0; atomic.len()];
+        for (c, &a) in batch.centre_atom.iter().enumerate() {
+            let a = a as usize;
+            atom_property[a * k..(a + 1) * k].copy_from_slice(&atomic[c * k..(c + 1) * k]);
+        }
+        return Prediction {
+            energy: vec![],
+            atom_energy: vec![],
+            force: vec![],
+            virial: vec![],
+            property,
+            atom_property,
+        };
+    }
     let e_atom = b.download(&w.e_atom);
     let mut atom_energy = vec![0.0; e_atom.len()];
     for (c, &a) in batch.centre_atom.iter().enumerate() {
@@ -39,6 +63,8 @@ pub fn read_prediction<T: Real, B: Backend<T>>(
         atom_energy,
         force: f64s(b.download(&w.force)),
         virial: f64s(b.download(&w.virial)),
+        property: vec![],
+        atom_property: vec![],
     }
 }
 
@@ -61,10 +87,10 @@ pub fn predict_batch<T: Real, B: Backend<T>>(
     let mut w = Workspace::new(b, &dm, &batch.dims)?;
     w.load(b, batch);
     forward(b, &dm, &mut w);
-    Ok(read_prediction(b, &w, batch))
+    Ok(read_prediction(b, &dm, &w, batch))
 }
 
-/// The loss sums and the gradient (f64, in the layout's order) of one batch.
+/// The `ener` loss sums and the gradient (f64, in the layout's order) of one batch.
 pub fn loss_and_grad<T: Real, B: Backend<T>>(
     b: &B,
     model: &Model,
@@ -82,14 +108,36 @@ pub fn loss_and_grad_batch<T: Real, B: Backend<T>>(
     batch: &HostBatch,
     pref: Prefactors,
 ) -> Result<(LossSums, Vec<f64>, Prediction)> {
+    let (sums, grad, pred) = step_of_batch(b, model, batch, StepLoss::Ener(pref))?;
+    Ok((LossSums::from_values(&sums), grad, pred))
+}
+
+/// The loss sums ([`crate::train::loss::Loss::nsums`]), the gradient and the predictions of one
+/// batch under any loss.
+pub fn step_of<T: Real, B: Backend<T>>(
+    b: &B,
+    model: &Model,
+    atype: &[usize],
+    frames: &[Frame],
+    loss: StepLoss,
+) -> Result<(Vec<f64>, Vec<f64>, Prediction)> {
+    step_of_batch(b, model, &assemble(&model.spec, atype, frames)?, loss)
+}
+
+fn step_of_batch<T: Real, B: Backend<T>>(
+    b: &B,
+    model: &Model,
+    batch: &HostBatch,
+    loss: StepLoss,
+) -> Result<(Vec<f64>, Vec<f64>, Prediction)> {
     let mut dm = DeviceModel::<T, B>::new(b, model);
     let mut w = Workspace::new(b, &dm, &batch.dims)?;
     w.load(b, batch);
     forward(b, &dm, &mut w);
-    gradient(b, &mut dm, &mut w, pref);
+    gradient(b, &mut dm, &mut w, loss);
     Ok((
         w.loss_sums(b),
         dm.grad_f64(b),
-        read_prediction(b, &w, batch),
+        read_prediction(b, &dm, &w, batch),
     ))
 }

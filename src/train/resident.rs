@@ -220,9 +220,11 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
             // A batch is gathered from frames of one slot layout and one padding type: a
             // mixed-type system's frames need not share them, so it is assembled every step.
             // So is a model's with frame or atomic parameters, whose fitting input the
-            // resident frames do not hold.
+            // resident frames do not hold, and a property model's, whose loss reads its labels
+            // on the host.
             let keep = !info.mixed
                 && spec.fitting.extra_inputs() == 0
+                && spec.fitting.output.is_ener()
                 && used.saturating_add(need) <= budget;
             systems.push(if keep {
                 used += need;

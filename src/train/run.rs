@@ -19,6 +19,7 @@ use anyhow::{bail, Result};
 use crate::backend::{Backend, Real};
 use crate::config::{Config, OptimizerConfig};
 use crate::data::{Sampler, SystemInfo, SystemStore};
+use crate::fitting::property::head;
 use crate::model::{Model, ModelSpec};
 
 use super::batch::{assemble_frames, HostBatch};
@@ -30,7 +31,7 @@ use super::resident::{self, Resident};
 use super::setup::TrainSetup;
 use super::step::{DeviceModel, Workspace};
 use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
-use super::validation::{self, Average, VALID_STREAM};
+use super::validation::{self, Average, Predicted, VALID_STREAM};
 use super::workspaces::{adam_step, batch_gradient, predict_batch, resident_gradient, Cache};
 
 /// A rank's part of one step: the system, the rank's frames (none at the end of an epoch when
@@ -172,8 +173,8 @@ pub struct Resume<T> {
     pub step: usize,
     /// Adam's first and second moments.
     pub adam: Option<(Vec<T>, Vec<T>)>,
-    /// The disp_avg accumulator: [count, rmse, rmse_e, rmse_f, rmse_v].
-    pub disp_acc: [f64; 5],
+    /// The disp_avg accumulator: [count, then the metrics' running sums ([`Metrics::slots`])].
+    pub disp_acc: Vec<f64>,
 }
 
 impl<T> Resume<T> {
@@ -181,7 +182,7 @@ impl<T> Resume<T> {
         Resume {
             step: 0,
             adam: None,
-            disp_acc: [0.0; 5],
+            disp_acc: vec![0.0],
         }
     }
 }
@@ -238,23 +239,19 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         resume: Resume<T>,
     ) -> Self {
         let tc = &cfg.training;
-        let loss = Loss::new(&cfg.loss, schedule.start_lr);
+        let loss =
+            Loss::new(&cfg.loss, schedule.start_lr).with_dim_out(model.spec.fitting.dim_out());
         let mut dm = DeviceModel::<T, B>::new(b, model);
         if let Some((m, v)) = &resume.adam {
             dm.m = b.upload(m);
             dm.v = b.upload(v);
         }
-        let a = resume.disp_acc;
+        let a = &resume.disp_acc;
         let z = loss.zero_metrics();
-        let acc_sum = Metrics {
-            rmse: a[1],
-            rmse_e: z.rmse_e.map(|_| a[2]),
-            rmse_f: z.rmse_f.map(|_| a[3]),
-            rmse_v: z.rmse_v.map(|_| a[4]),
-        };
+        let acc_sum = z.with_slots(&a[1..]);
         Run {
-            log: StepLog::new(b, tc.disp_freq),
-            no_sums: b.zeros(3),
+            log: StepLog::new(b, tc.disp_freq, loss.nsums()),
+            no_sums: b.zeros(loss.nsums()),
             dm,
             batches,
             resident,
@@ -357,15 +354,9 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
 
     /// What a checkpoint after the last step holds besides the model: the training and
     /// validation batch streams and the disp_avg accumulator ([`Resume::disp_acc`]).
-    pub fn checkpoint_state(&self) -> (Sampler, Option<Sampler>, [f64; 5]) {
-        let s = &self.acc_sum;
-        let acc = [
-            self.acc_count as f64,
-            s.rmse,
-            s.rmse_e.unwrap_or(0.0),
-            s.rmse_f.unwrap_or(0.0),
-            s.rmse_v.unwrap_or(0.0),
-        ];
+    pub fn checkpoint_state(&self) -> (Sampler, Option<Sampler>, Vec<f64>) {
+        let mut acc = vec![self.acc_count as f64];
+        acc.extend(self.acc_sum.slots());
         let valid = self.valid.as_ref().map(|v| v.sampler.clone());
         (self.batches.state(), valid, acc)
     }
@@ -399,11 +390,13 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         let pf = self.loss.prefactors(pref_lr, sys.natoms, sys.has_virial);
         let (sums, nf) = match (&batch, self.resident.system(s)) {
             (_, Some(rs)) if !frames.is_empty() => {
-                let w = resident_gradient(b, &mut self.dm, &mut self.cache, rs, &frames, pf.op)?;
+                let loss = self.loss.step_loss(&pf);
+                let w = resident_gradient(b, &mut self.dm, &mut self.cache, rs, &frames, loss)?;
                 (w.sums_mut(), frames.len())
             }
             (Some(batch), _) => {
-                let w = batch_gradient(b, &mut self.dm, &mut self.cache, batch, pf.op)?;
+                let loss = self.loss.step_loss(&pf);
+                let w = batch_gradient(b, &mut self.dm, &mut self.cache, batch, loss)?;
                 (w.sums_mut(), batch.dims.nframes)
             }
             _ => {
@@ -502,10 +495,10 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
     fn absorb(&mut self, l: &LoggedStep) -> Result<()> {
         let LoggedStep { info, sums, .. } = l;
         self.trn = self.loss.metrics(sums, info.nframes, info.natoms, &info.pf);
-        if !self.trn.rmse.is_finite() {
+        if !self.trn.is_finite() {
             bail!(
                 "the loss is {} at step {} (system {}); stopping{}",
-                self.trn.rmse,
+                sums[0],
                 info.step,
                 self.systems[info.sys].path.display(),
                 self.last_ckpt.as_ref().map_or(String::new(), |p| format!(
@@ -538,12 +531,22 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         for _ in 0..v.nbatches {
             let (_, batch) = validation::next_batch(&self.spec, &v.data, &mut v.sampler)?;
             let w = predict_batch(b, &self.dm, &mut self.cache, &batch)?;
+            let bufs = match self.dm.property {
+                Some(_) => vec![w.fit_outputs_buf()],
+                None => vec![&w.energy, &w.force, &w.virial],
+            };
             let mut pred = Vec::new();
-            for buf in [&w.energy, &w.force, &w.virial] {
+            for buf in bufs {
                 let x = d.read(b, buf).await?;
                 pred.push(x.iter().map(|x| x.f64()).collect::<Vec<f64>>());
             }
-            avg.add(&self.loss, pref_lr, &batch, (&pred[0], &pred[1], &pred[2]));
+            let pred = match &self.dm.property {
+                Some(p) => {
+                    Predicted::Property(head::outputs(&p.spec, &p.stat(), &w.centres(), &pred[0]).1)
+                }
+                None => Predicted::Ener(&pred[0], &pred[1], &pred[2]),
+            };
+            avg.add(&self.loss, pref_lr, &batch, pred, self.dm.property.as_ref());
         }
         Ok(Some(avg.finish()))
     }

@@ -8,21 +8,21 @@ use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
 use web_time::Instant;
 
-use crate::config::{Config, DescriptorConfig, ModelConfig, Precision, Sel};
+use crate::config::{Config, DescriptorConfig, LossConfig, ModelConfig, Precision, Sel};
 use crate::data::{Disk, Files};
 use crate::dist;
 use crate::model::{
     read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
 };
 
-use super::batch::{check_mixed_data, check_params};
+use super::batch::{check_mixed_data, check_params, model_labels};
 use super::checkpoint::Checkpoint;
 use super::dataset::{load_data_in, DataSet};
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
 use super::stats::{
     auto_sel, data_stats, fit_input_stats, load_training_with_stats, neighbor_and_data_stats,
-    neighbor_stats, stat_frames, DataStats, NeighborStats, Pass, StatDraw,
+    neighbor_stats, property_stats, stat_frames, DataStats, NeighborStats, Pass, StatDraw,
 };
 
 /// Mixed into the training seed for the draw of the statistics frames ("STAT").
@@ -91,7 +91,7 @@ fn check_supported(cfg: &Config) -> Result<()> {
     if m.fitting_net.atom_ener.iter().any(Option::is_some) {
         bail!("model.fitting_net.atom_ener: fixed atomic energies are not supported");
     }
-    if cfg.loss.relative_f.is_some() {
+    if matches!(&cfg.loss, LossConfig::Ener(l) if l.relative_f.is_some()) {
         bail!("loss.relative_f: the relative force loss is not supported");
     }
     Ok(())
@@ -103,6 +103,7 @@ fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
         type_map: cfg.model.type_map.clone(),
         descriptor: descriptor_spec(&cfg.model.descriptor, sel),
         fitting: FittingSpec {
+            output: f.output.clone(),
             neuron: f.neuron.clone(),
             resnet_dt: f.resnet_dt,
             numb_fparam: f.numb_fparam,
@@ -342,6 +343,7 @@ impl Reading {
             d.rcut,
             pass,
             &draw,
+            &model_labels(&cfg.model.fitting_net.output, true),
         )?;
         for l in train.summary("training") {
             tracing::info!("{l}");
@@ -447,6 +449,16 @@ impl Reading {
             .collect()
     }
 
+    /// The statistics frames of each training system: `data_stat_nbatch` global batches.
+    fn stat_frames(&self) -> Vec<Vec<usize>> {
+        stat_frames(
+            &self.train.systems,
+            &self.global_batch_sizes(),
+            self.draw.nbatch,
+            self.draw.seed,
+        )
+    }
+
     /// A new model of `spec` with parameters from `init_seed` and the data statistics over
     /// `data_stat_nbatch` global batches (with N data-parallel ranks N × batch_size).
     fn new_model(&mut self, spec: ModelSpec, init_seed: u64, cfg: &ModelConfig) -> Result<Model> {
@@ -461,12 +473,7 @@ impl Reading {
             }
             st
         } else {
-            let frames = stat_frames(
-                &self.train.systems,
-                &self.global_batch_sizes(),
-                self.draw.nbatch,
-                self.draw.seed,
-            );
+            let frames = self.stat_frames();
             let ntypes = self.type_map.len();
             if self.check_sel {
                 let (ns, st) =
@@ -479,25 +486,47 @@ impl Reading {
             }
         };
         tracing::info!(
-            "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}, energy bias {:?} ({}), residual std {:.4} ({:.2} s)",
+            "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}{} ({:.2} s)",
             st.nframes,
             data_stat_nbatch,
             st.davg.chunks(4).map(|r| r[0]).collect::<Vec<_>>(),
             st.dstd.chunks(4).map(|r| [r[0], r[1]]).collect::<Vec<_>>(),
-            st.bias,
-            self.type_map.join(", "),
-            st.residual_std,
-            t.elapsed().as_secs_f64()
+            match spec.fitting.output.is_ener() {
+                true => format!(
+                    ", energy bias {:?} ({}), residual std {:.4}",
+                    st.bias,
+                    self.type_map.join(", "),
+                    st.residual_std
+                ),
+                false => String::new(),
+            },
+            t.elapsed().as_secs_f64(),
         );
-        (m.davg, m.dstd, m.bias) = (st.davg, st.dstd, st.bias);
+        (m.davg, m.dstd) = (st.davg, st.dstd);
+        match spec.fitting.output.property() {
+            None => m.bias = st.bias,
+            Some(p) => {
+                let t = Instant::now();
+                let frames = self.stat_frames();
+                let (bias, std) = property_stats(p, self.type_map.len(), &self.train, &frames)?;
+                tracing::info!(
+                    "output statistics of {:?} (task_dim {}, {}): bias {bias:?}, std {std:?} \
+                     ({:.2} s)",
+                    p.property_name,
+                    p.task_dim,
+                    if p.intensive {
+                        "intensive"
+                    } else {
+                        "extensive"
+                    },
+                    t.elapsed().as_secs_f64()
+                );
+                (m.bias, m.out_std) = (bias, std);
+            }
+        }
         if spec.fitting.extra_inputs() > 0 {
             let t = Instant::now();
-            let frames = stat_frames(
-                &self.train.systems,
-                &self.global_batch_sizes(),
-                self.draw.nbatch,
-                self.draw.seed,
-            );
+            let frames = self.stat_frames();
             let (avg, inv_std) =
                 fit_input_stats(&spec.fitting, &self.train, &frames, cfg.data_stat_protect)?;
             tracing::info!(
@@ -523,7 +552,7 @@ fn read_validation(fs: &dyn Files, cfg: &Config) -> Result<Option<DataSet>> {
         &cfg.model.type_map,
         cfg.model.descriptor.rcut,
         "validation",
-        true,
+        &model_labels(&cfg.model.fitting_net.output, true),
     )?;
     for l in d.summary("validation") {
         tracing::info!("{l}");

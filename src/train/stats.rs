@@ -8,7 +8,9 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 use crate::config::DataConfig;
-use crate::data::{keep_open, Files, Sampler, System, SystemInfo};
+use crate::data::{keep_open, Files, Labels, Sampler, System, SystemInfo};
+use crate::fitting::property::stats::out_stats;
+use crate::fitting::property::PropertySpec;
 use crate::geometry::{
     energy_bias, frame_rows, protected_std, Cell, EnvStats, FrameRows, ImageGrid,
 };
@@ -169,6 +171,33 @@ pub fn fit_input_stats(
         .unzip())
 }
 
+/// A property's output bias and std ([`crate::fitting::property::stats::out_stats`]) over the
+/// statistics frames `frames` of each system.
+pub fn property_stats(
+    p: &PropertySpec,
+    ntypes: usize,
+    data: &DataSet,
+    frames: &[Vec<usize>],
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (mut counts, mut labels) = (Vec::new(), Vec::new());
+    for (s, frames) in frames.iter().enumerate() {
+        if frames.is_empty() {
+            continue;
+        }
+        let sys = data.system(s)?;
+        for &f in frames {
+            counts.push(
+                sys.type_counts(f, ntypes)
+                    .iter()
+                    .map(|&n| n as f64)
+                    .collect(),
+            );
+            labels.extend(sys.frame_label(f).expect("checked by check_labels"));
+        }
+    }
+    Ok(out_stats(p, &counts, &labels))
+}
+
 /// The statistics a model starts from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DataStats {
@@ -250,6 +279,7 @@ pub fn load_training_with_stats(
     rcut: f64,
     pass: Pass,
     draw: &StatDraw,
+    labels: &Labels,
 ) -> Result<(DataSet, Option<NeighborStats>, Option<DataStats>)> {
     let mut sums = Sums::new(&pass);
     let data = load_data_visiting(
@@ -258,7 +288,7 @@ pub fn load_training_with_stats(
         type_map,
         rcut,
         "training",
-        true,
+        labels,
         |kept: Vec<Kept>| {
             let systems = kept
                 .into_iter()

@@ -1,8 +1,12 @@
 //! One evaluation or training step over the [`Backend`] trait: forward with G', forces and
 //! virial, then (training) the loss residuals, the tangent pass and the dual reverse pass that
 //! give the parameter gradient of the full loss, energy + force + virial (docs/design.md §3).
+//! A property model's step is the forward alone, its loss on the host, then the dual reverse
+//! with a zero tangent: the plain gradient (docs/design.md §12).
 
-use crate::backend::{Backend, Dims, LossSums, Prefactors, Real};
+use crate::backend::{Backend, Dims, Prefactors, Real};
+use crate::fitting::property::config::PropertyLossConfig;
+use crate::fitting::property::head::{self, Centres};
 use crate::mem::OutOfMemory;
 use crate::stage::descriptor::Descriptor;
 use crate::stage::env::Env;
@@ -14,6 +18,20 @@ use super::budget::{batch_knob, batch_what, check_workspace};
 
 fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
     x.iter().map(|&v| T::of(v)).collect()
+}
+
+/// What the step's loss needs beside the batch: the ener loss's prefactors, or the property
+/// loss's settings.
+#[derive(Clone, Copy, Debug)]
+pub enum StepLoss<'a> {
+    Ener(Prefactors),
+    Property(&'a PropertyLossConfig),
+}
+
+impl From<Prefactors> for StepLoss<'_> {
+    fn from(p: Prefactors) -> Self {
+        StepLoss::Ener(p)
+    }
 }
 
 /// Every buffer of a step for one batch shape: the plan of the step. It is made once per shape;
@@ -34,6 +52,12 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     fres: B::Buf,
     vres: B::Buf,
     sums: B::Buf,
+    /// A property model's labels of the loaded batch, `[nframes][task_dim]` (its loss runs on
+    /// the host); empty otherwise.
+    label: Vec<f64>,
+    /// Every centre's type and frame, for a property's head.
+    centre_type: Vec<usize>,
+    centre_frame: Vec<usize>,
 }
 
 impl<T: Real, B: Backend<T>> Workspace<T, B> {
@@ -56,6 +80,14 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             })
         };
         let centre_atom = centre_atoms(dims);
+        let (no, nsums) = match &m.property {
+            Some(p) => (p.spec.task_dim, head::NSUMS),
+            None => (1, 3),
+        };
+        let mut centre_type = vec![0; nc];
+        for t in 0..dims.ntypes {
+            centre_type[dims.centres(t)].fill(t);
+        }
         Ok(Workspace {
             dims: dims.clone(),
             env: Env::new(b, dims, &zeros, &centre_atom, m.desc.kind.is_attention())?,
@@ -67,10 +99,13 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             force: zeros(3 * na)?,
             virial: zeros(9 * nf)?,
             q: zeros(3 * ns)?,
-            ebar: zeros(nc)?,
+            ebar: zeros(nc * no)?,
             fres: zeros(3 * na)?,
             vres: zeros(9 * nf)?,
-            sums: zeros(3)?,
+            sums: zeros(nsums)?,
+            label: Vec::new(),
+            centre_type,
+            centre_frame: (0..nc).map(|c| dims.centre_frame(c)).collect(),
         })
     }
 
@@ -95,8 +130,31 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
     }
 
     /// The loss sums of the last [`gradient`] (a read-back).
-    pub fn loss_sums(&self, b: &B) -> LossSums {
-        LossSums::from_values(&b.download(&self.sums))
+    pub fn loss_sums(&self, b: &B) -> Vec<f64> {
+        b.download(&self.sums).iter().map(|x| x.f64()).collect()
+    }
+
+    /// The nets' outputs of the last [`forward`], `[ncentres][dim_out]` (a read-back).
+    pub fn fit_outputs(&self, b: &B) -> Vec<f64> {
+        b.download(self.fitting.e_fit())
+            .iter()
+            .map(|x| x.f64())
+            .collect()
+    }
+
+    /// The buffer of [`Workspace::fit_outputs`], for a read by the run's driver.
+    pub fn fit_outputs_buf(&self) -> &B::Buf {
+        self.fitting.e_fit()
+    }
+
+    /// Where each centre is, for a property's head.
+    pub fn centres(&self) -> Centres<'_> {
+        Centres {
+            types: &self.centre_type,
+            frames: &self.centre_frame,
+            nframes: self.dims.nframes,
+            natoms: self.dims.natoms,
+        }
     }
 
     /// Writes a batch's geometry and labels into the workspace's buffers. (The centre table
@@ -116,6 +174,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         b.write(e, &to_t(&batch.energy));
         b.write(f, &to_t(&batch.force));
         b.write(v, &to_t(&batch.virial));
+        self.label.clone_from(&batch.label);
         self.fitting.load(b, &batch.fit_input);
     }
 
@@ -155,11 +214,16 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
     }
 }
 
-/// Energy, forces and virial of the loaded batch (the forward and first-derivative passes).
+/// Energy, forces and virial of the loaded batch (the forward and first-derivative passes);
+/// for a property model, the nets' outputs alone ([`Workspace::fit_outputs`]).
 pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
     let d = &w.dims;
     w.descriptor.forward(b, m, d, &mut w.env);
     w.fitting.forward(b, m, d, w.descriptor.desc());
+    if m.property.is_some() {
+        return;
+    }
+    w.fitting.backward(b, m, d);
     b.energy(d, w.fitting.e_fit(), &m.bias, &mut w.e_atom, &mut w.energy);
     let (dbar, _) = w.fitting.adjoints();
     w.descriptor.backward(b, m, d, &w.env, dbar, &mut w.q);
@@ -176,23 +240,43 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
 
 /// After [`forward`]: the loss of the batch and its gradient with respect to every parameter,
 /// left in `m.grad`; the loss sums stay on the device ([`Workspace::loss_sums`]).
-pub fn gradient<T: Real, B: Backend<T>>(
+pub fn gradient<'l, T: Real, B: Backend<T>>(
     b: &B,
     m: &mut DeviceModel<T, B>,
     w: &mut Workspace<T, B>,
-    pref: Prefactors,
+    loss: impl Into<StepLoss<'l>>,
 ) {
     let d = &w.dims;
-    b.loss(
-        d,
-        pref,
-        [&w.energy, &w.force, &w.virial],
-        [&w.labels[0], &w.labels[1], &w.labels[2]],
-        &mut w.ebar,
-        &mut w.fres,
-        &mut w.vres,
-        &mut w.sums,
-    );
+    match loss.into() {
+        StepLoss::Ener(pref) => b.loss(
+            d,
+            pref,
+            [&w.energy, &w.force, &w.virial],
+            [&w.labels[0], &w.labels[1], &w.labels[2]],
+            &mut w.ebar,
+            &mut w.fres,
+            &mut w.vres,
+            &mut w.sums,
+        ),
+        StepLoss::Property(cfg) => {
+            // The head and loss on the host; fres and vres stay 0, so the tangent is 0 and the
+            // dual reverse below is the plain reverse pass.
+            let p = m
+                .property
+                .as_ref()
+                .expect("a property loss trains a property model");
+            let k = p.spec.task_dim;
+            let (_, pred) = head::outputs(&p.spec, &p.stat(), &w.centres(), &w.fit_outputs(b));
+            let type0 = head::OutStat {
+                bias: &p.bias[..k],
+                std: &p.std[..k],
+            };
+            let (sums, dpred) = head::loss(cfg, &p.spec, &type0, d.natoms, &pred, &w.label);
+            let ybar = head::seed(&p.spec, &p.stat(), &w.centres(), &dpred);
+            b.write(&mut w.sums, &to_t(&sums));
+            b.write(&mut w.ebar, &to_t(&ybar));
+        }
+    }
     w.descriptor
         .tangent(b, m, d, &mut w.env, (&w.fres, &w.vres));
     b.fill(&mut m.grad, T::zero());

@@ -5,12 +5,9 @@
 
 use anyhow::{bail, Result};
 
-use crate::backend::{Backend, LossSums, Real};
+use crate::backend::{Backend, Real};
 
 use super::loss::BatchPrefactors;
-
-/// Values per row: Σ ΔE², Σ ΔF², Σ ΔW², ‖gradient‖.
-const ROW: usize = 4;
 
 /// The host's record of one logged step: what turns its sums into metrics.
 #[derive(Clone, Copy, Debug)]
@@ -26,10 +23,11 @@ pub struct StepInfo {
 }
 
 /// One step read back.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LoggedStep {
     pub info: StepInfo,
-    pub sums: LossSums,
+    /// The loss sums ([`crate::train::loss::Loss::nsums`]).
+    pub sums: Vec<f64>,
     /// The gradient norm (0 unless clipping computed it).
     pub grad_norm: f64,
 }
@@ -37,16 +35,20 @@ pub struct LoggedStep {
 /// Rows of steps not yet read, on the device.
 pub struct StepLog<T: Real, B: Backend<T>> {
     rows: B::Buf,
+    /// Values per row: the loss sums, then ‖gradient‖.
+    row: usize,
     cap: usize,
     pending: Vec<StepInfo>,
 }
 
 impl<T: Real, B: Backend<T>> StepLog<T, B> {
-    /// Room for `cap` steps between reads.
-    pub fn new(b: &B, cap: usize) -> Self {
+    /// Room for `cap` steps of `nsums` loss sums between reads.
+    pub fn new(b: &B, cap: usize, nsums: usize) -> Self {
         let cap = cap.max(1);
+        let row = nsums + 1;
         StepLog {
-            rows: b.zeros(ROW * cap),
+            rows: b.zeros(row * cap),
+            row,
             cap,
             pending: Vec::with_capacity(cap),
         }
@@ -61,10 +63,10 @@ impl<T: Real, B: Backend<T>> StepLog<T, B> {
     /// where [`TrainOps::clip_grad_norm`](crate::backend::TrainOps::clip_grad_norm) puts the step's gradient norm.
     pub fn record(&mut self, b: &B, sums: &B::Buf, info: StepInfo) -> (&mut B::Buf, usize) {
         assert!(!self.is_full(), "the step log is full: read it first");
-        let at = ROW * self.pending.len();
+        let at = self.row * self.pending.len();
         b.copy(sums, &mut self.rows, at);
         self.pending.push(info);
-        (&mut self.rows, at + ROW - 1)
+        (&mut self.rows, at + self.row - 1)
     }
 
     /// The rows to read, if any step is logged.
@@ -76,11 +78,11 @@ impl<T: Real, B: Backend<T>> StepLog<T, B> {
     pub fn take(&mut self, v: &[T]) -> Vec<LoggedStep> {
         self.pending
             .drain(..)
-            .zip(v.chunks(ROW))
+            .zip(v.chunks(self.row))
             .map(|(info, r)| LoggedStep {
                 info,
-                sums: LossSums::from_values(&r[..3]),
-                grad_norm: r[3].f64(),
+                sums: r[..self.row - 1].iter().map(|x| x.f64()).collect(),
+                grad_norm: r[self.row - 1].f64(),
             })
             .collect()
     }

@@ -471,7 +471,7 @@ impl<T: Real> Streams<T> {
                 let resume = Resume {
                     step: start,
                     adam: Some((to_t(&ck.adam_m), to_t(&ck.adam_v))),
-                    disp_acc: ck.disp_acc,
+                    disp_acc: ck.disp_acc.clone(),
                 };
                 (ts, vs, resume)
             }

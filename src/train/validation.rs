@@ -10,6 +10,9 @@ use super::batch::HostBatch;
 use super::dataset::DataSet;
 use super::lcurve::Metrics;
 use super::loss::{host_sums, Loss};
+use crate::config::LossConfig;
+use crate::fitting::property::head;
+use crate::stage::PropertyHead;
 
 /// Offset of the validation sampler's seed from the training one.
 pub const VALID_STREAM: u64 = 0x5641_4c49_4400;
@@ -23,6 +26,14 @@ pub fn next_batch(
     let (s, frames) = sampler.next_batch();
     let batch = data.assemble(spec, s, &frames, "validation")?;
     Ok((s, batch))
+}
+
+/// A validation batch's predictions (f64).
+pub enum Predicted<'a> {
+    /// Energy, force, virial.
+    Ener(&'a [f64], &'a [f64], &'a [f64]),
+    /// The frame properties, `[nframes][task_dim]`.
+    Property(Vec<f64>),
 }
 
 /// The running atom-weighted average.
@@ -39,23 +50,39 @@ impl Average {
         }
     }
 
-    /// Adds one batch's predictions (energy, force, virial; f64) against its labels.
+    /// Adds one batch's predictions against its labels (`property`: the model's head, for a
+    /// property model).
     pub fn add(
         &mut self,
         loss: &Loss,
         pref_lr: f64,
         batch: &HostBatch,
-        pred: (&[f64], &[f64], &[f64]),
+        pred: Predicted,
+        property: Option<&PropertyHead>,
     ) {
         let natoms = batch.dims.natoms;
-        let sums = host_sums(
-            pred,
-            (
-                &batch.energy,
-                &batch.force,
-                batch.has_virial.then_some(batch.virial.as_slice()),
-            ),
-        );
+        let sums: Vec<f64> = match (pred, &loss.cfg, property) {
+            (Predicted::Ener(e, f, v), _, _) => host_sums(
+                (e, f, v),
+                (
+                    &batch.energy,
+                    &batch.force,
+                    batch.has_virial.then_some(batch.virial.as_slice()),
+                ),
+            )
+            .to_vec(),
+            (Predicted::Property(pred), LossConfig::Property(cfg), Some(p)) => {
+                let k = p.spec.task_dim;
+                let type0 = head::OutStat {
+                    bias: &p.bias[..k],
+                    std: &p.std[..k],
+                };
+                head::loss(cfg, &p.spec, &type0, natoms, &pred, &batch.label)
+                    .0
+                    .to_vec()
+            }
+            _ => unreachable!("a property model is trained by a property loss"),
+        };
         let pf = loss.prefactors(pref_lr, natoms, batch.has_virial);
         let m = loss.metrics(&sums, batch.dims.nframes, natoms, &pf);
         self.sum.add_scaled(&m, natoms as f64);

@@ -3,12 +3,12 @@
 
 use anyhow::Result;
 
-use crate::backend::{AdamStep, Backend, Dims, Prefactors, Real};
+use crate::backend::{AdamStep, Backend, Dims, Real};
 use crate::config::OptimizerConfig;
 
 use super::batch::HostBatch;
 use super::resident::ResidentSystem;
-use super::step::{forward, gradient, DeviceModel, Workspace};
+use super::step::{forward, gradient, DeviceModel, StepLoss, Workspace};
 
 /// Systems of the same composition and batch size share one workspace (it holds nothing of a
 /// batch that [`Workspace::load`] does not overwrite), and so do training and validation.
@@ -65,32 +65,32 @@ pub fn predict_batch<'a, T: Real, B: Backend<T>>(
 
 /// Forward and gradient of one training batch: the gradient is left in `dm.grad`, the loss
 /// sums on the device in the returned workspace ([`Workspace::sums`]).
-pub fn batch_gradient<'a, T: Real, B: Backend<T>>(
+pub fn batch_gradient<'a, 'l, T: Real, B: Backend<T>>(
     b: &B,
     dm: &mut DeviceModel<T, B>,
     cache: &'a mut Cache<T, B>,
     batch: &HostBatch,
-    pref: Prefactors,
+    loss: impl Into<StepLoss<'l>>,
 ) -> Result<&'a mut Workspace<T, B>> {
     let w = workspace(cache, b, dm, batch)?;
     w.load(b, batch);
-    forward_gradient(b, dm, w, pref);
+    forward_gradient(b, dm, w, loss.into());
     Ok(w)
 }
 
 /// [`batch_gradient`] of the batch of `frames` of a system whose frames are on the device: the
 /// batch is gathered there, nothing of it is written from the host.
-pub fn resident_gradient<'a, T: Real, B: Backend<T>>(
+pub fn resident_gradient<'a, 'l, T: Real, B: Backend<T>>(
     b: &B,
     dm: &mut DeviceModel<T, B>,
     cache: &'a mut Cache<T, B>,
     rs: &ResidentSystem<T, B>,
     frames: &[usize],
-    pref: Prefactors,
+    loss: impl Into<StepLoss<'l>>,
 ) -> Result<&'a mut Workspace<T, B>> {
     let w = workspace_for(cache, b, dm, &rs.dims(frames.len()))?;
     rs.load(b, w, frames);
-    forward_gradient(b, dm, w, pref);
+    forward_gradient(b, dm, w, loss.into());
     Ok(w)
 }
 
@@ -100,11 +100,17 @@ fn forward_gradient<T: Real, B: Backend<T>>(
     b: &B,
     dm: &mut DeviceModel<T, B>,
     w: &mut Workspace<T, B>,
-    pref: Prefactors,
+    loss: StepLoss,
 ) {
+    if dm.property.is_some() {
+        // Its loss runs on the host between the passes: nothing to replay.
+        forward(b, dm, w);
+        gradient(b, dm, w, loss);
+        return;
+    }
     b.replayable(&mut || {
         forward(b, dm, w);
-        gradient(b, dm, w, pref);
+        gradient(b, dm, w, loss);
     });
 }
 

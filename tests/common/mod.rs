@@ -233,6 +233,7 @@ impl RefFrames {
             virial: None,
             fparam: None,
             aparam: None,
+            label: None,
         }
     }
 

@@ -11,7 +11,7 @@ use ndarray_npy::NpzReader;
 use serde_json::Value;
 
 use dpw::backend::Backend;
-use dpw::config::LossConfig;
+use dpw::config::{EnerLossConfig, LossConfig};
 use dpw::model::{read_deepmd_yaml, Model};
 use dpw::train::batch::Frame;
 use dpw::train::loss::Loss;
@@ -93,6 +93,7 @@ impl Frames {
                 virial: self.virial.as_ref().map(|v| v[f].as_slice()),
                 fparam: self.fparam.as_ref().map(|v| v[f].as_slice()),
                 aparam: self.aparam.as_ref().map(|v| v[f].as_slice()),
+                label: None,
             })
             .collect()
     }
@@ -144,7 +145,7 @@ fn f(v: &Value) -> f64 {
 
 /// The ener loss of a reference case's `loss` or `loss_virial_only` settings.
 pub fn loss_config(l: &Value) -> LossConfig {
-    LossConfig {
+    LossConfig::Ener(EnerLossConfig {
         start_pref_e: f(&l["start_pref_e"]),
         limit_pref_e: f(&l["limit_pref_e"]),
         start_pref_f: f(&l["start_pref_f"]),
@@ -153,7 +154,7 @@ pub fn loss_config(l: &Value) -> LossConfig {
         limit_pref_v: f(&l["limit_pref_v"]),
         relative_f: None,
         intensive_ener_virial: false,
-    }
+    })
 }
 
 /// ‖a − b‖ / ‖b‖, or ‖a‖ where b is exactly 0 (the output bias does not move the virial).
@@ -218,7 +219,10 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
         let loss = Loss::new(&cfg, f(&meta["start_lr"]));
         let p = loss.prefactors(f(&meta["lr"]), natoms, fr.virial.is_some());
         let (sums, grad, _) = loss_and_grad(b, &model, &fr.atype, &frames, p.op).unwrap();
-        let mine = loss.metrics(&sums, frames.len(), natoms, &p).rmse.powi(2);
+        let mine = (loss.metrics(&sums.values(), frames.len(), natoms, &p))
+            .get("rmse")
+            .unwrap()
+            .powi(2);
         // DeePMD-kit's own loss has a float32 1/N; the one its f64-1/N gradient belongs to is
         // the written-out formula's (README there).
         let want = f(&meta["hand_written_loss"][cfg_key]["value_f64_inv"]);

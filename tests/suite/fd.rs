@@ -27,6 +27,7 @@ impl Sys {
             virial: Some(&self.virial),
             fparam: None,
             aparam: None,
+            label: None,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod descriptors;
 pub mod fd;
 pub mod parity;
 pub mod plan;
+pub mod property;
 pub mod reference;
 pub mod virial;
 
@@ -135,6 +136,20 @@ macro_rules! backend_suite {
         fn reference_fparam_training_gradients() {
             for case in $crate::suite::descriptors::FITTING_CASES {
                 $crate::suite::descriptors::training_gradients(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_property_predictions() {
+            for case in $crate::suite::property::PROPERTY_CASES {
+                $crate::suite::property::predictions(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_property_training_gradients() {
+            for case in $crate::suite::property::PROPERTY_CASES {
+                $crate::suite::property::training_gradients(&$backend, case);
             }
         }
     };

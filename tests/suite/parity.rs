@@ -77,6 +77,7 @@ pub fn frame_of(s: &super::fd::Sys) -> Frame<'_> {
         virial: Some(&s.virial),
         fparam: None,
         aparam: None,
+        label: None,
     }
 }
 

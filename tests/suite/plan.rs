@@ -159,6 +159,7 @@ pub fn resident_batches_match_host<B: Backend<f64>>(b: &B) {
         virial: Some(frames.iter().flat_map(|f| f.virial.clone()).collect()),
         fparam: None,
         aparam: None,
+        label: None,
     };
     let pref = Prefactors {
         e: 1.0,

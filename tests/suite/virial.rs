@@ -109,8 +109,9 @@ fn case<B: Backend<f64>>(b: &B, name: &str) {
         let p = loss.prefactors(lr, sys.natoms, true);
         let (sums, grad, pred) = loss_and_grad(b, &model, &sys.atype, &frames, p.op).unwrap();
         let mine = loss
-            .metrics(&sums, frames.len(), sys.natoms, &p)
-            .rmse
+            .metrics(&sums.values(), frames.len(), sys.natoms, &p)
+            .get("rmse")
+            .unwrap()
             .powi(2);
         let want = f(&meta[key]);
         let rl = (mine - want).abs() / want;

@@ -1,0 +1,162 @@
+//! The `property` fitting against DeePMD-kit 3.2.0's own numbers (`tests/reference/fittings/
+//! property_*`, made by `scripts/make-reference/property.py`): models DeePMD-kit wrote, read
+//! from its `.yaml`; the frame and atomic properties of three frames; and the gradient of
+//! DeePMD-kit's `PropertyLoss` (smooth_mae and mse) against its own backward pass.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use dpw::backend::Backend;
+use dpw::fitting::property::config::{LossFunc, PropertyLossConfig};
+use dpw::model::{read_deepmd_yaml, Model};
+use dpw::train::batch::Frame;
+use dpw::train::predict::{predict, step_of};
+use dpw::train::step::StepLoss;
+
+use super::descriptors::worst_tensor;
+use crate::common::*;
+
+/// se_e2_a with an extensive property on water (periodic), DPA-1 with an intensive one on
+/// DeePMD-kit's property example (molecules, no box).
+pub const PROPERTY_CASES: [&str; 2] = ["property_water", "property_mol"];
+
+fn dir(case: &str) -> PathBuf {
+    repo(&format!("tests/reference/fittings/{case}"))
+}
+
+pub fn model(case: &str) -> Model {
+    read_deepmd_yaml(&dir(case).join("model.yaml")).unwrap()
+}
+
+/// A reference npz's frames: coordinates, cells (none for molecules) and property labels.
+pub struct Frames {
+    pub atype: Vec<usize>,
+    coord: Vec<Vec<f64>>,
+    cell: Option<Vec<Vec<f64>>>,
+    label: Vec<Vec<f64>>,
+    zeros: Vec<f64>,
+}
+
+impl Frames {
+    pub fn read(path: PathBuf) -> Self {
+        let mut z = npz(&path);
+        let rows = |a: ndarray::ArrayD<f64>| -> Vec<Vec<f64>> {
+            a.outer_iter()
+                .map(|r| r.iter().copied().collect())
+                .collect()
+        };
+        let has_box = z
+            .names()
+            .unwrap()
+            .iter()
+            .any(|n| n == "box.npy" || n == "box");
+        let atype: Vec<usize> = npz_i64(&mut z, "atype")
+            .iter()
+            .map(|&t| t as usize)
+            .collect();
+        Frames {
+            zeros: vec![0.0; 3 * atype.len()],
+            atype,
+            coord: rows(npz_array(&mut z, "coord")),
+            cell: has_box.then(|| rows(npz_array(&mut z, "box"))),
+            label: rows(npz_array(&mut z, "property_label")),
+        }
+    }
+
+    pub fn all(&self) -> Vec<Frame<'_>> {
+        (0..self.coord.len())
+            .map(|f| Frame {
+                coord: &self.coord[f],
+                cell: self.cell.as_ref().map(|c| c[f].as_slice()),
+                energy: 0.0,
+                force: &self.zeros,
+                virial: None,
+                fparam: None,
+                aparam: None,
+                label: Some(&self.label[f]),
+            })
+            .collect()
+    }
+}
+
+/// max |a − b| / max |b|.
+fn rel_max(a: &[f64], b: &[f64]) -> f64 {
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    max_abs_diff(a, b) / scale
+}
+
+/// The frame and atomic properties of the three eval frames, each ≤ 1e-10 relative to its
+/// largest value.
+pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
+    let model = model(case);
+    let fr = Frames::read(dir(case).join("eval.npz"));
+    let p = predict(b, &model, &fr.atype, &fr.all()).unwrap();
+    let mut z = npz(&dir(case).join("eval.npz"));
+    let want = |z: &mut _, k| -> Vec<f64> { npz_array(z, k).iter().copied().collect() };
+    let errs = [
+        ("property", rel_max(&p.property, &want(&mut z, "property"))),
+        (
+            "atomic property",
+            rel_max(&p.atom_property, &want(&mut z, "atom_property")),
+        ),
+    ];
+    eprintln!("{case}: relative to DeePMD-kit: {errs:?}");
+    for (what, e) in errs {
+        assert!(e <= 1e-10, "{case}: {what} off by {e:e} relative");
+    }
+}
+
+fn loss_of(l: &Value) -> PropertyLossConfig {
+    let func = match l["loss_func"].as_str().unwrap() {
+        "smooth_mae" => LossFunc::SmoothMae,
+        "mse" => LossFunc::Mse,
+        other => panic!("no case has loss_func {other}"),
+    };
+    PropertyLossConfig {
+        loss_func: func,
+        metric: vec![LossFunc::Mae],
+        beta: l["beta"].as_f64().unwrap(),
+    }
+}
+
+/// PropertyLoss and its gradient, per tensor ≤ 1e-12 relative to DeePMD-kit's backward pass,
+/// for smooth_mae (both of its branches are taken) and mse; and its mae metric.
+pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
+    let model = model(case);
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir(case).join("train_step.json")).unwrap())
+            .unwrap();
+    let fr = Frames::read(dir(case).join("train_step.npz"));
+    let frames = fr.all();
+    let mut z = npz(&dir(case).join("train_step.npz"));
+    for (key, value, prefix) in [
+        ("loss", "loss_value", "grad"),
+        ("loss_mse", "loss_value_mse", "grad_mse"),
+    ] {
+        let cfg = loss_of(&meta[key]);
+        let (sums, grad, pred) =
+            step_of(b, &model, &fr.atype, &frames, StepLoss::Property(&cfg)).unwrap();
+        let want = meta[value].as_f64().unwrap();
+        let rl = (sums[0] - want).abs() / want;
+        let mae = sums[2] / pred.property.len() as f64;
+        let want_mae = meta["more_loss"]["mae"].as_f64().unwrap();
+        let worst = worst_tensor(&model, &grad, &mut z, prefix);
+        eprintln!(
+            "{case}, {key}: loss {} vs {want} (rel {rl:.1e}), mae {mae} vs {want_mae}; worst \
+             per-tensor relative gradient error {:.1e} ({})",
+            sums[0], worst.0, worst.1
+        );
+        assert!(rl < 1e-12, "{case}: {key} off by {rl:e} relative");
+        assert!(
+            (mae - want_mae).abs() <= 1e-12 * want_mae,
+            "{case}: mae {mae}"
+        );
+        assert!(
+            worst.0 < 1e-12,
+            "{case}: {prefix} of {} off by {:e}",
+            worst.1,
+            worst.0
+        );
+    }
+}
