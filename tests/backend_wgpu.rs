@@ -643,6 +643,7 @@ fn steps_after_the_first_create_and_read_nothing() {
             nominal: op,
             op,
             find_v: true,
+            dos: [0.0; 4],
         };
         let sums = batch_gradient(w, &mut dm, &mut cache, &batch, pf.op)
             .unwrap()

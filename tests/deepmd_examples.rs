@@ -26,7 +26,7 @@ fn loadable() -> Vec<String> {
 /// Where each example folder's `../data` comes from in this repository: the same DeePMD-kit
 /// data (examples/water is its water data; tests/data/nopbc holds one of its nopbc systems, and
 /// tests/data/deepmd-kit/examples/{fparam,property}/data four frames of each of its fparam and
-/// property systems) or,
+/// property systems, .../dos/data two of each of its DOS systems) or,
 /// for the LMDB example, its own validation LMDB standing in for its training one too.
 fn link_data(tree: &Path) {
     let link = |from: PathBuf, to: PathBuf| {
@@ -40,7 +40,7 @@ fn link_data(tree: &Path) {
         );
     }
     link(repo("tests/data/nopbc"), tree.join("nopbc/data"));
-    for example in ["fparam", "property"] {
+    for example in ["dos", "fparam", "property"] {
         link(
             repo(&format!("tests/data/deepmd-kit/examples/{example}/data")),
             tree.join(format!("{example}/data")),

@@ -248,6 +248,7 @@ fn batch_slots_are_one_mixed_list_with_neighbour_types() {
                 fparam: None,
                 aparam: None,
                 label: None,
+                atom_label: None,
             })
             .collect();
         let hb = assemble(&m.spec, &fr.atype, &frames).unwrap();
@@ -305,6 +306,7 @@ fn padding_slots_take_the_lowest_type_present() {
         fparam: None,
         aparam: None,
         label: None,
+        atom_label: None,
     };
     let hb = assemble(&m.spec, &atype, &[frame]).unwrap();
     let pads: Vec<i32> = (hb.owner.iter().zip(&hb.nei_type))

@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use ndarray::{Array2, ArrayD};
 use ndarray_npy::write_npy;
@@ -21,17 +20,6 @@ fn case_dir(case: &str) -> PathBuf {
     repo(&format!("tests/reference/fittings/{case}"))
 }
 
-fn json_of(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn numbers(v: &Value) -> Vec<f64> {
-    match v {
-        Value::Array(a) => a.iter().flat_map(numbers).collect(),
-        x => vec![x.as_f64().unwrap()],
-    }
-}
-
 fn flat(a: ArrayD<f64>) -> Vec<f64> {
     a.iter().copied().collect()
 }
@@ -40,7 +28,7 @@ fn flat(a: ArrayD<f64>) -> Vec<f64> {
 /// molecules), with their `band_prop.npy` unless `label` is false.
 fn write_system(dir: &Path, case: &str, name: &str, label: bool) -> PathBuf {
     let mut z = npz(&case_dir(case).join("eval.npz"));
-    let meta = json_of(&case_dir(case).join("eval.json"));
+    let meta = json_file(&case_dir(case).join("eval.json"));
     let sys = dir.join(name);
     let set = sys.join("set.000");
     std::fs::create_dir_all(&set).unwrap();
@@ -77,7 +65,7 @@ fn write_system(dir: &Path, case: &str, name: &str, label: bool) -> PathBuf {
 /// The case's model section, trained `steps` on `systems` (all three frames in one batch, one
 /// batch for the statistics) with DeePMD-kit's default property loss.
 fn input(case: &str, systems: &[&Path], steps: usize) -> Value {
-    let mut model = json_of(&case_dir(case).join("input.json"))["model"].clone();
+    let mut model = json_file(&case_dir(case).join("input.json"))["model"].clone();
     model["data_stat_nbatch"] = json!(1);
     json!({
         "model": model,
@@ -90,32 +78,6 @@ fn input(case: &str, systems: &[&Path], steps: usize) -> Value {
     })
 }
 
-fn dpw(dir: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!text.contains("panicked"), "{args:?}: {text}");
-    (out.status.success(), text)
-}
-
-fn train(dir: &Path, input: &Value) -> (bool, String) {
-    std::fs::write(dir.join("input.json"), input.to_string()).unwrap();
-    dpw(dir, &["train", "input.json", "--backend", "cpu"])
-}
-
-fn rel(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    max_abs_diff(a, b) / scale
-}
-
 /// DeePMD-kit's output statistics of the three frames' labels (`compute_output_stats`, in
 /// eval.json) are what `dpw train` computes on the same frames, extensive (per type, least
 /// squares over the type counts) and intensive (over the type fractions); the checkpoint keeps
@@ -125,13 +87,13 @@ fn output_statistics_are_deepmd_kits() {
     for case in ["property_water", "property_mol"] {
         let tmp = TempDir::new().unwrap();
         let sys = write_system(tmp.path(), case, "sys", true);
-        let (ok, log) = train(tmp.path(), &input(case, &[&sys], 1));
+        let (ok, log) = dpw_train(tmp.path(), &input(case, &[&sys], 1));
         assert!(ok, "{case}: {log}");
         let m = read_model_to_train(&tmp.path().join("model.ckpt-1")).unwrap();
-        let meta = json_of(&case_dir(case).join("eval.json"));
+        let meta = json_file(&case_dir(case).join("eval.json"));
         let (rb, rs) = (
-            rel(&m.bias, &numbers(&meta["out_bias"])),
-            rel(&m.out_std, &numbers(&meta["out_std"])),
+            rel_to_max(&m.bias, &json_numbers(&meta["out_bias"])),
+            rel_to_max(&m.out_std, &json_numbers(&meta["out_std"])),
         );
         eprintln!("{case}: output statistics vs DeePMD-kit: bias {rb:.1e}, std {rs:.1e}");
         assert!(
@@ -174,7 +136,7 @@ fn deepmd_kits_property_example_trains_and_tests() {
     let tmp = TempDir::new().unwrap();
     let data = repo("tests/data/deepmd-kit/examples/property/data");
     let example = repo("tests/data/deepmd-kit/examples/property/train/input_torch.json");
-    let mut v = json_of(&example);
+    let mut v = json_file(&example);
     v["model"]["descriptor"]["neuron"] = json!([4, 8]);
     v["model"]["descriptor"]["attn"] = json!(8);
     v["model"]["descriptor"]["axis_neuron"] = json!(4);
@@ -192,7 +154,7 @@ fn deepmd_kits_property_example_trains_and_tests() {
     t.insert("numb_steps".into(), json!(6));
     t.insert("disp_freq".into(), json!(3));
     t.insert("save_freq".into(), json!(6));
-    let (ok, log) = train(tmp.path(), &v);
+    let (ok, log) = dpw_train(tmp.path(), &v);
     assert!(ok, "{log}");
     let lcurve = std::fs::read_to_string(tmp.path().join("lcurve.out")).unwrap();
     let lines: Vec<&str> = lcurve.lines().collect();
@@ -208,12 +170,12 @@ fn deepmd_kits_property_example_trains_and_tests() {
     // rmse ≥ mae, for validation and training alike.
     assert!(last[3] >= last[1] && last[4] >= last[2], "{lcurve}");
 
-    let (ok, log) = dpw(tmp.path(), &["freeze", "-c", ".", "-o", "frozen.yaml"]);
+    let (ok, log) = dpw_in(tmp.path(), &["freeze", "-c", ".", "-o", "frozen.yaml"]);
     assert!(ok, "{log}");
     let sys = data.join("data_2");
     let mut reports = Vec::new();
     for (model, prefix) in [("model.ckpt-6", "ckpt"), ("frozen.yaml", "yaml")] {
-        let (ok, out) = dpw(
+        let (ok, out) = dpw_in(
             tmp.path(),
             &[
                 "test",
@@ -263,7 +225,7 @@ fn refusals_name_the_key_and_the_file() {
     let sys = write_system(tmp.path(), "property_water", "sys", true);
     let mut v = input("property_water", &[&sys], 1);
     v["loss"] = json!({"type": "ener"});
-    let (ok, log) = train(tmp.path(), &v);
+    let (ok, log) = dpw_train(tmp.path(), &v);
     assert!(!ok);
     assert!(
         log.contains("loss.type") && log.contains("\"property\""),
@@ -271,7 +233,7 @@ fn refusals_name_the_key_and_the_file() {
     );
 
     let bare = write_system(tmp.path(), "property_water", "bare", false);
-    let (ok, log) = train(tmp.path(), &input("property_water", &[&bare], 1));
+    let (ok, log) = dpw_train(tmp.path(), &input("property_water", &[&bare], 1));
     assert!(!ok);
     assert!(
         log.contains("bare") && log.contains("band_prop.npy"),
@@ -280,7 +242,7 @@ fn refusals_name_the_key_and_the_file() {
 
     let mut v = input("property_water", &[&sys], 1);
     v["model"]["fitting_net"]["task_dim"] = json!(2);
-    let (ok, log) = train(tmp.path(), &v);
+    let (ok, log) = dpw_train(tmp.path(), &v);
     assert!(!ok);
     assert!(
         log.contains("band_prop.npy") && log.contains("[nframes, 2]"),

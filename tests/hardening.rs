@@ -989,6 +989,7 @@ fn batch_errors_name_frames_by_their_index() {
         fparam: None,
         aparam: None,
         label: None,
+        atom_label: None,
     };
     let spec = ModelSpec {
         type_map: vec!["O".into()],

@@ -216,6 +216,34 @@ fn property_lcurve_of_8_steps_matches_cpu() {
     lcurves_match("property_lcurve_of_8_steps_matches_cpu", &input, 3);
 }
 
+/// The DOS fitting (DeePMD-kit's DOS example data: one system with atomic labels, one with
+/// frame labels), every term of its loss active.
+#[test]
+fn dos_lcurve_of_8_steps_matches_cpu() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/deepmd-kit/examples/dos/data/heat-221-reformat");
+    let input = serde_json::json!({
+        "model": {
+            "type_map": ["Si"],
+            "descriptor": {"type": "se_e2_a", "sel": [90], "rcut": 6.0, "rcut_smth": 1.8,
+                           "neuron": [4, 8], "axis_neuron": 4, "type_one_side": true, "seed": 1},
+            "fitting_net": {"type": "dos", "numb_dos": 250, "neuron": [8, 8], "seed": 1},
+            "data_stat_nbatch": 1
+        },
+        "learning_rate": {"type": "exp", "start_lr": 0.002, "stop_lr": 1e-5, "decay_steps": 4},
+        "loss": {"type": "dos", "start_pref_dos": 1, "limit_pref_dos": 2, "start_pref_cdf": 0.5,
+                 "limit_pref_cdf": 0.1, "start_pref_ados": 3, "limit_pref_ados": 1,
+                 "start_pref_acdf": 0.2, "limit_pref_acdf": 0.4},
+        "training": {
+            "training_data": {"systems": [data.join("atomic_system"), data.join("global_system")],
+                              "batch_size": 1},
+            "numb_steps": 8, "seed": 3, "disp_freq": 4, "save_freq": 8
+        }
+    });
+    // Steps 1, 4, 8.
+    lcurves_match("dos_lcurve_of_8_steps_matches_cpu", &input, 3);
+}
+
 /// dpw's `args` in `dir`: whether it succeeded, and its stdout and stderr.
 fn dpw_in(dir: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dpw"))

@@ -14,7 +14,7 @@ use crate::dist::DeviceLink;
 use crate::fmt::sci;
 use crate::mem::OutOfMemory;
 use crate::model::file::write_atomic;
-use crate::model::{Model, ModelSpec};
+use crate::model::{FitOutput, Model, ModelSpec};
 use crate::train::batch::{assemble_frames, model_labels};
 use crate::train::predict::{predict_batch, Prediction};
 
@@ -155,8 +155,8 @@ impl Job for TestJob {
             String::new(),
             String::new(),
         ];
-        if self.model.spec.fitting.output.property().is_some() {
-            return self.run_property(b);
+        if !self.model.spec.fitting.output.is_ener() {
+            return self.run_head(b);
         }
         let nnei: usize = self.model.spec.descriptor.slot_sel().iter().sum();
         for path in &find_systems(&Disk, &self.systems, "test")? {
@@ -311,13 +311,25 @@ impl TestJob {
         Ok(out)
     }
 
-    /// `dp test` of a property model: the property's MAE and RMSE per system and weighted
-    /// over them, and with `-d` one `{prefix}.property.out[.{system}].{frame}` file per frame
-    /// (DeePMD-kit's `PropertyTester`).
-    fn run_property<T: Real, B: Backend<T>>(self, b: &B) -> Result<(Vec<SystemErrors>, String)> {
+    /// `dp test` of a property or DOS model: the frame output's MAE and RMSE per system and
+    /// weighted over them (a DOS's per atom too), and with `-d` one
+    /// `{prefix}.{property,dos}.out[.{system}].{frame}` file per frame (DeePMD-kit's
+    /// `PropertyTester`, `DosTester`).
+    fn run_head<T: Real, B: Backend<T>>(self, b: &B) -> Result<(Vec<SystemErrors>, String)> {
         let spec = &self.model.spec;
-        let p = spec.fitting.output.property().expect("a property model");
-        let labels = model_labels(&spec.fitting.output, false);
+        let output = &spec.fitting.output;
+        let (what, file) = match output {
+            FitOutput::Dos(_) => ("dos", "dos.npy".to_string()),
+            _ => (
+                "property",
+                format!(
+                    "{}.npy",
+                    output.property().expect("a property").property_name
+                ),
+            ),
+        };
+        let k = output.dim();
+        let labels = model_labels(output, None, false);
         let nnei: usize = spec.descriptor.slot_sel().iter().sum();
         let mut out = String::new();
         let (mut all, mut errs) = (Vec::new(), Vec::new());
@@ -341,16 +353,15 @@ impl TestJob {
             let _ = writeln!(out, "# number of test data : {nf}");
             let Some(label) = &sys.label else {
                 tracing::warn!(
-                    "{name} has no {}.npy: its predictions are compared with nothing (-d \
-                     writes them)",
-                    p.property_name
+                    "{name} has no {file}: its predictions are compared with nothing (-d \
+                     writes them)"
                 );
                 let _ = writeln!(out, "# -----------------------------------------------");
                 continue;
             };
-            let label = &label.values[..nf * p.task_dim];
+            let label = &label.values[..nf * k];
             let err = Err::of(&pred, label, 1.0);
-            property_report(&mut out, &err);
+            head_report(&mut out, output, &err, sys.natoms);
             let _ = writeln!(out, "# -----------------------------------------------");
             if let Some(prefix) = &self.detail {
                 let group = if s == 0 {
@@ -358,21 +369,17 @@ impl TestJob {
                 } else {
                     format!(".{s}")
                 };
-                let k = p.task_dim;
                 for f in 0..nf {
                     let mut body = String::new();
                     detail_rows(
                         &mut body,
-                        &format!("{name} - {f}: data_property pred_property"),
+                        &format!("{name} - {f}: data_{what} pred_{what}"),
                         (0..k).map(|j| vec![label[f * k + j], pred[f * k + j]]),
                     );
-                    files.push((
-                        detail_path(prefix, &format!("property.out{group}.{f}")),
-                        body,
-                    ));
+                    files.push((detail_path(prefix, &format!("{what}.out{group}.{f}")), body));
                 }
             }
-            errs.push(err);
+            errs.push((err, sys.natoms));
             all.push(SystemErrors {
                 nframes: nf,
                 ..SystemErrors::default()
@@ -381,7 +388,22 @@ impl TestJob {
         if errs.len() > 1 {
             let _ = writeln!(out, "# ----------weighted average of errors-----------");
             let _ = writeln!(out, "# number of systems : {}", errs.len());
-            property_report(&mut out, &Err::average(&errs));
+            let merged: Vec<Err> = errs.iter().map(|e| e.0).collect();
+            // DeePMD-kit merges the per-atom errors of each system as they are (its weights are
+            // the values' counts), so the /Natoms lines average the systems' own.
+            let per_atom: Vec<Err> = (errs.iter())
+                .map(|(e, n)| Err {
+                    mae: e.mae / *n as f64,
+                    rmse: e.rmse / *n as f64,
+                    size: e.size,
+                })
+                .collect();
+            head_report_merged(
+                &mut out,
+                output,
+                &Err::average(&merged),
+                &Err::average(&per_atom),
+            );
             let _ = writeln!(out, "# -----------------------------------------------");
         }
         for (path, body) in files {
@@ -391,10 +413,34 @@ impl TestJob {
     }
 }
 
-/// `dp test`'s lines for a property.
-fn property_report(out: &mut String, e: &Err) {
-    let _ = writeln!(out, "PROPERTY MAE            : {} units", sci(e.mae, 6, 0));
-    let _ = writeln!(out, "PROPERTY RMSE           : {} units", sci(e.rmse, 6, 0));
+/// `dp test`'s lines for a property or a DOS of one system of `natoms` atoms.
+fn head_report(out: &mut String, output: &FitOutput, e: &Err, natoms: usize) {
+    let n = natoms as f64;
+    let per_atom = Err {
+        mae: e.mae / n,
+        rmse: e.rmse / n,
+        size: e.size,
+    };
+    head_report_merged(out, output, e, &per_atom);
+}
+
+/// [`head_report`]'s lines from the errors and the errors per atom.
+fn head_report_merged(out: &mut String, output: &FitOutput, e: &Err, per_atom: &Err) {
+    let mut line = |name: &str, x: f64, unit: &str| {
+        let _ = writeln!(out, "{name}: {} {unit}", sci(x, 6, 0));
+    };
+    match output {
+        FitOutput::Dos(_) => {
+            line("DOS MAE            ", e.mae, "Occupation/eV");
+            line("DOS RMSE           ", e.rmse, "Occupation/eV");
+            line("DOS MAE/Natoms     ", per_atom.mae, "Occupation/eV");
+            line("DOS RMSE/Natoms    ", per_atom.rmse, "Occupation/eV");
+        }
+        _ => {
+            line("PROPERTY MAE            ", e.mae, "units");
+            line("PROPERTY RMSE           ", e.rmse, "units");
+        }
+    }
 }
 
 fn detail_path(prefix: &Path, suffix: &str) -> PathBuf {

@@ -4,6 +4,7 @@ use serde_json::{json, Value};
 
 use super::keys::{non_negative, Schema, Section};
 use super::ConfigError;
+use crate::fitting::dos::config::DosLossConfig;
 use crate::fitting::property::config::{parse_loss, PropertyLossConfig};
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -29,6 +30,7 @@ pub struct EnerLossConfig {
 pub enum LossConfig {
     Ener(EnerLossConfig),
     Property(PropertyLossConfig),
+    Dos(DosLossConfig),
 }
 
 impl LossConfig {
@@ -37,6 +39,7 @@ impl LossConfig {
         match self {
             LossConfig::Ener(_) => "ener",
             LossConfig::Property(_) => "property",
+            LossConfig::Dos(_) => "dos",
         }
     }
 
@@ -44,7 +47,7 @@ impl LossConfig {
     pub fn ener(&self) -> Option<&EnerLossConfig> {
         match self {
             LossConfig::Ener(l) => Some(l),
-            LossConfig::Property(_) => None,
+            _ => None,
         }
     }
 
@@ -52,6 +55,7 @@ impl LossConfig {
         match self {
             LossConfig::Ener(l) => l.to_json(),
             LossConfig::Property(l) => l.to_json(),
+            LossConfig::Dos(l) => l.to_json(),
         }
     }
 }
@@ -84,7 +88,10 @@ static LOSS: Schema = Schema {
         "intensive_ener_virial",
     ]],
     unsupported: &[&[
-        ("type", "dpw trains the \"ener\" and \"property\" losses"),
+        (
+            "type",
+            "dpw trains the \"ener\", \"property\" and \"dos\" losses",
+        ),
         ("start_pref_ae", NO_AE),
         ("limit_pref_ae", NO_AE),
         ("start_pref_pf", NO_PF),
@@ -106,6 +113,9 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
         Some(v) if v.get("type").and_then(Value::as_str) == Some("property") => {
             Ok(LossConfig::Property(parse_loss(v, path)?))
         }
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("dos") => Ok(LossConfig::Dos(
+            crate::fitting::dos::config::parse_loss(v, path)?,
+        )),
         _ => parse_ener(v, path).map(LossConfig::Ener),
     }
 }

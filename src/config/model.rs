@@ -8,7 +8,7 @@ use super::keys::{
     to_usize_list, wrong_type, Schema, Section,
 };
 use super::ConfigError;
-use crate::fitting::property;
+use crate::fitting::{dos, property};
 use crate::model::registry::{descriptor_names, KnownType, FITTINGS, MODELS};
 pub use crate::model::{AttentionConfig, TebdInputMode};
 use crate::model::{DescriptorType, FitOutput};
@@ -325,6 +325,13 @@ static FITTING: Schema = Schema {
     deepmd: "model[standard].fitting_net",
 };
 
+static FITTING_DOS: Schema = Schema {
+    keys: &[FITTING_KEYS, dos::config::OUTPUT_KEYS],
+    unsupported: &[&[("activation_function", TANH_ONLY)]],
+    ignored: &[],
+    deepmd: "model[standard].fitting_net[dos]",
+};
+
 static FITTING_PROPERTY: Schema = Schema {
     keys: &[FITTING_KEYS, property::config::OUTPUT_KEYS],
     unsupported: &[&[("activation_function", TANH_ONLY)]],
@@ -384,7 +391,7 @@ pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
             &type_path,
             FITTINGS,
             "fitting",
-            "the \"ener\" and \"property\" fittings",
+            "the \"ener\", \"property\" and \"dos\" fittings",
         )?;
     }
     if let Some(d) = v.get("descriptor").filter(|d| d.get("type").is_some()) {
@@ -748,16 +755,17 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
 }
 
 fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
-    let property = v.get("type").and_then(Value::as_str) == Some("property");
-    let schema = if property {
-        &FITTING_PROPERTY
-    } else {
-        &FITTING
+    let kind = v.get("type").and_then(Value::as_str);
+    let schema = match kind {
+        Some("property") => &FITTING_PROPERTY,
+        Some("dos") => &FITTING_DOS,
+        _ => &FITTING,
     };
     let sec = Section::new(v, path, schema)?;
-    let output = match property {
-        true => FitOutput::Property(property::config::parse_output(&sec)?),
-        false => FitOutput::Ener,
+    let output = match kind {
+        Some("property") => FitOutput::Property(property::config::parse_output(&sec)?),
+        Some("dos") => FitOutput::Dos(dos::config::parse_output(&sec)?),
+        _ => FitOutput::Ener,
     };
     let atom_ener = match sec.get("atom_ener") {
         None => vec![],
@@ -829,8 +837,15 @@ impl ModelConfig {
                 fitting["rcond"] = json!(f.rcond);
                 fitting["atom_ener"] = json!(f.atom_ener);
             }
-            FitOutput::Property(p) => {
-                let keys = property::config::output_json(p);
+            FitOutput::Property(_) | FitOutput::Dos(_) => {
+                let keys = match &f.output {
+                    FitOutput::Property(p) => property::config::output_json(p),
+                    FitOutput::Dos(d) => {
+                        fitting["rcond"] = json!(f.rcond);
+                        dos::config::output_json(d)
+                    }
+                    FitOutput::Ener => unreachable!(),
+                };
                 for (k, v) in keys.as_object().expect("an object") {
                     fitting[k] = v.clone();
                 }

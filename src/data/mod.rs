@@ -25,7 +25,9 @@ pub use load::{load_system, load_system_in, load_system_with};
 pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
-pub use system::{in_hdf5_file, read_system_in, Composition, Labels, Params, System, SystemInfo};
+pub use system::{
+    in_hdf5_file, read_system_in, Composition, Labels, Missing, Params, System, SystemInfo,
+};
 pub use types::systems_type_map;
 pub use validate::{check_frames, check_images, MIN_DIST};
 

@@ -48,6 +48,9 @@ pub struct System {
     /// The frame label the model asked for ([`Labels::Frame`], e.g. a property's
     /// `band_prop.npy`): `[nframes][width]`; `None` where no set has it or none was asked for.
     pub label: Option<Params>,
+    /// Its atomic label where the model asks for one too (`atom_{name}.npy`, e.g. a DOS's
+    /// `atom_dos.npy`): `[nframes][natoms][width]`, sorted atom order.
+    pub atom_label: Option<Params>,
 }
 
 /// The labels a model learns from: what training reads of a system and requires of it
@@ -59,19 +62,55 @@ pub enum Labels {
     Optional,
     /// Energy and force, required (the ener loss).
     EnergyForce,
-    /// `{name}.npy` with `width` values per frame (a property), required where `required`.
+    /// With `frame`, `{name}.npy` with `width` values per frame (a property, a DOS), with
+    /// `atomic`, `atom_{name}.npy` with `width` per atom (a DOS); where `required`, every system
+    /// must hold one of them. (A label the loss does not read is not read, as DeePMD-kit's
+    /// loader reads the loss's requirements: the statistics then come from the others.) A
+    /// system without them is refused, warned of or read as it is (`missing`).
     Frame {
         name: String,
         width: usize,
-        required: bool,
+        frame: bool,
+        atomic: bool,
+        missing: Missing,
     },
+}
+
+/// What a system without the labels [`Labels::Frame`] asks for gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Missing {
+    /// An error (DeePMD-kit's `must` labels: a property's).
+    Refuse,
+    /// A warning: its batches add nothing to the loss (DeePMD-kit's optional labels: a DOS's,
+    /// which it fills with zeros and `find_*` 0).
+    Warn,
+    /// Nothing (dpw test reports what the labels allow).
+    Quiet,
 }
 
 impl Labels {
     /// The frame label to read, `(file, width)`.
     fn frame(&self) -> Option<(String, usize)> {
         match self {
-            Labels::Frame { name, width, .. } => Some((format!("{name}.npy"), *width)),
+            Labels::Frame {
+                name,
+                width,
+                frame: true,
+                ..
+            } => Some((format!("{name}.npy"), *width)),
+            _ => None,
+        }
+    }
+
+    /// The atomic label to read, `(file, width)`.
+    fn atomic(&self) -> Option<(String, usize)> {
+        match self {
+            Labels::Frame {
+                name,
+                width,
+                atomic: true,
+                ..
+            } => Some((format!("atom_{name}.npy"), *width)),
             _ => None,
         }
     }
@@ -160,10 +199,7 @@ impl System {
     /// The labels training learns from ([`Labels`]), present.
     pub fn check_labels(&self, labels: &Labels) -> Result<(), DataError> {
         let missing: Vec<String> = match labels {
-            Labels::Optional
-            | Labels::Frame {
-                required: false, ..
-            } => vec![],
+            Labels::Optional => vec![],
             Labels::EnergyForce => [
                 (self.has_energy, "energy.npy"),
                 (self.has_force, "force.npy"),
@@ -172,9 +208,31 @@ impl System {
             .filter(|(has, _)| !has)
             .map(|(_, name)| name.to_string())
             .collect(),
-            Labels::Frame { name, .. } => match self.label {
-                Some(_) => vec![],
-                None => vec![format!("{name}.npy")],
+            Labels::Frame {
+                name,
+                frame,
+                atomic,
+                missing,
+                ..
+            } => match (&self.label, &self.atom_label, missing) {
+                (_, _, Missing::Quiet) | (Some(_), _, _) | (_, Some(_), _) => vec![],
+                (None, None, how) => {
+                    let files: Vec<String> = [(*frame, ""), (*atomic, "atom_")]
+                        .iter()
+                        .filter(|(on, _)| *on)
+                        .map(|(_, pre)| format!("{pre}{name}.npy"))
+                        .collect();
+                    if *how == Missing::Warn {
+                        tracing::warn!(
+                            "{}: no set has {}, which the loss reads: its batches add nothing \
+                             to the loss (as in DeePMD-kit, which fills the label with zeros)",
+                            self.path.display(),
+                            files.join(" or ")
+                        );
+                        return Ok(());
+                    }
+                    files
+                }
             },
         };
         if missing.is_empty() {
@@ -198,6 +256,13 @@ impl System {
     pub fn frame_label(&self, frame: usize) -> Option<&[f64]> {
         let p = self.label.as_ref()?;
         Some(&p.values[frame * p.width..(frame + 1) * p.width])
+    }
+
+    /// Frame `frame`'s atomic label ([`System::atom_label`]), `[natoms][width]`.
+    pub fn frame_atom_label(&self, frame: usize) -> Option<&[f64]> {
+        let p = self.atom_label.as_ref()?;
+        let n = self.natoms * p.width;
+        Some(&p.values[frame * n..(frame + 1) * n])
     }
 }
 
@@ -336,6 +401,8 @@ fn load_from(
     let (mut fparam, mut aparam) = (None, None);
     let wanted = labels.frame().filter(|(name, _)| labelled(name));
     let mut label = wanted.as_ref().map(|_| Vec::new());
+    let wanted_atomic = labels.atomic().filter(|(name, _)| labelled(name));
+    let mut atom_label = wanted_atomic.as_ref().map(|_| Vec::new());
     for set in &sets {
         let coord_rel = format!("{set}/coord.npy");
         let (nf, c) = read_frames(src, &coord_rel, &[&[natoms * 3], &[natoms, 3]])?;
@@ -421,6 +488,10 @@ fn load_from(
             };
             acc.extend(frames(name, tails)?);
         }
+        if let (Some((name, width)), Some(acc)) = (&wanted_atomic, &mut atom_label) {
+            let v = frames(name, &[&[natoms * width], &[natoms, *width]])?;
+            acc.extend(permute_atoms(&v, order, natoms, *width));
+        }
         if src.has_file(&format!("{set}/virial.npy")) {
             virial.extend(frames("virial.npy", &[&[9], &[3, 3]])?);
         } else {
@@ -458,6 +529,8 @@ fn load_from(
         aparam,
         label: label
             .zip(wanted)
+            .map(|(values, (_, width))| Params { width, values }),
+        atom_label: (atom_label.zip(wanted_atomic))
             .map(|(values, (_, width))| Params { width, values }),
     })
 }

@@ -260,10 +260,10 @@ impl Model {
         let nstat = 4 * nt * self.spec.descriptor.parts().len();
         let nx = self.spec.fitting.extra_inputs();
         let no = self.spec.fitting.dim_out();
-        let nstd = if self.spec.fitting.output.is_ener() {
-            0
-        } else {
-            nt * no
+        // Only a property scales its output by a std.
+        let nstd = match self.spec.fitting.output.property() {
+            Some(_) => nt * no,
+            None => 0,
         };
         ensure!(
             self.params.len() == np,

@@ -20,6 +20,7 @@ pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fitting::dos::DosSpec;
 use crate::fitting::property::PropertySpec;
 use crate::geometry::EnvParams;
 
@@ -276,6 +277,8 @@ pub enum FitOutput {
     Ener,
     /// `property`: `task_dim` values per atom, reduced per frame ([`crate::fitting::property`]).
     Property(PropertySpec),
+    /// `dos`: `numb_dos` values per atom, summed per frame ([`crate::fitting::dos`]).
+    Dos(DosSpec),
 }
 
 impl FitOutput {
@@ -288,14 +291,24 @@ impl FitOutput {
         match self {
             FitOutput::Ener => "ener",
             FitOutput::Property(_) => "property",
+            FitOutput::Dos(_) => "dos",
         }
     }
 
-    /// The property fitting's keys; `None` for `ener`.
+    /// The property fitting's keys; `None` for the others.
     pub fn property(&self) -> Option<&PropertySpec> {
         match self {
             FitOutput::Property(p) => Some(p),
-            FitOutput::Ener => None,
+            _ => None,
+        }
+    }
+
+    /// The values per atom the net puts out: 1 (an energy), a property's task_dim, numb_dos.
+    pub fn dim(&self) -> usize {
+        match self {
+            FitOutput::Ener => 1,
+            FitOutput::Property(p) => p.task_dim,
+            FitOutput::Dos(d) => d.numb_dos,
         }
     }
 }
@@ -339,9 +352,9 @@ impl FittingSpec {
         }
     }
 
-    /// The values per atom the net puts out: 1 (an energy), or a property's task_dim.
+    /// The values per atom the net puts out ([`FitOutput::dim`]).
     pub fn dim_out(&self) -> usize {
-        self.output.property().map_or(1, |p| p.task_dim)
+        self.output.dim()
     }
 
     /// The columns the net takes beside the descriptor: numb_fparam + numb_aparam.
@@ -385,7 +398,7 @@ pub struct Model {
     /// (the energy bias, or a property's output bias).
     pub bias: Vec<f64>,
     /// A property's output std per type, `[ntypes][task_dim]`, which scales the net's output;
-    /// empty for `ener` (which DeePMD-kit does not scale).
+    /// empty for `ener` and `dos` (which DeePMD-kit does not scale).
     #[serde(default)]
     pub out_std: Vec<f64>,
     /// The fitting's input statistics, `[numb_fparam + numb_aparam]`: DeePMD-kit's
@@ -408,7 +421,8 @@ impl Model {
         let np = spec.descriptor.parts().len();
         let params = init_params(&layout, seed);
         let nx = spec.fitting.extra_inputs();
-        let (no, scaled) = (spec.fitting.dim_out(), !spec.fitting.output.is_ener());
+        let no = spec.fitting.dim_out();
+        let scaled = spec.fitting.output.property().is_some();
         Model {
             spec,
             params,

@@ -113,7 +113,7 @@ pub static FITTINGS: &[KnownType] = &[
     },
     KnownType {
         names: &["dos"],
-        lacks: Some("density-of-states fittings are not supported"),
+        lacks: None,
     },
     KnownType {
         names: &["property"],

@@ -18,6 +18,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
+use crate::fitting::dos::DosSpec;
 use crate::fitting::property::PropertySpec;
 
 use super::{
@@ -408,8 +409,15 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
 
     let f = m.key("fitting")?;
     f.expect("@class", &["Fitting"])?;
-    f.expect("type", &["ener", "property"])?;
+    f.expect("type", &["ener", "property", "dos"])?;
     let output = match f.key("type")?.str()? {
+        "dos" => {
+            f.version(1..=4, Some(1))?;
+            f.known(&[FITTING_KEYS])?;
+            FitOutput::Dos(DosSpec {
+                numb_dos: f.key("dim_out")?.usize()?,
+            })
+        }
         "property" => {
             f.version(1..=6, Some(1))?;
             f.known(&[FITTING_KEYS, PROPERTY_KEYS])?;
@@ -1182,9 +1190,22 @@ fn model_to_tree(model: &Model) -> Value {
     };
 
     // The property fitting: its keys (DeePMD-kit's serialisation version 6) and its output std,
-    // which scales its atomic output.
-    let out_std = match fit.output.property() {
-        Some(p) => {
+    // which scales its atomic output; the DOS fitting: its keys.
+    let out_std = match &fit.output {
+        FitOutput::Dos(d) => {
+            for (k, v) in [
+                ("type", Value::from("dos")),
+                ("var_name", "dos".into()),
+                ("dim_out", d.numb_dos.into()),
+            ] {
+                fitting[k] = v;
+            }
+            let f = &mut model_def_script["fitting_net"];
+            f["type"] = "dos".into();
+            f["numb_dos"] = d.numb_dos.into();
+            ndarray(&[1, nt, no], &vec![1.0; nt * no])
+        }
+        FitOutput::Property(p) => {
             for (k, v) in [
                 ("@version", Value::from(6)),
                 ("type", "property".into()),
@@ -1206,7 +1227,7 @@ fn model_to_tree(model: &Model) -> Value {
         // dpmodel and PT add out_bias alone and keep the residual std here unused, but
         // DeePMD-kit 3.2.0's TF model computes `output·out_std + out_bias`: with any value but
         // 1, `dp convert-backend model.yaml model.pb` would scale every force by it.
-        None => ndarray(&[1, nt, 1], &vec![1.0; nt]),
+        FitOutput::Ener => ndarray(&[1, nt, 1], &vec![1.0; nt]),
     };
 
     if nfp + nap > 0 {

@@ -29,7 +29,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
     ) -> Result<Self, OutOfMemory> {
         let nc = d.ncentres();
         let dim = m.fitting[0].layers[0].nin - m.fit_input_avg.len();
-        let seed = match m.property {
+        let seed = match m.head {
             None => T::one(),
             Some(_) => T::zero(),
         };

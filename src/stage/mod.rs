@@ -10,10 +10,9 @@ pub mod fitting;
 pub mod net;
 
 use crate::backend::{Backend, Real};
-use crate::fitting::property::head::OutStat;
-use crate::fitting::property::PropertySpec;
+use crate::fitting::{outputs, Centres, OutStat};
 use crate::geometry::EnvParams;
-use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
+use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, FitOutput, Model, Net};
 
 use embed::Nets;
 
@@ -36,24 +35,51 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     /// ([`Model::fit_input_avg`]); empty without them.
     pub fit_input_avg: Vec<f64>,
     pub fit_input_inv_std: Vec<f64>,
-    /// A property fitting's keys, with its output bias and std per type on the host (its head
-    /// runs there: [`crate::fitting::property::head`]); `None` for `ener`.
-    pub property: Option<PropertyHead>,
+    /// A property or DOS fitting's head, which runs on the host; `None` for `ener`.
+    pub head: Option<HostHead>,
 }
 
-/// What a property model's head reads: its keys and output statistics, `[ntypes][task_dim]`.
-pub struct PropertyHead {
-    pub spec: PropertySpec,
+/// The head of a fitting whose outputs are reduced and scored on the host (its nets run on the
+/// backend): its keys and output statistics, `[ntypes][dim_out]` each.
+pub struct HostHead {
+    pub output: FitOutput,
     pub bias: Vec<f64>,
+    /// A property's output std (ones for a DOS, which DeePMD-kit does not scale).
     pub std: Vec<f64>,
 }
 
-impl PropertyHead {
+impl HostHead {
+    fn of(model: &Model) -> Option<Self> {
+        let output = &model.spec.fitting.output;
+        let std = match output {
+            FitOutput::Ener => return None,
+            FitOutput::Property(_) => model.out_std.clone(),
+            FitOutput::Dos(_) => vec![1.0; model.bias.len()],
+        };
+        Some(HostHead {
+            output: output.clone(),
+            bias: model.bias.clone(),
+            std,
+        })
+    }
+
+    /// The values per atom.
+    pub fn dim(&self) -> usize {
+        self.output.dim()
+    }
+
     pub fn stat(&self) -> OutStat<'_> {
         OutStat {
             bias: &self.bias,
             std: &self.std,
         }
+    }
+
+    /// Atomic outputs `[ncentres][dim]` (centre order) and frame outputs `[nframes][dim]`
+    /// from the nets' outputs `y`.
+    pub fn outputs(&self, c: &Centres, y: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let intensive = self.output.property().is_some_and(|p| p.intensive);
+        outputs(self.dim(), intensive, &self.stat(), c, y)
     }
 }
 
@@ -156,11 +182,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             nparams: n,
             fit_input_avg: model.fit_input_avg.clone(),
             fit_input_inv_std: model.fit_input_inv_std.clone(),
-            property: model.spec.fitting.output.property().map(|p| PropertyHead {
-                spec: p.clone(),
-                bias: model.bias.clone(),
-                std: model.out_std.clone(),
-            }),
+            head: HostHead::of(model),
             desc: DescState {
                 kind: d.kind,
                 env: d.env(),

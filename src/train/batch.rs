@@ -6,21 +6,46 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
-use crate::data::Labels;
+use crate::config::LossConfig;
+use crate::data::{Labels, Missing};
 use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
 use crate::model::{DescriptorType, FitOutput, FittingSpec, ModelSpec};
 
-/// The labels a model of fitting `output` learns from; `required` for training and validation
-/// data, read where present otherwise (dpw test).
-pub fn model_labels(output: &FitOutput, required: bool) -> Labels {
+/// The labels a model of fitting `output` learns from under `loss` (`None`: every label the
+/// fitting can be scored on); `required` for training and validation data, read where present
+/// otherwise (dpw test).
+pub fn model_labels(output: &FitOutput, loss: Option<&LossConfig>, required: bool) -> Labels {
     match output {
         FitOutput::Ener if required => Labels::EnergyForce,
         FitOutput::Ener => Labels::Optional,
         FitOutput::Property(p) => Labels::Frame {
             name: p.property_name.clone(),
             width: p.task_dim,
-            required,
+            frame: true,
+            atomic: false,
+            missing: if required {
+                Missing::Refuse
+            } else {
+                Missing::Quiet
+            },
         },
+        FitOutput::Dos(d) => {
+            let reads = |terms: [usize; 2]| match loss {
+                Some(LossConfig::Dos(c)) => terms.iter().any(|&t| c.active(t)),
+                _ => true,
+            };
+            Labels::Frame {
+                name: "dos".into(),
+                width: d.numb_dos,
+                frame: reads([2, 3]),
+                atomic: reads([0, 1]),
+                missing: if required {
+                    Missing::Warn
+                } else {
+                    Missing::Quiet
+                },
+            }
+        }
     }
 }
 
@@ -36,8 +61,10 @@ pub struct Frame<'a> {
     /// atom order), for a model that takes them.
     pub fparam: Option<&'a [f64]>,
     pub aparam: Option<&'a [f64]>,
-    /// The frame label a property model learns (`[task_dim]`).
+    /// The frame label a property or DOS model learns (`[dim]`), and the atomic one of a DOS
+    /// model (`[natoms][dim]`, sorted atom order).
     pub label: Option<&'a [f64]>,
+    pub atom_label: Option<&'a [f64]>,
 }
 
 impl<'a> Frame<'a> {
@@ -51,6 +78,7 @@ impl<'a> Frame<'a> {
             fparam: sys.frame_fparam(f),
             aparam: sys.frame_aparam(f),
             label: sys.frame_label(f),
+            atom_label: sys.frame_atom_label(f),
         }
     }
 }
@@ -101,9 +129,16 @@ pub struct HostBatch {
     /// each centre's frame parameters, then its atomic parameters, as the data has them (the
     /// fitting stage normalises them). Empty for a model without such parameters.
     pub fit_input: Vec<f64>,
-    /// A property model's frame labels, `[nframes][task_dim]` (0 where a frame has none: the
-    /// training data are checked to have them); empty for an energy model.
-    pub label: Vec<f64>,
+    /// A property or DOS model's labels; none for an energy model.
+    pub head_labels: HeadLabels,
+}
+
+/// A batch's labels for a host head (a property's, a DOS's): its frame labels `[nframes][dim]`
+/// and its atomic labels in centre order `[ncentres][dim]`, each where its system has them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HeadLabels {
+    pub frame: Option<Vec<f64>>,
+    pub atomic: Option<Vec<f64>>,
 }
 
 /// The batch atom (`frame·natoms + atom`) of every centre: a function of the shape alone, since
@@ -309,6 +344,7 @@ fn assemble_numbered(
     };
     let has_virial = frames.iter().all(|f| f.virial.is_some());
     let fit_input = fit_input(&spec.fitting, &dims, &centre_atom, frames, index)?;
+    let head_labels = head_labels(spec, &centre_atom, frames);
     Ok(HostBatch {
         dims,
         rij,
@@ -326,14 +362,31 @@ fn assemble_numbered(
             .collect(),
         has_virial,
         fit_input,
-        label: match spec.fitting.output.property() {
-            Some(p) => frames
-                .iter()
-                .flat_map(|f| f.label.map_or(vec![0.0; p.task_dim], <[f64]>::to_vec))
-                .collect(),
-            None => Vec::new(),
-        },
+        head_labels,
     })
+}
+
+/// [`HostBatch::head_labels`]: each where every frame has it (a system has a label for all its
+/// frames or none), the atomic ones put in centre order.
+fn head_labels(spec: &ModelSpec, centre_atom: &[i32], frames: &[Frame]) -> HeadLabels {
+    if spec.fitting.output.is_ener() {
+        return HeadLabels::default();
+    }
+    let k = spec.fitting.dim_out();
+    let frame = (frames.iter())
+        .map(|f| f.label)
+        .collect::<Option<Vec<&[f64]>>>()
+        .map(|rows| rows.concat());
+    let atoms = (frames.iter())
+        .map(|f| f.atom_label)
+        .collect::<Option<Vec<&[f64]>>>()
+        .map(|rows| rows.concat());
+    let atomic = atoms.map(|a| {
+        (centre_atom.iter())
+            .flat_map(|&i| a[i as usize * k..(i as usize + 1) * k].iter().copied())
+            .collect()
+    });
+    HeadLabels { frame, atomic }
 }
 
 /// [`HostBatch::fit_input`]: per centre, its frame's parameters (or the model's

@@ -127,6 +127,7 @@ impl Checkpoint {
         let slots = match model.spec.fitting.output {
             FitOutput::Ener => ENER_METRICS.len(),
             FitOutput::Property(_) => head::METRICS.len(),
+            FitOutput::Dos(_) => crate::fitting::dos::head::METRICS.len(),
         };
         ensure!(acc.len() == 1 + slots, "{}: bad disp_acc", path.display());
         let ck = Checkpoint {
@@ -164,7 +165,12 @@ impl Checkpoint {
         };
         if let Some(e) = bad("adam_m", &self.adam_m, f64::is_finite)
             .or_else(|| bad("adam_v", &self.adam_v, |x| x.is_finite() && x >= 0.0))
-            .or_else(|| bad("disp_acc", &self.disp_acc, |x| x.is_finite() && x >= 0.0))
+            // NaN: a metric whose labels a displayed batch lacked (DeePMD-kit shows it so).
+            .or_else(|| {
+                bad("disp_acc", &self.disp_acc, |x| {
+                    x.is_nan() || (x.is_finite() && x >= 0.0)
+                })
+            })
         {
             return Err(e);
         }

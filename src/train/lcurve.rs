@@ -66,11 +66,6 @@ impl Metrics {
             .collect()
     }
 
-    /// Whether every shown value is finite (a loss gone NaN shows in all of them).
-    pub fn is_finite(&self) -> bool {
-        self.entries().iter().all(|(_, v)| v.is_finite())
-    }
-
     /// Every slot's value (0 where absent), for a checkpoint's running sums.
     pub fn slots(&self) -> &[f64] {
         &self.values[..self.names.len()]

@@ -5,6 +5,7 @@
 
 use crate::backend::{LossSums, Prefactors};
 use crate::config::{EnerLossConfig, LossConfig};
+use crate::fitting::dos::head as dos;
 use crate::fitting::property::head::{self, NSUMS};
 
 use super::lcurve::Metrics;
@@ -26,6 +27,8 @@ pub struct BatchPrefactors {
     pub op: Prefactors,
     /// The batch has virial labels.
     pub find_v: bool,
+    /// A DOS loss's prefactors (its terms' order); 0 for the others.
+    pub dos: [f64; 4],
 }
 
 impl Loss {
@@ -47,6 +50,7 @@ impl Loss {
         match self.cfg {
             LossConfig::Ener(_) => 3,
             LossConfig::Property(_) => NSUMS,
+            LossConfig::Dos(_) => dos::NSUMS,
         }
     }
 
@@ -55,12 +59,14 @@ impl Loss {
         match &self.cfg {
             LossConfig::Ener(_) => StepLoss::Ener(p.op),
             LossConfig::Property(c) => StepLoss::Property(c),
+            LossConfig::Dos(_) => StepLoss::Dos(p.dos),
         }
     }
 
     /// `pref = limit + (start − limit)·lr/start_lr` for active terms, 0 otherwise; the virial
-    /// one times `find_virial`. A property loss has none (all 0).
+    /// one times `find_virial`. A property loss has none (all 0); a DOS loss has its own.
     pub fn prefactors(&self, pref_lr: f64, natoms: usize, find_v: bool) -> BatchPrefactors {
+        let coef = pref_lr / self.start_lr;
         let LossConfig::Ener(c) = &self.cfg else {
             let zero = Prefactors {
                 e: 0.0,
@@ -71,9 +77,12 @@ impl Loss {
                 nominal: zero,
                 op: zero,
                 find_v,
+                dos: match &self.cfg {
+                    LossConfig::Dos(c) => c.prefactors(coef),
+                    _ => [0.0; 4],
+                },
             };
         };
-        let coef = pref_lr / self.start_lr;
         let interp = |on: bool, start: f64, limit: f64| {
             if on {
                 limit + (start - limit) * coef
@@ -99,6 +108,7 @@ impl Loss {
                 v: nominal.v * extra,
             },
             find_v,
+            dos: [0.0; 4],
         }
     }
 
@@ -117,6 +127,10 @@ impl Loss {
                 let v = head::metric_values(c, sums, nframes * self.dim_out);
                 return Metrics::new(head::METRICS, &v);
             }
+            LossConfig::Dos(c) => {
+                let v = dos::metric_values(std::array::from_fn(|t| c.active(t)), sums, natoms);
+                return Metrics::new(dos::METRICS, &v);
+            }
         };
         let sums = LossSums::from_values(sums);
         let (nf, n) = (nframes as f64, natoms as f64);
@@ -132,6 +146,15 @@ impl Loss {
         )
     }
 
+    /// Whether a batch's loss is finite: the `ener` loss's root (its `rmse`), a host head's loss
+    /// (whose metrics may be NaN where a batch lacks a term's labels).
+    pub fn is_finite(&self, sums: &[f64], m: &Metrics) -> bool {
+        match self.cfg {
+            LossConfig::Ener(_) => m.get("rmse").is_some_and(f64::is_finite),
+            _ => sums[0].is_finite(),
+        }
+    }
+
     /// Which metrics are shown, with zero values (the shape of [`Metrics`] for this loss).
     pub fn zero_metrics(&self) -> Metrics {
         match &self.cfg {
@@ -139,6 +162,10 @@ impl Loss {
             LossConfig::Property(c) => {
                 let v = head::metric_values(c, &[0.0; NSUMS], 1);
                 Metrics::new(head::METRICS, &v)
+            }
+            LossConfig::Dos(c) => {
+                let v = dos::metric_values(std::array::from_fn(|t| c.active(t)), &[0.0; 5], 1);
+                Metrics::new(dos::METRICS, &v)
             }
         }
     }

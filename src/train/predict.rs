@@ -3,14 +3,14 @@
 use anyhow::Result;
 
 use crate::backend::{Backend, LossSums, Prefactors, Real};
-use crate::fitting::property::head;
 use crate::model::Model;
 
 use super::batch::{assemble, Frame, HostBatch};
 use super::step::{forward, gradient, DeviceModel, StepLoss, Workspace};
 
 /// Predictions for a batch, per frame, atoms in the order given (sorted by type): an energy
-/// model's energies, forces and virials, or a property model's properties (the others empty).
+/// model's energies, forces and virials, or a property or DOS model's outputs (the others
+/// empty).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prediction {
     pub energy: Vec<f64>,
@@ -20,9 +20,9 @@ pub struct Prediction {
     pub force: Vec<f64>,
     /// `[nframes][9]`
     pub virial: Vec<f64>,
-    /// `[nframes][task_dim]`
+    /// A property's or a DOS's, `[nframes][dim]`
     pub property: Vec<f64>,
-    /// `[nframes][natoms][task_dim]`
+    /// `[nframes][natoms][dim]`
     pub atom_property: Vec<f64>,
 }
 
@@ -36,9 +36,9 @@ pub fn read_prediction<T: Real, B: Backend<T>>(
     w: &Workspace<T, B>,
     batch: &HostBatch,
 ) -> Prediction {
-    if let Some(p) = &m.property {
-        let k = p.spec.task_dim;
-        let (atomic, property) = head::outputs(&p.spec, &p.stat(), &w.centres(), &w.fit_outputs(b));
+    if let Some(h) = &m.head {
+        let k = h.dim();
+        let (atomic, property) = h.outputs(&w.centres(), &w.fit_outputs(b));
         let mut atom_property = vec![0.0; atomic.len()];
         for (c, &a) in batch.centre_atom.iter().enumerate() {
             let a = a as usize;

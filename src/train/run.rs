@@ -19,7 +19,6 @@ use anyhow::{bail, Result};
 use crate::backend::{Backend, Real};
 use crate::config::{Config, OptimizerConfig};
 use crate::data::{Sampler, SystemInfo, SystemStore};
-use crate::fitting::property::head;
 use crate::model::{Model, ModelSpec};
 
 use super::batch::{assemble_frames, HostBatch};
@@ -495,7 +494,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
     fn absorb(&mut self, l: &LoggedStep) -> Result<()> {
         let LoggedStep { info, sums, .. } = l;
         self.trn = self.loss.metrics(sums, info.nframes, info.natoms, &info.pf);
-        if !self.trn.is_finite() {
+        if !self.loss.is_finite(sums, &self.trn) {
             bail!(
                 "the loss is {} at step {} (system {}); stopping{}",
                 sums[0],
@@ -531,7 +530,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         for _ in 0..v.nbatches {
             let (_, batch) = validation::next_batch(&self.spec, &v.data, &mut v.sampler)?;
             let w = predict_batch(b, &self.dm, &mut self.cache, &batch)?;
-            let bufs = match self.dm.property {
+            let bufs = match self.dm.head {
                 Some(_) => vec![w.fit_outputs_buf()],
                 None => vec![&w.energy, &w.force, &w.virial],
             };
@@ -540,13 +539,11 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
                 let x = d.read(b, buf).await?;
                 pred.push(x.iter().map(|x| x.f64()).collect::<Vec<f64>>());
             }
-            let pred = match &self.dm.property {
-                Some(p) => {
-                    Predicted::Property(head::outputs(&p.spec, &p.stat(), &w.centres(), &pred[0]).1)
-                }
+            let pred = match &self.dm.head {
+                Some(h) => Predicted::Head(pred.swap_remove(0), h, w.centres()),
                 None => Predicted::Ener(&pred[0], &pred[1], &pred[2]),
             };
-            avg.add(&self.loss, pref_lr, &batch, pred, self.dm.property.as_ref());
+            avg.add(&self.loss, pref_lr, &batch, pred);
         }
         Ok(Some(avg.finish()))
     }

@@ -12,7 +12,8 @@ use crate::config::{Config, DescriptorConfig, LossConfig, ModelConfig, Precision
 use crate::data::{Disk, Files};
 use crate::dist;
 use crate::model::{
-    read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
+    read_model_to_train, DescriptorSpec, DescriptorType, FitOutput, FittingSpec, Model, ModelSpec,
+    MAX_NNEI,
 };
 
 use super::batch::{check_mixed_data, check_params, model_labels};
@@ -21,8 +22,9 @@ use super::dataset::{load_data_in, DataSet};
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
 use super::stats::{
-    auto_sel, data_stats, fit_input_stats, load_training_with_stats, neighbor_and_data_stats,
-    neighbor_stats, property_stats, stat_frames, DataStats, NeighborStats, Pass, StatDraw,
+    auto_sel, data_stats, dos_stats, fit_input_stats, load_training_with_stats,
+    neighbor_and_data_stats, neighbor_stats, property_stats, stat_frames, DataStats, NeighborStats,
+    Pass, StatDraw,
 };
 
 /// Mixed into the training seed for the draw of the statistics frames ("STAT").
@@ -343,7 +345,7 @@ impl Reading {
             d.rcut,
             pass,
             &draw,
-            &model_labels(&cfg.model.fitting_net.output, true),
+            &model_labels(&cfg.model.fitting_net.output, Some(&cfg.loss), true),
         )?;
         for l in train.summary("training") {
             tracing::info!("{l}");
@@ -503,9 +505,21 @@ impl Reading {
             t.elapsed().as_secs_f64(),
         );
         (m.davg, m.dstd) = (st.davg, st.dstd);
-        match spec.fitting.output.property() {
-            None => m.bias = st.bias,
-            Some(p) => {
+        match &spec.fitting.output {
+            FitOutput::Ener => m.bias = st.bias,
+            FitOutput::Dos(d) => {
+                let t = Instant::now();
+                let frames = self.stat_frames();
+                let ntypes = self.type_map.len();
+                m.bias = dos_stats(d.numb_dos, ntypes, &self.train, &frames)?;
+                tracing::info!(
+                    "output bias of the DOS (numb_dos {}): {:?} ({:.2} s)",
+                    d.numb_dos,
+                    m.bias,
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            FitOutput::Property(p) => {
                 let t = Instant::now();
                 let frames = self.stat_frames();
                 let (bias, std) = property_stats(p, self.type_map.len(), &self.train, &frames)?;
@@ -552,7 +566,7 @@ fn read_validation(fs: &dyn Files, cfg: &Config) -> Result<Option<DataSet>> {
         &cfg.model.type_map,
         cfg.model.descriptor.rcut,
         "validation",
-        &model_labels(&cfg.model.fitting_net.output, true),
+        &model_labels(&cfg.model.fitting_net.output, Some(&cfg.loss), true),
     )?;
     for l in d.summary("validation") {
         tracing::info!("{l}");

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use crate::config::DataConfig;
 use crate::data::{keep_open, Files, Labels, Sampler, System, SystemInfo};
+use crate::fitting::dos::stats::{out_bias, DosSamples};
 use crate::fitting::property::stats::out_stats;
 use crate::fitting::property::PropertySpec;
 use crate::geometry::{
@@ -196,6 +197,39 @@ pub fn property_stats(
         }
     }
     Ok(out_stats(p, &counts, &labels))
+}
+
+/// A DOS's output bias ([`crate::fitting::dos::stats::out_bias`]) over the statistics frames
+/// `frames` of each system.
+pub fn dos_stats(
+    numb_dos: usize,
+    ntypes: usize,
+    data: &DataSet,
+    frames: &[Vec<usize>],
+) -> Result<Vec<f64>> {
+    let mut samples = DosSamples::default();
+    for (s, frames) in frames.iter().enumerate() {
+        if frames.is_empty() {
+            continue;
+        }
+        let sys = data.system(s)?;
+        for &f in frames {
+            if let Some(l) = sys.frame_atom_label(f) {
+                samples.atom_types.extend(sys.frame_atype(f));
+                samples.atomic.extend(l);
+            }
+            if let Some(l) = sys.frame_label(f) {
+                samples.counts.push(
+                    sys.type_counts(f, ntypes)
+                        .iter()
+                        .map(|&n| n as f64)
+                        .collect(),
+                );
+                samples.frame.extend(l);
+            }
+        }
+    }
+    out_bias(&samples, ntypes, numb_dos).map_err(anyhow::Error::msg)
 }
 
 /// The statistics a model starts from.

@@ -1,31 +1,76 @@
 //! One evaluation or training step over the [`Backend`] trait: forward with G', forces and
 //! virial, then (training) the loss residuals, the tangent pass and the dual reverse pass that
 //! give the parameter gradient of the full loss, energy + force + virial (docs/design.md §3).
-//! A property model's step is the forward alone, its loss on the host, then the dual reverse
-//! with a zero tangent: the plain gradient (docs/design.md §12).
+//! A property or DOS model's step is the forward alone, its loss on the host, then the dual
+//! reverse with a zero tangent: the plain gradient (docs/design.md §12).
 
 use crate::backend::{Backend, Dims, Prefactors, Real};
+use crate::fitting::dos::head::{self as dos, DosLabels};
 use crate::fitting::property::config::PropertyLossConfig;
-use crate::fitting::property::head::{self, Centres};
+use crate::fitting::property::head as property;
+use crate::fitting::{seed, Centres, OutStat};
 use crate::mem::OutOfMemory;
+use crate::model::FitOutput;
 use crate::stage::descriptor::Descriptor;
 use crate::stage::env::Env;
 use crate::stage::fitting::Fitting;
 pub use crate::stage::DeviceModel;
+use crate::stage::HostHead;
 
-use super::batch::{centre_atoms, HostBatch};
+use super::batch::{centre_atoms, HeadLabels, HostBatch};
 use super::budget::{batch_knob, batch_what, check_workspace};
 
 fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
     x.iter().map(|&v| T::of(v)).collect()
 }
 
-/// What the step's loss needs beside the batch: the ener loss's prefactors, or the property
-/// loss's settings.
+/// What the step's loss needs beside the batch: the ener loss's prefactors, the property
+/// loss's settings, or the DOS loss's prefactors (its terms' order of
+/// [`crate::fitting::dos::config::TERMS`]).
 #[derive(Clone, Copy, Debug)]
 pub enum StepLoss<'a> {
     Ener(Prefactors),
     Property(&'a PropertyLossConfig),
+    Dos([f64; 4]),
+}
+
+/// A host head's loss sums (the loss's `nsums`) and the nets' seed ∂L/∂y, from the nets'
+/// outputs `y` (centre order) of a batch laid out as `c`.
+pub fn head_loss(
+    head: &HostHead,
+    loss: StepLoss,
+    c: &Centres,
+    y: &[f64],
+    labels: &HeadLabels,
+) -> (Vec<f64>, Vec<f64>) {
+    let k = head.dim();
+    let (atomic, frame) = head.outputs(c, y);
+    match (loss, &head.output) {
+        (StepLoss::Property(cfg), FitOutput::Property(p)) => {
+            // DeePMD-kit normalises every atom's by type 0's statistics.
+            let type0 = OutStat {
+                bias: &head.bias[..k],
+                std: &head.std[..k],
+            };
+            let label = labels
+                .frame
+                .as_deref()
+                .expect("training data have the label");
+            let (sums, dframe) = property::loss(cfg, p, &type0, c.natoms, &frame, label);
+            let ybar = seed(k, p.intensive, &head.stat(), c, &dframe, None);
+            (sums.to_vec(), ybar)
+        }
+        (StepLoss::Dos(pref), FitOutput::Dos(_)) => {
+            let l = DosLabels {
+                frame: labels.frame.as_deref(),
+                atomic: labels.atomic.as_deref(),
+            };
+            let (sums, da, df) = dos::loss(pref, k, &atomic, &frame, &l);
+            let ybar = seed(k, false, &head.stat(), c, &df, Some(&da));
+            (sums.to_vec(), ybar)
+        }
+        (loss, output) => unreachable!("a {output:?} model trained by {loss:?}"),
+    }
 }
 
 impl From<Prefactors> for StepLoss<'_> {
@@ -52,9 +97,8 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     fres: B::Buf,
     vres: B::Buf,
     sums: B::Buf,
-    /// A property model's labels of the loaded batch, `[nframes][task_dim]` (its loss runs on
-    /// the host); empty otherwise.
-    label: Vec<f64>,
+    /// A host head's labels of the loaded batch (its loss runs on the host).
+    head_labels: HeadLabels,
     /// Every centre's type and frame, for a property's head.
     centre_type: Vec<usize>,
     centre_frame: Vec<usize>,
@@ -80,8 +124,9 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             })
         };
         let centre_atom = centre_atoms(dims);
-        let (no, nsums) = match &m.property {
-            Some(p) => (p.spec.task_dim, head::NSUMS),
+        // Both host heads leave 5 loss sums (the loss, then their terms').
+        let (no, nsums) = match &m.head {
+            Some(h) => (h.dim(), property::NSUMS.max(dos::NSUMS)),
             None => (1, 3),
         };
         let mut centre_type = vec![0; nc];
@@ -103,7 +148,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             fres: zeros(3 * na)?,
             vres: zeros(9 * nf)?,
             sums: zeros(nsums)?,
-            label: Vec::new(),
+            head_labels: HeadLabels::default(),
             centre_type,
             centre_frame: (0..nc).map(|c| dims.centre_frame(c)).collect(),
         })
@@ -174,7 +219,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         b.write(e, &to_t(&batch.energy));
         b.write(f, &to_t(&batch.force));
         b.write(v, &to_t(&batch.virial));
-        self.label.clone_from(&batch.label);
+        self.head_labels.clone_from(&batch.head_labels);
         self.fitting.load(b, &batch.fit_input);
     }
 
@@ -220,7 +265,7 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
     let d = &w.dims;
     w.descriptor.forward(b, m, d, &mut w.env);
     w.fitting.forward(b, m, d, w.descriptor.desc());
-    if m.property.is_some() {
+    if m.head.is_some() {
         return;
     }
     w.fitting.backward(b, m, d);
@@ -258,21 +303,15 @@ pub fn gradient<'l, T: Real, B: Backend<T>>(
             &mut w.vres,
             &mut w.sums,
         ),
-        StepLoss::Property(cfg) => {
+        loss => {
             // The head and loss on the host; fres and vres stay 0, so the tangent is 0 and the
             // dual reverse below is the plain reverse pass.
-            let p = m
-                .property
+            let head = m
+                .head
                 .as_ref()
-                .expect("a property loss trains a property model");
-            let k = p.spec.task_dim;
-            let (_, pred) = head::outputs(&p.spec, &p.stat(), &w.centres(), &w.fit_outputs(b));
-            let type0 = head::OutStat {
-                bias: &p.bias[..k],
-                std: &p.std[..k],
-            };
-            let (sums, dpred) = head::loss(cfg, &p.spec, &type0, d.natoms, &pred, &w.label);
-            let ybar = head::seed(&p.spec, &p.stat(), &w.centres(), &dpred);
+                .expect("a host head's loss trains its model");
+            let y = w.fit_outputs(b);
+            let (sums, ybar) = head_loss(head, loss, &w.centres(), &y, &w.head_labels);
             b.write(&mut w.sums, &to_t(&sums));
             b.write(&mut w.ebar, &to_t(&ybar));
         }

@@ -10,9 +10,9 @@ use super::batch::HostBatch;
 use super::dataset::DataSet;
 use super::lcurve::Metrics;
 use super::loss::{host_sums, Loss};
-use crate::config::LossConfig;
-use crate::fitting::property::head;
-use crate::stage::PropertyHead;
+use super::step::head_loss;
+use crate::fitting::Centres;
+use crate::stage::HostHead;
 
 /// Offset of the validation sampler's seed from the training one.
 pub const VALID_STREAM: u64 = 0x5641_4c49_4400;
@@ -32,8 +32,8 @@ pub fn next_batch(
 pub enum Predicted<'a> {
     /// Energy, force, virial.
     Ener(&'a [f64], &'a [f64], &'a [f64]),
-    /// The frame properties, `[nframes][task_dim]`.
-    Property(Vec<f64>),
+    /// A host head's nets' outputs `y` (centre order), with the head and where the centres are.
+    Head(Vec<f64>, &'a HostHead, Centres<'a>),
 }
 
 /// The running atom-weighted average.
@@ -50,19 +50,12 @@ impl Average {
         }
     }
 
-    /// Adds one batch's predictions against its labels (`property`: the model's head, for a
-    /// property model).
-    pub fn add(
-        &mut self,
-        loss: &Loss,
-        pref_lr: f64,
-        batch: &HostBatch,
-        pred: Predicted,
-        property: Option<&PropertyHead>,
-    ) {
+    /// Adds one batch's predictions against its labels.
+    pub fn add(&mut self, loss: &Loss, pref_lr: f64, batch: &HostBatch, pred: Predicted) {
         let natoms = batch.dims.natoms;
-        let sums: Vec<f64> = match (pred, &loss.cfg, property) {
-            (Predicted::Ener(e, f, v), _, _) => host_sums(
+        let pf = loss.prefactors(pref_lr, natoms, batch.has_virial);
+        let sums: Vec<f64> = match pred {
+            Predicted::Ener(e, f, v) => host_sums(
                 (e, f, v),
                 (
                     &batch.energy,
@@ -71,19 +64,10 @@ impl Average {
                 ),
             )
             .to_vec(),
-            (Predicted::Property(pred), LossConfig::Property(cfg), Some(p)) => {
-                let k = p.spec.task_dim;
-                let type0 = head::OutStat {
-                    bias: &p.bias[..k],
-                    std: &p.std[..k],
-                };
-                head::loss(cfg, &p.spec, &type0, natoms, &pred, &batch.label)
-                    .0
-                    .to_vec()
+            Predicted::Head(y, head, c) => {
+                head_loss(head, loss.step_loss(&pf), &c, &y, &batch.head_labels).0
             }
-            _ => unreachable!("a property model is trained by a property loss"),
         };
-        let pf = loss.prefactors(pref_lr, natoms, batch.has_virial);
         let m = loss.metrics(&sums, batch.dims.nframes, natoms, &pf);
         self.sum.add_scaled(&m, natoms as f64);
         self.natoms += natoms;

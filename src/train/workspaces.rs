@@ -102,7 +102,7 @@ fn forward_gradient<T: Real, B: Backend<T>>(
     w: &mut Workspace<T, B>,
     loss: StepLoss,
 ) {
-    if dm.property.is_some() {
+    if dm.head.is_some() {
         // Its loss runs on the host between the passes: nothing to replay.
         forward(b, dm, w);
         gradient(b, dm, w, loss);

@@ -234,6 +234,7 @@ impl RefFrames {
             fparam: None,
             aparam: None,
             label: None,
+            atom_label: None,
         }
     }
 
@@ -297,4 +298,46 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
 pub fn json_strings(v: &serde_json::Value) -> Vec<String> {
     let items = v.as_array().expect("a JSON array");
     items.iter().map(|s| s.as_str().unwrap().into()).collect()
+}
+
+/// `dpw args` in `dir`: whether it succeeded, and its stdout and stderr (never a panic).
+pub fn dpw_in(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("panicked"), "{args:?}: {text}");
+    (out.status.success(), text)
+}
+
+/// `dpw train input.json --backend cpu` in `dir` with `input` written there first.
+pub fn dpw_train(dir: &Path, input: &serde_json::Value) -> (bool, String) {
+    std::fs::write(dir.join("input.json"), input.to_string()).unwrap();
+    dpw_in(dir, &["train", "input.json", "--backend", "cpu"])
+}
+
+/// A JSON file.
+pub fn json_file(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every number of a JSON value (nested lists flattened), in order.
+pub fn json_numbers(v: &serde_json::Value) -> Vec<f64> {
+    match v {
+        serde_json::Value::Array(a) => a.iter().flat_map(json_numbers).collect(),
+        x => vec![x.as_f64().unwrap()],
+    }
+}
+
+/// max |a − b| / max |b|.
+pub fn rel_to_max(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    max_abs_diff(a, b) / scale
 }

@@ -94,6 +94,7 @@ impl Frames {
                 fparam: self.fparam.as_ref().map(|v| v[f].as_slice()),
                 aparam: self.aparam.as_ref().map(|v| v[f].as_slice()),
                 label: None,
+                atom_label: None,
             })
             .collect()
     }

@@ -28,6 +28,7 @@ impl Sys {
             fparam: None,
             aparam: None,
             label: None,
+            atom_label: None,
         }
     }
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod descriptors;
+pub mod dos;
 pub mod fd;
 pub mod parity;
 pub mod plan;
@@ -151,6 +152,16 @@ macro_rules! backend_suite {
             for case in $crate::suite::property::PROPERTY_CASES {
                 $crate::suite::property::training_gradients(&$backend, case);
             }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_dos_predictions() {
+            $crate::suite::dos::predictions(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_dos_training_gradients() {
+            $crate::suite::dos::training_gradients(&$backend);
         }
     };
     (#[$attr:meta] $backend:expr) => {

@@ -78,6 +78,7 @@ pub fn frame_of(s: &super::fd::Sys) -> Frame<'_> {
         fparam: None,
         aparam: None,
         label: None,
+        atom_label: None,
     }
 }
 

@@ -160,6 +160,7 @@ pub fn resident_batches_match_host<B: Backend<f64>>(b: &B) {
         fparam: None,
         aparam: None,
         label: None,
+        atom_label: None,
     };
     let pref = Prefactors {
         e: 1.0,

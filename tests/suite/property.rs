@@ -75,15 +75,10 @@ impl Frames {
                 fparam: None,
                 aparam: None,
                 label: Some(&self.label[f]),
+                atom_label: None,
             })
             .collect()
     }
-}
-
-/// max |a − b| / max |b|.
-fn rel_max(a: &[f64], b: &[f64]) -> f64 {
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    max_abs_diff(a, b) / scale
 }
 
 /// The frame and atomic properties of the three eval frames, each ≤ 1e-10 relative to its
@@ -95,10 +90,13 @@ pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
     let mut z = npz(&dir(case).join("eval.npz"));
     let want = |z: &mut _, k| -> Vec<f64> { npz_array(z, k).iter().copied().collect() };
     let errs = [
-        ("property", rel_max(&p.property, &want(&mut z, "property"))),
+        (
+            "property",
+            rel_to_max(&p.property, &want(&mut z, "property")),
+        ),
         (
             "atomic property",
-            rel_max(&p.atom_property, &want(&mut z, "atom_property")),
+            rel_to_max(&p.atom_property, &want(&mut z, "atom_property")),
         ),
     ];
     eprintln!("{case}: relative to DeePMD-kit: {errs:?}");

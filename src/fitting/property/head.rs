@@ -4,45 +4,12 @@
 
 use super::config::{LossFunc, PropertyLossConfig};
 use super::PropertySpec;
+use crate::fitting::OutStat;
 
 /// The loss sums one batch leaves for the metrics: the loss, then Σ smooth_l1, Σ|Δ|, ΣΔ²,
 /// Σ|Δ/(label + 10⁻³)| over frames and components (Δ = label − prediction, each per atom where
 /// the property is extensive, as DeePMD-kit compares them).
 pub const NSUMS: usize = 5;
-
-/// Where each centre of a batch is: its type and its frame.
-pub struct Centres<'a> {
-    pub types: &'a [usize],
-    pub frames: &'a [usize],
-    pub nframes: usize,
-    /// Atoms per frame.
-    pub natoms: usize,
-}
-
-/// The output statistics of a model: `[ntypes][task_dim]` each.
-pub struct OutStat<'a> {
-    pub bias: &'a [f64],
-    pub std: &'a [f64],
-}
-
-/// Atomic properties `[ncentres][k]` (y·std + bias of the centre's type) and frame properties
-/// `[nframes][k]` (their sum, or mean where intensive) from the nets' outputs `y`.
-pub fn outputs(p: &PropertySpec, stat: &OutStat, c: &Centres, y: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    let k = p.task_dim;
-    let mut atomic = vec![0.0; y.len()];
-    let mut frame = vec![0.0; c.nframes * k];
-    for (i, (&t, &f)) in c.types.iter().zip(c.frames).enumerate() {
-        for j in 0..k {
-            let a = y[i * k + j] * stat.std[t * k + j] + stat.bias[t * k + j];
-            atomic[i * k + j] = a;
-            frame[f * k + j] += a;
-        }
-    }
-    if p.intensive {
-        frame.iter_mut().for_each(|x| *x /= c.natoms as f64);
-    }
-    (atomic, frame)
-}
 
 /// `smooth_l1(d)` of PyTorch, and its derivative in d.
 fn smooth_l1(d: f64, beta: f64) -> (f64, f64) {
@@ -125,23 +92,6 @@ pub fn loss(
         grad.iter_mut().for_each(|g| *g *= s);
     }
     (sums, grad)
-}
-
-/// The nets' seed ∂L/∂y `[ncentres][k]` from ∂L/∂(frame property) `dpred`.
-pub fn seed(p: &PropertySpec, stat: &OutStat, c: &Centres, dpred: &[f64]) -> Vec<f64> {
-    let k = p.task_dim;
-    let mean = if p.intensive {
-        1.0 / c.natoms as f64
-    } else {
-        1.0
-    };
-    let mut ybar = vec![0.0; c.types.len() * k];
-    for (i, (&t, &f)) in c.types.iter().zip(c.frames).enumerate() {
-        for j in 0..k {
-            ybar[i * k + j] = dpred[f * k + j] * mean * stat.std[t * k + j];
-        }
-    }
-    ybar
 }
 
 /// The metrics `cfg.metric` asks for from the summed [`NSUMS`] of `nvalues` frame components:

@@ -1,0 +1,198 @@
+//! The `dos` fitting against DeePMD-kit 3.2.0's own numbers (`tests/reference/fittings/
+//! dos_water`, made by `scripts/make-reference/dos.py`): a model DeePMD-kit wrote, read from
+//! its `.yaml`; the frame and atomic DOS of three frames; and the gradient of DeePMD-kit's
+//! `DOSLoss` (every term, the frame terms alone, the atomic terms alone) against its own backward
+//! pass.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use dpw::backend::Backend;
+use dpw::fitting::dos::config::{DosLossConfig, TERMS};
+use dpw::model::{read_deepmd_yaml, Model};
+use dpw::train::batch::Frame;
+use dpw::train::predict::{predict, step_of};
+use dpw::train::step::StepLoss;
+
+use super::descriptors::worst_tensor;
+use crate::common::*;
+
+const CASE: &str = "dos_water";
+
+fn dir() -> PathBuf {
+    repo(&format!("tests/reference/fittings/{CASE}"))
+}
+
+pub fn model() -> Model {
+    read_deepmd_yaml(&dir().join("model.yaml")).unwrap()
+}
+
+/// A reference npz's frames with their frame and atomic DOS labels.
+pub struct Frames {
+    pub atype: Vec<usize>,
+    coord: Vec<Vec<f64>>,
+    cell: Vec<Vec<f64>>,
+    dos: Vec<Vec<f64>>,
+    atom_dos: Vec<Vec<f64>>,
+    zeros: Vec<f64>,
+}
+
+impl Frames {
+    pub fn read(path: PathBuf) -> Self {
+        let mut z = npz(&path);
+        let rows = |a: ndarray::ArrayD<f64>| -> Vec<Vec<f64>> {
+            a.outer_iter()
+                .map(|r| r.iter().copied().collect())
+                .collect()
+        };
+        let atype: Vec<usize> = npz_i64(&mut z, "atype")
+            .iter()
+            .map(|&t| t as usize)
+            .collect();
+        Frames {
+            zeros: vec![0.0; 3 * atype.len()],
+            atype,
+            coord: rows(npz_array(&mut z, "coord")),
+            cell: rows(npz_array(&mut z, "box")),
+            dos: rows(npz_array(&mut z, "dos_label")),
+            atom_dos: rows(npz_array(&mut z, "atom_dos_label")),
+        }
+    }
+
+    /// The frames, with the atomic labels where `atomic`.
+    pub fn all(&self, atomic: bool) -> Vec<Frame<'_>> {
+        (0..self.coord.len())
+            .map(|f| Frame {
+                coord: &self.coord[f],
+                cell: Some(&self.cell[f]),
+                energy: 0.0,
+                force: &self.zeros,
+                virial: None,
+                fparam: None,
+                aparam: None,
+                label: Some(&self.dos[f]),
+                atom_label: atomic.then(|| self.atom_dos[f].as_slice()),
+            })
+            .collect()
+    }
+}
+
+/// The frame and atomic DOS of the three eval frames, each ≤ 1e-10 relative to its largest
+/// value.
+pub fn predictions<B: Backend<f64>>(b: &B) {
+    let model = model();
+    let fr = Frames::read(dir().join("eval.npz"));
+    let p = predict(b, &model, &fr.atype, &fr.all(true)).unwrap();
+    let mut z = npz(&dir().join("eval.npz"));
+    let want = |z: &mut _, k| -> Vec<f64> { npz_array(z, k).iter().copied().collect() };
+    let errs = [
+        ("dos", rel_to_max(&p.property, &want(&mut z, "dos"))),
+        (
+            "atomic dos",
+            rel_to_max(&p.atom_property, &want(&mut z, "atom_dos")),
+        ),
+    ];
+    eprintln!("{CASE}: relative to DeePMD-kit: {errs:?}");
+    for (what, e) in errs {
+        assert!(e <= 1e-10, "{CASE}: {what} off by {e:e} relative");
+    }
+}
+
+fn loss_of(l: &Value) -> DosLossConfig {
+    let pref = |which: &str| -> [f64; 4] {
+        std::array::from_fn(|t| l[format!("{which}_pref_{}", TERMS[t])].as_f64().unwrap())
+    };
+    DosLossConfig {
+        start: pref("start"),
+        limit: pref("limit"),
+    }
+}
+
+/// DOSLoss and its gradient, per tensor ≤ 1e-12 relative to DeePMD-kit's backward pass, with
+/// every term, the frame terms alone and the atomic terms alone (the last also with the atomic
+/// labels missing from the data: then the loss is the frame terms', as DeePMD-kit's with
+/// `find_atom_dos` 0); and the loss's displayed metrics.
+pub fn training_gradients<B: Backend<f64>>(b: &B) {
+    let model = model();
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir().join("train_step.json")).unwrap())
+            .unwrap();
+    let fr = Frames::read(dir().join("train_step.npz"));
+    let mut z = npz(&dir().join("train_step.npz"));
+    let coef = meta["lr"].as_f64().unwrap() / meta["start_lr"].as_f64().unwrap();
+    for (key, value, prefix, more) in [
+        ("loss", "loss_value", "grad", "more_loss"),
+        (
+            "loss_global",
+            "loss_value_global",
+            "grad_global",
+            "more_loss_global",
+        ),
+        (
+            "loss_atomic",
+            "loss_value_atomic",
+            "grad_atomic",
+            "more_loss_atomic",
+        ),
+    ] {
+        let cfg = loss_of(&meta[key]);
+        let pref = cfg.prefactors(coef);
+        let (sums, grad, _) =
+            step_of(b, &model, &fr.atype, &fr.all(true), StepLoss::Dos(pref)).unwrap();
+        let want = meta[value].as_f64().unwrap();
+        let rl = (sums[0] - want).abs() / want;
+        let worst = worst_tensor(&model, &grad, &mut z, prefix);
+        eprintln!(
+            "{CASE}, {key}: loss {} vs {want} (rel {rl:.1e}); worst per-tensor relative \
+             gradient error {:.1e} ({})",
+            sums[0], worst.0, worst.1
+        );
+        assert!(rl < 1e-12, "{CASE}: {key} off by {rl:e} relative");
+        assert!(
+            worst.0 < 1e-12,
+            "{CASE}: {prefix} of {} off by {:e}",
+            worst.1,
+            worst.0
+        );
+        // The displayed metrics: the roots of the terms' mean squares (the frame terms' per
+        // atom).
+        let natoms = fr.atype.len() as f64;
+        for (t, name) in [
+            (0, "local_dos"),
+            (1, "local_cdf"),
+            (2, "global_dos"),
+            (3, "global_cdf"),
+        ] {
+            if let Some(w) = meta[more]
+                .get(format!("rmse_{name}"))
+                .and_then(Value::as_f64)
+            {
+                let per = if t >= 2 { 1.0 / natoms } else { 1.0 };
+                let mine = sums[1 + t].sqrt() * per;
+                assert!(
+                    (mine - w).abs() <= 1e-12 * w,
+                    "{key}: rmse_{name} {mine} vs {w}"
+                );
+            }
+        }
+    }
+    // Without atomic labels, the full loss is its frame terms'.
+    let pref = loss_of(&meta["loss"]).prefactors(coef);
+    let (sums, grad, _) =
+        step_of(b, &model, &fr.atype, &fr.all(false), StepLoss::Dos(pref)).unwrap();
+    let want = meta["loss_value_global"].as_f64().unwrap();
+    assert!(
+        (sums[0] - want).abs() < 1e-12 * want,
+        "no atomic labels: {}",
+        sums[0]
+    );
+    assert!(sums[1].is_nan() && sums[2].is_nan());
+    let worst = worst_tensor(&model, &grad, &mut z, "grad_global");
+    assert!(
+        worst.0 < 1e-12,
+        "no atomic labels: {} off by {:e}",
+        worst.1,
+        worst.0
+    );
+}
