@@ -63,10 +63,10 @@ pub enum Labels {
     /// Energy and force, required (the ener loss).
     EnergyForce,
     /// With `frame`, `{name}.npy` with `width` values per frame (a property, a DOS), with
-    /// `atomic`, `atom_{name}.npy` with `width` per atom (a DOS); where `required`, every system
-    /// must hold one of them. (A label the loss does not read is not read, as DeePMD-kit's
-    /// loader reads the loss's requirements: the statistics then come from the others.) A
-    /// system without them is refused, warned of or read as it is (`missing`).
+    /// `atomic`, `atom_{name}.npy` with `width` per atom (a DOS). (A label the loss does not read
+    /// is not read, as DeePMD-kit's loader reads the loss's requirements: the statistics then
+    /// come from the others.) A system with neither is refused, warned of or read as it is
+    /// (`missing`).
     Frame {
         name: String,
         width: usize,
@@ -121,6 +121,14 @@ impl Labels {
 pub struct Params {
     pub width: usize,
     pub values: Vec<f64>,
+}
+
+impl Params {
+    /// Frame `frame`'s values, `rows` (1, or the atoms) of `width` each.
+    fn frame(&self, frame: usize, rows: usize) -> &[f64] {
+        let n = rows * self.width;
+        &self.values[frame * n..(frame + 1) * n]
+    }
 }
 
 impl System {
@@ -185,15 +193,12 @@ impl System {
     }
 
     pub fn frame_fparam(&self, frame: usize) -> Option<&[f64]> {
-        let p = self.fparam.as_ref()?;
-        Some(&p.values[frame * p.width..(frame + 1) * p.width])
+        Some(self.fparam.as_ref()?.frame(frame, 1))
     }
 
     /// `[natoms][width]` of frame `frame`, sorted atom order.
     pub fn frame_aparam(&self, frame: usize) -> Option<&[f64]> {
-        let p = self.aparam.as_ref()?;
-        let n = self.natoms * p.width;
-        Some(&p.values[frame * n..(frame + 1) * n])
+        Some(self.aparam.as_ref()?.frame(frame, self.natoms))
     }
 
     /// The labels training learns from ([`Labels`]), present.
@@ -254,15 +259,12 @@ impl System {
 
     /// Frame `frame`'s label ([`System::label`]).
     pub fn frame_label(&self, frame: usize) -> Option<&[f64]> {
-        let p = self.label.as_ref()?;
-        Some(&p.values[frame * p.width..(frame + 1) * p.width])
+        Some(self.label.as_ref()?.frame(frame, 1))
     }
 
     /// Frame `frame`'s atomic label ([`System::atom_label`]), `[natoms][width]`.
     pub fn frame_atom_label(&self, frame: usize) -> Option<&[f64]> {
-        let p = self.atom_label.as_ref()?;
-        let n = self.natoms * p.width;
-        Some(&p.values[frame * n..(frame + 1) * n])
+        Some(self.atom_label.as_ref()?.frame(frame, self.natoms))
     }
 }
 

@@ -69,8 +69,16 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         v
     }
 
-    /// The nets forward from D.
-    pub fn forward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims, desc: &B::Buf) {
+    /// The nets forward from D; with `backward` (an energy's: the forces are its derivatives)
+    /// each type's net then back to D̄ = ∂E_i/∂D_i while its rows are at hand.
+    pub fn forward(
+        &mut self,
+        b: &B,
+        m: &DeviceModel<T, B>,
+        d: &Dims,
+        desc: &B::Buf,
+        backward: bool,
+    ) {
         let desc = match &mut self.input {
             Some(inp) => {
                 inp.join(b, desc);
@@ -87,15 +95,9 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
                 let x = if l == 0 { desc } else { &head[l - 1] };
                 b.dense_forward(layer, &m.params, rows.clone(), x, &mut c.h[l], &mut tail[0]);
             }
-        }
-    }
-
-    /// After [`Fitting::forward`] of an energy: back to D̄ = ∂E_i/∂D_i.
-    pub fn backward(&mut self, b: &B, m: &DeviceModel<T, B>, d: &Dims) {
-        for t in 0..d.ntypes {
-            let net = &m.fitting[t];
-            let rows = d.centres(t);
-            let c = &mut self.cache;
+            if !backward {
+                continue;
+            }
             for (l, layer) in net.layers.iter().enumerate().rev() {
                 let (head, tail) = c.xbar.split_at_mut(l + 1);
                 let ybar = if l + 1 == net.layers.len() {
@@ -106,7 +108,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
                 b.dense_backward(layer, &m.params, rows.clone(), &c.h[l], ybar, &mut head[l]);
             }
         }
-        if let Some(inp) = &mut self.input {
+        if let (true, Some(inp)) = (backward, &mut self.input) {
             inp.split(b, &self.cache.xbar[0], None);
         }
     }

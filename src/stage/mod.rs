@@ -63,6 +63,14 @@ impl HostHead {
         })
     }
 
+    /// The loss sums its loss leaves ([`crate::train::loss::Loss::nsums`]).
+    pub fn nsums(&self) -> usize {
+        match self.output {
+            FitOutput::Dos(_) => crate::fitting::dos::head::NSUMS,
+            _ => crate::fitting::property::head::NSUMS,
+        }
+    }
+
     /// The values per atom.
     pub fn dim(&self) -> usize {
         self.output.dim()

@@ -124,9 +124,8 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             })
         };
         let centre_atom = centre_atoms(dims);
-        // Both host heads leave 5 loss sums (the loss, then their terms').
         let (no, nsums) = match &m.head {
-            Some(h) => (h.dim(), property::NSUMS.max(dos::NSUMS)),
+            Some(h) => (h.dim(), h.nsums()),
             None => (1, 3),
         };
         let mut centre_type = vec![0; nc];
@@ -264,11 +263,11 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
 pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
     let d = &w.dims;
     w.descriptor.forward(b, m, d, &mut w.env);
-    w.fitting.forward(b, m, d, w.descriptor.desc());
+    w.fitting
+        .forward(b, m, d, w.descriptor.desc(), m.head.is_none());
     if m.head.is_some() {
         return;
     }
-    w.fitting.backward(b, m, d);
     b.energy(d, w.fitting.e_fit(), &m.bias, &mut w.e_atom, &mut w.energy);
     let (dbar, _) = w.fitting.adjoints();
     w.descriptor.backward(b, m, d, &w.env, dbar, &mut w.q);

@@ -100,12 +100,6 @@ impl Frames {
     }
 }
 
-/// max |a − b| / max |b|: the figures DeePMD-kit's own backends agree to (README there).
-fn rel_max(a: &[f64], b: &[f64]) -> f64 {
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    max_abs_diff(a, b) / scale
-}
-
 fn model(case: &str) -> Model {
     read_deepmd_yaml(&case_dir(case).join("model.yaml")).unwrap()
 }
@@ -125,13 +119,13 @@ pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
     let p = predict(b, &model, &fr.atype, &fr.all()).unwrap();
     let want = |z: &mut NpzReader<_>, k| -> Vec<f64> { npz_array(z, k).iter().copied().collect() };
     let errs = [
-        ("energy", rel_max(&p.energy, &want(&mut z, "energy"))),
+        ("energy", rel_to_max(&p.energy, &want(&mut z, "energy"))),
         (
             "atom energy",
-            rel_max(&p.atom_energy, &want(&mut z, "atom_energy")),
+            rel_to_max(&p.atom_energy, &want(&mut z, "atom_energy")),
         ),
-        ("force", rel_max(&p.force, &want(&mut z, "force"))),
-        ("virial", rel_max(&p.virial, &want(&mut z, "virial"))),
+        ("force", rel_to_max(&p.force, &want(&mut z, "force"))),
+        ("virial", rel_to_max(&p.virial, &want(&mut z, "virial"))),
     ];
     let shown: Vec<String> = errs.iter().map(|(w, e)| format!("{w} {e:.1e}")).collect();
     eprintln!("{case}: relative to DeePMD-kit: {}", shown.join(", "));
