@@ -335,3 +335,31 @@ __device__ void contract_dual CONTRACT_DUAL_PARAMS(T) {
   }
 }
 DPW_INSTANTIATE(contract_dual, CONTRACT_DUAL_PARAMS, (dims, a, adot, dbar, ddotbar, rhat, rdot, gbar, gdotbar))
+
+// Ḡ[slot] += (1/nnei) Ā R̂[slot] over the block's centre's slots: A's reverse into G from an Ā
+// that reaches A from outside D (a tensor fitting's ∂L/∂gr). Shared memory: Ā [M1][4].
+#define CONTRACT_GBAR_PARAMS(T) \
+  (const int* __restrict__ dims, const T* __restrict__ abar, const T* __restrict__ rhat, T* __restrict__ gbar)
+
+template <typename T>
+__device__ void contract_gbar CONTRACT_GBAR_PARAMS(T) {
+  Dims d(dims);
+  int c = blockIdx.x, m1 = d.m1();
+  T inv = T(1.0 / (double)d.nnei());
+  T* sab = shared_buffer<T>();
+  load_rows(sab, abar + (i64)c * 4 * m1, m1);
+  __syncthreads();
+  int ti = d.centre_type(c);
+  for (int tj = 0; tj < d.nsec(); ++tj) {
+    i64 first = d.first_slot(ti, c, tj);
+    for (int e = threadIdx.x; e < d.sel(tj) * m1; e += blockDim.x) {
+      int j = e / m1, i = e % m1;
+      const T* rh = rhat + 4 * (first + j);
+      T gb = T(0);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) gb += sab[4 * i + k] * rh[k];
+      gbar[first * m1 + e] += inv * gb;
+    }
+  }
+}
+DPW_INSTANTIATE(contract_gbar, CONTRACT_GBAR_PARAMS, (dims, abar, rhat, gbar))

@@ -35,6 +35,20 @@ fn a_index(c: u32, i: u32) -> u32 {
     return c * 4u * u.m1 + i;
 }
 
+// A slot's R̂ and Ṙ rows, and column i of a centre's Ā and Ǡ ([4][M1] from a_index's y).
+fn rhat_of(s: u32) -> vec4<real> {
+    return vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
+}
+fn rdot_of(s: u32) -> vec4<real> {
+    return vec4<real>(rdot[4u * s], rdot[4u * s + 1u], rdot[4u * s + 2u], rdot[4u * s + 3u]);
+}
+fn abar_col(y: u32) -> vec4<real> {
+    return vec4<real>(abar[y], abar[y + u.m1], abar[y + 2u * u.m1], abar[y + 3u * u.m1]);
+}
+fn adotbar_col(y: u32) -> vec4<real> {
+    return vec4<real>(adotbar[y], adotbar[y + u.m1], adotbar[y + 2u * u.m1], adotbar[y + 3u * u.m1]);
+}
+
 // A[c][i][·] = (1/nnei) Σ_slots G[slot][i] R̂[slot][·]
 @compute @workgroup_size(64)
 fn a_forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -51,7 +65,7 @@ fn a_forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         let s0 = first_slot(ti, c, tj);
         for (var s = s0; s < s0 + sel_of(tj); s++) {
             let gv = g[s * u.m1 + i];
-            acc += gv * vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
+            acc += gv * rhat_of(s);
         }
     }
     store_a(id, acc * inv_nnei());
@@ -173,12 +187,11 @@ fn slot_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let s = u.slot0 + id;
     let c = u.centre0 + id / u.sel;
     let ab = a_index(c, 0u);
-    let m = u.m1;
-    let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
+    let rh = rhat_of(s);
     var rbar = vec4<real>();
     for (var i = 0u; i < u.m1; i++) {
         let y = ab + i;
-        let arow = vec4<real>(abar[y], abar[y + m], abar[y + 2u * m], abar[y + 3u * m]);
+        let arow = abar_col(y);
         rbar += arow * g[s * u.m1 + i];
         rbar.x += gp[s * u.m1 + i] * dot(arow, rh);
     }
@@ -204,8 +217,8 @@ fn a_tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     for (var tj = 0u; tj < nsec(); tj++) {
         let s0 = first_slot(ti, c, tj);
         for (var s = s0; s < s0 + sel_of(tj); s++) {
-            let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
-            let rd = vec4<real>(rdot[4u * s], rdot[4u * s + 1u], rdot[4u * s + 2u], rdot[4u * s + 3u]);
+            let rh = rhat_of(s);
+            let rd = rdot_of(s);
             let gd = gp[s * u.m1 + i] * rd.x;
             acc += gd * rh + g[s * u.m1 + i] * rd;
         }
@@ -243,12 +256,29 @@ fn dual_slot(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let i = id % u.m1;
     let c = u.centre0 + (id / u.m1) / u.sel;
     let y = a_index(c, i);
-    let m = u.m1;
-    let ab = vec4<real>(abar[y], abar[y + m], abar[y + 2u * m], abar[y + 3u * m]);
-    let adb = vec4<real>(adotbar[y], adotbar[y + m], adotbar[y + 2u * m], adotbar[y + 3u * m]);
-    let rh = vec4<real>(rhat[4u * s], rhat[4u * s + 1u], rhat[4u * s + 2u], rhat[4u * s + 3u]);
-    let rd = vec4<real>(rdot[4u * s], rdot[4u * s + 1u], rdot[4u * s + 2u], rdot[4u * s + 3u]);
+    let ab = abar_col(y);
+    let adb = adotbar_col(y);
+    let rh = rhat_of(s);
+    let rd = rdot_of(s);
     let f = inv_nnei();
     out_a[s * u.m1 + i] = f * (dot(ab, rh) + dot(adb, rd));
     out_d[s * u.m1 + i] = f * dot(adb, rh);
+}
+
+// Ḡ[slot][i] += (1/nnei) Ā[c][·][i]·R̂[slot]: A's reverse into G from an Ā that reaches A from
+// outside D (a tensor fitting's ∂L/∂gr).
+@compute @workgroup_size(64)
+fn gbar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.nslots * u.m1) {
+        return;
+    }
+    let s = u.slot0 + id / u.m1;
+    let i = id % u.m1;
+    let c = u.centre0 + (id / u.m1) / u.sel;
+    let y = a_index(c, i);
+    let ab = abar_col(y);
+    let rh = rhat_of(s);
+    out_a[s * u.m1 + i] += inv_nnei() * dot(ab, rh);
 }

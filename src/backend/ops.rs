@@ -225,6 +225,20 @@ macro_rules! compute_ops {
                 gdotbar: &mut Self::Buf,
             ) as ContractDual;
             flops(_) { contract_dual_flops(d) }
+
+            /// Ḡ += (1/nnei) Ā R̂ per slot: A's reverse into G alone, for an Ā that reaches A
+            /// from outside D (a tensor fitting's ∂L/∂gr, docs/deepmd-spec.md §17).
+            fn contract_gbar(
+                &self,
+                d: &Dims,
+                abar: &Self::Buf,
+                rhat: &Self::Buf,
+                gbar: &mut Self::Buf,
+            ) as ContractGbar;
+            flops(_) {
+                // A 4-term dot per slot and row.
+                2.0 * (4 * d.m1 * d.nslots()) as f64
+            }
         }
 
         /// se_e2_r's descriptor: the embedding summed over each centre's slots.

@@ -211,6 +211,8 @@ fn op_outputs<T: Real, B: Backend<T>>(
     );
     take("contract_dual gbar".into(), &gbar);
     take("contract_dual gdotbar".into(), &gdotbar);
+    b.contract_gbar(d, &abar, &rhat, &mut gbar);
+    take("contract_gbar gbar".into(), &gbar);
 
     // se_e2_r's radial sum and its derivatives.
     let mut rdesc = b.zeros(m1 * nc);

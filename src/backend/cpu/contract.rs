@@ -170,6 +170,23 @@ pub fn backward<T: Real>(d: &Dims, a: &[T], dbar: &[T], abar: &mut [T]) {
     });
 }
 
+pub fn gbar<T: Real>(d: &Dims, abar: &[T], rhat: &[T], gbar: &mut [T]) {
+    let m1 = d.m1;
+    let f = inv_nnei::<T>(d);
+    per_slot(
+        d,
+        gbar,
+        m1,
+        #[inline(always)]
+        |c, s, gs| {
+            let ab = &abar[c * 4 * m1..(c + 1) * 4 * m1];
+            let terms: [(T, &[T]); 4] =
+                std::array::from_fn(|k| (rhat[4 * s + k] * f, &ab[k * m1..(k + 1) * m1]));
+            combine(gs, terms, true);
+        },
+    );
+}
+
 /// Runs `f(c, slot, out_row)` over every slot, in parallel per centre, where `out` has
 /// `width` values per slot.
 pub(super) fn per_slot<T: Real>(

@@ -237,6 +237,10 @@ impl<T: Real> ContractOps<T> for Generic<'_, Cpu> {
         contract::backward(d, a, dbar, abar);
     }
 
+    fn contract_gbar(&self, d: &Dims, abar: &Vec<T>, rhat: &Vec<T>, gbar: &mut Vec<T>) {
+        contract::gbar(d, abar, rhat, gbar);
+    }
+
     fn slot_backward(
         &self,
         d: &Dims,

@@ -58,6 +58,7 @@ pub const FILES: &[KernelFile] = &[
             "slot_backward",
             "contract_tangent",
             "contract_dual",
+            "contract_gbar",
         ],
     },
     KernelFile {

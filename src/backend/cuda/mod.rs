@@ -1186,6 +1186,25 @@ impl<T: CudaReal> ContractOps<T> for Generic<'_, Cuda> {
         );
     }
 
+    fn contract_gbar(&self, d: &Dims, abar: &CudaBuf<T>, rhat: &CudaBuf<T>, gbar: &mut CudaBuf<T>) {
+        if d.ncentres() == 0 {
+            return;
+        }
+        let dims = self.dims_table(d);
+        let shared = 4 * d.m1 * std::mem::size_of::<T>();
+        launch!(
+            self,
+            &name::<T>("contract_gbar"),
+            per_centre(d, shared),
+            [
+                self.addr(&*dims),
+                self.ptr(abar),
+                self.ptr(rhat),
+                self.ptr(gbar)
+            ]
+        );
+    }
+
     fn slot_backward(
         &self,
         d: &Dims,

@@ -616,6 +616,18 @@ impl<T: GpuReal> ContractOps<T> for Generic<'_, Wgpu> {
         );
     }
 
+    fn contract_gbar(&self, d: &Dims, abar: &Buf<T>, rhat: &Buf<T>, gbar: &mut Buf<T>) {
+        let u = ContractParams::new(d, 0);
+        for_blocks(d, |slots, sel, c0| {
+            self.go::<T>(
+                &k::CONTRACT_GBAR,
+                &u.block(&slots, sel, c0),
+                &[&abar.buf, &rhat.buf, &gbar.buf],
+                grid1(slots.len() * d.m1),
+            );
+        });
+    }
+
     fn slot_backward(
         &self,
         d: &Dims,

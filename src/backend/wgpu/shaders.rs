@@ -260,6 +260,7 @@ kernel!(
     "dual_slot",
     [(13, R), (15, R), (4, R), (5, R), (10, W), (11, W)]
 );
+kernel!(CONTRACT_GBAR, Contract, "gbar", [(13, R), (4, R), (10, W)]);
 
 // radial: dims 1, scale 2, g 3, sdot 4, dbar 5, ddotbar 6, jac 7, desc 8, q 9, gbar 10,
 // gdotbar 11
@@ -510,6 +511,7 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &CONTRACT_A_TANGENT,
     &CONTRACT_DUAL_CENTRE,
     &CONTRACT_DUAL_SLOT,
+    &CONTRACT_GBAR,
     &RADIAL_FORWARD,
     &RADIAL_TANGENT,
     &RADIAL_BACKWARD,
