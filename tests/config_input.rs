@@ -492,7 +492,7 @@ fn unsupported_settings_are_errors() {
         ),
         (
             "/model/fitting_net/type",
-            json!("dipole"),
+            json!("population"),
             "model.fitting_net.type",
         ),
         ("/loss/start_pref_pf", json!(1.0), "loss.start_pref_pf"),

@@ -244,6 +244,49 @@ fn dos_lcurve_of_8_steps_matches_cpu() {
     lcurves_match("dos_lcurve_of_8_steps_matches_cpu", &input, 3);
 }
 
+/// The tensor fittings (DeePMD-kit's water_tensor example data: one system with atomic labels,
+/// one with frame labels), H excluded: the head on the host, ∂L/∂gr into the descriptor's dual
+/// pass on the device. A full polar (fit_diag false, scaled) and a dipole.
+#[test]
+fn tensor_lcurves_of_8_steps_match_cpu() {
+    let root =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepmd-kit/examples/water_tensor");
+    for (fitting, dir) in [
+        (
+            serde_json::json!({"type": "dipole", "neuron": [8, 8], "seed": 1}),
+            "dipole",
+        ),
+        (
+            serde_json::json!({"type": "polar", "fit_diag": false, "scale": [2.0, 0.5],
+                               "neuron": [8, 8], "seed": 1}),
+            "polar",
+        ),
+    ] {
+        let data = root.join(dir).join("training_data_reformat");
+        let input = serde_json::json!({
+            "model": {
+                "type_map": ["O", "H"],
+                "atom_exclude_types": [1],
+                "descriptor": {"type": "se_e2_a", "sel": [46, 92], "rcut": 4.0,
+                               "rcut_smth": 3.8, "neuron": [4, 8], "axis_neuron": 4,
+                               "type_one_side": true, "seed": 1},
+                "fitting_net": fitting,
+                "data_stat_nbatch": 1
+            },
+            "learning_rate": {"type": "exp", "start_lr": 0.002, "stop_lr": 1e-5,
+                              "decay_steps": 4},
+            "loss": {"type": "tensor", "pref": 1.0, "pref_atomic": 1.0},
+            "training": {
+                "training_data": {"systems": [data.join("atomic_system"),
+                                              data.join("global_system")], "batch_size": 1},
+                "numb_steps": 8, "seed": 3, "disp_freq": 4, "save_freq": 8
+            }
+        });
+        // Steps 1, 4, 8.
+        lcurves_match("tensor_lcurves_of_8_steps_match_cpu", &input, 3);
+    }
+}
+
 /// dpw's `args` in `dir`: whether it succeeded, and its stdout and stderr.
 fn dpw_in(dir: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dpw"))

@@ -530,9 +530,9 @@ def convert_and_deeppot(yaml_path, data, tmp):
             "force": f.reshape(nf, -1, 3), "virial": v.reshape(nf, 9)}, back
 
 
-def yaml_roundtrip_diff(ser, back):
-    """Largest difference between every array of the model and of its .pth → yaml round trip."""
-    b = load_dp_model(back)["model"]
+def array_diff(x, y):
+    """Largest difference between the arrays of two nested models (dicts and lists of arrays),
+    over the keys both have."""
     worst = [0.0]
 
     def walk(x, y):
@@ -546,8 +546,13 @@ def yaml_roundtrip_diff(ser, back):
         elif isinstance(x, np.ndarray):
             worst[0] = max(worst[0], float(np.abs(x - np.asarray(y)).max()) if x.size else 0.0)
 
-    walk(ser, b)
+    walk(x, y)
     return worst[0]
+
+
+def yaml_roundtrip_diff(ser, back):
+    """Largest difference between every array of the model and of its .pth → yaml round trip."""
+    return array_diff(ser, load_dp_model(back)["model"])
 
 
 def loss_fn(pt, data, lpar, lr):
@@ -673,6 +678,29 @@ def fd_check(pt, data, lpar, names, g, key, idx, label):
     fd = fd_param(pt, data, lpar, names, (key, idx))
     auto = float(g[key][idx])
     return {"of": label, "tensor": key, "index": list(idx), "h": 1e-4,
+            "scheme": "fourth-order central", "autograd": auto, "fd": fd,
+            "rel_err": abs(fd - auto) / abs(auto)}
+
+
+def fd_largest(pt, names, g, key, label, loss, h=1e-4):
+    """The loss (`loss()`, a float) by finite differences in the parameter `key`'s entry of the
+    largest autograd gradient `g[key]`, against that gradient (`names`: torch name → dpw name)."""
+    inv = {v: k for k, v in names.items()}
+    prm = dict(pt.named_parameters())[inv[key]]
+    idx = tuple(int(i) for i in np.unravel_index(np.abs(g[key]).argmax(), g[key].shape))
+    with torch.no_grad():
+        orig = prm[idx].item()
+
+    def f(s):
+        with torch.no_grad():
+            prm[idx] = orig + s
+        return loss()
+
+    fd = d5(f, h)
+    with torch.no_grad():
+        prm[idx] = orig
+    auto = float(g[key][idx])
+    return {"of": label, "tensor": key, "index": list(idx), "h": h,
             "scheme": "fourth-order central", "autograd": auto, "fd": fd,
             "rel_err": abs(fd - auto) / abs(auto)}
 

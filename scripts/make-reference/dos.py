@@ -483,24 +483,8 @@ def hand_grads(pt, data, lpar, names):
 
 
 def fd_check(pt, data, lpar, names, g, key, label, h=1e-4):
-    inv = {v: k for k, v in names.items()}
-    prm = dict(pt.named_parameters())[inv[key]]
-    idx = tuple(int(i) for i in np.unravel_index(np.abs(g[key]).argmax(), g[key].shape))
-    with torch.no_grad():
-        orig = prm[idx].item()
-
-    def f(s):
-        with torch.no_grad():
-            prm[idx] = orig + s
-        return float(loss_fn(pt, data, lpar)[0].detach())
-
-    fd = D.d5(f, h)
-    with torch.no_grad():
-        prm[idx] = orig
-    auto = float(g[key][idx])
-    return {"of": label, "tensor": key, "index": list(idx), "h": h,
-            "scheme": "fourth-order central", "autograd": auto, "fd": fd,
-            "rel_err": abs(fd - auto) / abs(auto)}
+    return D.fd_largest(pt, names, g, key, label,
+                        lambda: float(loss_fn(pt, data, lpar)[0].detach()), h)
 
 
 # ---------------------------------------------------------------- main
@@ -522,20 +506,7 @@ def main():
     same_desc = None
     if os.path.exists(pw):
         o = load_dp_model(pw)["model"]["descriptor"]
-        worst = [0.0]
-
-        def walk(x, y):
-            if isinstance(x, dict):
-                for k in x:
-                    walk(x[k], y[k])
-            elif isinstance(x, list):
-                for u, w in zip(x, y):
-                    walk(u, w)
-            elif isinstance(x, np.ndarray):
-                worst[0] = max(worst[0], float(np.abs(x - np.asarray(y)).max()) if x.size else 0)
-
-        walk(ser["descriptor"], o)
-        same_desc = worst[0]
+        same_desc = D.array_diff(ser["descriptor"], o)
     pt = D.pt_model(ser)
     dp = D.dp_model(ser)
     r = pt_eval(pt, ev)

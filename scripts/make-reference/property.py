@@ -422,24 +422,8 @@ def hand_grads(pt, case, data, lpar, names):
 
 
 def fd_check(pt, case, data, lpar, names, g, key, label, h=1e-4):
-    inv = {v: k for k, v in names.items()}
-    prm = dict(pt.named_parameters())[inv[key]]
-    idx = tuple(int(i) for i in np.unravel_index(np.abs(g[key]).argmax(), g[key].shape))
-    with torch.no_grad():
-        orig = prm[idx].item()
-
-    def f(s):
-        with torch.no_grad():
-            prm[idx] = orig + s
-        return float(loss_fn(pt, case, data, lpar)[0].detach())
-
-    fd = D.d5(f, h)
-    with torch.no_grad():
-        prm[idx] = orig
-    auto = float(g[key][idx])
-    return {"of": label, "tensor": key, "index": list(idx), "h": h,
-            "scheme": "fourth-order central", "autograd": auto, "fd": fd,
-            "rel_err": abs(fd - auto) / abs(auto)}
+    return D.fd_largest(pt, names, g, key, label,
+                        lambda: float(loss_fn(pt, case, data, lpar)[0].detach()), h)
 
 
 # ---------------------------------------------------------------- case

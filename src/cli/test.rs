@@ -11,6 +11,7 @@ use super::backend::Job;
 use crate::backend::{Backend, Real};
 use crate::data::{find_systems, load_system, load_system_with, Disk, System};
 use crate::dist::DeviceLink;
+use crate::fitting::tensor::Tensor;
 use crate::fmt::sci;
 use crate::mem::OutOfMemory;
 use crate::model::file::write_atomic;
@@ -311,15 +312,21 @@ impl TestJob {
         Ok(out)
     }
 
-    /// `dp test` of a property or DOS model: the frame output's MAE and RMSE per system and
-    /// weighted over them (a DOS's per atom too), and with `-d` one
+    /// `dp test` of a property, DOS or tensor model: the frame output's errors per system and
+    /// weighted over them (a DOS's and a tensor's per atom too), and with `-d` one
     /// `{prefix}.{property,dos}.out[.{system}].{frame}` file per frame (DeePMD-kit's
-    /// `PropertyTester`, `DosTester`).
+    /// `PropertyTester`, `DosTester`), or a tensor's one `{prefix}.out` of a row per frame
+    /// (`DipoleTester`, `PolarTester`).
     fn run_head<T: Real, B: Backend<T>>(self, b: &B) -> Result<(Vec<SystemErrors>, String)> {
         let spec = &self.model.spec;
         let output = &spec.fitting.output;
+        let tensor = output.tensor();
         let (what, file) = match output {
             FitOutput::Dos(_) => ("dos", "dos.npy".to_string()),
+            FitOutput::Dipole(_) | FitOutput::Polar(_) => {
+                let name = tensor.expect("a tensor").0.label_name();
+                (name, format!("{name}.npy"))
+            }
             _ => (
                 "property",
                 format!(
@@ -328,8 +335,9 @@ impl TestJob {
                 ),
             ),
         };
-        let k = output.dim();
+        let k = output.label_width();
         let labels = model_labels(output, None, false);
+        let mut tensor_detail = String::new();
         let nnei: usize = spec.descriptor.slot_sel().iter().sum();
         let mut out = String::new();
         let (mut all, mut errs) = (Vec::new(), Vec::new());
@@ -361,9 +369,30 @@ impl TestJob {
             };
             let label = &label.values[..nf * k];
             let err = Err::of(&pred, label, 1.0);
-            head_report(&mut out, output, &err, sys.natoms);
+            // A tensor's atoms are those of the types not excluded.
+            let natoms = match tensor {
+                Some((_, t)) => (sys.atype[..sys.natoms].iter())
+                    .filter(|&&a| !t.excluded(a))
+                    .count(),
+                None => sys.natoms,
+            };
+            head_report(&mut out, output, &err, natoms);
             let _ = writeln!(out, "# -----------------------------------------------");
-            if let Some(prefix) = &self.detail {
+            if let (Some(_), Some((t, _))) = (&self.detail, tensor) {
+                let names = match t {
+                    Tensor::Dipole => &["x", "y", "z"][..],
+                    Tensor::Polar => &[
+                        "pxx", "pxy", "pxz", "pyx", "pyy", "pyz", "pzx", "pzy", "pzz",
+                    ],
+                };
+                let header = (["data", "pred"].iter())
+                    .flat_map(|p| names.iter().map(move |n| format!("{p}_{n}")))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let rows = (0..nf)
+                    .map(|f| [&label[f * k..(f + 1) * k], &pred[f * k..(f + 1) * k]].concat());
+                detail_rows(&mut tensor_detail, &header, rows);
+            } else if let Some(prefix) = &self.detail {
                 let group = if s == 0 {
                     String::new()
                 } else {
@@ -379,7 +408,7 @@ impl TestJob {
                     files.push((detail_path(prefix, &format!("{what}.out{group}.{f}")), body));
                 }
             }
-            errs.push((err, sys.natoms));
+            errs.push((err, natoms));
             all.push(SystemErrors {
                 nframes: nf,
                 ..SystemErrors::default()
@@ -403,8 +432,12 @@ impl TestJob {
                 output,
                 &Err::average(&merged),
                 &Err::average(&per_atom),
+                None,
             );
             let _ = writeln!(out, "# -----------------------------------------------");
+        }
+        if let (Some(prefix), false) = (&self.detail, tensor_detail.is_empty()) {
+            files.push((detail_path(prefix, "out"), tensor_detail));
         }
         for (path, body) in files {
             write_atomic(&path, body.as_bytes())?;
@@ -421,11 +454,18 @@ fn head_report(out: &mut String, output: &FitOutput, e: &Err, natoms: usize) {
         rmse: e.rmse / n,
         size: e.size,
     };
-    head_report_merged(out, output, e, &per_atom);
+    head_report_merged(out, output, e, &per_atom, Some(n.sqrt()));
 }
 
-/// [`head_report`]'s lines from the errors and the errors per atom.
-fn head_report_merged(out: &mut String, output: &FitOutput, e: &Err, per_atom: &Err) {
+/// [`head_report`]'s lines from the errors and the errors per atom; `sqrt_n` is √N of one
+/// system (`None` for the weighted average, where a tensor's lines per atom are left out).
+fn head_report_merged(
+    out: &mut String,
+    output: &FitOutput,
+    e: &Err,
+    per_atom: &Err,
+    sqrt_n: Option<f64>,
+) {
     let mut line = |name: &str, x: f64, unit: &str| {
         let _ = writeln!(out, "{name}: {} {unit}", sci(x, 6, 0));
     };
@@ -435,6 +475,23 @@ fn head_report_merged(out: &mut String, output: &FitOutput, e: &Err, per_atom: &
             line("DOS RMSE           ", e.rmse, "Occupation/eV");
             line("DOS MAE/Natoms     ", per_atom.mae, "Occupation/eV");
             line("DOS RMSE/Natoms    ", per_atom.rmse, "Occupation/eV");
+        }
+        FitOutput::Dipole(_) | FitOutput::Polar(_) => {
+            let name = match output {
+                FitOutput::Dipole(_) => "Dipole",
+                _ => "Polarizability",
+            };
+            let mut rows = vec![("RMSE      ", e.rmse)];
+            if let Some(s) = sqrt_n {
+                rows.extend([("RMSE/sqrtN", e.rmse / s), ("RMSE/N    ", per_atom.rmse)]);
+            }
+            for (what, x) in rows {
+                let _ = writeln!(out, "{name}  {what} : {}", sci(x, 6, 0));
+            }
+            let _ = writeln!(
+                out,
+                "The unit of error is the same as the unit of provided label."
+            );
         }
         _ => {
             line("PROPERTY MAE            ", e.mae, "units");

@@ -6,6 +6,7 @@ use super::keys::{non_negative, Schema, Section};
 use super::ConfigError;
 use crate::fitting::dos::config::DosLossConfig;
 use crate::fitting::property::config::{parse_loss, PropertyLossConfig};
+use crate::fitting::tensor::config::TensorLossConfig;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -31,6 +32,8 @@ pub enum LossConfig {
     Ener(EnerLossConfig),
     Property(PropertyLossConfig),
     Dos(DosLossConfig),
+    /// `tensor`: a dipole's or polarizability's; its tensor is the model's.
+    Tensor(TensorLossConfig),
 }
 
 impl LossConfig {
@@ -40,6 +43,7 @@ impl LossConfig {
             LossConfig::Ener(_) => "ener",
             LossConfig::Property(_) => "property",
             LossConfig::Dos(_) => "dos",
+            LossConfig::Tensor(_) => "tensor",
         }
     }
 
@@ -56,6 +60,7 @@ impl LossConfig {
             LossConfig::Ener(l) => l.to_json(),
             LossConfig::Property(l) => l.to_json(),
             LossConfig::Dos(l) => l.to_json(),
+            LossConfig::Tensor(l) => l.to_json(),
         }
     }
 }
@@ -90,7 +95,7 @@ static LOSS: Schema = Schema {
     unsupported: &[&[
         (
             "type",
-            "dpw trains the \"ener\", \"property\" and \"dos\" losses",
+            "dpw trains the \"ener\", \"property\", \"dos\" and \"tensor\" losses",
         ),
         ("start_pref_ae", NO_AE),
         ("limit_pref_ae", NO_AE),
@@ -116,6 +121,9 @@ pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
         Some(v) if v.get("type").and_then(Value::as_str) == Some("dos") => Ok(LossConfig::Dos(
             crate::fitting::dos::config::parse_loss(v, path)?,
         )),
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("tensor") => Ok(
+            LossConfig::Tensor(crate::fitting::tensor::config::parse_loss(v, path)?),
+        ),
         _ => parse_ener(v, path).map(LossConfig::Ener),
     }
 }

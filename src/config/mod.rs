@@ -129,14 +129,16 @@ impl Config {
             base_dir,
         )?;
         let loss = loss::parse(root.get("loss"), "loss")?;
-        let fitting = model.fitting_net.output.type_name();
-        if loss.type_name() != fitting {
+        let output = &model.fitting_net.output;
+        if loss.type_name() != output.loss_type() {
             return Err(ConfigError::invalid(
                 "loss.type",
                 format!(
-                    "the {:?} loss does not train a {fitting:?} fitting \
-                     (model.fitting_net.type); set \"type\": {fitting:?}",
-                    loss.type_name()
+                    "the {:?} loss does not train a {:?} fitting \
+                     (model.fitting_net.type); set \"type\": {:?}",
+                    loss.type_name(),
+                    output.type_name(),
+                    output.loss_type()
                 ),
             ));
         }

@@ -8,6 +8,7 @@ use super::keys::{
     to_usize_list, wrong_type, Schema, Section,
 };
 use super::ConfigError;
+use crate::fitting::tensor::{self, Tensor};
 use crate::fitting::{dos, property};
 use crate::model::registry::{descriptor_names, KnownType, FITTINGS, MODELS};
 pub use crate::model::{AttentionConfig, TebdInputMode};
@@ -171,10 +172,10 @@ static MODEL: Schema = Schema {
         "fitting_net",
         "data_stat_nbatch",
         "data_stat_protect",
+        "atom_exclude_types",
     ]],
     unsupported: &[&[
         ("pair_exclude_types", "type exclusion is not implemented"),
-        ("atom_exclude_types", "type exclusion is not implemented"),
         (
             "preset_out_bias",
             "the energy bias is always computed from data",
@@ -332,6 +333,20 @@ static FITTING_DOS: Schema = Schema {
     deepmd: "model[standard].fitting_net[dos]",
 };
 
+static FITTING_DIPOLE: Schema = Schema {
+    keys: &[FITTING_KEYS, tensor::config::DIPOLE_KEYS],
+    unsupported: &[&[("activation_function", TANH_ONLY)]],
+    ignored: &[],
+    deepmd: "model[standard].fitting_net[dipole]",
+};
+
+static FITTING_POLAR: Schema = Schema {
+    keys: &[FITTING_KEYS, tensor::config::POLAR_KEYS],
+    unsupported: &[&[("activation_function", TANH_ONLY)]],
+    ignored: &[],
+    deepmd: "model[standard].fitting_net[polar]",
+};
+
 static FITTING_PROPERTY: Schema = Schema {
     keys: &[FITTING_KEYS, property::config::OUTPUT_KEYS],
     unsupported: &[&[("activation_function", TANH_ONLY)]],
@@ -391,7 +406,7 @@ pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
             &type_path,
             FITTINGS,
             "fitting",
-            "the \"ener\", \"property\" and \"dos\" fittings",
+            "the \"ener\", \"dipole\", \"polar\", \"dos\" and \"property\" fittings",
         )?;
     }
     if let Some(d) = v.get("descriptor").filter(|d| d.get("type").is_some()) {
@@ -429,10 +444,9 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
     let sec = Section::new(v, path, &MODEL)?;
     // The fitting first: an input that asks for what dpw's fitting lacks (fparam, aparam) is
     // refused for that, not for a type_map it may leave to the data.
-    let fitting_net = match sec.get("fitting_net") {
-        Some(v) => parse_fitting(v, &sec.path_of("fitting_net"))?,
-        None => parse_fitting(&json!({}), &sec.path_of("fitting_net"))?,
-    };
+    let empty = json!({});
+    let fitting_value = sec.get("fitting_net").unwrap_or(&empty);
+    let mut fitting_net = parse_fitting(fitting_value, &sec.path_of("fitting_net"))?;
     let type_map = parse_type_map(&sec)?;
     let descriptor = parse_descriptor(
         sec.required("descriptor", "an object with \"type\": \"se_e2_a\"")?,
@@ -440,6 +454,35 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
         type_map.len(),
         false,
     )?;
+    let exclude_path = sec.path_of("atom_exclude_types");
+    let atom_exclude_types = match sec.get_nonnull("atom_exclude_types") {
+        Some(v) => tensor::config::types(v, &exclude_path, type_map.len())?,
+        None => vec![],
+    };
+    match &mut fitting_net.output {
+        FitOutput::Dipole(spec) | FitOutput::Polar(spec) => {
+            if descriptor.kind != DescriptorType::SeE2A {
+                return Err(ConfigError::unsupported(
+                    sec.path_of("fitting_net"),
+                    format!(
+                        "the dipole and polar fittings read the descriptor's rotation matrix, \
+                         which dpw gives for se_e2_a only, not for {}",
+                        descriptor.kind.as_str()
+                    ),
+                ));
+            }
+            let width = *descriptor.neuron.last().expect("se_e2_a has layers");
+            let fsec = fitting_section(fitting_value, &sec.path_of("fitting_net"))?;
+            tensor::config::complete(spec, &fsec, type_map.len(), width, &atom_exclude_types)?;
+        }
+        _ if !atom_exclude_types.is_empty() => {
+            return Err(ConfigError::unsupported(
+                exclude_path,
+                "type exclusion is implemented for the dipole and polar fittings only",
+            ))
+        }
+        _ => {}
+    }
     let data_stat_nbatch = sec.usize_or("data_stat_nbatch", 10)?;
     at_least_one(data_stat_nbatch, &sec.path_of("data_stat_nbatch"))?;
     let data_stat_protect = sec.f64_or("data_stat_protect", 0.01)?;
@@ -754,17 +797,24 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
     })
 }
 
-fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
-    let kind = v.get("type").and_then(Value::as_str);
-    let schema = match kind {
+fn fitting_section<'a>(v: &'a Value, path: &str) -> Result<Section<'a>> {
+    let schema = match v.get("type").and_then(Value::as_str) {
         Some("property") => &FITTING_PROPERTY,
         Some("dos") => &FITTING_DOS,
+        Some("dipole") => &FITTING_DIPOLE,
+        Some("polar") => &FITTING_POLAR,
         _ => &FITTING,
     };
-    let sec = Section::new(v, path, schema)?;
-    let output = match kind {
+    Section::new(v, path, schema)
+}
+
+fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
+    let sec = fitting_section(v, path)?;
+    let output = match v.get("type").and_then(Value::as_str) {
         Some("property") => FitOutput::Property(property::config::parse_output(&sec)?),
         Some("dos") => FitOutput::Dos(dos::config::parse_output(&sec)?),
+        Some("dipole") => FitOutput::Dipole(tensor::config::parse_output(&sec, Tensor::Dipole)?),
+        Some("polar") => FitOutput::Polar(tensor::config::parse_output(&sec, Tensor::Polar)?),
         _ => FitOutput::Ener,
     };
     let atom_ener = match sec.get("atom_ener") {
@@ -837,14 +887,28 @@ impl ModelConfig {
                 fitting["rcond"] = json!(f.rcond);
                 fitting["atom_ener"] = json!(f.atom_ener);
             }
-            FitOutput::Property(_) | FitOutput::Dos(_) => {
-                let keys = match &f.output {
+            // DeePMD-kit's dipole and polar fittings take no `trainable`.
+            FitOutput::Dipole(_) | FitOutput::Polar(_) => {
+                let (t, s) = f.output.tensor().expect("a tensor fitting");
+                fitting
+                    .as_object_mut()
+                    .expect("an object")
+                    .remove("trainable");
+                for (k, v) in tensor::config::output_json(t, s)
+                    .as_object()
+                    .expect("an object")
+                {
+                    fitting[k] = v.clone();
+                }
+            }
+            output => {
+                let keys = match output {
                     FitOutput::Property(p) => property::config::output_json(p),
                     FitOutput::Dos(d) => {
                         fitting["rcond"] = json!(f.rcond);
                         dos::config::output_json(d)
                     }
-                    FitOutput::Ener => unreachable!(),
+                    FitOutput::Ener | FitOutput::Dipole(_) | FitOutput::Polar(_) => unreachable!(),
                 };
                 for (k, v) in keys.as_object().expect("an object") {
                     fitting[k] = v.clone();
@@ -852,9 +916,14 @@ impl ModelConfig {
             }
         }
 
+        let atom_exclude_types = match f.output.tensor() {
+            Some((_, s)) => s.exclude_types.clone(),
+            None => vec![],
+        };
         json!({
             "type": "standard",
             "type_map": self.type_map,
+            "atom_exclude_types": atom_exclude_types,
             "descriptor": descriptor,
             "fitting_net": fitting,
             "data_stat_nbatch": self.data_stat_nbatch,

@@ -66,13 +66,16 @@ pub enum Labels {
     /// `atomic`, `atom_{name}.npy` with `width` per atom (a DOS). (A label the loss does not read
     /// is not read, as DeePMD-kit's loader reads the loss's requirements: the statistics then
     /// come from the others.) A system with neither is refused, warned of or read as it is
-    /// (`missing`).
+    /// (`missing`). Where types are `excluded` (a tensor's), the atomic label may hold the
+    /// other atoms' rows alone, in file order (DeePMD-kit's `sel_type` layout); the excluded
+    /// atoms' rows are then zero.
     Frame {
         name: String,
         width: usize,
         frame: bool,
         atomic: bool,
         missing: Missing,
+        excluded: Vec<usize>,
     },
 }
 
@@ -380,6 +383,8 @@ fn load_from(
     let sets = set_names(src)?;
     let mixed = super::mixed::is_mixed(src, &sets)?;
     let (mut atype, mut orig_index) = (Vec::new(), Vec::new());
+    // Which atoms (file order) an atomic label of the selected types alone has rows for.
+    let mut selected = None;
     if mixed {
         super::mixed::check_placeholder(src, &raw)?;
     } else {
@@ -388,6 +393,10 @@ fn load_from(
             .map(|(atom, &t)| index.model_type(t, &type_path, || format!("atom {atom}")))
             .collect::<Result<Vec<_>, _>>()?;
         push_sorted(&model_types, &mut atype, &mut orig_index);
+        if let Labels::Frame { excluded, .. } = labels {
+            let sel: Vec<bool> = model_types.iter().map(|t| !excluded.contains(t)).collect();
+            selected = sel.contains(&false).then_some(sel);
+        }
     }
 
     let pbc = !src.has_file("nopbc");
@@ -403,7 +412,14 @@ fn load_from(
     let (mut fparam, mut aparam) = (None, None);
     let wanted = labels.frame().filter(|(name, _)| labelled(name));
     let mut label = wanted.as_ref().map(|_| Vec::new());
-    let wanted_atomic = labels.atomic().filter(|(name, _)| labelled(name));
+    // DeePMD-kit reads atomic_{name}.npy where there is no atom_{name}.npy.
+    let wanted_atomic = labels.atomic().and_then(|(name, width)| {
+        let alt = name.replacen("atom_", "atomic_", 1);
+        [name, alt]
+            .into_iter()
+            .find(|n| labelled(n))
+            .map(|n| (n, width))
+    });
     let mut atom_label = wanted_atomic.as_ref().map(|_| Vec::new());
     for set in &sets {
         let coord_rel = format!("{set}/coord.npy");
@@ -491,8 +507,28 @@ fn load_from(
             acc.extend(frames(name, tails)?);
         }
         if let (Some((name, width)), Some(acc)) = (&wanted_atomic, &mut atom_label) {
-            let v = frames(name, &[&[natoms * width], &[natoms, *width]])?;
-            acc.extend(permute_atoms(&v, order, natoms, *width));
+            let w = *width;
+            let nsel = selected
+                .as_ref()
+                .map_or(natoms, |s| s.iter().filter(|x| **x).count());
+            let v = frames(
+                name,
+                &[&[natoms * w], &[natoms, w], &[nsel * w], &[nsel, w]],
+            )?;
+            let v = match &selected {
+                Some(sel) if v.len() == nf * nsel * w && nsel != natoms => {
+                    let mut rows = v.chunks_exact(w);
+                    (0..nf)
+                        .flat_map(|_| sel.iter())
+                        .flat_map(|&s| match s {
+                            true => rows.next().expect("nsel rows a frame").to_vec(),
+                            false => vec![0.0; w],
+                        })
+                        .collect()
+                }
+                _ => v,
+            };
+            acc.extend(permute_atoms(&v, order, natoms, w));
         }
         if src.has_file(&format!("{set}/virial.npy")) {
             virial.extend(frames("virial.npy", &[&[9], &[3, 3]])?);

@@ -4,7 +4,9 @@
 //! output y·std + bias of the atom's type, summed (or averaged) per frame, and back.
 
 pub mod dos;
+pub mod out_bias;
 pub mod property;
+pub mod tensor;
 
 /// Where each centre of a batch is: its type and its frame.
 pub struct Centres<'a> {

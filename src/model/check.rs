@@ -273,7 +273,11 @@ impl Model {
         for (name, a, len) in [
             ("davg", &self.davg, nstat),
             ("dstd", &self.dstd, nstat),
-            ("bias", &self.bias, nt * no),
+            (
+                "bias",
+                &self.bias,
+                nt * self.spec.fitting.output.label_width(),
+            ),
             ("out_std", &self.out_std, nstd),
             ("fit_input_avg", &self.fit_input_avg, nx),
             ("fit_input_inv_std", &self.fit_input_inv_std, nx),

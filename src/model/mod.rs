@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fitting::dos::DosSpec;
 use crate::fitting::property::PropertySpec;
+use crate::fitting::tensor::{Tensor, TensorSpec};
 use crate::geometry::EnvParams;
 
 /// Which descriptor a [`DescriptorSpec`] describes: DeePMD-kit's `type`, in its canonical name.
@@ -279,6 +280,11 @@ pub enum FitOutput {
     Property(PropertySpec),
     /// `dos`: `numb_dos` values per atom, summed per frame ([`crate::fitting::dos`]).
     Dos(DosSpec),
+    /// `dipole`: a vector per atom from the rotation matrix, summed per frame
+    /// ([`crate::fitting::tensor`]).
+    Dipole(TensorSpec),
+    /// `polar`: a symmetric 3×3 matrix per atom from the rotation matrix, summed per frame.
+    Polar(TensorSpec),
 }
 
 impl FitOutput {
@@ -292,6 +298,39 @@ impl FitOutput {
             FitOutput::Ener => "ener",
             FitOutput::Property(_) => "property",
             FitOutput::Dos(_) => "dos",
+            FitOutput::Dipole(_) => "dipole",
+            FitOutput::Polar(_) => "polar",
+        }
+    }
+
+    /// DeePMD-kit's `loss.type` that trains it.
+    pub fn loss_type(&self) -> &'static str {
+        match self {
+            FitOutput::Dipole(_) | FitOutput::Polar(_) => "tensor",
+            other => other.type_name(),
+        }
+    }
+
+    /// A tensor fitting's tensor and keys; `None` for the others.
+    pub fn tensor(&self) -> Option<(Tensor, &TensorSpec)> {
+        match self {
+            FitOutput::Dipole(s) => Some((Tensor::Dipole, s)),
+            FitOutput::Polar(s) => Some((Tensor::Polar, s)),
+            _ => None,
+        }
+    }
+
+    /// Whether the head reads the descriptor's rotation matrix.
+    pub fn reads_rot(&self) -> bool {
+        self.tensor().is_some()
+    }
+
+    /// The values per atom and per frame of the label: an energy's 1, a property's task_dim,
+    /// numb_dos, a tensor's 3 or 9.
+    pub fn label_width(&self) -> usize {
+        match self.tensor() {
+            Some((t, _)) => t.size(),
+            None => self.dim(),
         }
     }
 
@@ -309,6 +348,8 @@ impl FitOutput {
             FitOutput::Ener => 1,
             FitOutput::Property(p) => p.task_dim,
             FitOutput::Dos(d) => d.numb_dos,
+            FitOutput::Dipole(s) => s.dim(Tensor::Dipole),
+            FitOutput::Polar(s) => s.dim(Tensor::Polar),
         }
     }
 }
@@ -422,13 +463,14 @@ impl Model {
         let params = init_params(&layout, seed);
         let nx = spec.fitting.extra_inputs();
         let no = spec.fitting.dim_out();
+        let nb = spec.fitting.output.label_width();
         let scaled = spec.fitting.output.property().is_some();
         Model {
             spec,
             params,
             davg: vec![0.0; np * nt * 4],
             dstd: vec![1.0; np * nt * 4],
-            bias: vec![0.0; nt * no],
+            bias: vec![0.0; nt * nb],
             out_std: if scaled { vec![1.0; nt * no] } else { vec![] },
             fit_input_avg: vec![0.0; nx],
             fit_input_inv_std: vec![1.0; nx],

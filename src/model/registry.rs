@@ -105,11 +105,11 @@ pub static FITTINGS: &[KnownType] = &[
     },
     KnownType {
         names: &["dipole"],
-        lacks: Some("dipole fittings (a dipole moment model) are not supported"),
+        lacks: None,
     },
     KnownType {
         names: &["polar"],
-        lacks: Some("polarizability fittings are not supported"),
+        lacks: None,
     },
     KnownType {
         names: &["dos"],

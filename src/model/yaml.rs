@@ -20,6 +20,7 @@ use serde_yaml_ng::Value;
 
 use crate::fitting::dos::DosSpec;
 use crate::fitting::property::PropertySpec;
+use crate::fitting::tensor::{Tensor, TensorSpec};
 
 use super::{
     pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FitOutput,
@@ -352,10 +353,18 @@ const FITTING_KEYS: &[&str] = &[
 #[rustfmt::skip]
 /// The property fitting adds these to `ener`'s.
 const PROPERTY_KEYS: &[&str] = &["task_dim", "intensive", "distinguish_types"];
+/// The dipole and polar fittings add these.
+const TENSOR_KEYS: &[&str] = &[
+    "embedding_width",
+    "fit_diag",
+    "shift_diag",
+    "r_differentiable",
+    "c_differentiable",
+];
 #[rustfmt::skip]
 const FITTING_VARIABLES: &[&str] = &[
     "bias_atom_e", "fparam_avg", "fparam_inv_std", "aparam_avg", "aparam_inv_std", "case_embd",
-    "scale", "default_fparam_tensor",
+    "scale", "default_fparam_tensor", "constant_matrix",
 ];
 #[rustfmt::skip]
 const COLLECTION_KEYS: &[&str] = &[
@@ -384,7 +393,6 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     m.known(&[MODEL_KEYS])?;
     m.key("@variables")?.known(&[MODEL_VARIABLES])?;
     m.expect("type", &["standard"])?;
-    m.expect_off("atom_exclude_types")?;
     m.expect_off("pair_exclude_types")?;
     let type_map: Vec<String> = (m.key("type_map")?.seq()?.iter())
         .map(|t| t.str().map(str::to_string))
@@ -409,8 +417,33 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
 
     let f = m.key("fitting")?;
     f.expect("@class", &["Fitting"])?;
-    f.expect("type", &["ener", "property", "dos"])?;
+    f.expect("type", &["ener", "property", "dos", "dipole", "polar"])?;
     let output = match f.key("type")?.str()? {
+        kind @ ("dipole" | "polar") => {
+            f.version(1..=5, Some(1))?;
+            f.known(&[FITTING_KEYS, TENSOR_KEYS])?;
+            let polar = kind == "polar";
+            let flag = |key| f.opt(key).map_or(Ok(true), |v| v.bool());
+            let scale = match f.key("@variables")?.opt("scale") {
+                Some(s) if polar => s.array(&[nt, 1])?,
+                _ => vec![1.0; nt],
+            };
+            let exclude_types = match m.opt("atom_exclude_types") {
+                Some(v) => v.usizes()?,
+                None => vec![],
+            };
+            let spec = TensorSpec {
+                embedding_width: f.key("embedding_width")?.usize()?,
+                fit_diag: polar && flag("fit_diag")?,
+                scale,
+                shift_diag: polar && flag("shift_diag")?,
+                exclude_types,
+            };
+            match polar {
+                true => FitOutput::Polar(spec),
+                false => FitOutput::Dipole(spec),
+            }
+        }
         "dos" => {
             f.version(1..=4, Some(1))?;
             f.known(&[FITTING_KEYS])?;
@@ -440,12 +473,39 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     for key in [
         "use_aparam_as_mask",
         "dim_case_embd",
-        "exclude_types",
         "tot_ener_zero",
         "layer_name",
         "spin",
     ] {
         f.expect_off(key)?;
+    }
+    // The fitting's exclude_types is DeePMD-kit's copy of the model's atom_exclude_types, which
+    // only a tensor fitting reads.
+    match output.tensor() {
+        Some((_, s)) => {
+            let fitting_excluded = match f.opt("exclude_types") {
+                Some(v) => v.usizes()?,
+                None => vec![],
+            };
+            ensure!(
+                fitting_excluded == s.exclude_types,
+                "{}.exclude_types {fitting_excluded:?} differs from model.atom_exclude_types {:?}",
+                f.path,
+                s.exclude_types
+            );
+            if let Some(c) = f.key("@variables")?.opt("constant_matrix") {
+                ensure!(
+                    c.array(&[nt])?.iter().all(|x| *x == 0.0),
+                    "{}.@variables.constant_matrix: a non-zero constant matrix (which DeePMD-kit's \
+                     PyTorch backend ignores and its dpmodel adds) is not supported",
+                    f.path
+                );
+            }
+        }
+        None => {
+            m.expect_off("atom_exclude_types")?;
+            f.expect_off("exclude_types")?;
+        }
     }
     same_type_map(&f, &type_map)?;
     // A mixed-type descriptor (DPA-1) gives the fitting `mixed_types: true` and one net.
@@ -513,16 +573,28 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     let no = spec.fitting.dim_out();
     let bias_atom_e = fv.key("bias_atom_e")?.array(&[nt, no])?;
     let mv = m.key("@variables")?;
-    let out_bias = mv.key("out_bias")?.array(&[1, nt, no])?;
+    let out_bias = mv
+        .key("out_bias")?
+        .array(&[1, nt, spec.fitting.output.label_width()])?;
+    // A tensor's bias_atom_e is added to the nets' outputs, before gr: dpw's nets have none.
+    ensure!(
+        spec.fitting.output.tensor().is_none() || bias_atom_e.iter().all(|b| *b == 0.0),
+        "{}.@variables.bias_atom_e: a non-zero bias of a dipole or polar fitting's nets is not \
+         supported",
+        f.path
+    );
     // A property's atomic output is scaled by out_std (an energy's is not: see the writer).
     let out_std = match spec.fitting.output.property() {
         None => vec![],
         Some(_) => mv.key("out_std")?.array(&[1, nt, no])?,
     };
     // Adding a zero bias_atom_e (DeePMD's usual case) keeps out_bias bit-exact, even for -0.0.
-    let mut bias: Vec<f64> = (out_bias.iter().zip(&bias_atom_e))
-        .map(|(&o, &b)| if b == 0.0 { o } else { o + b })
-        .collect();
+    let mut bias: Vec<f64> = match spec.fitting.output.tensor() {
+        Some(_) => out_bias,
+        None => (out_bias.iter().zip(&bias_atom_e))
+            .map(|(&o, &b)| if b == 0.0 { o } else { o + b })
+            .collect(),
+    };
 
     // DeePMD-kit's dpmodel (`GeneralFitting._call_common`, with `remove_vaccum_contribution`
     // from `InvarFitting`): where atom_ener names an energy for type t (or has no entry for
@@ -1224,6 +1296,41 @@ fn model_to_tree(model: &Model) -> Value {
             f["property_name"] = p.property_name.as_str().into();
             ndarray(&[1, nt, no], &model.out_std)
         }
+        FitOutput::Dipole(s) | FitOutput::Polar(s) => {
+            let polar = matches!(fit.output, FitOutput::Polar(_));
+            let tensor = if polar { Tensor::Polar } else { Tensor::Dipole };
+            let f = fitting.as_mapping_mut().expect("a mapping");
+            f.remove("dim_out");
+            f.remove("atom_ener");
+            for (k, v) in [
+                ("@version", Value::from(if polar { 5 } else { 4 })),
+                ("type", tensor.metric_name().into()),
+                ("var_name", tensor.metric_name().into()),
+                ("embedding_width", s.embedding_width.into()),
+                ("exclude_types", s.exclude_types[..].into()),
+            ] {
+                fitting[k] = v;
+            }
+            let def = &mut model_def_script["fitting_net"];
+            def["type"] = tensor.metric_name().into();
+            if polar {
+                for (k, v) in [("fit_diag", s.fit_diag), ("shift_diag", s.shift_diag)] {
+                    fitting[k] = v.into();
+                    def[k] = v.into();
+                }
+                def["scale"] = s.scale[..].into();
+                let vars = &mut fitting["@variables"];
+                vars["scale"] = ndarray(&[nt, 1], &s.scale);
+                vars["constant_matrix"] = ndarray(&[nt], &vec![0.0; nt]);
+            } else {
+                fitting["r_differentiable"] = true.into();
+                fitting["c_differentiable"] = true.into();
+            }
+            model_def_script["atom_exclude_types"] = s.exclude_types[..].into();
+            // PT's tensor models add out_bias alone (a polar's, shifting the diagonal).
+            let k = tensor.size();
+            ndarray(&[1, nt, k], &vec![1.0; nt * k])
+        }
         // dpmodel and PT add out_bias alone and keep the residual std here unused, but
         // DeePMD-kit 3.2.0's TF model computes `output·out_std + out_bias`: with any value but
         // 1, `dp convert-backend model.yaml model.pb` would scale every force by it.
@@ -1237,16 +1344,20 @@ fn model_to_tree(model: &Model) -> Value {
         f["default_fparam"] = default_fparam;
     }
 
+    let excluded = fit
+        .output
+        .tensor()
+        .map_or(none, |(_, s)| &s.exclude_types[..]);
     // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
     obj! {
         "backend" => "dpw",
         "model" => obj! {
             "@class" => "Model", "@version" => 2,
             "@variables" => obj! {
-                "out_bias" => ndarray(&[1, nt, no], &model.bias),
+                "out_bias" => ndarray(&[1, nt, fit.output.label_width()], &model.bias),
                 "out_std" => out_std,
             },
-            "atom_exclude_types" => none, "descriptor" => descriptor, "fitting" => fitting,
+            "atom_exclude_types" => excluded, "descriptor" => descriptor, "fitting" => fitting,
             "pair_exclude_types" => none, "preset_out_bias" => Value::Null, "rcond" => Value::Null,
             "type" => "standard", "type_map" => type_map,
         },

@@ -28,7 +28,34 @@ pub fn model_labels(output: &FitOutput, loss: Option<&LossConfig>, required: boo
             } else {
                 Missing::Quiet
             },
+            excluded: vec![],
         },
+        FitOutput::Dipole(_) | FitOutput::Polar(_) => {
+            let (t, spec) = output.tensor().expect("a tensor fitting");
+            let reads = |atomic: bool| match loss {
+                Some(LossConfig::Tensor(c)) => {
+                    let (pa, pf) = c.prefactors();
+                    if atomic {
+                        pa > 0.0
+                    } else {
+                        pf > 0.0
+                    }
+                }
+                _ => true,
+            };
+            Labels::Frame {
+                name: t.label_name().into(),
+                width: t.size(),
+                frame: reads(false),
+                atomic: reads(true),
+                missing: if required {
+                    Missing::Warn
+                } else {
+                    Missing::Quiet
+                },
+                excluded: spec.exclude_types.clone(),
+            }
+        }
         FitOutput::Dos(d) => {
             let reads = |terms: [usize; 2]| match loss {
                 Some(LossConfig::Dos(c)) => terms.iter().any(|&t| c.active(t)),
@@ -44,6 +71,7 @@ pub fn model_labels(output: &FitOutput, loss: Option<&LossConfig>, required: boo
                 } else {
                     Missing::Quiet
                 },
+                excluded: vec![],
             }
         }
     }
@@ -372,7 +400,7 @@ fn head_labels(spec: &ModelSpec, centre_atom: &[i32], frames: &[Frame]) -> HeadL
     if spec.fitting.output.is_ener() {
         return HeadLabels::default();
     }
-    let k = spec.fitting.dim_out();
+    let k = spec.fitting.output.label_width();
     let frame = (frames.iter())
         .map(|f| f.label)
         .collect::<Option<Vec<&[f64]>>>()

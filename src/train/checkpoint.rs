@@ -128,6 +128,7 @@ impl Checkpoint {
             FitOutput::Ener => ENER_METRICS.len(),
             FitOutput::Property(_) => head::METRICS.len(),
             FitOutput::Dos(_) => crate::fitting::dos::head::METRICS.len(),
+            FitOutput::Dipole(_) | FitOutput::Polar(_) => 2,
         };
         ensure!(acc.len() == 1 + slots, "{}: bad disp_acc", path.display());
         let ck = Checkpoint {

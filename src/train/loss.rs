@@ -7,6 +7,9 @@ use crate::backend::{LossSums, Prefactors};
 use crate::config::{EnerLossConfig, LossConfig};
 use crate::fitting::dos::head as dos;
 use crate::fitting::property::head::{self, NSUMS};
+use crate::fitting::tensor::head as tensor;
+use crate::fitting::tensor::Tensor;
+use crate::model::FitOutput;
 
 use super::lcurve::Metrics;
 use super::step::StepLoss;
@@ -17,6 +20,8 @@ pub struct Loss {
     pub start_lr: f64,
     /// The fitting's values per atom (a property's task_dim; 1 for an energy).
     pub dim_out: usize,
+    /// A tensor loss's tensor (the model's).
+    pub tensor: Option<Tensor>,
 }
 
 /// Prefactors of one batch: as DeePMD-kit defines them, and as the backend's loss op takes them
@@ -37,12 +42,21 @@ impl Loss {
             cfg: cfg.clone(),
             start_lr,
             dim_out: 1,
+            tensor: None,
         }
     }
 
-    /// The loss of a model whose fitting puts out `dim_out` values per atom.
-    pub fn with_dim_out(self, dim_out: usize) -> Self {
-        Loss { dim_out, ..self }
+    /// The loss of a model of fitting `output`.
+    pub fn with_output(self, output: &FitOutput) -> Self {
+        Loss {
+            dim_out: output.dim(),
+            tensor: output.tensor().map(|(t, _)| t),
+            ..self
+        }
+    }
+
+    fn tensor_metrics(&self) -> &'static [&'static str] {
+        tensor::metrics(self.tensor.expect("a tensor loss's model is a tensor's"))
     }
 
     /// The loss sums a step leaves on the device.
@@ -51,6 +65,7 @@ impl Loss {
             LossConfig::Ener(_) => 3,
             LossConfig::Property(_) => NSUMS,
             LossConfig::Dos(_) => dos::NSUMS,
+            LossConfig::Tensor(_) => tensor::NSUMS,
         }
     }
 
@@ -60,6 +75,7 @@ impl Loss {
             LossConfig::Ener(_) => StepLoss::Ener(p.op),
             LossConfig::Property(c) => StepLoss::Property(c),
             LossConfig::Dos(_) => StepLoss::Dos(p.dos),
+            LossConfig::Tensor(c) => StepLoss::Tensor(c.prefactors()),
         }
     }
 
@@ -131,6 +147,10 @@ impl Loss {
                 let v = dos::metric_values(std::array::from_fn(|t| c.active(t)), sums, natoms);
                 return Metrics::new(dos::METRICS, &v);
             }
+            LossConfig::Tensor(c) => {
+                let v = tensor::metric_values(c.prefactors(), sums);
+                return Metrics::new(self.tensor_metrics(), &v);
+            }
         };
         let sums = LossSums::from_values(sums);
         let (nf, n) = (nframes as f64, natoms as f64);
@@ -166,6 +186,10 @@ impl Loss {
             LossConfig::Dos(c) => {
                 let v = dos::metric_values(std::array::from_fn(|t| c.active(t)), &[0.0; 5], 1);
                 Metrics::new(dos::METRICS, &v)
+            }
+            LossConfig::Tensor(c) => {
+                let v = tensor::metric_values(c.prefactors(), &[0.0, 0.0, 0.0, 1.0]);
+                Metrics::new(self.tensor_metrics(), &v)
             }
         }
     }

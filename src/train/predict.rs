@@ -37,8 +37,8 @@ pub fn read_prediction<T: Real, B: Backend<T>>(
     batch: &HostBatch,
 ) -> Prediction {
     if let Some(h) = &m.head {
-        let k = h.dim();
-        let (atomic, property) = h.outputs(&w.centres(), &w.fit_outputs(b));
+        let k = h.out_width();
+        let (atomic, property) = h.outputs(&w.centres(), &w.head_inputs(b));
         let mut atom_property = vec![0.0; atomic.len()];
         for (c, &a) in batch.centre_atom.iter().enumerate() {
             let a = a as usize;

@@ -20,6 +20,7 @@ use crate::backend::{Backend, Real};
 use crate::config::{Config, OptimizerConfig};
 use crate::data::{Sampler, SystemInfo, SystemStore};
 use crate::model::{Model, ModelSpec};
+use crate::stage::HeadInputs;
 
 use super::batch::{assemble_frames, HostBatch};
 use super::dataset::DataSet;
@@ -238,8 +239,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         resume: Resume<T>,
     ) -> Self {
         let tc = &cfg.training;
-        let loss =
-            Loss::new(&cfg.loss, schedule.start_lr).with_dim_out(model.spec.fitting.dim_out());
+        let loss = Loss::new(&cfg.loss, schedule.start_lr).with_output(&model.spec.fitting.output);
         let mut dm = DeviceModel::<T, B>::new(b, model);
         if let Some((m, v)) = &resume.adam {
             dm.m = b.upload(m);
@@ -531,7 +531,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
             let (_, batch) = validation::next_batch(&self.spec, &v.data, &mut v.sampler)?;
             let w = predict_batch(b, &self.dm, &mut self.cache, &batch)?;
             let bufs = match self.dm.head {
-                Some(_) => vec![w.fit_outputs_buf()],
+                Some(_) => w.head_bufs(),
                 None => vec![&w.energy, &w.force, &w.virial],
             };
             let mut pred = Vec::new();
@@ -540,7 +540,14 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
                 pred.push(x.iter().map(|x| x.f64()).collect::<Vec<f64>>());
             }
             let pred = match &self.dm.head {
-                Some(h) => Predicted::Head(pred.swap_remove(0), h, w.centres()),
+                Some(h) => {
+                    let rot = if pred.len() > 1 { pred.pop() } else { None };
+                    let x = HeadInputs {
+                        y: pred.swap_remove(0),
+                        rot: rot.unwrap_or_default(),
+                    };
+                    Predicted::Head(x, h, w.centres())
+                }
                 None => Predicted::Ener(&pred[0], &pred[1], &pred[2]),
             };
             avg.add(&self.loss, pref_lr, &batch, pred);

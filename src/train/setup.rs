@@ -22,7 +22,7 @@ use super::dataset::{load_data_in, DataSet};
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
 use super::stats::{
-    auto_sel, data_stats, dos_stats, fit_input_stats, load_training_with_stats,
+    auto_sel, data_stats, fit_input_stats, label_bias, load_training_with_stats,
     neighbor_and_data_stats, neighbor_stats, property_stats, stat_frames, DataStats, NeighborStats,
     Pass, StatDraw,
 };
@@ -511,10 +511,23 @@ impl Reading {
                 let t = Instant::now();
                 let frames = self.stat_frames();
                 let ntypes = self.type_map.len();
-                m.bias = dos_stats(d.numb_dos, ntypes, &self.train, &frames)?;
+                m.bias = label_bias("dos", d.numb_dos, &[], ntypes, &self.train, &frames)?;
                 tracing::info!(
                     "output bias of the DOS (numb_dos {}): {:?} ({:.2} s)",
                     d.numb_dos,
+                    m.bias,
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            FitOutput::Dipole(s) | FitOutput::Polar(s) => {
+                let t = Instant::now();
+                let (tensor, _) = spec.fitting.output.tensor().expect("a tensor fitting");
+                let (name, k) = (tensor.label_name(), tensor.size());
+                let frames = self.stat_frames();
+                let ntypes = self.type_map.len();
+                m.bias = label_bias(name, k, &s.exclude_types, ntypes, &self.train, &frames)?;
+                tracing::info!(
+                    "output bias of the {name}: {:?} ({:.2} s)",
                     m.bias,
                     t.elapsed().as_secs_f64()
                 );

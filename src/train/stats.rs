@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::config::DataConfig;
 use crate::data::{keep_open, Files, Labels, Sampler, System, SystemInfo};
-use crate::fitting::dos::stats::{out_bias, DosSamples};
+use crate::fitting::out_bias::{out_bias, Samples};
 use crate::fitting::property::stats::out_stats;
 use crate::fitting::property::PropertySpec;
 use crate::geometry::{
@@ -199,15 +199,17 @@ pub fn property_stats(
     Ok(out_stats(p, &counts, &labels))
 }
 
-/// A DOS's output bias ([`crate::fitting::dos::stats::out_bias`]) over the statistics frames
-/// `frames` of each system.
-pub fn dos_stats(
-    numb_dos: usize,
+/// The output bias ([`crate::fitting::out_bias::out_bias`]) of a DOS or a tensor, label `name`
+/// of width `k`, types `exclude` excluded, over the statistics frames `frames` of each system.
+pub fn label_bias(
+    name: &str,
+    k: usize,
+    exclude: &[usize],
     ntypes: usize,
     data: &DataSet,
     frames: &[Vec<usize>],
 ) -> Result<Vec<f64>> {
-    let mut samples = DosSamples::default();
+    let mut samples = Samples::default();
     for (s, frames) in frames.iter().enumerate() {
         if frames.is_empty() {
             continue;
@@ -229,7 +231,7 @@ pub fn dos_stats(
             }
         }
     }
-    out_bias(&samples, ntypes, numb_dos).map_err(anyhow::Error::msg)
+    out_bias(&samples, ntypes, k, exclude, name).map_err(anyhow::Error::msg)
 }
 
 /// The statistics a model starts from.

@@ -8,6 +8,7 @@ use crate::backend::{Backend, Dims, Prefactors, Real};
 use crate::fitting::dos::head::{self as dos, DosLabels};
 use crate::fitting::property::config::PropertyLossConfig;
 use crate::fitting::property::head as property;
+use crate::fitting::tensor::head::{self as tensor, TensorLabels};
 use crate::fitting::{seed, Centres, OutStat};
 use crate::mem::OutOfMemory;
 use crate::model::FitOutput;
@@ -15,7 +16,7 @@ use crate::stage::descriptor::Descriptor;
 use crate::stage::env::Env;
 use crate::stage::fitting::Fitting;
 pub use crate::stage::DeviceModel;
-use crate::stage::HostHead;
+use crate::stage::{HeadInputs, HostHead};
 
 use super::batch::{centre_atoms, HeadLabels, HostBatch};
 use super::budget::{batch_knob, batch_what, check_workspace};
@@ -32,20 +33,29 @@ pub enum StepLoss<'a> {
     Ener(Prefactors),
     Property(&'a PropertyLossConfig),
     Dos([f64; 4]),
+    /// The tensor loss's prefactors (atomic, frame).
+    Tensor((f64, f64)),
 }
 
-/// A host head's loss sums (the loss's `nsums`) and the nets' seed ∂L/∂y, from the nets'
-/// outputs `y` (centre order) of a batch laid out as `c`.
+/// A host head's loss: its sums (the loss's `nsums`), the nets' seed ∂L/∂y and, for a tensor,
+/// the descriptor's ∂L/∂A (empty otherwise).
+pub struct HeadLoss {
+    pub sums: Vec<f64>,
+    pub ybar: Vec<f64>,
+    pub abar: Vec<f64>,
+}
+
+/// A host head's loss from what it reads of the forward pass `x` of a batch laid out as `c`.
 pub fn head_loss(
     head: &HostHead,
     loss: StepLoss,
     c: &Centres,
-    y: &[f64],
+    x: &HeadInputs,
     labels: &HeadLabels,
-) -> (Vec<f64>, Vec<f64>) {
+) -> HeadLoss {
     let k = head.dim();
-    let (atomic, frame) = head.outputs(c, y);
-    match (loss, &head.output) {
+    let (atomic, frame) = head.outputs(c, x);
+    let (sums, ybar, abar) = match (loss, &head.output) {
         (StepLoss::Property(cfg), FitOutput::Property(p)) => {
             // DeePMD-kit normalises every atom's by type 0's statistics.
             let type0 = OutStat {
@@ -58,7 +68,7 @@ pub fn head_loss(
                 .expect("training data have the label");
             let (sums, dframe) = property::loss(cfg, p, &type0, c.natoms, &frame, label);
             let ybar = seed(k, p.intensive, &head.stat(), c, &dframe, None);
-            (sums.to_vec(), ybar)
+            (sums.to_vec(), ybar, vec![])
         }
         (StepLoss::Dos(pref), FitOutput::Dos(_)) => {
             let l = DosLabels {
@@ -67,10 +77,22 @@ pub fn head_loss(
             };
             let (sums, da, df) = dos::loss(pref, k, &atomic, &frame, &l);
             let ybar = seed(k, false, &head.stat(), c, &df, Some(&da));
-            (sums.to_vec(), ybar)
+            (sums.to_vec(), ybar, vec![])
+        }
+        (StepLoss::Tensor(pref), FitOutput::Dipole(_) | FitOutput::Polar(_)) => {
+            let t = head.tensor().expect("a tensor fitting");
+            let l = TensorLabels {
+                frame: labels.frame.as_deref(),
+                atomic: labels.atomic.as_deref(),
+            };
+            let with_tensor: Vec<bool> = c.types.iter().map(|&ty| !t.spec.excluded(ty)).collect();
+            let (sums, da, df) = tensor::loss(pref, &atomic, &frame, &l, &with_tensor);
+            let (ybar, abar) = t.seed(c, &x.y, &x.rot, &da, &df);
+            (sums.to_vec(), ybar, abar)
         }
         (loss, output) => unreachable!("a {output:?} model trained by {loss:?}"),
-    }
+    };
+    HeadLoss { sums, ybar, abar }
 }
 
 impl From<Prefactors> for StepLoss<'_> {
@@ -99,6 +121,8 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     sums: B::Buf,
     /// A host head's labels of the loaded batch (its loss runs on the host).
     head_labels: HeadLabels,
+    /// The head reads the descriptor's A (a tensor fitting).
+    rot: bool,
     /// Every centre's type and frame, for a property's head.
     centre_type: Vec<usize>,
     centre_frame: Vec<usize>,
@@ -148,6 +172,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             vres: zeros(9 * nf)?,
             sums: zeros(nsums)?,
             head_labels: HeadLabels::default(),
+            rot: m.head.as_ref().is_some_and(|h| h.output.reads_rot()),
             centre_type,
             centre_frame: (0..nc).map(|c| dims.centre_frame(c)).collect(),
         })
@@ -178,17 +203,22 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         b.download(&self.sums).iter().map(|x| x.f64()).collect()
     }
 
-    /// The nets' outputs of the last [`forward`], `[ncentres][dim_out]` (a read-back).
-    pub fn fit_outputs(&self, b: &B) -> Vec<f64> {
-        b.download(self.fitting.e_fit())
-            .iter()
-            .map(|x| x.f64())
-            .collect()
+    /// What a host head reads of the last [`forward`] (read-backs).
+    pub fn head_inputs(&self, b: &B) -> HeadInputs {
+        let read = |x: &B::Buf| b.download(x).iter().map(|x| x.f64()).collect();
+        let bufs = self.head_bufs();
+        HeadInputs {
+            y: read(bufs[0]),
+            rot: bufs.get(1).map_or_else(Vec::new, |a| read(a)),
+        }
     }
 
-    /// The buffer of [`Workspace::fit_outputs`], for a read by the run's driver.
-    pub fn fit_outputs_buf(&self) -> &B::Buf {
-        self.fitting.e_fit()
+    /// The buffers of [`Workspace::head_inputs`] (the nets' outputs, then a tensor's A), for
+    /// reads by the run's driver.
+    pub fn head_bufs(&self) -> Vec<&B::Buf> {
+        let mut v = vec![self.fitting.e_fit()];
+        v.extend(self.rot.then(|| self.descriptor.rot()).flatten());
+        v
     }
 
     /// Where each centre is, for a property's head.
@@ -309,10 +339,13 @@ pub fn gradient<'l, T: Real, B: Backend<T>>(
                 .head
                 .as_ref()
                 .expect("a host head's loss trains its model");
-            let y = w.fit_outputs(b);
-            let (sums, ybar) = head_loss(head, loss, &w.centres(), &y, &w.head_labels);
-            b.write(&mut w.sums, &to_t(&sums));
-            b.write(&mut w.ebar, &to_t(&ybar));
+            let x = w.head_inputs(b);
+            let l = head_loss(head, loss, &w.centres(), &x, &w.head_labels);
+            b.write(&mut w.sums, &to_t(&l.sums));
+            b.write(&mut w.ebar, &to_t(&l.ybar));
+            if let Some(rot_bar) = w.descriptor.rot_bar_mut() {
+                b.write(rot_bar, &to_t(&l.abar));
+            }
         }
     }
     w.descriptor

@@ -12,7 +12,7 @@ use super::lcurve::Metrics;
 use super::loss::{host_sums, Loss};
 use super::step::head_loss;
 use crate::fitting::Centres;
-use crate::stage::HostHead;
+use crate::stage::{HeadInputs, HostHead};
 
 /// Offset of the validation sampler's seed from the training one.
 pub const VALID_STREAM: u64 = 0x5641_4c49_4400;
@@ -32,8 +32,8 @@ pub fn next_batch(
 pub enum Predicted<'a> {
     /// Energy, force, virial.
     Ener(&'a [f64], &'a [f64], &'a [f64]),
-    /// A host head's nets' outputs `y` (centre order), with the head and where the centres are.
-    Head(Vec<f64>, &'a HostHead, Centres<'a>),
+    /// What a host head reads of the forward pass, with the head and where the centres are.
+    Head(HeadInputs, &'a HostHead, Centres<'a>),
 }
 
 /// The running atom-weighted average.
@@ -64,8 +64,8 @@ impl Average {
                 ),
             )
             .to_vec(),
-            Predicted::Head(y, head, c) => {
-                head_loss(head, loss.step_loss(&pf), &c, &y, &batch.head_labels).0
+            Predicted::Head(x, head, c) => {
+                head_loss(head, loss.step_loss(&pf), &c, &x, &batch.head_labels).sums
             }
         };
         let m = loss.metrics(&sums, batch.dims.nframes, natoms, &pf);

@@ -322,6 +322,25 @@ pub fn dpw_train(dir: &Path, input: &serde_json::Value) -> (bool, String) {
     dpw_in(dir, &["train", "input.json", "--backend", "cpu"])
 }
 
+/// Trains one step of `input` in `dir`, checks its output bias against `want` (≤ 1e-12
+/// relative to the largest) and that the model goes through DeePMD-kit's `.yaml` unchanged.
+pub fn one_step_bias_is(
+    dir: &Path,
+    input: &serde_json::Value,
+    want: &serde_json::Value,
+    what: &str,
+) {
+    let (ok, log) = dpw_train(dir, input);
+    assert!(ok, "{what}: {log}");
+    let m = dpw::model::read_model_to_train(&dir.join("model.ckpt-1")).unwrap();
+    let r = rel_to_max(&m.bias, &json_numbers(want));
+    eprintln!("{what}: output bias vs DeePMD-kit's: {r:.1e}");
+    assert!(r < 1e-12, "{what}: {:?}", m.bias);
+    let yaml = dir.join("frozen.yaml");
+    dpw::model::write_deepmd_yaml(&m, &yaml).unwrap();
+    assert_eq!(dpw::model::read_deepmd_yaml(&yaml).unwrap(), m, "{what}");
+}
+
 /// A JSON file.
 pub fn json_file(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

@@ -11,11 +11,11 @@ use serde_json::Value;
 use dpw::backend::Backend;
 use dpw::fitting::dos::config::{DosLossConfig, TERMS};
 use dpw::model::{read_deepmd_yaml, Model};
-use dpw::train::batch::Frame;
 use dpw::train::predict::{predict, step_of};
 use dpw::train::step::StepLoss;
 
 use super::descriptors::worst_tensor;
+use super::labelled::LabelledFrames;
 use crate::common::*;
 
 const CASE: &str = "dos_water";
@@ -28,62 +28,12 @@ pub fn model() -> Model {
     read_deepmd_yaml(&dir().join("model.yaml")).unwrap()
 }
 
-/// A reference npz's frames with their frame and atomic DOS labels.
-pub struct Frames {
-    pub atype: Vec<usize>,
-    coord: Vec<Vec<f64>>,
-    cell: Vec<Vec<f64>>,
-    dos: Vec<Vec<f64>>,
-    atom_dos: Vec<Vec<f64>>,
-    zeros: Vec<f64>,
-}
-
-impl Frames {
-    pub fn read(path: PathBuf) -> Self {
-        let mut z = npz(&path);
-        let rows = |a: ndarray::ArrayD<f64>| -> Vec<Vec<f64>> {
-            a.outer_iter()
-                .map(|r| r.iter().copied().collect())
-                .collect()
-        };
-        let atype: Vec<usize> = npz_i64(&mut z, "atype")
-            .iter()
-            .map(|&t| t as usize)
-            .collect();
-        Frames {
-            zeros: vec![0.0; 3 * atype.len()],
-            atype,
-            coord: rows(npz_array(&mut z, "coord")),
-            cell: rows(npz_array(&mut z, "box")),
-            dos: rows(npz_array(&mut z, "dos_label")),
-            atom_dos: rows(npz_array(&mut z, "atom_dos_label")),
-        }
-    }
-
-    /// The frames, with the atomic labels where `atomic`.
-    pub fn all(&self, atomic: bool) -> Vec<Frame<'_>> {
-        (0..self.coord.len())
-            .map(|f| Frame {
-                coord: &self.coord[f],
-                cell: Some(&self.cell[f]),
-                energy: 0.0,
-                force: &self.zeros,
-                virial: None,
-                fparam: None,
-                aparam: None,
-                label: Some(&self.dos[f]),
-                atom_label: atomic.then(|| self.atom_dos[f].as_slice()),
-            })
-            .collect()
-    }
-}
-
 /// The frame and atomic DOS of the three eval frames, each ≤ 1e-10 relative to its largest
 /// value.
 pub fn predictions<B: Backend<f64>>(b: &B) {
     let model = model();
-    let fr = Frames::read(dir().join("eval.npz"));
-    let p = predict(b, &model, &fr.atype, &fr.all(true)).unwrap();
+    let fr = LabelledFrames::read(&dir().join("eval.npz"), "dos");
+    let p = predict(b, &model, &fr.atype, &fr.all(true, true)).unwrap();
     let mut z = npz(&dir().join("eval.npz"));
     let want = |z: &mut _, k| -> Vec<f64> { npz_array(z, k).iter().copied().collect() };
     let errs = [
@@ -118,7 +68,7 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir().join("train_step.json")).unwrap())
             .unwrap();
-    let fr = Frames::read(dir().join("train_step.npz"));
+    let fr = LabelledFrames::read(&dir().join("train_step.npz"), "dos");
     let mut z = npz(&dir().join("train_step.npz"));
     let coef = meta["lr"].as_f64().unwrap() / meta["start_lr"].as_f64().unwrap();
     for (key, value, prefix, more) in [
@@ -138,8 +88,14 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
     ] {
         let cfg = loss_of(&meta[key]);
         let pref = cfg.prefactors(coef);
-        let (sums, grad, _) =
-            step_of(b, &model, &fr.atype, &fr.all(true), StepLoss::Dos(pref)).unwrap();
+        let (sums, grad, _) = step_of(
+            b,
+            &model,
+            &fr.atype,
+            &fr.all(true, true),
+            StepLoss::Dos(pref),
+        )
+        .unwrap();
         let want = meta[value].as_f64().unwrap();
         let rl = (sums[0] - want).abs() / want;
         let worst = worst_tensor(&model, &grad, &mut z, prefix);
@@ -179,8 +135,14 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
     }
     // Without atomic labels, the full loss is its frame terms'.
     let pref = loss_of(&meta["loss"]).prefactors(coef);
-    let (sums, grad, _) =
-        step_of(b, &model, &fr.atype, &fr.all(false), StepLoss::Dos(pref)).unwrap();
+    let (sums, grad, _) = step_of(
+        b,
+        &model,
+        &fr.atype,
+        &fr.all(true, false),
+        StepLoss::Dos(pref),
+    )
+    .unwrap();
     let want = meta["loss_value_global"].as_f64().unwrap();
     assert!(
         (sums[0] - want).abs() < 1e-12 * want,

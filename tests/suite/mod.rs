@@ -4,10 +4,12 @@
 pub mod descriptors;
 pub mod dos;
 pub mod fd;
+pub mod labelled;
 pub mod parity;
 pub mod plan;
 pub mod property;
 pub mod reference;
+pub mod tensor;
 pub mod virial;
 
 /// Instantiates the whole suite for a backend expression implementing `Backend<f64>`; attributes
@@ -162,6 +164,20 @@ macro_rules! backend_suite {
         $(#[$attr])?
         fn reference_dos_training_gradients() {
             $crate::suite::dos::training_gradients(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_tensor_predictions() {
+            for case in $crate::suite::tensor::TENSOR_CASES {
+                $crate::suite::tensor::predictions(&$backend, *case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_tensor_training_gradients() {
+            for case in $crate::suite::tensor::TENSOR_CASES {
+                $crate::suite::tensor::training_gradients(&$backend, *case);
+            }
         }
     };
     (#[$attr:meta] $backend:expr) => {

@@ -10,11 +10,11 @@ use serde_json::Value;
 use dpw::backend::Backend;
 use dpw::fitting::property::config::{LossFunc, PropertyLossConfig};
 use dpw::model::{read_deepmd_yaml, Model};
-use dpw::train::batch::Frame;
 use dpw::train::predict::{predict, step_of};
 use dpw::train::step::StepLoss;
 
 use super::descriptors::worst_tensor;
+use super::labelled::LabelledFrames;
 use crate::common::*;
 
 /// se_e2_a with an extensive property on water (periodic), DPA-1 with an intensive one on
@@ -29,64 +29,12 @@ pub fn model(case: &str) -> Model {
     read_deepmd_yaml(&dir(case).join("model.yaml")).unwrap()
 }
 
-/// A reference npz's frames: coordinates, cells (none for molecules) and property labels.
-pub struct Frames {
-    pub atype: Vec<usize>,
-    coord: Vec<Vec<f64>>,
-    cell: Option<Vec<Vec<f64>>>,
-    label: Vec<Vec<f64>>,
-    zeros: Vec<f64>,
-}
-
-impl Frames {
-    pub fn read(path: PathBuf) -> Self {
-        let mut z = npz(&path);
-        let rows = |a: ndarray::ArrayD<f64>| -> Vec<Vec<f64>> {
-            a.outer_iter()
-                .map(|r| r.iter().copied().collect())
-                .collect()
-        };
-        let has_box = z
-            .names()
-            .unwrap()
-            .iter()
-            .any(|n| n == "box.npy" || n == "box");
-        let atype: Vec<usize> = npz_i64(&mut z, "atype")
-            .iter()
-            .map(|&t| t as usize)
-            .collect();
-        Frames {
-            zeros: vec![0.0; 3 * atype.len()],
-            atype,
-            coord: rows(npz_array(&mut z, "coord")),
-            cell: has_box.then(|| rows(npz_array(&mut z, "box"))),
-            label: rows(npz_array(&mut z, "property_label")),
-        }
-    }
-
-    pub fn all(&self) -> Vec<Frame<'_>> {
-        (0..self.coord.len())
-            .map(|f| Frame {
-                coord: &self.coord[f],
-                cell: self.cell.as_ref().map(|c| c[f].as_slice()),
-                energy: 0.0,
-                force: &self.zeros,
-                virial: None,
-                fparam: None,
-                aparam: None,
-                label: Some(&self.label[f]),
-                atom_label: None,
-            })
-            .collect()
-    }
-}
-
 /// The frame and atomic properties of the three eval frames, each ≤ 1e-10 relative to its
 /// largest value.
 pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
     let model = model(case);
-    let fr = Frames::read(dir(case).join("eval.npz"));
-    let p = predict(b, &model, &fr.atype, &fr.all()).unwrap();
+    let fr = LabelledFrames::read(&dir(case).join("eval.npz"), "property");
+    let p = predict(b, &model, &fr.atype, &fr.all(true, false)).unwrap();
     let mut z = npz(&dir(case).join("eval.npz"));
     let want = |z: &mut _, k| -> Vec<f64> { npz_array(z, k).iter().copied().collect() };
     let errs = [
@@ -125,8 +73,8 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir(case).join("train_step.json")).unwrap())
             .unwrap();
-    let fr = Frames::read(dir(case).join("train_step.npz"));
-    let frames = fr.all();
+    let fr = LabelledFrames::read(&dir(case).join("train_step.npz"), "property");
+    let frames = fr.all(true, false);
     let mut z = npz(&dir(case).join("train_step.npz"));
     for (key, value, prefix) in [
         ("loss", "loss_value", "grad"),

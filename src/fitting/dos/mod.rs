@@ -8,7 +8,6 @@
 
 pub mod config;
 pub mod head;
-pub mod stats;
 
 use serde::{Deserialize, Serialize};
 

@@ -153,7 +153,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
             }
             subs.push(Sub {
                 env: Env::new(b, &dims, zeros, centre_atom, false)?,
-                desc: stage(b, view, &dims, zeros)?,
+                desc: stage(b, view, &dims, zeros, false)?,
                 q: zeros(3 * ns)?,
                 dbar: zeros(nc * dk)?,
                 ddotbar: zeros(nc * dk)?,

@@ -46,7 +46,18 @@ pub trait Stage<T: Real, B: Backend<T>> {
     );
     /// Ḋ from the environment's tangent (Ṙ, ṡ).
     fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>);
-    /// The dual reverse from (D̄, Ḋ̄): the parameter gradient, added to `grad`.
+    /// A `[ncentres][4][M1]` after [`Stage::forward`], whose rows 1..3 are DeePMD-kit's rotation
+    /// matrix `gr` (what a dipole or polar fitting reads); `None` for a descriptor without one.
+    fn rot(&self) -> Option<&B::Buf> {
+        None
+    }
+    /// Where a tensor fitting leaves ∂L/∂A (A-shaped) for [`Stage::dual`]: `Some` where the
+    /// stage was made to take one ([`Descriptor::new`]'s `rot`).
+    fn rot_bar_mut(&mut self) -> Option<&mut B::Buf> {
+        None
+    }
+    /// The dual reverse from (D̄, Ḋ̄) and, where it takes one, ∂L/∂A: the parameter gradient,
+    /// added to `grad`.
     fn dual(
         &mut self,
         b: &B,
@@ -68,9 +79,17 @@ fn stage<T: Real, B: Backend<T>>(
     m: &DescModel<'_, T, B>,
     d: &Dims,
     zeros: &Zeros<B::Buf>,
+    rot: bool,
 ) -> anyhow::Result<BoxedStage<T, B>> {
+    if rot && m.kind != DescriptorType::SeE2A {
+        anyhow::bail!(
+            "the dipole and polar fittings read the descriptor's rotation matrix, which dpw \
+             gives for se_e2_a only, not for {}",
+            m.kind.as_str()
+        );
+    }
     Ok(match m.kind {
-        DescriptorType::SeE2A => Box::new(SeE2A::new(b, m.layout, d, zeros)?),
+        DescriptorType::SeE2A => Box::new(SeE2A::new(b, m.layout, d, zeros, rot)?),
         DescriptorType::SeE2R => Box::new(SeE2R::new(b, m.layout, d, zeros)?),
         DescriptorType::SeE3 => Box::new(SeE3::new(b, m.layout, d, zeros)?),
         DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
@@ -114,7 +133,7 @@ pub enum Descriptor<T: Real, B: Backend<T>> {
 impl<T: Real, B: Backend<T>> Descriptor<T, B> {
     /// The buffers of the model's descriptor for batch shape `d`; `centre_atom` is the batch
     /// atom of every centre. An error where memory runs out or the descriptor's options are
-    /// not built.
+    /// not built (the rotation matrix a tensor fitting reads, too).
     pub fn new(
         b: &B,
         m: &DeviceModel<T, B>,
@@ -122,11 +141,34 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         zeros: &Zeros<B::Buf>,
         centre_atom: &[i32],
     ) -> anyhow::Result<Self> {
+        let rot = m.head.as_ref().is_some_and(|h| h.output.reads_rot());
         Ok(if m.desc.kind == DescriptorType::Hybrid {
+            if rot {
+                anyhow::bail!(
+                    "the dipole and polar fittings read the descriptor's rotation matrix, \
+                     which dpw does not give for a hybrid descriptor"
+                );
+            }
             Descriptor::Hybrid(Hybrid::new(b, &m.parts, &m.views(), d, zeros, centre_atom)?)
         } else {
-            Descriptor::One(stage(b, &m.views()[0], d, zeros)?)
+            Descriptor::One(stage(b, &m.views()[0], d, zeros, rot)?)
         })
+    }
+
+    /// A `[ncentres][4][M1]`, whose rows 1..3 are the rotation matrix ([`Stage::rot`]).
+    pub fn rot(&self) -> Option<&B::Buf> {
+        match self {
+            Descriptor::Hybrid(_) => None,
+            Descriptor::One(s) => s.rot(),
+        }
+    }
+
+    /// Where ∂L/∂A goes before [`Descriptor::dual`] ([`Stage::rot_bar_mut`]).
+    pub fn rot_bar_mut(&mut self) -> Option<&mut B::Buf> {
+        match self {
+            Descriptor::Hybrid(_) => None,
+            Descriptor::One(s) => s.rot_bar_mut(),
+        }
     }
 
     /// D of every centre, `[ncentres][dim]`, after [`Descriptor::forward`].

@@ -21,6 +21,8 @@ pub struct SeE2A<T: Real, B: Backend<T>> {
     /// Ḡ, Ġ̄ of every slot, empty where the backend's fused stage makes them as it goes.
     gbar: B::Buf,
     gdotbar: B::Buf,
+    /// ∂L/∂A from a tensor fitting, where the model has one.
+    rot_bar: Option<B::Buf>,
 }
 
 impl<T: Real, B: Backend<T>> SeE2A<T, B> {
@@ -29,9 +31,12 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
         layout: &DescriptorLayout,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
+        rot: bool,
     ) -> Result<Self, OutOfMemory> {
         let (ns, nc, m1, m2) = (d.nslots(), d.ncentres(), d.m1, d.m2);
-        let slot_adjoints = if b.fused_embedding().is_some() {
+        // ∂L/∂A joins Ḡ between the contraction's and the embedding's dual passes, which a
+        // fused backend otherwise runs as one.
+        let slot_adjoints = if b.fused_embedding().is_some() && !rot {
             0
         } else {
             m1 * ns
@@ -45,6 +50,7 @@ impl<T: Real, B: Backend<T>> SeE2A<T, B> {
             ddot: zeros(m1 * m2 * nc)?,
             gbar: zeros(slot_adjoints)?,
             gdotbar: zeros(slot_adjoints)?,
+            rot_bar: if rot { Some(zeros(4 * m1 * nc)?) } else { None },
         })
     }
 }
@@ -58,6 +64,14 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeE2A<T, B> {
         &self.ddot
     }
 
+    fn rot(&self) -> Option<&B::Buf> {
+        Some(&self.a)
+    }
+
+    fn rot_bar_mut(&mut self) -> Option<&mut B::Buf> {
+        self.rot_bar.as_mut()
+    }
+
     fn buffers(&self) -> Vec<&B::Buf> {
         let mut v = self.embed.buffers();
         v.extend([
@@ -69,6 +83,7 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeE2A<T, B> {
             &self.gbar,
             &self.gdotbar,
         ]);
+        v.extend(&self.rot_bar);
         v
     }
 
@@ -125,7 +140,7 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeE2A<T, B> {
         };
         let nets = m.nets();
         match &mut self.embed {
-            Embed::Fused { .. } => fused(b).contract_embed_dual(
+            Embed::Fused { .. } if self.rot_bar.is_none() => fused(b).contract_embed_dual(
                 d,
                 &nets.all(d),
                 m.params,
@@ -137,6 +152,9 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeE2A<T, B> {
             ),
             embed => {
                 contract.run(b, d, &mut self.gbar, &mut self.gdotbar);
+                if let Some(rot_bar) = &self.rot_bar {
+                    b.contract_gbar(d, rot_bar, &env.rhat, &mut self.gbar);
+                }
                 embed.dual(b, m.params, grad, &nets, d, env, &self.gbar, &self.gdotbar);
             }
         }
