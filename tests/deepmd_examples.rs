@@ -26,8 +26,10 @@ fn loadable() -> Vec<String> {
 /// Where each example folder's `../data` comes from in this repository: the same DeePMD-kit
 /// data (examples/water is its water data; tests/data/nopbc holds one of its nopbc systems, and
 /// tests/data/deepmd-kit/examples/{fparam,property}/data four frames of each of its fparam and
-/// property systems, .../dos/data two of each of its DOS systems) or,
-/// for the LMDB example, its own validation LMDB standing in for its training one too.
+/// property systems, .../dos/data two of each of its DOS systems, .../water_tensor two frames of
+/// each of its dipole and polarizability systems, .../water/dplr/train/data two of its DPLR
+/// Wannier-centre system; all cut from DeePMD-kit bc902daf with numpy's `a[:n]`) or, for the
+/// LMDB example, its own validation LMDB standing in for its training one too.
 fn link_data(tree: &Path) {
     let link = |from: PathBuf, to: PathBuf| {
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
@@ -45,6 +47,19 @@ fn link_data(tree: &Path) {
             repo(&format!("tests/data/deepmd-kit/examples/{example}/data")),
             tree.join(format!("{example}/data")),
         );
+    }
+    link(
+        repo("tests/data/deepmd-kit/examples/water/dplr/train/data"),
+        tree.join("water/dplr/train/data"),
+    );
+    for tensor in ["dipole", "polar"] {
+        for set in ["training_data_reformat", "validation_data_reformat"] {
+            let at = format!("water_tensor/{tensor}/{set}");
+            link(
+                repo(&format!("tests/data/deepmd-kit/examples/{at}")),
+                tree.join(at),
+            );
+        }
     }
     let lmdb = repo("tests/data/deepmd-kit/examples/lmdb_downsample_data/water_validation.lmdb");
     for name in ["water_training.lmdb", "water_validation.lmdb"] {
