@@ -1,6 +1,7 @@
 //! dpw: a trainer for Deep Potential models (DeePMD-kit's `se_e2_a`, `se_e2_r`, `se_e3`,
-//! `hybrid` and `se_atten`/`se_atten_v2` (DPA-1) descriptors with an `ener` fitting net), with
-//! one training step written against an op-level [`backend::Backend`] trait.
+//! `hybrid` and `se_atten`/`se_atten_v2` (DPA-1) descriptors with the `ener`, `dipole`,
+//! `polar`, `dos` and `property` fitting nets), with one training step written against an
+//! op-level [`backend::Backend`] trait.
 
 pub mod backend;
 pub mod cli;

@@ -15,7 +15,8 @@ use dpw::dist::log::MpiLog;
 use dpw::train::interrupt::{self, Interrupted};
 
 /// dpw trains Deep Potential models on CPU and GPU: DeePMD-kit's se_e2_a, se_e2_r, se_e3,
-/// hybrid and se_atten/se_atten_v2 (DPA-1) descriptors with the ener fitting.
+/// hybrid and se_atten/se_atten_v2 (DPA-1) descriptors with the ener, dipole, polar, dos and
+/// property fittings.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
