@@ -8,8 +8,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use ndarray::{Array2, ArrayD};
-use ndarray_npy::write_npy;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -23,29 +21,19 @@ fn case_dir() -> PathBuf {
 /// The reference's three eval frames as a deepmd/npy system `dir`/`name`, with `dos.npy` where
 /// `frame` and `atom_dos.npy` where `atomic`.
 fn write_system(dir: &Path, name: &str, frame: bool, atomic: bool) -> PathBuf {
-    let mut z = npz(&case_dir().join("eval.npz"));
-    let sys = dir.join(name);
-    let set = sys.join("set.000");
-    std::fs::create_dir_all(&set).unwrap();
-    let types: Vec<String> = (npz_i64(&mut z, "atype").iter())
-        .map(|t| t.to_string())
-        .collect();
-    std::fs::write(sys.join("type.raw"), types.join("\n")).unwrap();
-    std::fs::write(sys.join("type_map.raw"), "O\nH\n").unwrap();
-    let rows = |a: ArrayD<f64>| {
-        let v: Vec<f64> = a.iter().copied().collect();
-        Array2::from_shape_vec((3, v.len() / 3), v).unwrap()
-    };
-    write_npy(set.join("coord.npy"), &rows(npz_array(&mut z, "coord"))).unwrap();
-    write_npy(set.join("box.npy"), &rows(npz_array(&mut z, "box"))).unwrap();
+    let mut sys = npz_system(
+        &case_dir().join("eval.npz"),
+        &dir.join(name),
+        &["O", "H"],
+        true,
+    );
     if frame {
-        write_npy(set.join("dos.npy"), &rows(npz_array(&mut z, "dos_label"))).unwrap();
+        sys.write("dos_label", "dos.npy");
     }
     if atomic {
-        let a = rows(npz_array(&mut z, "atom_dos_label"));
-        write_npy(set.join("atom_dos.npy"), &a).unwrap();
+        sys.write("atom_dos_label", "atom_dos.npy");
     }
-    sys
+    sys.dir
 }
 
 /// The reference's model section, trained `steps` on `systems` (all three frames in one batch,

@@ -38,45 +38,28 @@ fn flat(a: ArrayD<f64>) -> Vec<f64> {
 /// The reference's three frames as a deepmd/npy system in `dir`/`name`, with its parameters;
 /// `fparam_width` cuts or repeats fparam's columns, `aparam` false leaves aparam.npy out.
 fn write_system(dir: &Path, name: &str, fparam: Option<usize>, aparam: bool) -> PathBuf {
-    let mut z = npz(&repo(CASE).join("eval.npz"));
-    let sys = dir.join(name);
-    let set = sys.join("set.000");
-    std::fs::create_dir_all(&set).unwrap();
-    let atype = npz_i64(&mut z, "atype");
-    let types: Vec<String> = atype.iter().map(|t| t.to_string()).collect();
-    std::fs::write(sys.join("type.raw"), types.join("\n")).unwrap();
-    std::fs::write(sys.join("type_map.raw"), "O\nH\n").unwrap();
-    let nf = 3;
-    let rows = |a: ArrayD<f64>| {
-        let v = flat(a);
-        let w = v.len() / nf;
-        Array2::from_shape_vec((nf, w), v).unwrap()
-    };
-    write_npy(set.join("coord.npy"), &rows(npz_array(&mut z, "coord"))).unwrap();
-    write_npy(set.join("box.npy"), &rows(npz_array(&mut z, "box"))).unwrap();
-    write_npy(
-        set.join("force.npy"),
-        &rows(npz_array(&mut z, "force_label")),
-    )
-    .unwrap();
-    let e = Array1::from(flat(npz_array(&mut z, "energy_label")));
-    write_npy(set.join("energy.npy"), &e).unwrap();
-    let fp = rows(npz_array(&mut z, "fparam"));
+    let npz_path = repo(CASE).join("eval.npz");
+    let mut sys = npz_system(&npz_path, &dir.join(name), &["O", "H"], true);
+    sys.write("force_label", "force.npy");
+    let e = Array1::from(flat(npz_array(&mut sys.z, "energy_label")));
+    write_npy(sys.set.join("energy.npy"), &e).unwrap();
+    let fp = sys.rows("fparam");
     if let Some(w) = fparam {
+        let nf = fp.nrows();
         let cols: Vec<f64> = (0..nf)
             .flat_map(|f| (0..w).map(move |k| (f, k)))
             .map(|(f, k)| fp[[f, k % 2]])
             .collect();
         write_npy(
-            set.join("fparam.npy"),
+            sys.set.join("fparam.npy"),
             &Array2::from_shape_vec((nf, w), cols).unwrap(),
         )
         .unwrap();
     }
     if aparam {
-        write_npy(set.join("aparam.npy"), &rows(npz_array(&mut z, "aparam"))).unwrap();
+        sys.write("aparam", "aparam.npy");
     }
-    sys
+    sys.dir
 }
 
 /// The reference's model section, trained `steps` on `systems` (all three frames in one batch,

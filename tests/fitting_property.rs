@@ -8,8 +8,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use ndarray::{Array2, ArrayD};
-use ndarray_npy::write_npy;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -20,46 +18,20 @@ fn case_dir(case: &str) -> PathBuf {
     repo(&format!("tests/reference/fittings/{case}"))
 }
 
-fn flat(a: ArrayD<f64>) -> Vec<f64> {
-    a.iter().copied().collect()
-}
-
 /// A reference case's three eval frames as a deepmd/npy system `dir`/`name` (no box for the
 /// molecules), with their `band_prop.npy` unless `label` is false.
 fn write_system(dir: &Path, case: &str, name: &str, label: bool) -> PathBuf {
-    let mut z = npz(&case_dir(case).join("eval.npz"));
     let meta = json_file(&case_dir(case).join("eval.json"));
-    let sys = dir.join(name);
-    let set = sys.join("set.000");
-    std::fs::create_dir_all(&set).unwrap();
-    let types: Vec<String> = (npz_i64(&mut z, "atype").iter())
-        .map(|t| t.to_string())
-        .collect();
-    std::fs::write(sys.join("type.raw"), types.join("\n")).unwrap();
     let type_map: Vec<&str> = (meta["type_map"].as_array().unwrap().iter())
         .map(|t| t.as_str().unwrap())
         .collect();
-    std::fs::write(sys.join("type_map.raw"), type_map.join("\n")).unwrap();
-    let nf = 3;
-    let rows = |a: ArrayD<f64>| {
-        let v = flat(a);
-        let w = v.len() / nf;
-        Array2::from_shape_vec((nf, w), v).unwrap()
-    };
-    write_npy(set.join("coord.npy"), &rows(npz_array(&mut z, "coord"))).unwrap();
-    if meta["pbc"].as_bool().unwrap() {
-        write_npy(set.join("box.npy"), &rows(npz_array(&mut z, "box"))).unwrap();
-    } else {
-        std::fs::write(sys.join("nopbc"), "").unwrap();
-    }
+    let pbc = meta["pbc"].as_bool().unwrap();
+    let npz_path = case_dir(case).join("eval.npz");
+    let mut sys = npz_system(&npz_path, &dir.join(name), &type_map, pbc);
     if label {
-        write_npy(
-            set.join("band_prop.npy"),
-            &rows(npz_array(&mut z, "property_label")),
-        )
-        .unwrap();
+        sys.write("property_label", "band_prop.npy");
     }
-    sys
+    sys.dir
 }
 
 /// The case's model section, trained `steps` on `systems` (all three frames in one batch, one

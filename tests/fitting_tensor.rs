@@ -29,40 +29,29 @@ fn write_system(
     label: &str,
     (frame, atomic, o_only): (bool, bool, bool),
 ) -> PathBuf {
-    let mut z = npz(&case_dir(case).join("eval.npz"));
-    let sys = dir.join(format!("{case}-{frame}-{atomic}-{o_only}"));
-    let set = sys.join("set.000");
-    std::fs::create_dir_all(&set).unwrap();
-    let atype = npz_i64(&mut z, "atype");
-    let types: Vec<String> = atype.iter().map(|t| t.to_string()).collect();
-    std::fs::write(sys.join("type.raw"), types.join("\n")).unwrap();
-    std::fs::write(sys.join("type_map.raw"), "O\nH\n").unwrap();
-    let rows = |a: ArrayD<f64>| {
-        let v: Vec<f64> = a.iter().copied().collect();
-        Array2::from_shape_vec((3, v.len() / 3), v).unwrap()
-    };
-    write_npy(set.join("coord.npy"), &rows(npz_array(&mut z, "coord"))).unwrap();
-    write_npy(set.join("box.npy"), &rows(npz_array(&mut z, "box"))).unwrap();
+    let name = format!("{case}-{frame}-{atomic}-{o_only}");
+    let npz_path = case_dir(case).join("eval.npz");
+    let mut sys = npz_system(&npz_path, &dir.join(name), &["O", "H"], true);
     if frame {
-        let l = rows(npz_array(&mut z, &format!("{label}_label")));
-        write_npy(set.join(format!("{label}.npy")), &l).unwrap();
+        sys.write(&format!("{label}_label"), &format!("{label}.npy"));
     }
     if atomic {
-        let a = npz_array(&mut z, &format!("atom_{label}_label"));
+        let a = npz_array(&mut sys.z, &format!("atom_{label}_label"));
         let k = a.shape()[2];
         let keep: Vec<f64> = (a.outer_iter())
             .flat_map(|f| {
-                (f.outer_iter().zip(atype.iter()))
+                (f.outer_iter().zip(sys.atype.iter()))
                     .filter(|(_, &t)| !o_only || t == 0)
                     .flat_map(|(r, _)| r.iter().copied().collect::<Vec<_>>())
                     .collect::<Vec<_>>()
             })
             .collect();
-        let a = Array2::from_shape_vec((3, keep.len() / 3), keep).unwrap();
+        let nf = a.shape()[0];
+        let a = Array2::from_shape_vec((nf, keep.len() / nf), keep).unwrap();
         assert_eq!(a.ncols() % k, 0);
-        write_npy(set.join(format!("atomic_{label}.npy")), &a).unwrap();
+        write_npy(sys.set.join(format!("atomic_{label}.npy")), &a).unwrap();
     }
-    sys
+    sys.dir
 }
 
 /// The reference's model section, trained `steps` on `systems` (all three frames in one batch,

@@ -322,6 +322,55 @@ pub fn dpw_train(dir: &Path, input: &serde_json::Value) -> (bool, String) {
     dpw_in(dir, &["train", "input.json", "--backend", "cpu"])
 }
 
+/// A reference npz's frames written as a deepmd/npy system: `type.raw`, `type_map.raw`,
+/// `set.000/coord.npy` and `box.npy` (or `nopbc` where `pbc` is false) by [`npz_system`]; the
+/// caller writes its labels with [`NpzSystem::write`].
+pub struct NpzSystem {
+    pub z: NpzReader<std::fs::File>,
+    pub dir: PathBuf,
+    pub set: PathBuf,
+    pub atype: Vec<i64>,
+}
+
+pub fn npz_system(npz_path: &Path, dir: &Path, type_map: &[&str], pbc: bool) -> NpzSystem {
+    let mut z = npz(npz_path);
+    let set = dir.join("set.000");
+    std::fs::create_dir_all(&set).unwrap();
+    let atype: Vec<i64> = npz_i64(&mut z, "atype").iter().copied().collect();
+    let types: Vec<String> = atype.iter().map(|t| t.to_string()).collect();
+    std::fs::write(dir.join("type.raw"), types.join("\n")).unwrap();
+    std::fs::write(dir.join("type_map.raw"), type_map.join("\n")).unwrap();
+    let mut sys = NpzSystem {
+        z,
+        dir: dir.to_path_buf(),
+        set,
+        atype,
+    };
+    sys.write("coord", "coord.npy");
+    if pbc {
+        sys.write("box", "box.npy");
+    } else {
+        std::fs::write(dir.join("nopbc"), "").unwrap();
+    }
+    sys
+}
+
+impl NpzSystem {
+    /// The npz array `key` as `[nframes][rest]`.
+    pub fn rows(&mut self, key: &str) -> ndarray::Array2<f64> {
+        let a = npz_array(&mut self.z, key);
+        let nf = a.shape()[0];
+        let v: Vec<f64> = a.iter().copied().collect();
+        ndarray::Array2::from_shape_vec((nf, v.len() / nf), v).unwrap()
+    }
+
+    /// The npz array `key` written as `set.000/{file}`, `[nframes][rest]`.
+    pub fn write(&mut self, key: &str, file: &str) {
+        let a = self.rows(key);
+        ndarray_npy::write_npy(self.set.join(file), &a).unwrap();
+    }
+}
+
 /// Trains one step of `input` in `dir`, checks its output bias against `want` (≤ 1e-12
 /// relative to the largest) and that the model goes through DeePMD-kit's `.yaml` unchanged.
 pub fn one_step_bias_is(
