@@ -181,6 +181,22 @@ fn deepmd_kits_tensor_examples_train_and_test() {
         }
         let out = json_file(&tmp.path().join("out.json"));
         assert_eq!(out["model"]["atom_exclude_types"], json!([1]), "{input}");
+        // A tensor model's checkpoint restarts (its metrics' sums are the loss's).
+        v["training"]["numb_steps"] = json!(3);
+        std::fs::write(tmp.path().join("input3.json"), v.to_string()).unwrap();
+        let restart = [
+            "train",
+            "input3.json",
+            "--backend",
+            "cpu",
+            "--restart",
+            "model.ckpt-2",
+        ];
+        let (ok, log) = dpw_in(tmp.path(), &restart);
+        assert!(ok, "{input}, restart: {log}");
+        let lcurve = std::fs::read_to_string(tmp.path().join("lcurve.out")).unwrap();
+        let last = lcurve.lines().last().unwrap();
+        assert!(last.trim_start().starts_with("3 "), "{input}: {lcurve}");
         let (ok, log) = dpw_in(tmp.path(), &["freeze", "-o", "frozen.yaml"]);
         assert!(ok, "{log}");
         let (ok, log) = dpw_in(

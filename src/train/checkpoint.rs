@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use crate::config::Precision;
 use crate::data::Sampler;
 use crate::fitting::property::head;
+use crate::fitting::tensor::{self, Tensor};
 use crate::model::file::{
     is_container, model_from_container, model_parts, read_container, write_container,
 };
@@ -128,7 +129,8 @@ impl Checkpoint {
             FitOutput::Ener => ENER_METRICS.len(),
             FitOutput::Property(_) => head::METRICS.len(),
             FitOutput::Dos(_) => crate::fitting::dos::head::METRICS.len(),
-            FitOutput::Dipole(_) | FitOutput::Polar(_) => 2,
+            FitOutput::Dipole(_) => tensor::head::metrics(Tensor::Dipole).len(),
+            FitOutput::Polar(_) => tensor::head::metrics(Tensor::Polar).len(),
         };
         ensure!(acc.len() == 1 + slots, "{}: bad disp_acc", path.display());
         let ck = Checkpoint {
