@@ -464,11 +464,7 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
             if descriptor.kind != DescriptorType::SeE2A {
                 return Err(ConfigError::unsupported(
                     sec.path_of("fitting_net"),
-                    format!(
-                        "the dipole and polar fittings read the descriptor's rotation matrix, \
-                         which dpw gives for se_e2_a only, not for {}",
-                        descriptor.kind.as_str()
-                    ),
+                    tensor::needs_rot(descriptor.kind.as_str()),
                 ));
             }
             let width = *descriptor.neuron.last().expect("se_e2_a has layers");
@@ -887,20 +883,6 @@ impl ModelConfig {
                 fitting["rcond"] = json!(f.rcond);
                 fitting["atom_ener"] = json!(f.atom_ener);
             }
-            // DeePMD-kit's dipole and polar fittings take no `trainable`.
-            FitOutput::Dipole(_) | FitOutput::Polar(_) => {
-                let (t, s) = f.output.tensor().expect("a tensor fitting");
-                fitting
-                    .as_object_mut()
-                    .expect("an object")
-                    .remove("trainable");
-                for (k, v) in tensor::config::output_json(t, s)
-                    .as_object()
-                    .expect("an object")
-                {
-                    fitting[k] = v.clone();
-                }
-            }
             output => {
                 let keys = match output {
                     FitOutput::Property(p) => property::config::output_json(p),
@@ -908,7 +890,13 @@ impl ModelConfig {
                         fitting["rcond"] = json!(f.rcond);
                         dos::config::output_json(d)
                     }
-                    FitOutput::Ener | FitOutput::Dipole(_) | FitOutput::Polar(_) => unreachable!(),
+                    FitOutput::Dipole(_) | FitOutput::Polar(_) => {
+                        let (t, s) = output.tensor().expect("a tensor fitting");
+                        // DeePMD-kit's dipole and polar fittings take no `trainable`.
+                        (fitting.as_object_mut().expect("an object")).remove("trainable");
+                        tensor::config::output_json(t, s)
+                    }
+                    FitOutput::Ener => unreachable!(),
                 };
                 for (k, v) in keys.as_object().expect("an object") {
                     fitting[k] = v.clone();

@@ -1296,9 +1296,9 @@ fn model_to_tree(model: &Model) -> Value {
             f["property_name"] = p.property_name.as_str().into();
             ndarray(&[1, nt, no], &model.out_std)
         }
-        FitOutput::Dipole(s) | FitOutput::Polar(s) => {
-            let polar = matches!(fit.output, FitOutput::Polar(_));
-            let tensor = if polar { Tensor::Polar } else { Tensor::Dipole };
+        FitOutput::Dipole(_) | FitOutput::Polar(_) => {
+            let (tensor, s) = fit.output.tensor().expect("a tensor fitting");
+            let polar = tensor == Tensor::Polar;
             let f = fitting.as_mapping_mut().expect("a mapping");
             f.remove("dim_out");
             f.remove("atom_ener");

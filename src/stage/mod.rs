@@ -61,6 +61,18 @@ pub struct HeadInputs {
     pub rot: Vec<f64>,
 }
 
+impl HeadInputs {
+    /// From the reads of the workspace's head buffers, in their order (the nets' outputs, then
+    /// A where the head reads it).
+    pub fn from_reads(mut reads: Vec<Vec<f64>>) -> Self {
+        let rot = if reads.len() > 1 { reads.pop() } else { None };
+        HeadInputs {
+            y: reads.swap_remove(0),
+            rot: rot.unwrap_or_default(),
+        }
+    }
+}
+
 impl HostHead {
     fn of(model: &Model) -> Option<Self> {
         let output = &model.spec.fitting.output;

@@ -540,14 +540,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
                 pred.push(x.iter().map(|x| x.f64()).collect::<Vec<f64>>());
             }
             let pred = match &self.dm.head {
-                Some(h) => {
-                    let rot = if pred.len() > 1 { pred.pop() } else { None };
-                    let x = HeadInputs {
-                        y: pred.swap_remove(0),
-                        rot: rot.unwrap_or_default(),
-                    };
-                    Predicted::Head(x, h, w.centres())
-                }
+                Some(h) => Predicted::Head(HeadInputs::from_reads(pred), h, w.centres()),
                 None => Predicted::Ener(&pred[0], &pred[1], &pred[2]),
             };
             avg.add(&self.loss, pref_lr, &batch, pred);

@@ -507,27 +507,21 @@ impl Reading {
         (m.davg, m.dstd) = (st.davg, st.dstd);
         match &spec.fitting.output {
             FitOutput::Ener => m.bias = st.bias,
-            FitOutput::Dos(d) => {
+            output @ (FitOutput::Dos(_) | FitOutput::Dipole(_) | FitOutput::Polar(_)) => {
                 let t = Instant::now();
+                let k = output.label_width();
+                let (name, what, exclude) = match output.tensor() {
+                    Some((tensor, s)) => {
+                        let name = tensor.label_name();
+                        (name, name.to_string(), &s.exclude_types[..])
+                    }
+                    None => ("dos", format!("DOS (numb_dos {k})"), &[][..]),
+                };
                 let frames = self.stat_frames();
                 let ntypes = self.type_map.len();
-                m.bias = label_bias("dos", d.numb_dos, &[], ntypes, &self.train, &frames)?;
+                m.bias = label_bias(name, k, exclude, ntypes, &self.train, &frames)?;
                 tracing::info!(
-                    "output bias of the DOS (numb_dos {}): {:?} ({:.2} s)",
-                    d.numb_dos,
-                    m.bias,
-                    t.elapsed().as_secs_f64()
-                );
-            }
-            FitOutput::Dipole(s) | FitOutput::Polar(s) => {
-                let t = Instant::now();
-                let (tensor, _) = spec.fitting.output.tensor().expect("a tensor fitting");
-                let (name, k) = (tensor.label_name(), tensor.size());
-                let frames = self.stat_frames();
-                let ntypes = self.type_map.len();
-                m.bias = label_bias(name, k, &s.exclude_types, ntypes, &self.train, &frames)?;
-                tracing::info!(
-                    "output bias of the {name}: {:?} ({:.2} s)",
+                    "output bias of the {what}: {:?} ({:.2} s)",
                     m.bias,
                     t.elapsed().as_secs_f64()
                 );

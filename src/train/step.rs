@@ -121,8 +121,6 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     sums: B::Buf,
     /// A host head's labels of the loaded batch (its loss runs on the host).
     head_labels: HeadLabels,
-    /// The head reads the descriptor's A (a tensor fitting).
-    rot: bool,
     /// Every centre's type and frame, for a property's head.
     centre_type: Vec<usize>,
     centre_frame: Vec<usize>,
@@ -172,7 +170,6 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             vres: zeros(9 * nf)?,
             sums: zeros(nsums)?,
             head_labels: HeadLabels::default(),
-            rot: m.head.as_ref().is_some_and(|h| h.output.reads_rot()),
             centre_type,
             centre_frame: (0..nc).map(|c| dims.centre_frame(c)).collect(),
         })
@@ -205,19 +202,15 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
 
     /// What a host head reads of the last [`forward`] (read-backs).
     pub fn head_inputs(&self, b: &B) -> HeadInputs {
-        let read = |x: &B::Buf| b.download(x).iter().map(|x| x.f64()).collect();
-        let bufs = self.head_bufs();
-        HeadInputs {
-            y: read(bufs[0]),
-            rot: bufs.get(1).map_or_else(Vec::new, |a| read(a)),
-        }
+        let read = |x: &&B::Buf| b.download(x).iter().map(|x| x.f64()).collect();
+        HeadInputs::from_reads(self.head_bufs().iter().map(read).collect())
     }
 
     /// The buffers of [`Workspace::head_inputs`] (the nets' outputs, then a tensor's A), for
     /// reads by the run's driver.
     pub fn head_bufs(&self) -> Vec<&B::Buf> {
         let mut v = vec![self.fitting.e_fit()];
-        v.extend(self.rot.then(|| self.descriptor.rot()).flatten());
+        v.extend(self.descriptor.rot());
         v
     }
 

@@ -32,6 +32,15 @@ pub struct TensorSpec {
     pub exclude_types: Vec<usize>,
 }
 
+/// Why a tensor fitting cannot sit on descriptor `kind`: the input's refusal, and the stage's
+/// for a model read from a file.
+pub fn needs_rot(kind: &str) -> String {
+    format!(
+        "the dipole and polar fittings read the descriptor's rotation matrix, which dpw gives \
+         for se_e2_a only, not for {kind}"
+    )
+}
+
 /// Which tensor: a dipole (3 per atom) or a polarizability (3×3 per atom).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tensor {

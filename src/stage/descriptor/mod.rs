@@ -47,7 +47,8 @@ pub trait Stage<T: Real, B: Backend<T>> {
     /// Ḋ from the environment's tangent (Ṙ, ṡ).
     fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>);
     /// A `[ncentres][4][M1]` after [`Stage::forward`], whose rows 1..3 are DeePMD-kit's rotation
-    /// matrix `gr` (what a dipole or polar fitting reads); `None` for a descriptor without one.
+    /// matrix `gr` (what a dipole or polar fitting reads); `None` unless the stage was made for
+    /// one ([`Descriptor::new`]'s `rot`).
     fn rot(&self) -> Option<&B::Buf> {
         None
     }
@@ -72,8 +73,10 @@ pub trait Stage<T: Real, B: Backend<T>> {
 /// A boxed [`Stage`]: the step holds its descriptor without naming its kind.
 pub type BoxedStage<T, B> = Box<dyn Stage<T, B>>;
 
-/// The stage of descriptor `m.kind` for batch shape `d`: the one place a descriptor's kind
-/// picks its module. An error where memory runs out or an option is not built.
+/// The stage of descriptor `m.kind` for batch shape `d`, keeping A for a tensor fitting where
+/// `rot` (se_e2_a's alone: [`Descriptor::new`] refuses the others): the one place a
+/// descriptor's kind picks its module. An error where memory runs out or an option is not
+/// built.
 fn stage<T: Real, B: Backend<T>>(
     b: &B,
     m: &DescModel<'_, T, B>,
@@ -81,13 +84,6 @@ fn stage<T: Real, B: Backend<T>>(
     zeros: &Zeros<B::Buf>,
     rot: bool,
 ) -> anyhow::Result<BoxedStage<T, B>> {
-    if rot && m.kind != DescriptorType::SeE2A {
-        anyhow::bail!(
-            "the dipole and polar fittings read the descriptor's rotation matrix, which dpw \
-             gives for se_e2_a only, not for {}",
-            m.kind.as_str()
-        );
-    }
     Ok(match m.kind {
         DescriptorType::SeE2A => Box::new(SeE2A::new(b, m.layout, d, zeros, rot)?),
         DescriptorType::SeE2R => Box::new(SeE2R::new(b, m.layout, d, zeros)?),
@@ -142,13 +138,10 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         centre_atom: &[i32],
     ) -> anyhow::Result<Self> {
         let rot = m.head.as_ref().is_some_and(|h| h.output.reads_rot());
+        if rot && m.desc.kind != DescriptorType::SeE2A {
+            anyhow::bail!(crate::fitting::tensor::needs_rot(m.desc.kind.as_str()));
+        }
         Ok(if m.desc.kind == DescriptorType::Hybrid {
-            if rot {
-                anyhow::bail!(
-                    "the dipole and polar fittings read the descriptor's rotation matrix, \
-                     which dpw does not give for a hybrid descriptor"
-                );
-            }
             Descriptor::Hybrid(Hybrid::new(b, &m.parts, &m.views(), d, zeros, centre_atom)?)
         } else {
             Descriptor::One(stage(b, &m.views()[0], d, zeros, rot)?)

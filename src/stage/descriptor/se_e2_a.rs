@@ -65,7 +65,7 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeE2A<T, B> {
     }
 
     fn rot(&self) -> Option<&B::Buf> {
-        Some(&self.a)
+        self.rot_bar.as_ref().map(|_| &self.a)
     }
 
     fn rot_bar_mut(&mut self) -> Option<&mut B::Buf> {
