@@ -23,24 +23,32 @@ ROOT = os.getcwd()
 DPW = os.path.join(ROOT, "target/release/dpw")
 
 
+def npz_system(z, meta, sysdir):
+    """A reference's eval.npz frames `z` as a deepmd/npy system in `sysdir` (with a box or
+    `nopbc` as its eval.json `meta` says); returns its set.000 folder."""
+    nf = z["coord"].shape[0]
+    s = os.path.join(sysdir, "set.000")
+    os.makedirs(s)
+    with open(os.path.join(sysdir, "type.raw"), "w") as fh:
+        fh.write("\n".join(map(str, z["atype"])))
+    with open(os.path.join(sysdir, "type_map.raw"), "w") as fh:
+        fh.write("\n".join(meta["type_map"]))
+    np.save(os.path.join(s, "coord.npy"), z["coord"].reshape(nf, -1))
+    if meta["pbc"]:
+        np.save(os.path.join(s, "box.npy"), z["box"].reshape(nf, 9))
+    else:
+        open(os.path.join(sysdir, "nopbc"), "w").close()
+    return s
+
+
 def check(case):
     d = os.path.join(ROOT, "tests/reference/fittings", case)
     z = np.load(os.path.join(d, "eval.npz"))
     meta = json.load(open(os.path.join(d, "eval.json")))
     nf = 3
     with tempfile.TemporaryDirectory() as tmp:
-        s = os.path.join(tmp, "sys", "set.000")
-        os.makedirs(s)
-        with open(os.path.join(tmp, "sys", "type.raw"), "w") as fh:
-            fh.write("\n".join(map(str, z["atype"])))
-        with open(os.path.join(tmp, "sys", "type_map.raw"), "w") as fh:
-            fh.write("\n".join(meta["type_map"]))
-        np.save(os.path.join(s, "coord.npy"), z["coord"].reshape(nf, -1))
+        s = npz_system(z, meta, os.path.join(tmp, "sys"))
         pbc = meta["pbc"]
-        if pbc:
-            np.save(os.path.join(s, "box.npy"), z["box"].reshape(nf, 9))
-        else:
-            open(os.path.join(tmp, "sys", "nopbc"), "w").close()
         np.save(os.path.join(s, "band_prop.npy"), z["property_label"].reshape(nf, -1))
         model = json.load(open(os.path.join(d, "input.json")))["model"]
         inp = {"model": model,

@@ -52,6 +52,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dp_evaluates_property_model import npz_system  # noqa: E402
+
 ROOT = os.getcwd()
 DPW = os.path.join(ROOT, "target/release/dpw")
 DP = os.path.join(os.path.dirname(sys.executable), "dp")
@@ -117,14 +120,7 @@ def reference(case, rows):
     name = "dipole" if fitting == "dipole" else "polarizability"
     nf = 3
     with tempfile.TemporaryDirectory() as tmp:
-        s = os.path.join(tmp, "sys", "set.000")
-        os.makedirs(s)
-        with open(os.path.join(tmp, "sys", "type.raw"), "w") as fh:
-            fh.write("\n".join(map(str, z["atype"])))
-        with open(os.path.join(tmp, "sys", "type_map.raw"), "w") as fh:
-            fh.write("\n".join(meta["type_map"]))
-        np.save(os.path.join(s, "coord.npy"), z["coord"].reshape(nf, -1))
-        np.save(os.path.join(s, "box.npy"), z["box"].reshape(nf, 9))
+        s = npz_system(z, meta, os.path.join(tmp, "sys"))
         np.save(os.path.join(s, f"{name}.npy"), z[f"{name}_label"].reshape(nf, -1))
         np.save(os.path.join(s, f"atomic_{name}.npy"), z[f"atom_{name}_label"].reshape(nf, -1))
         inp = {"model": model,

@@ -57,7 +57,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import descriptors as D  # noqa: E402
-from dos import clean, dump, strip_log  # noqa: E402  (JSON writing, DeePMD-kit log lines)
+# JSON writing, DeePMD-kit log lines, and the PyTorch model's build, evaluation and gradients
+from dos import (  # noqa: E402
+    clean, dump, inputs, param_grads, pt_eval, pt_get_model, strip_log, subset, with_stats,
+)
 
 import deepmd  # noqa: E402
 from deepmd.dpmodel.utils.serialization import load_dp_model, save_dp_model  # noqa: E402
@@ -134,10 +137,6 @@ def load(c, frames):
             "atom_label": atom}
 
 
-def subset(data, idx):
-    return {k: (v if k == "atype" else v[idx]) for k, v in data.items()}
-
-
 def write_system(path, data, c, labels=("global", "atomic")):
     """The frames as a deepmd/npy system; label files `<label>.npy` and `atomic_<label>.npy`
     (DeePMD-kit's documented names; its loader reads `atom_<label>.npy` as well)."""
@@ -191,19 +190,6 @@ def check_argcheck_defaults(params):
                          if k in norm["model"]}).serialize())
     assert a == b, "the model of the input differs from dp train's"
     return norm
-
-
-def pt_get_model(params):
-    from deepmd.pt.model.model import get_model
-
-    return get_model(copy.deepcopy(params)).to(torch.float64)
-
-
-def with_stats(ser, bias, std):
-    s = copy.deepcopy(ser)
-    s["@variables"]["out_bias"] = bias
-    s["@variables"]["out_std"] = std
-    return s
 
 
 def loss_obj(pt, lpar):
@@ -345,18 +331,6 @@ def make_model(c, ev):
 
 # ---------------------------------------------------------------- eval
 
-def inputs(data):
-    nf = data["coord"].shape[0]
-    return {"coord": torch.tensor(data["coord"].reshape(nf, -1), dtype=torch.float64),
-            "atype": torch.tensor(np.tile(data["atype"], (nf, 1)), dtype=torch.int64),
-            "box": torch.tensor(data["box"].reshape(nf, 9), dtype=torch.float64)}
-
-
-def pt_eval(pt, data, train=False):
-    pt.train(train)
-    return pt(**inputs(data))
-
-
 def pt_tensors(pt, c, data, train=False):
     """(global [nf, size], atomic [nf, n, size], the forward's dict) of the PT model."""
     k = KINDS[c["kind"]]
@@ -438,7 +412,6 @@ def numpy_forward(ser, data):
 
 def forward_checks(ser, c, data, pred_atom):
     """How the statistics and the fitting's own constants enter (see the README)."""
-    k = KINDS[c["kind"]]
     t = data["atype"]
     nt = len(ser["type_map"])
     excl = np.isin(t, ser["atom_exclude_types"])
@@ -505,7 +478,6 @@ def forward_checks(ser, c, data, pred_atom):
 
 def dp_test(pth, c, data, tmp):
     """`dp test` on the .pth (without and with -a): log lines and the detail file."""
-    k = KINDS[c["kind"]]
     sysdir = os.path.join(tmp, "test_sys")
     write_system(sysdir, data, c)
     res = {}
@@ -584,12 +556,6 @@ def loss_fn(pt, c, data, lpar, **find):
     pred, loss, more = loss_obj(pt, lpar)(inputs(data), pt, label_dict(c, data, **find), n,
                                           D.LR)
     return loss, pred, more
-
-
-def param_grads(pt, names):
-    return {names[k]: (np.zeros(tuple(p.shape)) if p.grad is None
-                       else p.grad.detach().numpy().copy())
-            for k, p in pt.named_parameters() if k in names}
 
 
 def grads(pt, c, data, lpar, names, **find):
