@@ -17,3 +17,4 @@ pub mod model;
 pub mod settings;
 pub mod stage;
 pub mod train;
+pub mod yaml_tree;

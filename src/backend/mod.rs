@@ -23,6 +23,7 @@ pub mod cpu;
 pub mod cuda;
 mod dims;
 pub mod gpu_layout;
+pub mod loss;
 mod real;
 pub mod timed;
 #[cfg(feature = "wgpu")]
@@ -30,45 +31,13 @@ pub mod wgpu;
 
 pub use attn::{AttnArgs, AttnOpts, StripArgs};
 pub use dims::{Dims, Pairs};
+pub use loss::{LossSums, Prefactors};
 pub use real::Real;
 
 use std::ops::Range;
 
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net, TebdLayout};
-
-/// Loss prefactors in effect at a step, already multiplied by the label's presence (docs/deepmd-spec.md §9).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Prefactors {
-    pub e: f64,
-    pub f: f64,
-    pub v: f64,
-}
-
-/// Per-batch sums from which the loss and the displayed RMSEs follow.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LossSums {
-    /// Σ_frames ΔE², Σ ΔF² (all components), Σ ΔW² (all components).
-    pub e2: f64,
-    pub f2: f64,
-    pub v2: f64,
-}
-
-impl LossSums {
-    /// The 3 values, as [`crate::train::loss::Loss::metrics`] reads them.
-    pub fn values(&self) -> [f64; 3] {
-        [self.e2, self.f2, self.v2]
-    }
-
-    /// From the 3-value buffer the [`TrainOps::loss`] op writes.
-    pub fn from_values<T: Real>(v: &[T]) -> Self {
-        LossSums {
-            e2: v[0].f64(),
-            f2: v[1].f64(),
-            v2: v[2].f64(),
-        }
-    }
-}
 
 /// One piece of a [`Device::gather`]: `len` values from `src` in the source to `dst` in the
 /// destination. How a batch is put together on the device from frames resident there.

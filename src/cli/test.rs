@@ -12,11 +12,12 @@ use crate::backend::{Backend, Real};
 use crate::data::{find_systems, load_system, load_system_with, Disk, System};
 use crate::dist::DeviceLink;
 use crate::fitting::tensor::Tensor;
+use crate::fitting::traits::{HeadType, TestErr};
 use crate::fmt::sci;
 use crate::mem::OutOfMemory;
 use crate::model::file::write_atomic;
-use crate::model::{FitOutput, Model, ModelSpec};
-use crate::train::batch::{assemble_frames, model_labels};
+use crate::model::{Model, ModelSpec};
+use crate::train::batch::assemble_frames;
 use crate::train::predict::{predict_batch, Prediction};
 
 pub struct TestJob {
@@ -321,22 +322,11 @@ impl TestJob {
         let spec = &self.model.spec;
         let output = &spec.fitting.output;
         let tensor = output.tensor();
-        let (what, file) = match output {
-            FitOutput::Dos(_) => ("dos", "dos.npy".to_string()),
-            FitOutput::Dipole(_) | FitOutput::Polar(_) => {
-                let name = tensor.expect("a tensor").0.label_name();
-                (name, format!("{name}.npy"))
-            }
-            _ => (
-                "property",
-                format!(
-                    "{}.npy",
-                    output.property().expect("a property").property_name
-                ),
-            ),
-        };
-        let k = output.label_width();
-        let labels = model_labels(output, None, false);
+        let fitting = output.fitting();
+        let head = fitting.head().expect("a fitting with a host head");
+        let (what, file) = head.test_label();
+        let k = fitting.label_width();
+        let labels = fitting.labels(None, false);
         let mut tensor_detail = String::new();
         let nnei: usize = spec.descriptor.slot_sel().iter().sum();
         let mut out = String::new();
@@ -369,14 +359,8 @@ impl TestJob {
             };
             let label = &label.values[..nf * k];
             let err = Err::of(&pred, label, 1.0);
-            // A tensor's atoms are those of the types not excluded.
-            let natoms = match tensor {
-                Some((_, t)) => (sys.atype[..sys.natoms].iter())
-                    .filter(|&&a| !t.excluded(a))
-                    .count(),
-                None => sys.natoms,
-            };
-            head_report(&mut out, output, &err, natoms);
+            let natoms = head.test_natoms(&sys.atype[..sys.natoms]);
+            head_report(&mut out, head, &err, natoms);
             let _ = writeln!(out, "# -----------------------------------------------");
             if let (Some(_), Some((t, _))) = (&self.detail, tensor) {
                 let names = match t {
@@ -427,13 +411,8 @@ impl TestJob {
                     size: e.size,
                 })
                 .collect();
-            head_report_merged(
-                &mut out,
-                output,
-                &Err::average(&merged),
-                &Err::average(&per_atom),
-                None,
-            );
+            let (e, per_atom) = (Err::average(&merged), Err::average(&per_atom));
+            head.test_report(&mut out, &e.into(), &per_atom.into(), None);
             let _ = writeln!(out, "# -----------------------------------------------");
         }
         if let (Some(prefix), false) = (&self.detail, tensor_detail.is_empty()) {
@@ -446,56 +425,21 @@ impl TestJob {
     }
 }
 
-/// `dp test`'s lines for a property or a DOS of one system of `natoms` atoms.
-fn head_report(out: &mut String, output: &FitOutput, e: &Err, natoms: usize) {
+/// `dp test`'s lines for a host head's errors `e` over one system of `natoms` atoms.
+fn head_report(out: &mut String, head: &dyn HeadType, e: &Err, natoms: usize) {
     let n = natoms as f64;
-    let per_atom = Err {
+    let per_atom = TestErr {
         mae: e.mae / n,
         rmse: e.rmse / n,
-        size: e.size,
     };
-    head_report_merged(out, output, e, &per_atom, Some(n.sqrt()));
+    head.test_report(out, &(*e).into(), &per_atom, Some(n.sqrt()));
 }
 
-/// [`head_report`]'s lines from the errors and the errors per atom; `sqrt_n` is √N of one
-/// system (`None` for the weighted average, where a tensor's lines per atom are left out).
-fn head_report_merged(
-    out: &mut String,
-    output: &FitOutput,
-    e: &Err,
-    per_atom: &Err,
-    sqrt_n: Option<f64>,
-) {
-    let mut line = |name: &str, x: f64, unit: &str| {
-        let _ = writeln!(out, "{name}: {} {unit}", sci(x, 6, 0));
-    };
-    match output {
-        FitOutput::Dos(_) => {
-            line("DOS MAE            ", e.mae, "Occupation/eV");
-            line("DOS RMSE           ", e.rmse, "Occupation/eV");
-            line("DOS MAE/Natoms     ", per_atom.mae, "Occupation/eV");
-            line("DOS RMSE/Natoms    ", per_atom.rmse, "Occupation/eV");
-        }
-        FitOutput::Dipole(_) | FitOutput::Polar(_) => {
-            let name = match output {
-                FitOutput::Dipole(_) => "Dipole",
-                _ => "Polarizability",
-            };
-            let mut rows = vec![("RMSE      ", e.rmse)];
-            if let Some(s) = sqrt_n {
-                rows.extend([("RMSE/sqrtN", e.rmse / s), ("RMSE/N    ", per_atom.rmse)]);
-            }
-            for (what, x) in rows {
-                let _ = writeln!(out, "{name}  {what} : {}", sci(x, 6, 0));
-            }
-            let _ = writeln!(
-                out,
-                "The unit of error is the same as the unit of provided label."
-            );
-        }
-        _ => {
-            line("PROPERTY MAE            ", e.mae, "units");
-            line("PROPERTY RMSE           ", e.rmse, "units");
+impl From<Err> for TestErr {
+    fn from(e: Err) -> Self {
+        TestErr {
+            mae: e.mae,
+            rmse: e.rmse,
         }
     }
 }

@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::deepmd_args;
-use super::ConfigError;
+use super::error::ConfigError;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 
+use super::error::ConfigError;
 use super::keys::{non_negative, positive, Schema, Section};
-use super::ConfigError;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

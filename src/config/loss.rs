@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 
+use super::error::ConfigError;
 use super::keys::{non_negative, Schema, Section};
-use super::ConfigError;
 use crate::fitting::dos::config::DosLossConfig;
 use crate::fitting::property::config::{parse_loss, PropertyLossConfig};
 use crate::fitting::tensor::config::TensorLossConfig;

@@ -8,10 +8,10 @@
 
 mod deepmd_args;
 pub use deepmd_args::deepmd_input_errors;
-mod error;
+pub(crate) mod error;
 pub(crate) mod keys;
 mod learning_rate;
-mod loss;
+pub(crate) mod loss;
 mod model;
 mod optimizer;
 mod training;
@@ -130,15 +130,15 @@ impl Config {
         )?;
         let loss = loss::parse(root.get("loss"), "loss")?;
         let output = &model.fitting_net.output;
-        if loss.type_name() != output.loss_type() {
+        if loss.type_name() != output.fitting().loss_type() {
             return Err(ConfigError::invalid(
                 "loss.type",
                 format!(
                     "the {:?} loss does not train a {:?} fitting \
                      (model.fitting_net.type); set \"type\": {:?}",
                     loss.type_name(),
-                    output.type_name(),
-                    output.loss_type()
+                    output.fitting().type_name(),
+                    output.fitting().loss_type()
                 ),
             ));
         }

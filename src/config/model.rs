@@ -3,14 +3,15 @@
 
 use serde_json::{json, Map, Value};
 
+use super::error::ConfigError;
 use super::keys::{
     at_least_one, join, non_negative, positive, to_bool, to_f64, to_list, to_str, to_usize,
     to_usize_list, wrong_type, Schema, Section,
 };
-use super::ConfigError;
-use crate::fitting::tensor::{self, Tensor};
-use crate::fitting::{dos, property};
-use crate::model::registry::{descriptor_names, KnownType, FITTINGS, MODELS};
+use crate::fitting::output::{FitContext, Registered};
+use crate::fitting::registry;
+use crate::fitting::tensor;
+use crate::model::registry::{descriptor_names, KnownType, MODELS, REFUSED_FITTINGS};
 pub use crate::model::{AttentionConfig, TebdInputMode};
 use crate::model::{DescriptorType, FitOutput};
 
@@ -307,53 +308,6 @@ static DESCRIPTOR_HYBRID: Schema = Schema {
     deepmd: "model[standard].descriptor",
 };
 
-/// The keys every fitting dpw builds reads.
-const FITTING_KEYS: &[&str] = &[
-    "neuron",
-    "resnet_dt",
-    "precision",
-    "trainable",
-    "seed",
-    "numb_fparam",
-    "numb_aparam",
-    "default_fparam",
-];
-
-static FITTING: Schema = Schema {
-    keys: &[FITTING_KEYS, &["rcond", "atom_ener"]],
-    unsupported: &[&[("activation_function", TANH_ONLY)]],
-    ignored: &[],
-    deepmd: "model[standard].fitting_net",
-};
-
-static FITTING_DOS: Schema = Schema {
-    keys: &[FITTING_KEYS, dos::config::OUTPUT_KEYS],
-    unsupported: &[&[("activation_function", TANH_ONLY)]],
-    ignored: &[],
-    deepmd: "model[standard].fitting_net[dos]",
-};
-
-static FITTING_DIPOLE: Schema = Schema {
-    keys: &[FITTING_KEYS, tensor::config::DIPOLE_KEYS],
-    unsupported: &[&[("activation_function", TANH_ONLY)]],
-    ignored: &[],
-    deepmd: "model[standard].fitting_net[dipole]",
-};
-
-static FITTING_POLAR: Schema = Schema {
-    keys: &[FITTING_KEYS, tensor::config::POLAR_KEYS],
-    unsupported: &[&[("activation_function", TANH_ONLY)]],
-    ignored: &[],
-    deepmd: "model[standard].fitting_net[polar]",
-};
-
-static FITTING_PROPERTY: Schema = Schema {
-    keys: &[FITTING_KEYS, property::config::OUTPUT_KEYS],
-    unsupported: &[&[("activation_function", TANH_ONLY)]],
-    ignored: &[],
-    deepmd: "model[standard].fitting_net[property]",
-};
-
 /// Layer widths: a non-empty list of positive integers.
 fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
     let v = sec.usize_list_or(key, default)?;
@@ -401,13 +355,10 @@ pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
     }
     if let Some(t) = v.get("fitting_net").and_then(|f| f.get("type")) {
         let type_path = join(&join(path, "fitting_net"), "type");
-        check_known(
-            t,
-            &type_path,
-            FITTINGS,
-            "fitting",
-            "the \"ener\", \"dipole\", \"polar\", \"dos\" and \"property\" fittings",
-        )?;
+        if registry::find(Some(to_str(t, &type_path)?)).is_none() {
+            let builds = format!("the {} fittings", registry::names());
+            check_known(t, &type_path, REFUSED_FITTINGS, "fitting", &builds)?;
+        }
     }
     if let Some(d) = v.get("descriptor").filter(|d| d.get("type").is_some()) {
         descriptor_type(d, &join(path, "descriptor"))?;
@@ -446,7 +397,9 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
     // refused for that, not for a type_map it may leave to the data.
     let empty = json!({});
     let fitting_value = sec.get("fitting_net").unwrap_or(&empty);
-    let mut fitting_net = parse_fitting(fitting_value, &sec.path_of("fitting_net"))?;
+    let fitting_path = sec.path_of("fitting_net");
+    let (fitting_sec, fitting_type) = fitting_section(fitting_value, &fitting_path)?;
+    let mut fitting_net = parse_fitting(&fitting_sec)?;
     let type_map = parse_type_map(&sec)?;
     let descriptor = parse_descriptor(
         sec.required("descriptor", "an object with \"type\": \"se_e2_a\"")?,
@@ -459,25 +412,22 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
         Some(v) => tensor::config::types(v, &exclude_path, type_map.len())?,
         None => vec![],
     };
-    match &mut fitting_net.output {
-        FitOutput::Dipole(spec) | FitOutput::Polar(spec) => {
-            if descriptor.kind != DescriptorType::SeE2A {
-                return Err(ConfigError::unsupported(
-                    sec.path_of("fitting_net"),
-                    tensor::needs_rot(descriptor.kind.as_str()),
-                ));
-            }
-            let width = *descriptor.neuron.last().expect("se_e2_a has layers");
-            let fsec = fitting_section(fitting_value, &sec.path_of("fitting_net"))?;
-            tensor::config::complete(spec, &fsec, type_map.len(), width, &atom_exclude_types)?;
-        }
-        _ if !atom_exclude_types.is_empty() => {
-            return Err(ConfigError::unsupported(
-                exclude_path,
-                "type exclusion is implemented for the dipole and polar fittings only",
-            ))
-        }
-        _ => {}
+    // se_e2_a alone gives the rotation matrix a tensor fitting reads.
+    let rot_width = (descriptor.kind == DescriptorType::SeE2A)
+        .then(|| *descriptor.neuron.last().expect("se_e2_a has layers"));
+    let ctx = FitContext {
+        ntypes: type_map.len(),
+        descriptor: descriptor.kind.as_str(),
+        rot_width,
+        atom_exclude_types: &atom_exclude_types,
+        path: &fitting_path,
+    };
+    fitting_net.output = (fitting_type.parse)(&fitting_sec, &ctx)?;
+    if !atom_exclude_types.is_empty() && !fitting_net.output.fitting().excludes_types() {
+        return Err(ConfigError::unsupported(
+            exclude_path,
+            "type exclusion is implemented for the dipole and polar fittings only",
+        ));
     }
     let data_stat_nbatch = sec.usize_or("data_stat_nbatch", 10)?;
     at_least_one(data_stat_nbatch, &sec.path_of("data_stat_nbatch"))?;
@@ -793,26 +743,24 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
     })
 }
 
-fn fitting_section<'a>(v: &'a Value, path: &str) -> Result<Section<'a>> {
-    let schema = match v.get("type").and_then(Value::as_str) {
-        Some("property") => &FITTING_PROPERTY,
-        Some("dos") => &FITTING_DOS,
-        Some("dipole") => &FITTING_DIPOLE,
-        Some("polar") => &FITTING_POLAR,
-        _ => &FITTING,
+/// The fitting's section, its keys checked against those of its `type`, and its type.
+fn fitting_section<'a>(v: &'a Value, path: &str) -> Result<(Section<'a>, &'static Registered)> {
+    let name = v.get("type").and_then(Value::as_str);
+    let Some(r) = registry::find(name) else {
+        return Err(ConfigError::unsupported(
+            join(path, "type"),
+            format!(
+                "fitting type {name:?} is not known; dpw trains the {} fittings",
+                registry::names()
+            ),
+        ));
     };
-    Section::new(v, path, schema)
+    Ok((Section::new(v, path, r.schema)?, r))
 }
 
-fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
-    let sec = fitting_section(v, path)?;
-    let output = match v.get("type").and_then(Value::as_str) {
-        Some("property") => FitOutput::Property(property::config::parse_output(&sec)?),
-        Some("dos") => FitOutput::Dos(dos::config::parse_output(&sec)?),
-        Some("dipole") => FitOutput::Dipole(tensor::config::parse_output(&sec, Tensor::Dipole)?),
-        Some("polar") => FitOutput::Polar(tensor::config::parse_output(&sec, Tensor::Polar)?),
-        _ => FitOutput::Ener,
-    };
+/// The keys every fitting shares; its `type`'s own keys are read once the descriptor is known
+/// ([`Registered::parse`]).
+fn parse_fitting(sec: &Section) -> Result<FittingConfig> {
     let atom_ener = match sec.get("atom_ener") {
         None => vec![],
         Some(v) => {
@@ -829,17 +777,17 @@ fn parse_fitting(v: &Value, path: &str) -> Result<FittingConfig> {
         }
     };
     Ok(FittingConfig {
-        output,
-        neuron: widths(&sec, "neuron", &[120, 120, 120])?,
+        output: FitOutput::Ener,
+        neuron: widths(sec, "neuron", &[120, 120, 120])?,
         resnet_dt: sec.bool_or("resnet_dt", true)?,
-        precision: precision(&sec)?,
+        precision: precision(sec)?,
         rcond: sec.opt_f64("rcond")?,
         atom_ener,
         trainable: sec.bool_or("trainable", true)?,
         seed: sec.opt_u64("seed")?,
         numb_fparam: sec.usize_or("numb_fparam", 0)?,
         numb_aparam: sec.usize_or("numb_aparam", 0)?,
-        default_fparam: default_fparam(&sec)?,
+        default_fparam: default_fparam(sec)?,
     })
 }
 
@@ -877,32 +825,11 @@ impl ModelConfig {
             "numb_fparam": f.numb_fparam,
             "numb_aparam": f.numb_aparam,
             "default_fparam": f.default_fparam,
+            "rcond": f.rcond,
+            "atom_ener": f.atom_ener,
         });
-        match &f.output {
-            FitOutput::Ener => {
-                fitting["rcond"] = json!(f.rcond);
-                fitting["atom_ener"] = json!(f.atom_ener);
-            }
-            output => {
-                let keys = match output {
-                    FitOutput::Property(p) => property::config::output_json(p),
-                    FitOutput::Dos(d) => {
-                        fitting["rcond"] = json!(f.rcond);
-                        dos::config::output_json(d)
-                    }
-                    FitOutput::Dipole(_) | FitOutput::Polar(_) => {
-                        let (t, s) = output.tensor().expect("a tensor fitting");
-                        // DeePMD-kit's dipole and polar fittings take no `trainable`.
-                        (fitting.as_object_mut().expect("an object")).remove("trainable");
-                        tensor::config::output_json(t, s)
-                    }
-                    FitOutput::Ener => unreachable!(),
-                };
-                for (k, v) in keys.as_object().expect("an object") {
-                    fitting[k] = v.clone();
-                }
-            }
-        }
+        let keys = fitting.as_object_mut().expect("an object");
+        f.output.fitting().input_json(keys);
 
         let atom_exclude_types = match f.output.tensor() {
             Some((_, s)) => s.exclude_types.clone(),

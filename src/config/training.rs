@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use super::error::ConfigError;
 use super::keys::{
     at_least_one, non_negative, positive, to_f64, to_list, to_str, to_usize, to_usize_list,
     wrong_type, Schema, Section,
 };
 use super::model::object;
-use super::ConfigError;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

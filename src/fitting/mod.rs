@@ -1,12 +1,19 @@
-//! The fitting nets other than `ener`, each a folder of its own: its spec, input keys,
-//! statistics and the loss its head scores on the host (docs/design.md §12). `ener` is the
-//! model's default and lives with the step. Their heads share the reduction here: an atomic
-//! output y·std + bias of the atom's type, summed (or averaged) per frame, and back.
+//! The fittings, found by their `type` ([`registry`]), each a folder of its own implementing
+//! [`traits::FittingType`]: its spec, input keys, serialisation, statistics and, but for `ener`
+//! (whose step runs whole on the backend), the head that scores it on the host
+//! (docs/design.md §12). The heads share the reduction here: an atomic output y·std + bias of the
+//! atom's type, summed (or averaged) per frame, and back.
 
 pub mod dos;
+pub mod ener;
+pub mod head;
+pub mod keys;
 pub mod out_bias;
+pub mod output;
 pub mod property;
+pub mod registry;
 pub mod tensor;
+pub mod traits;
 
 /// Where each centre of a batch is: its type and its frame.
 pub struct Centres<'a> {

@@ -260,10 +260,9 @@ impl Model {
         let nstat = 4 * nt * self.spec.descriptor.parts().len();
         let nx = self.spec.fitting.extra_inputs();
         let no = self.spec.fitting.dim_out();
-        // Only a property scales its output by a std.
-        let nstd = match self.spec.fitting.output.property() {
-            Some(_) => nt * no,
-            None => 0,
+        let nstd = match self.spec.fitting.output.fitting().keeps_out_std() {
+            true => nt * no,
+            false => 0,
         };
         ensure!(
             self.params.len() == np,
@@ -276,7 +275,7 @@ impl Model {
             (
                 "bias",
                 &self.bias,
-                nt * self.spec.fitting.output.label_width(),
+                nt * self.spec.fitting.output.fitting().label_width(),
             ),
             ("out_std", &self.out_std, nstd),
             ("fit_input_avg", &self.fit_input_avg, nx),

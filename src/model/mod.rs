@@ -20,9 +20,7 @@ pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fitting::dos::DosSpec;
-use crate::fitting::property::PropertySpec;
-use crate::fitting::tensor::{Tensor, TensorSpec};
+pub use crate::fitting::output::FitOutput;
 use crate::geometry::EnvParams;
 
 /// Which descriptor a [`DescriptorSpec`] describes: DeePMD-kit's `type`, in its canonical name.
@@ -269,91 +267,6 @@ impl DescriptorSpec {
     }
 }
 
-/// What the fitting net predicts: DeePMD-kit's `fitting_net.type`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum FitOutput {
-    /// `ener`: one energy per atom; forces and virial are its derivatives (docs/deepmd-spec.md §7).
-    #[default]
-    Ener,
-    /// `property`: `task_dim` values per atom, reduced per frame ([`crate::fitting::property`]).
-    Property(PropertySpec),
-    /// `dos`: `numb_dos` values per atom, summed per frame ([`crate::fitting::dos`]).
-    Dos(DosSpec),
-    /// `dipole`: a vector per atom from the rotation matrix, summed per frame
-    /// ([`crate::fitting::tensor`]).
-    Dipole(TensorSpec),
-    /// `polar`: a symmetric 3×3 matrix per atom from the rotation matrix, summed per frame.
-    Polar(TensorSpec),
-}
-
-impl FitOutput {
-    pub fn is_ener(&self) -> bool {
-        *self == FitOutput::Ener
-    }
-
-    /// DeePMD-kit's fitting `type`.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            FitOutput::Ener => "ener",
-            FitOutput::Property(_) => "property",
-            FitOutput::Dos(_) => "dos",
-            FitOutput::Dipole(_) => "dipole",
-            FitOutput::Polar(_) => "polar",
-        }
-    }
-
-    /// DeePMD-kit's `loss.type` that trains it.
-    pub fn loss_type(&self) -> &'static str {
-        match self {
-            FitOutput::Dipole(_) | FitOutput::Polar(_) => "tensor",
-            other => other.type_name(),
-        }
-    }
-
-    /// A tensor fitting's tensor and keys; `None` for the others.
-    pub fn tensor(&self) -> Option<(Tensor, &TensorSpec)> {
-        match self {
-            FitOutput::Dipole(s) => Some((Tensor::Dipole, s)),
-            FitOutput::Polar(s) => Some((Tensor::Polar, s)),
-            _ => None,
-        }
-    }
-
-    /// Whether the head reads the descriptor's rotation matrix.
-    pub fn reads_rot(&self) -> bool {
-        self.tensor().is_some()
-    }
-
-    /// The values per atom and per frame of the label: an energy's 1, a property's task_dim,
-    /// numb_dos, a tensor's 3 or 9.
-    pub fn label_width(&self) -> usize {
-        match self.tensor() {
-            Some((t, _)) => t.size(),
-            None => self.dim(),
-        }
-    }
-
-    /// The property fitting's keys; `None` for the others.
-    pub fn property(&self) -> Option<&PropertySpec> {
-        match self {
-            FitOutput::Property(p) => Some(p),
-            _ => None,
-        }
-    }
-
-    /// The values per atom the net puts out: 1 (an energy), a property's task_dim, numb_dos.
-    pub fn dim(&self) -> usize {
-        match self {
-            FitOutput::Ener => 1,
-            FitOutput::Property(p) => p.task_dim,
-            FitOutput::Dos(d) => d.numb_dos,
-            FitOutput::Dipole(s) => s.dim(Tensor::Dipole),
-            FitOutput::Polar(s) => s.dim(Tensor::Polar),
-        }
-    }
-}
-
 /// Hyper-parameters of the fitting net (docs/deepmd-spec.md §7).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FittingSpec {
@@ -393,9 +306,9 @@ impl FittingSpec {
         }
     }
 
-    /// The values per atom the net puts out ([`FitOutput::dim`]).
+    /// The values per atom the net puts out ([`crate::fitting::traits::FittingType::dim`]).
     pub fn dim_out(&self) -> usize {
-        self.output.dim()
+        self.output.fitting().dim()
     }
 
     /// The columns the net takes beside the descriptor: numb_fparam + numb_aparam.
@@ -463,8 +376,8 @@ impl Model {
         let params = init_params(&layout, seed);
         let nx = spec.fitting.extra_inputs();
         let no = spec.fitting.dim_out();
-        let nb = spec.fitting.output.label_width();
-        let scaled = spec.fitting.output.property().is_some();
+        let nb = spec.fitting.output.fitting().label_width();
+        let scaled = spec.fitting.output.fitting().keeps_out_std();
         Model {
             spec,
             params,

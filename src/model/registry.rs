@@ -96,29 +96,10 @@ pub static MODELS: &[KnownType] = &[
     },
 ];
 
-/// DeePMD-kit's fitting types (its argcheck's `fitting_net` variants). The fitting decides what
-/// a standard model predicts, so it is checked with the model's type, before other keys.
-pub static FITTINGS: &[KnownType] = &[
-    KnownType {
-        names: &["ener"],
-        lacks: None,
-    },
-    KnownType {
-        names: &["dipole"],
-        lacks: None,
-    },
-    KnownType {
-        names: &["polar"],
-        lacks: None,
-    },
-    KnownType {
-        names: &["dos"],
-        lacks: None,
-    },
-    KnownType {
-        names: &["property"],
-        lacks: None,
-    },
+/// DeePMD-kit's fitting types (its argcheck's `fitting_net` variants) that dpw does not build
+/// (those it builds: [`crate::fitting::registry`]). The fitting decides what a standard model
+/// predicts, so it is checked with the model's type, before other keys.
+pub static REFUSED_FITTINGS: &[KnownType] = &[
     KnownType {
         names: &["population"],
         lacks: Some("population fittings are not supported"),

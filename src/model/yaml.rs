@@ -12,19 +12,18 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::ops::RangeInclusive;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
-use crate::fitting::dos::DosSpec;
-use crate::fitting::property::PropertySpec;
-use crate::fitting::tensor::{Tensor, TensorSpec};
+use crate::fitting::registry::{self as fittings, FITTINGS};
+use crate::fitting::traits::YamlOut;
+use crate::yaml_tree::{brief, ndarray, obj, At};
 
 use super::{
-    pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FitOutput,
-    FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode,
+    pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FittingSpec,
+    Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode,
 };
 
 /// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model with an `se_e2_a`, `se_e2_r`
@@ -101,220 +100,6 @@ pub fn write_deepmd_yaml(model: &Model, path: &Path) -> Result<()> {
 // ------------------------------------------------------------------------------------------------
 // Reading
 
-/// A node of the parsed tree and its path (`model.descriptor.sel[1]`), so that every error names
-/// the key that was wrong.
-struct At<'a> {
-    v: &'a Value,
-    path: String,
-}
-
-impl<'a> At<'a> {
-    fn child(&self, v: &'a Value, key: &str) -> At<'a> {
-        let path = if self.path.is_empty() {
-            key.to_string()
-        } else if key.starts_with('[') {
-            format!("{}{key}", self.path)
-        } else {
-            format!("{}.{key}", self.path)
-        };
-        At { v, path }
-    }
-
-    /// The value under `key`; `null` counts as present.
-    fn key(&self, key: &str) -> Result<At<'a>> {
-        let v = self.v.as_mapping().and_then(|m| m.get(key));
-        v.map(|v| self.child(v, key))
-            .ok_or_else(|| anyhow!("{}: missing key `{key}`", self.display()))
-    }
-
-    /// The value under `key`, or `None` where it is missing or `null`.
-    fn opt(&self, key: &str) -> Option<At<'a>> {
-        let v = self.v.as_mapping().and_then(|m| m.get(key))?;
-        (!v.is_null()).then(|| self.child(v, key))
-    }
-
-    fn display(&self) -> &str {
-        if self.path.is_empty() {
-            "<root>"
-        } else {
-            &self.path
-        }
-    }
-
-    fn fail<T>(&self, what: &str) -> Result<T> {
-        bail!(
-            "{}: expected {what}, found {}",
-            self.display(),
-            brief(self.v)
-        )
-    }
-
-    fn seq(&self) -> Result<Vec<At<'a>>> {
-        match self.v {
-            Value::Sequence(s) => Ok(s
-                .iter()
-                .enumerate()
-                .map(|(i, v)| self.child(v, &format!("[{i}]")))
-                .collect()),
-            _ => self.fail("a list"),
-        }
-    }
-    fn str(&self) -> Result<&'a str> {
-        self.v.as_str().map_or_else(|| self.fail("a string"), Ok)
-    }
-    fn bool(&self) -> Result<bool> {
-        self.v
-            .as_bool()
-            .map_or_else(|| self.fail("true or false"), Ok)
-    }
-    fn f64(&self) -> Result<f64> {
-        self.v.as_f64().map_or_else(|| self.fail("a number"), Ok)
-    }
-    fn u64(&self) -> Result<u64> {
-        self.v
-            .as_u64()
-            .map_or_else(|| self.fail("a non-negative integer"), Ok)
-    }
-    fn usize(&self) -> Result<usize> {
-        self.u64().map(|n| n as usize)
-    }
-    fn usizes(&self) -> Result<Vec<usize>> {
-        self.seq()?.iter().map(At::usize).collect()
-    }
-
-    /// A string field that must have one of the values dpw implements.
-    fn expect(&self, key: &str, allowed: &[&str]) -> Result<()> {
-        let at = self.key(key)?;
-        let s = at.str()?;
-        ensure!(
-            allowed.contains(&s),
-            "{}: unsupported value {s:?} (dpw supports {})",
-            at.path,
-            allowed.join(", ")
-        );
-        Ok(())
-    }
-
-    /// A feature dpw does not implement must be absent, `null`, `false`, `0` or empty.
-    fn expect_off(&self, key: &str) -> Result<()> {
-        let Some(at) = self.opt(key) else {
-            return Ok(());
-        };
-        let off = match at.v {
-            Value::Bool(b) => !b,
-            Value::Number(n) => n.as_f64() == Some(0.0),
-            Value::Sequence(s) => s.is_empty(),
-            Value::Mapping(m) => m.is_empty(),
-            _ => false,
-        };
-        ensure!(
-            off,
-            "{}: unsupported value {} (dpw supports only none)",
-            at.path,
-            brief(at.v)
-        );
-        Ok(())
-    }
-
-    /// DeePMD-kit's `check_version_compatibility(data.pop("@version", default), max, min)`:
-    /// a file of a later format is refused rather than read as if it were this one.
-    fn version(&self, versions: RangeInclusive<u64>, default: Option<u64>) -> Result<()> {
-        let found = self.v.as_mapping().and_then(|m| m.get("@version"));
-        let v = match (found, default) {
-            (None, Some(d)) => d,
-            (None, None) => bail!("{}: missing key `@version`", self.display()),
-            (Some(v), _) => self.child(v, "@version").u64()?,
-        };
-        ensure!(
-            versions.contains(&v),
-            "{}.@version: version {v} is not supported (DeePMD-kit 3.2.0 reads versions {} to \
-             {} here)",
-            self.path,
-            versions.start(),
-            versions.end()
-        );
-        Ok(())
-    }
-
-    /// Every key of this mapping must be one of `lists`: DeePMD-kit's deserialisers pass the
-    /// keys they do not take out to a constructor, which refuses any it does not know.
-    fn known(&self, lists: &[&[&str]]) -> Result<()> {
-        let Value::Mapping(m) = self.v else {
-            return self.fail("a mapping");
-        };
-        for k in m.keys() {
-            let ok = k
-                .as_str()
-                .is_some_and(|k| lists.iter().any(|l| l.contains(&k)));
-            ensure!(
-                ok,
-                "{}: unknown key {} (DeePMD-kit 3.2.0 refuses it too)",
-                self.display(),
-                brief(k)
-            );
-        }
-        Ok(())
-    }
-
-    /// An `np.ndarray` node of the given shape, flattened row-major.
-    fn array(&self, shape: &[usize]) -> Result<Vec<f64>> {
-        self.expect("@class", &["np.ndarray"])?;
-        // float32 models are read exactly and then computed in f64 like everything in dpw.
-        self.expect("dtype", &["float64", "float32"])?;
-        let value = self.key("value")?;
-        let mut found = Vec::new();
-        let mut v = value.v;
-        while let Value::Sequence(s) = v {
-            found.push(s.len());
-            match s.first() {
-                Some(first) => v = first,
-                None => break,
-            }
-        }
-        ensure!(
-            found == shape,
-            "{}: expected shape {shape:?}, found {found:?}",
-            self.path
-        );
-        let mut out = Vec::with_capacity(shape.iter().product());
-        flatten(value.v, shape, &mut out).map_err(|e| anyhow!("{}{e}", value.path))?;
-        Ok(out)
-    }
-}
-
-/// The leaves of a nested list of the given shape, row-major. Paths are only built on error (as
-/// the index suffix of the culprit), since arrays can hold millions of numbers.
-fn flatten(v: &Value, shape: &[usize], out: &mut Vec<f64>) -> Result<(), String> {
-    match (shape.split_first(), v) {
-        (None, v) => out.push(
-            v.as_f64()
-                .ok_or_else(|| format!(": expected a number, found {}", brief(v)))?,
-        ),
-        (Some((&n, rest)), Value::Sequence(s)) if s.len() == n => {
-            for (i, x) in s.iter().enumerate() {
-                flatten(x, rest, out).map_err(|e| format!("[{i}]{e}"))?;
-            }
-        }
-        (Some((&n, _)), v) => {
-            return Err(format!(
-                ": ragged array, expected a list of {n}, found {}",
-                brief(v)
-            ))
-        }
-    }
-    Ok(())
-}
-
-/// A value shortened for error messages (arrays can be megabytes).
-fn brief(v: &Value) -> String {
-    match v {
-        Value::Mapping(_) => "a mapping".into(),
-        Value::Sequence(s) => format!("a list of {}", s.len()),
-        Value::Tagged(_) => "a tagged value".into(),
-        _ => serde_yaml_ng::to_string(v).map_or_else(|_| "?".into(), |s| s.trim().into()),
-    }
-}
-
 // The keys DeePMD-kit 3.2.0's dpmodel deserialisers accept in each node: the arguments of the
 // class's constructor and the keys its `deserialize` takes out first.
 #[rustfmt::skip]
@@ -342,25 +127,6 @@ const SE_ATTEN_V2_KEYS: &[&str] = &[
 /// se_atten (`dpa1`) adds these to se_atten_v2's.
 const DPA1_KEYS: &[&str] = &["tebd_input_mode", "smooth_type_embedding"];
 const DESCRIPTOR_VARIABLES: &[&str] = &["davg", "dstd", "avg", "data_avg", "std", "data_std"];
-#[rustfmt::skip]
-const FITTING_KEYS: &[&str] = &[
-    "@class", "@version", "@variables", "type", "var_name", "dim_out", "nets", "ntypes",
-    "dim_descrpt", "neuron", "resnet_dt", "numb_fparam", "numb_aparam", "dim_case_embd", "rcond",
-    "tot_ener_zero", "trainable", "atom_ener", "activation_function", "precision", "layer_name",
-    "use_aparam_as_mask", "spin", "mixed_types", "exclude_types", "type_map", "seed",
-    "default_fparam",
-];
-#[rustfmt::skip]
-/// The property fitting adds these to `ener`'s.
-const PROPERTY_KEYS: &[&str] = &["task_dim", "intensive", "distinguish_types"];
-/// The dipole and polar fittings add these.
-const TENSOR_KEYS: &[&str] = &[
-    "embedding_width",
-    "fit_diag",
-    "shift_diag",
-    "r_differentiable",
-    "c_differentiable",
-];
 #[rustfmt::skip]
 const FITTING_VARIABLES: &[&str] = &[
     "bias_atom_e", "fparam_avg", "fparam_inv_std", "aparam_avg", "aparam_inv_std", "case_embd",
@@ -417,57 +183,10 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
 
     let f = m.key("fitting")?;
     f.expect("@class", &["Fitting"])?;
-    f.expect("type", &["ener", "property", "dos", "dipole", "polar"])?;
-    let output = match f.key("type")?.str()? {
-        kind @ ("dipole" | "polar") => {
-            f.version(1..=5, Some(1))?;
-            f.known(&[FITTING_KEYS, TENSOR_KEYS])?;
-            let polar = kind == "polar";
-            let flag = |key| f.opt(key).map_or(Ok(true), |v| v.bool());
-            let scale = match f.key("@variables")?.opt("scale") {
-                Some(s) if polar => s.array(&[nt, 1])?,
-                _ => vec![1.0; nt],
-            };
-            let exclude_types = match m.opt("atom_exclude_types") {
-                Some(v) => v.usizes()?,
-                None => vec![],
-            };
-            let spec = TensorSpec {
-                embedding_width: f.key("embedding_width")?.usize()?,
-                fit_diag: polar && flag("fit_diag")?,
-                scale,
-                shift_diag: polar && flag("shift_diag")?,
-                exclude_types,
-            };
-            match polar {
-                true => FitOutput::Polar(spec),
-                false => FitOutput::Dipole(spec),
-            }
-        }
-        "dos" => {
-            f.version(1..=4, Some(1))?;
-            f.known(&[FITTING_KEYS])?;
-            FitOutput::Dos(DosSpec {
-                numb_dos: f.key("dim_out")?.usize()?,
-            })
-        }
-        "property" => {
-            f.version(1..=6, Some(1))?;
-            f.known(&[FITTING_KEYS, PROPERTY_KEYS])?;
-            FitOutput::Property(PropertySpec {
-                property_name: f.key("var_name")?.str()?.to_string(),
-                task_dim: f.key("task_dim")?.usize()?,
-                intensive: f.opt("intensive").map_or(Ok(false), |v| v.bool())?,
-                // DeePMD-kit's `PropertyFittingNet.deserialize` default.
-                distinguish_types: f.opt("distinguish_types").map_or(Ok(false), |v| v.bool())?,
-            })
-        }
-        _ => {
-            f.version(1..=4, Some(1))?;
-            f.known(&[FITTING_KEYS])?;
-            FitOutput::Ener
-        }
-    };
+    let names: Vec<&str> = FITTINGS.iter().map(|r| r.names[0]).collect();
+    f.expect("type", &names)?;
+    let fitting_type = fittings::find(Some(f.key("type")?.str()?)).expect("a registered type");
+    let output = (fitting_type.read_yaml)(&f, &m, nt)?;
     f.expect("activation_function", &["tanh"])?;
     // tot_ener_zero, layer_name and spin: DeePMD-kit's dpmodel raises NotImplementedError.
     for key in [
@@ -481,31 +200,9 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     }
     // The fitting's exclude_types is DeePMD-kit's copy of the model's atom_exclude_types, which
     // only a tensor fitting reads.
-    match output.tensor() {
-        Some((_, s)) => {
-            let fitting_excluded = match f.opt("exclude_types") {
-                Some(v) => v.usizes()?,
-                None => vec![],
-            };
-            ensure!(
-                fitting_excluded == s.exclude_types,
-                "{}.exclude_types {fitting_excluded:?} differs from model.atom_exclude_types {:?}",
-                f.path,
-                s.exclude_types
-            );
-            if let Some(c) = f.key("@variables")?.opt("constant_matrix") {
-                ensure!(
-                    c.array(&[nt])?.iter().all(|x| *x == 0.0),
-                    "{}.@variables.constant_matrix: a non-zero constant matrix (which DeePMD-kit's \
-                     PyTorch backend ignores and its dpmodel adds) is not supported",
-                    f.path
-                );
-            }
-        }
-        None => {
-            m.expect_off("atom_exclude_types")?;
-            f.expect_off("exclude_types")?;
-        }
+    if !output.fitting().excludes_types() {
+        m.expect_off("atom_exclude_types")?;
+        f.expect_off("exclude_types")?;
     }
     same_type_map(&f, &type_map)?;
     // A mixed-type descriptor (DPA-1) gives the fitting `mixed_types: true` and one net.
@@ -573,9 +270,9 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     let no = spec.fitting.dim_out();
     let bias_atom_e = fv.key("bias_atom_e")?.array(&[nt, no])?;
     let mv = m.key("@variables")?;
-    let out_bias = mv
-        .key("out_bias")?
-        .array(&[1, nt, spec.fitting.output.label_width()])?;
+    let out_bias =
+        mv.key("out_bias")?
+            .array(&[1, nt, spec.fitting.output.fitting().label_width()])?;
     // A tensor's bias_atom_e is added to the nets' outputs, before gr: dpw's nets have none.
     ensure!(
         spec.fitting.output.tensor().is_none() || bias_atom_e.iter().all(|b| *b == 0.0),
@@ -584,9 +281,9 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
         f.path
     );
     // A property's atomic output is scaled by out_std (an energy's is not: see the writer).
-    let out_std = match spec.fitting.output.property() {
-        None => vec![],
-        Some(_) => mv.key("out_std")?.array(&[1, nt, no])?,
+    let out_std = match spec.fitting.output.fitting().keeps_out_std() {
+        false => vec![],
+        true => mv.key("out_std")?.array(&[1, nt, no])?,
     };
     // Adding a zero bias_atom_e (DeePMD's usual case) keeps out_bias bit-exact, even for -0.0.
     let mut bias: Vec<f64> = match spec.fitting.output.tensor() {
@@ -1089,32 +786,6 @@ fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) 
 // ------------------------------------------------------------------------------------------------
 // Writing
 
-/// `obj! { "key" => value, ... }`: a YAML mapping, each value converted with `Value::from`
-/// (numbers, bools, strings, slices and vectors of them, or a `Value`). Key order does not matter:
-/// the emitter sorts keys like PyYAML.
-macro_rules! obj {
-    ($($k:literal => $v:expr),* $(,)?) => {
-        Value::Mapping([$(($k.into(), Value::from($v))),*].into_iter().collect())
-    };
-}
-
-/// An `np.ndarray` node: float64, row-major `data` nested to `shape`.
-fn ndarray(shape: &[usize], data: &[f64]) -> Value {
-    fn nest(shape: &[usize], data: &[f64]) -> Value {
-        match shape.split_first() {
-            None => data[0].into(),
-            Some((&n, rest)) => {
-                let step = rest.iter().product::<usize>();
-                Value::Sequence((0..n).map(|i| nest(rest, &data[i * step..])).collect())
-            }
-        }
-    }
-    obj! {
-        "@class" => "np.ndarray", "@is_variable" => true, "@version" => 1, "dtype" => "float64",
-        "value" => nest(shape, data),
-    }
-}
-
 /// One `NetworkCollection` as DeePMD serializes it: embedding nets (`ndim` 1 or 2) or the
 /// fitting nets (`ndim` 1; hidden layers, then a linear output layer).
 struct Nets<'a> {
@@ -1261,81 +932,13 @@ fn model_to_tree(model: &Model) -> Value {
         },
     };
 
-    // The property fitting: its keys (DeePMD-kit's serialisation version 6) and its output std,
-    // which scales its atomic output; the DOS fitting: its keys.
-    let out_std = match &fit.output {
-        FitOutput::Dos(d) => {
-            for (k, v) in [
-                ("type", Value::from("dos")),
-                ("var_name", "dos".into()),
-                ("dim_out", d.numb_dos.into()),
-            ] {
-                fitting[k] = v;
-            }
-            let f = &mut model_def_script["fitting_net"];
-            f["type"] = "dos".into();
-            f["numb_dos"] = d.numb_dos.into();
-            ndarray(&[1, nt, no], &vec![1.0; nt * no])
-        }
-        FitOutput::Property(p) => {
-            for (k, v) in [
-                ("@version", Value::from(6)),
-                ("type", "property".into()),
-                ("var_name", p.property_name.as_str().into()),
-                ("dim_out", p.task_dim.into()),
-                ("task_dim", p.task_dim.into()),
-                ("intensive", p.intensive.into()),
-                ("distinguish_types", p.distinguish_types.into()),
-            ] {
-                fitting[k] = v;
-            }
-            let f = &mut model_def_script["fitting_net"];
-            for k in ["type", "task_dim", "intensive", "distinguish_types"] {
-                f[k] = fitting[k].clone();
-            }
-            f["property_name"] = p.property_name.as_str().into();
-            ndarray(&[1, nt, no], &model.out_std)
-        }
-        FitOutput::Dipole(_) | FitOutput::Polar(_) => {
-            let (tensor, s) = fit.output.tensor().expect("a tensor fitting");
-            let polar = tensor == Tensor::Polar;
-            let f = fitting.as_mapping_mut().expect("a mapping");
-            f.remove("dim_out");
-            f.remove("atom_ener");
-            for (k, v) in [
-                ("@version", Value::from(if polar { 5 } else { 4 })),
-                ("type", tensor.metric_name().into()),
-                ("var_name", tensor.metric_name().into()),
-                ("embedding_width", s.embedding_width.into()),
-                ("exclude_types", s.exclude_types[..].into()),
-            ] {
-                fitting[k] = v;
-            }
-            let def = &mut model_def_script["fitting_net"];
-            def["type"] = tensor.metric_name().into();
-            if polar {
-                for (k, v) in [("fit_diag", s.fit_diag), ("shift_diag", s.shift_diag)] {
-                    fitting[k] = v.into();
-                    def[k] = v.into();
-                }
-                def["scale"] = s.scale[..].into();
-                let vars = &mut fitting["@variables"];
-                vars["scale"] = ndarray(&[nt, 1], &s.scale);
-                vars["constant_matrix"] = ndarray(&[nt], &vec![0.0; nt]);
-            } else {
-                fitting["r_differentiable"] = true.into();
-                fitting["c_differentiable"] = true.into();
-            }
-            model_def_script["atom_exclude_types"] = s.exclude_types[..].into();
-            // PT's tensor models add out_bias alone (a polar's, shifting the diagonal).
-            let k = tensor.size();
-            ndarray(&[1, nt, k], &vec![1.0; nt * k])
-        }
-        // dpmodel and PT add out_bias alone and keep the residual std here unused, but
-        // DeePMD-kit 3.2.0's TF model computes `output·out_std + out_bias`: with any value but
-        // 1, `dp convert-backend model.yaml model.pb` would scale every force by it.
-        FitOutput::Ener => ndarray(&[1, nt, 1], &vec![1.0; nt]),
-    };
+    // The fitting's own keys, and the model's out_std.
+    let out_std = fit.output.fitting().write_yaml(YamlOut {
+        fitting: &mut fitting,
+        model_def: &mut model_def_script,
+        ntypes: nt,
+        out_std: &model.out_std,
+    });
 
     if nfp + nap > 0 {
         let f = &mut model_def_script["fitting_net"];
@@ -1354,7 +957,7 @@ fn model_to_tree(model: &Model) -> Value {
         "model" => obj! {
             "@class" => "Model", "@version" => 2,
             "@variables" => obj! {
-                "out_bias" => ndarray(&[1, nt, fit.output.label_width()], &model.bias),
+                "out_bias" => ndarray(&[1, nt, fit.output.fitting().label_width()], &model.bias),
                 "out_std" => out_std,
             },
             "atom_exclude_types" => excluded, "descriptor" => descriptor, "fitting" => fitting,

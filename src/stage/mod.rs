@@ -7,16 +7,15 @@ pub mod embed;
 pub mod env;
 pub mod fit_input;
 pub mod fitting;
+pub mod head;
 pub mod net;
 
 use crate::backend::{Backend, Real};
-use crate::fitting::tensor::head::TensorHead;
-use crate::fitting::tensor::Tensor;
-use crate::fitting::{outputs, Centres, OutStat};
 use crate::geometry::EnvParams;
-use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, FitOutput, Model, Net};
+use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
 
 use embed::Nets;
+pub use head::HostHead;
 
 /// Model state on the device: parameters in the backend's precision, statistics, Adam moments.
 pub struct DeviceModel<T: Real, B: Backend<T>> {
@@ -37,112 +36,8 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     /// ([`Model::fit_input_avg`]); empty without them.
     pub fit_input_avg: Vec<f64>,
     pub fit_input_inv_std: Vec<f64>,
-    /// A property or DOS fitting's head, which runs on the host; `None` for `ener`.
+    /// The fitting's head where it runs on the host; `None` for `ener`.
     pub head: Option<HostHead>,
-}
-
-/// The head of a fitting whose outputs are reduced and scored on the host (its nets run on the
-/// backend): its keys and output statistics, `[ntypes][dim_out]` each (a tensor's bias
-/// `[ntypes][3 or 9]`).
-pub struct HostHead {
-    pub output: FitOutput,
-    pub bias: Vec<f64>,
-    /// A property's output std (ones for a DOS, which DeePMD-kit does not scale).
-    pub std: Vec<f64>,
-    /// A polar's diagonal shift per type: the mean of the diagonal of the type's output bias
-    /// (DeePMD-kit's `DPPolarAtomicModel.apply_out_stat`); zeros for a dipole.
-    pub diag_bias: Vec<f64>,
-}
-
-/// What a host head reads of a forward pass: the nets' outputs `[ncentres][dim]` (centre
-/// order) and, for a tensor, the descriptor's A `[ncentres][4][M1]` (empty otherwise).
-pub struct HeadInputs {
-    pub y: Vec<f64>,
-    pub rot: Vec<f64>,
-}
-
-impl HeadInputs {
-    /// From the reads of the workspace's head buffers, in their order (the nets' outputs, then
-    /// A where the head reads it).
-    pub fn from_reads(mut reads: Vec<Vec<f64>>) -> Self {
-        let rot = if reads.len() > 1 { reads.pop() } else { None };
-        HeadInputs {
-            y: reads.swap_remove(0),
-            rot: rot.unwrap_or_default(),
-        }
-    }
-}
-
-impl HostHead {
-    fn of(model: &Model) -> Option<Self> {
-        let output = &model.spec.fitting.output;
-        let std = match output {
-            FitOutput::Ener => return None,
-            FitOutput::Property(_) => model.out_std.clone(),
-            FitOutput::Dos(_) | FitOutput::Dipole(_) | FitOutput::Polar(_) => {
-                vec![1.0; model.bias.len()]
-            }
-        };
-        let diag_bias = match output.tensor() {
-            Some((Tensor::Polar, _)) => (model.bias.chunks_exact(9))
-                .map(|b| (b[0] + b[4] + b[8]) / 3.0)
-                .collect(),
-            _ => vec![],
-        };
-        Some(HostHead {
-            output: output.clone(),
-            bias: model.bias.clone(),
-            std,
-            diag_bias,
-        })
-    }
-
-    /// The loss sums its loss leaves ([`crate::train::loss::Loss::nsums`]).
-    pub fn nsums(&self) -> usize {
-        match self.output {
-            FitOutput::Dos(_) => crate::fitting::dos::head::NSUMS,
-            FitOutput::Dipole(_) | FitOutput::Polar(_) => crate::fitting::tensor::head::NSUMS,
-            _ => crate::fitting::property::head::NSUMS,
-        }
-    }
-
-    /// The values per atom.
-    pub fn dim(&self) -> usize {
-        self.output.dim()
-    }
-
-    pub fn stat(&self) -> OutStat<'_> {
-        OutStat {
-            bias: &self.bias,
-            std: &self.std,
-        }
-    }
-
-    /// A tensor fitting's head; `None` for the others.
-    pub fn tensor(&self) -> Option<TensorHead<'_>> {
-        let (tensor, spec) = self.output.tensor()?;
-        Some(TensorHead {
-            tensor,
-            spec,
-            diag_bias: &self.diag_bias,
-        })
-    }
-
-    /// The values per atom and per frame of the outputs: the nets' for a property or a DOS,
-    /// 3 or 9 for a tensor.
-    pub fn out_width(&self) -> usize {
-        self.output.label_width()
-    }
-
-    /// Atomic outputs `[ncentres][out_width]` (centre order) and frame outputs
-    /// `[nframes][out_width]` from what the head reads of a forward pass.
-    pub fn outputs(&self, c: &Centres, x: &HeadInputs) -> (Vec<f64>, Vec<f64>) {
-        if let Some(head) = self.tensor() {
-            return head.outputs(c, &x.y, &x.rot);
-        }
-        let intensive = self.output.property().is_some_and(|p| p.intensive);
-        outputs(self.dim(), intensive, &self.stat(), c, &x.y)
-    }
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
@@ -244,7 +139,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             nparams: n,
             fit_input_avg: model.fit_input_avg.clone(),
             fit_input_inv_std: model.fit_input_inv_std.clone(),
-            head: HostHead::of(model),
+            head: HostHead::new(&model.spec.fitting.output, &model.bias, &model.out_std),
             desc: DescState {
                 kind: d.kind,
                 env: d.env(),

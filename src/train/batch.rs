@@ -6,76 +6,9 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
-use crate::config::LossConfig;
-use crate::data::{Labels, Missing};
+use crate::fitting::head::HeadLabels;
 use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
-use crate::model::{DescriptorType, FitOutput, FittingSpec, ModelSpec};
-
-/// The labels a model of fitting `output` learns from under `loss` (`None`: every label the
-/// fitting can be scored on); `required` for training and validation data, read where present
-/// otherwise (dpw test).
-pub fn model_labels(output: &FitOutput, loss: Option<&LossConfig>, required: bool) -> Labels {
-    match output {
-        FitOutput::Ener if required => Labels::EnergyForce,
-        FitOutput::Ener => Labels::Optional,
-        FitOutput::Property(p) => Labels::Frame {
-            name: p.property_name.clone(),
-            width: p.task_dim,
-            frame: true,
-            atomic: false,
-            missing: if required {
-                Missing::Refuse
-            } else {
-                Missing::Quiet
-            },
-            excluded: vec![],
-        },
-        FitOutput::Dipole(_) | FitOutput::Polar(_) => {
-            let (t, spec) = output.tensor().expect("a tensor fitting");
-            let reads = |atomic: bool| match loss {
-                Some(LossConfig::Tensor(c)) => {
-                    let (pa, pf) = c.prefactors();
-                    if atomic {
-                        pa > 0.0
-                    } else {
-                        pf > 0.0
-                    }
-                }
-                _ => true,
-            };
-            Labels::Frame {
-                name: t.label_name().into(),
-                width: t.size(),
-                frame: reads(false),
-                atomic: reads(true),
-                missing: if required {
-                    Missing::Warn
-                } else {
-                    Missing::Quiet
-                },
-                excluded: spec.exclude_types.clone(),
-            }
-        }
-        FitOutput::Dos(d) => {
-            let reads = |terms: [usize; 2]| match loss {
-                Some(LossConfig::Dos(c)) => terms.iter().any(|&t| c.active(t)),
-                _ => true,
-            };
-            Labels::Frame {
-                name: "dos".into(),
-                width: d.numb_dos,
-                frame: reads([2, 3]),
-                atomic: reads([0, 1]),
-                missing: if required {
-                    Missing::Warn
-                } else {
-                    Missing::Quiet
-                },
-                excluded: vec![],
-            }
-        }
-    }
-}
+use crate::model::{DescriptorType, FittingSpec, ModelSpec};
 
 /// One frame as the model sees it; atoms sorted by type.
 #[derive(Clone, Copy, Debug)]
@@ -159,14 +92,6 @@ pub struct HostBatch {
     pub fit_input: Vec<f64>,
     /// A property or DOS model's labels; none for an energy model.
     pub head_labels: HeadLabels,
-}
-
-/// A batch's labels for a host head (a property's, a DOS's): its frame labels `[nframes][dim]`
-/// and its atomic labels in centre order `[ncentres][dim]`, each where its system has them.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct HeadLabels {
-    pub frame: Option<Vec<f64>>,
-    pub atomic: Option<Vec<f64>>,
 }
 
 /// The batch atom (`frame·natoms + atom`) of every centre: a function of the shape alone, since
@@ -400,7 +325,7 @@ fn head_labels(spec: &ModelSpec, centre_atom: &[i32], frames: &[Frame]) -> HeadL
     if spec.fitting.output.is_ener() {
         return HeadLabels::default();
     }
-    let k = spec.fitting.output.label_width();
+    let k = spec.fitting.output.fitting().label_width();
     let frame = (frames.iter())
         .map(|f| f.label)
         .collect::<Option<Vec<&[f64]>>>()

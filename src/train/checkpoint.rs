@@ -15,14 +15,10 @@ use serde_json::{json, Value};
 
 use crate::config::Precision;
 use crate::data::Sampler;
-use crate::fitting::property::head;
-use crate::fitting::tensor::{self, Tensor};
 use crate::model::file::{
     is_container, model_from_container, model_parts, read_container, write_container,
 };
-use crate::model::{read_deepmd_yaml, FitOutput, Model};
-
-use super::lcurve::ENER_METRICS;
+use crate::model::{read_deepmd_yaml, Model};
 
 pub const KIND: &str = "checkpoint";
 const VERSION: u64 = 1;
@@ -125,13 +121,7 @@ impl Checkpoint {
             path.display()
         );
         let acc = c.array("disp_acc").with_context(ctx)?;
-        let slots = match model.spec.fitting.output {
-            FitOutput::Ener => ENER_METRICS.len(),
-            FitOutput::Property(_) => head::METRICS.len(),
-            FitOutput::Dos(_) => crate::fitting::dos::head::METRICS.len(),
-            FitOutput::Dipole(_) => tensor::head::metrics(Tensor::Dipole).len(),
-            FitOutput::Polar(_) => tensor::head::metrics(Tensor::Polar).len(),
-        };
+        let slots = model.spec.fitting.output.fitting().metrics().len();
         ensure!(acc.len() == 1 + slots, "{}: bad disp_acc", path.display());
         let ck = Checkpoint {
             model,

@@ -21,7 +21,7 @@ pub struct Metrics {
 }
 
 /// The `ener` loss's metrics: the loss's root, then each active term's RMSE.
-pub const ENER_METRICS: &[&str] = &["rmse", "rmse_e", "rmse_f", "rmse_v"];
+pub use crate::fitting::ener::METRICS as ENER_METRICS;
 
 impl Default for Metrics {
     fn default() -> Self {

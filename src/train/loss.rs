@@ -49,7 +49,7 @@ impl Loss {
     /// The loss of a model of fitting `output`.
     pub fn with_output(self, output: &FitOutput) -> Self {
         Loss {
-            dim_out: output.dim(),
+            dim_out: output.fitting().dim(),
             tensor: output.tensor().map(|(t, _)| t),
             ..self
         }

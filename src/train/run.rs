@@ -19,8 +19,8 @@ use anyhow::{bail, Result};
 use crate::backend::{Backend, Real};
 use crate::config::{Config, OptimizerConfig};
 use crate::data::{Sampler, SystemInfo, SystemStore};
+use crate::fitting::head::HeadInputs;
 use crate::model::{Model, ModelSpec};
-use crate::stage::HeadInputs;
 
 use super::batch::{assemble_frames, HostBatch};
 use super::dataset::DataSet;

@@ -11,12 +11,12 @@ use web_time::Instant;
 use crate::config::{Config, DescriptorConfig, LossConfig, ModelConfig, Precision, Sel};
 use crate::data::{Disk, Files};
 use crate::dist;
+use crate::fitting::traits::OutputStat;
 use crate::model::{
-    read_model_to_train, DescriptorSpec, DescriptorType, FitOutput, FittingSpec, Model, ModelSpec,
-    MAX_NNEI,
+    read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
 };
 
-use super::batch::{check_mixed_data, check_params, model_labels};
+use super::batch::{check_mixed_data, check_params};
 use super::checkpoint::Checkpoint;
 use super::dataset::{load_data_in, DataSet};
 use super::lr::LrSchedule;
@@ -345,7 +345,7 @@ impl Reading {
             d.rcut,
             pass,
             &draw,
-            &model_labels(&cfg.model.fitting_net.output, Some(&cfg.loss), true),
+            &(cfg.model.fitting_net.output.fitting()).labels(Some(&cfg.loss), true),
         )?;
         for l in train.summary("training") {
             tracing::info!("{l}");
@@ -505,18 +505,16 @@ impl Reading {
             t.elapsed().as_secs_f64(),
         );
         (m.davg, m.dstd) = (st.davg, st.dstd);
-        match &spec.fitting.output {
-            FitOutput::Ener => m.bias = st.bias,
-            output @ (FitOutput::Dos(_) | FitOutput::Dipole(_) | FitOutput::Polar(_)) => {
+        let fitting = spec.fitting.output.fitting();
+        match fitting.output_stat() {
+            OutputStat::EnergyBias => m.bias = st.bias,
+            OutputStat::LabelBias {
+                name,
+                what,
+                exclude,
+            } => {
                 let t = Instant::now();
-                let k = output.label_width();
-                let (name, what, exclude) = match output.tensor() {
-                    Some((tensor, s)) => {
-                        let name = tensor.label_name();
-                        (name, name.to_string(), &s.exclude_types[..])
-                    }
-                    None => ("dos", format!("DOS (numb_dos {k})"), &[][..]),
-                };
+                let k = fitting.label_width();
                 let frames = self.stat_frames();
                 let ntypes = self.type_map.len();
                 m.bias = label_bias(name, k, exclude, ntypes, &self.train, &frames)?;
@@ -526,7 +524,7 @@ impl Reading {
                     t.elapsed().as_secs_f64()
                 );
             }
-            FitOutput::Property(p) => {
+            OutputStat::Property(p) => {
                 let t = Instant::now();
                 let frames = self.stat_frames();
                 let (bias, std) = property_stats(p, self.type_map.len(), &self.train, &frames)?;
@@ -573,7 +571,7 @@ fn read_validation(fs: &dyn Files, cfg: &Config) -> Result<Option<DataSet>> {
         &cfg.model.type_map,
         cfg.model.descriptor.rcut,
         "validation",
-        &model_labels(&cfg.model.fitting_net.output, Some(&cfg.loss), true),
+        &(cfg.model.fitting_net.output.fitting()).labels(Some(&cfg.loss), true),
     )?;
     for l in d.summary("validation") {
         tracing::info!("{l}");

@@ -4,101 +4,21 @@
 //! A property or DOS model's step is the forward alone, its loss on the host, then the dual
 //! reverse with a zero tangent: the plain gradient (docs/design.md §12).
 
-use crate::backend::{Backend, Dims, Prefactors, Real};
-use crate::fitting::dos::head::{self as dos, DosLabels};
-use crate::fitting::property::config::PropertyLossConfig;
-use crate::fitting::property::head as property;
-use crate::fitting::tensor::head::{self as tensor, TensorLabels};
-use crate::fitting::{seed, Centres, OutStat};
+use crate::backend::{Backend, Dims, Real};
+pub use crate::fitting::head::StepLoss;
+use crate::fitting::head::{HeadInputs, HeadLabels};
+use crate::fitting::Centres;
 use crate::mem::OutOfMemory;
-use crate::model::FitOutput;
 use crate::stage::descriptor::Descriptor;
 use crate::stage::env::Env;
 use crate::stage::fitting::Fitting;
 pub use crate::stage::DeviceModel;
-use crate::stage::{HeadInputs, HostHead};
 
-use super::batch::{centre_atoms, HeadLabels, HostBatch};
+use super::batch::{centre_atoms, HostBatch};
 use super::budget::{batch_knob, batch_what, check_workspace};
 
 fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
     x.iter().map(|&v| T::of(v)).collect()
-}
-
-/// What the step's loss needs beside the batch: the ener loss's prefactors, the property
-/// loss's settings, or the DOS loss's prefactors (its terms' order of
-/// [`crate::fitting::dos::config::TERMS`]).
-#[derive(Clone, Copy, Debug)]
-pub enum StepLoss<'a> {
-    Ener(Prefactors),
-    Property(&'a PropertyLossConfig),
-    Dos([f64; 4]),
-    /// The tensor loss's prefactors (atomic, frame).
-    Tensor((f64, f64)),
-}
-
-/// A host head's loss: its sums (the loss's `nsums`), the nets' seed ∂L/∂y and, for a tensor,
-/// the descriptor's ∂L/∂A (empty otherwise).
-pub struct HeadLoss {
-    pub sums: Vec<f64>,
-    pub ybar: Vec<f64>,
-    pub abar: Vec<f64>,
-}
-
-/// A host head's loss from what it reads of the forward pass `x` of a batch laid out as `c`.
-pub fn head_loss(
-    head: &HostHead,
-    loss: StepLoss,
-    c: &Centres,
-    x: &HeadInputs,
-    labels: &HeadLabels,
-) -> HeadLoss {
-    let k = head.dim();
-    let (atomic, frame) = head.outputs(c, x);
-    let (sums, ybar, abar) = match (loss, &head.output) {
-        (StepLoss::Property(cfg), FitOutput::Property(p)) => {
-            // DeePMD-kit normalises every atom's by type 0's statistics.
-            let type0 = OutStat {
-                bias: &head.bias[..k],
-                std: &head.std[..k],
-            };
-            let label = labels
-                .frame
-                .as_deref()
-                .expect("training data have the label");
-            let (sums, dframe) = property::loss(cfg, p, &type0, c.natoms, &frame, label);
-            let ybar = seed(k, p.intensive, &head.stat(), c, &dframe, None);
-            (sums.to_vec(), ybar, vec![])
-        }
-        (StepLoss::Dos(pref), FitOutput::Dos(_)) => {
-            let l = DosLabels {
-                frame: labels.frame.as_deref(),
-                atomic: labels.atomic.as_deref(),
-            };
-            let (sums, da, df) = dos::loss(pref, k, &atomic, &frame, &l);
-            let ybar = seed(k, false, &head.stat(), c, &df, Some(&da));
-            (sums.to_vec(), ybar, vec![])
-        }
-        (StepLoss::Tensor(pref), FitOutput::Dipole(_) | FitOutput::Polar(_)) => {
-            let t = head.tensor().expect("a tensor fitting");
-            let l = TensorLabels {
-                frame: labels.frame.as_deref(),
-                atomic: labels.atomic.as_deref(),
-            };
-            let with_tensor: Vec<bool> = c.types.iter().map(|&ty| !t.spec.excluded(ty)).collect();
-            let (sums, da, df) = tensor::loss(pref, &atomic, &frame, &l, &with_tensor);
-            let (ybar, abar) = t.seed(c, &x.y, &x.rot, &da, &df);
-            (sums.to_vec(), ybar, abar)
-        }
-        (loss, output) => unreachable!("a {output:?} model trained by {loss:?}"),
-    };
-    HeadLoss { sums, ybar, abar }
-}
-
-impl From<Prefactors> for StepLoss<'_> {
-    fn from(p: Prefactors) -> Self {
-        StepLoss::Ener(p)
-    }
 }
 
 /// Every buffer of a step for one batch shape: the plan of the step. It is made once per shape;
@@ -333,7 +253,7 @@ pub fn gradient<'l, T: Real, B: Backend<T>>(
                 .as_ref()
                 .expect("a host head's loss trains its model");
             let x = w.head_inputs(b);
-            let l = head_loss(head, loss, &w.centres(), &x, &w.head_labels);
+            let l = head.loss(loss, &w.centres(), &x, &w.head_labels);
             b.write(&mut w.sums, &to_t(&l.sums));
             b.write(&mut w.ebar, &to_t(&l.ybar));
             if let Some(rot_bar) = w.descriptor.rot_bar_mut() {

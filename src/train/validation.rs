@@ -10,9 +10,9 @@ use super::batch::HostBatch;
 use super::dataset::DataSet;
 use super::lcurve::Metrics;
 use super::loss::{host_sums, Loss};
-use super::step::head_loss;
+use crate::fitting::head::HeadInputs;
 use crate::fitting::Centres;
-use crate::stage::{HeadInputs, HostHead};
+use crate::stage::HostHead;
 
 /// Offset of the validation sampler's seed from the training one.
 pub const VALID_STREAM: u64 = 0x5641_4c49_4400;
@@ -65,7 +65,8 @@ impl Average {
             )
             .to_vec(),
             Predicted::Head(x, head, c) => {
-                head_loss(head, loss.step_loss(&pf), &c, &x, &batch.head_labels).sums
+                head.loss(loss.step_loss(&pf), &c, &x, &batch.head_labels)
+                    .sums
             }
         };
         let m = loss.metrics(&sums, batch.dims.nframes, natoms, &pf);

@@ -3,8 +3,8 @@
 
 use serde_json::{json, Value};
 
+use crate::config::error::ConfigError;
 use crate::config::keys::{at_least_one, non_negative, Schema, Section};
-use crate::config::ConfigError;
 
 use super::DosSpec;
 

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod head;
+pub mod kind;
 
 use serde::{Deserialize, Serialize};
 

@@ -3,8 +3,8 @@
 
 use serde_json::{json, Value};
 
-use crate::config::keys::{Schema, Section};
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
+use crate::config::keys::{at_least_one, positive, to_list, to_str, Schema, Section};
 
 use super::PropertySpec;
 
@@ -24,7 +24,7 @@ pub const OUTPUT_KEYS: &[&str] = &[
 pub(crate) fn parse_output(sec: &Section) -> Result<PropertySpec> {
     let name = sec.required("property_name", "the label's name, e.g. \"band_prop\"")?;
     let p = sec.path_of("property_name");
-    let property_name = crate::config::keys::to_str(name, &p)?.to_string();
+    let property_name = to_str(name, &p)?.to_string();
     if property_name.is_empty() || property_name.contains(['/', '\\']) {
         return Err(ConfigError::invalid(
             p,
@@ -32,7 +32,7 @@ pub(crate) fn parse_output(sec: &Section) -> Result<PropertySpec> {
         ));
     }
     let task_dim = sec.usize_or("task_dim", 1)?;
-    crate::config::keys::at_least_one(task_dim, &sec.path_of("task_dim"))?;
+    at_least_one(task_dim, &sec.path_of("task_dim"))?;
     Ok(PropertySpec {
         property_name,
         task_dim,
@@ -101,7 +101,7 @@ static LOSS: Schema = Schema {
 };
 
 fn func(v: &Value, path: &str) -> Result<LossFunc> {
-    let name = crate::config::keys::to_str(v, path)?;
+    let name = to_str(v, path)?;
     LossFunc::parse(name).ok_or_else(|| {
         ConfigError::invalid(
             path,
@@ -119,7 +119,7 @@ pub fn parse_loss(v: &Value, path: &str) -> Result<PropertyLossConfig> {
     let metric = match sec.get("metric") {
         Some(v) => {
             let p = sec.path_of("metric");
-            let items = crate::config::keys::to_list(v, &p, "a list of metric names")?;
+            let items = to_list(v, &p, "a list of metric names")?;
             (items.iter().enumerate())
                 .map(|(i, x)| func(x, &format!("{p}[{i}]")))
                 .collect::<Result<Vec<_>>>()?
@@ -128,7 +128,7 @@ pub fn parse_loss(v: &Value, path: &str) -> Result<PropertyLossConfig> {
     };
     let beta = sec.f64_or("beta", 1.0)?;
     if loss_func == LossFunc::SmoothMae {
-        crate::config::keys::positive(beta, &sec.path_of("beta"))?;
+        positive(beta, &sec.path_of("beta"))?;
     }
     Ok(PropertyLossConfig {
         loss_func,

@@ -3,8 +3,8 @@
 
 use serde_json::{json, Value};
 
+use crate::config::error::ConfigError;
 use crate::config::keys::{non_negative, to_f64, to_list, Schema, Section};
-use crate::config::ConfigError;
 
 use super::{Tensor, TensorSpec};
 

@@ -10,6 +10,10 @@
 
 pub mod config;
 pub mod head;
+pub mod kind;
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +34,42 @@ pub struct TensorSpec {
     /// The types whose atomic tensor is zero (DeePMD-kit's `atom_exclude_types`).
     #[serde(default)]
     pub exclude_types: Vec<usize>,
+}
+
+/// A dipole or a polar fitting: its keys, and which it is in its type (so that a checkpoint,
+/// which stores the keys alone under the fitting's `type`, reads back as the one it was).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(transparent, bound = "")]
+pub struct TensorFitting<K: TensorKind> {
+    pub spec: TensorSpec,
+    #[serde(skip)]
+    kind: PhantomData<K>,
+}
+
+impl<K: TensorKind> TensorFitting<K> {
+    pub fn new(spec: TensorSpec) -> Self {
+        TensorFitting {
+            spec,
+            kind: PhantomData,
+        }
+    }
+}
+
+/// Which tensor a [`TensorFitting`] is.
+pub trait TensorKind: Clone + Debug + PartialEq + Default + Send + Sync + 'static {
+    const TENSOR: Tensor;
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DipoleTensor;
+impl TensorKind for DipoleTensor {
+    const TENSOR: Tensor = Tensor::Dipole;
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolarTensor;
+impl TensorKind for PolarTensor {
+    const TENSOR: Tensor = Tensor::Polar;
 }
 
 /// Why a tensor fitting cannot sit on descriptor `kind`: the input's refusal, and the stage's

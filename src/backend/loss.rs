@@ -1,0 +1,37 @@
+//! What the ener loss op takes (the prefactors of a step) and gives (the sums the loss and
+//! the displayed RMSEs follow from); the fittings' host heads take the prefactors too.
+
+use super::real::Real;
+
+/// Loss prefactors in effect at a step, already multiplied by the label's presence (docs/deepmd-spec.md §9).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Prefactors {
+    pub e: f64,
+    pub f: f64,
+    pub v: f64,
+}
+
+/// Per-batch sums from which the loss and the displayed RMSEs follow.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossSums {
+    /// Σ_frames ΔE², Σ ΔF² (all components), Σ ΔW² (all components).
+    pub e2: f64,
+    pub f2: f64,
+    pub v2: f64,
+}
+
+impl LossSums {
+    /// The 3 values, as [`crate::train::loss::Loss::metrics`] reads them.
+    pub fn values(&self) -> [f64; 3] {
+        [self.e2, self.f2, self.v2]
+    }
+
+    /// From the 3-value buffer the [`super::TrainOps::loss`] op writes.
+    pub fn from_values<T: Real>(v: &[T]) -> Self {
+        LossSums {
+            e2: v[0].f64(),
+            f2: v[1].f64(),
+            v2: v[2].f64(),
+        }
+    }
+}
