@@ -162,6 +162,16 @@ fn deepmd_kits_property_example_trains_and_tests() {
         assert!(ok, "{out}");
         assert!(out.contains("PROPERTY MAE            : "), "{out}");
         assert!(out.contains("PROPERTY RMSE           : "), "{out}");
+        // As dp test, the weighted average even over one system, of the same errors.
+        let mae = |text: &str| {
+            text.lines()
+                .find(|l| l.contains("PROPERTY MAE"))
+                .map(str::to_string)
+        };
+        let (system, average) =
+            (out.split_once("weighted average of errors")).expect("a weighted average");
+        assert!(average.contains("# number of systems : 1"), "{out}");
+        assert_eq!(mae(average), mae(system), "{out}");
         let mut files = Vec::new();
         for f in 0..4 {
             let text =

@@ -242,7 +242,7 @@ impl Job for TestJob {
             }
             all.push(errs);
         }
-        if all.len() > 1 {
+        if !all.is_empty() {
             // Each over the systems that have its label, as dp test's merge_weighted_errors.
             let avg = |f: &dyn Fn(&SystemErrors) -> Option<Err>| {
                 let errs: Vec<Err> = all.iter().filter_map(f).collect();
@@ -398,7 +398,7 @@ impl TestJob {
                 ..SystemErrors::default()
             });
         }
-        if errs.len() > 1 {
+        if !errs.is_empty() {
             let _ = writeln!(out, "# ----------weighted average of errors-----------");
             let _ = writeln!(out, "# number of systems : {}", errs.len());
             let merged: Vec<Err> = errs.iter().map(|e| e.0).collect();
