@@ -80,6 +80,8 @@ if want lint; then
   cargo fmt --all --check
   # The default features include cuda (loaded at run time), so this also lints the CUDA backend.
   cargo clippy --release --all-targets -- -D warnings
+  # Doc links stay right: a renamed item breaks the comments that name it.
+  RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --features mpi --lib
   if [ "$quick" = 0 ]; then
     # The web page's crate (web/src) is built for wasm32 only.
     rustup target list --installed | grep -qx wasm32-unknown-unknown ||

@@ -345,7 +345,7 @@ pub fn tebd_rows<T: Real, B: Device<T> + ?Sized>(
 }
 
 /// Adjoint of [`tebd_rows`]: the type columns of `xbar` summed into the type embedding's
-/// gradient (W̄[t] += T̄[t], b̄ += Σ_t T̄[t]), rows in order.
+/// gradient (`W̄[t] += T̄[t]`, `b̄ += Σ_t T̄[t]`), rows in order.
 #[allow(clippy::too_many_arguments)]
 pub fn tebd_rows_backward<T: Real, B: Device<T> + ?Sized>(
     b: &B,

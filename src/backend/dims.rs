@@ -222,7 +222,7 @@ impl Dims {
         Pairs { types, start }
     }
 
-    /// se_e3's weight of pair type (ti, tj): DeePMD-kit's mean over sel[ti]·sel[tj] pairs.
+    /// se_e3's weight of pair type (ti, tj): DeePMD-kit's mean over `sel[ti]·sel[tj]` pairs.
     pub fn pair_weight(&self, (ti, tj): (usize, usize)) -> f64 {
         1.0 / (self.sel[ti] * self.sel[tj]) as f64
     }

@@ -41,7 +41,7 @@ pub struct Layout {
     pub fields: &'static [Field],
 }
 
-/// A `#[repr(C)]` struct the host writes and kernels read, declared by [`gpu_struct!`].
+/// A `#[repr(C)]` struct the host writes and kernels read, declared by `gpu_struct!`.
 pub trait GpuStruct: bytemuck::Pod {
     const LAYOUT: Layout;
 }
@@ -81,7 +81,7 @@ pub fn count(x: usize) -> u32 {
 
 gpu_struct! {
     /// The head of the shape table ([`shape_table`]): the counts, then where each of its
-    /// sections ([`sections`]) starts in the table. A kernel finds a section through the head,
+    /// sections (`sections`) starts in the table. A kernel finds a section through the head,
     /// so section lengths (`nsec` sels, `ntypes·nsec + 1` block starts) need no formula of
     /// their own in the kernel languages.
     pub struct DimsHeader {
@@ -119,7 +119,7 @@ fn sections(d: &Dims) -> [(&'static str, &[usize]); 4] {
 }
 
 /// The batch layout ([`Dims`]) as one table of 4-byte integers, the one way both GPU backends
-/// pass it to their kernels: a [`DimsHeader`], then the [`sections`]. Kernels
+/// pass it to their kernels: a [`DimsHeader`], then the `sections`. Kernels
 /// walk neighbour sections up to `nsec`, so one table serves one section per type and DPA-1's
 /// one mixed section alike.
 pub fn shape_table(d: &Dims) -> Vec<u32> {
@@ -239,7 +239,7 @@ gpu_struct! {
         pub m2: u32,
         pub nnei: u32,
         /// Per-slot kernels, launched per (ti, tj) block: the block's first slot, its slot
-        /// count, sel[tj] and first centre.
+        /// count, `sel[tj]` and first centre.
         pub slot0: u32,
         pub nslots: u32,
         pub sel: u32,
@@ -283,8 +283,8 @@ gpu_struct! {
     pub struct AngleParams {
         pub ncentres: u32,
         pub m1: u32,
-        /// Pair rows per centre, Σ_p sel[ti]·sel[tj]: block (tc, p) starts at
-        /// centre_start[tc]·pair_rows + (centres of tc)·(rows per centre of the pairs before p).
+        /// Pair rows per centre, `Σ_p sel[ti]·sel[tj]`: block (tc, p) starts at
+        /// `centre_start[tc]·pair_rows` + (centres of tc)·(rows per centre of the pairs before p).
         pub pair_rows: u32,
         /// The block's centre type, first centre, first row (pair row or slot) and row count.
         pub tc: u32,
@@ -577,7 +577,7 @@ gpu_struct! {
         /// output.
         pub which: u32,
         pub natoms: u32,
-        /// virtual_tangent, launched per (ti, tj) block: the block's first slot, sel[tj] and
+        /// virtual_tangent, launched per (ti, tj) block: the block's first slot, `sel[tj]` and
         /// first centre.
         pub slot0: u32,
         pub sel: u32,

@@ -25,7 +25,7 @@ macro_rules! compute_ops {
         /// the force and virial seeds make of it, and the scatter of per-slot derivatives into
         /// forces and virials.
         family EnvOps {
-            /// R̂, ∂R̂/∂r_ij and s = R̂[0] of every slot; padded slots (owner < 0) get R = 0, J = 0.
+            /// R̂, ∂R̂/∂r_ij and s = `R̂[0]` of every slot; padded slots (owner < 0) get R = 0, J = 0.
             fn env_mat(
                 &self,
                 d: &Dims,
@@ -263,7 +263,7 @@ macro_rules! compute_ops {
                 2.0 * (d.m1 * d.nslots()) as f64
             }
 
-            /// Its backward to the slots: q_s = k (G'_s·D̄_c) J_s[0] = ∂E/∂r_ij (J's radial row).
+            /// Its backward to the slots: q_s = k (G'_s·D̄_c) `J_s[0]` = ∂E/∂r_ij (J's radial row).
             fn radial_backward(
                 &self,
                 d: &Dims,
@@ -399,9 +399,9 @@ macro_rules! compute_ops {
             flops(_) { 30.0 * d.nslots() as f64 }
             default { crate::backend::attn::attn_switch(self, d, env, rij, owner, dstd, (sw, dsw)) }
 
-            /// DPA-1: rows of type-embedding values, `out[r·stride + col..]` = `[lead[r],
-            /// T[types[0][r]], T[types[1][r]], ...]` (no lead column without `lead`): the embedding
-            /// net's input `[ŝ, T[t_j], T[t_i]]`, the descriptor's appended T[t_i].
+            /// DPA-1: rows of type-embedding values, `out[r·stride + col..]` =
+            /// `[lead[r], T[types[0][r]], T[types[1][r]], ...]` (no lead column without `lead`):
+            /// the embedding net's input `[ŝ, T[t_j], T[t_i]]`, the descriptor's appended `T[t_i]`.
             fn tebd_rows(
                 &self,
                 tebd: &TebdLayout,
@@ -518,7 +518,7 @@ macro_rules! compute_ops {
 
         /// The energy, the loss and the optimizer, the same for every model.
         family TrainOps {
-            /// Per-frame energy E_f = Σ atoms (E_atom + bias[type]) and the per-centre energies with bias.
+            /// Per-frame energy E_f = Σ atoms (E_atom + `bias[type]`) and the per-centre energies with bias.
             fn energy(
                 &self,
                 d: &Dims,

@@ -11,7 +11,7 @@ use crate::fitting::tensor::config::TensorLossConfig;
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// Prefactors move from `start_pref_X` to `limit_pref_X` as the lr decays. A term is active only
-/// when both are non-zero (DeePMD-kit's rule), see [`LossConfig::has_e`] etc.
+/// when both are non-zero (DeePMD-kit's rule), see [`EnerLossConfig::has_e`] etc.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnerLossConfig {
     pub start_pref_e: f64,

@@ -12,7 +12,7 @@
 //! its frames and weights it by its share of the frames; one all-reduce sums the weighted
 //! gradients and the squared-error sums of the loss, so every rank applies the same Adam update
 //! to the same parameters, and the displayed RMSEs are those of the whole global batch. On CUDA
-//! with a GPU per rank that all-reduce goes through NCCL on the device buffers ([`exchange`]).
+//! with a GPU per rank that all-reduce goes through NCCL on the device buffers (`exchange`).
 
 mod comm;
 mod device_link;

@@ -25,7 +25,7 @@ fn switch(r: f64, env: &EnvParams) -> (f64, f64) {
 }
 
 /// The switch sw(r) of a neighbour at x and its slope dsw/ds against the raw radial value
-/// s = sw/(r + p) ([`env_row`]'s R[0]), which DPA-1 needs to treat sw as a function of s.
+/// s = sw/(r + p) ([`env_row`]'s `R[0]`), which DPA-1 needs to treat sw as a function of s.
 pub fn env_switch(x: [f64; 3], env: &EnvParams) -> (f64, f64) {
     let r = (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt();
     let rr = r + env.protection;

@@ -233,7 +233,7 @@ impl DescriptorSpec {
 
     /// The neighbour slots per section of a batch's slot layout (`backend::Dims`): the
     /// sel (DPA-1: one section of nnei), or for a hybrid every part's slots of a type one after
-    /// the other (part 0's sel[t], then part 1's, ...).
+    /// the other (part 0's `sel[t]`, then part 1's, ...).
     pub fn slot_sel(&self) -> Vec<usize> {
         (0..self.sel.len())
             .map(|t| self.parts().iter().map(|d| d.sel[t]).sum())

@@ -1,4 +1,4 @@
-//! The embedding stage over slots, shared by the descriptors that embed s = R̂[0]: G and
+//! The embedding stage over slots, shared by the descriptors that embed s = `R̂[0]`: G and
 //! G' = dG/ds of every slot, and the dual reverse of the nets from (Ḡ, Ġ̄).
 
 use crate::backend::{Backend, Dims, FusedEmbedding, Real};

@@ -16,13 +16,13 @@ pub struct Env<T: Real, B: Backend<T>> {
     /// frame); `None` for the other descriptors.
     pub nei_type: Option<B::Idx>,
     pub centre_atom: B::Idx,
-    /// R̂ `[nslots][4]`, ∂R̂/∂r_ij `[nslots][4][3]`, s = R̂[0] `[nslots]`.
+    /// R̂ `[nslots][4]`, ∂R̂/∂r_ij `[nslots][4][3]`, s = `R̂[0]` `[nslots]`.
     pub rhat: B::Buf,
     pub jac: B::Buf,
     pub s: B::Buf,
     /// Ones over the slots: the unit input tangent of the embedding nets.
     pub ones_s: B::Buf,
-    /// Ṙ and ṡ = Ṙ[0] of the training seed.
+    /// Ṙ and ṡ = `Ṙ[0]` of the training seed.
     pub rdot: B::Buf,
     pub sdot: B::Buf,
 }

@@ -202,7 +202,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
 }
 
 /// Energy, forces and virial of the loaded batch (the forward and first-derivative passes);
-/// for a property model, the nets' outputs alone ([`Workspace::fit_outputs`]).
+/// for a property model, the nets' outputs alone ([`Workspace::head_inputs`]).
 pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
     let d = &w.dims;
     w.descriptor.forward(b, m, d, &mut w.env);

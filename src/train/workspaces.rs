@@ -30,7 +30,7 @@ pub fn workspace<'a, T: Real, B: Backend<T>>(
 }
 
 /// The workspace of batch shape `dims`, made on first use; the least recently used one is
-/// dropped when [`MAX_CACHED`] are kept.
+/// dropped when `MAX_CACHED` are kept.
 pub fn workspace_for<'a, T: Real, B: Backend<T>>(
     cache: &'a mut Cache<T, B>,
     b: &B,

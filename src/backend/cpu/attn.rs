@@ -1,12 +1,12 @@
 //! DPA-1's block per centre (docs/design.md §11.1 steps 5–6): from the embedding G⁰ of the
 //! centre's nnei slots through the attention layers to the contraction and D = A A<ᵀ.
 //!
-//! One generic forward and one generic backward over [`Num`]: on reals they are the forward and
-//! the force pass (D̄ → q); on [`Dual`] numbers the forward is the tangent pass (Ḋ) and the
+//! One generic forward and one generic backward over `Num`: on reals they are the forward and
+//! the force pass (D̄ → q); on `Dual` numbers the forward is the tangent pass (Ḋ) and the
 //! backward the dual reverse (θ̄, Ḡ⁰, Ġ̄⁰), so the second derivatives of the softmax, the
 //! normalisations and the layer norm come from the same code as the first. The products (the
 //! projections, the logits q̂k̂ᵀ, the weighted sum A v̂ and their adjoints) are matrix products
-//! through [`Num::gemm`], which a dual does as real GEMMs; only the element-wise steps between
+//! through `Num::gemm`, which a dual does as real GEMMs; only the element-wise steps between
 //! them are loops over numbers. Everything a pass needs is recomputed per centre from G⁰
 //! (nothing nnei² is kept between passes), in buffers each thread reuses centre after centre.
 

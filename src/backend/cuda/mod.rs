@@ -364,7 +364,7 @@ impl Cuda {
     }
 
     /// The GPU's name and architecture, for logs: `GPU 0: NVIDIA H100 80GB HBM3 (sm_90)`, with
-    /// `, graphs` when the training step is captured ([`graph::ENV`]).
+    /// `, graphs` when the training step is captured (`graph::ENV`).
     pub fn device_name(&self) -> String {
         let variant = if self.graph.is_some() { ", graphs" } else { "" };
         format!("{} ({}{variant})", self.device, self.arch)

@@ -998,7 +998,7 @@ impl Wgpu {
         bytemuck::pod_collect_to_vec(&bytes)
     }
 
-    /// A buffer's values, awaited rather than waited for (see [`Wgpu::read_bytes_async`]); the
+    /// A buffer's values, awaited rather than waited for (see `Wgpu::read_bytes_async`); the
     /// way to read results in a browser. Fails if the device is lost.
     pub async fn download_async<T: GpuReal>(&self, b: &Buf<T>) -> Result<Vec<T>> {
         let bytes = self

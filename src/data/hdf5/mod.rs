@@ -24,12 +24,12 @@ pub fn is_hdf5_file(path: &Path) -> bool {
         && sig == *b"\x89HDF\r\n\x1a\n"
 }
 
-/// While one of these lives, the HDF5 files [`with_group`] opens stay open (the last few), so a
+/// While one of these lives, the HDF5 files `with_group` opens stay open (the last few), so a
 /// pass over thousands of systems in one file opens it once instead of once per system (each
 /// open is about a tenth of reading a small system, all of it under the library's global
 /// lock). Dropping the last one closes them, so a file rewritten between passes is read anew.
 /// The guard is process-wide: while any lives, every file any thread opens through
-/// [`with_group`] stays open, and the HDF5 library refuses to open a file for writing while it
+/// `with_group` stays open, and the HDF5 library refuses to open a file for writing while it
 /// is open for reading (dpw writes no HDF5 file in a pass; a program that does must not
 /// overlap one).
 #[must_use = "files stay open only while the guard lives"]

@@ -10,7 +10,7 @@ use super::DosSpec;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-/// The keys of `fitting_net` with `"type": "dos"` that [`parse_output`] reads; the fitting's
+/// The keys of `fitting_net` with `"type": "dos"` that `parse_output` reads; the fitting's
 /// shared keys are read with `ener`'s.
 pub const OUTPUT_KEYS: &[&str] = &["type", "numb_dos", "rcond"];
 

@@ -10,7 +10,7 @@ use super::PropertySpec;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-/// The keys of `fitting_net` with `"type": "property"` that [`parse_output`] reads; the
+/// The keys of `fitting_net` with `"type": "property"` that `parse_output` reads; the
 /// fitting's shared keys (neuron, resnet_dt, fparam, ...) are read with `ener`'s.
 pub const OUTPUT_KEYS: &[&str] = &[
     "type",

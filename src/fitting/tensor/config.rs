@@ -10,7 +10,7 @@ use super::{Tensor, TensorSpec};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-/// The keys of `fitting_net` with `"type": "dipole"` that [`parse_output`] reads; the fitting's
+/// The keys of `fitting_net` with `"type": "dipole"` that `parse_output` reads; the fitting's
 /// shared keys are read with `ener`'s.
 pub const DIPOLE_KEYS: &[&str] = &["type", "sel_type"];
 /// Those of `"type": "polar"`.
