@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use dpw::data::{find_systems, load_system, Disk, System};
+use dpw::data::{find_systems, load_system, load_system_with, Disk, Labels, Missing, System};
 use heed::types::Bytes;
 use heed::EnvOpenOptions;
 use ndarray::{s, Array1, Array2};
@@ -105,6 +105,109 @@ fn training_on_lmdb_equals_training_on_its_npy_form() {
         lcurves.push(std::fs::read_to_string(run.path().join("lcurve.out")).unwrap());
     }
     assert_eq!(lcurves[0].lines().count(), 8);
+    assert_eq!(lcurves[0], lcurves[1]);
+}
+
+/// tests/data/lmdb/dos_si32.lmdb and fparam_be54.lmdb (scripts/make-reference/lmdb_labels.py):
+/// the frames of DeePMD-kit's DOS example system heat-221 (`dos`, and `atomic_dos`, which
+/// DeePMD-kit reads as `atom_dos`) and of its fparam example system e3000_i2000 (`fparam`,
+/// `aparam`), and their npy form.
+fn labelled_lmdbs() -> [(PathBuf, PathBuf, &'static str); 2] {
+    let examples = repo("tests/data/deepmd-kit/examples");
+    [
+        (
+            repo("tests/data/lmdb/dos_si32.lmdb"),
+            examples.join("dos/data/heat-221"),
+            "Si",
+        ),
+        (
+            repo("tests/data/lmdb/fparam_be54.lmdb"),
+            examples.join("fparam/data/e3000_i2000"),
+            "Be",
+        ),
+    ]
+}
+
+fn dos_labels(name: &str, missing: Missing) -> Labels {
+    Labels::Frame {
+        name: name.into(),
+        width: 250,
+        frame: true,
+        atomic: true,
+        missing,
+        excluded: vec![],
+    }
+}
+
+/// The labels of the other fittings (a DOS, frame and atomic parameters) read from an LMDB as
+/// from the npy form of its frames, and one it lacks is missing from both alike.
+#[test]
+fn an_lmdbs_fitting_labels_read_as_from_npy() {
+    let mut read = Vec::new();
+    for (lmdb, npy, element) in labelled_lmdbs() {
+        let type_map = vec![element.to_string()];
+        let found = find_systems(&Disk, std::slice::from_ref(&lmdb), "training").unwrap();
+        assert_eq!(found.len(), 1, "{}", lmdb.display());
+        let labels = dos_labels("dos", Missing::Refuse);
+        let a = load_system_with(&found[0], &type_map, &labels).unwrap();
+        let b = load_system_with(&npy, &type_map, &labels).unwrap();
+        assert_same(&a, &b);
+        assert_eq!((&a.fparam, &a.aparam), (&b.fparam, &b.aparam));
+        assert_eq!((&a.label, &a.atom_label), (&b.label, &b.atom_label));
+        let missing = dos_labels("band_prop", Missing::Refuse);
+        let a_missing = load_system_with(&found[0], &type_map, &missing).unwrap();
+        let b_missing = load_system_with(&npy, &type_map, &missing).unwrap();
+        assert!(a_missing.label.is_none() && a_missing.atom_label.is_none());
+        assert!(a_missing.check_labels(&missing).is_err());
+        assert!(b_missing.check_labels(&missing).is_err());
+        read.push(a);
+    }
+    // Each holds what its example does, so the equalities above are not of empty labels.
+    let [dos, be] = &read[..] else { unreachable!() };
+    assert_eq!(dos.label.as_ref().map(|l| l.width), Some(250));
+    assert_eq!(
+        dos.atom_label.as_ref().map(|l| l.values.len()),
+        Some(2 * 32 * 250)
+    );
+    assert_eq!(
+        be.fparam.as_ref().map(|p| (p.width, p.values.len())),
+        Some((1, 4))
+    );
+    assert_eq!(
+        be.aparam.as_ref().map(|p| (p.width, p.values.len())),
+        Some((1, 4 * 54))
+    );
+}
+
+/// `dpw train` of DeePMD-kit's DOS example on the LMDB and on the npy form of its frames: the
+/// same statistics and batches, so the same lcurve.out.
+#[test]
+fn training_a_dos_on_lmdb_equals_training_on_its_npy_form() {
+    let [(lmdb, npy, _), _] = labelled_lmdbs();
+    let mut lcurves = Vec::new();
+    for systems in [serde_json::json!(lmdb), serde_json::json!([npy])] {
+        let mut v = common::json_file(&repo(
+            "tests/data/deepmd-kit/examples/dos/train/input_torch.json",
+        ));
+        v["model"]["descriptor"]["neuron"] = serde_json::json!([4, 8]);
+        v["model"]["fitting_net"]["neuron"] = serde_json::json!([16, 16]);
+        v["loss"] = serde_json::json!({"type": "dos", "start_pref_dos": 1, "limit_pref_dos": 1,
+                                       "start_pref_ados": 1, "limit_pref_ados": 1});
+        let t = v["training"].as_object_mut().unwrap();
+        t.remove("stop_batch");
+        t.insert(
+            "training_data".into(),
+            serde_json::json!({"systems": systems, "batch_size": 1}),
+        );
+        t.insert("numb_steps".into(), serde_json::json!(2));
+        t.insert("disp_freq".into(), serde_json::json!(1));
+        t.insert("save_freq".into(), serde_json::json!(2));
+        let run = TempDir::new().unwrap();
+        let (ok, log) = common::dpw_train(run.path(), &v);
+        assert!(ok, "{log}");
+        lcurves.push(std::fs::read_to_string(run.path().join("lcurve.out")).unwrap());
+    }
+    assert_eq!(lcurves[0].lines().count(), 4, "{}", lcurves[0]);
     assert_eq!(lcurves[0], lcurves[1]);
 }
 
@@ -294,4 +397,75 @@ fn a_bad_lmdb_is_refused_naming_the_record() {
     std::fs::create_dir_all(&empty).unwrap();
     let err = refused(&empty);
     assert!(err.contains("is not an LMDB environment"), "{err}");
+}
+
+/// `frame` with the fields `extra` added.
+fn with(frame: Value, extra: Vec<(&str, Value)>) -> Value {
+    let Value::Map(mut fields) = frame else {
+        unreachable!("a frame is a map")
+    };
+    fields.extend(extra.into_iter().map(|(k, v)| (k.into(), v)));
+    Value::Map(fields)
+}
+
+/// As DeePMD-kit reads a label: absent where `find_<label>` is 0 (so the frame is of another
+/// system), and the frames of one system must agree on its shape (refused naming the record).
+#[test]
+fn find_flags_and_shapes_of_an_lmdbs_labels() {
+    let tmp = TempDir::new().unwrap();
+    let dos = |values: &[f64]| array("float64", &[values.len() as u64], f64s(values));
+    let labels = Labels::Frame {
+        name: "dos".into(),
+        width: 2,
+        frame: true,
+        atomic: false,
+        missing: Missing::Refuse,
+        excluded: vec![],
+    };
+    let type_map = ["O", "H"].map(String::from);
+    let read = |name: &str, frames: [Value; 2]| {
+        let dir = tmp.path().join(name);
+        let [a, b] = frames;
+        write_lmdb(
+            &dir,
+            &[
+                ("__metadata__", meta(2)),
+                ("000000000000", a),
+                ("000000000001", b),
+            ],
+        );
+        let found = find_systems(&Disk, std::slice::from_ref(&dir), "training").unwrap();
+        (dir, found)
+    };
+
+    let (_, found) = read(
+        "flag.lmdb",
+        [
+            with(frame(""), vec![("dos", dos(&[1.0, 2.0]))]),
+            with(
+                frame(""),
+                vec![("dos", dos(&[3.0, 4.0])), ("find_dos", 0.into())],
+            ),
+        ],
+    );
+    assert_eq!(found.len(), 2);
+    let labelled = load_system_with(&found[0], &type_map, &labels).unwrap();
+    assert_eq!(labelled.label.unwrap().values, [1.0, 2.0]);
+    let unlabelled = load_system_with(&found[1], &type_map, &labels).unwrap();
+    assert!(unlabelled.label.is_none());
+
+    let (dir, found) = read(
+        "shapes.lmdb",
+        [
+            with(frame(""), vec![("dos", dos(&[1.0, 2.0]))]),
+            with(frame(""), vec![("dos", dos(&[3.0, 4.0, 5.0]))]),
+        ],
+    );
+    let err = load_system_with(&found[0], &type_map, &labels)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("record \"000000000001\", dos") && err.contains(&*dir.to_string_lossy()),
+        "{err}"
+    );
 }

@@ -3,7 +3,11 @@
 //! the frame count, the key format (`frame_idx_fmt`, `012d`), the type_map and optionally each
 //! frame's system id, and whose records `000000000000`, `000000000001`, ... hold one frame each,
 //! a msgpack map of arrays (`{type, shape, data}`): `atom_types`, `coords`, `cells`, `energies`,
-//! `forces`, `virials`.
+//! `forces`, `virials`, and any other label under its npy name (`fparam`, `aparam`, `dos`, a
+//! property's `band_prop`, ...), `atomic_*` standing for `atom_*` (`atomic_dos`, `atom_dos.npy`).
+//! DeePMD-kit reads each field as the label of its name so renamed (`decode_lmdb_frame`,
+//! `_canonical_lmdb_key`), present where the frame holds an array or a number and no
+//! `find_<label>` 0 says otherwise (`_frame_source_available`).
 //!
 //! dpw reads it as the deepmd/npy systems its frames would make: frames of one system id, one
 //! sequence of atom types, periodic or not and with the same labels form one system, in order
@@ -79,14 +83,8 @@ struct Group {
     keys: Vec<String>,
     atype: Vec<usize>,
     pbc: bool,
-    labels: Labels,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct Labels {
-    energy: bool,
-    force: bool,
-    virial: bool,
+    /// The labels its frames hold, by npy name (`energy`, `atom_dos`), sorted.
+    labels: Vec<String>,
 }
 
 fn stamp(file: &Path) -> Result<(Option<SystemTime>, u64), DataError> {
@@ -172,7 +170,7 @@ impl Lmdb {
                 Some(ids)
             }
         };
-        type GroupKey = (i64, Vec<usize>, bool, Labels);
+        type GroupKey = (i64, Vec<usize>, bool, Vec<String>);
         let mut groups: Vec<Group> = Vec::new();
         let mut found: HashMap<GroupKey, usize> = HashMap::new();
         for i in 0..nframes {
@@ -181,7 +179,7 @@ impl Lmdb {
             let group_key = (
                 system_ids.as_ref().map_or(0, |ids| ids[i]),
                 frame.atom_types()?,
-                frame.has("cells"),
+                frame.find("box").is_some_and(|f| frame.has(f)),
                 frame.labels(),
             );
             let g = match found.get(&group_key) {
@@ -191,7 +189,7 @@ impl Lmdb {
                         keys: Vec::new(),
                         atype: group_key.1.clone(),
                         pbc: group_key.2,
-                        labels: group_key.3,
+                        labels: group_key.3.clone(),
                     });
                     found.insert(group_key, groups.len() - 1);
                     groups.len() - 1
@@ -387,22 +385,79 @@ impl<'a> Record<'a> {
             })
     }
 
-    /// Whether the frame has `field`, and does not say otherwise with `find_<label>` 0.
-    fn labelled(&self, field: &str, label: &str) -> bool {
-        let denied = self
-            .get(&format!("find_{label}"))
-            .and_then(|v| v.as_f64().or_else(|| v.as_i64().map(|i| i as f64)))
-            .is_some_and(|f| f == 0.0);
-        self.has(field) && !denied
+    /// The field DeePMD-kit reads as `name` (its npy name: `coord`, `atom_dos`).
+    fn find(&self, name: &str) -> Option<&str> {
+        self.map
+            .iter()
+            .filter_map(|(k, _)| key_text(k))
+            .find(|k| npy_name(k) == name)
     }
 
-    fn labels(&self) -> Labels {
-        Labels {
-            energy: self.labelled("energies", "energy"),
-            force: self.labelled("forces", "force"),
-            virial: self.labelled("virials", "virial"),
-        }
+    /// The labels the frame holds, by npy name, sorted: its fields but the structure (atom
+    /// types, coordinates, cell) and the bookkeeping DeePMD-kit drops, holding an array or a
+    /// number (what DeePMD-kit counts as present), and not denied by a `find_<label>` 0.
+    fn labels(&self) -> Vec<String> {
+        let flag = |name: &str| {
+            let v = self.get(self.find(&format!("find_{name}"))?)?;
+            v.as_f64().or_else(|| v.as_i64().map(|i| i as f64))
+        };
+        let mut labels: Vec<String> = (self.map.iter())
+            .filter_map(|(k, v)| Some((npy_name(key_text(k)?), v)))
+            .filter(|(name, v)| {
+                !NOT_LABELS.contains(&name.as_str())
+                    && !name.starts_with("find_")
+                    && (is_encoded_array(v) || v.is_number() || v.is_bool())
+                    && flag(name) != Some(0.0)
+            })
+            .map(|(name, _)| name)
+            .collect();
+        labels.sort();
+        labels
     }
+}
+
+/// The fields of a frame that are not labels: its structure, and what DeePMD-kit drops.
+const NOT_LABELS: [&str; 6] = ["atype", "coord", "box", "atom_numbs", "atom_names", "orig"];
+
+/// The LMDB fields DeePMD-kit renames, and their npy names (`_KEY_REMAP`).
+const RENAMED: [(&str, &str); 6] = [
+    ("coords", "coord"),
+    ("cells", "box"),
+    ("energies", "energy"),
+    ("forces", "force"),
+    ("atom_types", "atype"),
+    ("virials", "virial"),
+];
+
+/// The npy name DeePMD-kit reads the LMDB field `field` as (`_canonical_lmdb_key`).
+fn npy_name(field: &str) -> String {
+    if let Some((_, name)) = RENAMED.iter().find(|(f, _)| *f == field) {
+        return name.to_string();
+    }
+    match (
+        field.strip_prefix("find_atomic_"),
+        field.strip_prefix("atomic_"),
+    ) {
+        (Some(rest), _) => format!("find_atom_{rest}"),
+        (None, Some(rest)) => format!("atom_{rest}"),
+        _ => field.to_string(),
+    }
+}
+
+/// The LMDB field of npy name `name` in DeePMD-kit's own LMDB files, to name one a frame lacks.
+fn lmdb_field(name: &str) -> &str {
+    RENAMED
+        .iter()
+        .find(|(_, n)| *n == name)
+        .map_or(name, |(field, _)| field)
+}
+
+/// Whether `v` is an encoded numpy array, `{type, data, ...}` (`_is_encoded_array`).
+fn is_encoded_array(v: &Value) -> bool {
+    v.as_map().is_some_and(|m| {
+        let has = |name| m.iter().any(|(k, _)| key_text(k) == Some(name));
+        has("type") && has("data")
+    })
 }
 
 /// numpy's name of a number type (`float32`, `<f4`) as an npy `descr` (`<f4`); little-endian,
@@ -426,84 +481,86 @@ fn numpy_descr(dtype: &str) -> Option<String> {
 }
 
 /// One system of an environment as a deepmd/npy system: `type.raw`, the environment's
-/// `type_map.raw`, `nopbc` when its frames have no cell, and one set of its frames.
+/// `type_map.raw`, `nopbc` when its frames have no cell, and one set of its frames, each
+/// array stacked from the frames' field of its name when asked for, so that a field the model
+/// does not read is neither converted nor checked (as DeePMD-kit reads its requirements).
 struct GroupSource<'a> {
     path: PathBuf,
     lmdb: &'a Lmdb,
     group: &'a Group,
-    arrays: HashMap<&'static str, (Vec<usize>, Vec<f64>)>,
+    frames: Vec<Record<'a>>,
 }
 
-/// One frame's shape of the array `npy` of a system of `natoms` atoms.
-fn frame_shape(npy: &str, natoms: usize) -> Vec<usize> {
-    match npy {
-        "coord.npy" | "force.npy" => vec![natoms, 3],
-        "energy.npy" => vec![],
-        _ => vec![9],
+/// One frame's shape of the array `name` (npy name) of a system of `natoms` atoms, where
+/// DeePMD-kit reshapes it (`decode_lmdb_frame`); any other label keeps the frame's shape.
+fn frame_shape(name: &str, natoms: usize) -> Option<Vec<usize>> {
+    match name {
+        "coord" | "force" => Some(vec![natoms, 3]),
+        "box" | "virial" => Some(vec![9]),
+        "energy" => Some(vec![]),
+        _ => None,
     }
 }
 
-impl Group {
-    /// Whether the system's frames hold the array `npy`.
-    fn has(&self, npy: &str) -> bool {
-        match npy {
-            "box.npy" => self.pbc,
-            "energy.npy" => self.labels.energy,
-            "force.npy" => self.labels.force,
-            "virial.npy" => self.labels.virial,
-            _ => true,
-        }
-    }
-}
-
-/// The entry of the one set, `set.000/coord.npy` → `coord.npy`.
+/// The npy name of the entry of the one set, `set.000/coord.npy` → `coord`.
 fn set_entry(rel: &str) -> Option<&str> {
-    rel.strip_prefix(SET)?.strip_prefix('/')
+    rel.strip_prefix(SET)?
+        .strip_prefix('/')?
+        .strip_suffix(".npy")
 }
-
-/// The npy name of each array of a frame and its LMDB field.
-const FIELDS: [(&str, &str); 5] = [
-    ("coord.npy", "coords"),
-    ("box.npy", "cells"),
-    ("energy.npy", "energies"),
-    ("force.npy", "forces"),
-    ("virial.npy", "virials"),
-];
 
 impl<'a> GroupSource<'a> {
     fn read(lmdb: &'a Lmdb, group: &'a Group, path: PathBuf) -> Result<Self, DataError> {
         let file = &lmdb.file;
         let rtxn = lmdb.env.read_txn().map_err(|e| lmdb_error(file, e))?;
-        let natoms = group.atype.len();
-        let fields: Vec<_> = FIELDS
-            .into_iter()
-            .filter(|(npy, _)| group.has(npy))
-            .collect();
-        let mut data = vec![Vec::new(); fields.len()];
-        for key in &group.keys {
-            let frame = Record::read(lmdb.db, &rtxn, file, key)?;
-            for (&(npy, field), all) in fields.iter().zip(&mut data) {
-                let (_, values) = frame.array(field)?;
-                let per_frame: usize = frame_shape(npy, natoms).iter().product();
-                if values.len() != per_frame {
-                    return Err(frame.bad(field, &format!("{per_frame} numbers")));
-                }
-                all.extend(values);
-            }
-        }
-        let arrays = (fields.iter().zip(data))
-            .map(|(&(npy, _), all)| {
-                let mut shape = frame_shape(npy, natoms);
-                shape.insert(0, group.keys.len());
-                (npy, (shape, all))
-            })
-            .collect();
+        let frames = (group.keys.iter())
+            .map(|key| Record::read(lmdb.db, &rtxn, file, key))
+            .collect::<Result<_, _>>()?;
         Ok(GroupSource {
             path,
             lmdb,
             group,
-            arrays,
+            frames,
         })
+    }
+
+    /// Whether the system's frames hold the array of npy name `name`.
+    fn holds(&self, name: &str) -> bool {
+        match name {
+            "coord" => true,
+            "box" => self.group.pbc,
+            _ => self.group.labels.iter().any(|l| l == name),
+        }
+    }
+
+    /// The frames' field `name` (npy name), stacked: `[nframes, ...]` of one frame's shape.
+    fn stack(&self, name: &str) -> Result<(Vec<usize>, Vec<f64>), DataError> {
+        let natoms = self.group.atype.len();
+        let mut shape = frame_shape(name, natoms);
+        let mut all = Vec::new();
+        for frame in &self.frames {
+            let field = frame.find(name).unwrap_or(lmdb_field(name));
+            let (found, values) = frame.array(field)?;
+            match &shape {
+                // The first frame of a label gives its shape; the others must have it.
+                None => shape = Some(found),
+                Some(s) if frame_shape(name, natoms).is_some() => {
+                    let n: usize = s.iter().product();
+                    if values.len() != n {
+                        return Err(frame.bad(field, &format!("{n} numbers")));
+                    }
+                }
+                Some(s) if *s != found => {
+                    let first = &self.group.keys[0];
+                    return Err(frame.bad(field, &format!("the shape {s:?} of record {first:?}")));
+                }
+                Some(_) => {}
+            }
+            all.extend(values);
+        }
+        let mut shape = shape.expect("a system has frames");
+        shape.insert(0, self.frames.len());
+        Ok((shape, all))
     }
 }
 
@@ -519,9 +576,10 @@ impl Source for GroupSource<'_> {
                 let file = self.lmdb.file.display();
                 return PathBuf::from(format!("{file}#__metadata__/type_map"));
             }
-            _ => set_entry(rel)
-                .and_then(|name| FIELDS.iter().find(|(npy, _)| *npy == name))
-                .map_or(rel, |(_, field)| field),
+            _ => match set_entry(rel) {
+                Some(name) => self.frames[0].find(name).unwrap_or(lmdb_field(name)),
+                None => rel,
+            },
         };
         self.path.join(field)
     }
@@ -531,7 +589,7 @@ impl Source for GroupSource<'_> {
             "type.raw" => true,
             "type_map.raw" => self.lmdb.type_map.is_some(),
             "nopbc" => !self.group.pbc,
-            _ => set_entry(rel).is_some_and(|name| self.arrays.contains_key(name)),
+            _ => set_entry(rel).is_some_and(|name| self.holds(name)),
         }
     }
 
@@ -550,11 +608,11 @@ impl Source for GroupSource<'_> {
     }
 
     fn array(&self, rel: &str) -> Result<(Vec<usize>, Vec<f64>), DataError> {
-        set_entry(rel)
-            .and_then(|name| self.arrays.get(name))
-            .cloned()
-            .ok_or_else(|| DataError::Missing {
+        match set_entry(rel).filter(|name| self.holds(name)) {
+            Some(name) => self.stack(name),
+            None => Err(DataError::Missing {
                 path: self.path(rel),
-            })
+            }),
+        }
     }
 }
