@@ -777,6 +777,7 @@ fn parse_fitting(sec: &Section) -> Result<FittingConfig> {
         }
     };
     Ok(FittingConfig {
+        // The type's own keys need the descriptor: the model's `parse` sets them.
         output: FitOutput::Ener,
         neuron: widths(sec, "neuron", &[120, 120, 120])?,
         resnet_dt: sec.bool_or("resnet_dt", true)?,
