@@ -11,7 +11,6 @@ use super::backend::Job;
 use crate::backend::{Backend, Real};
 use crate::data::{find_systems, load_system, load_system_with, Disk, System};
 use crate::dist::DeviceLink;
-use crate::fitting::tensor::Tensor;
 use crate::fitting::traits::{HeadType, TestErr};
 use crate::fmt::sci;
 use crate::mem::OutOfMemory;
@@ -321,7 +320,6 @@ impl TestJob {
     fn run_head<T: Real, B: Backend<T>>(self, b: &B) -> Result<(Vec<SystemErrors>, String)> {
         let spec = &self.model.spec;
         let output = &spec.fitting.output;
-        let tensor = output.tensor();
         let fitting = output.fitting();
         let head = fitting.head().expect("a fitting with a host head");
         let (what, file) = head.test_label();
@@ -362,13 +360,7 @@ impl TestJob {
             let natoms = head.test_natoms(&sys.atype[..sys.natoms]);
             head_report(&mut out, head, &err, natoms);
             let _ = writeln!(out, "# -----------------------------------------------");
-            if let (Some(_), Some((t, _))) = (&self.detail, tensor) {
-                let names = match t {
-                    Tensor::Dipole => &["x", "y", "z"][..],
-                    Tensor::Polar => &[
-                        "pxx", "pxy", "pxz", "pyx", "pyy", "pyz", "pzx", "pzy", "pzz",
-                    ],
-                };
+            if let (Some(_), Some(names)) = (&self.detail, head.detail_columns()) {
                 let header = (["data", "pred"].iter())
                     .flat_map(|p| names.iter().map(move |n| format!("{p}_{n}")))
                     .collect::<Vec<_>>()

@@ -135,6 +135,13 @@ pub trait HeadType {
         atype.len()
     }
 
+    /// `dp test -d`: the columns of a tensor's one detail file of a row per frame
+    /// (`x y z`, `pxx ... pzz`); `None` where each frame has a file of its own (a property's, a
+    /// DOS's).
+    fn detail_columns(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+
     /// `dp test`'s lines for its errors `e` and per atom `per_atom`; `sqrt_n` is √N of one
     /// system (`None` for the weighted average over systems).
     fn test_report(&self, out: &mut String, e: &TestErr, per_atom: &TestErr, sqrt_n: Option<f64>);

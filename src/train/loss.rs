@@ -8,7 +8,6 @@ use crate::config::{EnerLossConfig, LossConfig};
 use crate::fitting::dos::head as dos;
 use crate::fitting::property::head::{self, NSUMS};
 use crate::fitting::tensor::head as tensor;
-use crate::fitting::tensor::Tensor;
 use crate::model::FitOutput;
 
 use super::lcurve::Metrics;
@@ -20,8 +19,8 @@ pub struct Loss {
     pub start_lr: f64,
     /// The fitting's values per atom (a property's task_dim; 1 for an energy).
     pub dim_out: usize,
-    /// A tensor loss's tensor (the model's).
-    pub tensor: Option<Tensor>,
+    /// The metrics of the model's fitting (a tensor loss's name its tensor).
+    pub fit_metrics: &'static [&'static str],
 }
 
 /// Prefactors of one batch: as DeePMD-kit defines them, and as the backend's loss op takes them
@@ -42,7 +41,7 @@ impl Loss {
             cfg: cfg.clone(),
             start_lr,
             dim_out: 1,
-            tensor: None,
+            fit_metrics: &[],
         }
     }
 
@@ -50,13 +49,9 @@ impl Loss {
     pub fn with_output(self, output: &FitOutput) -> Self {
         Loss {
             dim_out: output.fitting().dim(),
-            tensor: output.tensor().map(|(t, _)| t),
+            fit_metrics: output.fitting().metrics(),
             ..self
         }
-    }
-
-    fn tensor_metrics(&self) -> &'static [&'static str] {
-        tensor::metrics(self.tensor.expect("a tensor loss's model is a tensor's"))
     }
 
     /// The loss sums a step leaves on the device.
@@ -149,7 +144,7 @@ impl Loss {
             }
             LossConfig::Tensor(c) => {
                 let v = tensor::metric_values(c.prefactors(), sums);
-                return Metrics::new(self.tensor_metrics(), &v);
+                return Metrics::new(self.fit_metrics, &v);
             }
         };
         let sums = LossSums::from_values(sums);
@@ -189,7 +184,7 @@ impl Loss {
             }
             LossConfig::Tensor(c) => {
                 let v = tensor::metric_values(c.prefactors(), &[0.0, 0.0, 0.0, 1.0]);
-                Metrics::new(self.tensor_metrics(), &v)
+                Metrics::new(self.fit_metrics, &v)
             }
         }
     }

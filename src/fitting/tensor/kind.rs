@@ -300,6 +300,15 @@ impl<K: TensorKind> HeadType for TensorFitting<K> {
         (name, format!("{name}.npy"))
     }
 
+    fn detail_columns(&self) -> Option<&'static [&'static str]> {
+        Some(match K::TENSOR {
+            Tensor::Dipole => &["x", "y", "z"],
+            Tensor::Polar => &[
+                "pxx", "pxy", "pxz", "pyx", "pyy", "pyz", "pzx", "pzy", "pzz",
+            ],
+        })
+    }
+
     fn test_natoms(&self, atype: &[usize]) -> usize {
         atype.iter().filter(|&&a| !self.spec.excluded(a)).count()
     }
