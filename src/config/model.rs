@@ -832,10 +832,7 @@ impl ModelConfig {
         let keys = fitting.as_object_mut().expect("an object");
         f.output.fitting().input_json(keys);
 
-        let atom_exclude_types = match f.output.tensor() {
-            Some((_, s)) => s.exclude_types.clone(),
-            None => vec![],
-        };
+        let atom_exclude_types = f.output.fitting().excluded_types();
         json!({
             "type": "standard",
             "type_map": self.type_map,

@@ -46,6 +46,11 @@ pub trait FittingType {
         false
     }
 
+    /// The types whose atoms have no output (the model's `atom_exclude_types` it keeps).
+    fn excluded_types(&self) -> &[usize] {
+        &[]
+    }
+
     /// Its keys in out.json: `fitting` holds the keys every fitting shares (with `rcond`,
     /// `atom_ener` and `trainable`, which some types do not take and remove).
     fn input_json(&self, fitting: &mut Map<String, Json>);

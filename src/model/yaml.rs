@@ -947,10 +947,7 @@ fn model_to_tree(model: &Model) -> Value {
         f["default_fparam"] = default_fparam;
     }
 
-    let excluded = fit
-        .output
-        .tensor()
-        .map_or(none, |(_, s)| &s.exclude_types[..]);
+    let excluded = fit.output.fitting().excluded_types();
     // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
     obj! {
         "backend" => "dpw",

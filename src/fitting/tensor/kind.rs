@@ -173,6 +173,10 @@ impl<K: TensorKind> FittingType for TensorFitting<K> {
         true
     }
 
+    fn excluded_types(&self) -> &[usize] {
+        &self.spec.exclude_types
+    }
+
     // DeePMD-kit's dipole and polar fittings take no `rcond`, `atom_ener` or `trainable`.
     fn input_json(&self, fitting: &mut Map<String, Json>) {
         for key in ["rcond", "atom_ener", "trainable"] {
