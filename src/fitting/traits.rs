@@ -103,13 +103,16 @@ pub enum OutputStat<'a> {
 
 /// The head of a fitting scored on the host: the nets run on the backend, their outputs are
 /// reduced and scored here, and the seeds go back into the dual pass.
-pub trait HeadType {
+pub trait HeadType: FittingType {
     /// Its statistics from the model's output bias and std: the bias and, where the fitting
     /// keeps it, the std (ones otherwise).
-    fn stat(&self, bias: &[f64], _out_std: &[f64]) -> HeadStat {
+    fn stat(&self, bias: &[f64], out_std: &[f64]) -> HeadStat {
         HeadStat {
             bias: bias.to_vec(),
-            std: vec![1.0; bias.len()],
+            std: match self.keeps_out_std() {
+                true => out_std.to_vec(),
+                false => vec![1.0; bias.len()],
+            },
             diag_bias: vec![],
         }
     }

@@ -121,14 +121,6 @@ impl FittingType for PropertySpec {
 }
 
 impl HeadType for PropertySpec {
-    fn stat(&self, bias: &[f64], out_std: &[f64]) -> HeadStat {
-        HeadStat {
-            bias: bias.to_vec(),
-            std: out_std.to_vec(),
-            diag_bias: vec![],
-        }
-    }
-
     fn nsums(&self) -> usize {
         NSUMS
     }
