@@ -178,16 +178,30 @@ build() {
 
   echo "== DeePMD-kit 3.2.0 and the pure-Python packages it needs that the device image lacks"
   # Wheels for the device's Python 3.12 (PyTorch 2.11 there matches the wheel's custom ops);
-  # mpich because the wheel's op library links libmpi.so.12. They travel uncompressed in
-  # .gpu-kit/whl: a wheel is already a zip.
-  mkdir -p "$KIT/whl"
-  local plat=() n
+  # mpich because the wheel's op library links libmpi.so.12. A wheel is a zip (deflate): they
+  # travel unpacked inside the xz tar, which holds them in 13.5 MiB instead of 23.4, and the run
+  # half zips them again before pip installs them.
+  local dl=$KIT/whl-download plat=() n w
+  rm -rf "$dl" "$KIT/whl"
+  mkdir -p "$dl" "$stage/whl"
   for n in 28 27 17 5; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp "${plat[@]}" --platform manylinux2014_x86_64 -d "$KIT/whl" \
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${plat[@]}" --platform manylinux2014_x86_64 -d "$dl" \
     deepmd-kit==3.2.0 dargs==0.5.1 typeguard==4.6.1 wcmatch==12.0.1 bracex==3.2.3 \
-    array-api-compat==1.16.0 lmdb==3.0.0 mpich==5.0.2 ||
+    array-api-compat==1.16.0 lmdb==3.0.0 mpich==5.0.2; then
+    for w in "$dl"/*.whl; do
+      # zipfile drops the mode bits (mpich's executables); they are set again from the zip.
+      python3 -c 'import os, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for i in z.infolist():
+    p = z.extract(i, sys.argv[2])
+    if i.external_attr >> 16:
+        os.chmod(p, i.external_attr >> 16)' "$w" "$stage/whl/$(basename "$w")"
+    done
+  else
     echo "warning: could not download DeePMD-kit's wheels: the side-by-side step will be skipped" >&2
+  fi
+  rm -rf "$dl"
 
   echo "== Vulkan loader packages (unpacked on the device only if it has no libvulkan)"
   mkdir -p "$stage/gl" /tmp/amd64/partial
@@ -552,15 +566,24 @@ bench_step() { # backend f64|f32 batch limit_s [variant suffix]
 # PyTorch's warm-up), written as a bench JSON so that the report sets it beside dpw's.
 deepmd_pt() { # water
   local water=$1 p
-  if ! compgen -G "$KIT/whl/deepmd_kit-*.whl" >/dev/null; then
+  if ! compgen -G "$K/whl/deepmd_kit-*.whl" >/dev/null; then
     skip deepmd_pt "no DeePMD-kit wheel in the kit"
     return 0
   fi
+  # The kit carries each wheel unpacked, in a folder named as the wheel (see build).
+  rm -rf "$W/whl" && mkdir -p "$W/whl"
+  step deepmd_pt_wheels 60 python3 -c 'import os, sys, zipfile
+for d in sys.argv[2:]:
+    with zipfile.ZipFile(os.path.join(sys.argv[1], os.path.basename(d)), "w", zipfile.ZIP_STORED) as z:
+        for root, _, files in os.walk(d):
+            for f in files:
+                p = os.path.join(root, f)
+                z.write(p, os.path.relpath(p, d))' "$W/whl" "$K"/whl/*.whl
   # --prefix, not --target: --target drops a wheel's data files, and DeePMD-kit finds the
   # libmpi.so.12 its op library links through mpich's file list.
   local prefix=$W/py site
   step deepmd_pt_install 60 python3 -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --prefix "$prefix" "$KIT"/whl/*.whl
+    --no-cache-dir --prefix "$prefix" "$W"/whl/*.whl
   # mendeleev (with a dozen packages of its own) serves DeePMD-kit's electronic-configuration
   # type embedding and the sorting of a type map by atomic number; a stub that knows atomic
   # numbers alone stands in.
