@@ -719,6 +719,83 @@ def save_train_step(out, data, pred, arrays, meta):
         fh.write("\n")
 
 
+def train_step(out, pt, data, names, generator, system, frames, fd_keys, virial, periodic=None,
+               params=None, extra_meta=None, more_checks=None, save=None):
+    """One EnergyStdLoss step of the model `pt` (DeePMD-kit PT, or anything `loss_fn` drives) on
+    `data`, written to `out`/train_step.{npz,json}: the step of dpa1.py, dpa2.py, dpa3.py and
+    pairtab.py (this file's own run_case keeps its variant, with two losses in its fd checks).
+
+    `names`: {torch parameter name: dpw name}. `virial`: the loss has a virial term (LOSS, and the
+    virial term alone, LOSS_V, as `vgrad.`); else LOSS_NO_V. `periodic`: recorded when given.
+    `params`: None writes every parameter as `param.<name>`; a {dpw name: array} instead asserts
+    that the model's parameters are these, bit for bit, and writes none. `extra_meta` is added to
+    the json after the loss values; `more_checks(g, arrays, hand, loss_value)` returns more json
+    entries (added after `hand_written_loss`). Finite differences of DeePMD-kit's loss check the
+    largest gradient entry of each tensor of `fd_keys`. `save(out, data, pred, arrays, meta)`
+    writes the files (default save_train_step).
+
+    Returns (loss value, train_step.json's dict).
+    """
+    lpar = LOSS if virial else LOSS_NO_V
+    lval, tpred, more, g = grads(pt, data, lpar, names)
+    n = data["coord"].shape[1]
+    hl, prefs = hand_loss(tpred, data, lpar, LR, 1.0 / n)
+    # DeePMD-kit 3.2.0 PT: EnergyStdLoss's 1/N is float32 (see run_case)
+    hl32, _ = hand_loss(tpred, data, lpar, LR, float(np.float32(1.0) / np.float32(n)))
+    arrays = {}
+    params_now = {names[k]: p.detach().numpy().copy() for k, p in pt.named_parameters()
+                  if k in names}
+    for k in sorted(g):
+        if params is None:
+            arrays["param." + k] = params_now[k]
+        else:
+            assert np.array_equal(params_now[k], params[k]), k
+        arrays["grad." + k] = g[k]
+    tmeta = {
+        "generator": generator,
+        "deepmd_kit": deepmd.__version__,
+        "backend": f"pytorch {torch.__version__}, float64, CPU; EnergyStdLoss, loss.backward()",
+        "system": system,
+    }
+    if periodic is not None:
+        tmeta["periodic"] = periodic
+    tmeta.update({
+        "frames": frames,
+        "loss": lpar,
+        "start_lr": START_LR,
+        "lr": LR,
+        "prefactors_at_lr": prefs,
+        "loss_value": lval,
+        "loss_value_formula_f32_inv": hl32,
+        "loss_value_formula_f64_inv": hl,
+        "more_loss": {k: float(v) for k, v in more.items()
+                      if isinstance(v, (float, torch.Tensor)) and np.isfinite(float(v))},
+        "n_tensors": len(g),
+        "n_parameters": int(sum(v.size for v in g.values())),
+    })
+    tmeta.update(extra_meta or {})
+    gv = None
+    if virial:
+        lv, _, _, gv = grads(pt, data, LOSS_V, names)
+        for k in sorted(gv):
+            arrays["vgrad." + k] = gv[k]
+        tmeta["loss_virial_only"] = LOSS_V
+        tmeta["loss_value_virial_only"] = lv
+    hand = hand_written_losses(
+        pt, data, [("loss", lpar, g)] + ([("loss_virial_only", LOSS_V, gv)] if virial else []),
+        names, n, arrays)
+    tmeta["hand_written_loss"] = hand
+    if more_checks is not None:
+        tmeta.update(more_checks(g, arrays, hand, lval))
+    fds = []
+    for key in fd_keys:
+        idx = tuple(int(i) for i in np.unravel_index(np.abs(g[key]).argmax(), g[key].shape))
+        fds.append(fd_check(pt, data, lpar, names, g, key, idx, "loss"))
+    tmeta["fd_param_checks"] = fds
+    (save or save_train_step)(out, data, tpred, arrays, tmeta)
+    return lval, tmeta
+
+
 def run_case(name, case):
     out = os.path.join(OUT, name)
     os.makedirs(out, exist_ok=True)

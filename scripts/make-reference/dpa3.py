@@ -847,62 +847,24 @@ def run_case(name, case):
           f"{checks['fd_virial_h_1e-6']['max_abs_err']:.1e}, "
           f"order {checks.get('atom_order', {}).get('minus_energy', 0):.1e}", flush=True)
 
-    # ---- train step (as descriptors.py / dpa1.py)
-    lpar = base.LOSS if case["virial"] else base.LOSS_NO_V
-    lval, tpred, more, g = base.grads(pt, tr, lpar, names)
+    # ---- train step (descriptors.train_step), no `param.` arrays: they are model.yaml's
     n = tr["coord"].shape[1]
-    hl, prefs = base.hand_loss(tpred, tr, lpar, base.LR, 1.0 / n)
-    hl32, _ = base.hand_loss(tpred, tr, lpar, base.LR, float(np.float32(1.0) / np.float32(n)))
-    arrays = {}
-    params_now = {names[k]: p.detach().numpy().copy() for k, p in pt.named_parameters()
-                  if k in names}
-    # no `param.` arrays (unlike descriptors.py): they are model.yaml's, to the bit (checked)
-    for k in sorted(g):
-        assert np.array_equal(params_now[k], model_params(ser)[k]), k
-        arrays["grad." + k] = g[k]
-    tmeta = {
-        "generator": "scripts/make-reference/dpa3.py",
-        "deepmd_kit": deepmd.__version__,
-        "backend": f"pytorch {torch.__version__}, float64, CPU; EnergyStdLoss, loss.backward()",
-        "system": case["system"],
-        "periodic": per,
-        "frames": case["train_frames"],
-        "loss": lpar,
-        "start_lr": base.START_LR,
-        "lr": base.LR,
-        "prefactors_at_lr": prefs,
-        "loss_value": lval,
-        "loss_value_formula_f32_inv": hl32,
-        "loss_value_formula_f64_inv": hl,
-        "more_loss": {k: float(v) for k, v in more.items()
-                      if isinstance(v, (float, torch.Tensor)) and np.isfinite(float(v))},
-        "n_tensors": len(g),
-        "n_parameters": int(sum(v.size for v in g.values())),
-    }
-    gv = None
-    if case["virial"]:
-        lv, _, _, gv = base.grads(pt, tr, base.LOSS_V, names)
-        for k in sorted(gv):
-            arrays["vgrad." + k] = gv[k]
-        tmeta["loss_virial_only"] = base.LOSS_V
-        tmeta["loss_value_virial_only"] = lv
-    hand = base.hand_written_losses(
-        pt, tr, [("loss", lpar, g)] + ([("loss_virial_only", base.LOSS_V, gv)]
-                                       if case["virial"] else []),
-        names, n, arrays)
-    tmeta["hand_written_loss"] = hand
-    # the same DeePMD-kit loss on the dpmodel classes (pt_expt), and the f64-1/N loss on
-    # independent(): both gradients against the PT ones
-    exn = {k: dpw_name(k) for k, p in ex.named_parameters() if p.numel() > 0}
-    lx, _, _, gx = base.grads(ex, tr, lpar, exn)
-    li, gi = independent_grads(ser, tr, lpar, 1.0 / n)
-    ref64 = {k[len("grad_f64inv."):]: v for k, v in arrays.items()
-             if k.startswith("grad_f64inv.")}
-    tmeta["dpmodel_torch_vs_pt"] = {"loss_abs": abs(lx - lval),
-                                    "grad_max_rel": base.grad_rel_diff(gx, g)}
-    tmeta["independent_f64inv_vs_pt_f64inv"] = {"loss_abs": abs(li - hand["loss"]["value_f64_inv"]),
-                                                "grad_max_rel": base.grad_rel_diff(gi, ref64)}
-    fds = []
+    lpar = base.LOSS if case["virial"] else base.LOSS_NO_V
+
+    def more_checks(g, arrays, hand, lval):
+        # the same DeePMD-kit loss on the dpmodel classes (pt_expt), and the f64-1/N loss on
+        # independent(): both gradients against the PT ones
+        exn = {k: dpw_name(k) for k, p in ex.named_parameters() if p.numel() > 0}
+        lx, _, _, gx = base.grads(ex, tr, lpar, exn)
+        li, gi = independent_grads(ser, tr, lpar, 1.0 / n)
+        ref64 = {k[len("grad_f64inv."):]: v for k, v in arrays.items()
+                 if k.startswith("grad_f64inv.")}
+        return {"dpmodel_torch_vs_pt": {"loss_abs": abs(lx - lval),
+                                        "grad_max_rel": base.grad_rel_diff(gx, g)},
+                "independent_f64inv_vs_pt_f64inv": {
+                    "loss_abs": abs(li - hand["loss"]["value_f64_inv"]),
+                    "grad_max_rel": base.grad_rel_diff(gi, ref64)}}
+
     L = ra["nlayers"] - 1
     fkeys = ["edge_embd.w", "tebd.layer0.w", "layer0.node_edge_linear.w",
              f"layer{L}.node_sym_linear.w", "fit.layer0.w"]
@@ -911,12 +873,13 @@ def run_case(name, case):
     if ra["update_style"] == "res_residual":
         # the last layer's edge and angle updates reach no output (their gradient is 0)
         fkeys[-1:-1] = [f"layer{L}.n_residual.1", f"layer{L - 1}.e_residual.0"]
-    for key in fkeys:
-        idx = tuple(int(i) for i in np.unravel_index(np.abs(g[key]).argmax(), g[key].shape))
-        fds.append(base.fd_check(pt, tr, lpar, names, g, key, idx, "loss"))
-    tmeta["fd_param_checks"] = fds
-    save_train_step(out, tr, tpred, arrays, tmeta)
-    print(f"{name}: loss {lval!r}, {len(g)} tensors, {tmeta['n_parameters']} parameters; "
+    lval, tmeta = base.train_step(
+        out, pt, tr, names, "scripts/make-reference/dpa3.py", case["system"],
+        case["train_frames"], fkeys, case["virial"], periodic=per, params=model_params(ser),
+        more_checks=more_checks, save=save_train_step)
+    hand, fds = tmeta["hand_written_loss"], tmeta["fd_param_checks"]
+    print(f"{name}: loss {lval!r}, {tmeta['n_tensors']} tensors, "
+          f"{tmeta['n_parameters']} parameters; "
           f"f64inv vs deepmd {hand['loss']['grad_f64_inv_vs_deepmd_max_rel']:.1e}, "
           f"f32inv {hand['loss']['grad_f32_inv_vs_deepmd_max_rel']:.1e}; dpmodel(torch) "
           f"{tmeta['dpmodel_torch_vs_pt']['grad_max_rel']:.1e}; independent "

@@ -460,39 +460,13 @@ def run_case(name, case):
         return
     tr = base.load(case, case["train_frames"])
     names = names_for(pt)
-    lpar = base.LOSS_NO_V
-    lval, tpred, more, g = base.grads(pt, tr, lpar, names)
-    n = tr["coord"].shape[1]
-    hl, prefs = base.hand_loss(tpred, tr, lpar, base.LR, 1.0 / n)
-    hl32, _ = base.hand_loss(tpred, tr, lpar, base.LR, float(np.float32(1.0) / np.float32(n)))
-    arrays = {}
-    params_now = {names[k]: p.detach().numpy().copy() for k, p in pt.named_parameters()
-                  if k in names}
-    for k in sorted(g):
-        arrays["param." + k] = params_now[k]
-        arrays["grad." + k] = g[k]
-    tmeta = {
-        "generator": "scripts/make-reference/pairtab.py",
-        "deepmd_kit": deepmd.__version__,
-        "backend": f"pytorch {torch.__version__}, float64, CPU; EnergyStdLoss, loss.backward()",
-        "system": case["system"], "frames": case["train_frames"], "loss": lpar,
-        "start_lr": base.START_LR, "lr": base.LR, "prefactors_at_lr": prefs,
-        "loss_value": lval, "loss_value_formula_f32_inv": hl32,
-        "loss_value_formula_f64_inv": hl,
-        "more_loss": {k: float(v) for k, v in more.items()
-                      if isinstance(v, (float, torch.Tensor)) and np.isfinite(float(v))},
-        "n_tensors": len(g), "n_parameters": int(sum(v.size for v in g.values())),
-        "torch_names": {v: k for k, v in names.items()},
-    }
-    hand = base.hand_written_losses(pt, tr, [("loss", lpar, g)], names, n, arrays)
-    tmeta["hand_written_loss"] = hand
-    fds = []
-    for key in ["embed.layer0.w", "tebd.layer0.w", "fit.layer0.w"]:
-        idx = tuple(int(i) for i in np.unravel_index(np.abs(g[key]).argmax(), g[key].shape))
-        fds.append(base.fd_check(pt, tr, lpar, names, g, key, idx, "loss"))
-    tmeta["fd_param_checks"] = fds
-    base.save_train_step(out, tr, tpred, arrays, tmeta)
-    print(f"{name}: loss {lval!r}, {len(g)} tensors, {tmeta['n_parameters']} parameters; "
+    lval, tmeta = base.train_step(
+        out, pt, tr, names, "scripts/make-reference/pairtab.py", case["system"],
+        case["train_frames"], ["embed.layer0.w", "tebd.layer0.w", "fit.layer0.w"], False,
+        extra_meta={"torch_names": {v: k for k, v in names.items()}})
+    hand, fds = tmeta["hand_written_loss"], tmeta["fd_param_checks"]
+    print(f"{name}: loss {lval!r}, {tmeta['n_tensors']} tensors, "
+          f"{tmeta['n_parameters']} parameters; "
           f"f64inv vs deepmd {hand['loss']['grad_f64_inv_vs_deepmd_max_rel']:.1e}; fd rel "
           + ", ".join(f"{c['rel_err']:.1e}" for c in fds), flush=True)
 
