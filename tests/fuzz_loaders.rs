@@ -221,6 +221,7 @@ fn small_model() -> Model {
             set_davg_zero: false,
             list: vec![],
             attention: None,
+            dpa3: None,
         },
         fitting: FittingSpec::new(vec![4, 4], true),
     };

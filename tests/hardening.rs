@@ -1006,6 +1006,7 @@ fn batch_errors_name_frames_by_their_index() {
             set_davg_zero: false,
             list: vec![],
             attention: None,
+            dpa3: None,
         },
         fitting: FittingSpec::new(vec![2], false),
     };

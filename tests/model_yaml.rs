@@ -57,6 +57,7 @@ fn reads_model_a_exactly() {
             set_davg_zero: false,
             list: vec![],
             attention: None,
+            dpa3: None,
         },
         fitting: FittingSpec::new(vec![32, 32, 32], true),
     };
@@ -205,6 +206,7 @@ fn two_sided_spec() -> ModelSpec {
             set_davg_zero: true,
             list: vec![],
             attention: None,
+            dpa3: None,
         },
         fitting: FittingSpec::new(vec![10, 20, 20], true),
     }

@@ -14,7 +14,7 @@ use super::cpu::attn as host;
 use super::cpu::strip;
 use super::{Device, Dims, Real};
 use crate::geometry::{env_switch, EnvParams};
-use crate::model::{AttentionConfig, AttnLayerLayout, AttnLayout, Skip, TebdLayout};
+use crate::model::{AttentionConfig, AttnLayerLayout, AttnLayout, TebdLayout};
 
 pub use host::LayerParams;
 
@@ -291,27 +291,6 @@ pub fn attn_switch<T: Real, B: Device<T> + ?Sized>(
     b.write(dsw, &ds);
 }
 
-/// T[t] = skip(e_t) + W[t] (+ b): row t of the type embedding.
-fn tebd_row<T: Real>(t: &TebdLayout, params: &[T], ty: usize) -> Vec<T> {
-    (0..t.dim)
-        .map(|c| {
-            let skip = match t.skip {
-                Skip::None => false,
-                Skip::Identity => c == ty,
-                Skip::Double => c % t.ntypes == ty,
-            };
-            let mut v = params[t.w + ty * t.dim + c];
-            if let Some(b) = t.b {
-                v += params[b + c];
-            }
-            if skip {
-                v += T::one();
-            }
-            v
-        })
-        .collect()
-}
-
 /// Rows of type-embedding values: `out[r·stride + col..]` = `[lead[r], T[types[0][r]],
 /// T[types[1][r]], ...]` (no lead column without `lead`), for every row r of the type lists.
 #[allow(clippy::too_many_arguments)]
@@ -326,7 +305,7 @@ pub fn tebd_rows<T: Real, B: Device<T> + ?Sized>(
     col: usize,
 ) {
     let params = b.download(params);
-    let table: Vec<Vec<T>> = (0..t.ntypes).map(|ty| tebd_row(t, &params, ty)).collect();
+    let table: Vec<Vec<T>> = (0..t.ntypes).map(|ty| t.row(&params, ty)).collect();
     let lead = lead.map(|l| b.download(l));
     let types: Vec<Vec<i32>> = types.iter().map(|i| b.download_idx(i)).collect();
     let mut o = b.download(out);

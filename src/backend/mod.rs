@@ -25,6 +25,7 @@ mod dims;
 pub mod gpu_layout;
 pub mod loss;
 mod real;
+pub mod repflow;
 pub mod timed;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
@@ -33,6 +34,7 @@ pub use attn::{AttnArgs, AttnOpts, StripArgs};
 pub use dims::{Dims, Pairs};
 pub use loss::{LossSums, Prefactors};
 pub use real::Real;
+pub use repflow::{RepflowArgs, RepflowOpts};
 
 use std::ops::Range;
 
@@ -244,5 +246,6 @@ backend_of!(
     RadialOps,
     AngleOps,
     AttnOps,
+    RepflowOps,
     TrainOps
 );

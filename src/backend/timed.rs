@@ -20,7 +20,8 @@ use std::time::Instant;
 use super::counts::{Counters, Counts};
 use super::{
     AdamStep, AngleOps, AttnArgs, AttnOps, Backend, ContractDual, ContractOps, DenseIo, DenseOps,
-    Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, Span, StripArgs, TrainOps,
+    Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, RepflowArgs, RepflowOps,
+    Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net, TebdLayout};
@@ -326,6 +327,17 @@ fn attn_flops<B, I>(d: &Dims, a: &AttnArgs<B, I>) -> f64 {
     let layer = 2 * n * m * 3 * h + 2 * n * h * m + 4 * n * n * h;
     let contract = 8 * n * m + 8 * m * a.opts.m2;
     ((a.layout.layers.len() * layer + contract) * d.ncentres()) as f64
+}
+
+/// The RepFlow block's forward work: per centre and layer, the per-edge linears and the
+/// per-angle-pair ones (the rest is smaller).
+fn repflow_flops<B, I>(d: &Dims, a: &RepflowArgs<B, I>) -> f64 {
+    let o = a.opts;
+    let edge = (2 * o.n + o.e) * (o.h * o.n + o.e) + 2 * o.e * o.e;
+    let da = o.ad + o.nc + 2 * o.ec;
+    let angle = if o.update_angle { da * (o.e + o.ad) } else { 0 };
+    let layer = o.s * edge + o.a * o.a * angle;
+    2.0 * (a.layout.layers.len() * layer * d.ncentres()) as f64
 }
 
 fn contract_dual_flops(d: &Dims) -> f64 {

@@ -1,5 +1,5 @@
 //! The `model` section: type map, the descriptor (se_e2_a, se_e2_r, se_e3, hybrid, se_atten,
-//! se_atten_v2) and the fitting net (ener, property).
+//! se_atten_v2; dpa3 in `dpa3.rs`) and the fitting net (ener, property, ...).
 
 use serde_json::{json, Map, Value};
 
@@ -69,7 +69,7 @@ pub enum Sel {
 }
 
 impl Sel {
-    fn parse(v: &Value, path: &str, ntypes: usize) -> Result<Self> {
+    pub(super) fn parse(v: &Value, path: &str, ntypes: usize) -> Result<Self> {
         const EXPECTED: &str = "a list of integers (one per type), \"auto\" or \"auto:<factor>\"";
         match v {
             Value::String(s) if s == "auto" => Ok(Sel::Auto(1.1)),
@@ -98,7 +98,7 @@ impl Sel {
         }
     }
 
-    fn to_value(&self) -> Value {
+    pub(super) fn to_value(&self) -> Value {
         match self {
             Sel::Auto(f) => Value::from(format!("auto:{f}")),
             Sel::Fixed(sel) => json!(sel),
@@ -134,6 +134,9 @@ pub struct DescriptorConfig {
     /// one mixed-type list: an integer given is kept as `Fixed([n])`, a list as given, of any
     /// length (DeePMD-kit uses only its sum).
     pub attention: Option<AttentionConfig>,
+    /// `dpa3`: its keys beside the shared ones (which hold e_rcut, e_rcut_smth and e_sel as
+    /// rcut, rcut_smth and sel, and n_dim as the one neuron); `None` for the others.
+    pub dpa3: Option<crate::model::dpa3::Dpa3Config>,
     /// `hybrid`: its sub-descriptors, in order (none of them hybrid, each sel given as numbers);
     /// empty for the others. A hybrid's own sel and rcut are its list's largest, its precision
     /// and trainable those its list shares, its other keys empty or zero.
@@ -327,7 +330,7 @@ fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
     Ok(v)
 }
 
-fn precision(sec: &Section) -> Result<Precision> {
+pub(super) fn precision(sec: &Section) -> Result<Precision> {
     sec.get("precision").map_or(Ok(Precision::F64), |v| {
         Precision::parse(v, &sec.path_of("precision"))
     })
@@ -525,6 +528,7 @@ fn parse_descriptor(
             ))
         }
         DescriptorType::Hybrid => return parse_hybrid(v, path, ntypes),
+        DescriptorType::Dpa3 => return super::dpa3::parse(v, path, in_hybrid),
     };
     let sec = Section::new(v, path, schema)?;
     let sel = match sec.get("sel") {
@@ -568,6 +572,7 @@ fn parse_descriptor(
         }
         DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
         DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
+        DescriptorType::Dpa3 => unreachable!("parsed by dpa3::parse"),
     };
     let m1 = *neuron.last().expect("widths() is non-empty");
     if axis_neuron == 0 || axis_neuron > m1 {
@@ -595,6 +600,7 @@ fn parse_descriptor(
         // Its nets are per pair of neighbour types; the schema has no type_one_side key.
         DescriptorType::SeE3 => false,
         DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
+        DescriptorType::Dpa3 => unreachable!("parsed by dpa3::parse"),
     };
     Ok(DescriptorConfig {
         kind: descriptor,
@@ -616,6 +622,7 @@ fn parse_descriptor(
             true => Some(parse_attention(&sec, descriptor)?),
             false => None,
         },
+        dpa3: None,
         list: vec![],
     })
 }
@@ -739,6 +746,7 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
         env_protection: 0.0,
         set_davg_zero: false,
         attention: None,
+        dpa3: None,
         list,
     })
 }
@@ -847,6 +855,9 @@ impl ModelConfig {
 
 /// A descriptor as out.json writes it: its keys, with their defaults filled in.
 fn descriptor_json(d: &DescriptorConfig) -> Value {
+    if d.kind == DescriptorType::Dpa3 {
+        return super::dpa3::to_json(d);
+    }
     if d.kind == DescriptorType::Hybrid {
         return json!({
             "type": d.r#type,
@@ -911,6 +922,7 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
             }
         }
         DescriptorType::Hybrid => unreachable!("written above"),
+        DescriptorType::Dpa3 => unreachable!("written above"),
     }
     descriptor
 }

@@ -152,13 +152,38 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
         d.env_protection
     );
     if d.is_mixed() {
-        // DPA-1: one mixed-type list of nnei slots.
+        // DPA-1, DPA-3: one mixed-type list of nnei slots.
         ensure!(
             d.sel.len() == 1,
-            "{key}.sel: a mixed-type neighbour list (se_atten, se_atten_v2) has one number, \
-             nnei; found {} entries",
+            "{key}.sel: a mixed-type neighbour list (se_atten, se_atten_v2, dpa3) has one \
+             number, nnei; found {} entries",
             d.sel.len()
         );
+    }
+    if d.kind == DescriptorType::Dpa3 {
+        let Some(c) = &d.dpa3 else {
+            bail!("{key}: a dpa3 descriptor needs its repflow keys");
+        };
+        c.check(d.m1(), d.rcut, d.sel[0])
+            .map_err(|e| anyhow::anyhow!("{key}.repflow: {e}"))?;
+        for (name, v) in [
+            ("e_dim", c.e_dim),
+            ("a_dim", c.a_dim),
+            ("n_dim", d.m1()),
+            ("axis_neuron", c.axis_neuron),
+            ("n_multi_edge_message", c.n_multi_edge_message),
+        ] {
+            ensure!(
+                (1..=MAX_WIDTH).contains(&v),
+                "{key}.repflow.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
+            );
+        }
+        ensure!(
+            c.nlayers <= MAX_LAYERS,
+            "{key}.repflow.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
+            c.nlayers
+        );
+    } else if d.kind.is_attention() {
         let Some(a) = d.attn() else {
             bail!(
                 "{key}: a {} descriptor needs its attention keys",
@@ -198,8 +223,8 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
         }
     } else {
         ensure!(
-            d.attention.is_none(),
-            "{key}: only se_atten and se_atten_v2 have attention keys"
+            d.attention.is_none() && d.dpa3.is_none(),
+            "{key}: only se_atten and se_atten_v2 have attention keys, only dpa3 repflow keys"
         );
         ensure!(
             d.sel.len() == nt,

@@ -6,7 +6,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-use super::{Layer, ParamLayout};
+use super::{Layer, ParamLayout, TensorInfo};
 
 pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -37,7 +37,58 @@ pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
             p[k.ln_b..k.ln_b + m1].fill(0.0);
         }
     }
+    // DPA-3's tensors (it has no embedding nets): the linears as any layer, the bias-free
+    // weights alike, the residual vectors at update_residual or drawn around 0 with it as std.
+    if let Some(d) = &layout.descriptor.dpa3 {
+        let t = &d.tebd;
+        let std_w = 1.0 / ((t.ntypes + t.dim) as f64).sqrt();
+        fill(&mut p[t.w..t.w + t.ntypes * t.dim], 0.0, std_w, &mut rng);
+        if let Some(b) = t.b {
+            fill(&mut p[b..b + t.dim], 0.0, 1.0, &mut rng);
+        }
+        layer(&mut p, &d.edge_embd, &mut rng);
+        let bias_free = |p: &mut [f64], at: usize, rng: &mut ChaCha8Rng| {
+            let t = tensor_at(layout, at);
+            let std_w = 1.0 / (t.shape.iter().sum::<usize>() as f64).sqrt();
+            fill(&mut p[at..at + t.len()], 0.0, std_w, rng);
+        };
+        bias_free(&mut p, d.angle_embd, &mut rng);
+        let (r, norm) = d.residual_init;
+        for l in &d.layers {
+            for x in [&l.node_self, &l.node_sym, &l.node_edge, &l.edge_self] {
+                layer(&mut p, x, &mut rng);
+            }
+            if let Some(a) = &l.angle {
+                for x in [&a.edge_angle1, &a.edge_angle2, &a.angle_self] {
+                    layer(&mut p, x, &mut rng);
+                }
+                for w in [a.compress_n, a.compress_e].into_iter().flatten() {
+                    bias_free(&mut p, w, &mut rng);
+                }
+            }
+            for &o in l
+                .n_residual
+                .iter()
+                .chain(&l.e_residual)
+                .chain(&l.a_residual)
+            {
+                let w = tensor_at(layout, o).len();
+                if norm && r != 0.0 {
+                    fill(&mut p[o..o + w], 0.0, r.abs(), &mut rng);
+                } else {
+                    p[o..o + w].fill(r);
+                }
+            }
+        }
+    }
     p
+}
+
+/// The tensor starting at `offset`.
+fn tensor_at(layout: &ParamLayout, offset: usize) -> &TensorInfo {
+    (layout.tensors.iter())
+        .find(|t| t.offset == offset)
+        .expect("every offset of the layout starts a tensor")
 }
 
 fn layer(p: &mut [f64], l: &Layer, rng: &mut ChaCha8Rng) {

@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 
+use super::dpa3::Dpa3Layout;
 use super::{DescriptorSpec, DescriptorType, ModelSpec, TebdInputMode};
 
 /// The skip connection of a layer, decided by its widths alone (docs/deepmd-spec.md §5).
@@ -83,6 +84,8 @@ pub struct DescriptorLayout {
     /// DPA-1's nets beside `embed` (type embedding, strip's type net, attention layers);
     /// `None` for the other descriptors.
     pub attn: Option<AttnLayout>,
+    /// DPA-3's tensors (its nets are not embedding nets: `embed` is empty); `None` otherwise.
+    pub dpa3: Option<Dpa3Layout>,
     /// Parameter ranges that training holds fixed (no gradient, no update): DPA-1's layer norm
     /// scale and shift (`attn{k}.ln.*`) when `trainable_ln` is false, as DeePMD-kit's `dp train`
     /// builds them with `requires_grad = False`. They stay in the layout and the files. Empty
@@ -120,6 +123,29 @@ pub struct TebdLayout {
     pub skip: Skip,
     pub w: usize,
     pub b: Option<usize>,
+}
+
+impl TebdLayout {
+    /// `T[t] = skip(e_t) + W[t] (+ b)`: row t of the type embedding, from the model's parameters.
+    pub fn row<T: num_traits::Float>(&self, params: &[T], ty: usize) -> Vec<T> {
+        (0..self.dim)
+            .map(|c| {
+                let skip = match self.skip {
+                    Skip::None => false,
+                    Skip::Identity => c == ty,
+                    Skip::Double => c % self.ntypes == ty,
+                };
+                let mut v = params[self.w + ty * self.dim + c];
+                if let Some(b) = self.b {
+                    v = v + params[b + c];
+                }
+                if skip {
+                    v = v + T::one();
+                }
+                v
+            })
+            .collect()
+    }
 }
 
 /// One attention layer: in_proj `[M1][3·attn]` and out_proj `[attn][M1]` as linear `Layer`s
@@ -177,6 +203,15 @@ impl ParamLayout {
 
 impl DescriptorLayout {
     fn new(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
+        if let Some(c) = &d.dpa3 {
+            return DescriptorLayout {
+                embed: vec![],
+                parts: std::iter::once(0..0).collect(),
+                attn: None,
+                dpa3: Some(Dpa3Layout::new(c, d.m1(), nt, b)),
+                frozen: vec![],
+            };
+        }
         if d.is_mixed() {
             return Self::mixed(d, nt, b);
         }
@@ -212,6 +247,7 @@ impl DescriptorLayout {
             embed,
             parts,
             attn: None,
+            dpa3: None,
             frozen: vec![],
         }
     }
@@ -219,15 +255,7 @@ impl DescriptorLayout {
     /// DPA-1's layout (tensor order in the module's doc).
     fn mixed(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
         let a = d.attn().expect("a DPA-1 spec has its attention keys");
-        let tebd_w = b.alloc("tebd.layer0.w".into(), vec![nt, a.tebd_dim]);
-        let tebd_b = (a.use_tebd_bias).then(|| b.alloc("tebd.layer0.b".into(), vec![a.tebd_dim]));
-        let tebd = TebdLayout {
-            ntypes: nt,
-            dim: a.tebd_dim,
-            skip: skip_of(nt, a.tebd_dim),
-            w: tebd_w,
-            b: tebd_b,
-        };
+        let tebd = b.tebd(nt, a.tebd_dim, a.use_tebd_bias);
         let (nin, strip_nin) = embed_inputs(d);
         let embed = vec![b.net("embed".into(), nin, &d.neuron, d.resnet_dt, None)];
         let strip = strip_nin.map(|n| b.net("embed_strip".into(), n, &d.neuron, d.resnet_dt, None));
@@ -258,6 +286,7 @@ impl DescriptorLayout {
                 strip,
                 layers,
             }),
+            dpa3: None,
             frozen,
         }
     }
@@ -270,6 +299,7 @@ impl DescriptorLayout {
             parts: std::iter::once(0..nets.len()).collect(),
             embed: nets,
             attn: None,
+            dpa3: None,
             frozen: vec![],
         }
     }
@@ -332,13 +362,18 @@ fn skip_of(nin: usize, nout: usize) -> Skip {
 }
 
 #[derive(Default)]
-struct Builder {
+pub(super) struct Builder {
     tensors: Vec<TensorInfo>,
     len: usize,
 }
 
 impl Builder {
-    fn alloc(&mut self, name: String, shape: Vec<usize>) -> usize {
+    /// The parameters allocated so far.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn alloc(&mut self, name: String, shape: Vec<usize>) -> usize {
         let offset = self.len;
         self.len += shape.iter().product::<usize>();
         self.tensors.push(TensorInfo {
@@ -389,8 +424,21 @@ impl Builder {
         Net { name, layers }
     }
 
+    /// The type embedding `tebd.layer0` of `nt` types, `dim` wide.
+    pub(super) fn tebd(&mut self, nt: usize, dim: usize, bias: bool) -> TebdLayout {
+        let w = self.alloc("tebd.layer0.w".into(), vec![nt, dim]);
+        let b = bias.then(|| self.alloc("tebd.layer0.b".into(), vec![dim]));
+        TebdLayout {
+            ntypes: nt,
+            dim,
+            skip: skip_of(nt, dim),
+            w,
+            b,
+        }
+    }
+
     /// A linear layer with bias, no skip, no timestep (`{name}.w` `[nin][nout]`, `{name}.b`).
-    fn linear(&mut self, name: String, nin: usize, nout: usize) -> Layer {
+    pub(super) fn linear(&mut self, name: String, nin: usize, nout: usize) -> Layer {
         let w = self.alloc(format!("{name}.w"), vec![nin, nout]);
         let b = self.alloc(format!("{name}.b"), vec![nout]);
         Layer {

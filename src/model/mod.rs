@@ -2,6 +2,7 @@
 //! vector and its layout, statistics (davg/dstd, energy bias) and file formats.
 
 mod check;
+pub mod dpa3;
 pub mod file;
 mod init;
 mod layout;
@@ -52,12 +53,27 @@ pub enum DescriptorType {
     /// smooth attention (docs/design.md §11).
     #[serde(rename = "se_atten_v2")]
     SeAttenV2,
+    /// DPA-3: a type embedding, one mixed-type list of edges and the angles among its nearest,
+    /// and RepFlow layers passing messages between nodes, edges and angles
+    /// (docs/deepmd-spec.md §18).
+    #[serde(rename = "dpa3")]
+    Dpa3,
 }
 
 impl DescriptorType {
     /// DPA-1 (se_atten, se_atten_v2): one mixed-type neighbour list and a type embedding.
     pub fn is_attention(self) -> bool {
         matches!(self, DescriptorType::SeAtten | DescriptorType::SeAttenV2)
+    }
+
+    /// One mixed-type neighbour list and one fitting net for every type (DPA-1, DPA-3).
+    pub fn is_mixed(self) -> bool {
+        self.is_attention() || self == DescriptorType::Dpa3
+    }
+
+    /// Reads the slots' r_ij itself rather than R̂ (DPA-3): its training seed is ṙ_ij.
+    pub fn reads_rij(self) -> bool {
+        self == DescriptorType::Dpa3
     }
 
     /// se_e2_a: files written before descriptors had a type read as it, and it is written
@@ -149,6 +165,9 @@ pub struct DescriptorSpec {
     /// spec's `sel` is one number, nnei (DeePMD-kit sums a list sel): one mixed-type section.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<AttentionConfig>,
+    /// DPA-3's keys ([`dpa3::Dpa3Config`]); `None` otherwise, and then not written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpa3: Option<dpa3::Dpa3Config>,
 }
 
 impl DescriptorSpec {
@@ -180,6 +199,7 @@ impl DescriptorSpec {
             set_davg_zero: false,
             list,
             attention: None,
+            dpa3: None,
         }
     }
 
@@ -192,10 +212,11 @@ impl DescriptorSpec {
         }
     }
 
-    /// DPA-1 (se_atten, se_atten_v2): one mixed-type neighbour list of `nnei()` slots per
-    /// centre, all neighbour types together (`sel` has one entry), and one embedding net.
+    /// DPA-1 (se_atten, se_atten_v2) and DPA-3: one mixed-type neighbour list of `nnei()`
+    /// slots per centre, all neighbour types together (`sel` has one entry), and one fitting
+    /// net for every type.
     pub fn is_mixed(&self) -> bool {
-        self.kind.is_attention()
+        self.kind.is_mixed()
     }
 
     /// DPA-1's attention keys (`None` for every other descriptor).
@@ -217,6 +238,9 @@ impl DescriptorSpec {
     pub fn dim(&self) -> usize {
         (self.parts().iter())
             .map(|d| {
+                if let Some(c) = &d.dpa3 {
+                    return d.m1() * if c.concat_output_tebd { 2 } else { 1 };
+                }
                 let tebd = d
                     .attn()
                     .filter(|a| a.concat_output_tebd)

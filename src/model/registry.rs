@@ -33,6 +33,10 @@ pub static DESCRIPTORS: &[Registered] = &[
         names: &["se_atten_v2"],
     },
     Registered {
+        kind: DescriptorType::Dpa3,
+        names: &["dpa3"],
+    },
+    Registered {
         kind: DescriptorType::Hybrid,
         names: &["hybrid"],
     },

@@ -23,7 +23,7 @@ use crate::yaml_tree::{brief, ndarray, obj, At};
 
 use super::{
     pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FittingSpec,
-    Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode,
+    Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode, TebdLayout,
 };
 
 /// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model with an `se_e2_a`, `se_e2_r`
@@ -138,12 +138,12 @@ const COLLECTION_KEYS: &[&str] = &[
 ];
 /// EmbeddingNet's and FittingNet's together.
 #[rustfmt::skip]
-const NETWORK_KEYS: &[&str] = &[
+pub(super) const NETWORK_KEYS: &[&str] = &[
     "@class", "@version", "layers", "in_dim", "out_dim", "neuron", "activation_function",
     "resnet_dt", "precision", "seed", "bias", "bias_out", "trainable",
 ];
 #[rustfmt::skip]
-const LAYER_KEYS: &[&str] = &[
+pub(super) const LAYER_KEYS: &[&str] = &[
     "@class", "@version", "@variables", "bias", "use_timestep", "activation_function", "resnet",
     "precision", "seed", "trainable",
 ];
@@ -237,6 +237,9 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     if let Some(a) = &dl.attn {
         read_attention(&items[0], &spec.descriptor, a, &dl.embed[0], &mut params)?;
     }
+    if let Some(l) = &dl.dpa3 {
+        super::dpa3::yaml::read_params(&items[0], &spec.descriptor, l, &mut params)?;
+    }
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
         if part.is_mixed() {
             break; // read above
@@ -260,7 +263,15 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     )?;
     let (mut davg, mut dstd) = (Vec::new(), Vec::new());
     for (part, at) in parts.iter().zip(&items) {
-        let [a, s] = read_stats(at, part, nt)?;
+        // DPA-3 keeps its statistics in its block's node.
+        let at = match part.kind {
+            DescriptorType::Dpa3 => at.key("repflow_variable")?,
+            _ => At {
+                v: at.v,
+                path: at.path.clone(),
+            },
+        };
+        let [a, s] = read_stats(&at, part, nt)?;
         davg.extend(a);
         dstd.extend(s);
     }
@@ -417,6 +428,9 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
     if kind.is_attention() {
         return read_dpa1(d, kind);
     }
+    if kind == DescriptorType::Dpa3 {
+        return super::dpa3::yaml::read_spec(d);
+    }
     d.version(1..=3, Some(1))?;
     d.known(&[
         DESCRIPTOR_KEYS,
@@ -452,6 +466,7 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
         set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
         list: vec![],
         attention: None,
+        dpa3: None,
     };
     ensure!(
         descriptor.sel.len() == nt,
@@ -538,6 +553,7 @@ fn read_dpa1(d: &At, kind: DescriptorType) -> Result<DescriptorSpec> {
         set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
         list: vec![],
         attention: Some(attention),
+        dpa3: None,
     };
     ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
     Ok(descriptor)
@@ -562,40 +578,7 @@ fn read_attention(
         ),
         (None, _) => d.expect_off("embeddings_strip")?,
     }
-    // The type embedding: one linear layer over the one-hot rows.
-    let te = d.key("type_embedding")?;
-    te.expect("@class", &["TypeEmbedNet"])?;
-    te.version(1..=2, Some(1))?;
-    te.expect_off("use_econf_tebd")?;
-    let net = te.key("embedding")?;
-    net.version(1..=2, Some(1))?;
-    net.known(&[NETWORK_KEYS])?;
-    let layers = net.key("layers")?.seq()?;
-    ensure!(
-        layers.len() == 1,
-        "{}.layers: expected 1 layer (neuron [tebd_dim]), found {}",
-        net.path,
-        layers.len()
-    );
-    let l = &layers[0];
-    l.version(1..=2, Some(1))?;
-    l.known(&[LAYER_KEYS])?;
-    l.expect("activation_function", &["Linear", "linear", "none"])?;
-    let t = &a.tebd;
-    if t.skip != Skip::None {
-        let resnet = l.key("resnet")?;
-        ensure!(resnet.bool()?, "{}: unsupported value false", resnet.path);
-    }
-    let vars = l.key("@variables")?;
-    let w = vars.key("w")?.array(&[t.ntypes, t.dim])?;
-    params[t.w..t.w + w.len()].copy_from_slice(&w);
-    match (t.b, vars.opt("b")) {
-        (Some(off), Some(b)) => params[off..off + t.dim].copy_from_slice(&b.array(&[t.dim])?),
-        (None, None) => {}
-        (Some(_), None) => bail!("{}.b: missing (use_tebd_bias is true)", vars.path),
-        (None, Some(_)) => bail!("{}.b: expected null (use_tebd_bias is false)", vars.path),
-    }
-    vars.expect_off("idt")?;
+    read_tebd(&d.key("type_embedding")?, &a.tebd, params)?;
     // The attention layers.
     let al = d.key("attention_layers")?;
     al.expect("@class", &["NeighborGatedAttention"])?;
@@ -650,6 +633,42 @@ fn read_attention(
             );
         }
     }
+    Ok(())
+}
+
+/// The type embedding (`TypeEmbedNet`): one linear layer over the one-hot rows, into `params`.
+pub(super) fn read_tebd(te: &At, t: &TebdLayout, params: &mut [f64]) -> Result<()> {
+    te.expect("@class", &["TypeEmbedNet"])?;
+    te.version(1..=2, Some(1))?;
+    te.expect_off("use_econf_tebd")?;
+    let net = te.key("embedding")?;
+    net.version(1..=2, Some(1))?;
+    net.known(&[NETWORK_KEYS])?;
+    let layers = net.key("layers")?.seq()?;
+    ensure!(
+        layers.len() == 1,
+        "{}.layers: expected 1 layer (neuron [tebd_dim]), found {}",
+        net.path,
+        layers.len()
+    );
+    let l = &layers[0];
+    l.version(1..=2, Some(1))?;
+    l.known(&[LAYER_KEYS])?;
+    l.expect("activation_function", &["Linear", "linear", "none"])?;
+    if t.skip != Skip::None {
+        let resnet = l.key("resnet")?;
+        ensure!(resnet.bool()?, "{}: unsupported value false", resnet.path);
+    }
+    let vars = l.key("@variables")?;
+    let w = vars.key("w")?.array(&[t.ntypes, t.dim])?;
+    params[t.w..t.w + w.len()].copy_from_slice(&w);
+    match (t.b, vars.opt("b")) {
+        (Some(off), Some(b)) => params[off..off + t.dim].copy_from_slice(&b.array(&[t.dim])?),
+        (None, None) => {}
+        (Some(_), None) => bail!("{}.b: missing (use_tebd_bias is true)", vars.path),
+        (None, Some(_)) => bail!("{}.b: expected null (use_tebd_bias is false)", vars.path),
+    }
+    vars.expect_off("idt")?;
     Ok(())
 }
 
@@ -861,9 +880,14 @@ fn model_to_tree(model: &Model) -> Value {
                 &model.davg[k * nstat..(k + 1) * nstat],
                 &model.dstd[k * nstat..(k + 1) * nstat],
             ];
-            match &dl.attn {
-                Some(a) => dpa1_tree(part, &nets[0], a, p, stats, type_map),
-                None => descriptor_tree(part, nets, p, stats, type_map),
+            match (&dl.attn, &dl.dpa3) {
+                (Some(a), _) => dpa1_tree(part, &nets[0], a, p, stats, type_map),
+                (None, Some(l)) => {
+                    let c = part.dpa3.as_ref().expect("a DPA-3 spec");
+                    let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
+                    super::dpa3::yaml::write(part, l, p, stats, type_map, tebd)
+                }
+                (None, None) => descriptor_tree(part, nets, p, stats, type_map),
             }
         })
         .collect();
@@ -1051,6 +1075,34 @@ fn descriptor_tree(
     (descriptor, def)
 }
 
+/// The type embedding as DeePMD-kit serialises it (`TypeEmbedNet`: one linear layer over the
+/// one-hot rows, with its width-decided skip).
+fn tebd_tree(t: &TebdLayout, bias: bool, p: &[f64], type_map: &[String]) -> Value {
+    let nt = type_map.len();
+    let tebd_layer = obj! {
+        "@class" => "Layer", "@version" => 2,
+        "@variables" => obj! {
+            "w" => ndarray(&[t.ntypes, t.dim], &p[t.w..]),
+            "b" => t.b.map_or(Value::Null, |o| ndarray(&[t.dim], &p[o..])),
+            "idt" => Value::Null,
+        },
+        "activation_function" => "Linear", "bias" => bias, "precision" => "float64",
+        "resnet" => true, "trainable" => true, "use_timestep" => false,
+    };
+    let tebd_dim = [t.dim];
+    obj! {
+        "@class" => "TypeEmbedNet", "@version" => 2, "activation_function" => "Linear",
+        "embedding" => obj! {
+            "@class" => "EmbeddingNetwork", "@version" => 2, "activation_function" => "Linear",
+            "bias" => bias, "in_dim" => nt, "layers" => vec![tebd_layer],
+            "neuron" => &tebd_dim[..], "precision" => "float64", "resnet_dt" => false,
+        },
+        "neuron" => &tebd_dim[..], "ntypes" => nt, "padding" => true, "precision" => "float64",
+        "resnet_dt" => false, "trainable" => true, "type_map" => type_map,
+        "use_econf_tebd" => false, "use_tebd_bias" => bias,
+    }
+}
+
 /// DPA-1 as DeePMD-kit 3.2.0 serialises it (`DescrptDPA1.serialize`, `type: dpa1`, or
 /// `DescrptSeAttenV2.serialize`), and the `model_def_script` descriptor that builds it.
 fn dpa1_tree(
@@ -1145,29 +1197,7 @@ fn dpa1_tree(
             "trainable_ln" => cfg.trainable_ln,
         },
     );
-    let t = &a.tebd;
-    let tebd_layer = obj! {
-        "@class" => "Layer", "@version" => 2,
-        "@variables" => obj! {
-            "w" => ndarray(&[t.ntypes, t.dim], &p[t.w..]),
-            "b" => t.b.map_or(Value::Null, |o| ndarray(&[t.dim], &p[o..])),
-            "idt" => Value::Null,
-        },
-        "activation_function" => "Linear", "bias" => cfg.use_tebd_bias, "precision" => "float64",
-        "resnet" => true, "trainable" => true, "use_timestep" => false,
-    };
-    let tebd_dim = [cfg.tebd_dim];
-    let type_embedding = obj! {
-        "@class" => "TypeEmbedNet", "@version" => 2, "activation_function" => "Linear",
-        "embedding" => obj! {
-            "@class" => "EmbeddingNetwork", "@version" => 2, "activation_function" => "Linear",
-            "bias" => cfg.use_tebd_bias, "in_dim" => nt, "layers" => vec![tebd_layer],
-            "neuron" => &tebd_dim[..], "precision" => "float64", "resnet_dt" => false,
-        },
-        "neuron" => &tebd_dim[..], "ntypes" => nt, "padding" => true, "precision" => "float64",
-        "resnet_dt" => false, "trainable" => true, "type_map" => type_map,
-        "use_econf_tebd" => false, "use_tebd_bias" => cfg.use_tebd_bias,
-    };
+    let type_embedding = tebd_tree(&a.tebd, cfg.use_tebd_bias, p, type_map);
     let sel = [nnei];
     let mut descriptor = obj! {
         "@class" => "Descriptor", "@version" => 2,
@@ -1234,7 +1264,8 @@ fn env_columns(kind: DescriptorType) -> usize {
         DescriptorType::SeE2A
         | DescriptorType::SeE3
         | DescriptorType::SeAtten
-        | DescriptorType::SeAttenV2 => 4,
+        | DescriptorType::SeAttenV2
+        | DescriptorType::Dpa3 => 4,
         DescriptorType::SeE2R => 1,
         DescriptorType::Hybrid => unreachable!("a hybrid's parts have their own"),
     }

@@ -25,17 +25,21 @@ pub struct Env<T: Real, B: Backend<T>> {
     /// Ṙ and ṡ = `Ṙ[0]` of the training seed.
     pub rdot: B::Buf,
     pub sdot: B::Buf,
+    /// ṙ_ij `[nslots][3]` of the training seed, for a descriptor that reads r_ij itself
+    /// (DPA-3); `None` for the others.
+    pub rijdot: Option<B::Buf>,
 }
 
 impl<T: Real, B: Backend<T>> Env<T, B> {
-    /// `mixed`: the descriptor has a mixed-type list (DPA-1), whose slots' neighbour types get
-    /// a buffer of their own.
+    /// `mixed`: the descriptor has a mixed-type list (DPA-1, DPA-3), whose slots' neighbour
+    /// types get a buffer of their own; `reads_rij`: it reads r_ij itself (DPA-3), whose
+    /// tangent gets one.
     pub fn new(
         b: &B,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
         centre_atom: &[i32],
-        mixed: bool,
+        (mixed, reads_rij): (bool, bool),
     ) -> Result<Self, OutOfMemory> {
         let ns = d.nslots();
         Ok(Env {
@@ -49,6 +53,11 @@ impl<T: Real, B: Backend<T>> Env<T, B> {
             ones_s: b.upload(&vec![T::one(); ns]),
             rdot: zeros(4 * ns)?,
             sdot: zeros(ns)?,
+            rijdot: if reads_rij {
+                Some(zeros(3 * ns)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -80,10 +89,21 @@ impl<T: Real, B: Backend<T>> Env<T, B> {
             &mut self.rdot,
             &mut self.sdot,
         );
+        if let Some(rijdot) = &mut self.rijdot {
+            b.rij_tangent(
+                d,
+                fres,
+                vres,
+                &self.rij,
+                &self.owner,
+                &self.centre_atom,
+                rijdot,
+            );
+        }
     }
 
-    pub fn buffers(&self) -> [&B::Buf; 7] {
-        [
+    pub fn buffers(&self) -> Vec<&B::Buf> {
+        let mut v = vec![
             &self.rij,
             &self.rhat,
             &self.jac,
@@ -91,6 +111,8 @@ impl<T: Real, B: Backend<T>> Env<T, B> {
             &self.ones_s,
             &self.rdot,
             &self.sdot,
-        ]
+        ];
+        v.extend(&self.rijdot);
+        v
     }
 }

@@ -10,7 +10,7 @@ pub mod fitting;
 pub mod head;
 pub mod net;
 
-use crate::backend::{Backend, Real};
+use crate::backend::{Backend, Real, RepflowOpts};
 use crate::geometry::EnvParams;
 use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
 
@@ -49,6 +49,8 @@ pub struct DescState<T: Real, B: Backend<T>> {
     pub type_one_side: bool,
     /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
     pub attention: Option<AttentionConfig>,
+    /// DPA-3's widths and constants (its tensors: `layout.dpa3`); `None` otherwise.
+    pub repflow: Option<RepflowOpts>,
     pub davg: B::Buf,
     pub dstd: B::Buf,
 }
@@ -61,6 +63,7 @@ impl<T: Real, B: Backend<T>> DescState<T, B> {
             env: self.env,
             type_one_side: self.type_one_side,
             attention: self.attention.as_ref(),
+            repflow: self.repflow.as_ref(),
             davg: &self.davg,
             dstd: &self.dstd,
             params,
@@ -86,6 +89,8 @@ pub struct DescModel<'a, T: Real, B: Backend<T>> {
     pub type_one_side: bool,
     /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
     pub attention: Option<&'a AttentionConfig>,
+    /// DPA-3's widths and constants; `None` otherwise.
+    pub repflow: Option<&'a RepflowOpts>,
     pub davg: &'a B::Buf,
     pub dstd: &'a B::Buf,
     pub params: &'a B::Buf,
@@ -120,6 +125,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                         env: p.env(),
                         type_one_side: p.type_one_side,
                         attention: None,
+                        repflow: None,
                         davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
                         dstd: b.upload(&to_t(&model.dstd[k * nstat..(k + 1) * nstat])),
                     },
@@ -145,6 +151,10 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                 env: d.env(),
                 type_one_side: d.type_one_side,
                 attention: d.attention.clone(),
+                repflow: d
+                    .dpa3
+                    .as_ref()
+                    .map(|_| RepflowOpts::new(d, model.spec.ntypes())),
                 davg: b.upload(&to_t(&model.davg)),
                 dstd: b.upload(&to_t(&model.dstd)),
                 layout: layout.descriptor,

@@ -130,7 +130,7 @@ pub fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec 
             .collect();
         return DescriptorSpec::hybrid(list);
     }
-    let sel = match d.kind.is_attention() {
+    let sel = match d.kind.is_mixed() {
         true => vec![sel.iter().sum()],
         false => sel,
     };
@@ -147,6 +147,7 @@ pub fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec 
         set_davg_zero: d.set_davg_zero,
         list: vec![],
         attention: d.attention.clone(),
+        dpa3: d.dpa3.clone(),
     }
 }
 
@@ -329,7 +330,7 @@ impl Reading {
         let pass = Pass {
             ntypes: type_map.len(),
             count: (check_sel || (fresh && matches!(d.sel, Sel::Auto(_)))).then_some(d.rcut),
-            mixed: d.kind.is_attention(),
+            mixed: d.kind.is_mixed(),
             stat: early_spec.as_ref().map(|m| &m.descriptor),
         };
         let draw = StatDraw {
@@ -357,7 +358,7 @@ impl Reading {
             train,
             type_map,
             rcut: d.rcut,
-            mixed: d.kind.is_attention(),
+            mixed: d.kind.is_mixed(),
             check_sel,
             draw,
             t_read,
@@ -487,6 +488,18 @@ impl Reading {
                 data_stats(&spec.descriptor, ntypes, &self.train, &frames)?
             }
         };
+        // DPA-3 with fix_stat_std ≠ 0: davg 0 and dstd that constant, whatever the data
+        // (docs/deepmd-spec.md §18.8).
+        let mut st = st;
+        if let Some(c) = spec
+            .descriptor
+            .dpa3
+            .as_ref()
+            .filter(|c| c.fix_stat_std != 0.0)
+        {
+            st.davg.fill(0.0);
+            st.dstd.fill(c.fix_stat_std);
+        }
         tracing::info!(
             "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}{} ({:.2} s)",
             st.nframes,
@@ -675,6 +688,23 @@ fn describe(d: &DescriptorSpec) -> String {
                     ", type_one_side"
                 } else {
                     ""
+                },
+            ),
+            None => head,
+        },
+        DescriptorType::Dpa3 => match &d.dpa3 {
+            Some(c) => format!(
+                "{head} e_dim {} a_dim {} nlayers {} a_rcut {} a_sel {} {}{}",
+                c.e_dim,
+                c.a_dim,
+                c.nlayers,
+                c.a_rcut,
+                c.a_sel,
+                c.update_style.as_str(),
+                if c.update_angle {
+                    ""
+                } else {
+                    ", no angle update"
                 },
             ),
             None => head,

@@ -76,7 +76,13 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         }
         Ok(Workspace {
             dims: dims.clone(),
-            env: Env::new(b, dims, &zeros, &centre_atom, m.desc.kind.is_attention())?,
+            env: Env::new(
+                b,
+                dims,
+                &zeros,
+                &centre_atom,
+                (m.desc.kind.is_mixed(), m.desc.kind.reads_rij()),
+            )?,
             labels: [zeros(nf)?, zeros(3 * na)?, zeros(9 * nf)?],
             descriptor: Descriptor::new(b, m, dims, &zeros, &centre_atom)?,
             fitting: Fitting::new(b, m, dims, &zeros)?,

@@ -138,6 +138,7 @@ pub fn water_descriptor() -> DescriptorSpec {
         set_davg_zero: false,
         list: vec![],
         attention: None,
+        dpa3: None,
     }
 }
 

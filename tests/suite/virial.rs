@@ -53,6 +53,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
             set_davg_zero: false,
             list: vec![],
             attention: None,
+            dpa3: None,
         },
         fitting: FittingSpec::new(
             usizes(&meta["fitting"]["neuron"]),

@@ -31,6 +31,7 @@ pub trait Num<R: Real>:
     + AddAssign
     + SubAssign
     + MulAssign
+    + Default
 {
     /// A constant (tangent 0).
     fn of(x: R) -> Self;
@@ -44,6 +45,9 @@ pub trait Num<R: Real>:
     fn exp_nonpos(x: &mut [Self]);
     /// `v + εd`; a real keeps v alone (the passes that carry no tangent).
     fn pair(v: R, d: R) -> Self;
+    /// f(self) for a real function given as `f(v) = (f(v), f'(v))` at the value: the chain
+    /// rule for the tangent (DPA-3's activations and switches).
+    fn apply(self, f: impl Fn(R) -> (R, R)) -> Self;
     /// C (+)= A·B through gemm.rs's kernel: a real product, or a dual one as real ones
     /// ((A + εA')(B + εB') = AB + ε(A'B + AB')). `work` is scratch for a dual's parts.
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>);
@@ -73,6 +77,9 @@ impl<R: Real> Num<R> for R {
     }
     fn pair(v: R, _: R) -> Self {
         v
+    }
+    fn apply(self, f: impl Fn(R) -> (R, R)) -> Self {
+        f(self).0
     }
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], _: &mut Vec<R>) {
         Self::gemm_r(p, a, b, c, &mut Vec::new());
@@ -170,6 +177,10 @@ impl<R: Real> Num<R> for Dual<R> {
     }
     fn pair(v: R, d: R) -> Self {
         Dual::new(v, d)
+    }
+    fn apply(self, f: impl Fn(R) -> (R, R)) -> Self {
+        let (y, dy) = f(self.v);
+        Dual::new(y, dy * self.d)
     }
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>) {
         // The kernel reads B's rows in place, so B's parts are copied out; A's are read

@@ -39,6 +39,29 @@ pub fn loss<T: Real>(
     sums
 }
 
+/// u_ij = fres_i − fres_owner(j) − vres·r_ij of slot s of centre c (the seed as a
+/// displacement of r_ij), `None` for padding.
+#[allow(clippy::too_many_arguments)]
+fn seed<T: Real>(
+    d: &Dims,
+    fres: &[T],
+    vres: &[T],
+    rij: &[T],
+    owner: &[i32],
+    centre_atom: &[i32],
+    c: usize,
+    s: usize,
+) -> Option<[T; 3]> {
+    let o = usize::try_from(owner[s]).ok()?;
+    let (i, fr) = (centre_atom[c] as usize, d.centre_frame(c));
+    Some(std::array::from_fn(|a| {
+        let wr = (0..3)
+            .map(|b| vres[9 * fr + 3 * a + b] * rij[3 * s + b])
+            .sum::<T>();
+        fres[3 * i + a] - fres[3 * o + a] - wr
+    }))
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn virtual_tangent<T: Real>(
     d: &Dims,
@@ -53,25 +76,31 @@ pub fn virtual_tangent<T: Real>(
 ) {
     for_each_slot(d, |c, s| {
         let rd = &mut rdot[4 * s..4 * s + 4];
-        if owner[s] < 0 {
+        let Some(u) = seed(d, fres, vres, rij, owner, centre_atom, c, s) else {
             rd.fill(T::zero());
             sdot[s] = T::zero();
             return;
-        }
-        let (i, o, fr) = (
-            centre_atom[c] as usize,
-            owner[s] as usize,
-            d.centre_frame(c),
-        );
-        let u: [T; 3] = std::array::from_fn(|a| {
-            let wr = (0..3)
-                .map(|b| vres[9 * fr + 3 * a + b] * rij[3 * s + b])
-                .sum::<T>();
-            fres[3 * i + a] - fres[3 * o + a] - wr
-        });
+        };
         for (k, r) in rd.iter_mut().enumerate() {
             *r = (0..3).map(|a| jac[12 * s + 3 * k + a] * u[a]).sum();
         }
         sdot[s] = rd[0];
+    });
+}
+
+/// ṙ_ij = u_ij of every slot, 0 for padding: the seed for a descriptor that reads r_ij itself.
+#[allow(clippy::too_many_arguments)]
+pub fn rij_tangent<T: Real>(
+    d: &Dims,
+    fres: &[T],
+    vres: &[T],
+    rij: &[T],
+    owner: &[i32],
+    centre_atom: &[i32],
+    rijdot: &mut [T],
+) {
+    for_each_slot(d, |c, s| {
+        let u = seed(d, fres, vres, rij, owner, centre_atom, c, s).unwrap_or([T::zero(); 3]);
+        rijdot[3 * s..3 * s + 3].copy_from_slice(&u);
     });
 }

@@ -11,7 +11,9 @@ mod env_mat;
 mod exp;
 mod gemm;
 mod loss;
+pub(crate) use loss::rij_tangent;
 mod radial;
+pub mod repflow;
 mod scatter;
 mod simd;
 pub mod strip;
@@ -23,8 +25,8 @@ use std::ops::Range;
 use super::monomorphic::Generic;
 use super::{
     gather_slices, AdamStep, AngleOps, AttnArgs, AttnOps, ContractDual, ContractOps, DenseIo,
-    DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, Span, StripArgs,
-    TrainOps,
+    DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, RepflowArgs,
+    RepflowOps, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
@@ -359,6 +361,59 @@ impl<T: Real> AngleOps<T> for Generic<'_, Cpu> {
         gdotbar: &mut Vec<T>,
     ) {
         angle::dual(d, e, edot, dbar, ddotbar, gbar, gdotbar);
+    }
+}
+
+/// DPA-3's block runs its host bodies (`cpu/repflow.rs`) on the buffers where they are, without
+/// the defaults' copies; `rij_tangent` likewise.
+impl<T: Real> RepflowOps<T> for Generic<'_, Cpu> {
+    fn repflow_forward(&self, d: &Dims, a: &RepflowArgs<Vec<T>, Vec<i32>>, desc: &mut Vec<T>) {
+        a.in_place(|x| repflow::forward(d, x, desc));
+    }
+
+    fn repflow_backward(
+        &self,
+        d: &Dims,
+        a: &RepflowArgs<Vec<T>, Vec<i32>>,
+        dbar: &Vec<T>,
+        q: &mut Vec<T>,
+    ) {
+        a.in_place(|x| repflow::backward(d, x, dbar, q));
+    }
+
+    fn repflow_tangent(
+        &self,
+        d: &Dims,
+        a: &RepflowArgs<Vec<T>, Vec<i32>>,
+        rijdot: &Vec<T>,
+        ddot: &mut Vec<T>,
+    ) {
+        a.in_place(|x| repflow::tangent(d, x, rijdot, ddot));
+    }
+
+    fn repflow_dual(
+        &self,
+        d: &Dims,
+        a: &RepflowArgs<Vec<T>, Vec<i32>>,
+        rijdot: &Vec<T>,
+        (dbar, ddotbar): (&Vec<T>, &Vec<T>),
+        grad: &mut Vec<T>,
+    ) {
+        a.in_place(|x| repflow::dual(d, x, rijdot, dbar, ddotbar, grad));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rij_tangent(
+        &self,
+        d: &Dims,
+        fres: &Vec<T>,
+        vres: &Vec<T>,
+        rij: &Vec<T>,
+        owner: &Vec<i32>,
+        centre_atom: &Vec<i32>,
+        rijdot: &mut Vec<T>,
+    ) {
+        loss::rij_tangent(d, fres, vres, rij, owner, centre_atom, rijdot);
     }
 }
 

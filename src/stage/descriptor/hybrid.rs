@@ -152,7 +152,7 @@ impl<T: Real, B: Backend<T>> Hybrid<T, B> {
                 );
             }
             subs.push(Sub {
-                env: Env::new(b, &dims, zeros, centre_atom, false)?,
+                env: Env::new(b, &dims, zeros, centre_atom, (false, false))?,
                 desc: stage(b, view, &dims, zeros, false)?,
                 q: zeros(3 * ns)?,
                 dbar: zeros(nc * dk)?,

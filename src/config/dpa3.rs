@@ -1,0 +1,277 @@
+//! DPA-3's keys in input.json (`"type": "dpa3"`: DeePMD-kit 3.2.0's `descrpt_dpa3_args` with its
+//! `repflow` block, `dpa3_repflow_args`; docs/deepmd-spec.md §18.1), and their out.json form.
+
+use serde_json::{json, Value};
+
+use super::error::ConfigError;
+use super::keys::{non_negative, positive, to_list, to_usize, to_usize_list, Schema, Section};
+use super::model::{precision, DescriptorConfig, Sel};
+use crate::model::dpa3::{Activation, Dpa3Config, UpdateStyle};
+use crate::model::DescriptorType;
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+static DESCRIPTOR: Schema = Schema {
+    keys: &[&[
+        "type",
+        "repflow",
+        "concat_output_tebd",
+        "activation_function",
+        "precision",
+        "exclude_types",
+        "env_protection",
+        "trainable",
+        "seed",
+        "use_tebd_bias",
+        "use_loc_mapping",
+    ]],
+    unsupported: &[&[
+        (
+            "use_econf_tebd",
+            "the electronic-configuration type embedding is not implemented",
+        ),
+        (
+            "add_chg_spin_ebd",
+            "charge/spin conditioning is not implemented",
+        ),
+    ]],
+    ignored: &[],
+    deepmd: "model[standard].descriptor",
+};
+
+static REPFLOW: Schema = Schema {
+    keys: &[&[
+        "n_dim",
+        "e_dim",
+        "a_dim",
+        "nlayers",
+        "e_rcut",
+        "e_rcut_smth",
+        "e_sel",
+        "a_rcut",
+        "a_rcut_smth",
+        "a_sel",
+        "a_compress_rate",
+        "a_compress_e_rate",
+        "a_compress_use_split",
+        "n_multi_edge_message",
+        "axis_neuron",
+        "fix_stat_std",
+        "skip_stat",
+        "update_angle",
+        "update_style",
+        "update_residual",
+        "update_residual_init",
+        "optim_update",
+        "smooth_edge_update",
+        "edge_init_use_dist",
+        "use_exp_switch",
+        "use_dynamic_sel",
+        "sel_reduce_factor",
+    ]],
+    unsupported: &[&[(
+        "sequential_update",
+        "DPA-3's sequential update is not implemented",
+    )]],
+    ignored: &[],
+    deepmd: "model[standard].descriptor[dpa3].repflow",
+};
+
+/// A number of neighbours: an integer, or "auto[:factor]" (the largest count in the data
+/// times the factor).
+fn sel_of(sec: &Section, key: &str) -> Result<Sel> {
+    let path = sec.path_of(key);
+    let v = sec.required(key, "an integer or \"auto\"")?;
+    match v {
+        Value::Number(_) => Ok(Sel::Fixed(vec![to_usize(v, &path)?])),
+        _ => Sel::parse(v, &path, 1),
+    }
+}
+
+/// The `dpa3` descriptor of input.json.
+pub(super) fn parse(v: &Value, path: &str, in_hybrid: bool) -> Result<DescriptorConfig> {
+    let sec = Section::new(v, path, &DESCRIPTOR)?;
+    if in_hybrid {
+        return Err(ConfigError::unsupported(
+            sec.path_of("type"),
+            "dpa3 inside hybrid is not supported",
+        ));
+    }
+    let rpath = sec.path_of("repflow");
+    let r = Section::new(
+        sec.required("repflow", "an object of DPA-3's repflow keys")?,
+        &rpath,
+        &REPFLOW,
+    )?;
+    let act = sec.string_or("activation_function", "silu")?;
+    let activation = Activation::parse(&act).ok_or_else(|| {
+        ConfigError::unsupported(
+            sec.path_of("activation_function"),
+            format!("dpw's DPA-3 takes tanh, silu, silut[:c] or linear; found {act:?}"),
+        )
+    })?;
+    let style = r.string_or("update_style", "res_residual")?;
+    let update_style = UpdateStyle::parse(&style).ok_or_else(|| {
+        ConfigError::invalid(
+            r.path_of("update_style"),
+            format!("must be \"res_avg\", \"res_incr\" or \"res_residual\", found {style:?}"),
+        )
+    })?;
+    let residual_norm = match r.string_or("update_residual_init", "const")?.as_str() {
+        "norm" => true,
+        "const" => false,
+        other => {
+            return Err(ConfigError::invalid(
+                r.path_of("update_residual_init"),
+                format!("must be \"norm\" or \"const\", found {other:?}"),
+            ))
+        }
+    };
+    let a_sel = match sel_of(&r, "a_sel")? {
+        Sel::Fixed(s) => s[0],
+        Sel::Auto(_) => {
+            return Err(ConfigError::unsupported(
+                r.path_of("a_sel"),
+                "a_sel \"auto\" is not supported; give the number of angle neighbours (`dpw \
+                 neighbor-stat` with the a_rcut as rcut prints the largest count)",
+            ))
+        }
+    };
+    let exclude_types = match sec.get_nonnull("exclude_types") {
+        None => vec![],
+        Some(v) => {
+            let epath = sec.path_of("exclude_types");
+            let items = to_list(v, &epath, "a list of pairs of types")?;
+            (items.iter().enumerate())
+                .map(|(i, p)| {
+                    let pair = to_usize_list(p, &format!("{epath}[{i}]"))?;
+                    match pair[..] {
+                        [a, b] => Ok([a, b]),
+                        _ => Err(ConfigError::invalid(
+                            format!("{epath}[{i}]"),
+                            "must be a pair of types",
+                        )),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    // skip_stat (deprecated): true means a fixed std of 0.3 and no statistics.
+    let fix_stat_std = match r.bool_or("skip_stat", false)? {
+        true => 0.3,
+        false => non_negative(r.f64_or("fix_stat_std", 0.3)?, &r.path_of("fix_stat_std"))?,
+    };
+    let c = Dpa3Config {
+        e_dim: r.usize_or("e_dim", 64)?,
+        a_dim: r.usize_or("a_dim", 64)?,
+        nlayers: r.usize_or("nlayers", 6)?,
+        a_rcut: positive(r.f64_or("a_rcut", 4.0)?, &r.path_of("a_rcut"))?,
+        a_rcut_smth: non_negative(r.f64_or("a_rcut_smth", 3.5)?, &r.path_of("a_rcut_smth"))?,
+        a_sel,
+        a_compress_rate: r.usize_or("a_compress_rate", 0)?,
+        a_compress_e_rate: r.usize_or("a_compress_e_rate", 1)?,
+        a_compress_use_split: r.bool_or("a_compress_use_split", false)?,
+        n_multi_edge_message: r.usize_or("n_multi_edge_message", 1)?,
+        axis_neuron: r.usize_or("axis_neuron", 4)?,
+        fix_stat_std,
+        update_angle: r.bool_or("update_angle", true)?,
+        update_style,
+        update_residual: r.f64_or("update_residual", 0.1)?,
+        residual_norm,
+        optim_update: r.bool_or("optim_update", true)?,
+        smooth_edge_update: r.bool_or("smooth_edge_update", false)?,
+        edge_init_use_dist: r.bool_or("edge_init_use_dist", false)?,
+        use_exp_switch: r.bool_or("use_exp_switch", false)?,
+        use_dynamic_sel: r.bool_or("use_dynamic_sel", false)?,
+        sel_reduce_factor: r.f64_or("sel_reduce_factor", 10.0)?,
+        sequential_update: false,
+        concat_output_tebd: sec.bool_or("concat_output_tebd", false)?,
+        activation,
+        use_tebd_bias: sec.bool_or("use_tebd_bias", false)?,
+        use_loc_mapping: sec.bool_or("use_loc_mapping", true)?,
+        exclude_types,
+    };
+    let n = r.usize_or("n_dim", 128)?;
+    let e_rcut = positive(r.f64_or("e_rcut", 6.0)?, &r.path_of("e_rcut"))?;
+    let e_rcut_smth = non_negative(r.f64_or("e_rcut_smth", 5.0)?, &r.path_of("e_rcut_smth"))?;
+    let sel = sel_of(&r, "e_sel")?;
+    if let Sel::Fixed(s) = &sel {
+        c.check(n, e_rcut, s[0])
+            .map_err(|why| ConfigError::invalid(&rpath, why))?;
+    } else {
+        c.check(n, e_rcut, usize::MAX)
+            .map_err(|why| ConfigError::invalid(&rpath, why))?;
+    }
+    Ok(DescriptorConfig {
+        kind: DescriptorType::Dpa3,
+        r#type: "dpa3".into(),
+        sel,
+        rcut: e_rcut,
+        rcut_smth: e_rcut_smth,
+        neuron: vec![n],
+        axis_neuron: 1,
+        resnet_dt: false,
+        type_one_side: false,
+        precision: precision(&sec)?,
+        trainable: sec.bool_or("trainable", true)?,
+        seed: sec.opt_u64("seed")?,
+        env_protection: sec.f64_or("env_protection", 0.0)?,
+        set_davg_zero: true,
+        attention: None,
+        dpa3: Some(c),
+        list: vec![],
+    })
+}
+
+/// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
+pub(super) fn to_json(d: &DescriptorConfig) -> Value {
+    let c = d.dpa3.as_ref().expect("a DPA-3 config");
+    json!({
+        "type": "dpa3",
+        "repflow": {
+            "n_dim": d.neuron[0],
+            "e_dim": c.e_dim,
+            "a_dim": c.a_dim,
+            "nlayers": c.nlayers,
+            "e_rcut": d.rcut,
+            "e_rcut_smth": d.rcut_smth,
+            "e_sel": match &d.sel {
+                Sel::Fixed(s) => json!(s[0]),
+                auto => auto.to_value(),
+            },
+            "a_rcut": c.a_rcut,
+            "a_rcut_smth": c.a_rcut_smth,
+            "a_sel": c.a_sel,
+            "a_compress_rate": c.a_compress_rate,
+            "a_compress_e_rate": c.a_compress_e_rate,
+            "a_compress_use_split": c.a_compress_use_split,
+            "n_multi_edge_message": c.n_multi_edge_message,
+            "axis_neuron": c.axis_neuron,
+            "fix_stat_std": c.fix_stat_std,
+            "skip_stat": false,
+            "update_angle": c.update_angle,
+            "update_style": c.update_style.as_str(),
+            "update_residual": c.update_residual,
+            "update_residual_init": if c.residual_norm { "norm" } else { "const" },
+            "optim_update": c.optim_update,
+            "smooth_edge_update": c.smooth_edge_update,
+            "edge_init_use_dist": c.edge_init_use_dist,
+            "use_exp_switch": c.use_exp_switch,
+            "use_dynamic_sel": c.use_dynamic_sel,
+            "sel_reduce_factor": c.sel_reduce_factor,
+            "sequential_update": c.sequential_update,
+        },
+        "concat_output_tebd": c.concat_output_tebd,
+        "activation_function": c.activation.name(),
+        "precision": d.precision.as_str(),
+        "exclude_types": c.exclude_types,
+        "env_protection": d.env_protection,
+        "trainable": d.trainable,
+        "seed": d.seed,
+        "use_econf_tebd": false,
+        "use_tebd_bias": c.use_tebd_bias,
+        "use_loc_mapping": c.use_loc_mapping,
+        "add_chg_spin_ebd": false,
+        "default_chg_spin": null,
+    })
+}

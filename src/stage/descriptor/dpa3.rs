@@ -1,0 +1,100 @@
+//! DPA-3 (docs/deepmd-spec.md §18): one op family (`repflow_*`) computes D from the slots' r_ij
+//! and its passes, the tangent and dual reverse derived from one forward and backward
+//! (`backend/cpu/repflow.rs`). The stage holds D and Ḋ; the environment holds r_ij, the
+//! neighbours' owners and types, and ṙ_ij in training.
+
+use crate::backend::{Backend, Dims, Real, RepflowArgs};
+use crate::mem::OutOfMemory;
+
+use super::super::env::Env;
+use super::super::net::Zeros;
+use super::super::DescModel;
+use super::Stage;
+
+pub struct Dpa3<B: ?Sized + Backend<T>, T: Real> {
+    /// D, Ḋ: `[nc][width]`.
+    desc: B::Buf,
+    ddot: B::Buf,
+}
+
+fn args<'a, T: Real, B: Backend<T>>(
+    m: &'a DescModel<'_, T, B>,
+    env: &'a Env<T, B>,
+) -> RepflowArgs<'a, B::Buf, B::Idx> {
+    RepflowArgs {
+        opts: m.repflow.expect("a DPA-3 model has its block's constants"),
+        layout: (m.layout.dpa3.as_ref()).expect("a DPA-3 layout has its tensors"),
+        params: m.params,
+        davg: m.davg,
+        dstd: m.dstd,
+        rij: &env.rij,
+        owner: &env.owner,
+        nei_type: (env.nei_type.as_ref()).expect("a mixed-type batch has its neighbour types"),
+        centre_atom: &env.centre_atom,
+    }
+}
+
+fn rijdot<T: Real, B: Backend<T>>(env: &Env<T, B>) -> &B::Buf {
+    (env.rijdot.as_ref()).expect("a DPA-3 environment keeps ṙ_ij")
+}
+
+impl<T: Real, B: Backend<T>> Dpa3<B, T> {
+    pub fn new(
+        m: &DescModel<'_, T, B>,
+        d: &Dims,
+        zeros: &Zeros<B::Buf>,
+    ) -> Result<Self, OutOfMemory> {
+        let o = m.repflow.expect("a DPA-3 model has its block's constants");
+        let n = d.ncentres() * o.width();
+        Ok(Dpa3 {
+            desc: zeros(n)?,
+            ddot: zeros(n)?,
+        })
+    }
+}
+
+impl<T: Real, B: Backend<T>> Stage<T, B> for Dpa3<B, T> {
+    fn desc(&self) -> &B::Buf {
+        &self.desc
+    }
+
+    fn ddot(&self) -> &B::Buf {
+        &self.ddot
+    }
+
+    fn buffers(&self) -> Vec<&B::Buf> {
+        vec![&self.desc, &self.ddot]
+    }
+
+    fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+        b.repflow_forward(d, &args(m, env), &mut self.desc);
+    }
+
+    fn backward(
+        &mut self,
+        b: &B,
+        m: &DescModel<'_, T, B>,
+        d: &Dims,
+        env: &Env<T, B>,
+        dbar: &B::Buf,
+        q: &mut B::Buf,
+    ) {
+        b.repflow_backward(d, &args(m, env), dbar, q);
+    }
+
+    fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
+        b.repflow_tangent(d, &args(m, env), rijdot(env), &mut self.ddot);
+    }
+
+    fn dual(
+        &mut self,
+        b: &B,
+        m: &DescModel<'_, T, B>,
+        grad: &mut B::Buf,
+        d: &Dims,
+        env: &Env<T, B>,
+        adjoints: (&B::Buf, &B::Buf),
+    ) {
+        b.repflow_dual(d, &args(m, env), rijdot(env), adjoints, grad);
+    }
+}
