@@ -636,18 +636,18 @@ fn resolve_spec(cfg: &mut Config, given: Option<&Model>, read: &mut Reading) -> 
 fn log_model(model: &Model, precision: Precision) {
     let spec = &model.spec;
     let layout = model.layout();
-    let nembed: usize = (layout.descriptor.embed)
-        .iter()
+    // The descriptor's tensors come first, the fitting's after them.
+    let nfit: usize = (layout.fitting.nets.iter())
         .flat_map(|n| &n.layers)
         .map(|l| l.nin * l.nout + l.nout * (1 + usize::from(l.idt.is_some())))
         .sum();
     tracing::info!(
-        "model: {}, fitting {:?}; {} parameters ({} embedding, {} fitting), {}",
+        "model: {}, fitting {:?}; {} parameters ({} descriptor, {} fitting), {}",
         describe(&spec.descriptor),
         spec.fitting.neuron,
         layout.len,
-        nembed,
-        layout.len - nembed,
+        layout.len - nfit,
+        nfit,
         precision.as_str()
     );
 }
