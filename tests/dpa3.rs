@@ -138,3 +138,94 @@ fn yaml_round_trips_in_deepmd_form() {
         assert_eq!(ours["model_def_script"]["descriptor"]["type"], "dpa3");
     }
 }
+
+/// The shipped DPA-3 example with `edit` applied to its descriptor, loaded from a fresh folder.
+fn example_with(edit: impl FnOnce(&mut serde_json::Value)) -> Result<dpw::config::Config, String> {
+    let text = std::fs::read_to_string(repo("examples/water/input_dpa3.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut v["model"]["descriptor"]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("input.json");
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    dpw::config::load_config(&path).map_err(|e| e.to_string())
+}
+
+/// input.json's DPA-3 keys: the example loads with its values and argcheck's defaults for the
+/// others, DeePMD-kit's aliases are taken, and what dpw lacks or DeePMD-kit forbids is refused
+/// naming the key.
+#[test]
+fn input_keys_load_and_bad_ones_are_named() {
+    let c = example_with(|_| {}).unwrap();
+    let d = &c.model.descriptor;
+    let r = d.dpa3.as_ref().unwrap();
+    assert_eq!(
+        (d.rcut, d.rcut_smth, d.neuron.as_slice()),
+        (6.0, 5.3, &[32][..])
+    );
+    assert_eq!((r.e_dim, r.a_dim, r.nlayers, r.a_sel), (16, 8, 3, 30));
+    assert!(r.use_exp_switch && r.edge_init_use_dist && r.smooth_edge_update);
+    // Defaults: argcheck's.
+    assert_eq!(
+        (
+            r.n_multi_edge_message,
+            r.a_compress_rate,
+            r.sel_reduce_factor
+        ),
+        (1, 0, 10.0)
+    );
+    assert!(r.optim_update && r.use_loc_mapping && !r.use_dynamic_sel);
+    // DeePMD-kit's aliases of edge_init_use_dist and use_exp_switch.
+    let c = example_with(|d| {
+        let rf = d["repflow"].as_object_mut().unwrap();
+        rf.remove("edge_init_use_dist");
+        rf.remove("use_exp_switch");
+        rf.insert("edge_use_dist".into(), false.into());
+        rf.insert("use_env_envelope".into(), false.into());
+    })
+    .unwrap();
+    let r = c.model.descriptor.dpa3.unwrap();
+    assert!(!r.use_exp_switch && !r.edge_init_use_dist);
+    let refused = |edit: &dyn Fn(&mut serde_json::Value), key: &str| {
+        let e = example_with(edit).unwrap_err();
+        assert!(e.contains(key), "{key}: {e}");
+    };
+    refused(
+        &|d| d["repflow"]["sequential_update"] = true.into(),
+        "repflow.sequential_update",
+    );
+    refused(&|d| d["repflow"]["a_sel"] = "auto".into(), "repflow.a_sel");
+    refused(
+        &|d| d["repflow"]["update_style"] = "res_x".into(),
+        "repflow.update_style",
+    );
+    refused(
+        &|d| d["repflow"]["update_residual_init"] = "zero".into(),
+        "update_residual_init",
+    );
+    refused(
+        &|d| d["repflow"]["a_sel"] = 200.into(),
+        "a_sel 200 exceeds e_sel",
+    );
+    refused(
+        &|d| d["repflow"]["a_rcut"] = 7.0.into(),
+        "a_rcut 7 exceeds e_rcut",
+    );
+    refused(
+        &|d| {
+            d["repflow"]["use_dynamic_sel"] = true.into();
+            d["repflow"]["smooth_edge_update"] = false.into();
+        },
+        "use_dynamic_sel needs smooth_edge_update",
+    );
+    refused(
+        &|d| d["activation_function"] = "gelu".into(),
+        "activation_function",
+    );
+    refused(&|d| d["use_econf_tebd"] = true.into(), "use_econf_tebd");
+    refused(&|d| d["add_chg_spin_ebd"] = true.into(), "add_chg_spin_ebd");
+    refused(&|d| d["repflow"]["e_dmi"] = 3.into(), "e_dmi");
+    refused(
+        &|d| d["exclude_types"] = serde_json::json!([[0, 1, 1]]),
+        "exclude_types[0]",
+    );
+}
