@@ -2,6 +2,7 @@
 //! DOS, and DeePMD-kit's `DOSLoss` with its seed ∂L/∂y_i (docs/deepmd-spec.md §16).
 
 use super::config::TERMS;
+use crate::fitting::head::HeadLabels;
 
 /// The loss sums one batch leaves for the metrics: the loss, then the mean squared error of each
 /// term in [`TERMS`] order (atomic DOS, atomic CDF, frame DOS, frame CDF).
@@ -16,13 +17,6 @@ pub const METRICS: &[&str] = &[
     "rmse_local_dos",
 ];
 const METRIC_TERM: [usize; 4] = [3, 2, 1, 0];
-
-/// A batch's labels: the frame DOS `[nframes][k]` and the atomic DOS `[nframes·natoms][k]`
-/// (batch-atom order), each where the system has it.
-pub struct DosLabels<'a> {
-    pub frame: Option<&'a [f64]>,
-    pub atomic: Option<&'a [f64]>,
-}
 
 /// Cumulative sums along each row of `k` values.
 fn cumsum(x: &[f64], k: usize) -> Vec<f64> {
@@ -75,15 +69,15 @@ pub fn loss(
     k: usize,
     atomic: &[f64],
     frame: &[f64],
-    labels: &DosLabels,
+    labels: &HeadLabels,
 ) -> ([f64; NSUMS], Vec<f64>, Vec<f64>) {
     let mut sums = [0.0; NSUMS];
     let (mut da, mut df) = (vec![0.0; atomic.len()], vec![0.0; frame.len()]);
     for (t, name) in TERMS.iter().enumerate() {
         let cdf = name.ends_with("cdf");
         let (pred, label, grad) = match t {
-            0 | 1 => (atomic, labels.atomic, &mut da),
-            _ => (frame, labels.frame, &mut df),
+            0 | 1 => (atomic, labels.atomic.as_deref(), &mut da),
+            _ => (frame, labels.frame.as_deref(), &mut df),
         };
         sums[1 + t] = match label {
             Some(l) => {
@@ -121,9 +115,9 @@ mod tests {
         let frame = [2.1, -0.3, 1.7, 0.2, 1.1, -0.8];
         let la = [0.1, 1.0, -0.2, 1.0, 0.4, 0.2, -1.0, 0.0, 1.2, 1.1, 0.3, 0.1];
         let lf = [1.9, 0.1, 1.0, 0.5, 0.7, -0.6];
-        let labels = DosLabels {
-            frame: Some(&lf),
-            atomic: Some(&la),
+        let labels = HeadLabels {
+            frame: Some(lf.to_vec()),
+            atomic: Some(la.to_vec()),
         };
         let pref = [3.0, 0.2, 1.5, 0.4];
         let (_, da, df) = loss(pref, k, &atomic, &frame, &labels);

@@ -17,7 +17,7 @@ use crate::fitting::{seed, Centres};
 use crate::yaml_tree::{ndarray, At};
 
 use super::config::{output_json, parse_output, OUTPUT_KEYS};
-use super::head::{loss, DosLabels, METRICS, NSUMS};
+use super::head::{loss, METRICS, NSUMS};
 use super::DosSpec;
 
 static SCHEMA: Schema = schema!(OUTPUT_KEYS, "model[standard].fitting_net[dos]");
@@ -130,11 +130,7 @@ impl HeadType for DosSpec {
         };
         let k = self.numb_dos;
         let (atomic, frame) = self.outputs(stat, c, x);
-        let l = DosLabels {
-            frame: labels.frame.as_deref(),
-            atomic: labels.atomic.as_deref(),
-        };
-        let (sums, da, df) = loss(pref, k, &atomic, &frame, &l);
+        let (sums, da, df) = loss(pref, k, &atomic, &frame, labels);
         HeadLoss {
             sums: sums.to_vec(),
             ybar: seed(k, false, &stat.out_stat(), c, &df, Some(&da)),

@@ -3,6 +3,7 @@
 //! (docs/deepmd-spec.md §17).
 
 use super::{Tensor, TensorSpec};
+use crate::fitting::head::HeadLabels;
 use crate::fitting::Centres;
 
 /// The loss sums one batch leaves for the metrics: the loss, the atomic term's mean squared
@@ -207,13 +208,6 @@ fn mul_rot(y: &[f64], g: &[[f64; 3]]) -> Vec<[f64; 3]> {
         .collect()
 }
 
-/// A batch's labels: the frame tensor `[nframes][size]` and the atomic tensors
-/// `[ncentres][size]` (centre order), each where the system has them.
-pub struct TensorLabels<'a> {
-    pub frame: Option<&'a [f64]>,
-    pub atomic: Option<&'a [f64]>,
-}
-
 /// DeePMD-kit's `TensorLoss` of the atomic tensors `atomic` (`[ncentres][size]`) and frame
 /// tensors `frame` (`[nframes][size]`) against `labels`, at prefactors (atomic, frame), where
 /// `with_tensor` tells which centres are not excluded: the loss sums ([`NSUMS`]; a term without
@@ -224,7 +218,7 @@ pub fn loss(
     pref: (f64, f64),
     atomic: &[f64],
     frame: &[f64],
-    labels: &TensorLabels,
+    labels: &HeadLabels,
     with_tensor: &[bool],
 ) -> ([f64; NSUMS], Vec<f64>, Vec<f64>) {
     let k = atomic.len() / with_tensor.len().max(1);
@@ -237,8 +231,22 @@ pub fn loss(
         .collect();
     let frame_mask = vec![true; frame.len()];
     for (slot, pred, label, pref, grad, mask) in [
-        (1, atomic, labels.atomic, pref.0, &mut da, &atom_mask),
-        (2, frame, labels.frame, pref.1, &mut df, &frame_mask),
+        (
+            1,
+            atomic,
+            labels.atomic.as_deref(),
+            pref.0,
+            &mut da,
+            &atom_mask,
+        ),
+        (
+            2,
+            frame,
+            labels.frame.as_deref(),
+            pref.1,
+            &mut df,
+            &frame_mask,
+        ),
     ] {
         let Some(label) = label else { continue };
         let n = mask.iter().filter(|x| **x).count() as f64;
@@ -321,9 +329,9 @@ mod tests {
             let y = numbers(4 * dim, 0.37);
             let a = numbers(4 * 12, 0.91);
             let (la, lf) = (numbers(4 * k, 1.3), numbers(2 * k, 2.1));
-            let labels = TensorLabels {
-                frame: Some(&lf),
-                atomic: Some(&la),
+            let labels = HeadLabels {
+                frame: Some(lf.clone()),
+                atomic: Some(la.clone()),
             };
             let mask = [true, true, false, true];
             let total = |y: &[f64], a: &[f64]| {

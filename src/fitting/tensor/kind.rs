@@ -18,7 +18,7 @@ use crate::fmt::sci;
 use crate::yaml_tree::{ndarray, At};
 
 use super::config::{complete, output_json, parse_output, DIPOLE_KEYS, POLAR_KEYS};
-use super::head::{loss, metrics, TensorHead, TensorLabels, NSUMS};
+use super::head::{loss, metrics, TensorHead, NSUMS};
 use super::{needs_rot, DipoleTensor, PolarTensor, Tensor, TensorFitting, TensorKind, TensorSpec};
 
 static DIPOLE_SCHEMA: Schema = schema!(DIPOLE_KEYS, "model[standard].fitting_net[dipole]");
@@ -285,12 +285,8 @@ impl<K: TensorKind> HeadType for TensorFitting<K> {
         };
         let t = self.tensor_head(stat);
         let (atomic, frame) = t.outputs(c, &x.y, &x.rot);
-        let l = TensorLabels {
-            frame: labels.frame.as_deref(),
-            atomic: labels.atomic.as_deref(),
-        };
         let with_tensor: Vec<bool> = c.types.iter().map(|&ty| !self.spec.excluded(ty)).collect();
-        let (sums, da, df) = loss(pref, &atomic, &frame, &l, &with_tensor);
+        let (sums, da, df) = loss(pref, &atomic, &frame, labels, &with_tensor);
         let (ybar, abar) = t.seed(c, &x.y, &x.rot, &da, &df);
         HeadLoss {
             sums: sums.to_vec(),
