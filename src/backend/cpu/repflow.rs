@@ -182,6 +182,11 @@ fn act_slope<T: Real, N: Num<T>>(a: Activation, x: N) -> N {
     })
 }
 
+/// φ of every number of `x`.
+fn acts<T: Real, N: Num<T>>(a: Activation, x: &[N]) -> Vec<N> {
+    x.iter().map(|&v| act(a, v)).collect()
+}
+
 /// A switch's value, slope and curvature at r: the quintic between rs and rc, or the
 /// exponential one centred at rs (spec §18.2).
 fn switch3<T: Real>(exp: bool, rs: f64, rc: f64, r: T) -> (T, T, T) {
@@ -689,6 +694,24 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         }
     }
 
+    /// The node's messages u¹ = φ(z1), u² = φ(z2) and u³ = (Σ_j φ(z3_j)·sw_j)/S (all heads,
+    /// `[H·N]`) from `w` (after [`Ctx::forward`]): the update reads them, and its backward.
+    fn node_messages(&self, c: usize, w: &Work<N>) -> [Vec<N>; 3] {
+        let o = self.o();
+        let hn = o.h * o.n;
+        let s0 = self.d.mixed_slots(c).start;
+        let g = self.geo;
+        let mut u3 = vec![N::zero(); hn];
+        for j in (0..o.s).filter(|j| g.real[s0 + j]) {
+            for (uv, &zv) in u3.iter_mut().zip(&w.z3[j * hn..(j + 1) * hn]) {
+                *uv += act(o.act, zv) * g.sw[s0 + j];
+            }
+        }
+        let u3s = cst::<T>(o.u3_scale);
+        u3.iter_mut().for_each(|v| *v = v.scale(u3s));
+        [acts(o.act, &w.z1), acts(o.act, &w.z2), u3]
+    }
+
     /// Centre c's outputs of the layer from `w` (after [`Ctx::forward`]).
     fn outputs(
         &self,
@@ -701,25 +724,11 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
     ) {
         let o = self.o();
         let p = self.x.params;
-        let (n, e, s, a, ad, h) = (o.n, o.e, o.s, o.a, o.ad, o.h);
-        let hn = h * n;
+        let (n, e, s, a, ad) = (o.n, o.e, o.s, o.a, o.ad);
         let s0 = self.d.mixed_slots(c).start;
         let g = self.geo;
-        let phi = |v: &[N]| -> Vec<N> { v.iter().map(|&x| act(o.act, x)).collect() };
-        let u1 = phi(&w.z1);
-        let u2 = phi(&w.z2);
-        let mut u3 = vec![N::zero(); hn];
-        for j in 0..s {
-            let sl = s0 + j;
-            if !g.real[sl] {
-                continue;
-            }
-            for (uv, &zv) in u3.iter_mut().zip(&w.z3[j * hn..(j + 1) * hn]) {
-                *uv += act(o.act, zv) * g.sw[sl];
-            }
-        }
-        let u3s = cst::<T>(o.u3_scale);
-        u3.iter_mut().for_each(|v| *v = v.scale(u3s));
+        let phi = |v: &[N]| acts(o.act, v);
+        let [u1, u2, u3] = self.node_messages(c, w);
         let mut list: Vec<&[N]> = vec![&u1, &u2];
         list.extend(u3.chunks(n));
         n_out.copy_from_slice(&w.ni);
@@ -788,20 +797,9 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         sized(&mut w.bej, s * e, z);
         sized(&mut w.baa, a * a * ad, z);
         // Node update.
-        let phi = |v: &[N]| -> Vec<N> { v.iter().map(|&x| act(o.act, x)).collect() };
-        let u1 = phi(&w.z1);
-        let u2 = phi(&w.z2);
-        let mut u3 = vec![z; hn];
-        for j in 0..s {
-            let sl = s0 + j;
-            if geo.real[sl] {
-                for (uv, &zv) in u3.iter_mut().zip(&w.z3[j * hn..(j + 1) * hn]) {
-                    *uv += act(o.act, zv) * geo.sw[sl];
-                }
-            }
-        }
+        let phi = |v: &[N]| acts(o.act, v);
+        let [u1, u2, u3] = self.node_messages(c, w);
         let u3s = cst::<T>(o.u3_scale);
-        u3.iter_mut().for_each(|v| *v = v.scale(u3s));
         let mut bu1 = vec![z; n];
         let mut bu2 = vec![z; n];
         let mut bu3 = vec![z; hn];
