@@ -219,6 +219,7 @@ pub(super) fn parse(v: &Value, path: &str, in_hybrid: bool) -> Result<Descriptor
         set_davg_zero: true,
         attention: None,
         dpa3: Some(c),
+        dpa2: None,
         list: vec![],
     })
 }

@@ -137,6 +137,9 @@ pub struct DescriptorConfig {
     /// `dpa3`: its keys beside the shared ones (which hold e_rcut, e_rcut_smth and e_sel as
     /// rcut, rcut_smth and sel, and n_dim as the one neuron); `None` for the others.
     pub dpa3: Option<crate::model::dpa3::Dpa3Config>,
+    /// `dpa2`: its keys beside the shared ones (which hold the repinit's rcut, rcut_smth, nsel,
+    /// neuron, axis_neuron, type_one_side, resnet_dt and set_davg_zero); `None` for the others.
+    pub dpa2: Option<crate::model::dpa2::Dpa2Config>,
     /// `hybrid`: its sub-descriptors, in order (none of them hybrid, each sel given as numbers);
     /// empty for the others. A hybrid's own sel and rcut are its list's largest, its precision
     /// and trainable those its list shares, its other keys empty or zero.
@@ -529,6 +532,12 @@ fn parse_descriptor(
         }
         DescriptorType::Hybrid => return parse_hybrid(v, path, ntypes),
         DescriptorType::Dpa3 => return super::dpa3::parse(v, path, in_hybrid),
+        DescriptorType::Dpa2 => {
+            return Err(ConfigError::unsupported(
+                type_path,
+                "DPA-2 is read from .yaml only so far",
+            ))
+        }
     };
     let sec = Section::new(v, path, schema)?;
     let sel = match sec.get("sel") {
@@ -572,7 +581,7 @@ fn parse_descriptor(
         }
         DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
         DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
-        DescriptorType::Dpa3 => unreachable!("parsed by dpa3::parse"),
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 => unreachable!("parsed by their own"),
     };
     let m1 = *neuron.last().expect("widths() is non-empty");
     if axis_neuron == 0 || axis_neuron > m1 {
@@ -600,7 +609,7 @@ fn parse_descriptor(
         // Its nets are per pair of neighbour types; the schema has no type_one_side key.
         DescriptorType::SeE3 => false,
         DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
-        DescriptorType::Dpa3 => unreachable!("parsed by dpa3::parse"),
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 => unreachable!("parsed by their own"),
     };
     Ok(DescriptorConfig {
         kind: descriptor,
@@ -623,6 +632,7 @@ fn parse_descriptor(
             false => None,
         },
         dpa3: None,
+        dpa2: None,
         list: vec![],
     })
 }
@@ -747,6 +757,7 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
         set_davg_zero: false,
         attention: None,
         dpa3: None,
+        dpa2: None,
         list,
     })
 }
@@ -922,7 +933,7 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
             }
         }
         DescriptorType::Hybrid => unreachable!("written above"),
-        DescriptorType::Dpa3 => unreachable!("written above"),
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 => unreachable!("written above"),
     }
     descriptor
 }

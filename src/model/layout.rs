@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 
+use super::dpa2::Dpa2Layout;
 use super::dpa3::Dpa3Layout;
 use super::{DescriptorSpec, DescriptorType, ModelSpec, TebdInputMode};
 
@@ -86,6 +87,9 @@ pub struct DescriptorLayout {
     pub attn: Option<AttnLayout>,
     /// DPA-3's tensors (its nets are not embedding nets: `embed` is empty); `None` otherwise.
     pub dpa3: Option<Dpa3Layout>,
+    /// DPA-2's tensors (its repinit and three-body nets among them: `embed` is empty); `None`
+    /// otherwise.
+    pub dpa2: Option<Dpa2Layout>,
     /// Parameter ranges that training holds fixed (no gradient, no update): DPA-1's layer norm
     /// scale and shift (`attn{k}.ln.*`) when `trainable_ln` is false, as DeePMD-kit's `dp train`
     /// builds them with `requires_grad = False`. They stay in the layout and the files. Empty
@@ -209,7 +213,34 @@ impl DescriptorLayout {
                 parts: std::iter::once(0..0).collect(),
                 attn: None,
                 dpa3: Some(Dpa3Layout::new(c, d.m1(), nt, b)),
+                dpa2: None,
                 frozen: vec![],
+            };
+        }
+        if let Some(c) = &d.dpa2 {
+            let start = b.len();
+            let l = Dpa2Layout::new(
+                c,
+                &d.neuron,
+                d.axis_neuron,
+                d.type_one_side,
+                d.resnet_dt,
+                nt,
+                b,
+            );
+            // trainable false holds the whole descriptor fixed.
+            let frozen = if c.trainable {
+                vec![]
+            } else {
+                vec![start..b.len()]
+            };
+            return DescriptorLayout {
+                embed: vec![],
+                parts: std::iter::once(0..0).collect(),
+                attn: None,
+                dpa3: None,
+                dpa2: Some(l),
+                frozen,
             };
         }
         if d.is_mixed() {
@@ -248,6 +279,7 @@ impl DescriptorLayout {
             parts,
             attn: None,
             dpa3: None,
+            dpa2: None,
             frozen: vec![],
         }
     }
@@ -287,6 +319,7 @@ impl DescriptorLayout {
                 layers,
             }),
             dpa3: None,
+            dpa2: None,
             frozen,
         }
     }
@@ -300,6 +333,7 @@ impl DescriptorLayout {
             embed: nets,
             attn: None,
             dpa3: None,
+            dpa2: None,
             frozen: vec![],
         }
     }
@@ -386,7 +420,7 @@ impl Builder {
 
     /// Hidden layers follow the width-decided skip rules; a fitting net (`out`: its output
     /// width) ends in a linear `n_last -> out` layer without skip or timestep.
-    fn net(
+    pub(super) fn net(
         &mut self,
         name: String,
         nin: usize,

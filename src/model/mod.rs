@@ -2,6 +2,7 @@
 //! vector and its layout, statistics (davg/dstd, energy bias) and file formats.
 
 mod check;
+pub mod dpa2;
 pub mod dpa3;
 pub mod file;
 mod init;
@@ -58,6 +59,11 @@ pub enum DescriptorType {
     /// (docs/deepmd-spec.md §18).
     #[serde(rename = "dpa3")]
     Dpa3,
+    /// DPA-2: a type embedding, the repinit (DPA-1's embedding without attention, and a
+    /// three-body block) on one mixed-type list, and repformer layers passing messages over
+    /// a shorter sub-list (docs/deepmd-spec.md §20).
+    #[serde(rename = "dpa2")]
+    Dpa2,
 }
 
 impl DescriptorType {
@@ -66,14 +72,14 @@ impl DescriptorType {
         matches!(self, DescriptorType::SeAtten | DescriptorType::SeAttenV2)
     }
 
-    /// One mixed-type neighbour list and one fitting net for every type (DPA-1, DPA-3).
+    /// One mixed-type neighbour list and one fitting net for every type (DPA-1, DPA-2, DPA-3).
     pub fn is_mixed(self) -> bool {
-        self.is_attention() || self == DescriptorType::Dpa3
+        self.is_attention() || self.reads_rij()
     }
 
-    /// Reads the slots' r_ij itself rather than R̂ (DPA-3): its training seed is ṙ_ij.
+    /// Reads the slots' r_ij itself rather than R̂ (DPA-2, DPA-3): its training seed is ṙ_ij.
     pub fn reads_rij(self) -> bool {
-        self == DescriptorType::Dpa3
+        matches!(self, DescriptorType::Dpa3 | DescriptorType::Dpa2)
     }
 
     /// se_e2_a: files written before descriptors had a type read as it, and it is written
@@ -168,6 +174,10 @@ pub struct DescriptorSpec {
     /// DPA-3's keys ([`dpa3::Dpa3Config`]); `None` otherwise, and then not written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dpa3: Option<dpa3::Dpa3Config>,
+    /// DPA-2's keys ([`dpa2::Dpa2Config`]) beside the repinit's held here; `None` otherwise,
+    /// and then not written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpa2: Option<dpa2::Dpa2Config>,
 }
 
 impl DescriptorSpec {
@@ -200,6 +210,7 @@ impl DescriptorSpec {
             list,
             attention: None,
             dpa3: None,
+            dpa2: None,
         }
     }
 
@@ -240,6 +251,9 @@ impl DescriptorSpec {
             .map(|d| {
                 if let Some(c) = &d.dpa3 {
                     return d.m1() * if c.concat_output_tebd { 2 } else { 1 };
+                }
+                if let Some(c) = &d.dpa2 {
+                    return c.dim();
                 }
                 let tebd = d
                     .attn()

@@ -37,6 +37,10 @@ pub static DESCRIPTORS: &[Registered] = &[
         names: &["dpa3"],
     },
     Registered {
+        kind: DescriptorType::Dpa2,
+        names: &["dpa2"],
+    },
+    Registered {
         kind: DescriptorType::Hybrid,
         names: &["hybrid"],
     },
@@ -138,7 +142,7 @@ mod tests {
                 assert_eq!(DescriptorType::from_name(name), Some(r.kind));
             }
         }
-        assert_eq!(DescriptorType::from_name("dpa2"), None);
+        assert_eq!(DescriptorType::from_name("dpa4"), None);
         assert!(descriptor_names().starts_with("se_e2_a (se_a), se_e2_r (se_r), se_e3 ("));
     }
 }

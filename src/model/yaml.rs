@@ -467,6 +467,7 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
         list: vec![],
         attention: None,
         dpa3: None,
+        dpa2: None,
     };
     ensure!(
         descriptor.sel.len() == nt,
@@ -554,6 +555,7 @@ fn read_dpa1(d: &At, kind: DescriptorType) -> Result<DescriptorSpec> {
         list: vec![],
         attention: Some(attention),
         dpa3: None,
+        dpa2: None,
     };
     ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
     Ok(descriptor)
@@ -1265,7 +1267,8 @@ fn env_columns(kind: DescriptorType) -> usize {
         | DescriptorType::SeE3
         | DescriptorType::SeAtten
         | DescriptorType::SeAttenV2
-        | DescriptorType::Dpa3 => 4,
+        | DescriptorType::Dpa3
+        | DescriptorType::Dpa2 => 4,
         DescriptorType::SeE2R => 1,
         DescriptorType::Hybrid => unreachable!("a hybrid's parts have their own"),
     }

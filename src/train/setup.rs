@@ -148,6 +148,7 @@ pub fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec 
         list: vec![],
         attention: d.attention.clone(),
         dpa3: d.dpa3.clone(),
+        dpa2: d.dpa2.clone(),
     }
 }
 
@@ -707,6 +708,29 @@ fn describe(d: &DescriptorSpec) -> String {
                     ", no angle update"
                 },
             ),
+            None => head,
+        },
+        DescriptorType::Dpa2 => match &d.dpa2 {
+            Some(c) => {
+                let r = &c.repformer;
+                format!(
+                    "{head} axis {} tebd_dim {}{}; repformer rcut {} nsel {} {} layers g1 {} \
+                     g2 {} {}",
+                    d.axis_neuron,
+                    c.repinit.tebd_dim,
+                    if c.repinit.use_three_body {
+                        ", three-body"
+                    } else {
+                        ""
+                    },
+                    r.rcut,
+                    r.nsel,
+                    r.nlayers,
+                    r.g1_dim,
+                    r.g2_dim,
+                    r.update_style.as_str(),
+                )
+            }
             None => head,
         },
         DescriptorType::Hybrid => {

@@ -129,6 +129,7 @@ pub(in crate::model) fn read_spec(d: &At) -> Result<DescriptorSpec> {
         list: vec![],
         attention: None,
         dpa3: Some(c),
+        dpa2: None,
     };
     let c = spec.dpa3.as_ref().expect("just made");
     (c.check(spec.m1(), spec.rcut, spec.sel[0])).map_err(|e| anyhow::anyhow!("{}: {e}", r.path))?;

@@ -94,6 +94,7 @@ fn stage<T: Real, B: Backend<T>>(
             Box::new(SeAtten::new(b, m, d, zeros)?)
         }
         DescriptorType::Dpa3 => Box::new(Dpa3::new(m, d, zeros)?),
+        DescriptorType::Dpa2 => anyhow::bail!("DPA-2 has no stage yet"),
         DescriptorType::Hybrid => unreachable!("a hybrid is a composition of stages, not one"),
     })
 }
