@@ -229,11 +229,10 @@ impl DescriptorLayout {
                 b,
             );
             // trainable false holds the whole descriptor fixed.
-            let frozen = if c.trainable {
-                vec![]
-            } else {
-                vec![start..b.len()]
-            };
+            let frozen = (!c.trainable)
+                .then_some(start..b.len())
+                .into_iter()
+                .collect();
             return DescriptorLayout {
                 embed: vec![],
                 parts: std::iter::once(0..0).collect(),
