@@ -222,6 +222,7 @@ fn small_model() -> Model {
             list: vec![],
             attention: None,
             dpa3: None,
+            dpa2: None,
         },
         fitting: FittingSpec::new(vec![4, 4], true),
     };

@@ -1007,6 +1007,7 @@ fn batch_errors_name_frames_by_their_index() {
             list: vec![],
             attention: None,
             dpa3: None,
+            dpa2: None,
         },
         fitting: FittingSpec::new(vec![2], false),
     };

@@ -58,6 +58,7 @@ fn reads_model_a_exactly() {
             list: vec![],
             attention: None,
             dpa3: None,
+            dpa2: None,
         },
         fitting: FittingSpec::new(vec![32, 32, 32], true),
     };
@@ -207,6 +208,7 @@ fn two_sided_spec() -> ModelSpec {
             list: vec![],
             attention: None,
             dpa3: None,
+            dpa2: None,
         },
         fitting: FittingSpec::new(vec![10, 20, 20], true),
     }

@@ -139,6 +139,7 @@ pub fn water_descriptor() -> DescriptorSpec {
         list: vec![],
         attention: None,
         dpa3: None,
+        dpa2: None,
     }
 }
 

@@ -110,6 +110,7 @@ pub fn small_model_of(
             list: vec![],
             attention: None,
             dpa3: None,
+            dpa2: None,
         },
         fitting: FittingSpec::new(vec![12, 12], true),
     };

@@ -54,6 +54,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
             list: vec![],
             attention: None,
             dpa3: None,
+            dpa2: None,
         },
         fitting: FittingSpec::new(
             usizes(&meta["fitting"]["neuron"]),
