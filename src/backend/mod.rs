@@ -17,6 +17,7 @@ mod ops;
 mod monomorphic;
 
 pub mod attn;
+pub mod block;
 pub mod counts;
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -25,16 +26,15 @@ mod dims;
 pub mod gpu_layout;
 pub mod loss;
 mod real;
-pub mod repflow;
 pub mod timed;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
 pub use attn::{AttnArgs, AttnOpts, StripArgs};
+pub use block::{BlockArgs, BlockOpts, Dpa2Opts, HostBlock, RepflowOpts};
 pub use dims::{Dims, Pairs};
 pub use loss::{LossSums, Prefactors};
 pub use real::Real;
-pub use repflow::{RepflowArgs, RepflowOpts};
 
 use std::ops::Range;
 
@@ -246,6 +246,6 @@ backend_of!(
     RadialOps,
     AngleOps,
     AttnOps,
-    RepflowOps,
+    BlockOps,
     TrainOps
 );

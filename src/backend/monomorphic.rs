@@ -32,8 +32,8 @@ macro_rules! monomorphic_backend {
             #[allow(unused_imports)]
             use $crate::backend::{
                 AdamStep, AngleOps, AttnArgs, AttnOps, ContractDual, ContractOps, DenseIo,
-                DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, RepflowArgs,
-                RepflowOps, Span, StripArgs, TrainOps,
+                DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, BlockArgs,
+                BlockOps, Span, StripArgs, TrainOps,
             };
             use $crate::geometry::EnvParams;
             #[allow(unused_imports)]

@@ -519,51 +519,51 @@ macro_rules! compute_ops {
         /// DPA-3 (docs/deepmd-spec.md §18): the RepFlow block from r_ij to D, with its derived
         /// tangent and dual reverse. Every op has a host body as its default (`repflow.rs`), so a
         /// backend runs DPA-3 before it has kernels of its own.
-        family RepflowOps {
+        family BlockOps {
             /// D `[nc][width]` of every centre from the slots' r_ij.
-            fn repflow_forward(
+            fn block_forward(
                 &self,
                 d: &Dims,
-                a: &RepflowArgs<Self::Buf, Self::Idx>,
+                a: &BlockArgs<Self::Buf, Self::Idx>,
                 desc: &mut Self::Buf,
-            ) as RepflowForward;
-            flops(_) { repflow_flops(d, a) }
-            default { crate::backend::repflow::repflow_forward(self, d, a, desc) }
+            ) as BlockForward;
+            flops(_) { block_flops(d, a) }
+            default { crate::backend::block::block_forward(self, d, a, desc) }
 
             /// q = ∂E/∂r_ij `[nslots][3]` from D̄.
-            fn repflow_backward(
+            fn block_backward(
                 &self,
                 d: &Dims,
-                a: &RepflowArgs<Self::Buf, Self::Idx>,
+                a: &BlockArgs<Self::Buf, Self::Idx>,
                 dbar: &Self::Buf,
                 q: &mut Self::Buf,
-            ) as RepflowBackward;
-            flops(_) { 3.0 * repflow_flops(d, a) }
-            default { crate::backend::repflow::repflow_backward(self, d, a, dbar, q) }
+            ) as BlockBackward;
+            flops(_) { 3.0 * block_flops(d, a) }
+            default { crate::backend::block::block_backward(self, d, a, dbar, q) }
 
             /// Ḋ for the tangent ṙ_ij `[nslots][3]`.
-            fn repflow_tangent(
+            fn block_tangent(
                 &self,
                 d: &Dims,
-                a: &RepflowArgs<Self::Buf, Self::Idx>,
+                a: &BlockArgs<Self::Buf, Self::Idx>,
                 rijdot: &Self::Buf,
                 ddot: &mut Self::Buf,
-            ) as RepflowTangent;
-            flops(_) { 2.0 * repflow_flops(d, a) }
-            default { crate::backend::repflow::repflow_tangent(self, d, a, rijdot, ddot) }
+            ) as BlockTangent;
+            flops(_) { 2.0 * block_flops(d, a) }
+            default { crate::backend::block::block_tangent(self, d, a, rijdot, ddot) }
 
             /// The dual reverse from (D̄, Ḋ̄) for the tangent ṙ_ij: the block's parameter gradient
             /// added to `grad`.
-            fn repflow_dual(
+            fn block_dual(
                 &self,
                 d: &Dims,
-                a: &RepflowArgs<Self::Buf, Self::Idx>,
+                a: &BlockArgs<Self::Buf, Self::Idx>,
                 rijdot: &Self::Buf,
                 adjoints: (&Self::Buf, &Self::Buf),
                 grad: &mut Self::Buf,
-            ) as RepflowDual;
-            flops(_) { 8.0 * repflow_flops(d, a) }
-            default { crate::backend::repflow::repflow_dual(self, d, a, rijdot, adjoints, grad) }
+            ) as BlockDual;
+            flops(_) { 8.0 * block_flops(d, a) }
+            default { crate::backend::block::block_dual(self, d, a, rijdot, adjoints, grad) }
 
             /// ṙ_ij = fres_i − fres_owner(j) − vres·r_ij per slot (0 for padding): the training
             /// seed as a tangent of r_ij itself, for DPA-3, which reads r_ij rather than R̂.
@@ -579,7 +579,7 @@ macro_rules! compute_ops {
             ) as RijTangent;
             flops(_) { 2.0 * (3 + 9) as f64 * d.nslots() as f64 }
             default {
-                crate::backend::repflow::rij_tangent(self, d, fres, vres, rij, owner, centre_atom, rijdot)
+                crate::backend::block::rij_tangent(self, d, fres, vres, rij, owner, centre_atom, rijdot)
             }
         }
 

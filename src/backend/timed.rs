@@ -19,9 +19,9 @@ use std::time::Instant;
 
 use super::counts::{Counters, Counts};
 use super::{
-    AdamStep, AngleOps, AttnArgs, AttnOps, Backend, ContractDual, ContractOps, DenseIo, DenseOps,
-    Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, RepflowArgs, RepflowOps,
-    Span, StripArgs, TrainOps,
+    AdamStep, AngleOps, AttnArgs, AttnOps, Backend, BlockArgs, BlockOps, ContractDual, ContractOps,
+    DenseIo, DenseOps, Device, Dims, EnvOps, FusedEmbedding, HostBlock, Prefactors, RadialOps,
+    Real, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net, TebdLayout};
@@ -329,15 +329,28 @@ fn attn_flops<B, I>(d: &Dims, a: &AttnArgs<B, I>) -> f64 {
     ((a.layout.layers.len() * layer + contract) * d.ncentres()) as f64
 }
 
-/// The RepFlow block's forward work: per centre and layer, the per-edge linears and the
-/// per-angle-pair ones (the rest is smaller).
-fn repflow_flops<B, I>(d: &Dims, a: &RepflowArgs<B, I>) -> f64 {
-    let o = a.opts;
-    let edge = (2 * o.n + o.e) * (o.h * o.n + o.e) + 2 * o.e * o.e;
-    let da = o.ad + o.nc + 2 * o.ec;
-    let angle = if o.update_angle { da * (o.e + o.ad) } else { 0 };
-    let layer = o.s * edge + o.a * o.a * angle;
-    2.0 * (a.layout.layers.len() * layer * d.ncentres()) as f64
+/// A message-passing block's forward work: for RepFlow, per centre and layer, the per-edge
+/// linears and the per-angle-pair ones (the rest is smaller); for the repformer, per centre the
+/// repinit's embedding net over its slots and per layer the per-slot linears and attention.
+fn block_flops<B, I>(d: &Dims, a: &BlockArgs<B, I>) -> f64 {
+    match a.block {
+        HostBlock::Repflow(o, l) => {
+            let edge = (2 * o.n + o.e) * (o.h * o.n + o.e) + 2 * o.e * o.e;
+            let da = o.ad + o.nc + 2 * o.ec;
+            let angle = if o.update_angle { da * (o.e + o.ad) } else { 0 };
+            let layer = o.s * edge + o.a * o.a * angle;
+            2.0 * (l.layers.len() * layer * d.ncentres()) as f64
+        }
+        HostBlock::Repformer(o, l) => {
+            let r = &o.c.repformer;
+            let (s, g1, g2) = (r.nsel, r.g1_dim, r.g2_dim);
+            let embed: usize = (l.repinit.layers.iter()).map(|x| x.nin * x.nout).sum();
+            let attn =
+                2 * r.attn2_nhead * s * r.attn2_hidden + r.attn1_nhead * (r.attn1_hidden + g1);
+            let layer = s * (3 * g1 * g2 + g2 * g2 + attn) + g1 * g1;
+            2.0 * ((o.si * embed + l.layers.len() * layer) * d.ncentres()) as f64
+        }
+    }
 }
 
 fn contract_dual_flops(d: &Dims) -> f64 {

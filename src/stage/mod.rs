@@ -10,7 +10,7 @@ pub mod fitting;
 pub mod head;
 pub mod net;
 
-use crate::backend::{Backend, Real, RepflowOpts};
+use crate::backend::{Backend, BlockOpts, HostBlock, Real};
 use crate::geometry::EnvParams;
 use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
 
@@ -49,8 +49,9 @@ pub struct DescState<T: Real, B: Backend<T>> {
     pub type_one_side: bool,
     /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
     pub attention: Option<AttentionConfig>,
-    /// DPA-3's widths and constants (its tensors: `layout.dpa3`); `None` otherwise.
-    pub repflow: Option<RepflowOpts>,
+    /// A message-passing block's constants (DPA-3, DPA-2; its tensors are `layout`'s); `None`
+    /// otherwise.
+    pub block: Option<BlockOpts>,
     pub davg: B::Buf,
     pub dstd: B::Buf,
 }
@@ -63,7 +64,7 @@ impl<T: Real, B: Backend<T>> DescState<T, B> {
             env: self.env,
             type_one_side: self.type_one_side,
             attention: self.attention.as_ref(),
-            repflow: self.repflow.as_ref(),
+            block: self.block.as_ref().map(|b| b.host(&self.layout)),
             davg: &self.davg,
             dstd: &self.dstd,
             params,
@@ -89,8 +90,8 @@ pub struct DescModel<'a, T: Real, B: Backend<T>> {
     pub type_one_side: bool,
     /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
     pub attention: Option<&'a AttentionConfig>,
-    /// DPA-3's widths and constants; `None` otherwise.
-    pub repflow: Option<&'a RepflowOpts>,
+    /// A message-passing block with its tensors; `None` otherwise.
+    pub block: Option<HostBlock<'a>>,
     pub davg: &'a B::Buf,
     pub dstd: &'a B::Buf,
     pub params: &'a B::Buf,
@@ -125,7 +126,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                         env: p.env(),
                         type_one_side: p.type_one_side,
                         attention: None,
-                        repflow: None,
+                        block: None,
                         davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
                         dstd: b.upload(&to_t(&model.dstd[k * nstat..(k + 1) * nstat])),
                     },
@@ -151,10 +152,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                 env: d.env(),
                 type_one_side: d.type_one_side,
                 attention: d.attention.clone(),
-                repflow: d
-                    .dpa3
-                    .as_ref()
-                    .map(|_| RepflowOpts::new(d, model.spec.ntypes())),
+                block: BlockOpts::of(d, model.spec.ntypes()),
                 davg: b.upload(&to_t(&model.davg)),
                 dstd: b.upload(&to_t(&model.dstd)),
                 layout: layout.descriptor,

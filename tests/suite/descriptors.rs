@@ -44,6 +44,20 @@ pub const DPA3_CASES: [&str; 12] = [
     "dpa3/water_concat_tebd",
 ];
 
+/// The DPA-2 cases (`tests/reference/dpa2/`, its README has the table), by their folder.
+pub const DPA2_CASES: [&str; 10] = [
+    "dpa2/water_small",
+    "dpa2/water_attn",
+    "dpa2/water_h2",
+    "dpa2/water_direct_dist",
+    "dpa2/water_concat_tebd",
+    "dpa2/water_three_body",
+    "dpa2/water_strip",
+    "dpa2/alloy",
+    "dpa2/water_nopbc",
+    "dpa2/alloy_small_cell",
+];
+
 /// The fittings' cases (`tests/reference/fittings/`): se_e2_a + ener with frame and atomic
 /// parameters.
 pub const FITTING_CASES: [&str; 1] = ["fparam_water"];

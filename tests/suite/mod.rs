@@ -136,6 +136,20 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
+        fn reference_dpa2_predictions() {
+            for case in $crate::suite::descriptors::DPA2_CASES {
+                $crate::suite::descriptors::predictions(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_dpa2_training_gradients() {
+            for case in $crate::suite::descriptors::DPA2_CASES {
+                $crate::suite::descriptors::training_gradients(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
         fn reference_se_atten_training_gradients() {
             for case in $crate::suite::descriptors::DPA1_CASES {
                 $crate::suite::descriptors::training_gradients(&$backend, case);

@@ -14,19 +14,21 @@ mod loss;
 pub(crate) use loss::rij_tangent;
 mod radial;
 pub mod repflow;
+pub mod repformer;
 mod scatter;
 mod simd;
 pub mod strip;
 mod tanh;
+mod tape;
 mod tile;
 
 use std::ops::Range;
 
 use super::monomorphic::Generic;
 use super::{
-    gather_slices, AdamStep, AngleOps, AttnArgs, AttnOps, ContractDual, ContractOps, DenseIo,
-    DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, Real, RepflowArgs,
-    RepflowOps, Span, StripArgs, TrainOps,
+    gather_slices, AdamStep, AngleOps, AttnArgs, AttnOps, BlockArgs, BlockOps, ContractDual,
+    ContractOps, DenseIo, DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps,
+    Real, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
@@ -364,42 +366,42 @@ impl<T: Real> AngleOps<T> for Generic<'_, Cpu> {
     }
 }
 
-/// DPA-3's block runs its host bodies (`cpu/repflow.rs`) on the buffers where they are, without
+/// The message-passing blocks run their host bodies (`cpu/repflow.rs`, `cpu/repformer.rs`) on the buffers where they are, without
 /// the defaults' copies; `rij_tangent` likewise.
-impl<T: Real> RepflowOps<T> for Generic<'_, Cpu> {
-    fn repflow_forward(&self, d: &Dims, a: &RepflowArgs<Vec<T>, Vec<i32>>, desc: &mut Vec<T>) {
-        a.in_place(|x| repflow::forward(d, x, desc));
+impl<T: Real> BlockOps<T> for Generic<'_, Cpu> {
+    fn block_forward(&self, d: &Dims, a: &BlockArgs<Vec<T>, Vec<i32>>, desc: &mut Vec<T>) {
+        a.in_place(|x| x.forward(d, desc));
     }
 
-    fn repflow_backward(
+    fn block_backward(
         &self,
         d: &Dims,
-        a: &RepflowArgs<Vec<T>, Vec<i32>>,
+        a: &BlockArgs<Vec<T>, Vec<i32>>,
         dbar: &Vec<T>,
         q: &mut Vec<T>,
     ) {
-        a.in_place(|x| repflow::backward(d, x, dbar, q));
+        a.in_place(|x| x.backward(d, dbar, q));
     }
 
-    fn repflow_tangent(
+    fn block_tangent(
         &self,
         d: &Dims,
-        a: &RepflowArgs<Vec<T>, Vec<i32>>,
+        a: &BlockArgs<Vec<T>, Vec<i32>>,
         rijdot: &Vec<T>,
         ddot: &mut Vec<T>,
     ) {
-        a.in_place(|x| repflow::tangent(d, x, rijdot, ddot));
+        a.in_place(|x| x.tangent(d, rijdot, ddot));
     }
 
-    fn repflow_dual(
+    fn block_dual(
         &self,
         d: &Dims,
-        a: &RepflowArgs<Vec<T>, Vec<i32>>,
+        a: &BlockArgs<Vec<T>, Vec<i32>>,
         rijdot: &Vec<T>,
         (dbar, ddotbar): (&Vec<T>, &Vec<T>),
         grad: &mut Vec<T>,
     ) {
-        a.in_place(|x| repflow::dual(d, x, rijdot, dbar, ddotbar, grad));
+        a.in_place(|x| x.dual(d, rijdot, dbar, ddotbar, grad));
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -129,7 +129,7 @@ fn cst<T: Real>(x: f64) -> T {
 }
 
 /// An activation's value, slope and curvature at x.
-fn act3<T: Real>(a: Activation, x: T) -> (T, T, T) {
+pub(super) fn act3<T: Real>(a: Activation, x: T) -> (T, T, T) {
     let one = T::one();
     let silu = |x: T| {
         let s = one / (one + (-x).exp());
@@ -189,7 +189,7 @@ fn acts<T: Real, N: Num<T>>(a: Activation, x: &[N]) -> Vec<N> {
 
 /// A switch's value, slope and curvature at r: the quintic between rs and rc, or the
 /// exponential one centred at rs (spec §18.2).
-fn switch3<T: Real>(exp: bool, rs: f64, rc: f64, r: T) -> (T, T, T) {
+pub(super) fn switch3<T: Real>(exp: bool, rs: f64, rc: f64, r: T) -> (T, T, T) {
     let (rs_t, rc_t, one, z) = (cst::<T>(rs), cst::<T>(rc), T::one(), T::zero());
     if exp {
         if r <= z || r >= rc_t {

@@ -3,7 +3,7 @@
 //! per-centre rows (D, Ḋ, and their adjoints D̄, Ḋ̄: `[ncentres][dim]`) and per-slot vectors
 //! (q = ∂E/∂r_ij) pass, so the step knows no descriptor by name: it calls [`Descriptor`].
 
-mod dpa3;
+mod block;
 mod hybrid;
 mod se_atten;
 mod se_e2_a;
@@ -17,7 +17,7 @@ use super::env::Env;
 use super::net::Zeros;
 use super::{DescModel, DeviceModel};
 
-use dpa3::Dpa3;
+use block::Block;
 use hybrid::Hybrid;
 use se_atten::SeAtten;
 use se_e2_a::SeE2A;
@@ -93,8 +93,7 @@ fn stage<T: Real, B: Backend<T>>(
         DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
             Box::new(SeAtten::new(b, m, d, zeros)?)
         }
-        DescriptorType::Dpa3 => Box::new(Dpa3::new(m, d, zeros)?),
-        DescriptorType::Dpa2 => anyhow::bail!("DPA-2 has no stage yet"),
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 => Box::new(Block::new(m, d, zeros)?),
         DescriptorType::Hybrid => unreachable!("a hybrid is a composition of stages, not one"),
     })
 }

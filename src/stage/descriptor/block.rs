@@ -1,9 +1,9 @@
-//! DPA-3 (docs/deepmd-spec.md §18): one op family (`repflow_*`) computes D from the slots' r_ij
-//! and its passes, the tangent and dual reverse derived from one forward and backward
-//! (`backend/cpu/repflow.rs`). The stage holds D and Ḋ; the environment holds r_ij, the
-//! neighbours' owners and types, and ṙ_ij in training.
+//! The message-passing descriptors (DPA-3, docs/deepmd-spec.md §18; DPA-2, §20): one op family
+//! (`block_*`) computes D from the slots' r_ij and its passes, the tangent and dual reverse
+//! derived (`backend/cpu/repflow.rs`, `backend/cpu/repformer.rs`). The stage holds D and Ḋ; the
+//! environment holds r_ij, the neighbours' owners and types, and ṙ_ij in training.
 
-use crate::backend::{Backend, Dims, Real, RepflowArgs};
+use crate::backend::{Backend, BlockArgs, Dims, Real};
 use crate::mem::OutOfMemory;
 
 use super::super::env::Env;
@@ -11,7 +11,7 @@ use super::super::net::Zeros;
 use super::super::DescModel;
 use super::Stage;
 
-pub struct Dpa3<B: ?Sized + Backend<T>, T: Real> {
+pub struct Block<B: ?Sized + Backend<T>, T: Real> {
     /// D, Ḋ: `[nc][width]`.
     desc: B::Buf,
     ddot: B::Buf,
@@ -20,10 +20,9 @@ pub struct Dpa3<B: ?Sized + Backend<T>, T: Real> {
 fn args<'a, T: Real, B: Backend<T>>(
     m: &'a DescModel<'_, T, B>,
     env: &'a Env<T, B>,
-) -> RepflowArgs<'a, B::Buf, B::Idx> {
-    RepflowArgs {
-        opts: m.repflow.expect("a DPA-3 model has its block's constants"),
-        layout: (m.layout.dpa3.as_ref()).expect("a DPA-3 layout has its tensors"),
+) -> BlockArgs<'a, B::Buf, B::Idx> {
+    BlockArgs {
+        block: m.block.expect("a message-passing model has its block"),
         params: m.params,
         davg: m.davg,
         dstd: m.dstd,
@@ -35,25 +34,25 @@ fn args<'a, T: Real, B: Backend<T>>(
 }
 
 fn rijdot<T: Real, B: Backend<T>>(env: &Env<T, B>) -> &B::Buf {
-    (env.rijdot.as_ref()).expect("a DPA-3 environment keeps ṙ_ij")
+    (env.rijdot.as_ref()).expect("a message-passing environment keeps ṙ_ij")
 }
 
-impl<T: Real, B: Backend<T>> Dpa3<B, T> {
+impl<T: Real, B: Backend<T>> Block<B, T> {
     pub fn new(
         m: &DescModel<'_, T, B>,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {
-        let o = m.repflow.expect("a DPA-3 model has its block's constants");
+        let o = m.block.expect("a message-passing model has its block");
         let n = d.ncentres() * o.width();
-        Ok(Dpa3 {
+        Ok(Block {
             desc: zeros(n)?,
             ddot: zeros(n)?,
         })
     }
 }
 
-impl<T: Real, B: Backend<T>> Stage<T, B> for Dpa3<B, T> {
+impl<T: Real, B: Backend<T>> Stage<T, B> for Block<B, T> {
     fn desc(&self) -> &B::Buf {
         &self.desc
     }
@@ -67,7 +66,7 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Dpa3<B, T> {
     }
 
     fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
-        b.repflow_forward(d, &args(m, env), &mut self.desc);
+        b.block_forward(d, &args(m, env), &mut self.desc);
     }
 
     fn backward(
@@ -79,11 +78,11 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Dpa3<B, T> {
         dbar: &B::Buf,
         q: &mut B::Buf,
     ) {
-        b.repflow_backward(d, &args(m, env), dbar, q);
+        b.block_backward(d, &args(m, env), dbar, q);
     }
 
     fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
-        b.repflow_tangent(d, &args(m, env), rijdot(env), &mut self.ddot);
+        b.block_tangent(d, &args(m, env), rijdot(env), &mut self.ddot);
     }
 
     fn dual(
@@ -95,6 +94,6 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Dpa3<B, T> {
         env: &Env<T, B>,
         adjoints: (&B::Buf, &B::Buf),
     ) {
-        b.repflow_dual(d, &args(m, env), rijdot(env), adjoints, grad);
+        b.block_dual(d, &args(m, env), rijdot(env), adjoints, grad);
     }
 }

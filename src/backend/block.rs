@@ -1,0 +1,260 @@
+//! The arguments of the message-passing descriptors' ops (DPA-3's RepFlow block, spec §18;
+//! DPA-2's repinit and repformers, §20), shared by every backend, and their host bodies: the op
+//! table's default for each (`ops.rs`), so a device runs them through these (its inputs
+//! downloaded, the block computed on the host, the outputs written back) until it has kernels
+//! of its own; the CPU backend runs the same bodies on its buffers in place.
+
+use std::borrow::Cow;
+
+use super::cpu::repflow::{self, RepflowIn};
+use super::cpu::repformer::{self, Dpa2In};
+use super::{Device, Dims, Real};
+use crate::model::dpa2::Dpa2Layout;
+use crate::model::dpa3::Dpa3Layout;
+use crate::model::DescriptorLayout;
+use crate::model::{DescriptorSpec, DescriptorType};
+
+pub use repflow::RepflowOpts;
+pub use repformer::Dpa2Opts;
+
+/// Which block, with its constants and tensors.
+#[derive(Clone, Copy)]
+pub enum HostBlock<'a> {
+    Repflow(&'a RepflowOpts, &'a Dpa3Layout),
+    Repformer(&'a Dpa2Opts, &'a Dpa2Layout),
+}
+
+/// A block's constants, kept with the model (its tensors are the layout's).
+#[derive(Clone, Debug, PartialEq)]
+pub enum BlockOpts {
+    Repflow(RepflowOpts),
+    Repformer(Dpa2Opts),
+}
+
+impl BlockOpts {
+    /// The block of a message-passing descriptor (DPA-3, DPA-2); `None` for the others.
+    pub fn of(d: &DescriptorSpec, nt: usize) -> Option<Self> {
+        match d.kind {
+            DescriptorType::Dpa3 => Some(BlockOpts::Repflow(RepflowOpts::new(d, nt))),
+            DescriptorType::Dpa2 => Some(BlockOpts::Repformer(Dpa2Opts::new(d, nt))),
+            _ => None,
+        }
+    }
+
+    /// With the layout's tensors.
+    pub fn host<'a>(&'a self, l: &'a DescriptorLayout) -> HostBlock<'a> {
+        match self {
+            BlockOpts::Repflow(o) => {
+                HostBlock::Repflow(o, l.dpa3.as_ref().expect("a DPA-3 layout"))
+            }
+            BlockOpts::Repformer(o) => {
+                HostBlock::Repformer(o, l.dpa2.as_ref().expect("a DPA-2 layout"))
+            }
+        }
+    }
+}
+
+impl HostBlock<'_> {
+    /// D's width.
+    pub fn width(&self) -> usize {
+        match self {
+            HostBlock::Repflow(o, _) => o.width(),
+            HostBlock::Repformer(o, _) => o.width(),
+        }
+    }
+}
+
+/// What every pass of the block reads: the model's block, parameters and statistics, and the
+/// batch's slots (r_ij, owners, neighbour types) and centres' atoms.
+pub struct BlockArgs<'a, B, I> {
+    pub block: HostBlock<'a>,
+    pub params: &'a B,
+    pub davg: &'a B,
+    pub dstd: &'a B,
+    pub rij: &'a B,
+    pub owner: &'a I,
+    pub nei_type: &'a I,
+    pub centre_atom: &'a I,
+}
+
+/// A block's host bodies with their inputs.
+pub enum Body<'a, T> {
+    Repflow(&'a RepflowIn<'a, T>),
+    Repformer(&'a Dpa2In<'a, T>),
+}
+
+impl<T: Real> Body<'_, T> {
+    pub fn forward(&self, d: &Dims, desc: &mut [T]) {
+        match self {
+            Body::Repflow(x) => repflow::forward(d, x, desc),
+            Body::Repformer(x) => repformer::forward(d, x, desc),
+        }
+    }
+
+    pub fn backward(&self, d: &Dims, dbar: &[T], q: &mut [T]) {
+        match self {
+            Body::Repflow(x) => repflow::backward(d, x, dbar, q),
+            Body::Repformer(x) => repformer::backward(d, x, dbar, q),
+        }
+    }
+
+    pub fn tangent(&self, d: &Dims, rdot: &[T], ddot: &mut [T]) {
+        match self {
+            Body::Repflow(x) => repflow::tangent(d, x, rdot, ddot),
+            Body::Repformer(x) => repformer::tangent(d, x, rdot, ddot),
+        }
+    }
+
+    pub fn dual(&self, d: &Dims, rdot: &[T], dbar: &[T], ddotbar: &[T], grad: &mut [T]) {
+        match self {
+            Body::Repflow(x) => repflow::dual(d, x, rdot, dbar, ddotbar, grad),
+            Body::Repformer(x) => repformer::dual(d, x, rdot, dbar, ddotbar, grad),
+        }
+    }
+}
+
+/// [`BlockArgs`] on the host: downloaded, or borrowed where the buffers are host vectors.
+struct Host<'h, T: Clone> {
+    params: Cow<'h, [T]>,
+    davg: Cow<'h, [T]>,
+    dstd: Cow<'h, [T]>,
+    rij: Cow<'h, [T]>,
+    owner: Cow<'h, [i32]>,
+    nei_type: Cow<'h, [i32]>,
+    centre_atom: Cow<'h, [i32]>,
+}
+
+impl<B, I> BlockArgs<'_, B, I> {
+    fn run<T: Real, R>(&self, h: &Host<'_, T>, f: impl FnOnce(Body<'_, T>) -> R) -> R {
+        match self.block {
+            HostBlock::Repflow(o, l) => f(Body::Repflow(&RepflowIn {
+                o,
+                l,
+                params: &h.params,
+                davg: &h.davg,
+                dstd: &h.dstd,
+                rij: &h.rij,
+                owner: &h.owner,
+                nei_type: &h.nei_type,
+                centre_atom: &h.centre_atom,
+            })),
+            HostBlock::Repformer(o, l) => f(Body::Repformer(&Dpa2In {
+                o,
+                l,
+                params: &h.params,
+                davg: &h.davg,
+                dstd: &h.dstd,
+                rij: &h.rij,
+                owner: &h.owner,
+                nei_type: &h.nei_type,
+                centre_atom: &h.centre_atom,
+            })),
+        }
+    }
+
+    /// Runs `f` on the host view of the arguments.
+    fn with<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized, R>(
+        &self,
+        b: &K,
+        f: impl FnOnce(Body<'_, T>) -> R,
+    ) -> R {
+        let h = Host {
+            params: b.download(self.params).into(),
+            davg: b.download(self.davg).into(),
+            dstd: b.download(self.dstd).into(),
+            rij: b.download(self.rij).into(),
+            owner: b.download_idx(self.owner).into(),
+            nei_type: b.download_idx(self.nei_type).into(),
+            centre_atom: b.download_idx(self.centre_atom).into(),
+        };
+        self.run(&h, f)
+    }
+}
+
+impl<T: Real> BlockArgs<'_, Vec<T>, Vec<i32>> {
+    /// Runs `f` on the arguments where they are: the cpu backend's bodies, which need no copy.
+    pub fn in_place<R>(&self, f: impl FnOnce(Body<'_, T>) -> R) -> R {
+        let h = Host {
+            params: self.params.into(),
+            davg: self.davg.into(),
+            dstd: self.dstd.into(),
+            rij: self.rij.into(),
+            owner: self.owner.into(),
+            nei_type: self.nei_type.into(),
+            centre_atom: self.centre_atom.into(),
+        };
+        self.run(&h, f)
+    }
+}
+
+pub fn block_forward<T: Real, B: Device<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    a: &BlockArgs<B::Buf, B::Idx>,
+    desc: &mut B::Buf,
+) {
+    let mut out = vec![T::zero(); d.ncentres() * a.block.width()];
+    a.with(b, |x| x.forward(d, &mut out));
+    b.write(desc, &out);
+}
+
+pub fn block_backward<T: Real, B: Device<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    a: &BlockArgs<B::Buf, B::Idx>,
+    dbar: &B::Buf,
+    q: &mut B::Buf,
+) {
+    let dbar = b.download(dbar);
+    let mut out = vec![T::zero(); 3 * d.nslots()];
+    a.with(b, |x| x.backward(d, &dbar, &mut out));
+    b.write(q, &out);
+}
+
+pub fn block_tangent<T: Real, B: Device<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    a: &BlockArgs<B::Buf, B::Idx>,
+    rijdot: &B::Buf,
+    ddot: &mut B::Buf,
+) {
+    let rijdot = b.download(rijdot);
+    let mut out = vec![T::zero(); d.ncentres() * a.block.width()];
+    a.with(b, |x| x.tangent(d, &rijdot, &mut out));
+    b.write(ddot, &out);
+}
+
+pub fn block_dual<T: Real, B: Device<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    a: &BlockArgs<B::Buf, B::Idx>,
+    rijdot: &B::Buf,
+    (dbar, ddotbar): (&B::Buf, &B::Buf),
+    grad: &mut B::Buf,
+) {
+    let (rijdot, dbar, ddotbar) = (b.download(rijdot), b.download(dbar), b.download(ddotbar));
+    let mut g = b.download(grad);
+    a.with(b, |x| x.dual(d, &rijdot, &dbar, &ddotbar, &mut g));
+    b.write(grad, &g);
+}
+
+/// ṙ_ij = fres_i − fres_owner(j) − vres·r_ij of every slot (0 for padding): the force/virial
+/// seed as a tangent of the slots' vectors themselves, for a descriptor that reads r_ij rather
+/// than R̂ (DPA-3).
+#[allow(clippy::too_many_arguments)]
+pub fn rij_tangent<T: Real, B: Device<T> + ?Sized>(
+    b: &B,
+    d: &Dims,
+    fres: &B::Buf,
+    vres: &B::Buf,
+    rij: &B::Buf,
+    owner: &B::Idx,
+    centre_atom: &B::Idx,
+    rijdot: &mut B::Buf,
+) {
+    let (fres, vres, rij) = (b.download(fres), b.download(vres), b.download(rij));
+    let (owner, centre_atom) = (b.download_idx(owner), b.download_idx(centre_atom));
+    let mut out = vec![T::zero(); 3 * d.nslots()];
+    super::cpu::rij_tangent(d, &fres, &vres, &rij, &owner, &centre_atom, &mut out);
+    b.write(rijdot, &out);
+}

@@ -1,0 +1,913 @@
+//! DPA-2 on the host (docs/deepmd-spec.md §20): the repinit (DPA-1's embedding without
+//! attention, and the three-body block), the hand-over, and the repformer layers, written once
+//! as a forward on the tape (tape.rs). The tape gives the backward; the tangent is the forward
+//! on duals, the dual reverse the tape's backward on duals.
+//!
+//! Every block reads its list from the model's (the repinit's): the first `nsel` slots of a
+//! centre, those beyond the block's cut-off made padding (spec §20.2). A neighbour's g1 is its
+//! owner's row (ghosts read their local atom's).
+
+use std::sync::Arc;
+
+use super::dual::{Dual, Num};
+use super::repflow::{act3, switch3};
+use super::tape::{Fun, Tape, NONE, V};
+use crate::backend::{Dims, Real};
+use crate::model::dpa2::{Dpa2Config, Dpa2Layout, RepformerLayerLayout};
+use crate::model::dpa3::{Activation, UpdateStyle};
+use crate::model::{DescriptorSpec, TebdInputMode};
+use crate::model::{Net, Skip};
+
+/// The block's constants, one per model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dpa2Opts {
+    pub nt: usize,
+    pub c: Dpa2Config,
+    /// The repinit's list (the model's): rcut, rcut_smth, nsel S_i; its neuron's last width
+    /// M1 and axis_neuron A1; type_one_side.
+    pub rcut: f64,
+    pub rcut_smth: f64,
+    pub si: usize,
+    pub m1: usize,
+    pub a1: usize,
+    pub type_one_side: bool,
+    pub protection: f64,
+}
+
+impl Dpa2Opts {
+    pub fn new(d: &DescriptorSpec, nt: usize) -> Self {
+        Dpa2Opts {
+            nt,
+            c: d.dpa2.clone().expect("a DPA-2 spec"),
+            rcut: d.rcut,
+            rcut_smth: d.rcut_smth,
+            si: d.sel[0],
+            m1: d.m1(),
+            a1: d.axis_neuron,
+            type_one_side: d.type_one_side,
+            protection: d.env_protection,
+        }
+    }
+
+    /// D's width.
+    pub fn width(&self) -> usize {
+        self.c.dim()
+    }
+}
+
+/// What every pass reads: the model and the batch.
+pub struct Dpa2In<'a, T> {
+    pub o: &'a Dpa2Opts,
+    pub l: &'a Dpa2Layout,
+    pub params: &'a [T],
+    /// davg, dstd: `[nt][4]` of the repinit, then the repformer, then the three-body block.
+    pub davg: &'a [T],
+    pub dstd: &'a [T],
+    pub rij: &'a [T],
+    pub owner: &'a [i32],
+    pub nei_type: &'a [i32],
+    pub centre_atom: &'a [i32],
+}
+
+fn cst<T: Real>(x: f64) -> T {
+    T::from(x).expect("a representable constant")
+}
+
+fn act_fun<T: Real>(a: Activation) -> Fun<T> {
+    Arc::new(move |x| act3(a, x))
+}
+
+/// A block's list and environment rows (spec §20.2-20.3), `m = nc·S` rows.
+struct BlockEnv {
+    s: usize,
+    /// R̂ `[m][4]`, the switch `[m][1]` (0 where not real), r and r_ij `[m][1]`, `[m][3]`
+    /// (1 and (1, 0, 0) where not real, so that no derivative divides by 0).
+    rhat: V,
+    sw: V,
+    r: V,
+    rv: V,
+    real: Vec<bool>,
+    /// The neighbour's type (local atom 0's where not real), its owner's centre ([`NONE`]).
+    ntype: Vec<u32>,
+    owner: Vec<u32>,
+}
+
+/// Which block's list and statistics.
+#[derive(Clone, Copy)]
+enum Block {
+    Repinit,
+    Repformer,
+    ThreeBody,
+}
+
+struct Ctx<'a, T> {
+    x: &'a Dpa2In<'a, T>,
+    d: &'a Dims,
+    nc: usize,
+    ctype: Vec<usize>,
+    /// The centre of each atom (atoms numbered frame by frame), and local atom 0's type per
+    /// centre's frame.
+    atom_centre: Vec<usize>,
+    atom0_type: Vec<usize>,
+}
+
+impl<'a, T: Real> Ctx<'a, T> {
+    fn new(x: &'a Dpa2In<'a, T>, d: &'a Dims) -> Self {
+        let nc = d.ncentres();
+        let ctype: Vec<usize> = (0..nc).map(|c| d.centre_type(c)).collect();
+        let mut atom_centre = vec![0; nc];
+        for (c, &at) in x.centre_atom.iter().enumerate() {
+            atom_centre[at as usize] = c;
+        }
+        let atom0_type = (x.centre_atom.iter())
+            .map(|&at| ctype[atom_centre[at as usize / d.natoms * d.natoms]])
+            .collect();
+        Ctx {
+            x,
+            d,
+            nc,
+            ctype,
+            atom_centre,
+            atom0_type,
+        }
+    }
+
+    fn env<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, b: Block) -> BlockEnv {
+        let (o, x) = (self.x.o, self.x);
+        let c = &o.c;
+        let (s, rc, rcs, k) = match b {
+            Block::Repinit => (o.si, o.rcut, o.rcut_smth, 0),
+            Block::Repformer => (c.repformer.nsel, c.repformer.rcut, c.repformer.rcut_smth, 1),
+            Block::ThreeBody => (
+                c.repinit.three_body_sel,
+                c.repinit.three_body_rcut,
+                c.repinit.three_body_rcut_smth,
+                2,
+            ),
+        };
+        let nt = o.nt;
+        let stats =
+            |v: &[T], ti: usize| -> [T; 4] { std::array::from_fn(|q| v[(k * nt + ti) * 4 + q]) };
+        let m = self.nc * s;
+        let (mut real, mut ntype, mut owner) = (vec![false; m], vec![0u32; m], vec![NONE; m]);
+        let mut gidx = vec![NONE; 3 * m];
+        let mut pad = vec![T::zero(); 3 * m];
+        let (mut avg, mut istd, mut padval) = (
+            vec![T::zero(); 4 * m],
+            vec![T::one(); 4 * m],
+            vec![T::zero(); 4 * m],
+        );
+        let rc_t = cst::<T>(rc);
+        for cc in 0..self.nc {
+            let ti = self.ctype[cc];
+            let (a, sd) = (stats(x.davg, ti), stats(x.dstd, ti));
+            let s0 = self.d.mixed_slots(cc).start;
+            for j in 0..s {
+                let row = cc * s + j;
+                let slot = (j < o.si).then_some(s0 + j);
+                let found = slot.filter(|&sl| x.owner[sl] >= 0).filter(|&sl| {
+                    let v = &x.rij[3 * sl..3 * sl + 3];
+                    (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt() <= rc_t
+                });
+                let excluded = found.is_some_and(|sl| c.excludes(ti, x.nei_type[sl] as usize));
+                ntype[row] = self.atom0_type[cc] as u32;
+                for q in 0..4 {
+                    avg[4 * row + q] = a[q];
+                    istd[4 * row + q] = T::one() / sd[q];
+                }
+                match found {
+                    Some(sl) if !excluded => {
+                        real[row] = true;
+                        ntype[row] = x.nei_type[sl] as u32;
+                        owner[row] = self.atom_centre[x.owner[sl] as usize] as u32;
+                        for q in 0..3 {
+                            gidx[3 * row + q] = (3 * sl + q) as u32;
+                        }
+                    }
+                    // The repinit and three-body block zero an excluded row; the repformer
+                    // makes it padding (spec §20.2).
+                    Some(_) if !matches!(b, Block::Repformer) => pad[3 * row] = T::one(),
+                    _ => {
+                        pad[3 * row] = T::one();
+                        for q in 0..4 {
+                            padval[4 * row + q] = -a[q] / sd[q];
+                        }
+                    }
+                }
+            }
+        }
+        let mask: Vec<T> = real
+            .iter()
+            .map(|&r| if r { T::one() } else { T::zero() })
+            .collect();
+        let rv = t.gather(rij, Arc::new(gidx), m, 3);
+        let padc = t.consts(&pad, m, 3);
+        let rv = t.add(rv, padc);
+        let sq = t.mul(rv, rv);
+        let r2 = t.row_sum(sq);
+        let r = t.map(
+            r2,
+            Arc::new(|v: T| {
+                let s = v.sqrt();
+                let two = cst::<T>(2.0);
+                (s, T::one() / (two * s), -T::one() / (two * two * v * s))
+            }),
+        );
+        let sw = t.map(r, Arc::new(move |v| switch3(false, rcs, rc, v)));
+        let p = cst::<T>(o.protection);
+        let inv = t.map(
+            r,
+            Arc::new(move |v: T| {
+                let i = T::one() / (v + p);
+                (i, -i * i, cst::<T>(2.0) * i * i * i)
+            }),
+        );
+        let sr = t.mul(sw, inv);
+        let sd = t.mul(sr, inv);
+        let ang = t.mul(rv, sd);
+        let env = t.concat(&[sr, ang]);
+        let (avg, istd) = (t.consts(&avg, m, 4), t.consts(&istd, m, 4));
+        let centred = t.sub(env, avg);
+        let rhat = t.mul(centred, istd);
+        let maskc = t.consts(&mask, m, 1);
+        let rhat = t.mul(rhat, maskc);
+        let padv = t.consts(&padval, m, 4);
+        let rhat = t.add(rhat, padv);
+        let sw = t.mul(sw, maskc);
+        BlockEnv {
+            s,
+            rhat,
+            sw,
+            r,
+            rv,
+            real,
+            ntype,
+            owner,
+        }
+    }
+
+    /// An embedding net of DeePMD-kit (spec §5): φ(x·W + b) (· idt), plus the width-decided
+    /// skip.
+    fn net<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, mut x: V, net: &Net, a: Activation) -> V {
+        for l in &net.layers {
+            let z = t.linear(x, l.w, Some(l.b), l.nout);
+            let mut h = t.map(z, act_fun(a));
+            if let Some(idt) = l.idt {
+                let p = t.param(idt, 1, l.nout);
+                h = t.mul(h, p);
+            }
+            h = match l.skip {
+                Skip::None => h,
+                Skip::Identity => t.add(h, x),
+                Skip::Double => {
+                    let xx = t.concat(&[x, x]);
+                    t.add(h, xx)
+                }
+            };
+            x = h;
+        }
+        x
+    }
+
+    /// T `[nt][T]`: the type embedding's layer over one-hot rows, with its skip.
+    fn tebd<N: Num<T>>(&self, t: &mut Tape<'_, T, N>) -> V {
+        let l = &self.x.l.tebd;
+        let (nt, dim) = (l.ntypes, l.dim);
+        let mut tt = t.param(l.w, nt, dim);
+        if let Some(b) = l.b {
+            let b = t.param(b, 1, dim);
+            tt = t.add(tt, b);
+        }
+        let skip: Vec<T> = (0..nt * dim)
+            .map(|e| {
+                let (ty, c) = (e / dim, e % dim);
+                let on = match l.skip {
+                    Skip::None => false,
+                    Skip::Identity => c == ty,
+                    Skip::Double => c % nt == ty,
+                };
+                if on {
+                    T::one()
+                } else {
+                    T::zero()
+                }
+            })
+            .collect();
+        let skip = t.consts(&skip, nt, dim);
+        t.add(tt, skip)
+    }
+
+    /// The repinit's D `[nc][M1·A1]` (spec §20.3).
+    fn repinit<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, tt: V) -> V {
+        let (o, l) = (self.x.o, self.x.l);
+        let c = &o.c;
+        let e = self.env(t, rij, Block::Repinit);
+        let (nc, s, m1, a1) = (self.nc, e.s, o.m1, o.a1);
+        let shat = t.cols(e.rhat, 0..1);
+        let tj = t.rows(tt, &e.ntype);
+        let centre: Vec<u32> = (0..nc * s).map(|r| self.ctype[r / s] as u32).collect();
+        let types = if o.type_one_side {
+            tj
+        } else {
+            let ti = t.rows(tt, &centre);
+            t.concat(&[tj, ti])
+        };
+        let act = c.repinit.activation;
+        let g = match c.repinit.tebd_input_mode {
+            TebdInputMode::Concat => {
+                let x = t.concat(&[shat, types]);
+                self.net(t, x, &l.repinit, act)
+            }
+            TebdInputMode::Strip => {
+                let gs = self.net(t, shat, &l.repinit, act);
+                let strip = l.repinit_strip.as_ref().expect("strip's type net");
+                let mut gt = self.net(t, types, strip, act);
+                if c.smooth {
+                    gt = t.mul(gt, e.sw);
+                }
+                let gg = t.mul(gs, gt);
+                t.add(gs, gg)
+            }
+        };
+        let gr = t.bmm(g, e.rhat, nc, m1, s, 4, true, false);
+        let gr = t.scale(gr, T::one() / cst::<T>(s as f64));
+        let first: Vec<u32> = (0..nc * a1)
+            .map(|r| ((r / a1) * m1 + r % a1) as u32)
+            .collect();
+        let gra = t.rows(gr, &first);
+        let dm = t.bmm(gr, gra, nc, m1, 4, a1, false, true);
+        t.reshape(dm, nc, m1 * a1)
+    }
+
+    /// The three-body block's D3 `[nc][M3]` (spec §20.4).
+    fn three_body<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, tt: V) -> V {
+        let (o, l) = (self.x.o, self.x.l);
+        let c = &o.c;
+        let e = self.env(t, rij, Block::ThreeBody);
+        let (nc, s) = (self.nc, e.s);
+        let h = t.cols(e.rhat, 1..4);
+        let ejk = t.bmm(h, h, nc, s, 3, s, false, true);
+        let m3 = nc * s * s;
+        let ejk = t.reshape(ejk, m3, 1);
+        let (mut jt, mut kt) = (Vec::with_capacity(m3), Vec::with_capacity(m3));
+        for cc in 0..nc {
+            for j in 0..s {
+                for k in 0..s {
+                    jt.push(e.ntype[cc * s + j]);
+                    kt.push(e.ntype[cc * s + k]);
+                }
+            }
+        }
+        let (tj, tk) = (t.rows(tt, &jt), t.rows(tt, &kt));
+        let act = c.repinit.activation;
+        let net = l.three_body.as_ref().expect("the three-body net");
+        let g = match c.repinit.tebd_input_mode {
+            TebdInputMode::Concat => {
+                let x = t.concat(&[ejk, tj, tk]);
+                self.net(t, x, net, act)
+            }
+            TebdInputMode::Strip => {
+                let gs = self.net(t, ejk, net, act);
+                let strip = l.three_body_strip.as_ref().expect("strip's type net");
+                let types = t.concat(&[tj, tk]);
+                let mut gt = self.net(t, types, strip, act);
+                if c.smooth {
+                    let swjk = t.bmm(e.sw, e.sw, nc, s, 1, s, false, true);
+                    let swjk = t.reshape(swjk, m3, 1);
+                    gt = t.mul(gt, swjk);
+                }
+                let gg = t.mul(gs, gt);
+                t.add(gs, gg)
+            }
+        };
+        let ge = t.mul(g, ejk);
+        let d3 = t.sum_rows(ge, s * s);
+        t.scale(d3, T::one() / cst::<T>((s * s) as f64))
+    }
+
+    /// The whole descriptor `[nc][width]` and the r_ij leaf.
+    fn build<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rdot: Option<&[T]>) -> (V, V) {
+        let (o, l, x) = (self.x.o, self.x.l, self.x);
+        let c = &o.c;
+        let ns = self.d.nslots();
+        let rv = (0..3 * ns)
+            .map(|e| N::pair(x.rij[e], rdot.map_or(T::zero(), |r| r[e])))
+            .collect();
+        let rij = t.leaf(rv, ns, 3);
+        let tt = self.tebd(t);
+        let mut out = self.repinit(t, rij, tt);
+        if c.repinit.use_three_body {
+            let d3 = self.three_body(t, rij, tt);
+            out = t.concat(&[out, d3]);
+        }
+        let g1d = c.repformer.g1_dim;
+        if let Some(w) = l.shape_transform {
+            out = t.linear(out, w, None, g1d);
+        }
+        let centre: Vec<u32> = self.ctype.iter().map(|&ty| ty as u32).collect();
+        let ti = t.rows(tt, &centre);
+        if let Some(w) = l.tebd_transform {
+            let add = t.linear(ti, w, None, g1d);
+            out = t.add(out, add);
+        }
+        let g1 = t.map(out, act_fun(c.repformer.activation));
+        let g1 = self.repformer(t, rij, g1);
+        let desc = if c.concat_output_tebd {
+            t.concat(&[g1, ti])
+        } else {
+            g1
+        };
+        (rij, desc)
+    }
+}
+
+/// The repformer's per-batch constants: the list, the weights of its sums.
+struct Rep {
+    e: BlockEnv,
+    /// w_ij `[m][1]`: the switch (smooth) or the mask.
+    w: V,
+    /// ν_i (the conv's normalisation) and κ_i (G's), per centre.
+    nu: Vec<f64>,
+    kappa: Vec<f64>,
+    /// Each row's centre.
+    centre: Vec<u32>,
+}
+
+impl<T: Real> Ctx<'_, T> {
+    fn repformer<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, mut g1: V) -> V {
+        let o = self.x.o;
+        let r = &o.c.repformer;
+        let smooth = o.c.smooth;
+        let e = self.env(t, rij, Block::Repformer);
+        let (nc, s) = (self.nc, e.s);
+        let m = nc * s;
+        let mask: Vec<T> = (e.real.iter())
+            .map(|&r| if r { T::one() } else { T::zero() })
+            .collect();
+        let maskc = t.consts(&mask, m, 1);
+        let (g2in, mut h2) = if r.direct_dist {
+            let k = T::one() / cst::<T>(r.rcut);
+            let rr = t.scale(e.r, k);
+            let rv = t.scale(e.rv, k);
+            (t.mul(rr, maskc), t.mul(rv, maskc))
+        } else {
+            (t.cols(e.rhat, 0..1), t.cols(e.rhat, 1..4))
+        };
+        let l = self.x.l;
+        let z = t.linear(g2in, l.g2_embd.w, Some(l.g2_embd.b), r.g2_dim);
+        let mut g2 = t.map(z, act_fun(r.activation));
+        let n: Vec<f64> = (0..nc)
+            .map(|c| e.real[c * s..(c + 1) * s].iter().filter(|&&r| r).count() as f64)
+            .collect();
+        let sf = s as f64;
+        let nu = n
+            .iter()
+            .map(|&n| if smooth { 1.0 / sf } else { 1.0 / (1e-4 + n) })
+            .collect();
+        let kappa = (n.iter())
+            .map(|&n| match (smooth, r.use_sqrt_nnei) {
+                (true, true) => 1.0 / sf.sqrt(),
+                (true, false) => 1.0 / sf,
+                (false, true) => 1.0 / (1e-4 + n.sqrt()),
+                (false, false) => 1.0 / (1e-4 + n),
+            })
+            .collect();
+        let w = if smooth { e.sw } else { maskc };
+        let centre = (0..m).map(|row| (row / s) as u32).collect();
+        let rep = Rep {
+            e,
+            w,
+            nu,
+            kappa,
+            centre,
+        };
+        for ll in &l.layers {
+            let (n1, n2, n3) = self.layer(t, &rep, ll, (g1, g2, h2));
+            (g1, g2, h2) = (n1, n2, n3);
+        }
+        g1
+    }
+
+    /// Per-centre constants `v` as a `[nc·k][1]` tensor (each repeated k times).
+    fn per_centre<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, v: &[f64], k: usize) -> V {
+        let c: Vec<T> = (0..v.len() * k).map(|i| cst::<T>(v[i / k])).collect();
+        t.consts(&c, v.len() * k, 1)
+    }
+
+    /// ν_i Σ_j x_ij `[nc][cols]`.
+    fn conv_sum<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rep: &Rep, x: V) -> V {
+        let sum = t.sum_rows(x, rep.e.s);
+        let nu = self.per_centre(t, &rep.nu, 1);
+        t.mul(sum, nu)
+    }
+
+    /// G(g) `[nc][A2·n_g]` (spec §20.6's symmetrisation op).
+    fn sym<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rep: &Rep, h2: V, g: V) -> V {
+        let r = &self.x.o.c.repformer;
+        let (nc, s, a2) = (self.nc, rep.e.s, r.axis_neuron);
+        let ng = t.shape(g).1;
+        let gw = t.mul(g, rep.w);
+        let hg = t.bmm(h2, gw, nc, 3, s, ng, true, false);
+        let kappa = self.per_centre(t, &rep.kappa, 3);
+        let hg = t.mul(hg, kappa);
+        let hga = t.cols(hg, 0..a2);
+        let gm = t.bmm(hga, hg, nc, a2, 3, ng, true, false);
+        let gm = t.scale(gm, T::one() / cst::<T>(3.0));
+        t.reshape(gm, nc, a2 * ng)
+    }
+
+    /// `[batch·heads][rows][d]` from `[batch·rows][width]`, entry (b, h, r, q) read at column
+    /// `q·stride + h + off` (DeePMD-kit's interleaved head layouts, spec §20.6).
+    #[allow(clippy::too_many_arguments)]
+    fn heads<N: Num<T>>(
+        &self,
+        t: &mut Tape<'_, T, N>,
+        x: V,
+        rows: usize,
+        heads: usize,
+        d: usize,
+        stride: usize,
+        off: usize,
+    ) -> V {
+        let (total, width) = t.shape(x);
+        let batch = total / rows;
+        let mut idx = Vec::with_capacity(batch * heads * rows * d);
+        for b in 0..batch {
+            for h in 0..heads {
+                for r in 0..rows {
+                    for q in 0..d {
+                        idx.push(((b * rows + r) * width + q * stride + h + off) as u32);
+                    }
+                }
+            }
+        }
+        t.gather(x, Arc::new(idx), batch * heads * rows, d)
+    }
+
+    /// `[batch·rows][k]` per centre and slot spread over `heads`: entry (b, h, r, ·) of the
+    /// result reads row b·rows + r.
+    fn spread<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, x: V, rows: usize, heads: usize) -> V {
+        let (total, _) = t.shape(x);
+        let batch = total / rows;
+        let idx: Vec<u32> = (0..batch * heads * rows)
+            .map(|e| {
+                let (b, r) = (e / (heads * rows), e % rows);
+                (b * rows + r) as u32
+            })
+            .collect();
+        t.rows(x, &idx)
+    }
+
+    /// One RepformerLayer (spec §20.6): (g1, g2, h2) → their updates.
+    fn layer<N: Num<T>>(
+        &self,
+        t: &mut Tape<'_, T, N>,
+        rep: &Rep,
+        ll: &RepformerLayerLayout,
+        (g1, g2, h2): (V, V, V),
+    ) -> (V, V, V) {
+        let o = self.x.o;
+        let r = &o.c.repformer;
+        let k = ll.terms;
+        let (g1d, g2d) = (r.g1_dim, r.g2_dim);
+        let act = r.activation;
+        let gg1 = t.rows(g1, &rep.e.owner);
+        let mut g1_terms = Vec::new();
+        if let Some(mlp) = &ll.g1_self_mlp {
+            let z = t.linear(g1, mlp.w, Some(mlp.b), g1d);
+            g1_terms.push(t.map(z, act_fun(act)));
+        }
+        if k.conv_term {
+            let w = ll.proj_g1g2.expect("conv's projection");
+            let c = t.linear(g2, w, None, g1d);
+            let c = t.mul(c, gg1);
+            let c = t.mul(c, rep.w);
+            g1_terms.push(self.conv_sum(t, rep, c));
+        }
+        let mut parts = Vec::new();
+        if !k.g1_mlp {
+            parts.push(g1);
+        }
+        if k.conv_in {
+            let w = ll.proj_g1g2.expect("conv's projection");
+            let c = t.linear(gg1, w, None, g2d);
+            let c = t.mul(g2, c);
+            let c = t.mul(c, rep.w);
+            parts.push(self.conv_sum(t, rep, c));
+        }
+        if k.grrg {
+            parts.push(self.sym(t, rep, h2, g2));
+        }
+        if k.drrd {
+            parts.push(self.sym(t, rep, h2, gg1));
+        }
+        let cat = t.concat(&parts);
+        let z = t.linear(cat, ll.linear1.w, Some(ll.linear1.b), g1d);
+        g1_terms.push(t.map(z, act_fun(act)));
+        if k.g1_attn {
+            g1_terms.push(self.local_atten(t, rep, ll, g1, gg1));
+        }
+        let new_g1 = update(t, r.update_style, g1, &g1_terms, &ll.g1_residual, g1d);
+        if !k.chnnl_2 {
+            return (new_g1, g2, h2);
+        }
+        let mut g2_terms = Vec::new();
+        let l2 = ll.linear2.as_ref().expect("linear2");
+        let z = t.linear(g2, l2.w, Some(l2.b), g2d);
+        g2_terms.push(t.map(z, act_fun(act)));
+        if let Some(w) = ll.proj_g1g1g2 {
+            let gi = t.rows(g1, &rep.centre);
+            let p = t.mul(gi, gg1);
+            let p = t.mul(p, rep.w);
+            g2_terms.push(t.linear(p, w, None, g2d));
+        }
+        let attn = k.attn_map().then(|| self.attn_map(t, rep, ll, g2, h2));
+        if k.g2_attn {
+            let a = attn.expect("the attention map");
+            g2_terms.push(self.g2_attention(t, rep, ll, a, g2));
+        }
+        let new_g2 = update(t, r.update_style, g2, &g2_terms, &ll.g2_residual, g2d);
+        let mut h2_terms = Vec::new();
+        if let Some(w) = ll.ev_head_map {
+            let a = attn.expect("the attention map");
+            h2_terms.push(self.h2_update(t, rep, a, h2, w));
+        }
+        let new_h2 = update(t, r.update_style, h2, &h2_terms, &ll.h2_residual, 1);
+        (new_g1, new_g2, new_h2)
+    }
+
+    /// LocalAtten (spec §20.6): attention of each centre's g1 over its neighbours' g1.
+    fn local_atten<N: Num<T>>(
+        &self,
+        t: &mut Tape<'_, T, N>,
+        rep: &Rep,
+        ll: &RepformerLayerLayout,
+        g1: V,
+        gg1: V,
+    ) -> V {
+        let o = self.x.o;
+        let r = &o.c.repformer;
+        let (nc, s, g1d, h1, n1) = (self.nc, rep.e.s, r.g1_dim, r.attn1_hidden, r.attn1_nhead);
+        let q = t.linear(g1, ll.loc_mapq.expect("mapq"), None, h1 * n1);
+        let kv = t.linear(gg1, ll.loc_mapkv.expect("mapkv"), None, (h1 + g1d) * n1);
+        let qh = self.heads(t, q, 1, n1, h1, n1, 0);
+        let kh = self.heads(t, kv, s, n1, h1, n1, 0);
+        let vh = self.heads(t, kv, s, n1, g1d, n1, h1 * n1);
+        let a = t.bmm(qh, kh, nc * n1, 1, h1, s, false, true);
+        let a = t.scale(a, T::one() / cst::<T>(h1 as f64).sqrt());
+        let sw = self.spread(t, rep.e.sw, s, n1);
+        let sw = t.reshape(sw, nc * n1, s);
+        let mask: Vec<bool> = (0..nc * n1 * s)
+            .map(|e| rep.e.real[(e / (n1 * s)) * s + e % s])
+            .collect();
+        let maskv: Vec<T> = mask
+            .iter()
+            .map(|&b| if b { T::one() } else { T::zero() })
+            .collect();
+        let maskc = t.consts(&maskv, nc * n1, s);
+        let a = self.smooth_softmax(t, a, sw, maskc, Arc::new(mask));
+        let ov = t.bmm(a, vh, nc * n1, 1, s, g1d, false, false);
+        let ov = t.reshape(ov, nc, n1 * g1d);
+        let hm = ll.loc_head_map.as_ref().expect("head_map");
+        t.linear(ov, hm.w, Some(hm.b), g1d)
+    }
+
+    /// Softmax over the last axis of logits `a` with DeePMD-kit's smooth shift (sw the
+    /// switches' product) or the hard mask, zeroed where not real.
+    fn smooth_softmax<N: Num<T>>(
+        &self,
+        t: &mut Tape<'_, T, N>,
+        a: V,
+        sw: V,
+        maskc: V,
+        mask: Arc<Vec<bool>>,
+    ) -> V {
+        if self.x.o.c.smooth {
+            let shift = t.consts(&[cst::<T>(ATTNW_SHIFT)], 1, 1);
+            let a = t.add(a, shift);
+            let a = t.mul(a, sw);
+            let a = t.sub(a, shift);
+            let p = t.softmax(a, None);
+            let p = t.mul(p, maskc);
+            t.mul(p, sw)
+        } else {
+            let p = t.softmax(a, Some(mask));
+            t.mul(p, maskc)
+        }
+    }
+
+    /// The g2 attention map A `[nc·N2·S][S]` (spec §20.6's Atten2Map).
+    fn attn_map<N: Num<T>>(
+        &self,
+        t: &mut Tape<'_, T, N>,
+        rep: &Rep,
+        ll: &RepformerLayerLayout,
+        g2: V,
+        h2: V,
+    ) -> V {
+        let r = &self.x.o.c.repformer;
+        let (nc, s, h, n2) = (self.nc, rep.e.s, r.attn2_hidden, r.attn2_nhead);
+        let qk = t.linear(g2, ll.mapqk.expect("mapqk"), None, 2 * h * n2);
+        let qh = self.heads(t, qk, s, n2, h, 2 * n2, 0);
+        let kh = self.heads(t, qk, s, n2, h, 2 * n2, n2);
+        let l = t.bmm(qh, kh, nc * n2, s, h, s, false, true);
+        let mut l = t.scale(l, T::one() / cst::<T>(h as f64).sqrt());
+        let hh = t.bmm(h2, h2, nc, s, 3, s, false, true);
+        let hh = self.spread(t, hh, s, n2);
+        if r.attn2_has_gate {
+            l = t.mul(l, hh);
+        }
+        let swjk = t.bmm(rep.e.sw, rep.e.sw, nc, s, 1, s, false, true);
+        let swjk = self.spread(t, swjk, s, n2);
+        let real = &rep.e.real;
+        let mask: Vec<bool> = (0..nc * n2 * s * s)
+            .map(|e| {
+                let (c, j, k) = (e / (n2 * s * s), (e / s) % s, e % s);
+                real[c * s + j] && real[c * s + k]
+            })
+            .collect();
+        let maskv: Vec<T> = mask
+            .iter()
+            .map(|&b| if b { T::one() } else { T::zero() })
+            .collect();
+        let maskc = t.consts(&maskv, nc * n2 * s, s);
+        // The hard mask hides k alone; rows of a j that is not real are zeroed after.
+        let kmask: Vec<bool> = (0..nc * n2 * s * s)
+            .map(|e| real[(e / (n2 * s * s)) * s + e % s])
+            .collect();
+        let a = self.smooth_softmax(t, l, swjk, maskc, Arc::new(kmask));
+        let a = t.mul(a, hh);
+        t.scale(a, T::one() / cst::<T>(3.0).sqrt())
+    }
+
+    /// The g2 attention term: LN(head_map(Σ_k A v)) (spec §20.6's Atten2MultiHeadApply).
+    fn g2_attention<N: Num<T>>(
+        &self,
+        t: &mut Tape<'_, T, N>,
+        rep: &Rep,
+        ll: &RepformerLayerLayout,
+        a: V,
+        g2: V,
+    ) -> V {
+        let r = &self.x.o.c.repformer;
+        let (nc, s, g2d, n2) = (self.nc, rep.e.s, r.g2_dim, r.attn2_nhead);
+        let v = t.linear(g2, ll.mapv.expect("mapv"), None, g2d * n2);
+        let vh = self.heads(t, v, s, n2, g2d, n2, 0);
+        let ov = t.bmm(a, vh, nc * n2, s, s, g2d, false, false);
+        // (c, j, ch·N2 + h) ← ((c·N2 + h)·S + j)·G2 + ch: channel-major.
+        let idx: Vec<u32> = (0..nc * s * g2d * n2)
+            .map(|e| {
+                let (c, j, col) = (e / (s * g2d * n2), (e / (g2d * n2)) % s, e % (g2d * n2));
+                let (ch, h) = (col / n2, col % n2);
+                (((c * n2 + h) * s + j) * g2d + ch) as u32
+            })
+            .collect();
+        let cat = t.gather(ov, Arc::new(idx), nc * s, g2d * n2);
+        let hm = ll.attn2_head_map.as_ref().expect("head_map");
+        let y = t.linear(cat, hm.w, Some(hm.b), g2d);
+        let (lw, lb) = ll.attn2_lm.expect("attn2_lm");
+        layer_norm(t, y, lw, lb, r.ln_eps)
+    }
+
+    /// The h2 term Σ_h w_h Σ_k A^h_jk h2_k (spec §20.6's Atten2EquiVarApply).
+    fn h2_update<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rep: &Rep, a: V, h2: V, w: usize) -> V {
+        let r = &self.x.o.c.repformer;
+        let (nc, s, n2) = (self.nc, rep.e.s, r.attn2_nhead);
+        let idx: Vec<u32> = (0..nc * n2 * s * 3)
+            .map(|e| {
+                let (c, k, q) = (e / (n2 * s * 3), (e / 3) % s, e % 3);
+                ((c * s + k) * 3 + q) as u32
+            })
+            .collect();
+        let hk = t.gather(h2, Arc::new(idx), nc * n2 * s, 3);
+        let p = t.bmm(a, hk, nc * n2, s, s, 3, false, false);
+        let idx: Vec<u32> = (0..nc * s * 3 * n2)
+            .map(|e| {
+                let (c, j, q, h) = (e / (s * 3 * n2), (e / (3 * n2)) % s, (e / n2) % 3, e % n2);
+                (((c * n2 + h) * s + j) * 3 + q) as u32
+            })
+            .collect();
+        let ph = t.gather(p, Arc::new(idx), nc * s * 3, n2);
+        let y = t.linear(ph, w, None, 1);
+        t.reshape(y, nc * s, 3)
+    }
+}
+
+/// The attention logits' shift (DeePMD-kit's `attnw_shift`).
+const ATTNW_SHIFT: f64 = 20.0;
+
+/// (x − μ)/√(σ² + ε)·w + b over each row (population variance).
+fn layer_norm<T: Real, N: Num<T>>(t: &mut Tape<'_, T, N>, y: V, w: usize, b: usize, eps: f64) -> V {
+    let cols = t.shape(y).1;
+    let inv_n = T::one() / cst::<T>(cols as f64);
+    let mean = t.row_sum(y);
+    let mean = t.scale(mean, inv_n);
+    let xc = t.sub(y, mean);
+    let sq = t.mul(xc, xc);
+    let var = t.row_sum(sq);
+    let var = t.scale(var, inv_n);
+    let e = cst::<T>(eps);
+    let inv = t.map(
+        var,
+        Arc::new(move |v: T| {
+            let s = (v + e).sqrt();
+            let i = T::one() / s;
+            let two = cst::<T>(2.0);
+            (
+                i,
+                -i / (two * (v + e)),
+                cst::<T>(3.0) * i / (two * two * (v + e) * (v + e)),
+            )
+        }),
+    );
+    let x = t.mul(xc, inv);
+    let w = t.param(w, 1, cols);
+    let x = t.mul(x, w);
+    let b = t.param(b, 1, cols);
+    t.add(x, b)
+}
+
+/// x with its terms by the update style (spec §20.6).
+fn update<T: Real, N: Num<T>>(
+    t: &mut Tape<'_, T, N>,
+    style: UpdateStyle,
+    x: V,
+    terms: &[V],
+    residual: &[usize],
+    width: usize,
+) -> V {
+    let k = terms.len();
+    if k == 0 {
+        return x;
+    }
+    match style {
+        UpdateStyle::ResAvg => {
+            let s = terms.iter().fold(x, |a, &u| t.add(a, u));
+            t.scale(s, T::one() / cst::<T>((k + 1) as f64).sqrt())
+        }
+        UpdateStyle::ResIncr => {
+            let s = terms[1..].iter().fold(terms[0], |a, &u| t.add(a, u));
+            let s = t.scale(s, T::one() / cst::<T>(k as f64).sqrt());
+            t.add(x, s)
+        }
+        UpdateStyle::ResResidual => terms.iter().zip(residual).fold(x, |a, (&u, &r)| {
+            let rv = t.param(r, 1, width);
+            let ru = t.mul(u, rv);
+            t.add(a, ru)
+        }),
+    }
+}
+
+impl<T: Real> Dpa2In<'_, T> {
+    fn run<N: Num<T>>(&self, d: &Dims, rdot: Option<&[T]>) -> (Tape<'_, T, N>, V, V) {
+        let ctx = Ctx::new(self, d);
+        let mut t = Tape::new(self.params);
+        let (rij, desc) = ctx.build(&mut t, rdot);
+        (t, rij, desc)
+    }
+}
+
+/// D `[nc][width]` of every centre.
+pub fn forward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, desc: &mut [T]) {
+    let (t, _, dv) = x.run::<T>(d, None);
+    desc.copy_from_slice(t.val(dv));
+}
+
+/// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`.
+pub fn tangent<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, rdot: &[T], ddot: &mut [T]) {
+    let (t, _, dv) = x.run::<Dual<T>>(d, Some(rdot));
+    for (o, v) in ddot.iter_mut().zip(t.val(dv)) {
+        *o = v.d;
+    }
+}
+
+/// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[nc][width]`.
+pub fn backward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, dbar: &[T], q: &mut [T]) {
+    let (t, rij, dv) = x.run::<T>(d, None);
+    let g = t.backward(vec![(dv, dbar.to_vec())], &mut []);
+    match g.of(rij) {
+        Some(a) => q.copy_from_slice(a),
+        None => q.fill(T::zero()),
+    }
+}
+
+/// The dual reverse from (D̄, Ḋ̄) for the tangent ṙ_ij: the parameter gradient added to `grad`.
+pub fn dual<T: Real>(
+    d: &Dims,
+    x: &Dpa2In<'_, T>,
+    rdot: &[T],
+    dbar: &[T],
+    ddotbar: &[T],
+    grad: &mut [T],
+) {
+    let (t, _, dv) = x.run::<Dual<T>>(d, Some(rdot));
+    // Cotangent Ḋ̄ + ε D̄: the ε part of a parameter's adjoint is its gradient (dual.rs).
+    let seed = (ddotbar.iter().zip(dbar))
+        .map(|(&db, &b)| Dual::new(db, b))
+        .collect();
+    let mut g = vec![Dual::default(); grad.len()];
+    t.backward(vec![(dv, seed)], &mut g);
+    for (gv, v) in grad.iter_mut().zip(g) {
+        *gv += v.d;
+    }
+}

@@ -1,0 +1,803 @@
+//! A reverse-mode tape over small dense tensors of numbers (`Num`): a block written once as its
+//! forward (DPA-2's, `repformer.rs`) gets its backward from the tape, its tangent by running
+//! the forward on duals, and its dual reverse by running the tape's backward on duals
+//! (dual.rs): no pass of the block is written by hand.
+//!
+//! Tensors are row-major `[rows][cols]`; batched products read them as `[batch][m][k]`. A
+//! parameter's adjoint goes to a gradient vector laid out as the parameters (an empty one when
+//! no gradient is wanted). Every backward sum runs in a fixed order, so results do not depend
+//! on the thread count.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::dual::Num;
+use super::gemm::{Mat, Prod};
+use crate::backend::Real;
+
+/// A tensor on the tape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct V(usize);
+
+/// f(x) as (f, f', f'') at a real x: the value and slope of an elementwise op, and the slope's
+/// own slope for the dual reverse.
+pub type Fun<T> = Arc<dyn Fn(T) -> (T, T, T) + Send + Sync>;
+
+/// An index of [`Tape::gather`] that reads 0.
+pub const NONE: u32 = u32::MAX;
+
+enum Op<T> {
+    Leaf,
+    /// params[at..at + len] as a tensor.
+    Param(usize),
+    /// x·W (+ b), W `[x.cols][out]` real at an offset of the parameters.
+    Linear {
+        x: V,
+        w: usize,
+        b: Option<usize>,
+    },
+    /// `[batch]` products op(A)·op(B), op the transpose where asked.
+    Bmm {
+        a: V,
+        b: V,
+        m: usize,
+        k: usize,
+        n: usize,
+        ta: bool,
+        tb: bool,
+    },
+    Map(V, Fun<T>),
+    /// a ∘ b with b broadcast over rows and/or columns where its extent is 1.
+    Add(V, V),
+    Sub(V, V),
+    Mul(V, V),
+    Scale(V, T),
+    Gather(V, Arc<Vec<u32>>),
+    /// Sums of `k` consecutive rows.
+    SumRows(V, usize),
+    /// Each row's sum.
+    RowSum(V),
+    /// Softmax over each row's columns (masked-out entries are 0 and leave the sum, so the
+    /// backward needs no mask).
+    Softmax(V),
+    Concat(Vec<V>),
+    Reshape(V),
+}
+
+struct Node<T, N> {
+    val: Vec<N>,
+    rows: usize,
+    cols: usize,
+    op: Op<T>,
+}
+
+pub struct Tape<'p, T: Real, N: Num<T>> {
+    params: &'p [T],
+    nodes: Vec<Node<T, N>>,
+}
+
+/// Rows per parallel task of the elementwise and row-wise ops.
+const CHUNK: usize = 256;
+
+impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
+    pub fn new(params: &'p [T]) -> Self {
+        Tape {
+            params,
+            nodes: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, val: Vec<N>, rows: usize, cols: usize, op: Op<T>) -> V {
+        debug_assert_eq!(val.len(), rows * cols);
+        self.nodes.push(Node {
+            val,
+            rows,
+            cols,
+            op,
+        });
+        V(self.nodes.len() - 1)
+    }
+
+    pub fn val(&self, v: V) -> &[N] {
+        &self.nodes[v.0].val
+    }
+
+    pub fn shape(&self, v: V) -> (usize, usize) {
+        (self.nodes[v.0].rows, self.nodes[v.0].cols)
+    }
+
+    /// An input or a constant: its adjoint is [`Grads::of`] after the backward.
+    pub fn leaf(&mut self, val: Vec<N>, rows: usize, cols: usize) -> V {
+        self.push(val, rows, cols, Op::Leaf)
+    }
+
+    /// A constant of reals.
+    pub fn consts(&mut self, val: &[T], rows: usize, cols: usize) -> V {
+        self.leaf(val.iter().map(|&x| N::of(x)).collect(), rows, cols)
+    }
+
+    /// The parameters `[at..at + rows·cols]` as a `[rows][cols]` tensor.
+    pub fn param(&mut self, at: usize, rows: usize, cols: usize) -> V {
+        let val = self.params[at..at + rows * cols]
+            .iter()
+            .map(|&x| N::of(x))
+            .collect();
+        self.push(val, rows, cols, Op::Param(at))
+    }
+
+    /// x·W (+ b) for W `[cols(x)][out]` at offset `w`, b `[out]` at `b`.
+    pub fn linear(&mut self, x: V, w: usize, b: Option<usize>, out: usize) -> V {
+        let (rows, nin) = self.shape(x);
+        let wv = &self.params[w..w + nin * out];
+        let mut y = vec![N::zero(); rows * out];
+        if let Some(b) = b {
+            let bv = &self.params[b..b + out];
+            for row in y.chunks_mut(out) {
+                for (y, &b) in row.iter_mut().zip(bv) {
+                    *y = N::of(b);
+                }
+            }
+        }
+        let xv = &self.nodes[x.0].val;
+        y.par_chunks_mut(CHUNK * out)
+            .zip(xv.par_chunks(CHUNK * nin))
+            .for_each_init(Vec::new, |work, (yc, xc)| {
+                let m = xc.len() / nin.max(1);
+                let p = prod(m, nin, out, b.is_some());
+                N::gemm_r(p, mat(xc, nin), wv, yc, work);
+            });
+        self.push(y, rows, out, Op::Linear { x, w, b })
+    }
+
+    /// `[batch]` products op(A)·op(B) → `[batch][m][n]`: A is `[batch][m][k]` (`[k][m]` with
+    /// `ta`), B `[batch][k][n]` (`[n][k]` with `tb`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bmm(
+        &mut self,
+        a: V,
+        b: V,
+        batch: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+        ta: bool,
+        tb: bool,
+    ) -> V {
+        assert_eq!(self.val(a).len(), batch * m * k, "bmm: A's size");
+        assert_eq!(self.val(b).len(), batch * k * n, "bmm: B's size");
+        let mut c = vec![N::zero(); batch * m * n];
+        let (av, bv) = (self.val(a), self.val(b));
+        c.par_chunks_mut((m * n).max(1))
+            .enumerate()
+            .for_each_init(Vec::new, |work, (i, cb)| {
+                let ab = &av[i * m * k..(i + 1) * m * k];
+                let bb = &bv[i * k * n..(i + 1) * k * n];
+                matmul(m, k, n, (ab, ta), (bb, tb), cb, false, work);
+            });
+        self.push(
+            c,
+            batch * m,
+            n,
+            Op::Bmm {
+                a,
+                b,
+                m,
+                k,
+                n,
+                ta,
+                tb,
+            },
+        )
+    }
+
+    /// f of each entry.
+    pub fn map(&mut self, x: V, f: Fun<T>) -> V {
+        let (rows, cols) = self.shape(x);
+        let y: Vec<N> = (self.val(x).par_iter())
+            .map(|&v| {
+                v.apply(|r| {
+                    let (y, dy, _) = f(r);
+                    (y, dy)
+                })
+            })
+            .collect();
+        self.push(y, rows, cols, Op::Map(x, f))
+    }
+
+    fn binary(&mut self, a: V, b: V, f: impl Fn(N, N) -> N + Sync, op: Op<T>) -> V {
+        let (rows, cols) = self.shape(a);
+        let (br, bc) = self.shape(b);
+        assert!(
+            (br == rows || br == 1) && (bc == cols || bc == 1),
+            "broadcast of [{br}][{bc}] onto [{rows}][{cols}]"
+        );
+        let (av, bv) = (self.val(a), self.val(b));
+        let y: Vec<N> = (0..rows * cols)
+            .into_par_iter()
+            .map(|e| {
+                let (i, j) = (e / cols, e % cols);
+                let bi = bcast(i, j, br, bc);
+                f(av[e], bv[bi])
+            })
+            .collect();
+        self.push(y, rows, cols, op)
+    }
+
+    pub fn add(&mut self, a: V, b: V) -> V {
+        self.binary(a, b, |x, y| x + y, Op::Add(a, b))
+    }
+
+    pub fn sub(&mut self, a: V, b: V) -> V {
+        self.binary(a, b, |x, y| x - y, Op::Sub(a, b))
+    }
+
+    pub fn mul(&mut self, a: V, b: V) -> V {
+        self.binary(a, b, |x, y| x * y, Op::Mul(a, b))
+    }
+
+    pub fn scale(&mut self, x: V, s: T) -> V {
+        let (rows, cols) = self.shape(x);
+        let y = self.val(x).iter().map(|&v| v.scale(s)).collect();
+        self.push(y, rows, cols, Op::Scale(x, s))
+    }
+
+    /// y[e] = x[idx[e]] (0 where idx is [`NONE`]), `[rows][cols]`.
+    pub fn gather(&mut self, x: V, idx: Arc<Vec<u32>>, rows: usize, cols: usize) -> V {
+        assert_eq!(idx.len(), rows * cols, "gather: index count");
+        let xv = self.val(x);
+        let y = (idx.par_iter())
+            .map(|&i| if i == NONE { N::zero() } else { xv[i as usize] })
+            .collect();
+        self.push(y, rows, cols, Op::Gather(x, idx))
+    }
+
+    /// Columns `cols` of every row.
+    pub fn cols(&mut self, x: V, cols: std::ops::Range<usize>) -> V {
+        let (rows, w) = self.shape(x);
+        let idx: Vec<u32> = (0..rows)
+            .flat_map(|i| cols.clone().map(move |j| (i * w + j) as u32))
+            .collect();
+        self.gather(x, Arc::new(idx), rows, cols.len())
+    }
+
+    /// Rows `idx` (a [`NONE`] row reads 0).
+    pub fn rows(&mut self, x: V, idx: &[u32]) -> V {
+        let w = self.shape(x).1;
+        let all: Vec<u32> = (idx.iter())
+            .flat_map(|&i| {
+                (0..w).map(move |j| {
+                    if i == NONE {
+                        NONE
+                    } else {
+                        i * w as u32 + j as u32
+                    }
+                })
+            })
+            .collect();
+        self.gather(x, Arc::new(all), idx.len(), w)
+    }
+
+    /// Sums of `k` consecutive rows: `[g·k][c]` → `[g][c]`.
+    pub fn sum_rows(&mut self, x: V, k: usize) -> V {
+        let (rows, cols) = self.shape(x);
+        assert_eq!(rows % k, 0, "sum_rows: {rows} rows in groups of {k}");
+        let xv = self.val(x);
+        let mut y = vec![N::zero(); rows / k * cols];
+        y.par_chunks_mut(cols.max(1))
+            .enumerate()
+            .for_each(|(g, yr)| {
+                for r in 0..k {
+                    for (o, &v) in yr.iter_mut().zip(&xv[(g * k + r) * cols..][..cols]) {
+                        *o += v;
+                    }
+                }
+            });
+        self.push(y, rows / k, cols, Op::SumRows(x, k))
+    }
+
+    /// Each row's sum, `[rows][1]`.
+    pub fn row_sum(&mut self, x: V) -> V {
+        let (rows, cols) = self.shape(x);
+        let y = (self.val(x).par_chunks(cols.max(1)))
+            .map(|r| r.iter().fold(N::zero(), |a, &v| a + v))
+            .collect();
+        self.push(y, rows, 1, Op::RowSum(x))
+    }
+
+    /// Softmax over each row (entries where `mask` is false are 0 and leave the sum).
+    pub fn softmax(&mut self, x: V, mask: Option<Arc<Vec<bool>>>) -> V {
+        let (rows, cols) = self.shape(x);
+        let xv = self.val(x);
+        let mut y = xv.to_vec();
+        y.par_chunks_mut(cols.max(1))
+            .enumerate()
+            .for_each(|(i, r)| {
+                let keep = |j: usize| mask.as_ref().is_none_or(|m| m[i * cols + j]);
+                if !(0..cols).any(keep) {
+                    r.fill(N::zero());
+                    return;
+                }
+                let mx = (0..cols)
+                    .filter(|&j| keep(j))
+                    .map(|j| r[j].re())
+                    .fold(T::neg_infinity(), T::max);
+                for (j, v) in r.iter_mut().enumerate() {
+                    *v = if keep(j) {
+                        *v - N::of(mx)
+                    } else {
+                        N::of(T::neg_infinity())
+                    };
+                }
+                N::exp_nonpos(r);
+                let s = r.iter().fold(N::zero(), |a, &v| a + v);
+                for v in r.iter_mut() {
+                    *v = *v / s;
+                }
+            });
+        self.push(y, rows, cols, Op::Softmax(x))
+    }
+
+    /// The tensors side by side, `[rows][Σ cols]`.
+    pub fn concat(&mut self, xs: &[V]) -> V {
+        let rows = self.shape(xs[0]).0;
+        let widths: Vec<usize> = xs.iter().map(|&x| self.shape(x).1).collect();
+        let total: usize = widths.iter().sum();
+        let mut y = Vec::with_capacity(rows * total);
+        for i in 0..rows {
+            for (&x, &w) in xs.iter().zip(&widths) {
+                assert_eq!(self.shape(x).0, rows, "concat: row counts");
+                y.extend_from_slice(&self.val(x)[i * w..(i + 1) * w]);
+            }
+        }
+        self.push(y, rows, total, Op::Concat(xs.to_vec()))
+    }
+
+    /// The same numbers as `[rows][cols]`.
+    pub fn reshape(&mut self, x: V, rows: usize, cols: usize) -> V {
+        let y = self.val(x).to_vec();
+        self.push(y, rows, cols, Op::Reshape(x))
+    }
+
+    /// The backward from the adjoints `seeds` of some tensors: every tensor's adjoint (read
+    /// the leaves' with [`Grads::of`]), and the parameters' added to `grad` (laid out as the
+    /// parameters; empty for none).
+    pub fn backward(&self, seeds: Vec<(V, Vec<N>)>, grad: &mut [N]) -> Grads<N> {
+        let mut adj: Vec<Option<Vec<N>>> = (0..self.nodes.len()).map(|_| None).collect();
+        for (v, s) in seeds {
+            acc(&mut adj, v, &self.nodes, |a| add_into(a, &s));
+        }
+        let want_grad = !grad.is_empty();
+        for i in (0..self.nodes.len()).rev() {
+            let Some(ybar) = adj[i].take() else { continue };
+            let node = &self.nodes[i];
+            let (rows, cols) = (node.rows, node.cols);
+            match &node.op {
+                Op::Leaf => {
+                    adj[i] = Some(ybar);
+                    continue;
+                }
+                Op::Param(at) => {
+                    if want_grad {
+                        add_into(&mut grad[*at..*at + ybar.len()], &ybar);
+                    }
+                }
+                &Op::Linear { x, w, b } => {
+                    let nin = self.nodes[x.0].cols;
+                    let wv = &self.params[w..w + nin * cols];
+                    let mut wt = vec![T::zero(); nin * cols];
+                    for p in 0..nin {
+                        for q in 0..cols {
+                            wt[q * nin + p] = wv[p * cols + q];
+                        }
+                    }
+                    acc(&mut adj, x, &self.nodes, |xbar| {
+                        xbar.par_chunks_mut(CHUNK * nin)
+                            .zip(ybar.par_chunks(CHUNK * cols))
+                            .for_each_init(Vec::new, |work, (xc, yc)| {
+                                let m = yc.len() / cols.max(1);
+                                N::gemm_r(prod(m, cols, nin, true), mat(yc, cols), &wt, xc, work);
+                            });
+                    });
+                    if want_grad {
+                        let xv = &self.nodes[x.0].val;
+                        let a = Mat {
+                            v: xv.as_slice(),
+                            rs: 1,
+                            cs: nin,
+                        };
+                        N::gemm(
+                            prod(nin, rows, cols, true),
+                            a,
+                            &ybar,
+                            &mut grad[w..w + nin * cols],
+                            &mut Vec::new(),
+                        );
+                        if let Some(b) = b {
+                            for r in ybar.chunks(cols) {
+                                add_into(&mut grad[b..b + cols], r);
+                            }
+                        }
+                    }
+                }
+                &Op::Bmm {
+                    a,
+                    b,
+                    m,
+                    k,
+                    n,
+                    ta,
+                    tb,
+                } => {
+                    let (av, bv) = (&self.nodes[a.0].val, &self.nodes[b.0].val);
+                    // Ā = C̄·op(B)ᵀ (stored transposed with ta: op(B)·C̄ᵀ); B̄ = op(A)ᵀ·C̄
+                    // (with tb: C̄ᵀ·op(A)).
+                    acc(&mut adj, a, &self.nodes, |abar| {
+                        abar.par_chunks_mut((m * k).max(1))
+                            .enumerate()
+                            .for_each_init(Vec::new, |work, (i, ab)| {
+                                let cb = &ybar[i * m * n..(i + 1) * m * n];
+                                let bb = &bv[i * k * n..(i + 1) * k * n];
+                                if ta {
+                                    matmul(k, n, m, (bb, tb), (cb, true), ab, true, work);
+                                } else {
+                                    matmul(m, n, k, (cb, false), (bb, !tb), ab, true, work);
+                                }
+                            });
+                    });
+                    acc(&mut adj, b, &self.nodes, |bbar| {
+                        bbar.par_chunks_mut((k * n).max(1))
+                            .enumerate()
+                            .for_each_init(Vec::new, |work, (i, bb)| {
+                                let cb = &ybar[i * m * n..(i + 1) * m * n];
+                                let ab = &av[i * m * k..(i + 1) * m * k];
+                                if tb {
+                                    matmul(n, m, k, (cb, true), (ab, ta), bb, true, work);
+                                } else {
+                                    matmul(k, m, n, (ab, !ta), (cb, false), bb, true, work);
+                                }
+                            });
+                    });
+                }
+                Op::Map(x, f) => {
+                    let xv = &self.nodes[x.0].val;
+                    acc(&mut adj, *x, &self.nodes, |xbar| {
+                        xbar.par_iter_mut()
+                            .zip(xv.par_iter().zip(ybar.par_iter()))
+                            .for_each(|(o, (&xv, &yb))| {
+                                let slope = xv.apply(|r| {
+                                    let (_, dy, ddy) = f(r);
+                                    (dy, ddy)
+                                });
+                                *o += yb * slope;
+                            });
+                    });
+                }
+                &Op::Add(a, b) | &Op::Sub(a, b) => {
+                    let neg = matches!(node.op, Op::Sub(..));
+                    acc(&mut adj, a, &self.nodes, |abar| add_into(abar, &ybar));
+                    let bb = if neg {
+                        ybar.iter().map(|&v| -v).collect()
+                    } else {
+                        ybar.clone()
+                    };
+                    let (br, bc) = (self.nodes[b.0].rows, self.nodes[b.0].cols);
+                    acc(&mut adj, b, &self.nodes, |bbar| {
+                        unbroadcast(bbar, &bb, rows, cols, br, bc)
+                    });
+                }
+                &Op::Mul(a, b) => {
+                    let (br, bc) = (self.nodes[b.0].rows, self.nodes[b.0].cols);
+                    let (av, bv) = (&self.nodes[a.0].val, &self.nodes[b.0].val);
+                    let bidx = |e: usize| {
+                        let (i, j) = (e / cols, e % cols);
+                        bcast(i, j, br, bc)
+                    };
+                    acc(&mut adj, a, &self.nodes, |abar| {
+                        abar.par_iter_mut()
+                            .enumerate()
+                            .for_each(|(e, o)| *o += ybar[e] * bv[bidx(e)]);
+                    });
+                    let prodv: Vec<N> = (0..ybar.len()).map(|e| ybar[e] * av[e]).collect();
+                    acc(&mut adj, b, &self.nodes, |bbar| {
+                        unbroadcast(bbar, &prodv, rows, cols, br, bc)
+                    });
+                }
+                &Op::Scale(x, s) => {
+                    acc(&mut adj, x, &self.nodes, |xbar| {
+                        for (o, &v) in xbar.iter_mut().zip(&ybar) {
+                            *o += v.scale(s);
+                        }
+                    });
+                }
+                Op::Gather(x, idx) => {
+                    acc(&mut adj, *x, &self.nodes, |xbar| {
+                        for (&i, &v) in idx.iter().zip(&ybar) {
+                            if i != NONE {
+                                xbar[i as usize] += v;
+                            }
+                        }
+                    });
+                }
+                &Op::SumRows(x, k) => {
+                    acc(&mut adj, x, &self.nodes, |xbar| {
+                        xbar.par_chunks_mut(cols.max(1))
+                            .enumerate()
+                            .for_each(|(r, xr)| {
+                                add_into(xr, &ybar[r / k * cols..][..cols]);
+                            });
+                    });
+                }
+                &Op::RowSum(x) => {
+                    let w = self.nodes[x.0].cols;
+                    acc(&mut adj, x, &self.nodes, |xbar| {
+                        xbar.par_chunks_mut(w.max(1))
+                            .zip(ybar.par_iter())
+                            .for_each(|(xr, &yb)| {
+                                for o in xr {
+                                    *o += yb;
+                                }
+                            });
+                    });
+                }
+                Op::Softmax(x) => {
+                    let y = &node.val;
+                    acc(&mut adj, *x, &self.nodes, |xbar| {
+                        xbar.par_chunks_mut(cols.max(1))
+                            .zip(y.par_chunks(cols.max(1)).zip(ybar.par_chunks(cols.max(1))))
+                            .for_each(|(xr, (yr, br))| {
+                                let dot =
+                                    yr.iter().zip(br).fold(N::zero(), |a, (&p, &b)| a + p * b);
+                                for ((o, &p), &b) in xr.iter_mut().zip(yr).zip(br) {
+                                    *o += p * (b - dot);
+                                }
+                            });
+                    });
+                }
+                Op::Concat(xs) => {
+                    let mut at = 0;
+                    for &x in xs {
+                        let w = self.nodes[x.0].cols;
+                        acc(&mut adj, x, &self.nodes, |xbar| {
+                            for r in 0..rows {
+                                add_into(
+                                    &mut xbar[r * w..(r + 1) * w],
+                                    &ybar[r * cols + at..][..w],
+                                );
+                            }
+                        });
+                        at += w;
+                    }
+                }
+                &Op::Reshape(x) => acc(&mut adj, x, &self.nodes, |xbar| add_into(xbar, &ybar)),
+            }
+        }
+        Grads { adj }
+    }
+}
+
+/// The adjoints after [`Tape::backward`].
+pub struct Grads<N> {
+    adj: Vec<Option<Vec<N>>>,
+}
+
+impl<N: Copy> Grads<N> {
+    /// A leaf's adjoint (`None` where nothing reached it).
+    pub fn of(&self, v: V) -> Option<&[N]> {
+        self.adj[v.0].as_deref()
+    }
+}
+
+/// Runs `f` on v's adjoint, made (zero) on first use.
+fn acc<T, N: Copy + Default>(
+    adj: &mut [Option<Vec<N>>],
+    v: V,
+    nodes: &[Node<T, N>],
+    f: impl FnOnce(&mut [N]),
+) {
+    let a = adj[v.0].get_or_insert_with(|| vec![N::default(); nodes[v.0].val.len()]);
+    f(a);
+}
+
+fn add_into<N: Copy + std::ops::AddAssign>(y: &mut [N], x: &[N]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o += v;
+    }
+}
+
+/// Adds `g` `[rows][cols]` into `bbar` `[br][bc]`, summing over the broadcast extents.
+fn unbroadcast<N: Copy + std::ops::AddAssign>(
+    bbar: &mut [N],
+    g: &[N],
+    rows: usize,
+    cols: usize,
+    br: usize,
+    bc: usize,
+) {
+    if br == rows && bc == cols {
+        return add_into(bbar, g);
+    }
+    for i in 0..rows {
+        for j in 0..cols {
+            let bi = bcast(i, j, br, bc);
+            bbar[bi] += g[i * cols + j];
+        }
+    }
+}
+
+/// Where b `[br][bc]` is read for entry (i, j) of its broadcast.
+fn bcast(i: usize, j: usize, br: usize, bc: usize) -> usize {
+    (if br == 1 { 0 } else { i }) * bc + if bc == 1 { 0 } else { j }
+}
+
+fn prod(m: usize, k: usize, n: usize, acc: bool) -> Prod {
+    Prod {
+        m,
+        k,
+        n,
+        b_rs: n,
+        c_rs: n,
+        acc,
+    }
+}
+
+fn mat<N>(v: &[N], k: usize) -> Mat<'_, N> {
+    Mat { v, rs: k, cs: 1 }
+}
+
+/// C (+)= op(A)·op(B), C `[m][n]`: A `[m][k]` (`[k][m]` transposed), B `[k][n]` (`[n][k]`
+/// transposed, copied into row-major for the kernel).
+#[allow(clippy::too_many_arguments)]
+fn matmul<T: Real, N: Num<T>>(
+    m: usize,
+    k: usize,
+    n: usize,
+    (a, ta): (&[N], bool),
+    (b, tb): (&[N], bool),
+    c: &mut [N],
+    accumulate: bool,
+    work: &mut Vec<T>,
+) {
+    if m * n == 0 {
+        return;
+    }
+    let am = if ta {
+        Mat { v: a, rs: 1, cs: m }
+    } else {
+        Mat { v: a, rs: k, cs: 1 }
+    };
+    let bt: Vec<N>;
+    let bm = if tb {
+        bt = (0..k * n).map(|e| b[(e % n) * k + e / n]).collect();
+        &bt[..]
+    } else {
+        b
+    };
+    N::gemm(prod(m, k, n, accumulate), am, bm, c, work);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::dual::Dual;
+    use super::*;
+
+    /// A small graph of every op: its backward against central differences in an input and a
+    /// parameter, and its dual reverse against the backward's own tangent.
+    fn graph<N: Num<f64>>(t: &mut Tape<'_, f64, N>, x: V) -> V {
+        let th: Fun<f64> = Arc::new(|v: f64| {
+            let y = v.tanh();
+            (y, 1.0 - y * y, -2.0 * y * (1.0 - y * y))
+        });
+        let l = t.linear(x, 0, Some(6), 3); // [4][2] · [2][3]
+        let h = t.map(l, th);
+        let p = t.param(9, 1, 3);
+        let hp = t.mul(h, p);
+        let g = t.gather(hp, Arc::new(vec![0, 4, NONE, 7, 11, 2]), 2, 3);
+        let dots = t.bmm(g, g, 2, 1, 3, 1, false, true);
+        let sm = t.softmax(hp, Some(Arc::new((0..12).map(|e| e % 5 != 3).collect())));
+        let r = t.sum_rows(sm, 2);
+        let rs = t.row_sum(hp);
+        let c = t.concat(&[r, g]);
+        let c2 = t.reshape(c, 3, 4);
+        let k = t.bmm(c2, c2, 1, 3, 4, 3, false, true);
+        let kt = t.bmm(c2, c2, 1, 3, 4, 3, false, true);
+        let kk = t.scale(k, 0.5);
+        let ktk = t.bmm(kt, c2, 1, 3, 3, 4, true, false);
+        let centred = t.sub(hp, rs);
+        let parts = [t.row_sum(centred), t.sum_rows(dots, 2)];
+        let a = t.sum_rows(parts[0], 4);
+        let kk = t.add(kk, a);
+        let kk = t.add(kk, parts[1]);
+        let w = t.row_sum(ktk);
+        t.mul(kk, w)
+    }
+
+    fn loss(x: &[f64], params: &[f64]) -> f64 {
+        let mut t = Tape::<f64, f64>::new(params);
+        let xv = t.leaf(x.to_vec(), 4, 2);
+        let o = graph(&mut t, xv);
+        t.val(o)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * (1.0 + i as f64))
+            .sum()
+    }
+
+    #[test]
+    fn backward_matches_finite_differences_and_dual_reverse_its_tangent() {
+        let x: Vec<f64> = (0..8).map(|i| 0.3 * (i as f64) - 1.1).collect();
+        let params: Vec<f64> = (0..12).map(|i| 0.1 * (i as f64).sin() + 0.2).collect();
+        let mut t = Tape::<f64, f64>::new(&params);
+        let xv = t.leaf(x.clone(), 4, 2);
+        let o = graph(&mut t, xv);
+        let seed: Vec<f64> = (0..t.val(o).len()).map(|i| 1.0 + i as f64).collect();
+        let mut grad = vec![0.0; params.len()];
+        let g = t.backward(vec![(o, seed.clone())], &mut grad);
+        let xbar = g.of(xv).unwrap().to_vec();
+        let h = 1e-6;
+        for i in 0..x.len() {
+            let (mut xp, mut xm) = (x.clone(), x.clone());
+            xp[i] += h;
+            xm[i] -= h;
+            let fd = (loss(&xp, &params) - loss(&xm, &params)) / (2.0 * h);
+            assert!(
+                (fd - xbar[i]).abs() < 1e-7 * (1.0 + fd.abs()),
+                "x{i}: {fd} {}",
+                xbar[i]
+            );
+        }
+        for i in 0..params.len() {
+            let (mut pp, mut pm) = (params.clone(), params.clone());
+            pp[i] += h;
+            pm[i] -= h;
+            let fd = (loss(&x, &pp) - loss(&x, &pm)) / (2.0 * h);
+            assert!(
+                (fd - grad[i]).abs() < 1e-7 * (1.0 + fd.abs()),
+                "p{i}: {fd} {}",
+                grad[i]
+            );
+        }
+        // Dual reverse: forward on x + εẋ, backward with cotangent 0 + ε·seed gives, in its
+        // real part, d/dε of x̄ along ẋ: compare with differences of the backward.
+        let xdot: Vec<f64> = (0..8).map(|i| 0.7 - 0.2 * i as f64).collect();
+        let xbar_at = |s: f64| {
+            let xs: Vec<f64> = x.iter().zip(&xdot).map(|(a, b)| a + s * b).collect();
+            let mut t = Tape::<f64, f64>::new(&params);
+            let xv = t.leaf(xs, 4, 2);
+            let o = graph(&mut t, xv);
+            let mut gr = vec![0.0; params.len()];
+            let g = t.backward(vec![(o, seed.clone())], &mut gr);
+            (g.of(xv).unwrap().to_vec(), gr)
+        };
+        let mut t = Tape::<f64, Dual<f64>>::new(&params);
+        let xd = x
+            .iter()
+            .zip(&xdot)
+            .map(|(&a, &b)| Dual::new(a, b))
+            .collect();
+        let xv = t.leaf(xd, 4, 2);
+        let o = graph(&mut t, xv);
+        let s: Vec<Dual<f64>> = seed.iter().map(|&v| Dual::new(v, 0.0)).collect();
+        let mut gd = vec![Dual::default(); params.len()];
+        let g = t.backward(vec![(o, s)], &mut gd);
+        let (xp, gp) = xbar_at(h);
+        let (xm, gm) = xbar_at(-h);
+        for (i, d) in g.of(xv).unwrap().iter().enumerate() {
+            let fd = (xp[i] - xm[i]) / (2.0 * h);
+            assert!(
+                (fd - d.d).abs() < 1e-6 * (1.0 + fd.abs()),
+                "ẋ̄{i}: {fd} {}",
+                d.d
+            );
+            assert!((d.v - xbar[i]).abs() < 1e-12 * (1.0 + xbar[i].abs()));
+        }
+        for (i, d) in gd.iter().enumerate() {
+            let fd = (gp[i] - gm[i]) / (2.0 * h);
+            assert!(
+                (fd - d.d).abs() < 1e-6 * (1.0 + fd.abs()),
+                "θ̄̇{i}: {fd} {}",
+                d.d
+            );
+        }
+    }
+}
