@@ -104,7 +104,8 @@ pub fn frame_rows(
         let (max, min_dist) = visit_nlist_mixed(coord, cell, d.rcut, nnei, |i, kept| {
             let t = atype[i];
             out.slots[t] += nnei;
-            out.rows[t].extend(kept.iter().map(|&(_, x)| env_value(x, &env)));
+            let real = kept.iter().filter(|&&(j, _)| !d.excludes(t, atype[j]));
+            out.rows[t].extend(real.map(|&(_, x)| env_value(x, &env)));
         });
         (out.max_count, out.min_dist) = (vec![max], min_dist);
         return out;

@@ -230,6 +230,38 @@ impl DescriptorSpec {
         self.kind.is_mixed()
     }
 
+    /// The blocks that keep statistics of their own, in the order of the model's davg/dstd: a
+    /// hybrid's parts; DPA-2's repinit, repformer and three-body block, each on its own list
+    /// (spec §20.8); else the descriptor itself.
+    pub fn stat_parts(&self) -> Vec<DescriptorSpec> {
+        let Some(c) = &self.dpa2 else {
+            return self.parts().to_vec();
+        };
+        let block = |rcut, rcut_smth, sel, set_davg_zero| DescriptorSpec {
+            rcut,
+            rcut_smth,
+            sel: vec![sel],
+            set_davg_zero,
+            ..self.clone()
+        };
+        let (r, i) = (&c.repformer, &c.repinit);
+        let mut v = vec![
+            self.clone(),
+            block(r.rcut, r.rcut_smth, r.nsel, r.set_davg_zero),
+        ];
+        if i.use_three_body {
+            let (rc, rs) = (i.three_body_rcut, i.three_body_rcut_smth);
+            v.push(block(rc, rs, i.three_body_sel, self.set_davg_zero));
+        }
+        v
+    }
+
+    /// Whether pairs of types ti, tj are left out of the environment (DPA-2's exclude_types;
+    /// their slots are zero rows of the statistics).
+    pub fn excludes(&self, ti: usize, tj: usize) -> bool {
+        self.dpa2.as_ref().is_some_and(|c| c.excludes(ti, tj))
+    }
+
     /// DPA-1's attention keys (`None` for every other descriptor).
     pub fn attn(&self) -> Option<&AttentionConfig> {
         self.attention.as_ref()

@@ -400,7 +400,7 @@ impl Pass<'_> {
                 match self.stat {
                     Some(d) if rows => {
                         let cell = cell_of(sys, f);
-                        let parts = d.parts();
+                        let parts = d.stat_parts();
                         let widest = (parts.iter()).position(|p| p.rcut == d.rcut).unwrap_or(0);
                         FrameStat::Rows(
                             (parts.iter())
@@ -501,12 +501,12 @@ impl Sums {
             let mut env = self.env;
             if env.is_empty() {
                 env = d
-                    .parts()
+                    .stat_parts()
                     .iter()
                     .map(|_| EnvStats::new(pass.ntypes))
                     .collect();
             }
-            for (p, env) in d.parts().iter().zip(&env) {
+            for (p, env) in d.stat_parts().iter().zip(&env) {
                 let (a, mut s) = env.davg_dstd(p.set_davg_zero);
                 if p.kind == DescriptorType::SeE2R {
                     // Its statistics are of the radial column alone; the others go unused.
