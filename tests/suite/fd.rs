@@ -154,11 +154,11 @@ pub fn hybrid_model(seed: u64) -> Model {
     m
 }
 
-/// A DPA-3 model DeePMD-kit made (tests/reference/dpa3/<case>), without its energy bias: its
+/// A model DeePMD-kit made (tests/reference/<case>: DPA-3, DPA-2), without its energy bias: its
 /// −93 eV an atom would make the loss ~1e6 on these labels, and the loss's rounding then
 /// swamps the parameter FD (ε·L/h ≈ 1e-6 at h = 1e-4).
-fn dpa3_model(case: &str) -> Model {
-    let path = crate::common::repo(&format!("tests/reference/dpa3/{case}/model.yaml"));
+fn deepmd_model(case: &str) -> Model {
+    let path = crate::common::repo(&format!("tests/reference/{case}/model.yaml"));
     let mut m = dpw::model::read_deepmd_yaml(&path).unwrap_or_else(|e| panic!("{case}: {e:#}"));
     m.bias.iter_mut().for_each(|b| *b = 0.0);
     m
@@ -171,7 +171,7 @@ pub fn cases() -> Vec<(&'static str, Model, Sys)> {
             // scales (smooth_edge_update true: the energy is smooth where a pair crosses
             // a_rcut).
             "dpa3 periodic triclinic",
-            dpa3_model("alloy_dynamic_sel"),
+            deepmd_model("dpa3/alloy_dynamic_sel"),
             random_system(
                 &[3, 3, 3],
                 Some([5.0, 0.0, 0.0, 1.2, 5.2, 0.0, -0.9, 0.8, 5.5]),
@@ -180,8 +180,24 @@ pub fn cases() -> Vec<(&'static str, Model, Sys)> {
         ),
         (
             "dpa3 non-periodic",
-            dpa3_model("water"),
+            deepmd_model("dpa3/water"),
             random_system(&[4, 6], None, 19),
+        ),
+        (
+            // Every attention of the repformer, on periodic images.
+            "dpa2 periodic attention",
+            deepmd_model("dpa2/water_attn"),
+            random_system(
+                &[4, 6],
+                Some([5.5, 0.0, 0.0, 0.4, 5.8, 0.0, -0.3, 0.6, 6.1]),
+                23,
+            ),
+        ),
+        (
+            // The three-body block on its own list, strip mode, non-periodic.
+            "dpa2 non-periodic strip",
+            deepmd_model("dpa2/water_strip"),
+            random_system(&[4, 6], None, 24),
         ),
         (
             "periodic orthorhombic",
