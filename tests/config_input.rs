@@ -456,16 +456,17 @@ fn key_errors_name_the_file() {
 
 #[test]
 fn unsupported_settings_are_errors() {
-    let msg = error_of(&water_with("/model/descriptor/type", json!("dpa2")));
+    let msg = error_of(&water_with("/model/descriptor/type", json!("se_a_mask")));
     assert_mentions(
         &msg,
         &[
-            "descriptor type 'dpa2' is not supported",
+            "descriptor type 'se_a_mask' is not supported",
             "se_e2_a (se_a)",
             "se_e2_r (se_r)",
             "se_e3 (se_at, se_a_3be, se_t)",
             "se_atten (dpa1)",
             "se_atten_v2",
+            "dpa2",
             "hybrid",
         ],
     );

@@ -326,9 +326,9 @@ fn bad_files_name_the_culprit() {
     let e = read_err("model:\n  descriptor: [1, 2\n");
     assert!(e.contains("not valid YAML"), "{e}");
 
-    let e = read_err(&edit(&good, "type: se_e2_a", "type: dpa2"));
+    let e = read_err(&edit(&good, "type: se_e2_a", "type: se_a_mask"));
     assert!(
-        e.contains("model.descriptor.type: unsupported value \"dpa2\""),
+        e.contains("model.descriptor.type: unsupported value \"se_a_mask\""),
         "{e}"
     );
     // se_atten is read, and an se_e2_a section lacks its keys.

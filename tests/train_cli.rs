@@ -436,7 +436,7 @@ fn bad_inputs_fail_cleanly_without_touching_outputs() {
         ),
         (
             "unsupported descriptor",
-            set(&|v| v["model"]["descriptor"]["type"] = json!("dpa2")),
+            set(&|v| v["model"]["descriptor"]["type"] = json!("se_a_mask")),
             "not supported",
         ),
         (

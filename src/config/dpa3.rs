@@ -4,8 +4,8 @@
 use serde_json::{json, Value};
 
 use super::error::ConfigError;
-use super::keys::{non_negative, positive, to_list, to_usize, to_usize_list, Schema, Section};
-use super::model::{precision, DescriptorConfig, Sel};
+use super::keys::{non_negative, positive, to_usize, Schema, Section};
+use super::model::{precision, type_pairs, DescriptorConfig, Sel};
 use crate::model::dpa3::{Activation, Dpa3Config, UpdateStyle};
 use crate::model::DescriptorType;
 
@@ -89,7 +89,12 @@ fn sel_of(sec: &Section, key: &str) -> Result<Sel> {
 }
 
 /// The `dpa3` descriptor of input.json.
-pub(super) fn parse(v: &Value, path: &str, in_hybrid: bool) -> Result<DescriptorConfig> {
+pub(super) fn parse(
+    v: &Value,
+    path: &str,
+    ntypes: usize,
+    in_hybrid: bool,
+) -> Result<DescriptorConfig> {
     let sec = Section::new(v, path, &DESCRIPTOR)?;
     if in_hybrid {
         return Err(ConfigError::unsupported(
@@ -137,25 +142,7 @@ pub(super) fn parse(v: &Value, path: &str, in_hybrid: bool) -> Result<Descriptor
             ))
         }
     };
-    let exclude_types = match sec.get_nonnull("exclude_types") {
-        None => vec![],
-        Some(v) => {
-            let epath = sec.path_of("exclude_types");
-            let items = to_list(v, &epath, "a list of pairs of types")?;
-            (items.iter().enumerate())
-                .map(|(i, p)| {
-                    let pair = to_usize_list(p, &format!("{epath}[{i}]"))?;
-                    match pair[..] {
-                        [a, b] => Ok([a, b]),
-                        _ => Err(ConfigError::invalid(
-                            format!("{epath}[{i}]"),
-                            "must be a pair of types",
-                        )),
-                    }
-                })
-                .collect::<Result<Vec<_>>>()?
-        }
-    };
+    let exclude_types = type_pairs(&sec, ntypes)?;
     // skip_stat (deprecated): true means a fixed std of 0.3 and no statistics.
     let fix_stat_std = match r.bool_or("skip_stat", false)? {
         true => 0.3,

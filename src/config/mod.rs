@@ -7,6 +7,7 @@
 //! filled in, which the trainer writes to `out.json` as `dp train` does.
 
 mod deepmd_args;
+mod dpa2;
 mod dpa3;
 pub use deepmd_args::deepmd_input_errors;
 pub(crate) mod error;

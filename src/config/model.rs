@@ -1,5 +1,5 @@
 //! The `model` section: type map, the descriptor (se_e2_a, se_e2_r, se_e3, hybrid, se_atten,
-//! se_atten_v2; dpa3 in `dpa3.rs`) and the fitting net (ener, property, ...).
+//! se_atten_v2; dpa3 and dpa2 in their own files) and the fitting net (ener, property, ...).
 
 use serde_json::{json, Map, Value};
 
@@ -333,6 +333,28 @@ fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
     Ok(v)
 }
 
+/// `exclude_types`: pairs of types below `ntypes` (absent or null: none).
+pub(super) fn type_pairs(sec: &Section, ntypes: usize) -> Result<Vec<[usize; 2]>> {
+    let Some(v) = sec.get_nonnull("exclude_types") else {
+        return Ok(vec![]);
+    };
+    let epath = sec.path_of("exclude_types");
+    let items = to_list(v, &epath, "a list of pairs of types")?;
+    (items.iter().enumerate())
+        .map(|(i, p)| {
+            let ipath = format!("{epath}[{i}]");
+            match to_usize_list(p, &ipath)?[..] {
+                [a, b] if a.max(b) < ntypes => Ok([a, b]),
+                [_, _] => Err(ConfigError::invalid(
+                    ipath,
+                    format!("names a type beyond the {ntypes} of type_map"),
+                )),
+                _ => Err(ConfigError::invalid(ipath, "must be a pair of types")),
+            }
+        })
+        .collect()
+}
+
 pub(super) fn precision(sec: &Section) -> Result<Precision> {
     sec.get("precision").map_or(Ok(Precision::F64), |v| {
         Precision::parse(v, &sec.path_of("precision"))
@@ -531,13 +553,8 @@ fn parse_descriptor(
             ))
         }
         DescriptorType::Hybrid => return parse_hybrid(v, path, ntypes),
-        DescriptorType::Dpa3 => return super::dpa3::parse(v, path, in_hybrid),
-        DescriptorType::Dpa2 => {
-            return Err(ConfigError::unsupported(
-                type_path,
-                "DPA-2 is read from .yaml only so far",
-            ))
-        }
+        DescriptorType::Dpa3 => return super::dpa3::parse(v, path, ntypes, in_hybrid),
+        DescriptorType::Dpa2 => return super::dpa2::parse(v, path, ntypes, in_hybrid),
     };
     let sec = Section::new(v, path, schema)?;
     let sel = match sec.get("sel") {
@@ -868,6 +885,9 @@ impl ModelConfig {
 fn descriptor_json(d: &DescriptorConfig) -> Value {
     if d.kind == DescriptorType::Dpa3 {
         return super::dpa3::to_json(d);
+    }
+    if d.kind == DescriptorType::Dpa2 {
+        return super::dpa2::to_json(d);
     }
     if d.kind == DescriptorType::Hybrid {
         return json!({

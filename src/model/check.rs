@@ -2,9 +2,10 @@
 //! DeePMD-kit `.yaml`), so a damaged or hand-edited file is refused with the key it breaks
 //! instead of training or predicting garbage. Keys are named as in input.json and the yaml.
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Result};
 use serde_json::{json, Value};
 
+use super::dpa2::Dpa2Config;
 use super::{DescriptorSpec, DescriptorType, Model, ModelSpec};
 
 /// Most neighbour slots per atom (Σsel). Dense matter within a 12 Å cut-off has about 1500
@@ -152,11 +153,11 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
         d.env_protection
     );
     if d.is_mixed() {
-        // DPA-1, DPA-3: one mixed-type list of nnei slots.
+        // DPA-1, DPA-2, DPA-3: one mixed-type list of nnei slots.
         ensure!(
             d.sel.len() == 1,
-            "{key}.sel: a mixed-type neighbour list (se_atten, se_atten_v2, dpa3) has one \
-             number, nnei; found {} entries",
+            "{key}.sel: a mixed-type neighbour list (se_atten, se_atten_v2, dpa2, dpa3) has \
+             one number, nnei; found {} entries",
             d.sel.len()
         );
     }
@@ -165,7 +166,7 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
             bail!("{key}: a dpa3 descriptor needs its repflow keys");
         };
         c.check(d.m1(), d.rcut, d.sel[0])
-            .map_err(|e| anyhow::anyhow!("{key}.repflow: {e}"))?;
+            .map_err(|e| anyhow!("{key}.repflow: {e}"))?;
         for (name, v) in [
             ("e_dim", c.e_dim),
             ("a_dim", c.a_dim),
@@ -183,6 +184,11 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
             "{key}.repflow.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
             c.nlayers
         );
+    } else if d.kind == DescriptorType::Dpa2 {
+        let Some(c) = &d.dpa2 else {
+            bail!("{key}: a dpa2 descriptor needs its repinit and repformer keys");
+        };
+        check_dpa2(c, d, key)?;
     } else if d.kind.is_attention() {
         let Some(a) = d.attn() else {
             bail!(
@@ -223,8 +229,9 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
         }
     } else {
         ensure!(
-            d.attention.is_none() && d.dpa3.is_none(),
-            "{key}: only se_atten and se_atten_v2 have attention keys, only dpa3 repflow keys"
+            d.attention.is_none() && d.dpa3.is_none() && d.dpa2.is_none(),
+            "{key}: only se_atten and se_atten_v2 have attention keys, only dpa3 repflow keys, \
+             only dpa2 repinit and repformer keys"
         );
         ensure!(
             d.sel.len() == nt,
@@ -261,6 +268,60 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
     Ok(())
 }
 
+/// DPA-2's own keys (the repinit's list and net are the spec's, checked by the caller).
+fn check_dpa2(c: &Dpa2Config, d: &DescriptorSpec, key: &str) -> Result<()> {
+    (c.check(d.rcut, d.sel[0], d.m1(), d.axis_neuron)).map_err(|e| anyhow!("{key}: {e}"))?;
+    let (i, r) = (&c.repinit, &c.repformer);
+    for (name, v) in [
+        ("repinit.tebd_dim", i.tebd_dim),
+        ("repformer.g1_dim", r.g1_dim),
+        ("repformer.g2_dim", r.g2_dim),
+        ("repformer.axis_neuron", r.axis_neuron),
+        ("repformer.attn1_hidden", r.attn1_hidden),
+        ("repformer.attn1_nhead", r.attn1_nhead),
+        ("repformer.attn2_hidden", r.attn2_hidden),
+        ("repformer.attn2_nhead", r.attn2_nhead),
+    ] {
+        ensure!(
+            (1..=MAX_WIDTH).contains(&v),
+            "{key}.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
+        );
+    }
+    widths(
+        &format!("{key}.repinit.three_body_neuron"),
+        &i.three_body_neuron,
+    )?;
+    ensure!(
+        r.nlayers <= MAX_LAYERS,
+        "{key}.repformer.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
+        r.nlayers
+    );
+    ensure!(
+        i.three_body_sel <= MAX_NNEI,
+        "{key}.repinit.three_body_sel: at most {MAX_NNEI} neighbours, found {}",
+        i.three_body_sel
+    );
+    for (name, rc, rs) in [
+        ("repformer", r.rcut, r.rcut_smth),
+        (
+            "repinit.three_body",
+            i.three_body_rcut,
+            i.three_body_rcut_smth,
+        ),
+    ] {
+        ensure!(
+            rc.is_finite() && rc > 0.0 && rs.is_finite() && rs >= 0.0,
+            "{key}.{name}: rcut must be positive and rcut_smth >= 0, found {rc} and {rs}"
+        );
+    }
+    ensure!(
+        r.ln_eps.is_finite() && r.ln_eps > 0.0,
+        "{key}.repformer.ln_eps: must be a positive number, found {}",
+        r.ln_eps
+    );
+    Ok(())
+}
+
 fn widths(key: &str, w: &[usize]) -> Result<()> {
     ensure!(
         (1..=MAX_LAYERS).contains(&w.len()),
@@ -282,7 +343,7 @@ impl Model {
     pub fn check(&self) -> Result<()> {
         self.spec.check()?;
         let (nt, np) = (self.spec.ntypes(), self.layout().len);
-        let nstat = 4 * nt * self.spec.descriptor.parts().len();
+        let nstat = 4 * nt * self.spec.descriptor.stat_blocks();
         let nx = self.spec.fitting.extra_inputs();
         let no = self.spec.fitting.dim_out();
         let nstd = match self.spec.fitting.output.fitting().keeps_out_std() {

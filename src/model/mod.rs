@@ -10,6 +10,7 @@ mod layout;
 pub mod registry;
 mod source;
 mod yaml;
+mod yaml_block;
 
 pub use check::MAX_NNEI;
 pub use init::init_params;
@@ -296,6 +297,17 @@ impl DescriptorSpec {
             .sum()
     }
 
+    /// The `[ntypes][4]` blocks of davg/dstd rows: one per part of a hybrid, DPA-2's repinit,
+    /// repformer and (with use_three_body) three-body block in that order, else one.
+    pub fn stat_blocks(&self) -> usize {
+        (self.parts().iter())
+            .map(|d| match &d.dpa2 {
+                Some(c) => 2 + usize::from(c.repinit.use_three_body),
+                None => 1,
+            })
+            .sum()
+    }
+
     /// DeePMD-kit's `dim_descrpt`: [`DescriptorSpec::dim`].
     pub fn dim_descrpt(&self) -> usize {
         self.dim()
@@ -414,9 +426,11 @@ pub struct Model {
     pub spec: ModelSpec,
     pub params: Vec<f64>,
     /// davg row per centre type, `[ntypes][4]` (DeePMD stores `[ntypes][nnei][4]` with equal rows);
-    /// a hybrid's, `[part][ntypes][4]`.
+    /// a hybrid's, `[part][ntypes][4]`; DPA-2's, `[block][ntypes][4]`
+    /// ([`DescriptorSpec::stat_blocks`]).
     pub davg: Vec<f64>,
-    /// dstd row per centre type, `[ntypes][4]` (hybrid: `[part][ntypes][4]`).
+    /// dstd row per centre type, `[ntypes][4]` (hybrid: `[part][ntypes][4]`; DPA-2:
+    /// `[block][ntypes][4]`).
     pub dstd: Vec<f64>,
     /// Added to every atom of a type: DeePMD's `out_bias + bias_atom_e`, `[ntypes][dim_out]`
     /// (the energy bias, or a property's output bias).
@@ -442,7 +456,7 @@ impl Model {
     pub fn new(spec: ModelSpec, seed: u64) -> Self {
         let layout = ParamLayout::new(&spec);
         let nt = spec.ntypes();
-        let np = spec.descriptor.parts().len();
+        let np = spec.descriptor.stat_blocks();
         let params = init_params(&layout, seed);
         let nx = spec.fitting.extra_inputs();
         let no = spec.fitting.dim_out();

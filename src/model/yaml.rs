@@ -240,6 +240,9 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     if let Some(l) = &dl.dpa3 {
         super::dpa3::yaml::read_params(&items[0], &spec.descriptor, l, &mut params)?;
     }
+    if let Some(l) = &dl.dpa2 {
+        super::dpa2::yaml::read_params(&items[0], &spec.descriptor, l, &mut params)?;
+    }
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
         if part.is_mixed() {
             break; // read above
@@ -250,6 +253,7 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
             &at.key("embeddings")?,
             &file_nets(part, nt, nets),
             embed_ndim,
+            "tanh",
             &mut params,
         )?;
     }
@@ -259,21 +263,16 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
         &f.key("nets")?,
         &some(&layout.fitting.nets),
         fit_ndim,
+        "tanh",
         &mut params,
     )?;
     let (mut davg, mut dstd) = (Vec::new(), Vec::new());
     for (part, at) in parts.iter().zip(&items) {
-        // DPA-3 keeps its statistics in its block's node.
-        let at = match part.kind {
-            DescriptorType::Dpa3 => at.key("repflow_variable")?,
-            _ => At {
-                v: at.v,
-                path: at.path.clone(),
-            },
-        };
-        let [a, s] = read_stats(&at, part, nt)?;
-        davg.extend(a);
-        dstd.extend(s);
+        for (node, nnei) in stat_nodes(at, part)? {
+            let [a, s] = read_stats(&node, nt, nnei, env_columns(part.kind))?;
+            davg.extend(a);
+            dstd.extend(s);
+        }
     }
 
     let fv = f.key("@variables")?;
@@ -429,7 +428,10 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
         return read_dpa1(d, kind);
     }
     if kind == DescriptorType::Dpa3 {
-        return super::dpa3::yaml::read_spec(d);
+        return super::dpa3::yaml::read_spec(d, nt);
+    }
+    if kind == DescriptorType::Dpa2 {
+        return super::dpa2::yaml::read_spec(d, nt);
     }
     d.version(1..=3, Some(1))?;
     d.known(&[
@@ -571,15 +573,7 @@ fn read_attention(
     params: &mut [f64],
 ) -> Result<()> {
     let cfg = spec.attn().expect("a DPA-1 spec");
-    read_nets(&d.key("embeddings")?, &[Some(embed)], 0, params)?;
-    match (&a.strip, d.opt("embeddings_strip")) {
-        (Some(strip), Some(at)) => read_nets(&at, &[Some(strip)], 0, params)?,
-        (Some(_), None) => bail!(
-            "{}.embeddings_strip: missing (tebd_input_mode strip)",
-            d.path
-        ),
-        (None, _) => d.expect_off("embeddings_strip")?,
-    }
+    read_embeddings(d, embed, a.strip.as_ref(), "tanh", params)?;
     read_tebd(&d.key("type_embedding")?, &a.tebd, params)?;
     // The attention layers.
     let al = d.key("attention_layers")?;
@@ -638,6 +632,27 @@ fn read_attention(
     Ok(())
 }
 
+/// A mixed-type block's one embedding net (`embeddings`) and, with tebd_input_mode strip, its
+/// type net (`embeddings_strip`), each a collection of one net (ndim 0) under `d`; `hidden` is
+/// their activation.
+pub(super) fn read_embeddings(
+    d: &At,
+    embed: &Net,
+    strip: Option<&Net>,
+    hidden: &str,
+    params: &mut [f64],
+) -> Result<()> {
+    read_nets(&d.key("embeddings")?, &[Some(embed)], 0, hidden, params)?;
+    match (strip, d.opt("embeddings_strip")) {
+        (Some(strip), Some(at)) => read_nets(&at, &[Some(strip)], 0, hidden, params),
+        (Some(_), None) => bail!(
+            "{}.embeddings_strip: missing (tebd_input_mode strip)",
+            d.path
+        ),
+        (None, _) => d.expect_off("embeddings_strip"),
+    }
+}
+
 /// The type embedding (`TypeEmbedNet`): one linear layer over the one-hot rows, into `params`.
 pub(super) fn read_tebd(te: &At, t: &TebdLayout, params: &mut [f64]) -> Result<()> {
     te.expect("@class", &["TypeEmbedNet"])?;
@@ -674,15 +689,30 @@ pub(super) fn read_tebd(te: &At, t: &TebdLayout, params: &mut [f64]) -> Result<(
     Ok(())
 }
 
-/// A descriptor's davg and dstd, one row of 4 per type.
+/// The nodes that hold a descriptor's davg/dstd (under their `@variables`), each with its
+/// slots per type, in the order of dpw's rows: the descriptor's own, DPA-3's block's, DPA-2's
+/// blocks ([`DescriptorSpec::stat_blocks`]).
+fn stat_nodes<'a>(d: &At<'a>, spec: &DescriptorSpec) -> Result<Vec<(At<'a>, usize)>> {
+    Ok(match spec.kind {
+        DescriptorType::Dpa3 => vec![(d.key("repflow_variable")?, spec.nnei())],
+        DescriptorType::Dpa2 => super::dpa2::yaml::stat_nodes(d, spec)?,
+        _ => vec![(
+            At {
+                v: d.v,
+                path: d.path.clone(),
+            },
+            spec.nnei(),
+        )],
+    })
+}
+
+/// One node's davg and dstd `[nt][nnei][ncol]`, one row of 4 per type.
 ///
 /// DeePMD keeps one davg/dstd row per neighbour slot; its statistics make them equal per type,
 /// and dpw stores only one. Refuse files where they differ rather than silently change them.
 /// se_e2_r's rows are its radial column alone: dpw's rows are 4 wide for every descriptor
 /// (one env_mat), with the mean 0 and std 1 of an unused column.
-fn read_stats(d: &At, spec: &DescriptorSpec, nt: usize) -> Result<[Vec<f64>; 2]> {
-    let nnei = spec.nnei();
-    let ncol = env_columns(spec.kind);
+fn read_stats(d: &At, nt: usize, nnei: usize, ncol: usize) -> Result<[Vec<f64>; 2]> {
     let dv = d.key("@variables")?;
     let mut stats = [Vec::new(), Vec::new()];
     for ((name, out), unused) in ["davg", "dstd"].iter().zip(&mut stats).zip([0.0, 1.0]) {
@@ -730,8 +760,15 @@ fn some(nets: &[Net]) -> Vec<Option<&Net>> {
 /// Copies one `NetworkCollection` into `params`, checking every layer against the layout; the
 /// nets given as `None` are skipped. `want_ndim` is 1 for one net per type (fitting, or
 /// embedding with type_one_side) and 2 for one per type pair, stored at flat index ti + tj*nt,
-/// which is how the layout orders them.
-fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) -> Result<()> {
+/// which is how the layout orders them; 0 for one net of a mixed-type descriptor. `hidden` is
+/// the hidden layers' activation (tanh but for DPA-2's repinit).
+fn read_nets(
+    coll: &At,
+    nets: &[Option<&Net>],
+    want: usize,
+    hidden: &str,
+    params: &mut [f64],
+) -> Result<()> {
     coll.expect("@class", &["NetworkCollection"])?;
     coll.version(1..=1, Some(1))?;
     coll.known(&[COLLECTION_KEYS])?;
@@ -768,9 +805,9 @@ fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) 
         for (l, at) in net.layers.iter().zip(&layers) {
             at.version(1..=2, Some(1))?;
             at.known(&[LAYER_KEYS])?;
-            // Hidden layers are tanh with width-decided skips; the fitting output is linear.
+            // Hidden layers have width-decided skips; the fitting output is linear.
             if l.tanh {
-                at.expect("activation_function", &["tanh"])?;
+                at.expect("activation_function", &[hidden])?;
                 let resnet = at.key("resnet")?;
                 ensure!(resnet.bool()?, "{}: unsupported value false", resnet.path);
             } else {
@@ -816,6 +853,8 @@ struct Nets<'a> {
     fitting: bool,
     neuron: &'a [usize],
     resnet_dt: bool,
+    /// The hidden layers' activation (tanh but for DPA-2's repinit).
+    activation: &'a str,
 }
 
 fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
@@ -827,7 +866,7 @@ fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
                 "b" => ndarray(&[l.nout], &p[l.b..]),
                 "idt" => l.idt.map_or(Value::Null, |o| ndarray(&[l.nout], &p[o..])),
             },
-            "activation_function" => if l.tanh { "tanh" } else { "none" },
+            "activation_function" => if l.tanh { n.activation } else { "none" },
             "bias" => true, "precision" => "float64", "resnet" => l.tanh, "trainable" => true,
             "use_timestep" => l.idt.is_some(),
         }
@@ -843,7 +882,7 @@ fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
         let (net, p) = net.map_or((*template, &zeros[..]), |net| (net, p));
         let mut v = obj! {
             "@version" => if n.fitting { 1 } else { 2 },
-            "activation_function" => "tanh", "in_dim" => net.layers[0].nin,
+            "activation_function" => n.activation, "in_dim" => net.layers[0].nin,
             "layers" => net.layers.iter().map(|l| layer(l, p)).collect::<Vec<_>>(),
             "neuron" => n.neuron, "precision" => "float64", "resnet_dt" => n.resnet_dt,
         };
@@ -864,6 +903,27 @@ fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
     }
 }
 
+/// One embedding net as a collection of ndim 0: a mixed-type block's `embeddings` or
+/// `embeddings_strip`, its hidden layers `activation`.
+pub(super) fn one_net_tree(
+    net: &Net,
+    neuron: &[usize],
+    resnet_dt: bool,
+    activation: &str,
+    p: &[f64],
+    nt: usize,
+) -> Value {
+    let n = Nets {
+        nets: vec![Some(net)],
+        ndim: 0,
+        fitting: false,
+        neuron,
+        resnet_dt,
+        activation,
+    };
+    nets_tree(n, p, nt)
+}
+
 fn model_to_tree(model: &Model) -> Value {
     let spec = &model.spec;
     let (d, fit) = (&spec.descriptor, &spec.fitting);
@@ -873,23 +933,27 @@ fn model_to_tree(model: &Model) -> Value {
     let type_map = spec.type_map.as_slice();
     let none: &[usize] = &[];
     // Each part's tree (file and model_def_script), then a hybrid's list of them.
-    let nstat = 4 * nt;
+    let mut stat_at = 0;
     let mut trees: Vec<(Value, Value)> = (d.parts().iter().enumerate())
         .map(|(k, part)| {
             let dl = &layout.descriptor;
             let nets = &dl.embed[dl.parts[k].clone()];
-            let stats = [
-                &model.davg[k * nstat..(k + 1) * nstat],
-                &model.dstd[k * nstat..(k + 1) * nstat],
-            ];
-            match (&dl.attn, &dl.dpa3) {
-                (Some(a), _) => dpa1_tree(part, &nets[0], a, p, stats, type_map),
-                (None, Some(l)) => {
+            let rows = stat_at..stat_at + 4 * nt * part.stat_blocks();
+            stat_at = rows.end;
+            let stats = [&model.davg[rows.clone()], &model.dstd[rows]];
+            match (&dl.attn, &dl.dpa3, &dl.dpa2) {
+                (Some(a), _, _) => dpa1_tree(part, &nets[0], a, p, stats, type_map),
+                (None, Some(l), _) => {
                     let c = part.dpa3.as_ref().expect("a DPA-3 spec");
                     let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
                     super::dpa3::yaml::write(part, l, p, stats, type_map, tebd)
                 }
-                (None, None) => descriptor_tree(part, nets, p, stats, type_map),
+                (None, None, Some(l)) => {
+                    let c = part.dpa2.as_ref().expect("a DPA-2 spec");
+                    let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
+                    super::dpa2::yaml::write(part, l, p, stats, type_map, tebd)
+                }
+                (None, None, None) => descriptor_tree(part, nets, p, stats, type_map),
             }
         })
         .collect();
@@ -913,6 +977,7 @@ fn model_to_tree(model: &Model) -> Value {
         fitting: true,
         neuron: &fit.neuron,
         resnet_dt: fit.resnet_dt,
+        activation: "tanh",
     };
     // The parameters' statistics, DeePMD-kit's arrays of numb_fparam / numb_aparam (null
     // where there are none).
@@ -1006,33 +1071,22 @@ fn descriptor_tree(
     d: &DescriptorSpec,
     embed: &[Net],
     p: &[f64],
-    [davg, dstd]: [&[f64]; 2],
+    stats: [&[f64]; 2],
     type_map: &[String],
 ) -> (Value, Value) {
     let (nt, nnei) = (type_map.len(), d.nnei());
     let none: &[usize] = &[];
-    // dpw's one row per type goes back to DeePMD's row per neighbour slot, of the descriptor's
-    // own columns.
-    let ncol = env_columns(d.kind);
-    let expand = |rows: &[f64]| -> Vec<f64> {
-        let row = |t: usize| rows[t * 4..t * 4 + ncol].iter().copied();
-        (0..nt)
-            .flat_map(|t| (0..nnei).flat_map(move |_| row(t)))
-            .collect()
-    };
     let embeddings = Nets {
         nets: file_nets(d, nt, embed),
         ndim: if d.type_one_side { 1 } else { 2 },
         fitting: false,
         neuron: &d.neuron,
         resnet_dt: d.resnet_dt,
+        activation: "tanh",
     };
     let mut descriptor = obj! {
         "@class" => "Descriptor", "@version" => 2,
-        "@variables" => obj! {
-            "davg" => ndarray(&[nt, nnei, ncol], &expand(davg)),
-            "dstd" => ndarray(&[nt, nnei, ncol], &expand(dstd)),
-        },
+        "@variables" => stats_tree(stats, nt, nnei, env_columns(d.kind)),
         "activation_function" => "tanh", "axis_neuron" => d.axis_neuron,
         "embeddings" => nets_tree(embeddings, p, nt),
         "env_mat" => obj! {
@@ -1112,31 +1166,14 @@ fn dpa1_tree(
     embed: &Net,
     a: &AttnLayout,
     p: &[f64],
-    [davg, dstd]: [&[f64]; 2],
+    stats: [&[f64]; 2],
     type_map: &[String],
 ) -> (Value, Value) {
     let cfg = d.attn().expect("a DPA-1 spec");
     let (nt, nnei, m1) = (type_map.len(), d.nnei(), d.m1());
     let v2 = d.kind == DescriptorType::SeAttenV2;
     let none: &[usize] = &[];
-    let expand = |rows: &[f64]| -> Vec<f64> {
-        (0..nt)
-            .flat_map(|t| (0..nnei).flat_map(move |_| rows[t * 4..t * 4 + 4].iter().copied()))
-            .collect()
-    };
-    let collection = |net: &Net| {
-        nets_tree(
-            Nets {
-                nets: vec![Some(net)],
-                ndim: 0,
-                fitting: false,
-                neuron: &d.neuron,
-                resnet_dt: d.resnet_dt,
-            },
-            p,
-            nt,
-        )
-    };
+    let collection = |net: &Net| one_net_tree(net, &d.neuron, d.resnet_dt, "tanh", p, nt);
     let temperature = cfg.temperature.map_or(Value::Null, Value::from);
     // One linear layer (in_proj, out_proj): DeePMD-kit's NativeLayer without activation.
     let linear = |l: &Layer| {
@@ -1203,10 +1240,7 @@ fn dpa1_tree(
     let sel = [nnei];
     let mut descriptor = obj! {
         "@class" => "Descriptor", "@version" => 2,
-        "@variables" => obj! {
-            "davg" => ndarray(&[nt, nnei, 4], &expand(davg)),
-            "dstd" => ndarray(&[nt, nnei, 4], &expand(dstd)),
-        },
+        "@variables" => stats_tree(stats, nt, nnei, 4),
         "activation_function" => "tanh", "attention_layers" => attention_layers,
         "attn" => cfg.attn, "attn_dotr" => cfg.attn_dotr, "attn_layer" => cfg.attn_layer,
         "attn_mask" => false, "axis_neuron" => d.axis_neuron,
@@ -1258,6 +1292,22 @@ fn dpa1_tree(
         fm.insert("smooth_type_embedding".into(), smooth.into());
     }
     (descriptor, def)
+}
+
+/// A block's `@variables` davg and dstd as DeePMD-kit keeps them, `[nt][nnei][ncol]`: dpw's one
+/// row `[nt][4]` per type repeated for every neighbour slot, of the descriptor's own columns.
+pub(super) fn stats_tree(stats: [&[f64]; 2], nt: usize, nnei: usize, ncol: usize) -> Value {
+    let per_slot = |rows: &[f64]| -> Vec<f64> {
+        let row = |t: usize| rows[t * 4..t * 4 + ncol].iter().copied();
+        (0..nt)
+            .flat_map(|t| (0..nnei).flat_map(move |_| row(t)))
+            .collect()
+    };
+    let [davg, dstd] = stats;
+    obj! {
+        "davg" => ndarray(&[nt, nnei, ncol], &per_slot(davg)),
+        "dstd" => ndarray(&[nt, nnei, ncol], &per_slot(dstd)),
+    }
 }
 
 /// How many columns of the environment rows a descriptor's davg/dstd cover in DeePMD-kit's files.

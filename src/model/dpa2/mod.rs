@@ -3,6 +3,11 @@
 //! live in the parameter vector, named as tests/reference/dpa2's `grad.*` arrays. The math is
 //! `backend/cpu/repformer.rs`.
 
+mod args;
+pub(super) mod yaml;
+
+pub use args::RepinitShared;
+
 use serde::{Deserialize, Serialize};
 
 use super::dpa3::{Activation, UpdateStyle};

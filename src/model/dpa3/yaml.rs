@@ -5,9 +5,12 @@ use anyhow::{bail, ensure, Result};
 use serde_yaml_ng::Value;
 
 use super::{Activation, Dpa3Config, Dpa3Layout, UpdateStyle};
-use crate::model::layout::Layer;
+use crate::model::yaml::stats_tree;
+use crate::model::yaml_block::{
+    layer_tree, linear_tree, merge, read_layer, read_linear, read_rows, read_type_pairs, rows_tree,
+};
 use crate::model::{DescriptorSpec, DescriptorType};
-use crate::yaml_tree::{brief, ndarray, obj, At};
+use crate::yaml_tree::{brief, obj, At};
 
 #[rustfmt::skip]
 const KEYS: &[&str] = &[
@@ -52,7 +55,7 @@ fn one_usize(at: &At) -> Result<usize> {
 
 /// The descriptor's keys. DeePMD-kit's dpmodel refuses unknown keys (`cls(**data)`); so does
 /// this.
-pub(in crate::model) fn read_spec(d: &At) -> Result<DescriptorSpec> {
+pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
     d.version(1..=2, None)?;
     d.known(&[KEYS])?;
     for key in ["use_econf_tebd", "add_chg_spin_ebd"] {
@@ -72,16 +75,7 @@ pub(in crate::model) fn read_spec(d: &At) -> Result<DescriptorSpec> {
         "const" => false,
         _ => return init.fail("\"norm\" or \"const\""),
     };
-    let exclude_types = match d.opt("exclude_types") {
-        None => vec![],
-        Some(e) => (e.seq()?.iter())
-            .map(|p| {
-                let v = p.usizes()?;
-                ensure!(v.len() == 2, "{}: expected a pair of types", p.path);
-                Ok([v[0], v[1]])
-            })
-            .collect::<Result<_>>()?,
-    };
+    let exclude_types = read_type_pairs(d, nt)?;
     let c = Dpa3Config {
         e_dim: r.key("e_dim")?.usize()?,
         a_dim: r.key("a_dim")?.usize()?,
@@ -134,68 +128,6 @@ pub(in crate::model) fn read_spec(d: &At) -> Result<DescriptorSpec> {
     let c = spec.dpa3.as_ref().expect("just made");
     (c.check(spec.m1(), spec.rcut, spec.sel[0])).map_err(|e| anyhow::anyhow!("{}: {e}", r.path))?;
     Ok(spec)
-}
-
-/// A bias-free or biased linear `Layer` node into `params`: activation none, no resnet, no idt.
-fn read_linear(
-    at: &At,
-    nin: usize,
-    nout: usize,
-    w: usize,
-    b: Option<usize>,
-    params: &mut [f64],
-) -> Result<()> {
-    at.expect("@class", &["Layer"])?;
-    at.version(1..=2, Some(1))?;
-    at.known(&[crate::model::yaml::LAYER_KEYS])?;
-    at.expect("activation_function", &["none", "linear", "Linear"])?;
-    at.expect_off("resnet")?;
-    let vars = at.key("@variables")?;
-    let wv = vars.key("w")?.array(&[nin, nout])?;
-    params[w..w + wv.len()].copy_from_slice(&wv);
-    match (b, vars.opt("b")) {
-        (Some(off), Some(bv)) => params[off..off + nout].copy_from_slice(&bv.array(&[nout])?),
-        (None, None) => {}
-        (Some(_), None) => bail!("{}.b: missing", vars.path),
-        (None, Some(_)) => bail!("{}.b: expected null (a layer without bias)", vars.path),
-    }
-    vars.expect_off("idt")?;
-    Ok(())
-}
-
-fn read_layer(at: &At, l: &Layer, params: &mut [f64]) -> Result<()> {
-    read_linear(at, l.nin, l.nout, l.w, Some(l.b), params)
-}
-
-/// The residual vectors `name` of a layer: at the layer's top level (version 1) or under its
-/// `@variables` (version 2).
-fn read_rows(
-    layer: &At,
-    name: &str,
-    rows: &[usize],
-    width: usize,
-    params: &mut [f64],
-) -> Result<()> {
-    let node = match layer.key("@variables").ok().and_then(|v| v.opt(name)) {
-        Some(n) => Some(n),
-        None => layer.opt(name),
-    };
-    let items = match node {
-        Some(n) => n.seq()?,
-        None if rows.is_empty() => return Ok(()),
-        None => bail!("{}.{name}: missing", layer.path),
-    };
-    ensure!(
-        items.len() == rows.len(),
-        "{}.{name}: expected {} vectors, found {}",
-        layer.path,
-        rows.len(),
-        items.len()
-    );
-    for (&off, it) in rows.iter().zip(&items) {
-        params[off..off + width].copy_from_slice(&it.array(&[width])?);
-    }
-    Ok(())
 }
 
 /// The tensors of a DPA-3 node into `params`, checked against the layout.
@@ -272,24 +204,6 @@ pub(in crate::model) fn read_params(
     Ok(())
 }
 
-/// A `Layer` node: activation none, no resnet, no idt; `b` where the layer has a bias.
-fn layer_tree(nin: usize, nout: usize, w: usize, b: Option<usize>, p: &[f64]) -> Value {
-    obj! {
-        "@class" => "Layer", "@version" => 2,
-        "@variables" => obj! {
-            "w" => ndarray(&[nin, nout], &p[w..]),
-            "b" => b.map_or(Value::Null, |o| ndarray(&[nout], &p[o..])),
-            "idt" => Value::Null,
-        },
-        "activation_function" => "none", "bias" => b.is_some(), "precision" => "float64",
-        "resnet" => false, "trainable" => true, "use_timestep" => false,
-    }
-}
-
-fn linear_tree(l: &Layer, p: &[f64]) -> Value {
-    layer_tree(l.nin, l.nout, l.w, Some(l.b), p)
-}
-
 /// The keys every RepFlowLayer repeats from the block's (`repflow_args` less nlayers,
 /// edge_init_use_dist, use_exp_switch, fix_stat_std; e_sel as a list).
 fn layer_keys(d: &DescriptorSpec, c: &Dpa3Config, nt: usize) -> Value {
@@ -328,13 +242,6 @@ fn repflow_args(d: &DescriptorSpec, c: &Dpa3Config) -> Value {
     }
 }
 
-fn merge(mut v: Value, extra: Value) -> Value {
-    if let (Value::Mapping(m), Value::Mapping(e)) = (&mut v, extra) {
-        m.extend(e);
-    }
-    v
-}
-
 /// A DPA-3 descriptor as DeePMD-kit serialises it (spec §18.9), and the `model_def_script`
 /// descriptor (input.json's form) that builds it. `type_embedding` is its `TypeEmbedNet` node;
 /// davg/dstd dpw's rows `[nt][4]`, written per slot as DeePMD-kit keeps them.
@@ -342,21 +249,13 @@ pub(in crate::model) fn write(
     d: &DescriptorSpec,
     l: &Dpa3Layout,
     p: &[f64],
-    [davg, dstd]: [&[f64]; 2],
+    stats: [&[f64]; 2],
     type_map: &[String],
     type_embedding: Value,
 ) -> (Value, Value) {
     let c = d.dpa3.as_ref().expect("a DPA-3 spec");
     let (nt, s, n) = (type_map.len(), d.sel[0], d.m1());
-    let expand = |rows: &[f64]| -> Vec<f64> {
-        (0..nt)
-            .flat_map(|t| (0..s).flat_map(move |_| rows[t * 4..t * 4 + 4].iter().copied()))
-            .collect()
-    };
     let (nc, ec) = c.compressed(n);
-    let rows = |offs: &[usize], w: usize| -> Value {
-        Value::Sequence(offs.iter().map(|&o| ndarray(&[w], &p[o..])).collect())
-    };
     let layers: Vec<Value> = (l.layers.iter())
         .map(|ll| {
             let mut node = obj! {
@@ -390,9 +289,9 @@ pub(in crate::model) fn write(
                     node,
                     obj! {
                         "@variables" => obj! {
-                            "n_residual" => rows(&ll.n_residual, n),
-                            "e_residual" => rows(&ll.e_residual, c.e_dim),
-                            "a_residual" => rows(&ll.a_residual, c.a_dim),
+                            "n_residual" => rows_tree(&ll.n_residual, n, p),
+                            "e_residual" => rows_tree(&ll.e_residual, c.e_dim, p),
+                            "a_residual" => rows_tree(&ll.a_residual, c.a_dim, p),
                         },
                     },
                 );
@@ -421,10 +320,7 @@ pub(in crate::model) fn write(
                 "rcut" => d.rcut, "rcut_smth" => d.rcut_smth, "protection" => 0.0,
                 "use_exp_switch" => false,
             },
-            "@variables" => obj! {
-                "davg" => ndarray(&[nt, s, 4], &expand(davg)),
-                "dstd" => ndarray(&[nt, s, 4], &expand(dstd)),
-            },
+            "@variables" => stats_tree(stats, nt, s, 4),
         },
     };
     let mut repflow = repflow_args(d, c);

@@ -1,0 +1,324 @@
+//! DPA-2's keys in input.json (`"type": "dpa2"`: DeePMD-kit 3.2.0's `descrpt_dpa2_args` with its
+//! `repinit` and `repformer` blocks, `dpa2_repinit_args`, `dpa2_repformer_args`;
+//! docs/deepmd-spec.md §20.1), and their out.json form.
+
+use serde_json::Value;
+
+use super::error::ConfigError;
+use super::keys::{at_least_one, non_negative, positive, to_f64, to_usize, Schema, Section};
+use super::model::{precision, type_pairs, DescriptorConfig, Sel};
+use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
+use crate::model::dpa3::{Activation, UpdateStyle};
+use crate::model::{DescriptorType, TebdInputMode};
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+static DESCRIPTOR: Schema = Schema {
+    keys: &[&[
+        "type",
+        "repinit",
+        "repformer",
+        "concat_output_tebd",
+        "precision",
+        "smooth",
+        "exclude_types",
+        "env_protection",
+        "trainable",
+        "seed",
+        "add_tebd_to_repinit_out",
+        "use_tebd_bias",
+    ]],
+    unsupported: &[&[(
+        "use_econf_tebd",
+        "the electronic-configuration type embedding is not implemented",
+    )]],
+    ignored: &[],
+    deepmd: "model[standard].descriptor",
+};
+
+static REPINIT: Schema = Schema {
+    keys: &[&[
+        "rcut",
+        "rcut_smth",
+        "nsel",
+        "neuron",
+        "axis_neuron",
+        "tebd_dim",
+        "tebd_input_mode",
+        "set_davg_zero",
+        "activation_function",
+        "type_one_side",
+        "resnet_dt",
+        "use_three_body",
+        "three_body_neuron",
+        "three_body_rcut",
+        "three_body_rcut_smth",
+        "three_body_sel",
+    ]],
+    unsupported: &[],
+    ignored: &[],
+    deepmd: "model[standard].descriptor[dpa2].repinit",
+};
+
+static REPFORMER: Schema = Schema {
+    keys: &[&[
+        "rcut",
+        "rcut_smth",
+        "nsel",
+        "nlayers",
+        "g1_dim",
+        "g2_dim",
+        "axis_neuron",
+        "direct_dist",
+        "update_g1_has_conv",
+        "update_g1_has_drrd",
+        "update_g1_has_grrg",
+        "update_g1_has_attn",
+        "update_g2_has_g1g1",
+        "update_g2_has_attn",
+        "use_sqrt_nnei",
+        "g1_out_conv",
+        "g1_out_mlp",
+        "update_h2",
+        "attn1_hidden",
+        "attn1_nhead",
+        "attn2_hidden",
+        "attn2_nhead",
+        "attn2_has_gate",
+        "activation_function",
+        "update_style",
+        "update_residual",
+        "update_residual_init",
+        "set_davg_zero",
+        "trainable_ln",
+        "ln_eps",
+    ]],
+    unsupported: &[],
+    ignored: &[],
+    deepmd: "model[standard].descriptor[dpa2].repformer",
+};
+
+/// A number of neighbours of one list. DeePMD-kit also takes "auto[:factor]" here and counts
+/// the neighbours in the training data before it builds the model; dpw does not count them for
+/// DPA-2, so that is refused, naming the key.
+fn nsel(sec: &Section, key: &str, default: Option<usize>) -> Result<usize> {
+    let path = sec.path_of(key);
+    let v = match (sec.get(key), default) {
+        (Some(v), _) => v,
+        (None, Some(n)) => return Ok(n),
+        (None, None) => sec.required(key, "an integer")?,
+    };
+    match v {
+        Value::String(s) if s.starts_with("auto") => Err(ConfigError::unsupported(
+            path,
+            format!(
+                "{s:?} is not supported for DPA-2; give the number of neighbours (`dpw \
+                 neighbor-stat` with this list's rcut prints the largest count)"
+            ),
+        )),
+        _ => to_usize(v, &path),
+    }
+}
+
+fn required_f64(sec: &Section, key: &str) -> Result<f64> {
+    to_f64(sec.required(key, "a number")?, &sec.path_of(key))
+}
+
+/// Layer widths: a non-empty list of positive integers.
+fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+    let w = sec.usize_list_or(key, default)?;
+    match w.iter().all(|&n| n > 0) && !w.is_empty() {
+        true => Ok(w),
+        false => Err(ConfigError::invalid(
+            sec.path_of(key),
+            "must list at least one layer width, each >= 1",
+        )),
+    }
+}
+
+fn activation(sec: &Section) -> Result<Activation> {
+    let name = sec.string_or("activation_function", "tanh")?;
+    Activation::parse(&name).ok_or_else(|| {
+        ConfigError::unsupported(
+            sec.path_of("activation_function"),
+            format!("dpw's DPA-2 takes tanh, silu, silut[:c] or linear; found {name:?}"),
+        )
+    })
+}
+
+fn positive_count(sec: &Section, key: &str, default: usize) -> Result<usize> {
+    at_least_one(sec.usize_or(key, default)?, &sec.path_of(key))
+}
+
+fn parse_repinit(i: &Section) -> Result<RepinitConfig> {
+    let tebd_input_mode = match i.string_or("tebd_input_mode", "concat")?.as_str() {
+        "concat" => TebdInputMode::Concat,
+        "strip" => TebdInputMode::Strip,
+        other => {
+            return Err(ConfigError::invalid(
+                i.path_of("tebd_input_mode"),
+                format!("must be \"concat\" or \"strip\", found {other:?}"),
+            ))
+        }
+    };
+    Ok(RepinitConfig {
+        tebd_dim: positive_count(i, "tebd_dim", 8)?,
+        tebd_input_mode,
+        activation: activation(i)?,
+        use_three_body: i.bool_or("use_three_body", false)?,
+        three_body_neuron: widths(i, "three_body_neuron", &[2, 4, 8])?,
+        three_body_rcut: positive(
+            i.f64_or("three_body_rcut", 4.0)?,
+            &i.path_of("three_body_rcut"),
+        )?,
+        three_body_rcut_smth: non_negative(
+            i.f64_or("three_body_rcut_smth", 0.5)?,
+            &i.path_of("three_body_rcut_smth"),
+        )?,
+        three_body_sel: nsel(i, "three_body_sel", Some(40))?,
+    })
+}
+
+fn parse_repformer(r: &Section) -> Result<RepformerConfig> {
+    let style = r.string_or("update_style", "res_avg")?;
+    let update_style = UpdateStyle::parse(&style).ok_or_else(|| {
+        ConfigError::invalid(
+            r.path_of("update_style"),
+            format!("must be \"res_avg\", \"res_incr\" or \"res_residual\", found {style:?}"),
+        )
+    })?;
+    let residual_norm = match r.string_or("update_residual_init", "norm")?.as_str() {
+        "norm" => true,
+        "const" => false,
+        other => {
+            return Err(ConfigError::invalid(
+                r.path_of("update_residual_init"),
+                format!("must be \"norm\" or \"const\", found {other:?}"),
+            ))
+        }
+    };
+    let ln_eps = match r.opt_f64("ln_eps")? {
+        Some(e) => positive(e, &r.path_of("ln_eps"))?,
+        None => 1e-5,
+    };
+    Ok(RepformerConfig {
+        rcut: positive(required_f64(r, "rcut")?, &r.path_of("rcut"))?,
+        rcut_smth: non_negative(required_f64(r, "rcut_smth")?, &r.path_of("rcut_smth"))?,
+        nsel: nsel(r, "nsel", None)?,
+        nlayers: positive_count(r, "nlayers", 3)?,
+        g1_dim: positive_count(r, "g1_dim", 128)?,
+        g2_dim: positive_count(r, "g2_dim", 16)?,
+        axis_neuron: positive_count(r, "axis_neuron", 4)?,
+        direct_dist: r.bool_or("direct_dist", false)?,
+        update_g1_has_conv: r.bool_or("update_g1_has_conv", true)?,
+        update_g1_has_drrd: r.bool_or("update_g1_has_drrd", true)?,
+        update_g1_has_grrg: r.bool_or("update_g1_has_grrg", true)?,
+        update_g1_has_attn: r.bool_or("update_g1_has_attn", true)?,
+        update_g2_has_g1g1: r.bool_or("update_g2_has_g1g1", true)?,
+        update_g2_has_attn: r.bool_or("update_g2_has_attn", true)?,
+        use_sqrt_nnei: r.bool_or("use_sqrt_nnei", true)?,
+        g1_out_conv: r.bool_or("g1_out_conv", true)?,
+        g1_out_mlp: r.bool_or("g1_out_mlp", true)?,
+        update_h2: r.bool_or("update_h2", false)?,
+        attn1_hidden: positive_count(r, "attn1_hidden", 64)?,
+        attn1_nhead: positive_count(r, "attn1_nhead", 4)?,
+        attn2_hidden: positive_count(r, "attn2_hidden", 16)?,
+        attn2_nhead: positive_count(r, "attn2_nhead", 4)?,
+        attn2_has_gate: r.bool_or("attn2_has_gate", false)?,
+        activation: activation(r)?,
+        update_style,
+        update_residual: r.f64_or("update_residual", 0.001)?,
+        residual_norm,
+        set_davg_zero: r.bool_or("set_davg_zero", true)?,
+        trainable_ln: r.bool_or("trainable_ln", true)?,
+        ln_eps,
+    })
+}
+
+/// The `dpa2` descriptor of input.json.
+pub(super) fn parse(
+    v: &Value,
+    path: &str,
+    ntypes: usize,
+    in_hybrid: bool,
+) -> Result<DescriptorConfig> {
+    let sec = Section::new(v, path, &DESCRIPTOR)?;
+    if in_hybrid {
+        return Err(ConfigError::unsupported(
+            sec.path_of("type"),
+            "dpa2 inside hybrid is not supported",
+        ));
+    }
+    let block = |key: &str, what: &str, schema: &'static Schema| {
+        let value = sec.required(key, what)?;
+        Section::new(value, &sec.path_of(key), schema)
+    };
+    let i = block("repinit", "an object of DPA-2's repinit keys", &REPINIT)?;
+    let r = block(
+        "repformer",
+        "an object of DPA-2's repformer keys",
+        &REPFORMER,
+    )?;
+    let trainable = sec.bool_or("trainable", true)?;
+    let c = Dpa2Config {
+        repinit: parse_repinit(&i)?,
+        repformer: parse_repformer(&r)?,
+        concat_output_tebd: sec.bool_or("concat_output_tebd", true)?,
+        smooth: sec.bool_or("smooth", true)?,
+        exclude_types: type_pairs(&sec, ntypes)?,
+        add_tebd_to_repinit_out: sec.bool_or("add_tebd_to_repinit_out", false)?,
+        use_tebd_bias: sec.bool_or("use_tebd_bias", false)?,
+        trainable,
+    };
+    let rcut = positive(required_f64(&i, "rcut")?, &i.path_of("rcut"))?;
+    let nsel = nsel(&i, "nsel", None)?;
+    let neuron = widths(&i, "neuron", &[25, 50, 100])?;
+    let axis_neuron = positive_count(&i, "axis_neuron", 16)?;
+    let m1 = *neuron.last().expect("widths() is non-empty");
+    (c.check(rcut, nsel, m1, axis_neuron)).map_err(|why| ConfigError::invalid(path, why))?;
+    Ok(DescriptorConfig {
+        kind: DescriptorType::Dpa2,
+        r#type: "dpa2".into(),
+        sel: Sel::Fixed(vec![nsel]),
+        rcut,
+        rcut_smth: non_negative(required_f64(&i, "rcut_smth")?, &i.path_of("rcut_smth"))?,
+        neuron,
+        axis_neuron,
+        resnet_dt: i.bool_or("resnet_dt", false)?,
+        type_one_side: i.bool_or("type_one_side", false)?,
+        precision: precision(&sec)?,
+        trainable,
+        seed: sec.opt_u64("seed")?,
+        env_protection: non_negative(
+            sec.f64_or("env_protection", 0.0)?,
+            &sec.path_of("env_protection"),
+        )?,
+        set_davg_zero: i.bool_or("set_davg_zero", true)?,
+        attention: None,
+        dpa3: None,
+        dpa2: Some(c),
+        list: vec![],
+    })
+}
+
+/// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
+pub(super) fn to_json(d: &DescriptorConfig) -> Value {
+    let c = d.dpa2.as_ref().expect("a DPA-2 config");
+    let nsel = match &d.sel {
+        Sel::Fixed(s) => s[0],
+        Sel::Auto(_) => unreachable!("DPA-2's nsel \"auto\" is refused"),
+    };
+    let shared = RepinitShared {
+        rcut: d.rcut,
+        rcut_smth: d.rcut_smth,
+        nsel,
+        neuron: &d.neuron,
+        axis_neuron: d.axis_neuron,
+        type_one_side: d.type_one_side,
+        resnet_dt: d.resnet_dt,
+        set_davg_zero: d.set_davg_zero,
+    };
+    let mut v = c.input_json(&shared, d.precision.as_str(), d.env_protection);
+    v["seed"] = d.seed.into();
+    v
+}
