@@ -300,12 +300,7 @@ impl DescriptorSpec {
     /// The `[ntypes][4]` blocks of davg/dstd rows: one per part of a hybrid, DPA-2's repinit,
     /// repformer and (with use_three_body) three-body block in that order, else one.
     pub fn stat_blocks(&self) -> usize {
-        (self.parts().iter())
-            .map(|d| match &d.dpa2 {
-                Some(c) => 2 + usize::from(c.repinit.use_three_body),
-                None => 1,
-            })
-            .sum()
+        self.stat_parts().len()
     }
 
     /// DeePMD-kit's `dim_descrpt`: [`DescriptorSpec::dim`].
