@@ -11,6 +11,7 @@
 #                the fitting net for DeePMD-kit, `--float32` for dpw); every ratio printed is
 #                between the same precisions
 #   DPW=path     times that dpw binary instead of building this checkout's
+#   DP_BACKENDS  DeePMD-kit's backends to time (default "tf", "tf pt" with COMPARE_PT=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
@@ -75,7 +76,8 @@ dpw_time() {
 # "N.NNx faster" or "N.NNx slower": dpw's s/step $2 against DeePMD-kit's $1.
 speedup() { python3 -c "r = float('$1') / float('$2'); print(f'{r:.2f}x faster' if r >= 1 else f'{1 / r:.2f}x slower')"; }
 
-backends=(tf ${COMPARE_PT:+pt})
+# DP_BACKENDS="pt" names them outright (DPA-2 and DPA-3 have no --tf).
+read -ra backends <<<"${DP_BACKENDS:-tf ${COMPARE_PT:+pt}}"
 # One line per DeePMD-kit backend: dpw's s/step $2 against the backend's, from the array named
 # $3 (s/step in the order of `backends`), in precision $1.
 ratios() {

@@ -15,8 +15,8 @@ use dpw::dist::log::MpiLog;
 use dpw::train::interrupt::{self, Interrupted};
 
 /// dpw trains Deep Potential models on CPU and GPU: DeePMD-kit's se_e2_a, se_e2_r, se_e3,
-/// hybrid and se_atten/se_atten_v2 (DPA-1) descriptors with the ener, dipole, polar, dos and
-/// property fittings.
+/// hybrid, se_atten/se_atten_v2 (DPA-1), DPA-2 and DPA-3 descriptors with the ener, dipole,
+/// polar, dos and property fittings.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -148,6 +148,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let t0 = web_time::Instant::now();
+    dpw::cli::heap::keep_freed_memory();
     quiet_vulkan_probe();
     let cli = Cli::parse();
     // Every command writes files: one past `ulimit -f` must be an error naming it, not a death.

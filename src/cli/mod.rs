@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod heap;
 pub mod neighbor_stat;
 pub mod test;
 pub mod train;

@@ -1,0 +1,18 @@
+//! The heap's settings for training. glibc returns a freed block of more than 128 KiB to the
+//! kernel at once (its own mapping) and trims the heap's top beyond 128 KiB, so a model whose
+//! passes build large temporaries every step (DPA-2's tape, `backend/cpu/tape.rs`) pays a page
+//! fault per page per step: on the water DPA-2 example a 2-core step took 2.8 s, a third of it in
+//! the kernel. Blocks up to mallopt's limit (32 MiB) stay in the heap, and freed memory is kept
+//! for the next step (1.0 s a step, the same peak memory; BENCHMARKS.md).
+
+/// Keeps freed memory in the process (glibc on Linux; elsewhere the allocator's own policy).
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets the allocator's thresholds; it is called before any thread
+    // starts, and an unaccepted value leaves the setting as it was.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_TOP_PAD, 256 << 20);
+    }
+}
