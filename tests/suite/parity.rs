@@ -61,15 +61,16 @@ impl Lcg {
 /// 2 and 3 types, periodic and not), as (name, model, atom types, frames).
 ///
 /// The hybrid case is left out: it has no ops of its own (its sub-descriptors' are those of the
-/// other cases), and its batch's slot layout is no one descriptor's. So are the DPA-3 cases: no
-/// embedding net, and their block's ops are the same host bodies on every backend (their
-/// predictions and gradients on each are the suite's `reference_dpa3_*`).
+/// other cases), and its batch's slot layout is no one descriptor's. So are the DPA-3 and DPA-2
+/// cases: no embedding net, and their block's ops are the same host bodies on every backend
+/// (their predictions and gradients on each are the suite's `reference_dpa3_*`,
+/// `reference_dpa2_*`).
 pub fn small_cases() -> Vec<(&'static str, Model, super::fd::Sys)> {
     use dpw::model::DescriptorType;
     (super::fd::cases().into_iter())
         .filter(|c| {
             let kind = c.1.spec.descriptor.kind;
-            kind != DescriptorType::Hybrid && kind != DescriptorType::Dpa3
+            kind != DescriptorType::Hybrid && !kind.reads_rij()
         })
         .collect()
 }
