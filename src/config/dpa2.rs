@@ -4,11 +4,11 @@
 
 use serde_json::Value;
 
+use super::block_keys::{activation, update_keys};
 use super::error::ConfigError;
 use super::keys::{at_least_one, non_negative, positive, to_f64, to_usize, Schema, Section};
-use super::model::{precision, type_pairs, DescriptorConfig, Sel};
+use super::model::{precision, type_pairs, widths, DescriptorConfig, Sel};
 use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
-use crate::model::dpa3::{Activation, UpdateStyle};
 use crate::model::{DescriptorType, TebdInputMode};
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -124,28 +124,6 @@ fn required_f64(sec: &Section, key: &str) -> Result<f64> {
     to_f64(sec.required(key, "a number")?, &sec.path_of(key))
 }
 
-/// Layer widths: a non-empty list of positive integers.
-fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
-    let w = sec.usize_list_or(key, default)?;
-    match w.iter().all(|&n| n > 0) && !w.is_empty() {
-        true => Ok(w),
-        false => Err(ConfigError::invalid(
-            sec.path_of(key),
-            "must list at least one layer width, each >= 1",
-        )),
-    }
-}
-
-fn activation(sec: &Section) -> Result<Activation> {
-    let name = sec.string_or("activation_function", "tanh")?;
-    Activation::parse(&name).ok_or_else(|| {
-        ConfigError::unsupported(
-            sec.path_of("activation_function"),
-            format!("dpw's DPA-2 takes tanh, silu, silut[:c] or linear; found {name:?}"),
-        )
-    })
-}
-
 fn positive_count(sec: &Section, key: &str, default: usize) -> Result<usize> {
     at_least_one(sec.usize_or(key, default)?, &sec.path_of(key))
 }
@@ -164,7 +142,7 @@ fn parse_repinit(i: &Section) -> Result<RepinitConfig> {
     Ok(RepinitConfig {
         tebd_dim: positive_count(i, "tebd_dim", 8)?,
         tebd_input_mode,
-        activation: activation(i)?,
+        activation: activation(i, "tanh", "DPA-2")?,
         use_three_body: i.bool_or("use_three_body", false)?,
         three_body_neuron: widths(i, "three_body_neuron", &[2, 4, 8])?,
         three_body_rcut: positive(
@@ -180,23 +158,7 @@ fn parse_repinit(i: &Section) -> Result<RepinitConfig> {
 }
 
 fn parse_repformer(r: &Section) -> Result<RepformerConfig> {
-    let style = r.string_or("update_style", "res_avg")?;
-    let update_style = UpdateStyle::parse(&style).ok_or_else(|| {
-        ConfigError::invalid(
-            r.path_of("update_style"),
-            format!("must be \"res_avg\", \"res_incr\" or \"res_residual\", found {style:?}"),
-        )
-    })?;
-    let residual_norm = match r.string_or("update_residual_init", "norm")?.as_str() {
-        "norm" => true,
-        "const" => false,
-        other => {
-            return Err(ConfigError::invalid(
-                r.path_of("update_residual_init"),
-                format!("must be \"norm\" or \"const\", found {other:?}"),
-            ))
-        }
-    };
+    let (update_style, residual_norm) = update_keys(r, "res_avg", "norm")?;
     let ln_eps = match r.opt_f64("ln_eps")? {
         Some(e) => positive(e, &r.path_of("ln_eps"))?,
         None => 1e-5,
@@ -225,7 +187,7 @@ fn parse_repformer(r: &Section) -> Result<RepformerConfig> {
         attn2_hidden: positive_count(r, "attn2_hidden", 16)?,
         attn2_nhead: positive_count(r, "attn2_nhead", 4)?,
         attn2_has_gate: r.bool_or("attn2_has_gate", false)?,
-        activation: activation(r)?,
+        activation: activation(r, "tanh", "DPA-2")?,
         update_style,
         update_residual: r.f64_or("update_residual", 0.001)?,
         residual_norm,

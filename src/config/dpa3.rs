@@ -3,10 +3,11 @@
 
 use serde_json::{json, Value};
 
+use super::block_keys::{activation, update_keys};
 use super::error::ConfigError;
 use super::keys::{non_negative, positive, to_usize, Schema, Section};
 use super::model::{precision, type_pairs, DescriptorConfig, Sel};
-use crate::model::dpa3::{Activation, Dpa3Config, UpdateStyle};
+use crate::model::dpa3::Dpa3Config;
 use crate::model::DescriptorType;
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -108,30 +109,8 @@ pub(super) fn parse(
         &rpath,
         &REPFLOW,
     )?;
-    let act = sec.string_or("activation_function", "silu")?;
-    let activation = Activation::parse(&act).ok_or_else(|| {
-        ConfigError::unsupported(
-            sec.path_of("activation_function"),
-            format!("dpw's DPA-3 takes tanh, silu, silut[:c] or linear; found {act:?}"),
-        )
-    })?;
-    let style = r.string_or("update_style", "res_residual")?;
-    let update_style = UpdateStyle::parse(&style).ok_or_else(|| {
-        ConfigError::invalid(
-            r.path_of("update_style"),
-            format!("must be \"res_avg\", \"res_incr\" or \"res_residual\", found {style:?}"),
-        )
-    })?;
-    let residual_norm = match r.string_or("update_residual_init", "const")?.as_str() {
-        "norm" => true,
-        "const" => false,
-        other => {
-            return Err(ConfigError::invalid(
-                r.path_of("update_residual_init"),
-                format!("must be \"norm\" or \"const\", found {other:?}"),
-            ))
-        }
-    };
+    let activation = activation(&sec, "silu", "DPA-3")?;
+    let (update_style, residual_norm) = update_keys(&r, "res_residual", "const")?;
     let a_sel = match sel_of(&r, "a_sel")? {
         Sel::Fixed(s) => s[0],
         Sel::Auto(_) => {

@@ -6,6 +6,7 @@
 //! implement says so. [`Config::to_expanded_json`] gives back the input with every default
 //! filled in, which the trainer writes to `out.json` as `dp train` does.
 
+mod block_keys;
 mod deepmd_args;
 mod dpa2;
 mod dpa3;

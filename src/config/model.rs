@@ -315,7 +315,7 @@ static DESCRIPTOR_HYBRID: Schema = Schema {
 };
 
 /// Layer widths: a non-empty list of positive integers.
-fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+pub(super) fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
     let v = sec.usize_list_or(key, default)?;
     let path = sec.path_of(key);
     if v.is_empty() {
