@@ -5,12 +5,11 @@
 //! `reference_dpa3_training_gradients`).
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use dpw::model::{read_deepmd_yaml, Model};
 
-use common::{npz, npz_array, repo};
+use common::{assert_layout_is_train_steps, repo};
 
 const CASES: [&str; 13] = [
     "water",
@@ -42,27 +41,7 @@ fn model(case: &str) -> anyhow::Result<Model> {
 fn layout_names_and_shapes_are_deepmds() {
     for case in CASES.iter().filter(|c| **c != "water_sequential") {
         let m = model(case).unwrap_or_else(|e| panic!("{case}: {e:#}"));
-        let layout = m.layout();
-        let mut z = npz(&case_dir(case).join("train_step.npz"));
-        let names: Vec<String> = z.names().unwrap();
-        let mut want = BTreeMap::new();
-        for n in names.iter().filter(|n| n.starts_with("grad.")) {
-            let n = n.trim_end_matches(".npy");
-            want.insert(
-                n["grad.".len()..].to_string(),
-                npz_array(&mut z, n).shape().to_vec(),
-            );
-        }
-        let ours: BTreeMap<String, Vec<usize>> = (layout.tensors.iter())
-            .map(|t| (t.name.clone(), t.shape.clone()))
-            .collect();
-        assert_eq!(ours, want, "{case}");
-        let mut at = 0;
-        for t in &layout.tensors {
-            assert_eq!(t.offset, at, "{case}: {}", t.name);
-            at += t.len();
-        }
-        assert_eq!(at, layout.len, "{case}");
+        assert_layout_is_train_steps(&m, &case_dir(case).join("train_step.npz"), case);
     }
 }
 

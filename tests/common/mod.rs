@@ -106,6 +106,31 @@ pub fn npz_array(z: &mut NpzReader<std::fs::File>, name: &str) -> ArrayD<f64> {
     z.by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// Every tensor of `m`'s layout is a `grad.*` array of the train step in `train_step`, by name
+/// and shape, and the other way round, and the tensors tile the parameter vector; returns how
+/// many tensors there are.
+pub fn assert_layout_is_train_steps(m: &Model, train_step: &Path, case: &str) -> usize {
+    let layout = m.layout();
+    let mut z = npz(train_step);
+    let mut want = std::collections::BTreeMap::new();
+    for n in z.names().unwrap().iter().filter(|n| n.starts_with("grad.")) {
+        let n = n.trim_end_matches(".npy");
+        let shape = npz_array(&mut z, n).shape().to_vec();
+        want.insert(n["grad.".len()..].to_string(), shape);
+    }
+    let ours: std::collections::BTreeMap<String, Vec<usize>> = (layout.tensors.iter())
+        .map(|t| (t.name.clone(), t.shape.clone()))
+        .collect();
+    assert_eq!(ours, want, "{case}");
+    let mut at = 0;
+    for t in &layout.tensors {
+        assert_eq!(t.offset, at, "{case}: {}", t.name);
+        at += t.len();
+    }
+    assert_eq!(at, layout.len, "{case}");
+    want.len()
+}
+
 pub fn npz_i64(z: &mut NpzReader<std::fs::File>, name: &str) -> ArrayD<i64> {
     z.by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
