@@ -207,6 +207,7 @@ fn fuzz_input_json() {
 
 fn small_model() -> Model {
     let spec = ModelSpec {
+        short_range: None,
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
             kind: Default::default(),

@@ -992,6 +992,7 @@ fn batch_errors_name_frames_by_their_index() {
         atom_label: None,
     };
     let spec = ModelSpec {
+        short_range: None,
         type_map: vec!["O".into()],
         descriptor: DescriptorSpec {
             kind: Default::default(),

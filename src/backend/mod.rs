@@ -25,6 +25,7 @@ pub mod cuda;
 mod dims;
 pub mod gpu_layout;
 pub mod loss;
+pub mod pairtab;
 mod real;
 pub mod timed;
 #[cfg(feature = "wgpu")]
@@ -247,5 +248,6 @@ backend_of!(
     AngleOps,
     AttnOps,
     BlockOps,
+    PairOps,
     TrainOps
 );

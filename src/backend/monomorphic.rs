@@ -33,7 +33,7 @@ macro_rules! monomorphic_backend {
             use $crate::backend::{
                 AdamStep, AngleOps, AttnArgs, AttnOps, ContractDual, ContractOps, DenseIo,
                 DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps, BlockArgs,
-                BlockOps, Span, StripArgs, TrainOps,
+                BlockOps, PairOps, Span, StripArgs, TrainOps,
             };
             use $crate::geometry::EnvParams;
             #[allow(unused_imports)]

@@ -583,6 +583,58 @@ macro_rules! compute_ops {
             }
         }
 
+        /// A pair table mixed into the DP model's energy (`use_srtab`, `linear_ener`;
+        /// docs/deepmd-spec.md §19): the batch's weights and table terms
+        /// ([`ShortRangeBatch`](crate::model::pairtab::ShortRangeBatch), made on the host, since
+        /// the table has no parameters) applied to the DP model's atomic energies, to ∂E/∂r_ij
+        /// and to the loss's energy seed. Host bodies as the defaults (`pairtab.rs`): a few
+        /// values per centre and slot.
+        family PairOps {
+            /// [`TrainOps::energy`] of a mixed model: `e_atom` = weight·e_fit + pair_e +
+            /// `bias[type]` per centre, E_f their sum per frame.
+            fn mix_energy(
+                &self,
+                d: &Dims,
+                e_fit: &Self::Buf,
+                bias: &Self::Buf,
+                weight: &Self::Buf,
+                pair_e: &Self::Buf,
+                e_atom: &mut Self::Buf,
+                energy: &mut Self::Buf,
+            ) as MixEnergy;
+            flops(_) { 4.0 * d.ncentres() as f64 }
+            default {
+                crate::backend::pairtab::mix_energy(self, d, e_fit, bias, weight, pair_e, e_atom, energy)
+            }
+
+            /// q += e_fit[centre]·dweight + pair_q per slot: the weight's change and the table's
+            /// share of ∂E/∂r_ij (the DP model's is its backward seeded with the weights).
+            fn mix_force(
+                &self,
+                d: &Dims,
+                e_fit: &Self::Buf,
+                dweight: &Self::Buf,
+                pair_q: &Self::Buf,
+                q: &mut Self::Buf,
+            ) as MixForce;
+            flops(_) { 12.0 * d.nslots() as f64 }
+            default { crate::backend::pairtab::mix_force(self, d, e_fit, dweight, pair_q, q) }
+
+            /// ebar = weight·ebar + Σ_slots dweight·ṙ_ij per centre: the seed of e_DP in the dual
+            /// reverse, read through its weight and, along the tangent ṙ_ij, through the
+            /// weight's change.
+            fn mix_seed(
+                &self,
+                d: &Dims,
+                weight: &Self::Buf,
+                dweight: &Self::Buf,
+                rijdot: &Self::Buf,
+                ebar: &mut Self::Buf,
+            ) as MixSeed;
+            flops(_) { 8.0 * d.nslots() as f64 }
+            default { crate::backend::pairtab::mix_seed(self, d, weight, dweight, rijdot, ebar) }
+        }
+
         /// The energy, the loss and the optimizer, the same for every model.
         family TrainOps {
             /// Per-frame energy E_f = Σ atoms (E_atom + `bias[type]`) and the per-centre energies with bias.

@@ -20,8 +20,8 @@ use std::time::Instant;
 use super::counts::{Counters, Counts};
 use super::{
     AdamStep, AngleOps, AttnArgs, AttnOps, Backend, BlockArgs, BlockOps, ContractDual, ContractOps,
-    DenseIo, DenseOps, Device, Dims, EnvOps, FusedEmbedding, HostBlock, Prefactors, RadialOps,
-    Real, Span, StripArgs, TrainOps,
+    DenseIo, DenseOps, Device, Dims, EnvOps, FusedEmbedding, HostBlock, PairOps, Prefactors,
+    RadialOps, Real, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net, TebdLayout};

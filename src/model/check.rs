@@ -35,6 +35,20 @@ impl ModelSpec {
             );
         }
         let d = &self.descriptor;
+        if let Some(sr) = &self.short_range {
+            // DeePMD-kit's `LinearEnergyAtomicModel` takes mixed-type models only.
+            ensure!(
+                d.is_mixed(),
+                "model: a pair table (use_srtab, linear_ener) mixes only with a mixed-type \
+                 descriptor (se_atten, se_atten_v2, DPA-2, DPA-3), as in DeePMD-kit; not {}",
+                d.kind.as_str()
+            );
+            ensure!(
+                self.fitting.output.is_ener(),
+                "model: a pair table mixes only into an `ener` fitting's energy"
+            );
+            sr.check(nt, d.rcut, d.nnei())?;
+        }
         if d.kind == DescriptorType::Hybrid {
             ensure!(
                 !d.list.is_empty(),

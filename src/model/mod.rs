@@ -7,6 +7,7 @@ pub mod dpa3;
 pub mod file;
 mod init;
 mod layout;
+pub mod pairtab;
 pub mod registry;
 mod source;
 mod yaml;
@@ -399,6 +400,10 @@ pub struct ModelSpec {
     pub type_map: Vec<String>,
     pub descriptor: DescriptorSpec,
     pub fitting: FittingSpec,
+    /// A pair table mixed into the energy (`use_srtab`, `linear_ener`); `None` for a plain
+    /// DP model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short_range: Option<pairtab::ShortRange>,
 }
 
 impl ModelSpec {

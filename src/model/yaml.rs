@@ -21,6 +21,7 @@ use crate::fitting::registry::{self as fittings, FITTINGS};
 use crate::fitting::traits::YamlOut;
 use crate::yaml_tree::{brief, ndarray, obj, At};
 
+use super::pairtab;
 use super::{
     pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FittingSpec,
     Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode, TebdLayout,
@@ -155,6 +156,43 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     };
     let m = root.key("model")?;
     m.expect("@class", &["Model"])?;
+    if !matches!(
+        m.opt("type").map(|t| t.str()).transpose()?,
+        Some("zbl" | "linear")
+    ) {
+        return standard_model(&m);
+    }
+    // The table's file as the input named it, where the file keeps the input.
+    let def = root.opt("model_def_script");
+    let tab_file = def.as_ref().and_then(|d| {
+        let s = d.opt("use_srtab").or_else(|| {
+            let models = d.opt("models")?.seq().ok()?;
+            models.into_iter().find_map(|x| x.opt("tab_file"))
+        })?;
+        s.str().ok()
+    });
+    let mixed = pairtab::yaml::read(&m, tab_file)?;
+    let mut ym = standard_model(&mixed.dp)?;
+    ensure!(
+        ym.model.bias.iter().all(|&b| b == 0.0),
+        "{}: the DP model's own out_bias and bias_atom_e must be 0 (as DeePMD-kit's training \
+         leaves them; the combined model's out_bias is the model's bias)",
+        mixed.dp.path
+    );
+    ensure!(
+        ym.atom_ener.is_none(),
+        "{}.fitting.atom_ener: not supported in a model with a pair table",
+        mixed.dp.path
+    );
+    ym.model.bias = mixed.out_bias;
+    ym.model.spec.short_range = Some(mixed.short_range);
+    ym.model.check()?;
+    Ok(ym)
+}
+
+/// A standard model (a descriptor and a fitting) at `m`.
+fn standard_model(m: &At) -> Result<YamlModel> {
+    m.expect("@class", &["Model"])?;
     m.version(2..=2, Some(1))?;
     m.known(&[MODEL_KEYS])?;
     m.key("@variables")?.known(&[MODEL_VARIABLES])?;
@@ -186,7 +224,7 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
     let names: Vec<&str> = FITTINGS.iter().map(|r| r.names[0]).collect();
     f.expect("type", &names)?;
     let fitting_type = fittings::find(Some(f.key("type")?.str()?)).expect("a registered type");
-    let output = (fitting_type.read_yaml)(&f, &m, nt)?;
+    let output = (fitting_type.read_yaml)(&f, m, nt)?;
     f.expect("activation_function", &["tanh"])?;
     // tot_ener_zero, layer_name and spin: DeePMD-kit's dpmodel raises NotImplementedError.
     for key in [
@@ -227,6 +265,7 @@ fn model_from_tree(root: &Value) -> Result<YamlModel> {
         type_map,
         descriptor,
         fitting,
+        short_range: None,
     };
     spec.check()?;
     let layout = ParamLayout::new(&spec);
@@ -1039,19 +1078,22 @@ fn model_to_tree(model: &Model) -> Value {
     }
 
     let excluded = fit.output.fitting().excluded_types();
-    // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
-    obj! {
-        "backend" => "dpw",
-        "model" => obj! {
+    let out_bias = ndarray(&[1, nt, fit.output.fitting().label_width()], &model.bias);
+    let mut standard = obj! {
             "@class" => "Model", "@version" => 2,
-            "@variables" => obj! {
-                "out_bias" => ndarray(&[1, nt, fit.output.fitting().label_width()], &model.bias),
-                "out_std" => out_std,
-            },
+            "@variables" => obj! { "out_bias" => out_bias.clone(), "out_std" => out_std },
             "atom_exclude_types" => excluded, "descriptor" => descriptor, "fitting" => fitting,
             "pair_exclude_types" => none, "preset_out_bias" => Value::Null, "rcond" => Value::Null,
             "type" => "standard", "type_map" => type_map,
-        },
+    };
+    if let Some(sr) = &spec.short_range {
+        standard = pairtab::yaml::write(sr, standard, out_bias, type_map);
+        model_def_script = pairtab::yaml::def_script(sr, model_def_script, type_map);
+    }
+    // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
+    obj! {
+        "backend" => "dpw",
+        "model" => standard,
         "model_def_script" => model_def_script,
         "software" => "dpw",
         "time" => utc_now(),

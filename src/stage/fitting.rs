@@ -48,6 +48,12 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         }
     }
 
+    /// Each centre's seed of the backward pass (and of the tangent in the dual reverse): its
+    /// energy's weight in the model's (a pair table's mix), in place of 1.
+    pub fn load_seed(&mut self, b: &B, weight: &B::Buf) {
+        b.copy(weight, &mut self.tangent_seed, 0);
+    }
+
     /// The nets' outputs (the atomic energies without bias) of the last [`Fitting::forward`].
     pub fn e_fit(&self) -> &B::Buf {
         self.cache.y.last().unwrap()

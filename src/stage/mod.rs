@@ -9,6 +9,7 @@ pub mod fit_input;
 pub mod fitting;
 pub mod head;
 pub mod net;
+pub mod pairtab;
 
 use crate::backend::{Backend, BlockOpts, HostBlock, Real};
 use crate::geometry::EnvParams;
@@ -38,6 +39,8 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     pub fit_input_inv_std: Vec<f64>,
     /// The fitting's head where it runs on the host; `None` for `ener`.
     pub head: Option<HostHead>,
+    /// A pair table is mixed into the energy (its terms come with each batch).
+    pub pair_table: bool,
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
@@ -147,6 +150,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             fit_input_avg: model.fit_input_avg.clone(),
             fit_input_inv_std: model.fit_input_inv_std.clone(),
             head: HostHead::new(&model.spec.fitting.output, &model.bias, &model.out_std),
+            pair_table: model.spec.short_range.is_some(),
             desc: DescState {
                 kind: d.kind,
                 env: d.env(),

@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use crate::backend::Dims;
 use crate::fitting::head::HeadLabels;
 use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
+use crate::model::pairtab::ShortRangeBatch;
 use crate::model::{DescriptorType, FittingSpec, ModelSpec};
 
 /// One frame as the model sees it; atoms sorted by type.
@@ -92,6 +93,8 @@ pub struct HostBatch {
     pub fit_input: Vec<f64>,
     /// A property or DOS model's labels; none for an energy model.
     pub head_labels: HeadLabels,
+    /// The pair table's terms, for a model with one (`use_srtab`, `linear_ener`).
+    pub short_range: Option<ShortRangeBatch>,
 }
 
 /// The batch atom (`frame·natoms + atom`) of every centre: a function of the shape alone, since
@@ -298,6 +301,12 @@ fn assemble_numbered(
     let has_virial = frames.iter().all(|f| f.virial.is_some());
     let fit_input = fit_input(&spec.fitting, &dims, &centre_atom, frames, index)?;
     let head_labels = head_labels(spec, &centre_atom, frames);
+    let short_range = match &spec.short_range {
+        Some(sr) => Some(ShortRangeBatch::new(
+            sr, &dims, &rij, &owner, &nei_type, index,
+        )?),
+        None => None,
+    };
     Ok(HostBatch {
         dims,
         rij,
@@ -316,6 +325,7 @@ fn assemble_numbered(
         has_virial,
         fit_input,
         head_labels,
+        short_range,
     })
 }
 

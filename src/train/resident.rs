@@ -221,9 +221,11 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
             // mixed-type system's frames need not share them, so it is assembled every step.
             // So is a model's with frame or atomic parameters, whose fitting input the
             // resident frames do not hold, and a property model's, whose loss reads its labels
-            // on the host.
+            // on the host; and a model's with a pair table, whose terms are made on the host
+            // from each batch.
             let keep = !info.mixed
                 && spec.fitting.extra_inputs() == 0
+                && spec.short_range.is_none()
                 && spec.fitting.output.is_ener()
                 && used.saturating_add(need) <= budget;
             systems.push(if keep {

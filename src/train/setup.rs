@@ -102,6 +102,7 @@ fn check_supported(cfg: &Config) -> Result<()> {
 fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
     let f = &cfg.model.fitting_net;
     ModelSpec {
+        short_range: None,
         type_map: cfg.model.type_map.clone(),
         descriptor: descriptor_spec(&cfg.model.descriptor, sel),
         fitting: FittingSpec {

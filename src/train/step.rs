@@ -12,6 +12,7 @@ use crate::mem::OutOfMemory;
 use crate::stage::descriptor::Descriptor;
 use crate::stage::env::Env;
 use crate::stage::fitting::Fitting;
+use crate::stage::pairtab::PairTerms;
 pub use crate::stage::DeviceModel;
 
 use super::batch::{centre_atoms, HostBatch};
@@ -30,6 +31,8 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     labels: [B::Buf; 3],
     descriptor: Descriptor<T, B>,
     fitting: Fitting<T, B>,
+    /// The pair table's terms of the batch, for a model with one.
+    pair: Option<PairTerms<T, B>>,
     pub e_atom: B::Buf,
     pub energy: B::Buf,
     pub force: B::Buf,
@@ -81,11 +84,19 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
                 dims,
                 &zeros,
                 &centre_atom,
-                (m.desc.kind.is_mixed(), m.desc.kind.reads_rij()),
+                // The pair table's weight reads r_ij itself: its seed is a tangent of them.
+                (
+                    m.desc.kind.is_mixed(),
+                    m.desc.kind.reads_rij() || m.pair_table,
+                ),
             )?,
             labels: [zeros(nf)?, zeros(3 * na)?, zeros(9 * nf)?],
             descriptor: Descriptor::new(b, m, dims, &zeros, &centre_atom)?,
             fitting: Fitting::new(b, m, dims, &zeros)?,
+            pair: match m.pair_table {
+                true => Some(PairTerms::new(dims, &zeros)?),
+                false => None,
+            },
             e_atom: zeros(nc)?,
             energy: zeros(nf)?,
             force: zeros(3 * na)?,
@@ -169,6 +180,11 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         b.write(v, &to_t(&batch.virial));
         self.head_labels.clone_from(&batch.head_labels);
         self.fitting.load(b, &batch.fit_input);
+        if let Some(p) = &mut self.pair {
+            let x = (batch.short_range.as_ref()).expect("a batch of a model with a pair table");
+            p.load(b, x);
+            self.fitting.load_seed(b, &p.weight);
+        }
     }
 
     /// The buffers a batch is loaded into: r_ij, owners and labels (energy, force, virial),
@@ -189,6 +205,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         bufs.extend(&self.labels);
         bufs.extend(self.descriptor.buffers());
         bufs.extend(self.fitting.buffers());
+        bufs.extend(self.pair.iter().flat_map(PairTerms::buffers));
         bufs.extend([
             &self.e_atom,
             &self.energy,
@@ -217,9 +234,23 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
     if m.head.is_some() {
         return;
     }
-    b.energy(d, w.fitting.e_fit(), &m.bias, &mut w.e_atom, &mut w.energy);
+    match &w.pair {
+        None => b.energy(d, w.fitting.e_fit(), &m.bias, &mut w.e_atom, &mut w.energy),
+        Some(p) => b.mix_energy(
+            d,
+            w.fitting.e_fit(),
+            &m.bias,
+            &p.weight,
+            &p.pair_e,
+            &mut w.e_atom,
+            &mut w.energy,
+        ),
+    }
     let (dbar, _) = w.fitting.adjoints();
     w.descriptor.backward(b, m, d, &w.env, dbar, &mut w.q);
+    if let Some(p) = &w.pair {
+        b.mix_force(d, w.fitting.e_fit(), &p.dweight, &p.pair_q, &mut w.q);
+    }
     b.force_virial(
         d,
         &w.q,
@@ -269,6 +300,10 @@ pub fn gradient<'l, T: Real, B: Backend<T>>(
     }
     w.descriptor
         .tangent(b, m, d, &mut w.env, (&w.fres, &w.vres));
+    if let Some(p) = &w.pair {
+        let rijdot = (w.env.rijdot.as_ref()).expect("a pair table's model has ṙ_ij");
+        b.mix_seed(d, &p.weight, &p.dweight, rijdot, &mut w.ebar);
+    }
     b.fill(&mut m.grad, T::zero());
     let desc = (w.descriptor.desc(), w.descriptor.ddot());
     w.fitting.dual(b, m, d, desc, &w.ebar);

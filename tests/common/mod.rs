@@ -211,6 +211,7 @@ pub fn train_cpu(dir: &Path, input: &serde_json::Value) -> std::process::Output 
 pub fn model_a() -> Model {
     let dir = model_a_dir();
     let spec = ModelSpec {
+        short_range: None,
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
             kind: Default::default(),

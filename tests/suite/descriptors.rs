@@ -58,6 +58,18 @@ pub const DPA2_CASES: [&str; 10] = [
     "dpa2/alloy_small_cell",
 ];
 
+/// The pair-table cases (`tests/reference/pairtab/`, its README has the table): DPA-1 with a
+/// table by use_srtab (ZBL) and by linear_ener, periodic and not.
+pub const PAIRTAB_CASES: [&str; 4] = [
+    "pairtab/zbl_water",
+    "pairtab/zbl_water_nopbc",
+    "pairtab/linear_sum_water",
+    "pairtab/linear_list_water",
+];
+
+/// Cases whose frames are evaluated with another case's model (which has the file).
+const MODEL_OF: [(&str, &str); 1] = [("pairtab/zbl_water_nopbc", "pairtab/zbl_water")];
+
 /// The fittings' cases (`tests/reference/fittings/`): se_e2_a + ener with frame and atomic
 /// parameters.
 pub const FITTING_CASES: [&str; 1] = ["fparam_water"];
@@ -109,15 +121,21 @@ impl Frames {
         };
         let (virial, fparam, aparam) = (opt("virial_label"), opt("fparam"), opt("aparam"));
         let cell = opt("box");
+        // Eval frames without labels (tests/reference/pairtab) are only predicted: zeros.
+        let (energy, force) = (opt("energy_label"), opt("force_label"));
         let atype: Vec<usize> = npz_i64(z, "atype").iter().map(|&t| t as usize).collect();
         let mut order: Vec<usize> = (0..atype.len()).collect();
         order.sort_by_key(|&i| atype[i]);
+        let coord = rows(&npz_array(z, "coord"));
         let mut fr = Frames {
+            energy: energy.map_or_else(
+                || vec![0.0; coord.len()],
+                |e| e.iter().flatten().copied().collect(),
+            ),
+            force: force.unwrap_or_else(|| vec![vec![0.0; 3 * atype.len()]; coord.len()]),
             atype,
-            coord: rows(&npz_array(z, "coord")),
+            coord,
             cell,
-            energy: npz_array(z, "energy_label").iter().copied().collect(),
-            force: rows(&npz_array(z, "force_label")),
             virial,
             fparam,
             aparam,
@@ -160,7 +178,11 @@ impl Frames {
 }
 
 fn model(case: &str) -> Model {
-    read_deepmd_yaml(&case_dir(case).join("model.yaml")).unwrap()
+    let of = MODEL_OF
+        .iter()
+        .find(|(c, _)| *c == case)
+        .map_or(case, |m| m.1);
+    read_deepmd_yaml(&case_dir(of).join("model.yaml")).unwrap()
 }
 
 /// A case's model and training frames, for runs other than against DeePMD-kit's numbers.

@@ -92,6 +92,7 @@ pub fn small_model_of(
     seed: u64,
 ) -> Model {
     let spec = ModelSpec {
+        short_range: None,
         type_map: ["A", "B", "C"][..ntypes]
             .iter()
             .map(|s| s.to_string())

@@ -150,6 +150,23 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
+        fn reference_pairtab_predictions() {
+            for case in $crate::suite::descriptors::PAIRTAB_CASES {
+                $crate::suite::descriptors::predictions(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_pairtab_training_gradients() {
+            for case in $crate::suite::descriptors::PAIRTAB_CASES {
+                if case.ends_with("_nopbc") {
+                    continue; // eval frames only (tests/reference/pairtab/README.md)
+                }
+                $crate::suite::descriptors::training_gradients(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
         fn reference_se_atten_training_gradients() {
             for case in $crate::suite::descriptors::DPA1_CASES {
                 $crate::suite::descriptors::training_gradients(&$backend, case);

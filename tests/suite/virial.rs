@@ -39,6 +39,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
     let type_map = json_strings(&meta["type_map"]);
     let nt = type_map.len();
     let spec = ModelSpec {
+        short_range: None,
         type_map,
         descriptor: DescriptorSpec {
             kind: Default::default(),

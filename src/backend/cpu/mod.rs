@@ -27,8 +27,8 @@ use std::ops::Range;
 use super::monomorphic::Generic;
 use super::{
     gather_slices, AdamStep, AngleOps, AttnArgs, AttnOps, BlockArgs, BlockOps, ContractDual,
-    ContractOps, DenseIo, DenseOps, Device, Dims, EnvOps, FusedEmbedding, Prefactors, RadialOps,
-    Real, Span, StripArgs, TrainOps,
+    ContractOps, DenseIo, DenseOps, Device, Dims, EnvOps, FusedEmbedding, PairOps, Prefactors,
+    RadialOps, Real, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, Net};
@@ -368,6 +368,8 @@ impl<T: Real> AngleOps<T> for Generic<'_, Cpu> {
 
 /// The message-passing blocks run their host bodies (`cpu/repflow.rs`, `cpu/repformer.rs`) on the buffers where they are, without
 /// the defaults' copies; `rij_tangent` likewise.
+impl<T: Real> PairOps<T> for Generic<'_, Cpu> {}
+
 impl<T: Real> BlockOps<T> for Generic<'_, Cpu> {
     fn block_forward(&self, d: &Dims, a: &BlockArgs<Vec<T>, Vec<i32>>, desc: &mut Vec<T>) {
         a.in_place(|x| x.forward(d, desc));

@@ -43,7 +43,8 @@ use super::gpu_layout::{
 use super::monomorphic::Generic;
 use super::{
     radial_scale, AdamStep, AngleOps, AttnOps, Backend, BlockOps, ContractOps, DenseIo, DenseOps,
-    Device, Dims, EnvOps, MemoryLimits, Prefactors, RadialOps, Real, Span, StripArgs, TrainOps,
+    Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Real, Span, StripArgs,
+    TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -1573,6 +1574,7 @@ impl<T: CudaReal> AngleOps<T> for Generic<'_, Cuda> {
 
 /// DPA-3's block through the family's host bodies (`backend/repflow.rs`).
 impl<T: CudaReal> BlockOps<T> for Generic<'_, Cuda> {}
+impl<T: CudaReal> PairOps<T> for Generic<'_, Cuda> {}
 
 /// DPA-1's element-wise ops run as kernels (kernels/attn.cu); the attention block
 /// (`attn_forward`, `_backward`, `_tangent`, `_dual`) through its host bodies

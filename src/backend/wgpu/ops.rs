@@ -13,7 +13,7 @@ use crate::backend::gpu_layout::{
 use crate::backend::monomorphic::Generic;
 use crate::backend::{
     radial_scale, AdamStep, AngleOps, AttnOps, Backend, BlockOps, ContractOps, DenseIo, DenseOps,
-    Device, Dims, EnvOps, MemoryLimits, Prefactors, RadialOps, Span, StripArgs, TrainOps,
+    Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -869,6 +869,7 @@ impl<T: GpuReal> AngleOps<T> for Generic<'_, Wgpu> {
 
 /// DPA-3's block through the family's host bodies (`backend/repflow.rs`).
 impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {}
+impl<T: GpuReal> PairOps<T> for Generic<'_, Wgpu> {}
 
 /// DPA-1's element-wise ops run as kernels (shaders/attn.wgsl); the attention block
 /// (`attn_forward`, `_backward`, `_tangent`, `_dual`) through its host bodies
