@@ -757,8 +757,8 @@ fn out_json_has_no_null_that_deepmd_kit_refuses() {
 /// Issue 57: `model.type` is known. "standard" (DeePMD-kit's own out.json has it) trains and
 /// is written to out.json; DPA-4's input (DeePMD-kit's examples/water/dpa4/input.json has
 /// `"type": "DPA4"`, its own descriptor keys and a top-level `validating`) is refused naming
-/// DPA-4, not the first unknown key (before: "unknown key 'validating'"); linear and pair-table
-/// models are named too.
+/// DPA-4, not the first unknown key (before: "unknown key 'validating'"); a pair-table model
+/// alone is named too.
 #[test]
 fn model_type_is_known_and_named_first() {
     let mut multi = water();
@@ -774,11 +774,7 @@ fn model_type_is_known_and_named_first() {
     dpa4["model"]["enable_tf32"] = json!(true);
     dpa4["validating"] = json!({"compiled_infer": false});
     assert_unsupported(&dpa4, &["model.type", "DPA-4", "\"standard\""]);
-    for (ty, named) in [
-        ("linear_ener", "linear models"),
-        ("pairtab", "pair-table models"),
-        ("zbl_mix", "not known"),
-    ] {
+    for (ty, named) in [("pairtab", "a pair table alone"), ("zbl_mix", "not known")] {
         assert_unsupported(
             &water_with("/model/type", json!(ty)),
             &["model.type", ty, named],
@@ -1114,9 +1110,9 @@ fn deepmd_keys_beyond_dpw_are_accepted_at_their_default_and_refused_by_name() {
             vec!["training.zero_stage", "ZeRO", "0"],
         ),
         (
-            "/model/use_srtab",
-            json!("table.xvg"),
-            vec!["model.use_srtab", "pair tables"],
+            "/model/pair_exclude_types",
+            json!([[0, 1]]),
+            vec!["model.pair_exclude_types", "type exclusion"],
         ),
         (
             "/training/acc_freq",

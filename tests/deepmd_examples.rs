@@ -29,7 +29,8 @@ fn loadable() -> Vec<String> {
 /// property systems, .../dos/data two of each of its DOS systems, .../water_tensor two frames of
 /// each of its dipole and polarizability systems, .../water/dplr/train/data two of its DPLR
 /// Wannier-centre system; all cut from DeePMD-kit bc902daf with numpy's `a[:n]`) or, for the
-/// LMDB example, its own validation LMDB standing in for its training one too.
+/// LMDB example, its own validation LMDB standing in for its training one too; and the pair
+/// tables of water/zbl and water/d3 beside their inputs.
 fn link_data(tree: &Path) {
     let link = |from: PathBuf, to: PathBuf| {
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
@@ -60,6 +61,12 @@ fn link_data(tree: &Path) {
                 tree.join(at),
             );
         }
+    }
+    for table in ["water/zbl/H2O_tab_potential.txt", "water/d3/dftd3.txt"] {
+        link(
+            repo(&format!("tests/data/deepmd-kit/examples/{table}")),
+            tree.join(table),
+        );
     }
     let lmdb = repo("tests/data/deepmd-kit/examples/lmdb_downsample_data/water_validation.lmdb");
     for name in ["water_training.lmdb", "water_validation.lmdb"] {

@@ -17,6 +17,7 @@ mod learning_rate;
 pub(crate) mod loss;
 mod model;
 mod optimizer;
+mod pairtab;
 mod training;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ pub use model::{
     AttentionConfig, DescriptorConfig, FittingConfig, ModelConfig, Precision, Sel, TebdInputMode,
 };
 pub use optimizer::OptimizerConfig;
+pub use pairtab::PairConfig;
 pub use training::{
     AutoProb, BatchSizeSpec, DataConfig, ProbBlock, TrainingConfig, ValidationDataConfig,
 };
@@ -125,6 +127,7 @@ impl Config {
                 "an object with type_map, descriptor and fitting_net",
             )?,
             "model",
+            base_dir,
         )?;
         let training = training::parse(
             root.required("training", "an object with training_data and numb_steps")?,

@@ -1,6 +1,8 @@
 //! The `model` section: type map, the descriptor (se_e2_a, se_e2_r, se_e3, hybrid, se_atten,
 //! se_atten_v2; dpa3 and dpa2 in their own files) and the fitting net (ener, property, ...).
 
+use std::path::Path;
+
 use serde_json::{json, Map, Value};
 
 use super::error::ConfigError;
@@ -8,6 +10,7 @@ use super::keys::{
     at_least_one, join, non_negative, positive, to_bool, to_f64, to_list, to_str, to_usize,
     to_usize_list, wrong_type, Schema, Section,
 };
+use super::pairtab::PairConfig;
 use crate::fitting::output::{FitContext, Registered};
 use crate::fitting::registry;
 use crate::fitting::tensor;
@@ -27,6 +30,8 @@ pub struct ModelConfig {
     pub data_stat_nbatch: usize,
     /// Lower bound on a std in the fitting input statistics.
     pub data_stat_protect: f64,
+    /// A pair table mixed into the energy (`use_srtab`, `linear_ener`).
+    pub short_range: Option<PairConfig>,
 }
 
 /// Floating-point precision of a net's parameters. DeePMD-kit's `"default"` is float64 (unless
@@ -180,6 +185,11 @@ static MODEL: Schema = Schema {
         "data_stat_nbatch",
         "data_stat_protect",
         "atom_exclude_types",
+        "use_srtab",
+        "smin_alpha",
+        "sw_rmin",
+        "sw_rmax",
+        "srtab_add_bias",
     ]],
     unsupported: &[&[
         ("pair_exclude_types", "type exclusion is not implemented"),
@@ -187,7 +197,6 @@ static MODEL: Schema = Schema {
             "preset_out_bias",
             "the energy bias is always computed from data",
         ),
-        ("use_srtab", "pair tables (use_srtab) are not implemented"),
         ("modifier", "model modifiers are not implemented"),
         ("compress", "model compression is not implemented"),
         ("spin", "spin models are not implemented"),
@@ -419,7 +428,10 @@ fn check_known(
 }
 
 /// The model section, its type already checked by [`check_type`].
-pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
+pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfig> {
+    if v.get("type").and_then(Value::as_str) == Some("linear_ener") {
+        return super::pairtab::linear(v, path, base_dir);
+    }
     let sec = Section::new(v, path, &MODEL)?;
     // The fitting first: an input that asks for what dpw's fitting lacks (fparam, aparam) is
     // refused for that, not for a type_map it may leave to the data.
@@ -461,12 +473,14 @@ pub(super) fn parse(v: &Value, path: &str) -> Result<ModelConfig> {
     at_least_one(data_stat_nbatch, &sec.path_of("data_stat_nbatch"))?;
     let data_stat_protect = sec.f64_or("data_stat_protect", 0.01)?;
     non_negative(data_stat_protect, &sec.path_of("data_stat_protect"))?;
+    let short_range = super::pairtab::srtab(&sec, base_dir, &descriptor)?;
     Ok(ModelConfig {
         type_map,
         descriptor,
         fitting_net,
         data_stat_nbatch,
         data_stat_protect,
+        short_range,
     })
 }
 
@@ -869,7 +883,7 @@ impl ModelConfig {
         f.output.fitting().input_json(keys);
 
         let atom_exclude_types = f.output.fitting().excluded_types();
-        json!({
+        let standard = json!({
             "type": "standard",
             "type_map": self.type_map,
             "atom_exclude_types": atom_exclude_types,
@@ -877,7 +891,11 @@ impl ModelConfig {
             "fitting_net": fitting,
             "data_stat_nbatch": self.data_stat_nbatch,
             "data_stat_protect": self.data_stat_protect,
-        })
+        });
+        match &self.short_range {
+            Some(p) => p.to_json(standard),
+            None => standard,
+        }
     }
 }
 

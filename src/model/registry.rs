@@ -88,11 +88,14 @@ pub static MODELS: &[KnownType] = &[
     },
     KnownType {
         names: &["linear_ener"],
-        lacks: Some("linear models (a weighted sum of models) are not supported"),
+        lacks: None,
     },
     KnownType {
         names: &["pairtab"],
-        lacks: Some("pair-table models are not supported"),
+        lacks: Some(
+            "a pair table alone is not supported (DeePMD-kit's PyTorch refuses it too); a \
+             linear_ener model mixes one with a DP model",
+        ),
     },
     KnownType {
         names: &["frozen"],

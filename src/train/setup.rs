@@ -101,10 +101,11 @@ fn check_supported(cfg: &Config) -> Result<()> {
 
 fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
     let f = &cfg.model.fitting_net;
+    let descriptor = descriptor_spec(&cfg.model.descriptor, sel);
     ModelSpec {
-        short_range: None,
+        short_range: (cfg.model.short_range.as_ref()).map(|p| p.short_range(descriptor.nnei())),
         type_map: cfg.model.type_map.clone(),
-        descriptor: descriptor_spec(&cfg.model.descriptor, sel),
+        descriptor,
         fitting: FittingSpec {
             output: f.output.clone(),
             neuron: f.neuron.clone(),
