@@ -7,6 +7,7 @@ pub mod dpa3;
 pub mod file;
 mod init;
 mod layout;
+pub mod pt;
 pub mod registry;
 mod source;
 mod yaml;
@@ -19,7 +20,7 @@ pub use layout::{
     Layer, Net, ParamLayout, Skip, TebdLayout, TensorInfo,
 };
 pub use source::{read_model, read_model_to_train};
-pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
+pub use yaml::{read_deepmd_yaml, write_deepmd_yaml, YamlModel};
 
 use serde::{Deserialize, Serialize};
 
