@@ -462,6 +462,84 @@ fn heads_are_refused_as_deepmd_kit_does() {
     assert!(!tmp.path().join("x.yaml").exists());
 }
 
+/// A copy of the `.pt` at `src` in `dir` whose pickle has the string `from` (pickled as
+/// BINUNICODE, so matched with its length) replaced by `to` of the same length, its zip
+/// checksums made right: a checkpoint DeePMD-kit could have written with another setting.
+fn with_pickled_string(src: &Path, from: &str, to: &str, dir: &Path) -> PathBuf {
+    assert_eq!(from.len(), to.len());
+    let mut bytes = std::fs::read(src).unwrap();
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
+    let u32_at =
+        |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    // data.pkl's central directory entry: its local header's offset and its size.
+    let central = (0..bytes.len() - 46)
+        .find(|&i| {
+            bytes[i..].starts_with(b"PK\x01\x02")
+                && bytes[i + 46..i + 46 + u16_at(&bytes, i + 28)].ends_with(b"/data.pkl")
+        })
+        .expect("a data.pkl entry");
+    let (local, size) = (u32_at(&bytes, central + 42), u32_at(&bytes, central + 20));
+    let start = local + 30 + u16_at(&bytes, local + 26) + u16_at(&bytes, local + 28);
+    let pickled = |s: &str| [&(s.len() as u32).to_le_bytes()[..], s.as_bytes()].concat();
+    let (from, to) = (pickled(from), pickled(to));
+    let data = &mut bytes[start..start + size];
+    let at = (0..data.len())
+        .find(|&i| data[i..].starts_with(&from))
+        .expect("the string");
+    data[at..at + to.len()].copy_from_slice(&to);
+    let crc = crc32fast::hash(data).to_le_bytes();
+    // The local header's, the data descriptor's after the data (flag bit 3), the directory's.
+    let end = start + size;
+    let descriptor = if bytes[end..].starts_with(b"PK\x07\x08") {
+        end + 4
+    } else {
+        end
+    };
+    for at in [local + 14, descriptor, central + 16] {
+        bytes[at..at + 4].copy_from_slice(&crc);
+    }
+    let out = dir.join(src.file_name().unwrap());
+    std::fs::write(&out, bytes).unwrap();
+    out
+}
+
+/// A descriptor the mapping does not cover is refused by name, with DeePMD-kit's way to a
+/// `.yaml` (for a multi-task file, through a frozen head).
+#[test]
+fn unmapped_descriptor_is_refused_with_the_way_to_a_yaml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let st = with_pickled_string(
+        &case("pre_se_a/model.ckpt.pt"),
+        "se_e2_a",
+        "se_e2_r",
+        tmp.path(),
+    );
+    let e = err_of(read_model(&st));
+    let p = st.display();
+    assert!(
+        e.contains("the descriptor `se_e2_r` is not read from a .pt checkpoint")
+            && e.contains(&format!(
+                "run `dp convert-backend {p} model.yaml` and give the .yaml"
+            )),
+        "{e}"
+    );
+
+    let sub = tmp.path().join("mt");
+    std::fs::create_dir(&sub).unwrap();
+    let mt = with_pickled_string(&case("pre_mt/model.ckpt.pt"), "se_atten", "se_a_ebd", &sub);
+    let e = err_of(read_model_head(&mt, Some("alloy")));
+    let p = mt.display();
+    assert!(
+        e.contains("reading head 'alloy'")
+            && e.contains("the descriptor `se_a_ebd`")
+            && e.contains(&format!(
+                "run `dp --pt freeze -c {p} --head alloy -o frozen` then `dp convert-backend \
+                 frozen.pth model.yaml` and give the .yaml"
+            )),
+        "{e}"
+    );
+}
+
 /// A frozen `.pth` is TorchScript: refused with the way to a model dpw reads.
 #[test]
 fn frozen_pth_is_refused() {
