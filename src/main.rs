@@ -5,13 +5,14 @@ use clap::{Parser, Subcommand};
 
 use dpw::cli::backend::{quiet_vulkan_probe, run_job, BackendChoice};
 use dpw::cli::bench::{run_bench, BenchArgs};
+use dpw::cli::init_logging;
 use dpw::cli::neighbor_stat::{neighbor_stat, report};
 use dpw::cli::test::{check_detail_prefix, TestJob};
 use dpw::cli::train::{
     check_train_files, convert, freeze, run_train, wants_progress_bar, TrainArgs,
 };
-use dpw::cli::{init_logging, load_model};
 use dpw::dist::log::MpiLog;
+use dpw::model::read_model_head;
 use dpw::train::interrupt::{self, Interrupted};
 
 /// dpw trains Deep Potential models on CPU and GPU: DeePMD-kit's se_e2_a, se_e2_r, se_e3,
@@ -28,9 +29,12 @@ struct Cli {
 enum Command {
     /// Test a model on labelled systems, like `dp test`.
     Test {
-        /// A DeePMD-kit .yaml model, or a dpw model or checkpoint.
+        /// A DeePMD-kit .yaml model or .pt training checkpoint, or a dpw model or checkpoint.
         #[arg(short, long)]
         model: PathBuf,
+        /// The head (model_dict key) of a multi-task .pt checkpoint to test.
+        #[arg(long)]
+        head: Option<String>,
         /// A deepmd/npy system folder or a folder searched for them, a deepmd/hdf5 file or an
         /// LMDB environment (repeatable).
         #[arg(short, long = "system", required = true)]
@@ -138,11 +142,14 @@ enum Command {
     /// extension), like `dp convert-backend`.
     #[command(alias = "convert-backend")]
     Convert {
-        /// A DeePMD-kit .yaml model, or a dpw model or checkpoint.
+        /// A DeePMD-kit .yaml model or .pt training checkpoint, or a dpw model or checkpoint.
         input: PathBuf,
         /// Output: `.yaml`/`.yml` for DeePMD-kit, `.dpw` (or a name no DeePMD-kit format
         /// claims) for a dpw model file.
         output: PathBuf,
+        /// The head (model_dict key) of a multi-task .pt checkpoint to convert.
+        #[arg(long)]
+        head: Option<String>,
     },
 }
 
@@ -248,6 +255,7 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
     match command {
         Command::Test {
             model,
+            head,
             systems,
             numb_test,
             detail_file,
@@ -257,7 +265,7 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             if let Some(prefix) = &detail_file {
                 check_detail_prefix(prefix)?;
             }
-            let model = load_model(&model)?;
+            let model = read_model_head(&model, head.as_deref())?;
             let job = TestJob {
                 model,
                 systems,
@@ -313,7 +321,11 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             )?;
         }
         Command::Freeze { checkpoint, output } => freeze(&checkpoint, &output)?,
-        Command::Convert { input, output } => convert(&input, &output)?,
+        Command::Convert {
+            input,
+            output,
+            head,
+        } => convert(&input, &output, head.as_deref())?,
         Command::NeighborStat {
             systems,
             rcut,

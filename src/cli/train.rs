@@ -374,12 +374,12 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `dpw convert`: a model (DeePMD-kit `.yaml`, dpw model or checkpoint) to DeePMD-kit's `.yaml`
-/// (by the output's extension `.yaml`/`.yml`) or to a dpw model file (any other name), like
-/// `dp convert-backend`.
-pub fn convert(input: &Path, output: &Path) -> Result<()> {
+/// `dpw convert`: a model (DeePMD-kit `.yaml`, a head of a DeePMD-kit `.pt`, dpw model or
+/// checkpoint) to DeePMD-kit's `.yaml` (by the output's extension `.yaml`/`.yml`) or to a dpw
+/// model file (any other name), like `dp convert-backend`.
+pub fn convert(input: &Path, output: &Path, head: Option<&str>) -> Result<()> {
     refuse_same_file(input, output)?;
-    let model = super::load_model(input)?;
+    let model = crate::model::read_model_head(input, head)?;
     let kind = write_model(&model, output, &format!("dpw convert {}", input.display()))?;
     tracing::info!("wrote the {kind} model {}", output.display());
     Ok(())

@@ -8,6 +8,7 @@ pub mod file;
 mod init;
 mod layout;
 pub mod pairtab;
+pub mod pt;
 pub mod registry;
 mod source;
 mod yaml;
@@ -19,8 +20,8 @@ pub use layout::{
     embed_net_index, pair_types, AttnLayerLayout, AttnLayout, DescriptorLayout, FittingLayout,
     Layer, Net, ParamLayout, Skip, TebdLayout, TensorInfo,
 };
-pub use source::{read_model, read_model_to_train};
-pub use yaml::{read_deepmd_yaml, write_deepmd_yaml};
+pub use source::{read_model, read_model_head, read_model_to_train};
+pub use yaml::{read_deepmd_yaml, write_deepmd_yaml, YamlModel};
 
 use serde::{Deserialize, Serialize};
 

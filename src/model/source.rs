@@ -1,16 +1,23 @@
-//! A model from any file dpw reads: a dpw model or checkpoint, or a DeePMD-kit `.yaml`; each
-//! checked by [`Model::check`] on the way in.
+//! A model from any file dpw reads: a dpw model or checkpoint, a DeePMD-kit `.yaml`, or one head
+//! of a DeePMD-kit `.pt` training checkpoint; each checked by [`Model::check`] on the way in.
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
 use super::file::{is_container, model_from_container, read_container};
+use super::pt::{is_pt, Checkpoint};
 use super::yaml::{read_yaml_model, YamlModel};
 use super::Model;
 
 pub fn read_model(path: &Path) -> Result<Model> {
-    Ok(read_any(path)?.model)
+    Ok(read_any(path, None)?.model)
+}
+
+/// [`read_model`] with a head for a multi-task `.pt` (`--head`); any other file has one model,
+/// which a head other than a single-task `.pt`'s `Default` does not name.
+pub fn read_model_head(path: &Path, head: Option<&str>) -> Result<Model> {
+    Ok(read_any(path, head)?.model)
 }
 
 /// A model to start training from (`--init-model`, `--init-frz-model`): [`read_model`], but a
@@ -18,7 +25,7 @@ pub fn read_model(path: &Path) -> Result<Model> {
 /// output on an all-zero descriptor off those atoms' energies at every step, a term that moves
 /// with the net; dpw takes it off the bias once, which is exact only for a net that stays.
 pub fn read_model_to_train(path: &Path) -> Result<Model> {
-    let YamlModel { model, atom_ener } = read_any(path)?;
+    let YamlModel { model, atom_ener } = read_any(path, None)?;
     if let Some(ae) = atom_ener {
         let ae: Vec<String> = (ae.iter())
             .map(|e| e.map_or("null".into(), |x| x.to_string()))
@@ -36,9 +43,19 @@ pub fn read_model_to_train(path: &Path) -> Result<Model> {
     Ok(model)
 }
 
-fn read_any(path: &Path) -> Result<YamlModel> {
+fn read_any(path: &Path, head: Option<&str>) -> Result<YamlModel> {
     if !path.exists() {
         bail!("model file {} does not exist", path.display());
+    }
+    if !is_container(path) && is_pt(path) {
+        return Checkpoint::read(path)?.model(head);
+    }
+    if let Some(h) = head {
+        bail!(
+            "--head {h}: {} holds one model; heads are those of a multi-task DeePMD-kit .pt \
+             checkpoint",
+            path.display()
+        );
     }
     if is_container(path) {
         let model = model_from_container(&read_container(path)?)
@@ -53,7 +70,8 @@ fn read_any(path: &Path) -> Result<YamlModel> {
         return read_yaml_model(path);
     }
     bail!(
-        "{}: not a model file dpw can read (a DeePMD-kit .yaml model, or a dpw model or checkpoint)",
+        "{}: not a model file dpw can read (a DeePMD-kit .yaml model or .pt checkpoint, or a dpw \
+         model or checkpoint)",
         path.display()
     )
 }

@@ -149,7 +149,7 @@ pub(super) const LAYER_KEYS: &[&str] = &[
     "precision", "seed", "trainable",
 ];
 
-fn model_from_tree(root: &Value) -> Result<YamlModel> {
+pub(super) fn model_from_tree(root: &Value) -> Result<YamlModel> {
     let root = At {
         v: root,
         path: String::new(),
