@@ -5,11 +5,12 @@ use clap::{Parser, Subcommand};
 
 use dpw::cli::backend::{quiet_vulkan_probe, run_job, BackendChoice};
 use dpw::cli::bench::{run_bench, BenchArgs};
+use dpw::cli::change_bias::{listed_systems, output_path, set_bias, BiasMode, ChangeBiasJob};
 use dpw::cli::init_logging;
 use dpw::cli::neighbor_stat::{neighbor_stat, report};
 use dpw::cli::test::{check_detail_prefix, TestJob};
 use dpw::cli::train::{
-    check_train_files, convert, freeze, run_train, wants_progress_bar, TrainArgs,
+    check_train_files, convert, freeze, run_train, wants_progress_bar, write_model, TrainArgs,
 };
 use dpw::dist::log::MpiLog;
 use dpw::model::read_model_head;
@@ -150,6 +151,38 @@ enum Command {
         /// The head (model_dict key) of a multi-task .pt checkpoint to convert.
         #[arg(long)]
         head: Option<String>,
+    },
+    /// Re-fit a model's energy bias on data, or set it, like `dp change-bias`; nothing else
+    /// changes.
+    ChangeBias {
+        /// A DeePMD-kit .pt training checkpoint or .yaml model, or a dpw model or checkpoint.
+        model: PathBuf,
+        /// The systems to fit on: a deepmd/npy system folder or a folder searched for them, a
+        /// deepmd/hdf5 file or an LMDB environment (repeatable; default: the working folder).
+        #[arg(short, long = "system", conflicts_with_all = ["datafile", "bias_value"])]
+        systems: Vec<PathBuf>,
+        /// A file listing the systems, one per line.
+        #[arg(short = 'f', long, conflicts_with = "bias_value")]
+        datafile: Option<PathBuf>,
+        /// The bias itself, one value per type in the model's type_map order (eV).
+        #[arg(short = 'b', long, num_args = 1.., allow_negative_numbers = true)]
+        bias_value: Option<Vec<f64>>,
+        /// Frames per system, the first ones (DeePMD-kit draws them at random); 0: all.
+        #[arg(short = 'n', long, default_value_t = 0)]
+        numb_batch: usize,
+        /// change: move the bias by the fit of what the model misses of the energy labels;
+        /// set: the fit of the labels alone.
+        #[arg(short = 'm', long, value_enum, default_value = "change")]
+        mode: BiasMode,
+        /// The head (model_dict key) of a multi-task .pt checkpoint.
+        #[arg(long)]
+        model_branch: Option<String>,
+        /// Output: `.yaml` for DeePMD-kit or a dpw model file (default: MODEL's name with
+        /// `_updated`, a .pt's as .yaml).
+        #[arg(short = 'o', long)]
+        output: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
     },
 }
 
@@ -326,6 +359,50 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             output,
             head,
         } => convert(&input, &output, head.as_deref())?,
+        Command::ChangeBias {
+            model: input,
+            systems,
+            datafile,
+            bias_value,
+            numb_batch,
+            mode,
+            model_branch,
+            output,
+            backend,
+        } => {
+            let output = output_path(&input, output);
+            let mut model = read_model_head(&input, model_branch.as_deref())?;
+            if !model.spec.fitting.output.is_ener() {
+                anyhow::bail!(
+                    "{}: change-bias re-fits an energy model's bias; this model's fitting is {}",
+                    input.display(),
+                    model.spec.fitting.output.fitting().type_name()
+                );
+            }
+            let report = match bias_value {
+                Some(values) => set_bias(&mut model, &values)?,
+                None => {
+                    let systems = match datafile {
+                        Some(f) => listed_systems(&f)?,
+                        None if systems.is_empty() => vec![PathBuf::from(".")],
+                        None => systems,
+                    };
+                    let job = ChangeBiasJob {
+                        model,
+                        systems,
+                        nframes: numb_batch,
+                        mode,
+                    };
+                    let (changed, report) = run_job(backend, true, job)?;
+                    model = changed;
+                    report
+                }
+            };
+            tracing::info!("energy bias of {}: {report}", input.display());
+            let what = format!("dpw change-bias {}", input.display());
+            let kind = write_model(&model, &output, &what)?;
+            tracing::info!("wrote the {kind} model {}", output.display());
+        }
         Command::NeighborStat {
             systems,
             rcut,

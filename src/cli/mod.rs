@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod change_bias;
 pub mod heap;
 pub mod neighbor_stat;
 pub mod test;

@@ -278,7 +278,7 @@ impl Job for TestJob {
 
 impl TestJob {
     /// The predictions for the first `nf` frames of `sys`, a call at a time.
-    fn predictions<T: Real, B: Backend<T>>(
+    pub(super) fn predictions<T: Real, B: Backend<T>>(
         &self,
         b: &B,
         path: &Path,

@@ -311,7 +311,7 @@ const DEEPMD_ONLY: &[(&str, &str)] = &[
 /// model file; a name DeePMD-kit would read as one of its other formats is refused, since
 /// DeePMD-kit could not read what dpw would write there. `writing` is the dpw command line
 /// that leads to `out`, less its output, for the message telling how to get there.
-fn write_model(model: &Model, out: &Path, writing: &str) -> Result<&'static str> {
+pub fn write_model(model: &Model, out: &Path, writing: &str) -> Result<&'static str> {
     let ext = out
         .extension()
         .and_then(|e| e.to_str())
