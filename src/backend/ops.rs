@@ -607,8 +607,9 @@ macro_rules! compute_ops {
                 crate::backend::pairtab::mix_energy(self, d, e_fit, bias, weight, pair_e, e_atom, energy)
             }
 
-            /// q += e_fit[centre]·dweight + pair_q per slot: the weight's change and the table's
-            /// share of ∂E/∂r_ij (the DP model's is its backward seeded with the weights).
+            /// q += e_fit (of the slot's centre)·dweight + pair_q per slot: the weight's change
+            /// and the table's share of ∂E/∂r_ij (the DP model's is its backward seeded with the
+            /// weights).
             fn mix_force(
                 &self,
                 d: &Dims,
