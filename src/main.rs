@@ -70,6 +70,14 @@ enum Command {
         /// Start a new run from a frozen model: DeePMD-kit's .yaml or a dpw model file.
         #[arg(short = 't', long)]
         init_frz_model: Option<PathBuf>,
+        /// Fine-tune a pretrained model: a DeePMD-kit .pt training checkpoint or .yaml, or a
+        /// dpw model; its weights and statistics, the energy bias re-fitted on the training
+        /// data (input.json's model must be the pretrained one's).
+        #[arg(long, conflicts_with_all = ["restart", "init_model", "init_frz_model"])]
+        finetune: Option<PathBuf>,
+        /// The head of a multi-task .pt to fine-tune from.
+        #[arg(long, requires = "finetune")]
+        model_branch: Option<String>,
         /// Where to write the input with every default filled in.
         #[arg(short = 'o', long, default_value = "out.json")]
         output: PathBuf,
@@ -313,6 +321,8 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             restart,
             init_model,
             init_frz_model,
+            finetune,
+            model_branch,
             output,
             skip_neighbor_stat,
             log_path: _,
@@ -324,6 +334,8 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
                 restart,
                 init_model,
                 init_frz_model,
+                finetune,
+                model_branch,
                 output,
                 skip_neighbor_stat,
                 backend,

@@ -113,6 +113,10 @@ pub struct TrainArgs {
     pub init_model: Option<PathBuf>,
     /// `-t/--init-frz-model`: a frozen model file (DeePMD-kit .yaml or dpw's).
     pub init_frz_model: Option<PathBuf>,
+    /// `--finetune`: a pretrained model (a DeePMD-kit .pt or .yaml, or dpw's), with
+    /// `--model-branch`: the head of a multi-task .pt.
+    pub finetune: Option<PathBuf>,
+    pub model_branch: Option<String>,
     /// `-o`: where the expanded input goes (out.json).
     pub output: PathBuf,
     /// `--skip-neighbor-stat`: no scan of the data's neighbour counts (a fixed `sel` is not
@@ -140,6 +144,30 @@ fn progress_bar() -> ProgressBar {
     bar
 }
 
+/// The start of `--finetune MODEL [--model-branch B]`: DeePMD-kit's branch rules (spec §21.4)
+/// for the head; the model as it is, to be re-fitted.
+fn finetune_start(path: &Path, branch: Option<&str>) -> Result<Start> {
+    let head = match branch {
+        Some("RANDOM") => anyhow::bail!(
+            "--model-branch RANDOM (the pretrained descriptor with a new fitting net) is not \
+             implemented yet; give a head, or none for a single-task model"
+        ),
+        Some("Default") | None if !crate::model::pt::is_pt(path) => None,
+        b => b,
+    };
+    let model = crate::model::read_model_head(path, head)
+        .with_context(|| format!("--finetune {}", path.display()))?;
+    let what = match head {
+        Some(h) => format!("{} (head {h})", path.display()),
+        None => path.display().to_string(),
+    };
+    tracing::info!("fine-tuning from {what}: its weights and statistics, the bias re-fitted");
+    Ok(Start::Finetune {
+        model: Box::new(model),
+        what,
+    })
+}
+
 /// `dpw train`: outputs go to the working directory, as with `dp train`.
 pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
     tracing::info!(
@@ -161,6 +189,10 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
     let setup = (|| {
         let cfg = load_training_input(&args.input)?;
         let start = match (args.restart, args.init_model, args.init_frz_model) {
+            (None, None, None) if args.finetune.is_some() => {
+                let path = args.finetune.expect("given");
+                finetune_start(&path, args.model_branch.as_deref())?
+            }
             (None, None, None) => Start::Fresh,
             (Some(r), None, None) => {
                 let ck = Checkpoint::read(&r)?;

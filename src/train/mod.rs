@@ -5,6 +5,7 @@ pub mod batch;
 pub mod budget;
 pub mod checkpoint;
 pub mod dataset;
+pub mod finetune;
 pub mod interrupt;
 pub mod lcurve;
 pub mod loss;

@@ -39,6 +39,12 @@ pub enum Start {
     InitModel(PathBuf),
     /// `--init-frz-model`: the same from a model already read (a frozen model file).
     InitFrozen(Box<Model>),
+    /// `--finetune`: the same from a pretrained model (`what` names it), whose energy bias is
+    /// then re-fitted on the training data (change-by-statistic).
+    Finetune {
+        model: Box<Model>,
+        what: String,
+    },
 }
 
 /// Everything checked and loaded before training; nothing has been written yet.
@@ -224,8 +230,10 @@ pub fn prepare_in(
         Start::Restart(_) => "the --restart checkpoint".to_string(),
         Start::InitModel(p) => format!("the --init-model file {}", p.display()),
         Start::InitFrozen(_) => "the -t/--init-frz-model model".to_string(),
+        Start::Finetune { what, .. } => format!("the --finetune model {what}"),
         Start::Fresh => String::new(),
     };
+    let finetune = matches!(start, Start::Finetune { .. });
     let (restart, init) = open_start(start)?;
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
@@ -258,7 +266,11 @@ pub fn prepare_in(
     let model = if let Some(ck) = &restart {
         tracing::info!("restarting from step {} (lr {:.3e})", ck.step, ck.lr);
         ck.model.clone()
-    } else if let Some(m) = init {
+    } else if let Some(mut m) = init {
+        if finetune {
+            let frames = read.finetune_frames();
+            super::finetune::change_by_statistic(&mut m, &read.train, &frames)?;
+        }
         m
     } else {
         let init_seed = cfg
@@ -465,6 +477,20 @@ impl Reading {
         )
     }
 
+    /// Fine-tuning's bias frames: DeePMD-kit's PyTorch takes the first data_stat_nbatch batches
+    /// of each system's loader, every frame at most once, so all of them where those batches
+    /// cover the system; where they do not, its subset is random, and dpw's draw stands in.
+    fn finetune_frames(&self) -> Vec<Vec<usize>> {
+        let drawn = self.stat_frames();
+        let bs = self.global_batch_sizes();
+        (self.train.systems.iter().enumerate())
+            .map(|(s, sys)| match self.draw.nbatch * bs[s] >= sys.nframes {
+                true => (0..sys.nframes).collect(),
+                false => drawn[s].clone(),
+            })
+            .collect()
+    }
+
     /// A new model of `spec` with parameters from `init_seed` and the data statistics over
     /// `data_stat_nbatch` global batches (with N data-parallel ranks N × batch_size).
     fn new_model(&mut self, spec: ModelSpec, init_seed: u64, cfg: &ModelConfig) -> Result<Model> {
@@ -608,7 +634,7 @@ fn open_start(start: Start) -> Result<(Option<Box<Checkpoint>>, Option<Model>)> 
             tracing::info!("initial parameters and statistics from {}", p.display());
             (None, Some(m))
         }
-        Start::InitFrozen(m) => (None, Some(*m)),
+        Start::InitFrozen(m) | Start::Finetune { model: m, .. } => (None, Some(*m)),
     })
 }
 

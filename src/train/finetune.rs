@@ -1,0 +1,61 @@
+//! `dpw train --finetune`: a new run from a pretrained model's weights and statistics (a head of
+//! a DeePMD-kit `.pt`, its `.yaml`, or a dpw model), its energy bias re-fitted on the new
+//! training data by change-by-statistic, as DeePMD-kit's fine-tuning does (docs/deepmd-spec.md
+//! §21.4, §21.6).
+
+use anyhow::Result;
+
+use super::batch::assemble_frames;
+use super::dataset::DataSet;
+use super::predict::predict_batch;
+use crate::backend::cpu::Cpu;
+use crate::geometry::energy_bias;
+use crate::model::Model;
+
+/// The bias moved by the least-squares fit (minimum norm, as numpy's lstsq) of what `model`
+/// misses of the energy labels of `frames` of each system; the model evaluated on the cpu in
+/// float64, as DeePMD-kit evaluates it in the model's precision without gradient.
+pub fn change_by_statistic(model: &mut Model, data: &DataSet, frames: &[Vec<usize>]) -> Result<()> {
+    let b = Cpu::default();
+    let nt = model.spec.ntypes();
+    let (mut counts, mut y) = (Vec::new(), Vec::new());
+    for (s, frames) in frames.iter().enumerate() {
+        if frames.is_empty() {
+            continue;
+        }
+        let sys = data.system(s)?;
+        if !sys.has_energy {
+            anyhow::bail!(
+                "{}: no energy.npy, which fine-tuning re-fits the energy bias to",
+                sys.path.display()
+            );
+        }
+        // Frames of one composition go in one call unless the descriptor's list is per type
+        // and the system mixes compositions.
+        let per_call = if sys.mixed && !model.spec.descriptor.is_mixed() {
+            1
+        } else {
+            8
+        };
+        for call in frames.chunks(per_call) {
+            let batch = assemble_frames(&model.spec, &sys, call, "fine-tuning statistics")?;
+            let p = predict_batch::<f64, _>(&b, model, &batch)?;
+            for (&f, e) in call.iter().zip(&p.energy) {
+                counts.push(sys.type_counts(f, nt).iter().map(|&n| n as f64).collect());
+                y.push(sys.energy[f] - e);
+            }
+        }
+    }
+    let (delta, std) = energy_bias(&counts, &y);
+    let before = model.bias.clone();
+    model.bias.iter_mut().zip(&delta).for_each(|(b, d)| *b += d);
+    let lines: Vec<String> = (model.spec.type_map.iter().enumerate())
+        .map(|(t, name)| format!("{name} {:.10} -> {:.10}", before[t], model.bias[t]))
+        .collect();
+    tracing::info!(
+        "energy bias changed by statistic on {} frames (residual std {std:.4e} eV): {}",
+        y.len(),
+        lines.join(", ")
+    );
+    Ok(())
+}
