@@ -83,7 +83,12 @@ fn multi_task_head_start_is_deepmd_kits() {
 }
 
 /// A case, its input's change, the arguments after `--finetune`, what the error names.
-type Refusal<'a> = (&'a str, Box<dyn FnOnce(&mut Value)>, Vec<&'a str>, &'a [&'a str]);
+type Refusal<'a> = (
+    &'a str,
+    Box<dyn FnOnce(&mut Value)>,
+    Vec<&'a str>,
+    &'a [&'a str],
+);
 
 /// What dpw does not fine-tune yet, and what DeePMD-kit refuses, refused naming it.
 #[test]
