@@ -137,3 +137,34 @@ fn finetune_refusals() {
         assert!(!tmp.path().join("model.ckpt-0").exists());
     }
 }
+
+/// Fine-tuning to another type_map of the pretrained elements (DeePMD-kit's change_type_map):
+/// DeePMD-kit's own starts, model for model: ft_mt_alloy (O H Cu Ni Al → Al Ni Cu: a subset in
+/// another order) and ft_mt_water_ho (→ H O: the type embedding's width 4 is then twice the
+/// types, so its rows become W[idx] − [I, I]); every tensor and statistic to 1e-15, the bias to
+/// 1e-8 eV.
+#[test]
+fn type_map_change_is_deepmd_kits() {
+    let pre = reference("pre_mt/model.ckpt.pt");
+    for (case, head) in [("ft_mt_alloy", "alloy"), ("ft_mt_water_ho", "water")] {
+        let tmp = folder(case, |_| {});
+        let (ok, log) = finetune(tmp.path(), &[pre.to_str().unwrap(), "--model-branch", head]);
+        assert!(ok, "{case}: {log}");
+        let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
+        let theirs =
+            dpw::model::read_deepmd_yaml(&reference(&format!("{case}/model.yaml"))).unwrap();
+        assert_eq!(mine.spec, theirs.spec, "{case}");
+        let worst = |a: &[f64], b: &[f64]| {
+            assert_eq!(a.len(), b.len());
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max)
+        };
+        let p = worst(&mine.params, &theirs.params);
+        let s = worst(&mine.davg, &theirs.davg).max(worst(&mine.dstd, &theirs.dstd));
+        let b = worst(&mine.bias, &theirs.bias);
+        eprintln!("{case}: parameters {p:.1e}, statistics {s:.1e}, bias {b:.1e} eV");
+        assert!(p <= 1e-15 && s <= 1e-15 && b <= 1e-8, "{case}: {p} {s} {b}");
+    }
+}

@@ -340,8 +340,9 @@ fn bad_files_name_the_culprit() {
         "{e}"
     );
 
+    // A zbl model is a list of models, not a descriptor and a fitting.
     let e = read_err(&edit(&good, "type: standard", "type: zbl"));
-    assert!(e.contains("model.type: unsupported value \"zbl\""), "{e}");
+    assert!(e.contains("model: unknown key descriptor"), "{e}");
 
     // Frame parameters are read: they widen the fitting net's input, which the file's weights
     // then do not match.

@@ -145,8 +145,8 @@ fn progress_bar() -> ProgressBar {
 }
 
 /// The start of `--finetune MODEL [--model-branch B]`: DeePMD-kit's branch rules (spec §21.4)
-/// for the head; the model as it is, to be re-fitted.
-fn finetune_start(path: &Path, branch: Option<&str>) -> Result<Start> {
+/// for the head; the model on input.json's `type_map`, to be re-fitted.
+fn finetune_start(path: &Path, branch: Option<&str>, type_map: &[String]) -> Result<Start> {
     let head = match branch {
         Some("RANDOM") => anyhow::bail!(
             "--model-branch RANDOM (the pretrained descriptor with a new fitting net) is not \
@@ -161,6 +161,9 @@ fn finetune_start(path: &Path, branch: Option<&str>) -> Result<Start> {
         Some(h) => format!("{} (head {h})", path.display()),
         None => path.display().to_string(),
     };
+    // DeePMD-kit's change_type_map: input.json's elements, a subset of the head's in any order.
+    let model = (model.with_type_map(type_map))
+        .with_context(|| format!("--finetune {what} to type_map {type_map:?}"))?;
     tracing::info!("fine-tuning from {what}: its weights and statistics, the bias re-fitted");
     Ok(Start::Finetune {
         model: Box::new(model),
@@ -191,7 +194,7 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         let start = match (args.restart, args.init_model, args.init_frz_model) {
             (None, None, None) if args.finetune.is_some() => {
                 let path = args.finetune.expect("given");
-                finetune_start(&path, args.model_branch.as_deref())?
+                finetune_start(&path, args.model_branch.as_deref(), &cfg.model.type_map)?
             }
             (None, None, None) => Start::Fresh,
             (Some(r), None, None) => {

@@ -11,6 +11,7 @@ pub mod pairtab;
 pub mod pt;
 pub mod registry;
 mod source;
+mod type_map;
 mod yaml;
 mod yaml_block;
 
