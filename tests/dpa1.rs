@@ -13,7 +13,7 @@ use dpw::model::{read_deepmd_yaml, Model, Skip};
 use dpw::train::batch::{assemble, Frame};
 use serde_json::Value;
 
-use common::{npz, npz_array, repo};
+use common::{deepmd_agrees, npz, npz_array, repo};
 
 const CASES: [&str; 4] = [
     "se_atten_l0_water",
@@ -479,14 +479,6 @@ fn atom_ener_of_a_yaml_model_is_deepmd_kits() {
 /// failure when `DPW_REQUIRE_DEEPMD=1` (the convention of `DPW_REQUIRE_WGPU`).
 #[test]
 fn deepmd_kit_reads_dpws_dpa1_yaml() {
-    let Ok(python) = std::env::var("DPW_DEEPMD_PYTHON") else {
-        let why = "DPW_DEEPMD_PYTHON (a Python with deepmd-kit 3.2.0) is not set";
-        if std::env::var("DPW_REQUIRE_DEEPMD").is_ok_and(|v| v == "1") {
-            panic!("DPW_REQUIRE_DEEPMD=1 but {why}");
-        }
-        eprintln!("SKIPPED: deepmd_kit_reads_dpws_dpa1_yaml: {why}");
-        return;
-    };
     let tmp = tempfile::tempdir().unwrap();
     for case in CASES {
         let ours = tmp.path().join(format!("{case}.yaml"));
@@ -510,32 +502,13 @@ for case in sys.argv[3:]:
     same_nan = bool((np.isnan(out[0]) == np.isnan(out[1])).all())
     print(case, float(np.nanmax(np.abs(out[0] - out[1]))) if same_nan else "nan-mismatch")
 "#;
-    let out = std::process::Command::new(&python)
-        .args(["-c", script])
-        .arg(repo("tests/reference/dpa1"))
-        .arg(tmp.path())
-        .args(CASES)
-        .output()
-        .unwrap_or_else(|e| panic!("{python}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    deepmd_agrees(
+        "deepmd_kit_reads_dpws_dpa1_yaml",
+        script,
+        &repo("tests/reference/dpa1"),
+        tmp.path(),
+        &CASES,
     );
-    let lines: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("se_atten"))
-        .collect();
-    assert_eq!(lines.len(), CASES.len(), "{stdout}");
-    for l in lines {
-        let (case, diff) = l.split_once(' ').unwrap();
-        let diff: f64 = diff.trim().parse().unwrap_or(f64::NAN);
-        assert!(
-            diff <= 1e-10,
-            "{case}: DeePMD-kit on dpw's file differs by {diff}"
-        );
-    }
 }
 
 /// A dpw model file (and so a checkpoint) keeps DPA-1's attention keys and one sel; the other

@@ -167,14 +167,6 @@ fn pair_table_inputs_are_checked() {
 /// or a failure under `DPW_REQUIRE_DEEPMD=1`, as tests/dpa1.rs's.
 #[test]
 fn deepmd_kit_reads_dpws_pair_table_yaml() {
-    let Ok(python) = std::env::var("DPW_DEEPMD_PYTHON") else {
-        let why = "DPW_DEEPMD_PYTHON (a Python with deepmd-kit 3.2.0) is not set";
-        if std::env::var("DPW_REQUIRE_DEEPMD").is_ok_and(|v| v == "1") {
-            panic!("DPW_REQUIRE_DEEPMD=1 but {why}");
-        }
-        eprintln!("SKIPPED: deepmd_kit_reads_dpws_pair_table_yaml: {why}");
-        return;
-    };
     let tmp = tempfile::tempdir().unwrap();
     let cases = &CASES[..3];
     for case in cases {
@@ -198,29 +190,11 @@ for case in sys.argv[3:]:
         out.append(np.asarray(r["energy"]).ravel())
     print(case, float(np.abs(out[0] - out[1]).max()))
 "#;
-    let out = std::process::Command::new(&python)
-        .args(["-c", script])
-        .arg(case_dir(""))
-        .arg(tmp.path())
-        .args(cases)
-        .output()
-        .unwrap_or_else(|e| panic!("{python}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    deepmd_agrees(
+        "deepmd_kit_reads_dpws_pair_table_yaml",
+        script,
+        &case_dir(""),
+        tmp.path(),
+        cases,
     );
-    let lines: Vec<&str> = (stdout.lines())
-        .filter(|l| cases.iter().any(|c| l.starts_with(c)))
-        .collect();
-    assert_eq!(lines.len(), cases.len(), "{stdout}");
-    for l in lines {
-        let (case, diff) = l.split_once(' ').unwrap();
-        let diff: f64 = diff.trim().parse().unwrap_or(f64::NAN);
-        assert!(
-            diff <= 1e-10,
-            "{case}: DeePMD-kit on dpw's file differs by {diff}"
-        );
-    }
 }

@@ -437,3 +437,43 @@ pub fn rel_to_max(a: &[f64], b: &[f64]) -> f64 {
     let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     max_abs_diff(a, b) / scale
 }
+
+/// Runs `script` with DeePMD-kit's Python (`DPW_DEEPMD_PYTHON`) as `python -c script root tmp
+/// cases…`; it prints a line `case max-abs-difference` per case, each asserted ≤ 1e-10. Without
+/// the variable the test `test` is a visible skip, or a failure under `DPW_REQUIRE_DEEPMD=1`
+/// (the convention of `DPW_REQUIRE_WGPU`).
+pub fn deepmd_agrees(test: &str, script: &str, root: &Path, tmp: &Path, cases: &[&str]) {
+    let Ok(python) = std::env::var("DPW_DEEPMD_PYTHON") else {
+        let why = "DPW_DEEPMD_PYTHON (a Python with deepmd-kit 3.2.0) is not set";
+        if std::env::var("DPW_REQUIRE_DEEPMD").is_ok_and(|v| v == "1") {
+            panic!("DPW_REQUIRE_DEEPMD=1 but {why}");
+        }
+        eprintln!("SKIPPED: {test}: {why}");
+        return;
+    };
+    let out = std::process::Command::new(&python)
+        .args(["-c", script])
+        .arg(root)
+        .arg(tmp)
+        .args(cases)
+        .output()
+        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = (stdout.lines())
+        .filter(|l| cases.iter().any(|c| l.starts_with(&format!("{c} "))))
+        .collect();
+    assert_eq!(lines.len(), cases.len(), "{stdout}");
+    for l in lines {
+        let (case, diff) = l.split_once(' ').unwrap();
+        let diff: f64 = diff.trim().parse().unwrap_or(f64::NAN);
+        assert!(
+            diff <= 1e-10,
+            "{case}: DeePMD-kit on dpw's file differs by {diff}"
+        );
+    }
+}
