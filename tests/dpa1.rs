@@ -4,7 +4,6 @@
 //! `compute_input_stats`, and the clear error where the missing stage is needed.
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use dpw::backend::Dims;
@@ -13,7 +12,7 @@ use dpw::model::{read_deepmd_yaml, Model, Skip};
 use dpw::train::batch::{assemble, Frame};
 use serde_json::Value;
 
-use common::{deepmd_agrees, npz, npz_array, repo};
+use common::{assert_layout_is_train_steps, deepmd_agrees, npz, npz_array, repo};
 
 const CASES: [&str; 4] = [
     "se_atten_l0_water",
@@ -77,27 +76,8 @@ fn parameters(case: &str) -> usize {
 fn layout_names_and_shapes_are_deepmds() {
     for case in CASES {
         let m = model(case);
-        let layout = m.layout();
-        assert_eq!(layout.len, parameters(case), "{case}: parameter count");
-        let mut z = npz(&case_dir(case).join("train_step.npz"));
-        let names: Vec<String> = z.names().unwrap();
-        let mut want = BTreeMap::new();
-        for n in names.iter().filter(|n| n.starts_with("grad.")) {
-            let n = n.trim_end_matches(".npy");
-            let a = npz_array(&mut z, n);
-            want.insert(n["grad.".len()..].to_string(), a.shape().to_vec());
-        }
-        let ours: BTreeMap<String, Vec<usize>> = (layout.tensors.iter())
-            .map(|t| (t.name.clone(), t.shape.clone()))
-            .collect();
-        assert_eq!(ours, want, "{case}");
-        // The tensors tile the parameter vector.
-        let mut at = 0;
-        for t in &layout.tensors {
-            assert_eq!(t.offset, at, "{case}: {}", t.name);
-            at += t.len();
-        }
-        assert_eq!(at, layout.len);
+        assert_eq!(m.layout().len, parameters(case), "{case}: parameter count");
+        assert_layout_is_train_steps(&m, &case_dir(case).join("train_step.npz"), case);
     }
 }
 

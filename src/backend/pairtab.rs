@@ -62,7 +62,8 @@ pub fn mix_seed<T: Real, B: Device<T> + ?Sized>(
     let (weight, dweight, rijdot) = (b.download(weight), b.download(dweight), b.download(rijdot));
     let mut out = b.download(ebar);
     for (c, e) in out.iter_mut().enumerate() {
-        let along: f64 = (3 * d.mixed_slots(c).start..3 * d.mixed_slots(c).end)
+        let slots = d.mixed_slots(c);
+        let along: f64 = (3 * slots.start..3 * slots.end)
             .map(|a| dweight[a].f64() * rijdot[a].f64())
             .sum();
         *e = T::of(weight[c].f64() * e.f64() + along);

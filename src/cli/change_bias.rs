@@ -1,7 +1,6 @@
 //! `dpw change-bias`: an energy model's bias re-fitted on data, or set to given values, as
 //! `dp change-bias` does (docs/deepmd-spec.md §21.6, §21.7). Only the bias changes.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
@@ -11,8 +10,8 @@ use super::test::TestJob;
 use crate::backend::{Backend, Real};
 use crate::data::{find_systems, load_system, Disk};
 use crate::dist::DeviceLink;
-use crate::geometry::energy_bias;
 use crate::model::Model;
+use crate::train::finetune::{bias_lines, refit_bias};
 
 /// How the bias is re-fitted (`-m`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -73,30 +72,9 @@ impl Job for ChangeBiasJob {
         if y.is_empty() {
             bail!("no frame to fit the bias to");
         }
-        let (delta, std) = energy_bias(&counts, &y);
         let mut model = tester.model;
-        let old = model.bias.clone();
-        match self.mode {
-            BiasMode::Change => model.bias.iter_mut().zip(&delta).for_each(|(b, d)| *b += d),
-            BiasMode::Set => model.bias = delta,
-        }
-        let mut report = format!(
-            "{} frames, {} by statistic (residual std {std:.6e} eV):",
-            y.len(),
-            match self.mode {
-                BiasMode::Change => "changed",
-                BiasMode::Set => "set",
-            }
-        );
-        bias_lines(&mut report, &model, &old);
+        let report = refit_bias(&mut model, &counts, &y, self.mode == BiasMode::Change);
         Ok((model, report))
-    }
-}
-
-/// One line per type: the bias before and after.
-pub fn bias_lines(out: &mut String, model: &Model, old: &[f64]) {
-    for (t, name) in model.spec.type_map.iter().enumerate() {
-        let _ = write!(out, "\n  {name}: {:.10} -> {:.10}", old[t], model.bias[t]);
     }
 }
 

@@ -3,6 +3,8 @@
 //! training data by change-by-statistic, as DeePMD-kit's fine-tuning does (docs/deepmd-spec.md
 //! §21.4, §21.6).
 
+use std::fmt::Write as _;
+
 use anyhow::Result;
 
 use super::batch::assemble_frames;
@@ -46,16 +48,32 @@ pub fn change_by_statistic(model: &mut Model, data: &DataSet, frames: &[Vec<usiz
             }
         }
     }
-    let (delta, std) = energy_bias(&counts, &y);
-    let before = model.bias.clone();
-    model.bias.iter_mut().zip(&delta).for_each(|(b, d)| *b += d);
-    let lines: Vec<String> = (model.spec.type_map.iter().enumerate())
-        .map(|(t, name)| format!("{name} {:.10} -> {:.10}", before[t], model.bias[t]))
-        .collect();
-    tracing::info!(
-        "energy bias changed by statistic on {} frames (residual std {std:.4e} eV): {}",
-        y.len(),
-        lines.join(", ")
-    );
+    tracing::info!("energy bias: {}", refit_bias(model, &counts, &y, true));
     Ok(())
+}
+
+/// The bias fitted (minimum-norm least squares, as numpy's lstsq) to `y` per frame on the atom
+/// counts per type: moved by the fit (`change`: y is the label less the model's prediction) or
+/// set to it (y the label); returns the log's report.
+pub fn refit_bias(model: &mut Model, counts: &[Vec<f64>], y: &[f64], change: bool) -> String {
+    let (delta, std) = energy_bias(counts, y);
+    let old = model.bias.clone();
+    match change {
+        true => model.bias.iter_mut().zip(&delta).for_each(|(b, d)| *b += d),
+        false => model.bias = delta,
+    }
+    let mut report = format!(
+        "{} frames, {} by statistic (residual std {std:.6e} eV):",
+        y.len(),
+        if change { "changed" } else { "set" }
+    );
+    bias_lines(&mut report, model, &old);
+    report
+}
+
+/// One line per type: the bias before and after.
+pub fn bias_lines(out: &mut String, model: &Model, old: &[f64]) {
+    for (t, name) in model.spec.type_map.iter().enumerate() {
+        let _ = write!(out, "\n  {name}: {:.10} -> {:.10}", old[t], model.bias[t]);
+    }
 }

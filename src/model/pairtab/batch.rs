@@ -115,9 +115,9 @@ fn zbl_weight(
     alpha: f64,
 ) -> (f64, Vec<f64>) {
     let mut dw = vec![0.0; near.len()];
+    let e: Vec<f64> = near.iter().map(|&(_, r, _)| (-r / alpha).exp()).collect();
     let (mut num, mut den) = (0.0, 0.0);
-    for &(_, r, _) in near {
-        let e = (-r / alpha).exp();
+    for (&(_, r, _), &e) in near.iter().zip(&e) {
         num += r * e;
         den += e;
     }
@@ -132,8 +132,7 @@ fn zbl_weight(
     let u = (sigma - rmin) / width;
     let w = -6.0 * u.powi(5) + 15.0 * u.powi(4) - 10.0 * u.powi(3) + 1.0;
     let dw_dsigma = (-30.0 * u.powi(4) + 60.0 * u.powi(3) - 30.0 * u.powi(2)) / width;
-    for (k, &(_, r, _)) in near.iter().enumerate() {
-        let e = (-r / alpha).exp();
+    for (k, (&(_, r, _), &e)) in near.iter().zip(&e).enumerate() {
         dw[k] = dw_dsigma * e * ((1.0 - r / alpha) + sigma / alpha) / den;
     }
     (w, dw)
