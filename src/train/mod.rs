@@ -19,6 +19,7 @@ pub mod setup;
 pub mod stats;
 pub mod step;
 pub mod steplog;
+pub mod task_draw;
 pub mod trainer;
 pub mod validation;
 pub mod workspaces;
