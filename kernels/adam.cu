@@ -3,8 +3,10 @@
 // CPU does), and fill. The vector's length comes in a VectorParams, the real scalars by value
 // (rounded to T on the host, as the CPU rounds them).
 
+// Entries from u.tail_from on take the tail's corrections (step_t, bc2_t): a multi-task head's own
+// step count (AdamTail).
 #define ADAM_PARAMS(T)                                                                        \
-  (VectorParams u, T step, T b1, T b2, T eps, T bc2, T* __restrict__ p,                       \
+  (VectorParams u, T step, T b1, T b2, T eps, T bc2, T step_t, T bc2_t, T* __restrict__ p,    \
    const T* __restrict__ grad, T* __restrict__ m, T* __restrict__ v)
 
 template <typename T>
@@ -16,10 +18,11 @@ __device__ void adam ADAM_PARAMS(T) {
   T vi = v[i] * b2 + g * g * (T(1) - b2);
   m[i] = mi;
   v[i] = vi;
-  T denom = sqrt(vi) / bc2 + eps;
-  p[i] -= step * mi / denom;
+  bool tail = i >= u.tail_from;
+  T denom = sqrt(vi) / (tail ? bc2_t : bc2) + eps;
+  p[i] -= (tail ? step_t : step) * mi / denom;
 }
-DPW_INSTANTIATE(adam, ADAM_PARAMS, (u, step, b1, b2, eps, bc2, p, grad, m, v))
+DPW_INSTANTIATE(adam, ADAM_PARAMS, (u, step, b1, b2, eps, bc2, step_t, bc2_t, p, grad, m, v))
 
 #define FILL_PARAMS(T) (VectorParams u, T value, T* __restrict__ out)
 

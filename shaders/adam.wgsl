@@ -3,7 +3,8 @@
 
 // VectorParams: src/backend/gpu_layout.rs; n is the number of parameters.
 @group(0) @binding(0) var<uniform> u: VectorParams;
-// [lr / (1 − β1^t), β1, β2, eps, sqrt(1 − β2^t)], rounded to `real` on the host as the CPU does
+// [lr / (1 − β1^t), β1, β2, eps, sqrt(1 − β2^t), then the first and last for the tail's own t
+// (entries from u.tail_from on)], rounded to `real` on the host as the CPU does
 @group(0) @binding(1) var<storage, read> hyper: array<real>;
 @group(0) @binding(2) var<storage, read> grad: array<real>;
 @group(0) @binding(3) var<storage, read_write> params: array<real>;
@@ -17,7 +18,9 @@ fn adam(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (i >= u.n) {
         return;
     }
-    let step = hyper[0];
+    let tail = i >= u.tail_from;
+    let step = select(hyper[0], hyper[5], tail);
+    let bc2 = select(hyper[4], hyper[6], tail);
     let b1 = hyper[1];
     let b2 = hyper[2];
     let g = grad[i];
@@ -25,7 +28,7 @@ fn adam(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let vi = v[i] * b2 + g * g * (real(1) - b2);
     m[i] = mi;
     v[i] = vi;
-    let denom = sqrt_r(vi) / hyper[4] + hyper[3];
+    let denom = sqrt_r(vi) / bc2 + hyper[3];
     params[i] -= step * mi / denom;
 }
 

@@ -58,6 +58,7 @@ mod timed {
                 beta2: 0.999,
                 eps: 1e-8,
                 t,
+                tail: None,
             };
             TrainOps::<f64>::adam(&b, s, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
         }

@@ -355,6 +355,7 @@ fn f64_sqrt_in_adam_is_accurate() {
         beta2: 0.999,
         eps: 1e-300,
         t: 3,
+        tail: None,
     };
     let p0: Vec<f64> = (0..g.len()).map(|i| 1.0 + i as f64).collect();
     let m0: Vec<f64> = g.iter().map(|x| 0.3 * x).collect();

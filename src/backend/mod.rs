@@ -89,6 +89,37 @@ pub struct AdamStep {
     pub eps: f64,
     /// 1-based step count for the bias corrections.
     pub t: u64,
+    /// Parameters from `tail.from` on counted with their own steps, `tail.t` (a multi-task
+    /// run's fitting net, updated only at its task's steps, after the shared descriptor).
+    pub tail: Option<AdamTail>,
+}
+
+/// The part of the parameter vector whose Adam steps are counted apart ([`AdamStep::tail`]):
+/// torch's Adam counts steps per tensor, and a head's tensors have no gradient (are not
+/// stepped) at the other tasks' steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamTail {
+    pub from: usize,
+    pub t: u64,
+}
+
+impl AdamStep {
+    /// `lr / (1 − β1^t)` and `sqrt(1 − β2^t)` of step count `t`, in f64 on the host, as every
+    /// backend takes them.
+    pub fn corrections(&self, t: u64) -> (f64, f64) {
+        let bc1 = 1.0 - self.beta1.powi(t as i32);
+        let bc2_sqrt = (1.0 - self.beta2.powi(t as i32)).sqrt();
+        (self.lr / bc1, bc2_sqrt)
+    }
+
+    /// The first index of the tail and its corrections (the vector's length and the head's
+    /// own where there is none).
+    pub fn tail_corrections(&self, n: usize) -> (usize, (f64, f64)) {
+        match self.tail {
+            Some(t) => (t.from.min(n), self.corrections(t.t)),
+            None => (n, self.corrections(self.t)),
+        }
+    }
 }
 
 /// Buffers of one dense layer, for the rows of one op call.

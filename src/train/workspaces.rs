@@ -122,5 +122,6 @@ pub fn adam_step(opt: &OptimizerConfig, lr: f64, step: usize) -> AdamStep {
         beta2: opt.adam_beta2,
         eps: OptimizerConfig::EPS,
         t: step as u64 + 1,
+        tail: None,
     }
 }

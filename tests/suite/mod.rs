@@ -64,6 +64,11 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
+        fn plan_adam_tail_counts_its_own_steps() {
+            $crate::suite::plan::adam_tail_counts_its_own_steps(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
         fn plan_clip_grad_norm() {
             $crate::suite::plan::clip_grad_norm(&$backend);
         }

@@ -320,6 +320,7 @@ fn op_outputs<T: Real, B: Backend<T>>(
         beta2: 0.999,
         eps: 1e-8,
         t: 3,
+        tail: None,
     };
     b.adam(step, &mut p, &grad, &mut mm, &mut vv);
     take("adam params".into(), &p);

@@ -1,7 +1,7 @@
 //! The plan of a step: buffers made once and written in place, and the device-side ops that
 //! keep a non-display step free of read-backs (the log copy, gradient clipping).
 
-use dpw::backend::{AdamStep, Backend, Prefactors};
+use dpw::backend::{AdamStep, AdamTail, Backend, Prefactors};
 use dpw::data::System;
 use dpw::train::batch::{assemble, assemble_frames};
 use dpw::train::resident::ResidentSystem;
@@ -86,6 +86,48 @@ pub fn write_and_copy<B: Backend<f64>>(b: &B) {
     assert_eq!(b.idx_id(&i), id);
 }
 
+/// Adam with a tail (a multi-task head, AdamTail) is Adam on the two stretches apart, each
+/// with its own step count, bit for bit: the head's step counts do not leak into the shared
+/// part's update, nor the other way.
+pub fn adam_tail_counts_its_own_steps<B: Backend<f64>>(b: &B) {
+    let n = 300;
+    let from = 170;
+    let vals = |k: f64| -> Vec<f64> { (0..n).map(|i| ((i as f64 + k) * 0.37).sin()).collect() };
+    let (g, p0, m0, v0) = (vals(1.0), vals(2.0), vals(3.0), vals(4.0));
+    let v0: Vec<f64> = v0.iter().map(|x| x * x).collect();
+    let step = |t: u64, tail: Option<AdamTail>| AdamStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        t,
+        tail,
+    };
+    let run = |s: AdamStep, r: std::ops::Range<usize>| -> Vec<f64> {
+        let (mut p, mut m, mut v) = (
+            b.upload(&p0[r.clone()]),
+            b.upload(&m0[r.clone()]),
+            b.upload(&v0[r.clone()]),
+        );
+        b.adam(s, &mut p, &b.upload(&g[r.clone()]), &mut m, &mut v);
+        [b.download(&p), b.download(&m), b.download(&v)].concat()
+    };
+    let whole = run(step(7, Some(AdamTail { from, t: 2 })), 0..n);
+    let head = run(step(7, None), 0..from);
+    let tail = run(step(2, None), from..n);
+    for (k, name) in ["params", "m", "v"].iter().enumerate() {
+        let got = &whole[k * n..(k + 1) * n];
+        let want = [
+            &head[k * from..(k + 1) * from],
+            &tail[k * (n - from)..(k + 1) * (n - from)],
+        ]
+        .concat();
+        assert_eq!(got, want.as_slice(), "{name}");
+    }
+    // The tail's own count matters: with the shared part's it is another update.
+    assert_ne!(whole, run(step(7, None), 0..n));
+}
+
 /// Gradient clipping on the device against the host formula: the norm, the scaled gradient,
 /// a gradient below the limit left alone, and a NaN norm reported without scaling.
 pub fn clip_grad_norm<B: Backend<f64>>(b: &B) {
@@ -129,6 +171,7 @@ pub fn clip_grad_norm<B: Backend<f64>>(b: &B) {
         beta2: 0.999,
         eps: 1e-8,
         t: 1,
+        tail: None,
     };
     b.adam(s, &mut p, &gb, &mut m, &mut v);
     assert!(b.download(&p)[10].is_nan());

@@ -149,6 +149,7 @@ pub fn adam_steps<B: Backend<f64>>(b: &B) {
             beta2: 0.999,
             eps: 1e-8,
             t: step as u64 + 1,
+            tail: None,
         };
         b.adam(s, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
         let mut want = model.clone();
@@ -174,6 +175,7 @@ pub fn adam_steps<B: Backend<f64>>(b: &B) {
             beta2: 0.999,
             eps: 1e-8,
             t: step + 1,
+            tail: None,
         };
         b.adam(s, &mut dm.params, &gbuf, &mut dm.m, &mut dm.v);
         let mut want = model.clone();

@@ -10,9 +10,25 @@ use crate::backend::{AdamStep, Real};
 const CHUNK: usize = 8192;
 
 pub fn adam<T: Real>(s: AdamStep, params: &mut [T], grad: &[T], m: &mut [T], v: &mut [T]) {
-    let bc1 = 1.0 - s.beta1.powi(s.t as i32);
-    let bc2_sqrt = (1.0 - s.beta2.powi(s.t as i32)).sqrt();
-    let step = T::of(s.lr / bc1);
+    let (from, tail) = s.tail_corrections(params.len());
+    let (p0, p1) = params.split_at_mut(from);
+    let (m0, m1) = m.split_at_mut(from);
+    let (v0, v1) = v.split_at_mut(from);
+    let (g0, g1) = grad.split_at(from);
+    update(&s, s.corrections(s.t), p0, g0, m0, v0);
+    update(&s, tail, p1, g1, m1, v1);
+}
+
+/// Adam on one stretch of parameters with the bias corrections `(lr / bc1, sqrt(bc2))`.
+fn update<T: Real>(
+    s: &AdamStep,
+    (step, bc2_sqrt): (f64, f64),
+    params: &mut [T],
+    grad: &[T],
+    m: &mut [T],
+    v: &mut [T],
+) {
+    let step = T::of(step);
     let (b1, b2, eps, bc2) = (
         T::of(s.beta1),
         T::of(s.beta2),

@@ -38,7 +38,8 @@ use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
 use super::gpu_layout::{
-    self, AngleParams, AttnParams, LossParams, ScatterParams, SumParams, VectorParams, LOSS_CHUNK,
+    self, count, AngleParams, AttnParams, LossParams, ScatterParams, SumParams, VectorParams,
+    LOSS_CHUNK,
 };
 use super::monomorphic::Generic;
 use super::{
@@ -1947,19 +1948,24 @@ impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
             return;
         }
         // The bias corrections in f64 on the host, exactly as the CPU backend computes them.
-        let bc1 = 1.0 - s.beta1.powi(s.t as i32);
-        let bc2_sqrt = (1.0 - s.beta2.powi(s.t as i32)).sqrt();
+        let (step, bc2_sqrt) = s.corrections(s.t);
+        let (from, (tail_step, tail_bc2)) = s.tail_corrections(params.len);
         launch!(
             self,
             &name::<T>("adam"),
             grid(params.len, BLOCK),
             [
-                VectorParams::new(params.len),
-                T::of(s.lr / bc1),
+                VectorParams {
+                    tail_from: count(from),
+                    ..VectorParams::new(params.len)
+                },
+                T::of(step),
                 T::of(s.beta1),
                 T::of(s.beta2),
                 T::of(s.eps),
                 T::of(bc2_sqrt),
+                T::of(tail_step),
+                T::of(tail_bc2),
                 self.ptr(params),
                 self.ptr(grad),
                 self.ptr(m),

@@ -1134,17 +1134,20 @@ impl<T: GpuReal> TrainOps<T> for Generic<'_, Wgpu> {
         m: &mut Buf<T>,
         v: &mut Buf<T>,
     ) {
-        let bc1 = 1.0 - s.beta1.powi(s.t as i32);
-        let bc2_sqrt = (1.0 - s.beta2.powi(s.t as i32)).sqrt();
+        let (step, bc2_sqrt) = s.corrections(s.t);
+        let (from, (tail_step, tail_bc2)) = s.tail_corrections(params.len);
         let op = self.exclusive();
         let hyper = self.reals::<T>(
             &op,
             "adam",
-            &[s.lr / bc1, s.beta1, s.beta2, s.eps, bc2_sqrt],
+            &[step, s.beta1, s.beta2, s.eps, bc2_sqrt, tail_step, tail_bc2],
         );
         self.go::<T>(
             &k::ADAM,
-            &VectorParams::new(params.len),
+            &VectorParams {
+                tail_from: count(from),
+                ..VectorParams::new(params.len)
+            },
             &[&hyper, &grad.buf, &params.buf, &m.buf, &v.buf],
             grid1(params.len),
         );
