@@ -57,14 +57,15 @@ enum Command {
     /// finishes the step, saves a checkpoint and ends the process by that signal; another one
     /// more than 2 s later stops at once.
     Train {
-        /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml): a se_e2_a,
-        /// se_e2_r, se_e3, hybrid or se_atten/se_atten_v2 (DPA-1) descriptor with the ener
-        /// fitting.
+        /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml): one model, or
+        /// several tasks sharing a descriptor (a multi-task input: model_dict, loss_dict,
+        /// data_dict).
         input: PathBuf,
         /// Continue the run of this checkpoint (optimizer state, step and data stream included).
         #[arg(short = 'r', long, conflicts_with_all = ["init_model", "init_frz_model"])]
         restart: Option<PathBuf>,
-        /// Start a new run from this checkpoint's or dpw model's parameters and statistics.
+        /// Start a new run from this checkpoint's or dpw model's parameters and statistics (for
+        /// a multi-task input: the heads of a multi-task checkpoint, dpw's or a DeePMD-kit .pt).
         #[arg(short = 'i', long, conflicts_with = "init_frz_model")]
         init_model: Option<PathBuf>,
         /// Start a new run from a frozen model: DeePMD-kit's .yaml or a dpw model file.
@@ -105,6 +106,9 @@ enum Command {
         /// convert-backend` makes them from the .yaml.
         #[arg(short = 'o', long, default_value = "frozen_model.dpw")]
         output: PathBuf,
+        /// The head (model_dict key or alias) of a multi-task checkpoint, as `dp freeze --head`.
+        #[arg(long)]
+        head: Option<String>,
     },
     /// Benchmark training: median s/step, steps/s, peak memory and start-up time of an input
     /// (no output files are kept).
@@ -365,7 +369,11 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
                 t0,
             )?;
         }
-        Command::Freeze { checkpoint, output } => freeze(&checkpoint, &output)?,
+        Command::Freeze {
+            checkpoint,
+            output,
+            head,
+        } => freeze(&checkpoint, &output, head.as_deref())?,
         Command::Convert {
             input,
             output,

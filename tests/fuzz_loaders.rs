@@ -19,7 +19,7 @@ use dpw::model::file::{model_from_container, read_container, save_model, write_c
 use dpw::model::{
     read_deepmd_yaml, write_deepmd_yaml, DescriptorSpec, FittingSpec, Model, ModelSpec,
 };
-use dpw::train::checkpoint::{Checkpoint, DataShape};
+use dpw::train::checkpoint::{Checkpoint, DataShape, Saved};
 
 fn cases() -> u64 {
     std::env::var("DPW_FUZZ_CASES")

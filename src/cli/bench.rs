@@ -78,7 +78,7 @@ pub fn run_bench(args: BenchArgs, t0: Instant) -> Result<serde_json::Value> {
         // A GPU backend only queues a step: without this the times would be the host's.
         setup.wait_each_step = true;
         let precision = setup.precision;
-        let job = TrainJob { setup };
+        let job = TrainJob::Single(Box::new(setup));
         let (report, profile) = if args.profile {
             let f64 = precision == Precision::F64;
             let (r, p) = match args.backend {

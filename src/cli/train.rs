@@ -17,13 +17,20 @@ use tracing_subscriber::Layer;
 
 use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
-use crate::config::{parse_input, read_input, training_system_paths, Config, Precision, Sel};
+use crate::config::multitask::is_multitask;
+use crate::config::{
+    parse_input, parse_multitask_input, read_input, training_system_paths, Config, Precision, Sel,
+};
 use crate::data::{find_systems, systems_type_map, Disk};
 use crate::dist::DeviceLink;
-use crate::model::file::{is_container, model_from_container, read_container, save_model};
+use crate::model::file::{
+    container_heads, head_container, is_container, model_from_container, pick_head, read_container,
+    save_model,
+};
 use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model};
 use crate::train::checkpoint::Checkpoint;
 use crate::train::interrupt::{self, Interrupted};
+use crate::train::multitask::{self, MultiCheckpoint, MultiStart, MultiTaskSetup};
 use crate::train::outputs::{self, RunFile, RunFiles};
 use crate::train::setup::{prepare, Start, TrainSetup};
 use crate::train::trainer::{train, TrainReport};
@@ -90,9 +97,11 @@ pub fn init_logging(log_path: Option<&Path>) -> Result<()> {
         .context("cannot set up logging")
 }
 
-/// Training on whatever backend and precision [`run_job`] picks.
-pub struct TrainJob {
-    pub setup: TrainSetup,
+/// Training on whatever backend and precision [`run_job`] picks: of a single-task input, or of
+/// a multi-task one.
+pub enum TrainJob {
+    Single(Box<TrainSetup>),
+    Multi(Box<MultiTaskSetup>),
 }
 
 impl Job for TrainJob {
@@ -103,7 +112,10 @@ impl Job for TrainJob {
         backend: &B,
         link: DeviceLink<T, B::Buf>,
     ) -> Result<TrainReport> {
-        train::<T, B>(backend, link, self.setup)
+        match self {
+            TrainJob::Single(setup) => train::<T, B>(backend, link, *setup),
+            TrainJob::Multi(setup) => multitask::train::<T, B>(backend, link, *setup),
+        }
     }
 }
 
@@ -189,6 +201,10 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         interrupt::install()?;
     }
     let input = args.input.clone();
+    let value = read_input(&input)?;
+    if is_multitask(&value) {
+        return run_multitask(args, &value, t0);
+    }
     let setup = (|| {
         let cfg = load_training_input(&args.input)?;
         let start = match (args.restart, args.init_model, args.init_frz_model) {
@@ -236,7 +252,12 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         setup.progress = Some(bar);
     }
     let float64 = setup.precision == Precision::F64;
-    let r = run_job(args.backend, float64, TrainJob { setup });
+    let r = run_job(args.backend, float64, TrainJob::Single(Box::new(setup)));
+    finish_run(r, &input)
+}
+
+/// The progress bar cleared, and an interrupted run's way to continue said.
+fn finish_run(r: Result<TrainReport>, input: &Path) -> Result<TrainReport> {
     if let Some(bar) = ACTIVE_BAR.lock().expect("bar lock").take() {
         bar.finish_and_clear();
     }
@@ -253,6 +274,49 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         }
     }
     r
+}
+
+/// `dpw train` of a multi-task input (`model.model_dict`): every task set up, then trained
+/// together from scratch.
+fn run_multitask(args: TrainArgs, value: &serde_json::Value, t0: Instant) -> Result<TrainReport> {
+    let given = [
+        ("-t/--init-frz-model", args.init_frz_model.is_some()),
+        ("--finetune", args.finetune.is_some()),
+    ];
+    if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+        anyhow::bail!(
+            "{}: {flag} with a multi-task input is not implemented yet; a multi-task run starts \
+             from scratch, from the heads of a multi-task checkpoint (--init-model) or from its \
+             own checkpoint (--restart); `dpw freeze --head H` takes a head of one, which a \
+             single-task input can start from",
+            args.input.display()
+        );
+    }
+    let setup = (|| {
+        let cfg = parse_multitask_input(&args.input, value)?;
+        let start = match (&args.restart, &args.init_model) {
+            (Some(r), _) => {
+                let ck = MultiCheckpoint::read(r)?;
+                interrupt::note_checkpoint(r);
+                MultiStart::Restart(ck)
+            }
+            (None, Some(p)) => MultiStart::InitModel(p.clone()),
+            (None, None) => MultiStart::Fresh,
+        };
+        let mut setup =
+            multitask::prepare(cfg, start, !args.skip_neighbor_stat, Path::new("."), t0)?;
+        setup.out_json = args.output.clone();
+        Ok(setup)
+    })();
+    let mut setup = crate::dist::world().agree(setup)?;
+    if args.progress_bar {
+        let bar = progress_bar();
+        *ACTIVE_BAR.lock().expect("bar lock") = Some(bar.clone());
+        setup.progress = Some(bar);
+    }
+    let float64 = setup.tasks[0].precision == Precision::F64;
+    let r = run_job(args.backend, float64, TrainJob::Multi(Box::new(setup)));
+    finish_run(r, &args.input)
 }
 
 /// Checks the files of `dpw train INPUT` before anything is written, the log file (`-l`)
@@ -274,6 +338,11 @@ pub fn check_train_files(
         model: model.map(|(flag, p)| RunFile::new(flag, p)),
         outputs,
     };
+    let value = read_input(input)?;
+    if is_multitask(&value) {
+        let cfg = parse_multitask_input(input, &value)?;
+        return outputs::check_files(Path::new("."), &files, cfg.training());
+    }
     let cfg = load_training_input(input)?;
     outputs::check_files(Path::new("."), &files, &cfg.training)
 }
@@ -374,7 +443,7 @@ pub fn write_model(model: &Model, out: &Path, writing: &str) -> Result<&'static 
 
 /// `dpw freeze`: a self-contained model file (parameters and statistics) from a checkpoint;
 /// DeePMD-kit's `.yaml` when the output name ends in `.yaml`.
-pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
+pub fn freeze(ckpt: &Path, out: &Path, head: Option<&str>) -> Result<()> {
     let path = checkpoint_path(ckpt);
     if !path.exists() {
         // A dangling link (`model.ckpt` whose step file is gone): the file missing is the target.
@@ -398,10 +467,32 @@ pub fn freeze(ckpt: &Path, out: &Path) -> Result<()> {
         );
     }
     let c = read_container(&path)?;
-    let model = model_from_container(&c).with_context(|| format!("reading {}", path.display()))?;
-    let kind = write_model(&model, out, &format!("dpw freeze -c {} -o", ckpt.display()))?;
+    let (model, what) = match container_heads(&c) {
+        Some(heads) => {
+            let k = pick_head(&heads, head, &path)?;
+            let model = model_from_container(&head_container(&c, k)).with_context(|| {
+                format!("reading head '{}' of {}", heads[k].name, path.display())
+            })?;
+            (model, format!(" head '{}'", heads[k].name))
+        }
+        None if head.is_some() => anyhow::bail!(
+            "--head {}: {} is a checkpoint of one model (a single-task run)",
+            head.unwrap_or_default(),
+            path.display()
+        ),
+        None => {
+            let m =
+                model_from_container(&c).with_context(|| format!("reading {}", path.display()))?;
+            (m, String::new())
+        }
+    };
+    let writing = match head {
+        Some(h) => format!("dpw freeze -c {} --head {h} -o", ckpt.display()),
+        None => format!("dpw freeze -c {} -o", ckpt.display()),
+    };
+    let kind = write_model(&model, out, &writing)?;
     tracing::info!(
-        "froze {} (step {}) into the {kind} model {}",
+        "froze {}{what} (step {}) into the {kind} model {}",
         path.display(),
         c.header["step"],
         out.display()

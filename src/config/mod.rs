@@ -16,6 +16,7 @@ pub(crate) mod keys;
 mod learning_rate;
 pub(crate) mod loss;
 mod model;
+pub mod multitask;
 mod optimizer;
 mod pairtab;
 mod training;
@@ -89,6 +90,32 @@ pub fn parse_input(path: &Path, value: &Value) -> Result<Config, ConfigError> {
     })
 }
 
+/// [`multitask::MultiTaskConfig::from_value`] of the multi-task input read from `path` (its
+/// `model_dict` order from the file's text), an error naming the file.
+pub fn parse_multitask_input(
+    path: &Path,
+    value: &Value,
+) -> Result<multitask::MultiTaskConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let order = multitask::model_dict_order(&text, is_yaml(path));
+    multitask::MultiTaskConfig::from_value(value, &order, input_dir(path)).map_err(|e| {
+        ConfigError::InFile {
+            file: path.to_path_buf(),
+            error: Box::new(e),
+        }
+    })
+}
+
+fn is_yaml(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    )
+}
+
 /// The input file at `path` (JSON, or YAML by its extension) as a JSON value, unparsed.
 pub fn read_input(path: &Path) -> Result<Value, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
@@ -97,11 +124,7 @@ pub fn read_input(path: &Path) -> Result<Value, ConfigError> {
     })?;
     // Editors on Windows start UTF-8 files with a byte-order mark, which serde_json refuses.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-    let yaml = matches!(
-        path.extension().and_then(|e| e.to_str()),
-        Some("yaml" | "yml")
-    );
-    let value: Value = if yaml {
+    let value: Value = if is_yaml(path) {
         serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Yaml {
             file: path.to_path_buf(),
             message: e.to_string(),

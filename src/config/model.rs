@@ -377,8 +377,8 @@ pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
     if v.get("model_dict").is_some() {
         return Err(ConfigError::unsupported(
             join(path, "model_dict"),
-            "multi-task training (a model_dict of models sharing parts) is not implemented; \
-             dpw trains one model",
+            "a multi-task input (a model_dict of models sharing parts): `dpw train` reads \
+             it whole (config::multitask); here one model is expected",
         ));
     }
     if let Some(t) = v.get("type") {

@@ -52,6 +52,17 @@ impl EnvStats {
         }
     }
 
+    /// Adds another's sums: how DeePMD-kit's `share_params` merges the statistics of the
+    /// tasks sharing a descriptor.
+    pub fn add(&mut self, other: &EnvStats) {
+        let pairs = (self.r.iter_mut().zip(&other.r)).chain(self.a.iter_mut().zip(&other.a));
+        for (mine, theirs) in pairs {
+            for (x, y) in mine.iter_mut().zip(theirs) {
+                *x += y;
+            }
+        }
+    }
+
     /// davg and dstd rows per type (`[ntypes][4]` each), with DeePMD's std protection.
     pub fn davg_dstd(&self, set_davg_zero: bool) -> (Vec<f64>, Vec<f64>) {
         let (mut davg, mut dstd) = (Vec::new(), Vec::new());

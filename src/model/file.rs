@@ -242,7 +242,7 @@ fn parse_container(bytes: &[u8]) -> Result<Container, String> {
 }
 
 /// The header and arrays that describe a model, shared by frozen models and checkpoints.
-pub fn model_parts(m: &Model) -> (Value, Vec<(&'static str, &[f64])>) {
+pub fn model_parts(m: &Model) -> Parts<'_> {
     let header = json!({ "spec": m.spec });
     let mut arrays = vec![
         ("params", m.params.as_slice()),
@@ -276,6 +276,99 @@ pub fn model_from_container(c: &Container) -> Result<Model> {
     };
     m.check()?;
     Ok(m)
+}
+
+/// The `kind` of a file of several heads: a multi-task checkpoint, whose `header.heads[k]` is
+/// head k's `{name, aliases, header}` and whose arrays of head k are named `h{k}/<array>`.
+pub const HEADS_KIND: &str = "multitask-checkpoint";
+
+/// A head of a file of several heads ([`HEADS_KIND`]).
+pub struct HeadEntry {
+    pub name: String,
+    /// Other names it answers to (DeePMD-kit's `model_branch_alias`).
+    pub aliases: Vec<String>,
+}
+
+/// The heads of a container, in order; `None` for a file of one model.
+pub fn container_heads(c: &Container) -> Option<Vec<HeadEntry>> {
+    if c.header["kind"] != json!(HEADS_KIND) {
+        return None;
+    }
+    let heads = c.header["heads"].as_array()?;
+    Some(
+        heads
+            .iter()
+            .map(|h| HeadEntry {
+                name: h["name"].as_str().unwrap_or_default().to_string(),
+                aliases: (h["aliases"].as_array().into_iter().flatten())
+                    .filter_map(|a| a.as_str().map(str::to_string))
+                    .collect(),
+            })
+            .collect(),
+    )
+}
+
+/// Head `k` of a file of several heads, as the container of its own file.
+pub fn head_container(c: &Container, k: usize) -> Container {
+    let prefix = format!("h{k}/");
+    Container {
+        header: c.header["heads"][k]["header"].clone(),
+        arrays: (c.arrays.iter())
+            .filter_map(|(n, a)| Some((n.strip_prefix(&prefix)?.to_string(), a.clone())))
+            .collect(),
+    }
+}
+
+/// A file's header and its named arrays, borrowed from what they describe.
+pub type Parts<'a> = (Value, Vec<(&'static str, &'a [f64])>);
+
+/// One head of a file of several heads: its name, its aliases and its file's [`Parts`].
+pub struct HeadParts<'a> {
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub parts: Parts<'a>,
+}
+
+/// Writes a file of several heads: `header`'s fields, and each head.
+pub fn write_heads(path: &Path, mut header: Value, heads: &[HeadParts]) -> Result<()> {
+    header["kind"] = json!(HEADS_KIND);
+    header["heads"] = (heads.iter())
+        .map(|h| json!({"name": h.name, "aliases": h.aliases, "header": h.parts.0}))
+        .collect();
+    let names: Vec<Vec<String>> = (heads.iter().enumerate())
+        .map(|(k, h)| h.parts.1.iter().map(|(n, _)| format!("h{k}/{n}")).collect())
+        .collect();
+    let arrays: Vec<(&str, &[f64])> = (heads.iter().zip(&names))
+        .flat_map(|(h, names)| (h.parts.1.iter().zip(names)).map(|((_, a), n)| (n.as_str(), *a)))
+        .collect();
+    write_container(path, &header, &arrays)
+}
+
+/// Which of `heads` (of the file at `path`) `head` names, by name or alias.
+pub fn pick_head(heads: &[HeadEntry], head: Option<&str>, path: &Path) -> Result<usize> {
+    let names = || {
+        (heads.iter())
+            .map(|h| format!("'{}'", h.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(h) = head else {
+        bail!(
+            "{}: a multi-task checkpoint with the heads {}; give the head with --head",
+            path.display(),
+            names()
+        );
+    };
+    (heads
+        .iter()
+        .position(|e| e.name == h || e.aliases.iter().any(|a| a == h)))
+    .ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: no head (model branch) or alias named '{h}'; the heads are {}",
+            path.display(),
+            names()
+        )
+    })
 }
 
 pub fn save_model(path: &Path, m: &Model) -> Result<()> {

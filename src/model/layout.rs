@@ -203,6 +203,15 @@ impl ParamLayout {
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }
+
+    /// Where the fitting's tensors begin: the descriptor's are the parameters before.
+    pub fn descriptor_len(&self) -> usize {
+        (self.fitting.nets.iter().flat_map(|n| &n.layers))
+            .flat_map(|l| [Some(l.w), Some(l.b), l.idt])
+            .flatten()
+            .min()
+            .unwrap_or(self.len)
+    }
 }
 
 impl DescriptorLayout {

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::file::{is_container, model_from_container, read_container};
+use super::file::{
+    container_heads, head_container, is_container, model_from_container, pick_head, read_container,
+};
 use super::pt::{is_pt, Checkpoint};
 use super::yaml::{read_yaml_model, YamlModel};
 use super::Model;
@@ -50,16 +52,29 @@ fn read_any(path: &Path, head: Option<&str>) -> Result<YamlModel> {
     if !is_container(path) && is_pt(path) {
         return Checkpoint::read(path)?.model(head);
     }
-    if let Some(h) = head {
+    let c = match is_container(path) {
+        true => Some(read_container(path)?),
+        false => None,
+    };
+    let heads = c.as_ref().and_then(container_heads);
+    if let (Some(h), None) = (head, &heads) {
         bail!(
-            "--head {h}: {} holds one model; heads are those of a multi-task DeePMD-kit .pt \
-             checkpoint",
+            "--head {h}: {} holds one model; heads are those of a multi-task checkpoint (dpw's \
+             or a DeePMD-kit .pt)",
             path.display()
         );
     }
-    if is_container(path) {
-        let model = model_from_container(&read_container(path)?)
-            .with_context(|| format!("reading {}", path.display()))?;
+    if let Some(c) = c {
+        let reading = || format!("reading {}", path.display());
+        let model = match heads {
+            Some(heads) => {
+                let k = pick_head(&heads, head, path)?;
+                model_from_container(&head_container(&c, k)).with_context(|| {
+                    format!("reading head '{}' of {}", heads[k].name, path.display())
+                })?
+            }
+            None => model_from_container(&c).with_context(reading)?,
+        };
         return Ok(YamlModel {
             model,
             atom_ener: None,

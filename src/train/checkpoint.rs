@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use crate::config::Precision;
 use crate::data::Sampler;
 use crate::model::file::{
-    is_container, model_from_container, model_parts, read_container, write_container,
+    is_container, model_from_container, model_parts, read_container, write_container, Container,
+    Parts, HEADS_KIND,
 };
 use crate::model::{read_deepmd_yaml, Model};
 
@@ -51,8 +52,27 @@ pub struct Checkpoint {
     pub disp_acc: Vec<f64>,
 }
 
+/// What a run saves: a [`Checkpoint`], or a multi-task run's (one per head).
+pub trait Saved {
+    /// Steps done.
+    fn step(&self) -> usize;
+    fn write(&self, path: &Path) -> Result<()>;
+}
+
+impl Saved for Checkpoint {
+    fn step(&self) -> usize {
+        self.step
+    }
+
+    fn write(&self, path: &Path) -> Result<()> {
+        let (header, arrays) = self.parts()?;
+        write_container(path, &header, &arrays)
+    }
+}
+
 impl Checkpoint {
-    pub fn write(&self, path: &Path) -> Result<()> {
+    /// The header and arrays of its file: the model's, then the training state's.
+    pub fn parts(&self) -> Result<Parts<'_>> {
         let (mut header, mut arrays) = model_parts(&self.model);
         let h = header.as_object_mut().expect("model header is an object");
         h.insert("kind".into(), json!(KIND));
@@ -76,7 +96,7 @@ impl Checkpoint {
         arrays.push(("adam_m", &self.adam_m));
         arrays.push(("adam_v", &self.adam_v));
         arrays.push(("disp_acc", &self.disp_acc));
-        write_container(path, &header, &arrays)
+        Ok((header, arrays))
     }
 
     pub fn read(path: &Path) -> Result<Checkpoint> {
@@ -91,14 +111,27 @@ impl Checkpoint {
             );
         }
         let c = read_container(path)?;
-        let h = &c.header;
-        if h["kind"] != json!(KIND) {
+        if c.header["kind"] == json!(HEADS_KIND) {
+            bail!(
+                "{} is a multi-task checkpoint: restart it with its multi-task input, or take \
+                 a head with `dpw freeze -c {} --head HEAD`",
+                path.display(),
+                path.display()
+            );
+        }
+        if c.header["kind"] != json!(KIND) {
             bail!(
                 "{} is a frozen model, not a training checkpoint: it has no optimizer state \
                  (use --init-model to start a new run from it)",
                 path.display()
             );
         }
+        Self::from_container(&c, path)
+    }
+
+    /// The checkpoint a container holds (of the file at `path`, which errors name).
+    pub fn from_container(c: &Container, path: &Path) -> Result<Checkpoint> {
+        let h = &c.header;
         let ctx = || format!("reading checkpoint {}", path.display());
         ensure!(
             h["version"].as_u64() == Some(VERSION),
@@ -106,7 +139,7 @@ impl Checkpoint {
             path.display(),
             h["version"]
         );
-        let model = model_from_container(&c).with_context(ctx)?;
+        let model = model_from_container(c).with_context(ctx)?;
         let precision = match h["precision"].as_str() {
             Some("float64") => Precision::F64,
             Some("float32") => Precision::F32,
@@ -204,8 +237,8 @@ pub fn numbered(save_ckpt: &Path, step: usize) -> PathBuf {
 
 /// Saves `ck` as `<save_ckpt>-<step>`, points `<save_ckpt>` at it and rotates the numbered
 /// checkpoints of the run (keeping at least the one just written). Returns the numbered path.
-pub fn save(ck: &Checkpoint, save_ckpt: &Path, rotation: &mut Rotation) -> Result<PathBuf> {
-    let file = numbered(save_ckpt, ck.step);
+pub fn save(ck: &impl Saved, save_ckpt: &Path, rotation: &mut Rotation) -> Result<PathBuf> {
+    let file = numbered(save_ckpt, ck.step());
     ck.write(&file)?;
     point_to(save_ckpt, &file, ck)?;
     if let Some(name) = file.file_name() {
@@ -314,7 +347,7 @@ fn dir_of(p: &Path) -> &Path {
 }
 
 #[cfg(unix)]
-fn point_to(link: &Path, target: &Path, _ck: &Checkpoint) -> Result<()> {
+fn point_to(link: &Path, target: &Path, _ck: &impl Saved) -> Result<()> {
     let name = target.file_name().context("checkpoint has no file name")?;
     let link_name = link
         .file_name()
@@ -329,7 +362,7 @@ fn point_to(link: &Path, target: &Path, _ck: &Checkpoint) -> Result<()> {
 }
 
 #[cfg(not(unix))]
-fn point_to(link: &Path, _target: &Path, ck: &Checkpoint) -> Result<()> {
+fn point_to(link: &Path, _target: &Path, ck: &impl Saved) -> Result<()> {
     ck.write(link)
 }
 

@@ -101,17 +101,55 @@ impl Metrics {
 
 /// The two header lines (`has_val`: validation columns present).
 pub fn header(keys: &[&str], has_val: bool) -> String {
+    header_of(&[("", keys, has_val)])
+}
+
+/// One data line: `step` is the 1-based display step.
+pub fn line(step: usize, lr: f64, trn: &Metrics, val: Option<&Metrics>) -> String {
+    line_of(step, lr, &[(trn, val)])
+}
+
+/// One task's columns in a multi-task lcurve.out: its metrics, suffixed `_<task>` in the
+/// header as DeePMD-kit's (`rmse_e_val_water rmse_e_trn_water`), tasks in `model_dict` order.
+pub struct TaskColumns<'a> {
+    pub task: &'a str,
+    pub trn: &'a Metrics,
+    pub val: Option<&'a Metrics>,
+}
+
+/// The header of a multi-task lcurve.out.
+pub fn task_header(cols: &[TaskColumns]) -> String {
+    let keys: Vec<Vec<&str>> = (cols.iter())
+        .map(|c| c.trn.entries().iter().map(|e| e.0).collect())
+        .collect();
+    let suffixes: Vec<String> = cols.iter().map(|c| format!("_{}", c.task)).collect();
+    let parts: Vec<(&str, &[&str], bool)> = (cols.iter().zip(&keys).zip(&suffixes))
+        .map(|((c, k), s)| (s.as_str(), k.as_slice(), c.val.is_some()))
+        .collect();
+    header_of(&parts)
+}
+
+/// A data line of a multi-task lcurve.out.
+pub fn task_line(step: usize, lr: f64, cols: &[TaskColumns]) -> String {
+    let parts: Vec<(&Metrics, Option<&Metrics>)> = cols.iter().map(|c| (c.trn, c.val)).collect();
+    line_of(step, lr, &parts)
+}
+
+/// Header lines of column groups `(suffix, metric keys, has validation)`.
+fn header_of(parts: &[(&str, &[&str], bool)]) -> String {
     let mut s = format!("# {:<5}", "step");
-    for k in keys {
-        if has_val {
-            let _ = write!(
-                s,
-                "   {:>11} {:>11}",
-                format!("{k}_val"),
-                format!("{k}_trn")
-            );
-        } else {
-            let _ = write!(s, "   {:>11}", format!("{k}_trn"));
+    for (suffix, keys, has_val) in parts {
+        for k in *keys {
+            if *has_val {
+                let _ = write!(
+                    s,
+                    "   {:>11} {:>11}",
+                    format!("{k}_val{suffix}"),
+                    format!("{k}_trn{suffix}")
+                );
+            } else {
+                let _ = write!(s, "   {:>11}", format!("{k}_trn{suffix}"));
+            }
         }
     }
     let _ = writeln!(s, "   {:<8}", "lr");
@@ -119,19 +157,21 @@ pub fn header(keys: &[&str], has_val: bool) -> String {
     s
 }
 
-/// One data line: `step` is the 1-based display step.
-pub fn line(step: usize, lr: f64, trn: &Metrics, val: Option<&Metrics>) -> String {
+/// A data line of column groups `(training, validation)`.
+fn line_of(step: usize, lr: f64, parts: &[(&Metrics, Option<&Metrics>)]) -> String {
     let mut s = format!("{step:7}");
-    let t = trn.entries();
-    match val {
-        Some(v) => {
-            for ((_, tv), (_, vv)) in t.iter().zip(v.entries()) {
-                let _ = write!(s, "   {} {}", sci(vv, 2, 11), sci(*tv, 2, 11));
+    for (trn, val) in parts {
+        let t = trn.entries();
+        match val {
+            Some(v) => {
+                for ((_, tv), (_, vv)) in t.iter().zip(v.entries()) {
+                    let _ = write!(s, "   {} {}", sci(vv, 2, 11), sci(*tv, 2, 11));
+                }
             }
-        }
-        None => {
-            for (_, tv) in &t {
-                let _ = write!(s, "   {}", sci(*tv, 2, 11));
+            None => {
+                for (_, tv) in &t {
+                    let _ = write!(s, "   {}", sci(*tv, 2, 11));
+                }
             }
         }
     }
@@ -185,6 +225,32 @@ mod tests {
             "    100      2.50e+01    1.25e+01      2.46e-02    1.23e-02      8.00e-01    4.00e-01    1.0e-03\n"
         );
         assert_eq!(line_step("    100      2.50e+01"), Some(100));
+        // DeePMD-kit 3.2.0's multi-task lcurve.out (tests/reference/multitask/pre_mt): each
+        // task's columns suffixed with its name, a task without validation data with none.
+        let water = Metrics::ener(26.6, Some(1.6), Some(0.836), None);
+        let alloy = Metrics::ener(22.0, Some(0.193), Some(0.691), Some(0.343));
+        let cols = [
+            TaskColumns {
+                task: "water",
+                trn: &water,
+                val: None,
+            },
+            TaskColumns {
+                task: "alloy",
+                trn: &alloy,
+                val: Some(&alloy),
+            },
+        ];
+        let theirs = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/reference/multitask/pre_mt/lcurve.out"
+        ))
+        .unwrap();
+        let head: String = theirs.split_inclusive('\n').take(2).collect();
+        assert_eq!(task_header(&cols), head);
+        assert!(task_line(1, 1e-3, &cols).starts_with(
+            "      1      2.66e+01      1.60e+00      8.36e-01      2.20e+01    2.20e+01"
+        ));
         assert_eq!(line_step("# step"), None);
     }
 }

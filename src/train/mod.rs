@@ -10,6 +10,7 @@ pub mod interrupt;
 pub mod lcurve;
 pub mod loss;
 pub mod lr;
+pub mod multitask;
 pub mod outputs;
 pub mod predict;
 mod prefetch;

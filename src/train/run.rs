@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 
-use crate::backend::{Backend, Real};
+use crate::backend::{AdamTail, Backend, Real};
 use crate::config::{Config, OptimizerConfig};
 use crate::data::{Sampler, SystemInfo, SystemStore};
 use crate::fitting::head::HeadInputs;
@@ -220,6 +220,9 @@ pub struct Run<T: Real, B: Backend<T>> {
     trn: Metrics,
     header_done: bool,
     last_ckpt: Option<PathBuf>,
+    /// A multi-task run's head: Adam counts its fitting net's steps apart
+    /// ([`Run::head_step`]).
+    tail: Option<AdamTail>,
 }
 
 impl<T: Real, B: Backend<T>> Run<T, B> {
@@ -276,6 +279,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
             plan: None,
             header_done: false,
             last_ckpt: None,
+            tail: None,
         }
     }
 
@@ -316,6 +320,11 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
 
     pub fn dm(&self) -> &DeviceModel<T, B> {
         &self.dm
+    }
+
+    /// The model on the device, for a multi-task run to hand the shared descriptor over.
+    pub fn dm_mut(&mut self) -> &mut DeviceModel<T, B> {
+        &mut self.dm
     }
 
     /// Steps done.
@@ -363,6 +372,42 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
     /// The model's predictions for `batch` (in the returned workspace).
     pub fn predict(&mut self, b: &B, batch: &HostBatch) -> Result<&mut Workspace<T, B>> {
         predict_batch(b, &self.dm, &mut self.cache, batch)
+    }
+
+    /// Makes the next [`Run::step`] step `step` of a multi-task run whose heads this run is
+    /// one of: its learning rate, display and checkpoints those of the run's step, Adam's tail
+    /// (this head's fitting net) counted with the head's own steps.
+    pub fn head_step(&mut self, step: usize, tail: AdamTail) {
+        self.step = step;
+        self.tail = Some(tail);
+    }
+
+    /// The metrics of the next training batch with the model as it is (nothing updated): a
+    /// multi-task run's line for the tasks not stepped, as DeePMD-kit draws a fresh batch of
+    /// each at a display step.
+    /// Under MPI each rank shows its own part of the batch; a rank with no frames in it (at the
+    /// end of an epoch) shows NaN.
+    pub async fn probe(
+        &mut self,
+        b: &B,
+        d: &mut impl Driver<T, B>,
+        pref_lr: f64,
+    ) -> Result<Metrics> {
+        let StepBatch {
+            sys, frames, batch, ..
+        } = self.batches.next()?;
+        let batch = match batch {
+            Some(batch) => batch,
+            None if frames.is_empty() => return Ok(self.loss.zero_metrics().scaled(f64::NAN)),
+            None => bail!(
+                "internal: a multi-task head's batches are assembled on the host (system {}, \
+                 frames {frames:?})",
+                self.systems[sys].path.display()
+            ),
+        };
+        let mut avg = Average::new(&self.loss);
+        self.add_batch(b, d, &batch, pref_lr, &mut avg).await?;
+        Ok(avg.finish())
     }
 
     /// Runs the next step on the device: batch, forward, gradient, all-reduce, clipping and
@@ -419,13 +464,9 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
             b.clip_grad_norm(&mut self.dm.grad, self.clip, rows, norm_at);
         }
         let dm = &mut self.dm;
-        b.adam(
-            adam_step(&self.opt, lr, step),
-            &mut dm.params,
-            &dm.grad,
-            &mut dm.m,
-            &mut dm.v,
-        );
+        let mut adam = adam_step(&self.opt, lr, step);
+        adam.tail = self.tail;
+        b.adam(adam, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
         self.step += 1;
         let done = self.step;
         let last = done == self.numb_steps;
@@ -517,34 +558,48 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
     }
 
     /// `dp train`'s validation line: the atom-weighted average over numb_btch batches.
-    async fn validate(
+    pub async fn validate(
         &mut self,
         b: &B,
         d: &mut impl Driver<T, B>,
         pref_lr: f64,
     ) -> Result<Option<Metrics>> {
-        let Some(v) = self.valid.as_mut() else {
+        let Some(nbatches) = self.valid.as_ref().map(|v| v.nbatches) else {
             return Ok(None);
         };
         let mut avg = Average::new(&self.loss);
-        for _ in 0..v.nbatches {
+        for _ in 0..nbatches {
+            let v = self.valid.as_mut().expect("checked");
             let (_, batch) = validation::next_batch(&self.spec, &v.data, &mut v.sampler)?;
-            let w = predict_batch(b, &self.dm, &mut self.cache, &batch)?;
-            let bufs = match self.dm.head {
-                Some(_) => w.head_bufs(),
-                None => vec![&w.energy, &w.force, &w.virial],
-            };
-            let mut pred = Vec::new();
-            for buf in bufs {
-                let x = d.read(b, buf).await?;
-                pred.push(x.iter().map(|x| x.f64()).collect::<Vec<f64>>());
-            }
-            let pred = match &self.dm.head {
-                Some(h) => Predicted::Head(HeadInputs::from_reads(pred), h, w.centres()),
-                None => Predicted::Ener(&pred[0], &pred[1], &pred[2]),
-            };
-            avg.add(&self.loss, pref_lr, &batch, pred);
+            self.add_batch(b, d, &batch, pref_lr, &mut avg).await?;
         }
         Ok(Some(avg.finish()))
+    }
+
+    /// Adds the metrics of the model's predictions for `batch` to `avg`.
+    async fn add_batch(
+        &mut self,
+        b: &B,
+        d: &mut impl Driver<T, B>,
+        batch: &HostBatch,
+        pref_lr: f64,
+        avg: &mut Average,
+    ) -> Result<()> {
+        let w = predict_batch(b, &self.dm, &mut self.cache, batch)?;
+        let bufs = match self.dm.head {
+            Some(_) => w.head_bufs(),
+            None => vec![&w.energy, &w.force, &w.virial],
+        };
+        let mut pred = Vec::new();
+        for buf in bufs {
+            let x = d.read(b, buf).await?;
+            pred.push(x.iter().map(|x| x.f64()).collect::<Vec<f64>>());
+        }
+        let pred = match &self.dm.head {
+            Some(h) => Predicted::Head(HeadInputs::from_reads(pred), h, w.centres()),
+            None => Predicted::Ener(&pred[0], &pred[1], &pred[2]),
+        };
+        avg.add(&self.loss, pref_lr, batch, pred);
+        Ok(())
     }
 }

@@ -12,6 +12,7 @@ use crate::config::{Config, DescriptorConfig, LossConfig, ModelConfig, Precision
 use crate::data::{Disk, Files};
 use crate::dist;
 use crate::fitting::traits::OutputStat;
+use crate::geometry::EnvStats;
 use crate::model::{
     read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
 };
@@ -71,6 +72,9 @@ pub struct TrainSetup {
     /// Wait for the device after every step, so that the step times in the report are the
     /// device's (`dpw bench`); training itself lets the host run ahead.
     pub wait_each_step: bool,
+    /// The sums behind a new model's davg and dstd ([`DataStats::env`]; empty for a model
+    /// given): what a multi-task run merges over its tasks.
+    pub stat_env: Vec<EnvStats>,
 }
 
 /// Settings DeePMD-kit accepts that dpw stores but does not implement.
@@ -170,7 +174,7 @@ fn check_same_spec(mine: &ModelSpec, theirs: &ModelSpec, what: &str) -> Result<(
     )
 }
 
-fn random_seed() -> u64 {
+pub(super) fn random_seed() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -299,6 +303,7 @@ pub fn prepare_in(
         progress: None,
         t0,
         wait_each_step: false,
+        stat_env: read.stat_env,
     })
 }
 
@@ -318,6 +323,8 @@ struct Reading {
     t_read: Instant,
     early_neighbours: Option<NeighborStats>,
     early_stats: Option<DataStats>,
+    /// The sums of a new model's environment statistics ([`DataStats::env`]).
+    stat_env: Vec<EnvStats>,
 }
 
 impl Reading {
@@ -379,6 +386,7 @@ impl Reading {
             t_read,
             early_neighbours,
             early_stats,
+            stat_env: Vec::new(),
         })
     }
 
@@ -517,18 +525,8 @@ impl Reading {
                 data_stats(&spec.descriptor, ntypes, &self.train, &frames)?
             }
         };
-        // DPA-3 with fix_stat_std ≠ 0: davg 0 and dstd that constant, whatever the data
-        // (docs/deepmd-spec.md §18.8).
         let mut st = st;
-        if let Some(c) = spec
-            .descriptor
-            .dpa3
-            .as_ref()
-            .filter(|c| c.fix_stat_std != 0.0)
-        {
-            st.davg.fill(0.0);
-            st.dstd.fill(c.fix_stat_std);
-        }
+        fix_stat_std(&spec.descriptor, &mut st.davg, &mut st.dstd);
         tracing::info!(
             "statistics over {} frames ({} batches per system): davg {:?}, dstd {:?}{} ({:.2} s)",
             st.nframes,
@@ -547,6 +545,7 @@ impl Reading {
             t.elapsed().as_secs_f64(),
         );
         (m.davg, m.dstd) = (st.davg, st.dstd);
+        self.stat_env = st.env;
         let fitting = spec.fitting.output.fitting();
         match fitting.output_stat() {
             OutputStat::EnergyBias => m.bias = st.bias,
@@ -600,6 +599,15 @@ impl Reading {
             (m.fit_input_avg, m.fit_input_inv_std) = (avg, inv_std);
         }
         Ok(m)
+    }
+}
+
+/// DPA-3 with fix_stat_std ≠ 0: davg 0 and dstd that constant, whatever the data
+/// (docs/deepmd-spec.md §18.8).
+pub fn fix_stat_std(d: &DescriptorSpec, davg: &mut [f64], dstd: &mut [f64]) {
+    if let Some(c) = d.dpa3.as_ref().filter(|c| c.fix_stat_std != 0.0) {
+        davg.fill(0.0);
+        dstd.fill(c.fix_stat_std);
     }
 }
 

@@ -239,11 +239,29 @@ pub fn label_bias(
 pub struct DataStats {
     pub davg: Vec<f64>,
     pub dstd: Vec<f64>,
+    /// The sums davg and dstd come from, one per part of the descriptor
+    /// ([`DescriptorSpec::stat_parts`]): what multi-task training merges.
+    pub env: Vec<EnvStats>,
     pub bias: Vec<f64>,
     /// The std over frames of the energy left after the bias fit (DeePMD's `out_std`, one value
     /// for every type): logged only, see `write_deepmd_yaml`.
     pub residual_std: f64,
     pub nframes: usize,
+}
+
+/// davg and dstd of descriptor `d` from the sums of its parts.
+pub fn env_davg_dstd(d: &DescriptorSpec, env: &[EnvStats]) -> (Vec<f64>, Vec<f64>) {
+    let (mut davg, mut dstd) = (Vec::new(), Vec::new());
+    for (p, env) in d.stat_parts().iter().zip(env) {
+        let (a, mut s) = env.davg_dstd(p.set_davg_zero);
+        if p.kind == DescriptorType::SeE2R {
+            // Its statistics are of the radial column alone; the others go unused.
+            s.chunks_mut(4).for_each(|row| row[1..].fill(1.0));
+        }
+        davg.extend(a);
+        dstd.extend(s);
+    }
+    (davg, dstd)
 }
 
 /// davg/dstd (environment matrix) and the least-squares energy bias (one row per frame) over
@@ -497,7 +515,6 @@ impl Sums {
             nframes: self.nframes,
         });
         let stats = pass.stat.map(|d| {
-            let (mut davg, mut dstd) = (Vec::new(), Vec::new());
             let mut env = self.env;
             if env.is_empty() {
                 env = d
@@ -506,19 +523,12 @@ impl Sums {
                     .map(|_| EnvStats::new(pass.ntypes))
                     .collect();
             }
-            for (p, env) in d.stat_parts().iter().zip(&env) {
-                let (a, mut s) = env.davg_dstd(p.set_davg_zero);
-                if p.kind == DescriptorType::SeE2R {
-                    // Its statistics are of the radial column alone; the others go unused.
-                    s.chunks_mut(4).for_each(|row| row[1..].fill(1.0));
-                }
-                davg.extend(a);
-                dstd.extend(s);
-            }
+            let (davg, dstd) = env_davg_dstd(d, &env);
             let (bias, std) = energy_bias(&self.counts, &self.energy);
             DataStats {
                 davg,
                 dstd,
+                env,
                 bias,
                 residual_std: std,
                 nframes: self.energy.len(),

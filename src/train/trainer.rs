@@ -11,7 +11,7 @@ use indicatif::ProgressBar;
 use web_time::Instant;
 
 use crate::backend::{Backend, Real};
-use crate::config::{Config, Precision};
+use crate::config::{Config, Precision, TrainingConfig};
 use crate::data::Sampler;
 use crate::dist;
 use crate::fmt::sci;
@@ -25,7 +25,7 @@ use super::interrupt;
 use super::lcurve::{self, Metrics};
 use super::prefetch::Prefetcher;
 use super::resident::{self, Resident};
-use super::run::{block_on, Driver, Resume, Run, Shown, Validation};
+use super::run::{block_on, Driver, Resume, Run, StepPlan, Validation};
 use super::setup::TrainSetup;
 use super::step::DeviceModel;
 use super::validation::VALID_STREAM;
@@ -34,7 +34,7 @@ use super::validation::VALID_STREAM;
 pub const PROGRESS_TARGET: &str = "dpw::progress";
 
 /// What a finished run reports.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct TrainReport {
     pub steps: usize,
     /// Seconds from the command's start to the first training step.
@@ -49,7 +49,7 @@ pub struct TrainReport {
     pub last_ckpt: Option<PathBuf>,
 }
 
-fn shape(d: &DataSet) -> DataShape {
+pub(super) fn shape(d: &DataSet) -> DataShape {
     DataShape {
         nframes: d.nframes(),
         batch_sizes: d.batch_sizes.clone(),
@@ -67,7 +67,7 @@ fn to_f64<T: Real>(x: &[T]) -> Vec<f64> {
 
 /// A new lcurve.out for a run from step 0; else the existing one's lines up to `step` (dropping
 /// what a killed run wrote after its last checkpoint), opened for appending.
-fn open_lcurve(path: &Path, step: usize) -> Result<File> {
+pub(super) fn open_lcurve(path: &Path, step: usize) -> Result<File> {
     if step == 0 {
         return File::create(path).with_context(|| format!("cannot create {}", path.display()));
     }
@@ -127,6 +127,7 @@ pub fn train<T: Real, B: Backend<T>>(
         t0,
         lock: _lock,
         wait_each_step,
+        stat_env: _,
     } = setup;
     if T::NAME != precision.as_str() {
         bail!(
@@ -195,16 +196,7 @@ pub fn train<T: Real, B: Backend<T>>(
         open_lcurve(&lcurve_path, start).map(Some)
     };
 
-    let mut report = TrainReport {
-        steps: 0,
-        startup_s: 0.0,
-        step_s: Vec::new(),
-        wall_s: 0.0,
-        s_per_step: 0.0,
-        last_trn: None,
-        last_val: None,
-        last_ckpt: None,
-    };
+    let mut report = TrainReport::default();
     // Only rank 0 validates.
     let validation = match (valid, streams.valid) {
         (Some(data), Some(sampler)) if root => Some(Validation {
@@ -275,22 +267,7 @@ pub fn train<T: Real, B: Backend<T>>(
         return Ok(report);
     }
 
-    if let Some(bar) = &progress {
-        bar.set_length(numb_steps as u64);
-        bar.set_position(start as u64);
-        // A restart's steps so far are not this run's speed.
-        bar.reset_eta();
-    }
-    tracing::info!(
-        "start training: steps {}..{} ({} to go), setup took {:.2} s",
-        start + 1,
-        numb_steps,
-        numb_steps - start,
-        t0.elapsed().as_secs_f64()
-    );
-    report.startup_s = t0.elapsed().as_secs_f64();
-    let t_loop = Instant::now();
-    let mut display = Display::new(start, numb_steps, tc.disp_freq, tc.time_training);
+    let mut progress = Progress::start(progress, start, tc, t0, root);
     let mut driver = CliDriver {
         world,
         exchange: dist::GradExchange::new(link),
@@ -306,17 +283,9 @@ pub fn train<T: Real, B: Backend<T>>(
         if wait_each_step {
             b.wait();
         }
-        report.step_s.push(t_step.elapsed().as_secs_f64());
         let done = plan.done;
-        if done == start + 1 {
+        if progress.stepped(t_step, done) {
             fout = open_outputs()?;
-            tracing::info!(
-                "first step done {:.2} s after start",
-                t0.elapsed().as_secs_f64()
-            );
-        }
-        if let Some(bar) = &progress {
-            bar.set_position(done as u64);
         }
         if let Some(shown) = block_on(run.finish(b, &mut driver))? {
             if let Some(fout) = fout.as_mut() {
@@ -324,36 +293,138 @@ pub fn train<T: Real, B: Backend<T>>(
                     .and_then(|_| fout.flush())
                     .with_context(|| format!("cannot write {}", lcurve_path.display()))?;
             }
-            display.show(&shown, done, plan.lr, progress.as_ref());
-            report.last_trn = Some(shown.trn);
-            report.last_val = shown.val;
+            progress.show(&[("", &shown.trn, shown.val.as_ref())], done, plan.lr);
             dist::log::flush(world);
         }
 
         if root && plan.checkpoint {
             let p = saver.save(b, &run, done, plan.lr)?;
-            tracing::info!("checkpoint saved to {}", p.display());
             run.set_last_checkpoint(p.clone());
-            interrupt::note_checkpoint(&p);
-            report.last_ckpt = Some(p);
+            progress.saved(p);
         }
-        if let (true, Some(signal)) = (plan.stop, driver.signal) {
-            return Err(interrupt::Interrupted {
-                signal,
-                step: done,
-                checkpoint: report.last_ckpt.filter(|_| root),
-            }
-            .into());
-        }
+        progress.stop_if_asked(&plan, driver.signal)?;
     }
     drop(run);
-    let wall = t_loop.elapsed().as_secs_f64();
-    report.steps = numb_steps - start;
-    report.wall_s = wall;
-    report.s_per_step = display.s_per_step().unwrap_or(wall / report.steps as f64);
     let exchange = world.is_distributed().then_some(&driver.exchange);
-    log_end(&report, exchange, root.then_some(&saver.path));
-    Ok(report)
+    Ok(progress.finish(exchange, root.then_some(&saver.path)))
+}
+
+/// A training loop's bookkeeping, `dpw train`'s and a multi-task run's: the report, each
+/// step's time, log lines and progress bar, the checkpoints saved, the stop on a signal.
+pub(super) struct Progress {
+    report: TrainReport,
+    display: Display,
+    bar: Option<ProgressBar>,
+    t0: Instant,
+    t_loop: Instant,
+    start: usize,
+    numb_steps: usize,
+    root: bool,
+}
+
+impl Progress {
+    /// A loop from step `start` to `tc.numb_steps` of a command started at `t0`.
+    pub(super) fn start(
+        bar: Option<ProgressBar>,
+        start: usize,
+        tc: &TrainingConfig,
+        t0: Instant,
+        root: bool,
+    ) -> Self {
+        let numb_steps = tc.numb_steps;
+        if let Some(bar) = &bar {
+            bar.set_length(numb_steps as u64);
+            bar.set_position(start as u64);
+            // A restart's steps so far are not this run's speed.
+            bar.reset_eta();
+        }
+        tracing::info!(
+            "start training: steps {}..{} ({} to go), setup took {:.2} s",
+            start + 1,
+            numb_steps,
+            numb_steps - start,
+            t0.elapsed().as_secs_f64()
+        );
+        Progress {
+            report: TrainReport {
+                startup_s: t0.elapsed().as_secs_f64(),
+                ..TrainReport::default()
+            },
+            display: Display::new(start, numb_steps, tc.disp_freq, tc.time_training),
+            bar,
+            t0,
+            t_loop: Instant::now(),
+            start,
+            numb_steps,
+            root,
+        }
+    }
+
+    /// Step `done` ran from `t_step` on; whether it is the loop's first.
+    pub(super) fn stepped(&mut self, t_step: Instant, done: usize) -> bool {
+        self.report.step_s.push(t_step.elapsed().as_secs_f64());
+        if let Some(bar) = &self.bar {
+            bar.set_position(done as u64);
+        }
+        let first = done == self.start + 1;
+        if first {
+            tracing::info!(
+                "first step done {:.2} s after start",
+                self.t0.elapsed().as_secs_f64()
+            );
+        }
+        first
+    }
+
+    /// A display step's lines ([`Display::show_tasks`]); the report keeps the first task's
+    /// metrics.
+    pub(super) fn show(
+        &mut self,
+        tasks: &[(&str, &Metrics, Option<&Metrics>)],
+        done: usize,
+        lr: f64,
+    ) {
+        self.display.show(tasks, done, lr, self.bar.as_ref());
+        if let Some((_, trn, val)) = tasks.first() {
+            self.report.last_trn = Some(**trn);
+            self.report.last_val = val.copied();
+        }
+    }
+
+    pub(super) fn saved(&mut self, p: PathBuf) {
+        tracing::info!("checkpoint saved to {}", p.display());
+        interrupt::note_checkpoint(&p);
+        self.report.last_ckpt = Some(p);
+    }
+
+    /// The run stops with an [`interrupt::Interrupted`] after a step whose plan stops on a
+    /// signal (it has been saved).
+    pub(super) fn stop_if_asked(&self, plan: &StepPlan, signal: Option<usize>) -> Result<()> {
+        match (plan.stop, signal) {
+            (true, Some(signal)) => Err(interrupt::Interrupted {
+                signal,
+                step: plan.done,
+                checkpoint: self.report.last_ckpt.clone().filter(|_| self.root),
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The report of the finished loop, its last lines logged.
+    pub(super) fn finish<T: Real, Buf>(
+        mut self,
+        exchange: Option<&dist::GradExchange<T, Buf>>,
+        saved: Option<&PathBuf>,
+    ) -> TrainReport {
+        let wall = self.t_loop.elapsed().as_secs_f64();
+        let r = &mut self.report;
+        r.steps = self.numb_steps - self.start;
+        r.wall_s = wall;
+        r.s_per_step = (self.display.s_per_step()).unwrap_or(wall / r.steps as f64);
+        log_end(r, exchange, saved);
+        self.report
+    }
 }
 
 /// The run's last lines: its speed, the all-reduce's share, where the model is.
@@ -381,7 +452,7 @@ fn log_end<T: Real, Buf>(
 }
 
 /// Says how the run is spread over the ranks; returns the learning-rate factor for them.
-fn announce_world(world: &dist::World, backend: &str, cfg: &Config) -> f64 {
+pub(super) fn announce_world(world: &dist::World, backend: &str, cfg: &Config) -> f64 {
     for l in dist::summary(world, backend) {
         tracing::info!("{l}");
     }
@@ -400,12 +471,12 @@ fn announce_world(world: &dist::World, backend: &str, cfg: &Config) -> f64 {
 }
 
 /// The batch streams a run starts from, and the data shapes its checkpoints record.
-struct Streams<T> {
-    train: Sampler,
-    valid: Option<Sampler>,
-    resume: Resume<T>,
-    train_shape: DataShape,
-    valid_shape: Option<DataShape>,
+pub(super) struct Streams<T> {
+    pub(super) train: Sampler,
+    pub(super) valid: Option<Sampler>,
+    pub(super) resume: Resume<T>,
+    pub(super) train_shape: DataShape,
+    pub(super) valid_shape: Option<DataShape>,
 }
 
 impl<T: Real> Streams<T> {
@@ -413,7 +484,7 @@ impl<T: Real> Streams<T> {
     /// data (or other batch sizes or probabilities) cannot continue the checkpoint's batch
     /// stream; it starts a new one, seeded from the seed and the step. `given_seed` is
     /// training.seed as input.json gives it, for the note that a restart does not use it.
-    fn resume(
+    pub(super) fn resume(
         restart: Option<&Checkpoint>,
         train: &DataSet,
         valid: Option<&DataSet>,
@@ -545,7 +616,12 @@ struct Display {
 }
 
 impl Display {
-    fn new(start: usize, numb_steps: usize, disp_freq: usize, time_training: bool) -> Self {
+    pub(super) fn new(
+        start: usize,
+        numb_steps: usize,
+        disp_freq: usize,
+        time_training: bool,
+    ) -> Self {
         Display {
             start,
             numb_steps,
@@ -557,7 +633,15 @@ impl Display {
         }
     }
 
-    fn show(&mut self, shown: &Shown, done: usize, lr: f64, bar: Option<&ProgressBar>) {
+    /// A display step's lines: each task's, `<task>_trn` and `<task>_val` as DeePMD-kit labels
+    /// them in a multi-task run (`trn` and `val` for the one task of a single-task run, `""`).
+    fn show(
+        &mut self,
+        tasks: &[(&str, &Metrics, Option<&Metrics>)],
+        done: usize,
+        lr: f64,
+        bar: Option<&ProgressBar>,
+    ) {
         let dt = self.t_disp.elapsed().as_secs_f64();
         let nsteps = done - self.last_disp_step;
         self.t_disp = Instant::now();
@@ -567,14 +651,21 @@ impl Display {
             self.timed.0 += dt;
             self.timed.1 += nsteps;
         }
-        tracing::info!(
-            target: PROGRESS_TARGET,
-            "batch {done:7}: trn: {}, lr = {}",
-            fmt_metrics(&shown.trn),
-            sci(lr, 2, 8)
-        );
-        if let Some(v) = &shown.val {
-            tracing::info!(target: PROGRESS_TARGET, "batch {done:7}: val: {}", fmt_metrics(v));
+        for (task, trn, val) in tasks {
+            let sep = if task.is_empty() { "" } else { "_" };
+            tracing::info!(
+                target: PROGRESS_TARGET,
+                "batch {done:7}: {task}{sep}trn: {}, lr = {}",
+                fmt_metrics(trn),
+                sci(lr, 2, 8)
+            );
+            if let Some(v) = val {
+                tracing::info!(
+                    target: PROGRESS_TARGET,
+                    "batch {done:7}: {task}{sep}val: {}",
+                    fmt_metrics(v)
+                );
+            }
         }
         if self.time_training {
             let rate = nsteps as f64 / dt.max(1e-9);
@@ -585,9 +676,9 @@ impl Display {
                 fmt_duration((self.numb_steps - done) as f64 / rate)
             );
         }
-        if let Some(bar) = bar {
-            let m = shown.val.as_ref().unwrap_or(&shown.trn);
-            let mut msg = format!("{}:", if shown.val.is_some() { "val" } else { "trn" });
+        if let (Some(bar), Some((_, trn, val))) = (bar, tasks.first()) {
+            let m = val.unwrap_or(trn);
+            let mut msg = format!("{}:", if val.is_some() { "val" } else { "trn" });
             for (k, v) in m.entries().iter().skip(1) {
                 msg.push_str(&format!(" {k} {}", sci(*v, 2, 8).trim_start()));
             }
@@ -603,12 +694,12 @@ impl Display {
 
 /// What `dpw train` plugs into the [`Run`]: blocking reads, the MPI all-reduce and the
 /// cross-rank check of the parameters, and Ctrl-C / SIGTERM.
-struct CliDriver<'a, T, Buf> {
-    world: &'static dist::World,
-    exchange: dist::GradExchange<'a, T, Buf>,
-    disp_freq: usize,
+pub(super) struct CliDriver<'a, T, Buf> {
+    pub(super) world: &'static dist::World,
+    pub(super) exchange: dist::GradExchange<'a, T, Buf>,
+    pub(super) disp_freq: usize,
     /// The signal that asked for a stop.
-    signal: Option<usize>,
+    pub(super) signal: Option<usize>,
 }
 
 impl<T: Real, B: Backend<T>> Driver<T, B> for CliDriver<'_, T, B::Buf> {

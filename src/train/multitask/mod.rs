@@ -1,0 +1,236 @@
+//! Multi-task training (DeePMD-kit's multi-task input, docs/deepmd-spec.md §21.3): one model
+//! per task, each with its own fitting net, energy bias, loss, data and validation, all sharing
+//! the first task's descriptor: its parameters, its Adam moments, and statistics merged over
+//! the tasks as DeePMD-kit's `share_params` merges them.
+//!
+//! Each task is set up as the single-task input it stands for ([`setup::prepare_in`]); then the
+//! descriptor is shared ([`share_descriptor`]). [`run`] trains them, [`checkpoint`] saves them.
+
+mod checkpoint;
+mod run;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use indicatif::ProgressBar;
+use web_time::Instant;
+
+use crate::config::multitask::MultiTaskConfig;
+use crate::data::{Disk, Files};
+use crate::dist;
+use crate::model::{read_model_head, Model};
+
+use super::outputs::{self, RunLock};
+use super::setup::{self, fix_stat_std, Start, TrainSetup};
+use super::stats::env_davg_dstd;
+
+pub use checkpoint::{HeadCheckpoint, MultiCheckpoint};
+pub use run::train;
+
+/// Everything checked and loaded before a multi-task run; nothing has been written yet.
+pub struct MultiTaskSetup {
+    /// The input, each task's `sel` resolved (what out.json holds).
+    pub config: MultiTaskConfig,
+    /// Per task, in `model_dict` order: its data, and its model with the shared descriptor.
+    pub tasks: Vec<TrainSetup>,
+    /// Per task, its steps so far (Adam's count of its fitting net's steps).
+    pub updates: Vec<usize>,
+    /// Seed of the task draw.
+    pub seed: u64,
+    pub progress: Option<ProgressBar>,
+    /// The expanded input (`dp train -o`; out.json in the output folder by default).
+    pub out_json: PathBuf,
+    lock: Option<RunLock>,
+}
+
+/// How a multi-task run starts.
+pub enum MultiStart {
+    Fresh,
+    /// `--init-model`: a multi-task checkpoint (DeePMD-kit's `.pt` or dpw's) whose heads named
+    /// as the tasks give their parameters and statistics, as DeePMD-kit's `--init-model` of a
+    /// multi-task input takes them.
+    InitModel(PathBuf),
+    /// `--restart`: continue a multi-task run's checkpoint.
+    Restart(MultiCheckpoint),
+}
+
+/// [`prepare_in`] on disk, holding the output folders for the run (rank 0).
+pub fn prepare(
+    config: MultiTaskConfig,
+    start: MultiStart,
+    neighbor_stat: bool,
+    out_dir: &Path,
+    t0: Instant,
+) -> Result<MultiTaskSetup> {
+    let lock = if dist::world().is_root() {
+        Some(outputs::claim(out_dir, config.training())?)
+    } else {
+        None
+    };
+    let mut setup = prepare_in(&Disk, config, start, neighbor_stat, out_dir, t0)?;
+    setup.lock = lock;
+    Ok(setup)
+}
+
+/// Sets up every task of `config` on the data of `fs` from `start`, then shares the
+/// descriptor (a new run) or checks that it is shared.
+pub fn prepare_in(
+    fs: &dyn Files,
+    mut config: MultiTaskConfig,
+    start: MultiStart,
+    neighbor_stat: bool,
+    out_dir: &Path,
+    t0: Instant,
+) -> Result<MultiTaskSetup> {
+    let seed = match (&start, config.training().seed) {
+        (MultiStart::Restart(ck), _) => ck.seed,
+        (_, Some(s)) => s,
+        (_, None) => {
+            let s = setup::random_seed();
+            tracing::info!("seed {s} (training.seed not set: drawn at random)");
+            s
+        }
+    };
+    let n = config.tasks.len();
+    let names: Vec<&str> = config.tasks.iter().map(|t| t.name.as_str()).collect();
+    tracing::info!(
+        "multi-task training: {n} tasks ({}) sharing the descriptor '{}', drawn with \
+         probabilities {:?}",
+        names.join(", "),
+        config.descriptor_key,
+        config.model_prob
+    );
+    let (from, restart) = match start {
+        MultiStart::Fresh => (None, None),
+        MultiStart::InitModel(p) => (Some(p), None),
+        MultiStart::Restart(ck) => {
+            let heads: Vec<&str> = ck.heads.iter().map(|h| h.name.as_str()).collect();
+            if heads != names {
+                bail!(
+                    "the checkpoint's heads ({}) are not the input's tasks ({}): a restart \
+                     continues the run of the same tasks",
+                    heads.join(", "),
+                    names.join(", ")
+                );
+            }
+            (None, Some(ck))
+        }
+    };
+    let init = from.as_deref();
+    let updates =
+        (restart.as_ref()).map_or(vec![0; n], |c| c.heads.iter().map(|h| h.updates).collect());
+    let mut tasks = Vec::with_capacity(n);
+    for (k, t) in config.tasks.iter_mut().enumerate() {
+        tracing::info!("task '{}' ({} of {n}):", t.name, k + 1);
+        // Task k's batches, statistics frames and new fitting net from seed + k: the first task
+        // is set up as its input alone would be.
+        t.config.training.seed = Some(seed.wrapping_add(k as u64));
+        let start = match init {
+            Some(p) => {
+                let m = read_model_head(p, Some(&t.name)).with_context(|| {
+                    format!(
+                        "--init-model {}: the head of task '{}'",
+                        p.display(),
+                        t.name
+                    )
+                })?;
+                tracing::info!(
+                    "initial parameters and statistics from head '{}' of {}",
+                    t.name,
+                    p.display()
+                );
+                Start::InitFrozen(Box::new(m))
+            }
+            None => match restart.as_ref() {
+                Some(ck) => Start::Restart(Box::new(ck.heads[k].ck.clone())),
+                None => Start::Fresh,
+            },
+        };
+        let s = setup::prepare_in(fs, t.config.clone(), start, neighbor_stat, out_dir, t0)
+            .with_context(|| format!("task '{}'", t.name))?;
+        t.config = s.config.clone();
+        tasks.push(s);
+    }
+    match (init, &restart) {
+        (None, None) => share_descriptor(&mut tasks, &config, seed)?,
+        (Some(p), _) => check_shared(&tasks, &config, &format!("--init-model {}", p.display()))?,
+        (None, Some(_)) => check_shared(&tasks, &config, "the --restart checkpoint")?,
+    }
+    Ok(MultiTaskSetup {
+        config,
+        tasks,
+        updates,
+        seed,
+        progress: None,
+        out_json: out_dir.join("out.json"),
+        lock: None,
+    })
+}
+
+/// The heads a run starts from (`what`) share the descriptor already: the same parameters and
+/// statistics in every head (one tensor in DeePMD-kit's checkpoint).
+fn check_shared(tasks: &[TrainSetup], config: &MultiTaskConfig, what: &str) -> Result<()> {
+    let m0 = &tasks[0].model;
+    let dlen = m0.layout().descriptor_len();
+    for (k, s) in tasks.iter().enumerate().skip(1) {
+        let m = &s.model;
+        if m.params[..dlen] != m0.params[..dlen] || m.davg != m0.davg || m.dstd != m0.dstd {
+            bail!(
+                "{what}: heads '{}' and '{}' do not share one descriptor (their descriptor \
+                 parameters or statistics differ); dpw's multi-task tasks share it",
+                config.tasks[0].name,
+                config.tasks[k].name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Gives every task the first task's descriptor: its parameters, and davg/dstd from the
+/// statistics of all tasks, their sums added (DeePMD-kit's `share_params` at shared level 0;
+/// model_prob weighs only the fitting's fparam statistics there, which no shared fitting here
+/// has). Each later task's fitting net is drawn anew
+/// from its own seed (`fitting_net.seed`, else the run's seed + its index), so that the heads
+/// do not start alike.
+fn share_descriptor(tasks: &mut [TrainSetup], config: &MultiTaskConfig, seed: u64) -> Result<()> {
+    let d = tasks[0].model.spec.descriptor.clone();
+    for (k, s) in tasks.iter().enumerate().skip(1) {
+        if s.model.spec.descriptor != d {
+            bail!(
+                "task '{}''s descriptor is not task '{}''s once its sel is resolved on its data \
+                 ({:?} against {:?}): give model.shared_dict.{}.sel as numbers",
+                config.tasks[k].name,
+                config.tasks[0].name,
+                s.model.spec.descriptor.sel,
+                d.sel,
+                config.descriptor_key
+            );
+        }
+    }
+    let dlen = tasks[0].model.layout().descriptor_len();
+    let shared = tasks[0].model.params[..dlen].to_vec();
+    let mut env = tasks[0].stat_env.clone();
+    for (k, s) in tasks.iter_mut().enumerate().skip(1) {
+        let fit_seed =
+            (config.tasks[k].config.model.fitting_net.seed).unwrap_or(seed.wrapping_add(k as u64));
+        let fresh = Model::new(s.model.spec.clone(), fit_seed);
+        s.model.params[..dlen].copy_from_slice(&shared);
+        s.model.params[dlen..].copy_from_slice(&fresh.params[dlen..]);
+        for (mine, theirs) in env.iter_mut().zip(&s.stat_env) {
+            mine.add(theirs);
+        }
+    }
+    let (mut davg, mut dstd) = env_davg_dstd(&d, &env);
+    fix_stat_std(&d, &mut davg, &mut dstd);
+    tracing::info!(
+        "the shared descriptor's statistics over the {} tasks: davg {:?}, dstd {:?}",
+        tasks.len(),
+        davg.chunks(4).map(|r| r[0]).collect::<Vec<_>>(),
+        dstd.chunks(4).map(|r| [r[0], r[1]]).collect::<Vec<_>>(),
+    );
+    for s in tasks.iter_mut() {
+        s.model.davg = davg.clone();
+        s.model.dstd = dstd.clone();
+    }
+    Ok(())
+}

@@ -1,0 +1,384 @@
+//! The multi-task training loop. Each step draws a task as DeePMD-kit draws it ([`TaskDraw`])
+//! and steps that task's [`Run`]. The shared descriptor's parameters and Adam moments go, on
+//! the device, from the head that stepped last to the head stepping now; Adam counts the
+//! descriptor's steps over the whole run and a head's fitting net's over its own task's steps
+//! (torch counts steps per tensor, and a head has no gradient at the other tasks' steps).
+//!
+//! At a display step the stepped task shows the loss of its step; every other task the loss of
+//! a fresh batch of its training data, and each its validation, as DeePMD-kit's lcurve.out.
+//! Under MPI every rank draws rank 0's task sequence, so that the ranks step the same task and
+//! all-reduce its gradient as a single-task run does (DeePMD-kit draws a task per rank).
+
+use std::fs::File;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use web_time::Instant;
+
+use crate::backend::{AdamTail, Backend, Real, Span};
+use crate::config::Precision;
+use crate::dist;
+use crate::model::file::write_atomic;
+use crate::model::Model;
+use crate::train::budget::check_batches;
+use crate::train::checkpoint::{self, Checkpoint, DataShape, Rotation};
+use crate::train::interrupt;
+use crate::train::lcurve::{task_header, task_line, Metrics, TaskColumns};
+use crate::train::prefetch::Prefetcher;
+use crate::train::resident::Resident;
+use crate::train::run::{block_on, Run, Validation};
+use crate::train::step::DeviceModel;
+use crate::train::task_draw::TaskDraw;
+use crate::train::trainer::{
+    announce_world, open_lcurve, CliDriver, Progress, Streams, TrainReport,
+};
+
+use super::checkpoint::{HeadCheckpoint, MultiCheckpoint};
+use super::MultiTaskSetup;
+
+/// One task's run, and what its checkpoints hold beside the run's state.
+struct Head<T: Real, B: Backend<T>> {
+    name: String,
+    aliases: Vec<String>,
+    run: Run<T, B>,
+    /// Its spec, statistics and bias (the parameters are the run's).
+    model: Model,
+    train_shape: DataShape,
+    valid_shape: Option<DataShape>,
+    /// Steps of this task so far.
+    updates: usize,
+}
+
+/// Trains every task of `setup` on backend `b` in precision `T`.
+pub fn train<T: Real, B: Backend<T>>(
+    b: &B,
+    link: dist::DeviceLink<T, B::Buf>,
+    setup: MultiTaskSetup,
+) -> Result<TrainReport> {
+    let MultiTaskSetup {
+        config,
+        tasks,
+        updates,
+        seed,
+        progress,
+        lock: _lock,
+        out_json,
+    } = setup;
+    let first = &tasks[0];
+    let precision = first.precision;
+    if T::NAME != precision.as_str() {
+        bail!(
+            "internal: training in {} but the model asks for {}",
+            T::NAME,
+            precision.as_str()
+        );
+    }
+    let cfg = first.config.clone();
+    let tc = cfg.training.clone();
+    let numb_steps = tc.numb_steps;
+    let (out_dir, t0, schedule) = (first.out_dir.clone(), first.t0, first.schedule.clone());
+    let restarted = first.restart.is_some();
+    let start = first.restart.as_ref().map_or(0, |c| c.step);
+    if start < numb_steps {
+        for s in &tasks {
+            let dm = DeviceModel::<T, B>::new(b, &s.model);
+            check_batches(b, &dm, &s.model.spec, &s.train, "training")?;
+            if let Some(v) = &s.valid {
+                check_batches(b, &dm, &s.model.spec, v, "validation")?;
+            }
+        }
+    }
+    let world = dist::world();
+    let root = world.is_root();
+    let lr_scale = announce_world(world, &b.name(), &cfg);
+    let mut text = serde_json::to_string_pretty(&config.to_expanded_json())?;
+    text.push('\n');
+    let lcurve_path = out_dir.join(&tc.disp_file);
+    let open_outputs = || -> Result<Option<File>> {
+        if !root {
+            return Ok(None);
+        }
+        write_atomic(&out_json, text.as_bytes())?;
+        open_lcurve(&lcurve_path, start).map(Some)
+    };
+    let mut saver = Saver {
+        path: out_dir.join(&tc.save_ckpt),
+        rotation: match root {
+            true => Some(Rotation::new(
+                &out_dir.join(&tc.save_ckpt),
+                tc.max_ckpt_keep,
+                restarted,
+            )?),
+            false => None,
+        },
+        precision,
+        dlen: first.model.layout().descriptor_len(),
+        seed,
+    };
+    let dlen = saver.dlen;
+
+    let mut heads = Vec::with_capacity(tasks.len());
+    for ((t, mut s), updates) in config.tasks.iter().zip(tasks).zip(updates) {
+        world.broadcast_model(&mut s.model);
+        let streams = Streams::<T>::resume(
+            s.restart.as_deref(),
+            &s.train,
+            s.valid.as_ref(),
+            s.seed,
+            None,
+        );
+        let validation = match (s.valid.take(), streams.valid) {
+            (Some(data), Some(sampler)) if root => Some(Validation {
+                sampler,
+                nbatches: (s.config.training.validation_data.as_ref()).map_or(1, |v| v.numb_btch),
+                data,
+            }),
+            _ => None,
+        };
+        let systems = std::mem::take(&mut s.train.systems);
+        let batches = Prefetcher::new(
+            Arc::clone(&s.train.store),
+            s.model.spec.clone(),
+            streams.train,
+            1,
+            s.train.batch_sizes.clone(),
+            (world.rank(), world.size()),
+            Vec::new(),
+        );
+        let run = Run::new(
+            b,
+            &s.config,
+            s.schedule,
+            lr_scale,
+            &s.model,
+            systems,
+            Box::new(batches),
+            Resident::none(),
+            validation,
+            streams.resume,
+        );
+        heads.push(Head {
+            name: t.name.clone(),
+            aliases: t.aliases.clone(),
+            run,
+            model: s.model,
+            train_shape: streams.train_shape,
+            valid_shape: streams.valid_shape,
+            updates,
+        });
+    }
+
+    if start >= numb_steps {
+        open_outputs()?;
+        if start > 0 {
+            tracing::info!(
+                "the checkpoint is at step {start} >= numb_steps {numb_steps}: nothing to train"
+            );
+        } else if root {
+            // numb_steps 0: DeePMD-kit still saves the initial model.
+            let p = saver.save(b, &heads, 0, 0, 0.0)?;
+            tracing::info!(
+                "numb_steps is 0: saved the initial model to {}",
+                p.display()
+            );
+            return Ok(TrainReport {
+                last_ckpt: Some(p),
+                ..TrainReport::default()
+            });
+        }
+        return Ok(TrainReport::default());
+    }
+    let mut progress = Progress::start(progress, start, &tc, t0, root);
+    let mut driver = CliDriver {
+        world,
+        exchange: dist::GradExchange::new(link),
+        disp_freq: tc.disp_freq,
+        signal: None,
+    };
+    let mut draw = TaskDraw::new(0, seed, &config.model_prob);
+    // A restart continues the sequence: one draw per step.
+    draw.skip(start);
+    let mut scratch = b.zeros(dlen);
+    // The head whose descriptor is the newest.
+    let mut holder = 0;
+    let mut fout: Option<File> = None;
+    let mut header_done = false;
+    interrupt::training_started();
+
+    for step in start..numb_steps {
+        let k = draw.next();
+        share(b, &mut heads, holder, k, dlen, &mut scratch);
+        holder = k;
+        let t_step = Instant::now();
+        let h = &mut heads[k];
+        h.run.head_step(
+            step,
+            AdamTail {
+                from: dlen,
+                t: h.updates as u64 + 1,
+            },
+        );
+        let plan = h.run.step(b, &mut driver)?;
+        h.updates += 1;
+        let done = plan.done;
+        if progress.stepped(t_step, done) {
+            fout = open_outputs()?;
+        }
+        if let Some(shown) = block_on(heads[k].run.finish(b, &mut driver))? {
+            let pref_lr = schedule.pref_lr(done - 1);
+            let mut cols: Vec<(Metrics, Option<Metrics>)> = Vec::with_capacity(heads.len());
+            for i in 0..heads.len() {
+                if i == k {
+                    cols.push((shown.trn, shown.val));
+                    continue;
+                }
+                share(b, &mut heads, k, i, dlen, &mut scratch);
+                let run = &mut heads[i].run;
+                let trn = block_on(run.probe(b, &mut driver, pref_lr))?;
+                let val = block_on(run.validate(b, &mut driver, pref_lr))?;
+                cols.push((trn, val));
+            }
+            let columns: Vec<TaskColumns> = (heads.iter().zip(&cols))
+                .map(|(h, (trn, val))| TaskColumns {
+                    task: &h.name,
+                    trn,
+                    val: val.as_ref(),
+                })
+                .collect();
+            if let Some(fout) = fout.as_mut() {
+                let mut text = String::new();
+                if !header_done {
+                    text.push_str(&task_header(&columns));
+                    header_done = true;
+                }
+                text.push_str(&task_line(done, plan.lr, &columns));
+                fout.write_all(text.as_bytes())
+                    .and_then(|_| fout.flush())
+                    .with_context(|| format!("cannot write {}", lcurve_path.display()))?;
+            }
+            let shown_tasks: Vec<(&str, &Metrics, Option<&Metrics>)> =
+                (columns.iter()).map(|c| (c.task, c.trn, c.val)).collect();
+            progress.show(&shown_tasks, done, plan.lr);
+            dist::log::flush(world);
+        }
+        if root && plan.checkpoint {
+            let p = saver.save(b, &heads, holder, done, plan.lr)?;
+            for h in heads.iter_mut() {
+                h.run.set_last_checkpoint(p.clone());
+            }
+            progress.saved(p);
+        }
+        progress.stop_if_asked(&plan, driver.signal)?;
+    }
+    drop(heads);
+    let exchange = world.is_distributed().then_some(&driver.exchange);
+    Ok(progress.finish(exchange, root.then_some(&saver.path)))
+}
+
+/// Hands the shared descriptor (its parameters and Adam's moments) from head `from` to head
+/// `to`, on the device.
+fn share<T: Real, B: Backend<T>>(
+    b: &B,
+    heads: &mut [Head<T, B>],
+    from: usize,
+    to: usize,
+    dlen: usize,
+    scratch: &mut B::Buf,
+) {
+    if from == to {
+        return;
+    }
+    let spans = [Span {
+        src: 0,
+        dst: 0,
+        len: dlen,
+    }];
+    let (src, dst) = match from < to {
+        true => {
+            let (a, c) = heads.split_at_mut(to);
+            (&a[from], &mut c[0])
+        }
+        false => {
+            let (a, c) = heads.split_at_mut(from);
+            (&c[0], &mut a[to])
+        }
+    };
+    let (s, d) = (src.run.dm(), dst.run.dm_mut());
+    for (x, y) in [
+        (&s.params, &mut d.params),
+        (&s.m, &mut d.m),
+        (&s.v, &mut d.v),
+    ] {
+        b.gather(x, scratch, &spans);
+        b.copy(scratch, y, 0);
+    }
+}
+
+/// Writes the run's checkpoints: every head, with the shared descriptor of the head that
+/// stepped last.
+struct Saver {
+    path: PathBuf,
+    rotation: Option<Rotation>,
+    precision: Precision,
+    dlen: usize,
+    seed: u64,
+}
+
+impl Saver {
+    fn save<T: Real, B: Backend<T>>(
+        &mut self,
+        b: &B,
+        heads: &[Head<T, B>],
+        holder: usize,
+        step: usize,
+        lr: f64,
+    ) -> Result<PathBuf> {
+        let read = |x: &B::Buf| -> Vec<f64> { b.download(x).iter().map(|v| v.f64()).collect() };
+        let hd = heads[holder].run.dm();
+        let shared = [read(&hd.params), read(&hd.m), read(&hd.v)];
+        let mut out = Vec::with_capacity(heads.len());
+        for h in heads {
+            let dm = h.run.dm();
+            let [mut params, mut m, mut v] = [read(&dm.params), read(&dm.m), read(&dm.v)];
+            for (mine, theirs) in [
+                (&mut params, &shared[0]),
+                (&mut m, &shared[1]),
+                (&mut v, &shared[2]),
+            ] {
+                mine[..self.dlen].copy_from_slice(&theirs[..self.dlen]);
+            }
+            let (sampler, valid_sampler, disp_acc) = h.run.checkpoint_state();
+            let mut model = h.model.clone();
+            model.params = params;
+            out.push(HeadCheckpoint {
+                name: h.name.clone(),
+                aliases: h.aliases.clone(),
+                updates: h.updates,
+                ck: Checkpoint {
+                    model,
+                    precision: self.precision,
+                    step,
+                    lr,
+                    adam_m: m,
+                    adam_v: v,
+                    sampler,
+                    valid_sampler,
+                    train_shape: h.train_shape.clone(),
+                    valid_shape: h.valid_shape.clone(),
+                    disp_acc,
+                },
+            });
+        }
+        let ck = MultiCheckpoint {
+            step,
+            lr,
+            seed: self.seed,
+            heads: out,
+        };
+        let rotation =
+            (self.rotation.as_mut()).context("internal: only rank 0 saves checkpoints")?;
+        checkpoint::save(&ck, &self.path, rotation)
+    }
+}

@@ -1,0 +1,359 @@
+//! Issue 56, item 3: multi-task training as DeePMD-kit 3.2.0 does it, against runs of its own
+//! (tests/reference/multitask/mt_steps and mt_stats, made by
+//! scripts/make-reference/multitask_steps.py; their data are the one-frame systems of
+//! tests/data/multitask, so that every batch is DeePMD-kit's whatever the batch order).
+
+mod common;
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+use common::{dpw_in, json_file, rel_to_max, repo};
+use dpw::config::multitask::{model_dict_order, MultiTaskConfig};
+use dpw::model::{read_model, Model};
+
+/// A folder for a run, where the references' repository-relative paths hold (`tests` links
+/// to the repository's).
+fn tree() -> TempDir {
+    let t = TempDir::new().unwrap();
+    std::os::unix::fs::symlink(repo("tests"), t.path().join("tests")).unwrap();
+    t
+}
+
+/// The backends a `dpw` process can train on here: cpu, and wgpu where it has float64.
+fn backends(test: &str) -> Vec<&'static str> {
+    let mut b = vec!["cpu"];
+    #[cfg(feature = "wgpu")]
+    if common::wgpu_f64_present(test) {
+        b.push("wgpu");
+    }
+    let _ = test;
+    b
+}
+
+/// `dpw train` of reference case `case`'s input in a new folder, on `backend`.
+fn train(case: &str, backend: &str, extra: &[&str]) -> TempDir {
+    let t = tree();
+    // The file itself: the order of model_dict's tasks is the task draw's.
+    let input = repo(&format!("tests/reference/multitask/{case}/input.json"));
+    std::fs::copy(input, t.path().join("input.json")).unwrap();
+    let mut args = vec!["train", "input.json", "--backend", backend];
+    args.extend(extra);
+    let (ok, log) = dpw_in(t.path(), &args);
+    assert!(ok, "{case} on {backend}: {log}");
+    t
+}
+
+/// Head `head` of the run's last checkpoint, through `dpw freeze --head`.
+fn head(dir: &Path, head: &str) -> Model {
+    let out = format!("{head}.dpw");
+    let (ok, log) = dpw_in(
+        dir,
+        &["freeze", "-c", "model.ckpt", "--head", head, "-o", &out],
+    );
+    assert!(ok, "{log}");
+    read_model(&dir.join(out)).unwrap()
+}
+
+fn deepmd_head(case: &str, head: &str) -> Model {
+    read_model(&repo(&format!(
+        "tests/reference/multitask/{case}/model_{head}.yaml"
+    )))
+    .unwrap()
+}
+
+/// Eight steps of DeePMD-kit's multi-task run from the heads of `pre_mt` (`--init-model`):
+/// the same tasks drawn (alloy, alloy, water, alloy × 5), the same lcurve.out, and after the
+/// last step every head's parameters — the shared descriptor's, updated at every step, and each
+/// fitting net's, updated at its task's steps with Adam counting those alone — DeePMD-kit's.
+#[test]
+fn eight_steps_from_deepmd_kits_heads_are_deepmd_kits() {
+    let theirs =
+        std::fs::read_to_string(repo("tests/reference/multitask/mt_steps/lcurve.out")).unwrap();
+    let init = [
+        "--init-model",
+        "tests/reference/multitask/pre_mt/model.ckpt.pt",
+    ];
+    for backend in backends("eight_steps_from_deepmd_kits_heads_are_deepmd_kits") {
+        let t = train("mt_steps", backend, &init);
+        let lcurve = std::fs::read_to_string(t.path().join("lcurve.out")).unwrap();
+        assert_eq!(lcurve, theirs, "{backend}");
+        for h in ["water", "alloy"] {
+            let (mine, dp) = (head(t.path(), h), deepmd_head("mt_steps", h));
+            let d = rel_to_max(&mine.params, &dp.params);
+            eprintln!("{backend} {h}: parameters after 8 steps, max |Δ| / max |p| = {d:.1e}");
+            // DeePMD-kit takes the loss's 1/N in float32 (tests/reference/deepmd-3.2.0).
+            assert!(d < 1e-9, "{backend} {h}: {d:e}");
+            assert_eq!((mine.davg, mine.dstd), (dp.davg, dp.dstd), "{backend} {h}");
+            assert_eq!(mine.bias, dp.bias, "{backend} {h}");
+        }
+    }
+}
+
+/// A run from scratch: the shared descriptor's davg/dstd merged over the tasks (their sums
+/// added; both tasks have O and H atoms, the alloy task in a frame of its own) and each head's
+/// energy bias fitted on its own data are DeePMD-kit's.
+#[test]
+fn fresh_statistics_are_deepmd_kits() {
+    let t = train("mt_stats", "cpu", &[]);
+    for h in ["water", "alloy"] {
+        let (mine, dp) = (head(t.path(), h), deepmd_head("mt_stats", h));
+        let d = rel_to_max(&mine.dstd, &dp.dstd);
+        eprintln!("{h}: dstd max |Δ| / max = {d:.1e}");
+        assert!(d < 1e-13, "{h}: dstd {d:e}");
+        assert_eq!(mine.davg, dp.davg, "{h}");
+        let b = rel_to_max(&mine.bias, &dp.bias);
+        assert!(b < 1e-14, "{h}: bias {b:e}");
+    }
+    // The heads differ in their fitting nets (each drawn from its own seed) and share the rest.
+    let (w, a) = (head(t.path(), "water"), head(t.path(), "alloy"));
+    let dlen = w.layout().descriptor_len();
+    assert_eq!(w.params[..dlen], a.params[..dlen]);
+    assert_ne!(w.params[dlen..], a.params[dlen..]);
+}
+
+/// The merged statistics are those of one run on all the tasks' data, whatever model_prob.
+#[test]
+fn merged_statistics_are_the_statistics_of_the_tasks_data() {
+    let mut input = json_file(&repo("tests/reference/multitask/mt_stats/input.json"));
+    input["training"]["model_prob"] = json!({"water": 1.0, "alloy": 1.0});
+    let t = tree();
+    std::fs::write(t.path().join("input.json"), input.to_string()).unwrap();
+    let (ok, log) = dpw_in(t.path(), &["train", "input.json", "--backend", "cpu"]);
+    assert!(ok, "{log}");
+    let merged = head(t.path(), "water");
+
+    let mut single = json!({
+        "model": input["model"]["model_dict"]["water"].clone(),
+        "learning_rate": input["learning_rate"],
+        "loss": input["loss_dict"]["water"],
+        "training": {
+            "training_data": {"systems": ["tests/data/multitask/water_f0", "tests/data/multitask/alloy_f0", "tests/data/multitask/water_f1"], "batch_size": 1},
+            "numb_steps": 0, "seed": 10,
+        },
+    });
+    single["model"]["type_map"] = input["model"]["shared_dict"]["type_map_all"].clone();
+    single["model"]["descriptor"] = input["model"]["shared_dict"]["dpa1"].clone();
+    let u = tree();
+    std::fs::write(u.path().join("input.json"), single.to_string()).unwrap();
+    let (ok, log) = dpw_in(u.path(), &["train", "input.json", "--backend", "cpu"]);
+    assert!(ok, "{log}");
+    let (ok, log) = dpw_in(u.path(), &["freeze", "-c", "model.ckpt", "-o", "m.dpw"]);
+    assert!(ok, "{log}");
+    let union = read_model(&u.path().join("m.dpw")).unwrap();
+    // Sums in another order: sqrt(E[x²] − E[x]²) magnifies their last bits (3e-14).
+    let d = rel_to_max(&merged.dstd, &union.dstd);
+    assert!(d < 1e-12, "{d:e}");
+    assert_eq!(merged.davg, union.davg);
+}
+
+/// `dpw freeze` of a multi-task checkpoint names its heads when none or an unknown one is
+/// given, and takes a head by its alias.
+#[test]
+fn freeze_takes_a_head_by_name_or_alias() {
+    let mut input = json_file(&repo("tests/reference/multitask/mt_stats/input.json"));
+    input["model"]["model_dict"]["alloy"]["model_branch_alias"] = json!(["CuNiAl"]);
+    let t = tree();
+    std::fs::write(t.path().join("input.json"), input.to_string()).unwrap();
+    assert!(dpw_in(t.path(), &["train", "input.json", "--backend", "cpu"]).0);
+    let (ok, log) = dpw_in(t.path(), &["freeze", "-c", "model.ckpt", "-o", "x.dpw"]);
+    // (Written back from a parsed value, the input lists its tasks sorted.)
+    assert!(
+        !ok && log.contains("'alloy', 'water'") && log.contains("--head"),
+        "{log}"
+    );
+    let (ok, log) = dpw_in(
+        t.path(),
+        &["freeze", "-c", "model.ckpt", "--head", "Cu", "-o", "x.dpw"],
+    );
+    assert!(
+        !ok && log.contains("no head (model branch) or alias named 'Cu'"),
+        "{log}"
+    );
+    let by_alias = {
+        let (ok, log) = dpw_in(
+            t.path(),
+            &[
+                "freeze",
+                "-c",
+                "model.ckpt",
+                "--head",
+                "CuNiAl",
+                "-o",
+                "a.dpw",
+            ],
+        );
+        assert!(ok, "{log}");
+        read_model(&t.path().join("a.dpw")).unwrap()
+    };
+    assert_eq!(by_alias.params, head(t.path(), "alloy").params);
+    // out.json keeps the alias, and every task's model whole.
+    let out = json_file(&t.path().join("out.json"));
+    assert_eq!(
+        out["model"]["model_dict"]["alloy"]["model_branch_alias"],
+        json!(["CuNiAl"])
+    );
+    assert_eq!(
+        out["model"]["model_dict"]["water"]["descriptor"]["type"],
+        "se_atten"
+    );
+    assert_eq!(out["loss_dict"]["alloy"]["start_pref_v"], 0.5);
+    assert!(out["training"]["data_dict"]["alloy"]["validation_data"].is_object());
+}
+
+/// `input` read as a multi-task input whose tasks come in pre_mt's order (water, alloy).
+fn parse(input: &Value) -> Result<MultiTaskConfig, String> {
+    let text =
+        std::fs::read_to_string(repo("tests/reference/multitask/pre_mt/input.json")).unwrap();
+    let order = model_dict_order(&text, false);
+    MultiTaskConfig::from_value(input, &order, &repo("")).map_err(|e| e.to_string())
+}
+
+/// Keys of a multi-task input name where they are in it; what dpw does not do is said.
+#[test]
+fn multitask_input_errors_name_the_key() {
+    let good = json_file(&repo("tests/reference/multitask/pre_mt/input.json"));
+    let c = parse(&good).unwrap();
+    let names: Vec<&str> = c.tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["water", "alloy"]);
+    assert_eq!(c.model_prob, [0.25, 0.75]);
+    assert_eq!(c.descriptor_key, "dpa1");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "/model/shared_dict/dpa1/sel",
+            json!("many"),
+            "model.shared_dict.dpa1.sel",
+        ),
+        (
+            "/model/model_dict/water/fitting_net/neuron",
+            json!(8),
+            "model.model_dict.water.fitting_net.neuron",
+        ),
+        (
+            "/loss_dict/alloy/start_pref_x",
+            json!(1),
+            "loss_dict.alloy.start_pref_x",
+        ),
+        (
+            "/model/model_dict/water/descriptor",
+            json!("dpa1:1"),
+            "shared level 1",
+        ),
+        (
+            "/model/model_dict/water/descriptor",
+            json!("dpa9"),
+            "\"dpa9\" is not a key of model.shared_dict",
+        ),
+        (
+            "/model/model_dict/water/fitting_net",
+            json!("fit"),
+            "a fitting net shared among tasks",
+        ),
+        (
+            "/model/model_dict/alloy/type_map",
+            json!(["Cu", "Ni", "Al"]),
+            "tasks sharing a descriptor share its type_map",
+        ),
+        (
+            "/training/model_prob",
+            json!({"water": 1.0}),
+            "missing: [\"alloy\"]",
+        ),
+        (
+            "/training/model_prob",
+            json!({"water": 0.0, "alloy": 0.0}),
+            "sum to 0",
+        ),
+        (
+            "/training/num_epoch_dict",
+            json!({"water": 1}),
+            "by epochs is not implemented",
+        ),
+        (
+            "/training/data_dict/alloy/training_data/batch_size",
+            json!(0),
+            "training.data_dict.alloy.training_data.batch_size",
+        ),
+        (
+            "/model/model_dict/alloy/finetune_head",
+            json!("alloy"),
+            "multi-task fine-tuning",
+        ),
+    ];
+    for (ptr, value, says) in cases {
+        let mut bad = good.clone();
+        let (parent, key) = ptr.rsplit_once('/').unwrap();
+        bad.pointer_mut(parent).unwrap()[key] = value;
+        let e = parse(&bad).unwrap_err();
+        assert!(e.contains(says), "{ptr}: {e}");
+    }
+    let mut bad = good.clone();
+    bad["model"]["model_dict"]["alloy"]["descriptor"] =
+        good["model"]["shared_dict"]["dpa1"].clone();
+    let e = parse(&bad).unwrap_err();
+    assert!(
+        e.contains("shares one descriptor among all the tasks"),
+        "{e}"
+    );
+    // Without model_prob the tasks are drawn by their numbers of systems (1 and 2).
+    let mut no_prob = good.clone();
+    no_prob["training"]
+        .as_object_mut()
+        .unwrap()
+        .remove("model_prob");
+    assert_eq!(parse(&no_prob).unwrap().model_prob, [1.0 / 3.0, 2.0 / 3.0]);
+}
+
+/// A run restarted from its checkpoint at step 4 ends where the run of 8 steps does, bit for
+/// bit: every head's parameters, Adam's moments and step counts (the shared descriptor's and
+/// each fitting net's), the batch streams and the task draw go on. (lcurve.out gets its header
+/// again at the restart, as DeePMD-kit's.)
+#[test]
+fn a_restart_goes_on_as_the_run_would() {
+    let text =
+        std::fs::read_to_string(repo("tests/reference/multitask/mt_steps/input.json")).unwrap();
+    let every4 = text.replace("\"save_freq\": 8", "\"save_freq\": 4");
+    assert_ne!(every4, text);
+    let whole = tree();
+    std::fs::write(whole.path().join("input.json"), &every4).unwrap();
+    let init = "tests/reference/multitask/pre_mt/model.ckpt.pt";
+    let (ok, log) = dpw_in(whole.path(), &["train", "input.json", "--init-model", init]);
+    assert!(ok, "{log}");
+    let t = tree();
+    std::fs::write(t.path().join("input.json"), &every4).unwrap();
+    for f in ["model.ckpt-4", "lcurve.out"] {
+        std::fs::copy(whole.path().join(f), t.path().join(f)).unwrap();
+    }
+    let (ok, log) = dpw_in(
+        t.path(),
+        &["train", "input.json", "--restart", "model.ckpt-4"],
+    );
+    assert!(ok, "{log}");
+    let lines = |d: &Path| -> Vec<String> {
+        (std::fs::read_to_string(d.join("lcurve.out"))
+            .unwrap()
+            .lines())
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+    };
+    assert_eq!(lines(t.path()), lines(whole.path()));
+    assert_eq!(lines(t.path()).len(), 8);
+    for h in ["water", "alloy"] {
+        let (a, b) = (head(t.path(), h), head(whole.path(), h));
+        assert_eq!(a.params, b.params, "{h}");
+    }
+    // A single-task input does not restart a multi-task checkpoint.
+    let single = json!({
+        "model": {"type_map": ["O", "H"], "descriptor": {"type": "se_e2_a", "sel": [8, 8], "rcut": 3.0, "neuron": [2], "axis_neuron": 1}, "fitting_net": {"neuron": [2]}},
+        "training": {"training_data": {"systems": ["tests/data/multitask/water_f0"], "batch_size": 1}, "numb_steps": 1},
+    });
+    std::fs::write(t.path().join("single.json"), single.to_string()).unwrap();
+    let (ok, log) = dpw_in(
+        t.path(),
+        &["train", "single.json", "--restart", "model.ckpt"],
+    );
+    assert!(!ok && log.contains("is a multi-task checkpoint"), "{log}");
+}
