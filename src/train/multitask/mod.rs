@@ -4,7 +4,7 @@
 //! the tasks as DeePMD-kit's `share_params` merges them.
 //!
 //! Each task is set up as the single-task input it stands for ([`setup::prepare_in`]); then the
-//! descriptor is shared ([`share_descriptor`]). [`run`] trains them, [`checkpoint`] saves them.
+//! descriptor is shared (`share_descriptor`). `run.rs` trains them, `checkpoint.rs` saves them.
 
 mod checkpoint;
 mod run;
