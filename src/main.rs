@@ -57,9 +57,10 @@ enum Command {
     /// finishes the step, saves a checkpoint and ends the process by that signal; another one
     /// more than 2 s later stops at once.
     Train {
-        /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml): one model, or
-        /// several tasks sharing a descriptor (a multi-task input: model_dict, loss_dict,
-        /// data_dict).
+        /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml): one model (a
+        /// se_e2_a, se_e2_r, se_e3, hybrid, se_atten/se_atten_v2 (DPA-1), DPA-2 or DPA-3
+        /// descriptor), or several tasks sharing one (a multi-task input: model_dict,
+        /// loss_dict, data_dict).
         input: PathBuf,
         /// Continue the run of this checkpoint (optimizer state, step and data stream included).
         #[arg(short = 'r', long, conflicts_with_all = ["init_model", "init_frz_model"])]
