@@ -43,6 +43,18 @@ const HEADS: &[(&str, &str, &str, Option<&str>)] = &[
         None,
     ),
     (
+        "mt_steps/model.ckpt.pt",
+        "water",
+        "mt_steps/model_water.yaml",
+        None,
+    ),
+    (
+        "mt_steps/model.ckpt.pt",
+        "alloy",
+        "mt_steps/model_alloy.yaml",
+        None,
+    ),
+    (
         "ft_se_a/model.ckpt.pt",
         "Default",
         "ft_se_a/model.yaml",
