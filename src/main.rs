@@ -77,9 +77,14 @@ enum Command {
         /// data (input.json's model must be the pretrained one's).
         #[arg(long, conflicts_with_all = ["restart", "init_model", "init_frz_model"])]
         finetune: Option<PathBuf>,
-        /// The head of a multi-task .pt to fine-tune from.
+        /// The head of a multi-task .pt to fine-tune from; RANDOM: its descriptor alone, with
+        /// a new fitting net.
         #[arg(long, requires = "finetune")]
         model_branch: Option<String>,
+        /// Take the descriptor and fitting net from the --finetune .pt's own input instead of
+        /// input.json's (its type_map stays input.json's).
+        #[arg(long, requires = "finetune")]
+        use_pretrain_script: bool,
         /// Where to write the input with every default filled in.
         #[arg(short = 'o', long, default_value = "out.json")]
         output: PathBuf,
@@ -328,6 +333,7 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
             init_frz_model,
             finetune,
             model_branch,
+            use_pretrain_script,
             output,
             skip_neighbor_stat,
             log_path: _,
@@ -341,6 +347,7 @@ fn run(command: Command, t0: web_time::Instant) -> anyhow::Result<()> {
                 init_frz_model,
                 finetune,
                 model_branch,
+                use_pretrain_script,
                 output,
                 skip_neighbor_stat,
                 backend,

@@ -95,6 +95,7 @@ type Refusal<'a> = (
 fn finetune_refusals() {
     let pre = reference("pre_se_a/model.ckpt.pt");
     let mt = reference("pre_mt/model.ckpt.pt");
+    let yaml = reference("pre_mt/model_alloy.yaml");
     let cases: [Refusal; 5] = [
         (
             "ft_se_a",
@@ -123,8 +124,8 @@ fn finetune_refusals() {
         (
             "ft_mt_alloy",
             Box::new(|_| {}),
-            vec![mt.to_str().unwrap(), "--model-branch", "RANDOM"],
-            &["RANDOM", "not implemented"],
+            vec![yaml.to_str().unwrap(), "--use-pretrain-script"],
+            &["--use-pretrain-script", "model_alloy.yaml is not one"],
         ),
     ];
     for (case, edit, args, parts) in cases {
@@ -167,4 +168,77 @@ fn type_map_change_is_deepmd_kits() {
         eprintln!("{case}: parameters {p:.1e}, statistics {s:.1e}, bias {b:.1e} eV");
         assert!(p <= 1e-15 && s <= 1e-15 && b <= 1e-8, "{case}: {p} {s} {b}");
     }
+}
+
+/// The largest difference of two equally long vectors.
+fn worst(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    (a.iter().zip(b))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// `--model-branch RANDOM` (ft_mt_random, O H Cu Ni Al → Cu Ni Al) and, the same to DeePMD-kit,
+/// a multi-task model without `--model-branch` (with a warning): the pretrained descriptor (its
+/// parameters and statistics, on the new type_map) under a new fitting net, the bias set by
+/// statistic: DeePMD-kit's start but for the fitting net's random draws.
+#[test]
+fn random_branch_takes_the_descriptor_alone() {
+    let pre = reference("pre_mt/model.ckpt.pt");
+    let theirs = dpw::model::read_deepmd_yaml(&reference("ft_mt_random/model.yaml")).unwrap();
+    let meta = json_file(&reference("ft_mt_random/bias.json"));
+    for branch in [Some("RANDOM"), None] {
+        let tmp = folder("ft_mt_random", |_| {});
+        let mut args = vec![pre.to_str().unwrap()];
+        args.extend(branch.map(|b| ["--model-branch", b]).into_iter().flatten());
+        let (ok, log) = finetune(tmp.path(), &args);
+        assert!(ok, "{branch:?}: {log}");
+        assert_eq!(log.contains("re-initialized"), branch.is_none(), "{log}");
+        let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
+        assert_eq!(mine.spec, theirs.spec);
+        let dlen = mine.layout().descriptor_len();
+        let p = worst(&mine.params[..dlen], &theirs.params[..dlen]);
+        let s = worst(&mine.davg, &theirs.davg).max(worst(&mine.dstd, &theirs.dstd));
+        let mut b = 0.0f64;
+        for (t, name) in mine.spec.type_map.iter().enumerate() {
+            let want = meta["heads"]["Default"]["out_bias_after"][name]
+                .as_f64()
+                .unwrap();
+            b = b.max((mine.bias[t] - want).abs());
+        }
+        eprintln!("{branch:?}: descriptor {p:.1e}, statistics {s:.1e}, bias {b:.1e} eV");
+        assert!(
+            p <= 1e-15 && s <= 1e-15 && b <= 1e-8,
+            "{branch:?}: {p} {s} {b}"
+        );
+        assert_ne!(
+            mine.params[dlen..],
+            theirs.params[dlen..],
+            "a new fitting net"
+        );
+    }
+}
+
+/// `--use-pretrain-script` (ft_mt_alloy_script: input.json's descriptor and fitting_net empty):
+/// the model is the head's own, and the start DeePMD-kit's (the same as ft_mt_alloy's).
+#[test]
+fn use_pretrain_script_takes_the_heads_model_section() {
+    let pre = reference("pre_mt/model.ckpt.pt");
+    let tmp = folder("ft_mt_alloy_script", |_| {});
+    let args = [
+        pre.to_str().unwrap(),
+        "--model-branch",
+        "alloy",
+        "--use-pretrain-script",
+    ];
+    let (ok, log) = finetune(tmp.path(), &args);
+    assert!(ok, "{log}");
+    let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
+    let theirs = dpw::model::read_deepmd_yaml(&reference("ft_mt_alloy/model.yaml")).unwrap();
+    assert_eq!(mine.spec, theirs.spec);
+    assert!(worst(&mine.params, &theirs.params) <= 1e-15);
+    assert!(worst(&mine.bias, &theirs.bias) <= 1e-8);
+    let out = json_file(&tmp.path().join("out.json"));
+    assert_eq!(out["model"]["descriptor"]["type"], "se_atten");
+    assert_eq!(out["model"]["type_map"], json!(["Al", "Ni", "Cu"]));
 }

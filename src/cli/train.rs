@@ -19,7 +19,8 @@ use super::backend::{run_job, BackendChoice, Job};
 use crate::backend::{Backend, Real};
 use crate::config::multitask::is_multitask;
 use crate::config::{
-    parse_input, parse_multitask_input, read_input, training_system_paths, Config, Precision, Sel,
+    parse_input, parse_multitask_input, parse_training_section, read_input, training_system_paths,
+    Config, Precision, Sel,
 };
 use crate::data::{find_systems, systems_type_map, Disk};
 use crate::dist::DeviceLink;
@@ -129,6 +130,8 @@ pub struct TrainArgs {
     /// `--model-branch`: the head of a multi-task .pt.
     pub finetune: Option<PathBuf>,
     pub model_branch: Option<String>,
+    /// `--use-pretrain-script`: the model section from the `--finetune` model's own input.
+    pub use_pretrain_script: bool,
     /// `-o`: where the expanded input goes (out.json).
     pub output: PathBuf,
     /// `--skip-neighbor-stat`: no scan of the data's neighbour counts (a fixed `sel` is not
@@ -157,30 +160,113 @@ fn progress_bar() -> ProgressBar {
 }
 
 /// The start of `--finetune MODEL [--model-branch B]`: DeePMD-kit's branch rules (spec §21.4)
-/// for the head; the model on input.json's `type_map`, to be re-fitted.
+/// for the head; the model on input.json's `type_map`, to be re-fitted. `RANDOM`, or no branch
+/// of a multi-task model, takes the descriptor alone, under a new fitting net.
 fn finetune_start(path: &Path, branch: Option<&str>, type_map: &[String]) -> Result<Start> {
-    let head = match branch {
-        Some("RANDOM") => anyhow::bail!(
-            "--model-branch RANDOM (the pretrained descriptor with a new fitting net) is not \
-             implemented yet; give a head, or none for a single-task model"
-        ),
-        Some("Default") | None if !crate::model::pt::is_pt(path) => None,
-        b => b,
+    let ctx = || format!("--finetune {}", path.display());
+    let heads = crate::model::head_names(path).with_context(ctx)?;
+    let new_fitting = match branch {
+        Some("RANDOM") => true,
+        None => !heads.is_empty(),
+        Some(_) => false,
     };
-    let model = crate::model::read_model_head(path, head)
-        .with_context(|| format!("--finetune {}", path.display()))?;
-    let what = match head {
-        Some(h) => format!("{} (head {h})", path.display()),
-        None => path.display().to_string(),
+    let (model, what) = if new_fitting {
+        if branch.is_none() {
+            tracing::warn!(
+                "{} is a multi-task model and no --model-branch is given: the fitting net is \
+                 re-initialized instead of taken from a head, and the energy bias set by \
+                 statistic (as DeePMD-kit does); give --model-branch HEAD (one of {}) to \
+                 fine-tune a head",
+                path.display(),
+                heads.join(", ")
+            );
+        }
+        let what = format!("{} (its descriptor, a new fitting net)", path.display());
+        (shared_descriptor(path, &heads).with_context(ctx)?, what)
+    } else {
+        let head = match branch {
+            Some("Default") | None if !crate::model::pt::is_pt(path) => None,
+            b => b,
+        };
+        let model = crate::model::read_model_head(path, head).with_context(ctx)?;
+        let what = match head {
+            Some(h) => format!("{} (head {h})", path.display()),
+            None => path.display().to_string(),
+        };
+        (model, what)
     };
     // DeePMD-kit's change_type_map: input.json's elements, a subset of the head's in any order.
     let model = (model.with_type_map(type_map))
         .with_context(|| format!("--finetune {what} to type_map {type_map:?}"))?;
-    tracing::info!("fine-tuning from {what}: its weights and statistics, the bias re-fitted");
+    tracing::info!(
+        "fine-tuning from {what}: its weights and statistics, the bias re-fitted{}",
+        if new_fitting {
+            " (set by statistic)"
+        } else {
+            ""
+        }
+    );
     Ok(Start::Finetune {
         model: Box::new(model),
         what,
+        new_fitting,
     })
+}
+
+/// `--use-pretrain-script`: the descriptor and (but with `RANDOM`) the fitting net of the
+/// pretrained head's own input, which a DeePMD-kit `.pt` keeps (`model_params`).
+fn pretrain_script(path: &Path, branch: Option<&str>) -> Result<serde_json::Value> {
+    if !crate::model::pt::is_pt(path) {
+        anyhow::bail!(
+            "--use-pretrain-script takes the model section a DeePMD-kit .pt keeps \
+             (model_params); {} is not one: give the model section in input.json",
+            path.display()
+        );
+    }
+    let ck = crate::model::pt::Checkpoint::read(path)?;
+    let heads = ck.heads();
+    let (head, new_fitting) = match branch {
+        Some("RANDOM") => (heads[0], true),
+        None if ck.is_multitask() => (heads[0], true),
+        b => (ck.head(b)?, false),
+    };
+    let params = ck.head_params(Some(head).filter(|_| ck.is_multitask()))?;
+    let mut parts = serde_json::Map::new();
+    let keys: &[&str] = match new_fitting {
+        true => &["descriptor"],
+        false => &["descriptor", "fitting_net"],
+    };
+    for k in keys {
+        let v = params.get(*k).ok_or_else(|| {
+            anyhow::anyhow!("{}: model_params of head {head} has no {k}", path.display())
+        })?;
+        parts.insert(k.to_string(), v.clone());
+    }
+    Ok(serde_json::Value::Object(parts))
+}
+
+/// The model whose descriptor `RANDOM` takes: DeePMD-kit takes the first task's of a
+/// multi-task model, which a `.pt` read here does not order; the heads of the models dpw
+/// trains share theirs, and one that does not is refused.
+fn shared_descriptor(path: &Path, heads: &[String]) -> Result<Model> {
+    let Some((first, rest)) = heads.split_first() else {
+        return crate::model::read_model(path);
+    };
+    let m = crate::model::read_model_head(path, Some(first))?;
+    let dlen = m.layout().descriptor_len();
+    for h in rest {
+        let o = crate::model::read_model_head(path, Some(h))?;
+        if o.params[..dlen] != m.params[..dlen]
+            || (o.davg, o.dstd) != (m.davg.clone(), m.dstd.clone())
+        {
+            anyhow::bail!(
+                "the heads {first} and {h} do not share one descriptor, and which is the first \
+                 task's (the one DeePMD-kit's RANDOM takes) is not known here: give \
+                 --model-branch HEAD"
+            );
+        }
+    }
+    Ok(m)
 }
 
 /// `dpw train`: outputs go to the working directory, as with `dp train`.
@@ -206,7 +292,12 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         return run_multitask(args, &value, t0);
     }
     let setup = (|| {
-        let cfg = load_training_input(&args.input)?;
+        let script = match (&args.finetune, args.use_pretrain_script) {
+            (Some(p), true) => Some(pretrain_script(p, args.model_branch.as_deref())?),
+            (None, true) => anyhow::bail!("--use-pretrain-script goes with --finetune"),
+            _ => None,
+        };
+        let cfg = load_training_input(&args.input, script)?;
         let start = match (args.restart, args.init_model, args.init_frz_model) {
             (None, None, None) if args.finetune.is_some() => {
                 let path = args.finetune.expect("given");
@@ -343,15 +434,26 @@ pub fn check_train_files(
         let cfg = parse_multitask_input(input, &value)?;
         return outputs::check_files(Path::new("."), &files, cfg.training());
     }
-    let cfg = load_training_input(input)?;
-    outputs::check_files(Path::new("."), &files, &cfg.training)
+    let training = parse_training_section(input, &value)?;
+    outputs::check_files(Path::new("."), &files, &training)
 }
 
 /// The input of `dpw train`: an input without `model.type_map` takes the element names from the
 /// training systems' type_map.raw files, as DeePMD-kit's TensorFlow backend does (its PyTorch
 /// backend needs them given).
-fn load_training_input(path: &Path) -> Result<Config> {
+///
+/// `script`: the parts of the model section `--use-pretrain-script` takes from the pretrained
+/// model, put in place of input.json's.
+fn load_training_input(path: &Path, script: Option<serde_json::Value>) -> Result<Config> {
     let mut value = read_input(path)?;
+    if let Some(serde_json::Value::Object(parts)) = script {
+        let model = (value.get_mut("model").and_then(|m| m.as_object_mut()))
+            .ok_or_else(|| anyhow::anyhow!("{}: model must be an object", path.display()))?;
+        for (k, v) in parts {
+            tracing::info!("--use-pretrain-script: model.{k} is the pretrained model's");
+            model.insert(k, v);
+        }
+    }
     let no_type_map = value.pointer("/model/type_map").is_none_or(|t| t.is_null());
     let listed = no_type_map
         .then(|| training_system_paths(path, &value))

@@ -82,6 +82,22 @@ pub fn training_system_paths(path: &Path, value: &Value) -> Option<Vec<PathBuf>>
     Some(training.training_data.system_paths)
 }
 
+/// The training section of the input read from `path` alone (what the outputs' checks need
+/// before the model section is complete: `--use-pretrain-script` fills it in).
+pub fn parse_training_section(path: &Path, value: &Value) -> Result<TrainingConfig, ConfigError> {
+    let in_file = |e| ConfigError::InFile {
+        file: path.to_path_buf(),
+        error: Box::new(e),
+    };
+    let t = value.get("training").ok_or_else(|| {
+        in_file(ConfigError::Missing {
+            path: "training".into(),
+            expected: "an object with training_data and numb_steps".into(),
+        })
+    })?;
+    training::parse(t, "training", input_dir(path)).map_err(in_file)
+}
+
 /// [`Config::from_value`] of the input read from `path`, an error naming the file.
 pub fn parse_input(path: &Path, value: &Value) -> Result<Config, ConfigError> {
     Config::from_value(value, input_dir(path)).map_err(|e| ConfigError::InFile {

@@ -45,6 +45,22 @@ pub fn read_model_to_train(path: &Path) -> Result<Model> {
     Ok(model)
 }
 
+/// The heads of a multi-task file (DeePMD-kit's `.pt` or dpw's checkpoint), empty for a file of
+/// one model.
+pub fn head_names(path: &Path) -> Result<Vec<String>> {
+    if is_container(path) {
+        let heads = container_heads(&read_container(path)?).unwrap_or_default();
+        return Ok(heads.into_iter().map(|h| h.name).collect());
+    }
+    if is_pt(path) {
+        let ck = Checkpoint::read(path)?;
+        if ck.is_multitask() {
+            return Ok(ck.heads().iter().map(|h| h.to_string()).collect());
+        }
+    }
+    Ok(Vec::new())
+}
+
 fn read_any(path: &Path, head: Option<&str>) -> Result<YamlModel> {
     if !path.exists() {
         bail!("model file {} does not exist", path.display());

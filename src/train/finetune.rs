@@ -18,6 +18,27 @@ use crate::model::Model;
 /// misses of the energy labels of `frames` of each system; the model evaluated on the cpu in
 /// float64, as DeePMD-kit evaluates it in the model's precision without gradient.
 pub fn change_by_statistic(model: &mut Model, data: &DataSet, frames: &[Vec<usize>]) -> Result<()> {
+    let (counts, y) = bias_rows(model, data, frames, true)?;
+    tracing::info!("energy bias: {}", refit_bias(model, &counts, &y, true));
+    Ok(())
+}
+
+/// The bias set to the least-squares fit of the energy labels of `frames` alone: a new fitting
+/// net's (`--model-branch RANDOM`), as DeePMD-kit's set-by-statistic.
+pub fn set_by_statistic(model: &mut Model, data: &DataSet, frames: &[Vec<usize>]) -> Result<()> {
+    let (counts, y) = bias_rows(model, data, frames, false)?;
+    tracing::info!("energy bias: {}", refit_bias(model, &counts, &y, false));
+    Ok(())
+}
+
+/// Per frame of `frames`: the atom counts per type and the energy label, less the model's
+/// prediction where `predict`.
+fn bias_rows(
+    model: &Model,
+    data: &DataSet,
+    frames: &[Vec<usize>],
+    predict: bool,
+) -> Result<(Vec<Vec<f64>>, Vec<f64>)> {
     let b = Cpu::default();
     let nt = model.spec.ntypes();
     let (mut counts, mut y) = (Vec::new(), Vec::new());
@@ -40,16 +61,20 @@ pub fn change_by_statistic(model: &mut Model, data: &DataSet, frames: &[Vec<usiz
             8
         };
         for call in frames.chunks(per_call) {
-            let batch = assemble_frames(&model.spec, &sys, call, "fine-tuning statistics")?;
-            let p = predict_batch::<f64, _>(&b, model, &batch)?;
-            for (&f, e) in call.iter().zip(&p.energy) {
+            let predicted = match predict {
+                true => {
+                    let batch = assemble_frames(&model.spec, &sys, call, "fine-tuning statistics")?;
+                    predict_batch::<f64, _>(&b, model, &batch)?.energy
+                }
+                false => vec![0.0; call.len()],
+            };
+            for (&f, e) in call.iter().zip(&predicted) {
                 counts.push(sys.type_counts(f, nt).iter().map(|&n| n as f64).collect());
                 y.push(sys.energy[f] - e);
             }
         }
     }
-    tracing::info!("energy bias: {}", refit_bias(model, &counts, &y, true));
-    Ok(())
+    Ok((counts, y))
 }
 
 /// The bias fitted (minimum-norm least squares, as numpy's lstsq) to `y` per frame on the atom

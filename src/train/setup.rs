@@ -41,10 +41,13 @@ pub enum Start {
     /// `--init-frz-model`: the same from a model already read (a frozen model file).
     InitFrozen(Box<Model>),
     /// `--finetune`: the same from a pretrained model (`what` names it), whose energy bias is
-    /// then re-fitted on the training data (change-by-statistic).
+    /// then re-fitted on the training data (change-by-statistic); with `new_fitting`
+    /// (`--model-branch RANDOM`) only its descriptor, with a new fitting net and the bias set by
+    /// statistic.
     Finetune {
         model: Box<Model>,
         what: String,
+        new_fitting: bool,
     },
 }
 
@@ -238,6 +241,13 @@ pub fn prepare_in(
         Start::Fresh => String::new(),
     };
     let finetune = matches!(start, Start::Finetune { .. });
+    let new_fitting = matches!(
+        start,
+        Start::Finetune {
+            new_fitting: true,
+            ..
+        }
+    );
     let (restart, init) = open_start(start)?;
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
@@ -249,7 +259,13 @@ pub fn prepare_in(
         }
     }
     if let Some(m) = given {
-        check_same_spec(&spec, &m.spec, &what)?;
+        let mut theirs = m.spec.clone();
+        if new_fitting {
+            // Only the descriptor is the pretrained model's.
+            theirs.fitting = spec.fitting.clone();
+            theirs.short_range = spec.short_range.clone();
+        }
+        check_same_spec(&spec, &theirs, &what)?;
     }
     let precision = cfg.model.descriptor.precision;
     if let Some(ck) = &restart {
@@ -270,12 +286,6 @@ pub fn prepare_in(
     let model = if let Some(ck) = &restart {
         tracing::info!("restarting from step {} (lr {:.3e})", ck.step, ck.lr);
         ck.model.clone()
-    } else if let Some(mut m) = init {
-        if finetune {
-            let frames = read.finetune_frames();
-            super::finetune::change_by_statistic(&mut m, &read.train, &frames)?;
-        }
-        m
     } else {
         let init_seed = cfg
             .model
@@ -283,7 +293,26 @@ pub fn prepare_in(
             .seed
             .or(cfg.model.fitting_net.seed)
             .unwrap_or(seed);
-        read.new_model(spec, init_seed, &cfg.model)?
+        match init {
+            Some(pre) if new_fitting => {
+                let mut m = read.new_model(spec, init_seed, &cfg.model)?;
+                // DeePMD-kit copies the tensors whose names hold `.descriptor.` (§21.4).
+                let dlen = m.layout().descriptor_len();
+                m.params[..dlen].copy_from_slice(&pre.params[..dlen]);
+                (m.davg, m.dstd) = (pre.davg, pre.dstd);
+                let frames = read.finetune_frames();
+                super::finetune::set_by_statistic(&mut m, &read.train, &frames)?;
+                m
+            }
+            Some(mut m) => {
+                if finetune {
+                    let frames = read.finetune_frames();
+                    super::finetune::change_by_statistic(&mut m, &read.train, &frames)?;
+                }
+                m
+            }
+            None => read.new_model(spec, init_seed, &cfg.model)?,
+        }
     };
     log_model(&model, precision);
     let schedule = LrSchedule::new(&cfg.learning_rate, cfg.training.numb_steps);
