@@ -75,13 +75,18 @@ fn link_data(tree: &Path) {
 }
 
 /// The input of `example` with a run of one step (one in a thousand epochs where it counts in
-/// epochs), each step shown and saved.
+/// epochs, and a ten-thousandth of each task's in a multi-task one), each step shown and saved.
 fn one_step(example: &str) -> Value {
     let path = repo("tests/data/deepmd-kit/examples").join(example);
     let mut input: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let training = input["training"].as_object_mut().unwrap();
     if training.contains_key("num_epoch") {
         training.insert("num_epoch".into(), json!(0.001));
+    } else if let Some(Value::Object(epochs)) = training.get_mut("num_epoch_dict") {
+        // A multi-task run of ceil(Σ epochs × batches per epoch) steps: one.
+        for e in epochs.values_mut() {
+            *e = json!(e.as_f64().unwrap() * 1e-4);
+        }
     } else {
         // Under whichever of DeePMD-kit's names the example gives it (fparam's: stop_batch).
         for alias in ["stop_batch", "numb_step", "num_step", "num_steps"] {

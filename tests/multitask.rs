@@ -269,7 +269,7 @@ fn multitask_input_errors_name_the_key() {
         (
             "/training/num_epoch_dict",
             json!({"water": 1}),
-            "by epochs is not implemented",
+            "mutually exclusive with training.numb_steps",
         ),
         (
             "/training/data_dict/alloy/training_data/batch_size",
@@ -356,4 +356,52 @@ fn a_restart_goes_on_as_the_run_would() {
         &["train", "single.json", "--restart", "model.ckpt"],
     );
     assert!(!ok && log.contains("is a multi-task checkpoint"), "{log}");
+}
+
+/// `num_epoch_dict`: numb_steps = ceil(Σ_k e_k·B_k) and model_prob the shares e_k·B_k / Σ, as
+/// DeePMD-kit's `resolve_model_prob_from_epochs` (B_k the batches of one epoch of task k: water
+/// 80 frames of batch 1, alloy two systems of 15 drawn by their sizes, ceil(max 15 / ½) = 30).
+#[test]
+fn epochs_per_task_make_the_steps_and_the_draw() {
+    let mut input = json_file(&repo("tests/reference/multitask/pre_mt/input.json"));
+    let t = input["training"].as_object_mut().unwrap();
+    t.remove("numb_steps");
+    t.remove("model_prob");
+    t.insert(
+        "num_epoch_dict".into(),
+        json!({"water": 0.05, "alloy": 0.1}),
+    );
+    t.insert("save_freq".into(), json!(100));
+    let dir = tree();
+    std::os::unix::fs::symlink(repo("examples"), dir.path().join("examples")).unwrap();
+    std::fs::write(dir.path().join("input.json"), input.to_string()).unwrap();
+    let (ok, log) = dpw_in(dir.path(), &["train", "input.json", "--backend", "cpu"]);
+    assert!(ok, "{log}");
+    // 0.05 × 80 + 0.1 × 30 = 7 steps, drawn 3 : 4 (the tasks as written back: alloy, water).
+    assert!(
+        log.contains("num_epoch_dict: numb_steps 7 (steps per task [3.0"),
+        "{log}"
+    );
+    assert!(log.contains("model_prob [0.42857142857142"), "{log}");
+    let lcurve = std::fs::read_to_string(dir.path().join("lcurve.out")).unwrap();
+    assert_eq!(
+        lcurve.lines().last().unwrap().split_whitespace().next(),
+        Some("7")
+    );
+    let out = json_file(&dir.path().join("out.json"));
+    assert_eq!(
+        out["training"]["num_epoch_dict"],
+        json!({"water": 0.05, "alloy": 0.1})
+    );
+    assert!(out["training"]
+        .get("numb_steps")
+        .is_none_or(|v| v.is_null()));
+    let c = parse(&{
+        let mut v = input.clone();
+        v["training"]["numb_steps"] = json!(5);
+        v
+    });
+    assert!(c
+        .unwrap_err()
+        .contains("mutually exclusive with training.numb_steps"));
 }

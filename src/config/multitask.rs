@@ -24,8 +24,12 @@ pub struct MultiTaskConfig {
     /// In `model_dict` order (the order of the task draw's probabilities).
     pub tasks: Vec<TaskConfig>,
     /// `training.model_prob` normalized to sum 1, in task order: by default each task's number
-    /// of training systems, as DeePMD-kit's `resolve_model_prob`.
+    /// of training systems, as DeePMD-kit's `resolve_model_prob`; made from the epochs where
+    /// those are given.
     pub model_prob: Vec<f64>,
+    /// `training.num_epoch_dict` in task order: the run's steps and model_prob come from each
+    /// task's epochs and batches per epoch (`resolve_model_prob_from_epochs`).
+    pub num_epoch: Option<Vec<f64>>,
     /// The `shared_dict` key of the descriptor all tasks share.
     pub descriptor_key: String,
     /// `model.shared_dict` as given, written back to out.json.
@@ -113,15 +117,14 @@ impl MultiTaskConfig {
             training.get("data_dict").unwrap_or(&Value::Null),
             "training.data_dict",
         )?;
-        for key in ["numb_epoch", "num_epoch_dict"] {
-            if training.contains_key(key) {
-                return Err(ConfigError::unsupported(
-                    join("training", key),
-                    "training a multi-task model by epochs is not implemented; give \
-                     training.numb_steps",
-                ));
-            }
+        if training.contains_key("numb_epoch") {
+            return Err(ConfigError::invalid(
+                "training.numb_epoch",
+                "is for a single-task input; a multi-task one gives training.numb_steps or \
+                 training.num_epoch_dict (epochs per task)",
+            ));
         }
+        let num_epoch = num_epoch_dict(training, &names)?;
         let loss_dict = match value.get("loss_dict") {
             Some(v) => object(v, "loss_dict")?.clone(),
             None => Map::new(),
@@ -130,7 +133,7 @@ impl MultiTaskConfig {
         let mut tasks = Vec::new();
         let mut descriptor_key: Option<String> = None;
         for name in &names {
-            let (task_value, refs) = task_input(
+            let (mut task_value, refs) = task_input(
                 value,
                 name,
                 &model_dict[name],
@@ -138,6 +141,12 @@ impl MultiTaskConfig {
                 &loss_dict,
                 data_dict,
             )?;
+            if let Some(e) = &num_epoch {
+                // Each task's epochs make its steps; the run's come from all of them
+                // (train::multitask).
+                let k = tasks.len();
+                task_value["training"]["numb_epoch"] = e[k].into();
+            }
             match (&descriptor_key, &refs.descriptor) {
                 (None, Some(k)) => descriptor_key = Some(k.clone()),
                 (Some(a), Some(b)) if a == b => {}
@@ -176,10 +185,15 @@ impl MultiTaskConfig {
             }
         }
         let model_prob_given = training.get("model_prob").cloned();
-        let model_prob = model_prob(model_prob_given.as_ref(), &tasks)?;
+        let model_prob = match &num_epoch {
+            // Made with the steps, once the data are read.
+            Some(e) => e.iter().map(|_| 1.0 / e.len() as f64).collect(),
+            None => model_prob(model_prob_given.as_ref(), &tasks)?,
+        };
         Ok(MultiTaskConfig {
             tasks,
             model_prob,
+            num_epoch,
             descriptor_key: descriptor_key.expect("checked for every task"),
             shared_dict: Value::Object(shared),
             model_prob_given,
@@ -231,6 +245,15 @@ impl MultiTaskConfig {
         training["data_dict"] = Value::Object(data_dict);
         if let Some(p) = &self.model_prob_given {
             training["model_prob"] = p.clone();
+        }
+        if let Some(e) = &self.num_epoch {
+            let t = training.as_object_mut().expect("an object");
+            t.remove("numb_epoch");
+            t.remove("numb_steps");
+            let dict: Map<String, Value> = (self.tasks.iter().zip(e))
+                .map(|(t, e)| (t.name.clone(), (*e).into()))
+                .collect();
+            t.insert("num_epoch_dict".into(), Value::Object(dict));
         }
         rest.insert(
             "model".into(),
@@ -347,6 +370,7 @@ fn task_input(
     let mut training = object(value.get("training").unwrap_or(&Value::Null), "training")?.clone();
     training.remove("data_dict");
     training.remove("model_prob");
+    training.remove("num_epoch_dict");
     let dpath = join("training.data_dict", name);
     let data = object(
         data_dict.get(name).ok_or_else(|| ConfigError::Missing {
@@ -444,6 +468,54 @@ fn relocate(e: ConfigError, task: &str, refs: &TaskRefs) -> ConfigError {
         },
         other => other,
     }
+}
+
+/// `training.num_epoch_dict` in the order of `names`, checked as DeePMD-kit checks it: every
+/// task, each positive and finite, and neither `numb_steps` nor `model_prob` beside it.
+fn num_epoch_dict(training: &Map<String, Value>, names: &[String]) -> Result<Option<Vec<f64>>> {
+    let path = "training.num_epoch_dict";
+    let Some(v) = training.get("num_epoch_dict").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let m = object(v, path)?;
+    for key in ["numb_steps", "model_prob"] {
+        if training.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(ConfigError::invalid(
+                path,
+                format!("is mutually exclusive with training.{key}; give one of them"),
+            ));
+        }
+    }
+    let missing: Vec<&str> = (names.iter())
+        .filter(|n| !m.contains_key(*n))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(ConfigError::invalid(
+            path,
+            format!("must give every task's epochs; missing: {missing:?}"),
+        ));
+    }
+    if let Some(k) = m.keys().find(|k| !names.contains(k)) {
+        return Err(ConfigError::invalid(
+            join(path, k),
+            "is not a task of model.model_dict",
+        ));
+    }
+    (names.iter())
+        .map(|n| {
+            let p = join(path, n);
+            let e = to_f64(&m[n], &p)?;
+            match e.is_finite() && e > 0.0 {
+                true => Ok(e),
+                false => Err(ConfigError::invalid(
+                    p,
+                    format!("must be positive; found {e}"),
+                )),
+            }
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// `training.model_prob` normalized, as DeePMD-kit's `resolve_model_prob`: every task listed,

@@ -20,6 +20,7 @@ use crate::data::{Disk, Files};
 use crate::dist;
 use crate::model::{read_model_head, Model};
 
+use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
 use super::setup::{self, fix_stat_std, Start, TrainSetup};
 use super::stats::env_davg_dstd;
@@ -93,12 +94,14 @@ pub fn prepare_in(
     };
     let n = config.tasks.len();
     let names: Vec<&str> = config.tasks.iter().map(|t| t.name.as_str()).collect();
+    let draw = match &config.num_epoch {
+        Some(_) => "with probabilities from num_epoch_dict".to_string(),
+        None => format!("with probabilities {:?}", config.model_prob),
+    };
     tracing::info!(
-        "multi-task training: {n} tasks ({}) sharing the descriptor '{}', drawn with \
-         probabilities {:?}",
+        "multi-task training: {n} tasks ({}) sharing the descriptor '{}', drawn {draw}",
         names.join(", "),
         config.descriptor_key,
-        config.model_prob
     );
     let (from, restart) = match start {
         MultiStart::Fresh => (None, None),
@@ -151,6 +154,9 @@ pub fn prepare_in(
         t.config = s.config.clone();
         tasks.push(s);
     }
+    if let Some(epochs) = config.num_epoch.clone() {
+        steps_from_epochs(&mut config, &mut tasks, &epochs);
+    }
     match (init, &restart) {
         (None, None) => share_descriptor(&mut tasks, &config, seed)?,
         (Some(p), _) => check_shared(&tasks, &config, &format!("--init-model {}", p.display()))?,
@@ -165,6 +171,36 @@ pub fn prepare_in(
         out_json: out_dir.join("out.json"),
         lock: None,
     })
+}
+
+/// The run's steps and model_prob from each task's epochs (`num_epoch_dict`), as DeePMD-kit's
+/// `resolve_model_prob_from_epochs`: task k's steps e_k × B_k (B_k its batches per epoch, on
+/// each of the data-parallel ranks), numb_steps the ceiling of their sum, model_prob their
+/// shares.
+fn steps_from_epochs(config: &mut MultiTaskConfig, tasks: &mut [TrainSetup], epochs: &[f64]) {
+    let ranks = dist::world().size();
+    let per_task: Vec<f64> = (tasks.iter().zip(epochs))
+        .map(|(s, e)| {
+            let t = &s.train;
+            let mut tc = s.config.training.clone();
+            let (_, per_epoch) =
+                (tc.steps_from_epochs(&t.nframes(), &t.batch_sizes, &t.probs, ranks))
+                    .expect("a task of num_epoch_dict has its numb_epoch");
+            e * per_epoch as f64
+        })
+        .collect();
+    let sum: f64 = per_task.iter().sum();
+    let numb_steps = sum.ceil() as usize;
+    config.model_prob = per_task.iter().map(|s| s / sum).collect();
+    tracing::info!(
+        "num_epoch_dict: numb_steps {numb_steps} (steps per task {per_task:?}), model_prob {:?}",
+        config.model_prob
+    );
+    for (t, s) in config.tasks.iter_mut().zip(tasks.iter_mut()) {
+        s.config.training.numb_steps = numb_steps;
+        s.schedule = LrSchedule::new(&s.config.learning_rate, numb_steps);
+        t.config = s.config.clone();
+    }
 }
 
 /// The heads a run starts from (`what`) share the descriptor already: the same parameters and
