@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use dpw::model::file::{model_from_container, read_container};
+use dpw::model::read_model_head;
 use serde_json::{json, Value};
 
 /// One MPI job at a time: the machine may have two cores.
@@ -452,4 +453,64 @@ fn restart_under_mpi_and_with_another_rank_count() {
     assert_eq!(l.len(), lines(&first).len());
     assert_eq!(l[..4], lines(&first)[..4]);
     assert_ne!(p16, params(d.path()));
+}
+
+/// A multi-task run (two tasks sharing the tiny descriptor) on 2 ranks × batch 1 ends where
+/// 1 rank × batch 2 does: every rank draws rank 0's task sequence and the ranks all-reduce that
+/// task's gradient, each head's parameters to 1e-12. (A display step's other-task columns are
+/// rank 0's half batch there, so lcurve.out is not compared.)
+#[test]
+fn a_multitask_run_on_two_ranks_follows_one_rank() {
+    mpi_or_skip!("a_multitask_run_on_two_ranks_follows_one_rank");
+    let input = |bs: usize| {
+        let single = tiny_input(12, bs, "none");
+        json!({
+            "model": {
+                "shared_dict": {"tm": ["O", "H"], "d": single["model"]["descriptor"]},
+                "model_dict": {
+                    "a": {"type_map": "tm", "descriptor": "d", "data_stat_nbatch": 2,
+                          "fitting_net": {"neuron": [8, 8], "seed": 2}},
+                    "b": {"type_map": "tm", "descriptor": "d", "data_stat_nbatch": 2,
+                          "fitting_net": {"neuron": [8, 8], "seed": 3}}
+                }
+            },
+            "learning_rate": single["learning_rate"],
+            "loss_dict": {"a": single["loss"], "b": single["loss"]},
+            "training": {
+                "model_prob": {"a": 1.0, "b": 2.0},
+                "data_dict": {
+                    "a": {"training_data": {"systems": [sys("data_0")], "batch_size": bs}},
+                    "b": {"training_data": {"systems": [sys("data_1"), sys("data_2")],
+                                            "batch_size": bs}}
+                },
+                "numb_steps": 12, "seed": 10, "disp_freq": 5, "save_freq": 1000
+            }
+        })
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_input(a.path(), &input(1));
+    ok(mpirun(a.path(), 2, &[]), "2 ranks × batch 1");
+    write_input(b.path(), &input(2));
+    ok(
+        Command::new(dpw_exe())
+            .args(["train", "input.json"])
+            .env("RAYON_NUM_THREADS", "1")
+            .current_dir(b.path())
+            .output()
+            .unwrap(),
+        "1 rank × batch 2",
+    );
+    for h in ["a", "b"] {
+        let head = |d: &Path| {
+            read_model_head(&d.join("model.ckpt"), Some(h))
+                .unwrap()
+                .params
+        };
+        let (pa, pb) = (head(a.path()), head(b.path()));
+        let scale = pb.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let worst = (pa.iter().zip(&pb))
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(worst <= 1e-12 * scale, "head {h}: {worst:e}");
+    }
 }

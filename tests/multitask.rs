@@ -278,8 +278,8 @@ fn multitask_input_errors_name_the_key() {
         ),
         (
             "/model/model_dict/alloy/finetune_head",
-            json!("alloy"),
-            "multi-task fine-tuning",
+            json!("RANDOM"),
+            "RANDOM is not a head",
         ),
     ];
     for (ptr, value, says) in cases {
@@ -404,4 +404,49 @@ fn epochs_per_task_make_the_steps_and_the_draw() {
     assert!(c
         .unwrap_err()
         .contains("mutually exclusive with training.numb_steps"));
+}
+
+/// A multi-task input fine-tuned (ft_mt_multitask: `dp --pt train input.json --finetune
+/// pre_mt.pt`): `water` names a head and has no finetune_head, so it resumes that head as it
+/// is; `alloy_ft` is fine-tuned from head `alloy` (finetune_head), its bias re-fitted on its
+/// data. Each head is DeePMD-kit's start, tensor for tensor (the bias to 1e-8 eV: DeePMD-kit's
+/// DPA-1 re-fits carry ~1e-10 of neighbour-list noise). --model-branch is refused, as there.
+#[test]
+fn a_multitask_finetune_starts_each_task_by_deepmd_kits_rules() {
+    let t = tree();
+    std::os::unix::fs::symlink(repo("examples"), t.path().join("examples")).unwrap();
+    std::fs::copy(
+        repo("tests/reference/multitask/ft_mt_multitask/input.json"),
+        t.path().join("input.json"),
+    )
+    .unwrap();
+    let pre = "tests/reference/multitask/pre_mt/model.ckpt.pt";
+    let (ok, log) = dpw_in(
+        t.path(),
+        &[
+            "train",
+            "input.json",
+            "--finetune",
+            pre,
+            "--model-branch",
+            "alloy",
+        ],
+    );
+    assert!(!ok && log.contains("finetune_head"), "{log}");
+    let (ok, log) = dpw_in(t.path(), &["train", "input.json", "--finetune", pre]);
+    assert!(ok, "{log}");
+    for h in ["water", "alloy_ft"] {
+        let (mine, dp) = (head(t.path(), h), deepmd_head("ft_mt_multitask", h));
+        assert_eq!(mine.spec, dp.spec, "{h}");
+        let worst = |a: &[f64], b: &[f64]| {
+            (a.iter().zip(b))
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max)
+        };
+        let p = worst(&mine.params, &dp.params);
+        let s = worst(&mine.davg, &dp.davg).max(worst(&mine.dstd, &dp.dstd));
+        let b = worst(&mine.bias, &dp.bias);
+        eprintln!("{h}: parameters {p:.1e}, statistics {s:.1e}, bias {b:.1e} eV");
+        assert!(p <= 1e-15 && s <= 1e-15 && b <= 1e-8, "{h}: {p} {s} {b}");
+    }
 }

@@ -182,7 +182,10 @@ fn finetune_start(path: &Path, branch: Option<&str>, type_map: &[String]) -> Res
             );
         }
         let what = format!("{} (its descriptor, a new fitting net)", path.display());
-        (shared_descriptor(path, &heads).with_context(ctx)?, what)
+        (
+            crate::model::read_shared_descriptor(path, &heads).with_context(ctx)?,
+            what,
+        )
     } else {
         let head = match branch {
             Some("Default") | None if !crate::model::pt::is_pt(path) => None,
@@ -243,30 +246,6 @@ fn pretrain_script(path: &Path, branch: Option<&str>) -> Result<serde_json::Valu
         parts.insert(k.to_string(), v.clone());
     }
     Ok(serde_json::Value::Object(parts))
-}
-
-/// The model whose descriptor `RANDOM` takes: DeePMD-kit takes the first task's of a
-/// multi-task model, which a `.pt` read here does not order; the heads of the models dpw
-/// trains share theirs, and one that does not is refused.
-fn shared_descriptor(path: &Path, heads: &[String]) -> Result<Model> {
-    let Some((first, rest)) = heads.split_first() else {
-        return crate::model::read_model(path);
-    };
-    let m = crate::model::read_model_head(path, Some(first))?;
-    let dlen = m.layout().descriptor_len();
-    for h in rest {
-        let o = crate::model::read_model_head(path, Some(h))?;
-        if o.params[..dlen] != m.params[..dlen]
-            || (o.davg, o.dstd) != (m.davg.clone(), m.dstd.clone())
-        {
-            anyhow::bail!(
-                "the heads {first} and {h} do not share one descriptor, and which is the first \
-                 task's (the one DeePMD-kit's RANDOM takes) is not known here: give \
-                 --model-branch HEAD"
-            );
-        }
-    }
-    Ok(m)
 }
 
 /// `dpw train`: outputs go to the working directory, as with `dp train`.
@@ -370,9 +349,16 @@ fn finish_run(r: Result<TrainReport>, input: &Path) -> Result<TrainReport> {
 /// `dpw train` of a multi-task input (`model.model_dict`): every task set up, then trained
 /// together from scratch.
 fn run_multitask(args: TrainArgs, value: &serde_json::Value, t0: Instant) -> Result<TrainReport> {
+    if args.model_branch.is_some() {
+        anyhow::bail!(
+            "{}: a multi-task input takes no --model-branch (as DeePMD-kit): give each task \
+             its head as model.model_dict.TASK.finetune_head",
+            args.input.display()
+        );
+    }
     let given = [
         ("-t/--init-frz-model", args.init_frz_model.is_some()),
-        ("--finetune", args.finetune.is_some()),
+        ("--use-pretrain-script", args.use_pretrain_script),
     ];
     if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
         anyhow::bail!(
@@ -386,6 +372,9 @@ fn run_multitask(args: TrainArgs, value: &serde_json::Value, t0: Instant) -> Res
     let setup = (|| {
         let cfg = parse_multitask_input(&args.input, value)?;
         let start = match (&args.restart, &args.init_model) {
+            _ if args.finetune.is_some() => {
+                MultiStart::Finetune(args.finetune.clone().expect("given"))
+            }
             (Some(r), _) => {
                 let ck = MultiCheckpoint::read(r)?;
                 interrupt::note_checkpoint(r);

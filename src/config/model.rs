@@ -200,7 +200,11 @@ static MODEL: Schema = Schema {
         ("modifier", "model modifiers are not implemented"),
         ("compress", "model compression is not implemented"),
         ("spin", "spin models are not implemented"),
-        ("finetune_head", "fine-tuning is not implemented"),
+        (
+            "finetune_head",
+            "a single-task input's finetune_head is not read: give the head with \
+             --model-branch",
+        ),
         (
             "type_embedding",
             "a model-level type embedding (TensorFlow's se_e2_a with type embedding) is not implemented",

@@ -45,6 +45,8 @@ pub struct TaskConfig {
     pub config: Config,
     /// `model_branch_alias`: other names the head answers to (`--model-branch`, `--head`).
     pub aliases: Vec<String>,
+    /// `finetune_head`: the head of the `--finetune` model this task is fine-tuned from.
+    pub finetune_head: Option<String>,
 }
 
 /// Whether an input is multi-task (has `model.model_dict`).
@@ -169,6 +171,7 @@ impl MultiTaskConfig {
                 name: name.clone(),
                 config,
                 aliases: refs.aliases,
+                finetune_head: refs.finetune_head,
             });
         }
         let first = &tasks[0];
@@ -225,6 +228,9 @@ impl MultiTaskConfig {
             if !t.aliases.is_empty() {
                 model["model_branch_alias"] = json!(t.aliases);
             }
+            if let Some(h) = &t.finetune_head {
+                model["finetune_head"] = json!(h);
+            }
             model_dict.insert(t.name.clone(), model);
             loss_dict.insert(t.name.clone(), v["loss"].take());
             let tr = v["training"].as_object_mut().expect("an object");
@@ -274,6 +280,7 @@ struct TaskRefs {
     descriptor: Option<String>,
     type_map: Option<String>,
     aliases: Vec<String>,
+    finetune_head: Option<String>,
 }
 
 /// Task model `model` (at `path`) with its shared parts in place: the `shared_dict` entries its
@@ -288,6 +295,7 @@ fn resolve_model(
         descriptor: None,
         type_map: None,
         aliases: Vec::new(),
+        finetune_head: None,
     };
     if let Some(a) = model.remove("model_branch_alias") {
         let apath = join(path, "model_branch_alias");
@@ -295,12 +303,19 @@ fn resolve_model(
             .and_then(|l| l.iter().map(|x| x.as_str().map(str::to_string)).collect())
             .ok_or_else(|| super::keys::wrong_type(&apath, "a list of names", &a))?;
     }
-    if model.contains_key("finetune_head") {
-        return Err(ConfigError::unsupported(
-            join(path, "finetune_head"),
-            "multi-task fine-tuning (a finetune_head per task) is not implemented; fine-tune \
-             one task at a time with a single-task input and --model-branch",
-        ));
+    if let Some(h) = model.remove("finetune_head") {
+        let hpath = join(path, "finetune_head");
+        let h = h
+            .as_str()
+            .ok_or_else(|| super::keys::wrong_type(&hpath, "a head's name", &h))?;
+        if h == "RANDOM" {
+            return Err(ConfigError::invalid(
+                hpath,
+                "RANDOM is not a head: leave finetune_head out (and name the task as no head \
+                 of the --finetune model) for a new fitting net",
+            ));
+        }
+        refs.finetune_head = Some(h.to_string());
     }
     for (key, slot) in [
         ("type_map", &mut refs.type_map),
@@ -645,6 +660,7 @@ mod tests {
             descriptor: Some("dpa1".into()),
             type_map: Some("type_map_all".into()),
             aliases: vec![],
+            finetune_head: None,
         };
         let e = |p: &str| relocate(ConfigError::invalid(p, "x"), "water", &refs).to_string();
         assert_eq!(e("model.descriptor.sel"), "model.shared_dict.dpa1.sel: x");

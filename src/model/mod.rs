@@ -21,7 +21,9 @@ pub use layout::{
     embed_net_index, pair_types, AttnLayerLayout, AttnLayout, DescriptorLayout, FittingLayout,
     Layer, Net, ParamLayout, Skip, TebdLayout, TensorInfo,
 };
-pub use source::{head_names, read_model, read_model_head, read_model_to_train};
+pub use source::{
+    head_names, read_model, read_model_head, read_model_to_train, read_shared_descriptor,
+};
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml, YamlModel};
 
 use serde::{Deserialize, Serialize};

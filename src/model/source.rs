@@ -61,6 +61,30 @@ pub fn head_names(path: &Path) -> Result<Vec<String>> {
     Ok(Vec::new())
 }
 
+/// The model whose descriptor `RANDOM` takes: DeePMD-kit takes the first task's of a
+/// multi-task model, which a `.pt` read here does not order; the heads of the models dpw
+/// trains share theirs, and one that does not is refused.
+pub fn read_shared_descriptor(path: &Path, heads: &[String]) -> Result<Model> {
+    let Some((first, rest)) = heads.split_first() else {
+        return read_model(path);
+    };
+    let m = read_model_head(path, Some(first))?;
+    let dlen = m.layout().descriptor_len();
+    for h in rest {
+        let o = read_model_head(path, Some(h))?;
+        if o.params[..dlen] != m.params[..dlen]
+            || (o.davg, o.dstd) != (m.davg.clone(), m.dstd.clone())
+        {
+            bail!(
+                "the heads {first} and {h} do not share one descriptor, and which is the first \
+                 task's (the one DeePMD-kit's RANDOM takes) is not known here: give \
+                 --model-branch HEAD"
+            );
+        }
+    }
+    Ok(m)
+}
+
 fn read_any(path: &Path, head: Option<&str>) -> Result<YamlModel> {
     if !path.exists() {
         bail!("model file {} does not exist", path.display());

@@ -16,9 +16,10 @@ use indicatif::ProgressBar;
 use web_time::Instant;
 
 use crate::config::multitask::MultiTaskConfig;
+use crate::config::multitask::TaskConfig;
 use crate::data::{Disk, Files};
 use crate::dist;
-use crate::model::{read_model_head, Model};
+use crate::model::{head_names, read_model_head, read_shared_descriptor, Model};
 
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
@@ -53,6 +54,9 @@ pub enum MultiStart {
     InitModel(PathBuf),
     /// `--restart`: continue a multi-task run's checkpoint.
     Restart(MultiCheckpoint),
+    /// `--finetune`: each task from a pretrained model as DeePMD-kit's rules give it
+    /// ([`finetune_start`]).
+    Finetune(PathBuf),
 }
 
 /// [`prepare_in`] on disk, holding the output folders for the run (rank 0).
@@ -103,9 +107,13 @@ pub fn prepare_in(
         names.join(", "),
         config.descriptor_key,
     );
-    let (from, restart) = match start {
-        MultiStart::Fresh => (None, None),
-        MultiStart::InitModel(p) => (Some(p), None),
+    let (from, restart, pretrained) = match start {
+        MultiStart::Fresh => (None, None, None),
+        MultiStart::InitModel(p) => (Some(p), None, None),
+        MultiStart::Finetune(p) => {
+            let heads = read_heads(&p)?;
+            (None, None, Some((p, heads)))
+        }
         MultiStart::Restart(ck) => {
             let heads: Vec<&str> = ck.heads.iter().map(|h| h.name.as_str()).collect();
             if heads != names {
@@ -116,7 +124,7 @@ pub fn prepare_in(
                     names.join(", ")
                 );
             }
-            (None, Some(ck))
+            (None, Some(ck), None)
         }
     };
     let init = from.as_deref();
@@ -144,9 +152,11 @@ pub fn prepare_in(
                 );
                 Start::InitFrozen(Box::new(m))
             }
-            None => match restart.as_ref() {
-                Some(ck) => Start::Restart(Box::new(ck.heads[k].ck.clone())),
-                None => Start::Fresh,
+            None => match (restart.as_ref(), &pretrained) {
+                (Some(ck), _) => Start::Restart(Box::new(ck.heads[k].ck.clone())),
+                (None, Some((p, heads))) => finetune_start(p, t, heads)
+                    .with_context(|| format!("--finetune {}: task '{}'", p.display(), t.name))?,
+                (None, None) => Start::Fresh,
             },
         };
         let s = setup::prepare_in(fs, t.config.clone(), start, neighbor_stat, out_dir, t0)
@@ -157,10 +167,13 @@ pub fn prepare_in(
     if let Some(epochs) = config.num_epoch.clone() {
         steps_from_epochs(&mut config, &mut tasks, &epochs);
     }
-    match (init, &restart) {
-        (None, None) => share_descriptor(&mut tasks, &config, seed)?,
-        (Some(p), _) => check_shared(&tasks, &config, &format!("--init-model {}", p.display()))?,
-        (None, Some(_)) => check_shared(&tasks, &config, "the --restart checkpoint")?,
+    match (init, &restart, &pretrained) {
+        (None, None, None) => share_descriptor(&mut tasks, &config, seed)?,
+        (Some(p), _, _) => check_shared(&tasks, &config, &format!("--init-model {}", p.display()))?,
+        (None, Some(_), _) => check_shared(&tasks, &config, "the --restart checkpoint")?,
+        (None, None, Some((p, _))) => {
+            check_shared(&tasks, &config, &format!("--finetune {}", p.display()))?
+        }
     }
     Ok(MultiTaskSetup {
         config,
@@ -170,6 +183,53 @@ pub fn prepare_in(
         progress: None,
         out_json: out_dir.join("out.json"),
         lock: None,
+    })
+}
+
+/// The heads of a `--finetune` model (empty for a model of one).
+fn read_heads(path: &Path) -> Result<Vec<String>> {
+    head_names(path).with_context(|| format!("--finetune {}", path.display()))
+}
+
+/// Task `t`'s start from the pretrained model at `path` (with `heads`), by DeePMD-kit's rules
+/// (docs/deepmd-spec.md §21.4): its `finetune_head` H → head H, its bias re-fitted by
+/// change-by-statistic; no finetune_head and a head of its name → that head, resumed as it is;
+/// otherwise the pretrained descriptor under a new fitting net, the bias set by statistic. The
+/// model on the task's type_map in each case.
+fn finetune_start(path: &Path, t: &TaskConfig, heads: &[String]) -> Result<Start> {
+    let type_map = &t.config.model.type_map;
+    let resumed = t.finetune_head.is_none() && heads.contains(&t.name);
+    let (model, what, new_fitting) = match (&t.finetune_head, resumed) {
+        (Some(h), _) => (
+            read_model_head(path, Some(h))?,
+            format!("head {h} of {}", path.display()),
+            false,
+        ),
+        (None, true) => (
+            read_model_head(path, Some(&t.name))?,
+            format!("head {} of {}", t.name, path.display()),
+            false,
+        ),
+        (None, false) => (
+            read_shared_descriptor(path, heads)?,
+            format!("{} (its descriptor, a new fitting net)", path.display()),
+            true,
+        ),
+    };
+    let model = Box::new(model.with_type_map(type_map)?);
+    Ok(match resumed {
+        true => {
+            tracing::info!("task '{}' resumes {what} as it is", t.name);
+            Start::InitFrozen(model)
+        }
+        false => {
+            tracing::info!("task '{}' is fine-tuned from {what}", t.name);
+            Start::Finetune {
+                model,
+                what,
+                new_fitting,
+            }
+        }
     })
 }
 
