@@ -101,6 +101,16 @@ fn mpirun(dir: &Path, np: usize, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `dpw train input.json` in `dir`, one process.
+fn one_rank(dir: &Path) -> Output {
+    Command::new(dpw_exe())
+        .args(["train", "input.json"])
+        .env("RAYON_NUM_THREADS", "1")
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
 fn ok(out: Output, what: &str) -> Output {
     assert!(
         out.status.success(),
@@ -134,15 +144,7 @@ fn two_ranks_follow_one_rank_with_the_global_batch() {
     write_input(a.path(), &tiny_input(20, 1, "none"));
     let out = ok(mpirun(a.path(), 2, &[]), "2 ranks × batch 1");
     write_input(b.path(), &tiny_input(20, 2, "none"));
-    ok(
-        Command::new(dpw_exe())
-            .args(["train", "input.json"])
-            .env("RAYON_NUM_THREADS", "1")
-            .current_dir(b.path())
-            .output()
-            .unwrap(),
-        "1 rank × batch 2",
-    );
+    ok(one_rank(b.path()), "1 rank × batch 2");
     assert_eq!(lcurve(a.path()), lcurve(b.path()));
     let (pa, pb) = (params(a.path()), params(b.path()));
     assert_eq!(pa.len(), pb.len());
@@ -491,15 +493,7 @@ fn a_multitask_run_on_two_ranks_follows_one_rank() {
     write_input(a.path(), &input(1));
     ok(mpirun(a.path(), 2, &[]), "2 ranks × batch 1");
     write_input(b.path(), &input(2));
-    ok(
-        Command::new(dpw_exe())
-            .args(["train", "input.json"])
-            .env("RAYON_NUM_THREADS", "1")
-            .current_dir(b.path())
-            .output()
-            .unwrap(),
-        "1 rank × batch 2",
-    );
+    ok(one_rank(b.path()), "1 rank × batch 2");
     for h in ["a", "b"] {
         let head = |d: &Path| {
             read_model_head(&d.join("model.ckpt"), Some(h))

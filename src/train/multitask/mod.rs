@@ -55,7 +55,7 @@ pub enum MultiStart {
     /// `--restart`: continue a multi-task run's checkpoint.
     Restart(MultiCheckpoint),
     /// `--finetune`: each task from a pretrained model as DeePMD-kit's rules give it
-    /// ([`finetune_start`]).
+    /// (`finetune_start`).
     Finetune(PathBuf),
 }
 
