@@ -201,6 +201,21 @@ fn freeze_takes_a_head_by_name_or_alias() {
     );
     assert_eq!(out["loss_dict"]["alloy"]["start_pref_v"], 0.5);
     assert!(out["training"]["data_dict"]["alloy"]["validation_data"].is_object());
+    // DeePMD-kit's strict check of a multi-task input takes it (the data keys, stat_file_mode
+    // included, in data_dict, not in training).
+    assert!(out["training"].get("stat_file_mode").is_none());
+    common::deepmd_agrees(
+        "freeze_takes_a_head_by_name_or_alias",
+        "import json, sys\n\
+         from deepmd.utils.argcheck import normalize\n\
+         from deepmd.utils.compat import update_deepmd_input\n\
+         d = update_deepmd_input(json.load(open(sys.argv[2] + '/out.json')), warning=False)\n\
+         normalize(d, multi_task=True)\n\
+         print('out.json 0')\n",
+        &repo(""),
+        t.path(),
+        &["out.json"],
+    );
 }
 
 /// `input` read as a multi-task input whose tasks come in pre_mt's order (water, alloy).

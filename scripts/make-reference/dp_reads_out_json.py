@@ -89,7 +89,7 @@ def main():
             ours = dpw_parameters(p.stderr)
             out = json.loads((run / "out.json").read_text())
             try:
-                normalize(out)
+                normalize(out, multi_task="model_dict" in out["model"])
             except Exception as e:  # noqa: BLE001 - the message is the result
                 print(f"{example}: DeePMD-kit's normalize refuses dpw's out.json: {e}")
                 failed += 1

@@ -272,7 +272,12 @@ impl MultiTaskConfig {
 }
 
 /// The keys of a `data_dict` entry: they go to the task's training section.
-const DATA_KEYS: &[&str] = &["training_data", "validation_data", "stat_file"];
+const DATA_KEYS: &[&str] = &[
+    "training_data",
+    "validation_data",
+    "stat_file",
+    "stat_file_mode",
+];
 
 /// Where a task's input took its parts from, for error paths.
 struct TaskRefs {
