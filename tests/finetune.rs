@@ -154,28 +154,8 @@ fn type_map_change_is_deepmd_kits() {
         let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
         let theirs =
             dpw::model::read_deepmd_yaml(&reference(&format!("{case}/model.yaml"))).unwrap();
-        assert_eq!(mine.spec, theirs.spec, "{case}");
-        let worst = |a: &[f64], b: &[f64]| {
-            assert_eq!(a.len(), b.len());
-            a.iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f64::max)
-        };
-        let p = worst(&mine.params, &theirs.params);
-        let s = worst(&mine.davg, &theirs.davg).max(worst(&mine.dstd, &theirs.dstd));
-        let b = worst(&mine.bias, &theirs.bias);
-        eprintln!("{case}: parameters {p:.1e}, statistics {s:.1e}, bias {b:.1e} eV");
-        assert!(p <= 1e-15 && s <= 1e-15 && b <= 1e-8, "{case}: {p} {s} {b}");
+        assert_deepmd_start(&mine, &theirs, case);
     }
-}
-
-/// The largest difference of two equally long vectors.
-fn worst(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    (a.iter().zip(b))
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
 }
 
 /// `--model-branch RANDOM` (ft_mt_random, O H Cu Ni Al → Cu Ni Al) and, the same to DeePMD-kit,
@@ -197,8 +177,8 @@ fn random_branch_takes_the_descriptor_alone() {
         let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
         assert_eq!(mine.spec, theirs.spec);
         let dlen = mine.layout().descriptor_len();
-        let p = worst(&mine.params[..dlen], &theirs.params[..dlen]);
-        let s = worst(&mine.davg, &theirs.davg).max(worst(&mine.dstd, &theirs.dstd));
+        let p = max_abs_diff(&mine.params[..dlen], &theirs.params[..dlen]);
+        let s = max_abs_diff(&mine.davg, &theirs.davg).max(max_abs_diff(&mine.dstd, &theirs.dstd));
         let mut b = 0.0f64;
         for (t, name) in mine.spec.type_map.iter().enumerate() {
             let want = meta["heads"]["Default"]["out_bias_after"][name]
@@ -235,9 +215,7 @@ fn use_pretrain_script_takes_the_heads_model_section() {
     assert!(ok, "{log}");
     let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
     let theirs = dpw::model::read_deepmd_yaml(&reference("ft_mt_alloy/model.yaml")).unwrap();
-    assert_eq!(mine.spec, theirs.spec);
-    assert!(worst(&mine.params, &theirs.params) <= 1e-15);
-    assert!(worst(&mine.bias, &theirs.bias) <= 1e-8);
+    assert_deepmd_start(&mine, &theirs, "ft_mt_alloy_script");
     let out = json_file(&tmp.path().join("out.json"));
     assert_eq!(out["model"]["descriptor"]["type"], "se_atten");
     assert_eq!(out["model"]["type_map"], json!(["Al", "Ni", "Cu"]));

@@ -452,16 +452,6 @@ fn a_multitask_finetune_starts_each_task_by_deepmd_kits_rules() {
     assert!(ok, "{log}");
     for h in ["water", "alloy_ft"] {
         let (mine, dp) = (head(t.path(), h), deepmd_head("ft_mt_multitask", h));
-        assert_eq!(mine.spec, dp.spec, "{h}");
-        let worst = |a: &[f64], b: &[f64]| {
-            (a.iter().zip(b))
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f64::max)
-        };
-        let p = worst(&mine.params, &dp.params);
-        let s = worst(&mine.davg, &dp.davg).max(worst(&mine.dstd, &dp.dstd));
-        let b = worst(&mine.bias, &dp.bias);
-        eprintln!("{h}: parameters {p:.1e}, statistics {s:.1e}, bias {b:.1e} eV");
-        assert!(p <= 1e-15 && s <= 1e-15 && b <= 1e-8, "{h}: {p} {s} {b}");
+        common::assert_deepmd_start(&mine, &dp, h);
     }
 }

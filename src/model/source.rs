@@ -68,10 +68,31 @@ pub fn read_shared_descriptor(path: &Path, heads: &[String]) -> Result<Model> {
     let Some((first, rest)) = heads.split_first() else {
         return read_model(path);
     };
-    let m = read_model_head(path, Some(first))?;
+    // The file read once, every head taken from it.
+    enum Opened {
+        Dpw(super::file::Container, Vec<super::file::HeadEntry>),
+        Pt(Box<Checkpoint>),
+    }
+    let opened = match is_container(path) {
+        true => {
+            let c = read_container(path)?;
+            let entries = container_heads(&c).unwrap_or_default();
+            Opened::Dpw(c, entries)
+        }
+        false => Opened::Pt(Box::new(Checkpoint::read(path)?)),
+    };
+    let head = |h: &str| -> Result<Model> {
+        match &opened {
+            Opened::Dpw(c, entries) => {
+                model_from_container(&head_container(c, pick_head(entries, Some(h), path)?))
+            }
+            Opened::Pt(ck) => Ok(ck.model(Some(h))?.model),
+        }
+    };
+    let m = head(first)?;
     let dlen = m.layout().descriptor_len();
     for h in rest {
-        let o = read_model_head(path, Some(h))?;
+        let o = head(h)?;
         if o.params[..dlen] != m.params[..dlen]
             || (o.davg, o.dstd) != (m.davg.clone(), m.dstd.clone())
         {

@@ -8,7 +8,9 @@ use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
 use web_time::Instant;
 
-use crate::config::{Config, DescriptorConfig, LossConfig, ModelConfig, Precision, Sel};
+use crate::config::{
+    Config, DescriptorConfig, LossConfig, ModelConfig, Precision, Sel, TrainingConfig,
+};
 use crate::data::{Disk, Files};
 use crate::dist;
 use crate::fitting::traits::OutputStat;
@@ -195,15 +197,18 @@ pub fn prepare(
     out_dir: &Path,
     t0: Instant,
 ) -> Result<TrainSetup> {
-    // Only rank 0 writes the outputs.
-    let lock = if dist::world().is_root() {
-        Some(outputs::claim(out_dir, &cfg.training)?)
-    } else {
-        None
-    };
+    let lock = claim_outputs(out_dir, &cfg.training)?;
     let mut setup = prepare_in(&Disk, cfg, start, neighbor_stat, out_dir, t0)?;
     setup.lock = lock;
     Ok(setup)
+}
+
+/// The output folders held for the run, by rank 0 alone (which alone writes the outputs).
+pub(super) fn claim_outputs(out_dir: &Path, tc: &TrainingConfig) -> Result<Option<RunLock>> {
+    match dist::world().is_root() {
+        true => Ok(Some(outputs::claim(out_dir, tc)?)),
+        false => Ok(None),
+    }
 }
 
 /// [`prepare`] for a parsed input whose data are read from `fs`.

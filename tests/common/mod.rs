@@ -322,6 +322,18 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// A start DeePMD-kit made (a fine-tuned or resumed head) against dpw's: the same spec, every
+/// parameter and statistic to 1e-15, the bias to 1e-8 eV (DeePMD-kit's DPA-1 re-fits carry
+/// ~1e-10 of neighbour-list noise).
+pub fn assert_deepmd_start(mine: &Model, theirs: &Model, what: &str) {
+    assert_eq!(mine.spec, theirs.spec, "{what}");
+    let p = max_abs_diff(&mine.params, &theirs.params);
+    let s = max_abs_diff(&mine.davg, &theirs.davg).max(max_abs_diff(&mine.dstd, &theirs.dstd));
+    let b = max_abs_diff(&mine.bias, &theirs.bias);
+    eprintln!("{what}: parameters {p:.1e}, statistics {s:.1e}, bias {b:.1e} eV");
+    assert!(p <= 1e-15 && s <= 1e-15 && b <= 1e-8, "{what}: {p} {s} {b}");
+}
+
 /// A JSON array of strings (a type map in a reference file).
 pub fn json_strings(v: &serde_json::Value) -> Vec<String> {
     let items = v.as_array().expect("a JSON array");

@@ -22,7 +22,7 @@ use crate::dist;
 use crate::model::{head_names, read_model_head, read_shared_descriptor, Model};
 
 use super::lr::LrSchedule;
-use super::outputs::{self, RunLock};
+use super::outputs::RunLock;
 use super::setup::{self, fix_stat_std, Start, TrainSetup};
 use super::stats::env_davg_dstd;
 
@@ -67,11 +67,7 @@ pub fn prepare(
     out_dir: &Path,
     t0: Instant,
 ) -> Result<MultiTaskSetup> {
-    let lock = if dist::world().is_root() {
-        Some(outputs::claim(out_dir, config.training())?)
-    } else {
-        None
-    };
+    let lock = setup::claim_outputs(out_dir, config.training())?;
     let mut setup = prepare_in(&Disk, config, start, neighbor_stat, out_dir, t0)?;
     setup.lock = lock;
     Ok(setup)
