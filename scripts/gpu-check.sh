@@ -20,8 +20,11 @@
 #       step has a time limit and the whole run stays under GPU_CHECK_BUDGET seconds (default
 #       540). Without a GPU it says so, writes the report and exits 1 within seconds
 #       (GPU_CHECK_FORCE=1 goes on: a dry run). GPU_CHECK_ONLY=REGEX runs only the steps whose
-#       names match (the others are reported as skipped). GPU_CHECK_TEST_FILTER=NAME passes NAME
-#       to the test executables as libtest's filter (CI's dry run: one quick test of a step).
+#       names match (the others are reported as skipped), GPU_CHECK_SKIP=REGEX skips those that
+#       match (steps measured on earlier draws, to leave time for new ones).
+#       GPU_CHECK_TEST_FILTER=NAME passes NAME to the test executables as libtest's filter (CI's
+#       dry run: one quick test of a step). Last, the other models (DPA-1, DPA-3, DPA-2) and
+#       DeePMD-kit's compiled PyTorch (`--pt-expt`), as the budget allows (model_checks).
 #   scripts/gpu-check.sh more    (the follow-up, when the first call leaves time) the per-op
 #       profile (`dpw bench --profile`), ncu's per-kernel times, wgpu's per-kernel GPU times
 #       (DPW_WGPU_PROFILE), and the benches `run` leaves out (batch 4, frames not resident, wgpu at
@@ -277,6 +280,10 @@ run_checks() {
       skip "$name" "not in GPU_CHECK_ONLY"
       return 0
     fi
+    if [ -n "${GPU_CHECK_SKIP:-}" ] && [[ $name =~ $GPU_CHECK_SKIP ]]; then
+      skip "$name" "in GPU_CHECK_SKIP"
+      return 0
+    fi
     local left=$((budget - ($(now) - t0) - 15))
     [ "$limit" -gt "$left" ] && limit=$left
     if [ "$limit" -lt 5 ]; then
@@ -514,6 +521,7 @@ EOF
   fi
 
   mpi_checks "$K" "$dpw" "$water"
+  model_checks "$dpw" "$water"
 }
 
 # The follow-up call (`more`, only when the first left >= 4 minutes of device time): where the
@@ -582,6 +590,7 @@ for d in sys.argv[2:]:
   # --prefix, not --target: --target drops a wheel's data files, and DeePMD-kit finds the
   # libmpi.so.12 its op library links through mpich's file list.
   local prefix=$W/py site
+  DP_PREFIX=$prefix DP_SITE=
   step deepmd_pt_install 60 python3 -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --prefix "$prefix" "$W"/whl/*.whl
   # mendeleev (with a dozen packages of its own) serves DeePMD-kit's electronic-configuration
@@ -608,15 +617,18 @@ def element(symbol):
 EOF
   site=$(python3 -c 'import sys, sysconfig
 print(sysconfig.get_path("purelib", vars={"base": sys.argv[1], "platbase": sys.argv[1]}))' "$prefix")
+  grep -q $'^deepmd_pt_install\tpass' "$RESULTS" && DP_SITE=$site
   cat >"$W/dp_time.py" <<'EOF'
 import json, re, sys
 log, out, prec, steps_per = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 walls = [float(m) for m in re.findall(r"Batch +\d+: total wall time = ([0-9.]+) s", open(log).read())]
 if len(walls) < 2:
     sys.exit(f"{log}: fewer than two 'total wall time' lines")
-s = sum(walls[1:]) / (steps_per * len(walls[1:]))
+# The median interval: a compiled run (pt-expt) compiles again when a batch's shape is new,
+# which a mean would spread over the steps.
+s = sorted(walls[1:])[(len(walls) - 2) // 2] / steps_per
 json.dump(dict(precision=prec, median_s_per_step=s, intervals=walls), open(out, "w"))
-print(f"DeePMD-kit 3.2.0 --pt {prec}: {s:.6f} s/step over {len(walls) - 1} intervals of {steps_per}")
+print(f"DeePMD-kit 3.2.0 {prec}: {s:.6f} s/step, the median of {len(walls) - 1} intervals of {steps_per}")
 EOF
   local b
   for p in f64 f32; do
@@ -624,22 +636,80 @@ EOF
       local d=$W/dp-$p-b$b
       mkdir -p "$d"
       write_input "$water" "$d/input.json" 500 100 "$b"
-      [ "$p" = f32 ] && python3 - "$d/input.json" <<'EOF'
+      [ "$p" = f32 ] && precision_f32 "$d/input.json"
+      dp_train "deepmd_pt_${p}_b$b" 120 "$d" pt "bench_deepmdpt_${p}_b$b" "$p" 100
+    done
+  done
+}
+
+# One DeePMD-kit training in a folder holding its input.json, timed into $LOGS/BENCH.json:
+# backend pt (eager) or pt-expt (compiled: training.enable_compile set here; its first display
+# interval holds the compilation, which dp_time.py leaves out).
+dp_train() { # step limit_s dir pt|pt-expt bench_name f64|f32 disp
+  local name=$1 limit=$2 d=$3 backend=$4 bench=$5 p=$6 disp=$7
+  if [ -z "${DP_SITE:-}" ]; then
+    skip "$name" "DeePMD-kit is not installed (deepmd_pt_install)"
+    return 0
+  fi
+  [ "$backend" = pt-expt ] && python3 - "$d/input.json" <<'EOF'
+import json, sys
+v = json.load(open(sys.argv[1]))
+v["training"]["enable_compile"] = True
+json.dump(v, open(sys.argv[1], "w"), indent=1)
+EOF
+  # mpich's libmpi finds its own libfabric through RUNPATH, which LD_LIBRARY_PATH (holding
+  # the system's older one beside libnccl) would override.
+  step "$name" "$limit" bash -c "cd '$d' && \
+    LD_LIBRARY_PATH='$DP_PREFIX/lib/mpich${LDP_WITHOUT_KIT_MPI:+:$LDP_WITHOUT_KIT_MPI}' PYTHONPATH='$DP_SITE:$W/stub' \
+    python3 -m deepmd --$backend train input.json >dp.log 2>&1; rc=\$?; tail -40 dp.log
+    [ \$rc = 0 ] || exit \$rc
+    python3 '$W/dp_time.py' dp.log '$LOGS/$bench.json' '$p' $disp"
+}
+
+# The models beyond water's se_e2_a, and DeePMD-kit's compiled PyTorch (`--pt-expt`), after the
+# checks above so that a slow compilation cannot starve them: for DPA-1 (the alloy's
+# se_atten_v2), DPA-3 and DPA-2 (water), a few float64 steps on cuda give the same binary's cpu
+# lcurve.out, then `dpw bench` on cuda beside DeePMD-kit --pt and --pt-expt, float64, batch 1.
+model_checks() { # dpw water
+  local dpw=$1 water=$2
+  ptexpt_water "$water" f64
+  local m input steps
+  for m in dpa1:$ROOT/examples/alloy/input_se_atten_v2.json:4 dpa3:$water/input_dpa3.json:3 \
+    dpa2:$water/input_dpa2.json:2; do
+    IFS=: read -r m input steps <<<"$m"
+    local dir=$W/model-$m
+    example_input "$input" "$steps" 1 "$dir/cpu" "$dir/cuda"
+    [ "$m" = dpa1 ] || step "cuda_${m}_train" 120 bash -c "
+      cd '$dir/cpu' && '$dpw' train input.json --backend cpu || exit 1
+      cd '$dir/cuda' && '$dpw' train input.json --backend cuda || exit 1
+      python3 '$W/compare.py' '$dir/cpu/lcurve.out' '$dir/cuda/lcurve.out'"
+    example_input "$input" 300 50 "$dir/bench" "$dir/pt" "$dir/ptexpt"
+    step "bench_cuda+${m}_f64_b1" 60 "$dpw" bench "$dir/bench/input.json" --backend cuda \
+      --steps 20 --warmup 3 --json "$LOGS/bench_cuda+${m}_f64_b1.json"
+    dp_train "deepmd_pt_${m}_f64_b1" 120 "$dir/pt" pt "bench_deepmdpt+${m}_f64_b1" f64 50
+    dp_train "deepmd_ptexpt_${m}_f64_b1" 180 "$dir/ptexpt" pt-expt "bench_deepmdptexpt+${m}_f64_b1" f64 50
+  done
+  ptexpt_water "$water" f32
+}
+
+# DeePMD-kit's compiled PyTorch on the water input at batch 1.
+ptexpt_water() { # water f64|f32
+  local d=$W/dpx-$2-b1
+  mkdir -p "$d"
+  write_input "$1" "$d/input.json" 300 50 1
+  [ "$2" = f32 ] && precision_f32 "$d/input.json"
+  dp_train "deepmd_ptexpt_$2_b1" 180 "$d" pt-expt "bench_deepmdptexpt_$2_b1" "$2" 50
+}
+
+# An input made float32 (descriptor and fitting net).
+precision_f32() { # input.json
+  python3 - "$1" <<'EOF'
 import json, sys
 v = json.load(open(sys.argv[1]))
 for k in ("descriptor", "fitting_net"):
     v["model"][k]["precision"] = "float32"
 json.dump(v, open(sys.argv[1], "w"), indent=1)
 EOF
-      # mpich's libmpi finds its own libfabric through RUNPATH, which LD_LIBRARY_PATH (holding
-      # the system's older one beside libnccl) would override.
-      step "deepmd_pt_${p}_b$b" 120 bash -c "cd '$d' && \
-        LD_LIBRARY_PATH='$prefix/lib/mpich${LDP_WITHOUT_KIT_MPI:+:$LDP_WITHOUT_KIT_MPI}' PYTHONPATH='$site:$W/stub' \
-        python3 -m deepmd --pt train input.json >dp.log 2>&1; rc=\$?; tail -40 dp.log
-        [ \$rc = 0 ] || exit \$rc
-        python3 '$W/dp_time.py' dp.log '$LOGS/bench_deepmdpt_${p}_b$b.json' '$p' 100"
-    done
-  done
 }
 
 # The Vulkan loader from the kit if the image lacks one, and NVIDIA's ICD where the image keeps it
@@ -796,11 +866,18 @@ if bench:
         for nb in (1, 4, 16):
             cuda = t.get(("cuda", prec, nb))
             for other, what in (("deepmdpt", "DeePMD-kit PT s/step / dpw cuda s/step"),
+                                ("deepmdptexpt", "DeePMD-kit PT compiled (pt-expt) s/step / dpw cuda s/step"),
                                 ("wgpu", "dpw wgpu s/step / dpw cuda s/step"),
                                 ("wgpu-each", "dpw wgpu (a pass per dispatch) s/step / dpw cuda s/step"),
                                 ("wgpu-flat", "dpw wgpu (flat dense kernels) s/step / dpw cuda s/step")):
                 if cuda and t.get((other, prec, nb)):
                     ratios.append(f"| {what} | {prec} | {nb} | {t[(other, prec, nb)] / cuda:.2f} |")
+    # The other models (backend "X+MODEL"): DeePMD-kit over dpw cuda on the same model.
+    for (backend, prec, nb), v in sorted(t.items()):
+        if "+" in backend and not backend.startswith("cuda+"):
+            cuda = t.get(("cuda+" + backend.split("+", 1)[1], prec, nb))
+            if cuda:
+                ratios.append(f"| {backend} s/step / dpw cuda s/step | {prec} | {nb} | {v / cuda:.2f} |")
     if ratios:
         md += ["| ratio | precision | batch | value |", "|---|---|---|---|"] + ratios + [""]
 open(f"{out}/report.md", "w").write("\n".join(md))
