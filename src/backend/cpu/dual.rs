@@ -48,6 +48,9 @@ pub trait Num<R: Real>:
     /// f(self) for a real function given as `f(v) = (f(v), f'(v))` at the value: the chain
     /// rule for the tangent (DPA-3's activations and switches).
     fn apply(self, f: impl Fn(R) -> (R, R)) -> Self;
+    /// f(self) and f'(self) for f given as `f(v) = (f(v), f'(v), f''(v))`: a function and its
+    /// slope from one evaluation, for a backward that needs both.
+    fn apply2(self, f: impl Fn(R) -> (R, R, R)) -> (Self, Self);
     /// C (+)= A·B through gemm.rs's kernel: a real product, or a dual one as real ones
     /// ((A + εA')(B + εB') = AB + ε(A'B + AB')). `work` is scratch for a dual's parts.
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>);
@@ -80,6 +83,10 @@ impl<R: Real> Num<R> for R {
     }
     fn apply(self, f: impl Fn(R) -> (R, R)) -> Self {
         f(self).0
+    }
+    fn apply2(self, f: impl Fn(R) -> (R, R, R)) -> (Self, Self) {
+        let (y, dy, _) = f(self);
+        (y, dy)
     }
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], _: &mut Vec<R>) {
         Self::gemm_r(p, a, b, c, &mut Vec::new());
@@ -181,6 +188,10 @@ impl<R: Real> Num<R> for Dual<R> {
     fn apply(self, f: impl Fn(R) -> (R, R)) -> Self {
         let (y, dy) = f(self.v);
         Dual::new(y, dy * self.d)
+    }
+    fn apply2(self, f: impl Fn(R) -> (R, R, R)) -> (Self, Self) {
+        let (y, dy, d2y) = f(self.v);
+        (Dual::new(y, dy * self.d), Dual::new(dy, d2y * self.d))
     }
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>) {
         // The kernel reads B's rows in place, so B's parts are copied out; A's are read

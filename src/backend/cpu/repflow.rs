@@ -10,6 +10,7 @@
 use rayon::prelude::*;
 
 use super::dual::{Dual, Num};
+use super::gemm::{Mat, Prod};
 use crate::backend::{Dims, Real};
 use crate::model::dpa3::{Activation, Dpa3Layout, RepflowLayerLayout, UpdateStyle};
 use crate::model::{DescriptorSpec, Layer};
@@ -182,9 +183,34 @@ fn act_slope<T: Real, N: Num<T>>(a: Activation, x: N) -> N {
     })
 }
 
-/// φ of every number of `x`.
-fn acts<T: Real, N: Num<T>>(a: Activation, x: &[N]) -> Vec<N> {
-    x.iter().map(|&v| act(a, v)).collect()
+/// φ and φ' of a layer's pre-activations, evaluated once in the forward for the outputs and
+/// the backward (the activation's exp was a fifth of the step when each use evaluated it).
+#[derive(Default)]
+struct Acts<N> {
+    f: Vec<N>,
+    s: Vec<N>,
+}
+
+impl<N: Copy> Acts<N> {
+    /// Of `z`'s rows of `width` for which `live(row)`; the others' are zero.
+    fn of<T: Real>(&mut self, a: Activation, z: &[N], width: usize, live: impl Fn(usize) -> bool)
+    where
+        N: Num<T>,
+    {
+        sized(&mut self.f, z.len(), N::zero());
+        sized(&mut self.s, z.len(), N::zero());
+        let rows = self.f.chunks_mut(width).zip(self.s.chunks_mut(width));
+        for (r, ((f, s), z)) in rows.zip(z.chunks(width)).enumerate() {
+            if live(r) {
+                for ((f, s), &z) in f.iter_mut().zip(s.iter_mut()).zip(z) {
+                    (*f, *s) = z.apply2(|v| act3(a, v));
+                }
+            }
+        }
+    }
+    fn f(&self, r: std::ops::Range<usize>) -> &[N] {
+        &self.f[r]
+    }
 }
 
 /// A switch's value, slope and curvature at r: the quintic between rs and rc, or the
@@ -302,6 +328,67 @@ fn add<N: Copy + std::ops::AddAssign>(y: &mut [N], x: &[N]) {
     y.iter_mut().zip(x).for_each(|(y, &x)| *y += x);
 }
 
+/// A block of a layer's weights: `[k][nout]` from the start of the slice, rows `rs` apart.
+type Rows<'w, T> = (&'w [T], usize);
+
+/// Y (+)= X·W for all of Y's rows at once (gemm.rs's kernel): X `[m][k]` and Y `[m][nout]`.
+/// The per-slot and per-angle linears of a centre are one product each, not m of them.
+fn mm<T: Real, N: Num<T>>(
+    x: &[N],
+    k: usize,
+    (w, rs): Rows<'_, T>,
+    y: &mut [N],
+    nout: usize,
+    acc: bool,
+    sc: &mut Scratch<T>,
+) {
+    let p = Prod {
+        m: y.len() / nout,
+        k,
+        n: nout,
+        b_rs: rs,
+        c_rs: nout,
+        acc,
+    };
+    N::gemm_r(p, Mat { v: x, rs: k, cs: 1 }, w, y, &mut sc.gemm);
+}
+
+/// X̄ += Ȳ·Wᵀ for all rows at once: Ȳ `[m][nout]`, X̄ `[m][k]` (Wᵀ copied out, as the kernel
+/// reads B's rows in place).
+fn mm_t<T: Real, N: Num<T>>(
+    ybar: &[N],
+    nout: usize,
+    (w, rs): Rows<'_, T>,
+    xbar: &mut [N],
+    k: usize,
+    sc: &mut Scratch<T>,
+) {
+    sc.wt.clear();
+    sc.wt
+        .extend((0..nout).flat_map(|o| (0..k).map(move |i| w[i * rs + o])));
+    let p = Prod {
+        m: xbar.len() / k,
+        k: nout,
+        n: k,
+        b_rs: k,
+        c_rs: k,
+        acc: true,
+    };
+    let a = Mat {
+        v: ybar,
+        rs: nout,
+        cs: 1,
+    };
+    N::gemm_r(p, a, &sc.wt, xbar, &mut sc.gemm);
+}
+
+/// Scratch of the products: a dual product's parts, and a transposed block of weights.
+#[derive(Default)]
+struct Scratch<T> {
+    gemm: Vec<T>,
+    wt: Vec<T>,
+}
+
 /// A linear layer's weights, its bias and the row stride of its weights.
 fn wb<'p, T>(p: &'p [T], l: &Layer) -> (&'p [T], &'p [T]) {
     (&p[l.w..l.w + l.nin * l.nout], &p[l.b..l.b + l.nout])
@@ -327,15 +414,51 @@ impl<N: Copy + std::ops::AddAssign + std::ops::Mul<Output = N>> Grad<'_, N> {
     }
 }
 
+impl<N> Grad<'_, N> {
+    /// The rows `row0..row0 + k` of l's weight gradient += Xᵀ·Ȳ over all rows of X `[m][k]`
+    /// and Ȳ `[m][nout]`.
+    fn outer_rows<T: Real>(
+        &mut self,
+        l: &Layer,
+        row0: usize,
+        (x, k): (&[N], usize),
+        ybar: &[N],
+        gemm: &mut Vec<T>,
+    ) where
+        N: Num<T>,
+    {
+        let p = Prod {
+            m: k,
+            k: ybar.len() / l.nout,
+            n: l.nout,
+            b_rs: l.nout,
+            c_rs: l.nout,
+            acc: true,
+        };
+        let off = l.w + row0 * l.nout - self.base;
+        let g = &mut self.g[off..off + k * l.nout];
+        N::gemm(p, Mat { v: x, rs: 1, cs: k }, ybar, g, gemm);
+    }
+}
+
 /// One centre's buffers in a layer: its inputs, the intermediates its backward reads, and
 /// their adjoints.
 #[derive(Default)]
-struct Work<N> {
+struct Work<T, N> {
+    sc: Scratch<T>,
     ni: Vec<N>,
     nj: Vec<N>,
     ej: Vec<N>,
     aa: Vec<N>,
     z1: Vec<N>,
+    /// φ and φ' of z1 … z7.
+    f1: Acts<N>,
+    f2: Acts<N>,
+    f3: Acts<N>,
+    f4: Acts<N>,
+    f5: Acts<N>,
+    f6: Acts<N>,
+    f7: Acts<N>,
     hge: Vec<N>,
     hgn: Vec<N>,
     sym: Vec<N>,
@@ -487,7 +610,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         nodes: &[N],
         edges: &[N],
         angles: &[N],
-        w: &mut Work<N>,
+        w: &mut Work<T, N>,
     ) {
         let o = self.o();
         let p = self.x.params;
@@ -514,6 +637,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let (wn, bn) = wb(p, &ll.node_self);
         sized(&mut w.z1, n, z);
         mv(&w.ni, wn, n, Some(bn), &mut w.z1);
+        w.f1.of(o.act, &w.z1, n, |_| true);
         // u²: the symmetrisation of the edges and of the neighbours' nodes.
         sized(&mut w.hge, 3 * e, z);
         sized(&mut w.hgn, 3 * n, z);
@@ -549,6 +673,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let (ws, bs) = wb(p, &ll.node_sym);
         sized(&mut w.z2, n, z);
         mv(&w.sym, ws, n, Some(bs), &mut w.z2);
+        w.f2.of(o.act, &w.z2, n, |_| true);
         // u³ and v¹: per-edge messages over [n_i, n_j, e_ij], the centre's rows once.
         let (we3, b3) = wb(p, &ll.node_edge);
         sized(&mut w.pre3, hn, z);
@@ -558,19 +683,26 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         mv(&w.ni, we4, e, Some(b4), &mut w.pre4);
         sized(&mut w.z3, s * hn, z);
         sized(&mut w.z4, s * e, z);
+        let sc = &mut w.sc;
+        mm(&w.nj, n, (&we3[n * hn..], hn), &mut w.z3, hn, false, sc);
+        mm(&w.ej, e, (&we3[2 * n * hn..], hn), &mut w.z3, hn, true, sc);
+        mm(&w.nj, n, (&we4[n * e..], e), &mut w.z4, e, false, sc);
+        mm(&w.ej, e, (&we4[2 * n * e..], e), &mut w.z4, e, true, sc);
         for j in 0..s {
-            if !g.real[s0 + j] {
-                continue;
+            let (z3, z4) = (
+                &mut w.z3[j * hn..(j + 1) * hn],
+                &mut w.z4[j * e..(j + 1) * e],
+            );
+            if g.real[s0 + j] {
+                add(z3, &w.pre3);
+                add(z4, &w.pre4);
+            } else {
+                z3.fill(z);
+                z4.fill(z);
             }
-            let z3 = &mut w.z3[j * hn..(j + 1) * hn];
-            z3.copy_from_slice(&w.pre3);
-            mv_acc(&w.nj[j * n..(j + 1) * n], &we3[n * hn..], hn, z3);
-            mv_acc(&w.ej[j * e..(j + 1) * e], &we3[2 * n * hn..], hn, z3);
-            let z4 = &mut w.z4[j * e..(j + 1) * e];
-            z4.copy_from_slice(&w.pre4);
-            mv_acc(&w.nj[j * n..(j + 1) * n], &we4[n * e..], e, z4);
-            mv_acc(&w.ej[j * e..(j + 1) * e], &we4[2 * n * e..], e, z4);
         }
+        w.f3.of(o.act, &w.z3, hn, |j| g.real[s0 + j]);
+        w.f4.of(o.act, &w.z4, e, |j| g.real[s0 + j]);
         let Some(al) = &ll.angle else { return };
         // The angle branch: compressed node and edges, then per pair of angle slots.
         let (nc, ec) = (o.nc, o.ec);
@@ -605,56 +737,41 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         mv(&w.nt, &w5[rn * e..], e, Some(b5), &mut w.pn5);
         sized(&mut w.pn6, ad, z);
         mv(&w.nt, &w6[rn * ad..], ad, Some(b6), &mut w.pn6);
+        // ẽ's rows of the slots out of the angle list are zero, and so are their products.
         sized(&mut w.ek5, a * e, z);
         sized(&mut w.ej5, a * e, z);
         sized(&mut w.ek6, a * ad, z);
         sized(&mut w.ej6, a * ad, z);
-        for j in 0..a {
-            if !g.am[s0 + j] {
-                continue;
-            }
-            let et = &w.et[j * ec..(j + 1) * ec];
-            mv(et, &w5[rk * e..], e, None, &mut w.ek5[j * e..(j + 1) * e]);
-            mv(et, &w5[rj * e..], e, None, &mut w.ej5[j * e..(j + 1) * e]);
-            mv(
-                et,
-                &w6[rk * ad..],
-                ad,
-                None,
-                &mut w.ek6[j * ad..(j + 1) * ad],
-            );
-            mv(
-                et,
-                &w6[rj * ad..],
-                ad,
-                None,
-                &mut w.ej6[j * ad..(j + 1) * ad],
-            );
-        }
+        let sc = &mut w.sc;
+        mm(&w.et, ec, (&w5[rk * e..], e), &mut w.ek5, e, false, sc);
+        mm(&w.et, ec, (&w5[rj * e..], e), &mut w.ej5, e, false, sc);
+        mm(&w.et, ec, (&w6[rk * ad..], ad), &mut w.ek6, ad, false, sc);
+        mm(&w.et, ec, (&w6[rj * ad..], ad), &mut w.ej6, ad, false, sc);
         sized(&mut w.z5, a * a * e, z);
         sized(&mut w.z6, a * a * ad, z);
+        mm(&w.aa, ad, (&w5[ra * e..], e), &mut w.z5, e, false, sc);
+        mm(&w.aa, ad, (&w6[ra * ad..], ad), &mut w.z6, ad, false, sc);
         for j in 0..a {
-            if !g.am[s0 + j] {
-                continue;
-            }
             for k in 0..a {
-                if !g.am[s0 + k] {
+                let q = j * a + k;
+                let z5 = &mut w.z5[q * e..(q + 1) * e];
+                let z6 = &mut w.z6[q * ad..(q + 1) * ad];
+                if !(g.am[s0 + j] && g.am[s0 + k]) {
+                    z5.fill(z);
+                    z6.fill(z);
                     continue;
                 }
-                let q = j * a + k;
-                let aq = &w.aa[q * ad..(q + 1) * ad];
-                let z5 = &mut w.z5[q * e..(q + 1) * e];
                 for (i, zv) in z5.iter_mut().enumerate() {
-                    *zv = w.pn5[i] + w.ek5[k * e + i] + w.ej5[j * e + i];
+                    *zv += w.pn5[i] + w.ek5[k * e + i] + w.ej5[j * e + i];
                 }
-                mv_acc(aq, &w5[ra * e..], e, z5);
-                let z6 = &mut w.z6[q * ad..(q + 1) * ad];
                 for (i, zv) in z6.iter_mut().enumerate() {
-                    *zv = w.pn6[i] + w.ek6[k * ad + i] + w.ej6[j * ad + i];
+                    *zv += w.pn6[i] + w.ek6[k * ad + i] + w.ej6[j * ad + i];
                 }
-                mv_acc(aq, &w6[ra * ad..], ad, z6);
             }
         }
+        let pair = |q: usize| g.am[s0 + q / a] && g.am[s0 + q % a];
+        w.f5.of(o.act, &w.z5, e, pair);
+        w.f6.of(o.act, &w.z6, ad, pair);
         // ρ: the angle messages summed over k, or the edge itself where j is not an angle slot.
         sized(&mut w.rho, s * e, z);
         let rs = cst::<T>(o.rho_scale);
@@ -670,9 +787,9 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                         continue;
                     }
                     let f = (g.asw[sl] * g.asw[s0 + k]).scale(rs);
-                    let z5 = &w.z5[(j * a + k) * e..(j * a + k + 1) * e];
-                    for (rv, &zv) in rho.iter_mut().zip(z5) {
-                        *rv += f * act(o.act, zv);
+                    let q = j * a + k;
+                    for (rv, &pv) in rho.iter_mut().zip(w.f5.f(q * e..(q + 1) * e)) {
+                        *rv += f * pv;
                     }
                 }
             } else if !o.smooth_edge_update {
@@ -681,35 +798,34 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         }
         let (w7, b7) = wb(p, &al.edge_angle2);
         sized(&mut w.z7, s * e, z);
+        mm(&w.rho, e, (w7, e), &mut w.z7, e, false, &mut w.sc);
         for j in 0..s {
+            let z7 = &mut w.z7[j * e..(j + 1) * e];
             if g.real[s0 + j] {
-                mv(
-                    &w.rho[j * e..(j + 1) * e],
-                    w7,
-                    e,
-                    Some(b7),
-                    &mut w.z7[j * e..(j + 1) * e],
-                );
+                z7.iter_mut().zip(b7).for_each(|(v, &b)| *v += N::of(b));
+            } else {
+                z7.fill(z);
             }
         }
+        w.f7.of(o.act, &w.z7, e, |j| g.real[s0 + j]);
     }
 
     /// The node's messages u¹ = φ(z1), u² = φ(z2) and u³ = (Σ_j φ(z3_j)·sw_j)/S (all heads,
     /// `[H·N]`) from `w` (after [`Ctx::forward`]): the update reads them, and its backward.
-    fn node_messages(&self, c: usize, w: &Work<N>) -> [Vec<N>; 3] {
+    fn node_messages(&self, c: usize, w: &Work<T, N>) -> [Vec<N>; 3] {
         let o = self.o();
         let hn = o.h * o.n;
         let s0 = self.d.mixed_slots(c).start;
         let g = self.geo;
         let mut u3 = vec![N::zero(); hn];
         for j in (0..o.s).filter(|j| g.real[s0 + j]) {
-            for (uv, &zv) in u3.iter_mut().zip(&w.z3[j * hn..(j + 1) * hn]) {
-                *uv += act(o.act, zv) * g.sw[s0 + j];
+            for (uv, &pv) in u3.iter_mut().zip(w.f3.f(j * hn..(j + 1) * hn)) {
+                *uv += pv * g.sw[s0 + j];
             }
         }
         let u3s = cst::<T>(o.u3_scale);
         u3.iter_mut().for_each(|v| *v = v.scale(u3s));
-        [acts(o.act, &w.z1), acts(o.act, &w.z2), u3]
+        [w.f1.f.clone(), w.f2.f.clone(), u3]
     }
 
     /// Centre c's outputs of the layer from `w` (after [`Ctx::forward`]).
@@ -717,7 +833,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         &self,
         ll: &RepflowLayerLayout,
         c: usize,
-        w: &Work<N>,
+        w: &Work<T, N>,
         n_out: &mut [N],
         e_out: &mut [N],
         a_out: &mut [N],
@@ -727,7 +843,6 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let (n, e, s, a, ad) = (o.n, o.e, o.s, o.a, o.ad);
         let s0 = self.d.mixed_slots(c).start;
         let g = self.geo;
-        let phi = |v: &[N]| acts(o.act, v);
         let [u1, u2, u3] = self.node_messages(c, w);
         let mut list: Vec<&[N]> = vec![&u1, &u2];
         list.extend(u3.chunks(n));
@@ -738,13 +853,13 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             if !g.real[s0 + j] {
                 continue;
             }
-            let v1 = phi(&w.z4[j * e..(j + 1) * e]);
+            let v1 = w.f4.f(j * e..(j + 1) * e);
             let ev = &mut e_out[j * e..(j + 1) * e];
             if o.update_angle {
-                let v2 = phi(&w.z7[j * e..(j + 1) * e]);
-                update(o.style, p, &ll.e_residual, ev, &[&v1, &v2]);
+                let v2 = w.f7.f(j * e..(j + 1) * e);
+                update(o.style, p, &ll.e_residual, ev, &[v1, v2]);
             } else {
-                update(o.style, p, &ll.e_residual, ev, &[&v1]);
+                update(o.style, p, &ll.e_residual, ev, &[v1]);
             }
         }
         a_out.copy_from_slice(&w.aa);
@@ -757,13 +872,13 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                     continue;
                 }
                 let q = j * a + k;
-                let b = phi(&w.z6[q * ad..(q + 1) * ad]);
+                let b = w.f6.f(q * ad..(q + 1) * ad);
                 update(
                     o.style,
                     p,
                     &ll.a_residual,
                     &mut a_out[q * ad..(q + 1) * ad],
-                    &[&b],
+                    &[b],
                 );
             }
         }
@@ -778,7 +893,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         &self,
         ll: &RepflowLayerLayout,
         c: usize,
-        w: &mut Work<N>,
+        w: &mut Work<T, N>,
         bn_out: &[N],
         be_out: &[N],
         ba_out: &[N],
@@ -797,7 +912,6 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         sized(&mut w.bej, s * e, z);
         sized(&mut w.baa, a * a * ad, z);
         // Node update.
-        let phi = |v: &[N]| acts(o.act, v);
         let [u1, u2, u3] = self.node_messages(c, w);
         let u3s = cst::<T>(o.u3_scale);
         let mut bu1 = vec![z; n];
@@ -821,9 +935,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         }
         // u¹.
         let (wn, _) = wb(p, &ll.node_self);
-        let bz1: Vec<N> = (bu1.iter().zip(&w.z1))
-            .map(|(&b, &zv)| b * act_slope(o.act, zv))
-            .collect();
+        let bz1: Vec<N> = (bu1.iter().zip(&w.f1.s)).map(|(&b, &d)| b * d).collect();
         mtv_acc(&bz1, wn, n, &mut w.bni);
         if let Some(g) = g.as_deref_mut() {
             g.outer(&ll.node_self, 0, &w.ni, &bz1);
@@ -831,9 +943,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         }
         // u²: back through the symmetrisation.
         let (ws, _) = wb(p, &ll.node_sym);
-        let bz2: Vec<N> = (bu2.iter().zip(&w.z2))
-            .map(|(&b, &zv)| b * act_slope(o.act, zv))
-            .collect();
+        let bz2: Vec<N> = (bu2.iter().zip(&w.f2.s)).map(|(&b, &d)| b * d).collect();
         sized(&mut w.bsym, o.m * (e + n), z);
         mtv_acc(&bz2, ws, n, &mut w.bsym);
         if let Some(g) = g.as_deref_mut() {
@@ -914,15 +1024,15 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             }
             // The edge update.
             let be = &be_out[j * e..(j + 1) * e];
-            let v1 = phi(&w.z4[j * e..(j + 1) * e]);
+            let v1 = w.f4.f(j * e..(j + 1) * e);
             if o.update_angle {
-                let v2 = phi(&w.z7[j * e..(j + 1) * e]);
+                let v2 = w.f7.f(j * e..(j + 1) * e);
                 update_backward(
                     o.style,
                     p,
                     &ll.e_residual,
                     be,
-                    &[&v1, &v2],
+                    &[v1, v2],
                     &mut [&mut bv1, &mut bv2],
                     &mut w.bej[j * e..(j + 1) * e],
                     g.as_deref_mut(),
@@ -934,47 +1044,50 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                     p,
                     &ll.e_residual,
                     be,
-                    &[&v1],
+                    &[v1],
                     &mut [&mut bv1],
                     &mut w.bej[j * e..(j + 1) * e],
                     g.as_deref_mut(),
                 );
             }
             let bz4 = &mut w.bz4[j * e..(j + 1) * e];
-            for ((b, &v), &zv) in bz4.iter_mut().zip(&bv1).zip(&w.z4[j * e..(j + 1) * e]) {
-                *b = v * act_slope(o.act, zv);
+            for ((b, &v), &d) in bz4.iter_mut().zip(&bv1).zip(&w.f4.s[j * e..(j + 1) * e]) {
+                *b = v * d;
             }
             // u³'s share of this edge.
             let sw = geo.sw[sl];
             let mut bsw = z;
             let bz3 = &mut w.bz3[j * hn..(j + 1) * hn];
-            for ((b, &u), &zv) in bz3.iter_mut().zip(&bu3).zip(&w.z3[j * hn..(j + 1) * hn]) {
+            let r = j * hn..(j + 1) * hn;
+            for ((b, &u), (&f, &d)) in bz3
+                .iter_mut()
+                .zip(&bu3)
+                .zip(w.f3.f[r.clone()].iter().zip(&w.f3.s[r]))
+            {
                 let q = u.scale(u3s);
-                bsw += q * act(o.act, zv);
-                *b = q * sw * act_slope(o.act, zv);
+                bsw += q * f;
+                *b = q * sw * d;
             }
             slot_bar.sw[j] += bsw;
         }
         // The per-edge linears' input adjoints: the centre's rows summed over the edges.
         sized(&mut w.tmp, hn, z);
         sized(&mut w.tmp2, e, z);
+        // (The rows of the slots that are not real are zero in z̄3 and z̄4.)
         for j in 0..s {
-            if !geo.real[s0 + j] {
-                continue;
-            }
-            let (bz3, bz4) = (&w.bz3[j * hn..(j + 1) * hn], &w.bz4[j * e..(j + 1) * e]);
-            add(&mut w.tmp, bz3);
-            add(&mut w.tmp2, bz4);
-            mtv_acc(bz3, &we3[n * hn..], hn, &mut w.bnj[j * n..(j + 1) * n]);
-            mtv_acc(bz3, &we3[2 * n * hn..], hn, &mut w.bej[j * e..(j + 1) * e]);
-            mtv_acc(bz4, &we4[n * e..], e, &mut w.bnj[j * n..(j + 1) * n]);
-            mtv_acc(bz4, &we4[2 * n * e..], e, &mut w.bej[j * e..(j + 1) * e]);
-            if let Some(g) = g.as_deref_mut() {
-                g.outer(&ll.node_edge, n, &w.nj[j * n..(j + 1) * n], bz3);
-                g.outer(&ll.node_edge, 2 * n, &w.ej[j * e..(j + 1) * e], bz3);
-                g.outer(&ll.edge_self, n, &w.nj[j * n..(j + 1) * n], bz4);
-                g.outer(&ll.edge_self, 2 * n, &w.ej[j * e..(j + 1) * e], bz4);
-            }
+            add(&mut w.tmp, &w.bz3[j * hn..(j + 1) * hn]);
+            add(&mut w.tmp2, &w.bz4[j * e..(j + 1) * e]);
+        }
+        let sc = &mut w.sc;
+        mm_t(&w.bz3, hn, (&we3[n * hn..], hn), &mut w.bnj, n, sc);
+        mm_t(&w.bz3, hn, (&we3[2 * n * hn..], hn), &mut w.bej, e, sc);
+        mm_t(&w.bz4, e, (&we4[n * e..], e), &mut w.bnj, n, sc);
+        mm_t(&w.bz4, e, (&we4[2 * n * e..], e), &mut w.bej, e, sc);
+        if let Some(g) = g.as_deref_mut() {
+            g.outer_rows(&ll.node_edge, n, (&w.nj, n), &w.bz3, &mut sc.gemm);
+            g.outer_rows(&ll.node_edge, 2 * n, (&w.ej, e), &w.bz3, &mut sc.gemm);
+            g.outer_rows(&ll.edge_self, n, (&w.nj, n), &w.bz4, &mut sc.gemm);
+            g.outer_rows(&ll.edge_self, 2 * n, (&w.ej, e), &w.bz4, &mut sc.gemm);
         }
         mtv_acc(&w.tmp, we3, hn, &mut w.bni);
         mtv_acc(&w.tmp2, we4, e, &mut w.bni);
@@ -991,25 +1104,29 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         sized(&mut w.bz7, s * e, z);
         sized(&mut w.bz5, a * a * e, z);
         let rs = cst::<T>(o.rho_scale);
+        for j in (0..s).filter(|&j| geo.real[s0 + j]) {
+            let bz7 = &mut w.bz7[j * e..(j + 1) * e];
+            for ((b, &v), &d) in bz7
+                .iter_mut()
+                .zip(&bv2_all[j * e..(j + 1) * e])
+                .zip(&w.f7.s[j * e..(j + 1) * e])
+            {
+                *b = v * d;
+            }
+        }
+        mm_t(&w.bz7, e, (w7, e), &mut w.brho, e, &mut w.sc);
+        if let Some(g) = g.as_deref_mut() {
+            g.outer_rows(&al.edge_angle2, 0, (&w.rho, e), &w.bz7, &mut w.sc.gemm);
+            let mut sum7 = vec![z; e];
+            w.bz7.chunks(e).for_each(|b| add(&mut sum7, b));
+            g.bias(&al.edge_angle2, &sum7);
+        }
         for j in 0..s {
             let sl = s0 + j;
             if !geo.real[sl] {
                 continue;
             }
-            let bz7 = &mut w.bz7[j * e..(j + 1) * e];
-            for ((b, &v), &zv) in bz7
-                .iter_mut()
-                .zip(&bv2_all[j * e..(j + 1) * e])
-                .zip(&w.z7[j * e..(j + 1) * e])
-            {
-                *b = v * act_slope(o.act, zv);
-            }
-            let brho = &mut w.brho[j * e..(j + 1) * e];
-            mtv_acc(bz7, w7, e, brho);
-            if let Some(g) = g.as_deref_mut() {
-                g.outer(&al.edge_angle2, 0, &w.rho[j * e..(j + 1) * e], bz7);
-                g.bias(&al.edge_angle2, bz7);
-            }
+            let brho = &w.brho[j * e..(j + 1) * e];
             if j < a && geo.am[sl] {
                 let mut basw_j = z;
                 for k in 0..a {
@@ -1017,15 +1134,15 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                         continue;
                     }
                     let q = j * a + k;
-                    let z5 = &w.z5[q * e..(q + 1) * e];
+                    let r = q * e..(q + 1) * e;
+                    let (f5, d5) = (&w.f5.f[r.clone()], &w.f5.s[r.clone()]);
                     let mut dot = z;
-                    for ((bz, &zv), &br) in w.bz5[q * e..(q + 1) * e]
-                        .iter_mut()
-                        .zip(z5)
-                        .zip(brho.iter())
+                    let fj = (geo.asw[sl] * geo.asw[s0 + k]).scale(rs);
+                    for ((bz, (&f, &d)), &br) in
+                        w.bz5[r].iter_mut().zip(f5.iter().zip(d5)).zip(brho.iter())
                     {
-                        dot += br * act(o.act, zv);
-                        *bz = br * (geo.asw[sl] * geo.asw[s0 + k]).scale(rs) * act_slope(o.act, zv);
+                        dot += br * f;
+                        *bz = br * fj * d;
                     }
                     basw_j += (dot * geo.asw[s0 + k]).scale(rs);
                     slot_bar.asw[k] += (dot * geo.asw[sl]).scale(rs);
@@ -1044,23 +1161,23 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                     continue;
                 }
                 let q = j * a + k;
-                let b6 = phi(&w.z6[q * ad..(q + 1) * ad]);
+                let b6 = w.f6.f(q * ad..(q + 1) * ad);
                 update_backward(
                     o.style,
                     p,
                     &ll.a_residual,
                     &ba_out[q * ad..(q + 1) * ad],
-                    &[&b6],
+                    &[b6],
                     &mut [&mut bb],
                     &mut w.baa[q * ad..(q + 1) * ad],
                     g.as_deref_mut(),
                 );
-                for ((bz, &b), &zv) in w.bz6[q * ad..(q + 1) * ad]
+                for ((bz, &b), &d) in w.bz6[q * ad..(q + 1) * ad]
                     .iter_mut()
                     .zip(&bb)
-                    .zip(&w.z6[q * ad..(q + 1) * ad])
+                    .zip(&w.f6.s[q * ad..(q + 1) * ad])
                 {
-                    *bz = b * act_slope(o.act, zv);
+                    *bz = b * d;
                 }
             }
         }
@@ -1090,15 +1207,15 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                 add(&mut bj5[j * e..(j + 1) * e], bz5);
                 add(&mut bk6[k * ad..(k + 1) * ad], bz6);
                 add(&mut bj6[j * ad..(j + 1) * ad], bz6);
-                let baa = &mut w.baa[q * ad..(q + 1) * ad];
-                mtv_acc(bz5, w5, e, baa);
-                mtv_acc(bz6, w6, ad, baa);
-                if let Some(g) = g.as_deref_mut() {
-                    let aq = &w.aa[q * ad..(q + 1) * ad];
-                    g.outer(&al.edge_angle1, 0, aq, bz5);
-                    g.outer(&al.angle_self, 0, aq, bz6);
-                }
             }
+        }
+        // (z̄5 and z̄6 are zero on the pairs out of the angle list.)
+        let sc = &mut w.sc;
+        mm_t(&w.bz5, e, (w5, e), &mut w.baa, ad, sc);
+        mm_t(&w.bz6, ad, (w6, ad), &mut w.baa, ad, sc);
+        if let Some(g) = g.as_deref_mut() {
+            g.outer_rows(&al.edge_angle1, 0, (&w.aa, ad), &w.bz5, &mut sc.gemm);
+            g.outer_rows(&al.angle_self, 0, (&w.aa, ad), &w.bz6, &mut sc.gemm);
         }
         mtv_acc(&sum5, &w5[rn * e..], e, &mut w.bnt);
         mtv_acc(&sum6, &w6[rn * ad..], ad, &mut w.bnt);
