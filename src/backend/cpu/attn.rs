@@ -15,7 +15,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::dual::{Dual, Num};
-use super::gemm::{Mat, Prod};
+use super::gemm::{transpose, Mat, Prod};
 use crate::backend::{AttnOpts, Dims, Real};
 
 /// Shift of the smooth attention's logits (DeePMD-kit's `attnw_shift`).
@@ -87,15 +87,6 @@ fn split_grad<'a, N>(o: &AttnOpts, g: &'a mut [N]) -> LayerGrad<'a, N> {
 struct Transposed<R> {
     w_in: Vec<R>,
     w_out: Vec<R>,
-}
-
-/// `out[c][r] = x[r·rs + c]` for r < rows, c < cols.
-fn transpose<N: Copy>(x: &[N], rows: usize, cols: usize, rs: usize, out: &mut [N]) {
-    for (r, xr) in x.chunks(rs).take(rows).enumerate() {
-        for (c, &v) in xr[..cols].iter().enumerate() {
-            out[c * rows + r] = v;
-        }
-    }
 }
 
 /// One thread's buffers for one centre's passes, reused centre after centre (n slots each):

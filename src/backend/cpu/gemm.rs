@@ -34,6 +34,15 @@ const B_IN_L2: usize = 256 * 1024;
 /// Fewest rows (or columns) of C per parallel task.
 const MIN_PART: usize = 32;
 
+/// `out[c][r] = x[r·rs + c]` for r < rows, c < cols.
+pub(super) fn transpose<N: Copy>(x: &[N], rows: usize, cols: usize, rs: usize, out: &mut [N]) {
+    for (r, xr) in x.chunks(rs).take(rows).enumerate() {
+        for (c, &v) in xr[..cols].iter().enumerate() {
+            out[c * rows + r] = v;
+        }
+    }
+}
+
 /// The shape of a product C (+)= A·B: C `[m][n]` with rows `c_rs` apart, A `[m][k]` given by
 /// strides, B `[k][n]` with rows `b_rs` apart; `acc` adds to C.
 #[derive(Clone, Copy)]

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::dual::{Dual, Num};
-use super::gemm::{Mat, Prod};
+use super::gemm::{transpose, Mat, Prod};
 use crate::backend::{Dims, Real};
 use crate::model::dpa3::{Activation, Dpa3Layout, RepflowLayerLayout, UpdateStyle};
 use crate::model::{DescriptorSpec, Layer};
@@ -363,9 +363,8 @@ fn mm_t<T: Real, N: Num<T>>(
     k: usize,
     sc: &mut Scratch<T>,
 ) {
-    sc.wt.clear();
-    sc.wt
-        .extend((0..nout).flat_map(|o| (0..k).map(move |i| w[i * rs + o])));
+    sc.wt.resize(k * nout, T::zero());
+    transpose(w, k, nout, rs, &mut sc.wt);
     let p = Prod {
         m: xbar.len() / k,
         k: nout,
