@@ -65,6 +65,12 @@ DESC = dpa1.atten("se_atten", 40, 4.0, attn_layer=0, tebd_dim=4)
 FIT = base.FIT
 PAIRTAB = {"type": "pairtab", "tab_file": "../" + TAB, "rcut": 4.0, "sel": 40}
 DP_SUB = {"descriptor": DESC, "fitting_net": FIT}
+# A table of a longer range than the DP model's descriptor (rcut 4.0, sel 40), as DeePMD-kit's
+# water/d3 example has (rcut 10 beside 6): the table reads its own neighbour list. The eval
+# frames' atoms have 68-102 neighbours within 6 Å: sel 110 keeps them all, sel 80 cuts many
+# lists to their nearest 80 (and so the energy jumps where two distances swap at the cut: no
+# finite-difference virial for that case).
+PAIRTAB_FAR = dict(PAIRTAB, rcut=6.0, sel=110)
 
 CASES = {
     # the pair table alone (inside a one-model linear_ener, see above)
@@ -87,6 +93,13 @@ CASES = {
     "linear_list_water": dict(WATER, pbc=True, train=True, model={
         "type": "linear_ener", "type_map": WATER["type_map"], "models": [DP_SUB, PAIRTAB],
         "weights": [0.7, 0.4]}),
+    # linear_ener of se_atten and the longer-range table
+    "linear_far_water": dict(WATER, pbc=True, train=True, model={
+        "type": "linear_ener", "type_map": WATER["type_map"], "models": [DP_SUB, PAIRTAB_FAR],
+        "weights": "mean"}),
+    "linear_far_sel_water": dict(WATER, pbc=True, train=False, model={
+        "type": "linear_ener", "type_map": WATER["type_map"],
+        "models": [DP_SUB, dict(PAIRTAB_FAR, sel=80)], "weights": "mean"}),
 }
 
 
@@ -240,9 +253,10 @@ def spline_energy(tab, ti, tj, r):
 
 
 def independent_pair_energy(pair_ser, coord, box, atype):
-    """The pair table's atomic energies, ½ Σ_j E(r_ij) over every neighbour (all periodic
-    images) within rcut, from the serialized spline coefficients: no DeePMD-kit code."""
-    tab, rc = pair_ser["tab"], pair_ser["rcut"]
+    """The pair table's atomic energies, ½ Σ_j E(r_ij) over the `sel` nearest neighbours (all
+    periodic images) within rcut, from the serialized spline coefficients: no DeePMD-kit code."""
+    tab, rc, sel = pair_ser["tab"], pair_ser["rcut"], pair_ser["sel"]
+    sel = sum(sel) if isinstance(sel, list) else sel
     out = []
     for f in range(coord.shape[0]):
         x = coord[f]
@@ -259,7 +273,8 @@ def independent_pair_energy(pair_ser, coord, box, atype):
             r = np.linalg.norm(d, axis=1)
             tj = np.tile(atype, len(shifts))
             m = (r > 0) & (r < rc)
-            ae[i] = 0.5 * spline_energy(tab, atype[i], tj[m], r[m]).sum()
+            near = np.argsort(r[m], kind="stable")[:sel]
+            ae[i] = 0.5 * spline_energy(tab, atype[i], tj[m][near], r[m][near]).sum()
         out.append(ae)
     return np.array(out)
 

@@ -607,19 +607,31 @@ macro_rules! compute_ops {
                 crate::backend::pairtab::mix_energy(self, d, e_fit, bias, weight, pair_e, e_atom, energy)
             }
 
-            /// q += e_fit (of the slot's centre)·dweight + pair_q per slot: the weight's change
-            /// and the table's share of ∂E/∂r_ij (the DP model's is its backward seeded with the
-            /// weights).
+            /// q += e_fit (of the slot's centre)·dweight per slot: the weight's change meeting
+            /// the DP energy in ∂E/∂r_ij (the DP model's own share is its backward seeded with
+            /// the weights).
             fn mix_force(
                 &self,
                 d: &Dims,
                 e_fit: &Self::Buf,
                 dweight: &Self::Buf,
-                pair_q: &Self::Buf,
                 q: &mut Self::Buf,
             ) as MixForce;
-            flops(_) { 12.0 * d.nslots() as f64 }
-            default { crate::backend::pairtab::mix_force(self, d, e_fit, dweight, pair_q, q) }
+            flops(_) { 6.0 * d.nslots() as f64 }
+            default { crate::backend::pairtab::mix_force(self, d, e_fit, dweight, q) }
+
+            /// force += pair_force, virial += pair_virial: the table's own forces and virial,
+            /// made on the host (on its own neighbour list where it has one).
+            fn mix_table(
+                &self,
+                d: &Dims,
+                pair_force: &Self::Buf,
+                pair_virial: &Self::Buf,
+                force: &mut Self::Buf,
+                virial: &mut Self::Buf,
+            ) as MixTable;
+            flops(_) { 3.0 * (d.nframes * d.natoms + 3 * d.nframes) as f64 }
+            default { crate::backend::pairtab::mix_table(self, pair_force, pair_virial, force, virial) }
 
             /// ebar = weight·ebar + Σ_slots dweight·ṙ_ij per centre: the seed of e_DP in the dual
             /// reverse, read through its weight and, along the tangent ṙ_ij, through the

@@ -35,20 +35,35 @@ pub fn mix_force<T: Real, B: Device<T> + ?Sized>(
     d: &Dims,
     e_fit: &B::Buf,
     dweight: &B::Buf,
-    pair_q: &B::Buf,
     q: &mut B::Buf,
 ) {
-    let (e_fit, dweight, pair_q) = (b.download(e_fit), b.download(dweight), b.download(pair_q));
+    let (e_fit, dweight) = (b.download(e_fit), b.download(dweight));
     let mut out = b.download(q);
     for (c, e) in e_fit.iter().enumerate() {
         let e = e.f64();
         for s in d.mixed_slots(c) {
             for a in 3 * s..3 * s + 3 {
-                out[a] = T::of(out[a].f64() + e * dweight[a].f64() + pair_q[a].f64());
+                out[a] = T::of(out[a].f64() + e * dweight[a].f64());
             }
         }
     }
     b.write(q, &out);
+}
+
+pub fn mix_table<T: Real, B: Device<T> + ?Sized>(
+    b: &B,
+    pair_force: &B::Buf,
+    pair_virial: &B::Buf,
+    force: &mut B::Buf,
+    virial: &mut B::Buf,
+) {
+    for (x, add) in [(force, pair_force), (virial, pair_virial)] {
+        let add = b.download(add);
+        let sum: Vec<T> = (b.download(x).iter().zip(&add))
+            .map(|(x, y)| T::of(x.f64() + y.f64()))
+            .collect();
+        b.write(x, &sum);
+    }
 }
 
 pub fn mix_seed<T: Real, B: Device<T> + ?Sized>(

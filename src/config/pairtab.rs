@@ -264,17 +264,6 @@ pub(super) fn linear(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConf
         x @ Value::Number(_) => to_usize(x, &sel_path)?,
         x => return Err(wrong_type(&sel_path, "an integer or a list of integers", x)),
     };
-    // dpw reads the table on the DP model's neighbour list (docs/deepmd-spec.md §19.4).
-    if rcut > model.descriptor.rcut {
-        return Err(ConfigError::unsupported(
-            t.path_of("rcut"),
-            format!(
-                "{rcut}: a pair table of a longer range than the DP model's descriptor (rcut {}) \
-                 is not implemented; dpw reads the table on the descriptor's neighbours",
-                model.descriptor.rcut
-            ),
-        ));
-    }
     let weights_path = sec.path_of("weights");
     let weights = match sec.required("weights", "\"sum\", \"mean\" or a list of two numbers")? {
         Value::String(s) if s == "sum" => Weights::Sum,

@@ -13,6 +13,7 @@ pub mod pairtab;
 
 use crate::backend::{Backend, BlockOpts, HostBlock, Real};
 use crate::geometry::EnvParams;
+use crate::model::pairtab::Mix;
 use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
 
 use embed::Nets;
@@ -39,8 +40,9 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     pub fit_input_inv_std: Vec<f64>,
     /// The fitting's head where it runs on the host; `None` for `ener`.
     pub head: Option<HostHead>,
-    /// A pair table is mixed into the energy (its terms come with each batch).
-    pub pair_table: bool,
+    /// How a pair table is mixed into the energy (its terms come with each batch); `None`
+    /// without one.
+    pub pair_table: Option<Mix>,
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
@@ -150,7 +152,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             fit_input_avg: model.fit_input_avg.clone(),
             fit_input_inv_std: model.fit_input_inv_std.clone(),
             head: HostHead::new(&model.spec.fitting.output, &model.bias, &model.out_std),
-            pair_table: model.spec.short_range.is_some(),
+            pair_table: (model.spec.short_range.as_ref()).map(|sr| sr.mix.clone()),
             desc: DescState {
                 kind: d.kind,
                 env: d.env(),

@@ -3,7 +3,7 @@
 
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
-use crate::model::pairtab::ShortRangeBatch;
+use crate::model::pairtab::{Mix, ShortRangeBatch};
 
 use super::net::Zeros;
 
@@ -11,17 +11,23 @@ pub struct PairTerms<T: Real, B: Backend<T>> {
     pub weight: B::Buf,
     pub dweight: B::Buf,
     pub pair_e: B::Buf,
-    pub pair_q: B::Buf,
+    pub pair_force: B::Buf,
+    pub pair_virial: B::Buf,
+    /// The weight moves with the atoms (ZBL's): `dweight` is not all zero.
+    pub moving_weight: bool,
 }
 
 impl<T: Real, B: Backend<T>> PairTerms<T, B> {
-    pub fn new(d: &Dims, zeros: &Zeros<B::Buf>) -> Result<Self, OutOfMemory> {
+    pub fn new(d: &Dims, zeros: &Zeros<B::Buf>, mix: &Mix) -> Result<Self, OutOfMemory> {
         let (nc, ns) = (d.ncentres(), d.nslots());
+        let moving_weight = matches!(mix, Mix::Zbl { .. });
         Ok(PairTerms {
             weight: zeros(nc)?,
             dweight: zeros(3 * ns)?,
             pair_e: zeros(nc)?,
-            pair_q: zeros(3 * ns)?,
+            pair_force: zeros(3 * d.nframes * d.natoms)?,
+            pair_virial: zeros(9 * d.nframes)?,
+            moving_weight,
         })
     }
 
@@ -30,10 +36,17 @@ impl<T: Real, B: Backend<T>> PairTerms<T, B> {
         b.write(&mut self.weight, &t(&x.weight));
         b.write(&mut self.dweight, &t(&x.dweight));
         b.write(&mut self.pair_e, &t(&x.pair_e));
-        b.write(&mut self.pair_q, &t(&x.pair_q));
+        b.write(&mut self.pair_force, &t(&x.pair_force));
+        b.write(&mut self.pair_virial, &t(&x.pair_virial));
     }
 
-    pub fn buffers(&self) -> [&B::Buf; 4] {
-        [&self.weight, &self.dweight, &self.pair_e, &self.pair_q]
+    pub fn buffers(&self) -> [&B::Buf; 5] {
+        [
+            &self.weight,
+            &self.dweight,
+            &self.pair_e,
+            &self.pair_force,
+            &self.pair_virial,
+        ]
     }
 }

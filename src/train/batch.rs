@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use crate::backend::Dims;
 use crate::fitting::head::HeadLabels;
 use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
-use crate::model::pairtab::ShortRangeBatch;
+use crate::model::pairtab::{ShortRangeBatch, TableInput};
 use crate::model::{DescriptorType, FittingSpec, ModelSpec};
 
 /// One frame as the model sees it; atoms sorted by type.
@@ -234,28 +234,28 @@ fn assemble_numbered(
     let mut rij = vec![0.0; 3 * ns];
     let mut owner = vec![-1i32; ns];
     let centre_atom = centre_atoms(&dims);
-    let nlists = frames
-        .iter()
-        .enumerate()
-        .map(|(f, fr)| {
-            let atype = types[f].atype;
-            let cell = match fr.cell {
-                Some(c) => {
-                    let frame = index[f];
-                    let cell = Cell::new(c)
-                        .ok_or_else(|| anyhow::anyhow!("frame {frame}: the cell is singular"))?;
-                    cell.images(d.rcut)
-                        .map_err(|e| anyhow::anyhow!("frame {frame}: {e}"))?;
-                    Some(cell)
-                }
-                None => None,
-            };
-            Ok(match d.is_mixed() {
-                true => build_nlist_mixed(fr.coord, cell.as_ref(), atype, d.rcut, d.nnei()),
-                false => build_nlist(fr.coord, cell.as_ref(), atype, d.rcut, &d.sel),
-            })
+    // The longest cut-off a frame is read at: the descriptor's, or a pair table's of its own.
+    let rcut = (spec.short_range.iter())
+        .map(|sr| sr.table.rcut)
+        .fold(d.rcut, f64::max);
+    let cells = (frames.iter().zip(index))
+        .map(|(fr, frame)| match fr.cell {
+            Some(c) => {
+                let cell = Cell::new(c)
+                    .ok_or_else(|| anyhow::anyhow!("frame {frame}: the cell is singular"))?;
+                cell.images(rcut)
+                    .map_err(|e| anyhow::anyhow!("frame {frame}: {e}"))?;
+                Ok(Some(cell))
+            }
+            None => Ok(None),
         })
         .collect::<Result<Vec<_>>>()?;
+    let nlists: Vec<_> = (frames.iter().zip(&cells).zip(types))
+        .map(|((fr, cell), ft)| match d.is_mixed() {
+            true => build_nlist_mixed(fr.coord, cell.as_ref(), ft.atype, d.rcut, d.nnei()),
+            false => build_nlist(fr.coord, cell.as_ref(), ft.atype, d.rcut, &d.sel),
+        })
+        .collect();
     // A hybrid's sub-descriptor takes the first sel_k[t] slots of each type section of the one
     // list (DeePMD-kit's `nlist_cut_idx`) into its own part of the section, the neighbours
     // beyond its own rcut left as padding: there DeePMD-kit's switch is exactly 0, so its row
@@ -303,7 +303,18 @@ fn assemble_numbered(
     let head_labels = head_labels(spec, &centre_atom, frames);
     let short_range = match &spec.short_range {
         Some(sr) => Some(ShortRangeBatch::new(
-            sr, &dims, &rij, &owner, &nei_type, index,
+            sr,
+            &TableInput {
+                dims: &dims,
+                rij: &rij,
+                owner: &owner,
+                nei_type: &nei_type,
+                centre_atom: &centre_atom,
+                frames: (frames.iter().zip(&cells).zip(types))
+                    .map(|((fr, cell), ft)| (fr.coord, cell.as_ref(), ft.atype))
+                    .collect(),
+                index,
+            },
         )?),
         None => None,
     };

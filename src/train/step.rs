@@ -87,15 +87,15 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
                 // The pair table's weight reads r_ij itself: its seed is a tangent of them.
                 (
                     m.desc.kind.is_mixed(),
-                    m.desc.kind.reads_rij() || m.pair_table,
+                    m.desc.kind.reads_rij() || m.pair_table.is_some(),
                 ),
             )?,
             labels: [zeros(nf)?, zeros(3 * na)?, zeros(9 * nf)?],
             descriptor: Descriptor::new(b, m, dims, &zeros, &centre_atom)?,
             fitting: Fitting::new(b, m, dims, &zeros)?,
-            pair: match m.pair_table {
-                true => Some(PairTerms::new(dims, &zeros)?),
-                false => None,
+            pair: match &m.pair_table {
+                Some(mix) => Some(PairTerms::new(dims, &zeros, mix)?),
+                None => None,
             },
             e_atom: zeros(nc)?,
             energy: zeros(nf)?,
@@ -248,8 +248,8 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
     }
     let (dbar, _) = w.fitting.adjoints();
     w.descriptor.backward(b, m, d, &w.env, dbar, &mut w.q);
-    if let Some(p) = &w.pair {
-        b.mix_force(d, w.fitting.e_fit(), &p.dweight, &p.pair_q, &mut w.q);
+    if let Some(p) = w.pair.as_ref().filter(|p| p.moving_weight) {
+        b.mix_force(d, w.fitting.e_fit(), &p.dweight, &mut w.q);
     }
     b.force_virial(
         d,
@@ -260,6 +260,15 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
         &mut w.force,
         &mut w.virial,
     );
+    if let Some(p) = &w.pair {
+        b.mix_table(
+            d,
+            &p.pair_force,
+            &p.pair_virial,
+            &mut w.force,
+            &mut w.virial,
+        );
+    }
 }
 
 /// After [`forward`]: the loss of the batch and its gradient with respect to every parameter,

@@ -59,13 +59,20 @@ pub const DPA2_CASES: [&str; 10] = [
 ];
 
 /// The pair-table cases (`tests/reference/pairtab/`, its README has the table): DPA-1 with a
-/// table by use_srtab (ZBL) and by linear_ener, periodic and not.
-pub const PAIRTAB_CASES: [&str; 4] = [
+/// table by use_srtab (ZBL) and by linear_ener, periodic and not, and a table of a longer range
+/// than the descriptor's (its own neighbour list, cut by its sel or not).
+pub const PAIRTAB_CASES: [&str; 6] = [
     "pairtab/zbl_water",
     "pairtab/zbl_water_nopbc",
     "pairtab/linear_sum_water",
     "pairtab/linear_list_water",
+    "pairtab/linear_far_water",
+    "pairtab/linear_far_sel_water",
 ];
+
+/// Pair-table cases of eval frames only, without a training step (their README says why).
+pub const PAIRTAB_EVAL_ONLY: [&str; 2] =
+    ["pairtab/zbl_water_nopbc", "pairtab/linear_far_sel_water"];
 
 /// Cases whose frames are evaluated with another case's model (which has the file).
 const MODEL_OF: [(&str, &str); 1] = [("pairtab/zbl_water_nopbc", "pairtab/zbl_water")];

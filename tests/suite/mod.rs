@@ -164,8 +164,8 @@ macro_rules! backend_suite {
         $(#[$attr])?
         fn reference_pairtab_training_gradients() {
             for case in $crate::suite::descriptors::PAIRTAB_CASES {
-                if case.ends_with("_nopbc") {
-                    continue; // eval frames only (tests/reference/pairtab/README.md)
+                if $crate::suite::descriptors::PAIRTAB_EVAL_ONLY.contains(&case) {
+                    continue;
                 }
                 $crate::suite::descriptors::training_gradients(&$backend, case);
             }

@@ -9,7 +9,7 @@ pub(super) mod yaml;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-pub use batch::ShortRangeBatch;
+pub use batch::{ShortRangeBatch, TableInput};
 
 /// A tabulated pair energy E_{ti,tj}(r) as clamped cubic splines on a uniform grid.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -105,8 +105,9 @@ pub struct ShortRange {
 }
 
 impl ShortRange {
-    /// The table against the model it is mixed into: its types, and a neighbour list the
-    /// descriptor's holds (the table reads the descriptor's slots).
+    /// The table against the model it is mixed into: its types, and for a ZBL mix a neighbour
+    /// list the descriptor's holds (its table reads the descriptor's slots; a linear model's
+    /// table has a list of its own).
     pub fn check(&self, ntypes: usize, rcut: f64, nsel: usize) -> Result<()> {
         let t = &self.table;
         if t.ntypes != ntypes {
@@ -116,20 +117,20 @@ impl ShortRange {
                 t.ntypes
             );
         }
-        if t.rcut > rcut || t.sel > nsel {
-            bail!(
-                "pair table {}: its neighbour list (rcut {}, sel {}) reaches beyond the DP \
-                 model's descriptor's (rcut {rcut}, sel {nsel}); dpw reads the table on the \
-                 descriptor's neighbours, so a table of a longer range is not supported",
-                self.tab_file,
-                t.rcut,
-                t.sel
-            );
-        }
         if let Mix::Zbl {
             sw_rmin, sw_rmax, ..
         } = self.mix
         {
+            if t.rcut > rcut || t.sel > nsel {
+                bail!(
+                    "pair table {}: its neighbour list (rcut {}, sel {}) reaches beyond the DP \
+                     model's descriptor's (rcut {rcut}, sel {nsel}), which a ZBL mix \
+                     (use_srtab) reads it on",
+                    self.tab_file,
+                    t.rcut,
+                    t.sel
+                );
+            }
             if sw_rmax <= sw_rmin {
                 bail!("sw_rmax ({sw_rmax}) must be greater than sw_rmin ({sw_rmin})");
             }
