@@ -89,11 +89,17 @@ fn backward_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
-// W̄ partials of chunk wg.z over a 16×16 tile of (input, output) pairs, rows in order.
+// W̄ partials of chunk wg.z over a 16×16 tile of (input, output) pairs, rows in order. The tile
+// row past the inputs' (wg.y = ⌈nin/16⌉) makes dual_bsum's b̄ and īdt partials instead, as the
+// "inputs" nin and nin + 1: a column of ones against z̄ (ta) and one against the īdt terms (tc,
+// td holding them): each a sum of 1·v + 0·w over the rows in order, dual_bsum's sums exactly, so
+// the tiled path needs no dual_bsum dispatch (one thread walking a chunk's rows per column was a
+// fifth of the wgpu step's kernel time on an H200).
 @compute @workgroup_size(16, 16)
 fn dual_wgrad_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
     let n = wg.x * TS + l.x;
-    let i = wg.y * TS + l.y;
+    let sums = wg.y * TS >= u.nin;
+    let i = select(wg.y * TS + l.y, u.nin + l.y, sums);
     let c = wg.z;
     let m = u.nrows * u.nout;
     let r_end = min((c + 1u) * u.chunk, u.nrows);
@@ -101,21 +107,27 @@ fn dual_wgrad_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     for (var r0 = c * u.chunk; r0 < r_end; r0 += TS) {
         // Thread (x, y) stages row r0 + y: input column x of the i-tile, output column x of the n-tile.
         let r = r0 + l.y;
-        let ia = wg.y * TS + l.x;
-        let ok_x = r < r_end && ia < u.nin;
-        let row = u.row0 + r;
-        ta[l.y][l.x] = select(real(0), xin[row * u.nin + ia], ok_x);
-        tc[l.y][l.x] = select(real(0), xdot[row * u.nin + ia] * row_scale(row), ok_x);
         let ok_z = r < r_end && n < u.nout;
         tb[l.y][l.x] = select(real(0), scratch[r * u.nout + n], ok_z);
-        td[l.y][l.x] = select(real(0), scratch[m + r * u.nout + n], ok_z);
+        if (sums) {
+            ta[l.y][l.x] = select(real(0), real(1), l.x == 0u);
+            tc[l.y][l.x] = select(real(0), real(1), l.x == 1u);
+            td[l.y][l.x] = select(real(0), scratch[2u * m + r * u.nout + n], ok_z);
+        } else {
+            let ia = wg.y * TS + l.x;
+            let ok_x = r < r_end && ia < u.nin;
+            let row = u.row0 + r;
+            ta[l.y][l.x] = select(real(0), xin[row * u.nin + ia], ok_x);
+            tc[l.y][l.x] = select(real(0), xdot[row * u.nin + ia] * row_scale(row), ok_x);
+            td[l.y][l.x] = select(real(0), scratch[m + r * u.nout + n], ok_z);
+        }
         workgroupBarrier();
         for (var t = 0u; t < TS; t++) {
             acc += ta[t][l.y] * tb[t][l.x] + tc[t][l.y] * td[t][l.x];
         }
         workgroupBarrier();
     }
-    if (i < u.nin && n < u.nout) {
+    if (i < u.nin + select(0u, 2u, sums) && n < u.nout) {
         partial[(c * (u.nin + 2u) + i) * u.nout + n] = acc;
     }
 }

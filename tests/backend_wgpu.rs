@@ -218,6 +218,24 @@ fn parity_ops_other_variant_f32() {
     }
 }
 
+/// The other variant's kernels and passes make the same sums as the first device's, in the same
+/// order: the tiled dense kernels fold dual_bsum's b̄ and īdt into dual_wgrad_tiled exactly.
+#[test]
+fn other_variant_same_bits_f64() {
+    let test = "other_variant_same_bits_f64";
+    if let (Some(w), Some(other)) = (wgpu_for::<f64>(test), other_variant::<f64>(test)) {
+        suite::parity::same_bits::<f64, _>(w, other);
+    }
+}
+
+#[test]
+fn other_variant_same_bits_f32() {
+    let test = "other_variant_same_bits_f32";
+    if let (Some(w), Some(other)) = (wgpu_for::<f32>(test), other_variant::<f32>(test)) {
+        suite::parity::same_bits::<f32, _>(w, other);
+    }
+}
+
 #[test]
 fn parity_with_cpu_other_variant_f64() {
     if let Some(w) = other_variant::<f64>("parity_with_cpu_other_variant_f64") {

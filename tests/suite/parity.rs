@@ -353,6 +353,24 @@ where
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Every op's outputs on two devices of one backend that run the same sums in other kernels
+/// (wgpu's flat and tiled dense kernels, shared and separate passes): equal bit for bit.
+pub fn same_bits<T: Real, B: Backend<T>>(a: &B, b: &B) {
+    let mut failures = Vec::new();
+    for (name, m, s) in small_cases() {
+        let frames = [frame_of(&s), frame_of(&s)];
+        let batch = assemble(&m.spec, &s.atype, &frames).unwrap();
+        let x = op_outputs::<T, _>(a, &m, &batch);
+        let y = op_outputs::<T, _>(b, &m, &batch);
+        for ((what, u), (_, v)) in x.iter().zip(&y) {
+            if let Some(k) = (0..u.len()).find(|&k| u[k].to_bits() != v[k].to_bits()) {
+                failures.push(format!("{name}: {what}[{k}]: {} vs {}", u[k], v[k]));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 // ---------------------------------------------------------------- DPA-1's element-wise ops
 
 /// DPA-1's element-wise ops (the switch, the type-embedding rows, strip) on a real mixed-type

@@ -533,13 +533,15 @@ impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
             ],
             grid1(m as usize),
         );
-        let (wgrad, grid) = match self.dense_kernels() {
-            DenseKernels::Flat => (&k::DENSE_DUAL_WGRAD, grid1(nchunks * l.nin * l.nout)),
-            DenseKernels::Tiled => (
+        let tiled = self.dense_kernels() == DenseKernels::Tiled;
+        let (wgrad, grid) = match tiled {
+            false => (&k::DENSE_DUAL_WGRAD, grid1(nchunks * l.nin * l.nout)),
+            // One more row of tiles for b̄ and īdt (dense_tiled.wgsl).
+            true => (
                 &k::DENSE_DUAL_WGRAD_TILED,
                 [
                     u32_of(l.nout).div_ceil(TS),
-                    u32_of(l.nin).div_ceil(TS),
+                    u32_of(l.nin).div_ceil(TS) + 1,
                     u.nchunks,
                 ],
             ),
@@ -550,12 +552,14 @@ impl<T: GpuReal> DenseOps<T> for Generic<'_, Wgpu> {
             &[&io.x.buf, &xdot.buf, scale, &scratch, &partial],
             grid,
         );
-        self.go::<T>(
-            &k::DENSE_DUAL_BSUM,
-            &u,
-            &[&scratch, &partial],
-            grid1(nchunks * l.nout),
-        );
+        if !tiled {
+            self.go::<T>(
+                &k::DENSE_DUAL_BSUM,
+                &u,
+                &[&scratch, &partial],
+                grid1(nchunks * l.nout),
+            );
+        }
         self.go::<T>(
             &k::DENSE_DUAL_WSUM,
             &u,
