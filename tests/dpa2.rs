@@ -222,10 +222,6 @@ fn bad_inputs_are_refused_naming_the_key() {
         &["model.descriptor.use_econf_tebd"],
     );
     refused(
-        &|d| d["repformer"]["nsel"] = "auto".into(),
-        &["model.descriptor.repformer.nsel", "\"auto\""],
-    );
-    refused(
         &|d| d["repformer"]["update_residual_init"] = "zero".into(),
         &["model.descriptor.repformer.update_residual_init"],
     );

@@ -172,7 +172,6 @@ fn input_keys_load_and_bad_ones_are_named() {
         &|d| d["repflow"]["sequential_update"] = true.into(),
         "repflow.sequential_update",
     );
-    refused(&|d| d["repflow"]["a_sel"] = "auto".into(), "repflow.a_sel");
     refused(
         &|d| d["repflow"]["update_style"] = "res_x".into(),
         "repflow.update_style",

@@ -620,6 +620,72 @@ fn auto_sel_is_deepmd_kits() {
     }
 }
 
+/// Issue 57 item 5 (and 55): DPA-2's three lists and DPA-3's two each take "auto[:factor]",
+/// counted at the list's own rcut over all types together, as DeePMD-kit 3.2.0's `update_sel`
+/// does (scripts/make-reference/auto_sel.py, water data_0..2: DPA-2 repinit rcut 5 "auto" 76,
+/// three-body rcut 3.5 "auto:1.25" 36, repformer rcut 4 "auto:1.3" 52; DPA-3 e_rcut 4.5 "auto"
+/// 60, a_rcut 3 "auto:0.9" 16). out.json holds the numbers; before the count (an input's
+/// expanded form) the lists stay "auto:<factor>".
+#[test]
+fn auto_sel_of_dpa2_and_dpa3_lists_is_deepmd_kits() {
+    let dpa2 = json!({"type": "dpa2",
+        "repinit": {"rcut": 5.0, "rcut_smth": 0.5, "nsel": "auto", "neuron": [4, 8],
+                    "axis_neuron": 4, "use_three_body": true, "three_body_rcut": 3.5,
+                    "three_body_rcut_smth": 0.5, "three_body_sel": "auto:1.25",
+                    "three_body_neuron": [2, 4]},
+        "repformer": {"rcut": 4.0, "rcut_smth": 0.5, "nsel": "auto:1.3", "nlayers": 1,
+                      "g1_dim": 8, "g2_dim": 4, "axis_neuron": 4, "attn1_hidden": 4,
+                      "attn1_nhead": 1, "attn2_hidden": 4, "attn2_nhead": 1}});
+    let dpa3 = json!({"type": "dpa3",
+        "repflow": {"n_dim": 8, "e_dim": 4, "a_dim": 4, "nlayers": 1, "e_rcut": 4.5,
+                    "e_rcut_smth": 0.5, "e_sel": "auto", "a_rcut": 3.0, "a_rcut_smth": 0.5,
+                    "a_sel": "auto:0.9", "axis_neuron": 2}});
+    let dpa2_lists = [
+        ("repinit", "nsel", "auto:1.1", 76),
+        ("repinit", "three_body_sel", "auto:1.25", 36),
+        ("repformer", "nsel", "auto:1.3", 52),
+    ];
+    let dpa3_lists = [
+        ("repflow", "e_sel", "auto:1.1", 60),
+        ("repflow", "a_sel", "auto:0.9", 16),
+    ];
+    for (descriptor, lists) in [(dpa2, &dpa2_lists[..]), (dpa3, &dpa3_lists[..])] {
+        let input = input_with(descriptor, false, 0);
+        let given = dpw::config::Config::from_value(&input, &common::repo("")).unwrap();
+        let before = given.to_expanded_json();
+        let out = expanded(&input);
+        for &(block, key, auto, want) in lists {
+            assert_eq!(
+                before["model"]["descriptor"][block][key],
+                json!(auto),
+                "{key}"
+            );
+            assert_eq!(
+                out["model"]["descriptor"][block][key],
+                json!(want),
+                "{block}.{key}"
+            );
+        }
+    }
+    // Without the neighbour statistics an "auto" list cannot be counted: refused by its key.
+    let d = tempfile::tempdir().unwrap();
+    let mut input = input_with(dpa3_numeric_e_sel(), false, 0);
+    input["model"]["descriptor"]["repflow"]["a_sel"] = json!("auto");
+    write_input(d.path(), &input);
+    fails(
+        d.path(),
+        &["train", "input.json", "--skip-neighbor-stat"],
+        &["model.descriptor.repflow.a_sel", "--skip-neighbor-stat"],
+    );
+}
+
+/// A small DPA-3 with a numeric e_sel.
+fn dpa3_numeric_e_sel() -> Value {
+    json!({"type": "dpa3", "repflow": {"n_dim": 8, "e_dim": 4, "a_dim": 4, "nlayers": 1,
+        "e_rcut": 4.5, "e_rcut_smth": 0.5, "e_sel": 60, "a_rcut": 3.0, "a_rcut_smth": 0.5,
+        "a_sel": 16, "axis_neuron": 2}})
+}
+
 /// Issue 59, defect 3: the sel warning of a mixed-type descriptor compares its one sel (nnei)
 /// with the count of all types together, and names neither a type nor an element.
 #[test]

@@ -1,5 +1,6 @@
 """DeePMD-kit 3.2.0's `sel: "auto"` and its sel warning on the repository's example data, for
-tests/hardening.rs (`auto_sel_is_deepmd_kits`, `small_mixed_sel_is_warned_about_as_one_list`,
+tests/hardening.rs (`auto_sel_is_deepmd_kits`, `auto_sel_of_dpa2_and_dpa3_lists_is_deepmd_kits`,
+`small_mixed_sel_is_warned_about_as_one_list`,
 `small_sel_is_warned_about`, `zero_sel_of_a_type_is_not_warned_about`).
 
 Run with the DeePMD-kit 3.2.0 virtual environment (`pip install "deepmd-kit[cpu,torch]==3.2.0"`)
@@ -11,7 +12,8 @@ Each case goes the way `dp --pt train` goes before its first step (deepmd/pt/ent
 the training data, then `BaseModel.update_sel` on the model, which runs each descriptor's own
 `update_sel` (deepmd/utils/update_sel.py: NeighborStat per type, or of all types together for
 the mixed-type se_atten / se_atten_v2; "auto:R" is `4 * ((int(count * R) + 3) // 4)`, R 1.1 by
-default; a numeric sel below the count logs "sel of type i is not enough!", except where it is 0).
+default; a numeric sel below the count logs "sel of type i is not enough!", except where it is 0;
+DPA-2 and DPA-3 count each of their lists at its own rcut, all types together).
 Printed per case: the sel DeePMD-kit writes into the model, and the warnings it logs. Then
 `dp neighbor-stat` (deepmd/entrypoints/neighbor_stat.py) on the alloy's training systems, per type
 and with --mixed-type, for tests/hardening.rs's `neighbor_stat_mixed_type_is_deepmd_kits`.
@@ -67,7 +69,26 @@ CASES = [
     (WATER, descriptor("se_e2_a", 6.0, [0, 28])),
     (WATER, {"type": "hybrid", "list": [descriptor("se_e2_a", 6.0, [46, 92]),
                                         descriptor("se_e2_r", 4.0, [10, 20])]}),
+    # every list of DPA-2 (repinit, its three-body block, repformer) and DPA-3 (edges, angles),
+    # each at its own rcut, mixed-type
+    (WATER, {"type": "dpa2",
+             "repinit": {"rcut": 5.0, "rcut_smth": 0.5, "nsel": "auto", "neuron": [4, 8],
+                         "axis_neuron": 4, "use_three_body": True, "three_body_rcut": 3.5,
+                         "three_body_rcut_smth": 0.5, "three_body_sel": "auto:1.25"},
+             "repformer": {"rcut": 4.0, "rcut_smth": 0.5, "nsel": "auto:1.3", "nlayers": 1,
+                           "g1_dim": 8, "g2_dim": 4}}),
+    (WATER, {"type": "dpa3",
+             "repflow": {"n_dim": 8, "e_dim": 4, "a_dim": 4, "nlayers": 1, "e_rcut": 4.5,
+                         "e_rcut_smth": 0.5, "e_sel": "auto", "a_rcut": 3.0,
+                         "a_rcut_smth": 0.5, "a_sel": "auto:0.9"}}),
 ]
+
+# The keys of DPA-2's and DPA-3's lists: (block, rcut key, sel key).
+LISTS = {
+    "dpa2": [("repinit", "rcut", "nsel"), ("repinit", "three_body_rcut", "three_body_sel"),
+             ("repformer", "rcut", "nsel")],
+    "dpa3": [("repflow", "e_rcut", "e_sel"), ("repflow", "a_rcut", "a_sel")],
+}
 
 
 class Warnings(logging.Handler):
@@ -100,7 +121,10 @@ def run(data, desc):
     finally:
         logging.getLogger().removeHandler(handler)
     d = model["descriptor"]
-    sel = [s["sel"] for s in d["list"]] if d["type"] == "hybrid" else d["sel"]
+    if d["type"] in LISTS:
+        sel = [d[block][key] for block, _, key in LISTS[d["type"]]]
+    else:
+        sel = [s["sel"] for s in d["list"]] if d["type"] == "hybrid" else d["sel"]
     return sel, handler.messages
 
 
@@ -108,8 +132,13 @@ def main():
     for data, desc in CASES:
         sel, warnings = run(data, desc)
         name = "water" if data is WATER else "alloy"
-        given = ([(s["type"], s["rcut"], s["sel"]) for s in desc["list"]]
-                 if desc["type"] == "hybrid" else (desc["type"], desc["rcut"], desc["sel"]))
+        if desc["type"] in LISTS:
+            given = (desc["type"], [(f"{block}.{key}", desc[block][rc], desc[block][key])
+                                    for block, rc, key in LISTS[desc["type"]]])
+        elif desc["type"] == "hybrid":
+            given = [(s["type"], s["rcut"], s["sel"]) for s in desc["list"]]
+        else:
+            given = (desc["type"], desc["rcut"], desc["sel"])
         print(f"{name} {given}: sel {sel}; warnings {warnings}")
     for mixed_type in (False, True):
         dist, size = neighbor_stat(system="examples/alloy/data/train", rcut=5.0,

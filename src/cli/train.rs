@@ -299,16 +299,21 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
             }
             _ => anyhow::bail!("give at most one of --restart, --init-model and --init-frz-model"),
         };
-        if args.skip_neighbor_stat
-            && matches!(cfg.model.descriptor.sel, Sel::Auto(_))
-            && matches!(start, Start::Fresh)
-        {
-            anyhow::bail!(
-                "{}: model.descriptor.sel is \"auto\", which needs the neighbour statistics \
-                 that --skip-neighbor-stat skips; give sel as numbers (`dpw neighbor-stat` \
-                 prints the largest neighbour counts)",
-                args.input.display()
-            );
+        if args.skip_neighbor_stat && matches!(start, Start::Fresh) {
+            let d = &cfg.model.descriptor;
+            let auto = match (&d.sel, d.auto_lists.first()) {
+                (Sel::Auto(_), _) => Some("sel"),
+                (_, Some(a)) => Some(a.list.key()),
+                _ => None,
+            };
+            if let Some(key) = auto {
+                anyhow::bail!(
+                    "{}: model.descriptor.{key} is \"auto\", which needs the neighbour \
+                     statistics that --skip-neighbor-stat skips; give it as numbers (`dpw \
+                     neighbor-stat` prints the largest neighbour counts)",
+                    args.input.display()
+                );
+            }
         }
         let mut setup = prepare(cfg, start, !args.skip_neighbor_stat, Path::new("."), t0)?;
         setup.out_json = args.output;

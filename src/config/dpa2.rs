@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::block_keys::{activation, update_keys};
 use super::error::ConfigError;
 use super::keys::{at_least_one, non_negative, positive, to_f64, to_usize, Schema, Section};
-use super::model::{precision, type_pairs, widths, DescriptorConfig, Sel};
+use super::model::{precision, type_pairs, widths, AutoList, DescriptorConfig, Sel, SelList};
 use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
 use crate::model::{DescriptorType, TebdInputMode};
 
@@ -98,25 +98,29 @@ static REPFORMER: Schema = Schema {
     deepmd: "model[standard].descriptor[dpa2].repformer",
 };
 
-/// A number of neighbours of one list. DeePMD-kit also takes "auto[:factor]" here and counts
-/// the neighbours in the training data before it builds the model; dpw does not count them for
-/// DPA-2, so that is refused, naming the key.
-fn nsel(sec: &Section, key: &str, default: Option<usize>) -> Result<usize> {
+/// A number of neighbours of one list: an integer, or "auto[:factor]", which the trainer
+/// counts in the training data at the list's rcut (as DeePMD-kit's `update_sel`).
+fn nsel(sec: &Section, key: &str, default: Option<usize>) -> Result<Sel> {
     let path = sec.path_of(key);
     let v = match (sec.get(key), default) {
         (Some(v), _) => v,
-        (None, Some(n)) => return Ok(n),
-        (None, None) => sec.required(key, "an integer")?,
+        (None, Some(n)) => return Ok(Sel::Fixed(vec![n])),
+        (None, None) => sec.required(key, "an integer or \"auto\"")?,
     };
     match v {
-        Value::String(s) if s.starts_with("auto") => Err(ConfigError::unsupported(
-            path,
-            format!(
-                "{s:?} is not supported for DPA-2; give the number of neighbours (`dpw \
-                 neighbor-stat` with this list's rcut prints the largest count)"
-            ),
-        )),
-        _ => to_usize(v, &path),
+        Value::String(_) => Sel::parse(v, &path, 1),
+        _ => Ok(Sel::Fixed(vec![to_usize(v, &path)?])),
+    }
+}
+
+/// A list beside the repinit's: its size, 0 while it waits in `auto` to be counted.
+fn side_list(sel: Sel, list: SelList, rcut: f64, auto: &mut Vec<AutoList>) -> usize {
+    match sel {
+        Sel::Fixed(s) => s[0],
+        Sel::Auto(factor) => {
+            auto.push(AutoList { list, rcut, factor });
+            0
+        }
     }
 }
 
@@ -128,7 +132,7 @@ fn positive_count(sec: &Section, key: &str, default: usize) -> Result<usize> {
     at_least_one(sec.usize_or(key, default)?, &sec.path_of(key))
 }
 
-fn parse_repinit(i: &Section) -> Result<RepinitConfig> {
+fn parse_repinit(i: &Section, auto: &mut Vec<AutoList>) -> Result<RepinitConfig> {
     let tebd_input_mode = match i.string_or("tebd_input_mode", "concat")?.as_str() {
         "concat" => TebdInputMode::Concat,
         "strip" => TebdInputMode::Strip,
@@ -139,34 +143,43 @@ fn parse_repinit(i: &Section) -> Result<RepinitConfig> {
             ))
         }
     };
+    let three_body_rcut = positive(
+        i.f64_or("three_body_rcut", 4.0)?,
+        &i.path_of("three_body_rcut"),
+    )?;
+    let three_body_sel = side_list(
+        nsel(i, "three_body_sel", Some(40))?,
+        SelList::Dpa2ThreeBody,
+        three_body_rcut,
+        auto,
+    );
     Ok(RepinitConfig {
         tebd_dim: positive_count(i, "tebd_dim", 8)?,
         tebd_input_mode,
         activation: activation(i, "tanh", "DPA-2")?,
         use_three_body: i.bool_or("use_three_body", false)?,
         three_body_neuron: widths(i, "three_body_neuron", &[2, 4, 8])?,
-        three_body_rcut: positive(
-            i.f64_or("three_body_rcut", 4.0)?,
-            &i.path_of("three_body_rcut"),
-        )?,
+        three_body_rcut,
         three_body_rcut_smth: non_negative(
             i.f64_or("three_body_rcut_smth", 0.5)?,
             &i.path_of("three_body_rcut_smth"),
         )?,
-        three_body_sel: nsel(i, "three_body_sel", Some(40))?,
+        three_body_sel,
     })
 }
 
-fn parse_repformer(r: &Section) -> Result<RepformerConfig> {
+fn parse_repformer(r: &Section, auto: &mut Vec<AutoList>) -> Result<RepformerConfig> {
     let (update_style, residual_norm) = update_keys(r, "res_avg", "norm")?;
     let ln_eps = match r.opt_f64("ln_eps")? {
         Some(e) => positive(e, &r.path_of("ln_eps"))?,
         None => 1e-5,
     };
+    let rcut = positive(required_f64(r, "rcut")?, &r.path_of("rcut"))?;
+    let nsel = side_list(nsel(r, "nsel", None)?, SelList::Dpa2Repformer, rcut, auto);
     Ok(RepformerConfig {
-        rcut: positive(required_f64(r, "rcut")?, &r.path_of("rcut"))?,
+        rcut,
         rcut_smth: non_negative(required_f64(r, "rcut_smth")?, &r.path_of("rcut_smth"))?,
-        nsel: nsel(r, "nsel", None)?,
+        nsel,
         nlayers: positive_count(r, "nlayers", 3)?,
         g1_dim: positive_count(r, "g1_dim", 128)?,
         g2_dim: positive_count(r, "g2_dim", 16)?,
@@ -222,9 +235,10 @@ pub(super) fn parse(
         &REPFORMER,
     )?;
     let trainable = sec.bool_or("trainable", true)?;
+    let mut auto_lists = vec![];
     let c = Dpa2Config {
-        repinit: parse_repinit(&i)?,
-        repformer: parse_repformer(&r)?,
+        repinit: parse_repinit(&i, &mut auto_lists)?,
+        repformer: parse_repformer(&r, &mut auto_lists)?,
         concat_output_tebd: sec.bool_or("concat_output_tebd", true)?,
         smooth: sec.bool_or("smooth", true)?,
         exclude_types: type_pairs(&sec, ntypes)?,
@@ -233,15 +247,21 @@ pub(super) fn parse(
         trainable,
     };
     let rcut = positive(required_f64(&i, "rcut")?, &i.path_of("rcut"))?;
-    let nsel = nsel(&i, "nsel", None)?;
+    let sel = nsel(&i, "nsel", None)?;
     let neuron = widths(&i, "neuron", &[25, 50, 100])?;
     let axis_neuron = positive_count(&i, "axis_neuron", 16)?;
     let m1 = *neuron.last().expect("widths() is non-empty");
-    (c.check(rcut, nsel, m1, axis_neuron)).map_err(|why| ConfigError::invalid(path, why))?;
+    let invalid = |why| ConfigError::invalid(path, why);
+    c.check_widths(rcut, m1, axis_neuron).map_err(invalid)?;
+    // The lists' sizes against their rcuts once every one is known (an auto one after the
+    // trainer has counted it).
+    if let (Sel::Fixed(n), true) = (&sel, auto_lists.is_empty()) {
+        c.check_lists(rcut, n[0]).map_err(invalid)?;
+    }
     Ok(DescriptorConfig {
         kind: DescriptorType::Dpa2,
         r#type: "dpa2".into(),
-        sel: Sel::Fixed(vec![nsel]),
+        sel,
         rcut,
         rcut_smth: non_negative(required_f64(&i, "rcut_smth")?, &i.path_of("rcut_smth"))?,
         neuron,
@@ -259,6 +279,7 @@ pub(super) fn parse(
         attention: None,
         dpa3: None,
         dpa2: Some(c),
+        auto_lists,
         list: vec![],
     })
 }
@@ -266,9 +287,10 @@ pub(super) fn parse(
 /// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
 pub(super) fn to_json(d: &DescriptorConfig) -> Value {
     let c = d.dpa2.as_ref().expect("a DPA-2 config");
+    // An "auto" nsel is written back as it was given (0 here, replaced below).
     let nsel = match &d.sel {
         Sel::Fixed(s) => s[0],
-        Sel::Auto(_) => unreachable!("DPA-2's nsel \"auto\" is refused"),
+        Sel::Auto(_) => 0,
     };
     let shared = RepinitShared {
         rcut: d.rcut,
@@ -282,5 +304,8 @@ pub(super) fn to_json(d: &DescriptorConfig) -> Value {
     };
     let mut v = c.input_json(&shared, d.precision.as_str(), d.env_protection);
     v["seed"] = d.seed.into();
+    if let Sel::Auto(_) = d.sel {
+        v["repinit"]["nsel"] = d.sel.to_value();
+    }
     v
 }

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use super::block_keys::{activation, update_keys};
 use super::error::ConfigError;
 use super::keys::{non_negative, positive, to_usize, Schema, Section};
-use super::model::{precision, type_pairs, DescriptorConfig, Sel};
+use super::model::{precision, type_pairs, AutoList, DescriptorConfig, Sel, SelList};
 use crate::model::dpa3::Dpa3Config;
 use crate::model::DescriptorType;
 
@@ -111,15 +111,18 @@ pub(super) fn parse(
     )?;
     let activation = activation(&sec, "silu", "DPA-3")?;
     let (update_style, residual_norm) = update_keys(&r, "res_residual", "const")?;
-    let a_sel = match sel_of(&r, "a_sel")? {
-        Sel::Fixed(s) => s[0],
-        Sel::Auto(_) => {
-            return Err(ConfigError::unsupported(
-                r.path_of("a_sel"),
-                "a_sel \"auto\" is not supported; give the number of angle neighbours (`dpw \
-                 neighbor-stat` with the a_rcut as rcut prints the largest count)",
-            ))
-        }
+    let a_rcut = positive(r.f64_or("a_rcut", 4.0)?, &r.path_of("a_rcut"))?;
+    // An "auto" a_sel is counted by the trainer; 0 until then.
+    let (a_sel, auto_lists) = match sel_of(&r, "a_sel")? {
+        Sel::Fixed(s) => (s[0], vec![]),
+        Sel::Auto(factor) => (
+            0,
+            vec![AutoList {
+                list: SelList::Dpa3Angle,
+                rcut: a_rcut,
+                factor,
+            }],
+        ),
     };
     let exclude_types = type_pairs(&sec, ntypes)?;
     // skip_stat (deprecated): true means a fixed std of 0.3 and no statistics.
@@ -131,7 +134,7 @@ pub(super) fn parse(
         e_dim: r.usize_or("e_dim", 64)?,
         a_dim: r.usize_or("a_dim", 64)?,
         nlayers: r.usize_or("nlayers", 6)?,
-        a_rcut: positive(r.f64_or("a_rcut", 4.0)?, &r.path_of("a_rcut"))?,
+        a_rcut,
         a_rcut_smth: non_negative(r.f64_or("a_rcut_smth", 3.5)?, &r.path_of("a_rcut_smth"))?,
         a_sel,
         a_compress_rate: r.usize_or("a_compress_rate", 0)?,
@@ -186,6 +189,7 @@ pub(super) fn parse(
         attention: None,
         dpa3: Some(c),
         dpa2: None,
+        auto_lists,
         list: vec![],
     })
 }

@@ -16,7 +16,7 @@ use crate::fitting::registry;
 use crate::fitting::tensor;
 use crate::model::registry::{descriptor_names, KnownType, MODELS, REFUSED_FITTINGS};
 pub use crate::model::{AttentionConfig, TebdInputMode};
-use crate::model::{DescriptorType, FitOutput};
+use crate::model::{DescriptorSpec, DescriptorType, FitOutput};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -71,6 +71,67 @@ pub enum Sel {
     Auto(f64),
     /// One count per type, in `type_map` order.
     Fixed(Vec<usize>),
+}
+
+/// A neighbour list of DPA-2 or DPA-3 other than the descriptor's main one (`sel`, at `rcut`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelList {
+    /// DPA-2's `repinit.three_body_sel`.
+    Dpa2ThreeBody,
+    /// DPA-2's `repformer.nsel`.
+    Dpa2Repformer,
+    /// DPA-3's `repflow.a_sel`.
+    Dpa3Angle,
+}
+
+impl SelList {
+    /// The key within the descriptor's section.
+    pub fn key(self) -> &'static str {
+        match self {
+            SelList::Dpa2ThreeBody => "repinit.three_body_sel",
+            SelList::Dpa2Repformer => "repformer.nsel",
+            SelList::Dpa3Angle => "repflow.a_sel",
+        }
+    }
+
+    /// The list's size in a model's descriptor that has the list.
+    pub fn of_spec(self, d: &DescriptorSpec) -> Option<usize> {
+        match self {
+            SelList::Dpa2ThreeBody => d.dpa2.as_ref().map(|c| c.repinit.three_body_sel),
+            SelList::Dpa2Repformer => d.dpa2.as_ref().map(|c| c.repformer.nsel),
+            SelList::Dpa3Angle => d.dpa3.as_ref().map(|c| c.a_sel),
+        }
+    }
+
+    pub fn set(self, d: &mut DescriptorConfig, n: usize) {
+        match self {
+            SelList::Dpa2ThreeBody => d.dpa2.as_mut().expect("DPA-2").repinit.three_body_sel = n,
+            SelList::Dpa2Repformer => d.dpa2.as_mut().expect("DPA-2").repformer.nsel = n,
+            SelList::Dpa3Angle => d.dpa3.as_mut().expect("DPA-3").a_sel = n,
+        }
+    }
+
+    /// Where out.json holds it: `(block, key)`.
+    fn json_key(self) -> (&'static str, &'static str) {
+        self.key().split_once('.').expect("block.key")
+    }
+}
+
+/// A list of [`SelList`] given as `"auto[:factor]"`: DeePMD-kit's `update_sel` counts the
+/// neighbours of all types together within its `rcut` in the training data.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutoList {
+    pub list: SelList,
+    pub rcut: f64,
+    pub factor: f64,
+}
+
+impl AutoList {
+    /// The descriptor's out.json with the list still `"auto:<factor>"`.
+    pub(super) fn write(&self, descriptor: &mut Value) {
+        let (block, key) = self.list.json_key();
+        descriptor[block][key] = Sel::Auto(self.factor).to_value();
+    }
 }
 
 impl Sel {
@@ -145,6 +206,9 @@ pub struct DescriptorConfig {
     /// `dpa2`: its keys beside the shared ones (which hold the repinit's rcut, rcut_smth, nsel,
     /// neuron, axis_neuron, type_one_side, resnet_dt and set_davg_zero); `None` for the others.
     pub dpa2: Option<crate::model::dpa2::Dpa2Config>,
+    /// DPA-2's and DPA-3's lists beside the main one whose size input.json gives as
+    /// `"auto[:factor]"`, until the trainer counts them (their fields hold 0 till then).
+    pub auto_lists: Vec<AutoList>,
     /// `hybrid`: its sub-descriptors, in order (none of them hybrid, each sel given as numbers);
     /// empty for the others. A hybrid's own sel and rcut are its list's largest, its precision
     /// and trainable those its list shares, its other keys empty or zero.
@@ -668,6 +732,7 @@ fn parse_descriptor(
         },
         dpa3: None,
         dpa2: None,
+        auto_lists: vec![],
         list: vec![],
     })
 }
@@ -793,6 +858,7 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
         attention: None,
         dpa3: None,
         dpa2: None,
+        auto_lists: vec![],
         list,
     })
 }
@@ -905,11 +971,13 @@ impl ModelConfig {
 
 /// A descriptor as out.json writes it: its keys, with their defaults filled in.
 fn descriptor_json(d: &DescriptorConfig) -> Value {
-    if d.kind == DescriptorType::Dpa3 {
-        return super::dpa3::to_json(d);
-    }
-    if d.kind == DescriptorType::Dpa2 {
-        return super::dpa2::to_json(d);
+    if matches!(d.kind, DescriptorType::Dpa3 | DescriptorType::Dpa2) {
+        let mut v = match d.kind {
+            DescriptorType::Dpa3 => super::dpa3::to_json(d),
+            _ => super::dpa2::to_json(d),
+        };
+        (d.auto_lists.iter()).for_each(|a| a.write(&mut v));
+        return v;
     }
     if d.kind == DescriptorType::Hybrid {
         return json!({

@@ -698,6 +698,30 @@ fn resolve_spec(cfg: &mut Config, given: Option<&Model>, read: &mut Reading) -> 
         }
         (Sel::Fixed(s), _) => s.clone(),
     };
+    // DPA-2's and DPA-3's other lists, each counted at its own rcut (all types together).
+    for a in std::mem::take(&mut cfg.model.descriptor.auto_lists) {
+        let key = a.list.key();
+        let n = match given.and_then(|m| a.list.of_spec(&m.spec.descriptor)) {
+            Some(n) => {
+                tracing::info!("{key} {n} taken from the checkpoint (input.json asks for auto)");
+                n
+            }
+            None => {
+                let t = Instant::now();
+                let counts = neighbor_stats(&read.train, read.type_map.len(), a.rcut, true)?;
+                let n = auto_sel(&counts.max_count, a.factor)[0];
+                tracing::info!(
+                    "{key} = {n} (auto, factor {}: at most {} neighbours within {} Å; {:.2} s)",
+                    a.factor,
+                    counts.max_count[0],
+                    a.rcut,
+                    t.elapsed().as_secs_f64()
+                );
+                n
+            }
+        };
+        a.list.set(&mut cfg.model.descriptor, n);
+    }
     let spec = spec_of(cfg, sel.clone());
     spec.check().context("the model of input.json")?;
     cfg.model.descriptor.sel = Sel::Fixed(sel);

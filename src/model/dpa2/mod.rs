@@ -176,6 +176,13 @@ impl Dpa2Config {
     /// DeePMD-kit's constraints (spec §20.1), given the repinit's rcut, nsel, neuron's last
     /// width and axis_neuron.
     pub fn check(&self, rcut: f64, nsel: usize, m1: usize, a1: usize) -> Result<(), String> {
+        self.check_widths(rcut, m1, a1)?;
+        self.check_lists(rcut, nsel)
+    }
+
+    /// The constraints on the lists' sizes, given the repinit's rcut and nsel (all known: an
+    /// input's "auto" ones are checked once counted).
+    pub fn check_lists(&self, rcut: f64, nsel: usize) -> Result<(), String> {
         let (r, i) = (&self.repformer, &self.repinit);
         let mut lists = vec![(rcut, nsel, "repinit"), (r.rcut, r.nsel, "repformer")];
         if i.use_three_body {
@@ -183,11 +190,7 @@ impl Dpa2Config {
         }
         lists.sort_by(|a, b| a.0.total_cmp(&b.0));
         let ordered = lists.windows(2).all(|w| w[0].1 <= w[1].1);
-        let checks = [
-            (
-                rcut > r.rcut,
-                format!("repinit rcut {rcut} must exceed the repformer's {}", r.rcut),
-            ),
+        first_failed([
             (
                 nsel > r.nsel,
                 format!("repinit nsel {nsel} must exceed the repformer's {}", r.nsel),
@@ -197,6 +200,18 @@ impl Dpa2Config {
                 "rcut and sel are not in the same order: a larger cut-off needs a sel at least \
                  as large"
                     .to_string(),
+            ),
+        ])
+    }
+
+    /// The other constraints: cut-offs and widths, given the repinit's rcut, neuron's last width
+    /// and axis_neuron.
+    pub fn check_widths(&self, rcut: f64, m1: usize, a1: usize) -> Result<(), String> {
+        let (r, i) = (&self.repformer, &self.repinit);
+        first_failed([
+            (
+                rcut > r.rcut,
+                format!("repinit rcut {rcut} must exceed the repformer's {}", r.rcut),
             ),
             (
                 a1 <= m1,
@@ -222,11 +237,15 @@ impl Dpa2Config {
                 !i.use_three_body || !i.three_body_neuron.is_empty(),
                 "three_body_neuron must not be empty".to_string(),
             ),
-        ];
-        match checks.into_iter().find(|(ok, _)| !ok) {
-            Some((_, why)) => Err(why),
-            None => Ok(()),
-        }
+        ])
+    }
+}
+
+/// The message of the first check that fails.
+fn first_failed<const N: usize>(checks: [(bool, String); N]) -> Result<(), String> {
+    match checks.into_iter().find(|(ok, _)| !ok) {
+        Some((_, why)) => Err(why),
+        None => Ok(()),
     }
 }
 
