@@ -679,6 +679,62 @@ fn auto_sel_of_dpa2_and_dpa3_lists_is_deepmd_kits() {
     );
 }
 
+/// Issue 57 item 5: a numeric sel of each DPA-2 and DPA-3 list below the data's count at its
+/// rcut is warned about, list by list, as DeePMD-kit's `update_sel` warns
+/// (scripts/make-reference/auto_sel.py, water data_0..2, all types together: DPA-2 repinit
+/// rcut 5 67 > 60, three-body rcut 3.5 29 > 20, repformer rcut 4 39 > 30; DPA-3 e_rcut 4.5
+/// 52 > 40, a_rcut 3 17 > 10). dpw warned of the main list only.
+#[test]
+fn small_sel_of_each_dpa2_and_dpa3_list_is_warned_about() {
+    let mut dpa2 = json!({"type": "dpa2",
+        "repinit": {"rcut": 5.0, "rcut_smth": 0.5, "nsel": 60, "neuron": [4, 8],
+                    "axis_neuron": 4, "use_three_body": true, "three_body_rcut": 3.5,
+                    "three_body_rcut_smth": 0.5, "three_body_sel": 20,
+                    "three_body_neuron": [2, 4]},
+        "repformer": {"rcut": 4.0, "rcut_smth": 0.5, "nsel": 30, "nlayers": 1,
+                      "g1_dim": 8, "g2_dim": 4, "axis_neuron": 4, "attn1_hidden": 4,
+                      "attn1_nhead": 1, "attn2_hidden": 4, "attn2_nhead": 1}});
+    let mut dpa3 = dpa3_numeric_e_sel();
+    dpa3["repflow"]["e_sel"] = json!(40);
+    dpa3["repflow"]["a_sel"] = json!(10);
+    let main = "sel (one list for all types)";
+    let cases = [
+        (
+            dpa2.take(),
+            vec![
+                (main.to_string(), 67, 60),
+                (
+                    "repinit.three_body_sel (all types, rcut 3.5)".into(),
+                    29,
+                    20,
+                ),
+                ("repformer.nsel (all types, rcut 4)".into(), 39, 30),
+            ],
+        ),
+        (
+            dpa3.take(),
+            vec![
+                (main.to_string(), 52, 40),
+                ("repflow.a_sel (all types, rcut 3)".into(), 17, 10),
+            ],
+        ),
+    ];
+    for (descriptor, want) in cases {
+        let d = tempfile::tempdir().unwrap();
+        write_input(d.path(), &input_with(descriptor, false, 0));
+        let err = stderr(&ok(d.path(), &["train", "input.json", "--backend", "cpu"]));
+        let warned = err.lines().filter(|l| l.contains("is not enough!")).count();
+        assert_eq!(warned, want.len(), "{err}");
+        for (what, count, given) in want {
+            let line = format!(
+                "{what} is not enough! The expected value is not less than {count} (the most \
+                 neighbours of all types together), but you set it to {given}."
+            );
+            assert!(err.contains(&line), "{line:?} not in\n{err}");
+        }
+    }
+}
+
 /// A small DPA-3 with a numeric e_sel.
 fn dpa3_numeric_e_sel() -> Value {
     json!({"type": "dpa3", "repflow": {"n_dim": 8, "e_dim": 4, "a_dim": 4, "nlayers": 1,

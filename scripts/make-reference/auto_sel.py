@@ -1,5 +1,6 @@
 """DeePMD-kit 3.2.0's `sel: "auto"` and its sel warning on the repository's example data, for
 tests/hardening.rs (`auto_sel_is_deepmd_kits`, `auto_sel_of_dpa2_and_dpa3_lists_is_deepmd_kits`,
+`small_sel_of_each_dpa2_and_dpa3_list_is_warned_about`,
 `small_mixed_sel_is_warned_about_as_one_list`,
 `small_sel_is_warned_about`, `zero_sel_of_a_type_is_not_warned_about`).
 
@@ -81,6 +82,17 @@ CASES = [
              "repflow": {"n_dim": 8, "e_dim": 4, "a_dim": 4, "nlayers": 1, "e_rcut": 4.5,
                          "e_rcut_smth": 0.5, "e_sel": "auto", "a_rcut": 3.0,
                          "a_rcut_smth": 0.5, "a_sel": "auto:0.9"}}),
+    # their warnings, list by list
+    (WATER, {"type": "dpa2",
+             "repinit": {"rcut": 5.0, "rcut_smth": 0.5, "nsel": 60, "neuron": [4, 8],
+                         "axis_neuron": 4, "use_three_body": True, "three_body_rcut": 3.5,
+                         "three_body_rcut_smth": 0.5, "three_body_sel": 20},
+             "repformer": {"rcut": 4.0, "rcut_smth": 0.5, "nsel": 30, "nlayers": 1,
+                           "g1_dim": 8, "g2_dim": 4}}),
+    (WATER, {"type": "dpa3",
+             "repflow": {"n_dim": 8, "e_dim": 4, "a_dim": 4, "nlayers": 1, "e_rcut": 4.5,
+                         "e_rcut_smth": 0.5, "e_sel": 40, "a_rcut": 3.0, "a_rcut_smth": 0.5,
+                         "a_sel": 10}}),
 ]
 
 # The keys of DPA-2's and DPA-3's lists: (block, rcut key, sel key).

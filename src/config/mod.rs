@@ -29,7 +29,8 @@ pub use error::ConfigError;
 pub use learning_rate::{LearningRateConfig, ScaleByWorker, DEFAULT_STOP_LR};
 pub use loss::{EnerLossConfig, LossConfig};
 pub use model::{
-    AttentionConfig, DescriptorConfig, FittingConfig, ModelConfig, Precision, Sel, TebdInputMode,
+    AttentionConfig, DescriptorConfig, FittingConfig, ModelConfig, Precision, Sel, SelList,
+    TebdInputMode,
 };
 pub use optimizer::OptimizerConfig;
 pub use pairtab::PairConfig;

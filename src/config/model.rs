@@ -94,13 +94,23 @@ impl SelList {
         }
     }
 
+    /// The lists of a model's descriptor beside its main one: (list, rcut, size).
+    pub fn of_descriptor(d: &DescriptorSpec) -> Vec<(SelList, f64, usize)> {
+        let mut out = vec![];
+        if let Some(c) = &d.dpa2 {
+            let (i, r) = (&c.repinit, &c.repformer);
+            out.push((SelList::Dpa2ThreeBody, i.three_body_rcut, i.three_body_sel));
+            out.push((SelList::Dpa2Repformer, r.rcut, r.nsel));
+        }
+        if let Some(c) = &d.dpa3 {
+            out.push((SelList::Dpa3Angle, c.a_rcut, c.a_sel));
+        }
+        out
+    }
+
     /// The list's size in a model's descriptor that has the list.
     pub fn of_spec(self, d: &DescriptorSpec) -> Option<usize> {
-        match self {
-            SelList::Dpa2ThreeBody => d.dpa2.as_ref().map(|c| c.repinit.three_body_sel),
-            SelList::Dpa2Repformer => d.dpa2.as_ref().map(|c| c.repformer.nsel),
-            SelList::Dpa3Angle => d.dpa3.as_ref().map(|c| c.a_sel),
-        }
+        (Self::of_descriptor(d).into_iter()).find_map(|(l, _, n)| (l == self).then_some(n))
     }
 
     pub fn set(self, d: &mut DescriptorConfig, n: usize) {

@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 use web_time::Instant;
 
 use crate::config::{
-    Config, DescriptorConfig, LossConfig, ModelConfig, Precision, Sel, TrainingConfig,
+    Config, DescriptorConfig, LossConfig, ModelConfig, Precision, Sel, SelList, TrainingConfig,
 };
 use crate::data::{Disk, Files};
 use crate::dist;
@@ -452,17 +452,34 @@ impl Reading {
 
     /// Warns where `d`'s sel is below the data's neighbour counts `ns` (at `d.rcut`), as
     /// DeePMD-kit's `update_sel` does: a mixed-type descriptor's one sel (nnei) against the count
-    /// of all types together, a hybrid's sub-descriptors each against the counts at its own rcut,
-    /// and a sel of 0 not at all (a type left out on purpose).
+    /// of all types together (and DPA-2's and DPA-3's other lists against the count at their
+    /// own rcut), a hybrid's sub-descriptors each against the counts at its own rcut, and a sel
+    /// of 0 not at all (a type left out on purpose).
     fn warn_small_sel(&self, ns: &NeighborStats, d: &DescriptorSpec) -> Result<()> {
         if self.mixed {
-            let (want, have) = (ns.max_count[0], d.sel.iter().sum::<usize>());
-            if have < want {
-                tracing::warn!(
-                    "sel (one list for all types) is not enough! The expected value is not \
-                     less than {want} (the most neighbours of all types together), but you set \
-                     it to {have}. The accuracy of your model may get worse."
-                );
+            let mut lists = vec![(
+                "sel (one list for all types)".to_string(),
+                d.rcut,
+                d.sel.iter().sum::<usize>(),
+            )];
+            for (list, rcut, n) in SelList::of_descriptor(d) {
+                let what = format!("model.descriptor.{} (all types, rcut {rcut})", list.key());
+                lists.push((what, rcut, n));
+            }
+            for (what, rcut, have) in lists {
+                let want = match rcut == self.rcut {
+                    true => ns.max_count[0],
+                    false => {
+                        neighbor_stats(&self.train, self.type_map.len(), rcut, true)?.max_count[0]
+                    }
+                };
+                if have != 0 && have < want {
+                    tracing::warn!(
+                        "{what} is not enough! The expected value is not less than {want} (the \
+                         most neighbours of all types together), but you set it to {have}. The \
+                         accuracy of your model may get worse."
+                    );
+                }
             }
             return Ok(());
         }
