@@ -1164,7 +1164,10 @@ fn deepmd_kits_example_inputs_load_or_name_what_dpw_lacks() {
     let mut table = String::new();
     for path in &inputs {
         let name = path.strip_prefix(&root).unwrap().display().to_string();
-        let input: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut input: Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        // As `dpw train` reads it: without a type_map, the training data's.
+        dpw::cli::train::type_map_from_data(path, &mut input).unwrap();
         let parsed = match dpw::config::multitask::is_multitask(&input) {
             true => dpw::config::parse_multitask_input(path, &input)
                 .map(|_| ())
@@ -1224,7 +1227,9 @@ fn dpws_out_json_is_a_valid_deepmd_kit_input() {
     );
     assert!(inputs.len() >= 18, "{inputs:?}");
     for path in &inputs {
-        let input: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut input: Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        dpw::cli::train::type_map_from_data(path, &mut input).unwrap();
         // A multi-task input's out.json: each task's part is a single-task input DeePMD-kit's
         // check takes (its schema is of those).
         let outs = match dpw::config::multitask::is_multitask(&input) {

@@ -585,7 +585,9 @@ fn numb_epoch_gives_deepmd_kits_steps() {
 
 /// `model.type_map` left out: the names come from the training systems' type_map.raw, as
 /// DeePMD-kit's TensorFlow backend takes them (the longest, the others agreeing with its start);
-/// systems that disagree, or have none, are refused naming the file or the key.
+/// systems that disagree are refused naming the file; systems with none name their types by
+/// index, `Type_0`, `Type_1`, … (DeePMD-kit's TensorFlow backend trains them by index, as its
+/// fparam/train/input_aparam.json example does).
 #[test]
 fn type_map_from_the_data_when_not_given() {
     let d = tempfile::tempdir().unwrap();
@@ -610,27 +612,46 @@ fn type_map_from_the_data_when_not_given() {
     let bare = d.path().join("bare");
     common::copy_dir(&water().join("data_0"), &bare);
     std::fs::remove_file(bare.join("type_map.raw")).unwrap();
-    for (systems, says) in [
-        (
-            json!([sys("data_0"), swapped.display().to_string()]),
-            "do not begin as",
-        ),
-        (
-            json!([bare.display().to_string()]),
-            "model.type_map: required key is missing",
-        ),
-    ] {
+    let only = |systems: Value| {
         let mut input = input.clone();
         input["training"]["training_data"]["systems"] = systems;
         input["training"]
             .as_object_mut()
             .unwrap()
             .remove("validation_data");
-        write_input(d.path(), &input);
-        let out = run(d.path(), &["train", "input.json"]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(says), "{err}");
-    }
+        input
+    };
+    write_input(
+        d.path(),
+        &only(json!([sys("data_0"), swapped.display().to_string()])),
+    );
+    let out = run(d.path(), &["train", "input.json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("do not begin as"),
+        "{err}"
+    );
+
+    let e = tempfile::tempdir().unwrap();
+    let out = train(e.path(), &only(json!([bare.display().to_string()])), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no training system has a type_map.raw")
+            && err.contains(r#"["Type_0", "Type_1"]"#),
+        "{err}"
+    );
+    let out_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(e.path().join("out.json")).unwrap()).unwrap();
+    assert_eq!(out_json["model"]["type_map"], json!(["Type_0", "Type_1"]));
+    // A type.raw that is not indices: refused naming the file.
+    std::fs::write(bare.join("type.raw"), "0\nO\n").unwrap();
+    write_input(d.path(), &only(json!([bare.display().to_string()])));
+    let out = run(d.path(), &["train", "input.json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("type.raw") && err.contains("\"O\""),
+        "{err}"
+    );
 }
 
 /// A fresh folder where no libcuda loads; where one does, the calling test's error path cannot

@@ -22,7 +22,7 @@ use crate::config::{
     parse_input, parse_multitask_input, parse_training_section, read_input, training_system_paths,
     Config, Precision, Sel,
 };
-use crate::data::{find_systems, systems_type_map, Disk};
+use crate::data::{find_systems, systems_type_map, unnamed_types, Disk};
 use crate::dist::DeviceLink;
 use crate::model::file::{
     container_heads, head_container, is_container, model_from_container, pick_head, read_container,
@@ -434,7 +434,7 @@ pub fn check_train_files(
 
 /// The input of `dpw train`: an input without `model.type_map` takes the element names from the
 /// training systems' type_map.raw files, as DeePMD-kit's TensorFlow backend does (its PyTorch
-/// backend needs them given).
+/// backend needs them given), or where they have none, names its types by index.
 ///
 /// `script`: the parts of the model section `--use-pretrain-script` takes from the pretrained
 /// model, put in place of input.json's.
@@ -448,24 +448,45 @@ fn load_training_input(path: &Path, script: Option<serde_json::Value>) -> Result
             model.insert(k, v);
         }
     }
+    type_map_from_data(path, &mut value)?;
+    Ok(parse_input(path, &value)?)
+}
+
+/// The input at `path` given as `value`, where it has no `model.type_map`, with the one its
+/// training systems give ([`load_training_input`]); left alone where the systems cannot be
+/// found (the parse then names the missing key).
+pub fn type_map_from_data(path: &Path, value: &mut serde_json::Value) -> Result<()> {
     let no_type_map = value.pointer("/model/type_map").is_none_or(|t| t.is_null());
     let listed = no_type_map
-        .then(|| training_system_paths(path, &value))
+        .then(|| training_system_paths(path, value))
         .flatten();
     if let Some(listed) = listed {
         // Where the data cannot be read the parse below says what is missing.
         let found = find_systems(&Disk, &listed, "training").ok();
-        let names = found.and_then(|f| systems_type_map(&Disk, &f).transpose());
         let model = value.get_mut("model").and_then(|m| m.as_object_mut());
-        if let (Some(names), Some(model)) = (names, model) {
-            let names = names?;
-            tracing::info!(
-                "model.type_map not given: {names:?}, from the training systems' type_map.raw"
-            );
+        if let (Some(found), Some(model)) = (found, model) {
+            let names = match systems_type_map(&Disk, &found)? {
+                Some(names) => {
+                    tracing::info!(
+                        "model.type_map not given: {names:?}, from the training systems' \
+                         type_map.raw"
+                    );
+                    names
+                }
+                None => {
+                    let names = unnamed_types(&Disk, &found)?;
+                    tracing::info!(
+                        "model.type_map not given and no training system has a type_map.raw: \
+                         its {} types are {names:?}, by their index in type.raw",
+                        names.len()
+                    );
+                    names
+                }
+            };
             model.insert("type_map".into(), names.into());
         }
     }
-    Ok(parse_input(path, &value)?)
+    Ok(())
 }
 
 /// The checkpoint a `-c` argument names: a file, or `model.ckpt` in a folder.

@@ -566,8 +566,9 @@ fn parse_type_map(sec: &Section) -> Result<Vec<String>> {
     let path = sec.path_of("type_map");
     let expected = "a non-empty list of element names, e.g. [\"O\", \"H\"]";
     let missing = "a non-empty list of element names, e.g. [\"O\", \"H\"] (dpw train takes \
-                   them from the training systems' type_map.raw files where they have them, as \
-                   DeePMD-kit's TensorFlow backend does)";
+                   them from the training systems: their type_map.raw files, as DeePMD-kit's \
+                   TensorFlow backend does, or Type_0, Type_1, ... by index where they have \
+                   none)";
     let items = to_list(sec.required("type_map", missing)?, &path, expected)?;
     if items.is_empty() {
         return Err(ConfigError::invalid(

@@ -28,7 +28,7 @@ pub use store::{cache_budget, SystemStore};
 pub use system::{
     in_hdf5_file, read_system_in, Composition, Labels, Missing, Params, System, SystemInfo,
 };
-pub use types::systems_type_map;
+pub use types::{systems_type_map, unnamed_types};
 pub use validate::{check_frames, check_images, MIN_DIST};
 
 /// What a build without the `lmdb` feature (the page's) says of LMDB data.

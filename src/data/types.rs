@@ -121,3 +121,27 @@ pub fn systems_type_map(
     }
     Ok(names.map(|(_, n)| n))
 }
+
+/// Names for the types of systems that name none (no `type_map.raw` anywhere): `Type_0`,
+/// `Type_1`, … up to the largest index in their `type.raw` files, as dpdata names types it
+/// cannot name (DeePMD-kit's TensorFlow backend trains such data by index).
+pub fn unnamed_types(fs: &dyn super::Files, paths: &[PathBuf]) -> Result<Vec<String>, DataError> {
+    let mut ntypes = 0;
+    for path in paths {
+        let most = super::system::with_source(fs, path, |src| {
+            let tokens = src.tokens("type.raw")?;
+            let index = |t: &String| {
+                t.parse::<usize>().map_err(|_| DataError::Invalid {
+                    path: src.path("type.raw"),
+                    reason: format!("{t:?} is not a type index (a non-negative integer)"),
+                })
+            };
+            tokens
+                .iter()
+                .map(index)
+                .try_fold(0, |m, i| Ok(m.max(i? + 1)))
+        })?;
+        ntypes = ntypes.max(most);
+    }
+    Ok((0..ntypes).map(|t| format!("Type_{t}")).collect())
+}
