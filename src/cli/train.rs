@@ -453,7 +453,7 @@ fn load_training_input(path: &Path, script: Option<serde_json::Value>) -> Result
 }
 
 /// The input at `path` given as `value`, where it has no `model.type_map`, with the one its
-/// training systems give ([`load_training_input`]); left alone where the systems cannot be
+/// training systems give (as `dpw train` reads it); left alone where the systems cannot be
 /// found (the parse then names the missing key).
 pub fn type_map_from_data(path: &Path, value: &mut serde_json::Value) -> Result<()> {
     let no_type_map = value.pointer("/model/type_map").is_none_or(|t| t.is_null());
