@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::block_keys::{activation, update_keys};
 use super::error::ConfigError;
-use super::keys::{at_least_one, non_negative, positive, to_f64, to_usize, Schema, Section};
+use super::keys::{at_least_one, non_negative, positive, to_f64, Schema, Section};
 use super::model::{precision, type_pairs, widths, AutoList, DescriptorConfig, Sel, SelList};
 use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
 use crate::model::{DescriptorType, TebdInputMode};
@@ -98,32 +98,6 @@ static REPFORMER: Schema = Schema {
     deepmd: "model[standard].descriptor[dpa2].repformer",
 };
 
-/// A number of neighbours of one list: an integer, or "auto[:factor]", which the trainer
-/// counts in the training data at the list's rcut (as DeePMD-kit's `update_sel`).
-fn nsel(sec: &Section, key: &str, default: Option<usize>) -> Result<Sel> {
-    let path = sec.path_of(key);
-    let v = match (sec.get(key), default) {
-        (Some(v), _) => v,
-        (None, Some(n)) => return Ok(Sel::Fixed(vec![n])),
-        (None, None) => sec.required(key, "an integer or \"auto\"")?,
-    };
-    match v {
-        Value::String(_) => Sel::parse(v, &path, 1),
-        _ => Ok(Sel::Fixed(vec![to_usize(v, &path)?])),
-    }
-}
-
-/// A list beside the repinit's: its size, 0 while it waits in `auto` to be counted.
-fn side_list(sel: Sel, list: SelList, rcut: f64, auto: &mut Vec<AutoList>) -> usize {
-    match sel {
-        Sel::Fixed(s) => s[0],
-        Sel::Auto(factor) => {
-            auto.push(AutoList { list, rcut, factor });
-            0
-        }
-    }
-}
-
 fn required_f64(sec: &Section, key: &str) -> Result<f64> {
     to_f64(sec.required(key, "a number")?, &sec.path_of(key))
 }
@@ -147,8 +121,8 @@ fn parse_repinit(i: &Section, auto: &mut Vec<AutoList>) -> Result<RepinitConfig>
         i.f64_or("three_body_rcut", 4.0)?,
         &i.path_of("three_body_rcut"),
     )?;
-    let three_body_sel = side_list(
-        nsel(i, "three_body_sel", Some(40))?,
+    let three_body_sel = AutoList::size(
+        Sel::of_list(i, "three_body_sel", Some(40))?,
         SelList::Dpa2ThreeBody,
         three_body_rcut,
         auto,
@@ -175,7 +149,12 @@ fn parse_repformer(r: &Section, auto: &mut Vec<AutoList>) -> Result<RepformerCon
         None => 1e-5,
     };
     let rcut = positive(required_f64(r, "rcut")?, &r.path_of("rcut"))?;
-    let nsel = side_list(nsel(r, "nsel", None)?, SelList::Dpa2Repformer, rcut, auto);
+    let nsel = AutoList::size(
+        Sel::of_list(r, "nsel", None)?,
+        SelList::Dpa2Repformer,
+        rcut,
+        auto,
+    );
     Ok(RepformerConfig {
         rcut,
         rcut_smth: non_negative(required_f64(r, "rcut_smth")?, &r.path_of("rcut_smth"))?,
@@ -247,7 +226,7 @@ pub(super) fn parse(
         trainable,
     };
     let rcut = positive(required_f64(&i, "rcut")?, &i.path_of("rcut"))?;
-    let sel = nsel(&i, "nsel", None)?;
+    let sel = Sel::of_list(&i, "nsel", None)?;
     let neuron = widths(&i, "neuron", &[25, 50, 100])?;
     let axis_neuron = positive_count(&i, "axis_neuron", 16)?;
     let m1 = *neuron.last().expect("widths() is non-empty");

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::block_keys::{activation, update_keys};
 use super::error::ConfigError;
-use super::keys::{non_negative, positive, to_usize, Schema, Section};
+use super::keys::{non_negative, positive, Schema, Section};
 use super::model::{precision, type_pairs, AutoList, DescriptorConfig, Sel, SelList};
 use crate::model::dpa3::Dpa3Config;
 use crate::model::DescriptorType;
@@ -78,17 +78,6 @@ static REPFLOW: Schema = Schema {
     deepmd: "model[standard].descriptor[dpa3].repflow",
 };
 
-/// A number of neighbours: an integer, or "auto[:factor]" (the largest count in the data
-/// times the factor).
-fn sel_of(sec: &Section, key: &str) -> Result<Sel> {
-    let path = sec.path_of(key);
-    let v = sec.required(key, "an integer or \"auto\"")?;
-    match v {
-        Value::Number(_) => Ok(Sel::Fixed(vec![to_usize(v, &path)?])),
-        _ => Sel::parse(v, &path, 1),
-    }
-}
-
 /// The `dpa3` descriptor of input.json.
 pub(super) fn parse(
     v: &Value,
@@ -112,18 +101,13 @@ pub(super) fn parse(
     let activation = activation(&sec, "silu", "DPA-3")?;
     let (update_style, residual_norm) = update_keys(&r, "res_residual", "const")?;
     let a_rcut = positive(r.f64_or("a_rcut", 4.0)?, &r.path_of("a_rcut"))?;
-    // An "auto" a_sel is counted by the trainer; 0 until then.
-    let (a_sel, auto_lists) = match sel_of(&r, "a_sel")? {
-        Sel::Fixed(s) => (s[0], vec![]),
-        Sel::Auto(factor) => (
-            0,
-            vec![AutoList {
-                list: SelList::Dpa3Angle,
-                rcut: a_rcut,
-                factor,
-            }],
-        ),
-    };
+    let mut auto_lists = vec![];
+    let a_sel = AutoList::size(
+        Sel::of_list(&r, "a_sel", None)?,
+        SelList::Dpa3Angle,
+        a_rcut,
+        &mut auto_lists,
+    );
     let exclude_types = type_pairs(&sec, ntypes)?;
     // skip_stat (deprecated): true means a fixed std of 0.3 and no statistics.
     let fix_stat_std = match r.bool_or("skip_stat", false)? {
@@ -163,7 +147,7 @@ pub(super) fn parse(
     let n = r.usize_or("n_dim", 128)?;
     let e_rcut = positive(r.f64_or("e_rcut", 6.0)?, &r.path_of("e_rcut"))?;
     let e_rcut_smth = non_negative(r.f64_or("e_rcut_smth", 5.0)?, &r.path_of("e_rcut_smth"))?;
-    let sel = sel_of(&r, "e_sel")?;
+    let sel = Sel::of_list(&r, "e_sel", None)?;
     if let Sel::Fixed(s) = &sel {
         c.check(n, e_rcut, s[0])
             .map_err(|why| ConfigError::invalid(&rpath, why))?;

@@ -137,6 +137,18 @@ pub struct AutoList {
 }
 
 impl AutoList {
+    /// The size of `list` (cut-off `rcut`) as its key gave it: the number, or 0 with the list
+    /// put on `auto` to be counted by the trainer.
+    pub(super) fn size(sel: Sel, list: SelList, rcut: f64, auto: &mut Vec<AutoList>) -> usize {
+        match sel {
+            Sel::Fixed(s) => s[0],
+            Sel::Auto(factor) => {
+                auto.push(AutoList { list, rcut, factor });
+                0
+            }
+        }
+    }
+
     /// The descriptor's out.json with the list still `"auto:<factor>"`.
     pub(super) fn write(&self, descriptor: &mut Value) {
         let (block, key) = self.list.json_key();
@@ -145,6 +157,22 @@ impl AutoList {
 }
 
 impl Sel {
+    /// The size of one mixed-type list (DPA-2's, DPA-3's) at `key`: an integer or
+    /// "auto[:factor]", `default` where left out (required without one).
+    pub(super) fn of_list(sec: &Section, key: &str, default: Option<usize>) -> Result<Self> {
+        let path = sec.path_of(key);
+        let v = match (sec.get(key), default) {
+            (Some(v), _) => v,
+            (None, Some(n)) => return Ok(Sel::Fixed(vec![n])),
+            (None, None) => sec.required(key, "an integer or \"auto\"")?,
+        };
+        match v {
+            Value::Number(_) => Ok(Sel::Fixed(vec![to_usize(v, &path)?])),
+            Value::String(_) => Sel::parse(v, &path, 1),
+            x => Err(wrong_type(&path, "an integer or \"auto\"", x)),
+        }
+    }
+
     pub(super) fn parse(v: &Value, path: &str, ntypes: usize) -> Result<Self> {
         const EXPECTED: &str = "a list of integers (one per type), \"auto\" or \"auto:<factor>\"";
         match v {

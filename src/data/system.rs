@@ -583,7 +583,7 @@ fn push_sorted(types: &[usize], atype: &mut Vec<usize>, orig_index: &mut Vec<usi
 }
 
 /// The integers of `type.raw`, at least one.
-fn read_raw_types(src: &dyn Source) -> Result<Vec<usize>, DataError> {
+pub(super) fn read_raw_types(src: &dyn Source) -> Result<Vec<usize>, DataError> {
     let type_path = src.path("type.raw");
     let types = src
         .tokens("type.raw")?

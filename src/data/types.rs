@@ -128,20 +128,8 @@ pub fn systems_type_map(
 pub fn unnamed_types(fs: &dyn super::Files, paths: &[PathBuf]) -> Result<Vec<String>, DataError> {
     let mut ntypes = 0;
     for path in paths {
-        let most = super::system::with_source(fs, path, |src| {
-            let tokens = src.tokens("type.raw")?;
-            let index = |t: &String| {
-                t.parse::<usize>().map_err(|_| DataError::Invalid {
-                    path: src.path("type.raw"),
-                    reason: format!("{t:?} is not a type index (a non-negative integer)"),
-                })
-            };
-            tokens
-                .iter()
-                .map(index)
-                .try_fold(0, |m, i| Ok(m.max(i? + 1)))
-        })?;
-        ntypes = ntypes.max(most);
+        let types = super::system::with_source(fs, path, super::system::read_raw_types)?;
+        ntypes = ntypes.max(types.iter().max().map_or(0, |t| t + 1));
     }
     Ok((0..ntypes).map(|t| format!("Type_{t}")).collect())
 }
