@@ -359,6 +359,9 @@ struct Reading {
     early_stats: Option<DataStats>,
     /// The sums of a new model's environment statistics ([`DataStats::env`]).
     stat_env: Vec<EnvStats>,
+    /// The largest neighbour counts at cut-offs other than the descriptor's: (rcut, all types
+    /// together, counts), each counted once ([`Reading::max_count_at`]).
+    counted: Vec<(f64, bool, Vec<usize>)>,
 }
 
 impl Reading {
@@ -421,6 +424,7 @@ impl Reading {
             early_neighbours,
             early_stats,
             stat_env: Vec::new(),
+            counted: Vec::new(),
         })
     }
 
@@ -455,7 +459,7 @@ impl Reading {
     /// of all types together (and DPA-2's and DPA-3's other lists against the count at their
     /// own rcut), a hybrid's sub-descriptors each against the counts at its own rcut, and a sel
     /// of 0 not at all (a type left out on purpose).
-    fn warn_small_sel(&self, ns: &NeighborStats, d: &DescriptorSpec) -> Result<()> {
+    fn warn_small_sel(&mut self, ns: &NeighborStats, d: &DescriptorSpec) -> Result<()> {
         if self.mixed {
             let mut lists = vec![(
                 "sel (one list for all types)".to_string(),
@@ -469,9 +473,7 @@ impl Reading {
             for (what, rcut, have) in lists {
                 let want = match rcut == self.rcut {
                     true => ns.max_count[0],
-                    false => {
-                        neighbor_stats(&self.train, self.type_map.len(), rcut, true)?.max_count[0]
-                    }
+                    false => self.max_count_at(rcut, true)?[0],
                 };
                 if have != 0 && have < want {
                     tracing::warn!(
@@ -488,22 +490,30 @@ impl Reading {
             return Ok(());
         }
         for (i, sub) in d.list.iter().enumerate() {
-            let rescanned;
-            let counts = if sub.rcut == self.rcut {
-                &ns.max_count
-            } else {
-                rescanned =
-                    neighbor_stats(&self.train, self.type_map.len(), sub.rcut, false)?.max_count;
-                &rescanned
+            let counts = match sub.rcut == self.rcut {
+                true => ns.max_count.clone(),
+                false => self.max_count_at(sub.rcut, false)?,
             };
             let what = format!(
                 " in model.descriptor.list[{i}] ({}, rcut {})",
                 sub.kind.as_str(),
                 sub.rcut
             );
-            self.warn_small_types(counts, &sub.sel, &what);
+            self.warn_small_types(&counts, &sub.sel, &what);
         }
         Ok(())
+    }
+
+    /// The largest neighbour counts of the training data within `rcut` (of all types together
+    /// where `mixed`, else per type), counted once per cut-off: DPA-2's and DPA-3's lists are
+    /// counted for "auto" and again checked against their sel.
+    fn max_count_at(&mut self, rcut: f64, mixed: bool) -> Result<Vec<usize>> {
+        if let Some((.., c)) = (self.counted.iter()).find(|(r, m, _)| *r == rcut && *m == mixed) {
+            return Ok(c.clone());
+        }
+        let c = neighbor_stats(&self.train, self.type_map.len(), rcut, mixed)?.max_count;
+        self.counted.push((rcut, mixed, c.clone()));
+        Ok(c)
     }
 
     fn warn_small_types(&self, max_count: &[usize], sel: &[usize], what: &str) {
@@ -725,12 +735,12 @@ fn resolve_spec(cfg: &mut Config, given: Option<&Model>, read: &mut Reading) -> 
             }
             None => {
                 let t = Instant::now();
-                let counts = neighbor_stats(&read.train, read.type_map.len(), a.rcut, true)?;
-                let n = auto_sel(&counts.max_count, a.factor)[0];
+                let counts = read.max_count_at(a.rcut, true)?;
+                let n = auto_sel(&counts, a.factor)[0];
                 tracing::info!(
                     "{key} = {n} (auto, factor {}: at most {} neighbours within {} Å; {:.2} s)",
                     a.factor,
-                    counts.max_count[0],
+                    counts[0],
                     a.rcut,
                     t.elapsed().as_secs_f64()
                 );
