@@ -82,10 +82,48 @@ struct Dims {
   }
 };
 
-// tanh and its derivatives written in terms of h = tanh(z), as the CPU reference does.
+// φ, φ' and φ'' (src/backend/cpu/act.rs).
 template <typename T>
-__device__ __forceinline__ T dphi(bool is_tanh, T h) {
-  return is_tanh ? T(1) - h * h : T(1);
+struct Phi {
+  T v, d1, d2;
+};
+
+template <typename T>
+__device__ __forceinline__ Phi<T> silu3(T x) {
+  T s = T(1) / (T(1) + exp(-x));
+  return {x * s, s * (T(1) + x * (T(1) - s)), s * (T(1) - s) * (T(2) + x * (T(1) - s - s))};
+}
+
+// silut: silu below c, tanh(s·(x − c)) + silu(c) from c on, s = silu'(c); c arrives as three
+// f32 that sum to it exactly in double (DenseParams::silut_c0..2).
+template <typename T>
+__device__ __forceinline__ Phi<T> silut3(const DenseParams& p, T x) {
+  T c = T(__int_as_float(p.silut_c0)) + T(__int_as_float(p.silut_c1)) +
+        T(__int_as_float(p.silut_c2));
+  if (x < c) return silu3(x);
+  Phi<T> at_c = silu3(c);
+  T sl = at_c.d1;
+  T t = tanh(sl * (x - c));
+  T d1 = sl * (T(1) - t * t);
+  return {t + at_c.v, d1, T(-2) * sl * t * d1};
+}
+
+// φ, φ' and φ'' from what a dense layer keeps of an output (p.act: 0 linear, 1 tanh, 2 silu,
+// 3 silut): tanh's are functions of h = tanh(z), the others' of z.
+template <typename T>
+__device__ __forceinline__ Phi<T> of_kept(const DenseParams& p, T s) {
+  switch (p.act) {
+    case 1: {
+      T d1 = T(1) - s * s;
+      return {s, d1, -(s + s) * d1};
+    }
+    case 2:
+      return silu3(s);
+    case 3:
+      return silut3(p, s);
+    default:
+      return {s, T(1), T(0)};
+  }
 }
 
 // The environment's switch, in double (env_mat.cu, and DPA-1's σ in attn.cu): its value and

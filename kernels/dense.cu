@@ -2,7 +2,8 @@
 // src/backend/cpu/dense.rs). The matrix products (xW, z̄Wᵀ, W̄ = xᵀz̄ + ẋᵀż̄) run in cuBLAS;
 // these kernels are the element-wise parts around them and the bias / timestep reductions.
 //
-// Layer: z = xW + b, h = tanh(z) (z for the linear output layer), y = h·idt + skip(x), where
+// Layer: z = xW + b, y = φ(z)·idt + skip(x), keeping h = tanh(z) of a tanh layer's outputs and z
+// of the others' (of_kept, common.cuh), where
 // skip is 0 (none), 1 (identity, nout == nin) or 2 (doubled [x, x], nout == 2 nin). `idt` is
 // null when the layer has no timestep. Buffers indexed by global row (x, h, y, ...) are passed
 // whole; "local" scratch buffers start at row r0. Every kernel takes the layer's scalars as one
@@ -16,7 +17,8 @@ __device__ __forceinline__ T skip_value(int skip, const T* __restrict__ x_row, i
   return T(0);
 }
 
-// Forward epilogue: on entry h holds xW for the rows; leaves h = φ(xW + b), y = h·idt + skip(x).
+// Forward epilogue: on entry h holds xW for the rows; leaves in h what the layer keeps of
+// z = xW + b, and y = φ(z)·idt + skip(x).
 #define DENSE_FORWARD_PARAMS(T)                                                                \
   (DenseParams p, const T* __restrict__ b, const T* __restrict__ idt, const T* __restrict__ x, \
    T* __restrict__ h, T* __restrict__ y)
@@ -29,8 +31,9 @@ __device__ void dense_forward DENSE_FORWARD_PARAMS(T) {
   int k = (int)(i % p.nout);
   i64 g = row * p.nout + k;
   T z = h[g] + b[k];
-  T hv = p.is_tanh ? tanh(z) : z;
-  h[g] = hv;
+  T kept = p.act == 1 ? tanh(z) : z;
+  h[g] = kept;
+  T hv = of_kept(p, kept).v;
   T yv = idt ? hv * idt[k] : hv;
   y[g] = yv + skip_value(p.skip, x + row * p.nin, p.nin, k);
 }
@@ -48,7 +51,7 @@ __device__ void dense_zbar DENSE_ZBAR_PARAMS(T) {
   int k = (int)(i % p.nout);
   i64 g = (i64)p.row0 * p.nout + i;
   T yb = ybar[g];
-  zbar[i] = dphi<T>(p.is_tanh, h[g]) * (idt ? yb * idt[k] : yb);
+  zbar[i] = of_kept(p, h[g]).d1 * (idt ? yb * idt[k] : yb);
 }
 DPW_INSTANTIATE(dense_zbar, DENSE_ZBAR_PARAMS, (p, idt, h, ybar, zbar))
 
@@ -80,7 +83,7 @@ __device__ void dense_tangent DENSE_TANGENT_PARAMS(T) {
   i64 row = p.row0 + i / p.nout;
   int k = (int)(i % p.nout);
   i64 g = row * p.nout + k;
-  T v = dphi<T>(p.is_tanh, h[g]) * zdot[g];
+  T v = of_kept(p, h[g]).d1 * zdot[g];
   T yv = idt ? v * idt[k] : v;
   ydot[g] = yv + skip_value(p.skip, xdot + row * p.nin, p.nin, k);
 }
@@ -120,19 +123,17 @@ __device__ void dense_dual_elems DENSE_DUAL_ELEMS_PARAMS(T) {
   int k = (int)(l % p.nout);
   i64 row = (i64)p.row0 + l / p.nout;
   i64 g = row * p.nout + k;
-  T hv = h[g];
+  Phi<T> phi = of_kept(p, h[g]);
   T zd = scale ? zdot[g] * scale[row] : zdot[g];
-  T d1 = dphi<T>(p.is_tanh, hv);
+  T d1 = phi.d1;
   T hb = ybar[g], hdb = ydotbar[g];
   if (idt) {
-    tidt[l] = hb * hv + hdb * d1 * zd;
+    tidt[l] = hb * phi.v + hdb * d1 * zd;
     hb = hb * idt[k];
     hdb = hdb * idt[k];
   }
-  // tanh'' = −2h(1 − h²); the linear layer has no second-order term.
-  T d2 = p.is_tanh ? -(hv + hv) * d1 : T(0);
   zdbar[l] = d1 * hdb;
-  zbar[l] = d1 * hb + d2 * zd * hdb;
+  zbar[l] = d1 * hb + phi.d2 * zd * hdb;
 }
 DPW_INSTANTIATE(dense_dual_elems, DENSE_DUAL_ELEMS_PARAMS,
                 (p, idt, h, zdot, scale, ybar, ydotbar, zbar, zdbar, tidt))

@@ -1,4 +1,5 @@
-// Dense layers over a row range (see cpu/dense.rs): z = xW + b, h = tanh(z) or z, y = h·idt + skip(x).
+// Dense layers over a row range (see cpu/dense.rs): z = xW + b, y = φ(z)·idt + skip(x); a layer
+// keeps h = tanh(z) of a tanh (or linear) layer's outputs for its passes, z of the others'.
 // One thread per output element, summing in a fixed order (so results are reproducible run to
 // run) with no workgroup memory or barriers: 16×16 tiles behind barriers ran software Vulkan
 // (lavapipe, SwiftShader: CI and the browser test) at 0.02 GFLOP/s on small layers. Hardware GPUs
@@ -25,8 +26,51 @@
 @group(0) @binding(12) var<storage, read_write> partial: array<real>;
 @group(0) @binding(13) var<storage, read_write> grad: array<real>;
 
-fn is_tanh() -> bool {
-    return u.is_tanh != 0u;
+// φ, φ' and φ'' (cpu/act.rs).
+struct Phi {
+    v: real,
+    d1: real,
+    d2: real,
+}
+
+fn silu3(x: real) -> Phi {
+    let s = sigmoid_r(x);
+    return Phi(x * s, s * (real(1) + x * (real(1) - s)),
+               s * (real(1) - s) * (real(2) + x * (real(1) - s - s)));
+}
+
+// silut: silu below c, tanh(s·(x − c)) + silu(c) from c on, s = silu'(c).
+fn silut3(x: real) -> Phi {
+    let c = real(bitcast<f32>(u.silut_c0)) + real(bitcast<f32>(u.silut_c1))
+        + real(bitcast<f32>(u.silut_c2));
+    if (x < c) {
+        return silu3(x);
+    }
+    let at_c = silu3(c);
+    let sl = at_c.d1;
+    let t = tanh_r(sl * (x - c));
+    let d1 = sl * (real(1) - t * t);
+    return Phi(t + at_c.v, d1, real(-2) * sl * t * d1);
+}
+
+// φ, φ' and φ'' from what the layer keeps of an output (its act: 0 linear, 1 tanh, 2 silu,
+// 3 silut): tanh's are functions of h, the others' of z.
+fn of_kept(s: real) -> Phi {
+    switch u.act {
+        case 1u: {
+            let d1 = real(1) - s * s;
+            return Phi(s, d1, -(s + s) * d1);
+        }
+        case 2u: {
+            return silu3(s);
+        }
+        case 3u: {
+            return silut3(s);
+        }
+        default: {
+            return Phi(s, real(1), real(0));
+        }
+    }
 }
 
 fn has_idt() -> bool {
@@ -37,8 +81,8 @@ fn skip_kind() -> u32 {
     return u.skip;
 }
 
-fn dphi(h: real) -> real {
-    return select(real(1), real(1) - h * h, is_tanh());
+fn dphi(kept: real) -> real {
+    return of_kept(kept).d1;
 }
 
 fn row_scale(row: u32) -> real {
@@ -70,7 +114,7 @@ fn xw(r: u32, n: u32) -> real {
     return acc;
 }
 
-// v·idt + skip(x) at column n of `row` (y from h, or ẏ from φ'(z)⊙ż).
+// v·idt + skip(x) at column n of `row` (y from φ(z), or ẏ from φ'(z)⊙ż).
 fn with_idt_skip(v: real, row: u32, n: u32) -> real {
     var y = v;
     if (has_idt()) {
@@ -79,13 +123,13 @@ fn with_idt_skip(v: real, row: u32, n: u32) -> real {
     return y + skip_fwd(row * u.nin, n);
 }
 
-// Forward epilogue of output (r, n) from its xW: h and y.
+// Forward epilogue of output (r, n) from its xW: what the layer keeps, and y.
 fn forward_out(xw_rn: real, r: u32, n: u32) {
     let row = u.row0 + r;
     let z = xw_rn + params[u.b + n];
-    let h = select(z, tanh_r(z), is_tanh());
-    out0[row * u.nout + n] = h;
-    out1[row * u.nout + n] = with_idt_skip(h, row, n);
+    let kept = select(z, tanh_r(z), u.act == 1u);
+    out0[row * u.nout + n] = kept;
+    out1[row * u.nout + n] = with_idt_skip(of_kept(kept).v, row, n);
 }
 
 // Tangent epilogue of output (r, n) from its ż = ẋW: ż and ẏ = φ'(z)⊙ż·idt + skip(ẋ).
@@ -182,21 +226,19 @@ fn dual_z(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let row = u.row0 + i / u.nout;
     let g = row * u.nout + n;
     let so = row_scale(row);
-    let h = hin[g];
+    let phi = of_kept(hin[g]);
     let zd = zdot[g] * so;
-    let d1 = dphi(h);
+    let d1 = phi.d1;
     var hb = ybar[g];
     var hdb = ydotbar[g];
     var tidt = real(0);
     if (has_idt()) {
         let t = params[u.idt + n];
-        tidt = ybar[g] * h + ydotbar[g] * d1 * zd;
+        tidt = ybar[g] * phi.v + ydotbar[g] * d1 * zd;
         hb = ybar[g] * t;
         hdb = ydotbar[g] * t;
     }
-    // tanh'' = −2h(1 − h²); the linear layer has no second-order term.
-    let d2 = select(real(0), -(h + h) * d1, is_tanh());
-    scratch[i] = d1 * hb + d2 * zd * hdb;
+    scratch[i] = d1 * hb + phi.d2 * zd * hdb;
     scratch[m + i] = d1 * hdb;
     scratch[2u * m + i] = tidt;
 }

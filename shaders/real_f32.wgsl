@@ -8,6 +8,11 @@ fn tanh_r(x: real) -> real {
     return tanh(clamp(x, -15.0, 15.0));
 }
 
+// Clamped so that e^−x stays finite (e^80 < f32's largest).
+fn sigmoid_r(x: real) -> real {
+    return 1.0 / (1.0 + exp(-clamp(x, -80.0, 80.0)));
+}
+
 fn sqrt_r(x: real) -> real {
     return sqrt(x);
 }

@@ -45,6 +45,15 @@ fn tanh_r(x: f64) -> f64 {
     return select(t, -t, x < 0.0);
 }
 
+// 1/(1 + e^−x) from em = e^|x| − 1: (1 + em)/(2 + em) for x ≥ 0, 1/(2 + em) below. Beyond
+// |x| = 80 (where e^|x| would leave expm1_nonneg's f32 powers of two) σ is 1, or 0 for an
+// e^x under 2e-35.
+fn sigmoid_r(x: f64) -> f64 {
+    let em = expm1_nonneg(min(abs(x), 80.0));
+    let s = select(1.0 / (2.0 + em), (1.0 + em) / (2.0 + em), x >= 0.0);
+    return select(s, 0.0, x < -80.0);
+}
+
 // Two Newton steps from the f32 root: the seed has ~1e-7 relative error, the result ~1 ulp.
 // The argument is first scaled by even powers of two into f32's normal range.
 fn sqrt_r(x: f64) -> f64 {

@@ -333,7 +333,7 @@ fn f64_tanh_is_accurate() {
     let layer = Layer {
         nin: 1,
         nout: 1,
-        tanh: true,
+        act: dpw::model::Activation::Tanh,
         skip: Skip::None,
         w: 0,
         b: 1,
@@ -354,6 +354,61 @@ fn f64_tanh_is_accurate() {
         .fold(0.0, f64::max);
     eprintln!("f64 tanh in WGSL: max relative error {worst:.2e}");
     assert!(worst < 1e-15, "tanh off by {worst:e}");
+}
+
+/// silu and silut (threshold 0.3, no f32 number) through a 1→1 layer with unit weights: the
+/// layer keeps x itself and puts out φ(x), against the host's over a wide range.
+fn silu_family_is_accurate<T: GpuReal>(test: &str, tol: f64)
+where
+    Wgpu: Backend<T>,
+{
+    use dpw::model::Activation;
+    let Some(w) = wgpu_for::<T>(test) else {
+        return;
+    };
+    let xs: Vec<f64> = (-3000..=3000)
+        .map(|i| i as f64 * 0.01)
+        .chain([0.3, 0.29999999, 1e-30, -60.0, 75.0, -100.0, 100.0])
+        .collect();
+    for act in [Activation::Silu, Activation::Silut(0.3)] {
+        let layer = Layer {
+            nin: 1,
+            nout: 1,
+            act,
+            skip: Skip::None,
+            w: 0,
+            b: 1,
+            idt: None,
+        };
+        let params = Device::<T>::upload(w, &[T::of(1.0), T::of(0.0)]);
+        let x = Device::<T>::upload(w, &xs.iter().map(|&v| T::of(v)).collect::<Vec<_>>());
+        let (mut h, mut y) = (
+            Device::<T>::zeros(w, xs.len()),
+            Device::<T>::zeros(w, xs.len()),
+        );
+        DenseOps::<T>::dense_forward(w, &layer, &params, 0..xs.len(), &x, &mut h, &mut y);
+        let (kept, got) = (Device::<T>::download(w, &h), Device::<T>::download(w, &y));
+        let mut worst = 0.0f64;
+        for ((x, k), g) in xs.iter().zip(&kept).zip(&got) {
+            let x = T::of(*x).f64();
+            assert_eq!(k.f64(), x, "{act:?} keeps z");
+            let want = act.eval3(x).0;
+            worst = worst.max((g.f64() - want).abs() / want.abs().max(1e-20));
+        }
+        eprintln!("{act:?} in WGSL: max relative error {worst:.2e}");
+        assert!(worst < tol, "{act:?} off by {worst:e}");
+    }
+}
+
+#[test]
+fn f64_silu_and_silut_are_accurate() {
+    silu_family_is_accurate::<f64>("f64_silu_and_silut_are_accurate", 1e-14);
+}
+
+#[test]
+fn f32_silu_and_silut_are_accurate() {
+    // Vulkan lets f32 exp be off by 3 + 2|x| ulp.
+    silu_family_is_accurate::<f32>("f32_silu_and_silut_are_accurate", 1e-5);
 }
 
 /// Adam's denominator needs sqrt; the shader builds it from an f32 seed. Against the CPU Adam
@@ -595,7 +650,7 @@ fn large_launches_spill_over() {
     let layer = Layer {
         nin: 1,
         nout: 1,
-        tanh: false,
+        act: dpw::model::Activation::Linear,
         skip: Skip::None,
         w: 0,
         b: 1,

@@ -115,7 +115,11 @@ fn layout_structure() {
         for k in &a.layers {
             for (p, nin, nout) in [(&k.proj_in, 16, 3 * cfg.attn), (&k.proj_out, cfg.attn, 16)] {
                 assert_eq!((p.nin, p.nout), (nin, nout));
-                assert!(!p.tanh && p.skip == Skip::None && p.idt.is_none());
+                assert!(
+                    p.act == dpw::model::Activation::Linear
+                        && p.skip == Skip::None
+                        && p.idt.is_none()
+                );
             }
         }
         assert_eq!(fit.nets.len(), 1, "{case}");

@@ -11,7 +11,7 @@ use dpw::model::{read_deepmd_yaml, Model};
 
 use common::{assert_layout_is_train_steps, repo};
 
-const CASES: [&str; 13] = [
+const CASES: [&str; 14] = [
     "water",
     "water_nopbc",
     "alloy",
@@ -24,6 +24,7 @@ const CASES: [&str; 13] = [
     "water_a_compress_split",
     "water_edge_dist_exp_sw",
     "water_concat_tebd",
+    "water_fit_silut",
     "water_sequential",
 ];
 

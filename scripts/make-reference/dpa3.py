@@ -142,6 +142,11 @@ CASES = {
         WATER_GEOM, concat_output_tebd=True, use_tebd_bias=True)),
     # sequential update, residuals from "norm" (DeePMD-kit's own random ones), use_loc_mapping
     # false (ghost node features gathered from the owners each layer: the same numbers)
+    # (j) the fitting net's activation silut (DeePMD-kit's water/dpa3 example has silut:10.0);
+    # its threshold 0.3 puts pre-activations on both sides of it (eval.json counts them) and is
+    # no f32 number (the device kernels rebuild it from three)
+    "water_fit_silut": dict(WATER, descriptor=dpa3(WATER_GEOM),
+                            fitting=dict(FIT, activation_function="silut:0.3")),
     "water_sequential": dict(WATER, descriptor=dpa3(
         WATER_GEOM, {"sequential_update": True, "update_residual_init": "norm",
                      "update_residual": 0.05}, use_loc_mapping=False)),
@@ -297,7 +302,7 @@ def make_model(case, data):
     from deepmd.dpmodel.utils.stat import compute_output_stats
 
     nt = len(case["type_map"])
-    params = {"type_map": case["type_map"], "descriptor": case["descriptor"], "fitting_net": FIT}
+    params = {"type_map": case["type_map"], "descriptor": case["descriptor"], "fitting_net": case.get("fitting", FIT)}
     ser = get_model(copy.deepcopy(params)).serialize()
     d = ser["descriptor"]
     if "stats" in case:
@@ -384,6 +389,27 @@ def act_fn(name):
     raise NotImplementedError(name)
 
 
+def silut_branch_counts(ser, ev):
+    """Per hidden fitting layer, how many pre-activations of the eval frames' atoms are ≥ the
+    silut threshold, and how many in all (None unless the fitting's activation is silut)."""
+    act = ser["fitting"]["activation_function"]
+    if not act.startswith("silut"):
+        return None
+    c = float(act.split(":")[-1])
+    P = {k: torch.tensor(v) for k, v in model_params(ser).items()}
+    out = []
+    for f in range(ev["coord"].shape[0]):
+        box = None if ev["box"] is None else torch.tensor(ev["box"][f])
+        zs = []
+        independent(ser, P, torch.tensor(ev["coord"][f]), box, ev["atype"], fit_z=zs)
+        for l, z in enumerate(zs):
+            if len(out) <= l:
+                out.append({"at_or_above": 0, "of": 0})
+            out[l]["at_or_above"] += int((z >= c).sum())
+            out[l]["of"] += z.numel()
+    return out
+
+
 def switch(r, rs, rc, use_exp):
     if use_exp:
         return torch.exp(-torch.exp(20.0 / rs * (torch.clamp(r, 0.0, rc) - rs)))
@@ -422,8 +448,9 @@ def neighbours(x, box, rc, nsel):
     return np.where(keep, owner[idx], -1), dvec
 
 
-def independent(ser, P, x, box, atype):
-    """Atomic energies [n] of one frame from docs/deepmd-spec.md §18 (P: {dpw name: tensor})."""
+def independent(ser, P, x, box, atype, fit_z=None):
+    """Atomic energies [n] of one frame from docs/deepmd-spec.md §18 (P: {dpw name: tensor});
+    the hidden fitting layers' pre-activations are appended to fit_z where given."""
     d = ser["descriptor"]
     ra = d["repflow_args"]
     var = d["repflow_variable"]
@@ -433,7 +460,10 @@ def independent(ser, P, x, box, atype):
     lin = lambda k, y: y @ P[k + ".w"] + (P[k + ".b"] if k + ".b" in P else 0.0)
 
     def net_layer(k, spec, y):
-        z = act_fn(spec["activation_function"])(lin(k, y))
+        pre = lin(k, y)
+        if fit_z is not None and k.startswith("fit.") and spec["resnet"]:
+            fit_z.append(pre.detach())
+        z = act_fn(spec["activation_function"])(pre)
         if k + ".idt" in P:
             z = z * P[k + ".idt"]
         nin, nout = spec["@variables"]["w"].shape
@@ -815,7 +845,8 @@ def run_case(name, case):
         "atom_order": "type.raw's (the system is sorted by type already)",
         "type_map": case["type_map"],
         "descriptor": case["descriptor"],
-        "fitting": FIT,
+        "fitting": case.get("fitting", FIT),
+        "fitting_preactivations_at_or_above_silut_c": silut_branch_counts(ser, ev),
         "fitting_nets": "one net for every type (the descriptor has mixed types)",
         "descriptor_dim_out": ra["n_dim"] * (2 if d["concat_output_tebd"] else 1),
         "neighbour_list": neighbour_info(case, ev, ser),

@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use super::Dims;
-use crate::model::{Layer, Skip, TebdLayout};
+use crate::model::{Activation, Layer, Skip, TebdLayout};
 
 /// A scalar type a GPU struct field may have, with its names in the two kernel languages.
 pub trait GpuScalar {
@@ -177,8 +177,8 @@ gpu_struct! {
         pub nrows: u32,
         pub nin: u32,
         pub nout: u32,
-        /// 1 for tanh, 0 for the linear output layer.
-        pub is_tanh: u32,
+        /// φ: 0 linear, 1 tanh, 2 silu, 3 silut.
+        pub act: u32,
         /// The skip connection: 0 none, 1 identity (nout == nin), 2 doubled (nout == 2 nin).
         pub skip: u32,
         /// 1 when the layer has a timestep (idt).
@@ -193,10 +193,31 @@ gpu_struct! {
         /// Rows per partial sum ([`DENSE_CHUNK`]), and the number of chunks of the rows.
         pub chunk: u32,
         pub nchunks: u32,
-        pub _pad0: u32,
-        pub _pad1: u32,
-        pub _pad2: u32,
+        /// silut's threshold c as three f32 (bits) that sum to it exactly in f64 (`f32_parts`):
+        /// the kernels make silu(c) and silu'(c) from it, as DeePMD-kit does from c.
+        pub silut_c0: u32,
+        pub silut_c1: u32,
+        pub silut_c2: u32,
     }
+}
+
+/// φ as the dense kernels read it: 0 linear, 1 tanh, 2 silu, 3 silut.
+fn act_code(a: Activation) -> u32 {
+    match a {
+        Activation::Linear => 0,
+        Activation::Tanh => 1,
+        Activation::Silu => 2,
+        Activation::Silut(_) => 3,
+    }
+}
+
+/// x as a + b + c, three f32 whose f64 sum is x (24 + 24 + 24 bits cover f64's 53), as bits.
+fn f32_parts(x: f64) -> [u32; 3] {
+    let a = x as f32;
+    let r = x - f64::from(a);
+    let b = r as f32;
+    let c = (r - f64::from(b)) as f32;
+    [a.to_bits(), b.to_bits(), c.to_bits()]
 }
 
 /// A skip connection as the kernels read it: 0 none, 1 identity, 2 doubled.
@@ -211,12 +232,12 @@ fn skip_code(skip: Skip) -> u32 {
 impl DenseParams {
     /// Layer `l` on `rows`; `scale`: whether ẋ is scaled per row.
     pub fn new(l: &Layer, rows: &Range<usize>, scale: bool) -> Self {
-        DenseParams {
+        let mut p = DenseParams {
             row0: count(rows.start),
             nrows: count(rows.len()),
             nin: count(l.nin),
             nout: count(l.nout),
-            is_tanh: l.tanh.into(),
+            act: act_code(l.act),
             skip: skip_code(l.skip),
             has_idt: l.idt.is_some().into(),
             has_scale: scale.into(),
@@ -226,7 +247,11 @@ impl DenseParams {
             chunk: count(DENSE_CHUNK),
             nchunks: count(rows.len().div_ceil(DENSE_CHUNK)),
             ..Default::default()
+        };
+        if let Activation::Silut(c) = l.act {
+            [p.silut_c0, p.silut_c1, p.silut_c2] = f32_parts(c);
         }
+        p
     }
 }
 

@@ -126,7 +126,8 @@ impl AdamStep {
 pub struct DenseIo<'a, B> {
     /// Input `[rows][nin]`.
     pub x: &'a B,
-    /// tanh(z) (or z for the linear layer) `[rows][nout]`.
+    /// What the layer keeps of its outputs (`Activation::keeps_output`): tanh(z), else z,
+    /// `[rows][nout]`.
     pub h: &'a B,
 }
 

@@ -1,9 +1,11 @@
 //! Keys the message-passing descriptors share in input.json (DPA-3's `repflow`, DPA-2's
-//! `repinit` and `repformer`): the activation, the update style and how residual vectors start.
+//! `repinit` and `repformer`): the activation (the fitting nets' too), the update style and how
+//! residual vectors start.
 
 use super::error::ConfigError;
 use super::keys::Section;
-use crate::model::dpa3::{Activation, UpdateStyle};
+use crate::model::dpa3::UpdateStyle;
+use crate::model::Activation;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

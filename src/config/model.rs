@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
+use super::block_keys::activation;
 use super::error::ConfigError;
 use super::keys::{
     at_least_one, join, non_negative, positive, to_bool, to_f64, to_list, to_str, to_usize,
@@ -15,8 +16,8 @@ use crate::fitting::output::{FitContext, Registered};
 use crate::fitting::registry;
 use crate::fitting::tensor;
 use crate::model::registry::{descriptor_names, KnownType, MODELS, REFUSED_FITTINGS};
+use crate::model::{Activation, DescriptorSpec, DescriptorType, FitOutput};
 pub use crate::model::{AttentionConfig, TebdInputMode};
-use crate::model::{DescriptorSpec, DescriptorType, FitOutput};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -261,6 +262,8 @@ pub struct FittingConfig {
     pub output: FitOutput,
     pub neuron: Vec<usize>,
     pub resnet_dt: bool,
+    /// The hidden layers' φ (`activation_function`).
+    pub activation: Activation,
     pub precision: Precision,
     /// Cut-off ratio of the least-squares solve for the energy bias; `None` = machine default.
     pub rcond: Option<f64>,
@@ -940,6 +943,7 @@ fn parse_fitting(sec: &Section) -> Result<FittingConfig> {
         output: FitOutput::Ener,
         neuron: widths(sec, "neuron", &[120, 120, 120])?,
         resnet_dt: sec.bool_or("resnet_dt", true)?,
+        activation: activation(sec, "tanh", "fitting net")?,
         precision: precision(sec)?,
         rcond: sec.opt_f64("rcond")?,
         atom_ener,
@@ -979,6 +983,7 @@ impl ModelConfig {
         let mut fitting = json!({
             "neuron": f.neuron,
             "resnet_dt": f.resnet_dt,
+            "activation_function": f.activation.name(),
             "precision": f.precision.as_str(),
             "trainable": f.trainable,
             "seed": f.seed,

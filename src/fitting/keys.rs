@@ -5,6 +5,7 @@
 pub const INPUT_KEYS: &[&str] = &[
     "neuron",
     "resnet_dt",
+    "activation_function",
     "precision",
     "trainable",
     "seed",
@@ -13,17 +14,13 @@ pub const INPUT_KEYS: &[&str] = &[
     "default_fparam",
 ];
 
-/// The keys every fitting accepts at DeePMD-kit's default only (`Schema::unsupported`).
-pub const UNSUPPORTED: &[&[(&str, &str)]] =
-    &[&[("activation_function", "the only activation dpw implements")]];
-
 /// `schema!(OWN_KEYS, "model[standard].fitting_net[dos]")`: the input schema of a fitting
 /// type, its own keys beside those every fitting reads.
 macro_rules! schema {
     ($own:expr, $deepmd:literal) => {
         $crate::config::keys::Schema {
             keys: &[$crate::fitting::keys::INPUT_KEYS, $own],
-            unsupported: $crate::fitting::keys::UNSUPPORTED,
+            unsupported: &[],
             ignored: &[],
             deepmd: $deepmd,
         }

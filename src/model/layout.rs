@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use super::dpa2::Dpa2Layout;
 use super::dpa3::Dpa3Layout;
-use super::{DescriptorSpec, DescriptorType, ModelSpec, TebdInputMode};
+use super::{Activation, DescriptorSpec, DescriptorType, ModelSpec, TebdInputMode};
 
 /// The skip connection of a layer, decided by its widths alone (docs/deepmd-spec.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,8 +27,10 @@ pub enum Skip {
 pub struct Layer {
     pub nin: usize,
     pub nout: usize,
-    /// tanh when true, identity (the fitting net's output layer) when false.
-    pub tanh: bool,
+    /// φ of the hidden layers (tanh for the embedding nets, the fitting's activation_function);
+    /// Linear for the fitting net's output layer and the blocks' linears. What the layer keeps
+    /// of each output for its passes, h or z, is [`Activation::keeps_output`]'s.
+    pub act: Activation,
     pub skip: Skip,
     /// Offsets into the parameter vector: `w` is `[nin][nout]` row-major, `b` and `idt` `[nout]`.
     pub w: usize,
@@ -153,7 +155,7 @@ impl TebdLayout {
 }
 
 /// One attention layer: in_proj `[M1][3·attn]` and out_proj `[attn][M1]` as linear `Layer`s
-/// with bias, no skip, no idt (`tanh: false`, `skip: Skip::None`, `idt: None`), and the layer
+/// with bias, no skip, no idt (`act: Linear`, `skip: Skip::None`, `idt: None`), and the layer
 /// norm's scale and shift `[M1]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttnLayerLayout {
@@ -276,10 +278,15 @@ impl DescriptorLayout {
                     .collect()
             };
             let start = embed.len();
-            embed.extend(
-                (names.into_iter())
-                    .map(|name| b.net(format!("{prefix}{name}"), 1, &d.neuron, d.resnet_dt, None)),
-            );
+            embed.extend((names.into_iter()).map(|name| {
+                b.net(
+                    format!("{prefix}{name}"),
+                    1,
+                    &d.neuron,
+                    (d.resnet_dt, Activation::Tanh),
+                    None,
+                )
+            }));
             parts.push(start..embed.len());
         }
         DescriptorLayout {
@@ -297,8 +304,22 @@ impl DescriptorLayout {
         let a = d.attn().expect("a DPA-1 spec has its attention keys");
         let tebd = b.tebd(nt, a.tebd_dim, a.use_tebd_bias);
         let (nin, strip_nin) = embed_inputs(d);
-        let embed = vec![b.net("embed".into(), nin, &d.neuron, d.resnet_dt, None)];
-        let strip = strip_nin.map(|n| b.net("embed_strip".into(), n, &d.neuron, d.resnet_dt, None));
+        let embed = vec![b.net(
+            "embed".into(),
+            nin,
+            &d.neuron,
+            (d.resnet_dt, Activation::Tanh),
+            None,
+        )];
+        let strip = strip_nin.map(|n| {
+            b.net(
+                "embed_strip".into(),
+                n,
+                &d.neuron,
+                (d.resnet_dt, Activation::Tanh),
+                None,
+            )
+        });
         let m1 = d.m1();
         let mut frozen = Vec::new();
         let layers = (0..a.attn_layer)
@@ -356,10 +377,24 @@ impl FittingLayout {
         let dim = spec.fitting_input();
         let out = Some(f.dim_out());
         let nets = if spec.descriptor.is_mixed() {
-            vec![b.net("fit".into(), dim, &f.neuron, f.resnet_dt, out)]
+            vec![b.net(
+                "fit".into(),
+                dim,
+                &f.neuron,
+                (f.resnet_dt, f.activation),
+                out,
+            )]
         } else {
             (0..spec.ntypes())
-                .map(|t| b.net(format!("fit.t{t}"), dim, &f.neuron, f.resnet_dt, out))
+                .map(|t| {
+                    b.net(
+                        format!("fit.t{t}"),
+                        dim,
+                        &f.neuron,
+                        (f.resnet_dt, f.activation),
+                        out,
+                    )
+                })
                 .collect()
         };
         FittingLayout { nets }
@@ -426,14 +461,14 @@ impl Builder {
         offset
     }
 
-    /// Hidden layers follow the width-decided skip rules; a fitting net (`out`: its output
-    /// width) ends in a linear `n_last -> out` layer without skip or timestep.
+    /// Hidden layers follow the width-decided skip rules and take `act`; a fitting net (`out`:
+    /// its output width) ends in a linear `n_last -> out` layer without skip or timestep.
     pub(super) fn net(
         &mut self,
         name: String,
         nin: usize,
         neuron: &[usize],
-        resnet_dt: bool,
+        (resnet_dt, act): (bool, Activation),
         out: Option<usize>,
     ) -> Net {
         let mut layers = Vec::new();
@@ -455,7 +490,7 @@ impl Builder {
             layers.push(Layer {
                 nin: n_in,
                 nout: n_out,
-                tanh: !is_out,
+                act: if is_out { Activation::Linear } else { act },
                 skip,
                 w,
                 b,
@@ -486,7 +521,7 @@ impl Builder {
         Layer {
             nin,
             nout,
-            tanh: false,
+            act: Activation::Linear,
             skip: Skip::None,
             w,
             b,

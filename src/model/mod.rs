@@ -1,6 +1,7 @@
 //! The model (a descriptor and a fitting net): hyper-parameters, the flat parameter
 //! vector and its layout, statistics (davg/dstd, energy bias) and file formats.
 
+pub mod activation;
 mod check;
 pub mod dpa2;
 pub mod dpa3;
@@ -15,6 +16,7 @@ mod type_map;
 mod yaml;
 mod yaml_block;
 
+pub use activation::Activation;
 pub use check::MAX_NNEI;
 pub use init::init_params;
 pub use layout::{
@@ -357,6 +359,10 @@ pub struct FittingSpec {
     pub output: FitOutput,
     pub neuron: Vec<usize>,
     pub resnet_dt: bool,
+    /// The hidden layers' φ; tanh is not written, so that the files of tanh models stay as
+    /// they were.
+    #[serde(default = "tanh", skip_serializing_if = "Activation::is_tanh")]
+    pub activation: Activation,
     /// Frame parameters (`fparam.npy`, `[nframes][numb_fparam]`) and atomic parameters
     /// (`aparam.npy`, `[nframes][natoms][numb_aparam]`): the net's input is DeePMD-kit's
     /// `[D_i, fparam, aparam]`, each parameter normalised by its statistics
@@ -375,6 +381,10 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
+fn tanh() -> Activation {
+    Activation::Tanh
+}
+
 impl FittingSpec {
     /// An `ener` fitting of these widths, without frame or atomic parameters.
     pub fn new(neuron: Vec<usize>, resnet_dt: bool) -> Self {
@@ -382,6 +392,7 @@ impl FittingSpec {
             output: FitOutput::Ener,
             neuron,
             resnet_dt,
+            activation: Activation::Tanh,
             numb_fparam: 0,
             numb_aparam: 0,
             default_fparam: None,

@@ -22,9 +22,10 @@ use crate::fitting::traits::YamlOut;
 use crate::yaml_tree::{brief, ndarray, obj, At};
 
 use super::pairtab;
+use super::yaml_block::read_activation;
 use super::{
-    pair_types, registry, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, FittingSpec,
-    Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode, TebdLayout,
+    pair_types, registry, Activation, AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType,
+    FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdInputMode, TebdLayout,
 };
 
 /// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model with an `se_e2_a`, `se_e2_r`
@@ -225,7 +226,10 @@ fn standard_model(m: &At) -> Result<YamlModel> {
     f.expect("type", &names)?;
     let fitting_type = fittings::find(Some(f.key("type")?.str()?)).expect("a registered type");
     let output = (fitting_type.read_yaml)(&f, m, nt)?;
-    f.expect("activation_function", &["tanh"])?;
+    let activation = match f.opt("activation_function") {
+        Some(a) => read_activation(&a)?,
+        None => Activation::Tanh,
+    };
     // tot_ener_zero, layer_name and spin: DeePMD-kit's dpmodel raises NotImplementedError.
     for key in [
         "use_aparam_as_mask",
@@ -256,6 +260,7 @@ fn standard_model(m: &At) -> Result<YamlModel> {
         output,
         neuron: f.key("neuron")?.usizes()?,
         resnet_dt: f.key("resnet_dt")?.bool()?,
+        activation,
         numb_fparam: count("numb_fparam")?,
         numb_aparam: count("numb_aparam")?,
         default_fparam,
@@ -292,7 +297,7 @@ fn standard_model(m: &At) -> Result<YamlModel> {
             &at.key("embeddings")?,
             &file_nets(part, nt, nets),
             embed_ndim,
-            "tanh",
+            Activation::Tanh,
             &mut params,
         )?;
     }
@@ -302,7 +307,7 @@ fn standard_model(m: &At) -> Result<YamlModel> {
         &f.key("nets")?,
         &some(&layout.fitting.nets),
         fit_ndim,
-        "tanh",
+        spec.fitting.activation,
         &mut params,
     )?;
     let (mut davg, mut dstd) = (Vec::new(), Vec::new());
@@ -417,7 +422,7 @@ fn net_output(net: &Net, p: &[f64], x: &[f64]) -> Vec<f64> {
                     + (0..l.nin)
                         .map(|i| x[i] * p[l.w + i * l.nout + j])
                         .sum::<f64>();
-                let h = if l.tanh { z.tanh() } else { z };
+                let h = l.act.eval3(z).0;
                 let y = l.idt.map_or(h, |o| h * p[o + j]);
                 match l.skip {
                     Skip::None => y,
@@ -612,7 +617,7 @@ fn read_attention(
     params: &mut [f64],
 ) -> Result<()> {
     let cfg = spec.attn().expect("a DPA-1 spec");
-    read_embeddings(d, embed, a.strip.as_ref(), "tanh", params)?;
+    read_embeddings(d, embed, a.strip.as_ref(), Activation::Tanh, params)?;
     read_tebd(&d.key("type_embedding")?, &a.tebd, params)?;
     // The attention layers.
     let al = d.key("attention_layers")?;
@@ -678,7 +683,7 @@ pub(super) fn read_embeddings(
     d: &At,
     embed: &Net,
     strip: Option<&Net>,
-    hidden: &str,
+    hidden: Activation,
     params: &mut [f64],
 ) -> Result<()> {
     read_nets(&d.key("embeddings")?, &[Some(embed)], 0, hidden, params)?;
@@ -800,12 +805,12 @@ fn some(nets: &[Net]) -> Vec<Option<&Net>> {
 /// nets given as `None` are skipped. `want_ndim` is 1 for one net per type (fitting, or
 /// embedding with type_one_side) and 2 for one per type pair, stored at flat index ti + tj*nt,
 /// which is how the layout orders them; 0 for one net of a mixed-type descriptor. `hidden` is
-/// the hidden layers' activation (tanh but for DPA-2's repinit).
+/// the hidden layers' activation (the fitting's, DPA-2's repinit's, else tanh).
 fn read_nets(
     coll: &At,
     nets: &[Option<&Net>],
     want: usize,
-    hidden: &str,
+    hidden: Activation,
     params: &mut [f64],
 ) -> Result<()> {
     coll.expect("@class", &["NetworkCollection"])?;
@@ -841,12 +846,19 @@ fn read_nets(
             net.layers.len(),
             layers.len()
         );
-        for (l, at) in net.layers.iter().zip(&layers) {
+        for (i, (l, at)) in net.layers.iter().zip(&layers).enumerate() {
             at.version(1..=2, Some(1))?;
             at.known(&[LAYER_KEYS])?;
             // Hidden layers have width-decided skips; the fitting output is linear.
-            if l.tanh {
-                at.expect("activation_function", &[hidden])?;
+            if !(fitting && i + 1 == layers.len()) {
+                let a = at.key("activation_function")?;
+                ensure!(
+                    read_activation(&a)? == hidden,
+                    "{}: expected {:?}, found {}",
+                    a.path,
+                    hidden.name(),
+                    brief(a.v)
+                );
                 let resnet = at.key("resnet")?;
                 ensure!(resnet.bool()?, "{}: unsupported value false", resnet.path);
             } else {
@@ -892,12 +904,14 @@ struct Nets<'a> {
     fitting: bool,
     neuron: &'a [usize],
     resnet_dt: bool,
-    /// The hidden layers' activation (tanh but for DPA-2's repinit).
+    /// The hidden layers' activation (the fitting's, DPA-2's repinit's, else tanh).
     activation: &'a str,
 }
 
 fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
-    let layer = |l: &Layer, p: &[f64]| {
+    let layer = |(i, l): (usize, &Layer), net: &Net, p: &[f64]| {
+        // Every layer is hidden but a fitting net's last, its linear output.
+        let hidden = !(n.fitting && i + 1 == net.layers.len());
         obj! {
             "@class" => "Layer", "@version" => 2,
             "@variables" => obj! {
@@ -905,8 +919,8 @@ fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
                 "b" => ndarray(&[l.nout], &p[l.b..]),
                 "idt" => l.idt.map_or(Value::Null, |o| ndarray(&[l.nout], &p[o..])),
             },
-            "activation_function" => if l.tanh { n.activation } else { "none" },
-            "bias" => true, "precision" => "float64", "resnet" => l.tanh, "trainable" => true,
+            "activation_function" => if hidden { n.activation } else { "none" },
+            "bias" => true, "precision" => "float64", "resnet" => hidden, "trainable" => true,
             "use_timestep" => l.idt.is_some(),
         }
     };
@@ -922,7 +936,7 @@ fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
         let mut v = obj! {
             "@version" => if n.fitting { 1 } else { 2 },
             "activation_function" => n.activation, "in_dim" => net.layers[0].nin,
-            "layers" => net.layers.iter().map(|l| layer(l, p)).collect::<Vec<_>>(),
+            "layers" => net.layers.iter().enumerate().map(|l| layer(l, net, p)).collect::<Vec<_>>(),
             "neuron" => n.neuron, "precision" => "float64", "resnet_dt" => n.resnet_dt,
         };
         let extra = if n.fitting {
@@ -1016,7 +1030,7 @@ fn model_to_tree(model: &Model) -> Value {
         fitting: true,
         neuron: &fit.neuron,
         resnet_dt: fit.resnet_dt,
-        activation: "tanh",
+        activation: &fit.activation.name(),
     };
     // The parameters' statistics, DeePMD-kit's arrays of numb_fparam / numb_aparam (null
     // where there are none).
@@ -1040,7 +1054,7 @@ fn model_to_tree(model: &Model) -> Value {
             "case_embd" => Value::Null, "fparam_avg" => stat(0, nfp, avg),
             "fparam_inv_std" => stat(0, nfp, inv_std),
         },
-        "activation_function" => "tanh", "atom_ener" => none,
+        "activation_function" => fit.activation.name(), "atom_ener" => none,
         "default_fparam" => default_fparam.clone(),
         "dim_case_embd" => 0, "dim_descrpt" => spec.dim_descrpt(), "dim_out" => 1,
         "exclude_types" => none, "layer_name" => Value::Null, "mixed_types" => mixed,
@@ -1058,7 +1072,7 @@ fn model_to_tree(model: &Model) -> Value {
         "descriptor" => def_descriptor,
         "fitting_net" => obj! {
             "type" => "ener", "neuron" => &fit.neuron[..], "resnet_dt" => fit.resnet_dt,
-            "activation_function" => "tanh", "precision" => "float64",
+            "activation_function" => fit.activation.name(), "precision" => "float64",
         },
     };
 

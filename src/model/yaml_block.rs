@@ -1,11 +1,13 @@
 //! The nodes DeePMD-kit's message-passing blocks (DPA-2's repformer, DPA-3's repflow) are built
 //! of in its `.yaml`: one-layer `Layer` nodes (`NativeLayer` without activation, skip or
-//! timestep), the residual-vector lists of a layer, and the descriptor's `exclude_types` pairs.
+//! timestep), the residual-vector lists of a layer, the descriptor's `exclude_types` pairs, and
+//! an `activation_function` (the blocks' and the fitting nets').
 
 use anyhow::{bail, ensure, Result};
 use serde_yaml_ng::Value;
 
 use crate::model::layout::Layer;
+use crate::model::Activation;
 use crate::yaml_tree::{ndarray, obj, At};
 
 /// A bias-free or biased linear `Layer` node into `params`: activation none, no resnet, no idt.
@@ -33,6 +35,11 @@ pub(super) fn read_linear(
     }
     vars.expect_off("idt")?;
     Ok(())
+}
+
+/// An `activation_function` node: one that dpw's nets take.
+pub(super) fn read_activation(a: &At) -> Result<Activation> {
+    Activation::parse(a.str()?).map_or_else(|| a.fail("tanh, silu, silut[:c] or linear"), Ok)
 }
 
 pub(super) fn read_layer(at: &At, l: &Layer, params: &mut [f64]) -> Result<()> {

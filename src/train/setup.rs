@@ -125,6 +125,7 @@ fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
             output: f.output.clone(),
             neuron: f.neuron.clone(),
             resnet_dt: f.resnet_dt,
+            activation: f.activation,
             numb_fparam: f.numb_fparam,
             numb_aparam: f.numb_aparam,
             default_fparam: f.default_fparam.clone(),

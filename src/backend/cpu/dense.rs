@@ -9,11 +9,12 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::act::of_kept;
 use super::gemm::{par_gemm, Kernel, Mat, MatMut};
 use super::simd::wide;
 use super::tanh::tanh_bias;
 use crate::backend::Real;
-use crate::model::{Layer, Skip};
+use crate::model::{Activation, Layer, Skip};
 
 /// Rows per elementwise task and per reduction partial.
 const CHUNK: usize = 512;
@@ -79,13 +80,10 @@ fn matmul_grad<T: Real>(l: &Layer, n: usize, x: &[T], z: &[T], gw: &mut [T]) {
     par_gemm(Kernel::Packed, l.nin, n, l.nout, xt, z, l.nout, true, gw);
 }
 
+/// φ' from what the layer keeps of an output.
 #[inline(always)]
-fn dphi<T: Real>(l: &Layer, h: T) -> T {
-    if l.tanh {
-        T::one() - h * h
-    } else {
-        T::one()
-    }
+fn dphi<T: Real>(l: &Layer, kept: T) -> T {
+    of_kept(l.act, kept).1
 }
 
 /// `y += skip(x)` for one row.
@@ -157,7 +155,7 @@ pub fn forward<T: Real>(l: &Layer, p: &[T], rows: Range<usize>, x: &[T], h: &mut
         wide(
             #[inline(always)]
             || {
-                if l.tanh {
+                if l.act.is_tanh() {
                     tanh_bias(c, b);
                 } else {
                     c.chunks_mut(l.nout)
@@ -166,13 +164,15 @@ pub fn forward<T: Real>(l: &Layer, p: &[T], rows: Range<usize>, x: &[T], h: &mut
             },
         )
     });
-    finish_rows(
-        l,
-        idt,
-        hr,
-        xr,
-        &mut y[rows.start * l.nout..rows.end * l.nout],
-    );
+    let yr = &mut y[rows.start * l.nout..rows.end * l.nout];
+    if l.act.keeps_output() {
+        finish_rows(l, idt, hr, xr, yr);
+    } else {
+        // hr keeps z; y takes φ(z).
+        let mut phi = hr.to_vec();
+        phi.par_iter_mut().for_each(|v| *v = of_kept(l.act, *v).0);
+        finish_rows(l, idt, &phi, xr, yr);
+    }
 }
 
 pub fn backward<T: Real>(
@@ -250,13 +250,13 @@ pub fn tangent<T: Real>(
 }
 
 /// The dual step of one row through φ and the timestep (docs/design.md §3.2, "dual reverse"): from the
-/// adjoints `yb` = ȳ, `ydb` = ẏ̄ of the layer's output, its tanh values `h` (z for a linear
-/// layer) and tangent ż = `zd`·`zd_scale`, writes z̄ and ż̄ and adds the row's b̄ into `gb`
-/// and, with a timestep, its īdt into `gidt`.
+/// adjoints `yb` = ȳ, `ydb` = ẏ̄ of the layer's output, what it keeps `h` (tanh(z), else z) and
+/// tangent ż = `zd`·`zd_scale`, writes z̄ and ż̄ and adds the row's b̄ into `gb` and, with a
+/// timestep, its īdt into `gidt`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn dual_row<T: Real>(
-    tanh: bool,
+    act: Activation,
     idt: Option<&[T]>,
     h: &[T],
     zd: &[T],
@@ -277,22 +277,13 @@ pub(super) fn dual_row<T: Real>(
         &mut zdb[..n],
         &mut gb[..n],
     );
-    // φ' and φ'' from the output: tanh' = 1 − h², tanh'' = −2h(1 − h²); linear: 1 and 0.
-    let d12 = |hv: T| {
-        if tanh {
-            let d1 = T::one() - hv * hv;
-            (d1, -(hv + hv) * d1)
-        } else {
-            (T::one(), T::zero())
-        }
-    };
     match idt {
         Some(t) => {
             let gi = gidt.expect("a layer with a timestep accumulates its gradient");
             let (t, gi) = (&t[..n], &mut gi[..n]);
             for k in 0..n {
-                let (hv, zdv) = (h[k], zd[k] * zd_scale);
-                let (d1, d2) = d12(hv);
+                let zdv = zd[k] * zd_scale;
+                let (hv, d1, d2) = of_kept(act, h[k]);
                 gi[k] += yb[k] * hv + ydb[k] * d1 * zdv;
                 let (hb, hdb) = (yb[k] * t[k], ydb[k] * t[k]);
                 zdb[k] = d1 * hdb;
@@ -302,8 +293,8 @@ pub(super) fn dual_row<T: Real>(
         }
         None => {
             for k in 0..n {
-                let (hv, zdv) = (h[k], zd[k] * zd_scale);
-                let (d1, d2) = d12(hv);
+                let zdv = zd[k] * zd_scale;
+                let (_, d1, d2) = of_kept(act, h[k]);
                 let (hb, hdb) = (yb[k], ydb[k]);
                 zdb[k] = d1 * hdb;
                 zb[k] = d1 * hb + d2 * zdv * hdb;
@@ -381,7 +372,7 @@ pub fn dual_backward<T: Real>(
                         let s = scale.map_or(T::one(), |s| s[ci * CHUNK + r]);
                         let q = r * nout..(r + 1) * nout;
                         dual_row(
-                            l.tanh,
+                            l.act,
                             idt,
                             &hh[q.clone()],
                             &zd[q.clone()],

@@ -27,7 +27,7 @@ use super::simd::{fma, rows_apart, wide};
 use super::tanh::{tanh_bias, tanh_row};
 use super::tile::{self, row_tiles, Epilogue};
 use crate::backend::{Dims, Real};
-use crate::model::{Layer, Net, Skip};
+use crate::model::{Activation, Layer, Net, Skip};
 
 /// Centres per task: enough rows for efficient small GEMMs, few enough to stay in cache.
 const CENTRES_PER_TASK: usize = 2;
@@ -334,7 +334,7 @@ fn dual_rows<T: Real>(
     for (r, &sd) in scr.sdot.iter().enumerate() {
         let (q, qz) = (r * no..(r + 1) * no, r * zs..r * zs + no);
         dual_row(
-            true,
+            Activation::Tanh,
             idt,
             &hz[q.clone()],
             zp_row(li, l, p, n, hz, r),
@@ -430,7 +430,7 @@ impl<T: Real> Reverse<'_, T> {
             let zs = self.zs;
             let (lo, hi) = self.zb.split_at_mut(rt * zs);
             dual_row(
-                true,
+                Activation::Tanh,
                 idt,
                 &self.hz[r * ni + j0..r * ni + j0 + w],
                 &zp_row(self.li - 1, self.below, self.p, self.n, self.hz, r)[cols.clone()],
@@ -1038,7 +1038,7 @@ mod tests {
             layers.push(Layer {
                 nin,
                 nout,
-                tanh: true,
+                act: Activation::Tanh,
                 skip,
                 w,
                 b,

@@ -1,5 +1,6 @@
 //! The reference backend: plain Rust on host memory, parallel with rayon.
 
+mod act;
 mod adam;
 mod angle;
 pub mod attn;

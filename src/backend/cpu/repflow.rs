@@ -9,10 +9,12 @@
 
 use rayon::prelude::*;
 
+use super::act::cst;
 use super::dual::{Dual, Num};
 use super::gemm::{transpose, Mat, Prod};
 use crate::backend::{Dims, Real};
-use crate::model::dpa3::{Activation, Dpa3Layout, RepflowLayerLayout, UpdateStyle};
+use crate::model::dpa3::{Dpa3Layout, RepflowLayerLayout, UpdateStyle};
+use crate::model::Activation;
 use crate::model::{DescriptorSpec, Layer};
 
 /// How the angle messages narrow the node and edge (`a_compress_rate`, `a_compress_use_split`).
@@ -125,52 +127,10 @@ pub struct RepflowIn<'a, T> {
     pub centre_atom: &'a [i32],
 }
 
-fn cst<T: Real>(x: f64) -> T {
-    T::from(x).expect("a representable constant")
-}
-
-/// An activation's value, slope and curvature at x.
-pub(super) fn act3<T: Real>(a: Activation, x: T) -> (T, T, T) {
-    let one = T::one();
-    let silu = |x: T| {
-        let s = one / (one + (-x).exp());
-        (
-            x * s,
-            s * (one + x * (one - s)),
-            s * (one - s) * (cst::<T>(2.0) + x * (one - s - s)),
-        )
-    };
-    match a {
-        Activation::Linear => (x, one, T::zero()),
-        Activation::Tanh => {
-            let t = x.tanh();
-            (t, one - t * t, -cst::<T>(2.0) * t * (one - t * t))
-        }
-        Activation::Silu => silu(x),
-        Activation::Silut(th) => {
-            let th_t = cst::<T>(th);
-            if x < th_t {
-                silu(x)
-            } else {
-                // Computed once in f64 as DeePMD-kit does (spec §18.1).
-                let sig = 1.0 / (1.0 + (-th).exp());
-                let slope = sig + th * sig * (1.0 - sig);
-                let (sl, at_th) = (cst::<T>(slope), cst::<T>(th * sig));
-                let t = (sl * (x - th_t)).tanh();
-                (
-                    t + at_th,
-                    sl * (one - t * t),
-                    -cst::<T>(2.0) * sl * sl * t * (one - t * t),
-                )
-            }
-        }
-    }
-}
-
 /// φ(x) on numbers.
 fn act<T: Real, N: Num<T>>(a: Activation, x: N) -> N {
     x.apply(|v| {
-        let (y, dy, _) = act3(a, v);
+        let (y, dy, _) = a.eval3(v);
         (y, dy)
     })
 }
@@ -178,7 +138,7 @@ fn act<T: Real, N: Num<T>>(a: Activation, x: N) -> N {
 /// φ'(x) on numbers (its own tangent φ''·ẋ, for the dual reverse).
 fn act_slope<T: Real, N: Num<T>>(a: Activation, x: N) -> N {
     x.apply(|v| {
-        let (_, dy, d2y) = act3(a, v);
+        let (_, dy, d2y) = a.eval3(v);
         (dy, d2y)
     })
 }
@@ -203,7 +163,7 @@ impl<N: Copy> Acts<N> {
         for (r, ((f, s), z)) in rows.zip(z.chunks(width)).enumerate() {
             if live(r) {
                 for ((f, s), &z) in f.iter_mut().zip(s.iter_mut()).zip(z) {
-                    (*f, *s) = z.apply2(|v| act3(a, v));
+                    (*f, *s) = z.apply2(|v| a.eval3(v));
                 }
             }
         }

@@ -9,12 +9,14 @@
 
 use std::sync::Arc;
 
+use super::act::cst;
 use super::dual::{Dual, Num};
-use super::repflow::{act3, switch3};
+use super::repflow::switch3;
 use super::tape::{Fun, Tape, NONE, V};
 use crate::backend::{Dims, Real};
 use crate::model::dpa2::{Dpa2Config, Dpa2Layout, RepformerLayerLayout};
-use crate::model::dpa3::{Activation, UpdateStyle};
+use crate::model::dpa3::UpdateStyle;
+use crate::model::Activation;
 use crate::model::{DescriptorSpec, TebdInputMode};
 use crate::model::{Net, Skip};
 
@@ -69,12 +71,8 @@ pub struct Dpa2In<'a, T> {
     pub centre_atom: &'a [i32],
 }
 
-fn cst<T: Real>(x: f64) -> T {
-    T::from(x).expect("a representable constant")
-}
-
 fn act_fun<T: Real>(a: Activation) -> Fun<T> {
-    Arc::new(move |x| act3(a, x))
+    Arc::new(move |x| a.eval3(x))
 }
 
 /// A block's list and environment rows (spec §20.2-20.3), `m = nc·S` rows.

@@ -10,8 +10,9 @@ pub use args::RepinitShared;
 
 use serde::{Deserialize, Serialize};
 
-use super::dpa3::{Activation, UpdateStyle};
+use super::dpa3::UpdateStyle;
 use super::layout::{Builder, Layer, Net, TebdLayout};
+use super::Activation;
 use super::TebdInputMode;
 
 /// The repinit keys that [`super::DescriptorSpec`] does not hold (it holds rcut, rcut_smth,
@@ -316,19 +317,21 @@ impl Dpa2Layout {
         let types = if type_one_side { t } else { 2 * t };
         let strip = i.tebd_input_mode == TebdInputMode::Strip;
         let (nin, strip_nin) = if strip { (1, types) } else { (1 + types, 0) };
-        let repinit = b.net("repinit".into(), nin, neuron, resnet_dt, None);
+        // The host block applies repinit's activation itself; the layers say which it is.
+        let dt_act = (resnet_dt, i.activation);
+        let repinit = b.net("repinit".into(), nin, neuron, dt_act, None);
         let repinit_strip =
-            strip.then(|| b.net("repinit_strip".into(), strip_nin, neuron, resnet_dt, None));
+            strip.then(|| b.net("repinit_strip".into(), strip_nin, neuron, dt_act, None));
         let (three_body, three_body_strip) = if i.use_three_body {
             let n = &i.three_body_neuron;
             let main = b.net(
                 "three_body".into(),
                 if strip { 1 } else { 1 + 2 * t },
                 n,
-                resnet_dt,
+                dt_act,
                 None,
             );
-            let s = strip.then(|| b.net("three_body_strip".into(), 2 * t, n, resnet_dt, None));
+            let s = strip.then(|| b.net("three_body_strip".into(), 2 * t, n, dt_act, None));
             (Some(main), s)
         } else {
             (None, None)

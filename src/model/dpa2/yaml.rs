@@ -7,12 +7,14 @@ use serde_yaml_ng::Value;
 
 use super::args::RepinitShared;
 use super::{Dpa2Config, Dpa2Layout, RepformerConfig, RepformerLayerLayout, RepinitConfig};
-use crate::model::dpa3::{Activation, UpdateStyle};
+use crate::model::dpa3::UpdateStyle;
 use crate::model::layout::Net;
 use crate::model::yaml::{one_net_tree, read_embeddings, read_tebd, stats_tree};
 use crate::model::yaml_block::{
-    layer_tree, linear_tree, merge, read_layer, read_linear, read_rows, read_type_pairs, rows_tree,
+    layer_tree, linear_tree, merge, read_activation, read_layer, read_linear, read_rows,
+    read_type_pairs, rows_tree,
 };
+use crate::model::Activation;
 use crate::model::{DescriptorSpec, DescriptorType, TebdInputMode};
 use crate::yaml_tree::{brief, ndarray, obj, At};
 
@@ -76,7 +78,7 @@ fn activation(at: &At) -> Result<Activation> {
     let Some(a) = at.opt("activation_function") else {
         return Ok(Activation::Tanh);
     };
-    Activation::parse(a.str()?).map_or_else(|| a.fail("tanh, silu, silut[:c] or linear"), Ok)
+    read_activation(&a)
 }
 
 fn read_repinit(i: &At) -> Result<RepinitConfig> {
@@ -348,12 +350,12 @@ pub(in crate::model) fn read_params(
     let c = spec.dpa2.as_ref().expect("a DPA-2 spec");
     let (t, g1) = (c.repinit.tebd_dim, c.repformer.g1_dim);
     read_tebd(&d.key("type_embedding")?, &l.tebd, params)?;
-    let act = c.repinit.activation.name();
+    let act = c.repinit.activation;
     let strip = l.repinit_strip.as_ref();
-    read_embeddings(&d.key("repinit_variable")?, &l.repinit, strip, &act, params)?;
+    read_embeddings(&d.key("repinit_variable")?, &l.repinit, strip, act, params)?;
     if let Some(net) = &l.three_body {
         let node = d.key("repinit_three_body_variable")?;
-        read_embeddings(&node, net, l.three_body_strip.as_ref(), &act, params)?;
+        read_embeddings(&node, net, l.three_body_strip.as_ref(), act, params)?;
     }
     let shape = d.key("g1_shape_tranform")?;
     match l.shape_transform {

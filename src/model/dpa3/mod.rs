@@ -7,47 +7,7 @@ pub(super) mod yaml;
 use serde::{Deserialize, Serialize};
 
 use super::layout::{Builder, Layer, TebdLayout};
-
-/// An activation of DeePMD-kit's `get_activation_fn` that DPA-3's layers take.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Activation {
-    Tanh,
-    Silu,
-    /// `silut:c` (`custom_silu:c`): silu below c, tanh(s(x − c)) + silu(c) from c on, C¹ at c.
-    Silut(f64),
-    /// `linear` / `none`.
-    Linear,
-}
-
-impl Activation {
-    /// DeePMD-kit's name (`silut:10.0`, ...) → the activation; `None` where dpw lacks it.
-    pub fn parse(name: &str) -> Option<Self> {
-        let lower = name.to_ascii_lowercase();
-        let (head, arg) = match lower.split_once(':') {
-            Some((h, a)) => (h.to_string(), Some(a.to_string())),
-            None => (lower, None),
-        };
-        match (head.as_str(), arg) {
-            ("tanh", None) => Some(Activation::Tanh),
-            ("silu", None) => Some(Activation::Silu),
-            ("linear" | "none", None) => Some(Activation::Linear),
-            ("silut" | "custom_silu", None) => Some(Activation::Silut(3.0)),
-            ("silut" | "custom_silu", Some(c)) => c.parse().ok().map(Activation::Silut),
-            _ => None,
-        }
-    }
-
-    /// DeePMD-kit's spelling, as its files write it.
-    pub fn name(&self) -> String {
-        match self {
-            Activation::Tanh => "tanh".into(),
-            Activation::Silu => "silu".into(),
-            Activation::Silut(c) => format!("silut:{c:?}"),
-            Activation::Linear => "linear".into(),
-        }
-    }
-}
+use super::Activation;
 
 /// How a layer adds its updates (`update_style`, docs/deepmd-spec.md §18.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -215,7 +175,7 @@ pub struct Dpa3Layout {
     pub residual_init: (f64, bool),
 }
 
-/// One RepFlowLayer's linears (`Layer`s with `tanh: false`, no skip, no idt) and residual
+/// One RepFlowLayer's linears (`Layer`s with `act: Linear`, no skip, no idt) and residual
 /// vectors (offsets of `[N]`, `[E]`, `[A_d]` rows; empty unless res_residual).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RepflowLayerLayout {

@@ -4,10 +4,11 @@
 use anyhow::{bail, ensure, Result};
 use serde_yaml_ng::Value;
 
-use super::{Activation, Dpa3Config, Dpa3Layout, UpdateStyle};
+use super::{Dpa3Config, Dpa3Layout, UpdateStyle};
 use crate::model::yaml::stats_tree;
 use crate::model::yaml_block::{
-    layer_tree, linear_tree, merge, read_layer, read_linear, read_rows, read_type_pairs, rows_tree,
+    layer_tree, linear_tree, merge, read_activation, read_layer, read_linear, read_rows,
+    read_type_pairs, rows_tree,
 };
 use crate::model::{DescriptorSpec, DescriptorType};
 use crate::yaml_tree::{brief, obj, At};
@@ -63,9 +64,7 @@ pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
     }
     let r = d.key("repflow_args")?;
     r.known(&[REPFLOW_KEYS])?;
-    let act = d.key("activation_function")?;
-    let activation = Activation::parse(act.str()?)
-        .map_or_else(|| act.fail("tanh, silu, silut[:c] or linear"), Ok)?;
+    let activation = read_activation(&d.key("activation_function")?)?;
     let style = r.key("update_style")?;
     let update_style = UpdateStyle::parse(style.str()?)
         .map_or_else(|| style.fail("res_avg, res_incr or res_residual"), Ok)?;
