@@ -4,16 +4,18 @@
 // (rounded to T on the host, as the CPU rounds them).
 
 // Entries from u.tail_from on take the tail's corrections (step_t, bc2_t): a multi-task head's own
-// step count (AdamTail).
-#define ADAM_PARAMS(T)                                                                        \
-  (VectorParams u, T step, T b1, T b2, T eps, T bc2, T step_t, T bc2_t, T* __restrict__ p,    \
-   const T* __restrict__ grad, T* __restrict__ m, T* __restrict__ v)
+// step count (AdamTail). Weight decay: p ×= keep before the update, g += l2·p (1 and 0 without
+// decay: the same numbers).
+#define ADAM_PARAMS(T)                                                                         \
+  (VectorParams u, T step, T b1, T b2, T eps, T bc2, T step_t, T bc2_t, T keep, T l2,         \
+   T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ m, T* __restrict__ v)
 
 template <typename T>
 __device__ void adam ADAM_PARAMS(T) {
   i64 i = global_index();
   if (i >= u.n) return;
-  T g = grad[i];
+  T g = grad[i] + l2 * p[i];
+  p[i] = p[i] * keep;
   T mi = m[i] * b1 + g * (T(1) - b1);
   T vi = v[i] * b2 + g * g * (T(1) - b2);
   m[i] = mi;
@@ -22,7 +24,8 @@ __device__ void adam ADAM_PARAMS(T) {
   T denom = sqrt(vi) / (tail ? bc2_t : bc2) + eps;
   p[i] -= (tail ? step_t : step) * mi / denom;
 }
-DPW_INSTANTIATE(adam, ADAM_PARAMS, (u, step, b1, b2, eps, bc2, step_t, bc2_t, p, grad, m, v))
+DPW_INSTANTIATE(adam, ADAM_PARAMS,
+                (u, step, b1, b2, eps, bc2, step_t, bc2_t, keep, l2, p, grad, m, v))
 
 #define FILL_PARAMS(T) (VectorParams u, T value, T* __restrict__ out)
 

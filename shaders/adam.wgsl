@@ -1,10 +1,11 @@
-// Adam as torch.optim.Adam computes it (see cpu/adam.rs), one thread per parameter; and the
-// gradient clipping before it (Backend::clip_grad_norm).
+// Adam as torch.optim.Adam computes it, with its weight decay (see cpu/adam.rs), one thread per
+// parameter; and the gradient clipping before it (Backend::clip_grad_norm).
 
 // VectorParams: src/backend/gpu_layout.rs; n is the number of parameters.
 @group(0) @binding(0) var<uniform> u: VectorParams;
 // [lr / (1 − β1^t), β1, β2, eps, sqrt(1 − β2^t), then the first and last for the tail's own t
-// (entries from u.tail_from on)], rounded to `real` on the host as the CPU does
+// (entries from u.tail_from on), then p's factor before the update and the L2 term's λ (1 and
+// 0 without decay: the same numbers)], rounded to `real` on the host as the CPU does
 @group(0) @binding(1) var<storage, read> hyper: array<real>;
 @group(0) @binding(2) var<storage, read> grad: array<real>;
 @group(0) @binding(3) var<storage, read_write> params: array<real>;
@@ -23,7 +24,8 @@ fn adam(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let bc2 = select(hyper[4], hyper[6], tail);
     let b1 = hyper[1];
     let b2 = hyper[2];
-    let g = grad[i];
+    let g = grad[i] + hyper[8] * params[i];
+    params[i] = params[i] * hyper[7];
     let mi = m[i] * b1 + g * (real(1) - b1);
     let vi = v[i] * b2 + g * g * (real(1) - b2);
     m[i] = mi;

@@ -19,6 +19,12 @@ mod layered {
     crate::backend_suite!(dpw::backend::cpu::Cpu { fused: false });
 }
 
+/// The suite's weight decay test in float32 (the suite runs in float64).
+#[test]
+fn reference_weight_decay_steps_f32() {
+    suite::reference::weight_decay_steps::<f32, _>(&dpw::backend::cpu::Cpu::default(), "float32");
+}
+
 /// The profiling decorator forwards every op unchanged, the fused embedding ops included.
 mod timed {
     crate::backend_suite!(dpw::backend::timed::Timed::new(dpw::backend::cpu::Cpu {
@@ -59,6 +65,7 @@ mod timed {
                 eps: 1e-8,
                 t,
                 tail: None,
+                decay: Default::default(),
             };
             TrainOps::<f64>::adam(&b, s, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
         }

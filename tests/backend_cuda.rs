@@ -53,6 +53,13 @@ backend_suite!(
     *cuda_or_skip!()
 );
 
+/// The suite's weight decay test in float32 (the suite runs in float64).
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn reference_weight_decay_steps_f32() {
+    suite::reference::weight_decay_steps::<f32, _>(cuda_or_skip!(), "float32");
+}
+
 #[test]
 fn new_never_panics() {
     // Without a driver library this checks the error path; with one, that the device opens or

@@ -156,6 +156,15 @@ fn parity_with_cpu_f64() {
     parity::<f64>("parity_with_cpu_f64", 1e-12);
 }
 
+/// The suite's weight decay test in float32 (the suite runs in float64).
+#[test]
+fn reference_weight_decay_steps_f32() {
+    let Some(w) = wgpu_for::<f32>("reference_weight_decay_steps_f32") else {
+        return;
+    };
+    suite::reference::weight_decay_steps::<f32, _>(w, "float32");
+}
+
 #[test]
 fn parity_with_cpu_f32() {
     parity::<f32>("parity_with_cpu_f32", 1e-5);
@@ -429,6 +438,7 @@ fn f64_sqrt_in_adam_is_accurate() {
         eps: 1e-300,
         t: 3,
         tail: None,
+        decay: Default::default(),
     };
     let p0: Vec<f64> = (0..g.len()).map(|i| 1.0 + i as f64).collect();
     let m0: Vec<f64> = g.iter().map(|x| 0.3 * x).collect();
@@ -699,10 +709,7 @@ fn steps_after_the_first_create_and_read_nothing() {
     let sys = suite::fd::random_system(&[3, 5], Some([7.0, 0., 0., 0., 7.5, 0., 0., 0., 8.0]), 1);
     let frame = sys.frame();
     let batch = assemble(&model.spec, &sys.atype, &[frame]).unwrap();
-    let opt = dpw::config::OptimizerConfig {
-        adam_beta1: 0.9,
-        adam_beta2: 0.999,
-    };
+    let opt = dpw::config::OptimizerConfig::default();
     let mut dm = DeviceModel::<f32, Wgpu>::new(w, &model);
     let mut cache: Cache<f32, Wgpu> = Vec::new();
     let mut log = StepLog::<f32, Wgpu>::new(w, 100, 3);

@@ -92,6 +92,18 @@ pub struct AdamStep {
     /// Parameters from `tail.from` on counted with their own steps, `tail.t` (a multi-task
     /// run's fitting net, updated only at its task's steps, after the shared descriptor).
     pub tail: Option<AdamTail>,
+    pub decay: WeightDecay,
+}
+
+/// torch's weight decay of a parameter p with gradient g at learning rate lr.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum WeightDecay {
+    #[default]
+    None,
+    /// torch.optim.Adam's `weight_decay` λ: an L2 term, g + λp, before the moments.
+    L2(f64),
+    /// torch.optim.AdamW's: p·(1 − lr·λ) before the update.
+    Decoupled(f64),
 }
 
 /// The part of the parameter vector whose Adam steps are counted apart ([`AdamStep::tail`]):
@@ -104,6 +116,16 @@ pub struct AdamTail {
 }
 
 impl AdamStep {
+    /// The factor p takes before the update and the λ of the L2 term, in f64 on the host (as
+    /// torch makes 1 − lr·λ); (1, 0) without decay, which leaves every number as it was.
+    pub fn decay_factors(&self) -> (f64, f64) {
+        match self.decay {
+            WeightDecay::None => (1.0, 0.0),
+            WeightDecay::L2(l) => (1.0, l),
+            WeightDecay::Decoupled(l) => (1.0 - self.lr * l, 0.0),
+        }
+    }
+
     /// `lr / (1 − β1^t)` and `sqrt(1 − β2^t)` of step count `t`, in f64 on the host, as every
     /// backend takes them.
     pub fn corrections(&self, t: u64) -> (f64, f64) {

@@ -123,5 +123,6 @@ pub fn adam_step(opt: &OptimizerConfig, lr: f64, step: usize) -> AdamStep {
         eps: OptimizerConfig::EPS,
         t: step as u64 + 1,
         tail: None,
+        decay: opt.decay(),
     }
 }

@@ -49,6 +49,11 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
+        fn reference_weight_decay_steps() {
+            $crate::suite::reference::weight_decay_steps::<f64, _>(&$backend, "float64");
+        }
+        #[test]
+        $(#[$attr])?
         fn plan_buffers_stay_put() {
             $crate::suite::plan::buffers_stay_put(&$backend);
         }

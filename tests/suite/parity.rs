@@ -321,6 +321,7 @@ fn op_outputs<T: Real, B: Backend<T>>(
         eps: 1e-8,
         t: 3,
         tail: None,
+        decay: Default::default(),
     };
     b.adam(step, &mut p, &grad, &mut mm, &mut vv);
     take("adam params".into(), &p);

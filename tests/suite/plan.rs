@@ -29,10 +29,7 @@ pub fn buffers_stay_put<B: Backend<f64>>(b: &B) {
         f: 10.0,
         v: 0.1,
     };
-    let opt = dpw::config::OptimizerConfig {
-        adam_beta1: 0.9,
-        adam_beta2: 0.999,
-    };
+    let opt = dpw::config::OptimizerConfig::default();
     let mut dm = DeviceModel::<f64, B>::new(b, &model);
     let model_ids =
         |dm: &DeviceModel<f64, B>| [&dm.params, &dm.grad, &dm.m, &dm.v].map(|x| b.buf_id(x));
@@ -102,6 +99,7 @@ pub fn adam_tail_counts_its_own_steps<B: Backend<f64>>(b: &B) {
         eps: 1e-8,
         t,
         tail,
+        decay: Default::default(),
     };
     let run = |s: AdamStep, r: std::ops::Range<usize>| -> Vec<f64> {
         let (mut p, mut m, mut v) = (
@@ -172,6 +170,7 @@ pub fn clip_grad_norm<B: Backend<f64>>(b: &B) {
         eps: 1e-8,
         t: 1,
         tail: None,
+        decay: Default::default(),
     };
     b.adam(s, &mut p, &gb, &mut m, &mut v);
     assert!(b.download(&p)[10].is_nan());

@@ -1,9 +1,10 @@
-//! Adam exactly as torch.optim.Adam computes it (the reference's optimizer, docs/deepmd-spec.md §11).
+//! Adam exactly as torch.optim.Adam computes it (the reference's optimizer, docs/deepmd-spec.md
+//! §11), with torch's weight decay (Adam's L2 term, AdamW's decoupled decay).
 
 use rayon::prelude::*;
 
 use super::simd::wide;
-use crate::backend::{AdamStep, Real};
+use crate::backend::{AdamStep, Real, WeightDecay};
 
 /// Parameters per task: whole slices, so that each task's loop is vectorised (a division and a
 /// square root per parameter make the update compute-bound, not memory-bound).
@@ -29,6 +30,9 @@ fn update<T: Real>(
     v: &mut [T],
 ) {
     let step = T::of(step);
+    let (keep, l2) = s.decay_factors();
+    let decays = s.decay != WeightDecay::None;
+    let (keep, l2) = (T::of(keep), T::of(l2));
     let (b1, b2, eps, bc2) = (
         T::of(s.beta1),
         T::of(s.beta2),
@@ -45,6 +49,10 @@ fn update<T: Real>(
                 || {
                     let moments = m.iter_mut().zip(v.iter_mut());
                     for ((p, &g), (m, v)) in p.iter_mut().zip(g).zip(moments) {
+                        let g = if decays { g + l2 * *p } else { g };
+                        if decays {
+                            *p *= keep;
+                        }
                         *m = *m * b1 + g * (T::one() - b1);
                         *v = *v * b2 + g * g * (T::one() - b2);
                         let denom = v.sqrt() / bc2 + eps;

@@ -1950,6 +1950,7 @@ impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
         // The bias corrections in f64 on the host, exactly as the CPU backend computes them.
         let (step, bc2_sqrt) = s.corrections(s.t);
         let (from, (tail_step, tail_bc2)) = s.tail_corrections(params.len);
+        let (keep, l2) = s.decay_factors();
         launch!(
             self,
             &name::<T>("adam"),
@@ -1966,6 +1967,8 @@ impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
                 T::of(bc2_sqrt),
                 T::of(tail_step),
                 T::of(tail_bc2),
+                T::of(keep),
+                T::of(l2),
                 self.ptr(params),
                 self.ptr(grad),
                 self.ptr(m),

@@ -1140,11 +1140,14 @@ impl<T: GpuReal> TrainOps<T> for Generic<'_, Wgpu> {
     ) {
         let (step, bc2_sqrt) = s.corrections(s.t);
         let (from, (tail_step, tail_bc2)) = s.tail_corrections(params.len);
+        let (keep, l2) = s.decay_factors();
         let op = self.exclusive();
         let hyper = self.reals::<T>(
             &op,
             "adam",
-            &[step, s.beta1, s.beta2, s.eps, bc2_sqrt, tail_step, tail_bc2],
+            &[
+                step, s.beta1, s.beta2, s.eps, bc2_sqrt, tail_step, tail_bc2, keep, l2,
+            ],
         );
         self.go::<T>(
             &k::ADAM,
