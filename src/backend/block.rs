@@ -86,29 +86,154 @@ pub enum Body<'a, T> {
 impl<T: Real> Body<'_, T> {
     pub fn forward(&self, d: &Dims, desc: &mut [T]) {
         match self {
-            Body::Repflow(x) => repflow::forward(d, x, desc),
+            Body::Repflow(x) => match Cut::of(d, x) {
+                None => repflow::forward(d, x, desc),
+                Some(c) => repflow::forward(&c.dims, &c.input(x).of(&c), desc),
+            },
             Body::Repformer(x) => repformer::forward(d, x, desc),
         }
     }
 
     pub fn backward(&self, d: &Dims, dbar: &[T], q: &mut [T]) {
         match self {
-            Body::Repflow(x) => repflow::backward(d, x, dbar, q),
+            Body::Repflow(x) => match Cut::of(d, x) {
+                None => repflow::backward(d, x, dbar, q),
+                Some(c) => {
+                    let mut qc = vec![T::zero(); 3 * c.slot.len()];
+                    repflow::backward(&c.dims, &c.input(x).of(&c), dbar, &mut qc);
+                    c.scatter(&qc, 3, q);
+                }
+            },
             Body::Repformer(x) => repformer::backward(d, x, dbar, q),
         }
     }
 
     pub fn tangent(&self, d: &Dims, rdot: &[T], ddot: &mut [T]) {
         match self {
-            Body::Repflow(x) => repflow::tangent(d, x, rdot, ddot),
+            Body::Repflow(x) => match Cut::of(d, x) {
+                None => repflow::tangent(d, x, rdot, ddot),
+                Some(c) => {
+                    let rdot = c.gather(rdot, 3);
+                    repflow::tangent(&c.dims, &c.input(x).of(&c), &rdot, ddot)
+                }
+            },
             Body::Repformer(x) => repformer::tangent(d, x, rdot, ddot),
         }
     }
 
     pub fn dual(&self, d: &Dims, rdot: &[T], dbar: &[T], ddotbar: &[T], grad: &mut [T]) {
         match self {
-            Body::Repflow(x) => repflow::dual(d, x, rdot, dbar, ddotbar, grad),
+            Body::Repflow(x) => match Cut::of(d, x) {
+                None => repflow::dual(d, x, rdot, dbar, ddotbar, grad),
+                Some(c) => {
+                    let (rdot, xc) = (c.gather(rdot, 3), c.input(x));
+                    repflow::dual(&c.dims, &xc.of(&c), &rdot, dbar, ddotbar, grad)
+                }
+            },
             Body::Repformer(x) => repformer::dual(d, x, rdot, dbar, ddotbar, grad),
+        }
+    }
+}
+
+/// DPA-3's block on the batch's slots cut to the widest real list. A slot past a centre's last
+/// real neighbour is padding, masked everywhere in the block, whose sums are scaled by e_sel
+/// and a_sel themselves (or their dynamic-sel fractions), not by the slots they run over
+/// ([`RepflowOpts`]'s scales): so S' = the most slots a centre's real neighbours reach and A' =
+/// the most its angle list does give the same numbers at (S'/S)·(A'/A)² of the work and memory.
+/// (DeePMD-kit's water/dpa3 dynamic-sel example, e_sel 1200 and a_sel 300 for about 100 and 30
+/// neighbours, held 24 GB for one step on the full width.)
+struct Cut {
+    dims: Dims,
+    opts: RepflowOpts,
+    /// The batch's slot of each cut slot.
+    slot: Vec<usize>,
+}
+
+/// A cut batch's per-slot inputs.
+struct CutInput<'a, T> {
+    x: &'a RepflowIn<'a, T>,
+    rij: Vec<T>,
+    owner: Vec<i32>,
+    nei_type: Vec<i32>,
+}
+
+impl<'a, T> CutInput<'a, T> {
+    fn of<'c>(&'c self, c: &'c Cut) -> RepflowIn<'c, T> {
+        RepflowIn {
+            o: &c.opts,
+            rij: &self.rij,
+            owner: &self.owner,
+            nei_type: &self.nei_type,
+            ..*self.x
+        }
+    }
+}
+
+impl Cut {
+    /// None where no slot can go (or the list is not one mixed section).
+    fn of<T: Real>(d: &Dims, x: &RepflowIn<'_, T>) -> Option<Cut> {
+        if d.nsec != 1 {
+            return None;
+        }
+        let o = x.o;
+        let a_rcut = T::of(o.a_rcut);
+        let (mut s1, mut a1) = (1, 1);
+        for c in 0..d.ncentres() {
+            for (j, s) in d.mixed_slots(c).enumerate() {
+                if x.owner[s] < 0 {
+                    continue;
+                }
+                s1 = s1.max(j + 1);
+                let r = &x.rij[3 * s..3 * s + 3];
+                // The block's own test of the angle list (an excluded pair only widens A').
+                if j < o.a && (r[0] * r[0] + r[1] * r[1] + r[2] * r[2]).sqrt() < a_rcut {
+                    a1 = a1.max(j + 1);
+                }
+            }
+        }
+        let (s1, a1) = (s1.min(o.s), a1.min(o.a));
+        if (s1, a1) == (o.s, o.a) {
+            return None;
+        }
+        let dims = d.with_mixed_sel(s1);
+        let slot = (0..d.ncentres())
+            .flat_map(|c| {
+                let s0 = d.mixed_slots(c).start;
+                (0..s1).map(move |j| s0 + j)
+            })
+            .collect();
+        Some(Cut {
+            dims,
+            opts: RepflowOpts {
+                s: s1,
+                a: a1,
+                ..o.clone()
+            },
+            slot,
+        })
+    }
+
+    /// `w` values per slot of the batch's, on the cut slots.
+    fn gather<V: Copy>(&self, v: &[V], w: usize) -> Vec<V> {
+        (self.slot.iter())
+            .flat_map(|&s| v[w * s..w * s + w].iter().copied())
+            .collect()
+    }
+
+    /// The cut slots' `w` values each into the batch's, its padding 0.
+    fn scatter<T: Real>(&self, v: &[T], w: usize, out: &mut [T]) {
+        out.fill(T::zero());
+        for (k, &s) in self.slot.iter().enumerate() {
+            out[w * s..w * s + w].copy_from_slice(&v[w * k..w * k + w]);
+        }
+    }
+
+    fn input<'a, T: Copy>(&self, x: &'a RepflowIn<'a, T>) -> CutInput<'a, T> {
+        CutInput {
+            x,
+            rij: self.gather(x.rij, 3),
+            owner: self.gather(x.owner, 1),
+            nei_type: self.gather(x.nei_type, 1),
         }
     }
 }

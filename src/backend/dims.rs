@@ -75,6 +75,22 @@ impl Dims {
         Self::build(counts.len(), ntypes, |f, t| counts[f][t], sel, m1, m2)
     }
 
+    /// These centres with `s` slots each in their one mixed section.
+    pub fn with_mixed_sel(&self, s: usize) -> Self {
+        debug_assert_eq!(self.nsec, 1, "one mixed section");
+        let mut block_start = vec![0];
+        for t in 0..self.ntypes {
+            let nc = self.centre_start[t + 1] - self.centre_start[t];
+            block_start.push(block_start.last().unwrap() + nc * s);
+        }
+        Dims {
+            sel: vec![s],
+            nnei: s,
+            block_start,
+            ..self.clone()
+        }
+    }
+
     fn build(
         nframes: usize,
         ntypes: usize,
