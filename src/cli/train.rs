@@ -28,7 +28,7 @@ use crate::model::file::{
     container_heads, head_container, is_container, model_from_container, pick_head, read_container,
     save_model,
 };
-use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model};
+use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model, ModelFile};
 use crate::train::checkpoint::Checkpoint;
 use crate::train::interrupt::{self, Interrupted};
 use crate::train::multitask::{self, MultiCheckpoint, MultiStart, MultiTaskSetup};
@@ -162,9 +162,10 @@ fn progress_bar() -> ProgressBar {
 /// The start of `--finetune MODEL [--model-branch B]`: DeePMD-kit's branch rules (spec §21.4)
 /// for the head; the model on input.json's `type_map`, to be re-fitted. `RANDOM`, or no branch
 /// of a multi-task model, takes the descriptor alone, under a new fitting net.
-fn finetune_start(path: &Path, branch: Option<&str>, type_map: &[String]) -> Result<Start> {
+fn finetune_start(file: &ModelFile, branch: Option<&str>, type_map: &[String]) -> Result<Start> {
+    let path = file.path();
     let ctx = || format!("--finetune {}", path.display());
-    let heads = crate::model::head_names(path).with_context(ctx)?;
+    let heads = file.heads();
     let new_fitting = match branch {
         Some("RANDOM") => true,
         None => !heads.is_empty(),
@@ -182,16 +183,13 @@ fn finetune_start(path: &Path, branch: Option<&str>, type_map: &[String]) -> Res
             );
         }
         let what = format!("{} (its descriptor, a new fitting net)", path.display());
-        (
-            crate::model::read_shared_descriptor(path, &heads).with_context(ctx)?,
-            what,
-        )
+        (file.shared_descriptor(&heads).with_context(ctx)?, what)
     } else {
         let head = match branch {
-            Some("Default") | None if !crate::model::pt::is_pt(path) => None,
+            Some("Default") | None if file.checkpoint().is_none() => None,
             b => b,
         };
-        let model = crate::model::read_model_head(path, head).with_context(ctx)?;
+        let model = file.model(head).with_context(ctx)?.model;
         let what = match head {
             Some(h) => format!("{} (head {h})", path.display()),
             None => path.display().to_string(),
@@ -218,15 +216,14 @@ fn finetune_start(path: &Path, branch: Option<&str>, type_map: &[String]) -> Res
 
 /// `--use-pretrain-script`: the descriptor and (but with `RANDOM`) the fitting net of the
 /// pretrained head's own input, which a DeePMD-kit `.pt` keeps (`model_params`).
-fn pretrain_script(path: &Path, branch: Option<&str>) -> Result<serde_json::Value> {
-    if !crate::model::pt::is_pt(path) {
+fn pretrain_script(file: &ModelFile, branch: Option<&str>) -> Result<serde_json::Value> {
+    let Some(ck) = file.checkpoint() else {
         anyhow::bail!(
             "--use-pretrain-script takes the model section a DeePMD-kit .pt keeps \
              (model_params); {} is not one: give the model section in input.json",
-            path.display()
+            file.path().display()
         );
-    }
-    let ck = crate::model::pt::Checkpoint::read(path)?;
+    };
     let heads = ck.heads();
     let (head, new_fitting) = match branch {
         Some("RANDOM") => (heads[0], true),
@@ -241,7 +238,10 @@ fn pretrain_script(path: &Path, branch: Option<&str>) -> Result<serde_json::Valu
     };
     for k in keys {
         let v = params.get(*k).ok_or_else(|| {
-            anyhow::anyhow!("{}: model_params of head {head} has no {k}", path.display())
+            anyhow::anyhow!(
+                "{}: model_params of head {head} has no {k}",
+                file.path().display()
+            )
         })?;
         parts.insert(k.to_string(), v.clone());
     }
@@ -271,16 +271,23 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         return run_multitask(args, &value, t0);
     }
     let setup = (|| {
-        let script = match (&args.finetune, args.use_pretrain_script) {
-            (Some(p), true) => Some(pretrain_script(p, args.model_branch.as_deref())?),
+        // The pretrained model's file, read once for its heads, the head's model and script.
+        let finetune = match &args.finetune {
+            Some(p) => {
+                Some(ModelFile::open(p).with_context(|| format!("--finetune {}", p.display()))?)
+            }
+            None => None,
+        };
+        let script = match (&finetune, args.use_pretrain_script) {
+            (Some(f), true) => Some(pretrain_script(f, args.model_branch.as_deref())?),
             (None, true) => anyhow::bail!("--use-pretrain-script goes with --finetune"),
             _ => None,
         };
         let cfg = load_training_input(&args.input, script)?;
         let start = match (args.restart, args.init_model, args.init_frz_model) {
-            (None, None, None) if args.finetune.is_some() => {
-                let path = args.finetune.expect("given");
-                finetune_start(&path, args.model_branch.as_deref(), &cfg.model.type_map)?
+            (None, None, None) if finetune.is_some() => {
+                let file = finetune.as_ref().expect("given");
+                finetune_start(file, args.model_branch.as_deref(), &cfg.model.type_map)?
             }
             (None, None, None) => Start::Fresh,
             (Some(r), None, None) => {

@@ -23,9 +23,7 @@ pub use layout::{
     embed_net_index, pair_types, AttnLayerLayout, AttnLayout, DescriptorLayout, FittingLayout,
     Layer, Net, ParamLayout, Skip, TebdLayout, TensorInfo,
 };
-pub use source::{
-    head_names, read_model, read_model_head, read_model_to_train, read_shared_descriptor,
-};
+pub use source::{read_model, read_model_head, read_model_to_train, ModelFile};
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml, YamlModel};
 
 use serde::{Deserialize, Serialize};

@@ -1,12 +1,13 @@
 //! A model from any file dpw reads: a dpw model or checkpoint, a DeePMD-kit `.yaml`, or one head
 //! of a DeePMD-kit `.pt` training checkpoint; each checked by [`Model::check`] on the way in.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
 use super::file::{
     container_heads, head_container, is_container, model_from_container, pick_head, read_container,
+    Container, HeadEntry,
 };
 use super::pt::{is_pt, Checkpoint};
 use super::yaml::{read_yaml_model, YamlModel};
@@ -45,109 +46,125 @@ pub fn read_model_to_train(path: &Path) -> Result<Model> {
     Ok(model)
 }
 
-/// The heads of a multi-task file (DeePMD-kit's `.pt` or dpw's checkpoint), empty for a file of
-/// one model.
-pub fn head_names(path: &Path) -> Result<Vec<String>> {
-    if is_container(path) {
-        let heads = container_heads(&read_container(path)?).unwrap_or_default();
-        return Ok(heads.into_iter().map(|h| h.name).collect());
-    }
-    if is_pt(path) {
-        let ck = Checkpoint::read(path)?;
-        if ck.is_multitask() {
-            return Ok(ck.heads().iter().map(|h| h.to_string()).collect());
-        }
-    }
-    Ok(Vec::new())
+/// A model file read once: a dpw model or (multi-task) checkpoint, a DeePMD-kit `.pt`
+/// checkpoint, or a DeePMD-kit `.yaml` (read when its model is asked for: it has no heads).
+/// `--finetune` asks one file for its heads, a head's model or the descriptor its heads share,
+/// and the `.pt`'s own input; a pretrained DeePMD-kit checkpoint is tens of MB, and a multi-task
+/// fine-tune asked once per task.
+pub struct ModelFile {
+    path: PathBuf,
+    kind: Kind,
 }
 
-/// The model whose descriptor `RANDOM` takes: DeePMD-kit takes the first task's of a
-/// multi-task model, which a `.pt` read here does not order; the heads of the models dpw
-/// trains share theirs, and one that does not is refused.
-pub fn read_shared_descriptor(path: &Path, heads: &[String]) -> Result<Model> {
-    let Some((first, rest)) = heads.split_first() else {
-        return read_model(path);
-    };
-    // The file read once, every head taken from it.
-    enum Opened {
-        Dpw(super::file::Container, Vec<super::file::HeadEntry>),
-        Pt(Box<Checkpoint>),
-    }
-    let opened = match is_container(path) {
-        true => {
+enum Kind {
+    Dpw(Container, Option<Vec<HeadEntry>>),
+    Pt(Box<Checkpoint>),
+    Yaml,
+}
+
+impl ModelFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        if !path.exists() {
+            bail!("model file {} does not exist", path.display());
+        }
+        let kind = if is_container(path) {
             let c = read_container(path)?;
-            let entries = container_heads(&c).unwrap_or_default();
-            Opened::Dpw(c, entries)
-        }
-        false => Opened::Pt(Box::new(Checkpoint::read(path)?)),
-    };
-    let head = |h: &str| -> Result<Model> {
-        match &opened {
-            Opened::Dpw(c, entries) => {
-                model_from_container(&head_container(c, pick_head(entries, Some(h), path)?))
-            }
-            Opened::Pt(ck) => Ok(ck.model(Some(h))?.model),
-        }
-    };
-    let m = head(first)?;
-    let dlen = m.layout().descriptor_len();
-    for h in rest {
-        let o = head(h)?;
-        if o.params[..dlen] != m.params[..dlen]
-            || (o.davg, o.dstd) != (m.davg.clone(), m.dstd.clone())
-        {
+            let heads = container_heads(&c);
+            Kind::Dpw(c, heads)
+        } else if is_pt(path) {
+            Kind::Pt(Box::new(Checkpoint::read(path)?))
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        ) {
+            Kind::Yaml
+        } else {
             bail!(
-                "the heads {first} and {h} do not share one descriptor, and which is the first \
-                 task's (the one DeePMD-kit's RANDOM takes) is not known here: give \
-                 --model-branch HEAD"
-            );
+                "{}: not a model file dpw can read (a DeePMD-kit .yaml model or .pt checkpoint, \
+                 or a dpw model or checkpoint)",
+                path.display()
+            )
+        };
+        Ok(ModelFile {
+            path: path.to_path_buf(),
+            kind,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The heads of a multi-task file, empty for a file of one model.
+    pub fn heads(&self) -> Vec<String> {
+        match &self.kind {
+            Kind::Dpw(_, heads) => heads.iter().flatten().map(|h| h.name.clone()).collect(),
+            Kind::Pt(ck) if ck.is_multitask() => ck.heads().iter().map(|h| h.to_string()).collect(),
+            _ => Vec::new(),
         }
     }
-    Ok(m)
-}
 
-fn read_any(path: &Path, head: Option<&str>) -> Result<YamlModel> {
-    if !path.exists() {
-        bail!("model file {} does not exist", path.display());
+    /// The DeePMD-kit checkpoint, whose own input `--use-pretrain-script` takes.
+    pub fn checkpoint(&self) -> Option<&Checkpoint> {
+        match &self.kind {
+            Kind::Pt(ck) => Some(ck),
+            _ => None,
+        }
     }
-    if !is_container(path) && is_pt(path) {
-        return Checkpoint::read(path)?.model(head);
-    }
-    let c = match is_container(path) {
-        true => Some(read_container(path)?),
-        false => None,
-    };
-    let heads = c.as_ref().and_then(container_heads);
-    if let (Some(h), None) = (head, &heads) {
-        bail!(
-            "--head {h}: {} holds one model; heads are those of a multi-task checkpoint (dpw's \
-             or a DeePMD-kit .pt)",
-            path.display()
-        );
-    }
-    if let Some(c) = c {
-        let reading = || format!("reading {}", path.display());
-        let model = match heads {
-            Some(heads) => {
-                let k = pick_head(&heads, head, path)?;
-                model_from_container(&head_container(&c, k)).with_context(|| {
+
+    /// The model, of `head` for a multi-task file (`--head`); a file of one model has no head
+    /// but a single-task `.pt`'s `Default`.
+    pub fn model(&self, head: Option<&str>) -> Result<YamlModel> {
+        let path = &self.path;
+        let model = match (&self.kind, head) {
+            (Kind::Pt(ck), _) => return ck.model(head),
+            (Kind::Dpw(c, Some(heads)), _) => {
+                let k = pick_head(heads, head, path)?;
+                model_from_container(&head_container(c, k)).with_context(|| {
                     format!("reading head '{}' of {}", heads[k].name, path.display())
                 })?
             }
-            None => model_from_container(&c).with_context(reading)?,
+            (Kind::Dpw(_, None) | Kind::Yaml, Some(h)) => bail!(
+                "--head {h}: {} holds one model; heads are those of a multi-task checkpoint \
+                 (dpw's or a DeePMD-kit .pt)",
+                path.display()
+            ),
+            (Kind::Yaml, None) => return read_yaml_model(path),
+            (Kind::Dpw(c, None), None) => {
+                model_from_container(c).with_context(|| format!("reading {}", path.display()))?
+            }
         };
-        return Ok(YamlModel {
+        Ok(YamlModel {
             model,
             atom_ener: None,
-        });
+        })
     }
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if ext == "yaml" || ext == "yml" {
-        return read_yaml_model(path);
+
+    /// The model whose descriptor `RANDOM` takes: DeePMD-kit takes the first task's of a
+    /// multi-task model, which a `.pt` read here does not order; the heads of the models dpw
+    /// trains share theirs, and one that does not is refused.
+    pub fn shared_descriptor(&self, heads: &[String]) -> Result<Model> {
+        let Some((first, rest)) = heads.split_first() else {
+            return Ok(self.model(None)?.model);
+        };
+        let m = self.model(Some(first))?.model;
+        let dlen = m.layout().descriptor_len();
+        for h in rest {
+            let o = self.model(Some(h))?.model;
+            if o.params[..dlen] != m.params[..dlen]
+                || (o.davg, o.dstd) != (m.davg.clone(), m.dstd.clone())
+            {
+                bail!(
+                    "the heads {first} and {h} do not share one descriptor, and which is the \
+                     first task's (the one DeePMD-kit's RANDOM takes) is not known here: give \
+                     --model-branch HEAD"
+                );
+            }
+        }
+        Ok(m)
     }
-    bail!(
-        "{}: not a model file dpw can read (a DeePMD-kit .yaml model or .pt checkpoint, or a dpw \
-         model or checkpoint)",
-        path.display()
-    )
+}
+
+fn read_any(path: &Path, head: Option<&str>) -> Result<YamlModel> {
+    ModelFile::open(path)?.model(head)
 }

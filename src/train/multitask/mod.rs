@@ -19,7 +19,7 @@ use crate::config::multitask::MultiTaskConfig;
 use crate::config::multitask::TaskConfig;
 use crate::data::{Disk, Files};
 use crate::dist;
-use crate::model::{head_names, read_model_head, read_shared_descriptor, Model};
+use crate::model::{read_model_head, Model, ModelFile};
 
 use super::lr::LrSchedule;
 use super::outputs::RunLock;
@@ -107,8 +107,11 @@ pub fn prepare_in(
         MultiStart::Fresh => (None, None, None),
         MultiStart::InitModel(p) => (Some(p), None, None),
         MultiStart::Finetune(p) => {
-            let heads = read_heads(&p)?;
-            (None, None, Some((p, heads)))
+            // Read once: every task takes its head or the shared descriptor from it.
+            let file =
+                ModelFile::open(&p).with_context(|| format!("--finetune {}", p.display()))?;
+            let heads = file.heads();
+            (None, None, Some((file, heads)))
         }
         MultiStart::Restart(ck) => {
             let heads: Vec<&str> = ck.heads.iter().map(|h| h.name.as_str()).collect();
@@ -150,8 +153,9 @@ pub fn prepare_in(
             }
             None => match (restart.as_ref(), &pretrained) {
                 (Some(ck), _) => Start::Restart(Box::new(ck.heads[k].ck.clone())),
-                (None, Some((p, heads))) => finetune_start(p, t, heads)
-                    .with_context(|| format!("--finetune {}: task '{}'", p.display(), t.name))?,
+                (None, Some((f, heads))) => finetune_start(f, t, heads).with_context(|| {
+                    format!("--finetune {}: task '{}'", f.path().display(), t.name)
+                })?,
                 (None, None) => Start::Fresh,
             },
         };
@@ -167,9 +171,11 @@ pub fn prepare_in(
         (None, None, None) => share_descriptor(&mut tasks, &config, seed)?,
         (Some(p), _, _) => check_shared(&tasks, &config, &format!("--init-model {}", p.display()))?,
         (None, Some(_), _) => check_shared(&tasks, &config, "the --restart checkpoint")?,
-        (None, None, Some((p, _))) => {
-            check_shared(&tasks, &config, &format!("--finetune {}", p.display()))?
-        }
+        (None, None, Some((f, _))) => check_shared(
+            &tasks,
+            &config,
+            &format!("--finetune {}", f.path().display()),
+        )?,
     }
     Ok(MultiTaskSetup {
         config,
@@ -182,32 +188,27 @@ pub fn prepare_in(
     })
 }
 
-/// The heads of a `--finetune` model (empty for a model of one).
-fn read_heads(path: &Path) -> Result<Vec<String>> {
-    head_names(path).with_context(|| format!("--finetune {}", path.display()))
-}
-
 /// Task `t`'s start from the pretrained model at `path` (with `heads`), by DeePMD-kit's rules
 /// (docs/deepmd-spec.md §21.4): its `finetune_head` H → head H, its bias re-fitted by
 /// change-by-statistic; no finetune_head and a head of its name → that head, resumed as it is;
 /// otherwise the pretrained descriptor under a new fitting net, the bias set by statistic. The
 /// model on the task's type_map in each case.
-fn finetune_start(path: &Path, t: &TaskConfig, heads: &[String]) -> Result<Start> {
-    let type_map = &t.config.model.type_map;
+fn finetune_start(file: &ModelFile, t: &TaskConfig, heads: &[String]) -> Result<Start> {
+    let (path, type_map) = (file.path(), &t.config.model.type_map);
     let resumed = t.finetune_head.is_none() && heads.contains(&t.name);
     let (model, what, new_fitting) = match (&t.finetune_head, resumed) {
         (Some(h), _) => (
-            read_model_head(path, Some(h))?,
+            file.model(Some(h))?.model,
             format!("head {h} of {}", path.display()),
             false,
         ),
         (None, true) => (
-            read_model_head(path, Some(&t.name))?,
+            file.model(Some(&t.name))?.model,
             format!("head {} of {}", t.name, path.display()),
             false,
         ),
         (None, false) => (
-            read_shared_descriptor(path, heads)?,
+            file.shared_descriptor(heads)?,
             format!("{} (its descriptor, a new fitting net)", path.display()),
             true,
         ),
