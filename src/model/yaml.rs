@@ -297,7 +297,6 @@ fn standard_model(m: &At) -> Result<YamlModel> {
             &at.key("embeddings")?,
             &file_nets(part, nt, nets),
             embed_ndim,
-            Activation::Tanh,
             &mut params,
         )?;
     }
@@ -307,7 +306,6 @@ fn standard_model(m: &At) -> Result<YamlModel> {
         &f.key("nets")?,
         &some(&layout.fitting.nets),
         fit_ndim,
-        spec.fitting.activation,
         &mut params,
     )?;
     let (mut davg, mut dstd) = (Vec::new(), Vec::new());
@@ -617,7 +615,7 @@ fn read_attention(
     params: &mut [f64],
 ) -> Result<()> {
     let cfg = spec.attn().expect("a DPA-1 spec");
-    read_embeddings(d, embed, a.strip.as_ref(), Activation::Tanh, params)?;
+    read_embeddings(d, embed, a.strip.as_ref(), params)?;
     read_tebd(&d.key("type_embedding")?, &a.tebd, params)?;
     // The attention layers.
     let al = d.key("attention_layers")?;
@@ -677,18 +675,16 @@ fn read_attention(
 }
 
 /// A mixed-type block's one embedding net (`embeddings`) and, with tebd_input_mode strip, its
-/// type net (`embeddings_strip`), each a collection of one net (ndim 0) under `d`; `hidden` is
-/// their activation.
+/// type net (`embeddings_strip`), each a collection of one net (ndim 0) under `d`.
 pub(super) fn read_embeddings(
     d: &At,
     embed: &Net,
     strip: Option<&Net>,
-    hidden: Activation,
     params: &mut [f64],
 ) -> Result<()> {
-    read_nets(&d.key("embeddings")?, &[Some(embed)], 0, hidden, params)?;
+    read_nets(&d.key("embeddings")?, &[Some(embed)], 0, params)?;
     match (strip, d.opt("embeddings_strip")) {
-        (Some(strip), Some(at)) => read_nets(&at, &[Some(strip)], 0, hidden, params),
+        (Some(strip), Some(at)) => read_nets(&at, &[Some(strip)], 0, params),
         (Some(_), None) => bail!(
             "{}.embeddings_strip: missing (tebd_input_mode strip)",
             d.path
@@ -804,15 +800,9 @@ fn some(nets: &[Net]) -> Vec<Option<&Net>> {
 /// Copies one `NetworkCollection` into `params`, checking every layer against the layout; the
 /// nets given as `None` are skipped. `want_ndim` is 1 for one net per type (fitting, or
 /// embedding with type_one_side) and 2 for one per type pair, stored at flat index ti + tj*nt,
-/// which is how the layout orders them; 0 for one net of a mixed-type descriptor. `hidden` is
-/// the hidden layers' activation (the fitting's, DPA-2's repinit's, else tanh).
-fn read_nets(
-    coll: &At,
-    nets: &[Option<&Net>],
-    want: usize,
-    hidden: Activation,
-    params: &mut [f64],
-) -> Result<()> {
+/// which is how the layout orders them; 0 for one net of a mixed-type descriptor. A hidden
+/// layer's activation is the layout's (the fitting's, DPA-2's repinit's, else tanh).
+fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) -> Result<()> {
     coll.expect("@class", &["NetworkCollection"])?;
     coll.version(1..=1, Some(1))?;
     coll.known(&[COLLECTION_KEYS])?;
@@ -853,10 +843,10 @@ fn read_nets(
             if !(fitting && i + 1 == layers.len()) {
                 let a = at.key("activation_function")?;
                 ensure!(
-                    read_activation(&a)? == hidden,
+                    read_activation(&a)? == l.act,
                     "{}: expected {:?}, found {}",
                     a.path,
-                    hidden.name(),
+                    l.act.name(),
                     brief(a.v)
                 );
                 let resnet = at.key("resnet")?;

@@ -350,12 +350,11 @@ pub(in crate::model) fn read_params(
     let c = spec.dpa2.as_ref().expect("a DPA-2 spec");
     let (t, g1) = (c.repinit.tebd_dim, c.repformer.g1_dim);
     read_tebd(&d.key("type_embedding")?, &l.tebd, params)?;
-    let act = c.repinit.activation;
     let strip = l.repinit_strip.as_ref();
-    read_embeddings(&d.key("repinit_variable")?, &l.repinit, strip, act, params)?;
+    read_embeddings(&d.key("repinit_variable")?, &l.repinit, strip, params)?;
     if let Some(net) = &l.three_body {
         let node = d.key("repinit_three_body_variable")?;
-        read_embeddings(&node, net, l.three_body_strip.as_ref(), act, params)?;
+        read_embeddings(&node, net, l.three_body_strip.as_ref(), params)?;
     }
     let shape = d.key("g1_shape_tranform")?;
     match l.shape_transform {
