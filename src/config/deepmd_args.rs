@@ -306,6 +306,10 @@ fn check_object(arg: &'static Arg, map: &Map<String, Value>, path: &str, out: &m
         }
     }
     let fields = arg.fields_for(map);
+    // dargs: "no allowed keys defined, allow any keys" (`info`, `model_prob`).
+    if fields.is_empty() && arg.variants.is_empty() {
+        return;
+    }
     for (k, v) in map.iter().filter(|(k, _)| !k.starts_with('_')) {
         if arg.variants.iter().any(|var| var.flag == *k) {
             continue;

@@ -33,6 +33,9 @@ pub struct ModelConfig {
     pub data_stat_protect: f64,
     /// A pair table mixed into the energy (`use_srtab`, `linear_ener`).
     pub short_range: Option<PairConfig>,
+    /// DeePMD-kit's `info`: what the model is (`description`, `observed_type`), for people and
+    /// for `dp show`; kept in out.json, not read.
+    pub info: Map<String, Value>,
 }
 
 /// Floating-point precision of a net's parameters. DeePMD-kit's `"default"` is float64 (unless
@@ -289,6 +292,7 @@ static MODEL: Schema = Schema {
         "fitting_net",
         "data_stat_nbatch",
         "data_stat_protect",
+        "info",
         "atom_exclude_types",
         "use_srtab",
         "smin_alpha",
@@ -583,6 +587,11 @@ pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfi
     let data_stat_protect = sec.f64_or("data_stat_protect", 0.01)?;
     non_negative(data_stat_protect, &sec.path_of("data_stat_protect"))?;
     let short_range = super::pairtab::srtab(&sec, base_dir, &descriptor)?;
+    let info = match sec.get_nonnull("info") {
+        Some(Value::Object(m)) => m.clone(),
+        Some(v) => return Err(wrong_type(&sec.path_of("info"), "an object", v)),
+        None => Map::new(),
+    };
     Ok(ModelConfig {
         type_map,
         descriptor,
@@ -590,6 +599,7 @@ pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfi
         data_stat_nbatch,
         data_stat_protect,
         short_range,
+        info,
     })
 }
 
@@ -864,17 +874,12 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
     let list = (items.iter().enumerate())
         .map(|(i, item)| parse_descriptor(item, &format!("{lpath}[{i}]"), ntypes, true))
         .collect::<Result<Vec<_>>>()?;
-    let first = &list[0];
-    if let Some(i) = list.iter().position(|d| d.precision != first.precision) {
-        return Err(ConfigError::invalid(
-            format!("{lpath}[{i}].precision"),
-            format!(
-                "{} differs from {lpath}[0]'s {}; dpw trains the whole model in one precision",
-                list[i].precision.as_str(),
-                first.precision.as_str()
-            ),
-        ));
-    }
+    // dpw trains a model in one precision: float64 where any part asks for it
+    // (train::setup::model_precision warns of the others).
+    let precision = match list.iter().any(|d| d.precision == Precision::F64) {
+        true => Precision::F64,
+        false => Precision::F32,
+    };
     let fixed = |d: &DescriptorConfig| match &d.sel {
         Sel::Fixed(s) => s.clone(),
         Sel::Auto(_) => unreachable!("refused inside hybrid"),
@@ -892,7 +897,7 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
         axis_neuron: 0,
         resnet_dt: false,
         type_one_side: false,
-        precision: first.precision,
+        precision,
         trainable: list.iter().all(|d| d.trainable),
         seed: None,
         env_protection: 0.0,
@@ -1006,6 +1011,9 @@ impl ModelConfig {
             "data_stat_nbatch": self.data_stat_nbatch,
             "data_stat_protect": self.data_stat_protect,
         });
+        if !self.info.is_empty() {
+            standard["info"] = Value::Object(self.info.clone());
+        }
         match &self.short_range {
             Some(p) => p.to_json(standard),
             None => standard,

@@ -85,14 +85,6 @@ pub struct TrainSetup {
 /// Settings DeePMD-kit accepts that dpw stores but does not implement.
 fn check_supported(cfg: &Config) -> Result<()> {
     let m = &cfg.model;
-    if m.descriptor.precision != m.fitting_net.precision {
-        bail!(
-            "model.descriptor.precision ({}) and model.fitting_net.precision ({}) differ; \
-             dpw trains the whole model in one precision, so make them equal",
-            m.descriptor.precision.as_str(),
-            m.fitting_net.precision.as_str()
-        );
-    }
     if !m.descriptor.trainable {
         bail!("model.descriptor.trainable: false (a frozen descriptor) is not supported");
     }
@@ -112,6 +104,35 @@ fn check_supported(cfg: &Config) -> Result<()> {
         bail!("loss.relative_f: the relative force loss is not supported");
     }
     Ok(())
+}
+
+/// The precision dpw trains a model in: one for the whole model, float64 where the descriptor
+/// (any part of a hybrid) or the fitting net asks for it (DeePMD-kit's `water_multi_task`
+/// example gives its DPA-3 float32 and leaves the fitting net at float64), with a warning
+/// where they differ.
+fn model_precision(m: &ModelConfig) -> Precision {
+    let d = &m.descriptor;
+    let mut parts: Vec<(String, Precision)> = match d.list.is_empty() {
+        true => vec![("model.descriptor.precision".into(), d.precision)],
+        false => (d.list.iter().enumerate())
+            .map(|(i, p)| (format!("model.descriptor.list[{i}].precision"), p.precision))
+            .collect(),
+    };
+    parts.push((
+        "model.fitting_net.precision".into(),
+        m.fitting_net.precision,
+    ));
+    if parts.iter().all(|(_, p)| *p == parts[0].1) {
+        return parts[0].1;
+    }
+    let given: Vec<String> = (parts.iter())
+        .map(|(k, p)| format!("{k} ({})", p.as_str()))
+        .collect();
+    tracing::warn!(
+        "{} differ: dpw trains the whole model in one precision, float64",
+        given.join(", ")
+    );
+    Precision::F64
 }
 
 fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
@@ -273,7 +294,7 @@ pub fn prepare_in(
         }
         check_same_spec(&spec, &theirs, &what)?;
     }
-    let precision = cfg.model.descriptor.precision;
+    let precision = model_precision(&cfg.model);
     if let Some(ck) = &restart {
         if ck.precision != precision {
             bail!(
