@@ -12,7 +12,7 @@ use tempfile::TempDir;
 
 use common::{dpw_in, json_file, rel_to_max, repo};
 use dpw::config::multitask::{model_dict_order, MultiTaskConfig};
-use dpw::model::{read_model, Model};
+use dpw::model::{read_model, write_deepmd_yaml, Model};
 
 /// A folder for a run, where the references' repository-relative paths hold (`tests` links
 /// to the repository's).
@@ -64,32 +64,52 @@ fn deepmd_head(case: &str, head: &str) -> Model {
     .unwrap()
 }
 
+/// DeePMD-kit's steps of reference case `case` from the heads of `pre` (`--init-model`),
+/// replayed on each backend: the same tasks drawn, the same lcurve.out, and after the last
+/// step both heads' parameters, statistics and biases DeePMD-kit's. Each backend's heads
+/// (water, alloy), for the case's own checks.
+fn replay_deepmd_steps(case: &str, pre: &str, test: &str) -> Vec<(&'static str, [Model; 2])> {
+    let theirs = std::fs::read_to_string(repo(&format!(
+        "tests/reference/multitask/{case}/lcurve.out"
+    )))
+    .unwrap();
+    let init = format!("tests/reference/multitask/{pre}/model.ckpt.pt");
+    let mut out = Vec::new();
+    for backend in backends(test) {
+        let t = train(case, backend, &["--init-model", &init]);
+        let lcurve = std::fs::read_to_string(t.path().join("lcurve.out")).unwrap();
+        assert_eq!(lcurve, theirs, "{backend}");
+        let heads = ["water", "alloy"].map(|h| {
+            let (mine, dp) = (head(t.path(), h), deepmd_head(case, h));
+            let d = rel_to_max(&mine.params, &dp.params);
+            eprintln!("{backend} {h}: parameters after the steps, max |Δ| / max |p| = {d:.1e}");
+            // DeePMD-kit takes the loss's 1/N in float32 (tests/reference/deepmd-3.2.0).
+            assert!(d < 1e-9, "{backend} {h}: {d:e}");
+            assert_eq!(
+                (&mine.davg, &mine.dstd),
+                (&dp.davg, &dp.dstd),
+                "{backend} {h}"
+            );
+            assert_eq!(mine.bias, dp.bias, "{backend} {h}");
+            assert_eq!(mine.case_embd, dp.case_embd, "{backend} {h}");
+            mine
+        });
+        out.push((backend, heads));
+    }
+    out
+}
+
 /// Eight steps of DeePMD-kit's multi-task run from the heads of `pre_mt` (`--init-model`):
 /// the same tasks drawn (alloy, alloy, water, alloy × 5), the same lcurve.out, and after the
 /// last step every head's parameters — the shared descriptor's, updated at every step, and each
 /// fitting net's, updated at its task's steps with Adam counting those alone — DeePMD-kit's.
 #[test]
 fn eight_steps_from_deepmd_kits_heads_are_deepmd_kits() {
-    let theirs =
-        std::fs::read_to_string(repo("tests/reference/multitask/mt_steps/lcurve.out")).unwrap();
-    let init = [
-        "--init-model",
-        "tests/reference/multitask/pre_mt/model.ckpt.pt",
-    ];
-    for backend in backends("eight_steps_from_deepmd_kits_heads_are_deepmd_kits") {
-        let t = train("mt_steps", backend, &init);
-        let lcurve = std::fs::read_to_string(t.path().join("lcurve.out")).unwrap();
-        assert_eq!(lcurve, theirs, "{backend}");
-        for h in ["water", "alloy"] {
-            let (mine, dp) = (head(t.path(), h), deepmd_head("mt_steps", h));
-            let d = rel_to_max(&mine.params, &dp.params);
-            eprintln!("{backend} {h}: parameters after 8 steps, max |Δ| / max |p| = {d:.1e}");
-            // DeePMD-kit takes the loss's 1/N in float32 (tests/reference/deepmd-3.2.0).
-            assert!(d < 1e-9, "{backend} {h}: {d:e}");
-            assert_eq!((mine.davg, mine.dstd), (dp.davg, dp.dstd), "{backend} {h}");
-            assert_eq!(mine.bias, dp.bias, "{backend} {h}");
-        }
-    }
+    replay_deepmd_steps(
+        "mt_steps",
+        "pre_mt",
+        "eight_steps_from_deepmd_kits_heads_are_deepmd_kits",
+    );
 }
 
 /// A run from scratch: the shared descriptor's davg/dstd merged over the tasks (their sums
@@ -226,6 +246,18 @@ fn parse(input: &Value) -> Result<MultiTaskConfig, String> {
     MultiTaskConfig::from_value(input, &order, &repo("")).map_err(|e| e.to_string())
 }
 
+/// Each of `cases` (a JSON pointer into `good`, the value set there, what the error says)
+/// refused saying it.
+fn refused_each(good: &Value, cases: Vec<(&str, Value, &str)>) {
+    for (ptr, value, says) in cases {
+        let mut bad = good.clone();
+        let (parent, key) = ptr.rsplit_once('/').unwrap();
+        bad.pointer_mut(parent).unwrap()[key] = value;
+        let e = parse(&bad).unwrap_err();
+        assert!(e.contains(says), "{ptr}: {e}");
+    }
+}
+
 /// Keys of a multi-task input name where they are in it; what dpw does not do is said.
 #[test]
 fn multitask_input_errors_name_the_key() {
@@ -262,14 +294,14 @@ fn multitask_input_errors_name_the_key() {
             "\"dpa9\" is not a key of model.shared_dict",
         ),
         (
-            "/model/model_dict/water/fitting_net",
-            json!("fit"),
-            "a fitting net shared among tasks",
-        ),
-        (
             "/model/model_dict/alloy/type_map",
             json!(["Cu", "Ni", "Al"]),
             "tasks sharing a descriptor share its type_map",
+        ),
+        (
+            "/model/model_dict/alloy/data_stat_protect",
+            json!(0.02),
+            "model.model_dict.alloy.data_stat_protect: 0.02 differs from task 'water''s 0.01",
         ),
         (
             "/training/model_prob",
@@ -297,13 +329,7 @@ fn multitask_input_errors_name_the_key() {
             "RANDOM is not a head",
         ),
     ];
-    for (ptr, value, says) in cases {
-        let mut bad = good.clone();
-        let (parent, key) = ptr.rsplit_once('/').unwrap();
-        bad.pointer_mut(parent).unwrap()[key] = value;
-        let e = parse(&bad).unwrap_err();
-        assert!(e.contains(says), "{ptr}: {e}");
-    }
+    refused_each(&good, cases);
     let mut bad = good.clone();
     bad["model"]["model_dict"]["alloy"]["descriptor"] =
         good["model"]["shared_dict"]["dpa1"].clone();
@@ -319,6 +345,142 @@ fn multitask_input_errors_name_the_key() {
         .unwrap()
         .remove("model_prob");
     assert_eq!(parse(&no_prob).unwrap().model_prob, [1.0 / 3.0, 2.0 / 3.0]);
+}
+
+/// Eight steps of DeePMD-kit's multi-task run whose tasks share the fitting net with a case
+/// embedding (`sf_steps`, from the heads of `sf_pre`): the same lcurve.out, and after the last
+/// step both heads' parameters — all shared, Adam counting every step of the run — each
+/// head's bias and its case embedding (the one-hot row of its name among the sorted names)
+/// DeePMD-kit's.
+#[test]
+fn eight_steps_of_a_shared_fitting_net_are_deepmd_kits() {
+    let test = "eight_steps_of_a_shared_fitting_net_are_deepmd_kits";
+    for (backend, [w, a]) in replay_deepmd_steps("sf_steps", "sf_pre", test) {
+        assert_eq!(w.params, a.params, "{backend}: one fitting net");
+        assert_ne!(w.case_embd, a.case_embd, "{backend}");
+    }
+}
+
+/// A new run whose tasks share the fitting net: one parameter vector in both heads, each
+/// head's energy bias fitted on its own data and its case embedding DeePMD-kit's
+/// (`sf_stats`, DeePMD-kit's run of 0 steps).
+#[test]
+fn a_new_shared_fitting_run_has_deepmd_kits_case_embeddings_and_biases() {
+    let t = train("sf_stats", "cpu", &[]);
+    let (w, a) = (head(t.path(), "water"), head(t.path(), "alloy"));
+    assert_eq!(w.params, a.params);
+    for (h, mine) in [("water", w), ("alloy", a)] {
+        let dp = deepmd_head("sf_stats", h);
+        assert_eq!(mine.case_embd, dp.case_embd, "{h}");
+        assert_eq!(mine.davg, dp.davg, "{h}");
+        assert!(rel_to_max(&mine.dstd, &dp.dstd) < 1e-13, "{h}");
+        assert!(rel_to_max(&mine.bias, &dp.bias) < 1e-14, "{h}");
+    }
+    assert_eq!(
+        (
+            head(t.path(), "alloy").case_embd,
+            head(t.path(), "water").case_embd
+        ),
+        (vec![1.0, 0.0], vec![0.0, 1.0])
+    );
+}
+
+/// DeePMD-kit 3.2.0's dpmodel reads the `.yaml` dpw writes of each head of `sf_steps` (its
+/// case embedding and dim_case_embd with it) and predicts what it predicts from its own file.
+/// Needs `DPW_DEEPMD_PYTHON` (a Python with deepmd-kit); without it a visible skip, or a
+/// failure under `DPW_REQUIRE_DEEPMD=1`, as tests/dpa1.rs's.
+#[test]
+fn deepmd_kit_reads_dpws_yaml_of_a_shared_fitting_head() {
+    let tmp = TempDir::new().unwrap();
+    for h in ["water", "alloy"] {
+        let m = deepmd_head("sf_steps", h);
+        assert_eq!(m.spec.fitting.dim_case_embd, 2);
+        write_deepmd_yaml(&m, &tmp.path().join(format!("{h}.yaml"))).unwrap();
+        let back = read_model(&tmp.path().join(format!("{h}.yaml"))).unwrap();
+        assert_eq!(back, m, "{h}");
+    }
+    let script = r#"
+import sys, numpy as np
+from deepmd.dpmodel.utils.serialization import load_dp_model
+from deepmd.dpmodel.model.base_model import BaseModel
+root, tmp = sys.argv[1:3]
+sysd = f"{root}/tests/data/multitask/water_f0"
+coord = np.load(f"{sysd}/set.000/coord.npy").reshape(1, -1, 3)
+box = np.load(f"{sysd}/set.000/box.npy").reshape(1, 3, 3)
+atype = np.loadtxt(f"{sysd}/type.raw", dtype=int).reshape(1, -1)
+for head in sys.argv[3:]:
+    out = []
+    for path in (f"{root}/tests/reference/multitask/sf_steps/model_{head}.yaml", f"{tmp}/{head}.yaml"):
+        m = BaseModel.deserialize(load_dp_model(path)["model"])
+        out.append(np.asarray(m(coord, atype, box)["atom_energy"]).ravel())
+    print(head, float(np.abs(out[0] - out[1]).max()))
+"#;
+    common::deepmd_agrees(
+        "deepmd_kit_reads_dpws_yaml_of_a_shared_fitting_head",
+        script,
+        &repo(""),
+        tmp.path(),
+        &["water", "alloy"],
+    );
+}
+
+/// A shared fitting net that takes a frame parameter (`sf_fparam`: DeePMD-kit's fparam example
+/// systems, one per task, model_prob 1 and 3): every head's fparam statistics are the tasks'
+/// merged as DeePMD-kit merges them (the second task's sums weighted by 3 / 1), and its energy
+/// bias its own task's.
+#[test]
+fn a_shared_fitting_nets_frame_parameter_statistics_are_merged_as_deepmd_kits() {
+    let t = train("sf_fparam", "cpu", &[]);
+    let (c, h) = (head(t.path(), "cold"), head(t.path(), "hot"));
+    assert_eq!(c.params, h.params);
+    for (name, mine) in [("cold", c), ("hot", h)] {
+        let dp = deepmd_head("sf_fparam", name);
+        let d = rel_to_max(&mine.fit_input_avg, &dp.fit_input_avg)
+            .max(rel_to_max(&mine.fit_input_inv_std, &dp.fit_input_inv_std));
+        eprintln!("{name}: fparam statistics off DeePMD-kit's by {d:.1e}");
+        assert!(d < 1e-14, "{name}: {d:e}");
+        assert!(rel_to_max(&mine.bias, &dp.bias) < 1e-13, "{name}");
+        assert_eq!(mine.case_embd, dp.case_embd, "{name}");
+    }
+}
+
+/// What dpw does not do with a shared fitting net, and a case embedding that cannot tell the
+/// tasks apart, are said naming the key.
+#[test]
+fn shared_fitting_errors_name_the_key() {
+    let good = json_file(&repo("tests/reference/multitask/sf_pre/input.json"));
+    let c = parse(&good).unwrap();
+    assert_eq!(c.fitting_key.as_deref(), Some("fit"));
+    let own = good["model"]["shared_dict"]["fit"].clone();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "/model/model_dict/alloy/fitting_net",
+            own.clone(),
+            "model.model_dict.alloy.fitting_net: task 'alloy' and task 'water' do not both take",
+        ),
+        (
+            "/model/model_dict/water/fitting_net",
+            json!("fit:1"),
+            "shared level 1",
+        ),
+        (
+            "/model/shared_dict/fit/dim_case_embd",
+            json!(1),
+            "dim_case_embd: 1 is fewer than the 2 tasks",
+        ),
+    ];
+    refused_each(&good, cases);
+    // Each task its own fitting net, with case embeddings of two widths.
+    let mut bad = good.clone();
+    for (h, dim) in [("water", 2), ("alloy", 3)] {
+        bad["model"]["model_dict"][h]["fitting_net"] = own.clone();
+        bad["model"]["model_dict"][h]["fitting_net"]["dim_case_embd"] = json!(dim);
+    }
+    let e = parse(&bad).unwrap_err();
+    assert!(
+        e.contains("model.model_dict.alloy.fitting_net.dim_case_embd: 3 differs"),
+        "{e}"
+    );
 }
 
 /// A run restarted from its checkpoint at step 4 ends where the run of 8 steps does, bit for
@@ -454,4 +616,13 @@ fn a_multitask_finetune_starts_each_task_by_deepmd_kits_rules() {
         let (mine, dp) = (head(t.path(), h), deepmd_head("ft_mt_multitask", h));
         common::assert_deepmd_start(&mine, &dp, h);
     }
+    // A new element: refused (DeePMD-kit merges its statistics over the tasks again).
+    let mut input = json_file(&t.path().join("input.json"));
+    input["model"]["shared_dict"]["type_map_all"] = json!(["O", "H", "Cu", "Ni", "Al", "C"]);
+    std::fs::write(t.path().join("input.json"), input.to_string()).unwrap();
+    let (ok, log) = dpw_in(t.path(), &["train", "input.json", "--finetune", pre]);
+    assert!(
+        !ok && log.contains("element C is not in the pretrained type_map"),
+        "{log}"
+    );
 }

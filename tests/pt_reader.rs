@@ -55,6 +55,18 @@ const HEADS: &[(&str, &str, &str, Option<&str>)] = &[
         None,
     ),
     (
+        "sf_pre/model.ckpt.pt",
+        "water",
+        "sf_pre/model_water.yaml",
+        None,
+    ),
+    (
+        "sf_pre/model.ckpt.pt",
+        "alloy",
+        "sf_pre/model_alloy.yaml",
+        None,
+    ),
+    (
         "ft_se_a/model.ckpt.pt",
         "Default",
         "ft_se_a/model.yaml",

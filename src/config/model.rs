@@ -280,6 +280,8 @@ pub struct FittingConfig {
     pub numb_aparam: usize,
     /// The frame parameters of a system without `fparam.npy`.
     pub default_fparam: Option<Vec<f64>>,
+    /// The width of the case embedding (a multi-task run's task, as a one-hot row).
+    pub dim_case_embd: usize,
 }
 
 const TANH_ONLY: &str = "the only activation dpw implements";
@@ -957,6 +959,7 @@ fn parse_fitting(sec: &Section) -> Result<FittingConfig> {
         numb_fparam: sec.usize_or("numb_fparam", 0)?,
         numb_aparam: sec.usize_or("numb_aparam", 0)?,
         default_fparam: default_fparam(sec)?,
+        dim_case_embd: sec.usize_or("dim_case_embd", 0)?,
     })
 }
 
@@ -999,10 +1002,14 @@ impl ModelConfig {
             "atom_ener": f.atom_ener,
         });
         let keys = fitting.as_object_mut().expect("an object");
+        // Written where set, so that the out.json of other models stays as it was.
+        if f.dim_case_embd > 0 {
+            keys.insert("dim_case_embd".into(), f.dim_case_embd.into());
+        }
         f.output.fitting().input_json(keys);
 
         let atom_exclude_types = f.output.fitting().excluded_types();
-        let standard = json!({
+        let mut standard = json!({
             "type": "standard",
             "type_map": self.type_map,
             "atom_exclude_types": atom_exclude_types,

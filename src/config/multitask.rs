@@ -5,8 +5,9 @@
 //! multi-task input has it (`model.shared_dict.dpa1.sel`, `loss_dict.water.start_pref_e`).
 //!
 //! dpw shares one descriptor among all the tasks, whole (shared level 0), as DeePMD-kit's
-//! examples and pretrained models do; each task has its own fitting net, energy bias, loss and
-//! data.
+//! examples and pretrained models do; each task has its own fitting net, or all share one
+//! (DeePMD-kit's `input_torch_sharefit.json`, with a case embedding); each its own energy bias,
+//! loss and data.
 
 use std::path::Path;
 
@@ -32,6 +33,8 @@ pub struct MultiTaskConfig {
     pub num_epoch: Option<Vec<f64>>,
     /// The `shared_dict` key of the descriptor all tasks share.
     pub descriptor_key: String,
+    /// The `shared_dict` key of the fitting net all tasks share, where they share one.
+    pub fitting_key: Option<String>,
     /// `model.shared_dict` as given, written back to out.json.
     shared_dict: Value,
     /// `training.model_prob` as given (`None`: not given).
@@ -134,6 +137,7 @@ impl MultiTaskConfig {
 
         let mut tasks = Vec::new();
         let mut descriptor_key: Option<String> = None;
+        let mut fittings = Vec::new();
         for name in &names {
             let (mut task_value, refs) = task_input(
                 value,
@@ -165,6 +169,7 @@ impl MultiTaskConfig {
                     ))
                 }
             }
+            fittings.push(refs.fitting.clone());
             let config =
                 Config::from_value(&task_value, base_dir).map_err(|e| relocate(e, name, &refs))?;
             tasks.push(TaskConfig {
@@ -176,6 +181,19 @@ impl MultiTaskConfig {
         }
         let first = &tasks[0];
         for t in &tasks[1..] {
+            let protect = |t: &TaskConfig| t.config.model.data_stat_protect;
+            if protect(t) != protect(first) {
+                return Err(ConfigError::invalid(
+                    join(&join("model.model_dict", &t.name), "data_stat_protect"),
+                    format!(
+                        "{} differs from task '{}''s {}: DeePMD-kit takes one for every task \
+                         (\"must be the same in each branch when multitask\")",
+                        protect(t),
+                        first.name,
+                        protect(first)
+                    ),
+                ));
+            }
             if t.config.model.type_map != first.config.model.type_map {
                 return Err(ConfigError::invalid(
                     join(&join("model.model_dict", &t.name), "type_map"),
@@ -187,6 +205,8 @@ impl MultiTaskConfig {
                 ));
             }
         }
+        let fitting_key = shared_fitting(&tasks, &fittings)?;
+        case_embedding(&tasks)?;
         let model_prob_given = training.get("model_prob").cloned();
         let model_prob = match &num_epoch {
             // Made with the steps, once the data are read.
@@ -198,6 +218,7 @@ impl MultiTaskConfig {
             model_prob,
             num_epoch,
             descriptor_key: descriptor_key.expect("checked for every task"),
+            fitting_key,
             shared_dict: Value::Object(shared),
             model_prob_given,
         })
@@ -271,6 +292,86 @@ impl MultiTaskConfig {
     }
 }
 
+/// The key of the fitting net every task shares (`None`: each has its own), from each task's
+/// `fitting_net` reference (`refs`, in task order).
+fn shared_fitting(tasks: &[TaskConfig], refs: &[Option<String>]) -> Result<Option<String>> {
+    let Some(key) = refs[0].clone() else {
+        if let Some(k) = refs.iter().position(Option::is_some) {
+            return Err(partly_shared(&tasks[k].name, &tasks[0].name));
+        }
+        return Ok(None);
+    };
+    for (t, r) in tasks.iter().zip(refs).skip(1) {
+        if r.as_ref() != Some(&key) {
+            return Err(partly_shared(&t.name, &tasks[0].name));
+        }
+    }
+    Ok(Some(key))
+}
+
+fn partly_shared(task: &str, first: &str) -> ConfigError {
+    ConfigError::unsupported(
+        join(&join("model.model_dict", task), "fitting_net"),
+        format!(
+            "task '{task}' and task '{first}' do not both take the shared fitting net: dpw \
+             shares a fitting net among all the tasks (the same shared_dict key in each) or \
+             gives each its own"
+        ),
+    )
+}
+
+/// DeePMD-kit's case embedding (`get_case_embd_config`): one `dim_case_embd` for every task,
+/// wide enough for a one-hot row per task.
+fn case_embedding(tasks: &[TaskConfig]) -> Result<()> {
+    let dim = |t: &TaskConfig| t.config.model.fitting_net.dim_case_embd;
+    let d0 = dim(&tasks[0]);
+    for t in tasks {
+        let path = join(
+            &join("model.model_dict", &t.name),
+            "fitting_net.dim_case_embd",
+        );
+        if dim(t) != d0 {
+            return Err(ConfigError::invalid(
+                path,
+                format!(
+                    "{} differs from task '{}''s {d0}: every task's case embedding has the \
+                     same width",
+                    dim(t),
+                    tasks[0].name
+                ),
+            ));
+        }
+        if d0 > 0 && d0 < tasks.len() {
+            return Err(ConfigError::invalid(
+                path,
+                format!(
+                    "{d0} is fewer than the {} tasks: the case embedding is a one-hot row per \
+                     task",
+                    tasks.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl MultiTaskConfig {
+    /// Each task's case embedding in a new run, in task order: the one-hot row of its place
+    /// among the tasks sorted by name (DeePMD-kit's `get_case_embd_config`); empty rows where
+    /// dim_case_embd is 0.
+    pub fn case_embeddings(&self) -> Vec<Vec<f64>> {
+        let mut sorted: Vec<&str> = self.tasks.iter().map(|t| t.name.as_str()).collect();
+        sorted.sort_unstable();
+        (self.tasks.iter())
+            .map(|t| {
+                let dim = t.config.model.fitting_net.dim_case_embd;
+                let at = sorted.iter().position(|n| *n == t.name).expect("a task");
+                (0..dim).map(|i| f64::from(u8::from(i == at))).collect()
+            })
+            .collect()
+    }
+}
+
 /// The keys of a `data_dict` entry: they go to the task's training section.
 const DATA_KEYS: &[&str] = &[
     "training_data",
@@ -281,9 +382,11 @@ const DATA_KEYS: &[&str] = &[
 
 /// Where a task's input took its parts from, for error paths.
 struct TaskRefs {
-    /// The shared_dict key of its descriptor, and of its type_map, where they are references.
+    /// The shared_dict key of its descriptor, type_map and fitting net, where they are
+    /// references.
     descriptor: Option<String>,
     type_map: Option<String>,
+    fitting: Option<String>,
     aliases: Vec<String>,
     finetune_head: Option<String>,
 }
@@ -299,6 +402,7 @@ fn resolve_model(
     let mut refs = TaskRefs {
         descriptor: None,
         type_map: None,
+        fitting: None,
         aliases: Vec::new(),
         finetune_head: None,
     };
@@ -325,6 +429,7 @@ fn resolve_model(
     for (key, slot) in [
         ("type_map", &mut refs.type_map),
         ("descriptor", &mut refs.descriptor),
+        ("fitting_net", &mut refs.fitting),
     ] {
         let Some(Value::String(r)) = model.get(key).cloned() else {
             continue;
@@ -347,7 +452,7 @@ fn resolve_model(
                 kpath,
                 format!(
                     "{r:?}: sharing a part at shared level {level} (some of its parameters) is \
-                     not implemented; dpw shares a descriptor whole (level 0: \"{k}\")"
+                     not implemented; dpw shares a part whole (level 0: \"{k}\")"
                 ),
             ));
         }
@@ -377,15 +482,6 @@ fn task_input(
 ) -> Result<(Value, TaskRefs)> {
     let path = join("model.model_dict", name);
     let (model, refs) = resolve_model(&path, model, shared)?;
-    if let Some(Value::String(r)) = model.get("fitting_net") {
-        return Err(ConfigError::unsupported(
-            join(&path, "fitting_net"),
-            format!(
-                "{r:?}: a fitting net shared among tasks (with its case embedding) is not \
-                 implemented; give each task its own fitting_net"
-            ),
-        ));
-    }
     let loss = loss_dict.get(name).cloned();
     let mut training = object(value.get("training").unwrap_or(&Value::Null), "training")?.clone();
     training.remove("data_dict");
@@ -438,6 +534,9 @@ fn relocate(e: ConfigError, task: &str, refs: &TaskRefs) -> ConfigError {
             return format!("model.shared_dict.{k}{rest}");
         }
         if let (Some(rest), Some(k)) = (under(&p, "model.type_map"), &refs.type_map) {
+            return format!("model.shared_dict.{k}{rest}");
+        }
+        if let (Some(rest), Some(k)) = (under(&p, "model.fitting_net"), &refs.fitting) {
             return format!("model.shared_dict.{k}{rest}");
         }
         if let Some(rest) = under(&p, "model") {
@@ -664,6 +763,7 @@ mod tests {
         let refs = TaskRefs {
             descriptor: Some("dpa1".into()),
             type_map: Some("type_map_all".into()),
+            fitting: None,
             aliases: vec![],
             finetune_head: None,
         };
@@ -686,6 +786,19 @@ mod tests {
         assert_eq!(
             e("model.descriptors"),
             "model.model_dict.water.descriptors: x"
+        );
+        let shared_fit = TaskRefs {
+            fitting: Some("fit".into()),
+            ..refs
+        };
+        assert_eq!(
+            relocate(
+                ConfigError::invalid("model.fitting_net.neuron", "x"),
+                "water",
+                &shared_fit
+            )
+            .to_string(),
+            "model.shared_dict.fit.neuron: x"
         );
     }
 }

@@ -12,6 +12,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "numb_fparam",
     "numb_aparam",
     "default_fparam",
+    "dim_case_embd",
 ];
 
 /// `schema!(OWN_KEYS, "model[standard].fitting_net[dos]")`: the input schema of a fitting

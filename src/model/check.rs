@@ -92,6 +92,7 @@ impl ModelSpec {
         for (key, n) in [
             ("numb_fparam", self.fitting.numb_fparam),
             ("numb_aparam", self.fitting.numb_aparam),
+            ("dim_case_embd", self.fitting.dim_case_embd),
         ] {
             ensure!(
                 n <= MAX_WIDTH,
@@ -358,7 +359,7 @@ impl Model {
         self.spec.check()?;
         let (nt, np) = (self.spec.ntypes(), self.layout().len);
         let nstat = 4 * nt * self.spec.descriptor.stat_blocks();
-        let nx = self.spec.fitting.extra_inputs();
+        let nx = self.spec.fitting.param_inputs();
         let no = self.spec.fitting.dim_out();
         let nstd = match self.spec.fitting.output.fitting().keeps_out_std() {
             true => nt * no,
@@ -380,6 +381,11 @@ impl Model {
             ("out_std", &self.out_std, nstd),
             ("fit_input_avg", &self.fit_input_avg, nx),
             ("fit_input_inv_std", &self.fit_input_inv_std, nx),
+            (
+                "case_embd",
+                &self.case_embd,
+                self.spec.fitting.dim_case_embd,
+            ),
         ] {
             ensure!(
                 a.len() == len,
@@ -395,6 +401,7 @@ impl Model {
             ("output std", &self.out_std),
             ("statistics fit_input_avg", &self.fit_input_avg),
             ("statistics fit_input_inv_std", &self.fit_input_inv_std),
+            ("case embedding", &self.case_embd),
         ] {
             if let Some(i) = a.iter().position(|x| !x.is_finite()) {
                 bail!("{name}[{i}] is {}: the model is damaged", a[i]);
@@ -456,6 +463,11 @@ impl ModelSpec {
                 "numb_aparam",
                 json!(self.fitting.numb_aparam),
                 json!(other.fitting.numb_aparam),
+            ),
+            (
+                "dim_case_embd",
+                json!(self.fitting.dim_case_embd),
+                json!(other.fitting.dim_case_embd),
             ),
         ] {
             push(&format!("model.fitting_net.{key}"), Some(a), Some(b));

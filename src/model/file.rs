@@ -258,6 +258,9 @@ pub fn model_parts(m: &Model) -> Parts<'_> {
     if !m.out_std.is_empty() {
         arrays.push(("out_std", m.out_std.as_slice()));
     }
+    if !m.case_embd.is_empty() {
+        arrays.push(("case_embd", m.case_embd.as_slice()));
+    }
     (header, arrays)
 }
 
@@ -272,6 +275,7 @@ pub fn model_from_container(c: &Container) -> Result<Model> {
         fit_input_avg: c.array_or_empty("fit_input_avg"),
         fit_input_inv_std: c.array_or_empty("fit_input_inv_std"),
         out_std: c.array_or_empty("out_std"),
+        case_embd: c.array_or_empty("case_embd"),
         spec,
     };
     m.check()?;

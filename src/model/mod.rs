@@ -373,6 +373,10 @@ pub struct FittingSpec {
     /// The frame parameters of a system without `fparam.npy` (`None`: each needs one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_fparam: Option<Vec<f64>>,
+    /// The width of DeePMD-kit's case embedding, the net's last input columns
+    /// ([`Model::case_embd`]): which task of a multi-task run a shared fitting net is fitting.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dim_case_embd: usize,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -394,6 +398,7 @@ impl FittingSpec {
             numb_fparam: 0,
             numb_aparam: 0,
             default_fparam: None,
+            dim_case_embd: 0,
         }
     }
 
@@ -402,8 +407,14 @@ impl FittingSpec {
         self.output.fitting().dim()
     }
 
-    /// The columns the net takes beside the descriptor: numb_fparam + numb_aparam.
+    /// The columns the net takes beside the descriptor: the parameters, then the case
+    /// embedding.
     pub fn extra_inputs(&self) -> usize {
+        self.param_inputs() + self.dim_case_embd
+    }
+
+    /// The columns read from the data and normalised by statistics: numb_fparam + numb_aparam.
+    pub fn param_inputs(&self) -> usize {
         self.numb_fparam + self.numb_aparam
     }
 }
@@ -458,6 +469,11 @@ pub struct Model {
     pub fit_input_avg: Vec<f64>,
     #[serde(default)]
     pub fit_input_inv_std: Vec<f64>,
+    /// DeePMD-kit's `case_embd`, `[dim_case_embd]`, taken as it is after the parameters: the
+    /// one-hot row of the task among a multi-task run's tasks sorted by name, zeros in a
+    /// single-task model.
+    #[serde(default)]
+    pub case_embd: Vec<f64>,
 }
 
 impl Model {
@@ -471,10 +487,11 @@ impl Model {
         let nt = spec.ntypes();
         let np = spec.descriptor.stat_blocks();
         let params = init_params(&layout, seed);
-        let nx = spec.fitting.extra_inputs();
+        let nx = spec.fitting.param_inputs();
         let no = spec.fitting.dim_out();
         let nb = spec.fitting.output.fitting().label_width();
         let scaled = spec.fitting.output.fitting().keeps_out_std();
+        let case_embd = vec![0.0; spec.fitting.dim_case_embd];
         Model {
             spec,
             params,
@@ -484,6 +501,7 @@ impl Model {
             out_std: if scaled { vec![1.0; nt * no] } else { vec![] },
             fit_input_avg: vec![0.0; nx],
             fit_input_inv_std: vec![1.0; nx],
+            case_embd,
         }
     }
 }

@@ -83,6 +83,7 @@ impl Model {
             out_std: rows(&self.out_std, 1),
             fit_input_avg: self.fit_input_avg.clone(),
             fit_input_inv_std: self.fit_input_inv_std.clone(),
+            case_embd: self.case_embd.clone(),
             spec,
         };
         m.check()?;

@@ -231,13 +231,7 @@ fn standard_model(m: &At) -> Result<YamlModel> {
         None => Activation::Tanh,
     };
     // tot_ener_zero, layer_name and spin: DeePMD-kit's dpmodel raises NotImplementedError.
-    for key in [
-        "use_aparam_as_mask",
-        "dim_case_embd",
-        "tot_ener_zero",
-        "layer_name",
-        "spin",
-    ] {
+    for key in ["use_aparam_as_mask", "tot_ener_zero", "layer_name", "spin"] {
         f.expect_off(key)?;
     }
     // The fitting's exclude_types is DeePMD-kit's copy of the model's atom_exclude_types, which
@@ -264,6 +258,7 @@ fn standard_model(m: &At) -> Result<YamlModel> {
         numb_fparam: count("numb_fparam")?,
         numb_aparam: count("numb_aparam")?,
         default_fparam,
+        dim_case_embd: count("dim_case_embd")?,
     };
     let (nfp, nap) = (fitting.numb_fparam, fitting.numb_aparam);
     let spec = ModelSpec {
@@ -367,11 +362,19 @@ fn standard_model(m: &At) -> Result<YamlModel> {
             fit_input_inv_std.extend(fv.key(&format!("{name}_inv_std"))?.array(&[n])?);
         }
     }
+    let dim_case = spec.fitting.dim_case_embd;
+    let case_embd = match dim_case {
+        0 => Vec::new(),
+        n => fv.key("case_embd")?.array(&[n])?,
+    };
     if let Some(ae) = &atom_ener {
         for (t, b) in bias.iter_mut().enumerate() {
             if spec.descriptor.is_mixed() || ae.get(t).is_none_or(Option::is_some) {
+                // DeePMD-kit's all-zero input keeps the case embedding.
                 let net = layout.fitting.net(t);
-                *b -= net_output(net, &params, &vec![0.0; net.layers[0].nin])[0];
+                let mut x = vec![0.0; net.layers[0].nin - dim_case];
+                x.extend_from_slice(&case_embd);
+                *b -= net_output(net, &params, &x)[0];
             }
         }
     }
@@ -390,6 +393,7 @@ fn standard_model(m: &At) -> Result<YamlModel> {
         out_std,
         fit_input_avg,
         fit_input_inv_std,
+        case_embd,
     };
     model.check()?;
     Ok(YamlModel { model, atom_ener })
@@ -1041,12 +1045,13 @@ fn model_to_tree(model: &Model) -> Value {
         "@variables" => obj! {
             "aparam_avg" => stat(nfp, nap, avg), "aparam_inv_std" => stat(nfp, nap, inv_std),
             "bias_atom_e" => ndarray(&[nt, no], &vec![0.0; nt * no]),
-            "case_embd" => Value::Null, "fparam_avg" => stat(0, nfp, avg),
+            "case_embd" => stat(0, fit.dim_case_embd, &model.case_embd),
+            "fparam_avg" => stat(0, nfp, avg),
             "fparam_inv_std" => stat(0, nfp, inv_std),
         },
         "activation_function" => fit.activation.name(), "atom_ener" => none,
         "default_fparam" => default_fparam.clone(),
-        "dim_case_embd" => 0, "dim_descrpt" => spec.dim_descrpt(), "dim_out" => 1,
+        "dim_case_embd" => fit.dim_case_embd, "dim_descrpt" => spec.dim_descrpt(), "dim_out" => 1,
         "exclude_types" => none, "layer_name" => Value::Null, "mixed_types" => mixed,
         "nets" => nets_tree(nets, p, nt), "neuron" => &fit.neuron[..], "ntypes" => nt,
         "numb_aparam" => nap, "numb_fparam" => nfp, "precision" => "float64", "rcond" => Value::Null,
@@ -1079,6 +1084,9 @@ fn model_to_tree(model: &Model) -> Value {
         f["numb_fparam"] = nfp.into();
         f["numb_aparam"] = nap.into();
         f["default_fparam"] = default_fparam;
+    }
+    if fit.dim_case_embd > 0 {
+        model_def_script["fitting_net"]["dim_case_embd"] = fit.dim_case_embd.into();
     }
 
     let excluded = fit.output.fitting().excluded_types();

@@ -1,8 +1,10 @@
-//! The fitting net's input of a model with frame or atomic parameters: DeePMD-kit's
-//! `[D_i, (fparam − fparam_avg)·fparam_inv_std, (aparam_i − aparam_avg)·aparam_inv_std]`.
+//! The fitting net's input of a model with frame or atomic parameters or a case embedding:
+//! DeePMD-kit's `[D_i, (fparam − fparam_avg)·fparam_inv_std, (aparam_i − aparam_avg)·aparam_inv_std,
+//! case_embd]`.
 //!
 //! The parameters are data, not functions of the coordinates or the weights, so they are
-//! normalised on the host as a batch is loaded, and on the device only moved: D (or Ḋ) and the
+//! normalised on the host as a batch is loaded, and on the device only moved; the case
+//! embedding is the same row for every centre, written once. D (or Ḋ) and the
 //! parameters (or zeros, their tangent) are copied side by side and gathered into rows; the
 //! input's adjoints are gathered back to D̄ and Ḋ̄. The backend's `copy` and `gather` alone, no
 //! op of its own (as `descriptor::hybrid` joins its parts).
@@ -13,13 +15,14 @@ use crate::mem::OutOfMemory;
 use super::net::Zeros;
 
 pub struct FitInput<T: Real, B: Backend<T>> {
-    /// The descriptor's width and the parameters' (numb_fparam + numb_aparam).
+    /// The descriptor's width, and the centres.
     dim: usize,
-    nx: usize,
-    /// Per input column beyond D: the avg it is shifted by and the inverse std it is scaled by.
+    nc: usize,
+    /// Per parameter column: the avg it is shifted by and the inverse std it is scaled by.
     avg: Vec<f64>,
     inv_std: Vec<f64>,
-    /// The batch's normalised parameters, `[nc][nx]`.
+    case_embd: Vec<f64>,
+    /// The batch's normalised parameters and the case embedding, `[nc][nx]`.
     params: B::Buf,
     /// `[nc·dim | nc·nx]`: D then the parameters; Ḋ then zeros.
     side: B::Buf,
@@ -36,15 +39,16 @@ pub struct FitInput<T: Real, B: Backend<T>> {
 }
 
 impl<T: Real, B: Backend<T>> FitInput<T, B> {
-    /// `None` without parameters: the net then reads D itself.
+    /// `None` without parameters or case embedding: the net then reads D itself.
     pub fn new(
-        avg: &[f64],
-        inv_std: &[f64],
+        b: &B,
+        (avg, inv_std): (&[f64], &[f64]),
+        case_embd: &[f64],
         d: &Dims,
         dim: usize,
         zeros: &Zeros<B::Buf>,
     ) -> Result<Option<Self>, OutOfMemory> {
-        let nx = avg.len();
+        let nx = avg.len() + case_embd.len();
         if nx == 0 {
             return Ok(None);
         }
@@ -69,11 +73,12 @@ impl<T: Real, B: Backend<T>> FitInput<T, B> {
                 len: dim,
             });
         }
-        Ok(Some(FitInput {
+        let mut input = FitInput {
             dim,
-            nx,
+            nc,
             avg: avg.to_vec(),
             inv_std: inv_std.to_vec(),
+            case_embd: case_embd.to_vec(),
             params: zeros(nc * nx)?,
             side: zeros(nc * w)?,
             side_dot: zeros(nc * w)?,
@@ -83,7 +88,10 @@ impl<T: Real, B: Backend<T>> FitInput<T, B> {
             ddotbar: zeros(nc * dim)?,
             join,
             split,
-        }))
+        };
+        // Without parameters no batch loads anything: the case embedding stays as written.
+        input.write_rows(b, &vec![0.0; nc * avg.len()]);
+        Ok(Some(input))
     }
 
     pub fn buffers(&self) -> [&B::Buf; 7] {
@@ -98,16 +106,26 @@ impl<T: Real, B: Backend<T>> FitInput<T, B> {
         ]
     }
 
-    /// A batch's parameters, `[nc][nx]` as the data has them ([`crate::train::batch::HostBatch::fit_input`]),
-    /// normalised into the side buffer.
+    /// A batch's parameters, `[nc][numb_fparam + numb_aparam]` as the data has them
+    /// ([`crate::train::batch::HostBatch::fit_input`]), normalised into the side buffer.
     pub fn load(&mut self, b: &B, raw: &[f64]) {
-        let norm: Vec<T> = (raw.chunks_exact(self.nx))
-            .flat_map(|row| {
-                (row.iter().zip(&self.avg).zip(&self.inv_std)).map(|((v, a), s)| T::of((v - a) * s))
+        if !self.avg.is_empty() {
+            self.write_rows(b, raw);
+        }
+    }
+
+    /// Each centre's row: its parameters `raw` normalised, then the case embedding.
+    fn write_rows(&mut self, b: &B, raw: &[f64]) {
+        let (np, nc) = (self.avg.len(), self.nc);
+        let rows: Vec<T> = (0..nc)
+            .flat_map(|c| {
+                let row = &raw[c * np..(c + 1) * np];
+                let norm =
+                    (row.iter().zip(&self.avg).zip(&self.inv_std)).map(|((v, a), s)| (v - a) * s);
+                norm.chain(self.case_embd.iter().copied()).map(T::of)
             })
             .collect();
-        b.write(&mut self.params, &norm);
-        let nc = norm.len() / self.nx;
+        b.write(&mut self.params, &rows);
         b.copy(&self.params, &mut self.side, nc * self.dim);
     }
 

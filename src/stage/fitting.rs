@@ -28,7 +28,7 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         zeros: &Zeros<B::Buf>,
     ) -> Result<Self, OutOfMemory> {
         let nc = d.ncentres();
-        let dim = m.fitting[0].layers[0].nin - m.fit_input_avg.len();
+        let dim = m.fitting[0].layers[0].nin - m.fit_input_avg.len() - m.case_embd.len();
         let seed = match m.head {
             None => T::one(),
             Some(_) => T::zero(),
@@ -37,7 +37,14 @@ impl<T: Real, B: Backend<T>> Fitting<T, B> {
         Ok(Fitting {
             cache: NetCache::new(zeros, &m.fitting[0], nc)?,
             tangent_seed: b.upload(&vec![seed; nc * nout]),
-            input: FitInput::new(&m.fit_input_avg, &m.fit_input_inv_std, d, dim, zeros)?,
+            input: FitInput::new(
+                b,
+                (&m.fit_input_avg, &m.fit_input_inv_std),
+                &m.case_embd,
+                d,
+                dim,
+                zeros,
+            )?,
         })
     }
 

@@ -38,6 +38,8 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     /// ([`Model::fit_input_avg`]); empty without them.
     pub fit_input_avg: Vec<f64>,
     pub fit_input_inv_std: Vec<f64>,
+    /// The case embedding the net takes after them ([`Model::case_embd`]).
+    pub case_embd: Vec<f64>,
     /// The fitting's head where it runs on the host; `None` for `ener`.
     pub head: Option<HostHead>,
     /// How a pair table is mixed into the energy (its terms come with each batch); `None`
@@ -151,6 +153,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             nparams: n,
             fit_input_avg: model.fit_input_avg.clone(),
             fit_input_inv_std: model.fit_input_inv_std.clone(),
+            case_embd: model.case_embd.clone(),
             head: HostHead::new(&model.spec.fitting.output, &model.bias, &model.out_std),
             pair_table: (model.spec.short_range.as_ref()).map(|sr| sr.mix.clone()),
             desc: DescState {

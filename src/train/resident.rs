@@ -224,7 +224,7 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
             // on the host; and a model's with a pair table, whose terms are made on the host
             // from each batch.
             let keep = !info.mixed
-                && spec.fitting.extra_inputs() == 0
+                && spec.fitting.param_inputs() == 0
                 && spec.short_range.is_none()
                 && spec.fitting.output.is_ener()
                 && used.saturating_add(need) <= budget;

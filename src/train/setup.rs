@@ -25,7 +25,7 @@ use super::dataset::{load_data_in, DataSet};
 use super::lr::LrSchedule;
 use super::outputs::{self, RunLock};
 use super::stats::{
-    auto_sel, data_stats, fit_input_stats, label_bias, load_training_with_stats,
+    auto_sel, data_stats, fit_input_norm, fit_input_sums, label_bias, load_training_with_stats,
     neighbor_and_data_stats, neighbor_stats, property_stats, stat_frames, DataStats, NeighborStats,
     Pass, StatDraw,
 };
@@ -80,6 +80,9 @@ pub struct TrainSetup {
     /// The sums behind a new model's davg and dstd ([`DataStats::env`]; empty for a model
     /// given): what a multi-task run merges over its tasks.
     pub stat_env: Vec<EnvStats>,
+    /// The sums behind a new model's fitting input statistics (empty for a model given or one
+    /// without frame or atomic parameters): what a multi-task run merges for a shared fitting.
+    pub fit_input_sums: Vec<[f64; 3]>,
 }
 
 /// Settings DeePMD-kit accepts that dpw stores but does not implement.
@@ -150,6 +153,7 @@ fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
             numb_fparam: f.numb_fparam,
             numb_aparam: f.numb_aparam,
             default_fparam: f.default_fparam.clone(),
+            dim_case_embd: f.dim_case_embd,
         },
     }
 }
@@ -360,6 +364,7 @@ pub fn prepare_in(
         t0,
         wait_each_step: false,
         stat_env: read.stat_env,
+        fit_input_sums: read.fit_input_sums,
     })
 }
 
@@ -381,6 +386,8 @@ struct Reading {
     early_stats: Option<DataStats>,
     /// The sums of a new model's environment statistics ([`DataStats::env`]).
     stat_env: Vec<EnvStats>,
+    /// The sums of a new model's fitting input statistics ([`fit_input_sums`]).
+    fit_input_sums: Vec<[f64; 3]>,
     /// The largest neighbour counts at cut-offs other than the descriptor's: (rcut, all types
     /// together, counts), each counted once ([`Reading::max_count_at`]).
     counted: Vec<(f64, bool, Vec<usize>)>,
@@ -446,6 +453,7 @@ impl Reading {
             early_neighbours,
             early_stats,
             stat_env: Vec::new(),
+            fit_input_sums: Vec::new(),
             counted: Vec::new(),
         })
     }
@@ -667,11 +675,11 @@ impl Reading {
                 (m.bias, m.out_std) = (bias, std);
             }
         }
-        if spec.fitting.extra_inputs() > 0 {
+        if spec.fitting.param_inputs() > 0 {
             let t = Instant::now();
             let frames = self.stat_frames();
-            let (avg, inv_std) =
-                fit_input_stats(&spec.fitting, &self.train, &frames, cfg.data_stat_protect)?;
+            self.fit_input_sums = fit_input_sums(&spec.fitting, &self.train, &frames)?;
+            let (avg, inv_std) = fit_input_norm(&self.fit_input_sums, cfg.data_stat_protect);
             tracing::info!(
                 "fitting input statistics (numb_fparam {}, numb_aparam {}): avg {avg:?}, \
                  inv_std {inv_std:?} ({:.2} s)",

@@ -125,17 +125,16 @@ fn system_stat_frames(i: usize, nframes: usize, bs: usize, nbatch: usize, seed: 
     (0..nbatch).flat_map(|_| s.next_batch().1).collect()
 }
 
-/// DeePMD-kit's input statistics of the fitting's frame and atomic parameters
+/// The sums behind DeePMD-kit's input statistics of the fitting's frame and atomic parameters
 /// (`GeneralFitting.compute_input_stats`) over the statistics frames `frames` of each system:
-/// per parameter the mean and the inverse of the standard deviation (one below `protect`, the
-/// model's `data_stat_protect`, taken as `protect`); fparam's (a row per frame, the model's
+/// per parameter its StatItem (rows, Σx, Σx²); fparam's (a row per frame, the model's
 /// `default_fparam` for a system without fparam.npy) then aparam's (a row per atom).
-pub fn fit_input_stats(
+/// [`fit_input_norm`] makes the statistics.
+pub fn fit_input_sums(
     fit: &FittingSpec,
     data: &DataSet,
     frames: &[Vec<usize>],
-    protect: f64,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+) -> Result<Vec<[f64; 3]>> {
     let (nfp, nap) = (fit.numb_fparam, fit.numb_aparam);
     // Per column: rows, Σx, Σx² (DeePMD-kit's StatItem).
     let mut sums = vec![[0.0f64; 3]; nfp + nap];
@@ -162,14 +161,19 @@ pub fn fit_input_stats(
             }
         }
     }
-    // DeePMD-kit's `StatItem.compute_avg` (0 without rows) and `compute_std`.
-    Ok(sums
-        .iter()
+    Ok(sums)
+}
+
+/// Per parameter the mean and the inverse of the standard deviation of its sums (one below
+/// `protect`, the model's `data_stat_protect`, taken as `protect`): DeePMD-kit's
+/// `StatItem.compute_avg` (0 without rows) and `compute_std`.
+pub fn fit_input_norm(sums: &[[f64; 3]], protect: f64) -> (Vec<f64>, Vec<f64>) {
+    sums.iter()
         .map(|s| {
             let avg = if s[0] == 0.0 { 0.0 } else { s[1] / s[0] };
             (avg, 1.0 / protected_std(s, protect))
         })
-        .unzip())
+        .unzip()
 }
 
 /// A property's output bias and std ([`crate::fitting::property::stats::out_stats`]) over the

@@ -128,6 +128,7 @@ pub fn train<T: Real, B: Backend<T>>(
         lock: _lock,
         wait_each_step,
         stat_env: _,
+        fit_input_sums: _,
     } = setup;
     if T::NAME != precision.as_str() {
         bail!(

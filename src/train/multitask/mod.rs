@@ -1,10 +1,11 @@
 //! Multi-task training (DeePMD-kit's multi-task input, docs/deepmd-spec.md §21.3): one model
-//! per task, each with its own fitting net, energy bias, loss, data and validation, all sharing
-//! the first task's descriptor: its parameters, its Adam moments, and statistics merged over
-//! the tasks as DeePMD-kit's `share_params` merges them.
+//! per task, each with its own energy bias, loss, data and validation, and its own fitting net
+//! or one shared by all (told apart by the case embedding), all sharing the first task's
+//! descriptor: its parameters, its Adam moments, and statistics merged over the tasks as
+//! DeePMD-kit's `share_params` merges them.
 //!
 //! Each task is set up as the single-task input it stands for ([`setup::prepare_in`]); then the
-//! descriptor is shared (`share_descriptor`). `run.rs` trains them, `checkpoint.rs` saves them.
+//! parts are shared (`share_parts`). `run.rs` trains them, `checkpoint.rs` saves them.
 
 mod checkpoint;
 mod run;
@@ -19,12 +20,12 @@ use crate::config::multitask::MultiTaskConfig;
 use crate::config::multitask::TaskConfig;
 use crate::data::{Disk, Files};
 use crate::dist;
-use crate::model::{read_model_head, Model, ModelFile};
+use crate::model::{new_elements, read_model_head, Model, ModelFile};
 
 use super::lr::LrSchedule;
 use super::outputs::RunLock;
 use super::setup::{self, fix_stat_std, Start, TrainSetup};
-use super::stats::env_davg_dstd;
+use super::stats::{env_davg_dstd, fit_input_norm};
 
 pub use checkpoint::{HeadCheckpoint, MultiCheckpoint};
 pub use run::train;
@@ -37,6 +38,9 @@ pub struct MultiTaskSetup {
     pub tasks: Vec<TrainSetup>,
     /// Per task, its steps so far (Adam's count of its fitting net's steps).
     pub updates: Vec<usize>,
+    /// The first parameters of every task's vector, which the tasks share: the descriptor's,
+    /// or all of them where the tasks share the fitting net too.
+    pub shared: usize,
     /// Seed of the task draw.
     pub seed: u64,
     pub progress: Option<ProgressBar>,
@@ -167,13 +171,26 @@ pub fn prepare_in(
     if let Some(epochs) = config.num_epoch.clone() {
         steps_from_epochs(&mut config, &mut tasks, &epochs);
     }
+    let shared = shared_len(&tasks, &config)?;
     match (init, &restart, &pretrained) {
-        (None, None, None) => share_descriptor(&mut tasks, &config, seed)?,
-        (Some(p), _, _) => check_shared(&tasks, &config, &format!("--init-model {}", p.display()))?,
-        (None, Some(_), _) => check_shared(&tasks, &config, "the --restart checkpoint")?,
+        (None, None, None) => {
+            share_parts(&mut tasks, &config, seed, shared)?;
+            // A new run's alone: DeePMD-kit sets them only "when from scratch".
+            for (s, c) in tasks.iter_mut().zip(config.case_embeddings()) {
+                s.model.case_embd = c;
+            }
+        }
+        (Some(p), _, _) => check_shared(
+            &tasks,
+            &config,
+            shared,
+            &format!("--init-model {}", p.display()),
+        )?,
+        (None, Some(_), _) => check_shared(&tasks, &config, shared, "the --restart checkpoint")?,
         (None, None, Some((f, _))) => check_shared(
             &tasks,
             &config,
+            shared,
             &format!("--finetune {}", f.path().display()),
         )?,
     }
@@ -181,6 +198,7 @@ pub fn prepare_in(
         config,
         tasks,
         updates,
+        shared,
         seed,
         progress: None,
         out_json: out_dir.join("out.json"),
@@ -213,7 +231,17 @@ fn finetune_start(file: &ModelFile, t: &TaskConfig, heads: &[String]) -> Result<
             true,
         ),
     };
-    let model = Box::new(model.with_type_map(type_map)?);
+    let new_types = new_elements(&model.spec.type_map, type_map);
+    if let Some(&n) = new_types.first() {
+        bail!(
+            "element {} is not in the pretrained type_map {:?}: a multi-task fine-tune to new \
+             elements (DeePMD-kit merges their statistics over the tasks again) is not \
+             implemented; fine-tune each task alone",
+            type_map[n],
+            model.spec.type_map
+        );
+    }
+    let model = Box::new(model.with_type_map(type_map, 0)?);
     Ok(match resumed {
         true => {
             tracing::info!("task '{}' resumes {what} as it is", t.name);
@@ -225,9 +253,41 @@ fn finetune_start(file: &ModelFile, t: &TaskConfig, heads: &[String]) -> Result<
                 model,
                 what,
                 new_fitting,
+                new_types: Vec::new(),
             }
         }
     })
+}
+
+/// A shared fitting net's frame and atomic parameter statistics, as DeePMD-kit's
+/// `GeneralFitting.share_params` merges them: the first task's sums, every other task's added
+/// weighted by model_prob[it] / model_prob[first], made into one avg and inv_std that every task
+/// takes.
+fn merge_fit_input_stats(tasks: &mut [TrainSetup], config: &MultiTaskConfig) {
+    let mut sums = tasks[0].fit_input_sums.clone();
+    if sums.is_empty() {
+        return;
+    }
+    let p = &config.model_prob;
+    for (k, s) in tasks.iter().enumerate().skip(1) {
+        let w = p[k] / p[0];
+        for (mine, theirs) in sums.iter_mut().zip(&s.fit_input_sums) {
+            for (m, t) in mine.iter_mut().zip(theirs) {
+                *m += t * w;
+            }
+        }
+    }
+    let protect = config.first().model.data_stat_protect;
+    let (avg, inv_std) = fit_input_norm(&sums, protect);
+    tracing::info!(
+        "the shared fitting net's input statistics over the {} tasks: avg {avg:?}, inv_std \
+         {inv_std:?}",
+        tasks.len()
+    );
+    for s in tasks.iter_mut() {
+        s.model.fit_input_avg.clone_from(&avg);
+        s.model.fit_input_inv_std.clone_from(&inv_std);
+    }
 }
 
 /// The run's steps and model_prob from each task's epochs (`num_epoch_dict`), as DeePMD-kit's
@@ -260,17 +320,47 @@ fn steps_from_epochs(config: &mut MultiTaskConfig, tasks: &mut [TrainSetup], epo
     }
 }
 
-/// The heads a run starts from (`what`) share the descriptor already: the same parameters and
-/// statistics in every head (one tensor in DeePMD-kit's checkpoint).
-fn check_shared(tasks: &[TrainSetup], config: &MultiTaskConfig, what: &str) -> Result<()> {
+/// The length of the parameters the tasks share ([`MultiTaskSetup::shared`]). Tasks that
+/// share the fitting net share the whole model, whose shapes must then be one.
+fn shared_len(tasks: &[TrainSetup], config: &MultiTaskConfig) -> Result<usize> {
     let m0 = &tasks[0].model;
-    let dlen = m0.layout().descriptor_len();
+    let Some(key) = &config.fitting_key else {
+        return Ok(m0.layout().descriptor_len());
+    };
+    for (k, s) in tasks.iter().enumerate().skip(1) {
+        if s.model.spec != m0.spec {
+            bail!(
+                "tasks '{}' and '{}' share the fitting net '{key}' but not one model: {}",
+                config.tasks[0].name,
+                config.tasks[k].name,
+                m0.spec
+                    .differences(&s.model.spec, &config.tasks[0].name, &config.tasks[k].name)
+                    .join("; ")
+            );
+        }
+    }
+    Ok(m0.params.len())
+}
+
+/// The heads a run starts from (`what`) share the descriptor (and the fitting net) already:
+/// the same parameters and statistics in every head (one tensor in DeePMD-kit's checkpoint).
+fn check_shared(
+    tasks: &[TrainSetup],
+    config: &MultiTaskConfig,
+    shared: usize,
+    what: &str,
+) -> Result<()> {
+    let m0 = &tasks[0].model;
+    let part = match config.fitting_key {
+        Some(_) => "descriptor and fitting net",
+        None => "descriptor",
+    };
     for (k, s) in tasks.iter().enumerate().skip(1) {
         let m = &s.model;
-        if m.params[..dlen] != m0.params[..dlen] || m.davg != m0.davg || m.dstd != m0.dstd {
+        if m.params[..shared] != m0.params[..shared] || m.davg != m0.davg || m.dstd != m0.dstd {
             bail!(
-                "{what}: heads '{}' and '{}' do not share one descriptor (their descriptor \
-                 parameters or statistics differ); dpw's multi-task tasks share it",
+                "{what}: heads '{}' and '{}' do not share one {part} (their parameters or \
+                 statistics differ); the input's tasks share it",
                 config.tasks[0].name,
                 config.tasks[k].name
             );
@@ -281,11 +371,17 @@ fn check_shared(tasks: &[TrainSetup], config: &MultiTaskConfig, what: &str) -> R
 
 /// Gives every task the first task's descriptor: its parameters, and davg/dstd from the
 /// statistics of all tasks, their sums added (DeePMD-kit's `share_params` at shared level 0;
-/// model_prob weighs only the fitting's fparam statistics there, which no shared fitting here
-/// has). Each later task's fitting net is drawn anew
+/// model_prob weighs only a shared fitting net's fparam/aparam statistics,
+/// `merge_fit_input_stats`). Tasks that share the fitting net take the first task's whole
+/// parameter vector (the first `shared`); else each later task's fitting net is drawn anew
 /// from its own seed (`fitting_net.seed`, else the run's seed + its index), so that the heads
 /// do not start alike.
-fn share_descriptor(tasks: &mut [TrainSetup], config: &MultiTaskConfig, seed: u64) -> Result<()> {
+fn share_parts(
+    tasks: &mut [TrainSetup],
+    config: &MultiTaskConfig,
+    seed: u64,
+    shared: usize,
+) -> Result<()> {
     let d = tasks[0].model.spec.descriptor.clone();
     for (k, s) in tasks.iter().enumerate().skip(1) {
         if s.model.spec.descriptor != d {
@@ -300,18 +396,23 @@ fn share_descriptor(tasks: &mut [TrainSetup], config: &MultiTaskConfig, seed: u6
             );
         }
     }
-    let dlen = tasks[0].model.layout().descriptor_len();
-    let shared = tasks[0].model.params[..dlen].to_vec();
+    let first = tasks[0].model.params[..shared].to_vec();
     let mut env = tasks[0].stat_env.clone();
     for (k, s) in tasks.iter_mut().enumerate().skip(1) {
-        let fit_seed =
-            (config.tasks[k].config.model.fitting_net.seed).unwrap_or(seed.wrapping_add(k as u64));
-        let fresh = Model::new(s.model.spec.clone(), fit_seed);
-        s.model.params[..dlen].copy_from_slice(&shared);
-        s.model.params[dlen..].copy_from_slice(&fresh.params[dlen..]);
+        s.model.params[..shared].copy_from_slice(&first);
+        // A fitting net of its own (none left to draw where the tasks share it).
+        if shared < s.model.params.len() {
+            let fit_seed = (config.tasks[k].config.model.fitting_net.seed)
+                .unwrap_or(seed.wrapping_add(k as u64));
+            let fresh = Model::new(s.model.spec.clone(), fit_seed);
+            s.model.params[shared..].copy_from_slice(&fresh.params[shared..]);
+        }
         for (mine, theirs) in env.iter_mut().zip(&s.stat_env) {
             mine.add(theirs);
         }
+    }
+    if config.fitting_key.is_some() {
+        merge_fit_input_stats(tasks, config);
     }
     let (mut davg, mut dstd) = env_davg_dstd(&d, &env);
     fix_stat_std(&d, &mut davg, &mut dstd);

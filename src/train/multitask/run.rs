@@ -1,8 +1,9 @@
 //! The multi-task training loop. Each step draws a task as DeePMD-kit draws it ([`TaskDraw`])
-//! and steps that task's [`Run`]. The shared descriptor's parameters and Adam moments go, on
-//! the device, from the head that stepped last to the head stepping now; Adam counts the
-//! descriptor's steps over the whole run and a head's fitting net's over its own task's steps
-//! (torch counts steps per tensor, and a head has no gradient at the other tasks' steps).
+//! and steps that task's [`Run`]. The shared parameters' values and Adam moments (the
+//! descriptor's, and the fitting net's where the tasks share it) go, on the device, from the
+//! head that stepped last to the head stepping now; Adam counts the shared parameters' steps
+//! over the whole run and a head's own fitting net's over its own task's steps (torch counts
+//! steps per tensor, and a head has no gradient at the other tasks' steps).
 //!
 //! At a display step the stepped task shows the loss of its step; every other task the loss of
 //! a fresh batch of its training data, and each its validation, as DeePMD-kit's lcurve.out.
@@ -61,6 +62,7 @@ pub fn train<T: Real, B: Backend<T>>(
         config,
         tasks,
         updates,
+        shared,
         seed,
         progress,
         lock: _lock,
@@ -114,10 +116,9 @@ pub fn train<T: Real, B: Backend<T>>(
             false => None,
         },
         precision,
-        dlen: first.model.layout().descriptor_len(),
+        shared,
         seed,
     };
-    let dlen = saver.dlen;
 
     let mut heads = Vec::with_capacity(tasks.len());
     for ((t, mut s), updates) in config.tasks.iter().zip(tasks).zip(updates) {
@@ -200,8 +201,8 @@ pub fn train<T: Real, B: Backend<T>>(
     let mut draw = TaskDraw::new(0, seed, &config.model_prob);
     // A restart continues the sequence: one draw per step.
     draw.skip(start);
-    let mut scratch = b.zeros(dlen);
-    // The head whose descriptor is the newest.
+    let mut scratch = b.zeros(shared);
+    // The head whose shared parameters are the newest.
     let mut holder = 0;
     let mut fout: Option<File> = None;
     let mut header_done = false;
@@ -209,14 +210,14 @@ pub fn train<T: Real, B: Backend<T>>(
 
     for step in start..numb_steps {
         let k = draw.next();
-        share(b, &mut heads, holder, k, dlen, &mut scratch);
+        share(b, &mut heads, holder, k, shared, &mut scratch);
         holder = k;
         let t_step = Instant::now();
         let h = &mut heads[k];
         h.run.head_step(
             step,
             AdamTail {
-                from: dlen,
+                from: shared,
                 t: h.updates as u64 + 1,
             },
         );
@@ -234,7 +235,7 @@ pub fn train<T: Real, B: Backend<T>>(
                     cols.push((shown.trn, shown.val));
                     continue;
                 }
-                share(b, &mut heads, k, i, dlen, &mut scratch);
+                share(b, &mut heads, k, i, shared, &mut scratch);
                 let run = &mut heads[i].run;
                 let trn = block_on(run.probe(b, &mut driver, pref_lr))?;
                 let val = block_on(run.validate(b, &mut driver, pref_lr))?;
@@ -277,14 +278,14 @@ pub fn train<T: Real, B: Backend<T>>(
     Ok(progress.finish(exchange, root.then_some(&saver.path)))
 }
 
-/// Hands the shared descriptor (its parameters and Adam's moments) from head `from` to head
+/// Hands the shared parameters (their values and Adam's moments) from head `from` to head
 /// `to`, on the device.
 fn share<T: Real, B: Backend<T>>(
     b: &B,
     heads: &mut [Head<T, B>],
     from: usize,
     to: usize,
-    dlen: usize,
+    shared: usize,
     scratch: &mut B::Buf,
 ) {
     if from == to {
@@ -293,7 +294,7 @@ fn share<T: Real, B: Backend<T>>(
     let spans = [Span {
         src: 0,
         dst: 0,
-        len: dlen,
+        len: shared,
     }];
     let (src, dst) = match from < to {
         true => {
@@ -316,13 +317,13 @@ fn share<T: Real, B: Backend<T>>(
     }
 }
 
-/// Writes the run's checkpoints: every head, with the shared descriptor of the head that
+/// Writes the run's checkpoints: every head, with the shared parameters of the head that
 /// stepped last.
 struct Saver {
     path: PathBuf,
     rotation: Option<Rotation>,
     precision: Precision,
-    dlen: usize,
+    shared: usize,
     seed: u64,
 }
 
@@ -347,7 +348,7 @@ impl Saver {
                 (&mut m, &shared[1]),
                 (&mut v, &shared[2]),
             ] {
-                mine[..self.dlen].copy_from_slice(&theirs[..self.dlen]);
+                mine[..self.shared].copy_from_slice(&theirs[..self.shared]);
             }
             let (sampler, valid_sampler, disp_acc) = h.run.checkpoint_state();
             let mut model = h.model.clone();

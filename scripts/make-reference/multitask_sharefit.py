@@ -1,0 +1,136 @@
+"""DeePMD-kit 3.2.0's multi-task training with a fitting net shared among the tasks and its case
+embedding (`fitting_net: "<shared_dict key>"`, `dim_case_embd`), for dpw to replay exactly
+(issue 56: DeePMD-kit's `water_multi_task/pytorch_example/input_torch_sharefit.json`).
+
+Run with the DeePMD-kit 3.2.0 virtual environment from the repository root, after
+multitask_steps.py (it trains on that script's one-frame systems in tests/data/multitask):
+`python scripts/make-reference/multitask_sharefit.py` (no arguments; about a minute).
+
+Writes tests/reference/multitask/:
+- `sf_pre`: `mt_steps`'s tasks (water, alloy) sharing a DPA-1 descriptor and one fitting net
+  with dim_case_embd 2, trained 4 steps from scratch (`dp --pt train input.json`): input.json,
+  model.ckpt.pt, and each head as DeePMD-kit serialises it (model_<task>.yaml, which
+  tests/pt_reader.rs reads the .pt against). Its case embeddings are DeePMD-kit's one-hot rows
+  by the tasks' sorted names (alloy 0, water 1).
+- `sf_steps`: 8 steps from `sf_pre` (`dp --pt train input.json --init-model
+  sf_pre/model.ckpt.pt`), traced as multitask.py traces (the task of each step and every
+  displayed loss at full precision): input.json, lcurve.out, info.json, model_<task>.yaml.
+- `sf_stats`: the same input trained 0 steps from scratch: each head's energy bias and case
+  embedding as a fresh run makes them (model_<task>.yaml).
+"""
+
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import multitask as mt  # noqa: E402
+
+OUT = "tests/reference/multitask"
+DATA = "tests/data/multitask"
+STEPS = 8
+
+
+def sysd(name):
+    return [f"{DATA}/{name}"]
+
+
+def sharefit_input(type_map, descriptor, fit, tasks, nbatch, steps):
+    """Tasks {name: (data_dict entry, loss, model_prob)} sharing the descriptor `descriptor`
+    (its shared_dict key, its section) and the fitting net `fit`."""
+    key, section = descriptor
+    return {
+        "model": {
+            "shared_dict": {"type_map_all": type_map, key: section, "fit": fit},
+            "model_dict": {
+                name: {"type_map": "type_map_all", "descriptor": key, "fitting_net": "fit",
+                       "data_stat_nbatch": nbatch}
+                for name in tasks
+            },
+        },
+        "learning_rate": mt.LR,
+        "loss_dict": {name: loss for name, (_, loss, _) in tasks.items()},
+        "training": {
+            "model_prob": {name: p for name, (_, _, p) in tasks.items()},
+            "data_dict": {name: d for name, (d, _, _) in tasks.items()},
+            "numb_steps": steps, "seed": 10, "disp_freq": 1, "save_freq": max(steps, 1),
+        },
+    }
+
+
+SHAREFIT = sharefit_input(
+    mt.TYPE_MAP_ALL, ("dpa1", mt.DPA1), dict(mt.fit(2), dim_case_embd=2),
+    {"water": ({"training_data": mt.data(sysd("water_f0"))}, mt.LOSS_EF, 1.0),
+     "alloy": ({"training_data": mt.data(sysd("alloy_f0")),
+                "validation_data": dict(mt.data(sysd("alloy_val_f0")), numb_btch=1)},
+               mt.LOSS_EFV, 3.0)},
+    nbatch=20, steps=4)
+
+# Two tasks on DeePMD-kit's fparam example systems (one frame parameter, constant in each
+# system: 0.2585 and 0.6894), sharing a fitting net that takes it: DeePMD-kit merges the tasks'
+# fparam statistics into the first's, the other's weighted by model_prob[it] / model_prob[first].
+FPARAM_DATA = "tests/data/deepmd-kit/examples/fparam/data"
+SE_A_BE = {"type": "se_e2_a", "sel": [60], "rcut": 6.0, "rcut_smth": 1.8, "neuron": [4, 8],
+           "axis_neuron": 2, "type_one_side": True, "precision": "float64", "seed": 1}
+SHAREFIT_FPARAM = sharefit_input(
+    ["Be"], ("se_a", SE_A_BE), dict(mt.fit(2), dim_case_embd=2, numb_fparam=1),
+    {"cold": ({"training_data": mt.data([f"{FPARAM_DATA}/e3000_i2000"])}, mt.LOSS_EF, 1.0),
+     "hot": ({"training_data": mt.data([f"{FPARAM_DATA}/e8000_i2000"])}, mt.LOSS_EF, 3.0)},
+    nbatch=4, steps=0)
+
+
+def train(name, inp, *flags, traced=False):
+    """Trains `inp` in a fresh folder; (folder, the last checkpoint's path)."""
+    d = mt.workdir(tempfile.mkdtemp(), name)
+    mt.write_json(os.path.join(d, "input.json"), inp)
+    cmd = mt.traced_cmd if traced else mt.dp_cmd
+    mt.run(cmd("--pt", "train", "input.json", *flags), d)
+    return d, os.path.realpath(os.path.join(d, "model.ckpt.pt"))
+
+
+def keep(name, inp, ckpt, d=None, with_ckpt=False):
+    out = os.path.join(OUT, name)
+    os.makedirs(out, exist_ok=True)
+    mt.write_json(os.path.join(out, "input.json"), inp)
+    if with_ckpt:
+        shutil.copyfile(ckpt, os.path.join(out, "model.ckpt.pt"))
+    if d is not None:
+        shutil.copyfile(os.path.join(d, "lcurve.out"), os.path.join(out, "lcurve.out"))
+    for h in inp["model"]["model_dict"]:
+        mt.save_yaml(ckpt, h, os.path.join(out, f"model_{h}.yaml"))
+    return out
+
+
+def main():
+    pre = copy.deepcopy(SHAREFIT)
+    _, ckpt = train("sf_pre", pre)
+    keep("sf_pre", pre, ckpt, with_ckpt=True)
+
+    inp = copy.deepcopy(SHAREFIT)
+    inp["training"].update(numb_steps=STEPS, save_freq=STEPS)
+    init = f"{OUT}/sf_pre/model.ckpt.pt"
+    d, ckpt = train("sf_steps", inp, "--init-model", init, traced=True)
+    out = keep("sf_steps", inp, ckpt, d)
+    keys = list(inp["model"]["model_dict"])
+    steps = mt.steps_from_trace(json.load(open(os.path.join(d, "trace.json"))), keys)
+    mt.write_json(os.path.join(out, "info.json"), {
+        "command": f"dp --pt train input.json --init-model {init}",
+        "tasks": [s["task"] for s in steps],
+        "steps": steps,
+    })
+
+    stats = copy.deepcopy(SHAREFIT)
+    stats["training"].update(numb_steps=0, save_freq=1)
+    _, ckpt = train("sf_stats", stats)
+    keep("sf_stats", stats, ckpt)
+    fp = copy.deepcopy(SHAREFIT_FPARAM)
+    _, ckpt = train("sf_fparam", fp)
+    keep("sf_fparam", fp, ckpt)
+    print(f"sf_steps: tasks {[s['task'] for s in steps]}")
+
+
+if __name__ == "__main__":
+    main()
