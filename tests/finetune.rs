@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use dpw::model::{read_model, read_model_head};
+use dpw::model::{read_model, read_model_head, write_deepmd_yaml, Model};
 use serde_json::{json, Value};
 
 use common::*;
@@ -15,11 +15,13 @@ fn reference(rel: &str) -> PathBuf {
     repo(&format!("tests/reference/multitask/{rel}"))
 }
 
-/// A case's input in a fresh folder that sees the repository's `examples/` (the inputs' data
+/// A case's input in a fresh folder that sees the repository's `examples/` and `tests/` (the inputs' data
 /// paths are repository-relative), with `model` changed by `edit`.
 fn folder(case: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(repo("examples"), tmp.path().join("examples")).unwrap();
+    for d in ["examples", "tests"] {
+        std::os::unix::fs::symlink(repo(d), tmp.path().join(d)).unwrap();
+    }
     let mut input = json_file(&reference(&format!("{case}/input.json")));
     edit(&mut input["model"]);
     std::fs::write(tmp.path().join("input.json"), input.to_string()).unwrap();
@@ -156,6 +158,121 @@ fn type_map_change_is_deepmd_kits() {
             dpw::model::read_deepmd_yaml(&reference(&format!("{case}/model.yaml"))).unwrap();
         assert_deepmd_start(&mine, &theirs, case);
     }
+}
+
+/// A head of a multi-task model whose tasks share the fitting net (sf_pre) fine-tuned alone,
+/// its model section from the `.pt` (`--use-pretrain-script`): the head's case embedding
+/// (water's one-hot row) and every tensor kept, the bias alone re-fitted, as DeePMD-kit loads
+/// the head's state (its `case_embd` buffer included) into the single-task model.
+#[test]
+fn a_shared_fitting_head_keeps_its_case_embedding() {
+    let pre = reference("sf_pre/model.ckpt.pt");
+    let tmp = folder("ft_mt_water_ho", |m| {
+        m["type_map"] = json!(["O", "H", "Cu", "Ni", "Al"]);
+        m["descriptor"] = json!({});
+        m["fitting_net"] = json!({});
+    });
+    let (ok, log) = finetune(
+        tmp.path(),
+        &[
+            pre.to_str().unwrap(),
+            "--model-branch",
+            "water",
+            "--use-pretrain-script",
+        ],
+    );
+    assert!(ok, "{log}");
+    let start = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
+    let before = read_model_head(&pre, Some("water")).unwrap();
+    assert_eq!(start.case_embd, [0.0, 1.0]);
+    assert_ne!(start.bias, before.bias);
+    let mut same = start.clone();
+    same.bias.clone_from(&before.bias);
+    assert_eq!(same, before, "only the bias changes");
+    let out = json_file(&tmp.path().join("out.json"));
+    assert_eq!(out["model"]["fitting_net"]["dim_case_embd"], 2);
+}
+
+/// `dpw change-bias -m change` of `model` on the C4H3O1 molecule (every frame, as the
+/// fine-tune's re-fit sees them), written to `dir`.
+fn rebias_on_molecule(dir: &Path, model: &Model, name: &str) -> Model {
+    let start = dir.join(format!("{name}.yaml"));
+    let out = dir.join(format!("{name}_rebiased.yaml"));
+    write_deepmd_yaml(model, &start).unwrap();
+    let (ok, log) = dpw_in(
+        dir,
+        &[
+            "change-bias",
+            start.to_str().unwrap(),
+            "-s",
+            "tests/data/nopbc/C4H3O1",
+            "-m",
+            "change",
+            "--backend",
+            "cpu",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{log}");
+    read_model(&out).unwrap()
+}
+
+/// Fine-tuning to a type_map with an element the pretrained model lacks (ft_mt_newtype: the
+/// water head of pre_mt, O H Cu Ni Al → C H O, on the C4H3O1 molecule), as DeePMD-kit's
+/// change_type_map: every tensor DeePMD-kit's but the new element's type-embedding row, which
+/// both draw uniform in [0, 1) (DeePMD-kit's torch.rand) before taking off the one-hot skip;
+/// C's davg/dstd those of the molecule's data and H's and O's the pretrained ones, to 1e-15.
+/// Its bias is re-fitted by change-by-statistic from the start (C 0, H and O pretrained): on
+/// DeePMD-kit's start, whose C row is its own draw, that re-fit is DeePMD-kit's to 1e-8 eV; on
+/// dpw's, it is the bias dpw's fine-tune gives.
+#[test]
+fn a_new_element_is_added_as_deepmd_kit_adds_it() {
+    let pre = reference("pre_mt/model.ckpt.pt");
+    let tmp = folder("ft_mt_newtype", |_| {});
+    let (ok, log) = finetune(
+        tmp.path(),
+        &[pre.to_str().unwrap(), "--model-branch", "water"],
+    );
+    assert!(ok && log.contains("new elements C"), "{log}");
+    let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
+    let theirs = dpw::model::read_deepmd_yaml(&reference("ft_mt_newtype/model.yaml")).unwrap();
+    assert_eq!(mine.spec, theirs.spec);
+    let tebd = mine.layout().descriptor.attn.unwrap().tebd;
+    let c_row = tebd.w..tebd.w + tebd.dim;
+    // tebd_dim 4 is neither 3 types nor twice them: no skip, the row is the draw itself.
+    for p in [&mine, &theirs] {
+        assert!(p.params[c_row.clone()]
+            .iter()
+            .all(|w| (0.0..1.0).contains(w)));
+    }
+    assert_ne!(mine.params[c_row.clone()], theirs.params[c_row.clone()]);
+    let mut same = mine.clone();
+    same.params[c_row.clone()].copy_from_slice(&theirs.params[c_row.clone()]);
+    assert_eq!(same.params, theirs.params);
+    let s = max_abs_diff(&mine.davg, &theirs.davg).max(max_abs_diff(&mine.dstd, &theirs.dstd));
+    eprintln!("davg/dstd off DeePMD-kit's by {s:.1e}");
+    assert!(s <= 1e-15, "{s}");
+
+    let meta = json_file(&reference("ft_mt_newtype/bias.json"));
+    let head = &meta["heads"]["Default"];
+    let start: Vec<f64> = (mine.spec.type_map.iter())
+        .map(|t| head["out_bias_start"][t].as_f64().unwrap())
+        .collect();
+    let mut deepmd_start = theirs.clone();
+    deepmd_start.bias.clone_from(&start);
+    let refit = rebias_on_molecule(tmp.path(), &deepmd_start, "deepmd_start");
+    let mut worst = 0.0f64;
+    for (t, name) in refit.spec.type_map.iter().enumerate() {
+        worst = worst.max((refit.bias[t] - head["out_bias_after"][name].as_f64().unwrap()).abs());
+    }
+    eprintln!("re-fit of DeePMD-kit's start off its bias by {worst:.1e} eV");
+    assert!(worst <= 1e-8, "{worst}");
+    let mut dpw_start = mine.clone();
+    dpw_start.bias = start;
+    let refit = rebias_on_molecule(tmp.path(), &dpw_start, "dpw_start");
+    let b = max_abs_diff(&refit.bias, &mine.bias);
+    assert!(b <= 1e-9, "{b}");
 }
 
 /// `--model-branch RANDOM` (ft_mt_random, O H Cu Ni Al → Cu Ni Al) and, the same to DeePMD-kit,

@@ -28,7 +28,7 @@ use crate::model::file::{
     container_heads, head_container, is_container, model_from_container, pick_head, read_container,
     save_model,
 };
-use crate::model::{read_deepmd_yaml, write_deepmd_yaml, Model, ModelFile};
+use crate::model::{new_elements, read_deepmd_yaml, write_deepmd_yaml, Model, ModelFile};
 use crate::train::checkpoint::Checkpoint;
 use crate::train::interrupt::{self, Interrupted};
 use crate::train::multitask::{self, MultiCheckpoint, MultiStart, MultiTaskSetup};
@@ -162,7 +162,13 @@ fn progress_bar() -> ProgressBar {
 /// The start of `--finetune MODEL [--model-branch B]`: DeePMD-kit's branch rules (spec §21.4)
 /// for the head; the model on input.json's `type_map`, to be re-fitted. `RANDOM`, or no branch
 /// of a multi-task model, takes the descriptor alone, under a new fitting net.
-fn finetune_start(file: &ModelFile, branch: Option<&str>, type_map: &[String]) -> Result<Start> {
+/// A new element's type-embedding row is drawn from `seed`.
+fn finetune_start(
+    file: &ModelFile,
+    branch: Option<&str>,
+    type_map: &[String],
+    seed: u64,
+) -> Result<Start> {
     let path = file.path();
     let ctx = || format!("--finetune {}", path.display());
     let heads = file.heads();
@@ -196,8 +202,10 @@ fn finetune_start(file: &ModelFile, branch: Option<&str>, type_map: &[String]) -
         };
         (model, what)
     };
-    // DeePMD-kit's change_type_map: input.json's elements, a subset of the head's in any order.
-    let model = (model.with_type_map(type_map))
+    // DeePMD-kit's change_type_map: input.json's elements, the head's in any order, some left
+    // out, new ones added.
+    let new_types = new_elements(&model.spec.type_map, type_map);
+    let model = (model.with_type_map(type_map, seed))
         .with_context(|| format!("--finetune {what} to type_map {type_map:?}"))?;
     tracing::info!(
         "fine-tuning from {what}: its weights and statistics, the bias re-fitted{}",
@@ -211,6 +219,7 @@ fn finetune_start(file: &ModelFile, branch: Option<&str>, type_map: &[String]) -
         model: Box::new(model),
         what,
         new_fitting,
+        new_types,
     })
 }
 
@@ -287,7 +296,12 @@ pub fn run_train(args: TrainArgs, t0: Instant) -> Result<TrainReport> {
         let start = match (args.restart, args.init_model, args.init_frz_model) {
             (None, None, None) if finetune.is_some() => {
                 let file = finetune.as_ref().expect("given");
-                finetune_start(file, args.model_branch.as_deref(), &cfg.model.type_map)?
+                finetune_start(
+                    file,
+                    args.model_branch.as_deref(),
+                    &cfg.model.type_map,
+                    cfg.training.seed.unwrap_or(0),
+                )?
             }
             (None, None, None) => Start::Fresh,
             (Some(r), None, None) => {

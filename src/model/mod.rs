@@ -24,6 +24,7 @@ pub use layout::{
     Layer, Net, ParamLayout, Skip, TebdLayout, TensorInfo,
 };
 pub use source::{read_model, read_model_head, read_model_to_train, ModelFile};
+pub use type_map::new_elements;
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml, YamlModel};
 
 use serde::{Deserialize, Serialize};

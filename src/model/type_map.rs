@@ -1,17 +1,31 @@
 //! A model's type map changed as DeePMD-kit's `change_type_map` changes it (docs/deepmd-spec.md
-//! §21.5), for fine-tuning to another type_map: a subset of the pretrained elements, in any
-//! order. Mixed-type descriptors only, as in DeePMD-kit (se_e2_a and its siblings refuse).
+//! §21.5), for fine-tuning to another type_map: the pretrained elements in any order, some left
+//! out, new ones added. Mixed-type descriptors only, as in DeePMD-kit (se_e2_a and its
+//! siblings refuse).
 
 use anyhow::{anyhow, bail, ensure, Result};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Uniform};
 
 use super::{DescriptorLayout, Model, ParamLayout, Skip, TebdLayout};
+
+/// The elements of `new` that `old` lacks, by their index in `new`.
+pub fn new_elements(old: &[String], new: &[String]) -> Vec<usize> {
+    (new.iter().enumerate())
+        .filter(|(_, t)| !old.contains(t))
+        .map(|(i, _)| i)
+        .collect()
+}
 
 impl Model {
     /// The same model for `type_map`: every tensor copied by name, the type embedding's rows
     /// (and the statistics' and bias's) taken in the new order, the embedding's skip (one-hot
     /// rows when its width is the number of types or twice it) corrected so that every kept
-    /// element's embedding is unchanged.
-    pub fn with_type_map(&self, type_map: &[String]) -> Result<Model> {
+    /// element's embedding is unchanged. A new element's embedding row is drawn uniform in
+    /// [0, 1) (DeePMD-kit's `torch.rand`, here from `seed`), its davg/dstd are 0 and 1 until
+    /// the caller puts the new data's in ([`new_elements`]), its bias 0.
+    pub fn with_type_map(&self, type_map: &[String], seed: u64) -> Result<Model> {
         let old = &self.spec.type_map;
         if old == type_map {
             return Ok(self.clone());
@@ -24,16 +38,11 @@ impl Model {
                 d.kind.as_str()
             );
         }
-        let idx: Vec<usize> = (type_map.iter())
-            .map(|t| {
-                old.iter().position(|o| o == t).ok_or_else(|| {
-                    anyhow!(
-                        "element {t} is not in the pretrained type_map {old:?}: fine-tuning to \
-                         a new element is not implemented yet"
-                    )
-                })
-            })
-            .collect::<Result<_>>()?;
+        let idx: Vec<Option<usize>> = (type_map.iter())
+            .map(|t| old.iter().position(|o| o == t))
+            .collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let unit = Uniform::new(0.0, 1.0).expect("0 < 1");
         let mut spec = self.spec.clone();
         spec.type_map = type_map.to_vec();
         spec.check()?;
@@ -49,8 +58,11 @@ impl Model {
                 (Some(to), Some(tn)) if t.offset == tn.w => {
                     for (i, &j) in idx.iter().enumerate() {
                         for c in 0..tn.dim {
-                            let w = self.params[to.w + j * to.dim + c];
-                            out[i * tn.dim + c] = w + skip(to, j, c) - skip(tn, i, c);
+                            let w = match j {
+                                Some(j) => self.params[to.w + j * to.dim + c] + skip(to, j, c),
+                                None => unit.sample(&mut rng),
+                            };
+                            out[i * tn.dim + c] = w - skip(tn, i, c);
                         }
                     }
                 }
@@ -65,22 +77,28 @@ impl Model {
             }
         }
         let (nt, blocks) = (old.len(), d.stat_blocks());
-        let rows = |a: &[f64], nblocks: usize| -> Vec<f64> {
+        // Each block's rows in the new order; a new element's row `fill`.
+        let rows = |a: &[f64], nblocks: usize, fill: f64| -> Vec<f64> {
             if a.is_empty() {
                 return vec![];
             }
             let k = a.len() / (nblocks * nt);
+            let idx = &idx;
             (0..nblocks)
-                .flat_map(|b| idx.iter().map(move |&j| (b * nt + j) * k))
-                .flat_map(|at| a[at..at + k].iter().copied())
+                .flat_map(|b| {
+                    idx.iter().flat_map(move |j| match j {
+                        Some(j) => a[(b * nt + j) * k..(b * nt + j + 1) * k].to_vec(),
+                        None => vec![fill; k],
+                    })
+                })
                 .collect()
         };
         let m = Model {
             params,
-            davg: rows(&self.davg, blocks),
-            dstd: rows(&self.dstd, blocks),
-            bias: rows(&self.bias, 1),
-            out_std: rows(&self.out_std, 1),
+            davg: rows(&self.davg, blocks, 0.0),
+            dstd: rows(&self.dstd, blocks, 1.0),
+            bias: rows(&self.bias, 1, 0.0),
+            out_std: rows(&self.out_std, 1, 1.0),
             fit_input_avg: self.fit_input_avg.clone(),
             fit_input_inv_std: self.fit_input_inv_std.clone(),
             case_embd: self.case_embd.clone(),

@@ -45,11 +45,13 @@ pub enum Start {
     /// `--finetune`: the same from a pretrained model (`what` names it), whose energy bias is
     /// then re-fitted on the training data (change-by-statistic); with `new_fitting`
     /// (`--model-branch RANDOM`) only its descriptor, with a new fitting net and the bias set by
-    /// statistic.
+    /// statistic. `new_types`: the elements of input.json's type_map the pretrained model
+    /// lacks, whose davg/dstd come from the training data.
     Finetune {
         model: Box<Model>,
         what: String,
         new_fitting: bool,
+        new_types: Vec<usize>,
     },
 }
 
@@ -279,6 +281,10 @@ pub fn prepare_in(
             ..
         }
     );
+    let new_types = match &start {
+        Start::Finetune { new_types, .. } => new_types.clone(),
+        _ => Vec::new(),
+    };
     let (restart, init) = open_start(start)?;
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
@@ -330,7 +336,9 @@ pub fn prepare_in(
                 // DeePMD-kit copies the tensors whose names hold `.descriptor.` (§21.4).
                 let dlen = m.layout().descriptor_len();
                 m.params[..dlen].copy_from_slice(&pre.params[..dlen]);
+                let own = (std::mem::take(&mut m.davg), std::mem::take(&mut m.dstd));
                 (m.davg, m.dstd) = (pre.davg, pre.dstd);
+                new_element_statistics(&mut m, &own, &new_types);
                 let frames = read.finetune_frames();
                 super::finetune::set_by_statistic(&mut m, &read.train, &frames)?;
                 m
@@ -338,6 +346,13 @@ pub fn prepare_in(
             Some(mut m) => {
                 if finetune {
                     let frames = read.finetune_frames();
+                    if !new_types.is_empty() {
+                        let ntypes = read.type_map.len();
+                        let d = &m.spec.descriptor;
+                        let mut st = data_stats(d, ntypes, &read.train, &frames)?;
+                        fix_stat_std(d, &mut st.davg, &mut st.dstd);
+                        new_element_statistics(&mut m, &(st.davg, st.dstd), &new_types);
+                    }
                     super::finetune::change_by_statistic(&mut m, &read.train, &frames)?;
                 }
                 m
@@ -366,6 +381,34 @@ pub fn prepare_in(
         stat_env: read.stat_env,
         fit_input_sums: read.fit_input_sums,
     })
+}
+
+/// A fine-tuned model's davg/dstd rows of the elements the pretrained model lacks
+/// (`new_types`): those of the model's own statistics on the training data (`own`), in every
+/// statistics block, as DeePMD-kit appends them (spec §21.5).
+fn new_element_statistics(m: &mut Model, own: &(Vec<f64>, Vec<f64>), new_types: &[usize]) {
+    if new_types.is_empty() {
+        return;
+    }
+    let nt = m.spec.ntypes();
+    let k = m.davg.len() / (m.spec.descriptor.stat_blocks() * nt);
+    for (mine, theirs) in [(&mut m.davg, &own.0), (&mut m.dstd, &own.1)] {
+        for block in 0..m.spec.descriptor.stat_blocks() {
+            for &t in new_types {
+                let at = (block * nt + t) * k;
+                mine[at..at + k].copy_from_slice(&theirs[at..at + k]);
+            }
+        }
+    }
+    let names: Vec<&str> = new_types
+        .iter()
+        .map(|&t| m.spec.type_map[t].as_str())
+        .collect();
+    tracing::info!(
+        "new elements {}: type-embedding rows drawn uniform in [0, 1), davg/dstd from the \
+         training data, bias re-fitted",
+        names.join(", ")
+    );
 }
 
 /// The training data as read, with what was computed on it while reading (the neighbour counts,
