@@ -8,6 +8,7 @@ use std::borrow::Cow;
 
 use super::cpu::repflow::{self, RepflowIn};
 use super::cpu::repformer::{self, Dpa2In};
+use super::keep::Keep;
 use super::{Device, Dims, Real};
 use crate::model::dpa2::Dpa2Layout;
 use crate::model::dpa3::Dpa3Layout;
@@ -75,62 +76,64 @@ pub struct BlockArgs<'a, B, I> {
     pub owner: &'a I,
     pub nei_type: &'a I,
     pub centre_atom: &'a I,
+    /// The stage's slot for a pass's state, which the next pass on the same inputs takes.
+    pub keep: &'a Keep,
 }
 
-/// A block's host bodies with their inputs.
+/// A block's host bodies with their inputs and the stage's [`Keep`].
 pub enum Body<'a, T> {
-    Repflow(&'a RepflowIn<'a, T>),
-    Repformer(&'a Dpa2In<'a, T>),
+    Repflow(&'a RepflowIn<'a, T>, &'a Keep),
+    Repformer(&'a Dpa2In<'a, T>, &'a Keep),
 }
 
 impl<T: Real> Body<'_, T> {
     pub fn forward(&self, d: &Dims, desc: &mut [T]) {
         match self {
-            Body::Repflow(x) => match Cut::of(d, x) {
-                None => repflow::forward(d, x, desc),
-                Some(c) => repflow::forward(&c.dims, &c.input(x).of(&c), desc),
+            Body::Repflow(x, k) => match Cut::of(d, x) {
+                None => repflow::forward(d, x, k, desc),
+                Some(c) => repflow::forward(&c.dims, &c.input(x).of(&c), k, desc),
             },
-            Body::Repformer(x) => repformer::forward(d, x, desc),
+            Body::Repformer(x, k) => repformer::forward(d, x, k, desc),
         }
     }
 
     pub fn backward(&self, d: &Dims, dbar: &[T], q: &mut [T]) {
         match self {
-            Body::Repflow(x) => match Cut::of(d, x) {
-                None => repflow::backward(d, x, dbar, q),
+            Body::Repflow(x, k) => match Cut::of(d, x) {
+                None => repflow::backward(d, x, k, dbar, q),
                 Some(c) => {
                     let mut qc = vec![T::zero(); 3 * c.slot.len()];
-                    repflow::backward(&c.dims, &c.input(x).of(&c), dbar, &mut qc);
+                    repflow::backward(&c.dims, &c.input(x).of(&c), k, dbar, &mut qc);
                     c.scatter(&qc, 3, q);
                 }
             },
-            Body::Repformer(x) => repformer::backward(d, x, dbar, q),
+            Body::Repformer(x, k) => repformer::backward(d, x, k, dbar, q),
         }
     }
 
     pub fn tangent(&self, d: &Dims, rdot: &[T], ddot: &mut [T]) {
         match self {
-            Body::Repflow(x) => match Cut::of(d, x) {
-                None => repflow::tangent(d, x, rdot, ddot),
+            Body::Repflow(x, k) => match Cut::of(d, x) {
+                None => repflow::tangent(d, x, k, rdot, ddot),
                 Some(c) => {
                     let rdot = c.gather(rdot, 3);
-                    repflow::tangent(&c.dims, &c.input(x).of(&c), &rdot, ddot)
+                    repflow::tangent(&c.dims, &c.input(x).of(&c), k, &rdot, ddot)
                 }
             },
-            Body::Repformer(x) => repformer::tangent(d, x, rdot, ddot),
+            Body::Repformer(x, k) => repformer::tangent(d, x, k, rdot, ddot),
         }
     }
 
     pub fn dual(&self, d: &Dims, rdot: &[T], dbar: &[T], ddotbar: &[T], grad: &mut [T]) {
         match self {
-            Body::Repflow(x) => match Cut::of(d, x) {
-                None => repflow::dual(d, x, rdot, dbar, ddotbar, grad),
+            Body::Repflow(x, k) => match Cut::of(d, x) {
+                None => repflow::dual(d, x, k, rdot, dbar, ddotbar, grad),
                 Some(c) => {
                     let (rdot, xc) = (c.gather(rdot, 3), c.input(x));
-                    repflow::dual(&c.dims, &xc.of(&c), &rdot, dbar, ddotbar, grad)
+                    repflow::dual(&c.dims, &xc.of(&c), k, &rdot, dbar, ddotbar, grad)
                 }
             },
-            Body::Repformer(x) => repformer::dual(d, x, rdot, dbar, ddotbar, grad),
+            Body::Repformer(x, k) => repformer::dual(d, x, k, rdot, dbar, ddotbar, grad),
         }
     }
 }
@@ -252,28 +255,34 @@ struct Host<'h, T: Clone> {
 impl<B, I> BlockArgs<'_, B, I> {
     fn run<T: Real, R>(&self, h: &Host<'_, T>, f: impl FnOnce(Body<'_, T>) -> R) -> R {
         match self.block {
-            HostBlock::Repflow(o, l) => f(Body::Repflow(&RepflowIn {
-                o,
-                l,
-                params: &h.params,
-                davg: &h.davg,
-                dstd: &h.dstd,
-                rij: &h.rij,
-                owner: &h.owner,
-                nei_type: &h.nei_type,
-                centre_atom: &h.centre_atom,
-            })),
-            HostBlock::Repformer(o, l) => f(Body::Repformer(&Dpa2In {
-                o,
-                l,
-                params: &h.params,
-                davg: &h.davg,
-                dstd: &h.dstd,
-                rij: &h.rij,
-                owner: &h.owner,
-                nei_type: &h.nei_type,
-                centre_atom: &h.centre_atom,
-            })),
+            HostBlock::Repflow(o, l) => f(Body::Repflow(
+                &RepflowIn {
+                    o,
+                    l,
+                    params: &h.params,
+                    davg: &h.davg,
+                    dstd: &h.dstd,
+                    rij: &h.rij,
+                    owner: &h.owner,
+                    nei_type: &h.nei_type,
+                    centre_atom: &h.centre_atom,
+                },
+                self.keep,
+            )),
+            HostBlock::Repformer(o, l) => f(Body::Repformer(
+                &Dpa2In {
+                    o,
+                    l,
+                    params: &h.params,
+                    davg: &h.davg,
+                    dstd: &h.dstd,
+                    rij: &h.rij,
+                    owner: &h.owner,
+                    nei_type: &h.nei_type,
+                    centre_atom: &h.centre_atom,
+                },
+                self.keep,
+            )),
         }
     }
 

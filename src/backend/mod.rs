@@ -24,6 +24,7 @@ pub mod cpu;
 pub mod cuda;
 mod dims;
 pub mod gpu_layout;
+pub mod keep;
 pub mod loss;
 pub mod pairtab;
 mod real;

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use super::act::cst;
 use super::dual::{Dual, Num};
 use super::gemm::{transpose, Mat, Prod};
+use crate::backend::keep::{Keep, Key};
 use crate::backend::{Dims, Real};
 use crate::model::dpa3::{Dpa3Layout, RepflowLayerLayout, UpdateStyle};
 use crate::model::Activation;
@@ -1741,25 +1742,56 @@ fn cosine<T: Real, N: Num<T>>(g: &Geo<N>, sj: usize, sk: usize, kappa: T) -> N {
         .scale(kappa)
 }
 
-/// D `[nc][width]` of every centre.
-pub fn forward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, desc: &mut [T]) {
-    let st = x.run::<T>(d, None);
-    x.desc(d, &st, desc);
+impl<T: Real> RepflowIn<'_, T> {
+    /// What a [`State`] built from these inputs (with the tangent `rdot`) is kept under.
+    fn key(&self, d: &Dims, rdot: Option<&[T]>) -> Key<T, RepflowOpts> {
+        let centre_types = (0..d.ncentres()).map(|c| d.centre_type(c)).collect();
+        Key::new(
+            self.o.clone(),
+            centre_types,
+            &[
+                self.params,
+                self.davg,
+                self.dstd,
+                self.rij,
+                rdot.unwrap_or_default(),
+            ],
+            &[self.owner, self.nei_type, self.centre_atom],
+        )
+    }
+
+    /// The state kept for these inputs, or one built now.
+    fn kept<N: Num<T> + Send + 'static>(
+        &self,
+        d: &Dims,
+        keep: &Keep,
+        rdot: Option<&[T]>,
+    ) -> State<N> {
+        (keep.take(&self.key(d, rdot))).unwrap_or_else(|| self.run(d, rdot))
+    }
 }
 
-/// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`.
-pub fn tangent<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, rdot: &[T], ddot: &mut [T]) {
+/// D `[nc][width]` of every centre; the state kept for the backward.
+pub fn forward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, desc: &mut [T]) {
+    let st = x.run::<T>(d, None);
+    x.desc(d, &st, desc);
+    keep.put(x.key(d, None), st);
+}
+
+/// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`; the state kept for the dual reverse.
+pub fn tangent<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, rdot: &[T], ddot: &mut [T]) {
     let st = x.run::<Dual<T>>(d, Some(rdot));
     let mut out = vec![Dual::default(); ddot.len()];
     x.desc(d, &st, &mut out);
     for (v, o) in ddot.iter_mut().zip(out) {
         *v = o.d;
     }
+    keep.put(x.key(d, Some(rdot)), st);
 }
 
 /// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[nc][width]`.
-pub fn backward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, dbar: &[T], q: &mut [T]) {
-    let st = x.run::<T>(d, None);
+pub fn backward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, dbar: &[T], q: &mut [T]) {
+    let st = x.kept::<T>(d, keep, None);
     x.back(d, &st, dbar, Some(q), None);
 }
 
@@ -1768,12 +1800,13 @@ pub fn backward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, dbar: &[T], q: &mut [T]
 pub fn dual<T: Real>(
     d: &Dims,
     x: &RepflowIn<'_, T>,
+    keep: &Keep,
     rdot: &[T],
     dbar: &[T],
     ddotbar: &[T],
     grad: &mut [T],
 ) {
-    let st = x.run::<Dual<T>>(d, Some(rdot));
+    let st = x.kept::<Dual<T>>(d, keep, Some(rdot));
     // Cotangent Ḋ̄ + ε D̄: the ε part of the result is the parameters' adjoint (dual.rs).
     let seed: Vec<Dual<T>> = (ddotbar.iter().zip(dbar))
         .map(|(&db, &b)| Dual::new(db, b))

@@ -13,6 +13,7 @@ use super::act::cst;
 use super::dual::{Dual, Num};
 use super::repflow::switch3;
 use super::tape::{Fun, Tape, NONE, V};
+use crate::backend::keep::{Keep, Key};
 use crate::backend::{Dims, Real};
 use crate::model::dpa2::{Dpa2Config, Dpa2Layout, RepformerLayerLayout};
 use crate::model::dpa3::UpdateStyle;
@@ -857,31 +858,63 @@ fn update<T: Real, N: Num<T>>(
 }
 
 impl<T: Real> Dpa2In<'_, T> {
-    fn run<N: Num<T>>(&self, d: &Dims, rdot: Option<&[T]>) -> (Tape<'_, T, N>, V, V) {
+    fn run<N: Num<T>>(&self, d: &Dims, rdot: Option<&[T]>) -> Built<T, N> {
         let ctx = Ctx::new(self, d);
         let mut t = Tape::new(self.params);
         let (rij, desc) = ctx.build(&mut t, rdot);
-        (t, rij, desc)
+        (t.owned(), rij, desc)
+    }
+
+    /// What a tape built from these inputs (with the tangent `rdot`) is kept under.
+    fn key(&self, d: &Dims, rdot: Option<&[T]>) -> Key<T, Dpa2Opts> {
+        let centre_types = (0..d.ncentres()).map(|c| d.centre_type(c)).collect();
+        Key::new(
+            self.o.clone(),
+            centre_types,
+            &[
+                self.params,
+                self.davg,
+                self.dstd,
+                self.rij,
+                rdot.unwrap_or_default(),
+            ],
+            &[self.owner, self.nei_type, self.centre_atom],
+        )
+    }
+
+    /// The tape kept for these inputs, or one built now.
+    fn kept<N: Num<T> + Send + 'static>(
+        &self,
+        d: &Dims,
+        keep: &Keep,
+        rdot: Option<&[T]>,
+    ) -> Built<T, N> {
+        (keep.take(&self.key(d, rdot))).unwrap_or_else(|| self.run(d, rdot))
     }
 }
 
-/// D `[nc][width]` of every centre.
-pub fn forward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, desc: &mut [T]) {
-    let (t, _, dv) = x.run::<T>(d, None);
-    desc.copy_from_slice(t.val(dv));
+/// A pass's tape with its r_ij and D nodes.
+type Built<T, N> = (Tape<'static, T, N>, V, V);
+
+/// D `[nc][width]` of every centre; the tape kept for the backward.
+pub fn forward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, keep: &Keep, desc: &mut [T]) {
+    let built = x.run::<T>(d, None);
+    desc.copy_from_slice(built.0.val(built.2));
+    keep.put(x.key(d, None), built);
 }
 
-/// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`.
-pub fn tangent<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, rdot: &[T], ddot: &mut [T]) {
-    let (t, _, dv) = x.run::<Dual<T>>(d, Some(rdot));
-    for (o, v) in ddot.iter_mut().zip(t.val(dv)) {
+/// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`; the tape kept for the dual reverse.
+pub fn tangent<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, keep: &Keep, rdot: &[T], ddot: &mut [T]) {
+    let built = x.run::<Dual<T>>(d, Some(rdot));
+    for (o, v) in ddot.iter_mut().zip(built.0.val(built.2)) {
         *o = v.d;
     }
+    keep.put(x.key(d, Some(rdot)), built);
 }
 
 /// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[nc][width]`.
-pub fn backward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, dbar: &[T], q: &mut [T]) {
-    let (t, rij, dv) = x.run::<T>(d, None);
+pub fn backward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, keep: &Keep, dbar: &[T], q: &mut [T]) {
+    let (t, rij, dv) = x.kept::<T>(d, keep, None);
     let g = t.backward(vec![(dv, dbar.to_vec())], &mut []);
     match g.of(rij) {
         Some(a) => q.copy_from_slice(a),
@@ -893,12 +926,13 @@ pub fn backward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, dbar: &[T], q: &mut [T]) {
 pub fn dual<T: Real>(
     d: &Dims,
     x: &Dpa2In<'_, T>,
+    keep: &Keep,
     rdot: &[T],
     dbar: &[T],
     ddotbar: &[T],
     grad: &mut [T],
 ) {
-    let (t, _, dv) = x.run::<Dual<T>>(d, Some(rdot));
+    let (t, _, dv) = x.kept::<Dual<T>>(d, keep, Some(rdot));
     // Cotangent Ḋ̄ + ε D̄: the ε part of a parameter's adjoint is its gradient (dual.rs).
     let seed = (ddotbar.iter().zip(dbar))
         .map(|(&db, &b)| Dual::new(db, b))

@@ -8,6 +8,7 @@
 //! no gradient is wanted). Every backward sum runs in a fixed order, so results do not depend
 //! on the thread count.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -73,7 +74,7 @@ struct Node<T, N> {
 }
 
 pub struct Tape<'p, T: Real, N: Num<T>> {
-    params: &'p [T],
+    params: Cow<'p, [T]>,
     nodes: Vec<Node<T, N>>,
 }
 
@@ -83,8 +84,16 @@ const CHUNK: usize = 256;
 impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
     pub fn new(params: &'p [T]) -> Self {
         Tape {
-            params,
+            params: Cow::Borrowed(params),
             nodes: Vec::new(),
+        }
+    }
+
+    /// The tape with its own copy of the parameters, to be kept past their borrow.
+    pub fn owned(self) -> Tape<'static, T, N> {
+        Tape {
+            params: Cow::Owned(self.params.into_owned()),
+            nodes: self.nodes,
         }
     }
 

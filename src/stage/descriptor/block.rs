@@ -3,6 +3,7 @@
 //! derived (`backend/cpu/repflow.rs`, `backend/cpu/repformer.rs`). The stage holds D and Ḋ; the
 //! environment holds r_ij, the neighbours' owners and types, and ṙ_ij in training.
 
+use crate::backend::keep::Keep;
 use crate::backend::{Backend, BlockArgs, Dims, Real};
 use crate::mem::OutOfMemory;
 
@@ -15,11 +16,14 @@ pub struct Block<B: ?Sized + Backend<T>, T: Real> {
     /// D, Ḋ: `[nc][width]`.
     desc: B::Buf,
     ddot: B::Buf,
+    /// The forward's state for the backward, the tangent's for the dual reverse.
+    keep: Keep,
 }
 
 fn args<'a, T: Real, B: Backend<T>>(
     m: &'a DescModel<'_, T, B>,
     env: &'a Env<T, B>,
+    keep: &'a Keep,
 ) -> BlockArgs<'a, B::Buf, B::Idx> {
     BlockArgs {
         block: m.block.expect("a message-passing model has its block"),
@@ -30,6 +34,7 @@ fn args<'a, T: Real, B: Backend<T>>(
         owner: &env.owner,
         nei_type: (env.nei_type.as_ref()).expect("a mixed-type batch has its neighbour types"),
         centre_atom: &env.centre_atom,
+        keep,
     }
 }
 
@@ -48,6 +53,7 @@ impl<T: Real, B: Backend<T>> Block<B, T> {
         Ok(Block {
             desc: zeros(n)?,
             ddot: zeros(n)?,
+            keep: Keep::default(),
         })
     }
 }
@@ -66,7 +72,7 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Block<B, T> {
     }
 
     fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
-        b.block_forward(d, &args(m, env), &mut self.desc);
+        b.block_forward(d, &args(m, env, &self.keep), &mut self.desc);
     }
 
     fn backward(
@@ -78,11 +84,11 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Block<B, T> {
         dbar: &B::Buf,
         q: &mut B::Buf,
     ) {
-        b.block_backward(d, &args(m, env), dbar, q);
+        b.block_backward(d, &args(m, env, &self.keep), dbar, q);
     }
 
     fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
-        b.block_tangent(d, &args(m, env), rijdot(env), &mut self.ddot);
+        b.block_tangent(d, &args(m, env, &self.keep), rijdot(env), &mut self.ddot);
     }
 
     fn dual(
@@ -94,6 +100,6 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Block<B, T> {
         env: &Env<T, B>,
         adjoints: (&B::Buf, &B::Buf),
     ) {
-        b.block_dual(d, &args(m, env), rijdot(env), adjoints, grad);
+        b.block_dual(d, &args(m, env, &self.keep), rijdot(env), adjoints, grad);
     }
 }
