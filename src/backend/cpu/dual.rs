@@ -48,9 +48,16 @@ pub trait Num<R: Real>:
     /// f(self) for a real function given as `f(v) = (f(v), f'(v))` at the value: the chain
     /// rule for the tangent (DPA-3's activations and switches).
     fn apply(self, f: impl Fn(R) -> (R, R)) -> Self;
-    /// f(self) and f'(self) for f given as `f(v) = (f(v), f'(v), f''(v))`: a function and its
-    /// slope from one evaluation, for a backward that needs both.
-    fn apply2(self, f: impl Fn(R) -> (R, R, R)) -> (Self, Self);
+    /// f(z) and f'(z) of each z into `f` and `s` (a function and its slope from one evaluation,
+    /// for a backward that needs both), with `eval(x, y, dy, d2y)` giving f, f' and f'' of a
+    /// slice of reals at once; `work` is scratch.
+    fn apply2_slice(
+        z: &[Self],
+        f: &mut [Self],
+        s: &mut [Self],
+        work: &mut Vec<R>,
+        eval: impl Fn(&[R], &mut [R], &mut [R], &mut [R]),
+    );
     /// C (+)= A·B through gemm.rs's kernel: a real product, or a dual one as real ones
     /// ((A + εA')(B + εB') = AB + ε(A'B + AB')). `work` is scratch for a dual's parts.
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>);
@@ -84,9 +91,16 @@ impl<R: Real> Num<R> for R {
     fn apply(self, f: impl Fn(R) -> (R, R)) -> Self {
         f(self).0
     }
-    fn apply2(self, f: impl Fn(R) -> (R, R, R)) -> (Self, Self) {
-        let (y, dy, _) = f(self);
-        (y, dy)
+    fn apply2_slice(
+        z: &[Self],
+        f: &mut [Self],
+        s: &mut [Self],
+        work: &mut Vec<R>,
+        eval: impl Fn(&[R], &mut [R], &mut [R], &mut [R]),
+    ) {
+        let n = z.len();
+        let (d2y, _, _, _) = split_work(work, [n, 0, 0, 0]);
+        eval(z, f, s, d2y);
     }
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], _: &mut Vec<R>) {
         Self::gemm_r(p, a, b, c, &mut Vec::new());
@@ -189,9 +203,23 @@ impl<R: Real> Num<R> for Dual<R> {
         let (y, dy) = f(self.v);
         Dual::new(y, dy * self.d)
     }
-    fn apply2(self, f: impl Fn(R) -> (R, R, R)) -> (Self, Self) {
-        let (y, dy, d2y) = f(self.v);
-        (Dual::new(y, dy * self.d), Dual::new(dy, d2y * self.d))
+    fn apply2_slice(
+        z: &[Self],
+        f: &mut [Self],
+        s: &mut [Self],
+        work: &mut Vec<R>,
+        eval: impl Fn(&[R], &mut [R], &mut [R], &mut [R]),
+    ) {
+        let n = z.len();
+        let (x, y, dy, d2y) = split_work(work, [n; 4]);
+        for (x, z) in x.iter_mut().zip(z) {
+            *x = z.v;
+        }
+        eval(x, y, dy, d2y);
+        for (i, z) in z.iter().enumerate() {
+            f[i] = Dual::new(y[i], dy[i] * z.d);
+            s[i] = Dual::new(dy[i], d2y[i] * z.d);
+        }
     }
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>) {
         // The kernel reads B's rows in place, so B's parts are copied out; A's are read

@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::act::cst;
+use super::act::{cst, eval3_slice};
 use super::dual::{Dual, Num};
 use super::gemm::{transpose, Mat, Prod};
 use crate::backend::keep::{Keep, Key};
@@ -147,25 +147,23 @@ fn act_slope<T: Real, N: Num<T>>(a: Activation, x: N) -> N {
 /// φ and φ' of a layer's pre-activations, evaluated once in the forward for the outputs and
 /// the backward (the activation's exp was a fifth of the step when each use evaluated it).
 #[derive(Default)]
-struct Acts<N> {
+struct Acts<T, N> {
     f: Vec<N>,
     s: Vec<N>,
+    work: Vec<T>,
 }
 
-impl<N: Copy> Acts<N> {
+impl<T: Real, N: Num<T>> Acts<T, N> {
     /// Of `z`'s rows of `width` for which `live(row)`; the others' are zero.
-    fn of<T: Real>(&mut self, a: Activation, z: &[N], width: usize, live: impl Fn(usize) -> bool)
-    where
-        N: Num<T>,
-    {
+    fn of(&mut self, a: Activation, z: &[N], width: usize, live: impl Fn(usize) -> bool) {
         sized(&mut self.f, z.len(), N::zero());
         sized(&mut self.s, z.len(), N::zero());
         let rows = self.f.chunks_mut(width).zip(self.s.chunks_mut(width));
         for (r, ((f, s), z)) in rows.zip(z.chunks(width)).enumerate() {
             if live(r) {
-                for ((f, s), &z) in f.iter_mut().zip(s.iter_mut()).zip(z) {
-                    (*f, *s) = z.apply2(|v| a.eval3(v));
-                }
+                N::apply2_slice(z, f, s, &mut self.work, |x, y, dy, d2y| {
+                    eval3_slice(a, x, y, dy, d2y)
+                });
             }
         }
     }
@@ -412,13 +410,13 @@ struct Work<T, N> {
     aa: Vec<N>,
     z1: Vec<N>,
     /// φ and φ' of z1 … z7.
-    f1: Acts<N>,
-    f2: Acts<N>,
-    f3: Acts<N>,
-    f4: Acts<N>,
-    f5: Acts<N>,
-    f6: Acts<N>,
-    f7: Acts<N>,
+    f1: Acts<T, N>,
+    f2: Acts<T, N>,
+    f3: Acts<T, N>,
+    f4: Acts<T, N>,
+    f5: Acts<T, N>,
+    f6: Acts<T, N>,
+    f7: Acts<T, N>,
     hge: Vec<N>,
     hgn: Vec<N>,
     sym: Vec<N>,
