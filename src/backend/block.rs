@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 
+use super::cpu::block_in::BlockIn;
 use super::cpu::repflow::{self, RepflowIn};
 use super::cpu::repformer::{self, Dpa2In};
 use super::keep::Keep;
@@ -252,37 +253,27 @@ struct Host<'h, T: Clone> {
     centre_atom: Cow<'h, [i32]>,
 }
 
+impl<T: Clone> Host<'_, T> {
+    fn view<'v, O, L>(&'v self, o: &'v O, l: &'v L) -> BlockIn<'v, O, L, T> {
+        BlockIn {
+            o,
+            l,
+            params: &self.params,
+            davg: &self.davg,
+            dstd: &self.dstd,
+            rij: &self.rij,
+            owner: &self.owner,
+            nei_type: &self.nei_type,
+            centre_atom: &self.centre_atom,
+        }
+    }
+}
+
 impl<B, I> BlockArgs<'_, B, I> {
     fn run<T: Real, R>(&self, h: &Host<'_, T>, f: impl FnOnce(Body<'_, T>) -> R) -> R {
         match self.block {
-            HostBlock::Repflow(o, l) => f(Body::Repflow(
-                &RepflowIn {
-                    o,
-                    l,
-                    params: &h.params,
-                    davg: &h.davg,
-                    dstd: &h.dstd,
-                    rij: &h.rij,
-                    owner: &h.owner,
-                    nei_type: &h.nei_type,
-                    centre_atom: &h.centre_atom,
-                },
-                self.keep,
-            )),
-            HostBlock::Repformer(o, l) => f(Body::Repformer(
-                &Dpa2In {
-                    o,
-                    l,
-                    params: &h.params,
-                    davg: &h.davg,
-                    dstd: &h.dstd,
-                    rij: &h.rij,
-                    owner: &h.owner,
-                    nei_type: &h.nei_type,
-                    centre_atom: &h.centre_atom,
-                },
-                self.keep,
-            )),
+            HostBlock::Repflow(o, l) => f(Body::Repflow(&h.view(o, l), self.keep)),
+            HostBlock::Repformer(o, l) => f(Body::Repformer(&h.view(o, l), self.keep)),
         }
     }
 

@@ -4,6 +4,7 @@ mod act;
 mod adam;
 mod angle;
 pub mod attn;
+pub mod block_in;
 mod contract;
 mod dense;
 mod dual;

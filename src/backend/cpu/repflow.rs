@@ -10,9 +10,10 @@
 use rayon::prelude::*;
 
 use super::act::{cst, eval3_slice};
+use super::block_in::BlockIn;
 use super::dual::{Dual, Num};
 use super::gemm::{transpose, Mat, Prod};
-use crate::backend::keep::{Keep, Key};
+use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
 use crate::model::dpa3::{Dpa3Layout, RepflowLayerLayout, UpdateStyle};
 use crate::model::Activation;
@@ -114,19 +115,8 @@ impl RepflowOpts {
     }
 }
 
-/// What every pass reads: the model and the batch.
-pub struct RepflowIn<'a, T> {
-    pub o: &'a RepflowOpts,
-    pub l: &'a Dpa3Layout,
-    pub params: &'a [T],
-    /// davg, dstd `[nt][4]`.
-    pub davg: &'a [T],
-    pub dstd: &'a [T],
-    pub rij: &'a [T],
-    pub owner: &'a [i32],
-    pub nei_type: &'a [i32],
-    pub centre_atom: &'a [i32],
-}
+/// What every pass reads: the model and the batch (davg, dstd `[nt][4]`).
+pub type RepflowIn<'a, T> = BlockIn<'a, RepflowOpts, Dpa3Layout, T>;
 
 /// φ(x) on numbers.
 fn act<T: Real, N: Num<T>>(a: Activation, x: N) -> N {
@@ -1741,23 +1731,6 @@ fn cosine<T: Real, N: Num<T>>(g: &Geo<N>, sj: usize, sk: usize, kappa: T) -> N {
 }
 
 impl<T: Real> RepflowIn<'_, T> {
-    /// What a [`State`] built from these inputs (with the tangent `rdot`) is kept under.
-    fn key(&self, d: &Dims, rdot: Option<&[T]>) -> Key<T, RepflowOpts> {
-        let centre_types = (0..d.ncentres()).map(|c| d.centre_type(c)).collect();
-        Key::new(
-            self.o.clone(),
-            centre_types,
-            &[
-                self.params,
-                self.davg,
-                self.dstd,
-                self.rij,
-                rdot.unwrap_or_default(),
-            ],
-            &[self.owner, self.nei_type, self.centre_atom],
-        )
-    }
-
     /// The state kept for these inputs, or one built now.
     fn kept<N: Num<T> + Send + 'static>(
         &self,

@@ -10,10 +10,11 @@
 use std::sync::Arc;
 
 use super::act::cst;
+use super::block_in::BlockIn;
 use super::dual::{Dual, Num};
 use super::repflow::switch3;
 use super::tape::{Fun, Tape, NONE, V};
-use crate::backend::keep::{Keep, Key};
+use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
 use crate::model::dpa2::{Dpa2Config, Dpa2Layout, RepformerLayerLayout};
 use crate::model::dpa3::UpdateStyle;
@@ -58,19 +59,9 @@ impl Dpa2Opts {
     }
 }
 
-/// What every pass reads: the model and the batch.
-pub struct Dpa2In<'a, T> {
-    pub o: &'a Dpa2Opts,
-    pub l: &'a Dpa2Layout,
-    pub params: &'a [T],
-    /// davg, dstd: `[nt][4]` of the repinit, then the repformer, then the three-body block.
-    pub davg: &'a [T],
-    pub dstd: &'a [T],
-    pub rij: &'a [T],
-    pub owner: &'a [i32],
-    pub nei_type: &'a [i32],
-    pub centre_atom: &'a [i32],
-}
+/// What every pass reads: the model and the batch (davg, dstd: `[nt][4]` of the repinit, then
+/// the repformer, then the three-body block).
+pub type Dpa2In<'a, T> = BlockIn<'a, Dpa2Opts, Dpa2Layout, T>;
 
 fn act_fun<T: Real>(a: Activation) -> Fun<T> {
     Arc::new(move |x| a.eval3(x))
@@ -863,23 +854,6 @@ impl<T: Real> Dpa2In<'_, T> {
         let mut t = Tape::new(self.params);
         let (rij, desc) = ctx.build(&mut t, rdot);
         (t.owned(), rij, desc)
-    }
-
-    /// What a tape built from these inputs (with the tangent `rdot`) is kept under.
-    fn key(&self, d: &Dims, rdot: Option<&[T]>) -> Key<T, Dpa2Opts> {
-        let centre_types = (0..d.ncentres()).map(|c| d.centre_type(c)).collect();
-        Key::new(
-            self.o.clone(),
-            centre_types,
-            &[
-                self.params,
-                self.davg,
-                self.dstd,
-                self.rij,
-                rdot.unwrap_or_default(),
-            ],
-            &[self.owner, self.nei_type, self.centre_atom],
-        )
     }
 
     /// The tape kept for these inputs, or one built now.
