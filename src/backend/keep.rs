@@ -10,6 +10,8 @@
 use std::any::Any;
 use std::sync::Mutex;
 
+use bytemuck::Pod;
+
 #[derive(Default)]
 pub struct Keep(Mutex<Option<Box<dyn Any + Send>>>);
 
@@ -19,12 +21,14 @@ impl Keep {
         *self.slot() = Some(Box::new((key, state)));
     }
 
-    /// The state kept from inputs equal to `key`, if that is what is kept; the slot is empty
-    /// after, either way.
-    pub fn take<K: PartialEq + Send + 'static, S: Send + 'static>(&self, key: &K) -> Option<S> {
+    /// The state kept, if it is an S whose key `is_mine`; the slot is empty after, either way.
+    pub fn take<K: Send + 'static, S: Send + 'static>(
+        &self,
+        is_mine: impl FnOnce(&K) -> bool,
+    ) -> Option<S> {
         let kept = self.slot().take()?;
         match kept.downcast::<(K, S)>() {
-            Ok(b) if b.0 == *key => Some(b.1),
+            Ok(b) if is_mine(&b.0) => Some(b.1),
             _ => None,
         }
     }
@@ -36,8 +40,7 @@ impl Keep {
 }
 
 /// The inputs a block's state is built from: its constants, the centres' types and every array
-/// the passes read (the tangent ṙ_ij too where there is one), compared whole.
-#[derive(PartialEq)]
+/// the passes read (the tangent ṙ_ij too where there is one), compared whole, bit for bit.
 pub struct Key<T, O> {
     opts: O,
     centre_types: Vec<usize>,
@@ -45,7 +48,7 @@ pub struct Key<T, O> {
     idx: Vec<Vec<i32>>,
 }
 
-impl<T: Copy, O> Key<T, O> {
+impl<T: Pod, O: PartialEq> Key<T, O> {
     pub fn new(opts: O, centre_types: Vec<usize>, vals: &[&[T]], idx: &[&[i32]]) -> Self {
         Key {
             opts,
@@ -53,6 +56,20 @@ impl<T: Copy, O> Key<T, O> {
             vals: vals.iter().map(|v| v.to_vec()).collect(),
             idx: idx.iter().map(|v| v.to_vec()).collect(),
         }
+    }
+
+    /// Whether these are the inputs the key was made of, compared where they are (no copy).
+    pub fn is(&self, opts: &O, centre_types: &[usize], vals: &[&[T]], idx: &[&[i32]]) -> bool {
+        fn same<V: Pod>(mine: &[Vec<V>], theirs: &[&[V]]) -> bool {
+            mine.len() == theirs.len()
+                && (mine.iter().zip(theirs)).all(|(a, b)| {
+                    bytemuck::cast_slice::<V, u8>(a) == bytemuck::cast_slice::<V, u8>(b)
+                })
+        }
+        self.opts == *opts
+            && self.centre_types == centre_types
+            && same(&self.vals, vals)
+            && same(&self.idx, idx)
     }
 }
 
@@ -64,24 +81,34 @@ mod tests {
         Key::new(0, vec![0, 1], &[params, rij], &[&[0, -1]])
     }
 
+    /// The state kept if it was built from `params` and `rij`.
+    fn take<S: Send + 'static>(keep: &Keep, params: &[f64], rij: &[f64]) -> Option<S> {
+        keep.take(|k: &Key<f64, u8>| k.is(&0, &[0, 1], &[params, rij], &[&[0, -1]]))
+    }
+
     #[test]
     fn a_state_is_taken_once_and_only_for_its_own_inputs() {
         let keep = Keep::default();
         keep.put(key(&[1.0, 2.0], &[0.5]), vec![7.0f64]);
         assert_eq!(
-            keep.take::<_, Vec<f64>>(&key(&[1.0, 2.0], &[0.5])),
+            take::<Vec<f64>>(&keep, &[1.0, 2.0], &[0.5]),
             Some(vec![7.0])
         );
-        assert_eq!(keep.take::<_, Vec<f64>>(&key(&[1.0, 2.0], &[0.5])), None);
-        // A changed parameter (the next step's), or the same values split otherwise: rebuilt,
-        // and what was kept is gone.
-        for other in [key(&[1.0, 2.5], &[0.5]), key(&[1.0], &[2.0, 0.5])] {
-            keep.put(key(&[1.0, 2.0], &[0.5]), vec![7.0f64]);
-            assert_eq!(keep.take::<_, Vec<f64>>(&other), None);
-            assert_eq!(keep.take::<_, Vec<f64>>(&key(&[1.0, 2.0], &[0.5])), None);
+        assert_eq!(take::<Vec<f64>>(&keep, &[1.0, 2.0], &[0.5]), None);
+        // A changed parameter (the next step's), the same values split otherwise, or a zero of
+        // the other sign (equal as numbers, not bit for bit): rebuilt, and what was kept is gone.
+        let others: [(&[f64], &[f64]); 3] = [
+            (&[1.0, 2.5], &[0.5]),
+            (&[1.0], &[2.0, 0.5]),
+            (&[1.0, 2.0], &[-0.0]),
+        ];
+        for (params, rij) in others {
+            keep.put(key(&[1.0, 2.0], &[0.0]), vec![7.0f64]);
+            assert_eq!(take::<Vec<f64>>(&keep, params, rij), None);
+            assert_eq!(take::<Vec<f64>>(&keep, &[1.0, 2.0], &[0.0]), None);
         }
         // A state of another kind (the tangent's duals where the reals are asked for).
         keep.put(key(&[1.0], &[]), vec![7.0f32]);
-        assert_eq!(keep.take::<_, Vec<f64>>(&key(&[1.0], &[])), None);
+        assert_eq!(take::<Vec<f64>>(&keep, &[1.0], &[]), None);
     }
 }

@@ -1738,7 +1738,7 @@ impl<T: Real> RepflowIn<'_, T> {
         keep: &Keep,
         rdot: Option<&[T]>,
     ) -> State<N> {
-        (keep.take(&self.key(d, rdot))).unwrap_or_else(|| self.run(d, rdot))
+        (keep.take(|k| self.made(k, d, rdot))).unwrap_or_else(|| self.run(d, rdot))
     }
 }
 

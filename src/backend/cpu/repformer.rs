@@ -863,7 +863,7 @@ impl<T: Real> Dpa2In<'_, T> {
         keep: &Keep,
         rdot: Option<&[T]>,
     ) -> Built<T, N> {
-        (keep.take(&self.key(d, rdot))).unwrap_or_else(|| self.run(d, rdot))
+        (keep.take(|k| self.made(k, d, rdot))).unwrap_or_else(|| self.run(d, rdot))
     }
 }
 
