@@ -324,35 +324,34 @@ fn partly_shared(task: &str, first: &str) -> ConfigError {
 /// wide enough for a one-hot row per task.
 fn case_embedding(tasks: &[TaskConfig]) -> Result<()> {
     let dim = |t: &TaskConfig| t.config.model.fitting_net.dim_case_embd;
-    let d0 = dim(&tasks[0]);
-    for t in tasks {
-        let path = join(
+    let path = |t: &TaskConfig| {
+        join(
             &join("model.model_dict", &t.name),
             "fitting_net.dim_case_embd",
-        );
-        if dim(t) != d0 {
-            return Err(ConfigError::invalid(
-                path,
-                format!(
-                    "{} differs from task '{}''s {d0}: every task's case embedding has the \
-                     same width",
-                    dim(t),
-                    tasks[0].name
-                ),
-            ));
-        }
-        if d0 > 0 && d0 < tasks.len() {
-            return Err(ConfigError::invalid(
-                path,
-                format!(
-                    "{d0} is fewer than the {} tasks: the case embedding is a one-hot row per \
-                     task",
-                    tasks.len()
-                ),
-            ));
-        }
+        )
+    };
+    let d0 = dim(&tasks[0]);
+    if d0 > 0 && d0 < tasks.len() {
+        return Err(ConfigError::invalid(
+            path(&tasks[0]),
+            format!(
+                "{d0} is fewer than the {} tasks: the case embedding is a one-hot row per task",
+                tasks.len()
+            ),
+        ));
     }
-    Ok(())
+    match tasks.iter().find(|t| dim(t) != d0) {
+        Some(t) => Err(ConfigError::invalid(
+            path(t),
+            format!(
+                "{} differs from task '{}''s {d0}: every task's case embedding has the same \
+                 width",
+                dim(t),
+                tasks[0].name
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 impl MultiTaskConfig {
