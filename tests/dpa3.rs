@@ -40,7 +40,7 @@ fn model(case: &str) -> anyhow::Result<Model> {
 /// and the other way round, and the tensors tile the parameter vector.
 #[test]
 fn layout_names_and_shapes_are_deepmds() {
-    for case in CASES.iter().filter(|c| **c != "water_sequential") {
+    for case in CASES {
         let m = model(case).unwrap_or_else(|e| panic!("{case}: {e:#}"));
         assert_layout_is_train_steps(&m, &case_dir(case).join("train_step.npz"), case);
     }
@@ -74,13 +74,6 @@ fn keys_from_deepmds_yaml() {
     assert!(c.excludes(1, 0) && c.excludes(2, 2) && !c.excludes(0, 2));
 }
 
-/// What dpw does not build yet is refused naming the key, not computed wrongly.
-#[test]
-fn sequential_update_is_refused_clearly() {
-    let e = format!("{:#}", model("water_sequential").unwrap_err());
-    assert!(e.contains("sequential_update"), "{e}");
-}
-
 fn parse(path: &std::path::Path) -> serde_yaml_ng::Value {
     serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -90,7 +83,7 @@ fn parse(path: &std::path::Path) -> serde_yaml_ng::Value {
 /// per slot, the block's env_mat as DeePMD-kit writes it).
 #[test]
 fn yaml_round_trips_in_deepmd_form() {
-    for case in CASES.iter().filter(|c| **c != "water_sequential") {
+    for case in CASES {
         let path = case_dir(case).join("model.yaml");
         let m = model(case).unwrap();
         let tmp = tempfile::tempdir().unwrap();
@@ -170,8 +163,11 @@ fn input_keys_load_and_bad_ones_are_named() {
         assert!(e.contains(key), "{key}: {e}");
     };
     refused(
-        &|d| d["repflow"]["sequential_update"] = true.into(),
-        "repflow.sequential_update",
+        &|d| {
+            d["repflow"]["sequential_update"] = true.into();
+            d["repflow"]["update_style"] = "res_avg".into();
+        },
+        "sequential_update needs update_style res_residual and update_angle",
     );
     refused(
         &|d| d["repflow"]["update_style"] = "res_x".into(),

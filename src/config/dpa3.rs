@@ -69,11 +69,9 @@ static REPFLOW: Schema = Schema {
         "use_exp_switch",
         "use_dynamic_sel",
         "sel_reduce_factor",
-    ]],
-    unsupported: &[&[(
         "sequential_update",
-        "DPA-3's sequential update is not implemented",
-    )]],
+    ]],
+    unsupported: &[],
     ignored: &[],
     deepmd: "model[standard].descriptor[dpa3].repflow",
 };
@@ -137,7 +135,7 @@ pub(super) fn parse(
         use_exp_switch: r.bool_or("use_exp_switch", false)?,
         use_dynamic_sel: r.bool_or("use_dynamic_sel", false)?,
         sel_reduce_factor: r.f64_or("sel_reduce_factor", 10.0)?,
-        sequential_update: false,
+        sequential_update: r.bool_or("sequential_update", false)?,
         concat_output_tebd: sec.bool_or("concat_output_tebd", false)?,
         activation,
         use_tebd_bias: sec.bool_or("use_tebd_bias", false)?,

@@ -29,7 +29,7 @@ pub const DPA1_CASES: [&str; 4] = [
 ];
 
 /// The DPA-3 cases (`tests/reference/dpa3/`, its README has the table), by their folder.
-pub const DPA3_CASES: [&str; 13] = [
+pub const DPA3_CASES: [&str; 14] = [
     "dpa3/water",
     "dpa3/water_nopbc",
     "dpa3/alloy",
@@ -43,6 +43,7 @@ pub const DPA3_CASES: [&str; 13] = [
     "dpa3/water_edge_dist_exp_sw",
     "dpa3/water_concat_tebd",
     "dpa3/water_fit_silut",
+    "dpa3/water_sequential",
 ];
 
 /// The DPA-2 cases (`tests/reference/dpa2/`, its README has the table), by their folder.

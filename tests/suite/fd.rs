@@ -185,6 +185,16 @@ pub fn cases() -> Vec<(&'static str, Model, Sys)> {
             random_system(&[4, 6], None, 19),
         ),
         (
+            // Each message reads the features the one before updated.
+            "dpa3 sequential update, periodic",
+            deepmd_model("dpa3/water_sequential"),
+            random_system(
+                &[4, 6],
+                Some([5.2, 0.0, 0.0, 0.3, 5.6, 0.0, -0.4, 0.5, 5.9]),
+                29,
+            ),
+        ),
+        (
             // Every attention of the repformer, on periodic images.
             "dpa2 periodic attention",
             deepmd_model("dpa2/water_attn"),

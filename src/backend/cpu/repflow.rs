@@ -54,6 +54,8 @@ pub struct RepflowOpts {
     pub compress: Compress,
     pub act: Activation,
     pub style: UpdateStyle,
+    /// DeePMD-kit's `sequential_update`: each message of a layer reads the latest features.
+    pub sequential: bool,
     /// G's 1/√S, the node's edge message's 1/S and the angle message's 1/√A (with dynamic sel,
     /// S/F and A/F in their place: spec §18.6).
     pub g_scale: f64,
@@ -102,6 +104,7 @@ impl RepflowOpts {
             },
             act: c.activation,
             style: c.update_style,
+            sequential: c.sequential_update,
             g_scale: 1.0 / (s as f64 / f).sqrt(),
             u3_scale: f / s as f64,
             rho_scale: 1.0 / (a as f64 / f).sqrt(),
@@ -428,13 +431,17 @@ struct Work<T, N> {
     z6: Vec<N>,
     rho: Vec<N>,
     z7: Vec<N>,
+    /// The sequential update's edges after the edge's own message and after its angle
+    /// message, and angles after their own message.
+    es1: Vec<N>,
+    eu: Vec<N>,
+    au: Vec<N>,
     // Adjoints.
     bni: Vec<N>,
     bnj: Vec<N>,
     bej: Vec<N>,
     baa: Vec<N>,
     tmp: Vec<N>,
-    tmp2: Vec<N>,
     bsym: Vec<N>,
     bhge: Vec<N>,
     bhgn: Vec<N>,
@@ -446,11 +453,39 @@ struct Work<T, N> {
     bz7: Vec<N>,
     bnt: Vec<N>,
     bet: Vec<N>,
+    beu: Vec<N>,
+    bes1: Vec<N>,
+    bau: Vec<N>,
+    /// v̄¹ and v̄², `[2][S][E]`.
+    bv: Vec<N>,
 }
 
 fn sized<N: Copy>(v: &mut Vec<N>, len: usize, zero: N) {
     v.clear();
     v.resize(len, zero);
+}
+
+/// z_jk += p + k-row_k + j-row_j (rows of `p.len()`) for the angle pairs q = j·A + k where
+/// `pair(q)`; the other pairs' rows zeroed.
+fn pair_sum<N: Copy + std::ops::AddAssign + std::ops::Add<Output = N> + Default>(
+    z: &mut [N],
+    p: &[N],
+    k_rows: &[N],
+    j_rows: &[N],
+    a: usize,
+    pair: impl Fn(usize) -> bool,
+) {
+    let w = p.len();
+    for (q, row) in z.chunks_mut(w).enumerate() {
+        if !pair(q) {
+            row.fill(N::default());
+            continue;
+        }
+        let (j, k) = (q / a, q % a);
+        for (i, zv) in row.iter_mut().enumerate() {
+            *zv += p[i] + k_rows[k * w + i] + j_rows[j * w + i];
+        }
+    }
 }
 
 /// Everything a layer reads of the batch besides the features.
@@ -550,7 +585,11 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         self.x.o
     }
 
-    /// Loads centre c's inputs of a layer into `w` and computes its intermediates.
+    /// Loads centre c's inputs of a layer into `w` and computes its intermediates. Every
+    /// message reads the layer's inputs; in DeePMD-kit's sequential update each reads the
+    /// latest features instead (spec §18.5): the edge's own message gives `es1`, the angle's
+    /// own message `au`, the edge's angle message (read on `es1` and `au`) `eu`, and the node's
+    /// messages read `eu`.
     fn forward(
         &self,
         ll: &RepflowLayerLayout,
@@ -562,8 +601,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
     ) {
         let o = self.o();
         let p = self.x.params;
-        let (n, e, s, a, ad, h) = (o.n, o.e, o.s, o.a, o.ad, o.h);
-        let hn = h * n;
+        let (n, e, s, a, ad) = (o.n, o.e, o.s, o.a, o.ad);
         let s0 = self.d.mixed_slots(c).start;
         let g = self.geo;
         let z = N::zero();
@@ -586,9 +624,43 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         sized(&mut w.z1, n, z);
         mv(&w.ni, wn, n, Some(bn), &mut w.z1);
         w.f1.of(o.act, &w.z1, n, |_| true);
-        // u²: the symmetrisation of the edges and of the neighbours' nodes.
+        if !o.sequential {
+            self.node_sym(ll, c, w);
+            self.node_edge(ll, c, w);
+            self.edge_self(ll, c, w);
+            self.angle(ll, c, w);
+            return;
+        }
+        self.edge_self(ll, c, w);
+        w.es1.clone_from(&w.ej);
+        self.edge_step(c, &ll.e_residual[..1], &w.f4.f, &mut w.es1);
+        self.angle(ll, c, w);
+        w.eu.clone_from(&w.es1);
+        self.edge_step(c, &ll.e_residual[1..], &w.f7.f, &mut w.eu);
+        self.node_sym(ll, c, w);
+        self.node_edge(ll, c, w);
+    }
+
+    /// x += r·v on every real slot's edge: one step of the sequential update.
+    fn edge_step(&self, c: usize, res: &[usize], v: &[N], x: &mut [N]) {
+        let o = self.o();
+        let (e, s0) = (o.e, self.d.mixed_slots(c).start);
+        for j in (0..o.s).filter(|&j| self.geo.real[s0 + j]) {
+            let r = j * e..(j + 1) * e;
+            update(o.style, self.x.params, res, &mut x[r.clone()], &[&v[r]]);
+        }
+    }
+
+    /// u²: the symmetrisation of the edges and of the neighbours' nodes.
+    fn node_sym(&self, ll: &RepflowLayerLayout, c: usize, w: &mut Work<T, N>) {
+        let o = self.o();
+        let (n, e, s) = (o.n, o.e, o.s);
+        let s0 = self.d.mixed_slots(c).start;
+        let g = self.geo;
+        let z = N::zero();
         sized(&mut w.hge, 3 * e, z);
         sized(&mut w.hgn, 3 * n, z);
+        let ej = if o.sequential { &w.eu } else { &w.ej };
         for j in 0..s {
             let sl = s0 + j;
             if !g.real[sl] {
@@ -597,7 +669,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             let f = g.sw[sl].scale(cst(o.g_scale));
             for k in 0..3 {
                 let hf = g.h[3 * sl + k] * f;
-                for (hv, &ev) in w.hge[k * e..(k + 1) * e].iter_mut().zip(&w.ej[j * e..]) {
+                for (hv, &ev) in w.hge[k * e..(k + 1) * e].iter_mut().zip(&ej[j * e..]) {
                     *hv += hf * ev;
                 }
                 for (hv, &nv) in w.hgn[k * n..(k + 1) * n].iter_mut().zip(&w.nj[j * n..]) {
@@ -618,42 +690,71 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                 }
             }
         }
-        let (ws, bs) = wb(p, &ll.node_sym);
+        let (ws, bs) = wb(self.x.params, &ll.node_sym);
         sized(&mut w.z2, n, z);
         mv(&w.sym, ws, n, Some(bs), &mut w.z2);
         w.f2.of(o.act, &w.z2, n, |_| true);
-        // u³ and v¹: per-edge messages over [n_i, n_j, e_ij], the centre's rows once.
-        let (we3, b3) = wb(p, &ll.node_edge);
-        sized(&mut w.pre3, hn, z);
+    }
+
+    /// u³'s per-edge messages over [n_i, n_j, e_ij], the centre's row once.
+    fn node_edge(&self, ll: &RepflowLayerLayout, c: usize, w: &mut Work<T, N>) {
+        let o = self.o();
+        let (n, e, s, hn) = (o.n, o.e, o.s, o.h * o.n);
+        let s0 = self.d.mixed_slots(c).start;
+        let (we3, b3) = wb(self.x.params, &ll.node_edge);
+        sized(&mut w.pre3, hn, N::zero());
         mv(&w.ni, we3, hn, Some(b3), &mut w.pre3);
-        let (we4, b4) = wb(p, &ll.edge_self);
-        sized(&mut w.pre4, e, z);
-        mv(&w.ni, we4, e, Some(b4), &mut w.pre4);
-        sized(&mut w.z3, s * hn, z);
-        sized(&mut w.z4, s * e, z);
+        sized(&mut w.z3, s * hn, N::zero());
+        let ej = if o.sequential { &w.eu } else { &w.ej };
         let sc = &mut w.sc;
         mm(&w.nj, n, (&we3[n * hn..], hn), &mut w.z3, hn, false, sc);
-        mm(&w.ej, e, (&we3[2 * n * hn..], hn), &mut w.z3, hn, true, sc);
+        mm(ej, e, (&we3[2 * n * hn..], hn), &mut w.z3, hn, true, sc);
+        self.per_real_slot(c, &w.pre3, &mut w.z3);
+        let real = |j: usize| self.geo.real[s0 + j];
+        w.f3.of(o.act, &w.z3, hn, real);
+    }
+
+    /// v¹: the edge's own message over [n_i, n_j, e_ij].
+    fn edge_self(&self, ll: &RepflowLayerLayout, c: usize, w: &mut Work<T, N>) {
+        let o = self.o();
+        let (n, e, s) = (o.n, o.e, o.s);
+        let s0 = self.d.mixed_slots(c).start;
+        let (we4, b4) = wb(self.x.params, &ll.edge_self);
+        sized(&mut w.pre4, e, N::zero());
+        mv(&w.ni, we4, e, Some(b4), &mut w.pre4);
+        sized(&mut w.z4, s * e, N::zero());
+        let sc = &mut w.sc;
         mm(&w.nj, n, (&we4[n * e..], e), &mut w.z4, e, false, sc);
         mm(&w.ej, e, (&we4[2 * n * e..], e), &mut w.z4, e, true, sc);
-        for j in 0..s {
-            let (z3, z4) = (
-                &mut w.z3[j * hn..(j + 1) * hn],
-                &mut w.z4[j * e..(j + 1) * e],
-            );
-            if g.real[s0 + j] {
-                add(z3, &w.pre3);
-                add(z4, &w.pre4);
+        self.per_real_slot(c, &w.pre4, &mut w.z4);
+        let real = |j: usize| self.geo.real[s0 + j];
+        w.f4.of(o.act, &w.z4, e, real);
+    }
+
+    /// The centre's part `pre` added to each real slot's row of z; the others' rows zeroed.
+    fn per_real_slot(&self, c: usize, pre: &[N], z: &mut [N]) {
+        let s0 = self.d.mixed_slots(c).start;
+        for (j, row) in z.chunks_mut(pre.len()).enumerate() {
+            if self.geo.real[s0 + j] {
+                add(row, pre);
             } else {
-                z3.fill(z);
-                z4.fill(z);
+                row.fill(N::zero());
             }
         }
-        w.f3.of(o.act, &w.z3, hn, |j| g.real[s0 + j]);
-        w.f4.of(o.act, &w.z4, e, |j| g.real[s0 + j]);
+    }
+
+    /// The angle branch: compressed node and edges, the angle's own message b = φ(z6) and the
+    /// edge's angle message v² = φ(z7) from the angle pairs' φ(z5).
+    fn angle(&self, ll: &RepflowLayerLayout, c: usize, w: &mut Work<T, N>) {
         let Some(al) = &ll.angle else { return };
-        // The angle branch: compressed node and edges, then per pair of angle slots.
+        let o = self.o();
+        let p = self.x.params;
+        let (n, e, s, a, ad) = (o.n, o.e, o.s, o.a, o.ad);
+        let s0 = self.d.mixed_slots(c).start;
+        let g = self.geo;
+        let z = N::zero();
         let (nc, ec) = (o.nc, o.ec);
+        let edges = if o.sequential { &w.es1 } else { &w.ej };
         sized(&mut w.nt, nc, z);
         sized(&mut w.et, a * ec, z);
         match o.compress {
@@ -668,7 +769,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             if !g.am[s0 + j] {
                 continue;
             }
-            let (src, dst) = (&w.ej[j * e..(j + 1) * e], &mut w.et[j * ec..(j + 1) * ec]);
+            let (src, dst) = (&edges[j * e..(j + 1) * e], &mut w.et[j * ec..(j + 1) * ec]);
             match o.compress {
                 Compress::None | Compress::Split => dst.copy_from_slice(&src[..ec]),
                 Compress::Linear => {
@@ -695,31 +796,40 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         mm(&w.et, ec, (&w5[rj * e..], e), &mut w.ej5, e, false, sc);
         mm(&w.et, ec, (&w6[rk * ad..], ad), &mut w.ek6, ad, false, sc);
         mm(&w.et, ec, (&w6[rj * ad..], ad), &mut w.ej6, ad, false, sc);
-        sized(&mut w.z5, a * a * e, z);
-        sized(&mut w.z6, a * a * ad, z);
-        mm(&w.aa, ad, (&w5[ra * e..], e), &mut w.z5, e, false, sc);
-        mm(&w.aa, ad, (&w6[ra * ad..], ad), &mut w.z6, ad, false, sc);
-        for j in 0..a {
-            for k in 0..a {
-                let q = j * a + k;
-                let z5 = &mut w.z5[q * e..(q + 1) * e];
-                let z6 = &mut w.z6[q * ad..(q + 1) * ad];
-                if !(g.am[s0 + j] && g.am[s0 + k]) {
-                    z5.fill(z);
-                    z6.fill(z);
-                    continue;
-                }
-                for (i, zv) in z5.iter_mut().enumerate() {
-                    *zv += w.pn5[i] + w.ek5[k * e + i] + w.ej5[j * e + i];
-                }
-                for (i, zv) in z6.iter_mut().enumerate() {
-                    *zv += w.pn6[i] + w.ek6[k * ad + i] + w.ej6[j * ad + i];
-                }
-            }
-        }
         let pair = |q: usize| g.am[s0 + q / a] && g.am[s0 + q % a];
-        w.f5.of(o.act, &w.z5, e, pair);
+        // The angle's own message first: the sequential update's edge message reads its update.
+        sized(&mut w.z6, a * a * ad, z);
+        mm(&w.aa, ad, (&w6[ra * ad..], ad), &mut w.z6, ad, false, sc);
+        pair_sum(&mut w.z6, &w.pn6, &w.ek6, &w.ej6, a, pair);
         w.f6.of(o.act, &w.z6, ad, pair);
+        let angles = if o.sequential {
+            w.au.clone_from(&w.aa);
+            for q in (0..a * a).filter(|&q| pair(q)) {
+                let r = q * ad..(q + 1) * ad;
+                update(
+                    o.style,
+                    p,
+                    &ll.a_residual,
+                    &mut w.au[r.clone()],
+                    &[w.f6.f(r)],
+                );
+            }
+            &w.au
+        } else {
+            &w.aa
+        };
+        sized(&mut w.z5, a * a * e, z);
+        mm(
+            angles,
+            ad,
+            (&w5[ra * e..], e),
+            &mut w.z5,
+            e,
+            false,
+            &mut w.sc,
+        );
+        pair_sum(&mut w.z5, &w.pn5, &w.ek5, &w.ej5, a, pair);
+        w.f5.of(o.act, &w.z5, e, pair);
         // ρ: the angle messages summed over k, or the edge itself where j is not an angle slot.
         sized(&mut w.rho, s * e, z);
         let rs = cst::<T>(o.rho_scale);
@@ -741,7 +851,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                     }
                 }
             } else if !o.smooth_edge_update {
-                rho.copy_from_slice(&w.ej[j * e..(j + 1) * e]);
+                rho.copy_from_slice(&edges[j * e..(j + 1) * e]);
             }
         }
         let (w7, b7) = wb(p, &al.edge_angle2);
@@ -849,19 +959,78 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         mut g: Option<&mut Grad<'_, N>>,
     ) {
         let o = self.o();
-        let p = self.x.params;
-        let (n, e, s, a, ad, h) = (o.n, o.e, o.s, o.a, o.ad, o.h);
-        let hn = h * n;
-        let s0 = self.d.mixed_slots(c).start;
-        let geo = self.geo;
+        let (n, e, s, a, ad) = (o.n, o.e, o.s, o.a, o.ad);
         let z = N::zero();
         sized(&mut w.bni, n, z);
         sized(&mut w.bnj, s * n, z);
         sized(&mut w.bej, s * e, z);
         sized(&mut w.baa, a * a * ad, z);
-        // Node update.
+        sized(&mut w.bv, 2 * s * e, z);
+        let bu3 = self.back_node_update(ll, c, w, bn_out, slot_bar, g.as_deref_mut());
+        if !o.sequential {
+            let v: Vec<&[N]> = match o.update_angle {
+                true => vec![&w.f4.f[..], &w.f7.f[..]],
+                false => vec![&w.f4.f[..]],
+            };
+            let (res, ybar) = (&ll.e_residual, be_out);
+            self.back_edge_step(c, res, ybar, &v, &mut w.bv, &mut w.bej, g.as_deref_mut());
+            self.back_u3(c, w, &bu3, slot_bar);
+            self.back_linear(&ll.node_edge, true, w, g.as_deref_mut());
+            self.back_edge_self(ll, c, w, g.as_deref_mut());
+            self.back_angle(ll, c, w, ba_out, slot_bar, g);
+            return;
+        }
+        // Back from the node's messages to eu = es1 + r₁·v², through the angle branch to
+        // es1 = e + r₀·v¹.
+        self.back_u3(c, w, &bu3, slot_bar);
+        self.back_linear(&ll.node_edge, true, w, g.as_deref_mut());
+        let s0 = self.d.mixed_slots(c).start;
+        for j in (0..s).filter(|&j| self.geo.real[s0 + j]) {
+            add(&mut w.beu[j * e..(j + 1) * e], &be_out[j * e..(j + 1) * e]);
+        }
+        sized(&mut w.bes1, s * e, z);
+        let (res, v2bar) = (&ll.e_residual[1..], &mut w.bv[s * e..]);
+        self.back_edge_step(
+            c,
+            res,
+            &w.beu,
+            &[&w.f7.f[..]],
+            v2bar,
+            &mut w.bes1,
+            g.as_deref_mut(),
+        );
+        self.back_angle(ll, c, w, ba_out, slot_bar, g.as_deref_mut());
+        let (res, v1bar) = (&ll.e_residual[..1], &mut w.bv[..s * e]);
+        self.back_edge_step(
+            c,
+            res,
+            &w.bes1,
+            &[&w.f4.f[..]],
+            v1bar,
+            &mut w.bej,
+            g.as_deref_mut(),
+        );
+        self.back_edge_self(ll, c, w, g);
+    }
+
+    /// Back through the node update, u¹ and u² (the symmetrisation): n̄_i, n̄_j, the edges'
+    /// adjoints (ē, or ēu in the sequential update), h̄ and s̄w; u³'s adjoint returned.
+    fn back_node_update(
+        &self,
+        ll: &RepflowLayerLayout,
+        c: usize,
+        w: &mut Work<T, N>,
+        bn_out: &[N],
+        slot_bar: &mut SlotBar<'_, N>,
+        mut g: Option<&mut Grad<'_, N>>,
+    ) -> Vec<N> {
+        let o = self.o();
+        let p = self.x.params;
+        let (n, e, s, hn) = (o.n, o.e, o.s, o.h * o.n);
+        let s0 = self.d.mixed_slots(c).start;
+        let geo = self.geo;
+        let z = N::zero();
         let [u1, u2, u3] = self.node_messages(c, w);
-        let u3s = cst::<T>(o.u3_scale);
         let mut bu1 = vec![z; n];
         let mut bu2 = vec![z; n];
         let mut bu3 = vec![z; hn];
@@ -894,7 +1063,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let bz2: Vec<N> = (bu2.iter().zip(&w.f2.s)).map(|(&b, &d)| b * d).collect();
         sized(&mut w.bsym, o.m * (e + n), z);
         mtv_acc(&bz2, ws, n, &mut w.bsym);
-        if let Some(g) = g.as_deref_mut() {
+        if let Some(g) = g {
             g.outer(&ll.node_sym, 0, &w.sym, &bz2);
             g.bias(&ll.node_sym, &bz2);
         }
@@ -915,6 +1084,12 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                 }
             }
         }
+        let (edges, bedges) = if o.sequential {
+            sized(&mut w.beu, s * e, z);
+            (&w.eu, &mut w.beu)
+        } else {
+            (&w.ej, &mut w.bej)
+        };
         let gs = cst::<T>(o.g_scale);
         for j in 0..s {
             let sl = s0 + j;
@@ -930,8 +1105,8 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                     (
                         e,
                         &w.bhge,
-                        &w.ej[j * e..(j + 1) * e],
-                        &mut w.bej[j * e..(j + 1) * e],
+                        &edges[j * e..(j + 1) * e],
+                        &mut bedges[j * e..(j + 1) * e],
                     ),
                     (
                         n,
@@ -956,60 +1131,65 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             }
             slot_bar.sw[j] += bsw;
         }
-        // u³ and v¹.
-        let (we3, _) = wb(p, &ll.node_edge);
-        let (we4, _) = wb(p, &ll.edge_self);
-        sized(&mut w.bz3, s * hn, z);
-        sized(&mut w.bz4, s * e, z);
-        // v¹'s and v²'s adjoints come from the edge update.
-        let mut bv1 = vec![z; e];
-        let mut bv2 = vec![z; e];
-        let mut bv2_all = vec![z; s * e];
-        for j in 0..s {
-            let sl = s0 + j;
-            if !geo.real[sl] {
-                continue;
+        bu3
+    }
+
+    /// Back through an update x' = x + Σ_m r_m·v_m of every real slot's edge (or res_avg,
+    /// res_incr): x̄ += ȳ, v̄_m into `vbar` (`[M][S][E]`), the residual vectors' gradient into
+    /// `g`.
+    #[allow(clippy::too_many_arguments)]
+    fn back_edge_step(
+        &self,
+        c: usize,
+        res: &[usize],
+        ybar: &[N],
+        v: &[&[N]],
+        vbar: &mut [N],
+        xbar: &mut [N],
+        mut g: Option<&mut Grad<'_, N>>,
+    ) {
+        let o = self.o();
+        let (e, s) = (o.e, o.s);
+        let s0 = self.d.mixed_slots(c).start;
+        let mut vj: [&[N]; 2] = [&[], &[]];
+        let mut bj = [vec![N::zero(); e], vec![N::zero(); e]];
+        for j in (0..s).filter(|&j| self.geo.real[s0 + j]) {
+            let r = j * e..(j + 1) * e;
+            for (m, vm) in v.iter().enumerate() {
+                vj[m] = &vm[r.clone()];
             }
-            // The edge update.
-            let be = &be_out[j * e..(j + 1) * e];
-            let v1 = w.f4.f(j * e..(j + 1) * e);
-            if o.update_angle {
-                let v2 = w.f7.f(j * e..(j + 1) * e);
-                update_backward(
-                    o.style,
-                    p,
-                    &ll.e_residual,
-                    be,
-                    &[v1, v2],
-                    &mut [&mut bv1, &mut bv2],
-                    &mut w.bej[j * e..(j + 1) * e],
-                    g.as_deref_mut(),
-                );
-                bv2_all[j * e..(j + 1) * e].copy_from_slice(&bv2);
-            } else {
-                update_backward(
-                    o.style,
-                    p,
-                    &ll.e_residual,
-                    be,
-                    &[v1],
-                    &mut [&mut bv1],
-                    &mut w.bej[j * e..(j + 1) * e],
-                    g.as_deref_mut(),
-                );
+            let [b0, b1] = &mut bj;
+            let mut bl: [&mut [N]; 2] = [b0, b1];
+            update_backward(
+                o.style,
+                self.x.params,
+                res,
+                &ybar[r.clone()],
+                &vj[..v.len()],
+                &mut bl[..v.len()],
+                &mut xbar[r.clone()],
+                g.as_deref_mut(),
+            );
+            for (m, b) in bj.iter().take(v.len()).enumerate() {
+                vbar[m * s * e + j * e..][..e].copy_from_slice(b);
             }
-            let bz4 = &mut w.bz4[j * e..(j + 1) * e];
-            for ((b, &v), &d) in bz4.iter_mut().zip(&bv1).zip(&w.f4.s[j * e..(j + 1) * e]) {
-                *b = v * d;
-            }
-            // u³'s share of this edge.
-            let sw = geo.sw[sl];
-            let mut bsw = z;
-            let bz3 = &mut w.bz3[j * hn..(j + 1) * hn];
+        }
+    }
+
+    /// z̄3 from u³'s adjoint; s̄w of u³'s weights.
+    fn back_u3(&self, c: usize, w: &mut Work<T, N>, bu3: &[N], slot_bar: &mut SlotBar<'_, N>) {
+        let o = self.o();
+        let (s, hn) = (o.s, o.h * o.n);
+        let s0 = self.d.mixed_slots(c).start;
+        let u3s = cst::<T>(o.u3_scale);
+        sized(&mut w.bz3, s * hn, N::zero());
+        for j in (0..s).filter(|&j| self.geo.real[s0 + j]) {
+            let sw = self.geo.sw[s0 + j];
+            let mut bsw = N::zero();
             let r = j * hn..(j + 1) * hn;
-            for ((b, &u), (&f, &d)) in bz3
+            for ((b, &u), (&f, &d)) in w.bz3[r.clone()]
                 .iter_mut()
-                .zip(&bu3)
+                .zip(bu3)
                 .zip(w.f3.f[r.clone()].iter().zip(&w.f3.s[r]))
             {
                 let q = u.scale(u3s);
@@ -1018,34 +1198,88 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             }
             slot_bar.sw[j] += bsw;
         }
-        // The per-edge linears' input adjoints: the centre's rows summed over the edges.
-        sized(&mut w.tmp, hn, z);
-        sized(&mut w.tmp2, e, z);
-        // (The rows of the slots that are not real are zero in z̄3 and z̄4.)
-        for j in 0..s {
-            add(&mut w.tmp, &w.bz3[j * hn..(j + 1) * hn]);
-            add(&mut w.tmp2, &w.bz4[j * e..(j + 1) * e]);
+    }
+
+    /// Back through a message's per-edge linear over [n_i, n_j, e_ij] — u³'s (`node_edge`, from
+    /// z̄3; it read eu in the sequential update) or v¹'s (`edge_self`, from z̄4) — rows of the
+    /// slots not real being zero: n̄_j, the edges' adjoints, n̄_i from z̄ summed over the edges,
+    /// and the layer's gradient.
+    fn back_linear(&self, l: &Layer, u3: bool, w: &mut Work<T, N>, g: Option<&mut Grad<'_, N>>) {
+        let (bz, edges, bedges) = match (u3, self.o().sequential) {
+            (true, true) => (&w.bz3, &w.eu, &mut w.beu),
+            (true, false) => (&w.bz3, &w.ej, &mut w.bej),
+            (false, _) => (&w.bz4, &w.ej, &mut w.bej),
+        };
+        let (wt, nout) = (wb(self.x.params, l).0, l.nout);
+        let (n, e) = (self.o().n, self.o().e);
+        let (sum, sc) = (&mut w.tmp, &mut w.sc);
+        sized(sum, nout, N::zero());
+        bz.chunks(nout).for_each(|b| add(sum, b));
+        mm_t(bz, nout, (&wt[n * nout..], nout), &mut w.bnj, n, sc);
+        mm_t(bz, nout, (&wt[2 * n * nout..], nout), bedges, e, sc);
+        mtv_acc(sum, wt, nout, &mut w.bni);
+        if let Some(g) = g {
+            g.outer_rows(l, n, (&w.nj, n), bz, &mut sc.gemm);
+            g.outer_rows(l, 2 * n, (edges, e), bz, &mut sc.gemm);
+            g.outer(l, 0, &w.ni, sum);
+            g.bias(l, sum);
         }
-        let sc = &mut w.sc;
-        mm_t(&w.bz3, hn, (&we3[n * hn..], hn), &mut w.bnj, n, sc);
-        mm_t(&w.bz3, hn, (&we3[2 * n * hn..], hn), &mut w.bej, e, sc);
-        mm_t(&w.bz4, e, (&we4[n * e..], e), &mut w.bnj, n, sc);
-        mm_t(&w.bz4, e, (&we4[2 * n * e..], e), &mut w.bej, e, sc);
-        if let Some(g) = g.as_deref_mut() {
-            g.outer_rows(&ll.node_edge, n, (&w.nj, n), &w.bz3, &mut sc.gemm);
-            g.outer_rows(&ll.node_edge, 2 * n, (&w.ej, e), &w.bz3, &mut sc.gemm);
-            g.outer_rows(&ll.edge_self, n, (&w.nj, n), &w.bz4, &mut sc.gemm);
-            g.outer_rows(&ll.edge_self, 2 * n, (&w.ej, e), &w.bz4, &mut sc.gemm);
+    }
+
+    /// Back through v¹ = φ(z4), the edge's own message, from its adjoint (the first `[S][E]` of
+    /// `w.bv`): n̄_j, ē, n̄_i and the gradient.
+    fn back_edge_self(
+        &self,
+        ll: &RepflowLayerLayout,
+        c: usize,
+        w: &mut Work<T, N>,
+        g: Option<&mut Grad<'_, N>>,
+    ) {
+        let (e, s) = (self.o().e, self.o().s);
+        let s0 = self.d.mixed_slots(c).start;
+        sized(&mut w.bz4, s * e, N::zero());
+        for j in (0..s).filter(|&j| self.geo.real[s0 + j]) {
+            let r = j * e..(j + 1) * e;
+            for ((b, &v), &d) in w.bz4[r.clone()]
+                .iter_mut()
+                .zip(&w.bv[r.clone()])
+                .zip(&w.f4.s[r])
+            {
+                *b = v * d;
+            }
         }
-        mtv_acc(&w.tmp, we3, hn, &mut w.bni);
-        mtv_acc(&w.tmp2, we4, e, &mut w.bni);
-        if let Some(g) = g.as_deref_mut() {
-            g.outer(&ll.node_edge, 0, &w.ni, &w.tmp);
-            g.bias(&ll.node_edge, &w.tmp);
-            g.outer(&ll.edge_self, 0, &w.ni, &w.tmp2);
-            g.bias(&ll.edge_self, &w.tmp2);
-        }
+        self.back_linear(&ll.edge_self, false, w, g);
+    }
+
+    /// Back through the angle branch from v²'s adjoint (the second `[S][E]` of `w.bv`) and the
+    /// angles' ā_out: ā, the edges' adjoints (ē, or ēs1 in the sequential update), n̄_i, ās̄w
+    /// and the gradient.
+    fn back_angle(
+        &self,
+        ll: &RepflowLayerLayout,
+        c: usize,
+        w: &mut Work<T, N>,
+        ba_out: &[N],
+        slot_bar: &mut SlotBar<'_, N>,
+        mut g: Option<&mut Grad<'_, N>>,
+    ) {
         let Some(al) = &ll.angle else { return };
+        let o = self.o();
+        let p = self.x.params;
+        let (n, e, s, a, ad) = (o.n, o.e, o.s, o.a, o.ad);
+        let s0 = self.d.mixed_slots(c).start;
+        let geo = self.geo;
+        let z = N::zero();
+        let seq = o.sequential;
+        if seq {
+            sized(&mut w.bau, a * a * ad, z);
+            w.bau.copy_from_slice(ba_out);
+        }
+        let (edges, bedges) = if seq {
+            (&w.es1, &mut w.bes1)
+        } else {
+            (&w.ej, &mut w.bej)
+        };
         // v² and ρ.
         let (w7, _) = wb(p, &al.edge_angle2);
         sized(&mut w.brho, s * e, z);
@@ -1056,7 +1290,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             let bz7 = &mut w.bz7[j * e..(j + 1) * e];
             for ((b, &v), &d) in bz7
                 .iter_mut()
-                .zip(&bv2_all[j * e..(j + 1) * e])
+                .zip(&w.bv[s * e + j * e..s * e + (j + 1) * e])
                 .zip(&w.f7.s[j * e..(j + 1) * e])
             {
                 *b = v * d;
@@ -1097,12 +1331,19 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                 }
                 slot_bar.asw[j] += basw_j;
             } else if !o.smooth_edge_update {
-                add(&mut w.bej[j * e..(j + 1) * e], brho);
+                add(&mut bedges[j * e..(j + 1) * e], brho);
             }
+        }
+        let (w5, _) = wb(p, &al.edge_angle1);
+        let (w6, _) = wb(p, &al.angle_self);
+        if seq {
+            // The edge's angle message read the updated angles.
+            mm_t(&w.bz5, e, (w5, e), &mut w.bau, ad, &mut w.sc);
         }
         // The angle's own update, b = φ(z6).
         sized(&mut w.bz6, a * a * ad, z);
         let mut bb = vec![z; ad];
+        let ba = if seq { &w.bau[..] } else { ba_out };
         for j in 0..a {
             for k in 0..a {
                 if !(geo.am[s0 + j] && geo.am[s0 + k]) {
@@ -1114,7 +1355,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                     o.style,
                     p,
                     &ll.a_residual,
-                    &ba_out[q * ad..(q + 1) * ad],
+                    &ba[q * ad..(q + 1) * ad],
                     &[b6],
                     &mut [&mut bb],
                     &mut w.baa[q * ad..(q + 1) * ad],
@@ -1131,8 +1372,6 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         }
         // Back through the angle info [a, ñ, ẽ_k, ẽ_j] of linear1 and angle_self.
         let (nc, ec) = (o.nc, o.ec);
-        let (w5, _) = wb(p, &al.edge_angle1);
-        let (w6, _) = wb(p, &al.angle_self);
         let (rn, rk, rj) = (ad, ad + nc, ad + nc + ec);
         sized(&mut w.bnt, nc, z);
         sized(&mut w.bet, a * ec, z);
@@ -1159,10 +1398,13 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         }
         // (z̄5 and z̄6 are zero on the pairs out of the angle list.)
         let sc = &mut w.sc;
-        mm_t(&w.bz5, e, (w5, e), &mut w.baa, ad, sc);
+        if !seq {
+            mm_t(&w.bz5, e, (w5, e), &mut w.baa, ad, sc);
+        }
         mm_t(&w.bz6, ad, (w6, ad), &mut w.baa, ad, sc);
+        let angles = if seq { &w.au } else { &w.aa };
         if let Some(g) = g.as_deref_mut() {
-            g.outer_rows(&al.edge_angle1, 0, (&w.aa, ad), &w.bz5, &mut sc.gemm);
+            g.outer_rows(&al.edge_angle1, 0, (angles, ad), &w.bz5, &mut sc.gemm);
             g.outer_rows(&al.angle_self, 0, (&w.aa, ad), &w.bz6, &mut sc.gemm);
         }
         mtv_acc(&sum5, &w5[rn * e..], e, &mut w.bnt);
@@ -1190,14 +1432,14 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                 g.outer(&al.angle_self, rj, et, &bj6[j * ad..(j + 1) * ad]);
             }
             // Back through the edge's compression.
-            let bej = &mut w.bej[j * e..(j + 1) * e];
+            let bej = &mut bedges[j * e..(j + 1) * e];
             match o.compress {
                 Compress::None | Compress::Split => add(&mut bej[..ec], bet),
                 Compress::Linear => {
                     let cw = al.compress_e.expect("a linear compression");
                     mtv_acc(bet, &p[cw..cw + e * ec], ec, bej);
                     if let Some(g) = g.as_deref_mut() {
-                        outer_acc(&w.ej[j * e..(j + 1) * e], bet, ec, g.at(cw, e * ec));
+                        outer_acc(&edges[j * e..(j + 1) * e], bet, ec, g.at(cw, e * ec));
                     }
                 }
             }

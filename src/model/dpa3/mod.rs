@@ -149,14 +149,6 @@ impl Dpa3Config {
             None => Ok(()),
         }
     }
-
-    /// What dpw refuses of these keys, as an error message; `None` where it builds them.
-    pub fn unsupported(&self) -> Option<&'static str> {
-        if self.sequential_update {
-            return Some("DPA-3's sequential_update is not supported yet");
-        }
-        None
-    }
 }
 
 /// Where DPA-3's tensors live (docs/deepmd-spec.md §18.9, named as tests/reference/dpa3's

@@ -1,7 +1,7 @@
 //! DPA-3 in DeePMD-kit's `.yaml` (`DescrptDPA3.serialize`, docs/deepmd-spec.md §18.9): its keys
 //! into a [`DescriptorSpec`], its tensors into the parameter vector, and back.
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use serde_yaml_ng::Value;
 
 use super::{Dpa3Config, Dpa3Layout, UpdateStyle};
@@ -105,9 +105,6 @@ pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
         use_loc_mapping: d.opt("use_loc_mapping").map_or(Ok(true), |b| b.bool())?,
         exclude_types,
     };
-    if let Some(why) = c.unsupported() {
-        bail!("{}: {why}", d.path);
-    }
     let spec = DescriptorSpec {
         kind: DescriptorType::Dpa3,
         rcut: r.key("e_rcut")?.f64()?,
