@@ -112,23 +112,56 @@ fn eight_steps_from_deepmd_kits_heads_are_deepmd_kits() {
     );
 }
 
+/// DeePMD-kit's eight steps of `mt_steps` with the descriptor shared at level 1 (`l1_steps`:
+/// `"dpa1:1"`, the type embedding alone shared), from the heads of `pre_mt`: the same
+/// lcurve.out and, after the last step, both heads' parameters DeePMD-kit's — the type embedding
+/// one tensor updated at every step, each task's rest of the descriptor at its own steps.
+#[test]
+fn eight_steps_at_shared_level_1_are_deepmd_kits() {
+    let runs = replay_deepmd_steps(
+        "l1_steps",
+        "pre_mt",
+        "eight_steps_at_shared_level_1_are_deepmd_kits",
+    );
+    for (backend, [w, a]) in runs {
+        let tebd = w.layout().descriptor.tebd().unwrap().end();
+        let dlen = w.layout().descriptor_len();
+        assert_eq!(w.params[..tebd], a.params[..tebd], "{backend}");
+        assert_ne!(w.params[tebd..dlen], a.params[tebd..dlen], "{backend}");
+    }
+}
+
+/// A run from scratch at shared level 1 (`l1_stats`): each head's davg/dstd are those of its own
+/// task's data, not merged over the tasks, and its energy bias DeePMD-kit's.
+#[test]
+fn level_1_statistics_are_each_tasks_own() {
+    let [w, a] = fresh_heads_are_deepmd_kits("l1_stats");
+    assert_ne!(w.dstd, a.dstd);
+}
+
+/// The heads (water, alloy) of a run from scratch of reference case `case`, whose davg/dstd and
+/// energy biases are checked against DeePMD-kit's.
+fn fresh_heads_are_deepmd_kits(case: &str) -> [Model; 2] {
+    let t = train(case, "cpu", &[]);
+    ["water", "alloy"].map(|h| {
+        let (mine, dp) = (head(t.path(), h), deepmd_head(case, h));
+        let d = rel_to_max(&mine.dstd, &dp.dstd);
+        eprintln!("{case} {h}: dstd max |Δ| / max = {d:.1e}");
+        assert!(d < 1e-13, "{h}: dstd {d:e}");
+        assert_eq!(mine.davg, dp.davg, "{h}");
+        let b = rel_to_max(&mine.bias, &dp.bias);
+        assert!(b < 1e-14, "{h}: bias {b:e}");
+        mine
+    })
+}
+
 /// A run from scratch: the shared descriptor's davg/dstd merged over the tasks (their sums
 /// added; both tasks have O and H atoms, the alloy task in a frame of its own) and each head's
 /// energy bias fitted on its own data are DeePMD-kit's.
 #[test]
 fn fresh_statistics_are_deepmd_kits() {
-    let t = train("mt_stats", "cpu", &[]);
-    for h in ["water", "alloy"] {
-        let (mine, dp) = (head(t.path(), h), deepmd_head("mt_stats", h));
-        let d = rel_to_max(&mine.dstd, &dp.dstd);
-        eprintln!("{h}: dstd max |Δ| / max = {d:.1e}");
-        assert!(d < 1e-13, "{h}: dstd {d:e}");
-        assert_eq!(mine.davg, dp.davg, "{h}");
-        let b = rel_to_max(&mine.bias, &dp.bias);
-        assert!(b < 1e-14, "{h}: bias {b:e}");
-    }
     // The heads differ in their fitting nets (each drawn from its own seed) and share the rest.
-    let (w, a) = (head(t.path(), "water"), head(t.path(), "alloy"));
+    let [w, a] = fresh_heads_are_deepmd_kits("mt_stats");
     let dlen = w.layout().descriptor_len();
     assert_eq!(w.params[..dlen], a.params[..dlen]);
     assert_ne!(w.params[dlen..], a.params[dlen..]);
@@ -286,7 +319,17 @@ fn multitask_input_errors_name_the_key() {
         (
             "/model/model_dict/water/descriptor",
             json!("dpa1:1"),
-            "shared level 1",
+            "model.model_dict.alloy.descriptor: shared level 0 differs from the first task's 1",
+        ),
+        (
+            "/model/model_dict/water/descriptor",
+            json!("dpa1:2"),
+            "sharing a descriptor at shared level 2 is not implemented",
+        ),
+        (
+            "/model/model_dict/water/fitting_net",
+            json!("dpa1:1"),
+            "sharing a fitting_net at shared level 1 is not implemented",
         ),
         (
             "/model/model_dict/water/descriptor",
@@ -336,6 +379,31 @@ fn multitask_input_errors_name_the_key() {
     let e = parse(&bad).unwrap_err();
     assert!(
         e.contains("shares one descriptor among all the tasks"),
+        "{e}"
+    );
+    // Shared level 1 shares a type embedding, which se_e2_a has not, beside fitting nets of
+    // the tasks' own.
+    let mut level1 = good.clone();
+    for t in ["water", "alloy"] {
+        level1["model"]["model_dict"][t]["descriptor"] = json!("dpa1:1");
+    }
+    assert_eq!(parse(&level1).unwrap().descriptor_level, 1);
+    let mut se_a = level1.clone();
+    se_a["model"]["shared_dict"]["dpa1"] = json!({"type": "se_e2_a", "sel": [20, 40, 1, 1, 1]});
+    let e = parse(&se_a).unwrap_err();
+    assert!(
+        e.contains("which a se_e2_a descriptor does not have"),
+        "{e}"
+    );
+    let mut shared_fit = level1.clone();
+    shared_fit["model"]["shared_dict"]["fit"] =
+        good["model"]["model_dict"]["water"]["fitting_net"].clone();
+    for t in ["water", "alloy"] {
+        shared_fit["model"]["model_dict"][t]["fitting_net"] = json!("fit");
+    }
+    let e = parse(&shared_fit).unwrap_err();
+    assert!(
+        e.contains("with a shared fitting net is not implemented"),
         "{e}"
     );
     // Without model_prob the tasks are drawn by their numbers of systems (1 and 2).

@@ -104,6 +104,22 @@ def keep(name, inp, ckpt, d=None, with_ckpt=False):
     return out
 
 
+def traced_steps(name, inp, init):
+    """`inp`'s steps from checkpoint `init` (`--init-model`), traced, kept as case `name` with
+    its info.json; the tasks drawn."""
+    d, ckpt = train(name, inp, "--init-model", init, traced=True)
+    out = keep(name, inp, ckpt, d)
+    keys = list(inp["model"]["model_dict"])
+    steps = mt.steps_from_trace(json.load(open(os.path.join(d, "trace.json"))), keys)
+    tasks = [s["task"] for s in steps]
+    mt.write_json(os.path.join(out, "info.json"), {
+        "command": f"dp --pt train input.json --init-model {init}",
+        "tasks": tasks,
+        "steps": steps,
+    })
+    return tasks
+
+
 def main():
     pre = copy.deepcopy(SHAREFIT)
     _, ckpt = train("sf_pre", pre)
@@ -111,16 +127,7 @@ def main():
 
     inp = copy.deepcopy(SHAREFIT)
     inp["training"].update(numb_steps=STEPS, save_freq=STEPS)
-    init = f"{OUT}/sf_pre/model.ckpt.pt"
-    d, ckpt = train("sf_steps", inp, "--init-model", init, traced=True)
-    out = keep("sf_steps", inp, ckpt, d)
-    keys = list(inp["model"]["model_dict"])
-    steps = mt.steps_from_trace(json.load(open(os.path.join(d, "trace.json"))), keys)
-    mt.write_json(os.path.join(out, "info.json"), {
-        "command": f"dp --pt train input.json --init-model {init}",
-        "tasks": [s["task"] for s in steps],
-        "steps": steps,
-    })
+    tasks = traced_steps("sf_steps", inp, f"{OUT}/sf_pre/model.ckpt.pt")
 
     stats = copy.deepcopy(SHAREFIT)
     stats["training"].update(numb_steps=0, save_freq=1)
@@ -129,7 +136,7 @@ def main():
     fp = copy.deepcopy(SHAREFIT_FPARAM)
     _, ckpt = train("sf_fparam", fp)
     keep("sf_fparam", fp, ckpt)
-    print(f"sf_steps: tasks {[s['task'] for s in steps]}")
+    print(f"sf_steps: tasks {tasks}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ pub struct MultiTaskConfig {
     pub num_epoch: Option<Vec<f64>>,
     /// The `shared_dict` key of the descriptor all tasks share.
     pub descriptor_key: String,
+    /// How much of it they share (`"key:level"`): 0 all of it, 1 its type embedding alone
+    /// (each task then trains the rest, with statistics of its own data).
+    pub descriptor_level: u32,
     /// The `shared_dict` key of the fitting net all tasks share, where they share one.
     pub fitting_key: Option<String>,
     /// `model.shared_dict` as given, written back to out.json.
@@ -136,7 +139,7 @@ impl MultiTaskConfig {
         };
 
         let mut tasks = Vec::new();
-        let mut descriptor_key: Option<String> = None;
+        let mut descriptor_key: Option<(String, u32)> = None;
         let mut fittings = Vec::new();
         for name in &names {
             let (mut task_value, refs) = task_input(
@@ -155,6 +158,16 @@ impl MultiTaskConfig {
             }
             match (&descriptor_key, &refs.descriptor) {
                 (None, Some(k)) => descriptor_key = Some(k.clone()),
+                (Some(a), Some(b)) if a.0 == b.0 && a.1 != b.1 => {
+                    return Err(ConfigError::unsupported(
+                        join(&join("model.model_dict", name), "descriptor"),
+                        format!(
+                            "shared level {} differs from the first task's {}: dpw shares the \
+                             descriptor among all the tasks at one level",
+                            b.1, a.1
+                        ),
+                    ))
+                }
                 (Some(a), Some(b)) if a == b => {}
                 _ => {
                     return Err(ConfigError::unsupported(
@@ -163,7 +176,7 @@ impl MultiTaskConfig {
                             "dpw's multi-task training shares one descriptor among all the \
                              tasks: give every task's descriptor as the same shared_dict key \
                              (e.g. \"descriptor\": {:?}); found {}",
-                            descriptor_key.as_deref().unwrap_or("my_descriptor"),
+                            descriptor_key.as_ref().map_or("my_descriptor", |k| &k.0),
                             describe(&model_dict[name]["descriptor"])
                         ),
                     ))
@@ -205,7 +218,11 @@ impl MultiTaskConfig {
                 ));
             }
         }
+        let (descriptor_key, descriptor_level) = descriptor_key.expect("checked for every task");
         let fitting_key = shared_fitting(&tasks, &fittings)?;
+        if descriptor_level == 1 {
+            type_embedding_shared(&tasks[0], &descriptor_key, fitting_key.is_some())?;
+        }
         case_embedding(&tasks)?;
         let model_prob_given = training.get("model_prob").cloned();
         let model_prob = match &num_epoch {
@@ -217,7 +234,8 @@ impl MultiTaskConfig {
             tasks,
             model_prob,
             num_epoch,
-            descriptor_key: descriptor_key.expect("checked for every task"),
+            descriptor_key,
+            descriptor_level,
             fitting_key,
             shared_dict: Value::Object(shared),
             model_prob_given,
@@ -309,6 +327,35 @@ fn shared_fitting(tasks: &[TaskConfig], refs: &[Option<String>]) -> Result<Optio
     Ok(Some(key))
 }
 
+/// Shared level 1 shares the type embedding alone, as DeePMD-kit's DPA-1, DPA-2 and DPA-3 do
+/// (its other descriptors raise NotImplementedError); dpw's tasks share a leading part of their
+/// parameters, which a fitting net shared beside it is not.
+fn type_embedding_shared(first: &TaskConfig, key: &str, shared_fit: bool) -> Result<()> {
+    let path = join(&join("model.model_dict", &first.name), "descriptor");
+    let kind = first.config.model.descriptor.kind;
+    if !(kind.is_attention() || kind.reads_rij()) {
+        return Err(ConfigError::unsupported(
+            path,
+            format!(
+                "\"{key}:1\" shares a descriptor's type embedding, which a {} descriptor does \
+                 not have (DeePMD-kit shares at level 1 only se_atten, se_atten_v2, dpa2 and \
+                 dpa3)",
+                first.config.model.descriptor.r#type
+            ),
+        ));
+    }
+    if shared_fit {
+        return Err(ConfigError::unsupported(
+            path,
+            format!(
+                "\"{key}:1\" with a shared fitting net is not implemented: share the \
+                 descriptor whole (\"{key}\") or give each task its own fitting net"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn partly_shared(task: &str, first: &str) -> ConfigError {
     ConfigError::unsupported(
         join(&join("model.model_dict", task), "fitting_net"),
@@ -381,9 +428,9 @@ const DATA_KEYS: &[&str] = &[
 
 /// Where a task's input took its parts from, for error paths.
 struct TaskRefs {
-    /// The shared_dict key of its descriptor, type_map and fitting net, where they are
-    /// references.
-    descriptor: Option<String>,
+    /// The shared_dict key of its descriptor (with the shared level), type_map and fitting
+    /// net, where they are references.
+    descriptor: Option<(String, u32)>,
     type_map: Option<String>,
     fitting: Option<String>,
     aliases: Vec<String>,
@@ -391,7 +438,8 @@ struct TaskRefs {
 }
 
 /// Task model `model` (at `path`) with its shared parts in place: the `shared_dict` entries its
-/// `type_map` and `descriptor` name (`"key"`, or `"key:level"` at shared level 0).
+/// `type_map`, `descriptor` and `fitting_net` name (`"key"`, or `"key:level"`: level 0 shares
+/// the part whole, level 1 a descriptor's type embedding alone).
 fn resolve_model(
     path: &str,
     model: &Value,
@@ -425,11 +473,7 @@ fn resolve_model(
         }
         refs.finetune_head = Some(h.to_string());
     }
-    for (key, slot) in [
-        ("type_map", &mut refs.type_map),
-        ("descriptor", &mut refs.descriptor),
-        ("fitting_net", &mut refs.fitting),
-    ] {
+    for key in ["type_map", "descriptor", "fitting_net"] {
         let Some(Value::String(r)) = model.get(key).cloned() else {
             continue;
         };
@@ -446,12 +490,13 @@ fn resolve_model(
             ),
             None => (r.as_str(), 0),
         };
-        if level != 0 {
+        if level != 0 && !(key == "descriptor" && level == 1) {
             return Err(ConfigError::unsupported(
                 kpath,
                 format!(
-                    "{r:?}: sharing a part at shared level {level} (some of its parameters) is \
-                     not implemented; dpw shares a part whole (level 0: \"{k}\")"
+                    "{r:?}: sharing a {key} at shared level {level} is not implemented; dpw \
+                     shares a part whole (level 0: \"{k}\") or a descriptor's type embedding \
+                     alone (level 1)"
                 ),
             ));
         }
@@ -465,7 +510,11 @@ fn resolve_model(
             )
         })?;
         model.insert(key.into(), part.clone());
-        *slot = Some(k.to_string());
+        match key {
+            "type_map" => refs.type_map = Some(k.to_string()),
+            "descriptor" => refs.descriptor = Some((k.to_string(), level as u32)),
+            _ => refs.fitting = Some(k.to_string()),
+        }
     }
     Ok((model, refs))
 }
@@ -529,7 +578,7 @@ fn relocate(e: ConfigError, task: &str, refs: &TaskRefs) -> ConfigError {
                 || p.starts_with(&format!("{prefix}[")))
             .then(|| p[prefix.len()..].to_string())
         };
-        if let (Some(rest), Some(k)) = (under(&p, "model.descriptor"), &refs.descriptor) {
+        if let (Some(rest), Some((k, _))) = (under(&p, "model.descriptor"), &refs.descriptor) {
             return format!("model.shared_dict.{k}{rest}");
         }
         if let (Some(rest), Some(k)) = (under(&p, "model.type_map"), &refs.type_map) {
@@ -760,7 +809,7 @@ mod tests {
     fn errors_name_the_multitask_key() {
         // The relocation of error paths: shared parts to shared_dict, the rest to the task.
         let refs = TaskRefs {
-            descriptor: Some("dpa1".into()),
+            descriptor: Some(("dpa1".into(), 0)),
             type_map: Some("type_map_all".into()),
             fitting: None,
             aliases: vec![],

@@ -132,6 +132,12 @@ pub struct TebdLayout {
 }
 
 impl TebdLayout {
+    /// One past its last parameter.
+    pub fn end(&self) -> usize {
+        self.b
+            .map_or(self.w + self.ntypes * self.dim, |b| b + self.dim)
+    }
+
     /// `T[t] = skip(e_t) + W[t] (+ b)`: row t of the type embedding, from the model's parameters.
     pub fn row<T: num_traits::Float>(&self, params: &[T], ty: usize) -> Vec<T> {
         (0..self.dim)
@@ -217,6 +223,13 @@ impl ParamLayout {
 }
 
 impl DescriptorLayout {
+    /// The type embedding's layout, where the descriptor has one (DPA-1, DPA-2, DPA-3).
+    pub fn tebd(&self) -> Option<&TebdLayout> {
+        (self.attn.as_ref().map(|a| &a.tebd))
+            .or(self.dpa2.as_ref().map(|x| &x.tebd))
+            .or(self.dpa3.as_ref().map(|x| &x.tebd))
+    }
+
     fn new(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
         if let Some(c) = &d.dpa3 {
             return DescriptorLayout {

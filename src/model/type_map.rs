@@ -8,7 +8,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Uniform};
 
-use super::{DescriptorLayout, Model, ParamLayout, Skip, TebdLayout};
+use super::{Model, ParamLayout, Skip, TebdLayout};
 
 /// The elements of `new` that `old` lacks, by their index in `new`.
 pub fn new_elements(old: &[String], new: &[String]) -> Vec<usize> {
@@ -47,7 +47,7 @@ impl Model {
         spec.type_map = type_map.to_vec();
         spec.check()?;
         let (lo, ln) = (self.layout(), ParamLayout::new(&spec));
-        let (to, tn) = (tebd(&lo.descriptor), tebd(&ln.descriptor));
+        let (to, tn) = (lo.descriptor.tebd(), ln.descriptor.tebd());
         let mut params = vec![0.0; ln.len];
         for t in &ln.tensors {
             let o = (lo.tensors.iter())
@@ -107,13 +107,6 @@ impl Model {
         m.check()?;
         Ok(m)
     }
-}
-
-/// The type embedding's layout, where the descriptor has one.
-fn tebd(l: &DescriptorLayout) -> Option<&TebdLayout> {
-    (l.attn.as_ref().map(|a| &a.tebd))
-        .or(l.dpa2.as_ref().map(|x| &x.tebd))
-        .or(l.dpa3.as_ref().map(|x| &x.tebd))
 }
 
 /// The one-hot skip of type t's embedding in column c: 1 or 0.

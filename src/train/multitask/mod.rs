@@ -102,8 +102,12 @@ pub fn prepare_in(
         Some(_) => "with probabilities from num_epoch_dict".to_string(),
         None => format!("with probabilities {:?}", config.model_prob),
     };
+    let part = match config.descriptor_level {
+        0 => "the descriptor",
+        _ => "the type embedding (shared level 1) of the descriptor",
+    };
     tracing::info!(
-        "multi-task training: {n} tasks ({}) sharing the descriptor '{}', drawn {draw}",
+        "multi-task training: {n} tasks ({}) sharing {part} '{}', drawn {draw}",
         names.join(", "),
         config.descriptor_key,
     );
@@ -174,7 +178,7 @@ pub fn prepare_in(
     let shared = shared_len(&tasks, &config)?;
     match (init, &restart, &pretrained) {
         (None, None, None) => {
-            share_parts(&mut tasks, &config, seed, shared)?;
+            share_parts(&mut tasks, &config, seed)?;
             // A new run's alone: DeePMD-kit sets them only "when from scratch".
             for (s, c) in tasks.iter_mut().zip(config.case_embeddings()) {
                 s.model.case_embd = c;
@@ -320,10 +324,21 @@ fn steps_from_epochs(config: &mut MultiTaskConfig, tasks: &mut [TrainSetup], epo
     }
 }
 
-/// The length of the parameters the tasks share ([`MultiTaskSetup::shared`]). Tasks that
-/// share the fitting net share the whole model, whose shapes must then be one.
+/// The length of the parameters the tasks share ([`MultiTaskSetup::shared`]): the descriptor's,
+/// its type embedding's at shared level 1 (the first of its tensors). Tasks that share the
+/// fitting net share the whole model, whose shapes must then be one.
 fn shared_len(tasks: &[TrainSetup], config: &MultiTaskConfig) -> Result<usize> {
     let m0 = &tasks[0].model;
+    if config.descriptor_level == 1 {
+        let l = m0.layout();
+        let tebd =
+            (l.descriptor.tebd()).expect("shared level 1 is checked to have a type embedding");
+        debug_assert_eq!(
+            tebd.w, 0,
+            "the type embedding is the descriptor's first tensor"
+        );
+        return Ok(tebd.end());
+    }
     let Some(key) = &config.fitting_key else {
         return Ok(m0.layout().descriptor_len());
     };
@@ -355,9 +370,10 @@ fn check_shared(
         Some(_) => "descriptor and fitting net",
         None => "descriptor",
     };
+    let stats = |m: &Model| (m.davg == m0.davg && m.dstd == m0.dstd) || config.descriptor_level > 0;
     for (k, s) in tasks.iter().enumerate().skip(1) {
         let m = &s.model;
-        if m.params[..shared] != m0.params[..shared] || m.davg != m0.davg || m.dstd != m0.dstd {
+        if m.params[..shared] != m0.params[..shared] || !stats(m) {
             bail!(
                 "{what}: heads '{}' and '{}' do not share one {part} (their parameters or \
                  statistics differ); the input's tasks share it",
@@ -369,19 +385,14 @@ fn check_shared(
     Ok(())
 }
 
-/// Gives every task the first task's descriptor: its parameters, and davg/dstd from the
-/// statistics of all tasks, their sums added (DeePMD-kit's `share_params` at shared level 0;
+/// Gives every task the first task's descriptor: its parameters, and at shared level 0 davg/dstd
+/// from the statistics of all tasks, their sums added (DeePMD-kit's `share_params`; at level 1
+/// each task keeps its own data's, and shares the type embedding alone from here on;
 /// model_prob weighs only a shared fitting net's fparam/aparam statistics,
 /// `merge_fit_input_stats`). Tasks that share the fitting net take the first task's whole
-/// parameter vector (the first `shared`); else each later task's fitting net is drawn anew
-/// from its own seed (`fitting_net.seed`, else the run's seed + its index), so that the heads
-/// do not start alike.
-fn share_parts(
-    tasks: &mut [TrainSetup],
-    config: &MultiTaskConfig,
-    seed: u64,
-    shared: usize,
-) -> Result<()> {
+/// parameter vector; else each later task's fitting net is drawn anew from its own seed
+/// (`fitting_net.seed`, else the run's seed + its index), so that the heads do not start alike.
+fn share_parts(tasks: &mut [TrainSetup], config: &MultiTaskConfig, seed: u64) -> Result<()> {
     let d = tasks[0].model.spec.descriptor.clone();
     for (k, s) in tasks.iter().enumerate().skip(1) {
         if s.model.spec.descriptor != d {
@@ -396,16 +407,21 @@ fn share_parts(
             );
         }
     }
-    let first = tasks[0].model.params[..shared].to_vec();
+    let m0 = &tasks[0].model;
+    let alike = match config.fitting_key {
+        Some(_) => m0.params.len(),
+        None => m0.layout().descriptor_len(),
+    };
+    let first = m0.params[..alike].to_vec();
     let mut env = tasks[0].stat_env.clone();
     for (k, s) in tasks.iter_mut().enumerate().skip(1) {
-        s.model.params[..shared].copy_from_slice(&first);
+        s.model.params[..alike].copy_from_slice(&first);
         // A fitting net of its own (none left to draw where the tasks share it).
-        if shared < s.model.params.len() {
+        if alike < s.model.params.len() {
             let fit_seed = (config.tasks[k].config.model.fitting_net.seed)
                 .unwrap_or(seed.wrapping_add(k as u64));
             let fresh = Model::new(s.model.spec.clone(), fit_seed);
-            s.model.params[shared..].copy_from_slice(&fresh.params[shared..]);
+            s.model.params[alike..].copy_from_slice(&fresh.params[alike..]);
         }
         for (mine, theirs) in env.iter_mut().zip(&s.stat_env) {
             mine.add(theirs);
@@ -413,6 +429,9 @@ fn share_parts(
     }
     if config.fitting_key.is_some() {
         merge_fit_input_stats(tasks, config);
+    }
+    if config.descriptor_level > 0 {
+        return Ok(());
     }
     let (mut davg, mut dstd) = env_davg_dstd(&d, &env);
     fix_stat_std(&d, &mut davg, &mut dstd);
