@@ -113,6 +113,7 @@ impl Model {
 fn tebd(l: &DescriptorLayout) -> Option<&TebdLayout> {
     (l.attn.as_ref().map(|a| &a.tebd))
         .or(l.dpa2.as_ref().map(|x| &x.tebd))
+        .or(l.se_e3_tebd.as_ref().map(|x| &x.tebd))
         .or(l.dpa3.as_ref().map(|x| &x.tebd))
 }
 

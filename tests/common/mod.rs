@@ -165,6 +165,7 @@ pub fn water_descriptor() -> DescriptorSpec {
         attention: None,
         dpa3: None,
         dpa2: None,
+        se_e3_tebd: None,
     }
 }
 

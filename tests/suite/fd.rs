@@ -112,6 +112,7 @@ pub fn small_model_of(
             attention: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
         },
         fitting: FittingSpec::new(vec![12, 12], true),
     };
