@@ -12,7 +12,7 @@ use dpw::model::{read_deepmd_yaml, Model, Skip};
 use dpw::train::batch::{assemble, Frame};
 use serde_json::Value;
 
-use common::{assert_layout_is_train_steps, deepmd_agrees, npz, npz_array, repo};
+use common::{assert_layout_is_train_steps, deepmd_agrees, eval_frames, repo, EvalFrames};
 
 const CASES: [&str; 4] = [
     "se_atten_l0_water",
@@ -34,29 +34,8 @@ fn eval_json(case: &str) -> Value {
         .unwrap()
 }
 
-/// The eval frames of a case: atom types, coordinates `[nframes][natoms·3]`, boxes.
-struct Frames {
-    atype: Vec<usize>,
-    coord: Vec<Vec<f64>>,
-    cell: Vec<Vec<f64>>,
-}
-
-fn frames(case: &str) -> Frames {
-    let mut z = npz(&case_dir(case).join("eval.npz"));
-    let coord = npz_array(&mut z, "coord");
-    let cell = npz_array(&mut z, "box");
-    let atype: ndarray::ArrayD<i64> = z.by_name("atype").unwrap();
-    let nf = coord.shape()[0];
-    let rows = |a: &ndarray::ArrayD<f64>| -> Vec<Vec<f64>> {
-        (0..nf)
-            .map(|f| a.index_axis(ndarray::Axis(0), f).iter().copied().collect())
-            .collect()
-    };
-    Frames {
-        atype: atype.iter().map(|&t| t as usize).collect(),
-        coord: rows(&coord),
-        cell: rows(&cell),
-    }
+fn frames(case: &str) -> EvalFrames {
+    eval_frames(&case_dir(case))
 }
 
 /// The README's `parameters` column.
@@ -222,19 +201,7 @@ fn batch_slots_are_one_mixed_list_with_neighbour_types() {
         let d = &m.spec.descriptor;
         let fr = frames(case);
         let n = fr.atype.len();
-        let frames: Vec<Frame> = (0..fr.coord.len())
-            .map(|f| Frame {
-                coord: &fr.coord[f],
-                cell: Some(&fr.cell[f]),
-                energy: 0.0,
-                force: &[],
-                virial: None,
-                fparam: None,
-                aparam: None,
-                label: None,
-                atom_label: None,
-            })
-            .collect();
+        let frames = fr.unlabelled(&[]);
         let hb = assemble(&m.spec, &fr.atype, &frames).unwrap();
         let dims = &hb.dims;
         assert_eq!((dims.nsec, dims.ntypes), (1, m.spec.ntypes()));

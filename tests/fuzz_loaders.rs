@@ -224,6 +224,7 @@ fn small_model() -> Model {
             attention: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
         },
         fitting: FittingSpec::new(vec![4, 4], true),
     };

@@ -1131,6 +1131,7 @@ fn batch_errors_name_frames_by_their_index() {
             attention: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
         },
         fitting: FittingSpec::new(vec![2], false),
     };

@@ -60,6 +60,7 @@ fn reads_model_a_exactly() {
             attention: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
         },
         fitting: FittingSpec::new(vec![32, 32, 32], true),
     };
@@ -211,6 +212,7 @@ fn two_sided_spec() -> ModelSpec {
             attention: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
         },
         fitting: FittingSpec::new(vec![10, 20, 20], true),
     }

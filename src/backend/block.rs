@@ -1,29 +1,35 @@
 //! The arguments of the message-passing descriptors' ops (DPA-3's RepFlow block, spec §18;
-//! DPA-2's repinit and repformers, §20), shared by every backend, and their host bodies: the op
-//! table's default for each (`ops.rs`), so a device runs them through these (its inputs
-//! downloaded, the block computed on the host, the outputs written back) until it has kernels
-//! of its own; the CPU backend runs the same bodies on its buffers in place.
+//! DPA-2's repinit and repformers, §20; se_e3_tebd's three-body block, §20.12), shared by every
+//! backend, and their host bodies: the op table's default for each (`ops.rs`), so a device runs
+//! them through these (its inputs downloaded, the block computed on the host, the outputs
+//! written back) until it has kernels of its own; the CPU backend runs the same bodies on its
+//! buffers in place.
 
 use std::borrow::Cow;
 
 use super::cpu::block_in::BlockIn;
 use super::cpu::repflow::{self, RepflowIn};
-use super::cpu::repformer::{self, Dpa2In};
+use super::cpu::repformer::Dpa2In;
+use super::cpu::tape_block;
+use super::cpu::three_body::SeE3TebdIn;
 use super::keep::Keep;
 use super::{Device, Dims, Real};
 use crate::model::dpa2::Dpa2Layout;
 use crate::model::dpa3::Dpa3Layout;
+use crate::model::se_e3_tebd::SeE3TebdLayout;
 use crate::model::DescriptorLayout;
 use crate::model::{DescriptorSpec, DescriptorType};
 
+pub use super::cpu::repformer::Dpa2Opts;
+pub use super::cpu::three_body::SeE3TebdOpts;
 pub use repflow::RepflowOpts;
-pub use repformer::Dpa2Opts;
 
 /// Which block, with its constants and tensors.
 #[derive(Clone, Copy)]
 pub enum HostBlock<'a> {
     Repflow(&'a RepflowOpts, &'a Dpa3Layout),
     Repformer(&'a Dpa2Opts, &'a Dpa2Layout),
+    SeE3Tebd(&'a SeE3TebdOpts, &'a SeE3TebdLayout),
 }
 
 /// A block's constants, kept with the model (its tensors are the layout's).
@@ -31,14 +37,17 @@ pub enum HostBlock<'a> {
 pub enum BlockOpts {
     Repflow(RepflowOpts),
     Repformer(Dpa2Opts),
+    SeE3Tebd(SeE3TebdOpts),
 }
 
 impl BlockOpts {
-    /// The block of a message-passing descriptor (DPA-3, DPA-2); `None` for the others.
+    /// The block of a message-passing descriptor (DPA-3, DPA-2) or se_e3_tebd; `None` for the
+    /// others.
     pub fn of(d: &DescriptorSpec, nt: usize) -> Option<Self> {
         match d.kind {
             DescriptorType::Dpa3 => Some(BlockOpts::Repflow(RepflowOpts::new(d, nt))),
             DescriptorType::Dpa2 => Some(BlockOpts::Repformer(Dpa2Opts::new(d, nt))),
+            DescriptorType::SeE3Tebd => Some(BlockOpts::SeE3Tebd(SeE3TebdOpts::new(d, nt))),
             _ => None,
         }
     }
@@ -52,6 +61,9 @@ impl BlockOpts {
             BlockOpts::Repformer(o) => {
                 HostBlock::Repformer(o, l.dpa2.as_ref().expect("a DPA-2 layout"))
             }
+            BlockOpts::SeE3Tebd(o) => {
+                HostBlock::SeE3Tebd(o, (l.se_e3_tebd.as_ref()).expect("an se_e3_tebd layout"))
+            }
         }
     }
 }
@@ -62,6 +74,7 @@ impl HostBlock<'_> {
         match self {
             HostBlock::Repflow(o, _) => o.width(),
             HostBlock::Repformer(o, _) => o.width(),
+            HostBlock::SeE3Tebd(o, _) => o.width(),
         }
     }
 }
@@ -85,6 +98,7 @@ pub struct BlockArgs<'a, B, I> {
 pub enum Body<'a, T> {
     Repflow(&'a RepflowIn<'a, T>, &'a Keep),
     Repformer(&'a Dpa2In<'a, T>, &'a Keep),
+    SeE3Tebd(&'a SeE3TebdIn<'a, T>, &'a Keep),
 }
 
 impl<T: Real> Body<'_, T> {
@@ -94,7 +108,8 @@ impl<T: Real> Body<'_, T> {
                 None => repflow::forward(d, x, k, desc),
                 Some(c) => repflow::forward(&c.dims, &c.input(x).of(&c), k, desc),
             },
-            Body::Repformer(x, k) => repformer::forward(d, x, k, desc),
+            Body::Repformer(x, k) => tape_block::forward(d, *x, k, desc),
+            Body::SeE3Tebd(x, k) => tape_block::forward(d, *x, k, desc),
         }
     }
 
@@ -108,7 +123,8 @@ impl<T: Real> Body<'_, T> {
                     c.scatter(&qc, 3, q);
                 }
             },
-            Body::Repformer(x, k) => repformer::backward(d, x, k, dbar, q),
+            Body::Repformer(x, k) => tape_block::backward(d, *x, k, dbar, q),
+            Body::SeE3Tebd(x, k) => tape_block::backward(d, *x, k, dbar, q),
         }
     }
 
@@ -121,7 +137,8 @@ impl<T: Real> Body<'_, T> {
                     repflow::tangent(&c.dims, &c.input(x).of(&c), k, &rdot, ddot)
                 }
             },
-            Body::Repformer(x, k) => repformer::tangent(d, x, k, rdot, ddot),
+            Body::Repformer(x, k) => tape_block::tangent(d, *x, k, rdot, ddot),
+            Body::SeE3Tebd(x, k) => tape_block::tangent(d, *x, k, rdot, ddot),
         }
     }
 
@@ -134,7 +151,8 @@ impl<T: Real> Body<'_, T> {
                     repflow::dual(&c.dims, &xc.of(&c), k, &rdot, dbar, ddotbar, grad)
                 }
             },
-            Body::Repformer(x, k) => repformer::dual(d, x, k, rdot, dbar, ddotbar, grad),
+            Body::Repformer(x, k) => tape_block::dual(d, *x, k, rdot, dbar, ddotbar, grad),
+            Body::SeE3Tebd(x, k) => tape_block::dual(d, *x, k, rdot, dbar, ddotbar, grad),
         }
     }
 }
@@ -274,6 +292,7 @@ impl<B, I> BlockArgs<'_, B, I> {
         match self.block {
             HostBlock::Repflow(o, l) => f(Body::Repflow(&h.view(o, l), self.keep)),
             HostBlock::Repformer(o, l) => f(Body::Repformer(&h.view(o, l), self.keep)),
+            HostBlock::SeE3Tebd(o, l) => f(Body::SeE3Tebd(&h.view(o, l), self.keep)),
         }
     }
 

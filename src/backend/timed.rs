@@ -331,7 +331,8 @@ fn attn_flops<B, I>(d: &Dims, a: &AttnArgs<B, I>) -> f64 {
 
 /// A message-passing block's forward work: for RepFlow, per centre and layer, the per-edge
 /// linears and the per-angle-pair ones (the rest is smaller); for the repformer, per centre the
-/// repinit's embedding net over its slots and per layer the per-slot linears and attention.
+/// repinit's embedding net over its slots and per layer the per-slot linears and attention;
+/// for se_e3_tebd, its embedding net over every pair of slots of a centre.
 fn block_flops<B, I>(d: &Dims, a: &BlockArgs<B, I>) -> f64 {
     match a.block {
         HostBlock::Repflow(o, l) => {
@@ -349,6 +350,13 @@ fn block_flops<B, I>(d: &Dims, a: &BlockArgs<B, I>) -> f64 {
                 2 * r.attn2_nhead * s * r.attn2_hidden + r.attn1_nhead * (r.attn1_hidden + g1);
             let layer = s * (3 * g1 * g2 + g2 * g2 + attn) + g1 * g1;
             2.0 * ((o.si * embed + l.layers.len() * layer) * d.ncentres()) as f64
+        }
+        HostBlock::SeE3Tebd(o, l) => {
+            let nets = [Some(&l.embed), l.embed_strip.as_ref()]
+                .into_iter()
+                .flatten();
+            let embed: usize = (nets.flat_map(|n| &n.layers)).map(|x| x.nin * x.nout).sum();
+            2.0 * (o.sel * o.sel * embed * d.ncentres()) as f64
         }
     }
 }

@@ -1,11 +1,11 @@
 //! Keys the message-passing descriptors share in input.json (DPA-3's `repflow`, DPA-2's
-//! `repinit` and `repformer`): the activation (the fitting nets' too), the update style and how
-//! residual vectors start.
+//! `repinit` and `repformer`, se_e3_tebd's): the activation (the fitting nets' too), the type
+//! embedding's input mode, the update style and how residual vectors start.
 
 use super::error::ConfigError;
 use super::keys::Section;
 use crate::model::dpa3::UpdateStyle;
-use crate::model::Activation;
+use crate::model::{Activation, TebdInputMode};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -18,6 +18,18 @@ pub(super) fn activation(sec: &Section, default: &str, what: &str) -> Result<Act
             format!("dpw's {what} takes tanh, silu, silut[:c] or linear; found {name:?}"),
         )
     })
+}
+
+/// `tebd_input_mode` ("concat" when absent).
+pub(super) fn tebd_input_mode(sec: &Section) -> Result<TebdInputMode> {
+    match sec.string_or("tebd_input_mode", "concat")?.as_str() {
+        "concat" => Ok(TebdInputMode::Concat),
+        "strip" => Ok(TebdInputMode::Strip),
+        other => Err(ConfigError::invalid(
+            sec.path_of("tebd_input_mode"),
+            format!("must be \"concat\" or \"strip\", found {other:?}"),
+        )),
+    }
 }
 
 /// `update_style` and `update_residual_init` ("norm": true), with their defaults.

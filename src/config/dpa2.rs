@@ -4,12 +4,12 @@
 
 use serde_json::Value;
 
-use super::block_keys::{activation, update_keys};
+use super::block_keys::{activation, tebd_input_mode, update_keys};
 use super::error::ConfigError;
 use super::keys::{at_least_one, non_negative, positive, to_f64, Schema, Section};
 use super::model::{precision, type_pairs, widths, AutoList, DescriptorConfig, Sel, SelList};
 use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
-use crate::model::{DescriptorType, TebdInputMode};
+use crate::model::DescriptorType;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -107,16 +107,6 @@ fn positive_count(sec: &Section, key: &str, default: usize) -> Result<usize> {
 }
 
 fn parse_repinit(i: &Section, auto: &mut Vec<AutoList>) -> Result<RepinitConfig> {
-    let tebd_input_mode = match i.string_or("tebd_input_mode", "concat")?.as_str() {
-        "concat" => TebdInputMode::Concat,
-        "strip" => TebdInputMode::Strip,
-        other => {
-            return Err(ConfigError::invalid(
-                i.path_of("tebd_input_mode"),
-                format!("must be \"concat\" or \"strip\", found {other:?}"),
-            ))
-        }
-    };
     let three_body_rcut = positive(
         i.f64_or("three_body_rcut", 4.0)?,
         &i.path_of("three_body_rcut"),
@@ -129,7 +119,7 @@ fn parse_repinit(i: &Section, auto: &mut Vec<AutoList>) -> Result<RepinitConfig>
     );
     Ok(RepinitConfig {
         tebd_dim: positive_count(i, "tebd_dim", 8)?,
-        tebd_input_mode,
+        tebd_input_mode: tebd_input_mode(i)?,
         activation: activation(i, "tanh", "DPA-2")?,
         use_three_body: i.bool_or("use_three_body", false)?,
         three_body_neuron: widths(i, "three_body_neuron", &[2, 4, 8])?,
@@ -258,6 +248,7 @@ pub(super) fn parse(
         attention: None,
         dpa3: None,
         dpa2: Some(c),
+        se_e3_tebd: None,
         auto_lists,
         list: vec![],
     })

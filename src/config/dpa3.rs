@@ -171,6 +171,7 @@ pub(super) fn parse(
         attention: None,
         dpa3: Some(c),
         dpa2: None,
+        se_e3_tebd: None,
         auto_lists,
         list: vec![],
     })

@@ -19,6 +19,7 @@ mod model;
 pub mod multitask;
 mod optimizer;
 mod pairtab;
+mod se_e3_tebd;
 mod training;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
 //! The `model` section: type map, the descriptor (se_e2_a, se_e2_r, se_e3, hybrid, se_atten,
-//! se_atten_v2; dpa3 and dpa2 in their own files) and the fitting net (ener, property, ...).
+//! se_atten_v2; dpa3, dpa2 and se_e3_tebd in their own files) and the fitting net (ener,
+//! property, ...).
 
 use std::path::Path;
 
@@ -248,6 +249,9 @@ pub struct DescriptorConfig {
     /// `dpa2`: its keys beside the shared ones (which hold the repinit's rcut, rcut_smth, nsel,
     /// neuron, axis_neuron, type_one_side, resnet_dt and set_davg_zero); `None` for the others.
     pub dpa2: Option<crate::model::dpa2::Dpa2Config>,
+    /// `se_e3_tebd`: its keys beside the shared ones (its sel one mixed-type list, as DPA-1's);
+    /// `None` for the others.
+    pub se_e3_tebd: Option<crate::model::se_e3_tebd::SeE3TebdConfig>,
     /// DPA-2's and DPA-3's lists beside the main one whose size input.json gives as
     /// `"auto[:factor]"`, until the trainer counts them (their fields hold 0 till then).
     pub auto_lists: Vec<AutoList>,
@@ -673,7 +677,9 @@ fn parse_descriptor(
         DescriptorType::SeE2A => &DESCRIPTOR,
         DescriptorType::SeE2R => &DESCRIPTOR_R,
         DescriptorType::SeE3 => &DESCRIPTOR_T,
-        DescriptorType::SeAtten | DescriptorType::SeAttenV2 if in_hybrid => {
+        DescriptorType::SeAtten | DescriptorType::SeAttenV2 | DescriptorType::SeE3Tebd
+            if in_hybrid =>
+        {
             return Err(ConfigError::unsupported(
                 type_path,
                 format!("{kind} inside hybrid is not supported"),
@@ -691,24 +697,11 @@ fn parse_descriptor(
         DescriptorType::Hybrid => return parse_hybrid(v, path, ntypes),
         DescriptorType::Dpa3 => return super::dpa3::parse(v, path, ntypes, in_hybrid),
         DescriptorType::Dpa2 => return super::dpa2::parse(v, path, ntypes, in_hybrid),
+        DescriptorType::SeE3Tebd => return super::se_e3_tebd::parse(v, path, ntypes),
     };
     let sec = Section::new(v, path, schema)?;
     let sel = match sec.get("sel") {
-        // DPA-1's one mixed-type list may be sized by a single number, or by a list of which
-        // DeePMD-kit uses only the sum (of any length: it serializes a number n as [n]).
-        Some(v) if descriptor.is_attention() && v.is_number() => {
-            Sel::Fixed(vec![to_usize(v, &sec.path_of("sel"))?])
-        }
-        Some(v) if descriptor.is_attention() && v.is_array() => {
-            let sel = to_usize_list(v, &sec.path_of("sel"))?;
-            if sel.is_empty() {
-                return Err(ConfigError::invalid(
-                    sec.path_of("sel"),
-                    "is empty; give the number of neighbours",
-                ));
-            }
-            Sel::Fixed(sel)
-        }
+        _ if descriptor.is_attention() => mixed_sel(&sec)?,
         Some(v) => Sel::parse(v, &sec.path_of("sel"), ntypes)?,
         None => Sel::Auto(1.1),
     };
@@ -719,14 +712,7 @@ fn parse_descriptor(
              sub-descriptor's sel as numbers, one per type",
         ));
     }
-    let rcut = positive(sec.f64_or("rcut", 6.0)?, &sec.path_of("rcut"))?;
-    let rcut_smth = non_negative(sec.f64_or("rcut_smth", 0.5)?, &sec.path_of("rcut_smth"))?;
-    if rcut_smth >= rcut {
-        return Err(ConfigError::invalid(
-            sec.path_of("rcut_smth"),
-            format!("must be smaller than rcut ({rcut:?}), found {rcut_smth:?}"),
-        ));
-    }
+    let (rcut, rcut_smth) = cutoffs(&sec)?;
     let neuron = widths(&sec, "neuron", &[10, 20, 40])?;
     let axis_neuron = match descriptor {
         DescriptorType::SeE2A | DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
@@ -734,7 +720,9 @@ fn parse_descriptor(
         }
         DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
         DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
-        DescriptorType::Dpa3 | DescriptorType::Dpa2 => unreachable!("parsed by their own"),
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd => {
+            unreachable!("parsed by their own")
+        }
     };
     let m1 = *neuron.last().expect("widths() is non-empty");
     if axis_neuron == 0 || axis_neuron > m1 {
@@ -762,7 +750,9 @@ fn parse_descriptor(
         // Its nets are per pair of neighbour types; the schema has no type_one_side key.
         DescriptorType::SeE3 => false,
         DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
-        DescriptorType::Dpa3 | DescriptorType::Dpa2 => unreachable!("parsed by their own"),
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd => {
+            unreachable!("parsed by their own")
+        }
     };
     Ok(DescriptorConfig {
         kind: descriptor,
@@ -786,9 +776,45 @@ fn parse_descriptor(
         },
         dpa3: None,
         dpa2: None,
+        se_e3_tebd: None,
         auto_lists: vec![],
         list: vec![],
     })
+}
+
+/// `rcut` and `rcut_smth`, at argcheck's defaults of the se_* descriptors (6.0, 0.5).
+pub(super) fn cutoffs(sec: &Section) -> Result<(f64, f64)> {
+    let rcut = positive(sec.f64_or("rcut", 6.0)?, &sec.path_of("rcut"))?;
+    let rcut_smth = non_negative(sec.f64_or("rcut_smth", 0.5)?, &sec.path_of("rcut_smth"))?;
+    if rcut_smth >= rcut {
+        return Err(ConfigError::invalid(
+            sec.path_of("rcut_smth"),
+            format!("must be smaller than rcut ({rcut:?}), found {rcut_smth:?}"),
+        ));
+    }
+    Ok((rcut, rcut_smth))
+}
+
+/// The size of a mixed-type list at `sel` (DPA-1's, se_e3_tebd's): a number, or a list of
+/// which DeePMD-kit uses only the sum (of any length: it serializes a number n as [n]), kept
+/// as given; "auto[:factor]" also where left out.
+pub(super) fn mixed_sel(sec: &Section) -> Result<Sel> {
+    let path = sec.path_of("sel");
+    match sec.get("sel") {
+        Some(v) if v.is_number() => Ok(Sel::Fixed(vec![to_usize(v, &path)?])),
+        Some(v) if v.is_array() => {
+            let sel = to_usize_list(v, &path)?;
+            if sel.is_empty() {
+                return Err(ConfigError::invalid(
+                    path,
+                    "is empty; give the number of neighbours",
+                ));
+            }
+            Ok(Sel::Fixed(sel))
+        }
+        Some(v) => Sel::parse(v, &path, 1),
+        None => Ok(Sel::Auto(1.1)),
+    }
 }
 
 /// se_atten / se_atten_v2's own keys (the schema has already refused the unsupported values).
@@ -907,6 +933,7 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
         attention: None,
         dpa3: None,
         dpa2: None,
+        se_e3_tebd: None,
         auto_lists: vec![],
         list,
     })
@@ -1030,10 +1057,14 @@ impl ModelConfig {
 
 /// A descriptor as out.json writes it: its keys, with their defaults filled in.
 fn descriptor_json(d: &DescriptorConfig) -> Value {
-    if matches!(d.kind, DescriptorType::Dpa3 | DescriptorType::Dpa2) {
+    if matches!(
+        d.kind,
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd
+    ) {
         let mut v = match d.kind {
             DescriptorType::Dpa3 => super::dpa3::to_json(d),
-            _ => super::dpa2::to_json(d),
+            DescriptorType::Dpa2 => super::dpa2::to_json(d),
+            _ => super::se_e3_tebd::to_json(d),
         };
         (d.auto_lists.iter()).for_each(|a| a.write(&mut v));
         return v;
@@ -1102,7 +1133,9 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
             }
         }
         DescriptorType::Hybrid => unreachable!("written above"),
-        DescriptorType::Dpa3 | DescriptorType::Dpa2 => unreachable!("written above"),
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd => {
+            unreachable!("written above")
+        }
     }
     descriptor
 }

@@ -327,8 +327,8 @@ fn shared_fitting(tasks: &[TaskConfig], refs: &[Option<String>]) -> Result<Optio
     Ok(Some(key))
 }
 
-/// Shared level 1 shares the type embedding alone, as DeePMD-kit's DPA-1, DPA-2 and DPA-3 do
-/// (its other descriptors raise NotImplementedError); dpw's tasks share a leading part of their
+/// Shared level 1 shares the type embedding alone, as DeePMD-kit's DPA-1, DPA-2, DPA-3 and
+/// se_e3_tebd do (its other descriptors raise NotImplementedError); dpw's tasks share a leading part of their
 /// parameters, which a fitting net shared beside it is not.
 fn type_embedding_shared(first: &TaskConfig, key: &str, shared_fit: bool) -> Result<()> {
     let path = join(&join("model.model_dict", &first.name), "descriptor");
@@ -338,8 +338,8 @@ fn type_embedding_shared(first: &TaskConfig, key: &str, shared_fit: bool) -> Res
             path,
             format!(
                 "\"{key}:1\" shares a descriptor's type embedding, which a {} descriptor does \
-                 not have (DeePMD-kit shares at level 1 only se_atten, se_atten_v2, dpa2 and \
-                 dpa3)",
+                 not have (DeePMD-kit shares at level 1 only se_atten, se_atten_v2, dpa2, dpa3 \
+                 and se_e3_tebd)",
                 first.config.model.descriptor.r#type
             ),
         ));

@@ -163,7 +163,8 @@ fn mixed_only(d: &DescriptorConfig, path: &str) -> Result<()> {
         path,
         format!(
             "a pair table mixes only with a mixed-type descriptor (se_atten, se_atten_v2, dpa2, \
-             dpa3), as in DeePMD-kit (\"only supports AtomicModel of mixed type\"); not {}",
+             dpa3, se_e3_tebd), as in DeePMD-kit (\"only supports AtomicModel of mixed type\"); \
+             not {}",
             d.r#type
         ),
     ))

@@ -40,7 +40,8 @@ impl ModelSpec {
             ensure!(
                 d.is_mixed(),
                 "model: a pair table (use_srtab, linear_ener) mixes only with a mixed-type \
-                 descriptor (se_atten, se_atten_v2, DPA-2, DPA-3), as in DeePMD-kit; not {}",
+                 descriptor (se_atten, se_atten_v2, DPA-2, DPA-3, se_e3_tebd), as in DeePMD-kit; \
+                 not {}",
                 d.kind.as_str()
             );
             ensure!(
@@ -171,8 +172,8 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
         // DPA-1, DPA-2, DPA-3: one mixed-type list of nnei slots.
         ensure!(
             d.sel.len() == 1,
-            "{key}.sel: a mixed-type neighbour list (se_atten, se_atten_v2, dpa2, dpa3) has \
-             one number, nnei; found {} entries",
+            "{key}.sel: a mixed-type neighbour list (se_atten, se_atten_v2, dpa2, dpa3, \
+             se_e3_tebd) has one number, nnei; found {} entries",
             d.sel.len()
         );
     }
@@ -204,6 +205,15 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
             bail!("{key}: a dpa2 descriptor needs its repinit and repformer keys");
         };
         check_dpa2(c, d, key)?;
+    } else if d.kind == DescriptorType::SeE3Tebd {
+        let Some(c) = &d.se_e3_tebd else {
+            bail!("{key}: an se_e3_tebd descriptor needs its own keys");
+        };
+        ensure!(
+            (1..=MAX_WIDTH).contains(&c.tebd_dim),
+            "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
+            c.tebd_dim
+        );
     } else if d.kind.is_attention() {
         let Some(a) = d.attn() else {
             bail!(
@@ -244,9 +254,9 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
         }
     } else {
         ensure!(
-            d.attention.is_none() && d.dpa3.is_none() && d.dpa2.is_none(),
+            d.attention.is_none() && d.dpa3.is_none() && d.dpa2.is_none() && d.se_e3_tebd.is_none(),
             "{key}: only se_atten and se_atten_v2 have attention keys, only dpa3 repflow keys, \
-             only dpa2 repinit and repformer keys"
+             only dpa2 repinit and repformer keys, only se_e3_tebd its type-embedding keys"
         );
         ensure!(
             d.sel.len() == nt,
@@ -527,6 +537,14 @@ fn descriptor_differences(
 /// A descriptor's keys (not a hybrid's) as input.json gives them: only those of its type, and
 /// DPA-1's sel as the one number it is (the sum of a list).
 fn input_keys(d: &DescriptorSpec) -> serde_json::Map<String, Value> {
+    if let Some(c) = &d.se_e3_tebd {
+        let Value::Object(mut m) = c.input_json(&d.into(), "float64") else {
+            unreachable!("built from an object literal")
+        };
+        m.remove("type");
+        m.remove("precision");
+        return m;
+    }
     let mut m = serde_json::Map::new();
     let sel = match d.is_mixed() {
         true => json!(d.nnei()),

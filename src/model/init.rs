@@ -6,7 +6,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-use super::{Layer, ParamLayout, TebdLayout, TensorInfo};
+use super::{Layer, Net, ParamLayout, TebdLayout, TensorInfo};
 
 pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -61,13 +61,10 @@ pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
     // DPA-2's, alike; its layer norms start at scale 1 and shift 0.
     if let Some(d) = &layout.descriptor.dpa2 {
         tebd(&mut p, &d.tebd, &mut rng);
-        let nets = [Some(&d.repinit), d.repinit_strip.as_ref()]
+        let embedding = [Some(&d.repinit), d.repinit_strip.as_ref()]
             .into_iter()
-            .chain([d.three_body.as_ref(), d.three_body_strip.as_ref()])
-            .flatten();
-        for l in nets.flat_map(|n| &n.layers) {
-            layer(&mut p, l, &mut rng);
-        }
+            .chain([d.three_body.as_ref(), d.three_body_strip.as_ref()]);
+        nets(&mut p, embedding.flatten(), &mut rng);
         for w in [d.shape_transform, d.tebd_transform].into_iter().flatten() {
             bias_free(layout, &mut p, w, &mut rng);
         }
@@ -100,7 +97,25 @@ pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
             residuals(layout, &mut p, rows, d.residual_init, &mut rng);
         }
     }
+    // se_e3_tebd's (it has no `embed` nets either).
+    if let Some(d) = &layout.descriptor.se_e3_tebd {
+        tebd(&mut p, &d.tebd, &mut rng);
+        nets(
+            &mut p,
+            [Some(&d.embed), d.embed_strip.as_ref()]
+                .into_iter()
+                .flatten(),
+            &mut rng,
+        );
+    }
     p
+}
+
+/// Every layer of `nets`, in order.
+fn nets<'a>(p: &mut [f64], nets: impl Iterator<Item = &'a Net>, rng: &mut ChaCha8Rng) {
+    for l in nets.flat_map(|n| &n.layers) {
+        layer(p, l, rng);
+    }
 }
 
 /// The tensor starting at `offset`.

@@ -11,6 +11,7 @@ use std::ops::Range;
 
 use super::dpa2::Dpa2Layout;
 use super::dpa3::Dpa3Layout;
+use super::se_e3_tebd::SeE3TebdLayout;
 use super::{Activation, DescriptorSpec, DescriptorType, ModelSpec, TebdInputMode};
 
 /// The skip connection of a layer, decided by its widths alone (docs/deepmd-spec.md §5).
@@ -92,10 +93,13 @@ pub struct DescriptorLayout {
     /// DPA-2's tensors (its repinit and three-body nets among them: `embed` is empty); `None`
     /// otherwise.
     pub dpa2: Option<Dpa2Layout>,
+    /// se_e3_tebd's tensors (`embed` is empty); `None` otherwise.
+    pub se_e3_tebd: Option<SeE3TebdLayout>,
     /// Parameter ranges that training holds fixed (no gradient, no update): DPA-1's layer norm
     /// scale and shift (`attn{k}.ln.*`) when `trainable_ln` is false, as DeePMD-kit's `dp train`
-    /// builds them with `requires_grad = False`. They stay in the layout and the files. Empty
-    /// for every other model.
+    /// builds them with `requires_grad = False`; DPA-2's and se_e3_tebd's whole descriptor when
+    /// its `trainable` is false. They stay in the layout and the files. Empty for every other
+    /// model.
     pub frozen: Vec<Range<usize>>,
 }
 
@@ -223,10 +227,12 @@ impl ParamLayout {
 }
 
 impl DescriptorLayout {
-    /// The type embedding's layout, where the descriptor has one (DPA-1, DPA-2, DPA-3).
+    /// The type embedding's layout, where the descriptor has one (DPA-1, DPA-2, se_e3_tebd,
+    /// DPA-3).
     pub fn tebd(&self) -> Option<&TebdLayout> {
         (self.attn.as_ref().map(|a| &a.tebd))
             .or(self.dpa2.as_ref().map(|x| &x.tebd))
+            .or(self.se_e3_tebd.as_ref().map(|x| &x.tebd))
             .or(self.dpa3.as_ref().map(|x| &x.tebd))
     }
 
@@ -238,6 +244,7 @@ impl DescriptorLayout {
                 attn: None,
                 dpa3: Some(Dpa3Layout::new(c, d.m1(), nt, b)),
                 dpa2: None,
+                se_e3_tebd: None,
                 frozen: vec![],
             };
         }
@@ -252,18 +259,27 @@ impl DescriptorLayout {
                 nt,
                 b,
             );
-            // trainable false holds the whole descriptor fixed.
-            let frozen = (!c.trainable)
-                .then_some(start..b.len())
-                .into_iter()
-                .collect();
             return DescriptorLayout {
                 embed: vec![],
                 parts: std::iter::once(0..0).collect(),
                 attn: None,
                 dpa3: None,
                 dpa2: Some(l),
-                frozen,
+                se_e3_tebd: None,
+                frozen: untrained(c.trainable, start, b),
+            };
+        }
+        if let Some(c) = &d.se_e3_tebd {
+            let start = b.len();
+            let l = SeE3TebdLayout::new(d, nt, b);
+            return DescriptorLayout {
+                embed: vec![],
+                parts: std::iter::once(0..0).collect(),
+                attn: None,
+                dpa3: None,
+                dpa2: None,
+                se_e3_tebd: Some(l),
+                frozen: untrained(c.trainable, start, b),
             };
         }
         if d.is_mixed() {
@@ -308,6 +324,7 @@ impl DescriptorLayout {
             attn: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
             frozen: vec![],
         }
     }
@@ -362,6 +379,7 @@ impl DescriptorLayout {
             }),
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
             frozen,
         }
     }
@@ -376,9 +394,15 @@ impl DescriptorLayout {
             attn: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
             frozen: vec![],
         }
     }
+}
+
+/// The tensors allocated since `start`, held fixed where the descriptor's `trainable` is false.
+fn untrained(trainable: bool, start: usize, b: &Builder) -> Vec<Range<usize>> {
+    (!trainable).then_some(start..b.len()).into_iter().collect()
 }
 
 impl FittingLayout {

@@ -11,6 +11,7 @@ mod layout;
 pub mod pairtab;
 pub mod pt;
 pub mod registry;
+pub mod se_e3_tebd;
 mod source;
 mod type_map;
 mod yaml;
@@ -71,6 +72,11 @@ pub enum DescriptorType {
     /// a shorter sub-list (docs/deepmd-spec.md §20).
     #[serde(rename = "dpa2")]
     Dpa2,
+    /// DPA-2's three-body block alone: a type embedding, one mixed-type list, the embedding of
+    /// every pair of neighbours' (e_jk, type embeddings) weighted by e_jk and averaged
+    /// (docs/deepmd-spec.md §20.12).
+    #[serde(rename = "se_e3_tebd")]
+    SeE3Tebd,
 }
 
 impl DescriptorType {
@@ -84,9 +90,13 @@ impl DescriptorType {
         self.is_attention() || self.reads_rij()
     }
 
-    /// Reads the slots' r_ij itself rather than R̂ (DPA-2, DPA-3): its training seed is ṙ_ij.
+    /// Reads the slots' r_ij itself rather than R̂ (DPA-2, DPA-3, se_e3_tebd): its training
+    /// seed is ṙ_ij.
     pub fn reads_rij(self) -> bool {
-        matches!(self, DescriptorType::Dpa3 | DescriptorType::Dpa2)
+        matches!(
+            self,
+            DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd
+        )
     }
 
     /// se_e2_a: files written before descriptors had a type read as it, and it is written
@@ -185,6 +195,10 @@ pub struct DescriptorSpec {
     /// and then not written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dpa2: Option<dpa2::Dpa2Config>,
+    /// se_e3_tebd's keys ([`se_e3_tebd::SeE3TebdConfig`]); `None` otherwise, and then not
+    /// written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub se_e3_tebd: Option<se_e3_tebd::SeE3TebdConfig>,
 }
 
 impl DescriptorSpec {
@@ -218,6 +232,7 @@ impl DescriptorSpec {
             attention: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
         }
     }
 
@@ -263,10 +278,11 @@ impl DescriptorSpec {
         v
     }
 
-    /// Whether pairs of types ti, tj are left out of the environment (DPA-2's exclude_types;
-    /// their slots are zero rows of the statistics).
+    /// Whether pairs of types ti, tj are left out of the environment (DPA-2's and
+    /// se_e3_tebd's exclude_types; their slots are zero rows of the statistics).
     pub fn excludes(&self, ti: usize, tj: usize) -> bool {
         self.dpa2.as_ref().is_some_and(|c| c.excludes(ti, tj))
+            || (self.se_e3_tebd.as_ref()).is_some_and(|c| c.excludes(ti, tj))
     }
 
     /// DPA-1's attention keys (`None` for every other descriptor).
@@ -293,6 +309,9 @@ impl DescriptorSpec {
                 }
                 if let Some(c) = &d.dpa2 {
                     return c.dim();
+                }
+                if let Some(c) = &d.se_e3_tebd {
+                    return c.dim(d.m1());
                 }
                 let tebd = d
                     .attn()
@@ -348,6 +367,11 @@ impl DescriptorSpec {
         }
         s
     }
+}
+
+/// Whether the pair (t_i, t_j) is one of `pairs`, in either order (an `exclude_types`).
+fn pair_excluded(pairs: &[[usize; 2]], ti: usize, tj: usize) -> bool {
+    (pairs.iter()).any(|&[a, b]| (a, b) == (ti, tj) || (b, a) == (ti, tj))
 }
 
 /// Hyper-parameters of the fitting net (docs/deepmd-spec.md §7).

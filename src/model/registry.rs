@@ -41,6 +41,10 @@ pub static DESCRIPTORS: &[Registered] = &[
         names: &["dpa2"],
     },
     Registered {
+        kind: DescriptorType::SeE3Tebd,
+        names: &["se_e3_tebd"],
+    },
+    Registered {
         kind: DescriptorType::Hybrid,
         names: &["hybrid"],
     },

@@ -282,6 +282,9 @@ fn standard_model(m: &At) -> Result<YamlModel> {
     if let Some(l) = &dl.dpa2 {
         super::dpa2::yaml::read_params(&items[0], &spec.descriptor, l, &mut params)?;
     }
+    if let Some(l) = &dl.se_e3_tebd {
+        super::se_e3_tebd::yaml::read_params(&items[0], l, &mut params)?;
+    }
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
         if part.is_mixed() {
             break; // read above
@@ -479,6 +482,9 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
     if kind == DescriptorType::Dpa2 {
         return super::dpa2::yaml::read_spec(d, nt);
     }
+    if kind == DescriptorType::SeE3Tebd {
+        return super::se_e3_tebd::yaml::read_spec(d, nt);
+    }
     d.version(1..=3, Some(1))?;
     d.known(&[
         DESCRIPTOR_KEYS,
@@ -516,6 +522,7 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
         attention: None,
         dpa3: None,
         dpa2: None,
+        se_e3_tebd: None,
     };
     ensure!(
         descriptor.sel.len() == nt,
@@ -604,6 +611,7 @@ fn read_dpa1(d: &At, kind: DescriptorType) -> Result<DescriptorSpec> {
         attention: Some(attention),
         dpa3: None,
         dpa2: None,
+        se_e3_tebd: None,
     };
     ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
     Ok(descriptor)
@@ -988,19 +996,22 @@ fn model_to_tree(model: &Model) -> Value {
             let rows = stat_at..stat_at + 4 * nt * part.stat_blocks();
             stat_at = rows.end;
             let stats = [&model.davg[rows.clone()], &model.dstd[rows]];
-            match (&dl.attn, &dl.dpa3, &dl.dpa2) {
-                (Some(a), _, _) => dpa1_tree(part, &nets[0], a, p, stats, type_map),
-                (None, Some(l), _) => {
-                    let c = part.dpa3.as_ref().expect("a DPA-3 spec");
-                    let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
-                    super::dpa3::yaml::write(part, l, p, stats, type_map, tebd)
-                }
-                (None, None, Some(l)) => {
-                    let c = part.dpa2.as_ref().expect("a DPA-2 spec");
-                    let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
-                    super::dpa2::yaml::write(part, l, p, stats, type_map, tebd)
-                }
-                (None, None, None) => descriptor_tree(part, nets, p, stats, type_map),
+            if let Some(a) = &dl.attn {
+                dpa1_tree(part, &nets[0], a, p, stats, type_map)
+            } else if let Some(l) = &dl.dpa3 {
+                let c = part.dpa3.as_ref().expect("a DPA-3 spec");
+                let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
+                super::dpa3::yaml::write(part, l, p, stats, type_map, tebd)
+            } else if let Some(l) = &dl.dpa2 {
+                let c = part.dpa2.as_ref().expect("a DPA-2 spec");
+                let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
+                super::dpa2::yaml::write(part, l, p, stats, type_map, tebd)
+            } else if let Some(l) = &dl.se_e3_tebd {
+                let c = part.se_e3_tebd.as_ref().expect("an se_e3_tebd spec");
+                let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
+                super::se_e3_tebd::yaml::write(part, l, p, stats, type_map, tebd)
+            } else {
+                descriptor_tree(part, nets, p, stats, type_map)
             }
         })
         .collect();
@@ -1372,7 +1383,8 @@ fn env_columns(kind: DescriptorType) -> usize {
         | DescriptorType::SeAtten
         | DescriptorType::SeAttenV2
         | DescriptorType::Dpa3
-        | DescriptorType::Dpa2 => 4,
+        | DescriptorType::Dpa2
+        | DescriptorType::SeE3Tebd => 4,
         DescriptorType::SeE2R => 1,
         DescriptorType::Hybrid => unreachable!("a hybrid's parts have their own"),
     }

@@ -1,14 +1,82 @@
 //! The nodes DeePMD-kit's message-passing blocks (DPA-2's repformer, DPA-3's repflow) are built
 //! of in its `.yaml`: one-layer `Layer` nodes (`NativeLayer` without activation, skip or
-//! timestep), the residual-vector lists of a layer, the descriptor's `exclude_types` pairs, and
-//! an `activation_function` (the blocks' and the fitting nets').
+//! timestep), the residual-vector lists of a layer, a block's `env_mat`, the descriptor's
+//! `exclude_types` pairs, and an `activation_function` (the blocks' and the fitting nets'); and
+//! the keys of DPA-2's and se_e3_tebd's descriptors that their constructors default.
 
 use anyhow::{bail, ensure, Result};
 use serde_yaml_ng::Value;
 
 use crate::model::layout::Layer;
-use crate::model::Activation;
-use crate::yaml_tree::{ndarray, obj, At};
+use crate::model::{Activation, TebdInputMode};
+use crate::yaml_tree::{brief, ndarray, obj, At};
+
+// A key DeePMD-kit's constructors give a default is read at that default when absent.
+pub(super) fn flag(at: &At, key: &str, default: bool) -> Result<bool> {
+    at.opt(key).map_or(Ok(default), |v| v.bool())
+}
+pub(super) fn count(at: &At, key: &str, default: usize) -> Result<usize> {
+    at.opt(key).map_or(Ok(default), |v| v.usize())
+}
+pub(super) fn number(at: &At, key: &str, default: f64) -> Result<f64> {
+    at.opt(key).map_or(Ok(default), |v| v.f64())
+}
+pub(super) fn widths(at: &At, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+    let w = at.opt(key).map_or(Ok(default.to_vec()), |v| v.usizes())?;
+    ensure!(!w.is_empty(), "{}.{key}: empty", at.path);
+    Ok(w)
+}
+pub(super) fn activation(at: &At) -> Result<Activation> {
+    let Some(a) = at.opt("activation_function") else {
+        return Ok(Activation::Tanh);
+    };
+    read_activation(&a)
+}
+pub(super) fn tebd_input_mode(at: &At) -> Result<TebdInputMode> {
+    let Some(m) = at.opt("tebd_input_mode") else {
+        return Ok(TebdInputMode::Concat);
+    };
+    match m.str()? {
+        "concat" => Ok(TebdInputMode::Concat),
+        "strip" => Ok(TebdInputMode::Strip),
+        _ => m.fail("\"concat\" or \"strip\""),
+    }
+}
+
+/// A descriptor with a type embedding of its own: dpw's starts from one-hot rows of the
+/// model's `nt` types.
+pub(super) fn one_hot_tebd(d: &At, nt: usize) -> Result<()> {
+    if flag(d, "use_econf_tebd", false)? {
+        bail!(
+            "{}.use_econf_tebd: true is not supported (the electronic-configuration type \
+             embedding is not implemented; dpw's type embedding starts from one-hot rows)",
+            d.path
+        );
+    }
+    if let Some(n) = d.opt("ntypes") {
+        ensure!(
+            n.usize()? == nt,
+            "{}: {} differs from type_map's {nt} types",
+            n.path,
+            brief(n.v)
+        );
+    }
+    Ok(())
+}
+
+/// DeePMD-kit's `env_mat` of a block: protection 0 and the quintic switch whatever the
+/// descriptor's (spec §20.11).
+pub(super) fn env_mat(rcut: f64, rcut_smth: f64) -> Value {
+    obj! {
+        "rcut" => rcut, "rcut_smth" => rcut_smth, "protection" => 0.0,
+        "use_exp_switch" => false,
+    }
+}
+
+/// A JSON value (input.json's form of some keys) as a YAML node.
+pub(super) fn yaml(v: serde_json::Value) -> Value {
+    serde_yaml_ng::to_value(v).expect("JSON is YAML")
+}
 
 /// A bias-free or biased linear `Layer` node into `params`: activation none, no resnet, no idt.
 pub(super) fn read_linear(

@@ -194,6 +194,7 @@ pub fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec 
         attention: d.attention.clone(),
         dpa3: d.dpa3.clone(),
         dpa2: d.dpa2.clone(),
+        se_e3_tebd: d.se_e3_tebd.clone(),
     }
 }
 
@@ -866,6 +867,14 @@ fn describe(d: &DescriptorSpec) -> String {
         }
         DescriptorType::SeE2R => format!("{head} type_one_side {}", d.type_one_side),
         DescriptorType::SeE3 => head,
+        DescriptorType::SeE3Tebd => match &d.se_e3_tebd {
+            Some(c) => format!(
+                "{head} tebd_dim {} {}",
+                c.tebd_dim,
+                c.tebd_input_mode.as_str()
+            ),
+            None => head,
+        },
         DescriptorType::SeAtten | DescriptorType::SeAttenV2 => match &d.attention {
             Some(a) => format!(
                 "{head} axis {} tebd_dim {} {} attn {} × {} layers{}{}",

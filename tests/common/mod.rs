@@ -165,6 +165,7 @@ pub fn water_descriptor() -> DescriptorSpec {
         attention: None,
         dpa3: None,
         dpa2: None,
+        se_e3_tebd: None,
     }
 }
 
@@ -312,6 +313,52 @@ pub fn ref_frames() -> RefFrames {
         );
     }
     rf
+}
+
+/// The eval frames of a reference case (its `eval.npz`, periodic): atom types, coordinates
+/// `[nframes][natoms·3]`, boxes.
+pub struct EvalFrames {
+    pub atype: Vec<usize>,
+    pub coord: Vec<Vec<f64>>,
+    pub cell: Vec<Vec<f64>>,
+}
+
+impl EvalFrames {
+    /// The frames without labels (energy 0, the forces `force`: empty where only the batch's
+    /// layout is wanted, zeros for a prediction).
+    pub fn unlabelled<'a>(&'a self, force: &'a [f64]) -> Vec<Frame<'a>> {
+        (self.coord.iter().zip(&self.cell))
+            .map(|(coord, cell)| Frame {
+                coord,
+                cell: Some(cell),
+                energy: 0.0,
+                force,
+                virial: None,
+                fparam: None,
+                aparam: None,
+                label: None,
+                atom_label: None,
+            })
+            .collect()
+    }
+}
+
+pub fn eval_frames(case_dir: &Path) -> EvalFrames {
+    let mut z = npz(&case_dir.join("eval.npz"));
+    let coord = npz_array(&mut z, "coord");
+    let cell = npz_array(&mut z, "box");
+    let atype = npz_i64(&mut z, "atype");
+    let nf = coord.shape()[0];
+    let rows = |a: &ArrayD<f64>| -> Vec<Vec<f64>> {
+        (0..nf)
+            .map(|f| a.index_axis(ndarray::Axis(0), f).iter().copied().collect())
+            .collect()
+    };
+    EvalFrames {
+        atype: atype.iter().map(|&t| t as usize).collect(),
+        coord: rows(&coord),
+        cell: rows(&cell),
+    }
 }
 
 pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
@@ -483,6 +530,7 @@ pub fn deepmd_agrees(test: &str, script: &str, root: &Path, tmp: &Path, cases: &
     for l in lines {
         let (case, diff) = l.split_once(' ').unwrap();
         let diff: f64 = diff.trim().parse().unwrap_or(f64::NAN);
+        eprintln!("{case}: DeePMD-kit on dpw's file differs by {diff:.1e}");
         assert!(
             diff <= 1e-10,
             "{case}: DeePMD-kit on dpw's file differs by {diff}"

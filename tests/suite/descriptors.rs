@@ -60,6 +60,9 @@ pub const DPA2_CASES: [&str; 10] = [
     "dpa2/alloy_small_cell",
 ];
 
+/// The se_e3_tebd cases (`tests/reference/dpa2/`, beside DPA-2's: its three-body block alone).
+pub const SE_E3_TEBD_CASES: [&str; 1] = ["dpa2/se_e3_tebd_water"];
+
 /// The pair-table cases (`tests/reference/pairtab/`, its README has the table): DPA-1 with a
 /// table by use_srtab (ZBL) and by linear_ener, periodic and not, and a table of a longer range
 /// than the descriptor's (its own neighbour list, cut by its sel or not).

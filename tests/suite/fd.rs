@@ -3,7 +3,9 @@
 //! of every net, on periodic, triclinic and non-periodic systems.
 
 use dpw::backend::{Backend, Prefactors};
-use dpw::model::{DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, TensorInfo};
+use dpw::model::{
+    DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, TebdInputMode, TensorInfo,
+};
 use dpw::train::batch::Frame;
 use dpw::train::predict::{loss_and_grad, predict, Prediction};
 
@@ -112,6 +114,7 @@ pub fn small_model_of(
             attention: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
         },
         fitting: FittingSpec::new(vec![12, 12], true),
     };
@@ -155,13 +158,31 @@ pub fn hybrid_model(seed: u64) -> Model {
     m
 }
 
-/// A model DeePMD-kit made (tests/reference/<case>: DPA-3, DPA-2), without its energy bias: its
+/// A model DeePMD-kit made (tests/reference/<case>: DPA-3, DPA-2, se_e3_tebd), without its
+/// energy bias: its
 /// −93 eV an atom would make the loss ~1e6 on these labels, and the loss's rounding then
 /// swamps the parameter FD (ε·L/h ≈ 1e-6 at h = 1e-4).
 fn deepmd_model(case: &str) -> Model {
     let path = crate::common::repo(&format!("tests/reference/{case}/model.yaml"));
     let mut m = dpw::model::read_deepmd_yaml(&path).unwrap_or_else(|e| panic!("{case}: {e:#}"));
     m.bias.iter_mut().for_each(|b| *b = 0.0);
+    m
+}
+
+/// se_e3_tebd in strip mode, H–H pairs excluded and davg ≠ 0, freshly drawn: what DeePMD-kit's
+/// reference (concat) does not reach.
+fn se_e3_tebd_strip() -> Model {
+    let mut spec = deepmd_model("dpa2/se_e3_tebd_water").spec;
+    let t = spec.descriptor.se_e3_tebd.as_mut().unwrap();
+    t.tebd_input_mode = TebdInputMode::Strip;
+    t.exclude_types = vec![[1, 1]];
+    let mut m = Model::new(spec, 9);
+    for t in 0..2 {
+        m.davg[4 * t] = 0.1 + 0.05 * t as f64;
+        for k in 0..4 {
+            m.dstd[4 * t + k] = 0.3 + 0.1 * k as f64;
+        }
+    }
     m
 }
 
@@ -209,6 +230,21 @@ pub fn cases() -> Vec<(&'static str, Model, Sys)> {
             "dpa2 non-periodic strip",
             deepmd_model("dpa2/water_strip"),
             random_system(&[4, 6], None, 24),
+        ),
+        (
+            // The three-body block alone, on periodic images.
+            "se_e3_tebd periodic triclinic",
+            deepmd_model("dpa2/se_e3_tebd_water"),
+            random_system(
+                &[4, 6],
+                Some([5.2, 0.0, 0.0, 0.6, 5.6, 0.0, -0.4, 0.5, 5.9]),
+                25,
+            ),
+        ),
+        (
+            "se_e3_tebd non-periodic strip",
+            se_e3_tebd_strip(),
+            random_system(&[4, 6], None, 26),
         ),
         (
             "periodic orthorhombic",

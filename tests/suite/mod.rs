@@ -160,6 +160,20 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
+        fn reference_se_e3_tebd_predictions() {
+            for case in $crate::suite::descriptors::SE_E3_TEBD_CASES {
+                $crate::suite::descriptors::predictions(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_se_e3_tebd_training_gradients() {
+            for case in $crate::suite::descriptors::SE_E3_TEBD_CASES {
+                $crate::suite::descriptors::training_gradients(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
         fn reference_pairtab_predictions() {
             for case in $crate::suite::descriptors::PAIRTAB_CASES {
                 $crate::suite::descriptors::predictions(&$backend, case);

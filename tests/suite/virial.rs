@@ -56,6 +56,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
             attention: None,
             dpa3: None,
             dpa2: None,
+            se_e3_tebd: None,
         },
         fitting: FittingSpec::new(
             usizes(&meta["fitting"]["neuron"]),

@@ -22,6 +22,8 @@ mod simd;
 pub mod strip;
 mod tanh;
 mod tape;
+pub mod tape_block;
+pub mod three_body;
 mod tile;
 
 use std::ops::Range;

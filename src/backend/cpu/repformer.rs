@@ -1,26 +1,22 @@
 //! DPA-2 on the host (docs/deepmd-spec.md §20): the repinit (DPA-1's embedding without
 //! attention, and the three-body block), the hand-over, and the repformer layers, written once
-//! as a forward on the tape (tape.rs). The tape gives the backward; the tangent is the forward
-//! on duals, the dual reverse the tape's backward on duals.
+//! as a forward on the tape (tape_block.rs gives the passes).
 //!
-//! Every block reads its list from the model's (the repinit's): the first `nsel` slots of a
-//! centre, those beyond the block's cut-off made padding (spec §20.2). A neighbour's g1 is its
-//! owner's row (ghosts read their local atom's).
+//! Every block reads its list from the model's (the repinit's), spec §20.2. A neighbour's g1
+//! is its owner's row (ghosts read their local atom's).
 
 use std::sync::Arc;
 
 use super::act::cst;
 use super::block_in::BlockIn;
-use super::dual::{Dual, Num};
-use super::repflow::switch3;
-use super::tape::{Fun, Tape, NONE, V};
-use crate::backend::keep::Keep;
-use crate::backend::{Dims, Real};
+use super::dual::Num;
+use super::tape::{Tape, V};
+use super::tape_block::{act_fun, net, tebd, BlockEnv, Ctx, List, TapeBlock};
+use super::three_body::ThreeBody;
+use crate::backend::Real;
 use crate::model::dpa2::{Dpa2Config, Dpa2Layout, RepformerLayerLayout};
 use crate::model::dpa3::UpdateStyle;
-use crate::model::Activation;
 use crate::model::{DescriptorSpec, TebdInputMode};
-use crate::model::{Net, Skip};
 
 /// The block's constants, one per model.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,30 +53,57 @@ impl Dpa2Opts {
     pub fn width(&self) -> usize {
         self.c.dim()
     }
+
+    /// A block's list; davg and dstd hold the repinit's rows, then the repformer's, then the
+    /// three-body block's.
+    fn list(&self, b: Block) -> List {
+        let (c, excluded_is_padding) = (&self.c, matches!(b, Block::Repformer));
+        let (s, rcut, rcut_smth, stats) = match b {
+            Block::Repinit => (self.si, self.rcut, self.rcut_smth, 0),
+            Block::Repformer => (c.repformer.nsel, c.repformer.rcut, c.repformer.rcut_smth, 1),
+            Block::ThreeBody => (
+                c.repinit.three_body_sel,
+                c.repinit.three_body_rcut,
+                c.repinit.three_body_rcut_smth,
+                2,
+            ),
+        };
+        List {
+            s,
+            rcut,
+            rcut_smth,
+            stats,
+            excluded_is_padding,
+        }
+    }
 }
 
-/// What every pass reads: the model and the batch (davg, dstd: `[nt][4]` of the repinit, then
-/// the repformer, then the three-body block).
+impl TapeBlock for Dpa2Opts {
+    type Layout = Dpa2Layout;
+
+    fn nt(&self) -> usize {
+        self.nt
+    }
+
+    fn nsel(&self) -> usize {
+        self.si
+    }
+
+    fn protection(&self) -> f64 {
+        self.protection
+    }
+
+    fn excludes(&self, ti: usize, tj: usize) -> bool {
+        self.c.excludes(ti, tj)
+    }
+
+    fn build<T: Real, N: Num<T>>(ctx: &Ctx<'_, Self, T>, t: &mut Tape<'_, T, N>, rij: V) -> V {
+        ctx.dpa2(t, rij)
+    }
+}
+
+/// What every pass reads: the model and the batch.
 pub type Dpa2In<'a, T> = BlockIn<'a, Dpa2Opts, Dpa2Layout, T>;
-
-fn act_fun<T: Real>(a: Activation) -> Fun<T> {
-    Arc::new(move |x| a.eval3(x))
-}
-
-/// A block's list and environment rows (spec §20.2-20.3), `m = nc·S` rows.
-struct BlockEnv {
-    s: usize,
-    /// R̂ `[m][4]`, the switch `[m][1]` (0 where not real), r and r_ij `[m][1]`, `[m][3]`
-    /// (1 and (1, 0, 0) where not real, so that no derivative divides by 0).
-    rhat: V,
-    sw: V,
-    r: V,
-    rv: V,
-    real: Vec<bool>,
-    /// The neighbour's type (local atom 0's where not real), its owner's centre ([`NONE`]).
-    ntype: Vec<u32>,
-    owner: Vec<u32>,
-}
 
 /// Which block's list and statistics.
 #[derive(Clone, Copy)]
@@ -90,208 +113,12 @@ enum Block {
     ThreeBody,
 }
 
-struct Ctx<'a, T> {
-    x: &'a Dpa2In<'a, T>,
-    d: &'a Dims,
-    nc: usize,
-    ctype: Vec<usize>,
-    /// The centre of each atom (atoms numbered frame by frame), and local atom 0's type per
-    /// centre's frame.
-    atom_centre: Vec<usize>,
-    atom0_type: Vec<usize>,
-}
-
-impl<'a, T: Real> Ctx<'a, T> {
-    fn new(x: &'a Dpa2In<'a, T>, d: &'a Dims) -> Self {
-        let nc = d.ncentres();
-        let ctype: Vec<usize> = (0..nc).map(|c| d.centre_type(c)).collect();
-        let mut atom_centre = vec![0; nc];
-        for (c, &at) in x.centre_atom.iter().enumerate() {
-            atom_centre[at as usize] = c;
-        }
-        let atom0_type = (x.centre_atom.iter())
-            .map(|&at| ctype[atom_centre[at as usize / d.natoms * d.natoms]])
-            .collect();
-        Ctx {
-            x,
-            d,
-            nc,
-            ctype,
-            atom_centre,
-            atom0_type,
-        }
-    }
-
-    fn env<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, b: Block) -> BlockEnv {
-        let (o, x) = (self.x.o, self.x);
-        let c = &o.c;
-        let (s, rc, rcs, k) = match b {
-            Block::Repinit => (o.si, o.rcut, o.rcut_smth, 0),
-            Block::Repformer => (c.repformer.nsel, c.repformer.rcut, c.repformer.rcut_smth, 1),
-            Block::ThreeBody => (
-                c.repinit.three_body_sel,
-                c.repinit.three_body_rcut,
-                c.repinit.three_body_rcut_smth,
-                2,
-            ),
-        };
-        let nt = o.nt;
-        let stats =
-            |v: &[T], ti: usize| -> [T; 4] { std::array::from_fn(|q| v[(k * nt + ti) * 4 + q]) };
-        let m = self.nc * s;
-        let (mut real, mut ntype, mut owner) = (vec![false; m], vec![0u32; m], vec![NONE; m]);
-        let mut gidx = vec![NONE; 3 * m];
-        let mut pad = vec![T::zero(); 3 * m];
-        let (mut avg, mut istd, mut padval) = (
-            vec![T::zero(); 4 * m],
-            vec![T::one(); 4 * m],
-            vec![T::zero(); 4 * m],
-        );
-        let rc_t = cst::<T>(rc);
-        for cc in 0..self.nc {
-            let ti = self.ctype[cc];
-            let (a, sd) = (stats(x.davg, ti), stats(x.dstd, ti));
-            let s0 = self.d.mixed_slots(cc).start;
-            for j in 0..s {
-                let row = cc * s + j;
-                let slot = (j < o.si).then_some(s0 + j);
-                let found = slot.filter(|&sl| x.owner[sl] >= 0).filter(|&sl| {
-                    let v = &x.rij[3 * sl..3 * sl + 3];
-                    (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt() <= rc_t
-                });
-                let excluded = found.is_some_and(|sl| c.excludes(ti, x.nei_type[sl] as usize));
-                ntype[row] = self.atom0_type[cc] as u32;
-                for q in 0..4 {
-                    avg[4 * row + q] = a[q];
-                    istd[4 * row + q] = T::one() / sd[q];
-                }
-                match found {
-                    Some(sl) if !excluded => {
-                        real[row] = true;
-                        ntype[row] = x.nei_type[sl] as u32;
-                        owner[row] = self.atom_centre[x.owner[sl] as usize] as u32;
-                        for q in 0..3 {
-                            gidx[3 * row + q] = (3 * sl + q) as u32;
-                        }
-                    }
-                    // The repinit and three-body block zero an excluded row; the repformer
-                    // makes it padding (spec §20.2).
-                    Some(_) if !matches!(b, Block::Repformer) => pad[3 * row] = T::one(),
-                    _ => {
-                        pad[3 * row] = T::one();
-                        for q in 0..4 {
-                            padval[4 * row + q] = -a[q] / sd[q];
-                        }
-                    }
-                }
-            }
-        }
-        let mask: Vec<T> = real
-            .iter()
-            .map(|&r| if r { T::one() } else { T::zero() })
-            .collect();
-        let rv = t.gather(rij, Arc::new(gidx), m, 3);
-        let padc = t.consts(&pad, m, 3);
-        let rv = t.add(rv, padc);
-        let sq = t.mul(rv, rv);
-        let r2 = t.row_sum(sq);
-        let r = t.map(
-            r2,
-            Arc::new(|v: T| {
-                let s = v.sqrt();
-                let two = cst::<T>(2.0);
-                (s, T::one() / (two * s), -T::one() / (two * two * v * s))
-            }),
-        );
-        let sw = t.map(r, Arc::new(move |v| switch3(false, rcs, rc, v)));
-        let p = cst::<T>(o.protection);
-        let inv = t.map(
-            r,
-            Arc::new(move |v: T| {
-                let i = T::one() / (v + p);
-                (i, -i * i, cst::<T>(2.0) * i * i * i)
-            }),
-        );
-        let sr = t.mul(sw, inv);
-        let sd = t.mul(sr, inv);
-        let ang = t.mul(rv, sd);
-        let env = t.concat(&[sr, ang]);
-        let (avg, istd) = (t.consts(&avg, m, 4), t.consts(&istd, m, 4));
-        let centred = t.sub(env, avg);
-        let rhat = t.mul(centred, istd);
-        let maskc = t.consts(&mask, m, 1);
-        let rhat = t.mul(rhat, maskc);
-        let padv = t.consts(&padval, m, 4);
-        let rhat = t.add(rhat, padv);
-        let sw = t.mul(sw, maskc);
-        BlockEnv {
-            s,
-            rhat,
-            sw,
-            r,
-            rv,
-            real,
-            ntype,
-            owner,
-        }
-    }
-
-    /// An embedding net of DeePMD-kit (spec §5): φ(x·W + b) (· idt), plus the width-decided
-    /// skip.
-    fn net<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, mut x: V, net: &Net, a: Activation) -> V {
-        for l in &net.layers {
-            let z = t.linear(x, l.w, Some(l.b), l.nout);
-            let mut h = t.map(z, act_fun(a));
-            if let Some(idt) = l.idt {
-                let p = t.param(idt, 1, l.nout);
-                h = t.mul(h, p);
-            }
-            h = match l.skip {
-                Skip::None => h,
-                Skip::Identity => t.add(h, x),
-                Skip::Double => {
-                    let xx = t.concat(&[x, x]);
-                    t.add(h, xx)
-                }
-            };
-            x = h;
-        }
-        x
-    }
-
-    /// T `[nt][T]`: the type embedding's layer over one-hot rows, with its skip.
-    fn tebd<N: Num<T>>(&self, t: &mut Tape<'_, T, N>) -> V {
-        let l = &self.x.l.tebd;
-        let (nt, dim) = (l.ntypes, l.dim);
-        let mut tt = t.param(l.w, nt, dim);
-        if let Some(b) = l.b {
-            let b = t.param(b, 1, dim);
-            tt = t.add(tt, b);
-        }
-        let skip: Vec<T> = (0..nt * dim)
-            .map(|e| {
-                let (ty, c) = (e / dim, e % dim);
-                let on = match l.skip {
-                    Skip::None => false,
-                    Skip::Identity => c == ty,
-                    Skip::Double => c % nt == ty,
-                };
-                if on {
-                    T::one()
-                } else {
-                    T::zero()
-                }
-            })
-            .collect();
-        let skip = t.consts(&skip, nt, dim);
-        t.add(tt, skip)
-    }
-
+impl<T: Real> Ctx<'_, Dpa2Opts, T> {
     /// The repinit's D `[nc][M1·A1]` (spec §20.3).
     fn repinit<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, tt: V) -> V {
         let (o, l) = (self.x.o, self.x.l);
         let c = &o.c;
-        let e = self.env(t, rij, Block::Repinit);
+        let e = self.env(t, rij, &o.list(Block::Repinit));
         let (nc, s, m1, a1) = (self.nc, e.s, o.m1, o.a1);
         let shat = t.cols(e.rhat, 0..1);
         let tj = t.rows(tt, &e.ntype);
@@ -306,12 +133,12 @@ impl<'a, T: Real> Ctx<'a, T> {
         let g = match c.repinit.tebd_input_mode {
             TebdInputMode::Concat => {
                 let x = t.concat(&[shat, types]);
-                self.net(t, x, &l.repinit, act)
+                net(t, x, &l.repinit, act)
             }
             TebdInputMode::Strip => {
-                let gs = self.net(t, shat, &l.repinit, act);
+                let gs = net(t, shat, &l.repinit, act);
                 let strip = l.repinit_strip.as_ref().expect("strip's type net");
-                let mut gt = self.net(t, types, strip, act);
+                let mut gt = net(t, types, strip, act);
                 if c.smooth {
                     gt = t.mul(gt, e.sw);
                 }
@@ -329,85 +156,39 @@ impl<'a, T: Real> Ctx<'a, T> {
         t.reshape(dm, nc, m1 * a1)
     }
 
-    /// The three-body block's D3 `[nc][M3]` (spec §20.4).
-    fn three_body<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, tt: V) -> V {
+    /// The whole descriptor `[nc][width]` from the r_ij leaf.
+    fn dpa2<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V) -> V {
         let (o, l) = (self.x.o, self.x.l);
         let c = &o.c;
-        let e = self.env(t, rij, Block::ThreeBody);
-        let (nc, s) = (self.nc, e.s);
-        let h = t.cols(e.rhat, 1..4);
-        let ejk = t.bmm(h, h, nc, s, 3, s, false, true);
-        let m3 = nc * s * s;
-        let ejk = t.reshape(ejk, m3, 1);
-        let (mut jt, mut kt) = (Vec::with_capacity(m3), Vec::with_capacity(m3));
-        for cc in 0..nc {
-            for j in 0..s {
-                for k in 0..s {
-                    jt.push(e.ntype[cc * s + j]);
-                    kt.push(e.ntype[cc * s + k]);
-                }
-            }
-        }
-        let (tj, tk) = (t.rows(tt, &jt), t.rows(tt, &kt));
-        let act = c.repinit.activation;
-        let net = l.three_body.as_ref().expect("the three-body net");
-        let g = match c.repinit.tebd_input_mode {
-            TebdInputMode::Concat => {
-                let x = t.concat(&[ejk, tj, tk]);
-                self.net(t, x, net, act)
-            }
-            TebdInputMode::Strip => {
-                let gs = self.net(t, ejk, net, act);
-                let strip = l.three_body_strip.as_ref().expect("strip's type net");
-                let types = t.concat(&[tj, tk]);
-                let mut gt = self.net(t, types, strip, act);
-                if c.smooth {
-                    let swjk = t.bmm(e.sw, e.sw, nc, s, 1, s, false, true);
-                    let swjk = t.reshape(swjk, m3, 1);
-                    gt = t.mul(gt, swjk);
-                }
-                let gg = t.mul(gs, gt);
-                t.add(gs, gg)
-            }
-        };
-        let ge = t.mul(g, ejk);
-        let d3 = t.sum_rows(ge, s * s);
-        t.scale(d3, T::one() / cst::<T>((s * s) as f64))
-    }
-
-    /// The whole descriptor `[nc][width]` and the r_ij leaf.
-    fn build<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rdot: Option<&[T]>) -> (V, V) {
-        let (o, l, x) = (self.x.o, self.x.l, self.x);
-        let c = &o.c;
-        let ns = self.d.nslots();
-        let rv = (0..3 * ns)
-            .map(|e| N::pair(x.rij[e], rdot.map_or(T::zero(), |r| r[e])))
-            .collect();
-        let rij = t.leaf(rv, ns, 3);
-        let tt = self.tebd(t);
+        let tt = tebd(t, &l.tebd);
         let mut out = self.repinit(t, rij, tt);
-        if c.repinit.use_three_body {
-            let d3 = self.three_body(t, rij, tt);
+        if let Some(net) = &l.three_body {
+            let b = ThreeBody {
+                list: o.list(Block::ThreeBody),
+                net,
+                strip: l.three_body_strip.as_ref(),
+                act: c.repinit.activation,
+                smooth: c.smooth,
+            };
+            let d3 = self.three_body(t, rij, tt, &b);
             out = t.concat(&[out, d3]);
         }
         let g1d = c.repformer.g1_dim;
         if let Some(w) = l.shape_transform {
             out = t.linear(out, w, None, g1d);
         }
-        let centre: Vec<u32> = self.ctype.iter().map(|&ty| ty as u32).collect();
-        let ti = t.rows(tt, &centre);
+        let ti = t.rows(tt, &self.centre_rows());
         if let Some(w) = l.tebd_transform {
             let add = t.linear(ti, w, None, g1d);
             out = t.add(out, add);
         }
         let g1 = t.map(out, act_fun(c.repformer.activation));
         let g1 = self.repformer(t, rij, g1);
-        let desc = if c.concat_output_tebd {
+        if c.concat_output_tebd {
             t.concat(&[g1, ti])
         } else {
             g1
-        };
-        (rij, desc)
+        }
     }
 }
 
@@ -423,12 +204,12 @@ struct Rep {
     centre: Vec<u32>,
 }
 
-impl<T: Real> Ctx<'_, T> {
+impl<T: Real> Ctx<'_, Dpa2Opts, T> {
     fn repformer<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, mut g1: V) -> V {
         let o = self.x.o;
         let r = &o.c.repformer;
         let smooth = o.c.smooth;
-        let e = self.env(t, rij, Block::Repformer);
+        let e = self.env(t, rij, &o.list(Block::Repformer));
         let (nc, s) = (self.nc, e.s);
         let m = nc * s;
         let mask: Vec<T> = (e.real.iter())
@@ -845,75 +626,5 @@ fn update<T: Real, N: Num<T>>(
             let ru = t.mul(u, rv);
             t.add(a, ru)
         }),
-    }
-}
-
-impl<T: Real> Dpa2In<'_, T> {
-    fn run<N: Num<T>>(&self, d: &Dims, rdot: Option<&[T]>) -> Built<T, N> {
-        let ctx = Ctx::new(self, d);
-        let mut t = Tape::new(self.params);
-        let (rij, desc) = ctx.build(&mut t, rdot);
-        (t.owned(), rij, desc)
-    }
-
-    /// The tape kept for these inputs, or one built now.
-    fn kept<N: Num<T> + Send + 'static>(
-        &self,
-        d: &Dims,
-        keep: &Keep,
-        rdot: Option<&[T]>,
-    ) -> Built<T, N> {
-        (keep.take(|k| self.made(k, d, rdot))).unwrap_or_else(|| self.run(d, rdot))
-    }
-}
-
-/// A pass's tape with its r_ij and D nodes.
-type Built<T, N> = (Tape<'static, T, N>, V, V);
-
-/// D `[nc][width]` of every centre; the tape kept for the backward.
-pub fn forward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, keep: &Keep, desc: &mut [T]) {
-    let built = x.run::<T>(d, None);
-    desc.copy_from_slice(built.0.val(built.2));
-    keep.put(x.key(d, None), built);
-}
-
-/// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`; the tape kept for the dual reverse.
-pub fn tangent<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, keep: &Keep, rdot: &[T], ddot: &mut [T]) {
-    let built = x.run::<Dual<T>>(d, Some(rdot));
-    for (o, v) in ddot.iter_mut().zip(built.0.val(built.2)) {
-        *o = v.d;
-    }
-    keep.put(x.key(d, Some(rdot)), built);
-}
-
-/// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[nc][width]`.
-pub fn backward<T: Real>(d: &Dims, x: &Dpa2In<'_, T>, keep: &Keep, dbar: &[T], q: &mut [T]) {
-    let (t, rij, dv) = x.kept::<T>(d, keep, None);
-    let g = t.backward(vec![(dv, dbar.to_vec())], &mut []);
-    match g.of(rij) {
-        Some(a) => q.copy_from_slice(a),
-        None => q.fill(T::zero()),
-    }
-}
-
-/// The dual reverse from (D̄, Ḋ̄) for the tangent ṙ_ij: the parameter gradient added to `grad`.
-pub fn dual<T: Real>(
-    d: &Dims,
-    x: &Dpa2In<'_, T>,
-    keep: &Keep,
-    rdot: &[T],
-    dbar: &[T],
-    ddotbar: &[T],
-    grad: &mut [T],
-) {
-    let (t, _, dv) = x.kept::<Dual<T>>(d, keep, Some(rdot));
-    // Cotangent Ḋ̄ + ε D̄: the ε part of a parameter's adjoint is its gradient (dual.rs).
-    let seed = (ddotbar.iter().zip(dbar))
-        .map(|(&db, &b)| Dual::new(db, b))
-        .collect();
-    let mut g = vec![Dual::default(); grad.len()];
-    t.backward(vec![(dv, seed)], &mut g);
-    for (gv, v) in grad.iter_mut().zip(g) {
-        *gv += v.d;
     }
 }

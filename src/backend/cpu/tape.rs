@@ -1,7 +1,8 @@
 //! A reverse-mode tape over small dense tensors of numbers (`Num`): a block written once as its
-//! forward (DPA-2's, `repformer.rs`) gets its backward from the tape, its tangent by running
-//! the forward on duals, and its dual reverse by running the tape's backward on duals
-//! (dual.rs): no pass of the block is written by hand.
+//! forward (DPA-2's, `repformer.rs`; se_e3_tebd's, `three_body.rs`; the passes in
+//! `tape_block.rs`) gets its backward from the tape, its tangent by running the forward on
+//! duals, and its dual reverse by running the tape's backward on duals (dual.rs): no pass of the
+//! block is written by hand.
 //!
 //! Tensors are row-major `[rows][cols]`; batched products read them as `[batch][m][k]`. A
 //! parameter's adjoint goes to a gradient vector laid out as the parameters (an empty one when

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::dpa3::UpdateStyle;
 use super::layout::{Builder, Layer, Net, TebdLayout};
+use super::se_e3_tebd::three_body_nets;
 use super::Activation;
 use super::TebdInputMode;
 
@@ -151,7 +152,7 @@ impl RepformerConfig {
 impl Dpa2Config {
     /// Whether (t_i, t_j) is excluded.
     pub fn excludes(&self, ti: usize, tj: usize) -> bool {
-        (self.exclude_types.iter()).any(|&[a, b]| (a, b) == (ti, tj) || (b, a) == (ti, tj))
+        super::pair_excluded(&self.exclude_types, ti, tj)
     }
 
     /// D's width: G1, then T with concat_output_tebd.
@@ -323,15 +324,8 @@ impl Dpa2Layout {
         let repinit_strip =
             strip.then(|| b.net("repinit_strip".into(), strip_nin, neuron, dt_act, None));
         let (three_body, three_body_strip) = if i.use_three_body {
-            let n = &i.three_body_neuron;
-            let main = b.net(
-                "three_body".into(),
-                if strip { 1 } else { 1 + 2 * t },
-                n,
-                dt_act,
-                None,
-            );
-            let s = strip.then(|| b.net("three_body_strip".into(), 2 * t, n, dt_act, None));
+            let mode = (t, i.tebd_input_mode);
+            let (main, s) = three_body_nets(b, "three_body", mode, &i.three_body_neuron, dt_act);
             (Some(main), s)
         } else {
             (None, None)

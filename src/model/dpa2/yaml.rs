@@ -2,7 +2,7 @@
 //! into a [`DescriptorSpec`], its tensors into the parameter vector, its three blocks'
 //! statistics, and back.
 
-use anyhow::{anyhow, bail, ensure, Result};
+use anyhow::{anyhow, ensure, Result};
 use serde_yaml_ng::Value;
 
 use super::args::RepinitShared;
@@ -11,12 +11,11 @@ use crate::model::dpa3::UpdateStyle;
 use crate::model::layout::Net;
 use crate::model::yaml::{one_net_tree, read_embeddings, read_tebd, stats_tree};
 use crate::model::yaml_block::{
-    layer_tree, linear_tree, merge, read_activation, read_layer, read_linear, read_rows,
-    read_type_pairs, rows_tree,
+    activation, count, env_mat, flag, layer_tree, linear_tree, merge, number, one_hot_tebd,
+    read_layer, read_linear, read_rows, read_type_pairs, rows_tree, tebd_input_mode, widths, yaml,
 };
-use crate::model::Activation;
-use crate::model::{DescriptorSpec, DescriptorType, TebdInputMode};
-use crate::yaml_tree::{brief, ndarray, obj, At};
+use crate::model::{DescriptorSpec, DescriptorType};
+use crate::yaml_tree::{ndarray, obj, At};
 
 // The keys DeePMD-kit 3.2.0's constructors take (`DescrptDPA2`, `RepinitArgs`,
 // `RepformerArgs`, `RepformerLayer`) and the nodes its `deserialize` takes out first: it passes
@@ -59,41 +58,11 @@ const LAYER_NODE_KEYS: &[&str] = &[
 /// The logit shift of DeePMD-kit's smooth attention (`attnw_shift`), the one dpw computes with.
 const ATTNW_SHIFT: f64 = 20.0;
 
-// A key DeePMD-kit's constructors give a default is read at that default when absent.
-fn flag(at: &At, key: &str, default: bool) -> Result<bool> {
-    at.opt(key).map_or(Ok(default), |v| v.bool())
-}
-fn count(at: &At, key: &str, default: usize) -> Result<usize> {
-    at.opt(key).map_or(Ok(default), |v| v.usize())
-}
-fn number(at: &At, key: &str, default: f64) -> Result<f64> {
-    at.opt(key).map_or(Ok(default), |v| v.f64())
-}
-fn widths(at: &At, key: &str, default: &[usize]) -> Result<Vec<usize>> {
-    let w = at.opt(key).map_or(Ok(default.to_vec()), |v| v.usizes())?;
-    ensure!(!w.is_empty(), "{}.{key}: empty", at.path);
-    Ok(w)
-}
-fn activation(at: &At) -> Result<Activation> {
-    let Some(a) = at.opt("activation_function") else {
-        return Ok(Activation::Tanh);
-    };
-    read_activation(&a)
-}
-
 fn read_repinit(i: &At) -> Result<RepinitConfig> {
     i.known(&[REPINIT_KEYS])?;
-    let tebd_input_mode = match i.opt("tebd_input_mode") {
-        None => TebdInputMode::Concat,
-        Some(m) => match m.str()? {
-            "concat" => TebdInputMode::Concat,
-            "strip" => TebdInputMode::Strip,
-            _ => return m.fail("\"concat\" or \"strip\""),
-        },
-    };
     Ok(RepinitConfig {
         tebd_dim: count(i, "tebd_dim", 8)?,
-        tebd_input_mode,
+        tebd_input_mode: tebd_input_mode(i)?,
         activation: activation(i)?,
         use_three_body: flag(i, "use_three_body", false)?,
         three_body_neuron: widths(i, "three_body_neuron", &[2, 4, 8])?,
@@ -159,21 +128,7 @@ fn read_repformer(r: &At, old: bool) -> Result<RepformerConfig> {
 pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
     d.version(1..=4, None)?;
     d.known(&[KEYS])?;
-    if flag(d, "use_econf_tebd", false)? {
-        bail!(
-            "{}.use_econf_tebd: true is not supported (the electronic-configuration type \
-             embedding is not implemented; dpw's type embedding starts from one-hot rows)",
-            d.path
-        );
-    }
-    if let Some(n) = d.opt("ntypes") {
-        ensure!(
-            n.usize()? == nt,
-            "{}: {} differs from type_map's {nt} types",
-            n.path,
-            brief(n.v)
-        );
-    }
+    one_hot_tebd(d, nt)?;
     let old = d.key("@version")?.u64()? < 3;
     let i = d.key("repinit_args")?;
     let c = Dpa2Config {
@@ -202,6 +157,7 @@ pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
         attention: None,
         dpa3: None,
         dpa2: Some(c),
+        se_e3_tebd: None,
     };
     let c = spec.dpa2.as_ref().expect("just made");
     (c.check(spec.rcut, spec.sel[0], spec.m1(), spec.axis_neuron))
@@ -381,19 +337,6 @@ pub(in crate::model) fn read_params(
         read_repformer_layer(at, ll, c, params)?;
     }
     Ok(())
-}
-
-/// DeePMD-kit's `env_mat` of a block: protection 0 and the quintic switch whatever the
-/// descriptor's (spec §20.11).
-fn env_mat(rcut: f64, rcut_smth: f64) -> Value {
-    obj! {
-        "rcut" => rcut, "rcut_smth" => rcut_smth, "protection" => 0.0,
-        "use_exp_switch" => false,
-    }
-}
-
-fn yaml(v: serde_json::Value) -> Value {
-    serde_yaml_ng::to_value(v).expect("JSON is YAML")
 }
 
 fn repformer_layer_tree(ll: &RepformerLayerLayout, c: &Dpa2Config, nt: usize, p: &[f64]) -> Value {

@@ -120,6 +120,7 @@ pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
         attention: None,
         dpa3: Some(c),
         dpa2: None,
+        se_e3_tebd: None,
     };
     let c = spec.dpa3.as_ref().expect("just made");
     (c.check(spec.m1(), spec.rcut, spec.sel[0])).map_err(|e| anyhow::anyhow!("{}: {e}", r.path))?;

@@ -1,7 +1,8 @@
-//! The message-passing descriptors (DPA-3, docs/deepmd-spec.md §18; DPA-2, §20): one op family
-//! (`block_*`) computes D from the slots' r_ij and its passes, the tangent and dual reverse
-//! derived (`backend/cpu/repflow.rs`, `backend/cpu/repformer.rs`). The stage holds D and Ḋ; the
-//! environment holds r_ij, the neighbours' owners and types, and ṙ_ij in training.
+//! The message-passing descriptors (DPA-3, docs/deepmd-spec.md §18; DPA-2, §20) and se_e3_tebd
+//! (§20.12): one op family (`block_*`) computes D from the slots' r_ij and its passes, the
+//! tangent and dual reverse derived (`backend/cpu/repflow.rs`, `backend/cpu/repformer.rs`,
+//! `backend/cpu/three_body.rs`). The stage holds D and Ḋ; the environment holds r_ij, the
+//! neighbours' owners and types, and ṙ_ij in training.
 
 use crate::backend::keep::Keep;
 use crate::backend::{Backend, BlockArgs, Dims, Real};

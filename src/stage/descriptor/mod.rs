@@ -93,7 +93,9 @@ fn stage<T: Real, B: Backend<T>>(
         DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
             Box::new(SeAtten::new(b, m, d, zeros)?)
         }
-        DescriptorType::Dpa3 | DescriptorType::Dpa2 => Box::new(Block::new(m, d, zeros)?),
+        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd => {
+            Box::new(Block::new(m, d, zeros)?)
+        }
         DescriptorType::Hybrid => unreachable!("a hybrid is a composition of stages, not one"),
     })
 }
