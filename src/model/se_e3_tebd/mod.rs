@@ -35,7 +35,7 @@ pub struct SeE3TebdConfig {
 /// The keys input.json shares with the other descriptors, where [`DescriptorSpec`] and
 /// input.json's `DescriptorConfig` hold them.
 pub struct Shared<'a> {
-    /// As input.json gives it: a number, or "auto[:factor]".
+    /// As input.json gives it: a number, or `"auto[:factor]"`.
     pub sel: Value,
     pub rcut: f64,
     pub rcut_smth: f64,
