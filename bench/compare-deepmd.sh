@@ -20,10 +20,16 @@ venv=$(realpath -m "${DEEPMD_VENV:-.bench/deepmd-venv}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+wanted=" ${DP_BACKENDS:-tf ${COMPARE_PT:+pt}} "
 if [ ! -x "$venv/bin/dp" ]; then
   echo "installing deepmd-kit[cpu]==3.2.0 into $venv ..." >&2
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q "deepmd-kit[cpu]==3.2.0"
+fi
+# DeePMD-kit's PyTorch backend needs its torch extra (the cpu extra is TensorFlow's).
+if [[ "$wanted" == *" pt "* ]] && ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  echo "installing deepmd-kit[torch]==3.2.0 into $venv ..." >&2
+  "$venv/bin/pip" install -q "deepmd-kit[cpu,torch]==3.2.0"
 fi
 
 # The example input with absolute data paths, a fixed number of steps and no checkpoints.
