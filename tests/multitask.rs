@@ -388,6 +388,10 @@ fn multitask_input_errors_name_the_key() {
         level1["model"]["model_dict"][t]["descriptor"] = json!("dpa1:1");
     }
     assert_eq!(parse(&level1).unwrap().descriptor_level, 1);
+    let mut three_body = level1.clone();
+    three_body["model"]["shared_dict"]["dpa1"] =
+        json!({"type": "se_e3_tebd", "sel": 24, "rcut": 4.0, "neuron": [2, 4]});
+    assert_eq!(parse(&three_body).unwrap().descriptor_level, 1);
     let mut se_a = level1.clone();
     se_a["model"]["shared_dict"]["dpa1"] = json!({"type": "se_e2_a", "sel": [20, 40, 1, 1, 1]});
     let e = parse(&se_a).unwrap_err();
