@@ -968,12 +968,11 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         sized(&mut w.bv, 2 * s * e, z);
         let bu3 = self.back_node_update(ll, c, w, bn_out, slot_bar, g.as_deref_mut());
         if !o.sequential {
-            let v: Vec<&[N]> = match o.update_angle {
-                true => vec![&w.f4.f[..], &w.f7.f[..]],
-                false => vec![&w.f4.f[..]],
-            };
+            // v¹ and, with the angle update, v².
+            let both = [&w.f4.f[..], &w.f7.f[..]];
+            let v = &both[..1 + usize::from(o.update_angle)];
             let (res, ybar) = (&ll.e_residual, be_out);
-            self.back_edge_step(c, res, ybar, &v, &mut w.bv, &mut w.bej, g.as_deref_mut());
+            self.back_edge_step(c, res, ybar, v, &mut w.bv, &mut w.bej, g.as_deref_mut());
             self.back_u3(c, w, &bu3, slot_bar);
             self.back_linear(&ll.node_edge, true, w, g.as_deref_mut());
             self.back_edge_self(ll, c, w, g.as_deref_mut());
