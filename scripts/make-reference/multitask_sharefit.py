@@ -4,7 +4,8 @@ embedding (`fitting_net: "<shared_dict key>"`, `dim_case_embd`), for dpw to repl
 
 Run with the DeePMD-kit 3.2.0 virtual environment from the repository root, after
 multitask_steps.py (it trains on that script's one-frame systems in tests/data/multitask):
-`python scripts/make-reference/multitask_sharefit.py` (no arguments; about a minute).
+`python scripts/make-reference/multitask_sharefit.py` (about a minute; with the argument
+`partial`, the `pf_*` cases alone).
 
 Writes tests/reference/multitask/:
 - `sf_pre`: `mt_steps`'s tasks (water, alloy) sharing a DPA-1 descriptor and one fitting net
@@ -17,6 +18,10 @@ Writes tests/reference/multitask/:
   displayed loss at full precision): input.json, lcurve.out, info.json, model_<task>.yaml.
 - `sf_stats`: the same input trained 0 steps from scratch: each head's energy bias and case
   embedding as a fresh run makes them (model_<task>.yaml).
+- `sf_fparam`: two tasks on DeePMD-kit's fparam systems sharing a fitting net that takes a frame
+  parameter, 0 steps: the merged fparam statistics.
+- `pf_pre`, `pf_steps`, `pf_stats`: the same three forms for three tasks of which two (alloy,
+  alloy2) share the fitting net and water has its own (PARTFIT).
 """
 
 import copy
@@ -81,6 +86,20 @@ SHAREFIT_FPARAM = sharefit_input(
      "hot": ({"training_data": mt.data([f"{FPARAM_DATA}/e8000_i2000"])}, mt.LOSS_EF, 3.0)},
     nbatch=4, steps=0)
 
+# Three tasks, two of which (alloy, alloy2) share the fitting net `fit` while water has one of
+# its own: DeePMD-kit links a shared_dict part among the tasks that name it, so the shared
+# fitting net steps at the steps of either alloy task (torch's Adam counting those) and water's
+# at water's. dim_case_embd is one width for every task (DeePMD-kit's get_case_embd_config).
+PARTFIT = sharefit_input(
+    mt.TYPE_MAP_ALL, ("dpa1", mt.DPA1), dict(mt.fit(2), dim_case_embd=3),
+    {"water": ({"training_data": mt.data(sysd("water_f0"))}, mt.LOSS_EF, 1.0),
+     "alloy": ({"training_data": mt.data(sysd("alloy_f0")),
+                "validation_data": dict(mt.data(sysd("alloy_val_f0")), numb_btch=1)},
+               mt.LOSS_EFV, 2.0),
+     "alloy2": ({"training_data": mt.data(sysd("alloy_val_f0"))}, mt.LOSS_EF, 1.0)},
+    nbatch=20, steps=4)
+PARTFIT["model"]["model_dict"]["water"]["fitting_net"] = dict(mt.fit(4), dim_case_embd=3)
+
 
 def train(name, inp, *flags, traced=False):
     """Trains `inp` in a fresh folder; (folder, the last checkpoint's path)."""
@@ -120,23 +139,38 @@ def traced_steps(name, inp, init):
     return tasks
 
 
-def main():
-    pre = copy.deepcopy(SHAREFIT)
-    _, ckpt = train("sf_pre", pre)
-    keep("sf_pre", pre, ckpt, with_ckpt=True)
+def cases(pre_input, prefix):
+    """`prefix`_pre (4 steps from scratch, its checkpoint kept), `prefix`_steps (8 traced steps
+    from it) and `prefix`_stats (0 steps from scratch) of `pre_input`; the tasks drawn."""
+    pre = copy.deepcopy(pre_input)
+    _, ckpt = train(f"{prefix}_pre", pre)
+    keep(f"{prefix}_pre", pre, ckpt, with_ckpt=True)
 
-    inp = copy.deepcopy(SHAREFIT)
+    inp = copy.deepcopy(pre_input)
     inp["training"].update(numb_steps=STEPS, save_freq=STEPS)
-    tasks = traced_steps("sf_steps", inp, f"{OUT}/sf_pre/model.ckpt.pt")
+    tasks = traced_steps(f"{prefix}_steps", inp, f"{OUT}/{prefix}_pre/model.ckpt.pt")
 
-    stats = copy.deepcopy(SHAREFIT)
+    stats = copy.deepcopy(pre_input)
     stats["training"].update(numb_steps=0, save_freq=1)
-    _, ckpt = train("sf_stats", stats)
-    keep("sf_stats", stats, ckpt)
+    _, ckpt = train(f"{prefix}_stats", stats)
+    keep(f"{prefix}_stats", stats, ckpt)
+    return tasks
+
+
+def partial():
+    """The `pf_*` cases alone (PARTFIT)."""
+    print(f"pf_steps: tasks {cases(PARTFIT, 'pf')}")
+
+
+def main():
+    if sys.argv[1:] == ["partial"]:
+        return partial()
+    tasks = cases(SHAREFIT, "sf")
     fp = copy.deepcopy(SHAREFIT_FPARAM)
     _, ckpt = train("sf_fparam", fp)
     keep("sf_fparam", fp, ckpt)
     print(f"sf_steps: tasks {tasks}")
+    partial()
 
 
 if __name__ == "__main__":
