@@ -64,11 +64,17 @@ fn deepmd_head(case: &str, head: &str) -> Model {
     .unwrap()
 }
 
+/// The tasks of reference case `case`, in model_dict order.
+fn tasks_of(case: &str) -> Vec<String> {
+    let path = repo(&format!("tests/reference/multitask/{case}/input.json"));
+    model_dict_order(&std::fs::read_to_string(path).unwrap(), false)
+}
+
 /// DeePMD-kit's steps of reference case `case` from the heads of `pre` (`--init-model`),
 /// replayed on each backend: the same tasks drawn, the same lcurve.out, and after the last
-/// step both heads' parameters, statistics and biases DeePMD-kit's. Each backend's heads
-/// (water, alloy), for the case's own checks.
-fn replay_deepmd_steps(case: &str, pre: &str, test: &str) -> Vec<(&'static str, [Model; 2])> {
+/// step every head's parameters, statistics and biases DeePMD-kit's. Each backend's heads
+/// (in task order: water, alloy, ...), for the case's own checks.
+fn replay_deepmd_steps(case: &str, pre: &str, test: &str) -> Vec<(&'static str, Vec<Model>)> {
     let theirs = std::fs::read_to_string(repo(&format!(
         "tests/reference/multitask/{case}/lcurve.out"
     )))
@@ -79,7 +85,8 @@ fn replay_deepmd_steps(case: &str, pre: &str, test: &str) -> Vec<(&'static str, 
         let t = train(case, backend, &["--init-model", &init]);
         let lcurve = std::fs::read_to_string(t.path().join("lcurve.out")).unwrap();
         assert_eq!(lcurve, theirs, "{backend}");
-        let heads = ["water", "alloy"].map(|h| {
+        let names = tasks_of(case);
+        let heads = names.iter().map(|h| {
             let (mine, dp) = (head(t.path(), h), deepmd_head(case, h));
             let d = rel_to_max(&mine.params, &dp.params);
             eprintln!("{backend} {h}: parameters after the steps, max |Δ| / max |p| = {d:.1e}");
@@ -94,7 +101,7 @@ fn replay_deepmd_steps(case: &str, pre: &str, test: &str) -> Vec<(&'static str, 
             assert_eq!(mine.case_embd, dp.case_embd, "{backend} {h}");
             mine
         });
-        out.push((backend, heads));
+        out.push((backend, heads.collect()));
     }
     out
 }
@@ -123,7 +130,8 @@ fn eight_steps_at_shared_level_1_are_deepmd_kits() {
         "pre_mt",
         "eight_steps_at_shared_level_1_are_deepmd_kits",
     );
-    for (backend, [w, a]) in runs {
+    for (backend, heads) in runs {
+        let (w, a) = (&heads[0], &heads[1]);
         let tebd = w.layout().descriptor.tebd().unwrap().end();
         let dlen = w.layout().descriptor_len();
         assert_eq!(w.params[..tebd], a.params[..tebd], "{backend}");
@@ -407,7 +415,7 @@ fn multitask_input_errors_name_the_key() {
     }
     let e = parse(&shared_fit).unwrap_err();
     assert!(
-        e.contains("with a shared fitting net is not implemented"),
+        e.contains("\"dpa1:1\" beside a shared fitting net ('fit') is not implemented"),
         "{e}"
     );
     // Without model_prob the tasks are drawn by their numbers of systems (1 and 2).
@@ -427,10 +435,51 @@ fn multitask_input_errors_name_the_key() {
 #[test]
 fn eight_steps_of_a_shared_fitting_net_are_deepmd_kits() {
     let test = "eight_steps_of_a_shared_fitting_net_are_deepmd_kits";
-    for (backend, [w, a]) in replay_deepmd_steps("sf_steps", "sf_pre", test) {
+    for (backend, heads) in replay_deepmd_steps("sf_steps", "sf_pre", test) {
+        let (w, a) = (&heads[0], &heads[1]);
         assert_eq!(w.params, a.params, "{backend}: one fitting net");
         assert_ne!(w.case_embd, a.case_embd, "{backend}");
     }
+}
+
+/// Eight steps of DeePMD-kit's run of three tasks of which two (alloy, alloy2) share the
+/// fitting net `fit` and water has its own (`pf_steps`, from the heads of `pf_pre`; the tasks
+/// drawn alloy, alloy, water, alloy, alloy, alloy2 × 3): the same lcurve.out and every head's
+/// parameters after the last step — the shared fitting net updated at the steps of either alloy
+/// task, Adam counting those, water's at water's — DeePMD-kit's.
+#[test]
+fn eight_steps_of_a_fitting_net_shared_by_some_tasks_are_deepmd_kits() {
+    let test = "eight_steps_of_a_fitting_net_shared_by_some_tasks_are_deepmd_kits";
+    for (backend, heads) in replay_deepmd_steps("pf_steps", "pf_pre", test) {
+        let [w, a, a2] = &heads[..] else {
+            panic!("three heads")
+        };
+        let dlen = w.layout().descriptor_len();
+        assert_eq!(a.params, a2.params, "{backend}: one fitting net");
+        assert_eq!(w.params[..dlen], a.params[..dlen], "{backend}");
+        assert_ne!(w.params[dlen..], a.params[dlen..], "{backend}");
+    }
+}
+
+/// A new run of `pf_stats`: the alloy tasks' heads one parameter vector and water's fitting net
+/// its own; each head's statistics, energy bias and case embedding DeePMD-kit's.
+#[test]
+fn a_new_run_sharing_a_fitting_net_among_some_tasks_is_deepmd_kits() {
+    let t = train("pf_stats", "cpu", &[]);
+    let heads: Vec<Model> = (tasks_of("pf_stats").iter())
+        .map(|h| {
+            let (mine, dp) = (head(t.path(), h), deepmd_head("pf_stats", h));
+            assert_eq!(mine.case_embd, dp.case_embd, "{h}");
+            assert_eq!(mine.davg, dp.davg, "{h}");
+            assert!(rel_to_max(&mine.dstd, &dp.dstd) < 1e-13, "{h}");
+            assert!(rel_to_max(&mine.bias, &dp.bias) < 1e-14, "{h}");
+            mine
+        })
+        .collect();
+    let dlen = heads[0].layout().descriptor_len();
+    assert_eq!(heads[1].params, heads[2].params);
+    assert_eq!(heads[0].params[..dlen], heads[1].params[..dlen]);
+    assert_ne!(heads[0].params[dlen..], heads[1].params[dlen..]);
 }
 
 /// A new run whose tasks share the fitting net: one parameter vector in both heads, each
@@ -522,14 +571,19 @@ fn a_shared_fitting_nets_frame_parameter_statistics_are_merged_as_deepmd_kits() 
 fn shared_fitting_errors_name_the_key() {
     let good = json_file(&repo("tests/reference/multitask/sf_pre/input.json"));
     let c = parse(&good).unwrap();
-    assert_eq!(c.fitting_key.as_deref(), Some("fit"));
+    assert_eq!(
+        c.fitting_keys,
+        [Some("fit".to_string()), Some("fit".to_string())]
+    );
     let own = good["model"]["shared_dict"]["fit"].clone();
+    // A fitting net named by one task is that task's.
+    let mut one = good.clone();
+    one["model"]["model_dict"]["alloy"]["fitting_net"] = own.clone();
+    assert_eq!(
+        parse(&one).unwrap().fitting_keys,
+        [Some("fit".into()), None]
+    );
     let cases: Vec<(&str, Value, &str)> = vec![
-        (
-            "/model/model_dict/alloy/fitting_net",
-            own.clone(),
-            "model.model_dict.alloy.fitting_net: task 'alloy' and task 'water' do not both take",
-        ),
         (
             "/model/model_dict/water/fitting_net",
             json!("fit:1"),
@@ -555,20 +609,23 @@ fn shared_fitting_errors_name_the_key() {
     );
 }
 
-/// A run restarted from its checkpoint at step 4 ends where the run of 8 steps does, bit for
-/// bit: every head's parameters, Adam's moments and step counts (the shared descriptor's and
-/// each fitting net's), the batch streams and the task draw go on. (lcurve.out gets its header
-/// again at the restart, as DeePMD-kit's.)
-#[test]
-fn a_restart_goes_on_as_the_run_would() {
-    let text =
-        std::fs::read_to_string(repo("tests/reference/multitask/mt_steps/input.json")).unwrap();
+/// Reference case `case`'s run from the heads of `pre`, with a checkpoint every 4 steps, and
+/// the same restarted from its checkpoint at step 4: the same lcurve.out lines and every head's
+/// parameters at the end. The restarted run's folder.
+fn restart_goes_on(case: &str, pre: &str) -> TempDir {
+    let text = std::fs::read_to_string(repo(&format!(
+        "tests/reference/multitask/{case}/input.json"
+    )))
+    .unwrap();
     let every4 = text.replace("\"save_freq\": 8", "\"save_freq\": 4");
     assert_ne!(every4, text);
     let whole = tree();
     std::fs::write(whole.path().join("input.json"), &every4).unwrap();
-    let init = "tests/reference/multitask/pre_mt/model.ckpt.pt";
-    let (ok, log) = dpw_in(whole.path(), &["train", "input.json", "--init-model", init]);
+    let init = format!("tests/reference/multitask/{pre}/model.ckpt.pt");
+    let (ok, log) = dpw_in(
+        whole.path(),
+        &["train", "input.json", "--init-model", &init],
+    );
     assert!(ok, "{log}");
     let t = tree();
     std::fs::write(t.path().join("input.json"), &every4).unwrap();
@@ -590,10 +647,20 @@ fn a_restart_goes_on_as_the_run_would() {
     };
     assert_eq!(lines(t.path()), lines(whole.path()));
     assert_eq!(lines(t.path()).len(), 8);
-    for h in ["water", "alloy"] {
-        let (a, b) = (head(t.path(), h), head(whole.path(), h));
-        assert_eq!(a.params, b.params, "{h}");
+    for h in tasks_of(case) {
+        let (a, b) = (head(t.path(), &h), head(whole.path(), &h));
+        assert_eq!(a.params, b.params, "{case} {h}");
     }
+    t
+}
+
+/// A run restarted from its checkpoint at step 4 ends where the run of 8 steps does, bit for
+/// bit: every head's parameters, Adam's moments and step counts (the shared descriptor's and
+/// each fitting net's), the batch streams and the task draw go on. (lcurve.out gets its header
+/// again at the restart, as DeePMD-kit's.)
+#[test]
+fn a_restart_goes_on_as_the_run_would() {
+    let t = restart_goes_on("mt_steps", "pre_mt");
     // A single-task input does not restart a multi-task checkpoint.
     let single = json!({
         "model": {"type_map": ["O", "H"], "descriptor": {"type": "se_e2_a", "sel": [8, 8], "rcut": 3.0, "neuron": [2], "axis_neuron": 1}, "fitting_net": {"neuron": [2]}},
@@ -605,6 +672,13 @@ fn a_restart_goes_on_as_the_run_would() {
         &["train", "single.json", "--restart", "model.ckpt"],
     );
     assert!(!ok && log.contains("is a multi-task checkpoint"), "{log}");
+}
+
+/// The same of three tasks, two of which share a fitting net (`pf_steps`): the shared
+/// fitting net's holder and its Adam count (the steps of the tasks sharing it) go on.
+#[test]
+fn a_restart_of_a_fitting_net_shared_by_some_tasks_goes_on() {
+    restart_goes_on("pf_steps", "pf_pre");
 }
 
 /// `num_epoch_dict`: numb_steps = ceil(Σ_k e_k·B_k) and model_prob the shares e_k·B_k / Σ, as

@@ -4,10 +4,11 @@
 //! it stands for, so that every key is checked as it is there; an error names the key where the
 //! multi-task input has it (`model.shared_dict.dpa1.sel`, `loss_dict.water.start_pref_e`).
 //!
-//! dpw shares one descriptor among all the tasks, whole (shared level 0), as DeePMD-kit's
-//! examples and pretrained models do; each task has its own fitting net, or all share one
-//! (DeePMD-kit's `input_torch_sharefit.json`, with a case embedding); each its own energy bias,
-//! loss and data.
+//! dpw shares one descriptor among all the tasks, whole (shared level 0) as DeePMD-kit's
+//! examples and pretrained models do, or its type embedding alone (level 1); a fitting net is
+//! a task's own or shared by the tasks that name its `shared_dict` key (all of them in
+//! DeePMD-kit's `input_torch_sharefit.json`, with a case embedding); each task has its own
+//! energy bias, loss and data.
 
 use std::path::Path;
 
@@ -36,8 +37,10 @@ pub struct MultiTaskConfig {
     /// How much of it they share (`"key:level"`): 0 all of it, 1 its type embedding alone
     /// (each task then trains the rest, with statistics of its own data).
     pub descriptor_level: u32,
-    /// The `shared_dict` key of the fitting net all tasks share, where they share one.
-    pub fitting_key: Option<String>,
+    /// Per task, in task order, the `shared_dict` key of its fitting net where it takes one
+    /// (`None`: a fitting net of its own). Tasks naming one key share that fitting net
+    /// ([`MultiTaskConfig::fitting_group`]).
+    pub fitting_keys: Vec<Option<String>>,
     /// `model.shared_dict` as given, written back to out.json.
     shared_dict: Value,
     /// `training.model_prob` as given (`None`: not given).
@@ -219,9 +222,10 @@ impl MultiTaskConfig {
             }
         }
         let (descriptor_key, descriptor_level) = descriptor_key.expect("checked for every task");
-        let fitting_key = shared_fitting(&tasks, &fittings)?;
+        let shared_fit = (fittings.iter().flatten())
+            .find(|k| fittings.iter().flatten().filter(|x| x == k).count() > 1);
         if descriptor_level == 1 {
-            type_embedding_shared(&tasks[0], &descriptor_key, fitting_key.is_some())?;
+            type_embedding_shared(&tasks[0], &descriptor_key, shared_fit)?;
         }
         case_embedding(&tasks)?;
         let model_prob_given = training.get("model_prob").cloned();
@@ -236,7 +240,7 @@ impl MultiTaskConfig {
             num_epoch,
             descriptor_key,
             descriptor_level,
-            fitting_key,
+            fitting_keys: fittings,
             shared_dict: Value::Object(shared),
             model_prob_given,
         })
@@ -310,27 +314,12 @@ impl MultiTaskConfig {
     }
 }
 
-/// The key of the fitting net every task shares (`None`: each has its own), from each task's
-/// `fitting_net` reference (`refs`, in task order).
-fn shared_fitting(tasks: &[TaskConfig], refs: &[Option<String>]) -> Result<Option<String>> {
-    let Some(key) = refs[0].clone() else {
-        if let Some(k) = refs.iter().position(Option::is_some) {
-            return Err(partly_shared(&tasks[k].name, &tasks[0].name));
-        }
-        return Ok(None);
-    };
-    for (t, r) in tasks.iter().zip(refs).skip(1) {
-        if r.as_ref() != Some(&key) {
-            return Err(partly_shared(&t.name, &tasks[0].name));
-        }
-    }
-    Ok(Some(key))
-}
-
 /// Shared level 1 shares the type embedding alone, as DeePMD-kit's DPA-1, DPA-2, DPA-3 and
-/// se_e3_tebd do (its other descriptors raise NotImplementedError); dpw's tasks share a leading part of their
-/// parameters, which a fitting net shared beside it is not.
-fn type_embedding_shared(first: &TaskConfig, key: &str, shared_fit: bool) -> Result<()> {
+/// se_e3_tebd do (its other descriptors raise NotImplementedError). Beside a fitting net that
+/// tasks share, a task's parameters would fall in three parts that Adam counts apart (the type
+/// embedding every step, the rest of the descriptor at its own steps, the fitting net at the
+/// steps of the tasks sharing it); dpw's Adam counts two, so that is refused.
+fn type_embedding_shared(first: &TaskConfig, key: &str, shared_fit: Option<&String>) -> Result<()> {
     let path = join(&join("model.model_dict", &first.name), "descriptor");
     let kind = first.config.model.descriptor.kind;
     if !(kind.is_attention() || kind.reads_rij()) {
@@ -344,27 +333,16 @@ fn type_embedding_shared(first: &TaskConfig, key: &str, shared_fit: bool) -> Res
             ),
         ));
     }
-    if shared_fit {
+    if let Some(fit) = shared_fit {
         return Err(ConfigError::unsupported(
             path,
             format!(
-                "\"{key}:1\" with a shared fitting net is not implemented: share the \
-                 descriptor whole (\"{key}\") or give each task its own fitting net"
+                "\"{key}:1\" beside a shared fitting net ('{fit}') is not implemented: share \
+                 the descriptor whole (\"{key}\") or give each task its own fitting net"
             ),
         ));
     }
     Ok(())
-}
-
-fn partly_shared(task: &str, first: &str) -> ConfigError {
-    ConfigError::unsupported(
-        join(&join("model.model_dict", task), "fitting_net"),
-        format!(
-            "task '{task}' and task '{first}' do not both take the shared fitting net: dpw \
-             shares a fitting net among all the tasks (the same shared_dict key in each) or \
-             gives each its own"
-        ),
-    )
 }
 
 /// DeePMD-kit's case embedding (`get_case_embd_config`): one `dim_case_embd` for every task,
@@ -402,6 +380,17 @@ fn case_embedding(tasks: &[TaskConfig]) -> Result<()> {
 }
 
 impl MultiTaskConfig {
+    /// The fitting net of task `k`, as the first task that has it: tasks that name one
+    /// `shared_dict` key share it; a task with a fitting net of its own is its own group.
+    pub fn fitting_group(&self, k: usize) -> usize {
+        match &self.fitting_keys[k] {
+            Some(key) => (self.fitting_keys.iter())
+                .position(|x| x.as_ref() == Some(key))
+                .expect("task k names it"),
+            None => k,
+        }
+    }
+
     /// Each task's case embedding in a new run, in task order: the one-hot row of its place
     /// among the tasks sorted by name (DeePMD-kit's `get_case_embd_config`); empty rows where
     /// dim_case_embd is 0.

@@ -1,7 +1,7 @@
 //! Multi-task training (DeePMD-kit's multi-task input, docs/deepmd-spec.md §21.3): one model
 //! per task, each with its own energy bias, loss, data and validation, and its own fitting net
-//! or one shared by all (told apart by the case embedding), all sharing the first task's
-//! descriptor: its parameters, its Adam moments, and statistics merged over the tasks as
+//! or one shared with other tasks (told apart by the case embedding), all sharing the first
+//! task's descriptor: its parameters, its Adam moments, and statistics merged over the tasks as
 //! DeePMD-kit's `share_params` merges them.
 //!
 //! Each task is set up as the single-task input it stands for ([`setup::prepare_in`]); then the
@@ -12,7 +12,7 @@ mod run;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use indicatif::ProgressBar;
 use web_time::Instant;
 
@@ -38,8 +38,9 @@ pub struct MultiTaskSetup {
     pub tasks: Vec<TrainSetup>,
     /// Per task, its steps so far (Adam's count of its fitting net's steps).
     pub updates: Vec<usize>,
-    /// The first parameters of every task's vector, which the tasks share: the descriptor's,
-    /// or all of them where the tasks share the fitting net too.
+    /// The first parameters of every task's vector, which all the tasks share: the
+    /// descriptor's (its type embedding's at shared level 1). The rest, the fitting net, is
+    /// shared by the tasks of one [`MultiTaskConfig::fitting_group`].
     pub shared: usize,
     /// Seed of the task draw.
     pub seed: u64,
@@ -263,34 +264,40 @@ fn finetune_start(file: &ModelFile, t: &TaskConfig, heads: &[String]) -> Result<
     })
 }
 
-/// A shared fitting net's frame and atomic parameter statistics, as DeePMD-kit's
-/// `GeneralFitting.share_params` merges them: the first task's sums, every other task's added
-/// weighted by model_prob[it] / model_prob[first], made into one avg and inv_std that every task
-/// takes.
+/// Each shared fitting net's frame and atomic parameter statistics, as DeePMD-kit's
+/// `GeneralFitting.share_params` merges them: the sums of the first task that has it, every
+/// other's added weighted by model_prob[it] / model_prob[first], made into one avg and inv_std
+/// that the tasks sharing it take.
 fn merge_fit_input_stats(tasks: &mut [TrainSetup], config: &MultiTaskConfig) {
-    let mut sums = tasks[0].fit_input_sums.clone();
-    if sums.is_empty() {
-        return;
-    }
     let p = &config.model_prob;
-    for (k, s) in tasks.iter().enumerate().skip(1) {
-        let w = p[k] / p[0];
-        for (mine, theirs) in sums.iter_mut().zip(&s.fit_input_sums) {
-            for (m, t) in mine.iter_mut().zip(theirs) {
-                *m += t * w;
+    for g in 0..tasks.len() {
+        let group: Vec<usize> = (0..tasks.len())
+            .filter(|&k| config.fitting_group(k) == g)
+            .collect();
+        if group.len() < 2 || tasks[g].fit_input_sums.is_empty() {
+            continue;
+        }
+        let mut sums = tasks[g].fit_input_sums.clone();
+        for &k in &group[1..] {
+            let w = p[k] / p[g];
+            for (mine, theirs) in sums.iter_mut().zip(&tasks[k].fit_input_sums) {
+                for (m, t) in mine.iter_mut().zip(theirs) {
+                    *m += t * w;
+                }
             }
         }
-    }
-    let protect = config.first().model.data_stat_protect;
-    let (avg, inv_std) = fit_input_norm(&sums, protect);
-    tracing::info!(
-        "the shared fitting net's input statistics over the {} tasks: avg {avg:?}, inv_std \
-         {inv_std:?}",
-        tasks.len()
-    );
-    for s in tasks.iter_mut() {
-        s.model.fit_input_avg.clone_from(&avg);
-        s.model.fit_input_inv_std.clone_from(&inv_std);
+        let protect = config.first().model.data_stat_protect;
+        let (avg, inv_std) = fit_input_norm(&sums, protect);
+        tracing::info!(
+            "the shared fitting net '{}''s input statistics over its {} tasks: avg {avg:?}, \
+             inv_std {inv_std:?}",
+            config.fitting_keys[g].as_deref().unwrap_or_default(),
+            group.len()
+        );
+        for &k in &group {
+            tasks[k].model.fit_input_avg.clone_from(&avg);
+            tasks[k].model.fit_input_inv_std.clone_from(&inv_std);
+        }
     }
 }
 
@@ -324,11 +331,26 @@ fn steps_from_epochs(config: &mut MultiTaskConfig, tasks: &mut [TrainSetup], epo
     }
 }
 
-/// The length of the parameters the tasks share ([`MultiTaskSetup::shared`]): the descriptor's,
-/// its type embedding's at shared level 1 (the first of its tensors). Tasks that share the
-/// fitting net share the whole model, whose shapes must then be one.
+/// The length of the parameters all the tasks share ([`MultiTaskSetup::shared`]): the
+/// descriptor's, its type embedding's at shared level 1 (the first of its tensors). Tasks that
+/// share a fitting net share their whole model, whose shapes must then be one.
 fn shared_len(tasks: &[TrainSetup], config: &MultiTaskConfig) -> Result<usize> {
     let m0 = &tasks[0].model;
+    for (k, s) in tasks.iter().enumerate() {
+        let g = config.fitting_group(k);
+        if g == k || s.model.spec == tasks[g].model.spec {
+            continue;
+        }
+        let key = config.fitting_keys[k].as_deref().unwrap_or_default();
+        bail!(
+            "tasks '{}' and '{}' share the fitting net '{key}' but not one model: {}",
+            config.tasks[g].name,
+            config.tasks[k].name,
+            (tasks[g].model.spec)
+                .differences(&s.model.spec, &config.tasks[g].name, &config.tasks[k].name)
+                .join("; ")
+        );
+    }
     if config.descriptor_level == 1 {
         let l = m0.layout();
         let tebd =
@@ -339,26 +361,12 @@ fn shared_len(tasks: &[TrainSetup], config: &MultiTaskConfig) -> Result<usize> {
         );
         return Ok(tebd.end());
     }
-    let Some(key) = &config.fitting_key else {
-        return Ok(m0.layout().descriptor_len());
-    };
-    for (k, s) in tasks.iter().enumerate().skip(1) {
-        if s.model.spec != m0.spec {
-            bail!(
-                "tasks '{}' and '{}' share the fitting net '{key}' but not one model: {}",
-                config.tasks[0].name,
-                config.tasks[k].name,
-                m0.spec
-                    .differences(&s.model.spec, &config.tasks[0].name, &config.tasks[k].name)
-                    .join("; ")
-            );
-        }
-    }
-    Ok(m0.params.len())
+    Ok(m0.layout().descriptor_len())
 }
 
-/// The heads a run starts from (`what`) share the descriptor (and the fitting net) already:
-/// the same parameters and statistics in every head (one tensor in DeePMD-kit's checkpoint).
+/// The heads a run starts from (`what`) share the descriptor and the fitting nets already:
+/// the same parameters and statistics in every head that shares them (one tensor in
+/// DeePMD-kit's checkpoint).
 fn check_shared(
     tasks: &[TrainSetup],
     config: &MultiTaskConfig,
@@ -366,20 +374,24 @@ fn check_shared(
     what: &str,
 ) -> Result<()> {
     let m0 = &tasks[0].model;
-    let part = match config.fitting_key {
-        Some(_) => "descriptor and fitting net",
-        None => "descriptor",
-    };
     let stats = |m: &Model| (m.davg == m0.davg && m.dstd == m0.dstd) || config.descriptor_level > 0;
+    let differ = |a: usize, b: usize, part: &str| {
+        anyhow!(
+            "{what}: heads '{}' and '{}' do not share one {part} (their parameters or \
+             statistics differ); the input's tasks share it",
+            config.tasks[a].name,
+            config.tasks[b].name
+        )
+    };
     for (k, s) in tasks.iter().enumerate().skip(1) {
         let m = &s.model;
         if m.params[..shared] != m0.params[..shared] || !stats(m) {
-            bail!(
-                "{what}: heads '{}' and '{}' do not share one {part} (their parameters or \
-                 statistics differ); the input's tasks share it",
-                config.tasks[0].name,
-                config.tasks[k].name
-            );
+            return Err(differ(0, k, "descriptor"));
+        }
+        let g = config.fitting_group(k);
+        let fit = m.layout().descriptor_len();
+        if g != k && m.params[fit..] != tasks[g].model.params[fit..] {
+            return Err(differ(g, k, "fitting net"));
         }
     }
     Ok(())
@@ -389,8 +401,8 @@ fn check_shared(
 /// from the statistics of all tasks, their sums added (DeePMD-kit's `share_params`; at level 1
 /// each task keeps its own data's, and shares the type embedding alone from here on;
 /// model_prob weighs only a shared fitting net's fparam/aparam statistics,
-/// `merge_fit_input_stats`). Tasks that share the fitting net take the first task's whole
-/// parameter vector; else each later task's fitting net is drawn anew from its own seed
+/// `merge_fit_input_stats`). A task that shares a fitting net takes it from the first task
+/// that has it; the first task of each other fitting net draws it anew from its own seed
 /// (`fitting_net.seed`, else the run's seed + its index), so that the heads do not start alike.
 fn share_parts(tasks: &mut [TrainSetup], config: &MultiTaskConfig, seed: u64) -> Result<()> {
     let d = tasks[0].model.spec.descriptor.clone();
@@ -407,29 +419,29 @@ fn share_parts(tasks: &mut [TrainSetup], config: &MultiTaskConfig, seed: u64) ->
             );
         }
     }
-    let m0 = &tasks[0].model;
-    let alike = match config.fitting_key {
-        Some(_) => m0.params.len(),
-        None => m0.layout().descriptor_len(),
-    };
-    let first = m0.params[..alike].to_vec();
+    let dlen = tasks[0].model.layout().descriptor_len();
+    let first = tasks[0].model.params[..dlen].to_vec();
     let mut env = tasks[0].stat_env.clone();
-    for (k, s) in tasks.iter_mut().enumerate().skip(1) {
-        s.model.params[..alike].copy_from_slice(&first);
-        // A fitting net of its own (none left to draw where the tasks share it).
-        if alike < s.model.params.len() {
-            let fit_seed = (config.tasks[k].config.model.fitting_net.seed)
-                .unwrap_or(seed.wrapping_add(k as u64));
-            let fresh = Model::new(s.model.spec.clone(), fit_seed);
-            s.model.params[alike..].copy_from_slice(&fresh.params[alike..]);
-        }
+    for k in 1..tasks.len() {
+        let g = config.fitting_group(k);
+        let fit = match g == k {
+            // The first task of its fitting net (its own, or the first to name a shared one):
+            // drawn anew.
+            true => {
+                let fit_seed = (config.tasks[k].config.model.fitting_net.seed)
+                    .unwrap_or(seed.wrapping_add(k as u64));
+                Model::new(tasks[k].model.spec.clone(), fit_seed).params[dlen..].to_vec()
+            }
+            false => tasks[g].model.params[dlen..].to_vec(),
+        };
+        let s = &mut tasks[k];
+        s.model.params[..dlen].copy_from_slice(&first);
+        s.model.params[dlen..].copy_from_slice(&fit);
         for (mine, theirs) in env.iter_mut().zip(&s.stat_env) {
             mine.add(theirs);
         }
     }
-    if config.fitting_key.is_some() {
-        merge_fit_input_stats(tasks, config);
-    }
+    merge_fit_input_stats(tasks, config);
     if config.descriptor_level > 0 {
         return Ok(());
     }

@@ -1,9 +1,9 @@
 //! The multi-task training loop. Each step draws a task as DeePMD-kit draws it ([`TaskDraw`])
 //! and steps that task's [`Run`]. The shared parameters' values and Adam moments (the
-//! descriptor's, and the fitting net's where the tasks share it) go, on the device, from the
-//! head that stepped last to the head stepping now; Adam counts the shared parameters' steps
-//! over the whole run and a head's own fitting net's over its own task's steps (torch counts
-//! steps per tensor, and a head has no gradient at the other tasks' steps).
+//! descriptor's, and a fitting net's that tasks share) go, on the device, from the head that
+//! stepped them last to the head stepping now; Adam counts the descriptor's steps over the whole
+//! run and a fitting net's over the steps of the tasks that have it (torch counts steps per
+//! tensor, and a head has no gradient at the other tasks' steps).
 //!
 //! At a display step the stepped task shows the loss of its step; every other task the loss of
 //! a fresh batch of its training data, and each its validation, as DeePMD-kit's lcurve.out.
@@ -12,6 +12,7 @@
 
 use std::fs::File;
 use std::io::Write as _;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use anyhow::{bail, Context, Result};
 use web_time::Instant;
 
 use crate::backend::{AdamTail, Backend, Real, Span};
+use crate::config::multitask::MultiTaskConfig;
 use crate::config::Precision;
 use crate::dist;
 use crate::model::file::write_atomic;
@@ -116,7 +118,6 @@ pub fn train<T: Real, B: Backend<T>>(
             false => None,
         },
         precision,
-        shared,
         seed,
     };
 
@@ -179,7 +180,7 @@ pub fn train<T: Real, B: Backend<T>>(
             );
         } else if root {
             // numb_steps 0: DeePMD-kit still saves the initial model.
-            let p = saver.save(b, &heads, 0, 0, 0.0)?;
+            let p = saver.save(b, &heads, &Holders::new(&config, &heads, shared), 0, 0.0)?;
             tracing::info!(
                 "numb_steps is 0: saved the initial model to {}",
                 p.display()
@@ -201,24 +202,25 @@ pub fn train<T: Real, B: Backend<T>>(
     let mut draw = TaskDraw::new(0, seed, &config.model_prob);
     // A restart continues the sequence: one draw per step.
     draw.skip(start);
-    let mut scratch = b.zeros(shared);
-    // The head whose shared parameters are the newest.
-    let mut holder = 0;
+    let mut holders = Holders::new(&config, &heads, shared);
+    let mut scratch = holders.lens().map(|n| b.zeros(n));
     let mut fout: Option<File> = None;
     let mut header_done = false;
     interrupt::training_started();
 
     for step in start..numb_steps {
         let k = draw.next();
-        share(b, &mut heads, holder, k, shared, &mut scratch);
-        holder = k;
+        holders.bring(b, &mut heads, k, &mut scratch);
+        holders.stepped(k);
         let t_step = Instant::now();
+        // Adam's count of this head's fitting net: the steps of every task that has it.
+        let fit_steps: usize = (holders.sharing(k)).map(|i| heads[i].updates).sum();
         let h = &mut heads[k];
         h.run.head_step(
             step,
             AdamTail {
                 from: shared,
-                t: h.updates as u64 + 1,
+                t: fit_steps as u64 + 1,
             },
         );
         let plan = h.run.step(b, &mut driver)?;
@@ -235,7 +237,7 @@ pub fn train<T: Real, B: Backend<T>>(
                     cols.push((shown.trn, shown.val));
                     continue;
                 }
-                share(b, &mut heads, k, i, shared, &mut scratch);
+                holders.bring(b, &mut heads, i, &mut scratch);
                 let run = &mut heads[i].run;
                 let trn = block_on(run.probe(b, &mut driver, pref_lr))?;
                 let val = block_on(run.validate(b, &mut driver, pref_lr))?;
@@ -265,7 +267,7 @@ pub fn train<T: Real, B: Backend<T>>(
             dist::log::flush(world);
         }
         if root && plan.checkpoint {
-            let p = saver.save(b, &heads, holder, done, plan.lr)?;
+            let p = saver.save(b, &heads, &holders, done, plan.lr)?;
             for h in heads.iter_mut() {
                 h.run.set_last_checkpoint(p.clone());
             }
@@ -278,52 +280,111 @@ pub fn train<T: Real, B: Backend<T>>(
     Ok(progress.finish(exchange, root.then_some(&saver.path)))
 }
 
-/// Hands the shared parameters (their values and Adam's moments) from head `from` to head
-/// `to`, on the device.
-fn share<T: Real, B: Backend<T>>(
-    b: &B,
-    heads: &mut [Head<T, B>],
-    from: usize,
-    to: usize,
+/// Which head holds the newest values of each shared part: the descriptor's first `shared`
+/// parameters (every head's), and each fitting net that tasks share (the parameters from
+/// `fit`: the heads of one [`MultiTaskConfig::fitting_group`]).
+struct Holders {
+    /// Each head's fitting group.
+    group: Vec<usize>,
     shared: usize,
-    scratch: &mut B::Buf,
-) {
-    if from == to {
-        return;
+    fit: usize,
+    nparams: usize,
+    descriptor: usize,
+    /// By group.
+    fitting: Vec<usize>,
+}
+
+impl Holders {
+    fn new<T: Real, B: Backend<T>>(
+        config: &MultiTaskConfig,
+        heads: &[Head<T, B>],
+        shared: usize,
+    ) -> Self {
+        let n = heads.len();
+        let layout = heads[0].model.layout();
+        Holders {
+            group: (0..n).map(|k| config.fitting_group(k)).collect(),
+            shared,
+            fit: layout.descriptor_len(),
+            nparams: heads[0].model.params.len(),
+            descriptor: 0,
+            fitting: (0..n).collect(),
+        }
     }
-    let spans = [Span {
-        src: 0,
-        dst: 0,
-        len: shared,
-    }];
-    let (src, dst) = match from < to {
-        true => {
-            let (a, c) = heads.split_at_mut(to);
-            (&a[from], &mut c[0])
+
+    /// The heads that have head `k`'s fitting net (`k` alone where it is its own).
+    fn sharing(&self, k: usize) -> impl Iterator<Item = usize> + '_ {
+        let g = self.group[k];
+        (0..self.group.len()).filter(move |&i| self.group[i] == g)
+    }
+
+    /// Head `k`'s shared parts, the descriptor's and its fitting net's: where in the
+    /// parameters each is, and the head that holds its newest values.
+    fn parts(&self, k: usize) -> [(Range<usize>, usize); 2] {
+        [
+            (0..self.shared, self.descriptor),
+            (self.fit..self.nparams, self.fitting[self.group[k]]),
+        ]
+    }
+
+    /// The shared parts' lengths ([`Holders::bring`]'s scratch buffers).
+    fn lens(&self) -> [usize; 2] {
+        self.parts(0).map(|(r, _)| r.len())
+    }
+
+    /// Gives head `k` the newest values and Adam moments of its shared parts, on the device,
+    /// through `scratch` (buffers of [`Holders::lens`]).
+    fn bring<T: Real, B: Backend<T>>(
+        &self,
+        b: &B,
+        heads: &mut [Head<T, B>],
+        k: usize,
+        scratch: &mut [B::Buf; 2],
+    ) {
+        for ((range, from), scratch) in self.parts(k).into_iter().zip(scratch) {
+            if from == k {
+                continue;
+            }
+            let (src, dst) = match from < k {
+                true => {
+                    let (a, c) = heads.split_at_mut(k);
+                    (&a[from], &mut c[0])
+                }
+                false => {
+                    let (a, c) = heads.split_at_mut(from);
+                    (&c[0], &mut a[k])
+                }
+            };
+            let (s, d) = (src.run.dm(), dst.run.dm_mut());
+            let span = Span {
+                src: range.start,
+                dst: 0,
+                len: range.len(),
+            };
+            for (x, y) in [
+                (&s.params, &mut d.params),
+                (&s.m, &mut d.m),
+                (&s.v, &mut d.v),
+            ] {
+                b.gather(x, scratch, &[span]);
+                b.copy(scratch, y, range.start);
+            }
         }
-        false => {
-            let (a, c) = heads.split_at_mut(from);
-            (&c[0], &mut a[to])
-        }
-    };
-    let (s, d) = (src.run.dm(), dst.run.dm_mut());
-    for (x, y) in [
-        (&s.params, &mut d.params),
-        (&s.m, &mut d.m),
-        (&s.v, &mut d.v),
-    ] {
-        b.gather(x, scratch, &spans);
-        b.copy(scratch, y, 0);
+    }
+
+    /// Head `k` has stepped: its shared parts are the newest.
+    fn stepped(&mut self, k: usize) {
+        self.descriptor = k;
+        self.fitting[self.group[k]] = k;
     }
 }
 
-/// Writes the run's checkpoints: every head, with the shared parameters of the head that
-/// stepped last.
+/// Writes the run's checkpoints: every head, with each shared part from the head that
+/// stepped it last.
 struct Saver {
     path: PathBuf,
     rotation: Option<Rotation>,
     precision: Precision,
-    shared: usize,
     seed: u64,
 }
 
@@ -332,23 +393,21 @@ impl Saver {
         &mut self,
         b: &B,
         heads: &[Head<T, B>],
-        holder: usize,
+        holders: &Holders,
         step: usize,
         lr: f64,
     ) -> Result<PathBuf> {
         let read = |x: &B::Buf| -> Vec<f64> { b.download(x).iter().map(|v| v.f64()).collect() };
-        let hd = heads[holder].run.dm();
-        let shared = [read(&hd.params), read(&hd.m), read(&hd.v)];
+        let states: Vec<[Vec<f64>; 3]> = (heads.iter().map(|h| h.run.dm()))
+            .map(|dm| [read(&dm.params), read(&dm.m), read(&dm.v)])
+            .collect();
         let mut out = Vec::with_capacity(heads.len());
-        for h in heads {
-            let dm = h.run.dm();
-            let [mut params, mut m, mut v] = [read(&dm.params), read(&dm.m), read(&dm.v)];
-            for (mine, theirs) in [
-                (&mut params, &shared[0]),
-                (&mut m, &shared[1]),
-                (&mut v, &shared[2]),
-            ] {
-                mine[..self.shared].copy_from_slice(&theirs[..self.shared]);
+        for (k, h) in heads.iter().enumerate() {
+            let [mut params, mut m, mut v] = states[k].clone();
+            for (range, from) in holders.parts(k) {
+                for (mine, theirs) in [&mut params, &mut m, &mut v].into_iter().zip(&states[from]) {
+                    mine[range.clone()].copy_from_slice(&theirs[range.clone()]);
+                }
             }
             let (sampler, valid_sampler, disp_acc) = h.run.checkpoint_state();
             let mut model = h.model.clone();
