@@ -4,8 +4,8 @@ embedding (`fitting_net: "<shared_dict key>"`, `dim_case_embd`), for dpw to repl
 
 Run with the DeePMD-kit 3.2.0 virtual environment from the repository root, after
 multitask_steps.py (it trains on that script's one-frame systems in tests/data/multitask):
-`python scripts/make-reference/multitask_sharefit.py` (about a minute; with the argument
-`partial`, the `pf_*` cases alone).
+`python scripts/make-reference/multitask_sharefit.py [PREFIX ...]` (about a minute; with
+arguments, the cases of those prefixes alone: sf, pf, lf).
 
 Writes tests/reference/multitask/:
 - `sf_pre`: `mt_steps`'s tasks (water, alloy) sharing a DPA-1 descriptor and one fitting net
@@ -22,6 +22,7 @@ Writes tests/reference/multitask/:
   parameter, 0 steps: the merged fparam statistics.
 - `pf_pre`, `pf_steps`, `pf_stats`: the same three forms for three tasks of which two (alloy,
   alloy2) share the fitting net and water has its own (PARTFIT).
+- `lf_pre`, `lf_steps`, `lf_stats`: SHAREFIT with the descriptor shared at level 1 (L1FIT).
 """
 
 import copy
@@ -100,6 +101,16 @@ PARTFIT = sharefit_input(
     nbatch=20, steps=4)
 PARTFIT["model"]["model_dict"]["water"]["fitting_net"] = dict(mt.fit(4), dim_case_embd=3)
 
+# SHAREFIT with the descriptor shared at level 1 (its type embedding alone) beside the shared
+# fitting net: each task's parameters fall in three parts that torch's Adam counts apart (the
+# type embedding and the fitting net at every step, the rest of the descriptor at its task's).
+L1FIT = copy.deepcopy(SHAREFIT)
+for _task in L1FIT["model"]["model_dict"].values():
+    _task["descriptor"] = "dpa1:1"
+
+# The cases `cases` makes, by the prefix of their folders.
+CASES = {"sf": SHAREFIT, "pf": PARTFIT, "lf": L1FIT}
+
 
 def train(name, inp, *flags, traced=False):
     """Trains `inp` in a fresh folder; (folder, the last checkpoint's path)."""
@@ -157,20 +168,15 @@ def cases(pre_input, prefix):
     return tasks
 
 
-def partial():
-    """The `pf_*` cases alone (PARTFIT)."""
-    print(f"pf_steps: tasks {cases(PARTFIT, 'pf')}")
-
-
 def main():
-    if sys.argv[1:] == ["partial"]:
-        return partial()
-    tasks = cases(SHAREFIT, "sf")
-    fp = copy.deepcopy(SHAREFIT_FPARAM)
-    _, ckpt = train("sf_fparam", fp)
-    keep("sf_fparam", fp, ckpt)
-    print(f"sf_steps: tasks {tasks}")
-    partial()
+    """Every case, or those whose prefixes are the arguments."""
+    prefixes = sys.argv[1:] or list(CASES)
+    for prefix in prefixes:
+        print(f"{prefix}_steps: tasks {cases(CASES[prefix], prefix)}")
+    if not sys.argv[1:]:
+        fp = copy.deepcopy(SHAREFIT_FPARAM)
+        _, ckpt = train("sf_fparam", fp)
+        keep("sf_fparam", fp, ckpt)
 
 
 if __name__ == "__main__":
