@@ -3,12 +3,13 @@
 // CPU does), and fill. The vector's length comes in a VectorParams, the real scalars by value
 // (rounded to T on the host, as the CPU rounds them).
 
-// Entries from u.tail_from on take the tail's corrections (step_t, bc2_t): a multi-task head's own
-// step count (AdamTail). Weight decay: p ×= keep before the update, g += l2·p (1 and 0 without
-// decay: the same numbers).
+// Entries from u.tail_from on take the tail's corrections (step_t, bc2_t), from u.fit_from on
+// its fitting part's (step_f, bc2_f): a multi-task head's own step counts (AdamTail). Weight
+// decay: p ×= keep before the update, g += l2·p (1 and 0 without decay: the same numbers).
 #define ADAM_PARAMS(T)                                                                         \
-  (VectorParams u, T step, T b1, T b2, T eps, T bc2, T step_t, T bc2_t, T keep, T l2,         \
-   T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ m, T* __restrict__ v)
+  (VectorParams u, T step, T b1, T b2, T eps, T bc2, T step_t, T bc2_t, T step_f, T bc2_f,    \
+   T keep, T l2, T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ m,            \
+   T* __restrict__ v)
 
 template <typename T>
 __device__ void adam ADAM_PARAMS(T) {
@@ -20,12 +21,13 @@ __device__ void adam ADAM_PARAMS(T) {
   T vi = v[i] * b2 + g * g * (T(1) - b2);
   m[i] = mi;
   v[i] = vi;
-  bool tail = i >= u.tail_from;
-  T denom = sqrt(vi) / (tail ? bc2_t : bc2) + eps;
-  p[i] -= (tail ? step_t : step) * mi / denom;
+  bool fit = i >= u.fit_from, tail = i >= u.tail_from;
+  T denom = sqrt(vi) / (fit ? bc2_f : tail ? bc2_t : bc2) + eps;
+  p[i] -= (fit ? step_f : tail ? step_t : step) * mi / denom;
 }
 DPW_INSTANTIATE(adam, ADAM_PARAMS,
-                (u, step, b1, b2, eps, bc2, step_t, bc2_t, keep, l2, p, grad, m, v))
+                (u, step, b1, b2, eps, bc2, step_t, bc2_t, step_f, bc2_f, keep, l2, p, grad, m,
+                 v))
 
 #define FILL_PARAMS(T) (VectorParams u, T value, T* __restrict__ out)
 

@@ -5,7 +5,8 @@
 @group(0) @binding(0) var<uniform> u: VectorParams;
 // [lr / (1 − β1^t), β1, β2, eps, sqrt(1 − β2^t), then the first and last for the tail's own t
 // (entries from u.tail_from on), then p's factor before the update and the L2 term's λ (1 and
-// 0 without decay: the same numbers)], rounded to `real` on the host as the CPU does
+// 0 without decay: the same numbers), then the first and last for the tail's fitting part
+// (entries from u.fit_from on)], rounded to `real` on the host as the CPU does
 @group(0) @binding(1) var<storage, read> hyper: array<real>;
 @group(0) @binding(2) var<storage, read> grad: array<real>;
 @group(0) @binding(3) var<storage, read_write> params: array<real>;
@@ -20,8 +21,9 @@ fn adam(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let tail = i >= u.tail_from;
-    let step = select(hyper[0], hyper[5], tail);
-    let bc2 = select(hyper[4], hyper[6], tail);
+    let fit = i >= u.fit_from;
+    let step = select(select(hyper[0], hyper[5], tail), hyper[9], fit);
+    let bc2 = select(select(hyper[4], hyper[6], tail), hyper[10], fit);
     let b1 = hyper[1];
     let b2 = hyper[2];
     let g = grad[i] + hyper[8] * params[i];

@@ -139,6 +139,33 @@ fn eight_steps_at_shared_level_1_are_deepmd_kits() {
     }
 }
 
+/// DeePMD-kit's eight steps of `sf_steps` with the descriptor shared at level 1 beside the
+/// shared fitting net (`lf_steps`, from the heads of `lf_pre`): the same lcurve.out and both
+/// heads' parameters after the last step DeePMD-kit's — the type embedding and the fitting net
+/// stepped (and counted by Adam) at every step, each task's rest of the descriptor at its own.
+#[test]
+fn eight_steps_at_level_1_beside_a_shared_fitting_net_are_deepmd_kits() {
+    let test = "eight_steps_at_level_1_beside_a_shared_fitting_net_are_deepmd_kits";
+    for (backend, heads) in replay_deepmd_steps("lf_steps", "lf_pre", test) {
+        let (w, a) = (&heads[0], &heads[1]);
+        let tebd = w.layout().descriptor.tebd().unwrap().end();
+        let dlen = w.layout().descriptor_len();
+        assert_eq!(w.params[..tebd], a.params[..tebd], "{backend}");
+        assert_ne!(w.params[tebd..dlen], a.params[tebd..dlen], "{backend}");
+        assert_eq!(w.params[dlen..], a.params[dlen..], "{backend}");
+    }
+}
+
+/// The same from scratch (`lf_stats`): each head's statistics its own data's and its energy
+/// bias DeePMD-kit's, one fitting net.
+#[test]
+fn a_new_run_at_level_1_beside_a_shared_fitting_net_is_deepmd_kits() {
+    let [w, a] = fresh_heads_are_deepmd_kits("lf_stats");
+    let dlen = w.layout().descriptor_len();
+    assert_ne!(w.dstd, a.dstd);
+    assert_eq!(w.params[dlen..], a.params[dlen..]);
+}
+
 /// A run from scratch at shared level 1 (`l1_stats`): each head's davg/dstd are those of its own
 /// task's data, not merged over the tasks, and its energy bias DeePMD-kit's.
 #[test]
@@ -407,17 +434,7 @@ fn multitask_input_errors_name_the_key() {
         e.contains("which a se_e2_a descriptor does not have"),
         "{e}"
     );
-    let mut shared_fit = level1.clone();
-    shared_fit["model"]["shared_dict"]["fit"] =
-        good["model"]["model_dict"]["water"]["fitting_net"].clone();
-    for t in ["water", "alloy"] {
-        shared_fit["model"]["model_dict"][t]["fitting_net"] = json!("fit");
-    }
-    let e = parse(&shared_fit).unwrap_err();
-    assert!(
-        e.contains("\"dpa1:1\" beside a shared fitting net ('fit') is not implemented"),
-        "{e}"
-    );
+
     // Without model_prob the tasks are drawn by their numbers of systems (1 and 2).
     let mut no_prob = good.clone();
     no_prob["training"]

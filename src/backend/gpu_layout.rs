@@ -422,12 +422,13 @@ impl ScatterParams {
 
 gpu_struct! {
     /// The scalars of the kernels over the n entries of one vector, the same for all of them:
-    /// fill, Adam, and the gradient clip (its norm and scaling). `tail_from`: where Adam's tail
-    /// begins ([`crate::backend::AdamTail`]; 0 for the other kernels, which do not read it).
+    /// fill, Adam, and the gradient clip (its norm and scaling). `tail_from`, `fit_from`: where
+    /// Adam's tail and its fitting part begin ([`crate::backend::AdamTail`]; 0 for the other
+    /// kernels, which do not read them).
     pub struct VectorParams {
         pub n: u32,
         pub tail_from: u32,
-        pub _pad1: u32,
+        pub fit_from: u32,
         pub _pad2: u32,
     }
 }

@@ -90,8 +90,8 @@ pub struct AdamStep {
     pub eps: f64,
     /// 1-based step count for the bias corrections.
     pub t: u64,
-    /// Parameters from `tail.from` on counted with their own steps, `tail.t` (a multi-task
-    /// run's fitting net, updated only at its task's steps, after the shared descriptor).
+    /// Parameters counted with steps of their own (a multi-task head's parts that are not
+    /// stepped at every step of the run).
     pub tail: Option<AdamTail>,
     pub decay: WeightDecay,
 }
@@ -107,13 +107,18 @@ pub enum WeightDecay {
     Decoupled(f64),
 }
 
-/// The part of the parameter vector whose Adam steps are counted apart ([`AdamStep::tail`]):
+/// The parts of the parameter vector whose Adam steps are counted apart ([`AdamStep::tail`]):
 /// torch's Adam counts steps per tensor, and a head's tensors have no gradient (are not
-/// stepped) at the other tasks' steps.
+/// stepped) at the other tasks' steps. Entries `from..fit_from` are counted with `t` (a head's
+/// own part of a descriptor shared at level 1: its task's steps), entries from `fit_from` on
+/// with `fit_t` (its fitting net: the steps of the tasks that have it); those before `from`
+/// with the run's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamTail {
     pub from: usize,
     pub t: u64,
+    pub fit_from: usize,
+    pub fit_t: u64,
 }
 
 impl AdamStep {
@@ -135,12 +140,15 @@ impl AdamStep {
         (self.lr / bc1, bc2_sqrt)
     }
 
-    /// The first index of the tail and its corrections (the vector's length and the head's
-    /// own where there is none).
-    pub fn tail_corrections(&self, n: usize) -> (usize, (f64, f64)) {
+    /// Where each of the tail's two parts begins and its corrections (the vector's length and
+    /// the run's where there is none).
+    pub fn tail_corrections(&self, n: usize) -> [(usize, (f64, f64)); 2] {
         match self.tail {
-            Some(t) => (t.from.min(n), self.corrections(t.t)),
-            None => (n, self.corrections(self.t)),
+            Some(t) => [
+                (t.from.min(n), self.corrections(t.t)),
+                (t.fit_from.min(n), self.corrections(t.fit_t)),
+            ],
+            None => [(n, self.corrections(self.t)); 2],
         }
     }
 }

@@ -222,10 +222,8 @@ impl MultiTaskConfig {
             }
         }
         let (descriptor_key, descriptor_level) = descriptor_key.expect("checked for every task");
-        let shared_fit = (fittings.iter().flatten())
-            .find(|k| fittings.iter().flatten().filter(|x| x == k).count() > 1);
         if descriptor_level == 1 {
-            type_embedding_shared(&tasks[0], &descriptor_key, shared_fit)?;
+            type_embedding_shared(&tasks[0], &descriptor_key)?;
         }
         case_embedding(&tasks)?;
         let model_prob_given = training.get("model_prob").cloned();
@@ -315,34 +313,21 @@ impl MultiTaskConfig {
 }
 
 /// Shared level 1 shares the type embedding alone, as DeePMD-kit's DPA-1, DPA-2, DPA-3 and
-/// se_e3_tebd do (its other descriptors raise NotImplementedError). Beside a fitting net that
-/// tasks share, a task's parameters would fall in three parts that Adam counts apart (the type
-/// embedding every step, the rest of the descriptor at its own steps, the fitting net at the
-/// steps of the tasks sharing it); dpw's Adam counts two, so that is refused.
-fn type_embedding_shared(first: &TaskConfig, key: &str, shared_fit: Option<&String>) -> Result<()> {
-    let path = join(&join("model.model_dict", &first.name), "descriptor");
+/// se_e3_tebd do (its other descriptors raise NotImplementedError).
+fn type_embedding_shared(first: &TaskConfig, key: &str) -> Result<()> {
     let kind = first.config.model.descriptor.kind;
-    if !(kind.is_attention() || kind.reads_rij()) {
-        return Err(ConfigError::unsupported(
-            path,
-            format!(
-                "\"{key}:1\" shares a descriptor's type embedding, which a {} descriptor does \
-                 not have (DeePMD-kit shares at level 1 only se_atten, se_atten_v2, dpa2, dpa3 \
-                 and se_e3_tebd)",
-                first.config.model.descriptor.r#type
-            ),
-        ));
+    if kind.is_attention() || kind.reads_rij() {
+        return Ok(());
     }
-    if let Some(fit) = shared_fit {
-        return Err(ConfigError::unsupported(
-            path,
-            format!(
-                "\"{key}:1\" beside a shared fitting net ('{fit}') is not implemented: share \
-                 the descriptor whole (\"{key}\") or give each task its own fitting net"
-            ),
-        ));
-    }
-    Ok(())
+    Err(ConfigError::unsupported(
+        join(&join("model.model_dict", &first.name), "descriptor"),
+        format!(
+            "\"{key}:1\" shares a descriptor's type embedding, which a {} descriptor does not \
+             have (DeePMD-kit shares at level 1 only se_atten, se_atten_v2, dpa2, dpa3 and \
+             se_e3_tebd)",
+            first.config.model.descriptor.r#type
+        ),
+    ))
 }
 
 /// DeePMD-kit's case embedding (`get_case_embd_config`): one `dim_case_embd` for every task,

@@ -83,12 +83,12 @@ pub fn write_and_copy<B: Backend<f64>>(b: &B) {
     assert_eq!(b.idx_id(&i), id);
 }
 
-/// Adam with a tail (a multi-task head, AdamTail) is Adam on the two stretches apart, each
-/// with its own step count, bit for bit: the head's step counts do not leak into the shared
-/// part's update, nor the other way.
+/// Adam with a tail (a multi-task head, AdamTail) is Adam on the three stretches apart (the
+/// run's part, the head's own, its fitting net's), each with its own step count, bit for bit:
+/// no count leaks into another stretch's update.
 pub fn adam_tail_counts_its_own_steps<B: Backend<f64>>(b: &B) {
     let n = 300;
-    let from = 170;
+    let (from, fit_from) = (110, 170);
     let vals = |k: f64| -> Vec<f64> { (0..n).map(|i| ((i as f64 + k) * 0.37).sin()).collect() };
     let (g, p0, m0, v0) = (vals(1.0), vals(2.0), vals(3.0), vals(4.0));
     let v0: Vec<f64> = v0.iter().map(|x| x * x).collect();
@@ -101,29 +101,35 @@ pub fn adam_tail_counts_its_own_steps<B: Backend<f64>>(b: &B) {
         tail,
         decay: Default::default(),
     };
-    let run = |s: AdamStep, r: std::ops::Range<usize>| -> Vec<f64> {
+    let run = |s: AdamStep, r: std::ops::Range<usize>| -> Vec<Vec<f64>> {
         let (mut p, mut m, mut v) = (
             b.upload(&p0[r.clone()]),
             b.upload(&m0[r.clone()]),
             b.upload(&v0[r.clone()]),
         );
         b.adam(s, &mut p, &b.upload(&g[r.clone()]), &mut m, &mut v);
-        [b.download(&p), b.download(&m), b.download(&v)].concat()
+        vec![b.download(&p), b.download(&m), b.download(&v)]
     };
-    let whole = run(step(7, Some(AdamTail { from, t: 2 })), 0..n);
-    let head = run(step(7, None), 0..from);
-    let tail = run(step(2, None), from..n);
+    let tail = AdamTail {
+        from,
+        t: 2,
+        fit_from,
+        fit_t: 4,
+    };
+    let whole = run(step(7, Some(tail)), 0..n);
+    let parts = [
+        run(step(7, None), 0..from),
+        run(step(2, None), from..fit_from),
+        run(step(4, None), fit_from..n),
+    ];
     for (k, name) in ["params", "m", "v"].iter().enumerate() {
-        let got = &whole[k * n..(k + 1) * n];
-        let want = [
-            &head[k * from..(k + 1) * from],
-            &tail[k * (n - from)..(k + 1) * (n - from)],
-        ]
-        .concat();
-        assert_eq!(got, want.as_slice(), "{name}");
+        let want: Vec<f64> = parts.iter().flat_map(|p| p[k].clone()).collect();
+        assert_eq!(whole[k], want, "{name}");
     }
-    // The tail's own count matters: with the shared part's it is another update.
+    // The tail's own counts matter: with the run's they are another update.
     assert_ne!(whole, run(step(7, None), 0..n));
+    let own_as_fit = AdamTail { fit_t: 2, ..tail };
+    assert_ne!(whole, run(step(7, Some(own_as_fit)), 0..n));
 }
 
 /// Gradient clipping on the device against the host formula: the norm, the scaled gradient,

@@ -11,13 +11,19 @@ use crate::backend::{AdamStep, Real, WeightDecay};
 const CHUNK: usize = 8192;
 
 pub fn adam<T: Real>(s: AdamStep, params: &mut [T], grad: &[T], m: &mut [T], v: &mut [T]) {
-    let (from, tail) = s.tail_corrections(params.len());
+    let [(from, own), (fit_from, fit)] = s.tail_corrections(params.len());
     let (p0, p1) = params.split_at_mut(from);
     let (m0, m1) = m.split_at_mut(from);
     let (v0, v1) = v.split_at_mut(from);
     let (g0, g1) = grad.split_at(from);
     update(&s, s.corrections(s.t), p0, g0, m0, v0);
-    update(&s, tail, p1, g1, m1, v1);
+    let at = fit_from - from;
+    let (p1, p2) = p1.split_at_mut(at);
+    let (m1, m2) = m1.split_at_mut(at);
+    let (v1, v2) = v1.split_at_mut(at);
+    let (g1, g2) = g1.split_at(at);
+    update(&s, own, p1, g1, m1, v1);
+    update(&s, fit, p2, g2, m2, v2);
 }
 
 /// Adam on one stretch of parameters with the bias corrections `(lr / bc1, sqrt(bc2))`.

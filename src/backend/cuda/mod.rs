@@ -1949,7 +1949,8 @@ impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
         }
         // The bias corrections in f64 on the host, exactly as the CPU backend computes them.
         let (step, bc2_sqrt) = s.corrections(s.t);
-        let (from, (tail_step, tail_bc2)) = s.tail_corrections(params.len);
+        let [(from, (tail_step, tail_bc2)), (fit_from, (fit_step, fit_bc2))] =
+            s.tail_corrections(params.len);
         let (keep, l2) = s.decay_factors();
         launch!(
             self,
@@ -1958,6 +1959,7 @@ impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
             [
                 VectorParams {
                     tail_from: count(from),
+                    fit_from: count(fit_from),
                     ..VectorParams::new(params.len)
                 },
                 T::of(step),
@@ -1967,6 +1969,8 @@ impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
                 T::of(bc2_sqrt),
                 T::of(tail_step),
                 T::of(tail_bc2),
+                T::of(fit_step),
+                T::of(fit_bc2),
                 T::of(keep),
                 T::of(l2),
                 self.ptr(params),

@@ -1139,20 +1139,23 @@ impl<T: GpuReal> TrainOps<T> for Generic<'_, Wgpu> {
         v: &mut Buf<T>,
     ) {
         let (step, bc2_sqrt) = s.corrections(s.t);
-        let (from, (tail_step, tail_bc2)) = s.tail_corrections(params.len);
+        let [(from, (tail_step, tail_bc2)), (fit_from, (fit_step, fit_bc2))] =
+            s.tail_corrections(params.len);
         let (keep, l2) = s.decay_factors();
         let op = self.exclusive();
         let hyper = self.reals::<T>(
             &op,
             "adam",
             &[
-                step, s.beta1, s.beta2, s.eps, bc2_sqrt, tail_step, tail_bc2, keep, l2,
+                step, s.beta1, s.beta2, s.eps, bc2_sqrt, tail_step, tail_bc2, keep, l2, fit_step,
+                fit_bc2,
             ],
         );
         self.go::<T>(
             &k::ADAM,
             &VectorParams {
                 tail_from: count(from),
+                fit_from: count(fit_from),
                 ..VectorParams::new(params.len)
             },
             &[&hyper, &grad.buf, &params.buf, &m.buf, &v.buf],

@@ -220,7 +220,9 @@ pub fn train<T: Real, B: Backend<T>>(
             step,
             AdamTail {
                 from: shared,
-                t: fit_steps as u64 + 1,
+                t: h.updates as u64 + 1,
+                fit_from: holders.fit,
+                fit_t: fit_steps as u64 + 1,
             },
         );
         let plan = h.run.step(b, &mut driver)?;
