@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use dpw::model::{read_model, read_model_head, write_deepmd_yaml, Model};
+use dpw::model::{read_model, read_model_head};
 use serde_json::{json, Value};
 
 use common::*;
@@ -191,31 +191,6 @@ fn a_shared_fitting_head_keeps_its_case_embedding() {
     assert_eq!(same, before, "only the bias changes");
     let out = json_file(&tmp.path().join("out.json"));
     assert_eq!(out["model"]["fitting_net"]["dim_case_embd"], 2);
-}
-
-/// `dpw change-bias -m change` of `model` on the C4H3O1 molecule (every frame, as the
-/// fine-tune's re-fit sees them), written to `dir`.
-fn rebias_on_molecule(dir: &Path, model: &Model, name: &str) -> Model {
-    let start = dir.join(format!("{name}.yaml"));
-    let out = dir.join(format!("{name}_rebiased.yaml"));
-    write_deepmd_yaml(model, &start).unwrap();
-    let (ok, log) = dpw_in(
-        dir,
-        &[
-            "change-bias",
-            start.to_str().unwrap(),
-            "-s",
-            "tests/data/nopbc/C4H3O1",
-            "-m",
-            "change",
-            "--backend",
-            "cpu",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-    );
-    assert!(ok, "{log}");
-    read_model(&out).unwrap()
 }
 
 /// Fine-tuning to a type_map with an element the pretrained model lacks (ft_mt_newtype: the

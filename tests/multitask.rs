@@ -10,7 +10,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use common::{dpw_in, json_file, rel_to_max, repo};
+use common::{dpw_in, json_file, max_abs_diff, rel_to_max, repo};
 use dpw::config::multitask::{model_dict_order, MultiTaskConfig};
 use dpw::model::{read_model, write_deepmd_yaml, Model};
 
@@ -779,13 +779,104 @@ fn a_multitask_finetune_starts_each_task_by_deepmd_kits_rules() {
         let (mine, dp) = (head(t.path(), h), deepmd_head("ft_mt_multitask", h));
         common::assert_deepmd_start(&mine, &dp, h);
     }
-    // A new element: refused (DeePMD-kit merges its statistics over the tasks again).
-    let mut input = json_file(&t.path().join("input.json"));
-    input["model"]["shared_dict"]["type_map_all"] = json!(["O", "H", "Cu", "Ni", "Al", "C"]);
-    std::fs::write(t.path().join("input.json"), input.to_string()).unwrap();
+}
+
+/// The davg/dstd rows of type `t` in every statistics block of `m`.
+fn stat_rows(m: &Model, t: usize) -> Vec<f64> {
+    let (nt, blocks) = (m.spec.ntypes(), m.spec.descriptor.stat_blocks());
+    let k = m.davg.len() / (blocks * nt);
+    (0..blocks)
+        .flat_map(|b| {
+            let at = (b * nt + t) * k;
+            [&m.davg[at..at + k], &m.dstd[at..at + k]].concat()
+        })
+        .collect()
+}
+
+/// A multi-task input fine-tuned to an element the pretrained model lacks (ft_mt_mt_newtype:
+/// pre_mt's O H Cu Ni Al and C; `water` resumes its head, `mol` is fine-tuned from head water on
+/// the C4H3O1 molecule). Both heads hold one descriptor, DeePMD-kit's but for C's
+/// type-embedding row (each draws it uniform in [0, 1)); C's davg/dstd are those of all the
+/// tasks' data, DeePMD-kit's to 1e-15; the pretrained elements keep the pretrained statistics
+/// (DeePMD-kit recomputes them from the new data, Cu, Ni and Al from none: spec §21.4); water's
+/// bias is the pretrained head's; mol's is re-fitted with the statistics the model keeps, where
+/// DeePMD-kit re-fitted with C's of the first task's data and then replaced them (its re-fit
+/// reproduced from that start to 1e-8 eV).
+#[test]
+fn a_multitask_finetune_to_a_new_element_is_deepmd_kits_start() {
+    let t = tree();
+    std::os::unix::fs::symlink(repo("examples"), t.path().join("examples")).unwrap();
+    let case = "tests/reference/multitask/ft_mt_mt_newtype";
+    std::fs::copy(
+        repo(&format!("{case}/input.json")),
+        t.path().join("input.json"),
+    )
+    .unwrap();
+    let pre = "tests/reference/multitask/pre_mt/model.ckpt.pt";
     let (ok, log) = dpw_in(t.path(), &["train", "input.json", "--finetune", pre]);
-    assert!(
-        !ok && log.contains("element C is not in the pretrained type_map"),
-        "{log}"
-    );
+    assert!(ok && log.contains("new elements C"), "{log}");
+    let pretrained = deepmd_head("pre_mt", "water");
+    let [w, m] = ["water", "mol"].map(|h| head(t.path(), h));
+    let dlen = w.layout().descriptor_len();
+    assert_eq!(w.params[..dlen], m.params[..dlen]);
+    assert_eq!((&w.davg, &w.dstd), (&m.davg, &m.dstd));
+    let c = w.spec.type_map.iter().position(|e| e == "C").unwrap();
+    let layout = w.layout();
+    let tebd = layout.descriptor.tebd().unwrap();
+    let c_row = tebd.w + c * tebd.dim..tebd.w + (c + 1) * tebd.dim;
+    for (h, mine) in [("water", &w), ("mol", &m)] {
+        let dp = deepmd_head("ft_mt_mt_newtype", h);
+        assert_eq!(mine.spec, dp.spec, "{h}");
+        for p in [&mine.params, &dp.params] {
+            assert!(
+                p[c_row.clone()].iter().all(|x| (0.0..1.0).contains(x)),
+                "{h}"
+            );
+        }
+        let mut same = mine.clone();
+        same.params[c_row.clone()].copy_from_slice(&dp.params[c_row.clone()]);
+        assert_eq!(same.params, dp.params, "{h}");
+        let s = max_abs_diff(&stat_rows(mine, c), &stat_rows(&dp, c));
+        eprintln!("{h}: C's davg/dstd off DeePMD-kit's by {s:.1e}");
+        assert!(s <= 1e-15, "{h}: {s}");
+        for e in 0..c {
+            assert_eq!(
+                stat_rows(mine, e),
+                stat_rows(&pretrained, e),
+                "{h} type {e}"
+            );
+        }
+        assert_ne!(
+            stat_rows(mine, 0),
+            stat_rows(&dp, 0),
+            "{h}: DeePMD-kit's O recomputed"
+        );
+    }
+    let bias = json_file(&repo(&format!("{case}/bias.json")));
+    let theirs = |h: &str| -> Vec<f64> {
+        (w.spec.type_map.iter())
+            .map(|e| bias["heads"][h]["out_bias_after"][e].as_f64().unwrap())
+            .collect()
+    };
+    assert_eq!(w.bias, theirs("water"));
+    // DeePMD-kit re-fitted mol's bias before it merged the statistics, with C's rows those of
+    // the first task's data (water's: no C, so davg 0 and dstd 0.1): from that start, with its
+    // C row, dpw's change-bias gives DeePMD-kit's bias.
+    let mut deepmd_start = m.clone();
+    deepmd_start.params[c_row.clone()]
+        .copy_from_slice(&deepmd_head("ft_mt_mt_newtype", "mol").params[c_row.clone()]);
+    deepmd_start.bias.clone_from(&w.bias);
+    let k = m.davg.len() / m.spec.ntypes();
+    deepmd_start.davg[c * k..(c + 1) * k].fill(0.0);
+    deepmd_start.dstd[c * k..(c + 1) * k].fill(0.1);
+    let refit = common::rebias_on_molecule(t.path(), &deepmd_start, "deepmd_start");
+    let b = max_abs_diff(&refit.bias, &theirs("mol"));
+    eprintln!("mol: the re-fit of DeePMD-kit's start off its bias by {b:.1e} eV");
+    assert!(b <= 1e-8, "{b}");
+    // dpw re-fits with the statistics the model keeps.
+    let mut dpw_start = m.clone();
+    dpw_start.bias.clone_from(&w.bias);
+    let refit = common::rebias_on_molecule(t.path(), &dpw_start, "dpw_start");
+    let b = max_abs_diff(&refit.bias, &m.bias);
+    assert!(b <= 1e-9, "{b}");
 }

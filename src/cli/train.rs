@@ -220,6 +220,7 @@ fn finetune_start(
         what,
         new_fitting,
         new_types,
+        merged: None,
     })
 }
 

@@ -46,13 +46,38 @@ pub enum Start {
     /// then re-fitted on the training data (change-by-statistic); with `new_fitting`
     /// (`--model-branch RANDOM`) only its descriptor, with a new fitting net and the bias set by
     /// statistic. `new_types`: the elements of input.json's type_map the pretrained model
-    /// lacks, whose davg/dstd come from the training data.
+    /// lacks, whose davg/dstd come from the training data. `merged`: a task of a multi-task
+    /// fine-tune to new elements, whose run puts in the new elements' davg/dstd merged over
+    /// the tasks and then re-fits the bias as this says ([`TrainSetup::merged_refit`]).
     Finetune {
         model: Box<Model>,
         what: String,
         new_fitting: bool,
         new_types: Vec<usize>,
+        merged: Option<Refit>,
     },
+}
+
+/// How a fine-tuned model's energy bias is re-fitted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Refit {
+    /// Kept (a multi-task head resumed as it is).
+    None,
+    /// Change-by-statistic (the pretrained fitting net).
+    Change,
+    /// Set-by-statistic (a new fitting net).
+    Set,
+}
+
+impl Refit {
+    /// The bias of `m` re-fitted on `frames` of `data`.
+    pub fn apply(self, m: &mut Model, data: &DataSet, frames: &[Vec<usize>]) -> Result<()> {
+        match self {
+            Refit::None => Ok(()),
+            Refit::Change => super::finetune::change_by_statistic(m, data, frames),
+            Refit::Set => super::finetune::set_by_statistic(m, data, frames),
+        }
+    }
 }
 
 /// Everything checked and loaded before training; nothing has been written yet.
@@ -85,6 +110,19 @@ pub struct TrainSetup {
     /// The sums behind a new model's fitting input statistics (empty for a model given or one
     /// without frame or atomic parameters): what a multi-task run merges for a shared fitting.
     pub fit_input_sums: Vec<[f64; 3]>,
+    /// A task of a multi-task fine-tune to new elements (`Start::Finetune::merged`): what the
+    /// run does once it has merged the new elements' statistics over the tasks (`stat_env`
+    /// then holds this task's data's).
+    pub merged_refit: Option<MergedRefit>,
+}
+
+/// What is left of a multi-task fine-tune to new elements for its run to do.
+pub struct MergedRefit {
+    pub refit: Refit,
+    /// The bias frames.
+    pub frames: Vec<Vec<usize>>,
+    /// The elements new to the pretrained model.
+    pub new_types: Vec<usize>,
 }
 
 /// Settings DeePMD-kit accepts that dpw stores but does not implement.
@@ -282,10 +320,13 @@ pub fn prepare_in(
             ..
         }
     );
-    let new_types = match &start {
-        Start::Finetune { new_types, .. } => new_types.clone(),
-        _ => Vec::new(),
+    let (new_types, merged) = match &start {
+        Start::Finetune {
+            new_types, merged, ..
+        } => (new_types.clone(), *merged),
+        _ => (Vec::new(), None),
     };
+    let mut merged_refit = None;
     let (restart, init) = open_start(start)?;
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
@@ -339,9 +380,20 @@ pub fn prepare_in(
                 m.params[..dlen].copy_from_slice(&pre.params[..dlen]);
                 let own = (std::mem::take(&mut m.davg), std::mem::take(&mut m.dstd));
                 (m.davg, m.dstd) = (pre.davg, pre.dstd);
-                new_element_statistics(&mut m, &own, &new_types);
                 let frames = read.finetune_frames();
-                super::finetune::set_by_statistic(&mut m, &read.train, &frames)?;
+                match merged {
+                    Some(_) => {
+                        merged_refit = Some(MergedRefit {
+                            refit: Refit::Set,
+                            frames,
+                            new_types: new_types.clone(),
+                        })
+                    }
+                    None => {
+                        new_elements_of_data(&mut m, &own, &new_types);
+                        Refit::Set.apply(&mut m, &read.train, &frames)?;
+                    }
+                }
                 m
             }
             Some(mut m) => {
@@ -352,9 +404,21 @@ pub fn prepare_in(
                         let d = &m.spec.descriptor;
                         let mut st = data_stats(d, ntypes, &read.train, &frames)?;
                         fix_stat_std(d, &mut st.davg, &mut st.dstd);
-                        new_element_statistics(&mut m, &(st.davg, st.dstd), &new_types);
+                        match merged {
+                            Some(_) => read.stat_env = st.env,
+                            None => new_elements_of_data(&mut m, &(st.davg, st.dstd), &new_types),
+                        }
                     }
-                    super::finetune::change_by_statistic(&mut m, &read.train, &frames)?;
+                    match merged {
+                        Some(refit) => {
+                            merged_refit = Some(MergedRefit {
+                                refit,
+                                frames,
+                                new_types: new_types.clone(),
+                            })
+                        }
+                        None => Refit::Change.apply(&mut m, &read.train, &frames)?,
+                    }
                 }
                 m
             }
@@ -381,13 +445,18 @@ pub fn prepare_in(
         wait_each_step: false,
         stat_env: read.stat_env,
         fit_input_sums: read.fit_input_sums,
+        merged_refit,
     })
 }
 
 /// A fine-tuned model's davg/dstd rows of the elements the pretrained model lacks
 /// (`new_types`): those of the model's own statistics on the training data (`own`), in every
 /// statistics block, as DeePMD-kit appends them (spec §21.5).
-fn new_element_statistics(m: &mut Model, own: &(Vec<f64>, Vec<f64>), new_types: &[usize]) {
+pub(super) fn new_element_statistics(
+    m: &mut Model,
+    own: &(Vec<f64>, Vec<f64>),
+    new_types: &[usize],
+) {
     if new_types.is_empty() {
         return;
     }
@@ -401,14 +470,26 @@ fn new_element_statistics(m: &mut Model, own: &(Vec<f64>, Vec<f64>), new_types: 
             }
         }
     }
-    let names: Vec<&str> = new_types
-        .iter()
+}
+
+/// The names of `new_types` in `m`'s type map, for the log.
+pub(super) fn element_names(m: &Model, new_types: &[usize]) -> String {
+    let names: Vec<&str> = (new_types.iter())
         .map(|&t| m.spec.type_map[t].as_str())
         .collect();
+    names.join(", ")
+}
+
+/// [`new_element_statistics`] of a single-task fine-tune, said in the log.
+fn new_elements_of_data(m: &mut Model, own: &(Vec<f64>, Vec<f64>), new_types: &[usize]) {
+    if new_types.is_empty() {
+        return;
+    }
+    new_element_statistics(m, own, new_types);
     tracing::info!(
         "new elements {}: type-embedding rows drawn uniform in [0, 1), davg/dstd from the \
          training data, bias re-fitted",
-        names.join(", ")
+        element_names(m, new_types)
     );
 }
 

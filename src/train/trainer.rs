@@ -129,6 +129,7 @@ pub fn train<T: Real, B: Backend<T>>(
         wait_each_step,
         stat_env: _,
         fit_input_sums: _,
+        merged_refit: _,
     } = setup;
     if T::NAME != precision.as_str() {
         bail!(

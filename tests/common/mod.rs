@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use ndarray::{ArrayD, IxDyn};
 use ndarray_npy::{NpzReader, ReadNpyExt};
 
-use dpw::model::{DescriptorSpec, FittingSpec, Model, ModelSpec};
+use dpw::model::{read_model, write_deepmd_yaml, DescriptorSpec, FittingSpec, Model, ModelSpec};
 use dpw::train::batch::Frame;
 
 /// A path inside the repository: the tests read only data it ships, so a missing file fails them.
@@ -536,4 +536,29 @@ pub fn deepmd_agrees(test: &str, script: &str, root: &Path, tmp: &Path, cases: &
             "{case}: DeePMD-kit on dpw's file differs by {diff}"
         );
     }
+}
+
+/// `dpw change-bias -m change` of `model` on the C4H3O1 molecule (every frame, as the
+/// fine-tune's re-fit sees them), written to `dir`.
+pub fn rebias_on_molecule(dir: &Path, model: &Model, name: &str) -> Model {
+    let start = dir.join(format!("{name}.yaml"));
+    let out = dir.join(format!("{name}_rebiased.yaml"));
+    write_deepmd_yaml(model, &start).unwrap();
+    let (ok, log) = dpw_in(
+        dir,
+        &[
+            "change-bias",
+            start.to_str().unwrap(),
+            "-s",
+            "tests/data/nopbc/C4H3O1",
+            "-m",
+            "change",
+            "--backend",
+            "cpu",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{log}");
+    read_model(&out).unwrap()
 }

@@ -24,7 +24,9 @@ use crate::model::{new_elements, read_model_head, Model, ModelFile};
 
 use super::lr::LrSchedule;
 use super::outputs::RunLock;
-use super::setup::{self, fix_stat_std, Start, TrainSetup};
+use super::setup::{
+    self, element_names, fix_stat_std, new_element_statistics, Refit, Start, TrainSetup,
+};
 use super::stats::{env_davg_dstd, fit_input_norm};
 
 pub use checkpoint::{HeadCheckpoint, MultiCheckpoint};
@@ -176,6 +178,7 @@ pub fn prepare_in(
     if let Some(epochs) = config.num_epoch.clone() {
         steps_from_epochs(&mut config, &mut tasks, &epochs);
     }
+    merge_new_elements(&mut tasks)?;
     let shared = shared_len(&tasks, &config)?;
     match (init, &restart, &pretrained) {
         (None, None, None) => {
@@ -237,31 +240,64 @@ fn finetune_start(file: &ModelFile, t: &TaskConfig, heads: &[String]) -> Result<
         ),
     };
     let new_types = new_elements(&model.spec.type_map, type_map);
-    if let Some(&n) = new_types.first() {
-        bail!(
-            "element {} is not in the pretrained type_map {:?}: a multi-task fine-tune to new \
-             elements (DeePMD-kit merges their statistics over the tasks again) is not \
-             implemented; fine-tune each task alone",
-            type_map[n],
-            model.spec.type_map
-        );
-    }
+    // Every task draws the new elements' type-embedding rows from one seed: the same rows in
+    // the descriptor they share.
     let model = Box::new(model.with_type_map(type_map, 0)?);
-    Ok(match resumed {
-        true => {
-            tracing::info!("task '{}' resumes {what} as it is", t.name);
-            Start::InitFrozen(model)
-        }
-        false => {
-            tracing::info!("task '{}' is fine-tuned from {what}", t.name);
-            Start::Finetune {
-                model,
-                what,
-                new_fitting,
-                new_types: Vec::new(),
-            }
-        }
+    let refit = match (resumed, new_fitting) {
+        (true, _) => Refit::None,
+        (false, true) => Refit::Set,
+        (false, false) => Refit::Change,
+    };
+    match resumed {
+        true => tracing::info!("task '{}' resumes {what} as it is", t.name),
+        false => tracing::info!("task '{}' is fine-tuned from {what}", t.name),
+    }
+    Ok(match (resumed, new_types.is_empty()) {
+        (true, true) => Start::InitFrozen(model),
+        _ => Start::Finetune {
+            model,
+            what,
+            new_fitting,
+            merged: (!new_types.is_empty()).then_some(refit),
+            new_types,
+        },
     })
+}
+
+/// A fine-tune to elements the pretrained model lacks: their davg/dstd in every task from the
+/// statistics of all the tasks' data, their sums added (the descriptor is one), then each
+/// task's bias re-fitted as its start says (`TrainSetup::merged_refit`). The pretrained
+/// elements keep their statistics: DeePMD-kit 3.2.0 recomputes those too from the new data
+/// (its `share_params` after the fine-tune's load, even of elements no task's data has),
+/// which throws away what the pretrained descriptor was normalised by (spec §21.4).
+fn merge_new_elements(tasks: &mut [TrainSetup]) -> Result<()> {
+    if tasks.iter().all(|s| s.merged_refit.is_none()) {
+        return Ok(());
+    }
+    let d = tasks[0].model.spec.descriptor.clone();
+    let mut env = tasks[0].stat_env.clone();
+    for s in &tasks[1..] {
+        for (mine, theirs) in env.iter_mut().zip(&s.stat_env) {
+            mine.add(theirs);
+        }
+    }
+    let (mut davg, mut dstd) = env_davg_dstd(&d, &env);
+    fix_stat_std(&d, &mut davg, &mut dstd);
+    let mut said = false;
+    for s in tasks.iter_mut() {
+        if let Some(r) = s.merged_refit.take() {
+            if !std::mem::replace(&mut said, true) {
+                tracing::info!(
+                    "new elements {}: type-embedding rows drawn uniform in [0, 1) (one draw for \
+                     every task), davg/dstd from the statistics of all the tasks' data",
+                    element_names(&s.model, &r.new_types)
+                );
+            }
+            new_element_statistics(&mut s.model, &(davg.clone(), dstd.clone()), &r.new_types);
+            r.refit.apply(&mut s.model, &s.train, &r.frames)?;
+        }
+    }
+    Ok(())
 }
 
 /// Each shared fitting net's frame and atomic parameter statistics, as DeePMD-kit's
