@@ -67,6 +67,36 @@ const HEADS: &[(&str, &str, &str, Option<&str>)] = &[
         None,
     ),
     (
+        "pf_pre/model.ckpt.pt",
+        "water",
+        "pf_pre/model_water.yaml",
+        None,
+    ),
+    (
+        "pf_pre/model.ckpt.pt",
+        "alloy",
+        "pf_pre/model_alloy.yaml",
+        None,
+    ),
+    (
+        "pf_pre/model.ckpt.pt",
+        "alloy2",
+        "pf_pre/model_alloy2.yaml",
+        None,
+    ),
+    (
+        "lf_pre/model.ckpt.pt",
+        "water",
+        "lf_pre/model_water.yaml",
+        None,
+    ),
+    (
+        "lf_pre/model.ckpt.pt",
+        "alloy",
+        "lf_pre/model_alloy.yaml",
+        None,
+    ),
+    (
         "ft_se_a/model.ckpt.pt",
         "Default",
         "ft_se_a/model.yaml",
