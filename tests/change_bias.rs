@@ -73,6 +73,7 @@ fn biases_are_deepmd_kits() {
         let mut same = after.clone();
         same.bias.clone_from(&before.bias);
         assert_eq!(same, before, "{case}: only the bias changes");
+        predicts_deepmd_energies("biases_are_deepmd_kits", &after, case, None);
     }
 }
 

@@ -64,6 +64,8 @@ fn single_task_start_is_deepmd_kits() {
         None,
         &meta["heads"]["Default"]["out_bias_after"],
     );
+    let start = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
+    predicts_deepmd_energies("single_task_start_is_deepmd_kits", &start, "ft_se_a", None);
 }
 
 /// The alloy head of the multi-task DPA-1 model fine-tuned on the alloy training data with its
@@ -82,6 +84,9 @@ fn multi_task_head_start_is_deepmd_kits() {
     assert!(ok, "{log}");
     let meta = json_file(&reference("cb_mt_alloy/bias.json"));
     assert_start(tmp.path(), &pre, Some("alloy"), &meta["out_bias_after"]);
+    let start = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
+    let test = "multi_task_head_start_is_deepmd_kits";
+    predicts_deepmd_energies(test, &start, "cb_mt_alloy", None);
 }
 
 /// A case, its input's change, the arguments after `--finetune`, what the error names.
@@ -157,6 +162,7 @@ fn type_map_change_is_deepmd_kits() {
         let theirs =
             dpw::model::read_deepmd_yaml(&reference(&format!("{case}/model.yaml"))).unwrap();
         assert_deepmd_start(&mine, &theirs, case);
+        predicts_deepmd_energies("type_map_change_is_deepmd_kits", &mine, case, None);
     }
 }
 

@@ -778,6 +778,8 @@ fn a_multitask_finetune_starts_each_task_by_deepmd_kits_rules() {
     for h in ["water", "alloy_ft"] {
         let (mine, dp) = (head(t.path(), h), deepmd_head("ft_mt_multitask", h));
         common::assert_deepmd_start(&mine, &dp, h);
+        let test = "a_multitask_finetune_starts_each_task_by_deepmd_kits_rules";
+        common::predicts_deepmd_energies(test, &mine, "ft_mt_multitask", Some(h));
     }
 }
 
