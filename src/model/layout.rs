@@ -11,8 +11,9 @@ use std::ops::Range;
 
 use super::dpa2::Dpa2Layout;
 use super::dpa3::Dpa3Layout;
+use super::se_atten::AttnLayout;
 use super::se_e3_tebd::SeE3TebdLayout;
-use super::{Activation, DescriptorSpec, DescriptorType, ModelSpec, TebdInputMode};
+use super::{Activation, DescriptorSpec, DescriptorType, ModelSpec};
 
 /// The skip connection of a layer, decided by its widths alone (docs/deepmd-spec.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,19 +111,6 @@ pub struct FittingLayout {
     pub nets: Vec<Net>,
 }
 
-/// DPA-1's nets beside [`DescriptorLayout::embed`] (which holds its one embedding net, `embed[0]`,
-/// named `embed`, input width 1 + 2·tebd_dim for concat, 1 + tebd_dim with type_one_side, 1
-/// for strip).
-#[derive(Clone, Debug, PartialEq)]
-pub struct AttnLayout {
-    /// T = skip(I) + W (+ b): the type embedding, one linear layer over one-hot rows.
-    pub tebd: TebdLayout,
-    /// strip's type net N_t (`embed_strip`, input 2·tebd_dim, tebd_dim with type_one_side);
-    /// None for concat.
-    pub strip: Option<Net>,
-    pub layers: Vec<AttnLayerLayout>,
-}
-
 /// The type embedding `tebd.layer0`: `w` `[ntypes][dim]`, `b` `[dim]` (with use_tebd_bias),
 /// linear, the skip decided by the widths as any DeePMD-kit layer (`I` when dim == ntypes,
 /// `[I, I]` when dim == 2·ntypes), no timestep.
@@ -162,17 +150,6 @@ impl TebdLayout {
             })
             .collect()
     }
-}
-
-/// One attention layer: in_proj `[M1][3·attn]` and out_proj `[attn][M1]` as linear `Layer`s
-/// with bias, no skip, no idt (`act: Linear`, `skip: Skip::None`, `idt: None`), and the layer
-/// norm's scale and shift `[M1]`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AttnLayerLayout {
-    pub proj_in: Layer,
-    pub proj_out: Layer,
-    pub ln_w: usize,
-    pub ln_b: usize,
 }
 
 /// The embedding net used for a (centre type, neighbour type) pair: one net per neighbour type
@@ -329,61 +306,6 @@ impl DescriptorLayout {
         }
     }
 
-    /// DPA-1's layout (tensor order in the module's doc).
-    fn mixed(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
-        let a = d.attn().expect("a DPA-1 spec has its attention keys");
-        let tebd = b.tebd(nt, a.tebd_dim, a.use_tebd_bias);
-        let (nin, strip_nin) = embed_inputs(d);
-        let embed = vec![b.net(
-            "embed".into(),
-            nin,
-            &d.neuron,
-            (d.resnet_dt, Activation::Tanh),
-            None,
-        )];
-        let strip = strip_nin.map(|n| {
-            b.net(
-                "embed_strip".into(),
-                n,
-                &d.neuron,
-                (d.resnet_dt, Activation::Tanh),
-                None,
-            )
-        });
-        let m1 = d.m1();
-        let mut frozen = Vec::new();
-        let layers = (0..a.attn_layer)
-            .map(|k| {
-                let proj_in = b.linear(format!("attn{k}.in"), m1, 3 * a.attn);
-                let proj_out = b.linear(format!("attn{k}.out"), a.attn, m1);
-                let ln_w = b.alloc(format!("attn{k}.ln.w"), vec![m1]);
-                let ln_b = b.alloc(format!("attn{k}.ln.b"), vec![m1]);
-                if !a.trainable_ln {
-                    frozen.push(ln_w..ln_b + m1);
-                }
-                AttnLayerLayout {
-                    proj_in,
-                    proj_out,
-                    ln_w,
-                    ln_b,
-                }
-            })
-            .collect();
-        DescriptorLayout {
-            embed,
-            parts: std::iter::once(0..1).collect(),
-            attn: Some(AttnLayout {
-                tebd,
-                strip,
-                layers,
-            }),
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
-            frozen,
-        }
-    }
-
     /// Part k's embedding nets as a layout of their own (offsets still into the whole parameter
     /// vector): what a hybrid's sub-descriptor computes with.
     pub fn part(&self, k: usize) -> DescriptorLayout {
@@ -445,22 +367,6 @@ impl FittingLayout {
         } else {
             &self.nets[t]
         }
-    }
-}
-
-/// DPA-1's embedding-net input widths: the net's (1 + 2·tebd_dim for concat, 1 + tebd_dim with
-/// type_one_side, 1 for strip) and strip's type net's (2·tebd_dim, tebd_dim with type_one_side;
-/// `None` for concat).
-fn embed_inputs(d: &DescriptorSpec) -> (usize, Option<usize>) {
-    let a = d.attn().expect("a DPA-1 spec has its attention keys");
-    let types = if d.type_one_side {
-        a.tebd_dim
-    } else {
-        2 * a.tebd_dim
-    };
-    match a.tebd_input_mode {
-        TebdInputMode::Concat => (1 + types, None),
-        TebdInputMode::Strip => (1, Some(types)),
     }
 }
 

@@ -22,9 +22,10 @@ pub use activation::Activation;
 pub use check::MAX_NNEI;
 pub use init::init_params;
 pub use layout::{
-    embed_net_index, pair_types, AttnLayerLayout, AttnLayout, DescriptorLayout, FittingLayout,
-    Layer, Net, ParamLayout, Skip, TebdLayout, TensorInfo,
+    embed_net_index, pair_types, DescriptorLayout, FittingLayout, Layer, Net, ParamLayout, Skip,
+    TebdLayout, TensorInfo,
 };
+pub use se_atten::{AttentionConfig, AttnLayerLayout, AttnLayout};
 pub use source::{read_model, read_model_head, read_model_to_train, ModelFile};
 pub use type_map::new_elements;
 pub use yaml::{read_deepmd_yaml, write_deepmd_yaml, YamlModel};
@@ -125,42 +126,6 @@ impl TebdInputMode {
             TebdInputMode::Strip => "strip",
         }
     }
-}
-
-/// The keys se_atten and se_atten_v2 add to the common descriptor keys (DeePMD-kit 3.2.0's
-/// `descrpt_se_atten_args`, `descrpt_se_atten_v2_args`), with its defaults.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AttentionConfig {
-    /// Width of the type embedding (`tebd_dim`, 8).
-    pub tebd_dim: usize,
-    /// se_atten: `tebd_input_mode` ("concat") or the deprecated `stripped_type_embedding`;
-    /// se_atten_v2: always strip.
-    pub tebd_input_mode: TebdInputMode,
-    /// Hidden width of the attention's queries, keys and values (`attn`, 128).
-    pub attn: usize,
-    /// Number of attention layers (`attn_layer`, 2; 0 = none).
-    pub attn_layer: usize,
-    /// Gate the attention weights by r̂_j·r̂_k (`attn_dotr`, true).
-    pub attn_dotr: bool,
-    /// The logits' scale is (attn·scaling_factor)^(−1/2) unless `temperature` is given.
-    pub scaling_factor: f64,
-    /// Normalise q, k, v to unit length (`normalize`, true).
-    pub normalize: bool,
-    /// The logits' scale itself, when given (`temperature`, null).
-    pub temperature: Option<f64>,
-    /// Layer norm with trainable scale and shift (`trainable_ln`, true); false keeps them at
-    /// 1 and 0.
-    pub trainable_ln: bool,
-    /// The layer norm's ε (`ln_eps`; null means 1e-5, as DeePMD-kit's PyTorch and dpmodel).
-    pub ln_eps: f64,
-    /// se_atten: `smooth_type_embedding` (false); se_atten_v2: always true. Smooth attention
-    /// (logits and weights scaled by the neighbours' switches) and, with strip, the type
-    /// net's output scaled by the switch.
-    pub smooth_type_embedding: bool,
-    /// Append the centre's type embedding to the descriptor (`concat_output_tebd`, true).
-    pub concat_output_tebd: bool,
-    /// A bias in the type-embedding layer (`use_tebd_bias`, false).
-    pub use_tebd_bias: bool,
 }
 
 /// Hyper-parameters of the descriptor (docs/deepmd-spec.md §3–§6).
