@@ -2,12 +2,15 @@
 //! registry knows them by (`BaseDescriptor.register("se_e2_r")` and `register("se_r")`): the
 //! one table input.json, `.yaml` files and messages read names from.
 
+use super::yaml::DescriptorYaml;
 use super::DescriptorType;
 
-/// A registered descriptor: its kind and its names, DeePMD-kit's canonical `type` first.
+/// A registered descriptor: its kind, its names (DeePMD-kit's canonical `type` first) and,
+/// where it has a folder of its own, its `.yaml`.
 pub struct Registered {
     pub kind: DescriptorType,
     pub names: &'static [&'static str],
+    pub(super) yaml: Option<&'static DescriptorYaml>,
 }
 
 /// Every descriptor, in the order messages list them.
@@ -15,38 +18,47 @@ pub static DESCRIPTORS: &[Registered] = &[
     Registered {
         kind: DescriptorType::SeE2A,
         names: &["se_e2_a", "se_a"],
+        yaml: None,
     },
     Registered {
         kind: DescriptorType::SeE2R,
         names: &["se_e2_r", "se_r"],
+        yaml: None,
     },
     Registered {
         kind: DescriptorType::SeE3,
         names: &["se_e3", "se_at", "se_a_3be", "se_t"],
+        yaml: None,
     },
     Registered {
         kind: DescriptorType::SeAtten,
         names: &["se_atten", "dpa1"],
+        yaml: Some(&super::se_atten::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeAttenV2,
         names: &["se_atten_v2"],
+        yaml: Some(&super::se_atten::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Dpa3,
         names: &["dpa3"],
+        yaml: Some(&super::dpa3::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Dpa2,
         names: &["dpa2"],
+        yaml: Some(&super::dpa2::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE3Tebd,
         names: &["se_e3_tebd"],
+        yaml: Some(&super::se_e3_tebd::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Hybrid,
         names: &["hybrid"],
+        yaml: None,
     },
 ];
 
@@ -69,6 +81,13 @@ impl DescriptorType {
     /// DeePMD-kit's canonical `type`.
     pub fn as_str(self) -> &'static str {
         self.names()[0]
+    }
+
+    /// Its `.yaml`, where its folder has one.
+    pub(super) fn yaml(self) -> Option<&'static DescriptorYaml> {
+        (DESCRIPTORS.iter())
+            .find(|r| r.kind == self)
+            .and_then(|r| r.yaml)
     }
 }
 

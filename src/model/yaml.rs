@@ -24,9 +24,28 @@ use crate::yaml_tree::{brief, ndarray, obj, At};
 use super::pairtab;
 use super::yaml_block::read_activation;
 use super::{
-    pair_types, registry, Activation, DescriptorSpec, DescriptorType, FittingSpec, Layer, Model,
-    ModelSpec, Net, ParamLayout, Skip, TebdLayout,
+    pair_types, registry, Activation, DescriptorLayout, DescriptorSpec, DescriptorType,
+    FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdLayout,
 };
+
+/// The `.yaml` of a descriptor that has a folder of its own (DPA-1, DPA-2, DPA-3, se_e3_tebd),
+/// found by its kind in the registry ([`super::registry::Registered::yaml`]); the se_e2 family's
+/// and hybrid's are this file's.
+pub(super) struct DescriptorYaml {
+    /// Its keys into a spec: the file's descriptor node, the kind its `type` names, the number
+    /// of types.
+    pub read_spec: fn(&At, DescriptorType, usize) -> Result<DescriptorSpec>,
+    /// Its tensors into the parameter vector.
+    pub read_params: fn(&At, &DescriptorSpec, &DescriptorLayout, &mut [f64]) -> Result<()>,
+    /// Its tree, and the `model_def_script` section that builds it, from the parameters and its
+    /// davg/dstd rows.
+    pub write: DescriptorTree,
+}
+
+/// [`DescriptorYaml::write`]: (spec, layout, parameters, davg/dstd rows, type map) → (file
+/// tree, model_def_script section).
+pub(super) type DescriptorTree =
+    fn(&DescriptorSpec, &DescriptorLayout, &[f64], [&[f64]; 2], &[String]) -> (Value, Value);
 
 /// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model with an `se_e2_a`, `se_e2_r`
 /// (`se_r`), `se_e3`, `hybrid`, `dpa1` (se_atten) or `se_atten_v2` descriptor and an `ener`
@@ -264,23 +283,8 @@ fn standard_model(m: &At) -> Result<YamlModel> {
 
     let parts = spec.descriptor.parts();
     let dl = &layout.descriptor;
-    if let Some(a) = &dl.attn {
-        super::se_atten::yaml::read_params(
-            &items[0],
-            &spec.descriptor,
-            a,
-            &dl.embed[0],
-            &mut params,
-        )?;
-    }
-    if let Some(l) = &dl.dpa3 {
-        super::dpa3::yaml::read_params(&items[0], &spec.descriptor, l, &mut params)?;
-    }
-    if let Some(l) = &dl.dpa2 {
-        super::dpa2::yaml::read_params(&items[0], &spec.descriptor, l, &mut params)?;
-    }
-    if let Some(l) = &dl.se_e3_tebd {
-        super::se_e3_tebd::yaml::read_params(&items[0], l, &mut params)?;
+    if let Some(y) = spec.descriptor.kind.yaml() {
+        (y.read_params)(&items[0], &spec.descriptor, dl, &mut params)?;
     }
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
         if part.is_mixed() {
@@ -470,17 +474,8 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
         .collect();
     d.expect("type", &names)?;
     let kind = DescriptorType::from_name(d.key("type")?.str()?).expect("a registered name");
-    if kind.is_attention() {
-        return super::se_atten::yaml::read_spec(d, kind);
-    }
-    if kind == DescriptorType::Dpa3 {
-        return super::dpa3::yaml::read_spec(d, nt);
-    }
-    if kind == DescriptorType::Dpa2 {
-        return super::dpa2::yaml::read_spec(d, nt);
-    }
-    if kind == DescriptorType::SeE3Tebd {
-        return super::se_e3_tebd::yaml::read_spec(d, nt);
+    if let Some(y) = kind.yaml() {
+        return (y.read_spec)(d, kind, nt);
     }
     d.version(1..=3, Some(1))?;
     d.known(&[
@@ -841,22 +836,9 @@ fn model_to_tree(model: &Model) -> Value {
             let rows = stat_at..stat_at + 4 * nt * part.stat_blocks();
             stat_at = rows.end;
             let stats = [&model.davg[rows.clone()], &model.dstd[rows]];
-            if let Some(a) = &dl.attn {
-                super::se_atten::yaml::write(part, &nets[0], a, p, stats, type_map)
-            } else if let Some(l) = &dl.dpa3 {
-                let c = part.dpa3.as_ref().expect("a DPA-3 spec");
-                let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
-                super::dpa3::yaml::write(part, l, p, stats, type_map, tebd)
-            } else if let Some(l) = &dl.dpa2 {
-                let c = part.dpa2.as_ref().expect("a DPA-2 spec");
-                let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
-                super::dpa2::yaml::write(part, l, p, stats, type_map, tebd)
-            } else if let Some(l) = &dl.se_e3_tebd {
-                let c = part.se_e3_tebd.as_ref().expect("an se_e3_tebd spec");
-                let tebd = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
-                super::se_e3_tebd::yaml::write(part, l, p, stats, type_map, tebd)
-            } else {
-                descriptor_tree(part, nets, p, stats, type_map)
+            match part.kind.yaml() {
+                Some(y) => (y.write)(part, dl, p, stats, type_map),
+                None => descriptor_tree(part, nets, p, stats, type_map),
             }
         })
         .collect();

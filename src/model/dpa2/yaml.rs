@@ -6,15 +6,16 @@ use anyhow::{anyhow, ensure, Result};
 use serde_yaml_ng::Value;
 
 use super::args::RepinitShared;
-use super::{Dpa2Config, Dpa2Layout, RepformerConfig, RepformerLayerLayout, RepinitConfig};
+use super::{Dpa2Config, RepformerConfig, RepformerLayerLayout, RepinitConfig};
 use crate::model::dpa3::UpdateStyle;
 use crate::model::layout::Net;
 use crate::model::yaml::{one_net_tree, read_embeddings, read_tebd, stats_tree};
+use crate::model::yaml::{tebd_tree, DescriptorYaml};
 use crate::model::yaml_block::{
     activation, count, env_mat, flag, layer_tree, linear_tree, merge, number, one_hot_tebd,
     read_layer, read_linear, read_rows, read_type_pairs, rows_tree, tebd_input_mode, widths, yaml,
 };
-use crate::model::{DescriptorSpec, DescriptorType};
+use crate::model::{DescriptorLayout, DescriptorSpec, DescriptorType};
 use crate::yaml_tree::{ndarray, obj, At};
 
 // The keys DeePMD-kit 3.2.0's constructors take (`DescrptDPA2`, `RepinitArgs`,
@@ -124,8 +125,15 @@ fn read_repformer(r: &At, old: bool) -> Result<RepformerConfig> {
     })
 }
 
+/// dpa2's entry in the registry.
+pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
+    read_spec,
+    read_params,
+    write,
+};
+
 /// The descriptor's keys; the shared ones of the spec hold the repinit's list and net.
-pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
+pub(in crate::model) fn read_spec(d: &At, _: DescriptorType, nt: usize) -> Result<DescriptorSpec> {
     d.version(1..=4, None)?;
     d.known(&[KEYS])?;
     one_hot_tebd(d, nt)?;
@@ -300,9 +308,10 @@ fn read_repformer_layer(
 pub(in crate::model) fn read_params(
     d: &At,
     spec: &DescriptorSpec,
-    l: &Dpa2Layout,
+    dl: &DescriptorLayout,
     params: &mut [f64],
 ) -> Result<()> {
+    let l = dl.dpa2.as_ref().expect("a DPA-2 layout");
     let c = spec.dpa2.as_ref().expect("a DPA-2 spec");
     let (t, g1) = (c.repinit.tebd_dim, c.repformer.g1_dim);
     read_tebd(&d.key("type_embedding")?, &l.tebd, params)?;
@@ -446,18 +455,19 @@ fn repformer_layer_tree(ll: &RepformerLayerLayout, c: &Dpa2Config, nt: usize, p:
 }
 
 /// A DPA-2 descriptor as DeePMD-kit serialises it (spec §20.9), and the `model_def_script`
-/// descriptor (input.json's form) that builds it. `type_embedding` is its `TypeEmbedNet` node;
-/// davg/dstd dpw's rows `[block][nt][4]` (repinit, repformer, three-body), written per slot of
-/// each block's own list as DeePMD-kit keeps them.
+/// descriptor (input.json's form) that builds it; davg/dstd dpw's rows `[block][nt][4]`
+/// (repinit, repformer, three-body), written per slot of each block's own list as DeePMD-kit
+/// keeps them.
 pub(in crate::model) fn write(
     d: &DescriptorSpec,
-    l: &Dpa2Layout,
+    dl: &DescriptorLayout,
     p: &[f64],
     stats: [&[f64]; 2],
     type_map: &[String],
-    type_embedding: Value,
 ) -> (Value, Value) {
+    let l = dl.dpa2.as_ref().expect("a DPA-2 layout");
     let c = d.dpa2.as_ref().expect("a DPA-2 spec");
+    let type_embedding = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
     let (i, r) = (&c.repinit, &c.repformer);
     let nt = type_map.len();
     let act = i.activation.name();

@@ -4,13 +4,14 @@
 use anyhow::{ensure, Result};
 use serde_yaml_ng::Value;
 
-use super::{Dpa3Config, Dpa3Layout, UpdateStyle};
+use super::{Dpa3Config, UpdateStyle};
 use crate::model::yaml::stats_tree;
+use crate::model::yaml::{tebd_tree, DescriptorYaml};
 use crate::model::yaml_block::{
     layer_tree, linear_tree, merge, read_activation, read_layer, read_linear, read_rows,
     read_type_pairs, rows_tree,
 };
-use crate::model::{DescriptorSpec, DescriptorType};
+use crate::model::{DescriptorLayout, DescriptorSpec, DescriptorType};
 use crate::yaml_tree::{brief, obj, At};
 
 #[rustfmt::skip]
@@ -54,9 +55,16 @@ fn one_usize(at: &At) -> Result<usize> {
     }
 }
 
+/// dpa3's entry in the registry.
+pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
+    read_spec,
+    read_params,
+    write,
+};
+
 /// The descriptor's keys. DeePMD-kit's dpmodel refuses unknown keys (`cls(**data)`); so does
 /// this.
-pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
+pub(in crate::model) fn read_spec(d: &At, _: DescriptorType, nt: usize) -> Result<DescriptorSpec> {
     d.version(1..=2, None)?;
     d.known(&[KEYS])?;
     for key in ["use_econf_tebd", "add_chg_spin_ebd"] {
@@ -131,9 +139,10 @@ pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
 pub(in crate::model) fn read_params(
     d: &At,
     spec: &DescriptorSpec,
-    l: &Dpa3Layout,
+    dl: &DescriptorLayout,
     params: &mut [f64],
 ) -> Result<()> {
+    let l = dl.dpa3.as_ref().expect("a DPA-3 layout");
     let c = spec.dpa3.as_ref().expect("a DPA-3 spec");
     let (n, e, ad) = (spec.m1(), c.e_dim, c.a_dim);
     crate::model::yaml::read_tebd(&d.key("type_embedding")?, &l.tebd, params)?;
@@ -240,17 +249,18 @@ fn repflow_args(d: &DescriptorSpec, c: &Dpa3Config) -> Value {
 }
 
 /// A DPA-3 descriptor as DeePMD-kit serialises it (spec §18.9), and the `model_def_script`
-/// descriptor (input.json's form) that builds it. `type_embedding` is its `TypeEmbedNet` node;
-/// davg/dstd dpw's rows `[nt][4]`, written per slot as DeePMD-kit keeps them.
+/// descriptor (input.json's form) that builds it; davg/dstd dpw's rows `[nt][4]`, written per
+/// slot as DeePMD-kit keeps them.
 pub(in crate::model) fn write(
     d: &DescriptorSpec,
-    l: &Dpa3Layout,
+    dl: &DescriptorLayout,
     p: &[f64],
     stats: [&[f64]; 2],
     type_map: &[String],
-    type_embedding: Value,
 ) -> (Value, Value) {
+    let l = dl.dpa3.as_ref().expect("a DPA-3 layout");
     let c = d.dpa3.as_ref().expect("a DPA-3 spec");
+    let type_embedding = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
     let (nt, s, n) = (type_map.len(), d.sel[0], d.m1());
     let (nc, ec) = c.compressed(n);
     let layers: Vec<Value> = (l.layers.iter())

@@ -6,12 +6,20 @@ use anyhow::{bail, ensure, Result};
 use serde_yaml_ng::Value;
 
 use crate::model::yaml::{
-    one_net_tree, read_embeddings, read_tebd, stats_tree, tebd_tree, DESCRIPTOR_KEYS, LAYER_KEYS,
+    one_net_tree, read_embeddings, read_tebd, stats_tree, tebd_tree, DescriptorYaml,
+    DESCRIPTOR_KEYS, LAYER_KEYS,
 };
 use crate::model::{
-    AttentionConfig, AttnLayout, DescriptorSpec, DescriptorType, Layer, Net, TebdInputMode,
+    AttentionConfig, DescriptorLayout, DescriptorSpec, DescriptorType, Layer, Net, TebdInputMode,
 };
 use crate::yaml_tree::{brief, ndarray, obj, At};
+
+/// DPA-1's entry in the registry (se_atten and se_atten_v2).
+pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
+    read_spec,
+    read_params,
+    write,
+};
 
 #[rustfmt::skip]
 const SE_ATTEN_V2_KEYS: &[&str] = &[
@@ -26,7 +34,7 @@ const DPA1_KEYS: &[&str] = &["tebd_input_mode", "smooth_type_embedding"];
 /// DPA-1's keys: DeePMD-kit serialises se_atten as `type: dpa1`, se_atten_v2 as itself
 /// (without tebd_input_mode and smooth_type_embedding: always strip and smooth). Its sel is
 /// one mixed list: a list's sum (DeePMD-kit's nnei), kept as one number.
-pub(crate) fn read_spec(d: &At, kind: DescriptorType) -> Result<DescriptorSpec> {
+pub(crate) fn read_spec(d: &At, kind: DescriptorType, _: usize) -> Result<DescriptorSpec> {
     let v2 = kind == DescriptorType::SeAttenV2;
     d.version(1..=3, None)?;
     d.known(&[
@@ -111,10 +119,10 @@ pub(crate) fn read_spec(d: &At, kind: DescriptorType) -> Result<DescriptorSpec> 
 pub(crate) fn read_params(
     d: &At,
     spec: &DescriptorSpec,
-    a: &AttnLayout,
-    embed: &Net,
+    dl: &DescriptorLayout,
     params: &mut [f64],
 ) -> Result<()> {
+    let (a, embed) = (dl.attn.as_ref().expect("a DPA-1 layout"), &dl.embed[0]);
     let cfg = spec.attn().expect("a DPA-1 spec");
     read_embeddings(d, embed, a.strip.as_ref(), params)?;
     read_tebd(&d.key("type_embedding")?, &a.tebd, params)?;
@@ -179,12 +187,12 @@ pub(crate) fn read_params(
 /// `DescrptSeAttenV2.serialize`), and the `model_def_script` descriptor that builds it.
 pub(crate) fn write(
     d: &DescriptorSpec,
-    embed: &Net,
-    a: &AttnLayout,
+    dl: &DescriptorLayout,
     p: &[f64],
     stats: [&[f64]; 2],
     type_map: &[String],
 ) -> (Value, Value) {
+    let (a, embed) = (dl.attn.as_ref().expect("a DPA-1 layout"), &dl.embed[0]);
     let cfg = d.attn().expect("a DPA-1 spec");
     let (nt, nnei, m1) = (type_map.len(), d.nnei(), d.m1());
     let v2 = d.kind == DescriptorType::SeAttenV2;

@@ -4,13 +4,14 @@
 use anyhow::{ensure, Result};
 use serde_yaml_ng::Value;
 
-use super::{SeE3TebdConfig, SeE3TebdLayout, Shared};
+use super::{SeE3TebdConfig, Shared};
 use crate::model::yaml::{one_net_tree, read_embeddings, read_tebd, stats_tree};
+use crate::model::yaml::{tebd_tree, DescriptorYaml};
 use crate::model::yaml_block::{
     activation, count, env_mat, flag, merge, number, one_hot_tebd, read_type_pairs,
     tebd_input_mode, widths, yaml,
 };
-use crate::model::{DescriptorSpec, DescriptorType};
+use crate::model::{DescriptorLayout, DescriptorSpec, DescriptorType};
 use crate::yaml_tree::{obj, At};
 
 // The keys DeePMD-kit 3.2.0's constructor takes and the nodes its `deserialize` takes out
@@ -25,10 +26,17 @@ const KEYS: &[&str] = &[
     "concat_output_tebd", "use_econf_tebd", "use_tebd_bias", "smooth",
 ];
 
+/// se_e3_tebd's entry in the registry.
+pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
+    read_spec,
+    read_params,
+    write,
+};
+
 /// The descriptor's keys, at the class's defaults where absent. use_tebd_bias is the type
 /// embedding's own (the serialization leaves it out and `deserialize` replaces the class's
 /// type embedding by the file's).
-pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
+pub(in crate::model) fn read_spec(d: &At, _: DescriptorType, nt: usize) -> Result<DescriptorSpec> {
     d.version(1..=2, None)?;
     d.known(&[KEYS])?;
     d.expect_off("compress")?;
@@ -72,23 +80,29 @@ pub(in crate::model) fn read_spec(d: &At, nt: usize) -> Result<DescriptorSpec> {
 }
 
 /// The tensors of an se_e3_tebd node into `params`, checked against the layout.
-pub(in crate::model) fn read_params(d: &At, l: &SeE3TebdLayout, params: &mut [f64]) -> Result<()> {
+pub(in crate::model) fn read_params(
+    d: &At,
+    _: &DescriptorSpec,
+    dl: &DescriptorLayout,
+    params: &mut [f64],
+) -> Result<()> {
+    let l = dl.se_e3_tebd.as_ref().expect("an se_e3_tebd layout");
     read_tebd(&d.key("type_embedding")?, &l.tebd, params)?;
     read_embeddings(d, &l.embed, l.embed_strip.as_ref(), params)
 }
 
 /// The descriptor as DeePMD-kit serialises it, and the `model_def_script` descriptor
-/// (input.json's form) that builds it. `type_embedding` is its `TypeEmbedNet` node; davg/dstd
-/// dpw's rows `[nt][4]`, written per slot.
+/// (input.json's form) that builds it; davg/dstd dpw's rows `[nt][4]`, written per slot.
 pub(in crate::model) fn write(
     d: &DescriptorSpec,
-    l: &SeE3TebdLayout,
+    dl: &DescriptorLayout,
     p: &[f64],
     stats: [&[f64]; 2],
     type_map: &[String],
-    type_embedding: Value,
 ) -> (Value, Value) {
+    let l = dl.se_e3_tebd.as_ref().expect("an se_e3_tebd layout");
     let c = d.se_e3_tebd.as_ref().expect("an se_e3_tebd spec");
+    let type_embedding = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
     let nt = type_map.len();
     let act = c.activation.name();
     let net = |n| one_net_tree(n, &d.neuron, d.resnet_dt, &act, p, nt);
