@@ -65,6 +65,17 @@ impl<'a> At<'a> {
             _ => self.fail("a list"),
         }
     }
+    /// The list at `key`, which must hold `n` items (`what`: what they are, said with n).
+    pub(crate) fn seq_of(&self, key: &str, n: usize, what: &str) -> Result<Vec<At<'a>>> {
+        let items = self.key(key)?.seq()?;
+        ensure!(
+            items.len() == n,
+            "{}.{key}: expected {n} {what}, found {}",
+            self.path,
+            items.len()
+        );
+        Ok(items)
+    }
     pub(crate) fn str(&self) -> Result<&'a str> {
         self.v.as_str().map_or_else(|| self.fail("a string"), Ok)
     }

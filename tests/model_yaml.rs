@@ -386,6 +386,17 @@ fn bad_files_name_the_culprit() {
         e.contains("model.descriptor.embeddings.networks[0].layers[2].@variables.w: expected shape [8, 16], found [8, 12]"),
         "{e}"
     );
+    // A net with more layers than neuron says.
+    let fewer = text.replace(
+        "    neuron:\n    - 4\n    - 8\n    - 12\n",
+        "    neuron:\n    - 4\n    - 8\n",
+    );
+    assert_ne!(fewer, text);
+    let e = read_err(&fewer);
+    assert!(
+        e.contains("model.descriptor.embeddings.networks[0].layers: expected 2 layers, found 3"),
+        "{e}"
+    );
 
     // A ragged nested list.
     let tree: Value = serde_yaml_ng::from_str(&good).unwrap();

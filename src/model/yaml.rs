@@ -553,13 +553,7 @@ pub(super) fn read_tebd(te: &At, t: &TebdLayout, params: &mut [f64]) -> Result<(
     let net = te.key("embedding")?;
     net.version(1..=2, Some(1))?;
     net.known(&[NETWORK_KEYS])?;
-    let layers = net.key("layers")?.seq()?;
-    ensure!(
-        layers.len() == 1,
-        "{}.layers: expected 1 layer (neuron [tebd_dim]), found {}",
-        net.path,
-        layers.len()
-    );
+    let layers = net.seq_of("layers", 1, "layer (neuron [tebd_dim])")?;
     let l = &layers[0];
     l.version(1..=2, Some(1))?;
     l.known(&[LAYER_KEYS])?;
@@ -668,26 +662,12 @@ fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) 
         ndim.path,
         brief(ndim.v)
     );
-    let networks = coll.key("networks")?.seq()?;
-    ensure!(
-        networks.len() == nets.len(),
-        "{}.networks: expected {} networks, found {}",
-        coll.path,
-        nets.len(),
-        networks.len()
-    );
+    let networks = coll.seq_of("networks", nets.len(), "networks")?;
     for (net, at) in nets.iter().zip(&networks) {
         let Some(net) = net else { continue };
         at.version(net_versions.clone(), Some(1))?;
         at.known(&[NETWORK_KEYS])?;
-        let layers = at.key("layers")?.seq()?;
-        ensure!(
-            layers.len() == net.layers.len(),
-            "{}.layers: expected {} layers, found {}",
-            at.path,
-            net.layers.len(),
-            layers.len()
-        );
+        let layers = at.seq_of("layers", net.layers.len(), "layers")?;
         for (i, (l, at)) in net.layers.iter().zip(&layers).enumerate() {
             at.version(1..=2, Some(1))?;
             at.known(&[LAYER_KEYS])?;

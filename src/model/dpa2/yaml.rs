@@ -334,14 +334,7 @@ pub(in crate::model) fn read_params(
     read_weight(d, "tebd_transform", l.tebd_transform, [t, g1], params)?;
     let rv = d.key("repformers_variable")?;
     read_layer(&rv.key("g2_embd")?, &l.g2_embd, params)?;
-    let items = rv.key("repformer_layers")?.seq()?;
-    ensure!(
-        items.len() == l.layers.len(),
-        "{}.repformer_layers: expected {} layers (nlayers), found {}",
-        rv.path,
-        l.layers.len(),
-        items.len()
-    );
+    let items = rv.seq_of("repformer_layers", l.layers.len(), "layers (nlayers)")?;
     for (ll, at) in l.layers.iter().zip(&items) {
         read_repformer_layer(at, ll, c, params)?;
     }

@@ -149,14 +149,7 @@ pub(in crate::model) fn read_params(
     let rv = d.key("repflow_variable")?;
     read_layer(&rv.key("edge_embd")?, &l.edge_embd, params)?;
     read_linear(&rv.key("angle_embd")?, 1, ad, l.angle_embd, None, params)?;
-    let items = rv.key("repflow_layers")?.seq()?;
-    ensure!(
-        items.len() == l.layers.len(),
-        "{}.repflow_layers: expected {} layers (nlayers), found {}",
-        rv.path,
-        l.layers.len(),
-        items.len()
-    );
+    let items = rv.seq_of("repflow_layers", l.layers.len(), "layers (nlayers)")?;
     for (ll, at) in l.layers.iter().zip(&items) {
         at.expect("@class", &["RepFlowLayer"])?;
         at.version(1..=2, None)?;

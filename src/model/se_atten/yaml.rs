@@ -130,14 +130,7 @@ pub(crate) fn read_params(
     let al = d.key("attention_layers")?;
     al.expect("@class", &["NeighborGatedAttention"])?;
     al.version(1..=1, None)?;
-    let items = al.key("attention_layers")?.seq()?;
-    ensure!(
-        items.len() == a.layers.len(),
-        "{}.attention_layers: expected {} layers (attn_layer), found {}",
-        al.path,
-        a.layers.len(),
-        items.len()
-    );
+    let items = al.seq_of("attention_layers", a.layers.len(), "layers (attn_layer)")?;
     for (k, at) in a.layers.iter().zip(&items) {
         let att = at.key("attention_layer")?;
         if let Some(h) = att.opt("num_heads") {
