@@ -698,6 +698,43 @@ fn a_restart_of_a_fitting_net_shared_by_some_tasks_goes_on() {
     restart_goes_on("pf_steps", "pf_pre");
 }
 
+/// `pf_stats`' tasks trained 8 steps from scratch with water's own fitting net narrower than the
+/// one alloy and alloy2 share (heads of different lengths): the shared parts go between heads
+/// by their own extents, and a restart at step 4 ends where the whole run does.
+#[test]
+fn fitting_nets_of_different_widths_share_by_their_own_extents() {
+    let mut input = json_file(&repo("tests/reference/multitask/pf_stats/input.json"));
+    input["model"]["model_dict"]["water"]["fitting_net"]["neuron"] = json!([4]);
+    input["training"]["numb_steps"] = json!(8);
+    input["training"]["save_freq"] = json!(4);
+    let run = |dir: &Path, extra: &[&str]| {
+        std::fs::write(dir.join("input.json"), input.to_string()).unwrap();
+        let mut args = vec!["train", "input.json"];
+        args.extend(extra);
+        let (ok, log) = dpw_in(dir, &args);
+        assert!(ok, "{log}");
+    };
+    let whole = tree();
+    run(whole.path(), &[]);
+    let [w, a, a2] = ["water", "alloy", "alloy2"].map(|h| head(whole.path(), h));
+    let dlen = w.layout().descriptor_len();
+    assert!(w.params.len() < a.params.len());
+    assert_eq!(w.params[..dlen], a.params[..dlen]);
+    assert_eq!(a.params, a2.params);
+    let t = tree();
+    for f in ["model.ckpt-4", "lcurve.out"] {
+        std::fs::copy(whole.path().join(f), t.path().join(f)).unwrap();
+    }
+    run(t.path(), &["--restart", "model.ckpt-4"]);
+    for h in ["water", "alloy", "alloy2"] {
+        assert_eq!(
+            head(t.path(), h).params,
+            head(whole.path(), h).params,
+            "{h}"
+        );
+    }
+}
+
 /// `num_epoch_dict`: numb_steps = ceil(Σ_k e_k·B_k) and model_prob the shares e_k·B_k / Σ, as
 /// DeePMD-kit's `resolve_model_prob_from_epochs` (B_k the batches of one epoch of task k: water
 /// 80 frames of batch 1, alloy two systems of 15 drawn by their sizes, ceil(max 15 / ½) = 30).

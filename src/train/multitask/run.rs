@@ -203,7 +203,7 @@ pub fn train<T: Real, B: Backend<T>>(
     // A restart continues the sequence: one draw per step.
     draw.skip(start);
     let mut holders = Holders::new(&config, &heads, shared);
-    let mut scratch = holders.lens().map(|n| b.zeros(n));
+    let mut scratch = holders.scratch(b);
     let mut fout: Option<File> = None;
     let mut header_done = false;
     interrupt::training_started();
@@ -290,7 +290,8 @@ struct Holders {
     group: Vec<usize>,
     shared: usize,
     fit: usize,
-    nparams: usize,
+    /// Each head's number of parameters (its fitting net's width is its own).
+    nparams: Vec<usize>,
     descriptor: usize,
     /// By group.
     fitting: Vec<usize>,
@@ -308,7 +309,7 @@ impl Holders {
             group: (0..n).map(|k| config.fitting_group(k)).collect(),
             shared,
             fit: layout.descriptor_len(),
-            nparams: heads[0].model.params.len(),
+            nparams: heads.iter().map(|h| h.model.params.len()).collect(),
             descriptor: 0,
             fitting: (0..n).collect(),
         }
@@ -321,32 +322,44 @@ impl Holders {
     }
 
     /// Head `k`'s shared parts, the descriptor's and its fitting net's: where in the
-    /// parameters each is, and the head that holds its newest values.
-    fn parts(&self, k: usize) -> [(Range<usize>, usize); 2] {
+    /// parameters each is, the head that holds its newest values, and its slot in
+    /// [`Holders::scratch`].
+    fn parts(&self, k: usize) -> [(Range<usize>, usize, usize); 2] {
+        let g = self.group[k];
         [
-            (0..self.shared, self.descriptor),
-            (self.fit..self.nparams, self.fitting[self.group[k]]),
+            (0..self.shared, self.descriptor, 0),
+            (self.fit..self.nparams[k], self.fitting[g], 1 + g),
         ]
     }
 
-    /// The shared parts' lengths ([`Holders::bring`]'s scratch buffers).
-    fn lens(&self) -> [usize; 2] {
-        self.parts(0).map(|(r, _)| r.len())
+    /// [`Holders::bring`]'s buffers: the descriptor's part, then one per fitting group, for
+    /// the groups of several heads.
+    fn scratch<T: Real, B: Backend<T>>(&self, b: &B) -> Vec<Option<B::Buf>> {
+        let fitting = (0..self.group.len()).map(|g| {
+            let shared = self.sharing(g).nth(1).is_some() && self.group[g] == g;
+            shared.then(|| b.zeros(self.nparams[g] - self.fit))
+        });
+        std::iter::once(Some(b.zeros(self.shared)))
+            .chain(fitting)
+            .collect()
     }
 
     /// Gives head `k` the newest values and Adam moments of its shared parts, on the device,
-    /// through `scratch` (buffers of [`Holders::lens`]).
+    /// through `scratch` ([`Holders::scratch`]).
     fn bring<T: Real, B: Backend<T>>(
         &self,
         b: &B,
         heads: &mut [Head<T, B>],
         k: usize,
-        scratch: &mut [B::Buf; 2],
+        scratch: &mut [Option<B::Buf>],
     ) {
-        for ((range, from), scratch) in self.parts(k).into_iter().zip(scratch) {
+        for (range, from, slot) in self.parts(k) {
             if from == k {
                 continue;
             }
+            let scratch = scratch[slot]
+                .as_mut()
+                .expect("a part another head holds is shared");
             let (src, dst) = match from < k {
                 true => {
                     let (a, c) = heads.split_at_mut(k);
@@ -406,7 +419,7 @@ impl Saver {
         let mut out = Vec::with_capacity(heads.len());
         for (k, h) in heads.iter().enumerate() {
             let [mut params, mut m, mut v] = states[k].clone();
-            for (range, from) in holders.parts(k) {
+            for (range, from, _) in holders.parts(k) {
                 for (mine, theirs) in [&mut params, &mut m, &mut v].into_iter().zip(&states[from]) {
                     mine[range.clone()].copy_from_slice(&theirs[range.clone()]);
                 }
