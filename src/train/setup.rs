@@ -382,9 +382,9 @@ pub fn prepare_in(
                 (m.davg, m.dstd) = (pre.davg, pre.dstd);
                 let frames = read.finetune_frames();
                 match merged {
-                    Some(_) => {
+                    Some(refit) => {
                         merged_refit = Some(MergedRefit {
-                            refit: Refit::Set,
+                            refit,
                             frames,
                             new_types: new_types.clone(),
                         })
