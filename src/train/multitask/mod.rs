@@ -264,6 +264,21 @@ fn finetune_start(file: &ModelFile, t: &TaskConfig, heads: &[String]) -> Result<
     })
 }
 
+/// The shared descriptor's davg/dstd from every task's statistics, their sums added in task
+/// order (DeePMD-kit's `share_params`).
+fn summed_statistics(tasks: &[TrainSetup]) -> (Vec<f64>, Vec<f64>) {
+    let d = &tasks[0].model.spec.descriptor;
+    let mut env = tasks[0].stat_env.clone();
+    for s in &tasks[1..] {
+        for (mine, theirs) in env.iter_mut().zip(&s.stat_env) {
+            mine.add(theirs);
+        }
+    }
+    let (mut davg, mut dstd) = env_davg_dstd(d, &env);
+    fix_stat_std(d, &mut davg, &mut dstd);
+    (davg, dstd)
+}
+
 /// A fine-tune to elements the pretrained model lacks: their davg/dstd in every task from the
 /// statistics of all the tasks' data, their sums added (the descriptor is one), then each
 /// task's bias re-fitted as its start says (`TrainSetup::merged_refit`). The pretrained
@@ -274,15 +289,7 @@ fn merge_new_elements(tasks: &mut [TrainSetup]) -> Result<()> {
     if tasks.iter().all(|s| s.merged_refit.is_none()) {
         return Ok(());
     }
-    let d = tasks[0].model.spec.descriptor.clone();
-    let mut env = tasks[0].stat_env.clone();
-    for s in &tasks[1..] {
-        for (mine, theirs) in env.iter_mut().zip(&s.stat_env) {
-            mine.add(theirs);
-        }
-    }
-    let (mut davg, mut dstd) = env_davg_dstd(&d, &env);
-    fix_stat_std(&d, &mut davg, &mut dstd);
+    let (davg, dstd) = summed_statistics(tasks);
     let mut said = false;
     for s in tasks.iter_mut() {
         if let Some(r) = s.merged_refit.take() {
@@ -457,7 +464,6 @@ fn share_parts(tasks: &mut [TrainSetup], config: &MultiTaskConfig, seed: u64) ->
     }
     let dlen = tasks[0].model.layout().descriptor_len();
     let first = tasks[0].model.params[..dlen].to_vec();
-    let mut env = tasks[0].stat_env.clone();
     for k in 1..tasks.len() {
         let g = config.fitting_group(k);
         let fit = match g == k {
@@ -473,16 +479,12 @@ fn share_parts(tasks: &mut [TrainSetup], config: &MultiTaskConfig, seed: u64) ->
         let s = &mut tasks[k];
         s.model.params[..dlen].copy_from_slice(&first);
         s.model.params[dlen..].copy_from_slice(&fit);
-        for (mine, theirs) in env.iter_mut().zip(&s.stat_env) {
-            mine.add(theirs);
-        }
     }
     merge_fit_input_stats(tasks, config);
     if config.descriptor_level > 0 {
         return Ok(());
     }
-    let (mut davg, mut dstd) = env_davg_dstd(&d, &env);
-    fix_stat_std(&d, &mut davg, &mut dstd);
+    let (davg, dstd) = summed_statistics(tasks);
     tracing::info!(
         "the shared descriptor's statistics over the {} tasks: davg {:?}, dstd {:?}",
         tasks.len(),
