@@ -107,3 +107,8 @@ fn wide_value(acc: ptr<function, WideSum>) -> f32 {
     let v = ldexp(f32(w), 32 * t - i32(lz) - 64);
     return select(v, -v, neg);
 }
+
+// e^x for x ≤ 0 (a softmax's shifted logits), as the f64 prelude's.
+fn exp_nonpos_r(x: real) -> real {
+    return exp(x);
+}

@@ -88,3 +88,18 @@ fn wide_add(acc: ptr<function, WideSum>, x: f64) {
 fn wide_value(acc: ptr<function, WideSum>) -> f64 {
     return (*acc).s;
 }
+
+// e^x for x ≤ 0 (a softmax's shifted logits): 1/(1 + (e^−x − 1)), the range past −80 taken in
+// steps of e^−80, since expm1_nonneg's powers of two are f32's.
+fn exp_nonpos_r(x: f64) -> f64 {
+    if (x < -745.0) {
+        return 0.0;
+    }
+    var y = x;
+    var s: f64 = 1.0;
+    for (var i = 0; i < 10 && y < -80.0; i++) {
+        y = y + 80.0;
+        s = s * 1.8048513878454153e-35;
+    }
+    return s / (1.0 + expm1_nonneg(-y));
+}

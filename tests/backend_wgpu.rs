@@ -203,8 +203,10 @@ fn other_variant<T: GpuReal>(test: &str) -> Option<&'static Wgpu> {
         };
         w.set_dense_kernels(dense);
         w.set_passes(passes);
+        // A few centres per launch of the attention block, where the first device takes all.
+        w.set_attn_scratch(1 << 20);
         eprintln!(
-            "second device: dense kernels {}, passes {}",
+            "second device: dense kernels {}, passes {}, attention block in 1 MiB launches",
             dense.name(),
             passes.name()
         );
@@ -268,6 +270,20 @@ fn parity_attn_ops_f32() {
         1e-5,
         suite::parity::attn_ops::<f32, _>,
     );
+}
+
+#[test]
+fn parity_attn_ops_other_variant_f64() {
+    if let Some(w) = other_variant::<f64>("parity_attn_ops_other_variant_f64") {
+        suite::parity::attn_ops::<f64, _>(w, 1e-12);
+    }
+}
+
+#[test]
+fn parity_attn_ops_other_variant_f32() {
+    if let Some(w) = other_variant::<f32>("parity_attn_ops_other_variant_f32") {
+        suite::parity::attn_ops::<f32, _>(w, 1e-5);
+    }
 }
 
 fn repeatable<T: GpuReal>(test: &str)

@@ -15,7 +15,7 @@ fn module(shader: Shader, prec: Precision) -> (naga::Module, naga::valid::Module
     let m = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {
         panic!(
             "{} ({}): {}",
-            shader.file_name(),
+            shader.name(),
             prec.name(),
             e.emit_to_string(&src)
         )
@@ -29,7 +29,7 @@ fn module(shader: Shader, prec: Precision) -> (naga::Module, naga::valid::Module
         .unwrap_or_else(|e| {
             panic!(
                 "{} ({}): {}",
-                shader.file_name(),
+                shader.name(),
                 prec.name(),
                 e.emit_to_string(&src)
             )
@@ -66,7 +66,7 @@ fn kernel_bindings_match_entry_points() {
                 .entry_points
                 .iter()
                 .position(|e| e.name == k.entry)
-                .unwrap_or_else(|| panic!("{}: no entry point {}", k.shader.file_name(), k.entry));
+                .unwrap_or_else(|| panic!("{}: no entry point {}", k.shader.name(), k.entry));
             let fi = info.get_entry_point(ep);
             let mut used = BTreeSet::new();
             for (h, var) in m.global_variables.iter() {
@@ -101,7 +101,7 @@ fn kernel_bindings_match_entry_points() {
                 used,
                 declared,
                 "{}:{}: (binding, read_write) used vs declared",
-                k.shader.file_name(),
+                k.shader.name(),
                 k.entry
             );
         }
@@ -120,10 +120,10 @@ fn param_structs_have_the_rust_layout() {
                     .types
                     .iter()
                     .find(|(_, t)| t.name.as_deref() == Some(l.name))
-                    .unwrap_or_else(|| panic!("{}: no struct {}", shader.file_name(), l.name))
+                    .unwrap_or_else(|| panic!("{}: no struct {}", shader.name(), l.name))
                     .1;
                 let naga::TypeInner::Struct { members, span } = &ty.inner else {
-                    panic!("{}: {} is no struct", shader.file_name(), l.name);
+                    panic!("{}: {} is no struct", shader.name(), l.name);
                 };
                 assert_eq!(*span as usize, l.size, "{}: size", l.name);
                 let wgsl: Vec<_> = members

@@ -1,12 +1,12 @@
 //! The arguments of DPA-1's ops (docs/design.md §11), shared by every backend, and their host
-//! bodies: the op table's default for each (`ops.rs`), so a backend runs DPA-1 through them
-//! (downloading its inputs, computing on the host, writing the outputs back) until it has
-//! kernels of its own. The CPU backend runs the attention block's and the strip's bodies on its
-//! buffers in place ([`AttnArgs::in_place`]; the strip's take any slices); its type-embedding ops
-//! take the defaults, whose transfers are copies there. The wgpu and cuda backends have kernels
-//! of their own for the element-wise ops (attn_switch, tebd_rows, tebd_rows_backward,
-//! strip_forward, strip_dual: `shaders/attn.wgsl`, `kernels/attn.cu`) and run the attention
-//! block (`attn_*`) through these bodies.
+//! bodies: the op table's default for each (`ops.rs`), so a backend without kernels for them
+//! runs DPA-1 through them (downloading its inputs, computing on the host, writing the outputs
+//! back). The CPU backend runs the attention block's and the strip's bodies on its buffers in
+//! place ([`AttnArgs::in_place`]; the strip's take any slices); its type-embedding ops take the
+//! defaults, whose transfers are copies there. The wgpu backend has kernels for all of them
+//! (`shaders/attn.wgsl`; the block's four passes from one forward and one backward over
+//! numbers, `shaders/attn_block.wgsl`); the cuda backend for the element-wise ops
+//! (`kernels/attn.cu`), and runs the attention block (`attn_*`) through these bodies.
 
 use std::borrow::Cow;
 
@@ -66,7 +66,7 @@ impl AttnOpts {
     }
 
     /// Where each tensor of [`AttnOpts::layer_parts`] starts in the model's parameters.
-    fn layer_offsets(l: &AttnLayerLayout) -> [usize; 6] {
+    pub(crate) fn layer_offsets(l: &AttnLayerLayout) -> [usize; 6] {
         [
             l.proj_in.w,
             l.proj_in.b,

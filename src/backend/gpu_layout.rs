@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use super::Dims;
+use super::{AttnOpts, Dims};
 use crate::model::{Activation, Layer, Skip, TebdLayout};
 
 /// A scalar type a GPU struct field may have, with its names in the two kernel languages.
@@ -581,6 +581,139 @@ impl AttnParams {
 }
 
 gpu_struct! {
+    /// The scalars of DPA-1's attention block (shaders/attn_block.wgsl), one launch per run of
+    /// centres: the shape, the options, and where each of a centre's arrays starts in its
+    /// stretch of the scratch (in numbers: one real, or two for a dual).
+    pub struct AttnBlockParams {
+        /// The launch's first centre and how many.
+        pub centre0: u32,
+        pub ncentres: u32,
+        pub nnei: u32,
+        pub m1: u32,
+        pub m2: u32,
+        pub h: u32,
+        pub nlayers: u32,
+        /// The row stride of D.
+        pub stride: u32,
+        /// Numbers per slot in a centre's slot table: G⁰ [M1], R̂ [4], σ, a neighbour's 1.
+        pub slot_w: u32,
+        /// Numbers of scratch per centre, and of parameters per layer.
+        pub per_centre: u32,
+        pub layer_len: u32,
+        /// (`smooth` is a reserved word in WGSL.)
+        pub use_norm: u32,
+        pub is_smooth: u32,
+        pub use_dotr: u32,
+        pub o_rdir: u32,
+        pub o_dotr: u32,
+        pub o_g: u32,
+        pub o_qkv: u32,
+        pub o_nrm: u32,
+        pub o_logit: u32,
+        pub o_p: u32,
+        pub o_w: u32,
+        pub o_o: u32,
+        pub o_z: u32,
+        pub o_xhat: u32,
+        pub o_sinv: u32,
+        pub o_a: u32,
+        pub o_desc: u32,
+        /// The backward's arrays: D̄, Ā, and per slot Ḡ, R̄, r̂̄, σ̄, Ō, [q̄ k̄ v̄]; n × n Ā_att
+        /// (then L̄), C̄ and Ē; the centre's parameter gradient, packed as the parameters
+        /// (kept by the dual reverse alone: `want_grad`).
+        pub o_dbar: u32,
+        pub o_abar: u32,
+        pub o_gbar: u32,
+        pub o_rbar: u32,
+        pub o_rdbar: u32,
+        pub o_swbar: u32,
+        pub o_obar: u32,
+        pub o_qkvbar: u32,
+        pub o_nn: u32,
+        pub o_cbar: u32,
+        pub o_ebar: u32,
+        pub o_grad: u32,
+        /// The centre's slot table (see attn_block_load) and what the backward gives back per
+        /// slot (Ḡ, R̄, σ̄).
+        pub o_slots: u32,
+        pub o_adj: u32,
+        pub want_grad: u32,
+        /// The parameters of all layers.
+        pub plen: u32,
+    }
+}
+
+impl AttnBlockParams {
+    /// The block of `o` with `nlayers` layers on slots of `nnei` per centre, D's rows `stride`
+    /// apart, keeping each centre's parameter gradient with `grad`;
+    /// [`AttnBlockParams::launch`] sets the centres.
+    pub fn new(o: &AttnOpts, nlayers: usize, nnei: usize, stride: usize, grad: bool) -> Self {
+        let (m, h, l) = (o.m1, o.h, nlayers);
+        let mut at = 0;
+        let mut next = |len: usize| {
+            let start = at;
+            at += len;
+            count(start)
+        };
+        let mut p = AttnBlockParams {
+            nnei: count(nnei),
+            m1: count(m),
+            m2: count(o.m2),
+            h: count(h),
+            nlayers: count(l),
+            stride: count(stride),
+            slot_w: count(m + 6),
+            layer_len: count(o.layer_len()),
+            use_norm: o.normalize.into(),
+            is_smooth: o.smooth.into(),
+            use_dotr: o.dotr.into(),
+            o_rdir: next(3 * nnei),
+            o_dotr: next(if o.dotr { nnei * nnei } else { 0 }),
+            o_g: next((l + 1) * nnei * m),
+            o_qkv: next(l * nnei * 3 * h),
+            o_nrm: next(l * nnei * 3),
+            o_logit: next(l * nnei * nnei),
+            o_p: next(l * nnei * nnei),
+            o_w: next(l * nnei * nnei),
+            o_o: next(l * nnei * h),
+            o_z: next(nnei * m),
+            o_xhat: next(l * nnei * m),
+            o_sinv: next(l * nnei),
+            o_a: next(4 * m),
+            o_desc: next(m * o.m2),
+            o_dbar: next(m * o.m2),
+            o_abar: next(4 * m),
+            o_gbar: next(nnei * m),
+            o_rbar: next(nnei * 4),
+            o_rdbar: next(nnei * 3),
+            o_swbar: next(nnei),
+            o_obar: next(nnei * h),
+            o_qkvbar: next(nnei * 3 * h),
+            o_nn: next(nnei * nnei),
+            o_cbar: next(if o.dotr { nnei * nnei } else { 0 }),
+            o_ebar: next(if o.smooth { nnei * nnei } else { 0 }),
+            o_grad: next(if grad { l * o.layer_len() } else { 0 }),
+            o_slots: next(nnei * (m + 6)),
+            o_adj: next(nnei * (m + 5)),
+            want_grad: grad.into(),
+            plen: count(l * o.layer_len()),
+            ..Default::default()
+        };
+        p.per_centre = count(at);
+        p
+    }
+
+    /// The launch on centres `first..first + n`.
+    pub fn launch(self, first: usize, n: usize) -> Self {
+        AttnBlockParams {
+            centre0: count(first),
+            ncentres: count(n),
+            ..self
+        }
+    }
+}
+
+gpu_struct! {
     /// The scalars of the WGSL environment-matrix kernel, launched once per centre type over
     /// that type's slots (CUDA's reads the type of each slot from the shape table).
     pub struct EnvMatParams {
@@ -647,6 +780,7 @@ pub const PARAMS: &[Layout] = &[
     EnvMatParams::LAYOUT,
     LossParams::LAYOUT,
     AttnParams::LAYOUT,
+    AttnBlockParams::LAYOUT,
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes

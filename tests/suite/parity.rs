@@ -3,7 +3,7 @@
 //! array's largest entry). A GPU backend's test file calls [`ops`] for each precision.
 
 use dpw::backend::cpu::Cpu;
-use dpw::backend::{AdamStep, Backend, DenseIo, Prefactors, Real, StripArgs};
+use dpw::backend::{AdamStep, AttnArgs, AttnOpts, Backend, DenseIo, Prefactors, Real, StripArgs};
 use dpw::model::{Model, Skip, TebdLayout};
 use dpw::train::batch::{assemble, Frame, HostBatch};
 use dpw::train::predict::{loss_and_grad_batch, predict_batch};
@@ -487,6 +487,91 @@ fn attn_outputs<T: Real, B: Backend<T>>(
             take(format!("strip_dual gsbar {tag}"), &gsbar);
             take(format!("strip_dual gsdotbar {tag}"), &gsdotbar);
             take(format!("strip_dual taubar {tag}"), &taubar);
+        }
+    }
+
+    // The attention block's forward and tangent on pseudo-random G⁰, G⁰', R̂, Ṙ (each centre's
+    // padding rows copies of one, σ 0 there, as a batch has them), the model's parameters, with
+    // 0 to all of its layers and each option the block branches on.
+    let copies_of_pad = |v: &mut [f64], w: usize| {
+        for c in 0..nc {
+            let s = d.mixed_slots(c);
+            if let Some(first) = s.clone().find(|&j| batch.owner[j] < 0) {
+                for j in first + 1..s.end {
+                    v.copy_within(first * w..(first + 1) * w, j * w);
+                }
+            }
+        }
+    };
+    let mut rand_slots = |w: usize| {
+        let mut v = rng.vec(ns * w);
+        copies_of_pad(&mut v, w);
+        v
+    };
+    let (g0, g0p, rhat, rdot) = (
+        up(&rand_slots(m1)),
+        up(&rand_slots(m1)),
+        up(&rand_slots(4)),
+        up(&rand_slots(4)),
+    );
+    let (mut swv, mut dswv) = (rng.vec(ns), rng.vec(ns));
+    for j in (0..ns).filter(|&j| batch.owner[j] < 0) {
+        (swv[j], dswv[j]) = (0.0, 0.0);
+    }
+    let (sw, dsw) = (up(&swv), up(&dswv));
+    let params = up(&m.params);
+    let full = m.layout().descriptor.attn.expect("a DPA-1 model");
+    let m2 = desc.axis_neuron;
+    let stride = m1 * m2 + 3;
+    let start = rng.vec(nc * stride);
+    let (jac, dbar, ddotbar) = (
+        up(&rng.vec(12 * ns)),
+        up(&rng.vec(nc * stride)),
+        up(&rng.vec(nc * stride)),
+    );
+    // Zero, so that the gradient's check is relative to the block's own largest entry.
+    let grad0 = vec![0.0; m.params.len()];
+    for nl in 0..=full.layers.len() {
+        let mut layout = full.clone();
+        layout.layers.truncate(nl);
+        for (normalize, smooth, dotr) in [
+            (true, true, true),
+            (false, false, false),
+            (true, false, true),
+            (false, true, false),
+        ] {
+            let tag = format!("{nl} layers, normalize {normalize} smooth {smooth} dotr {dotr}");
+            let a = AttnArgs {
+                layout: &layout,
+                opts: AttnOpts {
+                    normalize,
+                    smooth,
+                    dotr,
+                    ..AttnOpts::new(desc.attn().unwrap(), m1, m2)
+                },
+                params: &params,
+                g0: &g0,
+                g0p: &g0p,
+                rhat: &rhat,
+                sw: &sw,
+                dsw: &dsw,
+                owner: &owner,
+            };
+            let mut x = up(&start);
+            b.attn_forward(d, &a, &mut x, stride);
+            take(format!("attn_forward {tag}"), &x);
+            let mut x = up(&start);
+            b.attn_tangent(d, &a, &rdot, &mut x, stride);
+            take(format!("attn_tangent {tag}"), &x);
+            let mut q = b.zeros(3 * ns);
+            b.attn_backward(d, &a, &jac, &dbar, stride, &mut q);
+            take(format!("attn_backward {tag}"), &q);
+            let (mut gb, mut gdb, mut grad) = (b.zeros(ns * m1), b.zeros(ns * m1), up(&grad0));
+            let seeds = (&dbar, &ddotbar);
+            b.attn_dual(d, &a, &rdot, seeds, stride, (&mut gb, &mut gdb), &mut grad);
+            take(format!("attn_dual g0bar {tag}"), &gb);
+            take(format!("attn_dual g0dotbar {tag}"), &gdb);
+            take(format!("attn_dual grad {tag}"), &grad);
         }
     }
     out

@@ -174,6 +174,10 @@ impl Passes {
     }
 }
 
+/// Scratch of one launch of DPA-1's attention block by default (or the largest binding, if
+/// less): the centres of a launch run side by side, so a GPU wants many.
+const ATTN_BLOCK_SCRATCH: usize = 1 << 29;
+
 /// A wgpu device with its queue and the compute pipelines built so far.
 pub struct Wgpu {
     adapter: wgpu::Adapter,
@@ -207,6 +211,8 @@ pub struct Wgpu {
     counters: Counters,
     dense: DenseKernels,
     passes: Passes,
+    /// Scratch of one launch of DPA-1's attention block, at most (see `Wgpu::attn_block`).
+    pub(super) attn_scratch: usize,
     /// With `DPW_WGPU_PROFILE=1`: time per kernel (see `profile.rs`). For finding slow
     /// kernels, not for production runs.
     profile: Option<Mutex<Profile>>,
@@ -346,6 +352,7 @@ impl Wgpu {
             counters: Counters::default(),
             dense,
             passes,
+            attn_scratch: ATTN_BLOCK_SCRATCH.min(max_binding as usize),
             profile,
         })
     }
@@ -382,6 +389,12 @@ impl Wgpu {
     /// Groups dispatches as `p` from now on (the tests run both ways on one adapter).
     pub fn set_passes(&mut self, p: Passes) {
         self.passes = p;
+    }
+
+    /// Caps the scratch of one launch of the attention block (a test's way to run it in many
+    /// launches); at least one centre goes in each.
+    pub fn set_attn_scratch(&mut self, bytes: usize) {
+        self.attn_scratch = bytes;
     }
 
     pub fn supports_f64(&self) -> bool {
@@ -425,7 +438,7 @@ impl Wgpu {
             .or_insert_with(|| {
                 self.device
                     .create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(shader.file_name()),
+                        label: Some(shader.name()),
                         source: wgpu::ShaderSource::Wgsl(source(shader, prec).into()),
                     })
             })
@@ -436,7 +449,7 @@ impl Wgpu {
         if prec == Precision::F64 && !self.f64_ok {
             panic!("{}", self.require::<f64>().unwrap_err());
         }
-        let key = (k.shader.file_name(), k.entry, prec);
+        let key = (k.shader.name(), k.entry, prec);
         if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return p.clone();
         }
@@ -460,7 +473,7 @@ impl Wgpu {
                 },
             ));
         }
-        let label = format!("{}:{}:{}", k.shader.file_name(), k.entry, prec.name());
+        let label = format!("{}:{}:{}", k.shader.name(), k.entry, prec.name());
         let layout = self
             .device
             .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -510,7 +523,7 @@ impl Wgpu {
         let _device = self.device_guard();
         let p = self.pipeline(k, prec);
         let key = BindKey {
-            pipeline: (k.shader.file_name(), k.entry, prec),
+            pipeline: (k.shader.name(), k.entry, prec),
             uniform: uniform.to_vec(),
             bufs: bufs.iter().map(|&b| b.clone()).collect(),
         };
@@ -522,7 +535,7 @@ impl Wgpu {
             bind_group: &bg,
             groups,
         };
-        let name: KernelName = (k.shader.file_name(), k.entry, prec.name());
+        let name: KernelName = (k.shader.name(), k.entry, prec.name());
         let mut profile = self.profile.as_ref().map(|p| p.lock().unwrap());
         match profile.as_deref_mut() {
             None if self.passes == Passes::Shared => {

@@ -7,13 +7,14 @@ use super::device::OneOp;
 use super::shaders::{self as k, Kernel};
 use super::{Buf, DenseKernels, GpuReal, Idx, Wgpu};
 use crate::backend::gpu_layout::{
-    count, AngleParams, AttnParams, ContractParams, DenseParams, EnvMatParams, GpuStruct,
-    LossParams, ScatterParams, VectorParams,
+    count, AngleParams, AttnBlockParams, AttnParams, ContractParams, DenseParams, EnvMatParams,
+    GpuStruct, LossParams, ScatterParams, VectorParams,
 };
 use crate::backend::monomorphic::Generic;
 use crate::backend::{
-    radial_scale, AdamStep, AngleOps, AttnOps, Backend, BlockOps, ContractOps, DenseIo, DenseOps,
-    Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Span, StripArgs, TrainOps,
+    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, AttnOpts, Backend, BlockOps, ContractOps,
+    DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Span,
+    StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -63,6 +64,24 @@ fn for_blocks(d: &Dims, mut f: impl FnMut(Range<usize>, usize, usize)) {
             }
         }
     }
+}
+
+/// What a launch of the attention block computes (see `Wgpu::attn_block`): D (on duals Ḋ); the
+/// forces' q from D̄; the dual reverse's Ḡ⁰, Ġ̄⁰ and parameter gradient from (D̄, Ḋ̄).
+enum BlockPass<'a, T: GpuReal> {
+    Forward(&'a mut Buf<T>),
+    Backward {
+        jac: &'a Buf<T>,
+        dbar: &'a Buf<T>,
+        q: &'a mut Buf<T>,
+    },
+    Dual {
+        dbar: &'a Buf<T>,
+        ddotbar: &'a Buf<T>,
+        g0bar: &'a mut Buf<T>,
+        g0dotbar: &'a mut Buf<T>,
+        grad: &'a mut Buf<T>,
+    },
 }
 
 impl Wgpu {
@@ -128,6 +147,96 @@ impl Wgpu {
             grid1(ns),
         );
         (u, row, c)
+    }
+
+    /// DPA-1's attention block (shaders/attn_block.wgsl) on every centre, in launches of as
+    /// many centres as `attn_scratch` holds: its slots loaded as numbers (duals with the
+    /// tangent `rdot`), then `pass` on each launch.
+    fn attn_block<T: GpuReal>(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Buf<T>, Idx>,
+        rdot: Option<&Buf<T>>,
+        stride: usize,
+        mut pass: BlockPass<'_, T>,
+    ) {
+        let dual = rdot.is_some();
+        let grad = matches!(pass, BlockPass::Dual { .. });
+        let ns = if dual { 2 } else { 1 };
+        let (o, sz, nc) = (&a.opts, size_of::<T>(), d.ncentres());
+        let op = self.exclusive();
+        // The layers' tensors packed in the order the shader reads them.
+        let nl = a.layout.layers.len();
+        let lp = self.scratch(&op, "attn_block.layers", (nl * o.layer_len() * sz) as u64);
+        let mut at = 0;
+        for l in &a.layout.layers {
+            for (from, len) in AttnOpts::layer_offsets(l).into_iter().zip(o.layer_parts()) {
+                let bytes = |x: usize| (x * sz) as u64;
+                self.copy_region(&a.params.buf, bytes(from), &lp, bytes(at), bytes(len));
+                at += len;
+            }
+        }
+        let inv = |x: usize| 1.0 / x as f64;
+        let cst = self.reals::<T>(
+            &op,
+            "attn_block",
+            &[o.alpha, o.ln_eps, inv(d.nnei), inv(o.m1)],
+        );
+        let u = AttnBlockParams::new(o, nl, d.nnei, stride, grad);
+        let per_centre = u.per_centre as usize * ns * sz;
+        let chunk = (self.attn_scratch / per_centre).clamp(1, nc.max(1));
+        let ws = self.scratch(&op, "attn_block.ws", (chunk * per_centre) as u64);
+        let kernels = |real, on_duals| if dual { on_duals } else { real };
+        let grad_at = grad.then(|| {
+            let mut to = Vec::new();
+            for l in &a.layout.layers {
+                let parts = AttnOpts::layer_offsets(l).into_iter().zip(o.layer_parts());
+                for (k, (from, len)) in parts.enumerate() {
+                    let kept = k < 4 || o.trainable_ln;
+                    to.extend((from..from + len).map(|i| if kept { count(i) as i32 } else { -1 }));
+                }
+            }
+            self.consts(&op, "attn_block.grad_at", &to)
+        });
+        let rd = rdot.unwrap_or(a.rhat);
+        for c0 in (0..nc).step_by(chunk) {
+            let n = chunk.min(nc - c0);
+            let u = u.launch(c0, n);
+            let inputs = [a.g0, a.g0p, a.rhat, rd, a.sw, a.dsw].map(|b| &b.buf);
+            let mut bufs: Vec<&wgpu::Buffer> = inputs.to_vec();
+            bufs.extend([&a.owner.buf, &ws]);
+            let load = kernels(&k::ATTN_BLOCK_LOAD, &k::ATTN_BLOCK_LOAD_DUAL);
+            self.go::<T>(load, &u, &bufs, grid1(n * d.nnei * u.slot_w as usize));
+            let one_per_centre = grid1(n * WG as usize);
+            let per_slot = grid1(n * d.nnei);
+            match &mut pass {
+                BlockPass::Forward(out) => {
+                    let kern = kernels(&k::ATTN_BLOCK_FORWARD, &k::ATTN_BLOCK_TANGENT);
+                    self.go::<T>(kern, &u, &[&lp, &cst, &ws, &out.buf], one_per_centre);
+                }
+                BlockPass::Backward { jac, dbar, q } => {
+                    let bufs = [&lp, &cst, &ws, &dbar.buf, &dbar.buf];
+                    self.go::<T>(&k::ATTN_BLOCK_BACKWARD, &u, &bufs, one_per_centre);
+                    let bufs = [&ws, &a.g0p.buf, &a.dsw.buf, &jac.buf, &q.buf];
+                    self.go::<T>(&k::ATTN_BLOCK_Q, &u, &bufs, per_slot);
+                }
+                BlockPass::Dual {
+                    dbar,
+                    ddotbar,
+                    g0bar,
+                    g0dotbar,
+                    grad,
+                } => {
+                    let bufs = [&lp, &cst, &ws, &ddotbar.buf, &dbar.buf];
+                    self.go::<T>(&k::ATTN_BLOCK_DUAL, &u, &bufs, one_per_centre);
+                    let bufs = [&ws, &g0bar.buf, &g0dotbar.buf];
+                    self.go::<T>(&k::ATTN_BLOCK_G0BAR, &u, &bufs, grid1(n * d.nnei * o.m1));
+                    let to = grad_at.as_ref().expect("the dual's gradient map");
+                    let bufs = [&ws, to, &grad.buf];
+                    self.go::<T>(&k::ATTN_BLOCK_GRAD, &u, &bufs, grid1(u.plen as usize));
+                }
+            }
+        }
     }
 
     /// se_e3's w_p per pair type, rounded to T as the CPU rounds them.
@@ -875,10 +984,57 @@ impl<T: GpuReal> AngleOps<T> for Generic<'_, Wgpu> {
 impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {}
 impl<T: GpuReal> PairOps<T> for Generic<'_, Wgpu> {}
 
-/// DPA-1's element-wise ops run as kernels (shaders/attn.wgsl); the attention block
-/// (`attn_forward`, `_backward`, `_tangent`, `_dual`) through its host bodies
-/// (`backend/attn.rs`), the family's defaults.
+/// DPA-1's ops run as kernels: the element-wise ones (shaders/attn.wgsl) and the attention
+/// block (shaders/attn_block.wgsl: one forward and one backward, on reals and on duals, give
+/// its four passes).
 impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
+    fn attn_forward(&self, d: &Dims, a: &AttnArgs<Buf<T>, Idx>, desc: &mut Buf<T>, stride: usize) {
+        self.attn_block(d, a, None, stride, BlockPass::Forward(desc));
+    }
+
+    fn attn_backward(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Buf<T>, Idx>,
+        jac: &Buf<T>,
+        dbar: &Buf<T>,
+        stride: usize,
+        q: &mut Buf<T>,
+    ) {
+        self.attn_block(d, a, None, stride, BlockPass::Backward { jac, dbar, q });
+    }
+
+    fn attn_tangent(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Buf<T>, Idx>,
+        rdot: &Buf<T>,
+        ddot: &mut Buf<T>,
+        stride: usize,
+    ) {
+        self.attn_block(d, a, Some(rdot), stride, BlockPass::Forward(ddot));
+    }
+
+    fn attn_dual(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Buf<T>, Idx>,
+        rdot: &Buf<T>,
+        (dbar, ddotbar): (&Buf<T>, &Buf<T>),
+        stride: usize,
+        (g0bar, g0dotbar): (&mut Buf<T>, &mut Buf<T>),
+        grad: &mut Buf<T>,
+    ) {
+        let pass = BlockPass::Dual {
+            dbar,
+            ddotbar,
+            g0bar,
+            g0dotbar,
+            grad,
+        };
+        self.attn_block(d, a, Some(rdot), stride, pass);
+    }
+
     fn attn_switch(
         &self,
         d: &Dims,

@@ -28,6 +28,9 @@ pub enum Shader {
     Radial,
     Angle,
     Attn,
+    /// The attention block, written once over `num`: on reals, and on duals.
+    AttnBlock,
+    AttnBlockDual,
     Scatter,
     Loss,
     Adam,
@@ -35,20 +38,24 @@ pub enum Shader {
 }
 
 impl Shader {
-    pub const ALL: [Shader; 10] = [
+    pub const ALL: [Shader; 12] = [
         Shader::EnvMat,
         Shader::Dense,
         Shader::Contract,
         Shader::Radial,
         Shader::Angle,
         Shader::Attn,
+        Shader::AttnBlock,
+        Shader::AttnBlockDual,
         Shader::Scatter,
         Shader::Loss,
         Shader::Adam,
         Shader::Fill,
     ];
 
-    pub fn file_name(self) -> &'static str {
+    /// The shader's name (in pipeline keys, labels and profiles): its file, and for a pass
+    /// written over `num`, the number type.
+    pub fn name(self) -> &'static str {
         match self {
             Shader::EnvMat => "env_mat.wgsl",
             Shader::Dense => "dense.wgsl",
@@ -56,6 +63,8 @@ impl Shader {
             Shader::Radial => "radial.wgsl",
             Shader::Angle => "angle.wgsl",
             Shader::Attn => "attn.wgsl",
+            Shader::AttnBlock => "attn_block.wgsl",
+            Shader::AttnBlockDual => "attn_block.wgsl (dual)",
             Shader::Scatter => "scatter.wgsl",
             Shader::Loss => "loss.wgsl",
             Shader::Adam => "adam.wgsl",
@@ -87,6 +96,14 @@ impl Shader {
             Shader::Radial => include_str!("../../../shaders/radial.wgsl"),
             Shader::Angle => include_str!("../../../shaders/angle.wgsl"),
             Shader::Attn => include_str!("../../../shaders/attn.wgsl"),
+            Shader::AttnBlock => concat!(
+                include_str!("../../../shaders/num_real.wgsl"),
+                include_str!("../../../shaders/attn_block.wgsl")
+            ),
+            Shader::AttnBlockDual => concat!(
+                include_str!("../../../shaders/num_dual.wgsl"),
+                include_str!("../../../shaders/attn_block.wgsl")
+            ),
             Shader::Scatter => include_str!("../../../shaders/scatter.wgsl"),
             Shader::Loss => include_str!("../../../shaders/loss.wgsl"),
             Shader::Adam => include_str!("../../../shaders/adam.wgsl"),
@@ -419,6 +436,71 @@ kernel!(
 );
 kernel!(STRIP_DUAL_SUM, Attn, "strip_dual_sum", [(12, W), (28, W)]);
 
+// attn_block: layer params 1, consts 3, ws 4, out 5, g0 6, g0p 7, rhat 8, rdot 9, sw 10,
+// dsw 11, owner 12, seed 13, seed_eps 14, grad_at 16, grad 17, jac 18, q 19, g0bar 20,
+// g0dotbar 21; the same entries on reals and on duals.
+macro_rules! attn_block {
+    ($load:ident, $block:ident, $backward:ident, $shader:ident) => {
+        kernel!(
+            $load,
+            $shader,
+            "attn_block_load",
+            [
+                (6, R),
+                (7, R),
+                (8, R),
+                (9, R),
+                (10, R),
+                (11, R),
+                (12, R),
+                (4, W)
+            ]
+        );
+        kernel!(
+            $block,
+            $shader,
+            "attn_block_forward",
+            [(1, R), (3, R), (4, W), (5, W)]
+        );
+        kernel!(
+            $backward,
+            $shader,
+            "attn_block_backward",
+            [(1, R), (3, R), (4, W), (13, R), (14, R)]
+        );
+    };
+}
+attn_block!(
+    ATTN_BLOCK_LOAD,
+    ATTN_BLOCK_FORWARD,
+    ATTN_BLOCK_BACKWARD,
+    AttnBlock
+);
+attn_block!(
+    ATTN_BLOCK_LOAD_DUAL,
+    ATTN_BLOCK_TANGENT,
+    ATTN_BLOCK_DUAL,
+    AttnBlockDual
+);
+kernel!(
+    ATTN_BLOCK_Q,
+    AttnBlock,
+    "attn_block_q",
+    [(4, W), (7, R), (11, R), (18, R), (19, W)]
+);
+kernel!(
+    ATTN_BLOCK_G0BAR,
+    AttnBlockDual,
+    "attn_block_g0bar",
+    [(4, W), (20, W), (21, W)]
+);
+kernel!(
+    ATTN_BLOCK_GRAD,
+    AttnBlockDual,
+    "attn_block_grad",
+    [(4, W), (16, R), (17, W)]
+);
+
 // scatter: dims 1, e_fit 2, bias 3, e_atom 4, energy 5, csr_ptr 6, csr_ent 7, q 8, force 9,
 // rij 10, owner 11, wpart 12, virial 13
 kernel!(
@@ -533,6 +615,15 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &STRIP_DUAL,
     &STRIP_DUAL_PARTS,
     &STRIP_DUAL_SUM,
+    &ATTN_BLOCK_LOAD,
+    &ATTN_BLOCK_FORWARD,
+    &ATTN_BLOCK_LOAD_DUAL,
+    &ATTN_BLOCK_TANGENT,
+    &ATTN_BLOCK_BACKWARD,
+    &ATTN_BLOCK_DUAL,
+    &ATTN_BLOCK_Q,
+    &ATTN_BLOCK_G0BAR,
+    &ATTN_BLOCK_GRAD,
     &SCATTER_ATOM_ENERGY,
     &SCATTER_FRAME_ENERGY,
     &SCATTER_GATHER_FORCE,
