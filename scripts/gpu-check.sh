@@ -689,6 +689,16 @@ model_checks() { # dpw water
     example_input "$input" 300 50 "$dir/bench" "$dir/pt" "$dir/ptexpt"
     step "bench_cuda+${m}_f64_b1" 60 "$dpw" bench "$dir/bench/input.json" --backend cuda \
       --steps 20 --warmup 3 --json "$LOGS/bench_cuda+${m}_f64_b1.json"
+    # DPA-1's attention block is kernels on wgpu (shaders/attn_block.wgsl): its first timing.
+    if [ "$m" = dpa1 ]; then
+      local p flag
+      for p in f64 f32; do
+        flag=()
+        [ "$p" = f32 ] && flag=(--float32)
+        step "bench_wgpu+dpa1_${p}_b1" 60 "$dpw" bench "$dir/bench/input.json" --backend wgpu \
+          "${flag[@]}" --steps 20 --warmup 3 --profile --json "$LOGS/bench_wgpu+dpa1_${p}_b1.json"
+      done
+    fi
     dp_train "deepmd_pt_${m}_f64_b1" 120 "$dir/pt" pt "bench_deepmdpt+${m}_f64_b1" f64 50
     dp_train "deepmd_ptexpt_${m}_f64_b1" 180 "$dir/ptexpt" pt-expt "bench_deepmdptexpt+${m}_f64_b1" f64 50
   done

@@ -595,7 +595,7 @@ gpu_struct! {
         pub nlayers: u32,
         /// The row stride of D.
         pub stride: u32,
-        /// Numbers per slot in a centre's slot table: G⁰ [M1], R̂ [4], σ, a neighbour's 1.
+        /// Numbers per slot in a centre's slot table: G⁰ `[M1]`, R̂ `[4]`, σ, a neighbour's 1.
         pub slot_w: u32,
         /// Numbers of scratch per centre, and of parameters per layer.
         pub per_centre: u32,
