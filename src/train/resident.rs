@@ -35,8 +35,11 @@ pub fn budget<T: Real, B: Backend<T>>(b: &B) -> Result<usize> {
 
 /// One system's frames on the device.
 pub struct ResidentSystem<T: Real, B: Backend<T>> {
-    /// The shape of a batch of one frame.
+    /// The shape of a batch of one frame (the first; a mixed-type system's frames differ in
+    /// composition, not in atoms or slots).
     one: Dims,
+    /// Each frame's atoms of each type, `[frame][type]`.
+    counts: Vec<Vec<usize>>,
     nframes: usize,
     /// Batch positions provided for: the system's batch size.
     positions: usize,
@@ -61,13 +64,16 @@ fn bytes<T: Real>(one: &Dims, nframes: usize, positions: usize) -> usize {
     nframes * per_frame
 }
 
+/// The atoms of each of `ntypes` types in `atype`.
+fn type_counts(ntypes: usize, atype: &[usize]) -> Vec<usize> {
+    (0..ntypes)
+        .map(|t| atype.iter().filter(|&&x| x == t).count())
+        .collect()
+}
+
 /// The shape of a batch of one frame of atoms `atype` (sorted).
 fn one_frame_dims(spec: &ModelSpec, atype: &[usize]) -> Dims {
-    let d = &spec.descriptor;
-    let counts: Vec<usize> = (0..spec.ntypes())
-        .map(|t| atype.iter().filter(|&&x| x == t).count())
-        .collect();
-    Dims::of_descriptor(d, 1, &counts)
+    Dims::of_descriptor(&spec.descriptor, 1, &type_counts(spec.ntypes(), atype))
 }
 
 impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
@@ -94,7 +100,11 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
                 .map(|&g| assemble_frames(spec, sys, &[g], "training"))
                 .collect::<Result<Vec<_>>>()?;
             for hb in batches {
-                assert_eq!(hb.dims, one, "a frame of another shape in one system");
+                assert_eq!(
+                    (hb.dims.nslots(), hb.dims.natoms),
+                    (ns, n),
+                    "a frame of another size in one system"
+                );
                 rij.extend(hb.rij.iter().map(|&x| T::of(x)));
                 owner.extend(hb.owner);
                 nei_type.extend(hb.nei_type);
@@ -118,6 +128,9 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
             b.prepare_frames(&one, &owner, &b.upload_idx(&centre_atoms(&one)));
         }
         Ok(ResidentSystem {
+            counts: (0..nframes)
+                .map(|g| type_counts(one.ntypes, sys.frame_atype(g)))
+                .collect(),
             one,
             nframes,
             positions,
@@ -128,12 +141,11 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
         })
     }
 
-    /// The shape of a batch of `k` frames of this system.
-    pub fn dims(&self, k: usize) -> Dims {
-        let counts: Vec<usize> = (0..self.one.ntypes)
-            .map(|t| self.one.centres(t).len())
-            .collect();
-        Dims::new(k, &counts, &self.one.sel, self.one.m1, self.one.m2)
+    /// The shape of the batch of `frames` of this system (the batch layout's of these
+    /// frames' compositions, as [`assemble_frames`] makes it).
+    pub fn dims(&self, frames: &[usize]) -> Dims {
+        let counts: Vec<Vec<usize>> = frames.iter().map(|&g| self.counts[g].clone()).collect();
+        Dims::of_frames(&counts, &self.one.sel, self.one.m1, self.one.m2)
     }
 
     /// Whether a batch of these frames can be gathered from the device.
@@ -145,26 +157,34 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
     /// device.
     pub fn load(&self, b: &B, w: &mut Workspace<T, B>, frames: &[usize]) {
         assert!(self.holds(frames), "frames {frames:?} are not resident");
-        let d = self.dims(frames.len());
+        let d = self.dims(frames);
         assert_eq!(w.dims, d, "workspace built for another batch shape");
         let (ns, n) = (self.one.nslots(), self.one.natoms);
         let (rij, owner, labels) = w.inputs_mut();
-        // Slot blocks of a frame go to their place in each (centre type, neighbour type)
-        // block of the batch (the layout of [`Dims`]).
-        let blocks: Vec<(Range<usize>, usize)> = (0..self.one.block_start.len() - 1)
-            .map(|k| {
-                let r = self.one.block_start[k]..self.one.block_start[k + 1];
-                (r, d.block_start[k])
+        // A frame's slot block of each (centre type, neighbour type) goes to its frame's place
+        // in that block of the batch (the layout of [`Dims`]).
+        let nsec = self.one.nsec;
+        let blocks: Vec<Vec<(Range<usize>, usize)>> = (frames.iter().enumerate())
+            .map(|(f, &g)| {
+                let one = Dims::new(1, &self.counts[g], &self.one.sel, self.one.m1, self.one.m2);
+                (0..one.block_start.len() - 1)
+                    .map(|k| {
+                        let r = one.block_start[k]..one.block_start[k + 1];
+                        let (ti, tj) = (k / nsec, k % nsec);
+                        let before = d.frame_start[ti * (d.nframes + 1) + f] - d.centre_start[ti];
+                        (r, d.block_start[k] + before * d.sel[tj])
+                    })
+                    .filter(|(r, _)| !r.is_empty())
+                    .collect()
             })
-            .filter(|(r, _)| !r.is_empty())
             .collect();
         let slot_spans = |scale: usize, src_base: &dyn Fn(usize) -> usize| -> Vec<Span> {
             let mut spans = Vec::new();
             for (f, &g) in frames.iter().enumerate() {
-                for (r, at) in &blocks {
+                for (r, at) in &blocks[f] {
                     spans.push(Span {
                         src: scale * (src_base(f) + g * ns + r.start),
-                        dst: scale * (at + f * r.len()),
+                        dst: scale * at,
                         len: scale * r.len(),
                     });
                 }
@@ -217,14 +237,12 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
         for (s, info) in infos.iter().enumerate() {
             let one = one_frame_dims(spec, &info.compositions[0].atype);
             let need = bytes::<T>(&one, info.nframes, batch_sizes[s]);
-            // A batch is gathered from frames of one slot layout and one padding type: a
-            // mixed-type system's frames need not share them, so it is assembled every step.
-            // So is a model's with frame or atomic parameters, whose fitting input the
-            // resident frames do not hold, and a property model's, whose loss reads its labels
-            // on the host; and a model's with a pair table, whose terms are made on the host
-            // from each batch.
-            let keep = !info.mixed
-                && spec.fitting.param_inputs() == 0
+            // A model's with frame or atomic parameters is assembled every step: the resident
+            // frames do not hold its fitting input. So is a property model's, whose loss reads
+            // its labels on the host, and a model's with a pair table, whose terms are made on
+            // the host from each batch. (A mixed-type system's frames, each of its own
+            // composition and padding type, are kept with their own slot layouts.)
+            let keep = spec.fitting.param_inputs() == 0
                 && spec.short_range.is_none()
                 && spec.fitting.output.is_ener()
                 && used.saturating_add(need) <= budget;

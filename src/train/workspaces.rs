@@ -88,7 +88,7 @@ pub fn resident_gradient<'a, 'l, T: Real, B: Backend<T>>(
     frames: &[usize],
     loss: impl Into<StepLoss<'l>>,
 ) -> Result<&'a mut Workspace<T, B>> {
-    let w = workspace_for(cache, b, dm, &rs.dims(frames.len()))?;
+    let w = workspace_for(cache, b, dm, &rs.dims(frames))?;
     rs.load(b, w, frames);
     forward_gradient(b, dm, w, loss.into());
     Ok(w)
