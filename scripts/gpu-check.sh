@@ -419,6 +419,10 @@ main_checks() { # kit dpw water
   # CUDA: the kernels compile, the backend suite and the parity tests pass.
   step cuda_kernels_nvrtc 60 "$K/bin/kernels_nvrtc" "${TEST_FILTER[@]}" --nocapture
   step cuda_backend_suite 180 "$K/bin/backend_cuda" "${TEST_FILTER[@]}" --include-ignored --test-threads=1 --nocapture
+  # DPA-1's attention block as kernels (kernels/attn_block.cu; off by default until this
+  # passes): its per-op parity, DeePMD-kit's numbers and a whole step against the cpu.
+  step cuda_attn_kernels 90 env DPW_CUDA_ATTN=kernels "$K/bin/backend_cuda" attn dpa1 se_atten \
+    mixed --include-ignored --test-threads=1 --nocapture
 
   # 200 float64 steps on cuda: lcurve.out equal to the cpu one.
   mkdir -p "$W/train"
@@ -689,8 +693,12 @@ model_checks() { # dpw water
     example_input "$input" 300 50 "$dir/bench" "$dir/pt" "$dir/ptexpt"
     step "bench_cuda+${m}_f64_b1" 60 "$dpw" bench "$dir/bench/input.json" --backend cuda \
       --steps 20 --warmup 3 --json "$LOGS/bench_cuda+${m}_f64_b1.json"
-    # DPA-1's attention block is kernels on wgpu (shaders/attn_block.wgsl): its first timing.
+    # DPA-1's attention block is kernels on wgpu (shaders/attn_block.wgsl) and, with
+    # DPW_CUDA_ATTN=kernels, on cuda (kernels/attn_block.cu): their first timings.
     if [ "$m" = dpa1 ]; then
+      step "bench_cuda+dpa1_kernels_f64_b1" 60 env DPW_CUDA_ATTN=kernels "$dpw" bench \
+        "$dir/bench/input.json" --backend cuda --steps 20 --warmup 3 \
+        --json "$LOGS/bench_cuda+dpa1_kernels_f64_b1.json"
       local p flag
       for p in f64 f32; do
         flag=()

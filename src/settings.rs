@@ -63,10 +63,16 @@ pub const WGPU_PASSES: Choice = Choice {
     name: "DPW_WGPU_PASSES",
     words: &["shared", "each"],
 };
+/// Where cuda runs DPA-1's attention block (default host, until the kernels are checked on a
+/// GPU).
+pub const CUDA_ATTN: Choice = Choice {
+    name: "DPW_CUDA_ATTN",
+    words: &["host", "kernels"],
+};
 
 const SWITCHES: [&Switch; 4] = [&CUDA_GRAPH, &WGPU_PROFILE, &NCCL, &NO_AVX512];
 const SIZES: [&MiB; 2] = [&RESIDENT_MB, &DATA_CACHE_MB];
-const CHOICES: [&Choice; 2] = [&WGPU_DENSE, &WGPU_PASSES];
+const CHOICES: [&Choice; 3] = [&WGPU_DENSE, &WGPU_PASSES, &CUDA_ATTN];
 
 /// Checks every setting's value; the first bad one is the error.
 pub fn check_all() -> Result<()> {

@@ -195,6 +195,25 @@ impl<T: Real> AttnArgs<'_, Vec<T>, Vec<i32>> {
     }
 }
 
+/// What one run of the attention block's kernels computes, on a backend with them (wgpu, cuda):
+/// D (on duals Ḋ); the forces' q from D̄; the dual reverse's Ḡ⁰, Ġ̄⁰ and parameter gradient
+/// from (D̄, Ḋ̄).
+pub enum BlockPass<'a, B> {
+    Forward(&'a mut B),
+    Backward {
+        jac: &'a B,
+        dbar: &'a B,
+        q: &'a mut B,
+    },
+    Dual {
+        dbar: &'a B,
+        ddotbar: &'a B,
+        g0bar: &'a mut B,
+        g0dotbar: &'a mut B,
+        grad: &'a mut B,
+    },
+}
+
 /// The bodies of the attention ops on any backend.
 pub fn attn_forward<T: Real, B: Device<T> + ?Sized>(
     b: &B,

@@ -32,7 +32,7 @@ pub mod timed;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
-pub use attn::{AttnArgs, AttnOpts, StripArgs};
+pub use attn::{AttnArgs, AttnOpts, BlockPass, StripArgs};
 pub use block::{BlockArgs, BlockOpts, Dpa2Opts, HostBlock, RepflowOpts};
 pub use dims::{Dims, Pairs};
 pub use loss::{LossSums, Prefactors};

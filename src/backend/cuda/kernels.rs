@@ -100,6 +100,22 @@ pub const FILES: &[KernelFile] = &[
         ],
     },
     KernelFile {
+        name: "attn_block.cu",
+        source: include_str!("../../../kernels/attn_block.cu"),
+        kernels: &[
+            "attn_block_pack",
+            "attn_block_load",
+            "attn_block_load_dual",
+            "attn_block_forward",
+            "attn_block_tangent",
+            "attn_block_backward",
+            "attn_block_dual",
+            "attn_block_q",
+            "attn_block_g0bar",
+            "attn_block_grad",
+        ],
+    },
+    KernelFile {
         name: "scatter.cu",
         source: include_str!("../../../kernels/scatter.cu"),
         kernels: &[

@@ -38,14 +38,14 @@ use cudarc::nvrtc::Ptx;
 
 use super::counts::{Counters, Counts};
 use super::gpu_layout::{
-    self, count, AngleParams, AttnParams, LossParams, ScatterParams, SumParams, VectorParams,
-    LOSS_CHUNK,
+    self, count, AngleParams, AttnBlockParams, AttnParams, LossParams, ScatterParams, SumParams,
+    VectorParams, LOSS_CHUNK,
 };
 use super::monomorphic::Generic;
 use super::{
-    radial_scale, AdamStep, AngleOps, AttnOps, Backend, BlockOps, ContractOps, DenseIo, DenseOps,
-    Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Real, Span, StripArgs,
-    TrainOps,
+    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, AttnOpts, Backend, BlockOps, BlockPass,
+    ContractOps, DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors,
+    RadialOps, Real, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -139,6 +139,8 @@ unsafe impl DeviceRepr for gpu_layout::SumParams {}
 unsafe impl DeviceRepr for gpu_layout::LossParams {}
 // SAFETY: as DenseParams.
 unsafe impl DeviceRepr for gpu_layout::AttnParams {}
+// SAFETY: as DenseParams.
+unsafe impl DeviceRepr for gpu_layout::AttnBlockParams {}
 
 /// A device vector of T. The allocation has at least one element (CUDA allocations of zero
 /// bytes are not portable); `len` is the logical length.
@@ -209,6 +211,9 @@ pub struct Cuda {
     /// Unless `DPW_CUDA_GRAPH=0`: the captured graphs and what matching them needs. After
     /// `blas`, which references its cuBLAS workspace, so that the handle goes first.
     graph: Option<graph::Graphs>,
+    /// With `DPW_CUDA_ATTN=kernels`: DPA-1's attention block as kernels (kernels/attn_block.cu),
+    /// else through its host bodies. Off by default until a GPU has run their parity suite.
+    attn_kernels: bool,
 }
 
 /// Device scratch: an allocation freed in stream order when dropped, or (in a graph region) a
@@ -347,6 +352,7 @@ impl Cuda {
         .result()
         .context("cuBLAS: setting the math mode")?;
         let graphs = graph::enabled()?;
+        let attn_kernels = crate::settings::CUDA_ATTN.get()? == Some("kernels");
         let handle = *blas.handle();
         let mut cuda = Cuda {
             ctx,
@@ -358,6 +364,7 @@ impl Cuda {
             arch,
             counters: Counters::default(),
             graph: None,
+            attn_kernels,
         };
         if graphs {
             cuda.graph = Some(graph::Graphs::new(&cuda, handle)?);
@@ -1577,10 +1584,243 @@ impl<T: CudaReal> AngleOps<T> for Generic<'_, Cuda> {
 impl<T: CudaReal> BlockOps<T> for Generic<'_, Cuda> {}
 impl<T: CudaReal> PairOps<T> for Generic<'_, Cuda> {}
 
-/// DPA-1's element-wise ops run as kernels (kernels/attn.cu); the attention block
-/// (`attn_forward`, `_backward`, `_tangent`, `_dual`) through its host bodies
-/// (`backend/attn.rs`), the family's defaults.
+/// Scratch of one launch of DPA-1's attention block, at most: the centres of a launch run
+/// side by side, so a GPU wants many.
+const ATTN_BLOCK_SCRATCH: usize = 1 << 29;
+
+impl Cuda {
+    /// DPA-1's attention block (kernels/attn_block.cu, the twin of shaders/attn_block.wgsl) on
+    /// every centre, in launches of as many centres as [`ATTN_BLOCK_SCRATCH`] holds: its slots
+    /// loaded as numbers (duals with the tangent `rdot`), then `pass` on each launch.
+    fn attn_block<T: CudaReal>(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<CudaBuf<T>, CudaIdx>,
+        rdot: Option<&CudaBuf<T>>,
+        stride: usize,
+        mut pass: BlockPass<'_, CudaBuf<T>>,
+    ) {
+        let nc = d.ncentres();
+        if nc == 0 {
+            return;
+        }
+        let dual = rdot.is_some();
+        let grad = matches!(pass, BlockPass::Dual { .. });
+        let o = &a.opts;
+        let (nl, len) = (a.layout.layers.len(), o.layer_len());
+        let u = AttnBlockParams::new(o, nl, d.nnei, stride, grad);
+        let lp = self.scratch::<T>(nl * len);
+        for (l, layer) in a.layout.layers.iter().enumerate() {
+            let [w_in, b_in, w_out, b_out, gamma, beta] =
+                AttnOpts::layer_offsets(layer).map(|x| count(x) as i32);
+            launch!(
+                self,
+                &name::<T>("attn_block_pack"),
+                grid(len, BLOCK),
+                [
+                    u,
+                    self.ptr(a.params),
+                    l as i32,
+                    w_in,
+                    b_in,
+                    w_out,
+                    b_out,
+                    gamma,
+                    beta,
+                    self.addr(&lp)
+                ]
+            );
+        }
+        let per_centre = u.per_centre as usize * if dual { 2 } else { 1 };
+        let chunk = (ATTN_BLOCK_SCRATCH / (per_centre * size_of::<T>())).clamp(1, nc);
+        let ws = self.scratch::<T>(chunk * per_centre);
+        let [alpha, ln_eps, inv_nnei, inv_m] =
+            [o.alpha, o.ln_eps, 1.0 / d.nnei as f64, 1.0 / o.m1 as f64].map(T::of);
+        let kernel = |real: &str, on_duals: &str| name::<T>(if dual { on_duals } else { real });
+        let rd = rdot.unwrap_or(a.rhat);
+        for c0 in (0..nc).step_by(chunk) {
+            let n = chunk.min(nc - c0);
+            let u = u.launch(c0, n);
+            launch!(
+                self,
+                &kernel("attn_block_load", "attn_block_load_dual"),
+                grid(n * d.nnei * u.slot_w as usize, BLOCK),
+                [
+                    u,
+                    self.ptr(a.g0),
+                    self.ptr(a.g0p),
+                    self.ptr(a.rhat),
+                    self.ptr(rd),
+                    self.ptr(a.sw),
+                    self.ptr(a.dsw),
+                    self.idx(a.owner),
+                    self.addr(&ws)
+                ]
+            );
+            // One 64-thread block per centre (ATTN_WG in the kernels).
+            let one_per_centre = grid(n * 64, 64);
+            let (lp, ws) = (self.addr(&lp), self.addr(&ws));
+            match &mut pass {
+                BlockPass::Forward(out) => launch!(
+                    self,
+                    &kernel("attn_block_forward", "attn_block_tangent"),
+                    one_per_centre,
+                    [u, lp, alpha, ln_eps, inv_nnei, inv_m, ws, self.ptr(out)]
+                ),
+                BlockPass::Backward { jac, dbar, q } => {
+                    let dbar = self.ptr(dbar);
+                    launch!(
+                        self,
+                        &name::<T>("attn_block_backward"),
+                        one_per_centre,
+                        [u, lp, alpha, ln_eps, inv_nnei, inv_m, ws, dbar, dbar]
+                    );
+                    launch!(
+                        self,
+                        &name::<T>("attn_block_q"),
+                        grid(n * d.nnei, BLOCK),
+                        [
+                            u,
+                            ws,
+                            self.ptr(a.g0p),
+                            self.ptr(a.dsw),
+                            self.ptr(jac),
+                            self.ptr(q)
+                        ]
+                    );
+                }
+                BlockPass::Dual {
+                    dbar,
+                    ddotbar,
+                    g0bar,
+                    g0dotbar,
+                    grad,
+                } => {
+                    let seeds = (self.ptr(ddotbar), self.ptr(dbar));
+                    launch!(
+                        self,
+                        &name::<T>("attn_block_dual"),
+                        one_per_centre,
+                        [u, lp, alpha, ln_eps, inv_nnei, inv_m, ws, seeds.0, seeds.1]
+                    );
+                    launch!(
+                        self,
+                        &name::<T>("attn_block_g0bar"),
+                        grid(n * d.nnei * o.m1, BLOCK),
+                        [u, ws, self.ptr(g0bar), self.ptr(g0dotbar)]
+                    );
+                    // Each tensor's sum over the launch's centres into the model's gradient;
+                    // frozen layer norms get none.
+                    for (l, layer) in a.layout.layers.iter().enumerate() {
+                        let parts = AttnOpts::layer_offsets(layer)
+                            .into_iter()
+                            .zip(o.layer_parts());
+                        let mut from = l * len;
+                        for (k, (to, size)) in parts.enumerate() {
+                            if k < 4 || o.trainable_ln {
+                                launch!(
+                                    self,
+                                    &name::<T>("attn_block_grad"),
+                                    grid(size, BLOCK),
+                                    [
+                                        u,
+                                        ws,
+                                        count(from) as i32,
+                                        count(to) as i32,
+                                        count(size) as i32,
+                                        self.ptr(grad)
+                                    ]
+                                );
+                            }
+                            from += size;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// DPA-1's ops run as kernels: the element-wise ones (kernels/attn.cu), and with
+/// `DPW_CUDA_ATTN=kernels` the attention block (kernels/attn_block.cu: one forward and one
+/// backward over a number type, on reals and on duals, give its four passes); by default the
+/// block runs through its host bodies until a GPU has checked those kernels.
 impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
+    fn attn_forward(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<CudaBuf<T>, CudaIdx>,
+        desc: &mut CudaBuf<T>,
+        stride: usize,
+    ) {
+        if !self.attn_kernels {
+            return crate::backend::attn::attn_forward(self, d, a, desc, stride);
+        }
+        self.attn_block(d, a, None, stride, BlockPass::Forward(desc));
+    }
+
+    fn attn_backward(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<CudaBuf<T>, CudaIdx>,
+        jac: &CudaBuf<T>,
+        dbar: &CudaBuf<T>,
+        stride: usize,
+        q: &mut CudaBuf<T>,
+    ) {
+        if !self.attn_kernels {
+            return crate::backend::attn::attn_backward(self, d, a, jac, dbar, stride, q);
+        }
+        self.attn_block(d, a, None, stride, BlockPass::Backward { jac, dbar, q });
+    }
+
+    fn attn_tangent(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<CudaBuf<T>, CudaIdx>,
+        rdot: &CudaBuf<T>,
+        ddot: &mut CudaBuf<T>,
+        stride: usize,
+    ) {
+        if !self.attn_kernels {
+            return crate::backend::attn::attn_tangent(self, d, a, rdot, ddot, stride);
+        }
+        self.attn_block(d, a, Some(rdot), stride, BlockPass::Forward(ddot));
+    }
+
+    fn attn_dual(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<CudaBuf<T>, CudaIdx>,
+        rdot: &CudaBuf<T>,
+        (dbar, ddotbar): (&CudaBuf<T>, &CudaBuf<T>),
+        stride: usize,
+        (g0bar, g0dotbar): (&mut CudaBuf<T>, &mut CudaBuf<T>),
+        grad: &mut CudaBuf<T>,
+    ) {
+        if !self.attn_kernels {
+            let (g0_adjoints, adjoints) = ((g0bar, g0dotbar), (dbar, ddotbar));
+            return crate::backend::attn::attn_dual(
+                self,
+                d,
+                a,
+                rdot,
+                adjoints,
+                stride,
+                g0_adjoints,
+                grad,
+            );
+        }
+        let pass = BlockPass::Dual {
+            dbar,
+            ddotbar,
+            g0bar,
+            g0dotbar,
+            grad,
+        };
+        self.attn_block(d, a, Some(rdot), stride, pass);
+    }
+
     fn attn_switch(
         &self,
         d: &Dims,

@@ -12,9 +12,9 @@ use crate::backend::gpu_layout::{
 };
 use crate::backend::monomorphic::Generic;
 use crate::backend::{
-    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, AttnOpts, Backend, BlockOps, ContractOps,
-    DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Span,
-    StripArgs, TrainOps,
+    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, AttnOpts, Backend, BlockOps, BlockPass,
+    ContractOps, DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors,
+    RadialOps, Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -64,24 +64,6 @@ fn for_blocks(d: &Dims, mut f: impl FnMut(Range<usize>, usize, usize)) {
             }
         }
     }
-}
-
-/// What a launch of the attention block computes (see `Wgpu::attn_block`): D (on duals Ḋ); the
-/// forces' q from D̄; the dual reverse's Ḡ⁰, Ġ̄⁰ and parameter gradient from (D̄, Ḋ̄).
-enum BlockPass<'a, T: GpuReal> {
-    Forward(&'a mut Buf<T>),
-    Backward {
-        jac: &'a Buf<T>,
-        dbar: &'a Buf<T>,
-        q: &'a mut Buf<T>,
-    },
-    Dual {
-        dbar: &'a Buf<T>,
-        ddotbar: &'a Buf<T>,
-        g0bar: &'a mut Buf<T>,
-        g0dotbar: &'a mut Buf<T>,
-        grad: &'a mut Buf<T>,
-    },
 }
 
 impl Wgpu {
@@ -158,7 +140,7 @@ impl Wgpu {
         a: &AttnArgs<Buf<T>, Idx>,
         rdot: Option<&Buf<T>>,
         stride: usize,
-        mut pass: BlockPass<'_, T>,
+        mut pass: BlockPass<'_, Buf<T>>,
     ) {
         let dual = rdot.is_some();
         let grad = matches!(pass, BlockPass::Dual { .. });
