@@ -5,8 +5,9 @@
 //! place ([`AttnArgs::in_place`]; the strip's take any slices); its type-embedding ops take the
 //! defaults, whose transfers are copies there. The wgpu backend has kernels for all of them
 //! (`shaders/attn.wgsl`; the block's four passes from one forward and one backward over
-//! numbers, `shaders/attn_block.wgsl`); the cuda backend for the element-wise ops
-//! (`kernels/attn.cu`), and runs the attention block (`attn_*`) through these bodies.
+//! numbers, `shaders/attn_block.wgsl`); so has the cuda backend (`kernels/attn.cu`,
+//! `kernels/attn_block.cu`), whose block runs through these bodies unless
+//! `DPW_CUDA_ATTN=kernels` until a GPU has checked its kernels.
 
 use std::borrow::Cow;
 
