@@ -490,7 +490,7 @@ fn attn_block_forward(@builtin(workgroup_id) wg: vec3<u32>,
     if (cl >= u.ncentres) {
         return;
     }
-    let n = forward_taken(cl, l.x);
+    _ = forward_taken(cl, l.x);
     let row = (u.centre0 + cl) * u.stride;
     for (var e = l.x; e < u.m1 * u.m2; e += WG) {
         let x = ws_ld(at_desc(cl) + e);

@@ -100,22 +100,45 @@ impl AttnOpts {
             .collect()
     }
 
+    /// Every layer tensor of `a`, layer after layer in the order of [`LayerParams`]: where it
+    /// starts in the packed form and in the model's parameters, its length, and whether it
+    /// takes a gradient (the layer norms only where they are trainable).
+    pub(crate) fn tensors<'a>(&'a self, a: &'a AttnLayout) -> impl Iterator<Item = Tensor> + 'a {
+        a.layers.iter().enumerate().flat_map(move |(l, layer)| {
+            let mut packed = l * self.layer_len();
+            let parts = Self::layer_offsets(layer)
+                .into_iter()
+                .zip(self.layer_parts());
+            parts.enumerate().map(move |(k, (at, len))| {
+                packed += len;
+                Tensor {
+                    packed: packed - len,
+                    at,
+                    len,
+                    trained: k < 4 || self.trainable_ln,
+                }
+            })
+        })
+    }
+
     /// Adds a packed gradient (layer after layer) into the model's; the layer norms' only where
     /// they are trainable.
     pub(crate) fn add_grad<T: Real>(&self, a: &AttnLayout, packed: &[T], grad: &mut [T]) {
-        let parts = self.layer_parts();
-        for (l, p) in a.layers.iter().zip(packed.chunks(self.layer_len())) {
-            let mut at = 0;
-            for (k, (to, n)) in Self::layer_offsets(l).into_iter().zip(parts).enumerate() {
-                if k < 4 || self.trainable_ln {
-                    for (g, v) in grad[to..to + n].iter_mut().zip(&p[at..at + n]) {
-                        *g += *v;
-                    }
-                }
-                at += n;
+        for t in self.tensors(a).filter(|t| t.trained) {
+            let from = &packed[t.packed..t.packed + t.len];
+            for (g, v) in grad[t.at..t.at + t.len].iter_mut().zip(from) {
+                *g += *v;
             }
         }
     }
+}
+
+/// One attention layer tensor ([`AttnOpts::tensors`]).
+pub(crate) struct Tensor {
+    pub packed: usize,
+    pub at: usize,
+    pub len: usize,
+    pub trained: bool,
 }
 
 /// What every pass of the attention block reads: the model's layers and parameters, and per

@@ -1711,29 +1711,20 @@ impl Cuda {
                     );
                     // Each tensor's sum over the launch's centres into the model's gradient;
                     // frozen layer norms get none.
-                    for (l, layer) in a.layout.layers.iter().enumerate() {
-                        let parts = AttnOpts::layer_offsets(layer)
-                            .into_iter()
-                            .zip(o.layer_parts());
-                        let mut from = l * len;
-                        for (k, (to, size)) in parts.enumerate() {
-                            if k < 4 || o.trainable_ln {
-                                launch!(
-                                    self,
-                                    &name::<T>("attn_block_grad"),
-                                    grid(size, BLOCK),
-                                    [
-                                        u,
-                                        ws,
-                                        count(from) as i32,
-                                        count(to) as i32,
-                                        count(size) as i32,
-                                        self.ptr(grad)
-                                    ]
-                                );
-                            }
-                            from += size;
-                        }
+                    for t in o.tensors(a.layout).filter(|t| t.trained) {
+                        launch!(
+                            self,
+                            &name::<T>("attn_block_grad"),
+                            grid(t.len, BLOCK),
+                            [
+                                u,
+                                ws,
+                                count(t.packed) as i32,
+                                count(t.at) as i32,
+                                count(t.len) as i32,
+                                self.ptr(grad)
+                            ]
+                        );
                     }
                 }
             }

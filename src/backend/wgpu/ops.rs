@@ -12,9 +12,9 @@ use crate::backend::gpu_layout::{
 };
 use crate::backend::monomorphic::Generic;
 use crate::backend::{
-    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, AttnOpts, Backend, BlockOps, BlockPass,
-    ContractOps, DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors,
-    RadialOps, Span, StripArgs, TrainOps,
+    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, Backend, BlockOps, BlockPass, ContractOps,
+    DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Span,
+    StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -150,13 +150,15 @@ impl Wgpu {
         // The layers' tensors packed in the order the shader reads them.
         let nl = a.layout.layers.len();
         let lp = self.scratch(&op, "attn_block.layers", (nl * o.layer_len() * sz) as u64);
-        let mut at = 0;
-        for l in &a.layout.layers {
-            for (from, len) in AttnOpts::layer_offsets(l).into_iter().zip(o.layer_parts()) {
-                let bytes = |x: usize| (x * sz) as u64;
-                self.copy_region(&a.params.buf, bytes(from), &lp, bytes(at), bytes(len));
-                at += len;
-            }
+        let bytes = |x: usize| (x * sz) as u64;
+        for t in o.tensors(a.layout) {
+            self.copy_region(
+                &a.params.buf,
+                bytes(t.at),
+                &lp,
+                bytes(t.packed),
+                bytes(t.len),
+            );
         }
         let inv = |x: usize| 1.0 / x as f64;
         let cst = self.reals::<T>(
@@ -170,13 +172,10 @@ impl Wgpu {
         let ws = self.scratch(&op, "attn_block.ws", (chunk * per_centre) as u64);
         let kernels = |real, on_duals| if dual { on_duals } else { real };
         let grad_at = grad.then(|| {
-            let mut to = Vec::new();
-            for l in &a.layout.layers {
-                let parts = AttnOpts::layer_offsets(l).into_iter().zip(o.layer_parts());
-                for (k, (from, len)) in parts.enumerate() {
-                    let kept = k < 4 || o.trainable_ln;
-                    to.extend((from..from + len).map(|i| if kept { count(i) as i32 } else { -1 }));
-                }
+            let mut to = vec![-1i32; nl * o.layer_len()];
+            for t in o.tensors(a.layout).filter(|t| t.trained) {
+                let entries = to[t.packed..t.packed + t.len].iter_mut();
+                entries.zip(t.at..).for_each(|(e, i)| *e = count(i) as i32);
             }
             self.consts(&op, "attn_block.grad_at", &to)
         });
