@@ -185,6 +185,18 @@ fn parity_mixed_compositions_f32() {
     suite::parity::mixed_compositions::<f32, _>(cuda_or_skip!(), 1e-5);
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_mixed_sizes_f64() {
+    suite::parity::mixed_sizes::<f64, _>(cuda_or_skip!(), 1e-12);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_mixed_sizes_f32() {
+    suite::parity::mixed_sizes::<f32, _>(cuda_or_skip!(), 1e-5);
+}
+
 // ---------------------------------------------------------------- determinism
 
 fn bits(x: &[f64]) -> Vec<u64> {

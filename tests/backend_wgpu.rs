@@ -747,7 +747,7 @@ fn steps_after_the_first_create_and_read_nothing() {
             .sums_mut();
         let info = StepInfo {
             step: t + 1,
-            sys: 0,
+            sys: Some(0),
             nframes: 1,
             natoms: 8,
             pf,
@@ -827,5 +827,24 @@ fn parity_mixed_compositions_f32() {
         "parity_mixed_compositions_f32",
         1e-5,
         suite::parity::mixed_compositions::<f32, _>,
+    );
+}
+
+/// A "mixed:N" batch of frames of several sizes (virtual atoms), against the cpu's numbers.
+#[test]
+fn parity_mixed_sizes_f64() {
+    on_wgpu::<f64>(
+        "parity_mixed_sizes_f64",
+        1e-12,
+        suite::parity::mixed_sizes::<f64, _>,
+    );
+}
+
+#[test]
+fn parity_mixed_sizes_f32() {
+    on_wgpu::<f32>(
+        "parity_mixed_sizes_f32",
+        1e-5,
+        suite::parity::mixed_sizes::<f32, _>,
     );
 }

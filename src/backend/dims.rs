@@ -67,11 +67,11 @@ impl Dims {
     }
 
     /// [`Dims::new`] for frames of their own compositions, `counts[f][t]` (a batch of a
-    /// mixed-type system); every frame has the same number of atoms.
+    /// mixed-type system, or a `"mixed:N"` batch of frames of several systems). A frame of
+    /// fewer atoms than the largest is padded with virtual atoms: atom slots that are no
+    /// centre and no neighbour, so their force is 0 ([`Dims::natoms`] is the largest frame's).
     pub fn of_frames(counts: &[Vec<usize>], sel: &[usize], m1: usize, m2: usize) -> Self {
         let ntypes = counts.first().map_or(0, Vec::len);
-        let natoms = |c: &Vec<usize>| c.iter().sum::<usize>();
-        debug_assert!(counts.iter().all(|c| natoms(c) == natoms(&counts[0])));
         Self::build(counts.len(), ntypes, |f, t| counts[f][t], sel, m1, m2)
     }
 
@@ -119,7 +119,10 @@ impl Dims {
         }
         Dims {
             nframes,
-            natoms: (0..ntypes).map(|t| count(0, t)).sum(),
+            natoms: (0..nframes.max(1))
+                .map(|f| (0..ntypes).map(|t| count(f, t)).sum())
+                .max()
+                .unwrap_or(0),
             ntypes,
             nsec: sel.len(),
             sel: sel.to_vec(),
@@ -132,7 +135,14 @@ impl Dims {
         }
     }
 
+    /// Every real atom of the batch is a centre; virtual atoms ([`Dims::of_frames`]) are not.
     pub fn ncentres(&self) -> usize {
+        *self.centre_start.last().unwrap()
+    }
+
+    /// The batch's atom slots, `nframes · natoms`, virtual atoms included: the rows of forces
+    /// and of every per-atom array.
+    pub fn nbatch_atoms(&self) -> usize {
         self.nframes * self.natoms
     }
 

@@ -75,6 +75,10 @@ pub enum BatchSizeSpec {
     Max(usize),
     /// `"filter:N"`: drop systems with more than N atoms, then like `max:N`.
     Filter(usize),
+    /// `"mixed:N"` (DeePMD-kit's TensorFlow backend): each batch is N frames, each drawn from a
+    /// system of its own, padded to the largest frame's atoms with virtual atoms
+    /// (docs/deepmd-spec.md §12).
+    Mixed(usize),
 }
 
 impl BatchSizeSpec {
@@ -84,10 +88,18 @@ impl BatchSizeSpec {
     pub fn for_system(&self, index: usize, natoms: usize) -> Option<usize> {
         let natoms = natoms.max(1);
         match self {
-            BatchSizeSpec::Fixed(bs) => Some(*bs),
+            BatchSizeSpec::Fixed(bs) | BatchSizeSpec::Mixed(bs) => Some(*bs),
             BatchSizeSpec::PerSystem(v) => v.get(index).copied(),
             BatchSizeSpec::Auto(n) => Some(n.div_ceil(natoms).max(1)),
             BatchSizeSpec::Max(n) | BatchSizeSpec::Filter(n) => Some((n / natoms).max(1)),
+        }
+    }
+
+    /// The frames of a `"mixed:N"` batch.
+    pub fn mixed(&self) -> Option<usize> {
+        match self {
+            BatchSizeSpec::Mixed(n) => Some(*n),
+            _ => None,
         }
     }
 
@@ -101,7 +113,7 @@ impl BatchSizeSpec {
 
     fn parse(v: &Value, path: &str, nsys: usize) -> Result<Self> {
         const EXPECTED: &str =
-            "a positive integer, a list of them (one per system), \"auto\", \"auto:N\", \"max:N\" or \"filter:N\"";
+            "a positive integer, a list of them (one per system), \"auto\", \"auto:N\", \"max:N\", \"filter:N\" or \"mixed:N\"";
         match v {
             Value::Number(_) => {
                 let bs = to_usize(v, path).map_err(|_| wrong_type(path, EXPECTED, v))?;
@@ -124,12 +136,9 @@ impl BatchSizeSpec {
                 Ok(BatchSizeSpec::PerSystem(list))
             }
             Value::String(s) if s == "auto" => Ok(BatchSizeSpec::Auto(32)),
-            Value::String(s) if s.starts_with("mixed") => Err(ConfigError::unsupported(
+            Value::String(s) if s == "mixed" => Err(ConfigError::invalid(
                 path,
-                format!(
-                    "batches mixing frames of several systems (\"mixed:N\", of DeePMD-kit's \
-                     TensorFlow backend) are not implemented; found {s:?}"
-                ),
+                "\"mixed\" needs its batch size: \"mixed:N\" (N frames a batch)",
             )),
             Value::String(s) => {
                 let (kind, n) = s
@@ -144,6 +153,7 @@ impl BatchSizeSpec {
                     "auto" => Ok(BatchSizeSpec::Auto(n)),
                     "max" => Ok(BatchSizeSpec::Max(n)),
                     "filter" => Ok(BatchSizeSpec::Filter(n)),
+                    "mixed" => Ok(BatchSizeSpec::Mixed(n)),
                     _ => Err(wrong_type(path, EXPECTED, v)),
                 }
             }
@@ -158,6 +168,7 @@ impl BatchSizeSpec {
             BatchSizeSpec::Auto(n) => json!(format!("auto:{n}")),
             BatchSizeSpec::Max(n) => json!(format!("max:{n}")),
             BatchSizeSpec::Filter(n) => json!(format!("filter:{n}")),
+            BatchSizeSpec::Mixed(n) => json!(format!("mixed:{n}")),
         }
     }
 }

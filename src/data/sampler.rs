@@ -216,6 +216,33 @@ fn prob_sys_size(blocks: &str, nbatches: &[usize]) -> Result<Vec<f64>, String> {
     Ok(probs)
 }
 
+/// The frames of one batch (or of one rank's part of it): several of one system, or (a
+/// `"mixed:N"` batch) each of its own system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Draw {
+    /// System and frames.
+    System(usize, Vec<usize>),
+    /// (system, frame) of each frame.
+    Mixed(Vec<(usize, usize)>),
+}
+
+impl Draw {
+    /// The system of a batch of one system's frames.
+    pub fn system(&self) -> Option<usize> {
+        match self {
+            Draw::System(s, _) => Some(*s),
+            Draw::Mixed(_) => None,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Draw::System(_, f) => f.is_empty(),
+            Draw::Mixed(p) => p.is_empty(),
+        }
+    }
+}
+
 /// Endless stream of batches over several systems; its whole state (de)serializes, so a
 /// checkpoint can resume the exact sequence.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -224,6 +251,9 @@ pub struct Sampler {
     /// Running sums of the system probabilities.
     cumulative: Vec<f64>,
     systems: Vec<Epoch>,
+    /// A `"mixed:N"` stream's N: each batch is N draws of one frame each ([`Sampler::mixed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mixed: Option<usize>,
 }
 
 /// One system's pass over its frames in shuffled order.
@@ -277,6 +307,52 @@ impl Sampler {
             rng: ChaCha8Rng::seed_from_u64(seed),
             cumulative,
             systems,
+            mixed: None,
+        }
+    }
+
+    /// The stream of `"mixed:N"` batches (DeePMD-kit's `get_batch_mixed`): each of a batch's
+    /// `n` frames comes from a system drawn by `probs`, the next frame of that system's
+    /// shuffled pass over its frames.
+    ///
+    /// # Panics
+    /// As [`Sampler::new`], or if `n` is 0.
+    pub fn mixed(nframes: &[usize], n: usize, probs: Vec<f64>, seed: u64) -> Self {
+        assert!(n > 0, "Sampler::mixed: a batch of no frames");
+        Sampler {
+            mixed: Some(n),
+            ..Sampler::new(nframes, &vec![1; nframes.len()], probs, seed)
+        }
+    }
+
+    /// The frames of a `"mixed:N"` batch; `None` for a stream of one system a batch.
+    pub fn mixed_size(&self) -> Option<usize> {
+        self.mixed
+    }
+
+    /// Rank `rank`'s part of the next global batch of `size` ranks (each rank's share of a
+    /// batch: `batch_sizes[s]` frames of system s, or N of a `"mixed:N"` stream), and the
+    /// frames in the global batch. A mixed part is sorted by system, then frame, so that few
+    /// batch shapes recur.
+    pub fn draw(&mut self, batch_sizes: &[usize], (rank, size): (usize, usize)) -> (Draw, usize) {
+        let part = |n, b| crate::dist::rank_slice(n, b, rank);
+        match self.mixed {
+            None => {
+                let (s, frames) = self.next_batches(size);
+                let mine = frames[part(frames.len(), batch_sizes[s])].to_vec();
+                (Draw::System(s, mine), frames.len())
+            }
+            Some(n) => {
+                let picks: Vec<(usize, usize)> = (0..size * n)
+                    .map(|_| {
+                        let (s, frames) = self.next_batches(1);
+                        (s, frames[0])
+                    })
+                    .collect();
+                let mut mine = picks[part(picks.len(), n)].to_vec();
+                mine.sort_unstable();
+                (Draw::Mixed(mine), picks.len())
+            }
         }
     }
 
@@ -313,7 +389,23 @@ impl Sampler {
         nframes: &[usize],
         batch_sizes: &[usize],
         probs: &[f64],
+        mixed: Option<usize>,
     ) -> Result<(), String> {
+        if self.mixed != mixed {
+            return Err(format!(
+                "mixed batches of {:?} frames, the data's {mixed:?}",
+                self.mixed
+            ));
+        }
+        // A mixed stream takes one frame a draw ([`Sampler::mixed`]).
+        let ones;
+        let batch_sizes = match mixed {
+            Some(_) => {
+                ones = vec![1; batch_sizes.len()];
+                &ones
+            }
+            None => batch_sizes,
+        };
         let nsys = nframes.len();
         if batch_sizes.len() != nsys || probs.len() != nsys {
             return Err(format!(

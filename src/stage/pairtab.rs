@@ -25,7 +25,7 @@ impl<T: Real, B: Backend<T>> PairTerms<T, B> {
             weight: zeros(nc)?,
             dweight: zeros(3 * ns)?,
             pair_e: zeros(nc)?,
-            pair_force: zeros(3 * d.nframes * d.natoms)?,
+            pair_force: zeros(3 * d.nbatch_atoms())?,
             pair_virial: zeros(9 * d.nframes)?,
             moving_weight,
         })

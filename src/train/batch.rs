@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::backend::Dims;
+use crate::data::Draw;
 use crate::fitting::head::HeadLabels;
 use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
 use crate::model::pairtab::{ShortRangeBatch, TableInput};
@@ -143,6 +144,70 @@ pub fn assemble_frames(
         .with_context(|| format!("{what} system {}", sys.path.display()))
 }
 
+/// The host batch of `draw` (`what`: training, validation); `None` for no frames, or for
+/// frames of a system kept on the device (`resident[s]`), which are gathered there.
+pub fn assemble_draw(
+    spec: &ModelSpec,
+    store: &crate::data::SystemStore,
+    draw: &Draw,
+    resident: &[bool],
+    what: &str,
+) -> Result<Option<HostBatch>> {
+    match draw {
+        _ if draw.is_empty() => Ok(None),
+        Draw::System(s, _) if resident.get(*s).copied().unwrap_or(false) => Ok(None),
+        Draw::System(s, frames) => assemble_frames(spec, &*store.get(*s)?, frames, what).map(Some),
+        Draw::Mixed(picks) => {
+            let systems = (picks.iter())
+                .map(|&(s, _)| store.get(s))
+                .collect::<Result<Vec<_>, _>>()?;
+            let picks: Vec<_> = (systems.iter().zip(picks))
+                .map(|(sys, &(_, f))| (&**sys, f))
+                .collect();
+            assemble_mixed(spec, &picks, what).map(Some)
+        }
+    }
+}
+
+/// A `"mixed:N"` batch: frame `f` of system `sys` for each `(sys, f)` of `picks`, in that
+/// order, each padded with virtual atoms to the largest frame's atoms (DeePMD-kit's
+/// `_merge_batch_data`); an error names each frame by its system and index.
+pub fn assemble_mixed(
+    spec: &ModelSpec,
+    picks: &[(&crate::data::System, usize)],
+    what: &str,
+) -> Result<HostBatch> {
+    let fr: Vec<Frame> = picks.iter().map(|&(s, f)| Frame::of(s, f)).collect();
+    let types: Vec<FrameTypes> = picks.iter().map(|&(s, f)| FrameTypes::of(s, f)).collect();
+    let index: Vec<usize> = picks.iter().map(|&(_, f)| f).collect();
+    assemble_numbered(spec, &types, &fr, &index).with_context(|| {
+        let frames: Vec<String> = (picks.iter())
+            .map(|(s, f)| format!("{} frame {f}", s.path.display()))
+            .collect();
+        format!("{what} batch of {}", frames.join(", "))
+    })
+}
+
+/// Refuses `batch_size: "mixed:N"` (at `key`) for a model whose batches cannot mix frames of
+/// several systems: as in DeePMD-kit's TensorFlow backend, that needs a mixed-type descriptor
+/// and the `ener` fitting.
+pub fn check_mixed_batches(spec: &ModelSpec, key: &str) -> Result<()> {
+    if !spec.descriptor.is_mixed() {
+        bail!(
+            "{key}: \"mixed:N\" batches need a mixed-type descriptor (se_atten, se_atten_v2, \
+             dpa2, dpa3, se_e3_tebd), not {}",
+            spec.descriptor.kind.as_str()
+        );
+    }
+    if !spec.fitting.output.is_ener() {
+        bail!("{key}: \"mixed:N\" batches need the ener fitting, as in DeePMD-kit");
+    }
+    if spec.short_range.is_some() {
+        bail!("{key}: \"mixed:N\" batches with a pair table are not implemented");
+    }
+    Ok(())
+}
+
 /// Refuses a mixed-type system (`mixed`: `set.*/real_atom_types.npy`) for a descriptor that is
 /// not mixed-type: DeePMD-kit reads such data for se_atten and se_atten_v2, whose one neighbour
 /// list serves frames of any composition in one batch.
@@ -206,19 +271,11 @@ fn assemble_numbered(
 ) -> Result<HostBatch> {
     let d = &spec.descriptor;
     let nt = spec.ntypes();
-    let n = types.first().map_or(0, |t| t.atype.len());
     let mut counts = Vec::with_capacity(types.len());
     for (ft, &frame) in types.iter().zip(index) {
         let atype = ft.atype;
         if atype.windows(2).any(|w| w[0] > w[1]) {
             bail!("frame {frame}: atoms of a batch must be sorted by type");
-        }
-        if atype.len() != n {
-            bail!(
-                "frame {frame} has {} atoms but the batch's first frame {n}: a batch holds \
-                 frames of one atom count",
-                atype.len()
-            );
         }
         let count = |t| atype.iter().filter(|&&x| x == t).count();
         counts.push((0..nt).map(count).collect::<Vec<_>>());
@@ -229,6 +286,8 @@ fn assemble_numbered(
         (true, None) => Dims::of_descriptor(d, 0, &vec![0; nt]),
         (false, _) => Dims::of_descriptor_frames(d, &counts),
     };
+    // A frame of fewer atoms than the batch's largest ends in virtual atoms (`"mixed:N"`).
+    let n = dims.natoms;
     let sections = d.sections();
     let ns = dims.nslots();
     let mut rij = vec![0.0; 3 * ns];
@@ -292,7 +351,7 @@ fn assemble_numbered(
     }
     let nei_type = match d.is_mixed() {
         true => {
-            let atype: Vec<usize> = types.iter().flat_map(|t| t.atype.iter().copied()).collect();
+            let atype = padded(types.iter().map(|t| t.atype), n, 0);
             let pad: Vec<usize> = types.iter().map(|t| t.pad).collect();
             neighbour_types(&dims, &owner, &atype, &pad)
         }
@@ -300,7 +359,7 @@ fn assemble_numbered(
     };
     let has_virial = frames.iter().all(|f| f.virial.is_some());
     let fit_input = fit_input(&spec.fitting, &dims, &centre_atom, frames, index)?;
-    let head_labels = head_labels(spec, &centre_atom, frames);
+    let head_labels = head_labels(spec, n, &centre_atom, frames);
     let short_range = match &spec.short_range {
         Some(sr) => Some(ShortRangeBatch::new(
             sr,
@@ -325,10 +384,7 @@ fn assemble_numbered(
         nei_type,
         centre_atom,
         energy: frames.iter().map(|f| f.energy).collect(),
-        force: frames
-            .iter()
-            .flat_map(|f| f.force.iter().copied())
-            .collect(),
+        force: padded(frames.iter().map(|f| f.force), 3 * n, 0.0),
         virial: frames
             .iter()
             .flat_map(|f| f.virial.map_or([0.0; 9].to_vec(), |v| v.to_vec()))
@@ -342,7 +398,7 @@ fn assemble_numbered(
 
 /// [`HostBatch::head_labels`]: each where every frame has it (a system has a label for all its
 /// frames or none), the atomic ones put in centre order.
-fn head_labels(spec: &ModelSpec, centre_atom: &[i32], frames: &[Frame]) -> HeadLabels {
+fn head_labels(spec: &ModelSpec, n: usize, centre_atom: &[i32], frames: &[Frame]) -> HeadLabels {
     if spec.fitting.output.is_ener() {
         return HeadLabels::default();
     }
@@ -354,7 +410,7 @@ fn head_labels(spec: &ModelSpec, centre_atom: &[i32], frames: &[Frame]) -> HeadL
     let atoms = (frames.iter())
         .map(|f| f.atom_label)
         .collect::<Option<Vec<&[f64]>>>()
-        .map(|rows| rows.concat());
+        .map(|rows| padded(rows.into_iter(), n * k, 0.0));
     let atomic = atoms.map(|a| {
         (centre_atom.iter())
             .flat_map(|&i| a[i as usize * k..(i as usize + 1) * k].iter().copied())
@@ -394,9 +450,10 @@ fn fit_input<'a>(
             ),
             _ => {}
         }
+        let atoms = fr.coord.len() / 3;
         match aparam(fr) {
-            Some(p) if p.len() != n * nap => bail!(
-                "frame {frame}: {} atomic parameters for {n} atoms, the model takes \
+            Some(p) if p.len() != atoms * nap => bail!(
+                "frame {frame}: {} atomic parameters for {atoms} atoms, the model takes \
                  numb_aparam {nap} per atom",
                 p.len()
             ),
@@ -420,4 +477,15 @@ fn fit_input<'a>(
         }
     }
     Ok(out)
+}
+
+/// Each frame's rows, `width` values a frame, padded with `fill` up to it (a frame's virtual
+/// atoms, [`Dims::of_frames`]).
+fn padded<'a, X: Copy + 'a>(rows: impl Iterator<Item = &'a [X]>, width: usize, fill: X) -> Vec<X> {
+    let mut out = Vec::new();
+    for r in rows {
+        out.extend_from_slice(r);
+        out.resize(out.len() + width - r.len(), fill);
+    }
+    out
 }

@@ -31,6 +31,9 @@ pub struct DataShape {
     pub nframes: Vec<usize>,
     pub batch_sizes: Vec<usize>,
     pub probs: Vec<f64>,
+    /// `"mixed:N"`'s N ([`crate::train::dataset::DataSet::mixed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -217,7 +220,7 @@ impl Checkpoint {
         for (name, sampler, shape) in streams {
             match (sampler, shape) {
                 (Some(s), Some(d)) => s
-                    .check(&d.nframes, &d.batch_sizes, &d.probs)
+                    .check(&d.nframes, &d.batch_sizes, &d.probs, d.mixed)
                     .map_err(|why| format!("{name}: {why}"))?,
                 (None, None) => {}
                 (Some(_), None) => return Err(format!("{name} without its data shape")),

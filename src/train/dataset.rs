@@ -16,9 +16,6 @@ use crate::data::{
     read_system_in, system_probs, DataError, Disk, Files, Labels, Sampler, System, SystemInfo,
     SystemStore,
 };
-use crate::model::ModelSpec;
-
-use super::batch::{assemble_frames, HostBatch};
 
 pub struct DataSet {
     /// What each system is; its frames come from `store`.
@@ -27,6 +24,9 @@ pub struct DataSet {
     pub batch_sizes: Vec<usize>,
     pub nbatches: Vec<usize>,
     pub probs: Vec<f64>,
+    /// `batch_size: "mixed:N"`: each batch is N frames drawn one by one, each from a system of
+    /// its own (`batch_sizes` are then N, as DeePMD-kit counts batches and probabilities).
+    pub mixed: Option<usize>,
 }
 
 impl DataSet {
@@ -37,17 +37,6 @@ impl DataSet {
     /// System `s` with its frames.
     pub fn system(&self, s: usize) -> Result<Arc<System>> {
         Ok(self.store.get(s)?)
-    }
-
-    /// The batch of frames `frames` of system `s` (`what`: training, validation).
-    pub fn assemble(
-        &self,
-        spec: &ModelSpec,
-        s: usize,
-        frames: &[usize],
-        what: &str,
-    ) -> Result<HostBatch> {
-        assemble_frames(spec, &*self.system(s)?, frames, what)
     }
 
     /// How many systems, frames and atoms (summed over frames) hold each element of
@@ -78,7 +67,10 @@ impl DataSet {
 
     /// A batch stream over these systems.
     pub fn sampler(&self, seed: u64) -> Sampler {
-        Sampler::new(&self.nframes(), &self.batch_sizes, self.probs.clone(), seed)
+        match self.mixed {
+            None => Sampler::new(&self.nframes(), &self.batch_sizes, self.probs.clone(), seed),
+            Some(n) => Sampler::mixed(&self.nframes(), n, self.probs.clone(), seed),
+        }
     }
 
     /// DeePMD-kit's "Summary of DataSystem" table, one line per system.
@@ -351,5 +343,6 @@ pub(crate) fn load_data_visiting<D: Send>(
         batch_sizes,
         nbatches: nb,
         probs,
+        mixed: cfg.batch_size.mixed(),
     })
 }

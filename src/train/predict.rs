@@ -39,7 +39,7 @@ pub fn read_prediction<T: Real, B: Backend<T>>(
     if let Some(h) = &m.head {
         let k = h.out_width();
         let (atomic, property) = h.outputs(&w.centres(), &w.head_inputs(b));
-        let mut atom_property = vec![0.0; atomic.len()];
+        let mut atom_property = vec![0.0; batch.dims.nbatch_atoms() * k];
         for (c, &a) in batch.centre_atom.iter().enumerate() {
             let a = a as usize;
             atom_property[a * k..(a + 1) * k].copy_from_slice(&atomic[c * k..(c + 1) * k]);
@@ -54,7 +54,7 @@ pub fn read_prediction<T: Real, B: Backend<T>>(
         };
     }
     let e_atom = b.download(&w.e_atom);
-    let mut atom_energy = vec![0.0; e_atom.len()];
+    let mut atom_energy = vec![0.0; batch.dims.nbatch_atoms()];
     for (c, &a) in batch.centre_atom.iter().enumerate() {
         atom_energy[a as usize] = e_atom[c].f64();
     }

@@ -6,11 +6,10 @@ use std::thread::JoinHandle;
 
 use anyhow::{anyhow, Result};
 
-use crate::data::{Sampler, SystemStore};
-use crate::dist;
+use crate::data::{Draw, Sampler, SystemStore};
 use crate::model::ModelSpec;
 
-use super::batch::{assemble_frames, HostBatch};
+use super::batch::{assemble_draw, HostBatch};
 use super::run::{Batches, StepBatch};
 
 /// Draws training batches and assembles them on a helper thread one step ahead, so the host
@@ -18,13 +17,13 @@ use super::run::{Batches, StepBatch};
 /// one from which the next batch *handed out* is drawn, whatever has been prefetched.
 ///
 /// With `size` data-parallel ranks every rank draws the global batch (`size` batches' worth of
-/// frames) from the same sampler and assembles only its own slice of it ([`dist::rank_slice`]).
+/// frames) from the same sampler and assembles only its own slice of it ([`crate::dist::rank_slice`]).
 pub struct Prefetcher {
     sampler: Sampler,
-    /// (sampler state before the draw, system, the rank's frames, frames in the global batch)
-    /// of each batch requested and not yet handed out.
-    pending: VecDeque<(Sampler, usize, Vec<usize>, usize)>,
-    req: Option<mpsc::Sender<(usize, Vec<usize>)>>,
+    /// (sampler state before the draw, the rank's frames, frames in the global batch) of each
+    /// batch requested and not yet handed out.
+    pending: VecDeque<(Sampler, Draw, usize)>,
+    req: Option<mpsc::Sender<Draw>>,
     res: mpsc::Receiver<Result<Option<HostBatch>>>,
     worker: Option<JoinHandle<()>>,
     /// (rank, size) of the data-parallel world.
@@ -42,19 +41,13 @@ impl Prefetcher {
         world: (usize, usize),
         resident: Vec<bool>,
     ) -> Self {
-        let (req_tx, req_rx) = mpsc::channel::<(usize, Vec<usize>)>();
+        let (req_tx, req_rx) = mpsc::channel::<Draw>();
         let (res_tx, res_rx) = mpsc::channel();
         let worker = std::thread::Builder::new()
             .name("dpw-batches".into())
             .spawn(move || {
-                for (s, frames) in req_rx {
-                    let r = if frames.is_empty() || resident.get(s).copied().unwrap_or(false) {
-                        Ok(None)
-                    } else {
-                        let sys = store.get(s).map_err(anyhow::Error::from);
-                        sys.and_then(|sys| assemble_frames(&spec, &sys, &frames, "training"))
-                            .map(Some)
-                    };
+                for draw in req_rx {
+                    let r = assemble_draw(&spec, &store, &draw, &resident, "training");
                     if res_tx.send(r).is_err() {
                         break;
                     }
@@ -78,28 +71,24 @@ impl Prefetcher {
 
     fn request(&mut self) {
         let before = self.sampler.clone();
-        let (rank, size) = self.world;
-        let (s, frames) = self.sampler.next_batches(size);
-        let mine = frames[dist::rank_slice(frames.len(), self.batch_sizes[s], rank)].to_vec();
-        self.pending
-            .push_back((before, s, mine.clone(), frames.len()));
+        let (mine, nglobal) = self.sampler.draw(&self.batch_sizes, self.world);
+        self.pending.push_back((before, mine.clone(), nglobal));
         if let Some(tx) = &self.req {
-            let _ = tx.send((s, mine));
+            let _ = tx.send(mine);
         }
     }
 }
 
 impl Batches for Prefetcher {
     fn next(&mut self) -> Result<StepBatch> {
-        let (_, sys, frames, nglobal) = self.pending.pop_front().expect("always one pending");
+        let (_, draw, nglobal) = self.pending.pop_front().expect("always one pending");
         let batch = self
             .res
             .recv()
             .map_err(|_| anyhow!("the batch thread stopped"))??;
         self.request();
         Ok(StepBatch {
-            sys,
-            frames,
+            draw,
             batch,
             nglobal,
         })

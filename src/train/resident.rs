@@ -20,6 +20,7 @@ use crate::mem::{try_with_capacity, OutOfMemory};
 use crate::model::ModelSpec;
 
 use super::batch::{assemble_frames, centre_atoms};
+use super::dataset::DataSet;
 use super::step::Workspace;
 
 /// Frames assembled at a time while building: enough for every thread, few enough that the
@@ -27,7 +28,11 @@ use super::step::Workspace;
 const CHUNK: usize = 64;
 
 /// The budget in bytes: `DPW_RESIDENT_MB` if set, else the backend's default.
-pub fn budget<T: Real, B: Backend<T>>(b: &B) -> Result<usize> {
+pub fn budget<T: Real, B: Backend<T>>(b: &B, data: &DataSet) -> Result<usize> {
+    if data.mixed.is_some() {
+        // A "mixed:N" batch takes frames of several systems: it is assembled on the host.
+        return Ok(0);
+    }
     Ok(crate::settings::RESIDENT_MB
         .bytes()?
         .unwrap_or_else(|| b.resident_budget()))

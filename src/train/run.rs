@@ -18,11 +18,11 @@ use anyhow::{bail, Result};
 
 use crate::backend::{AdamTail, Backend, Real};
 use crate::config::{Config, OptimizerConfig};
-use crate::data::{Sampler, SystemInfo, SystemStore};
+use crate::data::{Draw, Sampler, SystemInfo, SystemStore};
 use crate::fitting::head::HeadInputs;
 use crate::model::{Model, ModelSpec};
 
-use super::batch::{assemble_frames, HostBatch};
+use super::batch::{assemble_draw, HostBatch};
 use super::dataset::DataSet;
 use super::lcurve::{self, Metrics};
 use super::loss::Loss;
@@ -34,12 +34,11 @@ use super::steplog::{check_grad_norm, LoggedStep, StepInfo, StepLog};
 use super::validation::{self, Average, Predicted, VALID_STREAM};
 use super::workspaces::{adam_step, batch_gradient, predict_batch, resident_gradient, Cache};
 
-/// A rank's part of one step: the system, the rank's frames (none at the end of an epoch when
-/// the global batch is short), assembled unless the system is resident on the device, and the
-/// number of frames in the global batch.
+/// A rank's part of one step: its frames (none at the end of an epoch when the global batch is
+/// short), assembled unless their system is resident on the device, and the number of frames
+/// in the global batch.
 pub struct StepBatch {
-    pub sys: usize,
-    pub frames: Vec<usize>,
+    pub draw: Draw,
     pub batch: Option<HostBatch>,
     pub nglobal: usize,
 }
@@ -57,6 +56,7 @@ pub struct InPlace {
     store: Arc<SystemStore>,
     spec: ModelSpec,
     sampler: Sampler,
+    batch_sizes: Vec<usize>,
     /// Per system: whether its frames are on the device (not assembled here).
     resident: Vec<bool>,
 }
@@ -67,6 +67,7 @@ impl InPlace {
             store: Arc::clone(&data.store),
             spec,
             sampler,
+            batch_sizes: data.batch_sizes.clone(),
             resident,
         }
     }
@@ -74,18 +75,12 @@ impl InPlace {
 
 impl Batches for InPlace {
     fn next(&mut self) -> Result<StepBatch> {
-        let (sys, frames) = self.sampler.next_batches(1);
-        let batch = if self.resident.get(sys).copied().unwrap_or(false) {
-            None
-        } else {
-            let sys = &*self.store.get(sys)?;
-            Some(assemble_frames(&self.spec, sys, &frames, "training")?)
-        };
+        let (draw, nglobal) = self.sampler.draw(&self.batch_sizes, (0, 1));
+        let batch = assemble_draw(&self.spec, &self.store, &draw, &self.resident, "training")?;
         Ok(StepBatch {
-            sys,
-            nglobal: frames.len(),
-            frames,
+            draw,
             batch,
+            nglobal,
         })
     }
 
@@ -289,7 +284,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         let tc = &setup.config.training;
         let spec = setup.model.spec.clone();
         let data = &setup.train;
-        let budget = resident::budget(b)?;
+        let budget = resident::budget(b, data)?;
         let resident = Resident::new(
             b,
             &spec,
@@ -393,17 +388,13 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         d: &mut impl Driver<T, B>,
         pref_lr: f64,
     ) -> Result<Metrics> {
-        let StepBatch {
-            sys, frames, batch, ..
-        } = self.batches.next()?;
+        let StepBatch { draw, batch, .. } = self.batches.next()?;
         let batch = match batch {
             Some(batch) => batch,
-            None if frames.is_empty() => return Ok(self.loss.zero_metrics().scaled(f64::NAN)),
-            None => bail!(
-                "internal: a multi-task head's batches are assembled on the host (system {}, \
-                 frames {frames:?})",
-                self.systems[sys].path.display()
-            ),
+            None if draw.is_empty() => return Ok(self.loss.zero_metrics().scaled(f64::NAN)),
+            None => {
+                bail!("internal: a multi-task head's batches are assembled on the host ({draw:?})")
+            }
         };
         let mut avg = Average::new(&self.loss);
         self.add_batch(b, d, &batch, pref_lr, &mut avg).await?;
@@ -425,20 +416,26 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         let lr = self.schedule.value(step) * self.lr_scale;
         let pref_lr = self.schedule.pref_lr(step);
         let StepBatch {
-            sys: s,
-            frames,
+            draw,
             batch,
             nglobal,
         } = self.batches.next()?;
-        let sys = &self.systems[s];
-        let pf = self.loss.prefactors(pref_lr, sys.natoms, sys.has_virial);
-        let (sums, nf) = match (&batch, self.resident.system(s)) {
-            (_, Some(rs)) if !frames.is_empty() => {
+        // A mixed batch's atoms per frame are its largest frame's (DeePMD-kit's natoms_vec).
+        let (natoms, has_virial) = match (&batch, draw.system()) {
+            (Some(hb), _) => (hb.dims.natoms, hb.has_virial),
+            (None, Some(s)) => (self.systems[s].natoms, self.systems[s].has_virial),
+            // No frames of a mixed batch (never: each rank takes N of its N·size): nothing weighed.
+            (None, None) => (1, false),
+        };
+        let pf = self.loss.prefactors(pref_lr, natoms, has_virial);
+        let resident = draw.system().and_then(|s| self.resident.system(s));
+        let (sums, nf) = match (&batch, resident, &draw) {
+            (_, Some(rs), Draw::System(_, frames)) if !frames.is_empty() => {
                 let loss = self.loss.step_loss(&pf);
-                let w = resident_gradient(b, &mut self.dm, &mut self.cache, rs, &frames, loss)?;
+                let w = resident_gradient(b, &mut self.dm, &mut self.cache, rs, frames, loss)?;
                 (w.sums_mut(), frames.len())
             }
-            (Some(batch), _) => {
+            (Some(batch), ..) => {
                 let loss = self.loss.step_loss(&pf);
                 let w = batch_gradient(b, &mut self.dm, &mut self.cache, batch, loss)?;
                 (w.sums_mut(), batch.dims.nframes)
@@ -454,9 +451,9 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         d.all_reduce(b, &mut self.dm.grad, sums, nf as f64 / nglobal as f64);
         let info = StepInfo {
             step: step + 1,
-            sys: s,
+            sys: draw.system(),
             nframes: nglobal,
-            natoms: sys.natoms,
+            natoms,
             pf,
         };
         let (rows, norm_at) = self.log.record(b, sums, info);
@@ -537,10 +534,13 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         self.trn = self.loss.metrics(sums, info.nframes, info.natoms, &info.pf);
         if !self.loss.is_finite(sums, &self.trn) {
             bail!(
-                "the loss is {} at step {} (system {}); stopping{}",
+                "the loss is {} at step {} ({}); stopping{}",
                 sums[0],
                 info.step,
-                self.systems[info.sys].path.display(),
+                info.sys.map_or("a mixed batch".to_string(), |s| format!(
+                    "system {}",
+                    self.systems[s].path.display()
+                )),
                 self.last_ckpt.as_ref().map_or(String::new(), |p| format!(
                     "; the last checkpoint is {}",
                     p.display()
@@ -570,7 +570,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         let mut avg = Average::new(&self.loss);
         for _ in 0..nbatches {
             let v = self.valid.as_mut().expect("checked");
-            let (_, batch) = validation::next_batch(&self.spec, &v.data, &mut v.sampler)?;
+            let batch = validation::next_batch(&self.spec, &v.data, &mut v.sampler)?;
             self.add_batch(b, d, &batch, pref_lr, &mut avg).await?;
         }
         Ok(Some(avg.finish()))

@@ -19,7 +19,7 @@ use crate::model::{
     read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
 };
 
-use super::batch::{check_mixed_data, check_params};
+use super::batch::{check_mixed_batches, check_mixed_data, check_params};
 use super::checkpoint::Checkpoint;
 use super::dataset::{load_data_in, DataSet};
 use super::lr::LrSchedule;
@@ -331,7 +331,12 @@ pub fn prepare_in(
     let given = restart.as_ref().map(|c| &c.model).or(init.as_ref());
 
     let spec = resolve_spec(&mut cfg, given, &mut read)?;
-    for data in std::iter::once(&read.train).chain(&valid) {
+    for (data, key) in std::iter::once((&read.train, "training_data"))
+        .chain(valid.iter().map(|v| (v, "validation_data")))
+    {
+        if data.mixed.is_some() {
+            check_mixed_batches(&spec, &format!("training.{key}.batch_size"))?;
+        }
         for sys in &data.systems {
             check_mixed_data(&spec, &sys.path, sys.mixed)?;
             check_params(&spec, sys)?;

@@ -56,7 +56,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         let (ns, nc, na, nf) = (
             dims.nslots(),
             dims.ncentres(),
-            dims.nframes * dims.natoms,
+            dims.nbatch_atoms(),
             dims.nframes,
         );
         check_workspace(b, m, dims)?;

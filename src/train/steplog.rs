@@ -14,8 +14,8 @@ use super::loss::BatchPrefactors;
 pub struct StepInfo {
     /// 1-based step number, as lcurve.out and the messages print it.
     pub step: usize,
-    /// The training system the batch came from.
-    pub sys: usize,
+    /// The training system the batch came from (`None`: a `"mixed:N"` batch of several).
+    pub sys: Option<usize>,
     /// Frames in the global batch and atoms per frame.
     pub nframes: usize,
     pub natoms: usize,

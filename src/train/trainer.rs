@@ -54,6 +54,7 @@ pub(super) fn shape(d: &DataSet) -> DataShape {
         nframes: d.nframes(),
         batch_sizes: d.batch_sizes.clone(),
         probs: d.probs.clone(),
+        mixed: d.mixed,
     }
 }
 
@@ -225,7 +226,7 @@ pub fn train<T: Real, B: Backend<T>>(
             &systems,
             &train_data.batch_sizes,
             &train_data.store,
-            resident::budget(b)?,
+            resident::budget(b, &train_data)?,
         )?
     } else {
         Resident::none()

@@ -6,7 +6,7 @@ use anyhow::Result;
 use crate::data::Sampler;
 use crate::model::ModelSpec;
 
-use super::batch::HostBatch;
+use super::batch::{assemble_draw, HostBatch};
 use super::dataset::DataSet;
 use super::lcurve::Metrics;
 use super::loss::{host_sums, Loss};
@@ -17,15 +17,11 @@ use crate::stage::HostHead;
 /// Offset of the validation sampler's seed from the training one.
 pub const VALID_STREAM: u64 = 0x5641_4c49_4400;
 
-/// The next validation batch: its system and the assembled frames.
-pub fn next_batch(
-    spec: &ModelSpec,
-    data: &DataSet,
-    sampler: &mut Sampler,
-) -> Result<(usize, HostBatch)> {
-    let (s, frames) = sampler.next_batch();
-    let batch = data.assemble(spec, s, &frames, "validation")?;
-    Ok((s, batch))
+/// The next validation batch.
+pub fn next_batch(spec: &ModelSpec, data: &DataSet, sampler: &mut Sampler) -> Result<HostBatch> {
+    let (draw, _) = sampler.draw(&data.batch_sizes, (0, 1));
+    let batch = assemble_draw(spec, &data.store, &draw, &[], "validation")?;
+    Ok(batch.expect("a batch has frames"))
 }
 
 /// A validation batch's predictions (f64).

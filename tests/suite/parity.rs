@@ -725,3 +725,27 @@ where
     batch_step::<T, _>(gpu, "mixed compositions", &m, &batch, tol, &mut failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// [`batch_step`] on a `"mixed:N"` batch: water frames of 192, 384 and 192 atoms (the smaller
+/// ones padded with virtual atoms, which are no centre and no neighbour), with a water DPA-1
+/// model (tests/mixed_batches.rs has the cpu's against each frame alone).
+pub fn mixed_sizes<T: Real, B: Backend<T>>(gpu: &B, tol: f64)
+where
+    Cpu: Backend<T>,
+{
+    let m = dpw::model::read_deepmd_yaml(&crate::common::repo(
+        "tests/reference/dpa1/se_atten_l2_opts_water/model.yaml",
+    ))
+    .unwrap();
+    let load = |p: &str| dpw::data::load_system(&crate::common::repo(p), &m.spec.type_map).unwrap();
+    let (small, large) = (
+        load("examples/water/data_0"),
+        load("tests/data/water_virial"),
+    );
+    let picks = [(&small, 0), (&large, 1), (&small, 2)];
+    let batch = dpw::train::batch::assemble_mixed(&m.spec, &picks, "test").unwrap();
+    assert_eq!(batch.dims.natoms, 384);
+    let mut failures = Vec::new();
+    batch_step::<T, _>(gpu, "mixed sizes", &m, &batch, tol, &mut failures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

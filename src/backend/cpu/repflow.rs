@@ -1557,7 +1557,7 @@ impl<T: Real> RepflowIn<'_, T> {
         let nc = d.ncentres();
         let ns = d.nslots();
         let geo = self.geometry::<N>(d, rdot);
-        let mut atom_centre = vec![0usize; nc];
+        let mut atom_centre = vec![0usize; d.nbatch_atoms()];
         for (cc, &at) in self.centre_atom.iter().enumerate() {
             atom_centre[at as usize] = cc;
         }

@@ -86,7 +86,7 @@ impl<'a, O: TapeBlock, T: Real> Ctx<'a, O, T> {
     fn new(x: &'a TapeIn<'a, O, T>, d: &'a Dims) -> Self {
         let nc = d.ncentres();
         let ctype: Vec<usize> = (0..nc).map(|c| d.centre_type(c)).collect();
-        let mut atom_centre = vec![0; nc];
+        let mut atom_centre = vec![0; d.nbatch_atoms()];
         for (c, &at) in x.centre_atom.iter().enumerate() {
             atom_centre[at as usize] = c;
         }

@@ -535,7 +535,7 @@ impl Cuda {
     /// longest lists of the batch shape so that later blocks stay in place.
     fn owned_lists(&self, d: &Dims, owned: &Owned) -> (u64, u64) {
         let lists = [
-            (&owned.start, d.nframes * d.natoms + 1),
+            (&owned.start, d.nbatch_atoms() + 1),
             (&owned.slot, d.nslots()),
         ];
         let [start, slot] = lists.map(|(list, longest)| {
@@ -2116,12 +2116,7 @@ impl<T: CudaReal> TrainOps<T> for Generic<'_, Cuda> {
         // (entries, 2·prefactor, denominator, output) per label, as the CPU rounds them.
         let parts = [
             (d.nframes, num(0), n * nf, self.addr(&ce)),
-            (
-                3 * d.nframes * d.natoms,
-                num(1),
-                3.0 * n * nf,
-                self.ptr(fres),
-            ),
+            (3 * d.nbatch_atoms(), num(1), 3.0 * n * nf, self.ptr(fres)),
             (9 * d.nframes, num(2), 9.0 * n * nf, self.ptr(vres)),
         ];
         for (k, &(len, (num, num_at), den, out)) in parts.iter().enumerate() {

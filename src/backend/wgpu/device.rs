@@ -1076,7 +1076,7 @@ impl Wgpu {
         let i = match cache.iter().position(|(cd, _)| cd == d) {
             Some(i) => i,
             None => {
-                let natoms = d.nframes * d.natoms;
+                let natoms = d.nbatch_atoms();
                 let fl = ForceLists {
                     versions: (0, 0),
                     ptr: self.zeros_raw(4 * (natoms as u64 + 1)),

@@ -7,7 +7,7 @@ use crate::backend::Dims;
 /// and `−(slot + 1)` for the slots it owns, in the CPU's visiting order (cpu/scatter.rs), so
 /// that each atom's force is summed in the same order as there. Padded slots are left out.
 pub(super) fn force_csr(d: &Dims, owner: &[i32], centre_atom: &[i32]) -> (Vec<u32>, Vec<i32>) {
-    let natoms = d.nframes * d.natoms;
+    let natoms = d.nbatch_atoms();
     let mut visit = Vec::new();
     for ti in 0..d.ntypes {
         for c in d.centres(ti) {

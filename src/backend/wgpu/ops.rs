@@ -445,7 +445,7 @@ impl<T: GpuReal> EnvOps<T> for Generic<'_, Wgpu> {
             &k::SCATTER_GATHER_FORCE,
             &u,
             &[&ptr, &ent, &q.buf, &force.buf],
-            grid1(d.nframes * d.natoms),
+            grid1(d.nbatch_atoms()),
         );
         let wpart = self.scratch(
             &op,

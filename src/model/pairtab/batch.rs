@@ -65,7 +65,7 @@ impl ShortRangeBatch {
             weight: vec![0.0; nc],
             dweight: vec![0.0; 3 * ns],
             pair_e: vec![0.0; nc],
-            pair_force: vec![0.0; 3 * d.nframes * d.natoms],
+            pair_force: vec![0.0; 3 * d.nbatch_atoms()],
             pair_virial: vec![0.0; 9 * d.nframes],
         };
         let lists = match sr.mix {
