@@ -11,6 +11,7 @@ mod layout;
 pub mod pairtab;
 pub mod pt;
 pub mod registry;
+mod se;
 mod se_atten;
 pub mod se_e3_tebd;
 mod source;

@@ -5,8 +5,8 @@
 use super::yaml::DescriptorYaml;
 use super::DescriptorType;
 
-/// A registered descriptor: its kind, its names (DeePMD-kit's canonical `type` first) and,
-/// where it has a folder of its own, its `.yaml`.
+/// A registered descriptor: its kind, its names (DeePMD-kit's canonical `type` first) and its
+/// `.yaml` (its folder's; a hybrid's is a list of its parts').
 pub struct Registered {
     pub kind: DescriptorType,
     pub names: &'static [&'static str],
@@ -18,17 +18,17 @@ pub static DESCRIPTORS: &[Registered] = &[
     Registered {
         kind: DescriptorType::SeE2A,
         names: &["se_e2_a", "se_a"],
-        yaml: None,
+        yaml: Some(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE2R,
         names: &["se_e2_r", "se_r"],
-        yaml: None,
+        yaml: Some(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE3,
         names: &["se_e3", "se_at", "se_a_3be", "se_t"],
-        yaml: None,
+        yaml: Some(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeAtten,
@@ -83,7 +83,7 @@ impl DescriptorType {
         self.names()[0]
     }
 
-    /// Its `.yaml`, where its folder has one.
+    /// Its `.yaml`: every descriptor's but a hybrid's.
     pub(super) fn yaml(self) -> Option<&'static DescriptorYaml> {
         (DESCRIPTORS.iter())
             .find(|r| r.kind == self)

@@ -24,32 +24,31 @@ use crate::yaml_tree::{brief, ndarray, obj, At};
 use super::pairtab;
 use super::yaml_block::read_activation;
 use super::{
-    pair_types, registry, Activation, DescriptorLayout, DescriptorSpec, DescriptorType,
-    FittingSpec, Layer, Model, ModelSpec, Net, ParamLayout, Skip, TebdLayout,
+    registry, Activation, DescriptorLayout, DescriptorSpec, DescriptorType, FittingSpec, Layer,
+    Model, ModelSpec, Net, ParamLayout, Skip, TebdLayout,
 };
 
-/// The `.yaml` of a descriptor that has a folder of its own (DPA-1, DPA-2, DPA-3, se_e3_tebd),
-/// found by its kind in the registry ([`super::registry::Registered::yaml`]); the se_e2 family's
-/// and hybrid's are this file's.
+/// The `.yaml` of a descriptor, held in its folder and found by its kind in the registry
+/// ([`super::registry::Registered::yaml`]); a hybrid's is this file's, a list of its parts'.
 pub(super) struct DescriptorYaml {
     /// Its keys into a spec: the file's descriptor node, the kind its `type` names, the number
     /// of types.
     pub read_spec: fn(&At, DescriptorType, usize) -> Result<DescriptorSpec>,
-    /// Its tensors into the parameter vector.
-    pub read_params: fn(&At, &DescriptorSpec, &DescriptorLayout, &mut [f64]) -> Result<()>,
+    /// Its tensors into the parameter vector: its node, its spec, the model's layout and its
+    /// index among a hybrid's parts (0 alone).
+    pub read_params: fn(&At, &DescriptorSpec, &DescriptorLayout, usize, &mut [f64]) -> Result<()>,
     /// Its tree, and the `model_def_script` section that builds it, from the parameters and its
     /// davg/dstd rows.
     pub write: DescriptorTree,
 }
 
-/// [`DescriptorYaml::write`]: (spec, layout, parameters, davg/dstd rows, type map) → (file
-/// tree, model_def_script section).
+/// [`DescriptorYaml::write`]: (spec, layout, index among a hybrid's parts, parameters,
+/// davg/dstd rows, type map) → (file tree, model_def_script section).
 pub(super) type DescriptorTree =
-    fn(&DescriptorSpec, &DescriptorLayout, &[f64], [&[f64]; 2], &[String]) -> (Value, Value);
+    fn(&DescriptorSpec, &DescriptorLayout, usize, &[f64], [&[f64]; 2], &[String]) -> (Value, Value);
 
-/// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model with an `se_e2_a`, `se_e2_r`
-/// (`se_r`), `se_e3`, `hybrid`, `dpa1` (se_atten) or `se_atten_v2` descriptor and an `ener`
-/// fitting, without exclusions or frame/atom parameters.
+/// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model of a registered descriptor (or a
+/// hybrid of se-family ones) and fitting, alone or in a `linear_ener` model with a pair table.
 pub fn read_deepmd_yaml(path: &Path) -> Result<Model> {
     Ok(read_yaml_model(path)?.model)
 }
@@ -136,8 +135,6 @@ pub(super) const DESCRIPTOR_KEYS: &[&str] = &[
     "rcut_smth", "sel", "ntypes", "neuron", "resnet_dt", "trainable", "exclude_types",
     "env_protection", "set_davg_zero", "activation_function", "precision", "type_map", "seed",
 ];
-const SE_E2_A_KEYS: &[&str] = &["axis_neuron", "type_one_side", "spin"];
-const SE_R_KEYS: &[&str] = &["type_one_side", "spin"];
 const DESCRIPTOR_VARIABLES: &[&str] = &["davg", "dstd", "avg", "data_avg", "std", "data_std"];
 #[rustfmt::skip]
 const FITTING_VARIABLES: &[&str] = &[
@@ -283,21 +280,9 @@ fn standard_model(m: &At) -> Result<YamlModel> {
 
     let parts = spec.descriptor.parts();
     let dl = &layout.descriptor;
-    if let Some(y) = spec.descriptor.kind.yaml() {
-        (y.read_params)(&items[0], &spec.descriptor, dl, &mut params)?;
-    }
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
-        if part.is_mixed() {
-            break; // read above
-        }
-        let embed_ndim = if part.type_one_side { 1 } else { 2 };
-        let nets = &dl.embed[dl.parts[k].clone()];
-        read_nets(
-            &at.key("embeddings")?,
-            &file_nets(part, nt, nets),
-            embed_ndim,
-            &mut params,
-        )?;
+        let y = part.kind.yaml().expect("a part is not a hybrid");
+        (y.read_params)(at, part, dl, k, &mut params)?;
     }
     // One fitting net in a collection of ndim 0 for a mixed-type descriptor, else one per type.
     let fit_ndim = if spec.descriptor.is_mixed() { 0 } else { 1 };
@@ -474,56 +459,10 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
         .collect();
     d.expect("type", &names)?;
     let kind = DescriptorType::from_name(d.key("type")?.str()?).expect("a registered name");
-    if let Some(y) = kind.yaml() {
-        return (y.read_spec)(d, kind, nt);
-    }
-    d.version(1..=3, Some(1))?;
-    d.known(&[
-        DESCRIPTOR_KEYS,
-        match kind {
-            DescriptorType::SeE2A => SE_E2_A_KEYS,
-            DescriptorType::SeE2R => SE_R_KEYS,
-            _ => &[],
-        },
-    ])?;
-    d.expect("activation_function", &["tanh"])?;
-    d.expect_off("exclude_types")?;
-    d.expect_off("spin")?;
-    if let Some(env) = d.opt("env_mat") {
-        env.expect_off("use_exp_switch")?;
-    }
-    let descriptor = DescriptorSpec {
-        kind,
-        rcut: d.key("rcut")?.f64()?,
-        rcut_smth: d.key("rcut_smth")?.f64()?,
-        sel: d.key("sel")?.usizes()?,
-        neuron: d.key("neuron")?.usizes()?,
-        axis_neuron: match kind {
-            DescriptorType::SeE2A => d.key("axis_neuron")?.usize()?,
-            _ => 1,
-        },
-        resnet_dt: d.key("resnet_dt")?.bool()?,
-        type_one_side: match kind {
-            DescriptorType::SeE3 => false,
-            _ => d.key("type_one_side")?.bool()?,
-        },
-        // Older files may lack these two; DeePMD's defaults apply.
-        env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
-        set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
-        list: vec![],
-        attention: None,
-        dpa3: None,
-        dpa2: None,
-        se_e3_tebd: None,
-    };
-    ensure!(
-        descriptor.sel.len() == nt,
-        "{}.sel: {} entries for {nt} types",
-        d.path,
-        descriptor.sel.len()
-    );
-    ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
-    Ok(descriptor)
+    let y = kind
+        .yaml()
+        .expect("every descriptor but hybrid has its .yaml");
+    (y.read_spec)(d, kind, nt)
 }
 
 /// A mixed-type block's one embedding net (`embeddings`) and, with tebd_input_mode strip, its
@@ -623,23 +562,7 @@ fn read_stats(d: &At, nt: usize, nnei: usize, ncol: usize) -> Result<[Vec<f64>; 
     Ok(stats)
 }
 
-/// The nets of a `NetworkCollection` in its order, `None` where DeePMD-kit keeps a net dpw has
-/// no use for: se_e3's collection has one per pair (ti, tj) at flat index ti + tj·nt, those with
-/// ti > tj all zeros and never used.
-fn file_nets<'a>(d: &DescriptorSpec, nt: usize, embed: &'a [Net]) -> Vec<Option<&'a Net>> {
-    if d.kind != DescriptorType::SeE3 {
-        return some(embed);
-    }
-    let types = pair_types(nt);
-    (0..nt * nt)
-        .map(|k| {
-            let pair = (k % nt, k / nt);
-            types.iter().position(|&p| p == pair).map(|p| &embed[p])
-        })
-        .collect()
-}
-
-fn some(nets: &[Net]) -> Vec<Option<&Net>> {
+pub(super) fn some(nets: &[Net]) -> Vec<Option<&Net>> {
     nets.iter().map(Some).collect()
 }
 
@@ -648,7 +571,12 @@ fn some(nets: &[Net]) -> Vec<Option<&Net>> {
 /// embedding with type_one_side) and 2 for one per type pair, stored at flat index ti + tj*nt,
 /// which is how the layout orders them; 0 for one net of a mixed-type descriptor. A hidden
 /// layer's activation is the layout's (the fitting's, DPA-2's repinit's, else tanh).
-fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) -> Result<()> {
+pub(super) fn read_nets(
+    coll: &At,
+    nets: &[Option<&Net>],
+    want: usize,
+    params: &mut [f64],
+) -> Result<()> {
     coll.expect("@class", &["NetworkCollection"])?;
     coll.version(1..=1, Some(1))?;
     coll.known(&[COLLECTION_KEYS])?;
@@ -719,18 +647,19 @@ fn read_nets(coll: &At, nets: &[Option<&Net>], want: usize, params: &mut [f64]) 
 
 /// One `NetworkCollection` as DeePMD serializes it: embedding nets (`ndim` 1 or 2) or the
 /// fitting nets (`ndim` 1; hidden layers, then a linear output layer).
-struct Nets<'a> {
-    /// `None`: a net DeePMD-kit keeps and dpw has not ([`file_nets`]), written as zeros.
-    nets: Vec<Option<&'a Net>>,
-    ndim: usize,
-    fitting: bool,
-    neuron: &'a [usize],
-    resnet_dt: bool,
+pub(super) struct Nets<'a> {
+    /// `None`: a net DeePMD-kit keeps and dpw has not (se_e3's, `se::yaml::file_nets`),
+    /// written as zeros.
+    pub nets: Vec<Option<&'a Net>>,
+    pub ndim: usize,
+    pub fitting: bool,
+    pub neuron: &'a [usize],
+    pub resnet_dt: bool,
     /// The hidden layers' activation (the fitting's, DPA-2's repinit's, else tanh).
-    activation: &'a str,
+    pub activation: &'a str,
 }
 
-fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
+pub(super) fn nets_tree(n: Nets, p: &[f64], nt: usize) -> Value {
     let layer = |(i, l): (usize, &Layer), net: &Net, p: &[f64]| {
         // Every layer is hidden but a fitting net's last, its linear output.
         let hidden = !(n.fitting && i + 1 == net.layers.len());
@@ -811,15 +740,11 @@ fn model_to_tree(model: &Model) -> Value {
     let mut stat_at = 0;
     let mut trees: Vec<(Value, Value)> = (d.parts().iter().enumerate())
         .map(|(k, part)| {
-            let dl = &layout.descriptor;
-            let nets = &dl.embed[dl.parts[k].clone()];
             let rows = stat_at..stat_at + 4 * nt * part.stat_blocks();
             stat_at = rows.end;
             let stats = [&model.davg[rows.clone()], &model.dstd[rows]];
-            match part.kind.yaml() {
-                Some(y) => (y.write)(part, dl, p, stats, type_map),
-                None => descriptor_tree(part, nets, p, stats, type_map),
-            }
+            let y = part.kind.yaml().expect("a part is not a hybrid");
+            (y.write)(part, &layout.descriptor, k, p, stats, type_map)
         })
         .collect();
     let (descriptor, def_descriptor) = if d.kind == DescriptorType::Hybrid {
@@ -937,72 +862,6 @@ fn type0_rows(a: &[f64], nt: usize) -> Vec<f64> {
     a[..k].repeat(nt)
 }
 
-/// One descriptor (not a hybrid) as DeePMD-kit serialises it, and as the `model_def_script`
-/// that builds it: its nets `embed`, its davg/dstd rows `[nt][4]`.
-fn descriptor_tree(
-    d: &DescriptorSpec,
-    embed: &[Net],
-    p: &[f64],
-    stats: [&[f64]; 2],
-    type_map: &[String],
-) -> (Value, Value) {
-    let (nt, nnei) = (type_map.len(), d.nnei());
-    let none: &[usize] = &[];
-    let embeddings = Nets {
-        nets: file_nets(d, nt, embed),
-        ndim: if d.type_one_side { 1 } else { 2 },
-        fitting: false,
-        neuron: &d.neuron,
-        resnet_dt: d.resnet_dt,
-        activation: "tanh",
-    };
-    let mut descriptor = obj! {
-        "@class" => "Descriptor", "@version" => 2,
-        "@variables" => stats_tree(stats, nt, nnei, env_columns(d.kind)),
-        "activation_function" => "tanh", "axis_neuron" => d.axis_neuron,
-        "embeddings" => nets_tree(embeddings, p, nt),
-        "env_mat" => obj! {
-            "protection" => d.env_protection, "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
-            "use_exp_switch" => false,
-        },
-        "env_protection" => d.env_protection, "exclude_types" => none, "neuron" => &d.neuron[..],
-        "precision" => "float64", "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
-        "resnet_dt" => d.resnet_dt, "sel" => &d.sel[..], "set_davg_zero" => d.set_davg_zero,
-        "spin" => Value::Null, "trainable" => true, "type" => "se_e2_a", "type_map" => type_map,
-        "type_one_side" => d.type_one_side,
-    };
-
-    let mut def = obj! {
-        "type" => "se_e2_a", "sel" => &d.sel[..], "rcut" => d.rcut, "rcut_smth" => d.rcut_smth,
-        "neuron" => &d.neuron[..], "axis_neuron" => d.axis_neuron, "resnet_dt" => d.resnet_dt,
-        "type_one_side" => d.type_one_side, "env_protection" => d.env_protection,
-        "set_davg_zero" => d.set_davg_zero, "exclude_types" => none,
-        "activation_function" => "tanh", "precision" => "float64",
-    };
-    if d.kind == DescriptorType::SeE2R {
-        // DeePMD-kit serialises se_e2_r as "se_r", without axis_neuron.
-        let retype = |v: &mut Value, name: &str| {
-            let m = v.as_mapping_mut().expect("built by obj!");
-            m.remove("axis_neuron");
-            m.insert("type".into(), name.into());
-        };
-        retype(&mut descriptor, "se_r");
-        retype(&mut def, "se_e2_r");
-    }
-    if d.kind == DescriptorType::SeE3 {
-        // DeePMD-kit serialises se_e3 as "se_e3", without axis_neuron, type_one_side and spin.
-        for v in [&mut descriptor, &mut def] {
-            let m = v.as_mapping_mut().expect("built by obj!");
-            for key in ["axis_neuron", "type_one_side", "spin"] {
-                m.remove(key);
-            }
-            m.insert("type".into(), "se_e3".into());
-        }
-    }
-
-    (descriptor, def)
-}
-
 /// The type embedding as DeePMD-kit serialises it (`TypeEmbedNet`: one linear layer over the
 /// one-hot rows, with its width-decided skip).
 pub(super) fn tebd_tree(t: &TebdLayout, bias: bool, p: &[f64], type_map: &[String]) -> Value {
@@ -1048,7 +907,7 @@ pub(super) fn stats_tree(stats: [&[f64]; 2], nt: usize, nnei: usize, ncol: usize
 }
 
 /// How many columns of the environment rows a descriptor's davg/dstd cover in DeePMD-kit's files.
-fn env_columns(kind: DescriptorType) -> usize {
+pub(super) fn env_columns(kind: DescriptorType) -> usize {
     match kind {
         DescriptorType::SeE2A
         | DescriptorType::SeE3

@@ -309,6 +309,7 @@ pub(in crate::model) fn read_params(
     d: &At,
     spec: &DescriptorSpec,
     dl: &DescriptorLayout,
+    _: usize,
     params: &mut [f64],
 ) -> Result<()> {
     let l = dl.dpa2.as_ref().expect("a DPA-2 layout");
@@ -454,6 +455,7 @@ fn repformer_layer_tree(ll: &RepformerLayerLayout, c: &Dpa2Config, nt: usize, p:
 pub(in crate::model) fn write(
     d: &DescriptorSpec,
     dl: &DescriptorLayout,
+    _: usize,
     p: &[f64],
     stats: [&[f64]; 2],
     type_map: &[String],

@@ -140,6 +140,7 @@ pub(in crate::model) fn read_params(
     d: &At,
     spec: &DescriptorSpec,
     dl: &DescriptorLayout,
+    _: usize,
     params: &mut [f64],
 ) -> Result<()> {
     let l = dl.dpa3.as_ref().expect("a DPA-3 layout");
@@ -247,6 +248,7 @@ fn repflow_args(d: &DescriptorSpec, c: &Dpa3Config) -> Value {
 pub(in crate::model) fn write(
     d: &DescriptorSpec,
     dl: &DescriptorLayout,
+    _: usize,
     p: &[f64],
     stats: [&[f64]; 2],
     type_map: &[String],

@@ -120,6 +120,7 @@ pub(crate) fn read_params(
     d: &At,
     spec: &DescriptorSpec,
     dl: &DescriptorLayout,
+    _: usize,
     params: &mut [f64],
 ) -> Result<()> {
     let (a, embed) = (dl.attn.as_ref().expect("a DPA-1 layout"), &dl.embed[0]);
@@ -181,6 +182,7 @@ pub(crate) fn read_params(
 pub(crate) fn write(
     d: &DescriptorSpec,
     dl: &DescriptorLayout,
+    _: usize,
     p: &[f64],
     stats: [&[f64]; 2],
     type_map: &[String],

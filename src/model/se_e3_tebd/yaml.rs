@@ -84,6 +84,7 @@ pub(in crate::model) fn read_params(
     d: &At,
     _: &DescriptorSpec,
     dl: &DescriptorLayout,
+    _: usize,
     params: &mut [f64],
 ) -> Result<()> {
     let l = dl.se_e3_tebd.as_ref().expect("an se_e3_tebd layout");
@@ -96,6 +97,7 @@ pub(in crate::model) fn read_params(
 pub(in crate::model) fn write(
     d: &DescriptorSpec,
     dl: &DescriptorLayout,
+    _: usize,
     p: &[f64],
     stats: [&[f64]; 2],
     type_map: &[String],
