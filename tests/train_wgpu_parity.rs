@@ -159,6 +159,35 @@ fn dpa1_lcurve_of_12_steps_matches_cpu() {
     lcurves_match("dpa1_lcurve_of_12_steps_matches_cpu", &input, 4);
 }
 
+/// `"mixed:3"` batches of DeePMD-kit's nopbc molecules (7, 8 and 10 atoms, three systems):
+/// frames padded with virtual atoms, and more batch shapes than the plans kept, so plans are
+/// dropped and the backend forgets their shapes ([`dpw::backend::Device::forget_shape`]) and
+/// makes them again when a shape comes back.
+#[test]
+fn mixed_batches_lcurve_of_12_steps_matches_cpu() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nopbc");
+    let input = serde_json::json!({
+        "model": {
+            "type_map": ["C", "H", "O"],
+            "descriptor": {"type": "se_atten", "sel": 12, "rcut": 4.0, "rcut_smth": 0.5,
+                           "neuron": [4, 8], "axis_neuron": 4, "attn": 8, "attn_layer": 1,
+                           "seed": 1},
+            "fitting_net": {"neuron": [8, 8], "resnet_dt": true, "seed": 1},
+            "data_stat_nbatch": 2
+        },
+        "learning_rate": {"type": "exp", "start_lr": 0.002, "stop_lr": 1e-5, "decay_steps": 4},
+        "loss": {"type": "ener", "start_pref_e": 0.02, "limit_pref_e": 1, "start_pref_f": 1000,
+                 "limit_pref_f": 1},
+        "training": {
+            "training_data": {"systems": [data], "batch_size": "mixed:3"},
+            "validation_data": {"systems": [data], "batch_size": "mixed:2", "numb_btch": 2},
+            "numb_steps": 12, "seed": 3, "disp_freq": 4, "save_freq": 12
+        }
+    });
+    // Steps 1, 4, 8, 12.
+    lcurves_match("mixed_batches_lcurve_of_12_steps_matches_cpu", &input, 4);
+}
+
 /// Frame and atomic parameters (DeePMD-kit's fparam example data, four frames of each of its
 /// two systems): the fitting's input is joined on the device by copies and gathers.
 #[test]

@@ -263,6 +263,10 @@ pub trait Device<T: Real>: Sync {
     /// an owner table (the force gather lists) derives them for every frame now, so that a
     /// batch of one of those frames, gathered by [`Device::gather_idx`], costs no upload.
     fn prepare_frames(&self, _d: &Dims, _owner: &Self::Idx, _centre_atom: &Self::Idx) {}
+    /// The plan (`train::step::Workspace`) of batch shape `d` was dropped: what a backend
+    /// keeps for a shape, or for its buffers, may go (without this, a run meeting many shapes
+    /// — many compositions, `"mixed:N"` batches — would keep every dropped plan's buffers alive).
+    fn forget_shape(&self, _d: &Dims) {}
     /// Bytes of training frames the trainer may keep on this device for the whole run
     /// (`train::resident`), unless `DPW_RESIDENT_MB` says otherwise.
     fn resident_budget(&self) -> usize {

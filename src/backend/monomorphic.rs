@@ -95,6 +95,9 @@ macro_rules! monomorphic_backend {
                 fn prepare_frames(&self, d: &Dims, owner: &Self::Idx, centre_atom: &Self::Idx) {
                     Device::<T>::prepare_frames(&Generic(self), d, owner, centre_atom)
                 }
+                fn forget_shape(&self, d: &Dims) {
+                    Device::<T>::forget_shape(&Generic(self), d)
+                }
                 fn resident_budget(&self) -> usize {
                     Device::<T>::resident_budget(&Generic(self))
                 }

@@ -444,6 +444,9 @@ impl<T: Real, B: Timeable<T>> Device<T> for Timed<B> {
     fn prepare_frames(&self, d: &Dims, owner: &Self::Idx, centre_atom: &Self::Idx) {
         self.inner.prepare_frames(d, owner, centre_atom)
     }
+    fn forget_shape(&self, d: &Dims) {
+        self.inner.forget_shape(d)
+    }
     fn replayable(&self, f: &mut dyn FnMut()) {
         // Not the inner backend's: a graph would hide the per-op times measured here.
         f()

@@ -41,7 +41,8 @@ pub fn workspace_for<'a, T: Real, B: Backend<T>>(
         Some(i) => cache.remove(i),
         None => {
             if cache.len() >= MAX_CACHED {
-                cache.remove(0);
+                let old = cache.remove(0);
+                b.forget_shape(&old.dims);
             }
             Workspace::new(b, dm, dims)?
         }

@@ -1049,6 +1049,19 @@ impl Wgpu {
         }
     }
 
+    /// A plan of batch shape `d` was dropped ([`crate::backend::Device::forget_shape`]): its
+    /// table and force lists go, and every bind group with them, since a bind group holds the
+    /// buffers it binds (a dropped plan's among them). The plans still in use make theirs again
+    /// on their next step.
+    pub(super) fn forget(&self, d: &Dims) {
+        self.bind_groups.lock().unwrap().clear();
+        self.dims
+            .lock()
+            .unwrap()
+            .remove(&gpu_layout::shape_table(d));
+        self.force_lists.lock().unwrap().retain(|(cd, _)| cd != d);
+    }
+
     /// The batch shape's table ([`gpu_layout::shape_table`]), uploaded once per shape.
     pub(super) fn dims_buf(&self, d: &Dims) -> wgpu::Buffer {
         let table = gpu_layout::shape_table(d);

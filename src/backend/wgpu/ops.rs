@@ -391,6 +391,10 @@ impl<T: GpuReal> Device<T> for Generic<'_, Wgpu> {
     fn prepare_frames(&self, d: &Dims, owner: &Idx, centre_atom: &Idx) {
         self.frame_lists(d, owner, centre_atom);
     }
+
+    fn forget_shape(&self, d: &Dims) {
+        self.forget(d);
+    }
 }
 
 impl<T: GpuReal> EnvOps<T> for Generic<'_, Wgpu> {
