@@ -1,4 +1,4 @@
-use dpw::data::{batch_sizes, nbatches, system_probs, BatchSize, Sampler};
+use dpw::data::{batch_sizes, nbatches, nbatches_whole, system_probs, BatchSize, Sampler};
 
 fn close(a: &[f64], b: &[f64]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12)
@@ -32,6 +32,16 @@ fn batch_size_rules() {
     assert_eq!("3".parse(), Ok(BatchSize::Fixed(3)));
     assert!("filter:100".parse::<BatchSize>().is_err());
     assert!("auto:x".parse::<BatchSize>().is_err());
+}
+
+/// TensorFlow's count of a system's batches (its `"mixed:N"` runs): whole ones, at least one.
+#[test]
+fn whole_batches_as_tensorflow_counts_them() {
+    assert_eq!(
+        nbatches_whole(&[15, 16, 3, 4], &[4, 4, 4, 4]),
+        vec![3, 4, 1, 1]
+    );
+    assert_eq!(nbatches(&[15, 16, 3, 4], &[4, 4, 4, 4]), vec![4, 4, 1, 1]);
 }
 
 #[test]

@@ -257,6 +257,25 @@ fn training_on_mixed_batches_restarts_where_it_stopped() {
     );
 }
 
+/// A system's batches are counted as DeePMD-kit's TensorFlow backend counts them, whole ones (at
+/// least one), for the system probabilities: 15 frames in batches of 4 are 3, as the summary
+/// of the data shows.
+#[test]
+fn mixed_batches_count_whole_batches_as_tensorflow() {
+    let dir = TempDir::new().unwrap();
+    let (ok, log) = common::dpw_train(dir.path(), &nopbc_input(se_atten(), "mixed:4", 1));
+    assert!(ok, "{log}");
+    let rows: Vec<Vec<&str>> = (log.lines())
+        .filter(|l| l.contains("tests/data/nopbc/C"))
+        .map(|l| l.split_whitespace().rev().take(6).collect())
+        .collect();
+    // Training and validation: three systems each; (pbc, prob, n_bch, bch_sz, frames, natoms).
+    assert_eq!(rows.len(), 6, "{log}");
+    for r in rows {
+        assert_eq!(r[..5], ["F", "0.333", "3", "4", "15"], "{log}");
+    }
+}
+
 /// "mixed:N" asks for a mixed-type descriptor, as DeePMD-kit's TensorFlow backend does, and for
 /// its N.
 #[test]

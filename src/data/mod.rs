@@ -22,7 +22,7 @@ pub use error::DataError;
 pub use files::{Disk, Files, MemFiles};
 pub use hdf5::{is_hdf5_file, keep_open, Hdf5Writer, KeepOpen};
 pub use load::{load_system, load_system_in, load_system_with};
-pub use sampler::{batch_sizes, nbatches, system_probs, BatchSize, Draw, Sampler};
+pub use sampler::{batch_sizes, nbatches, nbatches_whole, system_probs, BatchSize, Draw, Sampler};
 pub use search::{find_systems, search_systems};
 pub use store::{cache_budget, SystemStore};
 pub use system::{

@@ -89,6 +89,14 @@ pub fn nbatches(nframes: &[usize], batch_sizes: &[usize]) -> Vec<usize> {
         .collect()
 }
 
+/// [`nbatches`] as DeePMD-kit's TensorFlow backend counts them (`DeepmdData.get_numb_batch`):
+/// whole batches only, at least one. Its `"mixed:N"` batches, which only it has, are counted so.
+pub fn nbatches_whole(nframes: &[usize], batch_sizes: &[usize]) -> Vec<usize> {
+    (nframes.iter().zip(batch_sizes))
+        .map(|(&nf, &bs)| (nf / bs).max(1))
+        .collect()
+}
+
 /// Probability of drawing each system, from `auto_prob` or, when given, `sys_probs`.
 /// The result may not sum exactly to one (as in DeePMD); [`Sampler`] normalizes it.
 pub fn system_probs(

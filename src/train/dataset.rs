@@ -13,8 +13,8 @@ use web_time::Instant;
 use crate::config::DataConfig;
 use crate::data::{
     cache_budget, check_frames, check_images, find_systems, in_hdf5_file, keep_open, nbatches,
-    read_system_in, system_probs, DataError, Disk, Files, Labels, Sampler, System, SystemInfo,
-    SystemStore,
+    nbatches_whole, read_system_in, system_probs, DataError, Disk, Files, Labels, Sampler, System,
+    SystemInfo, SystemStore,
 };
 
 pub struct DataSet {
@@ -25,7 +25,8 @@ pub struct DataSet {
     pub nbatches: Vec<usize>,
     pub probs: Vec<f64>,
     /// `batch_size: "mixed:N"`: each batch is N frames drawn one by one, each from a system of
-    /// its own (`batch_sizes` are then N, as DeePMD-kit counts batches and probabilities).
+    /// its own (`batch_sizes` are then N and `nbatches` whole batches, as DeePMD-kit's
+    /// TensorFlow backend counts them for the system probabilities).
     pub mixed: Option<usize>,
 }
 
@@ -303,7 +304,10 @@ pub(crate) fn load_data_visiting<D: Send>(
         bail!("{what} data: no system left after the batch_size filter");
     }
     let nf: Vec<usize> = systems.iter().map(|s| s.nframes).collect();
-    let nb = nbatches(&nf, &batch_sizes);
+    let nb = match cfg.batch_size.mixed() {
+        None => nbatches(&nf, &batch_sizes),
+        Some(_) => nbatches_whole(&nf, &batch_sizes),
+    };
     let sys_probs = cfg.sys_probs.as_ref().map(|_| kept_probs.as_slice());
     let probs = system_probs(&cfg.auto_prob.to_string(), sys_probs, &nb)
         .map_err(|e| anyhow::anyhow!("{what} data: {e}"))?;
