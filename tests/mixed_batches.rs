@@ -139,7 +139,7 @@ fn a_mixed_stream_draws_n_frames_each_from_its_own_pass() {
     assert_eq!(s.mixed_size(), Some(4));
     let mut seen = vec![Vec::new(); 3];
     for _ in 0..60 {
-        let (draw, nglobal) = s.draw(&[4, 4, 4], (0, 1));
+        let (draw, nglobal) = s.draw((0, 1));
         let Draw::Mixed(picks) = draw else {
             panic!("a mixed stream gave {draw:?}")
         };
@@ -167,9 +167,9 @@ fn a_mixed_stream_draws_n_frames_each_from_its_own_pass() {
     );
     // Two ranks: the same global draw, each its half.
     let mut one = Sampler::mixed(&nframes, 2, vec![1.0; 3], 3);
-    let (all, _) = one.draw(&[2; 3], (0, 2));
+    let (all, _) = one.draw((0, 2));
     let mut two = Sampler::mixed(&nframes, 2, vec![1.0; 3], 3);
-    let (other, n) = two.draw(&[2; 3], (1, 2));
+    let (other, n) = two.draw((1, 2));
     let (Draw::Mixed(a), Draw::Mixed(b)) = (all, other) else {
         panic!("mixed draws")
     };

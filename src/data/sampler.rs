@@ -339,15 +339,15 @@ impl Sampler {
     }
 
     /// Rank `rank`'s part of the next global batch of `size` ranks (each rank's share of a
-    /// batch: `batch_sizes[s]` frames of system s, or N of a `"mixed:N"` stream), and the
-    /// frames in the global batch. A mixed part is sorted by system, then frame, so that few
-    /// batch shapes recur.
-    pub fn draw(&mut self, batch_sizes: &[usize], (rank, size): (usize, usize)) -> (Draw, usize) {
+    /// batch: system s's batch size, or N of a `"mixed:N"` stream), and the frames in the
+    /// global batch. A mixed part is sorted by system, then frame, so that few batch shapes
+    /// recur.
+    pub fn draw(&mut self, (rank, size): (usize, usize)) -> (Draw, usize) {
         let part = |n, b| crate::dist::rank_slice(n, b, rank);
         match self.mixed {
             None => {
                 let (s, frames) = self.next_batches(size);
-                let mine = frames[part(frames.len(), batch_sizes[s])].to_vec();
+                let mine = frames[part(frames.len(), self.systems[s].batch_size)].to_vec();
                 (Draw::System(s, mine), frames.len())
             }
             Some(n) => {

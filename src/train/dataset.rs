@@ -304,7 +304,8 @@ pub(crate) fn load_data_visiting<D: Send>(
         bail!("{what} data: no system left after the batch_size filter");
     }
     let nf: Vec<usize> = systems.iter().map(|s| s.nframes).collect();
-    let nb = match cfg.batch_size.mixed() {
+    let mixed = cfg.batch_size.mixed();
+    let nb = match mixed {
         None => nbatches(&nf, &batch_sizes),
         Some(_) => nbatches_whole(&nf, &batch_sizes),
     };
@@ -347,6 +348,6 @@ pub(crate) fn load_data_visiting<D: Send>(
         batch_sizes,
         nbatches: nb,
         probs,
-        mixed: cfg.batch_size.mixed(),
+        mixed,
     })
 }

@@ -28,7 +28,6 @@ pub struct Prefetcher {
     worker: Option<JoinHandle<()>>,
     /// (rank, size) of the data-parallel world.
     world: (usize, usize),
-    batch_sizes: Vec<usize>,
 }
 
 impl Prefetcher {
@@ -37,7 +36,6 @@ impl Prefetcher {
         spec: ModelSpec,
         sampler: Sampler,
         depth: usize,
-        batch_sizes: Vec<usize>,
         world: (usize, usize),
         resident: Vec<bool>,
     ) -> Self {
@@ -61,7 +59,6 @@ impl Prefetcher {
             res: res_rx,
             worker: Some(worker),
             world,
-            batch_sizes,
         };
         for _ in 0..depth.max(1) {
             p.request();
@@ -71,7 +68,7 @@ impl Prefetcher {
 
     fn request(&mut self) {
         let before = self.sampler.clone();
-        let (mine, nglobal) = self.sampler.draw(&self.batch_sizes, self.world);
+        let (mine, nglobal) = self.sampler.draw(self.world);
         self.pending.push_back((before, mine.clone(), nglobal));
         if let Some(tx) = &self.req {
             let _ = tx.send(mine);

@@ -56,7 +56,6 @@ pub struct InPlace {
     store: Arc<SystemStore>,
     spec: ModelSpec,
     sampler: Sampler,
-    batch_sizes: Vec<usize>,
     /// Per system: whether its frames are on the device (not assembled here).
     resident: Vec<bool>,
 }
@@ -67,7 +66,6 @@ impl InPlace {
             store: Arc::clone(&data.store),
             spec,
             sampler,
-            batch_sizes: data.batch_sizes.clone(),
             resident,
         }
     }
@@ -75,7 +73,7 @@ impl InPlace {
 
 impl Batches for InPlace {
     fn next(&mut self) -> Result<StepBatch> {
-        let (draw, nglobal) = self.sampler.draw(&self.batch_sizes, (0, 1));
+        let (draw, nglobal) = self.sampler.draw((0, 1));
         let batch = assemble_draw(&self.spec, &self.store, &draw, &self.resident, "training")?;
         Ok(StepBatch {
             draw,

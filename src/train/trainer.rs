@@ -236,7 +236,6 @@ pub fn train<T: Real, B: Backend<T>>(
         spec.clone(),
         streams.train,
         1,
-        train_data.batch_sizes.clone(),
         (world.rank(), world.size()),
         resident.held(),
     );

@@ -19,7 +19,7 @@ pub const VALID_STREAM: u64 = 0x5641_4c49_4400;
 
 /// The next validation batch.
 pub fn next_batch(spec: &ModelSpec, data: &DataSet, sampler: &mut Sampler) -> Result<HostBatch> {
-    let (draw, _) = sampler.draw(&data.batch_sizes, (0, 1));
+    let (draw, _) = sampler.draw((0, 1));
     let batch = assemble_draw(spec, &data.store, &draw, &[], "validation")?;
     Ok(batch.expect("a batch has frames"))
 }

@@ -145,7 +145,6 @@ pub fn train<T: Real, B: Backend<T>>(
             s.model.spec.clone(),
             streams.train,
             1,
-            s.train.batch_sizes.clone(),
             (world.rank(), world.size()),
             Vec::new(),
         );
