@@ -29,7 +29,7 @@ pub type Fun<T> = Arc<dyn Fn(T) -> (T, T, T) + Send + Sync>;
 /// An index of [`Tape::gather`] that reads 0.
 pub const NONE: u32 = u32::MAX;
 
-enum Op<T> {
+enum Op<T, N> {
     Leaf,
     /// params[at..at + len] as a tensor.
     Param(usize),
@@ -49,7 +49,9 @@ enum Op<T> {
         ta: bool,
         tb: bool,
     },
-    Map(V, Fun<T>),
+    /// f of each entry of x, with each entry's slope f'(x) (as a number: on duals its tangent
+    /// is f''·ẋ) kept from the forward for the backward, so f is evaluated once per pass.
+    Map(V, Vec<N>),
     /// a ∘ b with b broadcast over rows and/or columns where its extent is 1.
     Add(V, V),
     Sub(V, V),
@@ -71,7 +73,7 @@ struct Node<T, N> {
     val: Vec<N>,
     rows: usize,
     cols: usize,
-    op: Op<T>,
+    op: Op<T, N>,
 }
 
 pub struct Tape<'p, T: Real, N: Num<T>> {
@@ -98,7 +100,7 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         }
     }
 
-    fn push(&mut self, val: Vec<N>, rows: usize, cols: usize, op: Op<T>) -> V {
+    fn push(&mut self, val: Vec<N>, rows: usize, cols: usize, op: Op<T, N>) -> V {
         debug_assert_eq!(val.len(), rows * cols);
         self.nodes.push(Node {
             val,
@@ -204,18 +206,16 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
     /// f of each entry.
     pub fn map(&mut self, x: V, f: Fun<T>) -> V {
         let (rows, cols) = self.shape(x);
-        let y: Vec<N> = (self.val(x).par_iter())
+        let (y, slope): (Vec<N>, Vec<N>) = (self.val(x).par_iter())
             .map(|&v| {
-                v.apply(|r| {
-                    let (y, dy, _) = f(r);
-                    (y, dy)
-                })
+                let (y, dy, ddy) = f(v.re());
+                (v.apply(|_| (y, dy)), v.apply(|_| (dy, ddy)))
             })
-            .collect();
-        self.push(y, rows, cols, Op::Map(x, f))
+            .unzip();
+        self.push(y, rows, cols, Op::Map(x, slope))
     }
 
-    fn binary(&mut self, a: V, b: V, f: impl Fn(N, N) -> N + Sync, op: Op<T>) -> V {
+    fn binary(&mut self, a: V, b: V, f: impl Fn(N, N) -> N + Sync, op: Op<T, N>) -> V {
         let (rows, cols) = self.shape(a);
         let (br, bc) = self.shape(b);
         assert!(
@@ -469,18 +469,11 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                             });
                     });
                 }
-                Op::Map(x, f) => {
-                    let xv = &self.nodes[x.0].val;
+                Op::Map(x, slope) => {
                     acc(&mut adj, *x, &self.nodes, |xbar| {
                         xbar.par_iter_mut()
-                            .zip(xv.par_iter().zip(ybar.par_iter()))
-                            .for_each(|(o, (&xv, &yb))| {
-                                let slope = xv.apply(|r| {
-                                    let (_, dy, ddy) = f(r);
-                                    (dy, ddy)
-                                });
-                                *o += yb * slope;
-                            });
+                            .zip(slope.par_iter().zip(ybar.par_iter()))
+                            .for_each(|(o, (&slope, &yb))| *o += yb * slope);
                     });
                 }
                 &Op::Add(a, b) | &Op::Sub(a, b) => {
