@@ -316,16 +316,16 @@ impl MultiTaskConfig {
 /// se_e3_tebd do (its other descriptors raise NotImplementedError).
 fn type_embedding_shared(first: &TaskConfig, key: &str) -> Result<()> {
     let kind = first.config.model.descriptor.kind;
-    if kind.is_attention() || kind.reads_rij() {
+    if kind.is_mixed() {
         return Ok(());
     }
     Err(ConfigError::unsupported(
         join(&join("model.model_dict", &first.name), "descriptor"),
         format!(
             "\"{key}:1\" shares a descriptor's type embedding, which a {} descriptor does not \
-             have (DeePMD-kit shares at level 1 only se_atten, se_atten_v2, dpa2, dpa3 and \
-             se_e3_tebd)",
-            first.config.model.descriptor.r#type
+             have (DeePMD-kit shares at level 1 only {})",
+            first.config.model.descriptor.r#type,
+            crate::model::registry::mixed_type_names()
         ),
     ))
 }

@@ -162,9 +162,9 @@ fn mixed_only(d: &DescriptorConfig, path: &str) -> Result<()> {
     Err(ConfigError::unsupported(
         path,
         format!(
-            "a pair table mixes only with a mixed-type descriptor (se_atten, se_atten_v2, dpa2, \
-             dpa3, se_e3_tebd), as in DeePMD-kit (\"only supports AtomicModel of mixed type\"); \
-             not {}",
+            "a pair table mixes only with a mixed-type descriptor ({}), as in DeePMD-kit \
+             (\"only supports AtomicModel of mixed type\"); not {}",
+            crate::model::registry::mixed_type_names(),
             d.r#type
         ),
     ))

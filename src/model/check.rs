@@ -40,8 +40,8 @@ impl ModelSpec {
             ensure!(
                 d.is_mixed(),
                 "model: a pair table (use_srtab, linear_ener) mixes only with a mixed-type \
-                 descriptor (se_atten, se_atten_v2, DPA-2, DPA-3, se_e3_tebd), as in DeePMD-kit; \
-                 not {}",
+                 descriptor ({}), as in DeePMD-kit; not {}",
+                super::registry::mixed_type_names(),
                 d.kind.as_str()
             );
             ensure!(
@@ -172,8 +172,8 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
         // DPA-1, DPA-2, DPA-3: one mixed-type list of nnei slots.
         ensure!(
             d.sel.len() == 1,
-            "{key}.sel: a mixed-type neighbour list (se_atten, se_atten_v2, dpa2, dpa3, \
-             se_e3_tebd) has one number, nnei; found {} entries",
+            "{key}.sel: a mixed-type neighbour list ({}) has one number, nnei; found {} entries",
+            super::registry::mixed_type_names(),
             d.sel.len()
         );
     }

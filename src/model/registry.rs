@@ -91,6 +91,16 @@ impl DescriptorType {
     }
 }
 
+/// The mixed-type descriptors (one neighbour list of every type, one fitting net), as messages
+/// list them.
+pub fn mixed_type_names() -> String {
+    (DESCRIPTORS.iter())
+        .filter(|r| r.kind.is_mixed())
+        .map(|r| r.names[0])
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A type DeePMD-kit's input takes for a model (`model.type`) or a fitting
 /// (`model.fitting_net.type`): dpw builds some; the others are refused naming what they are.
 pub struct KnownType {

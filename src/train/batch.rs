@@ -194,8 +194,8 @@ pub fn assemble_mixed(
 pub fn check_mixed_batches(spec: &ModelSpec, key: &str) -> Result<()> {
     if !spec.descriptor.is_mixed() {
         bail!(
-            "{key}: \"mixed:N\" batches need a mixed-type descriptor (se_atten, se_atten_v2, \
-             dpa2, dpa3, se_e3_tebd), not {}",
+            "{key}: \"mixed:N\" batches need a mixed-type descriptor ({}), not {}",
+            crate::model::registry::mixed_type_names(),
             spec.descriptor.kind.as_str()
         );
     }
