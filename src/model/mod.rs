@@ -6,6 +6,7 @@ mod check;
 pub mod dpa2;
 pub mod dpa3;
 pub mod file;
+mod hybrid;
 mod init;
 mod layout;
 pub mod pairtab;

@@ -2,15 +2,15 @@
 //! registry knows them by (`BaseDescriptor.register("se_e2_r")` and `register("se_r")`): the
 //! one table input.json, `.yaml` files and messages read names from.
 
-use super::yaml::DescriptorYaml;
+use super::yaml::PartYaml;
 use super::DescriptorType;
 
 /// A registered descriptor: its kind, its names (DeePMD-kit's canonical `type` first) and its
-/// `.yaml` (its folder's; a hybrid's is a list of its parts').
+/// `.yaml` (its folder's).
 pub struct Registered {
     pub kind: DescriptorType,
     pub names: &'static [&'static str],
-    pub(super) yaml: Option<&'static DescriptorYaml>,
+    pub(super) yaml: PartYaml,
 }
 
 /// Every descriptor, in the order messages list them.
@@ -18,47 +18,47 @@ pub static DESCRIPTORS: &[Registered] = &[
     Registered {
         kind: DescriptorType::SeE2A,
         names: &["se_e2_a", "se_a"],
-        yaml: Some(&super::se::yaml::YAML),
+        yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE2R,
         names: &["se_e2_r", "se_r"],
-        yaml: Some(&super::se::yaml::YAML),
+        yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE3,
         names: &["se_e3", "se_at", "se_a_3be", "se_t"],
-        yaml: Some(&super::se::yaml::YAML),
+        yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeAtten,
         names: &["se_atten", "dpa1"],
-        yaml: Some(&super::se_atten::yaml::YAML),
+        yaml: PartYaml::One(&super::se_atten::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeAttenV2,
         names: &["se_atten_v2"],
-        yaml: Some(&super::se_atten::yaml::YAML),
+        yaml: PartYaml::One(&super::se_atten::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Dpa3,
         names: &["dpa3"],
-        yaml: Some(&super::dpa3::yaml::YAML),
+        yaml: PartYaml::One(&super::dpa3::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Dpa2,
         names: &["dpa2"],
-        yaml: Some(&super::dpa2::yaml::YAML),
+        yaml: PartYaml::One(&super::dpa2::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE3Tebd,
         names: &["se_e3_tebd"],
-        yaml: Some(&super::se_e3_tebd::yaml::YAML),
+        yaml: PartYaml::One(&super::se_e3_tebd::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Hybrid,
         names: &["hybrid"],
-        yaml: None,
+        yaml: PartYaml::List(&super::hybrid::yaml::YAML),
     },
 ];
 
@@ -83,11 +83,12 @@ impl DescriptorType {
         self.names()[0]
     }
 
-    /// Its `.yaml`: every descriptor's but a hybrid's.
-    pub(super) fn yaml(self) -> Option<&'static DescriptorYaml> {
+    /// Its `.yaml`.
+    pub(super) fn yaml(self) -> PartYaml {
         (DESCRIPTORS.iter())
             .find(|r| r.kind == self)
-            .and_then(|r| r.yaml)
+            .map(|r| r.yaml)
+            .expect("every kind is registered")
     }
 }
 

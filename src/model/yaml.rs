@@ -29,7 +29,39 @@ use super::{
 };
 
 /// The `.yaml` of a descriptor, held in its folder and found by its kind in the registry
-/// ([`super::registry::Registered::yaml`]); a hybrid's is this file's, a list of its parts'.
+/// ([`super::registry::Registered::yaml`]).
+#[derive(Clone, Copy)]
+pub(super) enum PartYaml {
+    /// A descriptor of its own tensors.
+    One(&'static DescriptorYaml),
+    /// A composition (hybrid): a list of its parts' nodes.
+    List(&'static ListYaml),
+}
+
+impl PartYaml {
+    /// The `.yaml` of a descriptor that is not a composition.
+    pub fn one(self) -> Option<&'static DescriptorYaml> {
+        match self {
+            PartYaml::One(y) => Some(y),
+            PartYaml::List(_) => None,
+        }
+    }
+}
+
+/// A composition's `.yaml`: its parts, each read and written by its own [`DescriptorYaml`].
+pub(super) struct ListYaml {
+    /// The nodes of its parts in its node.
+    pub parts: for<'a> fn(&At<'a>) -> Result<Vec<At<'a>>>,
+    /// Its spec from its parts'.
+    pub spec: fn(Vec<DescriptorSpec>) -> DescriptorSpec,
+    /// Its tree and `model_def_script` section from its parts'.
+    pub write: fn(Vec<Nodes>) -> Nodes,
+}
+
+/// A descriptor's node in the file and its section of `model_def_script`.
+pub(super) type Nodes = (Value, Value);
+
+/// A descriptor's own `.yaml`.
 pub(super) struct DescriptorYaml {
     /// Its keys into a spec: the file's descriptor node, the kind its `type` names, the number
     /// of types.
@@ -45,7 +77,7 @@ pub(super) struct DescriptorYaml {
 /// [`DescriptorYaml::write`]: (spec, layout, index among a hybrid's parts, parameters,
 /// davg/dstd rows, type map) → (file tree, model_def_script section).
 pub(super) type DescriptorTree =
-    fn(&DescriptorSpec, &DescriptorLayout, usize, &[f64], [&[f64]; 2], &[String]) -> (Value, Value);
+    fn(&DescriptorSpec, &DescriptorLayout, usize, &[f64], [&[f64]; 2], &[String]) -> Nodes;
 
 /// Reads a DeePMD-kit v3 `.yaml` model: a `standard` model of a registered descriptor (or a
 /// hybrid of se-family ones) and fitting, alone or in a `linear_ener` model with a pair table.
@@ -213,18 +245,17 @@ fn standard_model(m: &At) -> Result<YamlModel> {
 
     let d = m.key("descriptor")?;
     d.expect("@class", &["Descriptor"])?;
-    // A hybrid's sub-descriptors, each a descriptor of its own; else the descriptor alone.
-    let (descriptor, items) = if d.opt("type").map(|t| t.str().ok()) == Some(Some("hybrid")) {
-        d.version(1..=1, None)?;
-        let items = d.key("list")?.seq()?;
-        ensure!(!items.is_empty(), "{}.list: empty", d.path);
-        let list = (items.iter())
-            .map(|at| read_descriptor(at, &type_map))
-            .collect::<Result<Vec<_>>>()?;
-        (DescriptorSpec::hybrid(list), items)
-    } else {
-        let spec = read_descriptor(&d, &type_map)?;
-        (spec, vec![d])
+    // A composition's parts, each a descriptor of its own; else the descriptor alone.
+    let kind = (d.opt("type").and_then(|t| t.str().ok())).and_then(DescriptorType::from_name);
+    let (descriptor, items) = match kind.map(DescriptorType::yaml) {
+        Some(PartYaml::List(l)) => {
+            let items = (l.parts)(&d)?;
+            let list = (items.iter())
+                .map(|at| read_descriptor(at, &type_map))
+                .collect::<Result<Vec<_>>>()?;
+            ((l.spec)(list), items)
+        }
+        _ => (read_descriptor(&d, &type_map)?, vec![d]),
     };
 
     let f = m.key("fitting")?;
@@ -281,7 +312,7 @@ fn standard_model(m: &At) -> Result<YamlModel> {
     let parts = spec.descriptor.parts();
     let dl = &layout.descriptor;
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
-        let y = part.kind.yaml().expect("a part is not a hybrid");
+        let y = part.kind.yaml().one().expect("a part is no composition");
         (y.read_params)(at, part, dl, k, &mut params)?;
     }
     // One fitting net in a collection of ndim 0 for a mixed-type descriptor, else one per type.
@@ -444,7 +475,7 @@ fn same_type_map(at: &At, type_map: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The keys of one descriptor that is not a hybrid.
+/// The keys of one descriptor that is no composition.
 fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
     let nt = type_map.len();
     d.expect("@class", &["Descriptor"])?;
@@ -454,14 +485,12 @@ fn read_descriptor(d: &At, type_map: &[String]) -> Result<DescriptorSpec> {
     }
     // DeePMD-kit's registry finds a descriptor by its type or any alias.
     let names: Vec<&str> = (registry::DESCRIPTORS.iter())
-        .filter(|r| r.kind != DescriptorType::Hybrid)
+        .filter(|r| r.yaml.one().is_some())
         .flat_map(|r| r.names.iter().copied())
         .collect();
     d.expect("type", &names)?;
     let kind = DescriptorType::from_name(d.key("type")?.str()?).expect("a registered name");
-    let y = kind
-        .yaml()
-        .expect("every descriptor but hybrid has its .yaml");
+    let y = kind.yaml().one().expect("a descriptor of its own");
     (y.read_spec)(d, kind, nt)
 }
 
@@ -736,27 +765,20 @@ fn model_to_tree(model: &Model) -> Value {
     let p = &model.params;
     let type_map = spec.type_map.as_slice();
     let none: &[usize] = &[];
-    // Each part's tree (file and model_def_script), then a hybrid's list of them.
+    // Each part's tree (file and model_def_script), then a composition's of them.
     let mut stat_at = 0;
-    let mut trees: Vec<(Value, Value)> = (d.parts().iter().enumerate())
+    let mut trees: Vec<Nodes> = (d.parts().iter().enumerate())
         .map(|(k, part)| {
             let rows = stat_at..stat_at + 4 * nt * part.stat_blocks();
             stat_at = rows.end;
             let stats = [&model.davg[rows.clone()], &model.dstd[rows]];
-            let y = part.kind.yaml().expect("a part is not a hybrid");
+            let y = part.kind.yaml().one().expect("a part is no composition");
             (y.write)(part, &layout.descriptor, k, p, stats, type_map)
         })
         .collect();
-    let (descriptor, def_descriptor) = if d.kind == DescriptorType::Hybrid {
-        let (files, defs): (Vec<Value>, Vec<Value>) = trees.into_iter().unzip();
-        (
-            obj! {
-                "@class" => "Descriptor", "@version" => 1, "type" => "hybrid", "list" => files,
-            },
-            obj! { "type" => "hybrid", "list" => defs },
-        )
-    } else {
-        trees.pop().expect("one part")
+    let (descriptor, def_descriptor) = match d.kind.yaml() {
+        PartYaml::List(l) => (l.write)(trees),
+        PartYaml::One(_) => trees.pop().expect("one part"),
     };
 
     let mixed = d.is_mixed();
