@@ -70,12 +70,16 @@ impl DescriptorType {
             .map(|r| r.kind)
     }
 
-    /// Its names, the canonical `type` first.
-    pub fn names(self) -> &'static [&'static str] {
+    /// Its entry in the registry.
+    fn registered(self) -> &'static Registered {
         (DESCRIPTORS.iter())
             .find(|r| r.kind == self)
-            .map(|r| r.names)
             .expect("every kind is registered")
+    }
+
+    /// Its names, the canonical `type` first.
+    pub fn names(self) -> &'static [&'static str] {
+        self.registered().names
     }
 
     /// DeePMD-kit's canonical `type`.
@@ -85,10 +89,7 @@ impl DescriptorType {
 
     /// Its `.yaml`.
     pub(super) fn yaml(self) -> PartYaml {
-        (DESCRIPTORS.iter())
-            .find(|r| r.kind == self)
-            .map(|r| r.yaml)
-            .expect("every kind is registered")
+        self.registered().yaml
     }
 }
 
