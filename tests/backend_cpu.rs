@@ -54,7 +54,7 @@ mod timed {
         let frame = sys.frame();
         for t in 1..=3 {
             let batch = assemble(&model.spec, &sys.atype, &[frame]).unwrap();
-            let mut w = Workspace::new(&b, &dm, &batch.dims).unwrap();
+            let mut w = Workspace::for_batch(&b, &dm, &batch).unwrap();
             w.load(&b, &batch);
             forward(&b, &dm, &mut w);
             gradient(&b, &mut dm, &mut w, pref);

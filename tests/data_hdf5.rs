@@ -76,6 +76,7 @@ fn water_set0(name: &str) -> Vec<f32> {
 fn spec() -> ModelSpec {
     ModelSpec {
         short_range: None,
+        linear: None,
         type_map: names(&["O", "H"]),
         descriptor: common::water_descriptor(),
         fitting: FittingSpec::new(vec![8], true),

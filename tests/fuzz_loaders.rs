@@ -208,6 +208,7 @@ fn fuzz_input_json() {
 fn small_model() -> Model {
     let spec = ModelSpec {
         short_range: None,
+        linear: None,
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
             kind: Default::default(),

@@ -1115,6 +1115,7 @@ fn batch_errors_name_frames_by_their_index() {
     };
     let spec = ModelSpec {
         short_range: None,
+        linear: None,
         type_map: vec!["O".into()],
         descriptor: DescriptorSpec {
             kind: Default::default(),

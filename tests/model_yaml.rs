@@ -44,6 +44,7 @@ fn reads_model_a_exactly() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
     let expect = ModelSpec {
         short_range: None,
+        linear: None,
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
             kind: Default::default(),
@@ -196,6 +197,7 @@ fn key_paths(v: &Value, path: &str, out: &mut BTreeSet<String>) {
 fn two_sided_spec() -> ModelSpec {
     ModelSpec {
         short_range: None,
+        linear: None,
         type_map: vec!["O".into(), "H".into(), "No".into()],
         descriptor: DescriptorSpec {
             kind: Default::default(),

@@ -12,6 +12,7 @@ use super::keys::{
     at_least_one, join, non_negative, positive, to_bool, to_f64, to_list, to_str, to_usize,
     to_usize_list, wrong_type, Schema, Section,
 };
+use super::linear::LinearConfig;
 use super::pairtab::PairConfig;
 use crate::fitting::output::{FitContext, Registered};
 use crate::fitting::registry;
@@ -34,6 +35,8 @@ pub struct ModelConfig {
     pub data_stat_protect: f64,
     /// A pair table mixed into the energy (`use_srtab`, `linear_ener`).
     pub short_range: Option<PairConfig>,
+    /// A `linear_ener` model's other DP models and the weights; `None` for one DP model.
+    pub linear: Option<LinearConfig>,
     /// DeePMD-kit's `info`: what the model is (`description`, `observed_type`), for people and
     /// for `dp show`; kept in out.json, not read.
     pub info: Map<String, Value>,
@@ -549,7 +552,7 @@ fn check_known(
 /// The model section, its type already checked by [`check_type`].
 pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfig> {
     if v.get("type").and_then(Value::as_str) == Some("linear_ener") {
-        return super::pairtab::linear(v, path, base_dir);
+        return super::linear::parse_linear(v, path, base_dir);
     }
     let sec = Section::new(v, path, &MODEL)?;
     // The fitting first: an input that asks for what dpw's fitting lacks (fparam, aparam) is
@@ -605,6 +608,7 @@ pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfi
         data_stat_nbatch,
         data_stat_protect,
         short_range,
+        linear: None,
         info,
     })
 }
@@ -1048,9 +1052,14 @@ impl ModelConfig {
         if !self.info.is_empty() {
             standard["info"] = Value::Object(self.info.clone());
         }
-        match &self.short_range {
-            Some(p) => p.to_json(standard),
-            None => standard,
+        match (&self.short_range, &self.linear) {
+            (Some(p), _) => p.to_json(standard),
+            (None, Some(l)) => {
+                let mut models = vec![standard];
+                models.extend(l.more.iter().map(ModelConfig::to_json));
+                super::linear::linear_json(&l.weights, models)
+            }
+            (None, None) => standard,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The input's pair tables (docs/deepmd-spec.md §19.1): `use_srtab` with `smin_alpha`,
 //! `sw_rmin`, `sw_rmax` on a standard model, and `"type": "linear_ener"` of one DP model and
-//! one `pairtab`. The table is read from its file here (relative paths against the input's
+//! one `pairtab` (config/linear.rs reads the linear model around them). The table is read from its file here (relative paths against the input's
 //! folder, as the systems' are), so a missing or malformed file is named before training.
 
 use std::path::Path;
@@ -8,9 +8,10 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use super::error::ConfigError;
-use super::keys::{join, to_f64, to_list, to_str, to_usize, wrong_type, Schema, Section};
-use super::model::{parse, DescriptorConfig, ModelConfig};
-use crate::model::pairtab::{Mix, PairTable, ShortRange, Weights};
+use super::keys::{to_f64, to_str, to_usize, wrong_type, Schema, Section};
+use super::linear::{member, mixed_only, weights, weights_json};
+use super::model::{DescriptorConfig, ModelConfig};
+use crate::model::pairtab::{Mix, PairTable, ShortRange};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -81,14 +82,6 @@ impl PairConfig {
     }
 }
 
-fn weights_json(w: &Weights) -> Value {
-    match w {
-        Weights::Sum => json!("sum"),
-        Weights::Mean => json!("mean"),
-        Weights::List(l) => json!(l),
-    }
-}
-
 /// The table of file `name` (as the input gives it, at `path`), read for `rcut`.
 fn table(name: &str, path: &str, base_dir: &Path, rcut: f64) -> Result<PairTable> {
     PairTable::from_file(&base_dir.join(name), rcut, 0)
@@ -154,39 +147,6 @@ pub(super) fn srtab(
     }))
 }
 
-/// DeePMD-kit's `LinearEnergyAtomicModel` (and so use_srtab) takes mixed-type models only.
-fn mixed_only(d: &DescriptorConfig, path: &str) -> Result<()> {
-    if d.kind.is_mixed() {
-        return Ok(());
-    }
-    Err(ConfigError::unsupported(
-        path,
-        format!(
-            "a pair table mixes only with a mixed-type descriptor ({}), as in DeePMD-kit \
-             (\"only supports AtomicModel of mixed type\"); not {}",
-            crate::model::registry::mixed_type_names(),
-            d.r#type
-        ),
-    ))
-}
-
-static LINEAR: Schema = Schema {
-    keys: &[&[
-        "type",
-        "type_map",
-        "models",
-        "weights",
-        "data_stat_nbatch",
-        "data_stat_protect",
-    ]],
-    unsupported: &[&[(
-        "shared_dict",
-        "parts shared between a linear model's models are not implemented",
-    )]],
-    ignored: &[],
-    deepmd: "model",
-};
-
 static PAIRTAB: Schema = Schema {
     keys: &[&["type", "tab_file", "rcut", "sel"]],
     unsupported: &[],
@@ -194,61 +154,24 @@ static PAIRTAB: Schema = Schema {
     deepmd: "model[linear_ener].models",
 };
 
-/// A `linear_ener` model at `path`: one DP model and one pair table, weighted.
-pub(super) fn linear(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfig> {
-    let sec = Section::new(v, path, &LINEAR)?;
+/// A `linear_ener` model (the section `sec`) of `models` that holds a pair table: one DP model
+/// and the table, weighted.
+pub(super) fn linear(sec: &Section, models: &[Value], base_dir: &Path) -> Result<ModelConfig> {
     let models_path = sec.path_of("models");
-    let models = to_list(
-        sec.required("models", "a list of a DP model and a pairtab model")?,
-        &models_path,
-        "a list of models",
-    )?;
     let is_table = |m: &Value| m.get("type").and_then(Value::as_str) == Some("pairtab");
     let tables = models.iter().filter(|m| is_table(m)).count();
     if models.len() != 2 || tables != 1 || !is_table(&models[1]) {
         return Err(ConfigError::unsupported(
             models_path,
             format!(
-                "{} models, {tables} of them pair tables: dpw's linear model is one DP model \
-                 followed by one pair table (\"type\": \"pairtab\"); a sum of several DP models \
-                 is not implemented",
+                "{} models, {tables} of them pair tables: dpw mixes a pair table into one DP \
+                 model (\"models\": [a DP model, {{\"type\": \"pairtab\", ...}}]), or sums \
+                 DP models without one",
                 models.len()
             ),
         ));
     }
-    let dp_path = format!("{models_path}[0]");
-    let mut dp = models[0].clone();
-    if dp.get("use_srtab").is_some_and(|t| !t.is_null()) {
-        return Err(ConfigError::unsupported(
-            join(&dp_path, "use_srtab"),
-            "a pair table inside a linear model's DP model is not implemented",
-        ));
-    }
-    // The sub-model takes the linear model's type_map unless it gives its own (TensorFlow's
-    // inputs give it there alone), which must be the same: dpw maps no types between models.
-    match (sec.get("type_map"), dp.get("type_map")) {
-        (Some(type_map), None) => {
-            if let Some(o) = dp.as_object_mut() {
-                o.insert("type_map".into(), type_map.clone());
-            }
-        }
-        (Some(type_map), Some(t)) if t != type_map => {
-            return Err(ConfigError::unsupported(
-                join(&dp_path, "type_map"),
-                "differs from the linear model's type_map; dpw's models share one type_map",
-            ))
-        }
-        _ => {}
-    }
-    // The linear model's statistics settings are the model's.
-    for key in ["data_stat_nbatch", "data_stat_protect"] {
-        if let (Some(x), Some(o)) = (sec.get(key), dp.as_object_mut()) {
-            o.insert(key.into(), x.clone());
-        }
-    }
-    let mut model = parse(&dp, &dp_path, base_dir)?;
-    mixed_only(&model.descriptor, &join(&dp_path, "descriptor.type"))?;
-
+    let mut model = member(sec, models, 0, base_dir)?;
     let tab_path = format!("{models_path}[1]");
     let t = Section::new(&models[1], &tab_path, &PAIRTAB)?;
     let name_path = t.path_of("tab_file");
@@ -265,23 +188,7 @@ pub(super) fn linear(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConf
         x @ Value::Number(_) => to_usize(x, &sel_path)?,
         x => return Err(wrong_type(&sel_path, "an integer or a list of integers", x)),
     };
-    let weights_path = sec.path_of("weights");
-    let weights = match sec.required("weights", "\"sum\", \"mean\" or a list of two numbers")? {
-        Value::String(s) if s == "sum" => Weights::Sum,
-        Value::String(s) if s == "mean" => Weights::Mean,
-        Value::Array(a) if a.len() == 2 => Weights::List(
-            (a.iter().enumerate())
-                .map(|(i, x)| to_f64(x, &format!("{weights_path}[{i}]")))
-                .collect::<Result<_>>()?,
-        ),
-        x => {
-            return Err(wrong_type(
-                &weights_path,
-                "\"sum\", \"mean\" or a list of two numbers (one per model)",
-                x,
-            ))
-        }
-    };
+    let weights = weights(sec, 2)?;
     model.short_range = Some(PairConfig {
         table: table(name, &name_path, base_dir, rcut)?,
         mix: Mix::Linear { weights },

@@ -366,6 +366,9 @@ impl Model {
     /// Checks the hyper-parameters, the sizes of every array and that every number is finite
     /// (and every std non-zero): what a damaged file would break.
     pub fn check(&self) -> Result<()> {
+        if self.spec.linear.is_some() {
+            return self.check_linear();
+        }
         self.spec.check()?;
         let (nt, np) = (self.spec.ntypes(), self.layout().len);
         let nstat = 4 * nt * self.spec.descriptor.stat_blocks();

@@ -9,6 +9,7 @@ pub mod file;
 mod hybrid;
 mod init;
 mod layout;
+pub mod linear;
 pub mod pairtab;
 pub mod pt;
 pub mod registry;
@@ -421,6 +422,10 @@ pub struct ModelSpec {
     /// DP model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub short_range: Option<pairtab::ShortRange>,
+    /// A `linear_ener` model's other DP models and the weights (`model::linear`); `None` for
+    /// one DP model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear: Option<linear::Linear>,
 }
 
 impl ModelSpec {

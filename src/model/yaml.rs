@@ -196,6 +196,9 @@ pub(super) fn model_from_tree(root: &Value) -> Result<YamlModel> {
     };
     let m = root.key("model")?;
     m.expect("@class", &["Model"])?;
+    if super::linear::yaml::is_linear_of_models(&m)? {
+        return super::linear::yaml::read(&m);
+    }
     if !matches!(
         m.opt("type").map(|t| t.str()).transpose()?,
         Some("zbl" | "linear")
@@ -231,7 +234,7 @@ pub(super) fn model_from_tree(root: &Value) -> Result<YamlModel> {
 }
 
 /// A standard model (a descriptor and a fitting) at `m`.
-fn standard_model(m: &At) -> Result<YamlModel> {
+pub(super) fn standard_model(m: &At) -> Result<YamlModel> {
     m.expect("@class", &["Model"])?;
     m.version(2..=2, Some(1))?;
     m.known(&[MODEL_KEYS])?;
@@ -304,6 +307,7 @@ fn standard_model(m: &At) -> Result<YamlModel> {
         descriptor,
         fitting,
         short_range: None,
+        linear: None,
     };
     spec.check()?;
     let layout = ParamLayout::new(&spec);
@@ -758,6 +762,29 @@ pub(super) fn one_net_tree(
 }
 
 fn model_to_tree(model: &Model) -> Value {
+    let (node, model_def_script) = match &model.spec.linear {
+        Some(l) => {
+            let members = model.members().iter().map(model_nodes).collect();
+            let nt = model.spec.ntypes();
+            let out_bias = ndarray(&[1, nt, 1], &model.bias);
+            super::linear::yaml::write(members, &l.weights, out_bias, &model.spec.type_map)
+        }
+        None => model_nodes(model),
+    };
+    // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
+    obj! {
+        "backend" => "dpw",
+        "model" => node,
+        "model_def_script" => model_def_script,
+        "software" => "dpw",
+        "time" => utc_now(),
+        "version" => env!("CARGO_PKG_VERSION"),
+    }
+}
+
+/// The model node of a model of one DP model (with a pair table, the mixed model's), and its
+/// input's model section.
+fn model_nodes(model: &Model) -> Nodes {
     let spec = &model.spec;
     let (d, fit) = (&spec.descriptor, &spec.fitting);
     let nt = spec.ntypes();
@@ -867,15 +894,7 @@ fn model_to_tree(model: &Model) -> Value {
         standard = pairtab::yaml::write(sr, standard, out_bias, type_map);
         model_def_script = pairtab::yaml::def_script(sr, model_def_script, type_map);
     }
-    // The provenance keys of DeePMD's `save_dp_model`, but naming dpw as the writer.
-    obj! {
-        "backend" => "dpw",
-        "model" => standard,
-        "model_def_script" => model_def_script,
-        "software" => "dpw",
-        "time" => utc_now(),
-        "version" => env!("CARGO_PKG_VERSION"),
-    }
+    (standard, model_def_script)
 }
 
 /// Every type's row `[ntypes][k]` replaced by type 0's.

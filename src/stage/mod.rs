@@ -8,13 +8,14 @@ pub mod env;
 pub mod fit_input;
 pub mod fitting;
 pub mod head;
+pub mod linear;
 pub mod net;
 pub mod pairtab;
 
 use crate::backend::{Backend, BlockOpts, HostBlock, Real};
 use crate::geometry::EnvParams;
 use crate::model::pairtab::Mix;
-use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
+use crate::model::{AttentionConfig, DescriptorLayout, DescriptorSpec, DescriptorType, Model, Net};
 
 use embed::Nets;
 pub use head::HostHead;
@@ -45,6 +46,18 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     /// How a pair table is mixed into the energy (its terms come with each batch); `None`
     /// without one.
     pub pair_table: Option<Mix>,
+    /// This DP model's weight in a linear model's energy (1 alone).
+    pub weight: f64,
+    /// A linear model's other DP models, each a model of its own on the device (this one,
+    /// the first, holds the linear model's bias); empty for one DP model.
+    pub more: Vec<Member<T, B>>,
+}
+
+/// A DP model of a linear model after the first, and its descriptor (whose list a batch's
+/// shape is made for).
+pub struct Member<T: Real, B: Backend<T>> {
+    pub dm: DeviceModel<T, B>,
+    pub descriptor: DescriptorSpec,
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
@@ -119,7 +132,27 @@ fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
 }
 
 impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
+    /// The model on the device: a linear model as its DP models, each with its weight, the
+    /// first with the linear model's bias.
     pub fn new(b: &B, model: &Model) -> Self {
+        if model.spec.linear.is_none() {
+            return Self::one(b, model);
+        }
+        let weights = model.spec.member_weights();
+        let mut members = (model.members().into_iter().zip(weights)).map(|(m, w)| {
+            let mut dm = Self::one(b, &m);
+            dm.weight = w;
+            (dm, m.spec.descriptor)
+        });
+        let (mut first, _) = members.next().expect("a linear model has a DP model");
+        first.bias = b.upload(&to_t(&model.bias));
+        first.more = members
+            .map(|(dm, descriptor)| Member { dm, descriptor })
+            .collect();
+        first
+    }
+
+    fn one(b: &B, model: &Model) -> Self {
         let layout = model.layout();
         let d = &model.spec.descriptor;
         let n = layout.len;
@@ -171,16 +204,42 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             grad: b.zeros(n),
             m: b.zeros(n),
             v: b.zeros(n),
+            weight: 1.0,
+            more: vec![],
         }
     }
 
-    /// The parameters as f64, for checkpoints and model files.
+    /// Every DP model: this one, then a linear model's others.
+    pub fn all(&self) -> impl Iterator<Item = &DeviceModel<T, B>> {
+        std::iter::once(self).chain(self.more.iter().map(|m| &m.dm))
+    }
+
+    /// `f` on every DP model in turn (each without the list of the others).
+    pub fn each_mut(&mut self, mut f: impl FnMut(&mut DeviceModel<T, B>)) {
+        let mut more = std::mem::take(&mut self.more);
+        f(self);
+        for m in &mut more {
+            f(&mut m.dm);
+        }
+        self.more = more;
+    }
+
+    /// The parameters as f64, for checkpoints and model files (a linear model's, its DP
+    /// models' one after the other).
     pub fn params_f64(&self, b: &B) -> Vec<f64> {
-        b.download(&self.params).iter().map(|x| x.f64()).collect()
+        self.concat(b, |m| &m.params)
     }
 
     pub fn grad_f64(&self, b: &B) -> Vec<f64> {
-        b.download(&self.grad).iter().map(|x| x.f64()).collect()
+        self.concat(b, |m| &m.grad)
+    }
+
+    /// One vector of every DP model's, concatenated, as f64.
+    pub fn concat(&self, b: &B, f: impl Fn(&Self) -> &B::Buf) -> Vec<f64> {
+        (self.all())
+            .flat_map(|m| b.download(f(m)))
+            .map(|x| x.f64())
+            .collect()
     }
 
     /// What the descriptor's passes read: one view, or one per sub-descriptor of a hybrid.

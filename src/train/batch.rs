@@ -96,6 +96,10 @@ pub struct HostBatch {
     pub head_labels: HeadLabels,
     /// The pair table's terms, for a model with one (`use_srtab`, `linear_ener`).
     pub short_range: Option<ShortRangeBatch>,
+    /// A linear model's other DP models' batches of the same frames, each on its own list
+    /// (DeePMD-kit's linear model cuts each model's from one list of the largest rcut and
+    /// sel: the same neighbours).
+    pub more: Vec<HostBatch>,
 }
 
 /// The batch atom (`frame·natoms + atom`) of every centre: a function of the shape alone, since
@@ -377,6 +381,9 @@ fn assemble_numbered(
         )?),
         None => None,
     };
+    let more = (1..spec.nmembers())
+        .map(|k| assemble_numbered(&spec.member(k), types, frames, index))
+        .collect::<Result<_>>()?;
     Ok(HostBatch {
         dims,
         rij,
@@ -393,6 +400,7 @@ fn assemble_numbered(
         fit_input,
         head_labels,
         short_range,
+        more,
     })
 }
 

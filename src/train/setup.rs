@@ -183,6 +183,7 @@ fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
     let descriptor = descriptor_spec(&cfg.model.descriptor, sel);
     ModelSpec {
         short_range: (cfg.model.short_range.as_ref()).map(|p| p.short_range(descriptor.nnei())),
+        linear: None,
         type_map: cfg.model.type_map.clone(),
         descriptor,
         fitting: FittingSpec {

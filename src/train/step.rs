@@ -12,6 +12,7 @@ use crate::mem::OutOfMemory;
 use crate::stage::descriptor::Descriptor;
 use crate::stage::env::Env;
 use crate::stage::fitting::Fitting;
+use crate::stage::linear;
 use crate::stage::pairtab::PairTerms;
 pub use crate::stage::DeviceModel;
 
@@ -47,12 +48,25 @@ pub struct Workspace<T: Real, B: Backend<T>> {
     /// Every centre's type and frame, for a property's head.
     centre_type: Vec<usize>,
     centre_frame: Vec<usize>,
+    /// A linear model's other DP models' workspaces, on their own lists; empty for one DP
+    /// model.
+    more: Vec<Workspace<T, B>>,
 }
 
 impl<T: Real, B: Backend<T>> Workspace<T, B> {
     /// The buffers of batch shape `dims`; the big ones are asked for fallibly, and a failure
     /// names the batch and what makes it smaller.
+    /// The model must have one DP model ([`Workspace::for_batch`] serves a linear one).
     pub fn new(b: &B, m: &DeviceModel<T, B>, dims: &Dims) -> anyhow::Result<Self> {
+        assert!(
+            m.more.is_empty(),
+            "a linear model's workspace is made for a batch (Workspace::for_batch)"
+        );
+        Self::one(b, m, dims)
+    }
+
+    /// The buffers of one DP model's passes.
+    fn one(b: &B, m: &DeviceModel<T, B>, dims: &Dims) -> anyhow::Result<Self> {
         let (ns, nc, na, nf) = (
             dims.nslots(),
             dims.ncentres(),
@@ -109,7 +123,36 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             head_labels: HeadLabels::default(),
             centre_type,
             centre_frame: (0..nc).map(|c| dims.centre_frame(c)).collect(),
+            more: vec![],
         })
+    }
+
+    /// The buffers of `batch`'s shape: for a linear model, each DP model's on its list, each
+    /// with its weight as the seed of its fitting's passes.
+    pub fn for_batch(b: &B, m: &DeviceModel<T, B>, batch: &HostBatch) -> anyhow::Result<Self> {
+        let mut w = Self::one(b, m, &batch.dims)?;
+        w.more = (m.more.iter().zip(&batch.more))
+            .map(|(k, kb)| Self::one(b, &k.dm, &kb.dims))
+            .collect::<anyhow::Result<_>>()?;
+        w.weigh(b, m.weight);
+        for (wk, k) in w.more.iter_mut().zip(&m.more) {
+            wk.weigh(b, k.dm.weight);
+        }
+        Ok(w)
+    }
+
+    /// A DP model's weight in a linear model, as the seed of its fitting's passes.
+    fn weigh(&mut self, b: &B, weight: f64) {
+        if weight != 1.0 {
+            let seed = b.upload(&vec![T::of(weight); self.dims.ncentres()]);
+            self.fitting.load_seed(b, &seed);
+        }
+    }
+
+    /// Whether the workspace is made for `batch`'s shape.
+    pub fn fits(&self, batch: &HostBatch) -> bool {
+        self.dims == batch.dims
+            && (self.more.iter().map(|w| &w.dims)).eq(batch.more.iter().map(|b| &b.dims))
     }
 
     /// R̂ of every slot, `[nslots][4]` in the block order of [`Dims`].
@@ -185,6 +228,9 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
             p.load(b, x);
             self.fitting.load_seed(b, &p.weight);
         }
+        for (w, batch) in self.more.iter_mut().zip(&batch.more) {
+            w.load(b, batch);
+        }
     }
 
     /// The buffers a batch is loaded into: r_ij, owners and labels (energy, force, virial),
@@ -220,6 +266,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         let mut ids: Vec<u64> = bufs.into_iter().map(|x| b.buf_id(x)).collect();
         ids.extend([b.idx_id(&self.env.owner), b.idx_id(&self.env.centre_atom)]);
         ids.extend(self.env.nei_type.iter().map(|t| b.idx_id(t)));
+        ids.extend(self.more.iter().flat_map(|w| w.buffer_ids(b)));
         ids
     }
 }
@@ -227,6 +274,9 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
 /// Energy, forces and virial of the loaded batch (the forward and first-derivative passes);
 /// for a property model, the nets' outputs alone ([`Workspace::head_inputs`]).
 pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
+    if !m.more.is_empty() {
+        return forward_linear(b, m, w);
+    }
     let d = &w.dims;
     w.descriptor.forward(b, m, d, &mut w.env);
     w.fitting
@@ -271,6 +321,41 @@ pub fn forward<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Wor
     }
 }
 
+/// A DP model's energies (the nets' outputs) and, its weight seeding the fitting's backward,
+/// its weighted forces and virial into the workspace's `force` and `virial`.
+fn forward_member<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
+    let d = &w.dims;
+    w.descriptor.forward(b, m, d, &mut w.env);
+    w.fitting.forward(b, m, d, w.descriptor.desc(), true);
+    let (dbar, _) = w.fitting.adjoints();
+    w.descriptor.backward(b, m, d, &w.env, dbar, &mut w.q);
+    b.force_virial(
+        d,
+        &w.q,
+        &w.env.rij,
+        &w.env.owner,
+        &w.env.centre_atom,
+        &mut w.force,
+        &mut w.virial,
+    );
+}
+
+/// [`forward`] of a linear model: each DP model's, then their weighted sum with the linear
+/// model's bias.
+fn forward_linear<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
+    forward_member(b, m, w);
+    for (wk, k) in w.more.iter_mut().zip(&m.more) {
+        forward_member(b, &k.dm, wk);
+    }
+    let mut e_fit = vec![(w.fitting.e_fit(), m.weight)];
+    e_fit.extend((w.more.iter().zip(&m.more)).map(|(wk, k)| (wk.fitting.e_fit(), k.dm.weight)));
+    linear::energy(b, &w.dims, &e_fit, &m.bias, &mut w.e_atom, &mut w.energy);
+    for wk in &w.more {
+        linear::add(b, &wk.force, &mut w.force);
+        linear::add(b, &wk.virial, &mut w.virial);
+    }
+}
+
 /// After [`forward`]: the loss of the batch and its gradient with respect to every parameter,
 /// left in `m.grad`; the loss sums stay on the device ([`Workspace::loss_sums`]).
 pub fn gradient<'l, T: Real, B: Backend<T>>(
@@ -307,12 +392,38 @@ pub fn gradient<'l, T: Real, B: Backend<T>>(
             }
         }
     }
+    // A linear model: each other DP model's passes on its share of the energies' adjoint (the
+    // force and virial seeds are the same for all: their weights seed the fittings).
+    for (wk, k) in w.more.iter_mut().zip(&mut m.more) {
+        b.copy(&w.ebar, &mut wk.ebar, 0);
+        linear::scale(b, &mut wk.ebar, k.dm.weight);
+        dual_passes(b, &mut k.dm, wk, (&w.fres, &w.vres));
+    }
+    if m.weight != 1.0 {
+        linear::scale(b, &mut w.ebar, m.weight);
+    }
     w.descriptor
         .tangent(b, m, d, &mut w.env, (&w.fres, &w.vres));
     if let Some(p) = &w.pair {
         let rijdot = (w.env.rijdot.as_ref()).expect("a pair table's model has ṙ_ij");
         b.mix_seed(d, &p.weight, &p.dweight, rijdot, &mut w.ebar);
     }
+    b.fill(&mut m.grad, T::zero());
+    let desc = (w.descriptor.desc(), w.descriptor.ddot());
+    w.fitting.dual(b, m, d, desc, &w.ebar);
+    w.descriptor.dual(b, m, d, &w.env, w.fitting.adjoints());
+}
+
+/// A linear model's other DP model's tangent and dual reverse passes from the loss's seeds: its
+/// gradient into its `grad`.
+fn dual_passes<T: Real, B: Backend<T>>(
+    b: &B,
+    m: &mut DeviceModel<T, B>,
+    w: &mut Workspace<T, B>,
+    seeds: (&B::Buf, &B::Buf),
+) {
+    let d = &w.dims;
+    w.descriptor.tangent(b, m, d, &mut w.env, seeds);
     b.fill(&mut m.grad, T::zero());
     let desc = (w.descriptor.desc(), w.descriptor.ddot());
     w.fitting.dual(b, m, d, desc, &w.ebar);

@@ -20,31 +20,52 @@ pub type Cache<T, B> = Vec<Workspace<T, B>>;
 /// steps on 1,000 generated systems).
 const MAX_CACHED: usize = 4;
 
+/// The workspace of `batch`'s shape (a linear model's: its DP models' shapes).
 pub fn workspace<'a, T: Real, B: Backend<T>>(
     cache: &'a mut Cache<T, B>,
     b: &B,
     dm: &DeviceModel<T, B>,
     batch: &HostBatch,
 ) -> Result<&'a mut Workspace<T, B>> {
-    workspace_for(cache, b, dm, &batch.dims)
+    cached(
+        cache,
+        b,
+        |w| w.fits(batch),
+        || Workspace::for_batch(b, dm, batch),
+    )
 }
 
-/// The workspace of batch shape `dims`, made on first use; the least recently used one is
-/// dropped when `MAX_CACHED` are kept.
+/// The workspace of batch shape `dims` (of a model of one DP model).
 pub fn workspace_for<'a, T: Real, B: Backend<T>>(
     cache: &'a mut Cache<T, B>,
     b: &B,
     dm: &DeviceModel<T, B>,
     dims: &Dims,
 ) -> Result<&'a mut Workspace<T, B>> {
-    let w = match cache.iter().position(|w| w.dims == *dims) {
+    cached(
+        cache,
+        b,
+        |w| w.dims == *dims,
+        || Workspace::new(b, dm, dims),
+    )
+}
+
+/// The cached workspace that `fits`, or one made on first use; the least recently used one is
+/// dropped when `MAX_CACHED` are kept.
+fn cached<'a, T: Real, B: Backend<T>>(
+    cache: &'a mut Cache<T, B>,
+    b: &B,
+    fits: impl Fn(&Workspace<T, B>) -> bool,
+    make: impl FnOnce() -> Result<Workspace<T, B>>,
+) -> Result<&'a mut Workspace<T, B>> {
+    let w = match cache.iter().position(fits) {
         Some(i) => cache.remove(i),
         None => {
             if cache.len() >= MAX_CACHED {
                 let old = cache.remove(0);
                 b.forget_shape(&old.dims);
             }
-            Workspace::new(b, dm, dims)?
+            make()?
         }
     };
     cache.push(w);
@@ -103,8 +124,9 @@ fn forward_gradient<T: Real, B: Backend<T>>(
     w: &mut Workspace<T, B>,
     loss: StepLoss,
 ) {
-    if dm.head.is_some() {
-        // Its loss runs on the host between the passes: nothing to replay.
+    if dm.head.is_some() || !dm.more.is_empty() {
+        // Its loss (or a linear model's sum) runs on the host between the passes: nothing to
+        // replay.
         forward(b, dm, w);
         gradient(b, dm, w, loss);
         return;

@@ -213,6 +213,7 @@ pub fn model_a() -> Model {
     let dir = model_a_dir();
     let spec = ModelSpec {
         short_range: None,
+        linear: None,
         type_map: vec!["O".into(), "H".into()],
         descriptor: DescriptorSpec {
             kind: Default::default(),

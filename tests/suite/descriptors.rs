@@ -79,8 +79,26 @@ pub const PAIRTAB_CASES: [&str; 6] = [
 pub const PAIRTAB_EVAL_ONLY: [&str; 2] =
     ["pairtab/zbl_water_nopbc", "pairtab/linear_far_sel_water"];
 
+/// Linear models of several DP models (tests/reference/linear/): two or three se_atten models
+/// of their own lists, weighted "sum", by a list, or "mean".
+pub const LINEAR_CASES: [&str; 4] = [
+    "linear/linear_sum_water",
+    "linear/linear_list_water",
+    "linear/linear_mean3_water",
+    "linear/linear_mean3_water_nopbc",
+];
+
+/// Linear-model cases of eval frames only.
+pub const LINEAR_EVAL_ONLY: [&str; 1] = ["linear/linear_mean3_water_nopbc"];
+
 /// Cases whose frames are evaluated with another case's model (which has the file).
-const MODEL_OF: [(&str, &str); 1] = [("pairtab/zbl_water_nopbc", "pairtab/zbl_water")];
+const MODEL_OF: [(&str, &str); 2] = [
+    ("pairtab/zbl_water_nopbc", "pairtab/zbl_water"),
+    (
+        "linear/linear_mean3_water_nopbc",
+        "linear/linear_mean3_water",
+    ),
+];
 
 /// The fittings' cases (`tests/reference/fittings/`): se_e2_a + ener with frame and atomic
 /// parameters.
@@ -271,23 +289,32 @@ pub fn worst_tensor(
     prefix: &str,
 ) -> (f64, String) {
     let mut worst = (0.0f64, String::new());
-    let layout = model.layout();
-    for t in &layout.tensors {
-        let mine = &grad[t.offset..t.offset + t.len()];
-        if layout.is_frozen(t.offset) {
-            // Held fixed in training (DPA-1's trainable_ln false), where DeePMD-kit's exported
-            // model has a gradient for them (tests/reference/dpa1/README.md).
-            assert!(mine.iter().all(|&g| g == 0.0), "{} is frozen", t.name);
-            continue;
-        }
-        let r = rel_norm(
-            &grad[t.offset..t.offset + t.len()],
-            &npz_array(z, &format!("{prefix}.{}", t.name)),
-        );
-        if r > worst.0 {
-            worst = (r, t.name.clone());
+    // A linear model's DP models one after the other, their tensors named `m<k>.`.
+    let members = model.members();
+    let mut at = 0;
+    for (k, m) in members.iter().enumerate() {
+        let layout = m.layout();
+        let grad = &grad[at..at + layout.len];
+        at += layout.len;
+        let name = |t: &str| match members.len() {
+            1 => t.to_string(),
+            _ => format!("m{k}.{t}"),
+        };
+        for t in &layout.tensors {
+            let mine = &grad[t.offset..t.offset + t.len()];
+            if layout.is_frozen(t.offset) {
+                // Held fixed in training (DPA-1's trainable_ln false), where DeePMD-kit's
+                // exported model has a gradient for them (tests/reference/dpa1/README.md).
+                assert!(mine.iter().all(|&g| g == 0.0), "{} is frozen", t.name);
+                continue;
+            }
+            let r = rel_norm(mine, &npz_array(z, &format!("{prefix}.{}", name(&t.name))));
+            if r > worst.0 {
+                worst = (r, name(&t.name));
+            }
         }
     }
+    assert_eq!(at, grad.len(), "every parameter compared");
     worst
 }
 

@@ -95,6 +95,7 @@ pub fn small_model_of(
 ) -> Model {
     let spec = ModelSpec {
         short_range: None,
+        linear: None,
         type_map: ["A", "B", "C"][..ntypes]
             .iter()
             .map(|s| s.to_string())

@@ -191,6 +191,23 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
+        fn reference_linear_predictions() {
+            for case in $crate::suite::descriptors::LINEAR_CASES {
+                $crate::suite::descriptors::predictions(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
+        fn reference_linear_training_gradients() {
+            for case in $crate::suite::descriptors::LINEAR_CASES {
+                if $crate::suite::descriptors::LINEAR_EVAL_ONLY.contains(&case) {
+                    continue;
+                }
+                $crate::suite::descriptors::training_gradients(&$backend, case);
+            }
+        }
+        #[test]
+        $(#[$attr])?
         fn reference_se_atten_training_gradients() {
             for case in $crate::suite::descriptors::DPA1_CASES {
                 $crate::suite::descriptors::training_gradients(&$backend, case);

@@ -94,7 +94,7 @@ pub fn env_mat_and_descriptor<B: Backend<f64>>(b: &B) {
     );
     let batch = assemble(&model.spec, &rf.atype, &[rf.frame(0)]).unwrap();
     let dm = DeviceModel::<f64, B>::new(b, &model);
-    let mut w = Workspace::new(b, &dm, &batch.dims).unwrap();
+    let mut w = Workspace::for_batch(b, &dm, &batch).unwrap();
     w.load(b, &batch);
     forward(b, &dm, &mut w);
     let (rhat, desc) = (b.download(w.rhat()), b.download(w.descriptor()));
@@ -197,7 +197,7 @@ pub fn adam_steps<B: Backend<f64>>(b: &B) {
     let mut dm = DeviceModel::<f64, B>::new(b, &model);
     for (step, after) in [(0usize, "params_after_step0"), (1, "params_after_step1")] {
         let batch = assemble(&model.spec, &rf.atype, &[rf.frame(step)]).unwrap();
-        let mut w = Workspace::new(b, &dm, &batch.dims).unwrap();
+        let mut w = Workspace::for_batch(b, &dm, &batch).unwrap();
         w.load(b, &batch);
         forward(b, &dm, &mut w);
         gradient(b, &mut dm, &mut w, pref);

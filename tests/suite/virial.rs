@@ -40,6 +40,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
     let nt = type_map.len();
     let spec = ModelSpec {
         short_range: None,
+        linear: None,
         type_map,
         descriptor: DescriptorSpec {
             kind: Default::default(),

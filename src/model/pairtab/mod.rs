@@ -9,6 +9,7 @@ pub(super) mod yaml;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
+pub use super::linear::Weights;
 pub use batch::{ShortRangeBatch, TableInput};
 
 /// A tabulated pair energy E_{ti,tj}(r) as clamped cubic splines on a uniform grid.
@@ -74,25 +75,6 @@ pub enum Mix {
     },
     /// `linear_ener`: e_i = w_DP·e_DP + w_table·e_table.
     Linear { weights: Weights },
-}
-
-/// A linear model's `weights`, for its models in order (the DP model, then the table).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Weights {
-    Sum,
-    Mean,
-    List(Vec<f64>),
-}
-
-impl Weights {
-    /// The weights of the DP model and of the table.
-    pub fn pair(&self) -> (f64, f64) {
-        match self {
-            Weights::Sum => (1.0, 1.0),
-            Weights::Mean => (0.5, 0.5),
-            Weights::List(w) => (w[0], w[1]),
-        }
-    }
 }
 
 /// A pair table mixed into the model's DP energy (docs/deepmd-spec.md §19).
