@@ -14,7 +14,7 @@ pub use deepmd_args::deepmd_input_errors;
 pub(crate) mod error;
 pub(crate) mod keys;
 mod learning_rate;
-mod linear;
+pub mod linear;
 pub(crate) mod loss;
 mod model;
 pub mod multitask;

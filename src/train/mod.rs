@@ -8,6 +8,7 @@ pub mod dataset;
 pub mod finetune;
 pub mod interrupt;
 pub mod lcurve;
+mod linear;
 pub mod loss;
 pub mod lr;
 pub mod multitask;

@@ -245,10 +245,12 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
             // A model's with frame or atomic parameters is assembled every step: the resident
             // frames do not hold its fitting input. So is a property model's, whose loss reads
             // its labels on the host, and a model's with a pair table, whose terms are made on
-            // the host from each batch. (A mixed-type system's frames, each of its own
-            // composition and padding type, are kept with their own slot layouts.)
+            // the host from each batch, and a linear model's, whose DP models have lists of
+            // their own. (A mixed-type system's frames, each of its own composition and padding
+            // type, are kept with their own slot layouts.)
             let keep = spec.fitting.param_inputs() == 0
                 && spec.short_range.is_none()
+                && spec.linear.is_none()
                 && spec.fitting.output.is_ener()
                 && used.saturating_add(need) <= budget;
             systems.push(if keep {

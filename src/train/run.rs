@@ -238,8 +238,13 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         let loss = Loss::new(&cfg.loss, schedule.start_lr).with_output(&model.spec.fitting.output);
         let mut dm = DeviceModel::<T, B>::new(b, model);
         if let Some((m, v)) = &resume.adam {
-            dm.m = b.upload(m);
-            dm.v = b.upload(v);
+            // A linear model's DP models' moments one after the other.
+            let mut at = 0;
+            dm.each_mut(|d| {
+                let part = at..at + d.nparams;
+                (d.m, d.v) = (b.upload(&m[part.clone()]), b.upload(&v[part]));
+                at += d.nparams;
+            });
         }
         let a = &resume.disp_acc;
         let z = loss.zero_metrics();
@@ -439,7 +444,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
                 (w.sums_mut(), batch.dims.nframes)
             }
             _ => {
-                b.fill(&mut self.dm.grad, T::zero());
+                self.dm.each_mut(|d| b.fill(&mut d.grad, T::zero()));
                 b.fill(&mut self.no_sums, T::zero());
                 (&mut self.no_sums, 0)
             }
@@ -458,10 +463,10 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         if self.clip > 0.0 {
             b.clip_grad_norm(&mut self.dm.grad, self.clip, rows, norm_at);
         }
-        let dm = &mut self.dm;
         let mut adam = adam_step(&self.opt, lr, step);
         adam.tail = self.tail;
-        b.adam(adam, &mut dm.params, &dm.grad, &mut dm.m, &mut dm.v);
+        self.dm
+            .each_mut(|d| b.adam(adam, &mut d.params, &d.grad, &mut d.m, &mut d.v));
         self.step += 1;
         let done = self.step;
         let last = done == self.numb_steps;

@@ -288,6 +288,9 @@ pub fn prepare_in(
     out_dir: &Path,
     t0: Instant,
 ) -> Result<TrainSetup> {
+    if cfg.model.linear.is_some() {
+        return super::linear::prepare_in(fs, cfg, start, neighbor_stat, out_dir, t0);
+    }
     check_supported(&cfg)?;
     let (seed, seed_note) = match cfg.training.seed {
         Some(s) => (s, ""),

@@ -62,10 +62,6 @@ fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
     x.iter().map(|&v| T::of(v)).collect()
 }
 
-fn to_f64<T: Real>(x: &[T]) -> Vec<f64> {
-    x.iter().map(|v| v.f64()).collect()
-}
-
 /// A new lcurve.out for a run from step 0; else the existing one's lines up to `step` (dropping
 /// what a killed run wrote after its last checkpoint), opened for appending.
 pub(super) fn open_lcurve(path: &Path, step: usize) -> Result<File> {
@@ -588,8 +584,8 @@ impl Saver<'_> {
             precision: self.precision,
             step,
             lr,
-            adam_m: to_f64(&b.download(&dm.m)),
-            adam_v: to_f64(&b.download(&dm.v)),
+            adam_m: dm.concat(b, |m| &m.m),
+            adam_v: dm.concat(b, |m| &m.v),
             sampler,
             valid_sampler,
             train_shape: self.train_shape.clone(),
