@@ -6,7 +6,10 @@ mod common;
 
 use std::path::PathBuf;
 
-use dpw::model::{read_deepmd_yaml, read_model, write_deepmd_yaml};
+use dpw::model::linear::Weights;
+use dpw::model::{
+    read_deepmd_yaml, read_model, write_deepmd_yaml, DescriptorSpec, FittingSpec, Model, ModelSpec,
+};
 use serde_json::{json, Value};
 
 use common::*;
@@ -20,6 +23,33 @@ const CASES: [&str; 3] = [
     "linear_list_water",
     "linear_mean3_water",
 ];
+
+/// A linear model keeps its DP models' vectors one after the other, and gives them back.
+#[test]
+fn members_join_and_split_back() {
+    let a = ModelSpec {
+        type_map: vec!["O".into(), "H".into()],
+        descriptor: DescriptorSpec {
+            neuron: vec![2, 4],
+            ..water_descriptor()
+        },
+        fitting: FittingSpec::new(vec![6, 6], true),
+        short_range: None,
+        linear: None,
+    };
+    let mut b = a.clone();
+    b.descriptor.neuron = vec![3, 5];
+    b.fitting.neuron = vec![7];
+    let (ma, mb) = (Model::new(a, 1), Model::new(b, 2));
+    let lin = Model::linear(
+        &[ma.clone(), mb.clone()],
+        Weights::List(vec![0.3, 0.9]),
+        vec![0.5, -0.25],
+    );
+    assert_eq!(lin.spec.member_weights(), vec![0.3, 0.9]);
+    assert_eq!(lin.params.len(), ma.params.len() + mb.params.len());
+    assert_eq!(lin.members(), vec![ma, mb]);
+}
 
 /// A DeePMD-kit linear model read, written by dpw and read again is the same model (its DP
 /// models' own biases folded into the linear model's); so is one through a dpw model file.

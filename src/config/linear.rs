@@ -1,4 +1,4 @@
-//! The input's `"type": "linear_ener"` models (docs/deepmd-spec.md §19.8): several DP models
+//! The input's `"type": "linear_ener"` models (docs/deepmd-spec.md §19.9): several DP models
 //! whose atomic energies are summed with weights, or one DP model and a pair table (pairtab.rs).
 
 use std::path::Path;
@@ -51,7 +51,7 @@ pub(super) fn parse_linear(v: &Value, path: &str, base_dir: &Path) -> Result<Mod
     )?;
     let is_table = |m: &Value| m.get("type").and_then(Value::as_str) == Some("pairtab");
     if models.iter().any(is_table) {
-        return super::pairtab::linear(&sec, &models, base_dir);
+        return super::pairtab::linear(&sec, models, base_dir);
     }
     if models.is_empty() {
         return Err(ConfigError::invalid(
@@ -61,7 +61,7 @@ pub(super) fn parse_linear(v: &Value, path: &str, base_dir: &Path) -> Result<Mod
     }
     let mut members = (0..models.len())
         .map(|k| {
-            let m = member(&sec, &models, k, base_dir)?;
+            let m = member(&sec, models, k, base_dir)?;
             linear_ener_only(&m, &format!("{models_path}[{k}]"))?;
             Ok(m)
         })

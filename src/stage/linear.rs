@@ -1,4 +1,4 @@
-//! A linear model's sums over its DP models (docs/deepmd-spec.md §19.8), on the host: read
+//! A linear model's sums over its DP models (docs/deepmd-spec.md §19.9), on the host: read
 //! back, a few values per centre or atom, written back (as the pair tables' mixes are).
 
 use crate::backend::{Backend, Dims, Real};

@@ -1,4 +1,4 @@
-//! Setting up a linear model of several DP models (docs/deepmd-spec.md §19.8): each DP model
+//! Setting up a linear model of several DP models (docs/deepmd-spec.md §19.9): each DP model
 //! is prepared as the single-model input it stands for (its own list, `sel`, statistics and
 //! initial parameters), then they are joined, the linear model's energy bias set from the
 //! data once (DeePMD-kit's linear model's out_bias; its DP models keep none).

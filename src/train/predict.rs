@@ -84,7 +84,7 @@ pub fn predict_batch<T: Real, B: Backend<T>>(
     batch: &HostBatch,
 ) -> Result<Prediction> {
     let dm = DeviceModel::<T, B>::new(b, model);
-    let mut w = Workspace::for_batch(b, &dm, &batch)?;
+    let mut w = Workspace::for_batch(b, &dm, batch)?;
     w.load(b, batch);
     forward(b, &dm, &mut w);
     Ok(read_prediction(b, &dm, &w, batch))
@@ -131,7 +131,7 @@ fn step_of_batch<T: Real, B: Backend<T>>(
     loss: StepLoss,
 ) -> Result<(Vec<f64>, Vec<f64>, Prediction)> {
     let mut dm = DeviceModel::<T, B>::new(b, model);
-    let mut w = Workspace::for_batch(b, &dm, &batch)?;
+    let mut w = Workspace::for_batch(b, &dm, batch)?;
     w.load(b, batch);
     forward(b, &dm, &mut w);
     gradient(b, &mut dm, &mut w, loss);

@@ -1,4 +1,4 @@
-//! DeePMD-kit's `linear_ener` of several DP models (docs/deepmd-spec.md §19.8): each atom's
+//! DeePMD-kit's `linear_ener` of several DP models (docs/deepmd-spec.md §19.9): each atom's
 //! energy is Σ_k w_k·e_k + the linear model's bias, every model with its own descriptor,
 //! neighbour list, statistics and fitting net. (A DP model with a pair table is the other
 //! linear model, `pairtab`'s.)
@@ -192,52 +192,5 @@ impl Model {
                 .map_err(|e| e.context(format!("model.models[{k}]")))?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn members_join_and_split_back() {
-        let a = ModelSpec {
-            type_map: vec!["O".into(), "H".into()],
-            descriptor: DescriptorSpec {
-                kind: Default::default(),
-                rcut: 4.0,
-                rcut_smth: 0.5,
-                sel: vec![4, 8],
-                neuron: vec![2, 4],
-                axis_neuron: 2,
-                resnet_dt: false,
-                type_one_side: true,
-                env_protection: 0.0,
-                set_davg_zero: false,
-                list: vec![],
-                attention: None,
-                dpa3: None,
-                dpa2: None,
-                se_e3_tebd: None,
-            },
-            fitting: FittingSpec::new(vec![6, 6], true),
-            short_range: None,
-            linear: None,
-        };
-        let mut b = a.clone();
-        b.descriptor.neuron = vec![3, 5];
-        b.fitting.neuron = vec![7];
-        let (ma, mb) = (Model::new(a, 1), Model::new(b, 2));
-        let bias = vec![0.5, -0.25];
-        let lin = Model::linear(
-            &[ma.clone(), mb.clone()],
-            Weights::List(vec![0.3, 0.9]),
-            bias,
-        );
-        assert_eq!(lin.spec.nmembers(), 2);
-        assert_eq!(lin.spec.member_weights(), vec![0.3, 0.9]);
-        assert_eq!(lin.params.len(), ma.params.len() + mb.params.len());
-        let back = lin.members();
-        assert_eq!(back, vec![ma, mb]);
     }
 }

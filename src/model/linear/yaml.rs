@@ -1,4 +1,4 @@
-//! The serialization of a linear model of DP models (docs/deepmd-spec.md §19.8): DeePMD-kit's
+//! The serialization of a linear model of DP models (docs/deepmd-spec.md §19.9): DeePMD-kit's
 //! `linear` model node, a list of `standard` models with the weights and the linear model's
 //! out_bias at the top. Each member's own out_bias (DeePMD-kit adds it, weighted, before the
 //! linear model's) is folded into the one bias dpw keeps.
