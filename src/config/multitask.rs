@@ -111,6 +111,12 @@ impl MultiTaskConfig {
         for name in &names {
             let path = join("model.model_dict", name);
             let (m, refs) = resolve_model(&path, &model_dict[name], &shared)?;
+            if m.get("type").and_then(Value::as_str) == Some("linear_ener") {
+                return Err(ConfigError::unsupported(
+                    join(&path, "type"),
+                    "a linear model as a task of a multi-task input is not implemented",
+                ));
+            }
             super::model::check_type(&Value::Object(m), "model")
                 .map_err(|e| relocate(e, name, &refs))?;
         }

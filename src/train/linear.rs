@@ -24,14 +24,13 @@ pub(super) fn prepare_in(
     t0: Instant,
 ) -> Result<TrainSetup> {
     let linear = cfg.model.linear.clone().expect("a linear model");
-    let restart = match start {
-        Start::Fresh => None,
-        Start::Restart(ck) => Some(ck),
-        _ => bail!(
-            "--init-model, --init-frz-model and --finetune of a linear model of several DP \
-             models are not implemented (--restart is)"
-        ),
-    };
+    if let Start::Finetune { what, .. } = &start {
+        bail!(
+            "--finetune of a linear model of several DP models (from {what}) is not implemented \
+             (--restart, --init-model and -t are)"
+        );
+    }
+    let (restart, init) = setup::open_start(start)?;
     if dist::world().is_distributed() {
         bail!(
             "training a linear model of several DP models on several processes is not implemented"
@@ -73,13 +72,20 @@ pub(super) fn prepare_in(
         more: resolved.collect(),
     });
     let mut setup = setups.swap_remove(0);
-    if let Some(ck) = &restart {
+    // Its parameters, statistics and bias from a checkpoint or model file of the same model.
+    let given = restart.as_ref().map(|ck| &ck.model).or(init.as_ref());
+    if let Some(m) = given {
         ensure!(
-            ck.model.spec == model.spec,
-            "the model of the --restart checkpoint does not match input.json's linear model"
+            m.spec == model.spec,
+            "the model of the --restart checkpoint, --init-model or -t file does not match \
+             input.json's linear model ({} DP models there, {} here)",
+            m.spec.nmembers(),
+            model.spec.nmembers()
         );
+        model = m.clone();
+    }
+    if let Some(ck) = &restart {
         tracing::info!("restarting from step {} (lr {:.3e})", ck.step, ck.lr);
-        model = ck.model.clone();
     }
     setup.model = model;
     setup.config = config;

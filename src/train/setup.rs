@@ -855,7 +855,7 @@ fn read_validation(fs: &dyn Files, cfg: &Config) -> Result<Option<DataSet>> {
 }
 
 /// The checkpoint a restart continues, or the model a new run takes its parameters from.
-fn open_start(start: Start) -> Result<(Option<Box<Checkpoint>>, Option<Model>)> {
+pub(super) fn open_start(start: Start) -> Result<(Option<Box<Checkpoint>>, Option<Model>)> {
     Ok(match start {
         Start::Fresh => (None, None),
         Start::Restart(ck) => (Some(ck), None),
