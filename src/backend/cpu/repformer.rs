@@ -11,7 +11,7 @@ use super::act::cst;
 use super::block_in::BlockIn;
 use super::dual::Num;
 use super::tape::{Tape, V};
-use super::tape_block::{act_fun, net, tebd, BlockEnv, Ctx, List, TapeBlock};
+use super::tape_block::{net, tebd, BlockEnv, Ctx, List, TapeBlock};
 use super::three_body::ThreeBody;
 use crate::backend::Real;
 use crate::model::dpa2::{Dpa2Config, Dpa2Layout, RepformerLayerLayout};
@@ -182,7 +182,7 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
             let add = t.linear(ti, w, None, g1d);
             out = t.add(out, add);
         }
-        let g1 = t.map(out, act_fun(c.repformer.activation));
+        let g1 = t.act(out, c.repformer.activation);
         let g1 = self.repformer(t, rij, g1);
         if c.concat_output_tebd {
             t.concat(&[g1, ti])
@@ -226,7 +226,7 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         };
         let l = self.x.l;
         let z = t.linear(g2in, l.g2_embd.w, Some(l.g2_embd.b), r.g2_dim);
-        let mut g2 = t.map(z, act_fun(r.activation));
+        let mut g2 = t.act(z, r.activation);
         let n: Vec<f64> = (0..nc)
             .map(|c| e.real[c * s..(c + 1) * s].iter().filter(|&&r| r).count() as f64)
             .collect();
@@ -346,7 +346,7 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         let mut g1_terms = Vec::new();
         if let Some(mlp) = &ll.g1_self_mlp {
             let z = t.linear(g1, mlp.w, Some(mlp.b), g1d);
-            g1_terms.push(t.map(z, act_fun(act)));
+            g1_terms.push(t.act(z, act));
         }
         if k.conv_term {
             let w = ll.proj_g1g2.expect("conv's projection");
@@ -374,7 +374,7 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         }
         let cat = t.concat(&parts);
         let z = t.linear(cat, ll.linear1.w, Some(ll.linear1.b), g1d);
-        g1_terms.push(t.map(z, act_fun(act)));
+        g1_terms.push(t.act(z, act));
         if k.g1_attn {
             g1_terms.push(self.local_atten(t, rep, ll, g1, gg1));
         }
@@ -385,7 +385,7 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         let mut g2_terms = Vec::new();
         let l2 = ll.linear2.as_ref().expect("linear2");
         let z = t.linear(g2, l2.w, Some(l2.b), g2d);
-        g2_terms.push(t.map(z, act_fun(act)));
+        g2_terms.push(t.act(z, act));
         if let Some(w) = ll.proj_g1g1g2 {
             let gi = t.rows(g1, &rep.centre);
             let p = t.mul(gi, gg1);

@@ -55,6 +55,30 @@ pub fn tanh_row<T: Real, const W: usize>(x: &mut Row<T, W>) {
     }
 }
 
+/// `x[i] = tanh(x[i])`, in the widest instruction set the CPU has (a block's activations on
+/// the tape).
+pub fn tanh_in_place<T: Real>(x: &mut [T]) {
+    super::simd::wide(
+        #[inline(always)]
+        || {
+            // One row of the whole slice: [`tanh_bias_in`] of a zero bias would turn −0 to +0.
+            const W: usize = 16;
+            let mut xs = x.chunks_exact_mut(W);
+            for xc in &mut xs {
+                rows_apart();
+                let mut v: Row<T, W> = map(|q| xc[q]);
+                tanh_row(&mut v);
+                xc.copy_from_slice(&v);
+            }
+            let xr = xs.into_remainder();
+            let mut v: Row<T, W> = map(|q| xr.get(q).copied().unwrap_or(T::zero()));
+            tanh_row(&mut v);
+            let n = xr.len();
+            xr.copy_from_slice(&v[..n]);
+        },
+    )
+}
+
 /// `x[i] = tanh(x[i] + b[i % b.len()])` for a row-major block whose rows have `b.len()` values.
 #[inline(always)]
 pub fn tanh_bias<T: Real>(x: &mut [T], b: &[T]) {

@@ -13,7 +13,7 @@ use super::act::cst;
 use super::block_in::BlockIn;
 use super::dual::{Dual, Num};
 use super::repflow::switch3;
-use super::tape::{Fun, Tape, NONE, V};
+use super::tape::{Tape, NONE, V};
 use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
 use crate::model::{Activation, Net, Skip, TebdLayout};
@@ -38,10 +38,6 @@ pub(crate) trait TapeBlock: Clone + PartialEq + Send + 'static {
 /// What every pass reads: the model and the batch (davg, dstd: `[nt][4]` of each block's
 /// statistics in turn).
 pub(crate) type TapeIn<'a, O, T> = BlockIn<'a, O, <O as TapeBlock>::Layout, T>;
-
-pub(crate) fn act_fun<T: Real>(a: Activation) -> Fun<T> {
-    Arc::new(move |x| a.eval3(x))
-}
 
 /// A block's list: the first `s` slots of the model's, those at r > rcut padding, with the
 /// davg/dstd rows of statistics block `stats`.
@@ -220,7 +216,7 @@ pub(crate) fn net<T: Real, N: Num<T>>(
 ) -> V {
     for l in &net.layers {
         let z = t.linear(x, l.w, Some(l.b), l.nout);
-        let mut h = t.map(z, act_fun(a));
+        let mut h = t.act(z, a);
         if let Some(idt) = l.idt {
             let p = t.param(idt, 1, l.nout);
             h = t.mul(h, p);
