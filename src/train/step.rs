@@ -408,10 +408,7 @@ pub fn gradient<'l, T: Real, B: Backend<T>>(
         let rijdot = (w.env.rijdot.as_ref()).expect("a pair table's model has ṙ_ij");
         b.mix_seed(d, &p.weight, &p.dweight, rijdot, &mut w.ebar);
     }
-    b.fill(&mut m.grad, T::zero());
-    let desc = (w.descriptor.desc(), w.descriptor.ddot());
-    w.fitting.dual(b, m, d, desc, &w.ebar);
-    w.descriptor.dual(b, m, d, &w.env, w.fitting.adjoints());
+    reverse(b, m, w);
 }
 
 /// A linear model's other DP model's tangent and dual reverse passes from the loss's seeds: its
@@ -424,6 +421,12 @@ fn dual_passes<T: Real, B: Backend<T>>(
 ) {
     let d = &w.dims;
     w.descriptor.tangent(b, m, d, &mut w.env, seeds);
+    reverse(b, m, w);
+}
+
+/// The dual reverse pass after the tangent: the gradient of one DP model into its `grad`.
+fn reverse<T: Real, B: Backend<T>>(b: &B, m: &mut DeviceModel<T, B>, w: &mut Workspace<T, B>) {
+    let d = &w.dims;
     b.fill(&mut m.grad, T::zero());
     let desc = (w.descriptor.desc(), w.descriptor.ddot());
     w.fitting.dual(b, m, d, desc, &w.ebar);
