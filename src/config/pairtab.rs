@@ -1,7 +1,8 @@
 //! The input's pair tables (docs/deepmd-spec.md §19.1): `use_srtab` with `smin_alpha`,
 //! `sw_rmin`, `sw_rmax` on a standard model, and `"type": "linear_ener"` of one DP model and
-//! one `pairtab` (config/linear.rs reads the linear model around them). The table is read from its file here (relative paths against the input's
-//! folder, as the systems' are), so a missing or malformed file is named before training.
+//! one `pairtab` (config/linear.rs reads the linear model around them). The table is read from
+//! its file here (relative paths against the input's folder, as the systems' are), so a missing
+//! or malformed file is named before training.
 
 use std::path::Path;
 

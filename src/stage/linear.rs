@@ -3,8 +3,8 @@
 
 use crate::backend::{Backend, Dims, Real};
 
-/// e_i = Σ_k w_k·e_k,i plus the bias of its type, of every centre, in DeePMD-kit's order (the weighted sum
-/// of the models, then the bias), and each frame's energy.
+/// e_i = Σ_k w_k·e_k,i plus the bias of its type, of every centre, in DeePMD-kit's order (the
+/// weighted sum of the models, then the bias), and each frame's energy.
 pub fn energy<T: Real, B: Backend<T>>(
     b: &B,
     d: &Dims,

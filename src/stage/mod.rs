@@ -15,7 +15,7 @@ pub mod pairtab;
 use crate::backend::{Backend, BlockOpts, HostBlock, Real};
 use crate::geometry::EnvParams;
 use crate::model::pairtab::Mix;
-use crate::model::{AttentionConfig, DescriptorLayout, DescriptorSpec, DescriptorType, Model, Net};
+use crate::model::{AttentionConfig, DescriptorLayout, DescriptorType, Model, Net};
 
 use embed::Nets;
 pub use head::HostHead;
@@ -50,14 +50,7 @@ pub struct DeviceModel<T: Real, B: Backend<T>> {
     pub weight: f64,
     /// A linear model's other DP models, each a model of its own on the device (this one,
     /// the first, holds the linear model's bias); empty for one DP model.
-    pub more: Vec<Member<T, B>>,
-}
-
-/// A DP model of a linear model after the first, and its descriptor (whose list a batch's
-/// shape is made for).
-pub struct Member<T: Real, B: Backend<T>> {
-    pub dm: DeviceModel<T, B>,
-    pub descriptor: DescriptorSpec,
+    pub more: Vec<DeviceModel<T, B>>,
 }
 
 /// One descriptor on the device: its nets (offsets into the model's parameter vector),
@@ -139,16 +132,14 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
             return Self::one(b, model);
         }
         let weights = model.spec.member_weights();
-        let mut members = (model.members().into_iter().zip(weights)).map(|(m, w)| {
-            let mut dm = Self::one(b, &m);
-            dm.weight = w;
-            (dm, m.spec.descriptor)
+        let members = model.members();
+        let mut members = (members.iter().zip(weights)).map(|(m, w)| Self {
+            weight: w,
+            ..Self::one(b, m)
         });
-        let (mut first, _) = members.next().expect("a linear model has a DP model");
+        let mut first = members.next().expect("a linear model has a DP model");
         first.bias = b.upload(&to_t(&model.bias));
-        first.more = members
-            .map(|(dm, descriptor)| Member { dm, descriptor })
-            .collect();
+        first.more = members.collect();
         first
     }
 
@@ -211,16 +202,14 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
 
     /// Every DP model: this one, then a linear model's others.
     pub fn all(&self) -> impl Iterator<Item = &DeviceModel<T, B>> {
-        std::iter::once(self).chain(self.more.iter().map(|m| &m.dm))
+        std::iter::once(self).chain(&self.more)
     }
 
     /// `f` on every DP model in turn (each without the list of the others).
     pub fn each_mut(&mut self, mut f: impl FnMut(&mut DeviceModel<T, B>)) {
         let mut more = std::mem::take(&mut self.more);
         f(self);
-        for m in &mut more {
-            f(&mut m.dm);
-        }
+        more.iter_mut().for_each(&mut f);
         self.more = more;
     }
 

@@ -132,11 +132,11 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
     pub fn for_batch(b: &B, m: &DeviceModel<T, B>, batch: &HostBatch) -> anyhow::Result<Self> {
         let mut w = Self::one(b, m, &batch.dims)?;
         w.more = (m.more.iter().zip(&batch.more))
-            .map(|(k, kb)| Self::one(b, &k.dm, &kb.dims))
+            .map(|(k, kb)| Self::one(b, k, &kb.dims))
             .collect::<anyhow::Result<_>>()?;
         w.weigh(b, m.weight);
         for (wk, k) in w.more.iter_mut().zip(&m.more) {
-            wk.weigh(b, k.dm.weight);
+            wk.weigh(b, k.weight);
         }
         Ok(w)
     }
@@ -345,10 +345,10 @@ fn forward_member<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut 
 fn forward_linear<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, w: &mut Workspace<T, B>) {
     forward_member(b, m, w);
     for (wk, k) in w.more.iter_mut().zip(&m.more) {
-        forward_member(b, &k.dm, wk);
+        forward_member(b, k, wk);
     }
     let mut e_fit = vec![(w.fitting.e_fit(), m.weight)];
-    e_fit.extend((w.more.iter().zip(&m.more)).map(|(wk, k)| (wk.fitting.e_fit(), k.dm.weight)));
+    e_fit.extend((w.more.iter().zip(&m.more)).map(|(wk, k)| (wk.fitting.e_fit(), k.weight)));
     linear::energy(b, &w.dims, &e_fit, &m.bias, &mut w.e_atom, &mut w.energy);
     for wk in &w.more {
         linear::add(b, &wk.force, &mut w.force);
@@ -396,8 +396,8 @@ pub fn gradient<'l, T: Real, B: Backend<T>>(
     // force and virial seeds are the same for all: their weights seed the fittings).
     for (wk, k) in w.more.iter_mut().zip(&mut m.more) {
         b.copy(&w.ebar, &mut wk.ebar, 0);
-        linear::scale(b, &mut wk.ebar, k.dm.weight);
-        dual_passes(b, &mut k.dm, wk, (&w.fres, &w.vres));
+        linear::scale(b, &mut wk.ebar, k.weight);
+        dual_passes(b, k, wk, (&w.fres, &w.vres));
     }
     if m.weight != 1.0 {
         linear::scale(b, &mut w.ebar, m.weight);

@@ -7,7 +7,6 @@ use anyhow::{ensure, Result};
 use serde_yaml_ng::Value;
 
 use super::{Model, Weights};
-use crate::model::pairtab::yaml::{read_weights, weights_value};
 use crate::model::yaml::{standard_model, Nodes, YamlModel};
 use crate::yaml_tree::{ndarray, obj, At};
 
@@ -91,4 +90,32 @@ pub fn write(
         "models" => defs,
     };
     (node, def)
+}
+
+/// A linear model's `weights`: "sum", "mean" or one number per model.
+pub fn read_weights(w: &At, nmodels: usize) -> Result<Weights> {
+    Ok(match w.v {
+        Value::String(s) if s == "sum" => Weights::Sum,
+        Value::String(s) if s == "mean" => Weights::Mean,
+        Value::Sequence(_) => {
+            let list = w.seq()?.iter().map(At::f64).collect::<Result<Vec<_>>>()?;
+            ensure!(
+                list.len() == nmodels,
+                "{}: {} weights for {nmodels} models",
+                w.path,
+                list.len()
+            );
+            Weights::List(list)
+        }
+        _ => return w.fail("\"sum\", \"mean\" or a list of numbers, one per model"),
+    })
+}
+
+/// `weights` as the input and the serialization write it.
+pub fn weights_value(w: &Weights) -> Value {
+    match w {
+        Weights::Sum => "sum".into(),
+        Weights::Mean => "mean".into(),
+        Weights::List(l) => l[..].into(),
+    }
 }

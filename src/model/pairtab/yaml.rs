@@ -5,7 +5,8 @@
 use anyhow::{bail, ensure, Result};
 use serde_yaml_ng::Value;
 
-use super::{Mix, PairTable, ShortRange, Weights};
+use super::{Mix, PairTable, ShortRange};
+use crate::model::linear::yaml::{read_weights, weights_value};
 use crate::yaml_tree::{ndarray, obj, At};
 
 #[rustfmt::skip]
@@ -75,25 +76,6 @@ pub fn read<'a>(m: &At<'a>, tab_file: Option<&str>) -> Result<Mixed<'a>> {
             tab_file: tab_file.unwrap_or("").to_string(),
         },
         out_bias,
-    })
-}
-
-/// A linear model's `weights`: "sum", "mean" or one number per model.
-pub fn read_weights(w: &At, nmodels: usize) -> Result<Weights> {
-    Ok(match w.v {
-        Value::String(s) if s == "sum" => Weights::Sum,
-        Value::String(s) if s == "mean" => Weights::Mean,
-        Value::Sequence(_) => {
-            let list = w.seq()?.iter().map(At::f64).collect::<Result<Vec<_>>>()?;
-            ensure!(
-                list.len() == nmodels,
-                "{}: {} weights for {nmodels} models",
-                w.path,
-                list.len()
-            );
-            Weights::List(list)
-        }
-        _ => return w.fail("\"sum\", \"mean\" or a list of numbers, one per model"),
     })
 }
 
@@ -200,15 +182,6 @@ pub fn write(sr: &ShortRange, mut dp: Value, out_bias: Value, type_map: &[String
         }
     }
     out
-}
-
-/// `weights` as the input and the serialization write it.
-pub fn weights_value(w: &Weights) -> Value {
-    match w {
-        Weights::Sum => "sum".into(),
-        Weights::Mean => "mean".into(),
-        Weights::List(l) => l[..].into(),
-    }
 }
 
 /// The `model` section of an input that builds the mixed model around `dp_def` (the DP
