@@ -217,29 +217,18 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         self.push(y, rows, cols, Op::Map(x, slope))
     }
 
-    /// The activation `a` of each entry of x: [`Tape::map`] of [`Activation::eval3`], the
-    /// other activations through [`super::act::eval3_slice`], and float32's tanh over the whole
-    /// tensor at once (`tanh.rs`, within 2 ulp of libm's, as the dense layers take it): libm's
-    /// tanhf, through expm1f, was a fifth of DPA-2's float32 step. In float64 libm's tanh is no
-    /// slower than the vectorised one here, and keeps the numbers.
+    /// The activation `a` of each entry of x: [`Tape::map`] of [`Activation::eval3`], evaluated
+    /// a chunk at a time (the values, slopes and the slopes' slopes in the chunk's own buffers,
+    /// nothing zeroed or copied over the whole tensor): tanh through `tanh.rs` (within 2 ulp of
+    /// libm's in float32, 3 in float64, as the dense layers take it; libm's, through expm1, was
+    /// a fifth of DPA-2's float32 step and a tenth of its float64 one on an Intel Xeon), the
+    /// others through [`super::act::eval3_slice`].
     pub fn act(&mut self, x: V, a: Activation) -> V {
         let (rows, cols) = self.shape(x);
-        let re: Vec<T> = self.val(x).iter().map(|v| v.re()).collect();
-        let n = re.len();
-        let (mut y, mut dy, mut d2y) = (re, vec![T::zero(); n], vec![T::zero(); n]);
-        if a == Activation::Tanh && size_of::<T>() == 4 {
-            tanh_in_place(&mut y);
-            let two = T::one() + T::one();
-            for ((&t, d1), d2) in y.iter().zip(&mut dy).zip(&mut d2y) {
-                *d1 = T::one() - t * t;
-                *d2 = -two * t * (T::one() - t * t);
-            }
-        } else {
-            let x = y.clone();
-            super::act::eval3_slice(a, &x, &mut y, &mut dy, &mut d2y);
-        }
-        let (val, slope): (Vec<N>, Vec<N>) = (self.val(x).par_iter().enumerate())
-            .map(|(e, &v)| (v.apply(|_| (y[e], dy[e])), v.apply(|_| (dy[e], d2y[e]))))
+        let xv = self.val(x);
+        let f: Vec<[[T; 3]; CHUNK]> = xv.par_chunks(CHUNK).map(|c| act_chunk(a, c)).collect();
+        let (val, slope) = (xv.par_iter().zip(f.as_flattened().par_iter()))
+            .map(|(&v, &[y, dy, d2y])| (v.apply(|_| (y, dy)), v.apply(|_| (dy, d2y))))
             .unzip();
         self.push(val, rows, cols, Op::Map(x, slope))
     }
@@ -251,15 +240,7 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
             (br == rows || br == 1) && (bc == cols || bc == 1),
             "broadcast of [{br}][{bc}] onto [{rows}][{cols}]"
         );
-        let (av, bv) = (self.val(a), self.val(b));
-        let y: Vec<N> = (0..rows * cols)
-            .into_par_iter()
-            .map(|e| {
-                let (i, j) = (e / cols, e % cols);
-                let bi = bcast(i, j, br, bc);
-                f(av[e], bv[bi])
-            })
-            .collect();
+        let y = zip_bcast(self.val(a), self.val(b), (rows, cols), (br, bc), f);
         self.push(y, rows, cols, op)
     }
 
@@ -294,26 +275,22 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
     /// Columns `cols` of every row.
     pub fn cols(&mut self, x: V, cols: std::ops::Range<usize>) -> V {
         let (rows, w) = self.shape(x);
-        let idx: Vec<u32> = (0..rows)
-            .flat_map(|i| cols.clone().map(move |j| (i * w + j) as u32))
-            .collect();
+        let mut idx = Vec::with_capacity(rows * cols.len());
+        for i in 0..rows {
+            idx.extend(cols.clone().map(|j| (i * w + j) as u32));
+        }
         self.gather(x, Arc::new(idx), rows, cols.len())
     }
 
     /// Rows `idx` (a [`NONE`] row reads 0).
     pub fn rows(&mut self, x: V, idx: &[u32]) -> V {
         let w = self.shape(x).1;
-        let all: Vec<u32> = (idx.iter())
-            .flat_map(|&i| {
-                (0..w).map(move |j| {
-                    if i == NONE {
-                        NONE
-                    } else {
-                        i * w as u32 + j as u32
-                    }
-                })
-            })
-            .collect();
+        // Built with its length known: a flat_map's collect grew it by reallocation, a copy
+        // of every index so far each time.
+        let mut all = Vec::with_capacity(idx.len() * w);
+        for &i in idx {
+            all.extend((0..w as u32).map(|j| if i == NONE { NONE } else { i * w as u32 + j }));
+        }
         self.gather(x, Arc::new(all), idx.len(), w)
     }
 
@@ -499,48 +476,32 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                     });
                 }
                 Op::Map(x, slope) => {
-                    acc(&mut adj, *x, &self.nodes, |xbar| {
-                        xbar.par_iter_mut()
-                            .zip(slope.par_iter().zip(ybar.par_iter()))
-                            .for_each(|(o, (&slope, &yb))| *o += yb * slope);
-                    });
+                    let g = (ybar.par_iter().zip(slope.par_iter()))
+                        .map(|(&yb, &slope)| yb * slope)
+                        .collect();
+                    put(&mut adj, *x, g);
                 }
                 &Op::Add(a, b) | &Op::Sub(a, b) => {
-                    let neg = matches!(node.op, Op::Sub(..));
-                    acc(&mut adj, a, &self.nodes, |abar| add_into(abar, &ybar));
-                    let bb = if neg {
-                        ybar.iter().map(|&v| -v).collect()
+                    let bb = if matches!(node.op, Op::Sub(..)) {
+                        ybar.par_iter().map(|&v| -v).collect()
                     } else {
                         ybar.clone()
                     };
-                    let (br, bc) = (self.nodes[b.0].rows, self.nodes[b.0].cols);
-                    acc(&mut adj, b, &self.nodes, |bbar| {
-                        unbroadcast(bbar, &bb, rows, cols, br, bc)
-                    });
+                    put(&mut adj, a, ybar);
+                    put_unbroadcast(&mut adj, &self.nodes, b, bb, (rows, cols));
                 }
                 &Op::Mul(a, b) => {
                     let (br, bc) = (self.nodes[b.0].rows, self.nodes[b.0].cols);
                     let (av, bv) = (&self.nodes[a.0].val, &self.nodes[b.0].val);
-                    let bidx = |e: usize| {
-                        let (i, j) = (e / cols, e % cols);
-                        bcast(i, j, br, bc)
-                    };
-                    acc(&mut adj, a, &self.nodes, |abar| {
-                        abar.par_iter_mut()
-                            .enumerate()
-                            .for_each(|(e, o)| *o += ybar[e] * bv[bidx(e)]);
-                    });
-                    let prodv: Vec<N> = (0..ybar.len()).map(|e| ybar[e] * av[e]).collect();
-                    acc(&mut adj, b, &self.nodes, |bbar| {
-                        unbroadcast(bbar, &prodv, rows, cols, br, bc)
-                    });
+                    let abar = zip_bcast(&ybar, bv, (rows, cols), (br, bc), |yb, b| yb * b);
+                    put(&mut adj, a, abar);
+                    let prodv = (ybar.par_iter().zip(av.par_iter()))
+                        .map(|(&yb, &a)| yb * a)
+                        .collect();
+                    put_unbroadcast(&mut adj, &self.nodes, b, prodv, (rows, cols));
                 }
                 &Op::Scale(x, s) => {
-                    acc(&mut adj, x, &self.nodes, |xbar| {
-                        for (o, &v) in xbar.iter_mut().zip(&ybar) {
-                            *o += v.scale(s);
-                        }
-                    });
+                    put(&mut adj, x, ybar.par_iter().map(|&v| v.scale(s)).collect());
                 }
                 Op::Gather(x, idx) => {
                     acc(&mut adj, *x, &self.nodes, |xbar| {
@@ -590,18 +551,15 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                     let mut at = 0;
                     for &x in xs {
                         let w = self.nodes[x.0].cols;
-                        acc(&mut adj, x, &self.nodes, |xbar| {
-                            for r in 0..rows {
-                                add_into(
-                                    &mut xbar[r * w..(r + 1) * w],
-                                    &ybar[r * cols + at..][..w],
-                                );
-                            }
-                        });
+                        let xbar = (ybar.chunks(cols.max(1)))
+                            .flat_map(|r| &r[at..at + w])
+                            .copied()
+                            .collect();
+                        put(&mut adj, x, xbar);
                         at += w;
                     }
                 }
-                &Op::Reshape(x) => acc(&mut adj, x, &self.nodes, |xbar| add_into(xbar, &ybar)),
+                &Op::Reshape(x) => put(&mut adj, x, ybar),
             }
         }
         Grads { adj }
@@ -631,30 +589,88 @@ fn acc<T, N: Copy + Default>(
     f(a);
 }
 
+/// (f, f', f'') of activation `a` at each of (up to [`CHUNK`]) numbers' real parts.
+fn act_chunk<T: Real, N: Num<T>>(a: Activation, xc: &[N]) -> [[T; 3]; CHUNK] {
+    let n = xc.len();
+    let mut x = [T::zero(); CHUNK];
+    for (x, v) in x.iter_mut().zip(xc) {
+        *x = v.re();
+    }
+    let (mut y, mut dy, mut d2y) = ([T::zero(); CHUNK], [T::zero(); CHUNK], [T::zero(); CHUNK]);
+    if a == Activation::Tanh {
+        y[..n].copy_from_slice(&x[..n]);
+        tanh_in_place(&mut y[..n]);
+        let two = T::one() + T::one();
+        for ((&t, d1), d2) in y[..n].iter().zip(&mut dy).zip(&mut d2y) {
+            *d1 = T::one() - t * t;
+            *d2 = -two * t * (T::one() - t * t);
+        }
+    } else {
+        super::act::eval3_slice(a, &x[..n], &mut y[..n], &mut dy[..n], &mut d2y[..n]);
+    }
+    std::array::from_fn(|e| [y[e], dy[e], d2y[e]])
+}
+
+/// Adds `g` to v's adjoint, or makes it v's adjoint where nothing reached v yet: no zeroed
+/// adjoint is written and read again (the zeroing was a tenth of DPA-2's float32 step).
+fn put<N: Copy + std::ops::AddAssign + Send + Sync>(adj: &mut [Option<Vec<N>>], v: V, g: Vec<N>) {
+    match &mut adj[v.0] {
+        Some(a) => add_into(a, &g),
+        none => *none = Some(g),
+    }
+}
+
 fn add_into<N: Copy + std::ops::AddAssign>(y: &mut [N], x: &[N]) {
     for (o, &v) in y.iter_mut().zip(x) {
         *o += v;
     }
 }
 
-/// Adds `g` `[rows][cols]` into `bbar` `[br][bc]`, summing over the broadcast extents.
-fn unbroadcast<N: Copy + std::ops::AddAssign>(
-    bbar: &mut [N],
-    g: &[N],
-    rows: usize,
-    cols: usize,
-    br: usize,
-    bc: usize,
+/// [`put`] of `g` `[rows][cols]` summed over b's broadcast extents.
+fn put_unbroadcast<T, N: Copy + Default + std::ops::AddAssign + Send + Sync>(
+    adj: &mut [Option<Vec<N>>],
+    nodes: &[Node<T, N>],
+    b: V,
+    g: Vec<N>,
+    (rows, cols): (usize, usize),
 ) {
-    if br == rows && bc == cols {
-        return add_into(bbar, g);
+    let (br, bc) = (nodes[b.0].rows, nodes[b.0].cols);
+    if (br, bc) == (rows, cols) {
+        return put(adj, b, g);
     }
-    for i in 0..rows {
-        for j in 0..cols {
-            let bi = bcast(i, j, br, bc);
-            bbar[bi] += g[i * cols + j];
+    acc(adj, b, nodes, |bbar| {
+        for i in 0..rows {
+            for j in 0..cols {
+                bbar[bcast(i, j, br, bc)] += g[i * cols + j];
+            }
         }
+    });
+}
+
+/// f(a, b) of a `[rows][cols]` and b `[br][bc]` broadcast onto it, a row at a time where b
+/// is broadcast (an entry's row and column by division cost more than the op).
+fn zip_bcast<N: Copy + Default + Send + Sync>(
+    av: &[N],
+    bv: &[N],
+    (rows, cols): (usize, usize),
+    (br, bc): (usize, usize),
+    f: impl Fn(N, N) -> N + Sync,
+) -> Vec<N> {
+    if (br, bc) == (rows, cols) {
+        return (av.par_iter().zip(bv.par_iter()))
+            .map(|(&x, &y)| f(x, y))
+            .collect();
     }
+    let mut y = vec![N::default(); rows * cols];
+    (y.par_chunks_mut(cols.max(1))
+        .zip(av.par_chunks(cols.max(1))))
+    .enumerate()
+    .for_each(|(i, (yr, ar))| {
+        for (j, (o, &x)) in yr.iter_mut().zip(ar).enumerate() {
+            *o = f(x, bv[bcast(i, j, br, bc)]);
+        }
+    });
+    y
 }
 
 /// Where b `[br][bc]` is read for entry (i, j) of its broadcast.
