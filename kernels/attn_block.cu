@@ -371,6 +371,30 @@ struct Blk {
     }
   }
 
+  // A centre's rows in ws: row j's `width` numbers from at + j·stride.
+  struct Rows {
+    i64 at;
+    int stride, width;
+  };
+
+  // The gradient of a dense layer y = x W + b over a centre's n rows into ws at w and b:
+  // W̄[a][c] = Σ_j x_j[a] ȳ_j[c], b̄[c] = Σ_j ȳ_j[c], the last row once per slot it stands for.
+  __device__ void dense_grad(int t, int n, Rows x, Rows ybar, i64 w, i64 b) const {
+    for (int e = t; e < x.width * ybar.width; e += ATTN_WG) {
+      int a = e / ybar.width, cc = e % ybar.width;
+      N s = c(T(0));
+      for (int j = 0; j < n; ++j)
+        s = s + ld(x.at + (i64)j * x.stride + a) * ld(ybar.at + (i64)j * ybar.stride + cc);
+      st(w + e, s);
+    }
+    for (int cc = t; cc < ybar.width; cc += ATTN_WG) {
+      N s = c(T(0));
+      for (int j = 0; j < n; ++j)
+        for (int r = 0; r < copies(j, n); ++r) s = s + ld(ybar.at + (i64)j * ybar.stride + cc);
+      st(b + cc, s);
+    }
+  }
+
   __device__ void backward(int cl, int t, int n) const {
     int m = u.m1, m2 = u.m2, h = u.h, h3 = 3 * h, nl = u.nlayers;
     T inv_nnei = cst[2], inv_m = cst[3];
@@ -447,18 +471,8 @@ struct Blk {
         st(at_obar(cl, j) + x, s);
       }
       if (want_grad) {
-        for (int e = t; e < h * m; e += ATTN_WG) {
-          int x = e / m, cc = e % m;
-          N s = c(T(0));
-          for (int j = 0; j < n; ++j) s = s + ld(at_o(cl, l, j) + x) * ld(at_z(cl, j) + cc);
-          st(lg + lp_w_out(0) + e, s);
-        }
-        for (int cc = t; cc < m; cc += ATTN_WG) {
-          N s = c(T(0));
-          for (int j = 0; j < n; ++j)
-            for (int r = 0; r < copies(j, n); ++r) s = s + ld(at_z(cl, j) + cc);
-          st(lg + lp_b_out(0) + cc, s);
-        }
+        Rows o{at_o(cl, l, 0), h, h}, z{at_z(cl, 0), m, m};
+        dense_grad(t, n, o, z, lg + lp_w_out(0), lg + lp_b_out(0));
       }
       __syncthreads();
       for (int e = t; e < n * n; e += ATTN_WG) {
@@ -519,18 +533,8 @@ struct Blk {
         st(at_gbar(cl, j) + cc, ld(at_gbar(cl, j) + cc) + s);
       }
       if (want_grad) {
-        for (int e = t; e < m * h3; e += ATTN_WG) {
-          int cc = e / h3, o = e % h3;
-          N s = c(T(0));
-          for (int j = 0; j < n; ++j) s = s + ld(at_g(cl, l, j) + cc) * ld(at_qkvbar(cl, j) + o);
-          st(lg + e, s);
-        }
-        for (int o = t; o < h3; o += ATTN_WG) {
-          N s = c(T(0));
-          for (int j = 0; j < n; ++j)
-            for (int r = 0; r < copies(j, n); ++r) s = s + ld(at_qkvbar(cl, j) + o);
-          st(lg + lp_b_in(0) + o, s);
-        }
+        Rows g{at_g(cl, l, 0), m, m}, qkvbar{at_qkvbar(cl, 0), h3, h3};
+        dense_grad(t, n, g, qkvbar, lg + lp_w_in(0), lg + lp_b_in(0));
       }
       __syncthreads();
     }

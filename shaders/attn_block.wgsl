@@ -515,6 +515,36 @@ fn normalize_backward_at(y: u32, nr: num, yb: u32, k: u32) {
 // Adjoint of softmax_row for row j, from Ā_att in the row of `nn`: through C, the switches,
 // the softmax and the smoothing to α L̄ in place; each element's share of r̂̄ and σ̄ kept in C̄
 // and Ē (summed by softmax_sums).
+// A centre's rows in ws: row j's `width` numbers from at + j·stride.
+struct Rows {
+    at: u32,
+    stride: u32,
+    width: u32,
+}
+
+// The gradient of a dense layer y = x W + b over a centre's n rows into ws at w and b:
+// W̄[a][c] = Σ_j x_j[a] ȳ_j[c], b̄[c] = Σ_j ȳ_j[c], the last row once per slot it stands for.
+fn dense_grad(t: u32, n: u32, x: Rows, ybar: Rows, w: u32, b: u32) {
+    for (var e = t; e < x.width * ybar.width; e += WG) {
+        let a = e / ybar.width;
+        let c = e % ybar.width;
+        var s = nc(real(0));
+        for (var j = 0u; j < n; j++) {
+            s = nadd(s, nmul(ws_ld(x.at + j * x.stride + a), ws_ld(ybar.at + j * ybar.stride + c)));
+        }
+        ws_st(w + e, s);
+    }
+    for (var c = t; c < ybar.width; c += WG) {
+        var s = nc(real(0));
+        for (var j = 0u; j < n; j++) {
+            for (var r = 0u; r < copies(j, n); r++) {
+                s = nadd(s, ws_ld(ybar.at + j * ybar.stride + c));
+            }
+        }
+        ws_st(b + c, s);
+    }
+}
+
 fn softmax_backward_row(cl: u32, l: u32, j: u32, n: u32) {
     let br = at_nn(cl, j);
     let cb = at_cbar(cl, j);
@@ -684,24 +714,8 @@ fn backward(cl: u32, t: u32, n: u32) {
             ws_st(at_obar(cl, j) + x, s);
         }
         if (want_grad) {
-            for (var e = t; e < h * m; e += WG) {
-                let x = e / m;
-                let c = e % m;
-                var s = nc(real(0));
-                for (var j = 0u; j < n; j++) {
-                    s = nadd(s, nmul(ws_ld(at_o(cl, l, j) + x), ws_ld(at_z(cl, j) + c)));
-                }
-                ws_st(lg + lp_w_out(0u) + e, s);
-            }
-            for (var c = t; c < m; c += WG) {
-                var s = nc(real(0));
-                for (var j = 0u; j < n; j++) {
-                    for (var r = 0u; r < copies(j, n); r++) {
-                        s = nadd(s, ws_ld(at_z(cl, j) + c));
-                    }
-                }
-                ws_st(lg + lp_b_out(0u) + c, s);
-            }
+            let o = Rows(at_o(cl, l, 0u), h, h);
+            dense_grad(t, n, o, Rows(at_z(cl, 0u), m, m), lg + lp_w_out(0u), lg + lp_b_out(0u));
         }
         storageBarrier();
         // O = A v̂: Ā_att = Ō v̂ᵀ, v̂̄ = Aᵀ Ō.
@@ -793,24 +807,9 @@ fn backward(cl: u32, t: u32, n: u32) {
             ws_st(at_gbar(cl, j) + c, nadd(ws_ld(at_gbar(cl, j) + c), s));
         }
         if (want_grad) {
-            for (var e = t; e < m * h3; e += WG) {
-                let c = e / h3;
-                let o = e % h3;
-                var s = nc(real(0));
-                for (var j = 0u; j < n; j++) {
-                    s = nadd(s, nmul(ws_ld(at_g(cl, l, j) + c), ws_ld(at_qkvbar(cl, j) + o)));
-                }
-                ws_st(lg + e, s);
-            }
-            for (var o = t; o < h3; o += WG) {
-                var s = nc(real(0));
-                for (var j = 0u; j < n; j++) {
-                    for (var r = 0u; r < copies(j, n); r++) {
-                        s = nadd(s, ws_ld(at_qkvbar(cl, j) + o));
-                    }
-                }
-                ws_st(lg + lp_b_in(0u) + o, s);
-            }
+            let g = Rows(at_g(cl, l, 0u), m, m);
+            let qkvbar = Rows(at_qkvbar(cl, 0u), h3, h3);
+            dense_grad(t, n, g, qkvbar, lg + lp_w_in(0u), lg + lp_b_in(0u));
         }
         storageBarrier();
     }
