@@ -493,8 +493,22 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                 &Op::Mul(a, b) => {
                     let (br, bc) = (self.nodes[b.0].rows, self.nodes[b.0].cols);
                     let (av, bv) = (&self.nodes[a.0].val, &self.nodes[b.0].val);
-                    let abar = zip_bcast(&ybar, bv, (rows, cols), (br, bc), |yb, b| yb * b);
-                    put(&mut adj, a, abar);
+                    match &mut adj[a.0] {
+                        // Added in place: a product's adjoint made beside one that exists was
+                        // an extra tensor at the backward's peak.
+                        Some(abar) => (abar.par_chunks_mut(cols.max(1)))
+                            .zip(ybar.par_chunks(cols.max(1)))
+                            .enumerate()
+                            .for_each(|(i, (ar, yr))| {
+                                for (j, (o, &yb)) in ar.iter_mut().zip(yr).enumerate() {
+                                    *o += yb * bv[bcast(i, j, br, bc)];
+                                }
+                            }),
+                        none => {
+                            let g = zip_bcast(&ybar, bv, (rows, cols), (br, bc), |yb, b| yb * b);
+                            *none = Some(g);
+                        }
+                    }
                     let prodv = (ybar.par_iter().zip(av.par_iter()))
                         .map(|(&yb, &a)| yb * a)
                         .collect();
