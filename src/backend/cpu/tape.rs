@@ -240,7 +240,7 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
             (br == rows || br == 1) && (bc == cols || bc == 1),
             "broadcast of [{br}][{bc}] onto [{rows}][{cols}]"
         );
-        let y = zip_bcast(self.val(a), self.val(b), (rows, cols), (br, bc), f);
+        let y = zip_bcast(self.val(a), self.val(b), ((rows, cols), (br, bc)), f);
         self.push(y, rows, cols, op)
     }
 
@@ -475,47 +475,25 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                             });
                     });
                 }
-                Op::Map(x, slope) => {
-                    let g = (ybar.par_iter().zip(slope.par_iter()))
-                        .map(|(&yb, &slope)| yb * slope)
-                        .collect();
-                    put(&mut adj, *x, g);
-                }
+                Op::Map(x, slope) => put_with(&mut adj, *x, ybar.len(), |e| ybar[e] * slope[e]),
                 &Op::Add(a, b) | &Op::Sub(a, b) => {
-                    let bb = if matches!(node.op, Op::Sub(..)) {
-                        ybar.par_iter().map(|&v| -v).collect()
-                    } else {
-                        ybar.clone()
-                    };
-                    put(&mut adj, a, ybar);
-                    put_unbroadcast(&mut adj, &self.nodes, b, bb, (rows, cols));
+                    put_with(&mut adj, a, ybar.len(), |e| ybar[e]);
+                    let neg = matches!(node.op, Op::Sub(..));
+                    let sign = |v: N| if neg { -v } else { v };
+                    put_reduced(&mut adj, &self.nodes, b, (rows, cols), |e| sign(ybar[e]));
                 }
                 &Op::Mul(a, b) => {
                     let (br, bc) = (self.nodes[b.0].rows, self.nodes[b.0].cols);
                     let (av, bv) = (&self.nodes[a.0].val, &self.nodes[b.0].val);
+                    let shapes = ((rows, cols), (br, bc));
                     match &mut adj[a.0] {
-                        // Added in place: a product's adjoint made beside one that exists was
-                        // an extra tensor at the backward's peak.
-                        Some(abar) => (abar.par_chunks_mut(cols.max(1)))
-                            .zip(ybar.par_chunks(cols.max(1)))
-                            .enumerate()
-                            .for_each(|(i, (ar, yr))| {
-                                for (j, (o, &yb)) in ar.iter_mut().zip(yr).enumerate() {
-                                    *o += yb * bv[bcast(i, j, br, bc)];
-                                }
-                            }),
-                        none => {
-                            let g = zip_bcast(&ybar, bv, (rows, cols), (br, bc), |yb, b| yb * b);
-                            *none = Some(g);
-                        }
+                        Some(abar) => bcast_rows(abar, &ybar, bv, shapes, |o, yb, b| *o += yb * b),
+                        none => *none = Some(zip_bcast(&ybar, bv, shapes, |yb, b| yb * b)),
                     }
-                    let prodv = (ybar.par_iter().zip(av.par_iter()))
-                        .map(|(&yb, &a)| yb * a)
-                        .collect();
-                    put_unbroadcast(&mut adj, &self.nodes, b, prodv, (rows, cols));
+                    put_reduced(&mut adj, &self.nodes, b, (rows, cols), |e| ybar[e] * av[e]);
                 }
                 &Op::Scale(x, s) => {
-                    put(&mut adj, x, ybar.par_iter().map(|&v| v.scale(s)).collect());
+                    put_with(&mut adj, x, ybar.len(), |e| ybar[e].scale(s));
                 }
                 Op::Gather(x, idx) => {
                     acc(&mut adj, *x, &self.nodes, |xbar| {
@@ -640,51 +618,81 @@ fn add_into<N: Copy + std::ops::AddAssign>(y: &mut [N], x: &[N]) {
     }
 }
 
-/// [`put`] of `g` `[rows][cols]` summed over b's broadcast extents.
-fn put_unbroadcast<T, N: Copy + Default + std::ops::AddAssign + Send + Sync>(
+/// Adds g(e) for each entry e to v's adjoint in place, or collects the g(e) as v's adjoint
+/// where nothing reached v yet: no second tensor beside an adjoint at the backward's peak.
+fn put_with<N: Copy + std::ops::AddAssign + Send + Sync>(
+    adj: &mut [Option<Vec<N>>],
+    v: V,
+    len: usize,
+    g: impl Fn(usize) -> N + Sync + Send,
+) {
+    match &mut adj[v.0] {
+        Some(a) => a.par_iter_mut().enumerate().for_each(|(e, o)| *o += g(e)),
+        none => *none = Some((0..len).into_par_iter().map(g).collect()),
+    }
+}
+
+/// [`put_with`] of g over a `[rows][cols]` tensor into b's adjoint, summed over b's broadcast
+/// extents.
+fn put_reduced<T, N: Copy + Default + std::ops::AddAssign + Send + Sync>(
     adj: &mut [Option<Vec<N>>],
     nodes: &[Node<T, N>],
     b: V,
-    g: Vec<N>,
     (rows, cols): (usize, usize),
+    g: impl Fn(usize) -> N + Sync + Send,
 ) {
     let (br, bc) = (nodes[b.0].rows, nodes[b.0].cols);
     if (br, bc) == (rows, cols) {
-        return put(adj, b, g);
+        return put_with(adj, b, rows * cols, g);
     }
+    let full: Vec<N> = (0..rows * cols).into_par_iter().map(g).collect();
     acc(adj, b, nodes, |bbar| {
         for i in 0..rows {
             for j in 0..cols {
-                bbar[bcast(i, j, br, bc)] += g[i * cols + j];
+                bbar[bcast(i, j, br, bc)] += full[i * cols + j];
             }
         }
     });
 }
 
-/// f(a, b) of a `[rows][cols]` and b `[br][bc]` broadcast onto it, a row at a time where b
-/// is broadcast (an entry's row and column by division cost more than the op).
+/// A tensor's `[rows][cols]` and the `[br][bc]` broadcast onto it.
+type Shapes = ((usize, usize), (usize, usize));
+
+/// f(a, b) of a `[rows][cols]` and b `[br][bc]` broadcast onto it.
 fn zip_bcast<N: Copy + Default + Send + Sync>(
     av: &[N],
     bv: &[N],
-    (rows, cols): (usize, usize),
-    (br, bc): (usize, usize),
+    shapes: Shapes,
     f: impl Fn(N, N) -> N + Sync,
 ) -> Vec<N> {
-    if (br, bc) == (rows, cols) {
+    let ((rows, cols), b) = shapes;
+    if b == (rows, cols) {
         return (av.par_iter().zip(bv.par_iter()))
             .map(|(&x, &y)| f(x, y))
             .collect();
     }
     let mut y = vec![N::default(); rows * cols];
-    (y.par_chunks_mut(cols.max(1))
+    bcast_rows(&mut y, av, bv, shapes, |o, x, b| *o = f(x, b));
+    y
+}
+
+/// `op(out, a, b)` at each entry of a `[rows][cols]` with b `[br][bc]` broadcast onto it, a
+/// row at a time: an entry's row and column by division cost more than the op.
+fn bcast_rows<N: Copy + Send + Sync>(
+    out: &mut [N],
+    av: &[N],
+    bv: &[N],
+    ((_, cols), (br, bc)): Shapes,
+    op: impl Fn(&mut N, N, N) + Sync,
+) {
+    (out.par_chunks_mut(cols.max(1))
         .zip(av.par_chunks(cols.max(1))))
     .enumerate()
-    .for_each(|(i, (yr, ar))| {
-        for (j, (o, &x)) in yr.iter_mut().zip(ar).enumerate() {
-            *o = f(x, bv[bcast(i, j, br, bc)]);
+    .for_each(|(i, (or, ar))| {
+        for (j, (o, &x)) in or.iter_mut().zip(ar).enumerate() {
+            op(o, x, bv[bcast(i, j, br, bc)]);
         }
     });
-    y
 }
 
 /// Where b `[br][bc]` is read for entry (i, j) of its broadcast.
