@@ -273,6 +273,24 @@ fn parity_attn_ops_f32() {
 }
 
 #[test]
+fn parity_tape_blocks_f64() {
+    on_wgpu::<f64>(
+        "parity_tape_blocks_f64",
+        1e-12,
+        suite::parity::tape_blocks::<f64, _>,
+    );
+}
+
+#[test]
+fn parity_tape_blocks_f32() {
+    on_wgpu::<f32>(
+        "parity_tape_blocks_f32",
+        1e-4,
+        suite::parity::tape_blocks::<f32, _>,
+    );
+}
+
+#[test]
 fn parity_attn_ops_other_variant_f64() {
     if let Some(w) = other_variant::<f64>("parity_attn_ops_other_variant_f64") {
         suite::parity::attn_ops::<f64, _>(w, 1e-12);

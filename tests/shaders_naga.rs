@@ -7,7 +7,9 @@
 use std::collections::BTreeSet;
 
 use dpw::backend::gpu_layout::PARAMS;
-use dpw::backend::wgpu::shaders::{source, Access, Precision, Shader, ALL_KERNELS};
+use dpw::backend::wgpu::shaders::{
+    source, Access, Precision, Shader, ALL_KERNELS, TAPE, TAPE_DUAL,
+};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 fn module(shader: Shader, prec: Precision) -> (naga::Module, naga::valid::ModuleInfo) {
@@ -60,7 +62,8 @@ fn f64_shaders_need_the_capability() {
 #[test]
 fn kernel_bindings_match_entry_points() {
     for prec in [Precision::F32, Precision::F64] {
-        for k in ALL_KERNELS {
+        let tape = TAPE.all().into_iter().chain(TAPE_DUAL.all());
+        for k in ALL_KERNELS.iter().copied().chain(tape) {
             let (m, info) = module(k.shader, prec);
             let ep = m
                 .entry_points

@@ -159,6 +159,27 @@ fn dpa1_lcurve_of_12_steps_matches_cpu() {
     lcurves_match("dpa1_lcurve_of_12_steps_matches_cpu", &input, 4);
 }
 
+/// DPA-2 (repinit with its three-body block, one repformer layer with both attentions) on the
+/// water data, kept tiny: its block runs on the device through its tape (wgpu/tape.rs).
+#[test]
+fn dpa2_lcurve_of_8_steps_matches_cpu() {
+    let mut input = water_input(8);
+    input["model"]["descriptor"] = serde_json::json!({
+        "type": "dpa2",
+        "repinit": {"tebd_dim": 4, "rcut": 4.0, "rcut_smth": 0.5, "nsel": 40,
+                    "neuron": [4, 8], "axis_neuron": 4, "use_three_body": true,
+                    "three_body_sel": 16, "three_body_rcut": 3.0, "three_body_rcut_smth": 2.5,
+                    "three_body_neuron": [2, 4]},
+        "repformer": {"rcut": 3.0, "rcut_smth": 2.5, "nsel": 16, "nlayers": 1, "g1_dim": 8,
+                      "g2_dim": 4, "attn1_hidden": 4, "attn1_nhead": 2, "attn2_hidden": 4,
+                      "attn2_nhead": 2, "axis_neuron": 2, "update_g1_has_attn": true,
+                      "update_g2_has_attn": true, "update_h2": true},
+        "seed": 1
+    });
+    // Steps 1, 4, 8.
+    lcurves_match("dpa2_lcurve_of_8_steps_matches_cpu", &input, 3);
+}
+
 /// `"mixed:3"` batches of DeePMD-kit's nopbc molecules (7, 8 and 10 atoms, three systems):
 /// frames padded with virtual atoms, and more batch shapes than the plans kept, so plans are
 /// dropped and the backend forgets their shapes ([`dpw::backend::Device::forget_shape`]) and

@@ -10,9 +10,9 @@ use std::borrow::Cow;
 use super::cpu::block_in::BlockIn;
 use super::cpu::repflow::{self, RepflowIn};
 use super::cpu::repformer::Dpa2In;
-use super::cpu::tape_block;
+use super::cpu::tape_block::{self, Recorded};
 use super::cpu::three_body::SeE3TebdIn;
-use super::keep::Keep;
+use super::keep::{Keep, Key};
 use super::{Device, Dims, Real};
 use crate::model::dpa2::Dpa2Layout;
 use crate::model::dpa3::Dpa3Layout;
@@ -102,6 +102,44 @@ pub enum Body<'a, T> {
 }
 
 impl<T: Real> Body<'_, T> {
+    /// The block's tape recorded for a device to run (`backend/wgpu/tape.rs`); `None` for
+    /// DPA-3's, written by hand rather than on the tape.
+    pub fn record(&self, d: &Dims) -> Option<Recorded<T>> {
+        match self {
+            Body::Repflow(..) => None,
+            Body::Repformer(x, _) => Some(tape_block::record(*x, d)),
+            Body::SeE3Tebd(x, _) => Some(tape_block::record(*x, d)),
+        }
+    }
+
+    /// Leaves a device's `state` of these inputs in the stage's keep, with `bufs`, the ids of
+    /// the device buffers it read that the host view does not hold (the parameters, a
+    /// tangent): the parameters change only after a step's passes, so their buffer stands for
+    /// them.
+    pub fn put_device<S: Send + 'static>(&self, d: &Dims, bufs: [u64; 2], state: S) {
+        match self {
+            Body::Repflow(..) => {}
+            Body::Repformer(x, k) => k.put((x.key(d, None), bufs), state),
+            Body::SeE3Tebd(x, k) => k.put((x.key(d, None), bufs), state),
+        }
+    }
+
+    /// The device state [`Body::put_device`] left for these inputs, if any.
+    pub fn take_device<S: Send + 'static>(&self, d: &Dims, bufs: [u64; 2]) -> Option<S> {
+        fn mine<'a, O: Clone + PartialEq, L, T: bytemuck::Pod>(
+            x: &'a BlockIn<'_, O, L, T>,
+            d: &'a Dims,
+            bufs: [u64; 2],
+        ) -> impl FnOnce(&(Key<T, O>, [u64; 2])) -> bool + 'a {
+            move |k| k.1 == bufs && x.made(&k.0, d, None)
+        }
+        match self {
+            Body::Repflow(..) => None,
+            Body::Repformer(x, k) => k.take(mine(x, d, bufs)),
+            Body::SeE3Tebd(x, k) => k.take(mine(x, d, bufs)),
+        }
+    }
+
     pub fn forward(&self, d: &Dims, desc: &mut [T]) {
         match self {
             Body::Repflow(x, k) => match Cut::of(d, x) {
@@ -302,8 +340,24 @@ impl<B, I> BlockArgs<'_, B, I> {
         b: &K,
         f: impl FnOnce(Body<'_, T>) -> R,
     ) -> R {
+        self.host(b, true, f)
+    }
+
+    /// Runs `f` on the host view of the arguments, the parameters left out (empty) unless
+    /// `params`: what recording the block's tape reads.
+    pub fn host<T: Real, K: Device<T, Buf = B, Idx = I> + ?Sized, R>(
+        &self,
+        b: &K,
+        params: bool,
+        f: impl FnOnce(Body<'_, T>) -> R,
+    ) -> R {
         let h = Host {
-            params: b.download(self.params).into(),
+            params: if params {
+                b.download(self.params)
+            } else {
+                Vec::new()
+            }
+            .into(),
             davg: b.download(self.davg).into(),
             dstd: b.download(self.dstd).into(),
             rij: b.download(self.rij).into(),

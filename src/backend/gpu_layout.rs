@@ -769,6 +769,36 @@ impl LossParams {
     }
 }
 
+gpu_struct! {
+    /// The scalars of one tape kernel (shaders/tape.wgsl, which says what each reads): a
+    /// tensor's `[rows][cols]`, a broadcast operand's `[br][bc]`, a product's m, k and n
+    /// (`nn`) and transposes, parameter offsets `w` and `b`, where the op's constants (`ci`)
+    /// and indices (`ix`) start, the kind of op (`op`), whether it adds to its output, and a
+    /// long sum's split: `nparts` parts of up to `chunk` terms for each of its `nout` entries.
+    pub struct TapeParams {
+        pub rows: u32,
+        pub cols: u32,
+        pub br: u32,
+        pub bc: u32,
+        pub m: u32,
+        pub k: u32,
+        pub nn: u32,
+        pub ta: u32,
+        pub tb: u32,
+        pub acc: u32,
+        pub op: u32,
+        pub has_b: u32,
+        pub w: u32,
+        pub b: u32,
+        pub ci: u32,
+        pub ix: u32,
+        pub nout: u32,
+        pub nparts: u32,
+        pub chunk: u32,
+        pub _pad: u32,
+    }
+}
+
 /// The ops' parameter structs: WGSL uniform blocks, and by-value CUDA kernel arguments.
 pub const PARAMS: &[Layout] = &[
     DenseParams::LAYOUT,
@@ -781,6 +811,7 @@ pub const PARAMS: &[Layout] = &[
     LossParams::LAYOUT,
     AttnParams::LAYOUT,
     AttnBlockParams::LAYOUT,
+    TapeParams::LAYOUT,
 ];
 
 /// The declarations put before every CUDA kernel file: the kernels' fixed sizes

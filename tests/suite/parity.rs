@@ -61,9 +61,9 @@ impl Lcg {
 /// 2 and 3 types, periodic and not), as (name, model, atom types, frames).
 ///
 /// The hybrid case is left out: it has no ops of its own (its sub-descriptors' are those of the
-/// other cases), and its batch's slot layout is no one descriptor's. So are the DPA-3 and DPA-2
-/// cases: no embedding net, and their block's ops are the same host bodies on every backend
-/// (their predictions and gradients on each are the suite's `reference_dpa3_*`,
+/// other cases), and its batch's slot layout is no one descriptor's. So are the DPA-3, DPA-2 and
+/// se_e3_tebd cases: no embedding net, their block one op ([`tape_blocks`] has them; their
+/// predictions and gradients on each backend are the suite's `reference_dpa3_*`,
 /// `reference_dpa2_*`).
 pub fn small_cases() -> Vec<(&'static str, Model, super::fd::Sys)> {
     use dpw::model::DescriptorType;
@@ -687,6 +687,24 @@ pub fn batch_step<T: Real, B: Backend<T>>(
             "{w}: predict and loss_and_grad disagree on the GPU"
         ));
     }
+}
+
+/// [`step`] on two frames of each DPA-2 and se_e3_tebd system of the finite-difference suite:
+/// blocks a device runs through their tapes (wgpu's `backend/wgpu/tape.rs`).
+pub fn tape_blocks<T: Real, B: Backend<T>>(gpu: &B, tol: f64)
+where
+    Cpu: Backend<T>,
+{
+    use dpw::model::DescriptorType;
+    let mut failures = Vec::new();
+    for (name, m, s) in super::fd::cases() {
+        let kind = m.spec.descriptor.kind;
+        if matches!(kind, DescriptorType::Dpa2 | DescriptorType::SeE3Tebd) {
+            let frames = [frame_of(&s), frame_of(&s)];
+            step::<T, _>(gpu, name, &m, &s.atype, &frames, tol, &mut failures);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// [`step`] on the training frames of the DPA-1 reference cases.

@@ -57,7 +57,7 @@ pub struct Prod {
 
 /// A matrix operand given by strides: element (i, p) is `v[i·rs + p·cs]`.
 #[derive(Clone, Copy)]
-pub(crate) struct Mat<'a, T> {
+pub struct Mat<'a, T> {
     pub v: &'a [T],
     pub rs: usize,
     pub cs: usize,

@@ -21,7 +21,7 @@ mod scatter;
 mod simd;
 pub mod strip;
 mod tanh;
-mod tape;
+pub(crate) mod tape;
 pub mod tape_block;
 pub mod three_body;
 mod tile;

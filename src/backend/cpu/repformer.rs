@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::act::cst;
 use super::block_in::BlockIn;
 use super::dual::Num;
-use super::tape::{Tape, V};
+use super::tape::{Elem, Tape, V};
 use super::tape_block::{net, tebd, BlockEnv, Ctx, List, TapeBlock};
 use super::three_body::ThreeBody;
 use crate::backend::Real;
@@ -577,20 +577,7 @@ fn layer_norm<T: Real, N: Num<T>>(t: &mut Tape<'_, T, N>, y: V, w: usize, b: usi
     let sq = t.mul(xc, xc);
     let var = t.row_sum(sq);
     let var = t.scale(var, inv_n);
-    let e = cst::<T>(eps);
-    let inv = t.map(
-        var,
-        Arc::new(move |v: T| {
-            let s = (v + e).sqrt();
-            let i = T::one() / s;
-            let two = cst::<T>(2.0);
-            (
-                i,
-                -i / (two * (v + e)),
-                cst::<T>(3.0) * i / (two * two * (v + e) * (v + e)),
-            )
-        }),
-    );
+    let inv = t.map(var, Elem::Rsqrt(eps));
     let x = t.mul(xc, inv);
     let w = t.param(w, 1, cols);
     let x = t.mul(x, w);

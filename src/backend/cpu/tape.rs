@@ -16,6 +16,7 @@ use rayon::prelude::*;
 
 use super::dual::Num;
 use super::gemm::{Mat, Prod};
+use super::repflow::switch3;
 use super::tanh::tanh_in_place;
 use crate::backend::Real;
 use crate::model::Activation;
@@ -24,14 +25,65 @@ use crate::model::Activation;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct V(usize);
 
-/// f(x) as (f, f', f'') at a real x: the value and slope of an elementwise op, and the slope's
-/// own slope for the dual reverse.
-pub type Fun<T> = Arc<dyn Fn(T) -> (T, T, T) + Send + Sync>;
+impl V {
+    /// Its place in the tape's order.
+    pub fn index(self) -> usize {
+        self.0
+    }
+
+    /// The tensor at place `i` of the tape's order.
+    pub fn at(i: usize) -> V {
+        V(i)
+    }
+}
+
+/// An elementwise function of the tape, as data rather than a closure so that a device runs
+/// the same tape (`backend/wgpu/tape.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Elem {
+    /// √x.
+    Sqrt,
+    /// DeePMD-kit's quintic switch from `rs` to `rc` (spec §3).
+    Switch {
+        rs: f64,
+        rc: f64,
+    },
+    /// 1 / (x + p).
+    Recip(f64),
+    /// 1 / √(x + e).
+    Rsqrt(f64),
+    Act(Activation),
+}
+
+impl Elem {
+    /// f(x) as (f, f', f'') at a real x: the value and slope of the op, and the slope's own
+    /// slope for the dual reverse.
+    pub fn eval3<T: Real>(self, v: T) -> (T, T, T) {
+        let (one, two) = (T::one(), T::one() + T::one());
+        match self {
+            Elem::Sqrt => {
+                let s = v.sqrt();
+                (s, one / (two * s), -one / (two * two * v * s))
+            }
+            Elem::Switch { rs, rc } => switch3(false, rs, rc, v),
+            Elem::Recip(p) => {
+                let i = one / (v + T::of(p));
+                (i, -i * i, two * i * i * i)
+            }
+            Elem::Rsqrt(e) => {
+                let ve = v + T::of(e);
+                let i = one / ve.sqrt();
+                (i, -i / (two * ve), T::of(3.0) * i / (two * two * ve * ve))
+            }
+            Elem::Act(a) => a.eval3(v),
+        }
+    }
+}
 
 /// An index of [`Tape::gather`] that reads 0.
 pub const NONE: u32 = u32::MAX;
 
-enum Op<T, N> {
+pub(crate) enum Op<T, N> {
     Leaf,
     /// params[at..at + len] as a tensor.
     Param(usize),
@@ -53,20 +105,26 @@ enum Op<T, N> {
     },
     /// f of each entry of x, with each entry's slope f'(x) (as a number: on duals its tangent
     /// is f''·ẋ) kept from the forward for the backward, so f is evaluated once per pass.
-    Map(V, Vec<N>),
+    Map(V, Elem, Vec<N>),
     /// a ∘ b with b broadcast over rows and/or columns where its extent is 1.
     Add(V, V),
     Sub(V, V),
     Mul(V, V),
     Scale(V, T),
-    Gather(V, Arc<Vec<u32>>),
+    /// y's unit u (of `w` consecutive entries) = x's unit idx[u], 0 for [`NONE`]: single
+    /// entries (w = 1), or whole rows, whose indices are a row's rather than each entry's.
+    Gather {
+        x: V,
+        idx: Arc<Vec<u32>>,
+        w: usize,
+    },
     /// Sums of `k` consecutive rows.
     SumRows(V, usize),
     /// Each row's sum.
     RowSum(V),
     /// Softmax over each row's columns (masked-out entries are 0 and leave the sum, so the
     /// backward needs no mask).
-    Softmax(V),
+    Softmax(V, Option<Arc<Vec<bool>>>),
     Concat(Vec<V>),
     Reshape(V),
 }
@@ -81,6 +139,9 @@ struct Node<T, N> {
 pub struct Tape<'p, T: Real, N: Num<T>> {
     params: Cow<'p, [T]>,
     nodes: Vec<Node<T, N>>,
+    /// Whether the ops are evaluated as they are recorded; a tape only recorded
+    /// ([`Tape::record`]) holds its leaves' values alone, for a device to run.
+    eager: bool,
 }
 
 /// Rows per parallel task of the elementwise and row-wise ops.
@@ -91,6 +152,17 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         Tape {
             params: Cow::Borrowed(params),
             nodes: Vec::new(),
+            eager: true,
+        }
+    }
+
+    /// A tape that records its ops without evaluating them (its parameters are read where it
+    /// runs): the graph a device runs.
+    pub fn record() -> Self {
+        Tape {
+            params: Cow::Owned(Vec::new()),
+            nodes: Vec::new(),
+            eager: false,
         }
     }
 
@@ -99,11 +171,12 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         Tape {
             params: Cow::Owned(self.params.into_owned()),
             nodes: self.nodes,
+            eager: self.eager,
         }
     }
 
     fn push(&mut self, val: Vec<N>, rows: usize, cols: usize, op: Op<T, N>) -> V {
-        debug_assert_eq!(val.len(), rows * cols);
+        debug_assert!(val.len() == rows * cols || !self.eager);
         self.nodes.push(Node {
             val,
             rows,
@@ -111,6 +184,17 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
             op,
         });
         V(self.nodes.len() - 1)
+    }
+
+    /// Records op with its value `eval()` where the tape evaluates.
+    fn node(
+        &mut self,
+        (rows, cols): (usize, usize),
+        op: Op<T, N>,
+        eval: impl FnOnce(&Self) -> Vec<N>,
+    ) -> V {
+        let val = if self.eager { eval(self) } else { Vec::new() };
+        self.push(val, rows, cols, op)
     }
 
     pub fn val(&self, v: V) -> &[N] {
@@ -133,35 +217,36 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
 
     /// The parameters `[at..at + rows·cols]` as a `[rows][cols]` tensor.
     pub fn param(&mut self, at: usize, rows: usize, cols: usize) -> V {
-        let val = self.params[at..at + rows * cols]
-            .iter()
-            .map(|&x| N::of(x))
-            .collect();
-        self.push(val, rows, cols, Op::Param(at))
+        self.node((rows, cols), Op::Param(at), |t| {
+            let p = &t.params[at..at + rows * cols];
+            p.iter().map(|&x| N::of(x)).collect()
+        })
     }
 
     /// x·W (+ b) for W `[cols(x)][out]` at offset `w`, b `[out]` at `b`.
     pub fn linear(&mut self, x: V, w: usize, b: Option<usize>, out: usize) -> V {
         let (rows, nin) = self.shape(x);
-        let wv = &self.params[w..w + nin * out];
-        let mut y = vec![N::zero(); rows * out];
-        if let Some(b) = b {
-            let bv = &self.params[b..b + out];
-            for row in y.chunks_mut(out) {
-                for (y, &b) in row.iter_mut().zip(bv) {
-                    *y = N::of(b);
+        self.node((rows, out), Op::Linear { x, w, b }, |t| {
+            let wv = &t.params[w..w + nin * out];
+            let mut y = vec![N::zero(); rows * out];
+            if let Some(b) = b {
+                let bv = &t.params[b..b + out];
+                for row in y.chunks_mut(out) {
+                    for (y, &b) in row.iter_mut().zip(bv) {
+                        *y = N::of(b);
+                    }
                 }
             }
-        }
-        let xv = &self.nodes[x.0].val;
-        y.par_chunks_mut(CHUNK * out)
-            .zip(xv.par_chunks(CHUNK * nin))
-            .for_each_init(Vec::new, |work, (yc, xc)| {
-                let m = xc.len() / nin.max(1);
-                let p = prod(m, nin, out, b.is_some());
-                N::gemm_r(p, mat(xc, nin), wv, yc, work);
-            });
-        self.push(y, rows, out, Op::Linear { x, w, b })
+            let xv = &t.nodes[x.0].val;
+            y.par_chunks_mut(CHUNK * out)
+                .zip(xv.par_chunks(CHUNK * nin))
+                .for_each_init(Vec::new, |work, (yc, xc)| {
+                    let m = xc.len() / nin.max(1);
+                    let p = prod(m, nin, out, b.is_some());
+                    N::gemm_r(p, mat(xc, nin), wv, yc, work);
+                });
+            y
+        })
     }
 
     /// `[batch]` products op(A)·op(B) → `[batch][m][n]`: A is `[batch][m][k]` (`[k][m]` with
@@ -178,43 +263,45 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         ta: bool,
         tb: bool,
     ) -> V {
-        assert_eq!(self.val(a).len(), batch * m * k, "bmm: A's size");
-        assert_eq!(self.val(b).len(), batch * k * n, "bmm: B's size");
-        let mut c = vec![N::zero(); batch * m * n];
-        let (av, bv) = (self.val(a), self.val(b));
-        c.par_chunks_mut((m * n).max(1))
-            .enumerate()
-            .for_each_init(Vec::new, |work, (i, cb)| {
-                let ab = &av[i * m * k..(i + 1) * m * k];
-                let bb = &bv[i * k * n..(i + 1) * k * n];
-                matmul(m, k, n, (ab, ta), (bb, tb), cb, false, work);
-            });
-        self.push(
-            c,
-            batch * m,
+        assert_eq!(self.len(a), batch * m * k, "bmm: A's size");
+        assert_eq!(self.len(b), batch * k * n, "bmm: B's size");
+        let op = Op::Bmm {
+            a,
+            b,
+            m,
+            k,
             n,
-            Op::Bmm {
-                a,
-                b,
-                m,
-                k,
-                n,
-                ta,
-                tb,
-            },
-        )
+            ta,
+            tb,
+        };
+        self.node((batch * m, n), op, |t| {
+            let mut c = vec![N::zero(); batch * m * n];
+            let (av, bv) = (t.val(a), t.val(b));
+            c.par_chunks_mut((m * n).max(1)).enumerate().for_each_init(
+                Vec::new,
+                |work, (i, cb)| {
+                    let ab = &av[i * m * k..(i + 1) * m * k];
+                    let bb = &bv[i * k * n..(i + 1) * k * n];
+                    matmul(m, k, n, (ab, ta), (bb, tb), cb, false, work);
+                },
+            );
+            c
+        })
     }
 
     /// f of each entry.
-    pub fn map(&mut self, x: V, f: Fun<T>) -> V {
+    pub fn map(&mut self, x: V, f: Elem) -> V {
         let (rows, cols) = self.shape(x);
+        if !self.eager {
+            return self.push(Vec::new(), rows, cols, Op::Map(x, f, Vec::new()));
+        }
         let (y, slope): (Vec<N>, Vec<N>) = (self.val(x).par_iter())
             .map(|&v| {
-                let (y, dy, ddy) = f(v.re());
+                let (y, dy, ddy) = f.eval3(v.re());
                 (v.apply(|_| (y, dy)), v.apply(|_| (dy, ddy)))
             })
             .unzip();
-        self.push(y, rows, cols, Op::Map(x, slope))
+        self.push(y, rows, cols, Op::Map(x, f, slope))
     }
 
     /// The activation `a` of each entry of x: [`Tape::map`] of [`Activation::eval3`], evaluated
@@ -225,12 +312,15 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
     /// others through [`super::act::eval3_slice`].
     pub fn act(&mut self, x: V, a: Activation) -> V {
         let (rows, cols) = self.shape(x);
+        if !self.eager {
+            return self.push(Vec::new(), rows, cols, Op::Map(x, Elem::Act(a), Vec::new()));
+        }
         let xv = self.val(x);
         let f: Vec<[[T; 3]; CHUNK]> = xv.par_chunks(CHUNK).map(|c| act_chunk(a, c)).collect();
         let (val, slope) = (xv.par_iter().zip(f.as_flattened().par_iter()))
             .map(|(&v, &[y, dy, d2y])| (v.apply(|_| (y, dy)), v.apply(|_| (dy, d2y))))
             .unzip();
-        self.push(val, rows, cols, Op::Map(x, slope))
+        self.push(val, rows, cols, Op::Map(x, Elem::Act(a), slope))
     }
 
     fn binary(&mut self, a: V, b: V, f: impl Fn(N, N) -> N + Sync, op: Op<T, N>) -> V {
@@ -240,8 +330,9 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
             (br == rows || br == 1) && (bc == cols || bc == 1),
             "broadcast of [{br}][{bc}] onto [{rows}][{cols}]"
         );
-        let y = zip_bcast(self.val(a), self.val(b), ((rows, cols), (br, bc)), f);
-        self.push(y, rows, cols, op)
+        self.node((rows, cols), op, |t| {
+            zip_bcast(t.val(a), t.val(b), ((rows, cols), (br, bc)), f)
+        })
     }
 
     pub fn add(&mut self, a: V, b: V) -> V {
@@ -257,19 +348,34 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
     }
 
     pub fn scale(&mut self, x: V, s: T) -> V {
-        let (rows, cols) = self.shape(x);
-        let y = self.val(x).iter().map(|&v| v.scale(s)).collect();
-        self.push(y, rows, cols, Op::Scale(x, s))
+        self.node(self.shape(x), Op::Scale(x, s), |t| {
+            t.val(x).iter().map(|&v| v.scale(s)).collect()
+        })
     }
 
     /// y[e] = x[idx[e]] (0 where idx is [`NONE`]), `[rows][cols]`.
     pub fn gather(&mut self, x: V, idx: Arc<Vec<u32>>, rows: usize, cols: usize) -> V {
         assert_eq!(idx.len(), rows * cols, "gather: index count");
-        let xv = self.val(x);
-        let y = (idx.par_iter())
-            .map(|&i| if i == NONE { N::zero() } else { xv[i as usize] })
-            .collect();
-        self.push(y, rows, cols, Op::Gather(x, idx))
+        self.gather_units(x, idx, 1, (rows, cols))
+    }
+
+    /// Units of `w` entries of x, unit u of y being unit idx[u] of x.
+    fn gather_units(&mut self, x: V, idx: Arc<Vec<u32>>, w: usize, shape: (usize, usize)) -> V {
+        let op = Op::Gather {
+            x,
+            idx: idx.clone(),
+            w,
+        };
+        self.node(shape, op, |t| {
+            let xv = t.val(x);
+            let mut y = vec![N::zero(); shape.0 * shape.1];
+            (y.par_chunks_mut(w.max(1)).zip(idx.par_iter())).for_each(|(yu, &i)| {
+                if i != NONE {
+                    yu.copy_from_slice(&xv[i as usize * w..][..w]);
+                }
+            });
+            y
+        })
     }
 
     /// Columns `cols` of every row.
@@ -285,94 +391,109 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
     /// Rows `idx` (a [`NONE`] row reads 0).
     pub fn rows(&mut self, x: V, idx: &[u32]) -> V {
         let w = self.shape(x).1;
-        // Built with its length known: a flat_map's collect grew it by reallocation, a copy
-        // of every index so far each time.
-        let mut all = Vec::with_capacity(idx.len() * w);
-        for &i in idx {
-            all.extend((0..w as u32).map(|j| if i == NONE { NONE } else { i * w as u32 + j }));
-        }
-        self.gather(x, Arc::new(all), idx.len(), w)
+        self.gather_units(x, Arc::new(idx.to_vec()), w, (idx.len(), w))
     }
 
     /// Sums of `k` consecutive rows: `[g·k][c]` → `[g][c]`.
     pub fn sum_rows(&mut self, x: V, k: usize) -> V {
         let (rows, cols) = self.shape(x);
         assert_eq!(rows % k, 0, "sum_rows: {rows} rows in groups of {k}");
-        let xv = self.val(x);
-        let mut y = vec![N::zero(); rows / k * cols];
-        y.par_chunks_mut(cols.max(1))
-            .enumerate()
-            .for_each(|(g, yr)| {
-                for r in 0..k {
-                    for (o, &v) in yr.iter_mut().zip(&xv[(g * k + r) * cols..][..cols]) {
-                        *o += v;
+        self.node((rows / k, cols), Op::SumRows(x, k), |t| {
+            let xv = t.val(x);
+            let mut y = vec![N::zero(); rows / k * cols];
+            y.par_chunks_mut(cols.max(1))
+                .enumerate()
+                .for_each(|(g, yr)| {
+                    for r in 0..k {
+                        for (o, &v) in yr.iter_mut().zip(&xv[(g * k + r) * cols..][..cols]) {
+                            *o += v;
+                        }
                     }
-                }
-            });
-        self.push(y, rows / k, cols, Op::SumRows(x, k))
+                });
+            y
+        })
     }
 
     /// Each row's sum, `[rows][1]`.
     pub fn row_sum(&mut self, x: V) -> V {
         let (rows, cols) = self.shape(x);
-        let y = (self.val(x).par_chunks(cols.max(1)))
-            .map(|r| r.iter().fold(N::zero(), |a, &v| a + v))
-            .collect();
-        self.push(y, rows, 1, Op::RowSum(x))
+        self.node((rows, 1), Op::RowSum(x), |t| {
+            (t.val(x).par_chunks(cols.max(1)))
+                .map(|r| r.iter().fold(N::zero(), |a, &v| a + v))
+                .collect()
+        })
     }
 
     /// Softmax over each row (entries where `mask` is false are 0 and leave the sum).
     pub fn softmax(&mut self, x: V, mask: Option<Arc<Vec<bool>>>) -> V {
         let (rows, cols) = self.shape(x);
-        let xv = self.val(x);
-        let mut y = xv.to_vec();
-        y.par_chunks_mut(cols.max(1))
-            .enumerate()
-            .for_each(|(i, r)| {
-                let keep = |j: usize| mask.as_ref().is_none_or(|m| m[i * cols + j]);
-                if !(0..cols).any(keep) {
-                    r.fill(N::zero());
-                    return;
-                }
-                let mx = (0..cols)
-                    .filter(|&j| keep(j))
-                    .map(|j| r[j].re())
-                    .fold(T::neg_infinity(), T::max);
-                for (j, v) in r.iter_mut().enumerate() {
-                    *v = if keep(j) {
-                        *v - N::of(mx)
-                    } else {
-                        N::of(T::neg_infinity())
-                    };
-                }
-                N::exp_nonpos(r);
-                let s = r.iter().fold(N::zero(), |a, &v| a + v);
-                for v in r.iter_mut() {
-                    *v = *v / s;
-                }
-            });
-        self.push(y, rows, cols, Op::Softmax(x))
+        let op = Op::Softmax(x, mask.clone());
+        self.node((rows, cols), op, |t| {
+            let mut y = t.val(x).to_vec();
+            y.par_chunks_mut(cols.max(1))
+                .enumerate()
+                .for_each(|(i, r)| {
+                    let keep = |j: usize| mask.as_ref().is_none_or(|m| m[i * cols + j]);
+                    if !(0..cols).any(keep) {
+                        r.fill(N::zero());
+                        return;
+                    }
+                    let mx = (0..cols)
+                        .filter(|&j| keep(j))
+                        .map(|j| r[j].re())
+                        .fold(T::neg_infinity(), T::max);
+                    for (j, v) in r.iter_mut().enumerate() {
+                        *v = if keep(j) {
+                            *v - N::of(mx)
+                        } else {
+                            N::of(T::neg_infinity())
+                        };
+                    }
+                    N::exp_nonpos(r);
+                    let s = r.iter().fold(N::zero(), |a, &v| a + v);
+                    for v in r.iter_mut() {
+                        *v = *v / s;
+                    }
+                });
+            y
+        })
     }
 
     /// The tensors side by side, `[rows][Σ cols]`.
     pub fn concat(&mut self, xs: &[V]) -> V {
         let rows = self.shape(xs[0]).0;
         let widths: Vec<usize> = xs.iter().map(|&x| self.shape(x).1).collect();
-        let total: usize = widths.iter().sum();
-        let mut y = Vec::with_capacity(rows * total);
-        for i in 0..rows {
-            for (&x, &w) in xs.iter().zip(&widths) {
-                assert_eq!(self.shape(x).0, rows, "concat: row counts");
-                y.extend_from_slice(&self.val(x)[i * w..(i + 1) * w]);
-            }
+        for &x in xs {
+            assert_eq!(self.shape(x).0, rows, "concat: row counts");
         }
-        self.push(y, rows, total, Op::Concat(xs.to_vec()))
+        let total: usize = widths.iter().sum();
+        self.node((rows, total), Op::Concat(xs.to_vec()), |t| {
+            let mut y = Vec::with_capacity(rows * total);
+            for i in 0..rows {
+                for (&x, &w) in xs.iter().zip(&widths) {
+                    y.extend_from_slice(&t.val(x)[i * w..(i + 1) * w]);
+                }
+            }
+            y
+        })
     }
 
     /// The same numbers as `[rows][cols]`.
     pub fn reshape(&mut self, x: V, rows: usize, cols: usize) -> V {
-        let y = self.val(x).to_vec();
-        self.push(y, rows, cols, Op::Reshape(x))
+        assert_eq!(self.len(x), rows * cols, "reshape: size");
+        self.node((rows, cols), Op::Reshape(x), |t| t.val(x).to_vec())
+    }
+
+    /// The ops in the order recorded, each with its shape: the graph a device runs.
+    pub(crate) fn ops(
+        &self,
+    ) -> impl ExactSizeIterator<Item = (&Op<T, N>, (usize, usize))> + DoubleEndedIterator {
+        self.nodes.iter().map(|n| (&n.op, (n.rows, n.cols)))
+    }
+
+    /// The number of entries of v.
+    pub fn len(&self, v: V) -> usize {
+        self.nodes[v.0].rows * self.nodes[v.0].cols
     }
 
     /// The backward from the adjoints `seeds` of some tensors: every tensor's adjoint (read
@@ -475,7 +596,7 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                             });
                     });
                 }
-                Op::Map(x, slope) => put_with(&mut adj, *x, ybar.len(), |e| ybar[e] * slope[e]),
+                Op::Map(x, _, slope) => put_with(&mut adj, *x, ybar.len(), |e| ybar[e] * slope[e]),
                 &Op::Add(a, b) | &Op::Sub(a, b) => {
                     put_with(&mut adj, a, ybar.len(), |e| ybar[e]);
                     let neg = matches!(node.op, Op::Sub(..));
@@ -495,11 +616,11 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                 &Op::Scale(x, s) => {
                     put_with(&mut adj, x, ybar.len(), |e| ybar[e].scale(s));
                 }
-                Op::Gather(x, idx) => {
+                Op::Gather { x, idx, w } => {
                     acc(&mut adj, *x, &self.nodes, |xbar| {
-                        for (&i, &v) in idx.iter().zip(&ybar) {
+                        for (&i, yu) in idx.iter().zip(ybar.chunks(*w)) {
                             if i != NONE {
-                                xbar[i as usize] += v;
+                                add_into(&mut xbar[i as usize * w..][..*w], yu);
                             }
                         }
                     });
@@ -525,7 +646,7 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                             });
                     });
                 }
-                Op::Softmax(x) => {
+                Op::Softmax(x, _) => {
                     let y = &node.val;
                     acc(&mut adj, *x, &self.nodes, |xbar| {
                         xbar.par_chunks_mut(cols.max(1))
@@ -747,40 +868,88 @@ fn matmul<T: Real, N: Num<T>>(
 }
 
 #[cfg(test)]
+/// A small graph of every op, on an input x `[4][2]` and 12 parameters: the tape's tests (its
+/// backward against central differences, its dual reverse against the backward's own tangent)
+/// and the devices' (`backend/wgpu/tape.rs`).
+pub(crate) fn graph<N: Num<f64>>(t: &mut Tape<'_, f64, N>, x: V) -> V {
+    let l = t.linear(x, 0, Some(6), 3); // [4][2] · [2][3]
+    let h = t.map(l, Elem::Act(Activation::Tanh));
+    let p = t.param(9, 1, 3);
+    let hp = t.mul(h, p);
+    let g = t.gather(hp, Arc::new(vec![0, 4, NONE, 7, 11, 2]), 2, 3);
+    let dots = t.bmm(g, g, 2, 1, 3, 1, false, true);
+    let sm = t.softmax(hp, Some(Arc::new((0..12).map(|e| e % 5 != 3).collect())));
+    let r = t.sum_rows(sm, 2);
+    let rs = t.row_sum(hp);
+    let c = t.concat(&[r, g]);
+    let c2 = t.reshape(c, 3, 4);
+    let k = t.bmm(c2, c2, 1, 3, 4, 3, false, true);
+    let kt = t.bmm(c2, c2, 1, 3, 4, 3, false, true);
+    let kk = t.scale(k, 0.5);
+    let ktk = t.bmm(kt, c2, 1, 3, 3, 4, true, false);
+    let centred = t.sub(hp, rs);
+    let parts = [t.row_sum(centred), t.sum_rows(dots, 2)];
+    let a = t.sum_rows(parts[0], 4);
+    let kk = t.add(kk, a);
+    let kk = t.add(kk, parts[1]);
+    let w = t.row_sum(ktk);
+    // A product over many rows (the three-body block's are 10⁵-10⁶ rows): its sums too.
+    let many: Vec<u32> = (0..70_001).map(|i| (i % 4) as u32).collect();
+    let big = t.rows(x, &many);
+    let big = t.linear(big, 0, Some(6), 3);
+    let big = t.act(big, Activation::Tanh);
+    let big = t.sum_rows(big, 70_001);
+    let big = t.scale(big, 1e-6);
+    let kk = t.add(kk, big);
+    t.mul(kk, w)
+}
+
+/// [`graph`]'s four passes on the cpu: its value at x, x's adjoint for the seed ȳ, its tangent
+/// along ẋ, and the parameters' gradient from the dual reverse seeded with Ẏ̄ + εȲ.
+#[cfg(test)]
+pub(crate) struct GraphPasses {
+    pub y: Vec<f64>,
+    pub xbar: Vec<f64>,
+    pub ydot: Vec<f64>,
+    pub grad: Vec<f64>,
+}
+
+#[cfg(test)]
+impl GraphPasses {
+    pub fn on_cpu(x: &[f64], xdot: &[f64], params: &[f64], ybar: &[f64], ydotbar: &[f64]) -> Self {
+        use super::dual::Dual;
+        let mut t = Tape::<f64, f64>::new(params);
+        let xv = t.leaf(x.to_vec(), 4, 2);
+        let o = graph(&mut t, xv);
+        let y = t.val(o).to_vec();
+        let xbar = t.backward(vec![(o, ybar.to_vec())], &mut []);
+        let xbar = xbar.of(xv).unwrap().to_vec();
+        let mut t = Tape::<f64, Dual<f64>>::new(params);
+        let xd = x.iter().zip(xdot).map(|(&a, &b)| Dual::new(a, b)).collect();
+        let xv = t.leaf(xd, 4, 2);
+        let o = graph(&mut t, xv);
+        let ydot = t.val(o).iter().map(|v| v.d).collect();
+        let seed = ydotbar
+            .iter()
+            .zip(ybar)
+            .map(|(&a, &b)| Dual::new(a, b))
+            .collect();
+        let mut g = vec![Dual::default(); params.len()];
+        t.backward(vec![(o, seed)], &mut g);
+        let grad = g.iter().map(|v| v.d).collect();
+        GraphPasses {
+            y,
+            xbar,
+            ydot,
+            grad,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::super::dual::Dual;
     use super::*;
-
-    /// A small graph of every op: its backward against central differences in an input and a
-    /// parameter, and its dual reverse against the backward's own tangent.
-    fn graph<N: Num<f64>>(t: &mut Tape<'_, f64, N>, x: V) -> V {
-        let th: Fun<f64> = Arc::new(|v: f64| {
-            let y = v.tanh();
-            (y, 1.0 - y * y, -2.0 * y * (1.0 - y * y))
-        });
-        let l = t.linear(x, 0, Some(6), 3); // [4][2] · [2][3]
-        let h = t.map(l, th);
-        let p = t.param(9, 1, 3);
-        let hp = t.mul(h, p);
-        let g = t.gather(hp, Arc::new(vec![0, 4, NONE, 7, 11, 2]), 2, 3);
-        let dots = t.bmm(g, g, 2, 1, 3, 1, false, true);
-        let sm = t.softmax(hp, Some(Arc::new((0..12).map(|e| e % 5 != 3).collect())));
-        let r = t.sum_rows(sm, 2);
-        let rs = t.row_sum(hp);
-        let c = t.concat(&[r, g]);
-        let c2 = t.reshape(c, 3, 4);
-        let k = t.bmm(c2, c2, 1, 3, 4, 3, false, true);
-        let kt = t.bmm(c2, c2, 1, 3, 4, 3, false, true);
-        let kk = t.scale(k, 0.5);
-        let ktk = t.bmm(kt, c2, 1, 3, 3, 4, true, false);
-        let centred = t.sub(hp, rs);
-        let parts = [t.row_sum(centred), t.sum_rows(dots, 2)];
-        let a = t.sum_rows(parts[0], 4);
-        let kk = t.add(kk, a);
-        let kk = t.add(kk, parts[1]);
-        let w = t.row_sum(ktk);
-        t.mul(kk, w)
-    }
 
     fn loss(x: &[f64], params: &[f64]) -> f64 {
         let mut t = Tape::<f64, f64>::new(params);

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use super::act::cst;
 use super::block_in::BlockIn;
 use super::dual::{Dual, Num};
-use super::repflow::switch3;
-use super::tape::{Tape, NONE, V};
+use super::tape::{Elem, Tape, NONE, V};
 use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
 use crate::model::{Activation, Net, Skip, TebdLayout};
@@ -165,23 +164,9 @@ impl<'a, O: TapeBlock, T: Real> Ctx<'a, O, T> {
         let rv = t.add(rv, padc);
         let sq = t.mul(rv, rv);
         let r2 = t.row_sum(sq);
-        let r = t.map(
-            r2,
-            Arc::new(|v: T| {
-                let s = v.sqrt();
-                let two = cst::<T>(2.0);
-                (s, T::one() / (two * s), -T::one() / (two * two * v * s))
-            }),
-        );
-        let sw = t.map(r, Arc::new(move |v| switch3(false, rcs, rc, v)));
-        let p = cst::<T>(o.protection());
-        let inv = t.map(
-            r,
-            Arc::new(move |v: T| {
-                let i = T::one() / (v + p);
-                (i, -i * i, cst::<T>(2.0) * i * i * i)
-            }),
-        );
+        let r = t.map(r2, Elem::Sqrt);
+        let sw = t.map(r, Elem::Switch { rs: rcs, rc });
+        let inv = t.map(r, Elem::Recip(o.protection()));
         let sr = t.mul(sw, inv);
         let sd = t.mul(sr, inv);
         let ang = t.mul(rv, sd);
@@ -264,6 +249,9 @@ pub(crate) fn tebd<T: Real, N: Num<T>>(t: &mut Tape<'_, T, N>, l: &TebdLayout) -
 /// A pass's tape with its r_ij and D nodes.
 type Built<T, N> = (Tape<'static, T, N>, V, V);
 
+/// A tape recorded for a device to run ([`record`]), with its r_ij and D nodes.
+pub(crate) type Recorded<T> = Built<T, T>;
+
 fn run<O: TapeBlock, T: Real, N: Num<T>>(
     x: &TapeIn<'_, O, T>,
     d: &Dims,
@@ -278,6 +266,16 @@ fn run<O: TapeBlock, T: Real, N: Num<T>>(
     let rij = t.leaf(rv, ns, 3);
     let desc = O::build(&ctx, &mut t, rij);
     (t.owned(), rij, desc)
+}
+
+/// The tape of these inputs recorded, not evaluated, for a device to run: its r_ij is the
+/// device's, its parameters are read there (`x.params` is not read).
+pub(crate) fn record<O: TapeBlock, T: Real>(x: &TapeIn<'_, O, T>, d: &Dims) -> Built<T, T> {
+    let ctx = Ctx::new(x, d);
+    let mut t = Tape::record();
+    let rij = t.leaf(Vec::new(), d.nslots(), 3);
+    let desc = O::build(&ctx, &mut t, rij);
+    (t, rij, desc)
 }
 
 /// The tape kept for these inputs, or one built now.

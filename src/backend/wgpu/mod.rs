@@ -23,6 +23,7 @@ mod force_csr;
 mod ops;
 mod profile;
 pub mod shaders;
+mod tape;
 
 use std::marker::PhantomData;
 

@@ -12,9 +12,9 @@ use crate::backend::gpu_layout::{
 };
 use crate::backend::monomorphic::Generic;
 use crate::backend::{
-    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, Backend, BlockOps, BlockPass, ContractOps,
-    DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Span,
-    StripArgs, TrainOps,
+    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, Backend, BlockPass, ContractOps, DenseIo,
+    DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Span, StripArgs,
+    TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -31,7 +31,7 @@ fn u32_of(x: usize) -> u32 {
 }
 
 /// Workgroups for n threads of a 1-D kernel, spilling over y past the per-dimension limit.
-fn grid1(n: usize) -> [u32; 3] {
+pub(super) fn grid1(n: usize) -> [u32; 3] {
     let groups = u32_of(n).div_ceil(WG);
     if groups <= MAX_GROUPS {
         [groups, 1, 1]
@@ -67,7 +67,7 @@ fn for_blocks(d: &Dims, mut f: impl FnMut(Range<usize>, usize, usize)) {
 }
 
 impl Wgpu {
-    fn go<T: GpuReal>(
+    pub(super) fn go<T: GpuReal>(
         &self,
         kern: &Kernel,
         uniform: &impl GpuStruct,
@@ -79,7 +79,12 @@ impl Wgpu {
     }
 
     /// The op's constants rounded to T, in its persistent buffer ([`Wgpu::consts`]).
-    fn reals<T: GpuReal>(&self, op: &OneOp, name: &'static str, x: &[f64]) -> wgpu::Buffer {
+    pub(super) fn reals<T: GpuReal>(
+        &self,
+        op: &OneOp,
+        name: &'static str,
+        x: &[f64],
+    ) -> wgpu::Buffer {
         let v: Vec<T> = x.iter().map(|&v| T::of(v)).collect();
         self.consts(op, name, &v)
     }
@@ -965,8 +970,6 @@ impl<T: GpuReal> AngleOps<T> for Generic<'_, Wgpu> {
     }
 }
 
-/// DPA-3's block through the family's host bodies (`backend/repflow.rs`).
-impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {}
 impl<T: GpuReal> PairOps<T> for Generic<'_, Wgpu> {}
 
 /// DPA-1's ops run as kernels: the element-wise ones (shaders/attn.wgsl) and the attention

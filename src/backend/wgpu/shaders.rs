@@ -31,6 +31,9 @@ pub enum Shader {
     /// The attention block, written once over `num`: on reals, and on duals.
     AttnBlock,
     AttnBlockDual,
+    /// The tape's ops, written once over `num`: on reals, and on duals.
+    Tape,
+    TapeDual,
     Scatter,
     Loss,
     Adam,
@@ -38,7 +41,7 @@ pub enum Shader {
 }
 
 impl Shader {
-    pub const ALL: [Shader; 12] = [
+    pub const ALL: [Shader; 14] = [
         Shader::EnvMat,
         Shader::Dense,
         Shader::Contract,
@@ -47,6 +50,8 @@ impl Shader {
         Shader::Attn,
         Shader::AttnBlock,
         Shader::AttnBlockDual,
+        Shader::Tape,
+        Shader::TapeDual,
         Shader::Scatter,
         Shader::Loss,
         Shader::Adam,
@@ -65,6 +70,8 @@ impl Shader {
             Shader::Attn => "attn.wgsl",
             Shader::AttnBlock => "attn_block.wgsl",
             Shader::AttnBlockDual => "attn_block.wgsl (dual)",
+            Shader::Tape => "tape.wgsl",
+            Shader::TapeDual => "tape.wgsl (dual)",
             Shader::Scatter => "scatter.wgsl",
             Shader::Loss => "loss.wgsl",
             Shader::Adam => "adam.wgsl",
@@ -103,6 +110,14 @@ impl Shader {
             Shader::AttnBlockDual => concat!(
                 include_str!("../../../shaders/num_dual.wgsl"),
                 include_str!("../../../shaders/attn_block.wgsl")
+            ),
+            Shader::Tape => concat!(
+                include_str!("../../../shaders/num_real.wgsl"),
+                include_str!("../../../shaders/tape.wgsl")
+            ),
+            Shader::TapeDual => concat!(
+                include_str!("../../../shaders/num_dual.wgsl"),
+                include_str!("../../../shaders/tape.wgsl")
             ),
             Shader::Scatter => include_str!("../../../shaders/scatter.wgsl"),
             Shader::Loss => include_str!("../../../shaders/loss.wgsl"),
@@ -569,6 +584,96 @@ kernel!(ADAM, Adam, "adam", [(1, R), (2, R), (3, W), (4, W), (5, W)]);
 kernel!(GRAD_NORM, Adam, "grad_norm", [(6, W), (7, W)]);
 kernel!(CLIP_SCALE, Adam, "clip_scale", [(1, R), (6, W), (7, W)]);
 kernel!(FILL, Fill, "fill", [(1, R), (2, W)]);
+
+/// The tape's kernels on one number type (shaders/tape.wgsl says what each computes).
+pub struct TapeKernels {
+    pub linear: Kernel,
+    pub linear_x: Kernel,
+    pub linear_w: Kernel,
+    pub linear_w_parts: Kernel,
+    pub sum_parts: Kernel,
+    pub bmm: Kernel,
+    pub map: Kernel,
+    pub zip: Kernel,
+    pub reduce: Kernel,
+    pub gather: Kernel,
+    pub scatter: Kernel,
+    pub sum_rows: Kernel,
+    pub spread_rows: Kernel,
+    pub softmax: Kernel,
+    pub softmax_back: Kernel,
+    pub copy_cols: Kernel,
+    pub param: Kernel,
+    pub param_grad: Kernel,
+    pub pair: Kernel,
+    pub part: Kernel,
+}
+
+// tape: cst 1, params 2, a 3, b 4, idx 5, y 6, y2 7
+macro_rules! tape_kernels {
+    ($name:ident, $shader:ident) => {
+        pub const $name: TapeKernels = {
+            const fn k(entry: &'static str, bindings: &'static [(u32, Access)]) -> Kernel {
+                Kernel {
+                    shader: Shader::$shader,
+                    entry,
+                    bindings,
+                }
+            }
+            TapeKernels {
+                linear: k("tape_linear", &[(2, R), (3, R), (6, W)]),
+                linear_x: k("tape_linear_x", &[(2, R), (3, R), (6, W)]),
+                linear_w: k("tape_linear_w", &[(3, R), (4, R), (6, W), (7, W)]),
+                linear_w_parts: k("tape_linear_w_parts", &[(3, R), (7, W)]),
+                sum_parts: k("tape_sum_parts", &[(3, R), (6, W)]),
+                bmm: k("tape_bmm", &[(3, R), (4, R), (6, W)]),
+                map: k("tape_map", &[(1, R), (3, R), (6, W), (7, W)]),
+                zip: k("tape_zip", &[(1, R), (3, R), (4, R), (6, W)]),
+                reduce: k("tape_reduce", &[(1, R), (3, R), (4, R), (6, W)]),
+                gather: k("tape_gather", &[(3, R), (5, R), (6, W)]),
+                scatter: k("tape_scatter", &[(3, R), (5, R), (6, W)]),
+                sum_rows: k("tape_sum_rows", &[(3, R), (6, W)]),
+                spread_rows: k("tape_spread_rows", &[(3, R), (6, W)]),
+                softmax: k("tape_softmax", &[(3, R), (5, R), (6, W)]),
+                softmax_back: k("tape_softmax_back", &[(3, R), (4, R), (6, W)]),
+                copy_cols: k("tape_copy_cols", &[(3, R), (6, W)]),
+                param: k("tape_param", &[(2, R), (6, W)]),
+                param_grad: k("tape_param_grad", &[(3, R), (7, W)]),
+                pair: k("tape_pair", &[(3, R), (4, R), (6, W)]),
+                part: k("tape_part", &[(3, R), (6, W)]),
+            }
+        };
+    };
+}
+tape_kernels!(TAPE, Tape);
+tape_kernels!(TAPE_DUAL, TapeDual);
+
+impl TapeKernels {
+    pub fn all(&self) -> [&Kernel; 20] {
+        [
+            &self.linear,
+            &self.linear_x,
+            &self.linear_w,
+            &self.linear_w_parts,
+            &self.sum_parts,
+            &self.bmm,
+            &self.map,
+            &self.zip,
+            &self.reduce,
+            &self.gather,
+            &self.scatter,
+            &self.sum_rows,
+            &self.spread_rows,
+            &self.softmax,
+            &self.softmax_back,
+            &self.copy_cols,
+            &self.param,
+            &self.param_grad,
+            &self.pair,
+            &self.part,
+        ]
+    }
+}
 
 /// Every kernel, for the shader validation tests.
 pub const ALL_KERNELS: &[&Kernel] = &[
