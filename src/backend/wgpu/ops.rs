@@ -79,12 +79,7 @@ impl Wgpu {
     }
 
     /// The op's constants rounded to T, in its persistent buffer ([`Wgpu::consts`]).
-    pub(super) fn reals<T: GpuReal>(
-        &self,
-        op: &OneOp,
-        name: &'static str,
-        x: &[f64],
-    ) -> wgpu::Buffer {
+    fn reals<T: GpuReal>(&self, op: &OneOp, name: &'static str, x: &[f64]) -> wgpu::Buffer {
         let v: Vec<T> = x.iter().map(|&v| T::of(v)).collect();
         self.consts(op, name, &v)
     }

@@ -9,7 +9,6 @@
 //! first has run, and its dispatches find their bind groups made. A run's constants, indices and
 //! constant tensors go up in three uploads.
 
-use super::device::OneOp;
 use super::shaders::{TapeKernels, TAPE, TAPE_DUAL};
 use super::{Buf, GpuReal, Idx, Wgpu};
 use crate::backend::block::{self, BlockArgs};
@@ -27,6 +26,7 @@ pub(super) enum Slot {
     Val(usize),
     Slope(usize),
     Adj(usize),
+    Cst,
     Idx,
     Leaves,
     Parts(u64),
@@ -316,11 +316,11 @@ impl Wgpu {
         params: &Buf<T>,
         out: &mut Buf<T>,
     ) -> Run {
-        let op = self.exclusive();
+        let _op = self.exclusive();
         let dual = rdot.is_some();
         let fp = fingerprint(t, dual, owner);
         let p = plan(t, *input);
-        let (cst, idx) = self.tape_consts::<T>(&op, &p, fp);
+        let (cst, idx) = self.tape_consts::<T>(&p, fp);
         let l = Launch::<T> {
             w: self,
             fp,
@@ -480,13 +480,13 @@ impl Wgpu {
     }
 
     /// The run's constants (rounded to T) and indices on the device.
-    fn tape_consts<T: GpuReal>(
-        &self,
-        op: &OneOp,
-        p: &Plan,
-        fp: u64,
-    ) -> (wgpu::Buffer, wgpu::Buffer) {
-        let cst = self.reals::<T>(op, "tape.cst", &p.cst);
+    /// Each tape's own (not one buffer for every tape, as `Wgpu::consts` keeps an op's: a run's
+    /// backward reads the constants of its forward while other stages' tapes run between).
+    fn tape_consts<T: GpuReal>(&self, p: &Plan, fp: u64) -> (wgpu::Buffer, wgpu::Buffer) {
+        let cst: Vec<T> = p.cst.iter().map(|&c| T::of(c)).collect();
+        let buf = self.tape_buf(fp, Slot::Cst, size_of_val(&cst[..]) as u64);
+        self.write_bytes(&buf, bytemuck::cast_slice(&cst));
+        let cst = buf;
         let idx = self.tape_buf(fp, Slot::Idx, (4 * p.idx.len().max(1)) as u64);
         self.write_bytes(&idx, bytemuck::cast_slice(&p.idx));
         (cst, idx)
@@ -1015,7 +1015,9 @@ mod tests {
         let params: Vec<f64> = (0..12).map(|i| 0.1 * (i as f64).sin() + 0.2).collect();
         let mut t = Tape::<f64, f64>::record();
         let xv = t.leaf(Vec::new(), 4, 2);
-        let o = graph(&mut t, xv);
+        // x·1 (the same numbers): a constant the other tape below has other values of.
+        let x1 = t.scale(xv, 1.0);
+        let o = graph(&mut t, x1);
         let ny = t.len(o);
         let ybar: Vec<f64> = (0..ny).map(|i| 1.0 + i as f64).collect();
         let ydotbar: Vec<f64> = (0..ny).map(|i| 0.5 - 0.25 * i as f64).collect();
@@ -1028,7 +1030,8 @@ mod tests {
         // Every tensor of the forward, so that a failure names the op.
         let mut eager = Tape::<f64, f64>::new(&params);
         let xe = eager.leaf(x.clone(), 4, 2);
-        graph(&mut eager, xe);
+        let x1 = eager.scale(xe, 1.0);
+        graph(&mut eager, x1);
         for (i, (op, (r, c))) in rec.0.ops().enumerate() {
             let buf = run.vals[run.src[i]].as_ref().unwrap();
             let bytes = w.read_bytes(buf, (r * c * 8) as u64);
@@ -1037,6 +1040,14 @@ mod tests {
             close(&format!("op {i} {kind}"), &dev, eager.val(V::at(i)));
         }
         close("y", &b.download(&out), &cpu.y);
+        // Another stage's tape, of the same ops with other constants, runs between the forward
+        // and its backward, as in training several models (or tests) on one device.
+        let mut other = Tape::<f64, f64>::record();
+        let xo = other.leaf(Vec::new(), 4, 2);
+        let x2 = other.scale(xo, 2.0);
+        let y = graph(&mut other, x2);
+        let mut scratch = b.zeros(ny);
+        w.tape_forward(1, &(other, xo, y), &xb, None, &pb, &mut scratch);
         let mut q = b.zeros(8);
         w.tape_backward(&rec, run, &pb, (&yb, None), Some(&mut q), None);
         close("x̄", &b.download(&q), &cpu.xbar);
