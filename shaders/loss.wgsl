@@ -67,7 +67,23 @@ fn sumsq(@builtin(local_invocation_id) l: vec3<u32>) {
     }
 }
 
-// Per slot of one block: u = fres_i − fres_owner − vres·r_ij, Ṙ = J u, ṡ = Ṙ[0].
+// u = fres_i − fres_owner − vres·r_ij of slot s of one block, thread id of its launch, owner o
+// (a neighbour's, ≥ 0).
+fn slot_seed(id: u32, s: u32, o: i32) -> vec3<real> {
+    let c = u.centre0 + id / u.sel;
+    let i = u32(centre_atom[c]);
+    let f = i / u.natoms;
+    let r = vec3<real>(rij[3u * s], rij[3u * s + 1u], rij[3u * s + 2u]);
+    var uv = vec3<real>();
+    for (var a = 0u; a < 3u; a++) {
+        let v = 9u * f + 3u * a;
+        let wr = vres[v] * r.x + vres[v + 1u] * r.y + vres[v + 2u] * r.z;
+        uv[a] = fres[3u * i + a] - fres[3u * u32(o) + a] - wr;
+    }
+    return uv;
+}
+
+// Per slot of one block: u (slot_seed), Ṙ = J u, ṡ = Ṙ[0].
 @compute @workgroup_size(64)
 fn virtual_tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_id) l: vec3<u32>) {
@@ -84,19 +100,30 @@ fn virtual_tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
         sdot[s] = real(0);
         return;
     }
-    let c = u.centre0 + id / u.sel;
-    let i = u32(centre_atom[c]);
-    let f = i / u.natoms;
-    let r = vec3<real>(rij[3u * s], rij[3u * s + 1u], rij[3u * s + 2u]);
-    var uv = vec3<real>();
-    for (var a = 0u; a < 3u; a++) {
-        let v = 9u * f + 3u * a;
-        let wr = vres[v] * r.x + vres[v + 1u] * r.y + vres[v + 2u] * r.z;
-        uv[a] = fres[3u * i + a] - fres[3u * u32(o) + a] - wr;
-    }
+    let uv = slot_seed(id, s, o);
     for (var k = 0u; k < 4u; k++) {
         let j = 12u * s + 3u * k;
         rdot[4u * s + k] = jac[j] * uv.x + jac[j + 1u] * uv.y + jac[j + 2u] * uv.z;
     }
     sdot[s] = rdot[4u * s];
+}
+
+// Per slot of one block: ṙ_ij = u itself (slot_seed; 0 for padding) into `rdot` [slot][3], the
+// seed of a descriptor that reads r_ij rather than R̂ (DPA-3, DPA-2, se_e3_tebd).
+@compute @workgroup_size(64)
+fn rij_tangent(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    if (id >= u.n) {
+        return;
+    }
+    let s = u.slot0 + id;
+    let o = owner[s];
+    var uv = vec3<real>();
+    if (o >= 0) {
+        uv = slot_seed(id, s, o);
+    }
+    for (var a = 0u; a < 3u; a++) {
+        rdot[3u * s + a] = uv[a];
+    }
 }

@@ -502,6 +502,27 @@ impl<T: GpuReal> EnvOps<T> for Generic<'_, Wgpu> {
     }
 }
 
+impl Wgpu {
+    /// ṙ_ij of every slot (shaders/loss.wgsl's `rij_tangent`), launched per block as
+    /// `virtual_tangent` is.
+    pub(super) fn rij_seed<T: GpuReal>(
+        &self,
+        d: &Dims,
+        (fres, vres): (&Buf<T>, &Buf<T>),
+        rij: &Buf<T>,
+        (owner, centre_atom): (&Idx, &Idx),
+        rijdot: &mut Buf<T>,
+    ) {
+        for_blocks(d, |slots, sel, c0| {
+            let bufs = [&fres.buf, &vres.buf, &rij.buf, &owner.buf, &centre_atom.buf];
+            let mut bufs = bufs.to_vec();
+            bufs.push(&rijdot.buf);
+            let u = LossParams::block(d, &slots, sel, c0);
+            self.go::<T>(&k::LOSS_RIJ_TANGENT, &u, &bufs, grid1(slots.len()));
+        });
+    }
+}
+
 impl Generic<'_, Wgpu> {
     /// The flat kernel or its tiled twin, as this device runs dense layers, with its grid for
     /// `rows` × `cols` outputs.

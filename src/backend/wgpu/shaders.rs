@@ -579,6 +579,12 @@ kernel!(
         (13, W)
     ]
 );
+kernel!(
+    LOSS_RIJ_TANGENT,
+    Loss,
+    "rij_tangent",
+    [(7, R), (8, R), (10, R), (11, R), (5, R), (12, W)]
+);
 
 kernel!(ADAM, Adam, "adam", [(1, R), (2, R), (3, W), (4, W), (5, W)]);
 kernel!(GRAD_NORM, Adam, "grad_norm", [(6, W), (7, W)]);
@@ -738,6 +744,7 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &LOSS_ENERGY_BAR,
     &LOSS_SUMSQ,
     &LOSS_VIRTUAL_TANGENT,
+    &LOSS_RIJ_TANGENT,
     &ADAM,
     &GRAD_NORM,
     &CLIP_SCALE,

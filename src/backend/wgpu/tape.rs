@@ -931,6 +931,20 @@ impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
             None => block::block_dual(self, d, a, rijdot, (dbar, ddotbar), grad),
         }
     }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rij_tangent(
+        &self,
+        d: &Dims,
+        fres: &Buf<T>,
+        vres: &Buf<T>,
+        rij: &Buf<T>,
+        owner: &Idx,
+        centre_atom: &Idx,
+        rijdot: &mut Buf<T>,
+    ) {
+        self.rij_seed(d, (fres, vres), rij, (owner, centre_atom), rijdot);
+    }
 }
 
 /// The stage a block's runs belong to: its keep's address.
