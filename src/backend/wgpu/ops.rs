@@ -514,9 +514,14 @@ impl Wgpu {
         rijdot: &mut Buf<T>,
     ) {
         for_blocks(d, |slots, sel, c0| {
-            let bufs = [&fres.buf, &vres.buf, &rij.buf, &owner.buf, &centre_atom.buf];
-            let mut bufs = bufs.to_vec();
-            bufs.push(&rijdot.buf);
+            let bufs = [
+                &fres.buf,
+                &vres.buf,
+                &rij.buf,
+                &owner.buf,
+                &centre_atom.buf,
+                &rijdot.buf,
+            ];
             let u = LossParams::block(d, &slots, sel, c0);
             self.go::<T>(&k::LOSS_RIJ_TANGENT, &u, &bufs, grid1(slots.len()));
         });

@@ -137,7 +137,6 @@ fn plan<T: GpuReal>(t: &Tape<'_, T, T>, input: V) -> Plan {
         idx: Vec::new(),
         wanted: vec![false; n],
     };
-    let shapes: Vec<(usize, usize)> = t.ops().map(|(_, s)| s).collect();
     for (i, (op, _)) in t.ops().enumerate() {
         let constants = match op {
             Op::Scale(_, s) => vec![s.f64()],
@@ -150,7 +149,7 @@ fn plan<T: GpuReal>(t: &Tape<'_, T, T>, input: V) -> Plan {
         }
         match op {
             Op::Gather { x, idx: g, w } => {
-                let (r, c) = shapes[x.index()];
+                let (r, c) = t.shape(*x);
                 let units = r * c / w;
                 let at = count(p.idx.len());
                 p.idx.extend_from_slice(g);
