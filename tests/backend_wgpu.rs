@@ -10,6 +10,7 @@
 mod common;
 mod suite;
 
+use dpw::backend::counts::Counts;
 use dpw::backend::cpu::Cpu;
 use dpw::backend::wgpu::{DenseKernels, GpuReal, Passes, PowerPreference, Wgpu};
 use dpw::backend::{AdamStep, Backend, DenseOps, Device, LossSums, Prefactors, TrainOps};
@@ -734,20 +735,63 @@ fn steps_after_the_first_create_and_read_nothing() {
     if wgpu_for::<f32>(&this_test()).is_none() {
         return;
     }
-    // A device of its own: the counts are per device and other tests run meanwhile.
+    let model = suite::fd::small_model(2, false, vec![6, 10], 5);
+    let sys = suite::fd::random_system(&[3, 5], Some([7.0, 0., 0., 0., 7.5, 0., 0., 0., 8.0]), 1);
+    let batch = assemble(&model.spec, &sys.atype, &[sys.frame()]).unwrap();
+    let c = ten_steps(&model, std::slice::from_ref(&batch));
+    let batch_bytes = 4 * (batch.rij.len() + batch.energy.len() + batch.force.len() + 9)
+        + 4 * (batch.owner.len() + batch.centre_atom.len());
+    // The batch, the force gather lists rebuilt from it, and under 1 KB of constants.
+    assert!(
+        c.upload_bytes <= 10 * (batch_bytes + 4 * (8 + 1 + 2 * batch.owner.len()) + 1024) as u64,
+        "{c:?}"
+    );
+}
+
+/// The same of the blocks run through their tapes (DPA-2, se_e3_tebd), on batches of other
+/// geometries in turn: each tape is recorded from the host's copies of r_ij and the
+/// statistics, and its index layout, uniforms and bind groups are its shapes' alone.
+#[test]
+fn tape_steps_after_the_first_create_and_read_nothing() {
+    if wgpu_for::<f32>(&this_test()).is_none() {
+        return;
+    }
+    use dpw::model::DescriptorType;
+    for (name, m, s) in suite::fd::cases() {
+        if !matches!(
+            m.spec.descriptor.kind,
+            DescriptorType::Dpa2 | DescriptorType::SeE3Tebd
+        ) {
+            continue;
+        }
+        let batches: Vec<_> = (0..3)
+            .map(|k| {
+                let mut moved = s.clone();
+                for (i, x) in moved.coord.iter_mut().enumerate() {
+                    *x += 0.15 * ((i * 7 + k * 3) % 5) as f64 - 0.3;
+                }
+                assemble(&m.spec, &moved.atype, &[moved.frame()]).unwrap()
+            })
+            .collect();
+        let c = ten_steps(&m, &batches);
+        eprintln!("{name}: {c:?}");
+    }
+}
+
+/// Ten training steps of `model` on `batches` in turn after two that size the grow-only
+/// buffers, on a device of its own (the counts are per device, and other tests run meanwhile):
+/// their counts, checked for no buffer, bind group or read-back.
+fn ten_steps(model: &dpw::model::Model, batches: &[dpw::train::batch::HostBatch]) -> Counts {
     let own = Wgpu::new(PowerPreference::HighPerformance).unwrap();
     let w = &own;
     use dpw::train::steplog::{StepInfo, StepLog};
     use dpw::train::workspaces::{adam_step, batch_gradient, Cache};
-    let model = suite::fd::small_model(2, false, vec![6, 10], 5);
-    let sys = suite::fd::random_system(&[3, 5], Some([7.0, 0., 0., 0., 7.5, 0., 0., 0., 8.0]), 1);
-    let frame = sys.frame();
-    let batch = assemble(&model.spec, &sys.atype, &[frame]).unwrap();
     let opt = dpw::config::OptimizerConfig::default();
-    let mut dm = DeviceModel::<f32, Wgpu>::new(w, &model);
+    let mut dm = DeviceModel::<f32, Wgpu>::new(w, model);
     let mut cache: Cache<f32, Wgpu> = Vec::new();
     let mut log = StepLog::<f32, Wgpu>::new(w, 100, 3);
     let mut step = |t: usize| {
+        let batch = &batches[t % batches.len()];
         // Prefactors that change every step, as they follow the learning rate.
         let op = Prefactors {
             e: 1.0,
@@ -760,14 +804,14 @@ fn steps_after_the_first_create_and_read_nothing() {
             find_v: true,
             dos: [0.0; 4],
         };
-        let sums = batch_gradient(w, &mut dm, &mut cache, &batch, pf.op)
+        let sums = batch_gradient(w, &mut dm, &mut cache, batch, pf.op)
             .unwrap()
             .sums_mut();
         let info = StepInfo {
             step: t + 1,
             sys: Some(0),
             nframes: 1,
-            natoms: 8,
+            natoms: batch.dims.natoms,
             pf,
         };
         let (rows, at) = log.record(w, sums, info);
@@ -781,7 +825,6 @@ fn steps_after_the_first_create_and_read_nothing() {
             &mut dm.v,
         );
     };
-    // The first two steps size the grow-only scratch buffers (and so their bind groups).
     step(0);
     step(1);
     let before = w.counts();
@@ -789,19 +832,12 @@ fn steps_after_the_first_create_and_read_nothing() {
         step(t);
     }
     let c = w.counts().since(&before);
-    eprintln!("10 steps: {c:?}");
     assert_eq!((c.buffers, c.bind_groups, c.readbacks), (0, 0, 0), "{c:?}");
-    let batch_bytes = 4 * (batch.rij.len() + batch.energy.len() + batch.force.len() + 9)
-        + 4 * (batch.owner.len() + batch.centre_atom.len());
-    // The batch, the force gather lists rebuilt from it, and under 1 KB of constants.
-    assert!(
-        c.upload_bytes <= 10 * (batch_bytes + 4 * (8 + 1 + 2 * batch.owner.len()) + 1024) as u64,
-        "{c:?}"
-    );
     assert!(c.launches > 10, "{c:?}");
     let rows = log.drain(w);
     assert_eq!(rows.len(), 12);
     assert!(rows.iter().all(|r| r.sums[1] > 0.0 && r.grad_norm > 0.0));
+    c
 }
 
 /// A whole-step parity body of the suite on wgpu, for the precision T.

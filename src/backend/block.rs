@@ -351,6 +351,9 @@ impl<B, I> BlockArgs<'_, B, I> {
         params: bool,
         f: impl FnOnce(Body<'_, T>) -> R,
     ) -> R {
+        // The statistics and r_ij are inputs the host keeps on a device that can
+        // (`Device::upload_kept`): no read-back.
+        let read = |x: &B| b.host_copy(x).unwrap_or_else(|| b.download(x));
         let h = Host {
             params: if params {
                 b.download(self.params)
@@ -358,9 +361,9 @@ impl<B, I> BlockArgs<'_, B, I> {
                 Vec::new()
             }
             .into(),
-            davg: b.download(self.davg).into(),
-            dstd: b.download(self.dstd).into(),
-            rij: b.download(self.rij).into(),
+            davg: read(self.davg).into(),
+            dstd: read(self.dstd).into(),
+            rij: read(self.rij).into(),
             owner: b.download_idx(self.owner).into(),
             nei_type: b.download_idx(self.nei_type).into(),
             centre_atom: b.download_idx(self.centre_atom).into(),

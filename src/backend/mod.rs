@@ -218,6 +218,18 @@ pub trait Device<T: Real>: Sync {
     fn upload_idx(&self, x: &[i32]) -> Self::Idx;
     fn download(&self, b: &Self::Buf) -> Vec<T>;
     fn download_idx(&self, b: &Self::Idx) -> Vec<i32>;
+    /// [`Device::upload`] of an input no kernel writes (r_ij, the statistics), whose values
+    /// the host keeps beside the device's, following [`Device::write`], [`Device::fill`] and
+    /// [`Device::gather`]: reading it ([`Device::host_copy`]) is then no read-back. The
+    /// default keeps none.
+    fn upload_kept(&self, x: Vec<T>) -> Self::Buf {
+        self.upload(&x)
+    }
+    /// The host's copy of a buffer made by [`Device::upload_kept`]; `None` where it keeps
+    /// none.
+    fn host_copy(&self, _b: &Self::Buf) -> Option<Vec<T>> {
+        None
+    }
     fn zeros(&self, n: usize) -> Self::Buf;
     /// [`Device::zeros`] that fails where the memory is not there (`Err("")`) or the buffer
     /// would break one of the backend's limits (`Err`: which, e.g. a largest binding), for the

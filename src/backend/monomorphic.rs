@@ -59,6 +59,12 @@ macro_rules! monomorphic_backend {
                 fn download_idx(&self, b: &Self::Idx) -> Vec<i32> {
                     Device::<T>::download_idx(&Generic(self), b)
                 }
+                fn upload_kept(&self, x: Vec<T>) -> Self::Buf {
+                    Device::<T>::upload_kept(&Generic(self), x)
+                }
+                fn host_copy(&self, b: &Self::Buf) -> Option<Vec<T>> {
+                    Device::<T>::host_copy(&Generic(self), b)
+                }
                 fn zeros(&self, n: usize) -> Self::Buf {
                     Device::<T>::zeros(&Generic(self), n)
                 }

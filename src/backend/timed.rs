@@ -401,6 +401,14 @@ impl<T: Real, B: Timeable<T>> Device<T> for Timed<B> {
         self.counters.readback(self.inner.len(buf) * size_of::<T>());
         self.time::<T, _>(Op::Download, 0.0, |b| b.download(buf))
     }
+    fn upload_kept(&self, x: Vec<T>) -> Self::Buf {
+        self.counters.buffer();
+        self.counters.upload(size_of_val(&x[..]));
+        self.time::<T, _>(Op::Upload, 0.0, |b| b.upload_kept(x))
+    }
+    fn host_copy(&self, buf: &Self::Buf) -> Option<Vec<T>> {
+        self.inner.host_copy(buf)
+    }
     fn zeros(&self, n: usize) -> Self::Buf {
         self.counters.buffer();
         self.time::<T, _>(Op::Zeros, 0.0, |b| b.zeros(n))

@@ -43,7 +43,13 @@ impl<T: Real, B: Backend<T>> Env<T, B> {
     ) -> Result<Self, OutOfMemory> {
         let ns = d.nslots();
         Ok(Env {
-            rij: zeros(3 * ns)?,
+            // What reads r_ij itself reads it on the host too (a block's host bodies, its
+            // tape's record): the host keeps the values it writes.
+            rij: if reads_rij {
+                b.upload_kept(vec![T::zero(); 3 * ns])
+            } else {
+                zeros(3 * ns)?
+            },
             owner: b.upload_idx(&vec![-1; ns]),
             nei_type: mixed.then(|| b.upload_idx(&vec![0; ns])),
             centre_atom: b.upload_idx(centre_atom),

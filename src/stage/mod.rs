@@ -186,8 +186,9 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                 type_one_side: d.type_one_side,
                 attention: d.attention.clone(),
                 block: BlockOpts::of(d, model.spec.ntypes()),
-                davg: b.upload(&to_t(&model.davg)),
-                dstd: b.upload(&to_t(&model.dstd)),
+                // Read by the host bodies and tape records of the message-passing blocks.
+                davg: b.upload_kept(to_t(&model.davg)),
+                dstd: b.upload_kept(to_t(&model.dstd)),
                 layout: layout.descriptor,
             },
             params: b.upload(&to_t(&model.params)),

@@ -139,7 +139,13 @@ impl<T: Real, B: Backend<T>> ResidentSystem<T, B> {
             one,
             nframes,
             positions,
-            rij: b.upload(&rij),
+            // Kept on the host too where the descriptor reads r_ij there (block models):
+            // a batch gathered on the device is then known to the host without a read-back.
+            rij: if spec.descriptor.kind.reads_rij() {
+                b.upload_kept(rij)
+            } else {
+                b.upload(&rij)
+            },
             owner,
             nei_type: (spec.descriptor.is_mixed()).then(|| b.upload_idx(&nei_type)),
             labels: [b.upload(&e), b.upload(&f), b.upload(&v)],

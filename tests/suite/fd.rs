@@ -10,6 +10,7 @@ use dpw::train::batch::Frame;
 use dpw::train::predict::{loss_and_grad, predict, Prediction};
 
 /// A small owned system.
+#[derive(Clone)]
 pub struct Sys {
     pub atype: Vec<usize>,
     pub coord: Vec<f64>,

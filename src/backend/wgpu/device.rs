@@ -761,6 +761,7 @@ impl Wgpu {
             buf: self.buf_from(x),
             len: x.len(),
             id: self.new_id(),
+            host: None,
             _t: Default::default(),
         }
     }
@@ -798,6 +799,9 @@ impl Wgpu {
     pub(super) fn write_real<T: GpuReal>(&self, b: &mut Buf<T>, x: &[T]) {
         assert_eq!(x.len(), b.len, "write: length differs from the buffer's");
         self.write_bytes(&b.buf, bytemuck::cast_slice(x));
+        if let Some(h) = &mut b.host {
+            Arc::make_mut(h).copy_from_slice(x);
+        }
     }
 
     pub(super) fn write_i32(&self, b: &mut Idx, x: &[i32]) {
@@ -911,6 +915,7 @@ impl Wgpu {
             buf: self.zeros_raw((n * size_of::<T>()) as u64),
             len: n,
             id: self.new_id(),
+            host: None,
             _t: Default::default(),
         }
     }

@@ -54,6 +54,9 @@ pub struct Buf<T> {
     len: usize,
     /// Unique per allocation ([`Device::buf_id`](super::Device::buf_id)).
     id: u64,
+    /// The host's copy of an input made by [`Device::upload_kept`](super::Device::upload_kept)
+    /// (no kernel writes it); `None` for the others.
+    host: Option<std::sync::Arc<Vec<T>>>,
     _t: PhantomData<T>,
 }
 

@@ -293,6 +293,17 @@ impl<T: GpuReal> Device<T> for Generic<'_, Wgpu> {
         self.download_real(b)
     }
 
+    fn upload_kept(&self, x: Vec<T>) -> Buf<T> {
+        Buf {
+            host: Some(std::sync::Arc::new(x.clone())),
+            ..self.upload_real(&x)
+        }
+    }
+
+    fn host_copy(&self, b: &Buf<T>) -> Option<Vec<T>> {
+        b.host.as_ref().map(|h| h.to_vec())
+    }
+
     fn zeros(&self, n: usize) -> Buf<T> {
         self.zeros_real(n)
     }
@@ -320,6 +331,9 @@ impl<T: GpuReal> Device<T> for Generic<'_, Wgpu> {
     }
 
     fn fill(&self, b: &mut Buf<T>, v: T) {
+        if let Some(h) = &mut b.host {
+            std::sync::Arc::make_mut(h).fill(v);
+        }
         if v == T::zero() {
             self.clear(&b.buf);
         } else {
@@ -352,6 +366,11 @@ impl<T: GpuReal> Device<T> for Generic<'_, Wgpu> {
 
     fn copy(&self, src: &Buf<T>, dst: &mut Buf<T>, at: usize) {
         assert!(at + src.len <= dst.len, "copy past the end of a buffer");
+        match (&src.host, &mut dst.host) {
+            (Some(s), Some(d)) => std::sync::Arc::make_mut(d)[at..at + s.len()].copy_from_slice(s),
+            (None, d) => *d = None,
+            _ => {}
+        }
         let sz = size_of::<T>();
         self.copy_bytes(&src.buf, &dst.buf, (at * sz) as u64, (src.len * sz) as u64);
     }
@@ -362,6 +381,13 @@ impl<T: GpuReal> Device<T> for Generic<'_, Wgpu> {
             dst.len,
             "gather: the spans must tile the destination"
         );
+        match (&src.host, &mut dst.host) {
+            (Some(s), Some(d)) => {
+                crate::backend::gather_slices(s, std::sync::Arc::<Vec<T>>::make_mut(d), spans)
+            }
+            (None, d) => *d = None,
+            _ => {}
+        }
         let sz = size_of::<T>() as u64;
         for s in spans {
             assert!(

@@ -109,7 +109,8 @@ fn elem_id(f: Elem) -> (u32, Vec<f64>) {
 }
 
 /// A gather's adjoint as a CSR over the `n` units of its source: starts `[n + 1]`, then the
-/// units reading each, in order.
+/// units reading each, in order, in room for all of `idx`: a tape's index layout is then its
+/// shapes' alone, and so are its kernels' uniforms and bind groups, whatever the batch.
 fn csr(idx: &[u32], n: usize) -> Vec<u32> {
     let mut start = vec![0u32; n + 1];
     for &i in idx.iter().filter(|&&i| i != NONE) {
@@ -119,7 +120,7 @@ fn csr(idx: &[u32], n: usize) -> Vec<u32> {
         start[k + 1] += start[k];
     }
     let mut at = start.clone();
-    let mut list = vec![0u32; start[n] as usize];
+    let mut list = vec![0u32; idx.len()];
     for (e, &i) in idx.iter().enumerate().filter(|(_, &i)| i != NONE) {
         list[at[i as usize] as usize] = e as u32;
         at[i as usize] += 1;
@@ -160,7 +161,9 @@ fn plan<T: GpuReal>(t: &Tape<'_, T, T>, input: V) -> Plan {
                 p.ix[i] = Ix {
                     at,
                     csr: count(back),
-                    longest: longest.unwrap_or(0),
+                    // Rounded up, so that batches share the number of parts of the adjoint's
+                    // sums (and their uniforms): the parts past a row's terms add nothing.
+                    longest: longest.unwrap_or(0).next_power_of_two(),
                 };
             }
             Op::Softmax(_, Some(mask)) => {
