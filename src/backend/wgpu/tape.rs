@@ -69,6 +69,20 @@ pub(crate) struct Run {
     wanted: Vec<bool>,
 }
 
+/// A block's tape recorded from one batch, with its plan: what every pass on that batch
+/// shares (the forward's run and the tangent's alike), so made once a batch.
+pub(crate) struct Prepared<T: GpuReal> {
+    rec: Recorded<T>,
+    plan: Plan,
+}
+
+impl<T: GpuReal> Prepared<T> {
+    pub(crate) fn new(rec: Recorded<T>) -> Self {
+        let plan = plan(&rec.0, rec.1);
+        Prepared { rec, plan }
+    }
+}
+
 /// The constants and indices of one tape, and which ops' adjoints are wanted.
 struct Plan {
     ci: Vec<u32>,
@@ -312,17 +326,18 @@ impl Wgpu {
     pub(crate) fn tape_forward<T: GpuReal>(
         &self,
         owner: usize,
-        (t, input, output): &Recorded<T>,
+        prep: &Prepared<T>,
         rij: &Buf<T>,
         rdot: Option<&Buf<T>>,
         params: &Buf<T>,
         out: &mut Buf<T>,
     ) -> Run {
         let _op = self.exclusive();
+        let (t, input, output) = &prep.rec;
+        let p = &prep.plan;
         let dual = rdot.is_some();
         let fp = fingerprint(t, dual, owner);
-        let p = plan(t, *input);
-        let (cst, idx) = self.tape_consts::<T>(&p, fp);
+        let (cst, idx) = self.tape_consts::<T>(p, fp);
         let l = Launch::<T> {
             w: self,
             fp,
@@ -473,11 +488,11 @@ impl Wgpu {
             vals,
             src,
             slopes,
-            ci: p.ci,
-            ix: p.ix,
+            ci: p.ci.clone(),
+            ix: p.ix.clone(),
             cst,
             idx,
-            wanted: p.wanted,
+            wanted: p.wanted.clone(),
         }
     }
 
@@ -527,7 +542,7 @@ impl Wgpu {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn tape_backward<T: GpuReal>(
         &self,
-        (t, input, output): &Recorded<T>,
+        prep: &Prepared<T>,
         run: Run,
         params: &Buf<T>,
         (seed, seed_eps): (&Buf<T>, Option<&Buf<T>>),
@@ -535,6 +550,7 @@ impl Wgpu {
         grad: Option<&mut Buf<T>>,
     ) {
         let _op = self.exclusive();
+        let (t, input, output) = &prep.rec;
         let l = Launch::<T> {
             w: self,
             fp: run.fp,
@@ -878,12 +894,12 @@ fn copy_cols(
 }
 
 /// DPA-2's and se_e3_tebd's blocks run on the device through their tapes (the host records
-/// each tape from the batch's r_ij, statistics and lists, without the parameters); DPA-3's
-/// through the family's host bodies.
+/// each batch's tape from its r_ij, statistics and lists, without the parameters, once for the
+/// step's four passes); DPA-3's through the family's host bodies.
 impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
     fn block_forward(&self, d: &Dims, a: &BlockArgs<Buf<T>, Idx>, desc: &mut Buf<T>) {
-        let run = |w: &Wgpu, rec: &Recorded<T>| {
-            w.tape_forward(owner(a), rec, a.rij, None, a.params, desc)
+        let run = |w: &Wgpu, prep: &Prepared<T>| {
+            w.tape_forward(owner(a), prep, a.rij, None, a.params, desc)
         };
         if !self.tape_pass(d, a, None, run) {
             block::block_forward(self, d, a, desc)
@@ -891,13 +907,11 @@ impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
     }
 
     fn block_backward(&self, d: &Dims, a: &BlockArgs<Buf<T>, Idx>, dbar: &Buf<T>, q: &mut Buf<T>) {
-        let mut scratch = None;
-        let kept = self.tape_kept(d, a, None, &mut scratch);
-        match kept {
-            Some((rec, run)) => {
-                self.tape_backward(&rec, run, a.params, (dbar, None), Some(q), None)
-            }
-            None => block::block_backward(self, d, a, dbar, q),
+        let back = |w: &Wgpu, prep: &Prepared<T>, run: Run| {
+            w.tape_backward(prep, run, a.params, (dbar, None), Some(q), None)
+        };
+        if !self.tape_back(d, a, None, back) {
+            block::block_backward(self, d, a, dbar, q)
         }
     }
 
@@ -908,8 +922,8 @@ impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
         rijdot: &Buf<T>,
         ddot: &mut Buf<T>,
     ) {
-        let run = |w: &Wgpu, rec: &Recorded<T>| {
-            w.tape_forward(owner(a), rec, a.rij, Some(rijdot), a.params, ddot)
+        let run = |w: &Wgpu, prep: &Prepared<T>| {
+            w.tape_forward(owner(a), prep, a.rij, Some(rijdot), a.params, ddot)
         };
         if !self.tape_pass(d, a, Some(rijdot), run) {
             block::block_tangent(self, d, a, rijdot, ddot)
@@ -924,13 +938,12 @@ impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
         (dbar, ddotbar): (&Buf<T>, &Buf<T>),
         grad: &mut Buf<T>,
     ) {
-        let mut scratch = None;
-        match self.tape_kept(d, a, Some(rijdot), &mut scratch) {
-            Some((rec, run)) => {
-                let seed = (ddotbar, Some(dbar));
-                self.tape_backward(&rec, run, a.params, seed, None, Some(grad))
-            }
-            None => block::block_dual(self, d, a, rijdot, (dbar, ddotbar), grad),
+        let back = |w: &Wgpu, prep: &Prepared<T>, run: Run| {
+            let seed = (ddotbar, Some(dbar));
+            w.tape_backward(prep, run, a.params, seed, None, Some(grad))
+        };
+        if !self.tape_back(d, a, Some(rijdot), back) {
+            block::block_dual(self, d, a, rijdot, (dbar, ddotbar), grad)
         }
     }
 
@@ -954,45 +967,60 @@ fn owner<B, I>(a: &BlockArgs<B, I>) -> usize {
     std::ptr::from_ref(a.keep) as usize
 }
 
+/// What a batch's tape is kept under between passes: it reads no parameter and no tangent.
+const BATCH: [u64; 2] = [0, 0];
+
 impl Wgpu {
-    /// Records the block's tape and runs `forward` on it (with the tangent `rdot`), the run
-    /// kept for the next pass; false where the block has no tape (DPA-3).
+    /// Runs `forward` (with the tangent `rdot`) on the block's tape of this batch, the one
+    /// the last pass left or one recorded now, and keeps the run for the next pass; false
+    /// where the block has no tape (DPA-3).
     fn tape_pass<T: GpuReal>(
         &self,
         d: &Dims,
         a: &BlockArgs<Buf<T>, Idx>,
         rdot: Option<&Buf<T>>,
-        forward: impl FnOnce(&Wgpu, &Recorded<T>) -> Run,
+        forward: impl FnOnce(&Wgpu, &Prepared<T>) -> Run,
     ) -> bool {
         let bufs = [a.params.id, rdot.map_or(0, |r| r.id)];
-        a.host(&Generic(self), false, |body| match body.record(d) {
-            None => false,
-            Some(rec) => {
-                let run = forward(self, &rec);
-                body.put_device(d, bufs, (rec, run));
-                true
-            }
+        a.host(&Generic(self), false, |body| {
+            let Some(prep) =
+                (body.take_device(d, BATCH)).or_else(|| body.record(d).map(Prepared::new))
+            else {
+                return false;
+            };
+            let run = forward(self, &prep);
+            body.put_device(d, bufs, (prep, run));
+            true
         })
     }
 
-    /// The run a forward (with the tangent `rdot`) kept for these inputs, or one made now (its
-    /// output into `scratch`); `None` where the block has no tape.
-    fn tape_kept<T: GpuReal>(
+    /// Runs `back` on the run a forward (with the tangent `rdot`) kept for these inputs, or
+    /// on one made now, and leaves the batch's tape for the next pass; false where the block
+    /// has no tape.
+    fn tape_back<T: GpuReal>(
         &self,
         d: &Dims,
         a: &BlockArgs<Buf<T>, Idx>,
         rdot: Option<&Buf<T>>,
-        scratch: &mut Option<Buf<T>>,
-    ) -> Option<(Recorded<T>, Run)> {
+        back: impl FnOnce(&Wgpu, &Prepared<T>, Run),
+    ) -> bool {
         let bufs = [a.params.id, rdot.map_or(0, |r| r.id)];
         a.host(&Generic(self), false, |body| {
-            let rec = body.record(d)?;
-            if let Some(kept) = body.take_device(d, bufs) {
-                return Some(kept);
-            }
-            let out = scratch.insert(self.zeros_real(d.ncentres() * a.block.width()));
-            let run = self.tape_forward(owner(a), &rec, a.rij, rdot, a.params, out);
-            Some((rec, run))
+            let (prep, run) = match body.take_device::<(Prepared<T>, Run)>(d, bufs) {
+                Some(kept) => kept,
+                None => {
+                    let Some(rec) = body.record(d) else {
+                        return false;
+                    };
+                    let prep = Prepared::new(rec);
+                    let mut out = self.zeros_real(d.ncentres() * a.block.width());
+                    let run = self.tape_forward(owner(a), &prep, a.rij, rdot, a.params, &mut out);
+                    (prep, run)
+                }
+            };
+            back(self, &prep, run);
+            body.put_device(d, BATCH, prep);
+            true
         })
     }
 }
@@ -1038,7 +1066,7 @@ mod tests {
         let ybar: Vec<f64> = (0..ny).map(|i| 1.0 + i as f64).collect();
         let ydotbar: Vec<f64> = (0..ny).map(|i| 0.5 - 0.25 * i as f64).collect();
         let cpu = GraphPasses::on_cpu(&x, &xdot, &params, &ybar, &ydotbar);
-        let rec = (t, xv, o);
+        let rec = Prepared::new((t, xv, o));
         let (xb, xdb, pb) = (b.upload(&x), b.upload(&xdot), b.upload(&params));
         let (yb, ydb) = (b.upload(&ybar), b.upload(&ydotbar));
         let mut out = b.zeros(ny);
@@ -1048,7 +1076,7 @@ mod tests {
         let xe = eager.leaf(x.clone(), 4, 2);
         let x1 = eager.scale(xe, 1.0);
         graph(&mut eager, x1);
-        for (i, (op, (r, c))) in rec.0.ops().enumerate() {
+        for (i, (op, (r, c))) in rec.rec.0.ops().enumerate() {
             let buf = run.vals[run.src[i]].as_ref().unwrap();
             let bytes = w.read_bytes(buf, (r * c * 8) as u64);
             let dev: Vec<f64> = bytemuck::pod_collect_to_vec(&bytes);
@@ -1063,7 +1091,14 @@ mod tests {
         let x2 = other.scale(xo, 2.0);
         let y = graph(&mut other, x2);
         let mut scratch = b.zeros(ny);
-        w.tape_forward(1, &(other, xo, y), &xb, None, &pb, &mut scratch);
+        w.tape_forward(
+            1,
+            &Prepared::new((other, xo, y)),
+            &xb,
+            None,
+            &pb,
+            &mut scratch,
+        );
         let mut q = b.zeros(8);
         w.tape_backward(&rec, run, &pb, (&yb, None), Some(&mut q), None);
         close("x̄", &b.download(&q), &cpu.xbar);
