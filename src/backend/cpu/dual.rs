@@ -212,14 +212,24 @@ impl<R: Real> Num<R> for Dual<R> {
     ) {
         let n = z.len();
         let (x, y, dy, d2y) = split_work(work, [n; 4]);
-        for (x, z) in x.iter_mut().zip(z) {
-            *x = z.v;
-        }
+        super::simd::wide(
+            #[inline(always)]
+            || {
+                for (x, z) in x.iter_mut().zip(z) {
+                    *x = z.v;
+                }
+            },
+        );
         eval(x, y, dy, d2y);
-        for (i, z) in z.iter().enumerate() {
-            f[i] = Dual::new(y[i], dy[i] * z.d);
-            s[i] = Dual::new(dy[i], d2y[i] * z.d);
-        }
+        super::simd::wide(
+            #[inline(always)]
+            || {
+                for (i, z) in z.iter().enumerate() {
+                    f[i] = Dual::new(y[i], dy[i] * z.d);
+                    s[i] = Dual::new(dy[i], d2y[i] * z.d);
+                }
+            },
+        );
     }
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>) {
         // The kernel reads B's rows in place, so B's parts are copied out; A's are read

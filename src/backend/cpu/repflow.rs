@@ -147,17 +147,23 @@ struct Acts<T, N> {
 }
 
 impl<T: Real, N: Num<T>> Acts<T, N> {
-    /// Of `z`'s rows of `width` for which `live(row)`; the others' are zero.
+    /// Of `z`'s rows of `width` for which `live(row)`; the others' are zero. All rows in one
+    /// call, the others zeroed after: the exp's vector loop wants long slices.
     fn of(&mut self, a: Activation, z: &[N], width: usize, live: impl Fn(usize) -> bool) {
-        sized(&mut self.f, z.len(), N::zero());
-        sized(&mut self.s, z.len(), N::zero());
+        // Every entry is written below: no zeroing first.
+        self.f.resize(z.len(), N::zero());
+        self.s.resize(z.len(), N::zero());
+        N::apply2_slice(
+            z,
+            &mut self.f,
+            &mut self.s,
+            &mut self.work,
+            |x, y, dy, d2y| eval3_slice(a, x, y, dy, d2y),
+        );
         let rows = self.f.chunks_mut(width).zip(self.s.chunks_mut(width));
-        for (r, ((f, s), z)) in rows.zip(z.chunks(width)).enumerate() {
-            if live(r) {
-                N::apply2_slice(z, f, s, &mut self.work, |x, y, dy, d2y| {
-                    eval3_slice(a, x, y, dy, d2y)
-                });
-            }
+        for (_, (f, s)) in rows.enumerate().filter(|&(r, _)| !live(r)) {
+            f.fill(N::zero());
+            s.fill(N::zero());
         }
     }
     fn f(&self, r: std::ops::Range<usize>) -> &[N] {
@@ -465,6 +471,12 @@ fn sized<N: Copy>(v: &mut Vec<N>, len: usize, zero: N) {
     v.resize(len, zero);
 }
 
+/// [`sized`] without the zeroing, for a buffer the caller writes whole next (an `mv`, an `mm`
+/// that does not accumulate): zeroing per-centre buffers was a tenth of a DPA-3 step.
+fn resized<N: Copy>(v: &mut Vec<N>, len: usize, zero: N) {
+    v.resize(len, zero);
+}
+
 /// z_jk += p + k-row_k + j-row_j (rows of `p.len()`) for the angle pairs q = j·A + k where
 /// `pair(q)`; the other pairs' rows zeroed.
 fn pair_sum<N: Copy + std::ops::AddAssign + std::ops::Add<Output = N> + Default>(
@@ -621,7 +633,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         w.aa.extend_from_slice(&angles[c * a * a * ad..(c + 1) * a * a * ad]);
         // u¹: the node's own message.
         let (wn, bn) = wb(p, &ll.node_self);
-        sized(&mut w.z1, n, z);
+        resized(&mut w.z1, n, z);
         mv(&w.ni, wn, n, Some(bn), &mut w.z1);
         w.f1.of(o.act, &w.z1, n, |_| true);
         if !o.sequential {
@@ -677,7 +689,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
                 }
             }
         }
-        sized(&mut w.sym, o.m * (e + n), z);
+        resized(&mut w.sym, o.m * (e + n), z);
         let third = cst::<T>(1.0 / 3.0);
         let (ge, gn) = w.sym.split_at_mut(o.m * e);
         for (hg, width, out) in [(&w.hge, e, ge), (&w.hgn, n, gn)] {
@@ -691,7 +703,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             }
         }
         let (ws, bs) = wb(self.x.params, &ll.node_sym);
-        sized(&mut w.z2, n, z);
+        resized(&mut w.z2, n, z);
         mv(&w.sym, ws, n, Some(bs), &mut w.z2);
         w.f2.of(o.act, &w.z2, n, |_| true);
     }
@@ -702,9 +714,9 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let (n, e, s, hn) = (o.n, o.e, o.s, o.h * o.n);
         let s0 = self.d.mixed_slots(c).start;
         let (we3, b3) = wb(self.x.params, &ll.node_edge);
-        sized(&mut w.pre3, hn, N::zero());
+        resized(&mut w.pre3, hn, N::zero());
         mv(&w.ni, we3, hn, Some(b3), &mut w.pre3);
-        sized(&mut w.z3, s * hn, N::zero());
+        resized(&mut w.z3, s * hn, N::zero());
         let ej = if o.sequential { &w.eu } else { &w.ej };
         let sc = &mut w.sc;
         mm(&w.nj, n, (&we3[n * hn..], hn), &mut w.z3, hn, false, sc);
@@ -720,9 +732,9 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let (n, e, s) = (o.n, o.e, o.s);
         let s0 = self.d.mixed_slots(c).start;
         let (we4, b4) = wb(self.x.params, &ll.edge_self);
-        sized(&mut w.pre4, e, N::zero());
+        resized(&mut w.pre4, e, N::zero());
         mv(&w.ni, we4, e, Some(b4), &mut w.pre4);
-        sized(&mut w.z4, s * e, N::zero());
+        resized(&mut w.z4, s * e, N::zero());
         let sc = &mut w.sc;
         mm(&w.nj, n, (&we4[n * e..], e), &mut w.z4, e, false, sc);
         mm(&w.ej, e, (&we4[2 * n * e..], e), &mut w.z4, e, true, sc);
@@ -755,7 +767,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let z = N::zero();
         let (nc, ec) = (o.nc, o.ec);
         let edges = if o.sequential { &w.es1 } else { &w.ej };
-        sized(&mut w.nt, nc, z);
+        resized(&mut w.nt, nc, z);
         sized(&mut w.et, a * ec, z);
         match o.compress {
             Compress::None => w.nt.copy_from_slice(&w.ni),
@@ -782,15 +794,15 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let (w6, b6) = wb(p, &al.angle_self);
         // The rows of the info's blocks in the weights: a, ñ, ẽ_k, ẽ_j.
         let (ra, rn, rk, rj) = (0, ad, ad + nc, ad + nc + ec);
-        sized(&mut w.pn5, e, z);
+        resized(&mut w.pn5, e, z);
         mv(&w.nt, &w5[rn * e..], e, Some(b5), &mut w.pn5);
-        sized(&mut w.pn6, ad, z);
+        resized(&mut w.pn6, ad, z);
         mv(&w.nt, &w6[rn * ad..], ad, Some(b6), &mut w.pn6);
         // ẽ's rows of the slots out of the angle list are zero, and so are their products.
-        sized(&mut w.ek5, a * e, z);
-        sized(&mut w.ej5, a * e, z);
-        sized(&mut w.ek6, a * ad, z);
-        sized(&mut w.ej6, a * ad, z);
+        resized(&mut w.ek5, a * e, z);
+        resized(&mut w.ej5, a * e, z);
+        resized(&mut w.ek6, a * ad, z);
+        resized(&mut w.ej6, a * ad, z);
         let sc = &mut w.sc;
         mm(&w.et, ec, (&w5[rk * e..], e), &mut w.ek5, e, false, sc);
         mm(&w.et, ec, (&w5[rj * e..], e), &mut w.ej5, e, false, sc);
@@ -798,7 +810,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         mm(&w.et, ec, (&w6[rj * ad..], ad), &mut w.ej6, ad, false, sc);
         let pair = |q: usize| g.am[s0 + q / a] && g.am[s0 + q % a];
         // The angle's own message first: the sequential update's edge message reads its update.
-        sized(&mut w.z6, a * a * ad, z);
+        resized(&mut w.z6, a * a * ad, z);
         mm(&w.aa, ad, (&w6[ra * ad..], ad), &mut w.z6, ad, false, sc);
         pair_sum(&mut w.z6, &w.pn6, &w.ek6, &w.ej6, a, pair);
         w.f6.of(o.act, &w.z6, ad, pair);
@@ -818,7 +830,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         } else {
             &w.aa
         };
-        sized(&mut w.z5, a * a * e, z);
+        resized(&mut w.z5, a * a * e, z);
         mm(
             angles,
             ad,
@@ -855,7 +867,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
             }
         }
         let (w7, b7) = wb(p, &al.edge_angle2);
-        sized(&mut w.z7, s * e, z);
+        resized(&mut w.z7, s * e, z);
         mm(&w.rho, e, (w7, e), &mut w.z7, e, false, &mut w.sc);
         for j in 0..s {
             let z7 = &mut w.z7[j * e..(j + 1) * e];
