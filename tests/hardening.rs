@@ -1377,20 +1377,28 @@ fn interrupt_ends_by_the_signal() {
         let status = child.wait().unwrap();
         let err = std::fs::read_to_string(&log).unwrap();
         assert!(!err.contains("panicked"), "{err}");
-        let want = if twice { 2 } else { 15 };
+        // Two signals pending together are taken in either order (two threads may take one
+        // each): the run ends by whichever it took first, and takes the other as the same
+        // request.
+        let (first, other, want) = if twice && err.contains("WARN SIGTERM:") {
+            ("SIGTERM", "SIGINT", 15)
+        } else if twice {
+            ("SIGINT", "SIGTERM", 2)
+        } else {
+            ("SIGTERM", "", 15)
+        };
         assert_eq!(status.code(), None, "{err}");
         assert_eq!(status.signal(), Some(want), "{err}");
         assert!(
-            err.contains(if twice {
-                "interrupted by SIGINT"
-            } else {
-                "interrupted by SIGTERM"
-            }) && err.contains("checkpoint saved to ./model.ckpt-"),
+            err.contains(&format!("interrupted by {first}"))
+                && err.contains("checkpoint saved to ./model.ckpt-"),
             "{err}"
         );
         if twice {
             assert!(
-                err.contains("SIGTERM within 2 s of the first signal: the same request"),
+                err.contains(&format!(
+                    "{other} within 2 s of the first signal: the same request"
+                )),
                 "{err}"
             );
         }
