@@ -150,9 +150,8 @@ impl<T: Real, N: Num<T>> Acts<T, N> {
     /// Of `z`'s rows of `width` for which `live(row)`; the others' are zero. All rows in one
     /// call, the others zeroed after: the exp's vector loop wants long slices.
     fn of(&mut self, a: Activation, z: &[N], width: usize, live: impl Fn(usize) -> bool) {
-        // Every entry is written below: no zeroing first.
-        self.f.resize(z.len(), N::zero());
-        self.s.resize(z.len(), N::zero());
+        resized(&mut self.f, z.len(), N::zero());
+        resized(&mut self.s, z.len(), N::zero());
         N::apply2_slice(
             z,
             &mut self.f,

@@ -294,10 +294,9 @@ impl<T: GpuReal> Device<T> for Generic<'_, Wgpu> {
     }
 
     fn upload_kept(&self, x: Vec<T>) -> Buf<T> {
-        Buf {
-            host: Some(std::sync::Arc::new(x.clone())),
-            ..self.upload_real(&x)
-        }
+        let mut b = self.upload_real(&x);
+        b.host = Some(std::sync::Arc::new(x));
+        b
     }
 
     fn host_copy(&self, b: &Buf<T>) -> Option<Vec<T>> {

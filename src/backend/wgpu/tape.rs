@@ -58,15 +58,9 @@ pub(crate) struct Run {
     src: Vec<usize>,
     /// The map ops' slopes.
     slopes: Vec<Option<wgpu::Buffer>>,
-    /// Where each op's constants (`cst`) and indices (`idx`) begin: a gather's indices and
-    /// then its adjoint's CSR, a softmax's mask.
-    ci: Vec<u32>,
-    ix: Vec<Ix>,
+    /// The plan's constants and indices on the device.
     cst: wgpu::Buffer,
     idx: wgpu::Buffer,
-    /// Whether an op's adjoint is wanted: it reads r_ij or a parameter, itself or through
-    /// what it reads.
-    wanted: Vec<bool>,
 }
 
 /// A block's tape recorded from one batch, with its plan: what every pass on that batch
@@ -85,10 +79,14 @@ impl<T: GpuReal> Prepared<T> {
 
 /// The constants and indices of one tape, and which ops' adjoints are wanted.
 struct Plan {
+    /// Where each op's constants (in `cst`) and indices (in `idx`) begin: a gather's indices
+    /// and then its adjoint's CSR, a softmax's mask.
     ci: Vec<u32>,
     ix: Vec<Ix>,
     cst: Vec<f64>,
     idx: Vec<u32>,
+    /// Whether an op's adjoint is wanted: it reads r_ij or a parameter, itself or through
+    /// what it reads.
     wanted: Vec<bool>,
 }
 
@@ -488,11 +486,8 @@ impl Wgpu {
             vals,
             src,
             slopes,
-            ci: p.ci.clone(),
-            ix: p.ix.clone(),
             cst,
             idx,
-            wanted: p.wanted.clone(),
         }
     }
 
@@ -551,6 +546,7 @@ impl Wgpu {
     ) {
         let _op = self.exclusive();
         let (t, input, output) = &prep.rec;
+        let p = &prep.plan;
         let l = Launch::<T> {
             w: self,
             fp: run.fp,
@@ -567,7 +563,7 @@ impl Wgpu {
         let val = |x: V| run.vals[run.src[x.index()]].as_ref().expect("a value");
         // Adds to x's adjoint through `f(acc, y)`, making it on first use.
         let to = |adj: &mut Vec<Option<wgpu::Buffer>>, x: V, f: &dyn Fn(u32, &wgpu::Buffer)| {
-            if !run.wanted[x.index()] {
+            if !p.wanted[x.index()] {
                 return;
             }
             let acc = adj[x.index()].is_some();
@@ -740,7 +736,7 @@ impl Wgpu {
                         let u = TapeParams {
                             acc,
                             op: 3,
-                            ci: run.ci[i],
+                            ci: p.ci[i],
                             br,
                             bc,
                             ..base
@@ -750,7 +746,7 @@ impl Wgpu {
                 }
                 Op::Gather { x, w, .. } => {
                     let (xr, xc) = t.shape(*x);
-                    let ix = run.ix[i];
+                    let ix = p.ix[i];
                     to(&mut adj, *x, &|acc, y| {
                         let u = TapeParams {
                             acc,
@@ -826,7 +822,7 @@ impl Wgpu {
                     }
                 }
                 Op::Reshape(x) => {
-                    if run.wanted[x.index()] && adj[x.index()].is_none() {
+                    if p.wanted[x.index()] && adj[x.index()].is_none() {
                         adj[x.index()] = Some(ybar);
                         continue;
                     }
