@@ -11,7 +11,7 @@ use super::act::cst;
 use super::block_in::BlockIn;
 use super::dual::Num;
 use super::tape::{Elem, Tape, V};
-use super::tape_block::{net, tebd, BlockEnv, Ctx, List, TapeBlock};
+use super::tape_block::{net, net_parts, tebd, BlockEnv, Ctx, List, Part, TapeBlock};
 use super::three_body::ThreeBody;
 use crate::backend::Real;
 use crate::model::dpa2::{Dpa2Config, Dpa2Layout, RepformerLayerLayout};
@@ -121,24 +121,20 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         let e = self.env(t, rij, &o.list(Block::Repinit));
         let (nc, s, m1, a1) = (self.nc, e.s, o.m1, o.a1);
         let shat = t.cols(e.rhat, 0..1);
-        let tj = t.rows(tt, &e.ntype);
         let centre: Vec<u32> = (0..nc * s).map(|r| self.ctype[r / s] as u32).collect();
-        let types = if o.type_one_side {
-            tj
-        } else {
-            let ti = t.rows(tt, &centre);
-            t.concat(&[tj, ti])
-        };
+        // [s_ij, T_j] or [s_ij, T_j, T_i].
+        let mut parts = vec![Part::Cols(shat), Part::Rows(tt, &e.ntype)];
+        if !o.type_one_side {
+            parts.push(Part::Rows(tt, &centre));
+        }
+        let types = &parts[1..];
         let act = c.repinit.activation;
         let g = match c.repinit.tebd_input_mode {
-            TebdInputMode::Concat => {
-                let x = t.concat(&[shat, types]);
-                net(t, x, &l.repinit, act)
-            }
+            TebdInputMode::Concat => net_parts(t, &parts, &l.repinit, act),
             TebdInputMode::Strip => {
                 let gs = net(t, shat, &l.repinit, act);
                 let strip = l.repinit_strip.as_ref().expect("strip's type net");
-                let mut gt = net(t, types, strip, act);
+                let mut gt = net_parts(t, types, strip, act);
                 if c.smooth {
                     gt = t.mul(gt, e.sw);
                 }

@@ -316,10 +316,15 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
             return self.push(Vec::new(), rows, cols, Op::Map(x, Elem::Act(a), Vec::new()));
         }
         let xv = self.val(x);
-        let f: Vec<[[T; 3]; CHUNK]> = xv.par_chunks(CHUNK).map(|c| act_chunk(a, c)).collect();
-        let (val, slope) = (xv.par_iter().zip(f.as_flattened().par_iter()))
-            .map(|(&v, &[y, dy, d2y])| (v.apply(|_| (y, dy)), v.apply(|_| (dy, d2y))))
-            .unzip();
+        let (mut val, mut slope) = (vec![N::zero(); xv.len()], vec![N::zero(); xv.len()]);
+        (val.par_chunks_mut(CHUNK).zip(slope.par_chunks_mut(CHUNK)))
+            .zip(xv.par_chunks(CHUNK))
+            .for_each(|((yc, sc), xc)| {
+                let f = act_chunk(a, xc);
+                for (((y, s), &v), &[f, df, d2f]) in yc.iter_mut().zip(sc).zip(xc).zip(&f) {
+                    (*y, *s) = (v.apply(|_| (f, df)), v.apply(|_| (df, d2f)));
+                }
+            });
         self.push(val, rows, cols, Op::Map(x, Elem::Act(a), slope))
     }
 
@@ -468,12 +473,17 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         }
         let total: usize = widths.iter().sum();
         self.node((rows, total), Op::Concat(xs.to_vec()), |t| {
-            let mut y = Vec::with_capacity(rows * total);
-            for i in 0..rows {
+            let mut y = vec![N::zero(); rows * total];
+            (y.par_chunks_mut(CHUNK * total.max(1)).enumerate()).for_each(|(c, yc)| {
+                let mut at = 0;
                 for (&x, &w) in xs.iter().zip(&widths) {
-                    y.extend_from_slice(&t.val(x)[i * w..(i + 1) * w]);
+                    let xc = &t.val(x)[c * CHUNK * w..];
+                    for (yr, xr) in yc.chunks_mut(total).zip(xc.chunks(w.max(1))) {
+                        yr[at..at + w].copy_from_slice(xr);
+                    }
+                    at += w;
                 }
-            }
+            });
             y
         })
     }
@@ -538,18 +548,7 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                     });
                     if want_grad {
                         let xv = &self.nodes[x.0].val;
-                        let a = Mat {
-                            v: xv.as_slice(),
-                            rs: 1,
-                            cs: nin,
-                        };
-                        N::gemm(
-                            prod(nin, rows, cols, true),
-                            a,
-                            &ybar,
-                            &mut grad[w..w + nin * cols],
-                            &mut Vec::new(),
-                        );
+                        weight_grad(nin, xv, &ybar, &mut grad[w..w + nin * cols]);
                         if let Some(b) = b {
                             for r in ybar.chunks(cols) {
                                 add_into(&mut grad[b..b + cols], r);
@@ -598,10 +597,11 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                 }
                 Op::Map(x, _, slope) => put_with(&mut adj, *x, ybar.len(), |e| ybar[e] * slope[e]),
                 &Op::Add(a, b) | &Op::Sub(a, b) => {
-                    put_with(&mut adj, a, ybar.len(), |e| ybar[e]);
                     let neg = matches!(node.op, Op::Sub(..));
                     let sign = |v: N| if neg { -v } else { v };
                     put_reduced(&mut adj, &self.nodes, b, (rows, cols), |e| sign(ybar[e]));
+                    // a's adjoint is ybar itself where nothing reached a yet.
+                    put(&mut adj, a, ybar);
                 }
                 &Op::Mul(a, b) => {
                     let (br, bc) = (self.nodes[b.0].rows, self.nodes[b.0].cols);
@@ -664,10 +664,14 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                     let mut at = 0;
                     for &x in xs {
                         let w = self.nodes[x.0].cols;
-                        let xbar = (ybar.chunks(cols.max(1)))
-                            .flat_map(|r| &r[at..at + w])
-                            .copied()
-                            .collect();
+                        let mut xbar = vec![N::zero(); rows * w];
+                        (xbar.par_chunks_mut(CHUNK * w.max(1)))
+                            .zip(ybar.par_chunks(CHUNK * cols.max(1)))
+                            .for_each(|(xc, yc)| {
+                                for (xr, yr) in xc.chunks_mut(w.max(1)).zip(yc.chunks(cols)) {
+                                    xr.copy_from_slice(&yr[at..at + w]);
+                                }
+                            });
                         put(&mut adj, x, xbar);
                         at += w;
                     }
@@ -733,9 +737,16 @@ fn put<N: Copy + std::ops::AddAssign + Send + Sync>(adj: &mut [Option<Vec<N>>], 
     }
 }
 
-fn add_into<N: Copy + std::ops::AddAssign>(y: &mut [N], x: &[N]) {
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o += v;
+fn add_into<N: Copy + std::ops::AddAssign + Send + Sync>(y: &mut [N], x: &[N]) {
+    let add = |(y, x): (&mut [N], &[N])| {
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o += v;
+        }
+    };
+    if y.len() < 16 * CHUNK {
+        add((y, x));
+    } else {
+        (y.par_chunks_mut(16 * CHUNK).zip(x.par_chunks(16 * CHUNK))).for_each(add);
     }
 }
 
@@ -766,11 +777,28 @@ fn put_reduced<T, N: Copy + Default + std::ops::AddAssign + Send + Sync>(
     if (br, bc) == (rows, cols) {
         return put_with(adj, b, rows * cols, g);
     }
-    let full: Vec<N> = (0..rows * cols).into_par_iter().map(g).collect();
+    // Each of b's entries takes its terms in the order of the rows and columns, as one loop
+    // over the tensor would add them: a row's sum per task for a column b, a block of columns
+    // per task (over every row) for a row b.
     acc(adj, b, nodes, |bbar| {
-        for i in 0..rows {
-            for j in 0..cols {
-                bbar[bcast(i, j, br, bc)] += full[i * cols + j];
+        if bc == 1 && br == rows {
+            bbar.par_iter_mut().enumerate().for_each(|(i, o)| {
+                for j in 0..cols {
+                    *o += g(i * cols + j);
+                }
+            });
+        } else if br == 1 && bc == cols {
+            let block = cols.div_ceil(rayon::current_num_threads()).max(1);
+            bbar.par_chunks_mut(block).enumerate().for_each(|(k, ob)| {
+                for i in 0..rows {
+                    for (j, o) in ob.iter_mut().enumerate() {
+                        *o += g(i * cols + k * block + j);
+                    }
+                }
+            });
+        } else {
+            for e in 0..rows * cols {
+                bbar[0] += g(e);
             }
         }
     });
@@ -819,6 +847,43 @@ fn bcast_rows<N: Copy + Send + Sync>(
 /// Where b `[br][bc]` is read for entry (i, j) of its broadcast.
 fn bcast(i: usize, j: usize, br: usize, bc: usize) -> usize {
     (if br == 1 { 0 } else { i }) * bc + if bc == 1 { 0 } else { j }
+}
+
+/// Rows of a block of [`weight_grad`].
+const GRAD_ROWS: usize = 4096;
+
+/// W̄ += xᵀ·ȳ for x `[rows][nin]`, ȳ `[rows][nout]`: blocks of [`GRAD_ROWS`] rows in parallel,
+/// their products added in the blocks' order (the same sums whatever the threads).
+fn weight_grad<T: Real, N: Num<T>>(nin: usize, xv: &[N], ybar: &[N], wbar: &mut [N]) {
+    let nout = wbar.len() / nin.max(1);
+    let rows = ybar.len() / nout.max(1);
+    let xt = |r0: usize| Mat {
+        v: &xv[r0 * nin..],
+        rs: 1,
+        cs: nin,
+    };
+    if rows <= GRAD_ROWS {
+        return N::gemm(
+            prod(nin, rows, nout, true),
+            xt(0),
+            ybar,
+            wbar,
+            &mut Vec::new(),
+        );
+    }
+    let blocks: Vec<Vec<N>> = (0..rows.div_ceil(GRAD_ROWS))
+        .into_par_iter()
+        .map_init(Vec::new, |work, k| {
+            let (r0, r1) = (k * GRAD_ROWS, ((k + 1) * GRAD_ROWS).min(rows));
+            let mut part = vec![N::zero(); nin * nout];
+            let yb = &ybar[r0 * nout..r1 * nout];
+            N::gemm(prod(nin, r1 - r0, nout, false), xt(r0), yb, &mut part, work);
+            part
+        })
+        .collect();
+    for part in &blocks {
+        add_into(wbar, part);
+    }
 }
 
 fn prod(m: usize, k: usize, n: usize, acc: bool) -> Prod {

@@ -15,7 +15,7 @@ use super::dual::{Dual, Num};
 use super::tape::{Elem, Tape, NONE, V};
 use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
-use crate::model::{Activation, Net, Skip, TebdLayout};
+use crate::model::{Activation, Layer, Net, Skip, TebdLayout};
 
 /// A descriptor built on the tape: its constants (`Self`, one per model) say how its blocks'
 /// lists are cut from the model's and how D is built.
@@ -192,31 +192,91 @@ impl<'a, O: TapeBlock, T: Real> Ctx<'a, O, T> {
     }
 }
 
-/// An embedding net of DeePMD-kit (spec §5): φ(x·W + b) (· idt), plus the width-decided skip.
-pub(crate) fn net<T: Real, N: Num<T>>(
+/// Columns of a net's input, side by side with the others: a tensor, or rows `idx` of a table
+/// (the type embedding's). A table's product with its block of the first layer's weights is
+/// taken over the table's few rows before they are gathered, so the input is never built
+/// (for the three-body block it was `[e_jk, T_j, T_k]` on every pair of neighbours, 17 numbers
+/// a row for 2 out).
+pub(crate) enum Part<'a> {
+    Cols(V),
+    Rows(V, &'a [u32]),
+}
+
+/// [`net`] on the parts side by side, the first layer's product taken part by part (the input
+/// itself is built only where that layer's skip reads it).
+pub(crate) fn net_parts<T: Real, N: Num<T>>(
     t: &mut Tape<'_, T, N>,
-    mut x: V,
+    parts: &[Part<'_>],
     net: &Net,
     a: Activation,
 ) -> V {
-    for l in &net.layers {
-        let z = t.linear(x, l.w, Some(l.b), l.nout);
-        let mut h = t.act(z, a);
-        if let Some(idt) = l.idt {
-            let p = t.param(idt, 1, l.nout);
-            h = t.mul(h, p);
-        }
-        h = match l.skip {
-            Skip::None => h,
-            Skip::Identity => t.add(h, x),
-            Skip::Double => {
-                let xx = t.concat(&[x, x]);
-                t.add(h, xx)
-            }
+    let (first, rest) = net.layers.split_first().expect("a net with layers");
+    if first.skip != Skip::None {
+        let cols: Vec<V> = (parts.iter())
+            .map(|p| match *p {
+                Part::Cols(x) => x,
+                Part::Rows(tab, idx) => t.rows(tab, idx),
+            })
+            .collect();
+        let x = t.concat(&cols);
+        return layers(t, x, &net.layers, a);
+    }
+    let (mut z, mut at) = (None, 0);
+    for p in parts {
+        let (src, width) = match *p {
+            Part::Cols(x) | Part::Rows(x, _) => (x, t.shape(x).1),
         };
-        x = h;
+        let bias = z.is_none().then_some(first.b);
+        let y = t.linear(src, first.w + at * first.nout, bias, first.nout);
+        let y = match *p {
+            Part::Cols(_) => y,
+            Part::Rows(_, idx) => t.rows(y, idx),
+        };
+        z = Some(z.map_or(y, |z| t.add(z, y)));
+        at += width;
+    }
+    assert_eq!(at, first.nin, "the parts' widths against the first layer's");
+    let h = layer_out(t, z.expect("a part"), first, None, a);
+    layers(t, h, rest, a)
+}
+
+/// An embedding net of DeePMD-kit (spec §5): φ(x·W + b) (· idt), plus the width-decided skip.
+pub(crate) fn net<T: Real, N: Num<T>>(t: &mut Tape<'_, T, N>, x: V, net: &Net, a: Activation) -> V {
+    layers(t, x, &net.layers, a)
+}
+
+fn layers<T: Real, N: Num<T>>(t: &mut Tape<'_, T, N>, mut x: V, ls: &[Layer], a: Activation) -> V {
+    for l in ls {
+        let z = t.linear(x, l.w, Some(l.b), l.nout);
+        x = layer_out(t, z, l, Some(x), a);
     }
     x
+}
+
+/// A layer's output from its z = x·W + b: φ(z) (· idt), plus the skip from x (`None` where
+/// the layer has no skip and its input was never built).
+fn layer_out<T: Real, N: Num<T>>(
+    t: &mut Tape<'_, T, N>,
+    z: V,
+    l: &Layer,
+    x: Option<V>,
+    a: Activation,
+) -> V {
+    let mut h = t.act(z, a);
+    if let Some(idt) = l.idt {
+        let p = t.param(idt, 1, l.nout);
+        h = t.mul(h, p);
+    }
+    let x = || x.expect("a skip reads the layer's input");
+    match l.skip {
+        Skip::None => h,
+        Skip::Identity => t.add(h, x()),
+        Skip::Double => {
+            let x = x();
+            let xx = t.concat(&[x, x]);
+            t.add(h, xx)
+        }
+    }
 }
 
 /// T `[nt][T]`: the type embedding's layer over one-hot rows, with its skip.

@@ -6,7 +6,7 @@ use super::act::cst;
 use super::block_in::BlockIn;
 use super::dual::Num;
 use super::tape::{Tape, V};
-use super::tape_block::{net, tebd, Ctx, List, TapeBlock};
+use super::tape_block::{net, net_parts, tebd, Ctx, List, Part, TapeBlock};
 use crate::backend::Real;
 use crate::model::se_e3_tebd::{SeE3TebdConfig, SeE3TebdLayout};
 use crate::model::{Activation, DescriptorSpec, Net};
@@ -46,16 +46,12 @@ impl<O: TapeBlock, T: Real> Ctx<'_, O, T> {
                 }
             }
         }
-        let (tj, tk) = (t.rows(tt, &jt), t.rows(tt, &kt));
+        let (tj, tk) = (Part::Rows(tt, &jt), Part::Rows(tt, &kt));
         let g = match b.strip {
-            None => {
-                let x = t.concat(&[ejk, tj, tk]);
-                net(t, x, b.net, b.act)
-            }
+            None => net_parts(t, &[Part::Cols(ejk), tj, tk], b.net, b.act),
             Some(strip) => {
                 let gs = net(t, ejk, b.net, b.act);
-                let types = t.concat(&[tj, tk]);
-                let mut gt = net(t, types, strip, b.act);
+                let mut gt = net_parts(t, &[tj, tk], strip, b.act);
                 if b.smooth {
                     let swjk = t.bmm(e.sw, e.sw, nc, s, 1, s, false, true);
                     let swjk = t.reshape(swjk, m3, 1);
