@@ -117,6 +117,7 @@ fn elem_id(f: Elem) -> (u32, Vec<f64>) {
             (6, vec![c, sig + c * sig * (1.0 - sig), c * sig])
         }
         Elem::Act(Activation::Linear) => (7, vec![]),
+        Elem::ExpSwitch { rs, rc } => (8, vec![rs, rc]),
     }
 }
 
