@@ -41,7 +41,7 @@ fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
 }
 
 /// Deterministic pseudo-random numbers in [−1, 1).
-struct Lcg(u64);
+pub struct Lcg(pub u64);
 impl Lcg {
     fn next(&mut self) -> f64 {
         self.0 = self
@@ -50,7 +50,7 @@ impl Lcg {
             .wrapping_add(1442695040888963407);
         2.0 * ((self.0 >> 11) as f64 / (1u64 << 53) as f64) - 1.0
     }
-    fn vec(&mut self, n: usize) -> Vec<f64> {
+    pub fn vec(&mut self, n: usize) -> Vec<f64> {
         (0..n).map(|_| self.next()).collect()
     }
 }
