@@ -689,8 +689,8 @@ pub fn batch_step<T: Real, B: Backend<T>>(
     }
 }
 
-/// [`step`] on two frames of each DPA-2 and se_e3_tebd system of the finite-difference suite:
-/// blocks a device runs through their tapes (wgpu's `backend/wgpu/tape.rs`).
+/// [`step`] on two frames of each DPA-2, se_e3_tebd and DPA-3 system of the finite-difference
+/// suite: blocks a device runs through their tapes (wgpu's `backend/wgpu/tape.rs`).
 pub fn tape_blocks<T: Real, B: Backend<T>>(gpu: &B, tol: f64)
 where
     Cpu: Backend<T>,
@@ -699,7 +699,10 @@ where
     let mut failures = Vec::new();
     for (name, m, s) in super::fd::cases() {
         let kind = m.spec.descriptor.kind;
-        if matches!(kind, DescriptorType::Dpa2 | DescriptorType::SeE3Tebd) {
+        if matches!(
+            kind,
+            DescriptorType::Dpa2 | DescriptorType::SeE3Tebd | DescriptorType::Dpa3
+        ) {
             let frames = [frame_of(&s), frame_of(&s)];
             step::<T, _>(gpu, name, &m, &s.atype, &frames, tol, &mut failures);
         }
