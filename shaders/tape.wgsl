@@ -287,10 +287,32 @@ fn elem3(x: real) -> vec3<real> {
             return vec3<real>(t + cst[u.ci + 2u], sl * (one - t * t),
                               -two * sl * sl * t * (one - t * t));
         }
+        case 8u: {
+            // The exponential switch exp(−e^{k(x − rs)}), k = 20/rs (Elem::ExpSwitch): flat
+            // outside (0, rc), as the cpu's switch3.
+            let rs = cst[u.ci];
+            let rc = cst[u.ci + 1u];
+            let k = real(20) / rs;
+            let xc = clamp(x, real(0), rc);
+            let ea = exp_r(k * (xc - rs));
+            let s = exp_nonpos_r(-ea);
+            if (x <= real(0) || x >= rc) {
+                return vec3<real>(s, real(0), real(0));
+            }
+            return vec3<real>(s, -k * ea * s, -k * k * ea * s * (one - ea));
+        }
         default: {
             return vec3<real>(x, one, real(0));
         }
     }
+}
+
+// e^x of either sign from the preludes' e^x for x ≤ 0 (the f64 prelude has no other).
+fn exp_r(x: real) -> real {
+    if (x > real(0)) {
+        return real(1) / exp_nonpos_r(-x);
+    }
+    return exp_nonpos_r(x);
 }
 
 // y = f(x) and its slope `y2` = f'(x), as numbers: on duals f(x) + εf'(x)ẋ and f'(x) + εf''(x)ẋ.

@@ -748,8 +748,8 @@ fn steps_after_the_first_create_and_read_nothing() {
     );
 }
 
-/// The same of the blocks run through their tapes (DPA-2, se_e3_tebd), on batches of other
-/// geometries in turn: each tape is recorded from the host's copies of r_ij and the
+/// The same of the blocks run through their tapes (DPA-2, se_e3_tebd, DPA-3), on batches of
+/// other geometries in turn: each tape is recorded from the host's copies of r_ij and the
 /// statistics, and its index layout, uniforms and bind groups are its shapes' alone.
 #[test]
 fn tape_steps_after_the_first_create_and_read_nothing() {
@@ -760,7 +760,7 @@ fn tape_steps_after_the_first_create_and_read_nothing() {
     for (name, m, s) in suite::fd::cases() {
         if !matches!(
             m.spec.descriptor.kind,
-            DescriptorType::Dpa2 | DescriptorType::SeE3Tebd
+            DescriptorType::Dpa2 | DescriptorType::SeE3Tebd | DescriptorType::Dpa3
         ) {
             continue;
         }

@@ -102,11 +102,12 @@ pub enum Body<'a, T> {
 }
 
 impl<T: Real> Body<'_, T> {
-    /// The block's tape recorded for a device to run (`backend/wgpu/tape.rs`); `None` for
-    /// DPA-3's, written by hand rather than on the tape.
+    /// The block's tape recorded for a device to run (`backend/wgpu/tape.rs`): DPA-3's is
+    /// repflow_tape.rs's, which the cpu backend leaves for repflow.rs's hand-written passes
+    /// (twice as fast there). `None` would leave a block to its host bodies on a device.
     pub fn record(&self, d: &Dims) -> Option<Recorded<T>> {
         match self {
-            Body::Repflow(..) => None,
+            Body::Repflow(x, _) => Some(tape_block::record(*x, d)),
             Body::Repformer(x, _) => Some(tape_block::record(*x, d)),
             Body::SeE3Tebd(x, _) => Some(tape_block::record(*x, d)),
         }
@@ -118,7 +119,7 @@ impl<T: Real> Body<'_, T> {
     /// them.
     pub fn put_device<S: Send + 'static>(&self, d: &Dims, bufs: [u64; 2], state: S) {
         match self {
-            Body::Repflow(..) => {}
+            Body::Repflow(x, k) => k.put((x.key(d, None), bufs), state),
             Body::Repformer(x, k) => k.put((x.key(d, None), bufs), state),
             Body::SeE3Tebd(x, k) => k.put((x.key(d, None), bufs), state),
         }
@@ -134,7 +135,7 @@ impl<T: Real> Body<'_, T> {
             move |k| k.1 == bufs && x.made(&k.0, d, None)
         }
         match self {
-            Body::Repflow(..) => None,
+            Body::Repflow(x, k) => k.take(mine(x, d, bufs)),
             Body::Repformer(x, k) => k.take(mine(x, d, bufs)),
             Body::SeE3Tebd(x, k) => k.take(mine(x, d, bufs)),
         }

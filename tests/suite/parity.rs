@@ -41,7 +41,7 @@ fn to_t<T: Real>(x: &[f64]) -> Vec<T> {
 }
 
 /// Deterministic pseudo-random numbers in [−1, 1).
-struct Lcg(u64);
+pub struct Lcg(pub u64);
 impl Lcg {
     fn next(&mut self) -> f64 {
         self.0 = self
@@ -50,7 +50,7 @@ impl Lcg {
             .wrapping_add(1442695040888963407);
         2.0 * ((self.0 >> 11) as f64 / (1u64 << 53) as f64) - 1.0
     }
-    fn vec(&mut self, n: usize) -> Vec<f64> {
+    pub fn vec(&mut self, n: usize) -> Vec<f64> {
         (0..n).map(|_| self.next()).collect()
     }
 }
@@ -689,8 +689,8 @@ pub fn batch_step<T: Real, B: Backend<T>>(
     }
 }
 
-/// [`step`] on two frames of each DPA-2 and se_e3_tebd system of the finite-difference suite:
-/// blocks a device runs through their tapes (wgpu's `backend/wgpu/tape.rs`).
+/// [`step`] on two frames of each DPA-2, se_e3_tebd and DPA-3 system of the finite-difference
+/// suite: blocks a device runs through their tapes (wgpu's `backend/wgpu/tape.rs`).
 pub fn tape_blocks<T: Real, B: Backend<T>>(gpu: &B, tol: f64)
 where
     Cpu: Backend<T>,
@@ -699,7 +699,10 @@ where
     let mut failures = Vec::new();
     for (name, m, s) in super::fd::cases() {
         let kind = m.spec.descriptor.kind;
-        if matches!(kind, DescriptorType::Dpa2 | DescriptorType::SeE3Tebd) {
+        if matches!(
+            kind,
+            DescriptorType::Dpa2 | DescriptorType::SeE3Tebd | DescriptorType::Dpa3
+        ) {
             let frames = [frame_of(&s), frame_of(&s)];
             step::<T, _>(gpu, name, &m, &s.atype, &frames, tol, &mut failures);
         }

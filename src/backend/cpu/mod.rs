@@ -16,6 +16,7 @@ mod loss;
 pub(crate) use loss::rij_tangent;
 mod radial;
 pub mod repflow;
+pub mod repflow_tape;
 pub mod repformer;
 mod scatter;
 mod simd;

@@ -216,8 +216,8 @@ fn switch_slope<T: Real, N: Num<T>>(exp: bool, rs: f64, rc: f64, r: N) -> N {
 }
 
 /// The κ = 1 − 1e-6 of the cosine and the 1e-6 of the unit vector (spec §18.2).
-const COS_SHRINK: f64 = 1.0 - 1e-6;
-const UNIT_EPS: f64 = 1e-6;
+pub(super) const COS_SHRINK: f64 = 1.0 - 1e-6;
+pub(super) const UNIT_EPS: f64 = 1e-6;
 
 /// The geometry of every slot, from r_ij.
 struct Geo<N> {

@@ -11,11 +11,10 @@ use super::act::cst;
 use super::block_in::BlockIn;
 use super::dual::Num;
 use super::tape::{Elem, Tape, V};
-use super::tape_block::{net, net_parts, tebd, BlockEnv, Ctx, List, Part, TapeBlock};
+use super::tape_block::{net, net_parts, tebd, update, BlockEnv, Ctx, List, Part, TapeBlock};
 use super::three_body::ThreeBody;
 use crate::backend::Real;
 use crate::model::dpa2::{Dpa2Config, Dpa2Layout, RepformerLayerLayout};
-use crate::model::dpa3::UpdateStyle;
 use crate::model::{DescriptorSpec, TebdInputMode};
 
 /// The block's constants, one per model.
@@ -74,6 +73,7 @@ impl Dpa2Opts {
             rcut_smth,
             stats,
             excluded_is_padding,
+            exp_switch: false,
         }
     }
 }
@@ -579,35 +579,4 @@ fn layer_norm<T: Real, N: Num<T>>(t: &mut Tape<'_, T, N>, y: V, w: usize, b: usi
     let x = t.mul(x, w);
     let b = t.param(b, 1, cols);
     t.add(x, b)
-}
-
-/// x with its terms by the update style (spec §20.6).
-fn update<T: Real, N: Num<T>>(
-    t: &mut Tape<'_, T, N>,
-    style: UpdateStyle,
-    x: V,
-    terms: &[V],
-    residual: &[usize],
-    width: usize,
-) -> V {
-    let k = terms.len();
-    if k == 0 {
-        return x;
-    }
-    match style {
-        UpdateStyle::ResAvg => {
-            let s = terms.iter().fold(x, |a, &u| t.add(a, u));
-            t.scale(s, T::one() / cst::<T>((k + 1) as f64).sqrt())
-        }
-        UpdateStyle::ResIncr => {
-            let s = terms[1..].iter().fold(terms[0], |a, &u| t.add(a, u));
-            let s = t.scale(s, T::one() / cst::<T>(k as f64).sqrt());
-            t.add(x, s)
-        }
-        UpdateStyle::ResResidual => terms.iter().zip(residual).fold(x, |a, (&u, &r)| {
-            let rv = t.param(r, 1, width);
-            let ru = t.mul(u, rv);
-            t.add(a, ru)
-        }),
-    }
 }

@@ -48,6 +48,11 @@ pub enum Elem {
         rs: f64,
         rc: f64,
     },
+    /// DeePMD-kit's exponential switch centred at `rs`, constant past 0 and `rc` (spec §18.2).
+    ExpSwitch {
+        rs: f64,
+        rc: f64,
+    },
     /// 1 / (x + p).
     Recip(f64),
     /// 1 / √(x + e).
@@ -56,6 +61,15 @@ pub enum Elem {
 }
 
 impl Elem {
+    /// The switch from `rs` to `rc`: the exponential one where `exp`, else the quintic.
+    pub fn switch(exp: bool, rs: f64, rc: f64) -> Elem {
+        if exp {
+            Elem::ExpSwitch { rs, rc }
+        } else {
+            Elem::Switch { rs, rc }
+        }
+    }
+
     /// f(x) as (f, f', f'') at a real x: the value and slope of the op, and the slope's own
     /// slope for the dual reverse.
     pub fn eval3<T: Real>(self, v: T) -> (T, T, T) {
@@ -66,6 +80,7 @@ impl Elem {
                 (s, one / (two * s), -one / (two * two * v * s))
             }
             Elem::Switch { rs, rc } => switch3(false, rs, rc, v),
+            Elem::ExpSwitch { rs, rc } => switch3(true, rs, rc, v),
             Elem::Recip(p) => {
                 let i = one / (v + T::of(p));
                 (i, -i * i, two * i * i * i)

@@ -15,6 +15,7 @@ use super::dual::{Dual, Num};
 use super::tape::{Elem, Tape, NONE, V};
 use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
+use crate::model::dpa3::UpdateStyle;
 use crate::model::{Activation, Layer, Net, Skip, TebdLayout};
 
 /// A descriptor built on the tape: its constants (`Self`, one per model) say how its blocks'
@@ -45,9 +46,11 @@ pub(crate) struct List {
     pub rcut: f64,
     pub rcut_smth: f64,
     pub stats: usize,
-    /// An excluded pair's slot is padding (DPA-2's repformer) rather than a zero row (the
-    /// repinit and the three-body block; spec §20.2).
+    /// An excluded pair's slot is padding (DPA-2's repformer, DPA-3) rather than a zero row
+    /// (the repinit and the three-body block; spec §20.2).
     pub excluded_is_padding: bool,
+    /// DPA-3's exponential switch (use_exp_switch) in place of the quintic one.
+    pub exp_switch: bool,
 }
 
 /// A block's list and environment rows (spec §20.2-20.3), `m = nc·S` rows.
@@ -68,7 +71,7 @@ pub(crate) struct BlockEnv {
 /// The batch's centres, for every block of one pass.
 pub(crate) struct Ctx<'a, O: TapeBlock, T> {
     pub(crate) x: &'a TapeIn<'a, O, T>,
-    d: &'a Dims,
+    pub(crate) d: &'a Dims,
     pub(crate) nc: usize,
     pub(crate) ctype: Vec<usize>,
     /// The centre of each atom (atoms numbered frame by frame), and local atom 0's type per
@@ -165,7 +168,7 @@ impl<'a, O: TapeBlock, T: Real> Ctx<'a, O, T> {
         let sq = t.mul(rv, rv);
         let r2 = t.row_sum(sq);
         let r = t.map(r2, Elem::Sqrt);
-        let sw = t.map(r, Elem::Switch { rs: rcs, rc });
+        let sw = t.map(r, Elem::switch(b.exp_switch, rcs, rc));
         let inv = t.map(r, Elem::Recip(o.protection()));
         let sr = t.mul(sw, inv);
         let sd = t.mul(sr, inv);
@@ -276,6 +279,37 @@ fn layer_out<T: Real, N: Num<T>>(
             let xx = t.concat(&[x, x]);
             t.add(h, xx)
         }
+    }
+}
+
+/// x with its terms by the update style (DPA-2's spec §20.6, DPA-3's §18.4).
+pub(crate) fn update<T: Real, N: Num<T>>(
+    t: &mut Tape<'_, T, N>,
+    style: UpdateStyle,
+    x: V,
+    terms: &[V],
+    residual: &[usize],
+    width: usize,
+) -> V {
+    let k = terms.len();
+    if k == 0 {
+        return x;
+    }
+    match style {
+        UpdateStyle::ResAvg => {
+            let s = terms.iter().fold(x, |a, &u| t.add(a, u));
+            t.scale(s, T::one() / cst::<T>((k + 1) as f64).sqrt())
+        }
+        UpdateStyle::ResIncr => {
+            let s = terms[1..].iter().fold(terms[0], |a, &u| t.add(a, u));
+            let s = t.scale(s, T::one() / cst::<T>(k as f64).sqrt());
+            t.add(x, s)
+        }
+        UpdateStyle::ResResidual => terms.iter().zip(residual).fold(x, |a, (&u, &r)| {
+            let rv = t.param(r, 1, width);
+            let ru = t.mul(u, rv);
+            t.add(a, ru)
+        }),
     }
 }
 

@@ -132,6 +132,7 @@ impl TapeBlock for SeE3TebdOpts {
                 rcut_smth: o.rcut_smth,
                 stats: 0,
                 excluded_is_padding: false,
+                exp_switch: false,
             },
             net: &l.embed,
             strip: l.embed_strip.as_ref(),

@@ -1,13 +1,8 @@
 //! The tape (`backend/cpu/tape.rs`) run on the device: a block recorded once as its forward
-//! (DPA-2's, se_e3_tebd's) runs here op by op through shaders/tape.wgsl, as the cpu's tape runs
-//! it. The forward on reals is the forward and its backward the backward; the same walk on
-//! duals (the `(dual)` build of the same shader) is the tangent and the dual reverse: no pass of
-//! a block is written for the device by hand, as none is for the cpu.
-//!
-//! Every tensor of a run (its value, a map's slope, its adjoint) is a buffer of its own, kept
-//! for the next run of a tape of the same ops and shapes: a training step creates none once the
-//! first has run, and its dispatches find their bind groups made. A run's constants, indices and
-//! constant tensors go up in three uploads.
+//! (DPA-2's, se_e3_tebd's, DPA-3's) runs here op by op through shaders/tape.wgsl, as the cpu's
+//! tape runs it. The forward on reals is the forward and its backward the backward; the same
+//! walk on duals (the `(dual)` build of the same shader) is the tangent and the dual reverse: no
+//! pass of a block is written for the device by hand, as none is for the cpu.
 
 use super::shaders::{TapeKernels, TAPE, TAPE_DUAL};
 use super::{Buf, GpuReal, Idx, Wgpu};
@@ -117,6 +112,7 @@ fn elem_id(f: Elem) -> (u32, Vec<f64>) {
             (6, vec![c, sig + c * sig * (1.0 - sig), c * sig])
         }
         Elem::Act(Activation::Linear) => (7, vec![]),
+        Elem::ExpSwitch { rs, rc } => (8, vec![rs, rc]),
     }
 }
 
@@ -889,9 +885,9 @@ fn copy_cols(
     }
 }
 
-/// DPA-2's and se_e3_tebd's blocks run on the device through their tapes (the host records
-/// each batch's tape from its r_ij, statistics and lists, without the parameters, once for the
-/// step's four passes); DPA-3's through the family's host bodies.
+/// DPA-2's, se_e3_tebd's and DPA-3's blocks run on the device through their tapes (the host
+/// records each batch's tape from its r_ij, statistics and lists, without the parameters, once
+/// for the step's four passes); a block without one through the family's host bodies.
 impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
     fn block_forward(&self, d: &Dims, a: &BlockArgs<Buf<T>, Idx>, desc: &mut Buf<T>) {
         let run = |w: &Wgpu, prep: &Prepared<T>| {
@@ -969,7 +965,7 @@ const BATCH: [u64; 2] = [0, 0];
 impl Wgpu {
     /// Runs `forward` (with the tangent `rdot`) on the block's tape of this batch, the one
     /// the last pass left or one recorded now, and keeps the run for the next pass; false
-    /// where the block has no tape (DPA-3).
+    /// where the block has no tape.
     fn tape_pass<T: GpuReal>(
         &self,
         d: &Dims,
