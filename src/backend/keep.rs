@@ -12,10 +12,26 @@ use std::sync::Mutex;
 
 use bytemuck::Pod;
 
+/// Also holds what a device keeps for the stage's passes from step to step (the buffers of its
+/// tape's runs), so that it goes when the stage goes rather than living as long as the device.
 #[derive(Default)]
-pub struct Keep(Mutex<Option<Box<dyn Any + Send>>>);
+pub struct Keep(Mutex<Option<Box<dyn Any + Send>>>, Mutex<Option<Box<dyn Any + Send>>>);
 
 impl Keep {
+    /// The device's resources for this stage, made on first use (a handle shared with the
+    /// runs that use them); a device of another kind replaces them.
+    pub fn resources<P: Default + Clone + Send + 'static>(&self) -> P {
+        let mut slot = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.as_ref().and_then(|r| r.downcast_ref::<P>()) {
+            Some(p) => p.clone(),
+            None => {
+                let p = P::default();
+                *slot = Some(Box::new(p.clone()));
+                p
+            }
+        }
+    }
+
     /// Leaves `state`, built from `key`, for the next pass (dropping what was kept before).
     pub fn put<K: Send + 'static, S: Send + 'static>(&self, key: K, state: S) {
         *self.slot() = Some(Box::new((key, state)));

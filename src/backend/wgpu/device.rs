@@ -193,8 +193,6 @@ pub struct Wgpu {
     /// per value), with the contents last written.
     consts: Mutex<HashMap<ConstKey, (Vec<u8>, wgpu::Buffer)>>,
     bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
-    /// The buffers of the tapes' runs, by tape and slot (`wgpu/tape.rs`).
-    pub(super) tape_slots: Mutex<HashMap<(u64, super::tape::Slot), wgpu::Buffer>>,
     dims: Mutex<HashMap<Vec<u32>, wgpu::Buffer>>,
     force_lists: Mutex<Vec<(Dims, ForceLists)>>,
     /// Held by every op that uses a buffer shared between calls (a scratch buffer, its constants,
@@ -345,7 +343,6 @@ impl Wgpu {
             scratch: Mutex::default(),
             consts: Mutex::default(),
             bind_groups: Mutex::default(),
-            tape_slots: Mutex::default(),
             dims: Mutex::default(),
             force_lists: Mutex::default(),
             op_lock: Mutex::new(()),
@@ -1059,12 +1056,10 @@ impl Wgpu {
 
     /// A plan of batch shape `d` was dropped ([`crate::backend::Device::forget_shape`]): its
     /// table and force lists go, and every bind group with them, since a bind group holds the
-    /// buffers it binds (a dropped plan's among them), and the tapes' buffers (`tape.rs`),
-    /// kept by tape rather than by shape. The plans still in use make theirs again on their
-    /// next step.
+    /// buffers it binds (a dropped plan's among them). The plans still in use make theirs
+    /// again on their next step.
     pub(super) fn forget(&self, d: &Dims) {
         self.bind_groups.lock().unwrap().clear();
-        self.tape_slots.lock().unwrap().clear();
         self.dims
             .lock()
             .unwrap()

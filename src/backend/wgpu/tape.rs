@@ -4,6 +4,9 @@
 //! walk on duals (the `(dual)` build of the same shader) is the tangent and the dual reverse: no
 //! pass of a block is written for the device by hand, as none is for the cpu.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use super::shaders::{TapeKernels, TAPE, TAPE_DUAL};
 use super::{Buf, GpuReal, Idx, Wgpu};
 use crate::backend::block::{self, BlockArgs};
@@ -27,27 +30,20 @@ pub(super) enum Slot {
     Parts(u64),
 }
 
-/// The ops and shapes of a tape, its number type, and whose it is (a stage's [`Keep`], which
-/// holds one run at a time): what its runs' buffers are kept under.
+/// The buffers of a stage's tape runs by slot, each as large as the largest run needed (a
+/// stage has one run live at a time: its keep holds one), kept in the stage's [`Keep`] so that
+/// they go with it.
 ///
 /// [`Keep`]: crate::backend::keep::Keep
-fn fingerprint<T: GpuReal>(t: &Tape<'_, T, T>, dual: bool, owner: usize) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (dual, owner).hash(&mut h);
-    for (op, shape) in t.ops() {
-        std::mem::discriminant(op).hash(&mut h);
-        shape.hash(&mut h);
-    }
-    h.finish()
-}
+#[derive(Clone, Default)]
+pub(crate) struct Pool(Arc<Mutex<HashMap<Slot, wgpu::Buffer>>>);
 
 /// A forward's values on the device, kept for its backward.
 pub(crate) struct Run {
     /// Whether the numbers are duals (the tangent's run).
     dual: bool,
-    /// The tape's [`fingerprint`].
-    fp: u64,
+    /// The stage's buffers.
+    pool: Pool,
     /// Each op's value; none for a reshape, which reads its source's (`src`).
     vals: Vec<Option<wgpu::Buffer>>,
     src: Vec<usize>,
@@ -221,7 +217,7 @@ fn shape(rows: usize, cols: usize) -> TapeParams {
 /// parameters.
 struct Launch<'a, T> {
     w: &'a Wgpu,
-    fp: u64,
+    pool: &'a Pool,
     k: &'static TapeKernels,
     ns: usize,
     cst: &'a wgpu::Buffer,
@@ -289,7 +285,7 @@ impl<T: GpuReal> Launch<'_, T> {
             return self.go(kern, &u, [a, b, y, y2], nout);
         }
         let bytes = self.bytes(nparts * nout).next_power_of_two();
-        let parts = self.w.tape_buf(self.fp, Slot::Parts(bytes), bytes);
+        let parts = self.w.tape_buf(self.pool, Slot::Parts(bytes), bytes);
         self.go(kern, &u, [a, b, Some(&parts), y2], nparts * nout);
         self.go(finish, &u, [Some(&parts), None, y, y2], nout);
     }
@@ -299,14 +295,15 @@ impl<T: GpuReal> Launch<'_, T> {
 const SUM_CHUNK: usize = 1024;
 
 impl Wgpu {
-    /// Buffer `slot` of the runs of tape `fp`, of at least `bytes`: the one the last run used.
-    fn tape_buf(&self, fp: u64, slot: Slot, bytes: u64) -> wgpu::Buffer {
-        let mut slots = self.tape_slots.lock().unwrap();
-        match slots.get(&(fp, slot)) {
+    /// Buffer `slot` of a stage's runs, of at least `bytes`: the one the last run used where
+    /// it is large enough.
+    fn tape_buf(&self, pool: &Pool, slot: Slot, bytes: u64) -> wgpu::Buffer {
+        let mut slots = pool.0.lock().unwrap();
+        match slots.get(&slot) {
             Some(b) if b.size() >= bytes => b.clone(),
             _ => {
                 let b = self.zeros_raw(bytes);
-                slots.insert((fp, slot), b.clone());
+                slots.insert(slot, b.clone());
                 b
             }
         }
@@ -314,12 +311,12 @@ impl Wgpu {
 
     /// The forward of tape `t` on the device: on reals, or with the tangent `rdot` of r_ij on
     /// duals; r_ij (`input`) from `rij`, parameters from `params`. Writes the output's value
-    /// (or its tangent) to `out`; the run is kept for the backward. Runs of one `owner` (a
-    /// stage's keep) and tape share their buffers: one is live at a time.
+    /// (or its tangent) to `out`; the run is kept for the backward. Runs of one stage share
+    /// its `pool`: one is live at a time.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn tape_forward<T: GpuReal>(
         &self,
-        owner: usize,
+        pool: Pool,
         prep: &Prepared<T>,
         rij: &Buf<T>,
         rdot: Option<&Buf<T>>,
@@ -330,11 +327,10 @@ impl Wgpu {
         let (t, input, output) = &prep.rec;
         let p = &prep.plan;
         let dual = rdot.is_some();
-        let fp = fingerprint(t, dual, owner);
-        let (cst, idx) = self.tape_consts::<T>(p, fp);
+        let (cst, idx) = self.tape_consts::<T>(p, &pool);
         let l = Launch::<T> {
             w: self,
-            fp,
+            pool: &pool,
             k: if dual { &TAPE_DUAL } else { &TAPE },
             ns: if dual { 2 } else { 1 },
             cst: &cst,
@@ -355,7 +351,7 @@ impl Wgpu {
                 src[i] = src[x.index()];
                 continue;
             }
-            let y = self.tape_buf(fp, Slot::Val(i), l.bytes(len));
+            let y = self.tape_buf(&pool, Slot::Val(i), l.bytes(len));
             let v = |x: &V| vals[src[x.index()]].as_ref().expect("a value");
             let mut u = shape(rows, cols);
             match o {
@@ -401,7 +397,7 @@ impl Wgpu {
                     );
                 }
                 Op::Map(x, f, _) => {
-                    let s = self.tape_buf(fp, Slot::Slope(i), l.bytes(len));
+                    let s = self.tape_buf(&pool, Slot::Slope(i), l.bytes(len));
                     u.op = elem_id(*f).0;
                     u.ci = p.ci[i];
                     l.go(&l.k.map, &u, [Some(v(x)), None, Some(&y), Some(&s)], len);
@@ -478,7 +474,7 @@ impl Wgpu {
         );
         Run {
             dual,
-            fp,
+            pool,
             vals,
             src,
             slopes,
@@ -490,12 +486,12 @@ impl Wgpu {
     /// The run's constants (rounded to T) and indices on the device.
     /// Each tape's own (not one buffer for every tape, as `Wgpu::consts` keeps an op's: a run's
     /// backward reads the constants of its forward while other stages' tapes run between).
-    fn tape_consts<T: GpuReal>(&self, p: &Plan, fp: u64) -> (wgpu::Buffer, wgpu::Buffer) {
+    fn tape_consts<T: GpuReal>(&self, p: &Plan, pool: &Pool) -> (wgpu::Buffer, wgpu::Buffer) {
         let cst: Vec<T> = p.cst.iter().map(|&c| T::of(c)).collect();
-        let buf = self.tape_buf(fp, Slot::Cst, size_of_val(&cst[..]) as u64);
+        let buf = self.tape_buf(pool, Slot::Cst, size_of_val(&cst[..]) as u64);
         self.write_bytes(&buf, bytemuck::cast_slice(&cst));
         let cst = buf;
-        let idx = self.tape_buf(fp, Slot::Idx, (4 * p.idx.len().max(1)) as u64);
+        let idx = self.tape_buf(pool, Slot::Idx, (4 * p.idx.len().max(1)) as u64);
         self.write_bytes(&idx, bytemuck::cast_slice(&p.idx));
         (cst, idx)
     }
@@ -522,7 +518,7 @@ impl Wgpu {
             }
         }
         let bytes = (host.len().max(1) * size_of::<T>()) as u64;
-        let buf = self.tape_buf(l.fp, Slot::Leaves, bytes);
+        let buf = self.tape_buf(l.pool, Slot::Leaves, bytes);
         self.write_bytes(&buf, bytemuck::cast_slice(&host));
         (at, buf)
     }
@@ -545,7 +541,7 @@ impl Wgpu {
         let p = &prep.plan;
         let l = Launch::<T> {
             w: self,
-            fp: run.fp,
+            pool: &run.pool,
             k: if run.dual { &TAPE_DUAL } else { &TAPE },
             ns: if run.dual { 2 } else { 1 },
             cst: &run.cst,
@@ -565,7 +561,7 @@ impl Wgpu {
             let acc = adj[x.index()].is_some();
             let y = adj[x.index()]
                 .get_or_insert_with(|| {
-                    self.tape_buf(run.fp, Slot::Adj(x.index()), l.bytes(t.len(x)))
+                    self.tape_buf(&run.pool, Slot::Adj(x.index()), l.bytes(t.len(x)))
                 })
                 .clone();
             f(acc as u32, &y);
@@ -891,7 +887,7 @@ fn copy_cols(
 impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
     fn block_forward(&self, d: &Dims, a: &BlockArgs<Buf<T>, Idx>, desc: &mut Buf<T>) {
         let run = |w: &Wgpu, prep: &Prepared<T>| {
-            w.tape_forward(owner(a), prep, a.rij, None, a.params, desc)
+            w.tape_forward(pool(a), prep, a.rij, None, a.params, desc)
         };
         if !self.tape_pass(d, a, None, run) {
             block::block_forward(self, d, a, desc)
@@ -915,7 +911,7 @@ impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
         ddot: &mut Buf<T>,
     ) {
         let run = |w: &Wgpu, prep: &Prepared<T>| {
-            w.tape_forward(owner(a), prep, a.rij, Some(rijdot), a.params, ddot)
+            w.tape_forward(pool(a), prep, a.rij, Some(rijdot), a.params, ddot)
         };
         if !self.tape_pass(d, a, Some(rijdot), run) {
             block::block_tangent(self, d, a, rijdot, ddot)
@@ -954,9 +950,9 @@ impl<T: GpuReal> BlockOps<T> for Generic<'_, Wgpu> {
     }
 }
 
-/// The stage a block's runs belong to: its keep's address.
-fn owner<B, I>(a: &BlockArgs<B, I>) -> usize {
-    std::ptr::from_ref(a.keep) as usize
+/// The buffers of the stage a block's runs belong to, kept in its keep.
+fn pool<B, I>(a: &BlockArgs<B, I>) -> Pool {
+    a.keep.resources()
 }
 
 /// What a batch's tape is kept under between passes: it reads no parameter and no tangent.
@@ -1006,7 +1002,7 @@ impl Wgpu {
                     };
                     let prep = Prepared::new(rec);
                     let mut out = self.zeros_real(d.ncentres() * a.block.width());
-                    let run = self.tape_forward(owner(a), &prep, a.rij, rdot, a.params, &mut out);
+                    let run = self.tape_forward(pool(a), &prep, a.rij, rdot, a.params, &mut out);
                     (prep, run)
                 }
             };
@@ -1062,7 +1058,8 @@ mod tests {
         let (xb, xdb, pb) = (b.upload(&x), b.upload(&xdot), b.upload(&params));
         let (yb, ydb) = (b.upload(&ybar), b.upload(&ydotbar));
         let mut out = b.zeros(ny);
-        let run = w.tape_forward(0, &rec, &xb, None, &pb, &mut out);
+        let mine = Pool::default();
+        let run = w.tape_forward(mine.clone(), &rec, &xb, None, &pb, &mut out);
         // Every tensor of the forward, so that a failure names the op.
         let mut eager = Tape::<f64, f64>::new(&params);
         let xe = eager.leaf(x.clone(), 4, 2);
@@ -1084,7 +1081,7 @@ mod tests {
         let y = graph(&mut other, x2);
         let mut scratch = b.zeros(ny);
         w.tape_forward(
-            1,
+            Pool::default(),
             &Prepared::new((other, xo, y)),
             &xb,
             None,
@@ -1094,7 +1091,7 @@ mod tests {
         let mut q = b.zeros(8);
         w.tape_backward(&rec, run, &pb, (&yb, None), Some(&mut q), None);
         close("x̄", &b.download(&q), &cpu.xbar);
-        let run = w.tape_forward(0, &rec, &xb, Some(&xdb), &pb, &mut out);
+        let run = w.tape_forward(mine.clone(), &rec, &xb, Some(&xdb), &pb, &mut out);
         close("ẏ", &b.download(&out), &cpu.ydot);
         let mut g = b.zeros(params.len());
         w.tape_backward(&rec, run, &pb, (&ydb, Some(&yb)), None, Some(&mut g));
