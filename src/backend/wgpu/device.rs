@@ -194,7 +194,7 @@ pub struct Wgpu {
     consts: Mutex<HashMap<ConstKey, (Vec<u8>, wgpu::Buffer)>>,
     bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     /// The buffers of the tapes' runs, by tape and slot (`wgpu/tape.rs`).
-    pub(super) tape_slots: Mutex<HashMap<(u64, super::tape::Slot), wgpu::Buffer>>,
+    pub(super) tape_slots: Mutex<HashMap<(u64, crate::backend::device_tape::Slot), wgpu::Buffer>>,
     dims: Mutex<HashMap<Vec<u32>, wgpu::Buffer>>,
     force_lists: Mutex<Vec<(Dims, ForceLists)>>,
     /// Held by every op that uses a buffer shared between calls (a scratch buffer, its constants,
