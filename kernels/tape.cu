@@ -193,6 +193,20 @@ __device__ Phi<T> tape_elem3(const Tk<T, N>& k, T x) {
       T t = tanh(sl * (x - c[0]));
       return {t + c[2], sl * (one - t * t), -two * sl * sl * t * (one - t * t)};
     }
+    case 8: {
+      // The exponential switch exp(−e^{ks(x − rs)}), ks = 20/rs (Elem::ExpSwitch), rs and rc
+      // from c[0..2]: flat outside (0, rc) at its value at 0 or rc, which the cpu's switch3
+      // (repflow.rs) takes as exp(−e^{20(x − rs)/rs}), and so does this.
+      T rs = c[0], rc = c[1];
+      if (x <= T(0) || x >= rc) {
+        T xc = x <= T(0) ? T(0) : rc;
+        return {exp(-exp(T(20) * (xc - rs) / rs)), T(0), T(0)};
+      }
+      T ks = T(20) / rs;
+      T ea = exp(ks * (x - rs));
+      T s = exp(-ea);
+      return {s, -ks * ea * s, -ks * ks * ea * s * (one - ea)};
+    }
     default:
       return {x, one, T(0)};
   }
