@@ -145,10 +145,8 @@ fn forward_ops<T: Real, D: TapeDevice<T>>(
 ) -> Values<D::Raw> {
     let (dev, fp) = (l.dev, l.at.fp);
     let n = t.ops().len();
-    let (mut vals, mut slopes): (Vec<Option<D::Raw>>, Vec<Option<D::Raw>>) = (
-        (0..n).map(|_| None).collect(),
-        (0..n).map(|_| None).collect(),
-    );
+    let mut vals: Vec<Option<D::Raw>> = (0..n).map(|_| None).collect();
+    let mut slopes = vals.clone();
     let (leaf_at, leaves) = self::leaves(l, t, input);
     let mut src: Vec<usize> = (0..n).collect();
     for (i, (o, (rows, cols))) in t.ops().enumerate() {
