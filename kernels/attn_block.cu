@@ -1,67 +1,10 @@
 // DPA-1's attention block per centre: shaders/attn_block.wgsl's twin, step for step (read that
 // file's comments for the why of each). Written once over a number type N: T itself, so the
-// forward is the forward and the backward the force pass, or Dual<T> (value + ε tangent, the
-// arithmetic of src/backend/cpu/dual.rs), so the forward is the tangent pass and the backward,
-// seeded with Ḋ̄ + εD̄, the dual reverse. One 64-thread block per centre of a launch; a
+// forward is the forward and the backward the force pass, or Dual<T> (common.cuh), so the
+// forward is the tangent pass and the backward, seeded with Ḋ̄ + εD̄, the dual reverse. One 64-thread block per centre of a launch; a
 // centre's arrays in its stretch of `ws`, laid out by AttnBlockParams.
 
 #define ATTN_WG 64
-
-template <typename T>
-struct Dual {
-  T v, d;
-};
-template <typename T>
-__device__ __forceinline__ Dual<T> operator+(Dual<T> a, Dual<T> b) {
-  return {a.v + b.v, a.d + b.d};
-}
-template <typename T>
-__device__ __forceinline__ Dual<T> operator-(Dual<T> a, Dual<T> b) {
-  return {a.v - b.v, a.d - b.d};
-}
-template <typename T>
-__device__ __forceinline__ Dual<T> operator*(Dual<T> a, Dual<T> b) {
-  return {a.v * b.v, a.d * b.v + a.v * b.d};
-}
-template <typename T>
-__device__ __forceinline__ Dual<T> operator*(Dual<T> a, T r) {
-  return {a.v * r, a.d * r};
-}
-template <typename T>
-__device__ __forceinline__ Dual<T> operator/(Dual<T> a, Dual<T> b) {
-  T q = a.v / b.v;
-  return {q, (a.d - q * b.d) / b.v};
-}
-
-// What the block needs of its number type.
-template <typename T, typename N>
-struct Num;
-
-template <typename T>
-struct Num<T, T> {
-  static constexpr int NS = 1;
-  __device__ static T pair(T v, T) { return v; }
-  __device__ static T val(T a) { return a; }
-  __device__ static T tan(T) { return T(0); }
-  __device__ static T root(T a) { return sqrt(a); }
-  __device__ static T exp_nonpos(T a) { return exp(a); }
-};
-
-template <typename T>
-struct Num<T, Dual<T>> {
-  static constexpr int NS = 2;
-  __device__ static Dual<T> pair(T v, T d) { return {v, d}; }
-  __device__ static T val(Dual<T> a) { return a.v; }
-  __device__ static T tan(Dual<T> a) { return a.d; }
-  __device__ static Dual<T> root(Dual<T> a) {
-    T s = sqrt(a.v);
-    return {s, a.d / (s + s)};
-  }
-  __device__ static Dual<T> exp_nonpos(Dual<T> a) {
-    T e = exp(a.v);
-    return {e, a.d * e};
-  }
-};
 
 // DeePMD-kit's attnw_shift, and the floor of torch's normalize.
 #define ATTN_SHIFT 20.0

@@ -145,3 +145,62 @@ __device__ __forceinline__ void env_switch(double r, double rcut, double rcut_sm
   *sw = u * u * u * (-6.0 * u * u + 15.0 * u - 10.0) + 1.0;
   *dsw = (3.0 * u * u * (-6.0 * u * u + 15.0 * u - 10.0) + u * u * u * (-12.0 * u + 15.0)) / w;
 }
+
+// Dual numbers v + εd (the arithmetic of src/backend/cpu/dual.rs): a pass written once over a
+// number type N runs on T itself as the forward (or the backward) and on Dual<T> as the
+// tangent (or the dual reverse). attn_block.cu and tape.cu are written so.
+template <typename T>
+struct Dual {
+  T v, d;
+};
+template <typename T>
+__device__ __forceinline__ Dual<T> operator+(Dual<T> a, Dual<T> b) {
+  return {a.v + b.v, a.d + b.d};
+}
+template <typename T>
+__device__ __forceinline__ Dual<T> operator-(Dual<T> a, Dual<T> b) {
+  return {a.v - b.v, a.d - b.d};
+}
+template <typename T>
+__device__ __forceinline__ Dual<T> operator*(Dual<T> a, Dual<T> b) {
+  return {a.v * b.v, a.d * b.v + a.v * b.d};
+}
+template <typename T>
+__device__ __forceinline__ Dual<T> operator*(Dual<T> a, T r) {
+  return {a.v * r, a.d * r};
+}
+template <typename T>
+__device__ __forceinline__ Dual<T> operator/(Dual<T> a, Dual<T> b) {
+  T q = a.v / b.v;
+  return {q, (a.d - q * b.d) / b.v};
+}
+
+// What a pass needs of its number type N over the reals T.
+template <typename T, typename N>
+struct Num;
+
+template <typename T>
+struct Num<T, T> {
+  static constexpr int NS = 1;
+  __device__ static T pair(T v, T) { return v; }
+  __device__ static T val(T a) { return a; }
+  __device__ static T tan(T) { return T(0); }
+  __device__ static T root(T a) { return sqrt(a); }
+  __device__ static T exp_nonpos(T a) { return exp(a); }
+};
+
+template <typename T>
+struct Num<T, Dual<T>> {
+  static constexpr int NS = 2;
+  __device__ static Dual<T> pair(T v, T d) { return {v, d}; }
+  __device__ static T val(Dual<T> a) { return a.v; }
+  __device__ static T tan(Dual<T> a) { return a.d; }
+  __device__ static Dual<T> root(Dual<T> a) {
+    T s = sqrt(a.v);
+    return {s, a.d / (s + s)};
+  }
+  __device__ static Dual<T> exp_nonpos(Dual<T> a) {
+    T e = exp(a.v);
+    return {e, a.d * e};
+  }
+};

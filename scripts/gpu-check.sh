@@ -423,6 +423,22 @@ main_checks() { # kit dpw water
   # passes): its per-op parity, DeePMD-kit's numbers and a whole step against the cpu.
   step cuda_attn_kernels 90 env DPW_CUDA_ATTN=kernels "$K/bin/backend_cuda" attn dpa1 se_atten \
     mixed --include-ignored --test-threads=1 --nocapture
+  # DPA-2's, se_e3_tebd's and DPA-3's blocks through their tapes (kernels/tape.cu, one source
+  # on reals and duals; off by default until this passes): a whole step of each against the cpu
+  # (parity_tape_blocks) and DeePMD-kit's numbers (reference_dpa2_*, reference_se_e3_tebd_*,
+  # reference_dpa3_*), then the first timings of DPA-2 so, float64 and float32.
+  step cuda_tape_kernels 150 env DPW_CUDA_TAPE=kernels "$K/bin/backend_cuda" tape_blocks \
+    reference_dpa2 reference_se_e3_tebd reference_dpa3 --include-ignored --test-threads=1 \
+    --nocapture
+  example_input "$water/input_dpa2.json" 300 50 "$W/tape"
+  local p flag
+  for p in f64 f32; do
+    flag=()
+    [ "$p" = f32 ] && flag=(--float32)
+    step "bench_cuda+dpa2_tape_${p}_b1" 45 env DPW_CUDA_TAPE=kernels "$dpw" bench \
+      "$W/tape/input.json" --backend cuda "${flag[@]}" --steps 10 --warmup 2 \
+      --json "$LOGS/bench_cuda+dpa2_tape_${p}_b1.json"
+  done
 
   # 200 float64 steps on cuda: lcurve.out equal to the cpu one.
   mkdir -p "$W/train"

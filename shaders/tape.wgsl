@@ -1,6 +1,6 @@
 // The tape's ops (src/backend/cpu/tape.rs) on the device: a block written once as its forward
 // (DPA-2's, se_e3_tebd's) runs here as the cpu runs it, each op of the recorded graph one or
-// two of these kernels (src/backend/wgpu/tape.rs says which). Written once over `num`
+// two of these kernels (src/backend/device_tape/walk.rs says which). Written once over `num`
 // (shaders/num_real.wgsl, num_dual.wgsl): on reals they are the forward and the backward, on
 // duals the tangent and the dual reverse, as the cpu's tape runs on `Num`.
 //

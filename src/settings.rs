@@ -70,9 +70,16 @@ pub const CUDA_ATTN: Choice = Choice {
     words: &["host", "kernels"],
 };
 
+/// Where cuda runs the blocks recorded on the tape, DPA-2's, se_e3_tebd's and DPA-3's (default
+/// host, until the kernels are checked on a GPU).
+pub const CUDA_TAPE: Choice = Choice {
+    name: "DPW_CUDA_TAPE",
+    words: &["host", "kernels"],
+};
+
 const SWITCHES: [&Switch; 4] = [&CUDA_GRAPH, &WGPU_PROFILE, &NCCL, &NO_AVX512];
 const SIZES: [&MiB; 2] = [&RESIDENT_MB, &DATA_CACHE_MB];
-const CHOICES: [&Choice; 3] = [&WGPU_DENSE, &WGPU_PASSES, &CUDA_ATTN];
+const CHOICES: [&Choice; 4] = [&WGPU_DENSE, &WGPU_PASSES, &CUDA_ATTN, &CUDA_TAPE];
 
 /// Checks every setting's value; the first bad one is the error.
 pub fn check_all() -> Result<()> {

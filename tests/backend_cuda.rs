@@ -173,6 +173,22 @@ fn parity_dpa1_f32() {
     suite::parity::dpa1::<f32, _>(cuda_or_skip!(), 1e-5);
 }
 
+/// DPA-2's, se_e3_tebd's and DPA-3's blocks, the ones recorded on the tape: through their host
+/// bodies, or with DPW_CUDA_TAPE=kernels through kernels/tape.cu (scripts/gpu-check.sh runs
+/// both).
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_tape_blocks_f64() {
+    suite::parity::tape_blocks::<f64, _>(cuda_or_skip!(), 1e-12);
+}
+
+/// As wgpu's: float32 through the blocks' long chains of ops holds to 1e-4.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn parity_tape_blocks_f32() {
+    suite::parity::tape_blocks::<f32, _>(cuda_or_skip!(), 1e-4);
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
 fn parity_mixed_compositions_f64() {

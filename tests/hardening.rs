@@ -1487,6 +1487,7 @@ fn settings_are_checked_before_anything() {
         ("DPW_WGPU_DENSE", "wide", "`tiled` or `flat`"),
         ("DPW_WGPU_PASSES", "all", "`shared` or `each`"),
         ("DPW_CUDA_ATTN", "gpu", "`host` or `kernels`"),
+        ("DPW_CUDA_TAPE", "device", "`host` or `kernels`"),
         ("DPW_WGPU_PROFILE", "maybe", "expected 1, true, on or yes"),
         ("DPW_CUDA_GRAPH", "2", "expected 1, true, on or yes"),
         ("DPW_NCCL", "x", "expected 1, true, on or yes"),

@@ -102,7 +102,7 @@ pub enum Body<'a, T> {
 }
 
 impl<T: Real> Body<'_, T> {
-    /// The block's tape recorded for a device to run (`backend/wgpu/tape.rs`): DPA-3's is
+    /// The block's tape recorded for a device to run (`backend/device_tape`): DPA-3's is
     /// repflow_tape.rs's, which the cpu backend leaves for repflow.rs's hand-written passes
     /// (twice as fast there). `None` would leave a block to its host bodies on a device.
     pub fn record(&self, d: &Dims) -> Option<Recorded<T>> {

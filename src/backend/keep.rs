@@ -15,7 +15,10 @@ use bytemuck::Pod;
 /// Also holds what a device keeps for the stage's passes from step to step (the buffers of its
 /// tape's runs), so that it goes when the stage goes rather than living as long as the device.
 #[derive(Default)]
-pub struct Keep(Mutex<Option<Box<dyn Any + Send>>>, Mutex<Option<Box<dyn Any + Send>>>);
+pub struct Keep(
+    Mutex<Option<Box<dyn Any + Send>>>,
+    Mutex<Option<Box<dyn Any + Send>>>,
+);
 
 impl Keep {
     /// The device's resources for this stage, made on first use (a handle shared with the

@@ -22,6 +22,8 @@ pub mod counts;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod device_tape;
 mod dims;
 pub mod gpu_layout;
 pub mod keep;

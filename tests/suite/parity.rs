@@ -690,7 +690,8 @@ pub fn batch_step<T: Real, B: Backend<T>>(
 }
 
 /// [`step`] on two frames of each DPA-2, se_e3_tebd and DPA-3 system of the finite-difference
-/// suite: blocks a device runs through their tapes (wgpu's `backend/wgpu/tape.rs`).
+/// suite: blocks a device runs through their tapes (`backend/device_tape`: wgpu's, and cuda's
+/// with DPW_CUDA_TAPE=kernels).
 pub fn tape_blocks<T: Real, B: Backend<T>>(gpu: &B, tol: f64)
 where
     Cpu: Backend<T>,

@@ -1,5 +1,5 @@
 //! DPA-3's RepFlow block (docs/deepmd-spec.md §18) written once as a forward on the tape, as
-//! DPA-2's is (tape_block.rs gives its passes): what a device runs (`backend/wgpu/tape.rs`).
+//! DPA-2's is (tape_block.rs gives its passes): what a device runs (`backend/device_tape`).
 //! The cpu backend runs repflow.rs's hand-written passes instead, about twice as fast there;
 //! the two agree to rounding (tests/dpa3_tape.rs).
 //!

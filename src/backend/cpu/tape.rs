@@ -38,7 +38,7 @@ impl V {
 }
 
 /// An elementwise function of the tape, as data rather than a closure so that a device runs
-/// the same tape (`backend/wgpu/tape.rs`).
+/// the same tape (`backend/device_tape`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Elem {
     /// √x.
@@ -950,7 +950,7 @@ fn matmul<T: Real, N: Num<T>>(
 #[cfg(test)]
 /// A small graph of every op, on an input x `[4][2]` and 12 parameters: the tape's tests (its
 /// backward against central differences, its dual reverse against the backward's own tangent)
-/// and the devices' (`backend/wgpu/tape.rs`).
+/// and the devices' (`backend/device_tape`).
 pub(crate) fn graph<N: Num<f64>>(t: &mut Tape<'_, f64, N>, x: V) -> V {
     let l = t.linear(x, 0, Some(6), 3); // [4][2] · [2][3]
     let h = t.map(l, Elem::Act(Activation::Tanh));

@@ -28,6 +28,13 @@ impl KernelFile {
     }
 }
 
+/// The tape's kernels `tape_NAME` of each name, on reals and on duals (`tape_NAME_dual`).
+macro_rules! tape_kernels {
+    ($($k:literal),* $(,)?) => {
+        &[$(concat!("tape_", $k), concat!("tape_", $k, "_dual")),*]
+    };
+}
+
 /// Every kernel file, one per op family, named like the CPU modules.
 pub const FILES: &[KernelFile] = &[
     KernelFile {
@@ -114,6 +121,32 @@ pub const FILES: &[KernelFile] = &[
             "attn_block_g0bar",
             "attn_block_grad",
         ],
+    },
+    KernelFile {
+        name: "tape.cu",
+        source: include_str!("../../../kernels/tape.cu"),
+        kernels: tape_kernels!(
+            "linear",
+            "linear_x",
+            "linear_w",
+            "linear_w_parts",
+            "sum_parts",
+            "bmm",
+            "map",
+            "zip",
+            "reduce",
+            "gather",
+            "scatter",
+            "sum_rows",
+            "spread_rows",
+            "softmax",
+            "softmax_back",
+            "copy_cols",
+            "param",
+            "param_grad",
+            "pair",
+            "part",
+        ),
     },
     KernelFile {
         name: "scatter.cu",

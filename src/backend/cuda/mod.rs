@@ -21,6 +21,7 @@ mod access;
 mod dense;
 mod graph;
 pub mod kernels;
+mod tape;
 
 pub use access::DeviceAccess;
 
@@ -43,9 +44,9 @@ use super::gpu_layout::{
 };
 use super::monomorphic::Generic;
 use super::{
-    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, AttnOpts, Backend, BlockOps, BlockPass,
-    ContractOps, DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors,
-    RadialOps, Real, Span, StripArgs, TrainOps,
+    radial_scale, AdamStep, AngleOps, AttnArgs, AttnOps, AttnOpts, Backend, BlockPass, ContractOps,
+    DenseIo, DenseOps, Device, Dims, EnvOps, MemoryLimits, PairOps, Prefactors, RadialOps, Real,
+    Span, StripArgs, TrainOps,
 };
 use crate::geometry::EnvParams;
 use crate::model::{Layer, TebdLayout};
@@ -214,6 +215,9 @@ pub struct Cuda {
     /// With `DPW_CUDA_ATTN=kernels`: DPA-1's attention block as kernels (kernels/attn_block.cu),
     /// else through its host bodies. Off by default until a GPU has run their parity suite.
     attn_kernels: bool,
+    /// With `DPW_CUDA_TAPE=kernels`: DPA-2's, se_e3_tebd's and DPA-3's blocks through their tapes
+    /// (`tape`), else through their host bodies. Off by default until a GPU has checked them.
+    tape_kernels: bool,
 }
 
 /// Device scratch: an allocation freed in stream order when dropped, or (in a graph region) a
@@ -353,6 +357,7 @@ impl Cuda {
         .context("cuBLAS: setting the math mode")?;
         let graphs = graph::enabled()?;
         let attn_kernels = crate::settings::CUDA_ATTN.get()? == Some("kernels");
+        let tape_kernels = crate::settings::CUDA_TAPE.get()? == Some("kernels");
         let handle = *blas.handle();
         let mut cuda = Cuda {
             ctx,
@@ -365,6 +370,7 @@ impl Cuda {
             counters: Counters::default(),
             graph: None,
             attn_kernels,
+            tape_kernels,
         };
         if graphs {
             cuda.graph = Some(graph::Graphs::new(&cuda, handle)?);
@@ -1580,8 +1586,6 @@ impl<T: CudaReal> AngleOps<T> for Generic<'_, Cuda> {
     }
 }
 
-/// DPA-3's block through the family's host bodies (`backend/repflow.rs`).
-impl<T: CudaReal> BlockOps<T> for Generic<'_, Cuda> {}
 impl<T: CudaReal> PairOps<T> for Generic<'_, Cuda> {}
 
 /// Scratch of one launch of DPA-1's attention block, at most: the centres of a launch run

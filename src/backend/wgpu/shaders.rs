@@ -655,6 +655,39 @@ tape_kernels!(TAPE, Tape);
 tape_kernels!(TAPE_DUAL, TapeDual);
 
 impl TapeKernels {
+    /// The kernel of the walk's `k` (`backend/device_tape`).
+    pub(crate) fn get(&self, k: crate::backend::device_tape::Kern) -> &Kernel {
+        use crate::backend::device_tape::Kern;
+        let kern = match k {
+            Kern::Linear => &self.linear,
+            Kern::LinearX => &self.linear_x,
+            Kern::LinearW => &self.linear_w,
+            Kern::LinearWParts => &self.linear_w_parts,
+            Kern::SumParts => &self.sum_parts,
+            Kern::Bmm => &self.bmm,
+            Kern::Map => &self.map,
+            Kern::Zip => &self.zip,
+            Kern::Reduce => &self.reduce,
+            Kern::Gather => &self.gather,
+            Kern::Scatter => &self.scatter,
+            Kern::SumRows => &self.sum_rows,
+            Kern::SpreadRows => &self.spread_rows,
+            Kern::Softmax => &self.softmax,
+            Kern::SoftmaxBack => &self.softmax_back,
+            Kern::CopyCols => &self.copy_cols,
+            Kern::Param => &self.param,
+            Kern::ParamGrad => &self.param_grad,
+            Kern::Pair => &self.pair,
+            Kern::Part => &self.part,
+        };
+        debug_assert_eq!(
+            kern.entry,
+            k.name(),
+            "the walk's kernel names are the shader's"
+        );
+        kern
+    }
+
     pub fn all(&self) -> [&Kernel; 20] {
         [
             &self.linear,
