@@ -1,7 +1,7 @@
 //! dpw: a trainer for Deep Potential models (DeePMD-kit's `se_e2_a`, `se_e2_r`, `se_e3`,
-//! `hybrid` and `se_atten`/`se_atten_v2` (DPA-1) descriptors with the `ener`, `dipole`,
-//! `polar`, `dos` and `property` fitting nets), with one training step written against an
-//! op-level [`backend::Backend`] trait.
+//! `se_e3_tebd`, `hybrid`, `se_atten`/`se_atten_v2` (DPA-1), `dpa2` and `dpa3` descriptors with
+//! the `ener`, `dipole`, `polar`, `dos` and `property` fitting nets), with one training step
+//! written against an op-level [`backend::Backend`] trait.
 
 pub mod backend;
 pub mod cli;

@@ -17,8 +17,8 @@ use dpw::model::read_model_head;
 use dpw::train::interrupt::{self, Interrupted};
 
 /// dpw trains Deep Potential models on CPU and GPU: DeePMD-kit's se_e2_a, se_e2_r, se_e3,
-/// hybrid, se_atten/se_atten_v2 (DPA-1), DPA-2 and DPA-3 descriptors with the ener, dipole,
-/// polar, dos and property fittings.
+/// se_e3_tebd, hybrid, se_atten/se_atten_v2 (DPA-1), DPA-2 and DPA-3 descriptors with the
+/// ener, dipole, polar, dos and property fittings.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -58,8 +58,8 @@ enum Command {
     /// more than 2 s later stops at once.
     Train {
         /// DeePMD-kit's input.json, or the same in YAML (input.yaml, input.yml): one model (a
-        /// se_e2_a, se_e2_r, se_e3, hybrid, se_atten/se_atten_v2 (DPA-1), DPA-2 or DPA-3
-        /// descriptor), or several tasks sharing one (a multi-task input: model_dict,
+        /// se_e2_a, se_e2_r, se_e3, se_e3_tebd, hybrid, se_atten/se_atten_v2 (DPA-1), DPA-2 or
+        /// DPA-3 descriptor), or several tasks sharing one (a multi-task input: model_dict,
         /// loss_dict, data_dict).
         input: PathBuf,
         /// Continue the run of this checkpoint (optimizer state, step and data stream included).
