@@ -104,10 +104,17 @@ pub enum Body<'a, T> {
 impl<T: Real> Body<'_, T> {
     /// The block's tape recorded for a device to run (`backend/device_tape`): DPA-3's is
     /// repflow_tape.rs's, which the cpu backend leaves for repflow.rs's hand-written passes
-    /// (twice as fast there). `None` would leave a block to its host bodies on a device.
+    /// (twice as fast there), on the slots [`Cut`] keeps, as the host bodies run. `None` would
+    /// leave a block to its host bodies on a device.
     pub fn record(&self, d: &Dims) -> Option<Recorded<T>> {
         match self {
-            Body::Repflow(x, _) => Some(tape_block::record(*x, d)),
+            Body::Repflow(x, _) => Some(match Cut::of(d, x) {
+                None => tape_block::record(*x, d),
+                Some(c) => {
+                    let slot: Vec<u32> = c.slot.iter().map(|&s| s as u32).collect();
+                    tape_block::record_on(&c.input(x).of(&c), &c.dims, d.nslots(), &slot)
+                }
+            }),
             Body::Repformer(x, _) => Some(tape_block::record(*x, d)),
             Body::SeE3Tebd(x, _) => Some(tape_block::record(*x, d)),
         }

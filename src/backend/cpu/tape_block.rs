@@ -372,6 +372,23 @@ pub(crate) fn record<O: TapeBlock, T: Real>(x: &TapeIn<'_, O, T>, d: &Dims) -> B
     (t, rij, desc)
 }
 
+/// [`record`] of a block on some of a batch's slots (`x` and `d` are theirs): its r_ij is the
+/// batch's `[nslots][3]`, of which the block reads rows `slot`, so that the device's r_ij goes
+/// in as it is and the other slots' adjoint is 0.
+pub(crate) fn record_on<O: TapeBlock, T: Real>(
+    x: &TapeIn<'_, O, T>,
+    d: &Dims,
+    nslots: usize,
+    slot: &[u32],
+) -> Built<T, T> {
+    let ctx = Ctx::new(x, d);
+    let mut t = Tape::record();
+    let batch = t.leaf(Vec::new(), nslots, 3);
+    let rij = t.rows(batch, slot);
+    let desc = O::build(&ctx, &mut t, rij);
+    (t, batch, desc)
+}
+
 /// The tape kept for these inputs, or one built now.
 fn kept<O: TapeBlock, T: Real, N: Num<T> + Send + 'static>(
     x: &TapeIn<'_, O, T>,
