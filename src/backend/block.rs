@@ -104,11 +104,11 @@ pub enum Body<'a, T> {
 impl<T: Real> Body<'_, T> {
     /// The block's tape recorded for a device to run (`backend/device_tape`): DPA-3's is
     /// repflow_tape.rs's, which the cpu backend leaves for repflow.rs's hand-written passes
-    /// (twice as fast there), on the slots [`Cut`] keeps, as the host bodies run. `None` would
-    /// leave a block to its host bodies on a device.
+    /// (twice as fast there), on the slots [`Cut::on_device`] keeps. `None` would leave a block
+    /// to its host bodies on a device.
     pub fn record(&self, d: &Dims) -> Option<Recorded<T>> {
         match self {
-            Body::Repflow(x, _) => Some(match Cut::of(d, x) {
+            Body::Repflow(x, _) => Some(match Cut::on_device(d, x) {
                 None => tape_block::record(*x, d),
                 Some(c) => {
                     let slot: Vec<u32> = c.slot.iter().map(|&s| s as u32).collect();
@@ -240,6 +240,30 @@ impl<'a, T> CutInput<'a, T> {
 impl Cut {
     /// None where no slot can go (or the list is not one mixed section).
     fn of<T: Real>(d: &Dims, x: &RepflowIn<'_, T>) -> Option<Cut> {
+        let (s1, a1) = Cut::widths(d, x)?;
+        Cut::to(d, x.o, s1, a1)
+    }
+
+    /// The cut a device's tape is recorded on: the widths rounded up (to 16 slots and 8 angle
+    /// slots), so that a run's batches make few shapes and a step's bind groups are the last
+    /// step's, and none where it would not halve the work, as for a model whose sel is near
+    /// its neighbour counts (the shape then is the model's, whatever the geometry). The
+    /// padding slots it keeps are masked as any, so the numbers are the cut's.
+    fn on_device<T: Real>(d: &Dims, x: &RepflowIn<'_, T>) -> Option<Cut> {
+        let o = x.o;
+        let (s1, a1) = Cut::widths(d, x)?;
+        let s1 = s1.next_multiple_of(16).min(o.s);
+        let a1 = a1.next_multiple_of(8).min(o.a).min(s1);
+        let work = |s: usize, a: usize| (s * a * a) as f64;
+        if 2.0 * work(s1, a1) > work(o.s, o.a) {
+            return None;
+        }
+        Cut::to(d, o, s1, a1)
+    }
+
+    /// The most slots a centre's real neighbours reach and the most its angle list does; none
+    /// where the list is not one mixed section.
+    fn widths<T: Real>(d: &Dims, x: &RepflowIn<'_, T>) -> Option<(usize, usize)> {
         if d.nsec != 1 {
             return None;
         }
@@ -259,7 +283,11 @@ impl Cut {
                 }
             }
         }
-        let (s1, a1) = (s1.min(o.s), a1.min(o.a));
+        Some((s1.min(o.s), a1.min(o.a)))
+    }
+
+    /// The batch's slots cut to `s1` (angle lists to `a1`); none where that is all of them.
+    fn to(d: &Dims, o: &RepflowOpts, s1: usize, a1: usize) -> Option<Cut> {
         if (s1, a1) == (o.s, o.a) {
             return None;
         }

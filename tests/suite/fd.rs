@@ -188,6 +188,17 @@ fn se_e3_tebd_strip() -> Model {
     m
 }
 
+/// DPA-3 on lists four times as long as the water model's (e_sel 96, a_sel 56) on ten atoms
+/// with no image: a device runs its tape on the slots its neighbours reach, a few of the
+/// batch's (`Cut::on_device`), the cpu on exactly those.
+pub fn dpa3_wide_lists() -> (&'static str, Model, Sys) {
+    let mut spec = deepmd_model("dpa3/water").spec;
+    spec.descriptor.sel.iter_mut().for_each(|s| *s *= 4);
+    spec.descriptor.dpa3.as_mut().unwrap().a_sel *= 4;
+    let m = Model::new(spec, 31);
+    ("dpa3 wide lists", m, random_system(&[4, 6], None, 19))
+}
+
 pub fn cases() -> Vec<(&'static str, Model, Sys)> {
     vec![
         (

@@ -690,15 +690,18 @@ pub fn batch_step<T: Real, B: Backend<T>>(
 }
 
 /// [`step`] on two frames of each DPA-2, se_e3_tebd and DPA-3 system of the finite-difference
-/// suite: blocks a device runs through their tapes (`backend/device_tape`: wgpu's, and cuda's
-/// with DPW_CUDA_TAPE=kernels).
+/// suite, and of DPA-3 on lists far longer than its neighbours: blocks a device runs through
+/// their tapes (`backend/device_tape`: wgpu's, and cuda's with DPW_CUDA_TAPE=kernels).
 pub fn tape_blocks<T: Real, B: Backend<T>>(gpu: &B, tol: f64)
 where
     Cpu: Backend<T>,
 {
     use dpw::model::DescriptorType;
     let mut failures = Vec::new();
-    for (name, m, s) in super::fd::cases() {
+    for (name, m, s) in super::fd::cases()
+        .into_iter()
+        .chain([super::fd::dpa3_wide_lists()])
+    {
         let kind = m.spec.descriptor.kind;
         if matches!(
             kind,
