@@ -69,6 +69,12 @@ fn bytes<T: Real>(one: &Dims, nframes: usize, positions: usize) -> usize {
     nframes * per_frame
 }
 
+/// The largest of those arrays: r_ij's, or the neighbours' owners at every batch position.
+fn largest_array<T: Real>(one: &Dims, nframes: usize, positions: usize) -> usize {
+    let ns = one.nslots() * nframes;
+    (3 * ns * size_of::<T>()).max(ns * positions.max(1) * size_of::<i32>())
+}
+
 /// The atoms of each of `ntypes` types in `atype`.
 fn type_counts(ntypes: usize, atype: &[usize]) -> Vec<usize> {
     (0..ntypes)
@@ -242,12 +248,18 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
         store: &SystemStore,
         budget: usize,
     ) -> Result<Self> {
+        // Each array is one buffer: none may be larger than the device's largest (a storage
+        // binding's on wgpu: 128 MiB on some adapters, below the budget).
+        let largest = b.memory_limits().largest.map_or(usize::MAX, |(l, _)| {
+            usize::try_from(l).unwrap_or(usize::MAX)
+        });
         let mut used = 0usize;
         let mut systems = Vec::new();
         let mut frames = 0;
         for (s, info) in infos.iter().enumerate() {
             let one = one_frame_dims(spec, &info.compositions[0].atype);
             let need = bytes::<T>(&one, info.nframes, batch_sizes[s]);
+            let fits = largest_array::<T>(&one, info.nframes, batch_sizes[s]) <= largest;
             // A model's with frame or atomic parameters is assembled every step: the resident
             // frames do not hold its fitting input. So is a property model's, whose loss reads
             // its labels on the host, and a model's with a pair table, whose terms are made on
@@ -258,7 +270,8 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
                 && spec.short_range.is_none()
                 && spec.linear.is_none()
                 && spec.fitting.output.is_ener()
-                && used.saturating_add(need) <= budget;
+                && used.saturating_add(need) <= budget
+                && fits;
             systems.push(if keep {
                 used += need;
                 frames += info.nframes;
