@@ -4,7 +4,7 @@
 //! has no tape, for the caller to run the family's host bodies.
 
 use super::{backward, forward, Pool, Prepared, Run, TapeDevice};
-use crate::backend::block::BlockArgs;
+use crate::backend::block::{BlockArgs, Body};
 use crate::backend::{Dims, Real};
 
 type Args<'a, T, D> =
@@ -64,6 +64,20 @@ fn pool<R: Clone + Send + 'static, B, I>(a: &BlockArgs<B, I>) -> Pool<R> {
     a.keep.resources()
 }
 
+/// The block's tape of this batch, for the device: none where the block has none, or where a
+/// buffer of its runs would be larger than the device's largest (DeePMD-kit's dynamic-sel
+/// DPA-3 on a 128 MiB storage binding): the host bodies then run it, in the host's memory.
+/// The bound is the dual runs', so that a block runs all four passes one way.
+fn recorded<T: Real, D: TapeDevice<T>>(
+    dev: &D,
+    body: &Body<'_, T>,
+    d: &Dims,
+) -> Option<Prepared<T>> {
+    let prep = Prepared::new(body.record(d)?);
+    let largest = dev.memory_limits().largest.map_or(u64::MAX, |(l, _)| l);
+    (prep.largest_buffer() as u64 <= largest).then_some(prep)
+}
+
 /// What a batch's tape is kept under between passes: it reads no parameter and no tangent.
 const BATCH: [u64; 2] = [0, 0];
 
@@ -78,8 +92,7 @@ fn pass<T: Real, D: TapeDevice<T>>(
 ) -> bool {
     let bufs = [dev.buf_id(a.params), rdot.map_or(0, |r| dev.buf_id(r))];
     a.host(dev, false, |body| {
-        let Some(prep) = (body.take_device(d, BATCH)).or_else(|| body.record(d).map(Prepared::new))
-        else {
+        let Some(prep) = (body.take_device(d, BATCH)).or_else(|| recorded(dev, &body, d)) else {
             return false;
         };
         let run = run(&prep);
@@ -102,10 +115,9 @@ fn back<T: Real, D: TapeDevice<T>>(
         let (prep, run) = match body.take_device::<(Prepared<T>, Run<D::Raw>)>(d, bufs) {
             Some(kept) => kept,
             None => {
-                let Some(rec) = body.record(d) else {
+                let Some(prep) = recorded(dev, &body, d) else {
                     return false;
                 };
-                let prep = Prepared::new(rec);
                 let mut out = dev.zeros(d.ncentres() * a.block.width());
                 let run = forward(dev, pool(a), &prep, (a.rij, rdot), a.params, &mut out);
                 (prep, run)

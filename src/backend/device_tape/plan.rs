@@ -76,6 +76,22 @@ impl<T: Real> Prepared<T> {
         let plan = plan(&rec.0, rec.1);
         Prepared { rec, plan }
     }
+
+    /// Bytes of the largest buffer its runs on duals make: a tensor, or the constant leaves,
+    /// constants or indices each uploaded as one.
+    pub(crate) fn largest_buffer(&self) -> usize {
+        let (t, input, _) = &self.rec;
+        let dual = 2 * size_of::<T>();
+        let tensor = t.ops().map(|(_, (r, c))| r * c).max().unwrap_or(0);
+        let leaves: usize = (t.ops().enumerate())
+            .filter(|&(i, (o, _))| matches!(o, Op::Leaf) && i != input.index())
+            .map(|(_, (_, (r, c)))| r * c)
+            .sum();
+        let cst = self.plan.cst.len() * size_of::<T>();
+        (tensor.max(leaves) * dual)
+            .max(cst)
+            .max(4 * self.plan.idx.len())
+    }
 }
 
 /// The constants and indices of one tape, and which ops' adjoints are wanted.
