@@ -104,7 +104,7 @@ pub enum Body<'a, T> {
 impl<T: Real> Body<'_, T> {
     /// The block's tape recorded for a device to run (`backend/device_tape`): DPA-3's is
     /// repflow_tape.rs's, which the cpu backend leaves for repflow.rs's hand-written passes
-    /// (twice as fast there), on the slots [`Cut::on_device`] keeps. `None` would leave a block
+    /// (twice as fast there), on the slots `Cut::on_device` keeps. `None` would leave a block
     /// to its host bodies on a device.
     pub fn record(&self, d: &Dims) -> Option<Recorded<T>> {
         match self {

@@ -1,7 +1,7 @@
 //! The walk over a recorded tape's ops: the forward, op by op in order, and the backward, in
 //! reverse, each op one or two of the tape's kernels. Every tensor of a run (its value, a map's
-//! slope, its adjoint) is a buffer of its own, kept for the next run of a tape of the same ops
-//! and shapes: a training step creates none once the first has run. A run's constants,
+//! slope, its adjoint) is a buffer of its own, kept in the stage's pool for its next run (grown
+//! to the largest): a training step creates none once the first has run. A run's constants,
 //! indices and constant tensors go up in three uploads.
 
 use super::plan::{
