@@ -373,6 +373,28 @@ struct Adjoints<'a, T: Real, D: TapeDevice<T>> {
 }
 
 impl<T: Real, D: TapeDevice<T>> Adjoints<'_, T, D> {
+    /// Adds c·ȳ (`[rows][cols]`) to x's adjoint, c the run's constant at `ci`: a zip of ȳ with
+    /// itself (a scale's adjoint, and a reshape's, ci = [`ONE`]).
+    fn scaled(&mut self, x: V, ybar: &D::Raw, ci: u32, (rows, cols): (usize, usize)) {
+        let l = self.l;
+        self.to(x, &|acc, y| {
+            let u = TapeParams {
+                acc,
+                op: 3,
+                ci,
+                br: count(rows),
+                bc: count(cols),
+                ..shape(rows, cols)
+            };
+            l.go(
+                Kern::Zip,
+                &u,
+                [Some(ybar), Some(ybar), Some(y), None],
+                rows * cols,
+            );
+        });
+    }
+
     /// Adds to x's adjoint through `f(acc, y)`, making it on first use.
     fn to(&mut self, x: V, f: &dyn Fn(u32, &D::Raw)) {
         if !self.p.wanted[x.index()] {
@@ -529,25 +551,7 @@ fn backward_op<T: Real, D: TapeDevice<T>>(
                 l.summed(kerns, u, bufs, n, split);
             });
         }
-        Op::Scale(x, _) => {
-            adj.to(*x, &|acc, y| {
-                let (br, bc) = (count(rows), count(cols));
-                let u = TapeParams {
-                    acc,
-                    op: 3,
-                    ci: p.ci[i],
-                    br,
-                    bc,
-                    ..base
-                };
-                l.go(
-                    Kern::Zip,
-                    &u,
-                    [Some(&ybar), Some(&ybar), Some(y), None],
-                    len,
-                );
-            });
-        }
+        Op::Scale(x, _) => adj.scaled(*x, &ybar, p.ci[i], (rows, cols)),
         Op::Gather { x, w, .. } => {
             let (xr, xc) = t.shape(*x);
             let ix = p.ix[i];
@@ -614,21 +618,7 @@ fn backward_op<T: Real, D: TapeDevice<T>>(
                 adj.adj[x.index()] = Some(ybar);
                 return;
             }
-            adj.to(*x, &|acc, y| {
-                let u = TapeParams {
-                    acc,
-                    op: 3,
-                    br: count(rows),
-                    bc: count(cols),
-                    ..base
-                };
-                l.go(
-                    Kern::Zip,
-                    &u,
-                    [Some(&ybar), Some(&ybar), Some(y), None],
-                    len,
-                );
-            });
+            adj.scaled(*x, &ybar, ONE, (rows, cols));
         }
     }
 }
