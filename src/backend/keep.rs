@@ -12,19 +12,20 @@ use std::sync::Mutex;
 
 use bytemuck::Pod;
 
-/// Also holds what a device keeps for the stage's passes from step to step (the buffers of its
-/// tape's runs), so that it goes when the stage goes rather than living as long as the device.
+/// A stage's state from one pass to the next, and what a device keeps for its passes from step
+/// to step (the buffers of its tape's runs), which goes with the stage rather than living as
+/// long as the device.
 #[derive(Default)]
-pub struct Keep(
-    Mutex<Option<Box<dyn Any + Send>>>,
-    Mutex<Option<Box<dyn Any + Send>>>,
-);
+pub struct Keep {
+    state: Mutex<Option<Box<dyn Any + Send>>>,
+    resources: Mutex<Option<Box<dyn Any + Send>>>,
+}
 
 impl Keep {
     /// The device's resources for this stage, made on first use (a handle shared with the
     /// runs that use them); a device of another kind replaces them.
     pub fn resources<P: Default + Clone + Send + 'static>(&self) -> P {
-        let mut slot = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = (self.resources.lock()).unwrap_or_else(|e| e.into_inner());
         match slot.as_ref().and_then(|r| r.downcast_ref::<P>()) {
             Some(p) => p.clone(),
             None => {
@@ -54,7 +55,7 @@ impl Keep {
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<Box<dyn Any + Send>>> {
         // A pass that panicked left nothing half-written here: the slot is replaced whole.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -129,5 +130,25 @@ mod tests {
         // A state of another kind (the tangent's duals where the reals are asked for).
         keep.put(key(&[1.0], &[]), vec![7.0f32]);
         assert_eq!(take::<Vec<f64>>(&keep, &[1.0], &[]), None);
+    }
+
+    #[test]
+    fn resources_are_made_once_and_outlive_the_states() {
+        use std::sync::{Arc, Mutex};
+        type Pool = Arc<Mutex<Vec<u8>>>;
+        let keep = Keep::default();
+        keep.resources::<Pool>().lock().unwrap().push(3);
+        keep.put(key(&[1.0], &[]), vec![7.0f64]);
+        assert_eq!(take::<Vec<f64>>(&keep, &[1.0], &[]), Some(vec![7.0]));
+        assert_eq!(*keep.resources::<Pool>().lock().unwrap(), vec![3]);
+        // Another device's kind of resources replaces them.
+        assert_eq!(
+            keep.resources::<Arc<Mutex<u32>>>()
+                .lock()
+                .map(|v| *v)
+                .unwrap(),
+            0
+        );
+        assert!(keep.resources::<Pool>().lock().unwrap().is_empty());
     }
 }
