@@ -688,10 +688,10 @@ fn hybrid_takes_a_list_of_descriptors() {
     let cfg = r.unwrap();
     let d = &cfg.model.descriptor;
     assert_eq!(d.kind, dpw::model::DescriptorType::Hybrid);
-    assert_eq!(d.list.len(), 2);
-    assert_eq!(d.list[0].kind, dpw::model::DescriptorType::SeE2A);
-    assert_eq!(d.list[1].kind, dpw::model::DescriptorType::SeE2R);
-    assert!(d.list[1].type_one_side && d.list[1].axis_neuron == 1);
+    assert_eq!(d.own.list().len(), 2);
+    assert_eq!(d.own.list()[0].kind, dpw::model::DescriptorType::SeE2A);
+    assert_eq!(d.own.list()[1].kind, dpw::model::DescriptorType::SeE2R);
+    assert!(d.own.list()[1].type_one_side && d.own.list()[1].axis_neuron == 1);
     // The one list: the largest rcut and, per type, the largest sel.
     assert_eq!(d.rcut, 6.0);
     assert_eq!(d.sel, dpw::config::Sel::Fixed(vec![46, 92]));
@@ -732,7 +732,11 @@ fn hybrid_takes_a_list_of_descriptors() {
     // Parts of two precisions: the model trains in float64 (train::setup warns).
     let d = load(&v).1.unwrap().model.descriptor;
     assert_eq!(
-        (d.precision, d.list[0].precision, d.list[1].precision),
+        (
+            d.precision,
+            d.own.list()[0].precision,
+            d.own.list()[1].precision
+        ),
         (Precision::F64, Precision::F64, Precision::F32)
     );
 }
@@ -766,7 +770,7 @@ fn se_atten_takes_deepmd_defaults() {
             (d.precision, d.seed, d.env_protection),
             (Precision::F64, None, 0.0)
         );
-        let a = d.attention.unwrap();
+        let a = d.own.attention().cloned().unwrap();
         assert_eq!((a.tebd_dim, a.tebd_input_mode), (8, TebdInputMode::Concat));
         assert_eq!((a.attn, a.attn_layer, a.attn_dotr), (128, 2, true));
         assert_eq!(
@@ -781,11 +785,14 @@ fn se_atten_takes_deepmd_defaults() {
     let d = r.unwrap().model.descriptor;
     assert_eq!(d.kind, DescriptorType::SeAttenV2);
     assert!(!d.set_davg_zero);
-    let a = d.attention.unwrap();
+    let a = d.own.attention().cloned().unwrap();
     assert_eq!(a.tebd_input_mode, TebdInputMode::Strip);
     assert!(a.smooth_type_embedding);
     // The other descriptors have no attention keys.
-    assert_eq!(load(&water()).1.unwrap().model.descriptor.attention, None);
+    assert_eq!(
+        load(&water()).1.unwrap().model.descriptor.own.attention(),
+        None
+    );
 }
 
 /// Issue 57, item 2: out.json holds no null where DeePMD-kit 3.2.0's argcheck (`dp train
@@ -860,7 +867,7 @@ fn se_atten_reads_the_reference_inputs() {
         let v = water_with("/model", model["model"].clone());
         let (_d, r) = load(&v);
         let d = r.unwrap_or_else(|e| panic!("{case}: {e}")).model.descriptor;
-        let a = d.attention.as_ref().unwrap();
+        let a = d.own.attention().unwrap();
         assert_eq!(
             d.sel,
             Sel::Fixed(vec![given["sel"].as_u64().unwrap() as usize])
@@ -929,7 +936,7 @@ fn se_atten_aliases_and_deprecated_keys() {
     let parsed = |extra: Value| load(&atten(extra)).1.unwrap().model.descriptor;
     // DeePMD-kit's misspelt alias, and n_axis_neuron.
     let d = parsed(json!({"smooth_type_embdding": true, "n_axis_neuron": 2}));
-    assert!(d.attention.unwrap().smooth_type_embedding);
+    assert!(d.own.attention().cloned().unwrap().smooth_type_embedding);
     assert_eq!(d.axis_neuron, 2);
     // A sel list: only its sum matters to DeePMD-kit; kept as given, of any length (DeePMD-kit
     // serializes sel 30 as [30]).
@@ -944,7 +951,7 @@ fn se_atten_aliases_and_deprecated_keys() {
         &["model.descriptor.sel", "empty"],
     );
     // stripped_type_embedding (deprecated) overrides tebd_input_mode when given.
-    let mode = |extra| parsed(extra).attention.unwrap().tebd_input_mode;
+    let mode = |extra| parsed(extra).own.attention().unwrap().tebd_input_mode;
     assert_eq!(
         mode(json!({"tebd_input_mode": "strip"})),
         TebdInputMode::Strip
@@ -962,10 +969,21 @@ fn se_atten_aliases_and_deprecated_keys() {
         TebdInputMode::Strip
     );
     assert_eq!(
-        parsed(json!({"ln_eps": null})).attention.unwrap().ln_eps,
+        parsed(json!({"ln_eps": null}))
+            .own
+            .attention()
+            .unwrap()
+            .ln_eps,
         1e-5
     );
-    assert_eq!(parsed(json!({"lmax": 1})).attention.unwrap().attn_layer, 2);
+    assert_eq!(
+        parsed(json!({"lmax": 1}))
+            .own
+            .attention()
+            .unwrap()
+            .attn_layer,
+        2
+    );
 
     let msg = error_of(&atten(json!({"tebd_input_mode": "sum"})));
     assert_mentions(&msg, &["model.descriptor.tebd_input_mode", "\"sum\""]);
@@ -1046,7 +1064,7 @@ fn training_se_atten_prepares() {
         let start = web_time::Instant::now();
         let setup = prepare_in(&dpw::data::Disk, cfg, Start::Fresh, true, dir.path(), start)
             .unwrap_or_else(|e| panic!("{ty}: {e:#}"));
-        let a = setup.model.spec.descriptor.attention.as_ref().unwrap();
+        let a = setup.model.spec.descriptor.own.attention().unwrap();
         assert_eq!((a.attn, a.attn_layer, a.tebd_dim), (128, 2, 8), "{ty}");
     }
 }

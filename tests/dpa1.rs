@@ -76,7 +76,7 @@ fn layout_structure() {
         let m = model(case);
         let layout = m.layout();
         let (l, fit) = (&layout.descriptor, &layout.fitting);
-        let a = l.attn.as_ref().expect("a DPA-1 layout has attention nets");
+        let a = l.own.attn().expect("a DPA-1 layout has attention nets");
         let cfg = m.spec.descriptor.attn().unwrap();
         assert_eq!(m.spec.dim_descrpt(), dim, "{case}");
         assert_eq!(l.embed.len(), 1, "{case}");

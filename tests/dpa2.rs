@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use dpw::backend::cpu::Cpu;
 use dpw::config::{Config, Sel};
 use dpw::geometry::{Cell, EnvStats};
-use dpw::model::{read_deepmd_yaml, DescriptorSpec, Model, TebdInputMode};
+use dpw::model::{read_deepmd_yaml, DescriptorSpec, Model, OwnKeys, TebdInputMode};
 use dpw::train::predict::predict;
 use serde_json::json;
 use serde_yaml_ng::Value as Yaml;
@@ -281,7 +281,7 @@ fn bad_inputs_are_refused_naming_the_key() {
         }
     })
     .unwrap();
-    let c = c.model.descriptor.dpa2.unwrap();
+    let c = c.model.descriptor.own.dpa2().cloned().unwrap();
     assert!(c.add_tebd_to_repinit_out && c.concat_output_tebd);
     let r = &c.repformer;
     assert_eq!((r.nlayers, r.ln_eps, r.attn2_hidden), (3, 1e-5, 16));
@@ -347,7 +347,7 @@ fn deepmd_kits_dpa2_examples_load() {
         let input = common::json_file(&path);
         let c = config_with(input["model"].clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
         let spec = spec_of(&c);
-        let d = spec.dpa2.as_ref().unwrap();
+        let d = spec.own.dpa2().unwrap();
         assert_eq!(
             (spec.rcut, spec.sel.as_slice(), spec.neuron.as_slice()),
             (6.0, &[120][..], &[25, 50, 100][..]),
@@ -466,7 +466,7 @@ fn se_e3_tebd_inputs_take_argchecks_keys() {
     })
     .unwrap();
     let spec = spec_of(&c);
-    let t = spec.se_e3_tebd.as_ref().unwrap();
+    let t = spec.own.se_e3_tebd().unwrap();
     assert_eq!(spec.sel, [24]);
     assert_eq!((spec.rcut, spec.rcut_smth), (6.0, 0.5));
     assert_eq!(spec.neuron, [10, 20, 40]);
@@ -485,7 +485,9 @@ fn se_e3_tebd_inputs_take_argchecks_keys() {
 fn se_e3_tebd_strip() -> Model {
     let theirs = model(SE_E3_TEBD);
     let mut spec = theirs.spec.clone();
-    let t = spec.descriptor.se_e3_tebd.as_mut().unwrap();
+    let OwnKeys::SeE3Tebd(t) = &mut spec.descriptor.own else {
+        unreachable!("an se_e3_tebd model")
+    };
     t.tebd_input_mode = TebdInputMode::Strip;
     t.exclude_types = vec![[1, 1]];
     t.use_tebd_bias = false;
@@ -551,7 +553,7 @@ fn deepmd_kits_se_e3_tebd_example_loads() {
     let path = repo("tests/data/deepmd-kit/examples/water/se_e3_tebd/input_torch.json");
     let c = config_with(common::json_file(&path)["model"].clone()).unwrap();
     let spec = spec_of(&c);
-    let t = spec.se_e3_tebd.as_ref().unwrap();
+    let t = spec.own.se_e3_tebd().unwrap();
     assert_eq!(
         (spec.rcut, spec.rcut_smth, spec.sel.as_slice()),
         (4.0, 0.5, &[40][..])

@@ -52,7 +52,7 @@ fn layout_names_and_shapes_are_deepmds() {
 fn keys_from_deepmds_yaml() {
     let m = model("water").unwrap();
     let d = &m.spec.descriptor;
-    let c = d.dpa3.as_ref().unwrap();
+    let c = d.own.dpa3().unwrap();
     assert_eq!(
         (d.rcut, d.rcut_smth, d.sel.as_slice()),
         (3.5, 2.0, &[24][..])
@@ -66,10 +66,10 @@ fn keys_from_deepmds_yaml() {
     assert_eq!(m.layout().fitting.nets.len(), 1);
     assert_eq!(model("water_concat_tebd").unwrap().spec.dim_descrpt(), 12);
     let dyn_sel = model("alloy_dynamic_sel").unwrap();
-    let c = dyn_sel.spec.descriptor.dpa3.as_ref().unwrap();
+    let c = dyn_sel.spec.descriptor.own.dpa3().unwrap();
     assert!(c.use_dynamic_sel && c.sel_reduce_factor == 4.0);
     let ex = model("alloy").unwrap();
-    let c = ex.spec.descriptor.dpa3.as_ref().unwrap();
+    let c = ex.spec.descriptor.own.dpa3().unwrap();
     assert_eq!(c.exclude_types, vec![[0, 1], [2, 2]]);
     assert!(c.excludes(1, 0) && c.excludes(2, 2) && !c.excludes(0, 2));
 }
@@ -130,7 +130,7 @@ fn example_with(edit: impl FnOnce(&mut serde_json::Value)) -> Result<dpw::config
 fn input_keys_load_and_bad_ones_are_named() {
     let c = example_with(|_| {}).unwrap();
     let d = &c.model.descriptor;
-    let r = d.dpa3.as_ref().unwrap();
+    let r = d.own.dpa3().unwrap();
     assert_eq!(
         (d.rcut, d.rcut_smth, d.neuron.as_slice()),
         (6.0, 5.3, &[32][..])
@@ -156,7 +156,7 @@ fn input_keys_load_and_bad_ones_are_named() {
         rf.insert("use_env_envelope".into(), false.into());
     })
     .unwrap();
-    let r = c.model.descriptor.dpa3.unwrap();
+    let r = c.model.descriptor.own.dpa3().cloned().unwrap();
     assert!(!r.use_exp_switch && !r.edge_init_use_dist);
     let refused = |edit: &dyn Fn(&mut serde_json::Value), key: &str| {
         let e = example_with(edit).unwrap_err();

@@ -39,7 +39,7 @@ fn repflow_on_the_tape_equals_repflow_by_hand() {
         let layout = m.layout();
         let x = BlockIn {
             o: &o,
-            l: layout.descriptor.dpa3.as_ref().unwrap(),
+            l: layout.descriptor.own.dpa3().unwrap(),
             params: &m.params,
             davg: &m.davg,
             dstd: &m.dstd,

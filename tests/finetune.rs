@@ -219,7 +219,7 @@ fn a_new_element_is_added_as_deepmd_kit_adds_it() {
     let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
     let theirs = dpw::model::read_deepmd_yaml(&reference("ft_mt_newtype/model.yaml")).unwrap();
     assert_eq!(mine.spec, theirs.spec);
-    let tebd = mine.layout().descriptor.attn.unwrap().tebd;
+    let tebd = mine.layout().descriptor.own.attn().cloned().unwrap().tebd;
     let c_row = tebd.w..tebd.w + tebd.dim;
     // tebd_dim 4 is neither 3 types nor twice them: no skip, the row is the draw itself.
     for p in [&mine, &theirs] {

@@ -221,11 +221,7 @@ fn small_model() -> Model {
             type_one_side: false,
             env_protection: 0.0,
             set_davg_zero: false,
-            list: vec![],
-            attention: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: dpw::model::OwnKeys::Se,
         },
         fitting: FittingSpec::new(vec![4, 4], true),
     };

@@ -1128,11 +1128,7 @@ fn batch_errors_name_frames_by_their_index() {
             type_one_side: true,
             env_protection: 0.0,
             set_davg_zero: false,
-            list: vec![],
-            attention: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: dpw::model::OwnKeys::Se,
         },
         fitting: FittingSpec::new(vec![2], false),
     };

@@ -57,11 +57,7 @@ fn reads_model_a_exactly() {
             type_one_side: true,
             env_protection: 0.0,
             set_davg_zero: false,
-            list: vec![],
-            attention: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: dpw::model::OwnKeys::Se,
         },
         fitting: FittingSpec::new(vec![32, 32, 32], true),
     };
@@ -210,11 +206,7 @@ fn two_sided_spec() -> ModelSpec {
             type_one_side: false,
             env_protection: 1e-7,
             set_davg_zero: true,
-            list: vec![],
-            attention: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: dpw::model::OwnKeys::Se,
         },
         fitting: FittingSpec::new(vec![10, 20, 20], true),
     }
@@ -482,7 +474,7 @@ fn se_e3_models_round_trip_in_deepmd_form() {
 fn hybrid_models_round_trip_in_deepmd_form() {
     for (case, second) in [("hybrid_water", "se_e2_r"), ("hybrid_alloy", "se_e3")] {
         let (m, def) = round_trips_in_deepmd_form(case, DescriptorType::Hybrid);
-        assert_eq!(m.spec.descriptor.list.len(), 2);
+        assert_eq!(m.spec.descriptor.own.list().len(), 2);
         assert!(m.layout().tensor("d1.embed.t0_t0.layer0.w").is_some() || second == "se_e2_r");
         assert!(m.layout().tensor("d0.embed.t0.layer0.w").is_some() || second == "se_e3");
         assert_eq!(def["type"], Value::from("hybrid"));
@@ -766,7 +758,7 @@ fn model_differences_name_the_descriptor_type() {
     mine.descriptor.sel = vec![22];
     let mut theirs = mine.clone();
     theirs.descriptor.kind = DescriptorType::SeAtten;
-    theirs.descriptor.attention = Some(dpw::model::AttentionConfig {
+    theirs.descriptor.own = dpw::model::OwnKeys::Attention(dpw::model::AttentionConfig {
         tebd_dim: 8,
         tebd_input_mode: dpw::model::TebdInputMode::Concat,
         attn: 16,

@@ -55,14 +55,12 @@ impl BlockOpts {
     /// With the layout's tensors.
     pub fn host<'a>(&'a self, l: &'a DescriptorLayout) -> HostBlock<'a> {
         match self {
-            BlockOpts::Repflow(o) => {
-                HostBlock::Repflow(o, l.dpa3.as_ref().expect("a DPA-3 layout"))
-            }
+            BlockOpts::Repflow(o) => HostBlock::Repflow(o, l.own.dpa3().expect("a DPA-3 layout")),
             BlockOpts::Repformer(o) => {
-                HostBlock::Repformer(o, l.dpa2.as_ref().expect("a DPA-2 layout"))
+                HostBlock::Repformer(o, l.own.dpa2().expect("a DPA-2 layout"))
             }
             BlockOpts::SeE3Tebd(o) => {
-                HostBlock::SeE3Tebd(o, (l.se_e3_tebd.as_ref()).expect("an se_e3_tebd layout"))
+                HostBlock::SeE3Tebd(o, (l.own.se_e3_tebd()).expect("an se_e3_tebd layout"))
             }
         }
     }

@@ -10,6 +10,7 @@ use super::keys::{at_least_one, non_negative, positive, to_f64, Schema, Section}
 use super::model::{precision, type_pairs, widths, AutoList, DescriptorConfig, Sel, SelList};
 use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
 use crate::model::DescriptorType;
+use crate::model::OwnKeys;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -245,18 +246,14 @@ pub(super) fn parse(
             &sec.path_of("env_protection"),
         )?,
         set_davg_zero: i.bool_or("set_davg_zero", true)?,
-        attention: None,
-        dpa3: None,
-        dpa2: Some(c),
-        se_e3_tebd: None,
+        own: OwnKeys::Dpa2(c),
         auto_lists,
-        list: vec![],
     })
 }
 
 /// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
 pub(super) fn to_json(d: &DescriptorConfig) -> Value {
-    let c = d.dpa2.as_ref().expect("a DPA-2 config");
+    let c = d.own.dpa2().expect("a DPA-2 config");
     // An "auto" nsel is written back as it was given (0 here, replaced below).
     let nsel = match &d.sel {
         Sel::Fixed(s) => s[0],

@@ -9,6 +9,7 @@ use super::keys::{non_negative, positive, Schema, Section};
 use super::model::{precision, type_pairs, AutoList, DescriptorConfig, Sel, SelList};
 use crate::model::dpa3::Dpa3Config;
 use crate::model::DescriptorType;
+use crate::model::OwnKeys;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -168,18 +169,14 @@ pub(super) fn parse(
         seed: sec.opt_u64("seed")?,
         env_protection: sec.f64_or("env_protection", 0.0)?,
         set_davg_zero: true,
-        attention: None,
-        dpa3: Some(c),
-        dpa2: None,
-        se_e3_tebd: None,
+        own: OwnKeys::Dpa3(c),
         auto_lists,
-        list: vec![],
     })
 }
 
 /// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
 pub(super) fn to_json(d: &DescriptorConfig) -> Value {
-    let c = d.dpa3.as_ref().expect("a DPA-3 config");
+    let c = d.own.dpa3().expect("a DPA-3 config");
     json!({
         "type": "dpa3",
         "repflow": {

@@ -18,7 +18,7 @@ use crate::fitting::output::{FitContext, Registered};
 use crate::fitting::registry;
 use crate::fitting::tensor;
 use crate::model::registry::{descriptor_names, KnownType, MODELS, REFUSED_FITTINGS};
-use crate::model::{Activation, DescriptorSpec, DescriptorType, FitOutput};
+use crate::model::{Activation, DescriptorSpec, DescriptorType, FitOutput, OwnKeys};
 pub use crate::model::{AttentionConfig, TebdInputMode};
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -105,12 +105,12 @@ impl SelList {
     /// The lists of a model's descriptor beside its main one: (list, rcut, size).
     pub fn of_descriptor(d: &DescriptorSpec) -> Vec<(SelList, f64, usize)> {
         let mut out = vec![];
-        if let Some(c) = &d.dpa2 {
+        if let Some(c) = d.own.dpa2() {
             let (i, r) = (&c.repinit, &c.repformer);
             out.push((SelList::Dpa2ThreeBody, i.three_body_rcut, i.three_body_sel));
             out.push((SelList::Dpa2Repformer, r.rcut, r.nsel));
         }
-        if let Some(c) = &d.dpa3 {
+        if let Some(c) = d.own.dpa3() {
             out.push((SelList::Dpa3Angle, c.a_rcut, c.a_sel));
         }
         out
@@ -122,10 +122,11 @@ impl SelList {
     }
 
     pub fn set(self, d: &mut DescriptorConfig, n: usize) {
-        match self {
-            SelList::Dpa2ThreeBody => d.dpa2.as_mut().expect("DPA-2").repinit.three_body_sel = n,
-            SelList::Dpa2Repformer => d.dpa2.as_mut().expect("DPA-2").repformer.nsel = n,
-            SelList::Dpa3Angle => d.dpa3.as_mut().expect("DPA-3").a_sel = n,
+        match (self, &mut d.own) {
+            (SelList::Dpa2ThreeBody, OwnKeys::Dpa2(c)) => c.repinit.three_body_sel = n,
+            (SelList::Dpa2Repformer, OwnKeys::Dpa2(c)) => c.repformer.nsel = n,
+            (SelList::Dpa3Angle, OwnKeys::Dpa3(c)) => c.a_sel = n,
+            (list, _) => unreachable!("{list:?} is a list of another descriptor"),
         }
     }
 
@@ -242,26 +243,17 @@ pub struct DescriptorConfig {
     pub seed: Option<u64>,
     pub env_protection: f64,
     pub set_davg_zero: bool,
-    /// se_atten / se_atten_v2 (DPA-1): the attention keys; `None` for the others. Their sel is
-    /// one mixed-type list: an integer given is kept as `Fixed([n])`, a list as given, of any
-    /// length (DeePMD-kit uses only its sum).
-    pub attention: Option<AttentionConfig>,
-    /// `dpa3`: its keys beside the shared ones (which hold e_rcut, e_rcut_smth and e_sel as
-    /// rcut, rcut_smth and sel, and n_dim as the one neuron); `None` for the others.
-    pub dpa3: Option<crate::model::dpa3::Dpa3Config>,
-    /// `dpa2`: its keys beside the shared ones (which hold the repinit's rcut, rcut_smth, nsel,
-    /// neuron, axis_neuron, type_one_side, resnet_dt and set_davg_zero); `None` for the others.
-    pub dpa2: Option<crate::model::dpa2::Dpa2Config>,
-    /// `se_e3_tebd`: its keys beside the shared ones (its sel one mixed-type list, as DPA-1's);
-    /// `None` for the others.
-    pub se_e3_tebd: Option<crate::model::se_e3_tebd::SeE3TebdConfig>,
+    /// The keys of its kind alone. DPA-1's and se_e3_tebd's sel is one mixed-type list: an
+    /// integer given is kept as `Fixed([n])`, a list as given, of any length (DeePMD-kit uses
+    /// only its sum). DPA-3's shared keys hold e_rcut, e_rcut_smth and e_sel as rcut, rcut_smth
+    /// and sel, and n_dim as the one neuron; DPA-2's the repinit's rcut, rcut_smth, nsel,
+    /// neuron, axis_neuron, type_one_side, resnet_dt and set_davg_zero. A hybrid's list has no
+    /// hybrid and each sel given as numbers; its own sel and rcut are its list's largest, its
+    /// precision and trainable those its list shares, its other keys empty or zero.
+    pub own: OwnKeys<DescriptorConfig>,
     /// DPA-2's and DPA-3's lists beside the main one whose size input.json gives as
     /// `"auto[:factor]"`, until the trainer counts them (their fields hold 0 till then).
     pub auto_lists: Vec<AutoList>,
-    /// `hybrid`: its sub-descriptors, in order (none of them hybrid, each sel given as numbers);
-    /// empty for the others. A hybrid's own sel and rcut are its list's largest, its precision
-    /// and trainable those its list shares, its other keys empty or zero.
-    pub list: Vec<DescriptorConfig>,
 }
 
 /// The fitting net: one net per atom type (one for all after a mixed-type descriptor) mapping
@@ -718,29 +710,11 @@ fn parse_descriptor(
     }
     let (rcut, rcut_smth) = cutoffs(&sec)?;
     let neuron = widths(&sec, "neuron", &[10, 20, 40])?;
-    let axis_neuron = match descriptor {
-        DescriptorType::SeE2A | DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
-            sec.usize_or("axis_neuron", 4)?
-        }
-        DescriptorType::SeE2R | DescriptorType::SeE3 => 1,
-        DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
-        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd => {
-            unreachable!("parsed by their own")
-        }
-    };
-    let m1 = *neuron.last().expect("widths() is non-empty");
-    if axis_neuron == 0 || axis_neuron > m1 {
-        return Err(ConfigError::invalid(
-            sec.path_of("axis_neuron"),
-            format!("must be between 1 and the last embedding width ({m1}), found {axis_neuron}"),
-        ));
-    }
-    // DeePMD-kit 3.2.0's se_e2_r has one embedding net per neighbour type only: its dpmodel
-    // refuses `type_one_side: false`, its PyTorch backend ignores it.
-    let type_one_side = match descriptor {
-        DescriptorType::SeE2A | DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
-            sec.bool_or("type_one_side", false)?
-        }
+    // se_e2_r and se_e3 have no second factor (M2 = 1). DeePMD-kit 3.2.0's se_e2_r has one
+    // embedding net per neighbour type only: its dpmodel refuses `type_one_side: false`, its
+    // PyTorch backend ignores it; se_e3's nets are per pair of neighbour types and its schema
+    // has no type_one_side key.
+    let (axis_neuron, type_one_side) = match descriptor {
         DescriptorType::SeE2R => {
             if !sec.bool_or("type_one_side", true)? {
                 return Err(ConfigError::unsupported(
@@ -749,15 +723,21 @@ fn parse_descriptor(
                      has no type_one_side false for it); remove the key or set it to true",
                 ));
             }
-            true
+            (1, true)
         }
-        // Its nets are per pair of neighbour types; the schema has no type_one_side key.
-        DescriptorType::SeE3 => false,
-        DescriptorType::Hybrid => unreachable!("parsed by parse_hybrid"),
-        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd => {
-            unreachable!("parsed by their own")
-        }
+        DescriptorType::SeE3 => (1, false),
+        _ => (
+            sec.usize_or("axis_neuron", 4)?,
+            sec.bool_or("type_one_side", false)?,
+        ),
     };
+    let m1 = *neuron.last().expect("widths() is non-empty");
+    if axis_neuron == 0 || axis_neuron > m1 {
+        return Err(ConfigError::invalid(
+            sec.path_of("axis_neuron"),
+            format!("must be between 1 and the last embedding width ({m1}), found {axis_neuron}"),
+        ));
+    }
     Ok(DescriptorConfig {
         kind: descriptor,
         r#type: kind.to_string(),
@@ -774,15 +754,11 @@ fn parse_descriptor(
         env_protection: sec.f64_or("env_protection", 0.0)?,
         // DeePMD-kit 3.2.0: true for se_atten, false for se_atten_v2 and the others.
         set_davg_zero: sec.bool_or("set_davg_zero", descriptor == DescriptorType::SeAtten)?,
-        attention: match descriptor.is_attention() {
-            true => Some(parse_attention(&sec, descriptor)?),
-            false => None,
+        own: match descriptor.is_attention() {
+            true => OwnKeys::Attention(parse_attention(&sec, descriptor)?),
+            false => OwnKeys::Se,
         },
-        dpa3: None,
-        dpa2: None,
-        se_e3_tebd: None,
         auto_lists: vec![],
-        list: vec![],
     })
 }
 
@@ -934,12 +910,8 @@ fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig
         seed: None,
         env_protection: 0.0,
         set_davg_zero: false,
-        attention: None,
-        dpa3: None,
-        dpa2: None,
-        se_e3_tebd: None,
         auto_lists: vec![],
-        list,
+        own: OwnKeys::Hybrid(list),
     })
 }
 
@@ -1066,24 +1038,23 @@ impl ModelConfig {
 
 /// A descriptor as out.json writes it: its keys, with their defaults filled in.
 fn descriptor_json(d: &DescriptorConfig) -> Value {
-    if matches!(
-        d.kind,
-        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd
-    ) {
-        let mut v = match d.kind {
-            DescriptorType::Dpa3 => super::dpa3::to_json(d),
-            DescriptorType::Dpa2 => super::dpa2::to_json(d),
-            _ => super::se_e3_tebd::to_json(d),
-        };
+    let own = |mut v: Value| {
         (d.auto_lists.iter()).for_each(|a| a.write(&mut v));
-        return v;
-    }
-    if d.kind == DescriptorType::Hybrid {
-        return json!({
-            "type": d.r#type,
-            "list": d.list.iter().map(descriptor_json).collect::<Vec<_>>(),
-        });
-    }
+        v
+    };
+    let attention = match &d.own {
+        OwnKeys::Dpa3(_) => return own(super::dpa3::to_json(d)),
+        OwnKeys::Dpa2(_) => return own(super::dpa2::to_json(d)),
+        OwnKeys::SeE3Tebd(_) => return own(super::se_e3_tebd::to_json(d)),
+        OwnKeys::Hybrid(list) => {
+            return json!({
+                "type": d.r#type,
+                "list": list.iter().map(descriptor_json).collect::<Vec<_>>(),
+            })
+        }
+        OwnKeys::Attention(a) => Some(a),
+        OwnKeys::Se => None,
+    };
     let mut descriptor = json!({
         "type": d.r#type,
         "sel": d.sel.to_value(),
@@ -1099,51 +1070,42 @@ fn descriptor_json(d: &DescriptorConfig) -> Value {
         "env_protection": d.env_protection,
         "set_davg_zero": d.set_davg_zero,
     });
+    let o = object(&mut descriptor);
     match d.kind {
-        DescriptorType::SeE2A => {}
         DescriptorType::SeE2R => {
-            object(&mut descriptor).remove("axis_neuron");
+            o.remove("axis_neuron");
         }
         DescriptorType::SeE3 => {
-            let o = object(&mut descriptor);
             o.remove("axis_neuron");
             o.remove("type_one_side");
         }
-        DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
-            let a = d
-                .attention
-                .as_ref()
-                .expect("parsed with its attention keys");
-            let o = object(&mut descriptor);
-            for (k, v) in [
-                ("tebd_dim", json!(a.tebd_dim)),
-                ("attn", json!(a.attn)),
-                ("attn_layer", json!(a.attn_layer)),
-                ("attn_dotr", json!(a.attn_dotr)),
-                ("scaling_factor", json!(a.scaling_factor)),
-                ("normalize", json!(a.normalize)),
-                ("trainable_ln", json!(a.trainable_ln)),
-                ("ln_eps", json!(a.ln_eps)),
-                ("concat_output_tebd", json!(a.concat_output_tebd)),
-                ("use_tebd_bias", json!(a.use_tebd_bias)),
-                // null when not given, which out.json leaves out (DeePMD-kit refuses it).
-                ("temperature", json!(a.temperature)),
-            ] {
-                o.insert(k.into(), v);
-            }
-            if d.kind == DescriptorType::SeAtten {
-                // The mode resolved from tebd_input_mode and stripped_type_embedding.
-                o.insert("tebd_input_mode".into(), json!(a.tebd_input_mode.as_str()));
-                o.insert("stripped_type_embedding".into(), Value::Null);
-                o.insert(
-                    "smooth_type_embedding".into(),
-                    json!(a.smooth_type_embedding),
-                );
-            }
+        _ => {}
+    }
+    if let Some(a) = attention {
+        for (k, v) in [
+            ("tebd_dim", json!(a.tebd_dim)),
+            ("attn", json!(a.attn)),
+            ("attn_layer", json!(a.attn_layer)),
+            ("attn_dotr", json!(a.attn_dotr)),
+            ("scaling_factor", json!(a.scaling_factor)),
+            ("normalize", json!(a.normalize)),
+            ("trainable_ln", json!(a.trainable_ln)),
+            ("ln_eps", json!(a.ln_eps)),
+            ("concat_output_tebd", json!(a.concat_output_tebd)),
+            ("use_tebd_bias", json!(a.use_tebd_bias)),
+            // null when not given, which out.json leaves out (DeePMD-kit refuses it).
+            ("temperature", json!(a.temperature)),
+        ] {
+            o.insert(k.into(), v);
         }
-        DescriptorType::Hybrid => unreachable!("written above"),
-        DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd => {
-            unreachable!("written above")
+        if d.kind == DescriptorType::SeAtten {
+            // The mode resolved from tebd_input_mode and stripped_type_embedding.
+            o.insert("tebd_input_mode".into(), json!(a.tebd_input_mode.as_str()));
+            o.insert("stripped_type_embedding".into(), Value::Null);
+            o.insert(
+                "smooth_type_embedding".into(),
+                json!(a.smooth_type_embedding),
+            );
         }
     }
     descriptor

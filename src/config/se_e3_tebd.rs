@@ -9,6 +9,7 @@ use super::keys::{at_least_one, non_negative, Schema, Section};
 use super::model::{cutoffs, mixed_sel, precision, type_pairs, widths, DescriptorConfig};
 use crate::model::se_e3_tebd::{SeE3TebdConfig, Shared};
 use crate::model::DescriptorType;
+use crate::model::OwnKeys;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -75,18 +76,14 @@ pub(super) fn parse(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
             &sec.path_of("env_protection"),
         )?,
         set_davg_zero: sec.bool_or("set_davg_zero", true)?,
-        attention: None,
-        dpa3: None,
-        dpa2: None,
-        se_e3_tebd: Some(c),
         auto_lists: vec![],
-        list: vec![],
+        own: OwnKeys::SeE3Tebd(c),
     })
 }
 
 /// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
 pub(super) fn to_json(d: &DescriptorConfig) -> Value {
-    let c = d.se_e3_tebd.as_ref().expect("an se_e3_tebd config");
+    let c = d.own.se_e3_tebd().expect("an se_e3_tebd config");
     let shared = Shared {
         sel: d.sel.to_value(),
         rcut: d.rcut,

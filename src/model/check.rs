@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail, ensure, Result};
 use serde_json::{json, Value};
 
 use super::dpa2::Dpa2Config;
-use super::{DescriptorSpec, DescriptorType, Model, ModelSpec};
+use super::{DescriptorSpec, DescriptorType, Model, ModelSpec, OwnKeys};
 
 /// Most neighbour slots per atom (Σsel). Dense matter within a 12 Å cut-off has about 1500
 /// neighbours; far more only exhausts memory (every slot holds a row of the embedding).
@@ -50,12 +50,17 @@ impl ModelSpec {
             );
             sr.check(nt, d.rcut, d.nnei())?;
         }
-        if d.kind == DescriptorType::Hybrid {
+        ensure!(
+            d.own.fit(d.kind),
+            "model.descriptor: a {} descriptor holds another kind's keys",
+            d.kind.as_str()
+        );
+        if let OwnKeys::Hybrid(list) = &d.own {
             ensure!(
-                !d.list.is_empty(),
+                !list.is_empty(),
                 "model.descriptor.list: a hybrid descriptor needs at least one sub-descriptor"
             );
-            for (k, p) in d.list.iter().enumerate() {
+            for (k, p) in list.iter().enumerate() {
                 let key = format!("model.descriptor.list[{k}]");
                 ensure!(
                     p.kind != DescriptorType::Hybrid,
@@ -66,15 +71,20 @@ impl ModelSpec {
                     "{key}.type: {} inside hybrid is not supported",
                     p.kind.as_str()
                 );
+                ensure!(
+                    p.own.fit(p.kind),
+                    "{key}: a {} descriptor holds another kind's keys",
+                    p.kind.as_str()
+                );
                 check_descriptor(p, nt, &key)?;
             }
             ensure!(
-                *d == DescriptorSpec::hybrid(d.list.clone()),
+                *d == DescriptorSpec::hybrid(list.clone()),
                 "model.descriptor: a hybrid's rcut, rcut_smth and sel are its list's largest \
                  rcut, smallest rcut_smth and largest sel per type, and it has no other keys"
             );
             let nnei =
-                (d.list.iter().flat_map(|p| &p.sel)).try_fold(0usize, |a, &s| a.checked_add(s));
+                (list.iter().flat_map(|p| &p.sel)).try_fold(0usize, |a, &s| a.checked_add(s));
             if nnei.is_none_or(|n| n > MAX_NNEI) {
                 bail!(
                     "model.descriptor.list: the sub-descriptors ask for {} neighbour slots per \
@@ -83,10 +93,6 @@ impl ModelSpec {
                 );
             }
         } else {
-            ensure!(
-                d.list.is_empty(),
-                "model.descriptor.list: only a hybrid descriptor has a list"
-            );
             check_descriptor(d, nt, "model.descriptor")?;
         }
         widths("model.fitting_net.neuron", &self.fitting.neuron)?;
@@ -177,92 +183,79 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
             d.sel.len()
         );
     }
-    if d.kind == DescriptorType::Dpa3 {
-        let Some(c) = &d.dpa3 else {
-            bail!("{key}: a dpa3 descriptor needs its repflow keys");
-        };
-        c.check(d.m1(), d.rcut, d.sel[0])
-            .map_err(|e| anyhow!("{key}.repflow: {e}"))?;
-        for (name, v) in [
-            ("e_dim", c.e_dim),
-            ("a_dim", c.a_dim),
-            ("n_dim", d.m1()),
-            ("axis_neuron", c.axis_neuron),
-            ("n_multi_edge_message", c.n_multi_edge_message),
-        ] {
+    match &d.own {
+        OwnKeys::Dpa3(c) => {
+            c.check(d.m1(), d.rcut, d.sel[0])
+                .map_err(|e| anyhow!("{key}.repflow: {e}"))?;
+            for (name, v) in [
+                ("e_dim", c.e_dim),
+                ("a_dim", c.a_dim),
+                ("n_dim", d.m1()),
+                ("axis_neuron", c.axis_neuron),
+                ("n_multi_edge_message", c.n_multi_edge_message),
+            ] {
+                ensure!(
+                    (1..=MAX_WIDTH).contains(&v),
+                    "{key}.repflow.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
+                );
+            }
             ensure!(
-                (1..=MAX_WIDTH).contains(&v),
-                "{key}.repflow.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
+                c.nlayers <= MAX_LAYERS,
+                "{key}.repflow.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
+                c.nlayers
             );
         }
-        ensure!(
-            c.nlayers <= MAX_LAYERS,
-            "{key}.repflow.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
-            c.nlayers
-        );
-    } else if d.kind == DescriptorType::Dpa2 {
-        let Some(c) = &d.dpa2 else {
-            bail!("{key}: a dpa2 descriptor needs its repinit and repformer keys");
-        };
-        check_dpa2(c, d, key)?;
-    } else if d.kind == DescriptorType::SeE3Tebd {
-        let Some(c) = &d.se_e3_tebd else {
-            bail!("{key}: an se_e3_tebd descriptor needs its own keys");
-        };
-        ensure!(
-            (1..=MAX_WIDTH).contains(&c.tebd_dim),
-            "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
-            c.tebd_dim
-        );
-    } else if d.kind.is_attention() {
-        let Some(a) = d.attn() else {
-            bail!(
-                "{key}: a {} descriptor needs its attention keys",
-                d.kind.as_str()
-            );
-        };
-        ensure!(
-            (1..=MAX_WIDTH).contains(&a.tebd_dim),
-            "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
-            a.tebd_dim
-        );
-        ensure!(
-            (1..=MAX_WIDTH).contains(&a.attn),
-            "{key}.attn: must be between 1 and {MAX_WIDTH}, found {}",
-            a.attn
-        );
-        ensure!(
-            a.attn_layer <= MAX_LAYERS,
-            "{key}.attn_layer: at most {MAX_LAYERS} layers are supported, found {}",
-            a.attn_layer
-        );
-        ensure!(
-            a.ln_eps.is_finite() && a.ln_eps > 0.0,
-            "{key}.ln_eps: must be a positive number, found {}",
-            a.ln_eps
-        );
-        ensure!(
-            a.scaling_factor.is_finite() && a.scaling_factor > 0.0,
-            "{key}.scaling_factor: must be a positive number, found {}",
-            a.scaling_factor
-        );
-        if let Some(t) = a.temperature {
+        OwnKeys::Dpa2(c) => check_dpa2(c, d, key)?,
+        OwnKeys::SeE3Tebd(c) => {
             ensure!(
-                t.is_finite() && t > 0.0,
-                "{key}.temperature: must be a positive number, found {t}"
+                (1..=MAX_WIDTH).contains(&c.tebd_dim),
+                "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
+                c.tebd_dim
             );
         }
-    } else {
-        ensure!(
-            d.attention.is_none() && d.dpa3.is_none() && d.dpa2.is_none() && d.se_e3_tebd.is_none(),
-            "{key}: only se_atten and se_atten_v2 have attention keys, only dpa3 repflow keys, \
-             only dpa2 repinit and repformer keys, only se_e3_tebd its type-embedding keys"
-        );
-        ensure!(
-            d.sel.len() == nt,
-            "{key}.sel: {} entries for {nt} types in type_map",
-            d.sel.len()
-        );
+        OwnKeys::Attention(a) => {
+            ensure!(
+                (1..=MAX_WIDTH).contains(&a.tebd_dim),
+                "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
+                a.tebd_dim
+            );
+            ensure!(
+                (1..=MAX_WIDTH).contains(&a.attn),
+                "{key}.attn: must be between 1 and {MAX_WIDTH}, found {}",
+                a.attn
+            );
+            ensure!(
+                a.attn_layer <= MAX_LAYERS,
+                "{key}.attn_layer: at most {MAX_LAYERS} layers are supported, found {}",
+                a.attn_layer
+            );
+            ensure!(
+                a.ln_eps.is_finite() && a.ln_eps > 0.0,
+                "{key}.ln_eps: must be a positive number, found {}",
+                a.ln_eps
+            );
+            ensure!(
+                a.scaling_factor.is_finite() && a.scaling_factor > 0.0,
+                "{key}.scaling_factor: must be a positive number, found {}",
+                a.scaling_factor
+            );
+            if let Some(t) = a.temperature {
+                ensure!(
+                    t.is_finite() && t > 0.0,
+                    "{key}.temperature: must be a positive number, found {t}"
+                );
+            }
+        }
+        OwnKeys::Hybrid(_) => {
+            bail!("{key}.type: a hybrid descriptor inside hybrid is not supported")
+        }
+        OwnKeys::Se => {
+            ensure!(
+                d.sel.len() == nt,
+                "{key}.sel: {} entries for {nt} types in type_map",
+                d.sel.len()
+            );
+        }
     }
     let nnei = d.sel.iter().try_fold(0usize, |a, &s| a.checked_add(s));
     if nnei.is_none_or(|n| n > MAX_NNEI) {
@@ -509,11 +502,11 @@ fn descriptor_differences(
         push(&format!("{key}.type"), kind(a), kind(b));
         return;
     }
-    if a.kind == DescriptorType::Hybrid {
+    if let (OwnKeys::Hybrid(la), OwnKeys::Hybrid(lb)) = (&a.own, &b.own) {
         // A hybrid's own keys are its list's.
-        for k in 0..a.list.len().max(b.list.len()) {
+        for k in 0..la.len().max(lb.len()) {
             let item = format!("{key}.list[{k}]");
-            match (a.list.get(k), b.list.get(k)) {
+            match (la.get(k), lb.get(k)) {
                 (Some(x), Some(y)) => descriptor_differences(x, y, &item, push),
                 (x, y) => push(
                     &item,
@@ -540,7 +533,7 @@ fn descriptor_differences(
 /// A descriptor's keys (not a hybrid's) as input.json gives them: only those of its type, and
 /// DPA-1's sel as the one number it is (the sum of a list).
 fn input_keys(d: &DescriptorSpec) -> serde_json::Map<String, Value> {
-    if let Some(c) = &d.se_e3_tebd {
+    if let Some(c) = d.own.se_e3_tebd() {
         let Value::Object(mut m) = c.input_json(&d.into(), "float64") else {
             unreachable!("built from an object literal")
         };
@@ -570,13 +563,20 @@ fn input_keys(d: &DescriptorSpec) -> serde_json::Map<String, Value> {
     if d.kind != DescriptorType::SeE3 {
         m.insert("type_one_side".into(), json!(d.type_one_side));
     }
-    if let Some(Value::Object(a)) = d.attn().map(|a| json!(a)) {
-        m.extend(a);
-        if d.kind == DescriptorType::SeAttenV2 {
-            // Fixed for se_atten_v2: input.json has neither key.
-            m.remove("tebd_input_mode");
-            m.remove("smooth_type_embedding");
-        }
+    // DPA-3's repflow keys and DPA-2's repinit and repformer sections, each as one value.
+    let own = match &d.own {
+        OwnKeys::Attention(a) => json!(a),
+        OwnKeys::Dpa3(c) => json!({ "repflow": c }),
+        OwnKeys::Dpa2(c) => json!(c),
+        OwnKeys::Se | OwnKeys::SeE3Tebd(_) | OwnKeys::Hybrid(_) => json!({}),
+    };
+    if let Value::Object(own) = own {
+        m.extend(own);
+    }
+    if d.kind == DescriptorType::SeAttenV2 {
+        // Fixed for se_atten_v2: input.json has neither key.
+        m.remove("tebd_input_mode");
+        m.remove("smooth_type_embedding");
     }
     m
 }

@@ -19,7 +19,7 @@ pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
     // DPA-1's other nets, after the others' (whose draws are thus as before): the type
     // embedding and projections as any layer, the layer norms at scale 1 and shift 0
     // (DeePMD-kit's LayerNorm starts there).
-    if let Some(a) = &layout.descriptor.attn {
+    if let Some(a) = layout.descriptor.own.attn() {
         tebd(&mut p, &a.tebd, &mut rng);
         for l in a.strip.iter().flat_map(|n| &n.layers) {
             layer(&mut p, l, &mut rng);
@@ -34,7 +34,7 @@ pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
     }
     // DPA-3's tensors (it has no embedding nets): the linears as any layer, the bias-free
     // weights alike, the residual vectors at update_residual or drawn around 0 with it as std.
-    if let Some(d) = &layout.descriptor.dpa3 {
+    if let Some(d) = layout.descriptor.own.dpa3() {
         tebd(&mut p, &d.tebd, &mut rng);
         layer(&mut p, &d.edge_embd, &mut rng);
         bias_free(layout, &mut p, d.angle_embd, &mut rng);
@@ -59,7 +59,7 @@ pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
         }
     }
     // DPA-2's, alike; its layer norms start at scale 1 and shift 0.
-    if let Some(d) = &layout.descriptor.dpa2 {
+    if let Some(d) = layout.descriptor.own.dpa2() {
         tebd(&mut p, &d.tebd, &mut rng);
         let embedding = [Some(&d.repinit), d.repinit_strip.as_ref()]
             .into_iter()
@@ -98,7 +98,7 @@ pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f64> {
         }
     }
     // se_e3_tebd's (it has no `embed` nets either).
-    if let Some(d) = &layout.descriptor.se_e3_tebd {
+    if let Some(d) = layout.descriptor.own.se_e3_tebd() {
         tebd(&mut p, &d.tebd, &mut rng);
         nets(
             &mut p,

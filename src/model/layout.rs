@@ -86,16 +86,8 @@ pub struct DescriptorLayout {
     /// The embedding nets of each part of the descriptor ([`super::DescriptorSpec::parts`]):
     /// `embed[parts[k]]`, one range covering them all but for a hybrid.
     pub parts: Vec<Range<usize>>,
-    /// DPA-1's nets beside `embed` (type embedding, strip's type net, attention layers);
-    /// `None` for the other descriptors.
-    pub attn: Option<AttnLayout>,
-    /// DPA-3's tensors (its nets are not embedding nets: `embed` is empty); `None` otherwise.
-    pub dpa3: Option<Dpa3Layout>,
-    /// DPA-2's tensors (its repinit and three-body nets among them: `embed` is empty); `None`
-    /// otherwise.
-    pub dpa2: Option<Dpa2Layout>,
-    /// se_e3_tebd's tensors (`embed` is empty); `None` otherwise.
-    pub se_e3_tebd: Option<SeE3TebdLayout>,
+    /// The tensors of its family beside `embed`.
+    pub own: OwnNets,
     /// Parameter ranges that training holds fixed (no gradient, no update): DPA-1's layer norm
     /// scale and shift (`attn{k}.ln.*`) when `trainable_ln` is false, as DeePMD-kit's `dp train`
     /// builds them with `requires_grad = False`; DPA-2's and se_e3_tebd's whole descriptor when
@@ -203,29 +195,74 @@ impl ParamLayout {
     }
 }
 
+/// A descriptor's tensors beside its embedding nets, by family (as [`super::OwnKeys`] its keys).
+#[derive(Clone, Debug, PartialEq)]
+pub enum OwnNets {
+    /// se_e2_a, se_e2_r, se_e3 and their hybrids: the embedding nets are all.
+    Embed,
+    /// DPA-1's nets beside `embed` (type embedding, strip's type net, attention layers).
+    Attention(AttnLayout),
+    /// DPA-3's tensors (its nets are not embedding nets: `embed` is empty).
+    Dpa3(Dpa3Layout),
+    /// DPA-2's tensors (its repinit and three-body nets among them: `embed` is empty).
+    Dpa2(Box<Dpa2Layout>),
+    /// se_e3_tebd's tensors (`embed` is empty).
+    SeE3Tebd(SeE3TebdLayout),
+}
+
+impl OwnNets {
+    pub fn attn(&self) -> Option<&AttnLayout> {
+        match self {
+            OwnNets::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    pub fn dpa3(&self) -> Option<&Dpa3Layout> {
+        match self {
+            OwnNets::Dpa3(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    pub fn dpa2(&self) -> Option<&Dpa2Layout> {
+        match self {
+            OwnNets::Dpa2(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    pub fn se_e3_tebd(&self) -> Option<&SeE3TebdLayout> {
+        match self {
+            OwnNets::SeE3Tebd(l) => Some(l),
+            _ => None,
+        }
+    }
+}
+
 impl DescriptorLayout {
     /// The type embedding's layout, where the descriptor has one (DPA-1, DPA-2, se_e3_tebd,
     /// DPA-3).
     pub fn tebd(&self) -> Option<&TebdLayout> {
-        (self.attn.as_ref().map(|a| &a.tebd))
-            .or(self.dpa2.as_ref().map(|x| &x.tebd))
-            .or(self.se_e3_tebd.as_ref().map(|x| &x.tebd))
-            .or(self.dpa3.as_ref().map(|x| &x.tebd))
+        match &self.own {
+            OwnNets::Embed => None,
+            OwnNets::Attention(a) => Some(&a.tebd),
+            OwnNets::Dpa3(l) => Some(&l.tebd),
+            OwnNets::Dpa2(l) => Some(&l.tebd),
+            OwnNets::SeE3Tebd(l) => Some(&l.tebd),
+        }
     }
 
     fn new(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
-        if let Some(c) = &d.dpa3 {
+        if let Some(c) = d.own.dpa3() {
             return DescriptorLayout {
                 embed: vec![],
                 parts: std::iter::once(0..0).collect(),
-                attn: None,
-                dpa3: Some(Dpa3Layout::new(c, d.m1(), nt, b)),
-                dpa2: None,
-                se_e3_tebd: None,
+                own: OwnNets::Dpa3(Dpa3Layout::new(c, d.m1(), nt, b)),
                 frozen: vec![],
             };
         }
-        if let Some(c) = &d.dpa2 {
+        if let Some(c) = d.own.dpa2() {
             let start = b.len();
             let l = Dpa2Layout::new(
                 c,
@@ -239,23 +276,17 @@ impl DescriptorLayout {
             return DescriptorLayout {
                 embed: vec![],
                 parts: std::iter::once(0..0).collect(),
-                attn: None,
-                dpa3: None,
-                dpa2: Some(l),
-                se_e3_tebd: None,
+                own: OwnNets::Dpa2(Box::new(l)),
                 frozen: untrained(c.trainable, start, b),
             };
         }
-        if let Some(c) = &d.se_e3_tebd {
+        if let Some(c) = d.own.se_e3_tebd() {
             let start = b.len();
             let l = SeE3TebdLayout::new(d, nt, b);
             return DescriptorLayout {
                 embed: vec![],
                 parts: std::iter::once(0..0).collect(),
-                attn: None,
-                dpa3: None,
-                dpa2: None,
-                se_e3_tebd: Some(l),
+                own: OwnNets::SeE3Tebd(l),
                 frozen: untrained(c.trainable, start, b),
             };
         }
@@ -298,10 +329,7 @@ impl DescriptorLayout {
         DescriptorLayout {
             embed,
             parts,
-            attn: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: OwnNets::Embed,
             frozen: vec![],
         }
     }
@@ -313,10 +341,7 @@ impl DescriptorLayout {
         DescriptorLayout {
             parts: std::iter::once(0..nets.len()).collect(),
             embed: nets,
-            attn: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: OwnNets::Embed,
             frozen: vec![],
         }
     }

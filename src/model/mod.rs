@@ -10,6 +10,7 @@ mod hybrid;
 mod init;
 mod layout;
 pub mod linear;
+mod own_keys;
 pub mod pairtab;
 pub mod pt;
 pub mod registry;
@@ -25,9 +26,10 @@ pub use activation::Activation;
 pub use check::MAX_NNEI;
 pub use init::init_params;
 pub use layout::{
-    embed_net_index, pair_types, DescriptorLayout, FittingLayout, Layer, Net, ParamLayout, Skip,
-    TebdLayout, TensorInfo,
+    embed_net_index, pair_types, DescriptorLayout, FittingLayout, Layer, Net, OwnNets, ParamLayout,
+    Skip, TebdLayout, TensorInfo,
 };
+pub use own_keys::OwnKeys;
 pub use se_atten::{AttentionConfig, AttnLayerLayout, AttnLayout};
 pub use source::{read_model, read_model_head, read_model_to_train, ModelFile};
 pub use type_map::new_elements;
@@ -133,8 +135,8 @@ impl TebdInputMode {
 
 /// Hyper-parameters of the descriptor (docs/deepmd-spec.md §3–§6).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "SpecFile", into = "SpecFile")]
 pub struct DescriptorSpec {
-    #[serde(default, skip_serializing_if = "DescriptorType::is_se_e2_a")]
     pub kind: DescriptorType,
     pub rcut: f64,
     pub rcut_smth: f64,
@@ -148,26 +150,122 @@ pub struct DescriptorSpec {
     pub type_one_side: bool,
     pub env_protection: f64,
     pub set_davg_zero: bool,
-    /// hybrid: the sub-descriptors, in `list` order (none of them hybrid); empty otherwise, and
-    /// then not written, so that the other descriptors' files stay as they were.
+    /// The keys of its kind alone. A DPA-1 spec's `sel` is one number, nnei (DeePMD-kit sums
+    /// a list sel): one mixed-type section.
+    pub own: OwnKeys<DescriptorSpec>,
+}
+
+/// A [`DescriptorSpec`] as checkpoints hold it: each kind's own keys under its name, written
+/// only where present, so that the older descriptors' files stay as they were.
+#[derive(Clone, Serialize, Deserialize)]
+struct SpecFile {
+    #[serde(default, skip_serializing_if = "DescriptorType::is_se_e2_a")]
+    kind: DescriptorType,
+    rcut: f64,
+    rcut_smth: f64,
+    sel: Vec<usize>,
+    neuron: Vec<usize>,
+    axis_neuron: usize,
+    resnet_dt: bool,
+    type_one_side: bool,
+    env_protection: f64,
+    set_davg_zero: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub list: Vec<DescriptorSpec>,
-    /// DPA-1 (se_atten, se_atten_v2): its attention and type-embedding keys; `None` otherwise,
-    /// and then not written, so that the other descriptors' files stay as they were. A DPA-1
-    /// spec's `sel` is one number, nnei (DeePMD-kit sums a list sel): one mixed-type section.
+    list: Vec<DescriptorSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attention: Option<AttentionConfig>,
-    /// DPA-3's keys ([`dpa3::Dpa3Config`]); `None` otherwise, and then not written.
+    attention: Option<AttentionConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dpa3: Option<dpa3::Dpa3Config>,
-    /// DPA-2's keys ([`dpa2::Dpa2Config`]) beside the repinit's held here; `None` otherwise,
-    /// and then not written.
+    dpa3: Option<dpa3::Dpa3Config>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dpa2: Option<dpa2::Dpa2Config>,
-    /// se_e3_tebd's keys ([`se_e3_tebd::SeE3TebdConfig`]); `None` otherwise, and then not
-    /// written.
+    dpa2: Option<dpa2::Dpa2Config>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub se_e3_tebd: Option<se_e3_tebd::SeE3TebdConfig>,
+    se_e3_tebd: Option<se_e3_tebd::SeE3TebdConfig>,
+}
+
+impl From<DescriptorSpec> for SpecFile {
+    fn from(d: DescriptorSpec) -> Self {
+        let (mut list, mut attention, mut dpa3, mut dpa2, mut se_e3_tebd) =
+            (vec![], None, None, None, None);
+        match d.own {
+            OwnKeys::Se => {}
+            OwnKeys::Attention(a) => attention = Some(a),
+            OwnKeys::Dpa3(c) => dpa3 = Some(c),
+            OwnKeys::Dpa2(c) => dpa2 = Some(c),
+            OwnKeys::SeE3Tebd(c) => se_e3_tebd = Some(c),
+            OwnKeys::Hybrid(l) => list = l,
+        }
+        SpecFile {
+            kind: d.kind,
+            rcut: d.rcut,
+            rcut_smth: d.rcut_smth,
+            sel: d.sel,
+            neuron: d.neuron,
+            axis_neuron: d.axis_neuron,
+            resnet_dt: d.resnet_dt,
+            type_one_side: d.type_one_side,
+            env_protection: d.env_protection,
+            set_davg_zero: d.set_davg_zero,
+            list,
+            attention,
+            dpa3,
+            dpa2,
+            se_e3_tebd,
+        }
+    }
+}
+
+impl TryFrom<SpecFile> for DescriptorSpec {
+    type Error = String;
+
+    fn try_from(f: SpecFile) -> Result<Self, String> {
+        let kind = f.kind;
+        let name = kind.as_str();
+        let present = [
+            (!f.list.is_empty()).then_some("list"),
+            f.attention.is_some().then_some("attention"),
+            f.dpa3.is_some().then_some("dpa3"),
+            f.dpa2.is_some().then_some("dpa2"),
+            f.se_e3_tebd.is_some().then_some("se_e3_tebd"),
+        ];
+        let present: Vec<&str> = present.into_iter().flatten().collect();
+        if present.len() > 1 {
+            return Err(format!(
+                "a {name} descriptor has {} together",
+                present.join(", ")
+            ));
+        }
+        let own = match (f.list, f.attention, f.dpa3, f.dpa2, f.se_e3_tebd) {
+            (l, None, None, None, None) if !l.is_empty() => OwnKeys::Hybrid(l),
+            (_, Some(a), ..) => OwnKeys::Attention(a),
+            (_, _, Some(c), ..) => OwnKeys::Dpa3(c),
+            (_, _, _, Some(c), _) => OwnKeys::Dpa2(c),
+            (_, _, _, _, Some(c)) => OwnKeys::SeE3Tebd(c),
+            _ if kind == DescriptorType::Hybrid => OwnKeys::Hybrid(vec![]),
+            _ => OwnKeys::Se,
+        };
+        if !own.fit(kind) {
+            return Err(match present.first() {
+                Some(k) => format!("a {name} descriptor has no {k} keys"),
+                None => format!(
+                    "a {name} descriptor needs its {} keys",
+                    own_keys::file_key(kind)
+                ),
+            });
+        }
+        Ok(DescriptorSpec {
+            kind,
+            rcut: f.rcut,
+            rcut_smth: f.rcut_smth,
+            sel: f.sel,
+            neuron: f.neuron,
+            axis_neuron: f.axis_neuron,
+            resnet_dt: f.resnet_dt,
+            type_one_side: f.type_one_side,
+            env_protection: f.env_protection,
+            set_davg_zero: f.set_davg_zero,
+            own,
+        })
+    }
 }
 
 impl DescriptorSpec {
@@ -197,11 +295,7 @@ impl DescriptorSpec {
             type_one_side: false,
             env_protection: 0.0,
             set_davg_zero: false,
-            list,
-            attention: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: OwnKeys::Hybrid(list),
         }
     }
 
@@ -225,7 +319,7 @@ impl DescriptorSpec {
     /// hybrid's parts; DPA-2's repinit, repformer and three-body block, each on its own list
     /// (spec §20.8); else the descriptor itself.
     pub fn stat_parts(&self) -> Vec<DescriptorSpec> {
-        let Some(c) = &self.dpa2 else {
+        let Some(c) = self.own.dpa2() else {
             return self.parts().to_vec();
         };
         let block = |rcut, rcut_smth, sel, set_davg_zero| DescriptorSpec {
@@ -250,21 +344,23 @@ impl DescriptorSpec {
     /// Whether pairs of types ti, tj are left out of the environment (DPA-2's and
     /// se_e3_tebd's exclude_types; their slots are zero rows of the statistics).
     pub fn excludes(&self, ti: usize, tj: usize) -> bool {
-        self.dpa2.as_ref().is_some_and(|c| c.excludes(ti, tj))
-            || (self.se_e3_tebd.as_ref()).is_some_and(|c| c.excludes(ti, tj))
+        match &self.own {
+            OwnKeys::Dpa2(c) => c.excludes(ti, tj),
+            OwnKeys::SeE3Tebd(c) => c.excludes(ti, tj),
+            _ => false,
+        }
     }
 
     /// DPA-1's attention keys (`None` for every other descriptor).
     pub fn attn(&self) -> Option<&AttentionConfig> {
-        self.attention.as_ref()
+        self.own.attention()
     }
 
     /// The descriptors that compute: the sub-descriptors of a hybrid, else this one.
     pub fn parts(&self) -> &[DescriptorSpec] {
-        if self.kind == DescriptorType::Hybrid {
-            &self.list
-        } else {
-            std::slice::from_ref(self)
+        match &self.own {
+            OwnKeys::Hybrid(list) => list,
+            _ => std::slice::from_ref(self),
         }
     }
 
@@ -272,21 +368,14 @@ impl DescriptorSpec {
     /// and for DPA-1 with `concat_output_tebd` the centre's type embedding (tebd_dim) after it.
     pub fn dim(&self) -> usize {
         (self.parts().iter())
-            .map(|d| {
-                if let Some(c) = &d.dpa3 {
-                    return d.m1() * if c.concat_output_tebd { 2 } else { 1 };
+            .map(|d| match &d.own {
+                OwnKeys::Dpa3(c) => d.m1() * if c.concat_output_tebd { 2 } else { 1 },
+                OwnKeys::Dpa2(c) => c.dim(),
+                OwnKeys::SeE3Tebd(c) => c.dim(d.m1()),
+                OwnKeys::Attention(a) if a.concat_output_tebd => {
+                    d.m1() * d.axis_neuron + a.tebd_dim
                 }
-                if let Some(c) = &d.dpa2 {
-                    return c.dim();
-                }
-                if let Some(c) = &d.se_e3_tebd {
-                    return c.dim(d.m1());
-                }
-                let tebd = d
-                    .attn()
-                    .filter(|a| a.concat_output_tebd)
-                    .map_or(0, |a| a.tebd_dim);
-                d.m1() * d.axis_neuron + tebd
+                _ => d.m1() * d.axis_neuron,
             })
             .sum()
     }

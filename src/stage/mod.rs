@@ -60,7 +60,7 @@ pub struct DescState<T: Real, B: Backend<T>> {
     pub layout: DescriptorLayout,
     pub env: EnvParams,
     pub type_one_side: bool,
-    /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
+    /// DPA-1's attention and type-embedding keys (its nets: `layout.own`); `None` otherwise.
     pub attention: Option<AttentionConfig>,
     /// A message-passing block's constants (DPA-3, DPA-2; its tensors are `layout`'s); `None`
     /// otherwise.
@@ -101,7 +101,7 @@ pub struct DescModel<'a, T: Real, B: Backend<T>> {
     pub layout: &'a DescriptorLayout,
     pub env: EnvParams,
     pub type_one_side: bool,
-    /// DPA-1's attention and type-embedding keys (its nets: `layout.attn`); `None` otherwise.
+    /// DPA-1's attention and type-embedding keys (its nets: `layout.own`); `None` otherwise.
     pub attention: Option<&'a AttentionConfig>,
     /// A message-passing block with its tensors; `None` otherwise.
     pub block: Option<HostBlock<'a>>,
@@ -148,27 +148,23 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
         let d = &model.spec.descriptor;
         let n = layout.len;
         let nstat = 4 * model.spec.ntypes();
-        let parts = if d.kind == DescriptorType::Hybrid {
-            (d.list.iter().enumerate())
-                .map(|(k, p)| Part {
-                    state: DescState {
-                        kind: p.kind,
-                        layout: layout.descriptor.part(k),
-                        env: p.env(),
-                        type_one_side: p.type_one_side,
-                        attention: None,
-                        block: None,
-                        davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
-                        dstd: b.upload(&to_t(&model.dstd[k * nstat..(k + 1) * nstat])),
-                    },
-                    sel: p.sel.clone(),
-                    m1: p.m1(),
-                    m2: p.axis_neuron,
-                })
-                .collect()
-        } else {
-            vec![]
-        };
+        let parts = (d.own.list().iter().enumerate())
+            .map(|(k, p)| Part {
+                state: DescState {
+                    kind: p.kind,
+                    layout: layout.descriptor.part(k),
+                    env: p.env(),
+                    type_one_side: p.type_one_side,
+                    attention: None,
+                    block: None,
+                    davg: b.upload(&to_t(&model.davg[k * nstat..(k + 1) * nstat])),
+                    dstd: b.upload(&to_t(&model.dstd[k * nstat..(k + 1) * nstat])),
+                },
+                sel: p.sel.clone(),
+                m1: p.m1(),
+                m2: p.axis_neuron,
+            })
+            .collect();
         DeviceModel {
             parts,
             fitting: (0..model.spec.ntypes())
@@ -184,7 +180,7 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                 kind: d.kind,
                 env: d.env(),
                 type_one_side: d.type_one_side,
-                attention: d.attention.clone(),
+                attention: d.own.attention().cloned(),
                 block: BlockOpts::of(d, model.spec.ntypes()),
                 // Read by the host bodies and tape records of the message-passing blocks.
                 davg: b.upload_kept(to_t(&model.davg)),

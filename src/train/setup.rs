@@ -16,7 +16,8 @@ use crate::dist;
 use crate::fitting::traits::OutputStat;
 use crate::geometry::EnvStats;
 use crate::model::{
-    read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, MAX_NNEI,
+    read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, OwnKeys,
+    MAX_NNEI,
 };
 
 use super::batch::{check_mixed_batches, check_mixed_data, check_params};
@@ -155,9 +156,9 @@ fn check_supported(cfg: &Config) -> Result<()> {
 /// where they differ.
 fn model_precision(m: &ModelConfig) -> Precision {
     let d = &m.descriptor;
-    let mut parts: Vec<(String, Precision)> = match d.list.is_empty() {
+    let mut parts: Vec<(String, Precision)> = match d.own.list().is_empty() {
         true => vec![("model.descriptor.precision".into(), d.precision)],
-        false => (d.list.iter().enumerate())
+        false => (d.own.list().iter().enumerate())
             .map(|(i, p)| (format!("model.descriptor.list[{i}].precision"), p.precision))
             .collect(),
     };
@@ -203,8 +204,8 @@ fn spec_of(cfg: &Config, sel: Vec<usize>) -> ModelSpec {
 /// DPA-1 (se_atten, se_atten_v2) keeps its attention keys and one mixed sel, the sum of the
 /// list given (DeePMD-kit's nnei = Σ sel: one section).
 pub fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec {
-    if d.kind == DescriptorType::Hybrid {
-        let list = (d.list.iter())
+    if let OwnKeys::Hybrid(list) = &d.own {
+        let list = (list.iter())
             .map(|p| {
                 let Sel::Fixed(sel) = &p.sel else {
                     unreachable!("the config refuses sel \"auto\" inside hybrid")
@@ -229,11 +230,7 @@ pub fn descriptor_spec(d: &DescriptorConfig, sel: Vec<usize>) -> DescriptorSpec 
         type_one_side: d.type_one_side,
         env_protection: d.env_protection,
         set_davg_zero: d.set_davg_zero,
-        list: vec![],
-        attention: d.attention.clone(),
-        dpa3: d.dpa3.clone(),
-        dpa2: d.dpa2.clone(),
-        se_e3_tebd: d.se_e3_tebd.clone(),
+        own: d.own.map_list(|_| unreachable!("a hybrid is made above")),
     }
 }
 
@@ -649,11 +646,11 @@ impl Reading {
             }
             return Ok(());
         }
-        if d.list.is_empty() {
+        if d.own.list().is_empty() {
             self.warn_small_types(&ns.max_count, &d.sel, "");
             return Ok(());
         }
-        for (i, sub) in d.list.iter().enumerate() {
+        for (i, sub) in d.own.list().iter().enumerate() {
             let counts = match sub.rcut == self.rcut {
                 true => ns.max_count.clone(),
                 false => self.max_count_at(sub.rcut, false)?,
@@ -830,7 +827,7 @@ impl Reading {
 /// DPA-3 with fix_stat_std ≠ 0: davg 0 and dstd that constant, whatever the data
 /// (docs/deepmd-spec.md §18.8).
 pub fn fix_stat_std(d: &DescriptorSpec, davg: &mut [f64], dstd: &mut [f64]) {
-    if let Some(c) = d.dpa3.as_ref().filter(|c| c.fix_stat_std != 0.0) {
+    if let Some(c) = d.own.dpa3().filter(|c| c.fix_stat_std != 0.0) {
         davg.fill(0.0);
         dstd.fill(c.fix_stat_std);
     }
@@ -948,86 +945,74 @@ fn describe(d: &DescriptorSpec) -> String {
         d.rcut,
         d.neuron
     );
-    match d.kind {
-        DescriptorType::SeE2A => {
-            format!(
+    match &d.own {
+        OwnKeys::Se => match d.kind {
+            DescriptorType::SeE2A => format!(
                 "{head} axis {} type_one_side {}",
                 d.axis_neuron, d.type_one_side
+            ),
+            DescriptorType::SeE2R => format!("{head} type_one_side {}", d.type_one_side),
+            _ => head,
+        },
+        OwnKeys::SeE3Tebd(c) => format!(
+            "{head} tebd_dim {} {}",
+            c.tebd_dim,
+            c.tebd_input_mode.as_str()
+        ),
+        OwnKeys::Attention(a) => format!(
+            "{head} axis {} tebd_dim {} {} attn {} × {} layers{}{}",
+            d.axis_neuron,
+            a.tebd_dim,
+            a.tebd_input_mode.as_str(),
+            a.attn,
+            a.attn_layer,
+            if a.smooth_type_embedding {
+                ", smooth"
+            } else {
+                ""
+            },
+            if d.type_one_side {
+                ", type_one_side"
+            } else {
+                ""
+            },
+        ),
+        OwnKeys::Dpa3(c) => format!(
+            "{head} e_dim {} a_dim {} nlayers {} a_rcut {} a_sel {} {}{}",
+            c.e_dim,
+            c.a_dim,
+            c.nlayers,
+            c.a_rcut,
+            c.a_sel,
+            c.update_style.as_str(),
+            if c.update_angle {
+                ""
+            } else {
+                ", no angle update"
+            },
+        ),
+        OwnKeys::Dpa2(c) => {
+            let r = &c.repformer;
+            format!(
+                "{head} axis {} tebd_dim {}{}; repformer rcut {} nsel {} {} layers g1 {} \
+                 g2 {} {}",
+                d.axis_neuron,
+                c.repinit.tebd_dim,
+                if c.repinit.use_three_body {
+                    ", three-body"
+                } else {
+                    ""
+                },
+                r.rcut,
+                r.nsel,
+                r.nlayers,
+                r.g1_dim,
+                r.g2_dim,
+                r.update_style.as_str(),
             )
         }
-        DescriptorType::SeE2R => format!("{head} type_one_side {}", d.type_one_side),
-        DescriptorType::SeE3 => head,
-        DescriptorType::SeE3Tebd => match &d.se_e3_tebd {
-            Some(c) => format!(
-                "{head} tebd_dim {} {}",
-                c.tebd_dim,
-                c.tebd_input_mode.as_str()
-            ),
-            None => head,
-        },
-        DescriptorType::SeAtten | DescriptorType::SeAttenV2 => match &d.attention {
-            Some(a) => format!(
-                "{head} axis {} tebd_dim {} {} attn {} × {} layers{}{}",
-                d.axis_neuron,
-                a.tebd_dim,
-                a.tebd_input_mode.as_str(),
-                a.attn,
-                a.attn_layer,
-                if a.smooth_type_embedding {
-                    ", smooth"
-                } else {
-                    ""
-                },
-                if d.type_one_side {
-                    ", type_one_side"
-                } else {
-                    ""
-                },
-            ),
-            None => head,
-        },
-        DescriptorType::Dpa3 => match &d.dpa3 {
-            Some(c) => format!(
-                "{head} e_dim {} a_dim {} nlayers {} a_rcut {} a_sel {} {}{}",
-                c.e_dim,
-                c.a_dim,
-                c.nlayers,
-                c.a_rcut,
-                c.a_sel,
-                c.update_style.as_str(),
-                if c.update_angle {
-                    ""
-                } else {
-                    ", no angle update"
-                },
-            ),
-            None => head,
-        },
-        DescriptorType::Dpa2 => match &d.dpa2 {
-            Some(c) => {
-                let r = &c.repformer;
-                format!(
-                    "{head} axis {} tebd_dim {}{}; repformer rcut {} nsel {} {} layers g1 {} \
-                     g2 {} {}",
-                    d.axis_neuron,
-                    c.repinit.tebd_dim,
-                    if c.repinit.use_three_body {
-                        ", three-body"
-                    } else {
-                        ""
-                    },
-                    r.rcut,
-                    r.nsel,
-                    r.nlayers,
-                    r.g1_dim,
-                    r.g2_dim,
-                    r.update_style.as_str(),
-                )
-            }
-            None => head,
-        },
-        DescriptorType::Hybrid => {
-            let parts: Vec<String> = d.list.iter().map(describe).collect();
+        OwnKeys::Hybrid(list) => {
+            let parts: Vec<String> = list.iter().map(describe).collect();
             format!("hybrid of [{}]", parts.join("; "))
         }
     }

@@ -161,11 +161,7 @@ pub fn water_descriptor() -> DescriptorSpec {
         type_one_side: true,
         env_protection: 0.0,
         set_davg_zero: false,
-        list: vec![],
-        attention: None,
-        dpa3: None,
-        dpa2: None,
-        se_e3_tebd: None,
+        own: dpw::model::OwnKeys::Se,
     }
 }
 

@@ -4,7 +4,8 @@
 
 use dpw::backend::{Backend, Prefactors};
 use dpw::model::{
-    DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, TebdInputMode, TensorInfo,
+    DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, OwnKeys, TebdInputMode,
+    TensorInfo,
 };
 use dpw::train::batch::Frame;
 use dpw::train::predict::{loss_and_grad, predict, Prediction};
@@ -112,11 +113,7 @@ pub fn small_model_of(
             type_one_side,
             env_protection: 0.0,
             set_davg_zero: false,
-            list: vec![],
-            attention: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: OwnKeys::Se,
         },
         fitting: FittingSpec::new(vec![12, 12], true),
     };
@@ -175,7 +172,9 @@ fn deepmd_model(case: &str) -> Model {
 /// reference (concat) does not reach.
 fn se_e3_tebd_strip() -> Model {
     let mut spec = deepmd_model("dpa2/se_e3_tebd_water").spec;
-    let t = spec.descriptor.se_e3_tebd.as_mut().unwrap();
+    let OwnKeys::SeE3Tebd(t) = &mut spec.descriptor.own else {
+        unreachable!("an se_e3_tebd model")
+    };
     t.tebd_input_mode = TebdInputMode::Strip;
     t.exclude_types = vec![[1, 1]];
     let mut m = Model::new(spec, 9);
@@ -194,7 +193,10 @@ fn se_e3_tebd_strip() -> Model {
 pub fn dpa3_wide_lists() -> (&'static str, Model, Sys) {
     let mut spec = deepmd_model("dpa3/water").spec;
     spec.descriptor.sel.iter_mut().for_each(|s| *s *= 4);
-    spec.descriptor.dpa3.as_mut().unwrap().a_sel *= 4;
+    let OwnKeys::Dpa3(c) = &mut spec.descriptor.own else {
+        unreachable!("a DPA-3 model")
+    };
+    c.a_sel *= 4;
     let m = Model::new(spec, 31);
     ("dpa3 wide lists", m, random_system(&[4, 6], None, 19))
 }

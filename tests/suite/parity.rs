@@ -520,7 +520,13 @@ fn attn_outputs<T: Real, B: Backend<T>>(
     }
     let (sw, dsw) = (up(&swv), up(&dswv));
     let params = up(&m.params);
-    let full = m.layout().descriptor.attn.expect("a DPA-1 model");
+    let full = m
+        .layout()
+        .descriptor
+        .own
+        .attn()
+        .cloned()
+        .expect("a DPA-1 model");
     let m2 = desc.axis_neuron;
     let stride = m1 * m2 + 3;
     let start = rng.vec(nc * stride);

@@ -53,11 +53,7 @@ fn model(meta: &Value, z: &mut ndarray_npy::NpzReader<std::fs::File>) -> Model {
             type_one_side: d["type_one_side"].as_bool().unwrap(),
             env_protection: 0.0,
             set_davg_zero: false,
-            list: vec![],
-            attention: None,
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
+            own: dpw::model::OwnKeys::Se,
         },
         fitting: FittingSpec::new(
             usizes(&meta["fitting"]["neuron"]),

@@ -67,7 +67,7 @@ pub struct RepflowOpts {
 
 impl RepflowOpts {
     pub fn new(d: &DescriptorSpec, nt: usize) -> Self {
-        let c = d.dpa3.as_ref().expect("a DPA-3 spec");
+        let c = d.own.dpa3().expect("a DPA-3 spec");
         let n = d.m1();
         let (nc, ec) = c.compressed(n);
         let f = if c.use_dynamic_sel {

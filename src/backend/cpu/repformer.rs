@@ -37,7 +37,7 @@ impl Dpa2Opts {
     pub fn new(d: &DescriptorSpec, nt: usize) -> Self {
         Dpa2Opts {
             nt,
-            c: d.dpa2.clone().expect("a DPA-2 spec"),
+            c: d.own.dpa2().cloned().expect("a DPA-2 spec"),
             rcut: d.rcut,
             rcut_smth: d.rcut_smth,
             si: d.sel[0],

@@ -84,7 +84,7 @@ impl SeE3TebdOpts {
     pub fn new(d: &DescriptorSpec, nt: usize) -> Self {
         SeE3TebdOpts {
             nt,
-            c: d.se_e3_tebd.clone().expect("an se_e3_tebd spec"),
+            c: d.own.se_e3_tebd().cloned().expect("an se_e3_tebd spec"),
             rcut: d.rcut,
             rcut_smth: d.rcut_smth,
             sel: d.sel[0],

@@ -15,6 +15,7 @@ use crate::model::yaml_block::{
     activation, count, env_mat, flag, layer_tree, linear_tree, merge, number, one_hot_tebd,
     read_layer, read_linear, read_rows, read_type_pairs, rows_tree, tebd_input_mode, widths, yaml,
 };
+use crate::model::OwnKeys;
 use crate::model::{DescriptorLayout, DescriptorSpec, DescriptorType};
 use crate::yaml_tree::{ndarray, obj, At};
 
@@ -161,13 +162,9 @@ pub(in crate::model) fn read_spec(d: &At, _: DescriptorType, nt: usize) -> Resul
         type_one_side: flag(&i, "type_one_side", false)?,
         env_protection: number(d, "env_protection", 0.0)?,
         set_davg_zero: flag(&i, "set_davg_zero", true)?,
-        list: vec![],
-        attention: None,
-        dpa3: None,
-        dpa2: Some(c),
-        se_e3_tebd: None,
+        own: OwnKeys::Dpa2(c),
     };
-    let c = spec.dpa2.as_ref().expect("just made");
+    let c = spec.own.dpa2().expect("just made");
     (c.check(spec.rcut, spec.sel[0], spec.m1(), spec.axis_neuron))
         .map_err(|e| anyhow!("{}: {e}", d.path))?;
     Ok(spec)
@@ -179,7 +176,7 @@ pub(in crate::model) fn stat_nodes<'a>(
     d: &At<'a>,
     spec: &DescriptorSpec,
 ) -> Result<Vec<(At<'a>, usize)>> {
-    let c = spec.dpa2.as_ref().expect("a DPA-2 spec");
+    let c = spec.own.dpa2().expect("a DPA-2 spec");
     let mut nodes = vec![
         (d.key("repinit_variable")?, spec.sel[0]),
         (d.key("repformers_variable")?, c.repformer.nsel),
@@ -312,8 +309,8 @@ pub(in crate::model) fn read_params(
     _: usize,
     params: &mut [f64],
 ) -> Result<()> {
-    let l = dl.dpa2.as_ref().expect("a DPA-2 layout");
-    let c = spec.dpa2.as_ref().expect("a DPA-2 spec");
+    let l = dl.own.dpa2().expect("a DPA-2 layout");
+    let c = spec.own.dpa2().expect("a DPA-2 spec");
     let (t, g1) = (c.repinit.tebd_dim, c.repformer.g1_dim);
     read_tebd(&d.key("type_embedding")?, &l.tebd, params)?;
     let strip = l.repinit_strip.as_ref();
@@ -460,8 +457,8 @@ pub(in crate::model) fn write(
     stats: [&[f64]; 2],
     type_map: &[String],
 ) -> (Value, Value) {
-    let l = dl.dpa2.as_ref().expect("a DPA-2 layout");
-    let c = d.dpa2.as_ref().expect("a DPA-2 spec");
+    let l = dl.own.dpa2().expect("a DPA-2 layout");
+    let c = d.own.dpa2().expect("a DPA-2 spec");
     let type_embedding = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
     let (i, r) = (&c.repinit, &c.repformer);
     let nt = type_map.len();

@@ -11,6 +11,7 @@ use crate::model::yaml_block::{
     layer_tree, linear_tree, merge, read_activation, read_layer, read_linear, read_rows,
     read_type_pairs, rows_tree,
 };
+use crate::model::OwnKeys;
 use crate::model::{DescriptorLayout, DescriptorSpec, DescriptorType};
 use crate::yaml_tree::{brief, obj, At};
 
@@ -124,13 +125,9 @@ pub(in crate::model) fn read_spec(d: &At, _: DescriptorType, nt: usize) -> Resul
         type_one_side: false,
         env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
         set_davg_zero: true,
-        list: vec![],
-        attention: None,
-        dpa3: Some(c),
-        dpa2: None,
-        se_e3_tebd: None,
+        own: OwnKeys::Dpa3(c),
     };
-    let c = spec.dpa3.as_ref().expect("just made");
+    let c = spec.own.dpa3().expect("just made");
     (c.check(spec.m1(), spec.rcut, spec.sel[0])).map_err(|e| anyhow::anyhow!("{}: {e}", r.path))?;
     Ok(spec)
 }
@@ -143,8 +140,8 @@ pub(in crate::model) fn read_params(
     _: usize,
     params: &mut [f64],
 ) -> Result<()> {
-    let l = dl.dpa3.as_ref().expect("a DPA-3 layout");
-    let c = spec.dpa3.as_ref().expect("a DPA-3 spec");
+    let l = dl.own.dpa3().expect("a DPA-3 layout");
+    let c = spec.own.dpa3().expect("a DPA-3 spec");
     let (n, e, ad) = (spec.m1(), c.e_dim, c.a_dim);
     crate::model::yaml::read_tebd(&d.key("type_embedding")?, &l.tebd, params)?;
     let rv = d.key("repflow_variable")?;
@@ -253,8 +250,8 @@ pub(in crate::model) fn write(
     stats: [&[f64]; 2],
     type_map: &[String],
 ) -> (Value, Value) {
-    let l = dl.dpa3.as_ref().expect("a DPA-3 layout");
-    let c = d.dpa3.as_ref().expect("a DPA-3 spec");
+    let l = dl.own.dpa3().expect("a DPA-3 layout");
+    let c = d.own.dpa3().expect("a DPA-3 spec");
     let type_embedding = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
     let (nt, s, n) = (type_map.len(), d.sel[0], d.m1());
     let (nc, ec) = c.compressed(n);

@@ -8,6 +8,7 @@ use serde_yaml_ng::Value;
 use crate::model::yaml::{
     env_columns, nets_tree, read_nets, some, stats_tree, DescriptorYaml, Nets, DESCRIPTOR_KEYS,
 };
+use crate::model::OwnKeys;
 use crate::model::{pair_types, DescriptorLayout, DescriptorSpec, DescriptorType, Net};
 use crate::yaml_tree::{obj, At};
 
@@ -61,11 +62,7 @@ pub(in crate::model) fn read_spec(
         // Older files may lack these two; DeePMD's defaults apply.
         env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
         set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
-        list: vec![],
-        attention: None,
-        dpa3: None,
-        dpa2: None,
-        se_e3_tebd: None,
+        own: OwnKeys::Se,
     };
     ensure!(
         descriptor.sel.len() == nt,

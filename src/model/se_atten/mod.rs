@@ -6,7 +6,7 @@ pub(super) mod yaml;
 
 use serde::{Deserialize, Serialize};
 
-use super::layout::{Builder, DescriptorLayout, Layer, Net, TebdLayout};
+use super::layout::{Builder, DescriptorLayout, Layer, Net, OwnNets, TebdLayout};
 use super::{Activation, DescriptorSpec, TebdInputMode};
 
 /// The keys se_atten and se_atten_v2 add to the common descriptor keys (DeePMD-kit 3.2.0's
@@ -113,14 +113,11 @@ impl DescriptorLayout {
         DescriptorLayout {
             embed,
             parts: std::iter::once(0..1).collect(),
-            attn: Some(AttnLayout {
+            own: OwnNets::Attention(AttnLayout {
                 tebd,
                 strip,
                 layers,
             }),
-            dpa3: None,
-            dpa2: None,
-            se_e3_tebd: None,
             frozen,
         }
     }

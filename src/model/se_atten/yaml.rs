@@ -9,6 +9,7 @@ use crate::model::yaml::{
     one_net_tree, read_embeddings, read_tebd, stats_tree, tebd_tree, DescriptorYaml,
     DESCRIPTOR_KEYS, LAYER_KEYS,
 };
+use crate::model::OwnKeys;
 use crate::model::{
     AttentionConfig, DescriptorLayout, DescriptorSpec, DescriptorType, Layer, Net, TebdInputMode,
 };
@@ -104,11 +105,7 @@ pub(crate) fn read_spec(d: &At, kind: DescriptorType, _: usize) -> Result<Descri
         type_one_side: d.key("type_one_side")?.bool()?,
         env_protection: d.opt("env_protection").map_or(Ok(0.0), |a| a.f64())?,
         set_davg_zero: d.opt("set_davg_zero").map_or(Ok(false), |a| a.bool())?,
-        list: vec![],
-        attention: Some(attention),
-        dpa3: None,
-        dpa2: None,
-        se_e3_tebd: None,
+        own: OwnKeys::Attention(attention),
     };
     ensure!(!descriptor.neuron.is_empty(), "{}.neuron: empty", d.path);
     Ok(descriptor)
@@ -123,7 +120,7 @@ pub(crate) fn read_params(
     _: usize,
     params: &mut [f64],
 ) -> Result<()> {
-    let (a, embed) = (dl.attn.as_ref().expect("a DPA-1 layout"), &dl.embed[0]);
+    let (a, embed) = (dl.own.attn().expect("a DPA-1 layout"), &dl.embed[0]);
     let cfg = spec.attn().expect("a DPA-1 spec");
     read_embeddings(d, embed, a.strip.as_ref(), params)?;
     read_tebd(&d.key("type_embedding")?, &a.tebd, params)?;
@@ -187,7 +184,7 @@ pub(crate) fn write(
     stats: [&[f64]; 2],
     type_map: &[String],
 ) -> (Value, Value) {
-    let (a, embed) = (dl.attn.as_ref().expect("a DPA-1 layout"), &dl.embed[0]);
+    let (a, embed) = (dl.own.attn().expect("a DPA-1 layout"), &dl.embed[0]);
     let cfg = d.attn().expect("a DPA-1 spec");
     let (nt, nnei, m1) = (type_map.len(), d.nnei(), d.m1());
     let v2 = d.kind == DescriptorType::SeAttenV2;

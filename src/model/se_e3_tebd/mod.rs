@@ -132,7 +132,7 @@ pub struct SeE3TebdLayout {
 
 impl SeE3TebdLayout {
     pub(super) fn new(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
-        let c = d.se_e3_tebd.as_ref().expect("an se_e3_tebd spec");
+        let c = d.own.se_e3_tebd().expect("an se_e3_tebd spec");
         let tebd = b.tebd(nt, c.tebd_dim, c.use_tebd_bias);
         let mode = (c.tebd_dim, c.tebd_input_mode);
         let (embed, embed_strip) =

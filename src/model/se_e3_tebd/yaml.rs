@@ -11,6 +11,7 @@ use crate::model::yaml_block::{
     activation, count, env_mat, flag, merge, number, one_hot_tebd, read_type_pairs,
     tebd_input_mode, widths, yaml,
 };
+use crate::model::OwnKeys;
 use crate::model::{DescriptorLayout, DescriptorSpec, DescriptorType};
 use crate::yaml_tree::{obj, At};
 
@@ -69,11 +70,7 @@ pub(in crate::model) fn read_spec(d: &At, _: DescriptorType, nt: usize) -> Resul
         type_one_side: false,
         env_protection: number(d, "env_protection", 0.0)?,
         set_davg_zero: flag(d, "set_davg_zero", true)?,
-        list: vec![],
-        attention: None,
-        dpa3: None,
-        dpa2: None,
-        se_e3_tebd: Some(c),
+        own: OwnKeys::SeE3Tebd(c),
     };
     ensure!(spec.nnei() > 0, "{}.sel: keeps no neighbour", sel.path);
     Ok(spec)
@@ -87,7 +84,7 @@ pub(in crate::model) fn read_params(
     _: usize,
     params: &mut [f64],
 ) -> Result<()> {
-    let l = dl.se_e3_tebd.as_ref().expect("an se_e3_tebd layout");
+    let l = dl.own.se_e3_tebd().expect("an se_e3_tebd layout");
     read_tebd(&d.key("type_embedding")?, &l.tebd, params)?;
     read_embeddings(d, &l.embed, l.embed_strip.as_ref(), params)
 }
@@ -102,8 +99,8 @@ pub(in crate::model) fn write(
     stats: [&[f64]; 2],
     type_map: &[String],
 ) -> (Value, Value) {
-    let l = dl.se_e3_tebd.as_ref().expect("an se_e3_tebd layout");
-    let c = d.se_e3_tebd.as_ref().expect("an se_e3_tebd spec");
+    let l = dl.own.se_e3_tebd().expect("an se_e3_tebd layout");
+    let c = d.own.se_e3_tebd().expect("an se_e3_tebd spec");
     let type_embedding = tebd_tree(&l.tebd, c.use_tebd_bias, p, type_map);
     let nt = type_map.len();
     let act = c.activation.name();

@@ -126,10 +126,7 @@ fn input_types<'a, T: Real, B: Backend<T>>(
 }
 
 fn attn_layout<'a, T: Real, B: Backend<T>>(m: &'a DescModel<'_, T, B>) -> &'a AttnLayout {
-    m.layout
-        .attn
-        .as_ref()
-        .expect("a DPA-1 layout has its attention nets")
+    (m.layout.own.attn()).expect("a DPA-1 layout has its attention nets")
 }
 
 impl<T: Real, B: Backend<T>> SeAtten<T, B> {
