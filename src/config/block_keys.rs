@@ -10,7 +10,7 @@ use crate::model::{Activation, TebdInputMode};
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// `activation_function` (`default` when absent); `what` names the descriptor in the refusal.
-pub(super) fn activation(sec: &Section, default: &str, what: &str) -> Result<Activation> {
+pub(crate) fn activation(sec: &Section, default: &str, what: &str) -> Result<Activation> {
     let name = sec.string_or("activation_function", default)?;
     Activation::parse(&name).ok_or_else(|| {
         ConfigError::unsupported(
@@ -21,7 +21,7 @@ pub(super) fn activation(sec: &Section, default: &str, what: &str) -> Result<Act
 }
 
 /// `tebd_input_mode` ("concat" when absent).
-pub(super) fn tebd_input_mode(sec: &Section) -> Result<TebdInputMode> {
+pub(crate) fn tebd_input_mode(sec: &Section) -> Result<TebdInputMode> {
     match sec.string_or("tebd_input_mode", "concat")?.as_str() {
         "concat" => Ok(TebdInputMode::Concat),
         "strip" => Ok(TebdInputMode::Strip),
@@ -33,7 +33,7 @@ pub(super) fn tebd_input_mode(sec: &Section) -> Result<TebdInputMode> {
 }
 
 /// `update_style` and `update_residual_init` ("norm": true), with their defaults.
-pub(super) fn update_keys(
+pub(crate) fn update_keys(
     sec: &Section,
     style_default: &str,
     init_default: &str,

@@ -6,21 +6,18 @@
 //! implement says so. [`Config::to_expanded_json`] gives back the input with every default
 //! filled in, which the trainer writes to `out.json` as `dp train` does.
 
-mod block_keys;
+pub(crate) mod block_keys;
 mod deepmd_args;
-mod dpa2;
-mod dpa3;
 pub use deepmd_args::deepmd_input_errors;
 pub(crate) mod error;
 pub(crate) mod keys;
 mod learning_rate;
 pub mod linear;
 pub(crate) mod loss;
-mod model;
+pub(crate) mod model;
 pub mod multitask;
 mod optimizer;
 mod pairtab;
-mod se_e3_tebd;
 mod training;
 
 use std::path::{Path, PathBuf};

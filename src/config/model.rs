@@ -9,8 +9,8 @@ use serde_json::{json, Map, Value};
 use super::block_keys::activation;
 use super::error::ConfigError;
 use super::keys::{
-    at_least_one, join, non_negative, positive, to_bool, to_f64, to_list, to_str, to_usize,
-    to_usize_list, wrong_type, Schema, Section,
+    at_least_one, join, non_negative, positive, to_f64, to_list, to_str, to_usize, to_usize_list,
+    wrong_type, Schema, Section,
 };
 use super::linear::LinearConfig;
 use super::pairtab::PairConfig;
@@ -148,7 +148,7 @@ pub struct AutoList {
 impl AutoList {
     /// The size of `list` (cut-off `rcut`) as its key gave it: the number, or 0 with the list
     /// put on `auto` to be counted by the trainer.
-    pub(super) fn size(sel: Sel, list: SelList, rcut: f64, auto: &mut Vec<AutoList>) -> usize {
+    pub(crate) fn size(sel: Sel, list: SelList, rcut: f64, auto: &mut Vec<AutoList>) -> usize {
         match sel {
             Sel::Fixed(s) => s[0],
             Sel::Auto(factor) => {
@@ -159,7 +159,7 @@ impl AutoList {
     }
 
     /// The descriptor's out.json with the list still `"auto:<factor>"`.
-    pub(super) fn write(&self, descriptor: &mut Value) {
+    pub(crate) fn write(&self, descriptor: &mut Value) {
         let (block, key) = self.list.json_key();
         descriptor[block][key] = Sel::Auto(self.factor).to_value();
     }
@@ -168,7 +168,7 @@ impl AutoList {
 impl Sel {
     /// The size of one mixed-type list (DPA-2's, DPA-3's) at `key`: an integer or
     /// "auto[:factor]", `default` where left out (required without one).
-    pub(super) fn of_list(sec: &Section, key: &str, default: Option<usize>) -> Result<Self> {
+    pub(crate) fn of_list(sec: &Section, key: &str, default: Option<usize>) -> Result<Self> {
         let path = sec.path_of(key);
         let v = match (sec.get(key), default) {
             (Some(v), _) => v,
@@ -182,7 +182,7 @@ impl Sel {
         }
     }
 
-    pub(super) fn parse(v: &Value, path: &str, ntypes: usize) -> Result<Self> {
+    pub(crate) fn parse(v: &Value, path: &str, ntypes: usize) -> Result<Self> {
         const EXPECTED: &str = "a list of integers (one per type), \"auto\" or \"auto:<factor>\"";
         match v {
             Value::String(s) if s == "auto" => Ok(Sel::Auto(1.1)),
@@ -211,7 +211,7 @@ impl Sel {
         }
     }
 
-    pub(super) fn to_value(&self) -> Value {
+    pub(crate) fn to_value(&self) -> Value {
         match self {
             Sel::Auto(f) => Value::from(format!("auto:{f}")),
             Sel::Fixed(sel) => json!(sel),
@@ -283,8 +283,6 @@ pub struct FittingConfig {
     pub dim_case_embd: usize,
 }
 
-const TANH_ONLY: &str = "the only activation dpw implements";
-
 static MODEL: Schema = Schema {
     keys: &[&[
         "type",
@@ -324,121 +322,8 @@ static MODEL: Schema = Schema {
     deepmd: "model",
 };
 
-/// The keys every se_* and DPA-1 descriptor has (DeePMD-kit 3.2.0's `descrpt_se_a_args` and
-/// its siblings share them).
-const SE_KEYS: &[&str] = &[
-    "type",
-    "sel",
-    "rcut",
-    "rcut_smth",
-    "neuron",
-    "resnet_dt",
-    "precision",
-    "trainable",
-    "seed",
-    "env_protection",
-    "set_davg_zero",
-];
-
-/// What dpw does not implement for any se_* descriptor.
-const SE_UNSUPPORTED: &[(&str, &str)] = &[
-    ("activation_function", TANH_ONLY),
-    ("exclude_types", "type exclusion is not implemented"),
-];
-
-/// se_e2_a's keys (`descrpt_se_a_args`).
-static DESCRIPTOR: Schema = Schema {
-    keys: &[SE_KEYS, &["axis_neuron", "type_one_side"]],
-    unsupported: &[SE_UNSUPPORTED],
-    ignored: &[],
-    deepmd: "model[standard].descriptor",
-};
-
-/// se_e2_r's keys: se_e2_a's without `axis_neuron` (DeePMD-kit 3.2.0's `descrpt_se_r_args`).
-static DESCRIPTOR_R: Schema = Schema {
-    keys: &[SE_KEYS, &["type_one_side"]],
-    unsupported: &[SE_UNSUPPORTED],
-    ignored: &[],
-    deepmd: "model[standard].descriptor",
-};
-
-/// se_e3's keys (DeePMD-kit 3.2.0's `descrpt_se_t_args`): no axis_neuron, no type_one_side.
-static DESCRIPTOR_T: Schema = Schema {
-    keys: &[SE_KEYS],
-    unsupported: &[SE_UNSUPPORTED],
-    ignored: &[],
-    deepmd: "model[standard].descriptor",
-};
-
-/// What DeePMD-kit 3.2.0 itself refuses or dpw does not implement for se_atten / se_atten_v2,
-/// beyond [`SE_UNSUPPORTED`].
-const ATTEN_UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "attn_mask",
-        "DeePMD-kit 3.2.0 itself refuses attn_mask true (NotImplementedError)",
-    ),
-    (
-        "use_econf_tebd",
-        "the electronic-configuration type embedding is not implemented",
-    ),
-];
-
-/// The keys se_atten and se_atten_v2 share beyond [`SE_KEYS`] (`descrpt_se_atten_common_args`).
-/// `lmax` is read and must be 1 (the only degree dpw implements).
-const ATTEN_KEYS: &[&str] = &[
-    "axis_neuron",
-    "type_one_side",
-    "lmax",
-    "attn",
-    "attn_layer",
-    "attn_dotr",
-    "trainable_ln",
-    "ln_eps",
-    "tebd_dim",
-    "use_tebd_bias",
-    "scaling_factor",
-    "normalize",
-    "temperature",
-    "concat_output_tebd",
-];
-
-/// se_atten's keys (`descrpt_se_atten_common_args` + `descrpt_se_atten_args`; registered also
-/// as `dpa1`).
-static DESCRIPTOR_ATTEN: Schema = Schema {
-    keys: &[
-        SE_KEYS,
-        ATTEN_KEYS,
-        &[
-            "stripped_type_embedding",
-            "smooth_type_embedding",
-            "tebd_input_mode",
-        ],
-    ],
-    unsupported: &[SE_UNSUPPORTED, ATTEN_UNSUPPORTED],
-    ignored: &[],
-    deepmd: "model[standard].descriptor",
-};
-
-/// se_atten_v2's keys (`descrpt_se_atten_common_args` + `descrpt_se_atten_v2_args`): se_atten's
-/// without stripped_type_embedding, smooth_type_embedding and tebd_input_mode (v2 is always
-/// strip and smooth).
-static DESCRIPTOR_ATTEN_V2: Schema = Schema {
-    keys: &[SE_KEYS, ATTEN_KEYS],
-    unsupported: &[SE_UNSUPPORTED, ATTEN_UNSUPPORTED],
-    ignored: &[],
-    deepmd: "model[standard].descriptor",
-};
-
-/// hybrid's keys (DeePMD-kit 3.2.0's `descrpt_hybrid_args`): its list of sub-descriptors.
-static DESCRIPTOR_HYBRID: Schema = Schema {
-    keys: &[&["type", "list"]],
-    unsupported: &[],
-    ignored: &[],
-    deepmd: "model[standard].descriptor",
-};
-
 /// Layer widths: a non-empty list of positive integers.
-pub(super) fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+pub(crate) fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<usize>> {
     let v = sec.usize_list_or(key, default)?;
     let path = sec.path_of(key);
     if v.is_empty() {
@@ -457,7 +342,7 @@ pub(super) fn widths(sec: &Section, key: &str, default: &[usize]) -> Result<Vec<
 }
 
 /// `exclude_types`: pairs of types below `ntypes` (absent or null: none).
-pub(super) fn type_pairs(sec: &Section, ntypes: usize) -> Result<Vec<[usize; 2]>> {
+pub(crate) fn type_pairs(sec: &Section, ntypes: usize) -> Result<Vec<[usize; 2]>> {
     let Some(v) = sec.get_nonnull("exclude_types") else {
         return Ok(vec![]);
     };
@@ -478,7 +363,7 @@ pub(super) fn type_pairs(sec: &Section, ntypes: usize) -> Result<Vec<[usize; 2]>
         .collect()
 }
 
-pub(super) fn precision(sec: &Section) -> Result<Precision> {
+pub(crate) fn precision(sec: &Section) -> Result<Precision> {
     sec.get("precision").map_or(Ok(Precision::F64), |v| {
         Precision::parse(v, &sec.path_of("precision"))
     })
@@ -486,7 +371,7 @@ pub(super) fn precision(sec: &Section) -> Result<Precision> {
 
 /// `model.type`, checked before any other key of the input: a model dpw lacks (DPA-4's
 /// `"type": "DPA4"`) comes with keys of its own at every level, and the model is what to name.
-pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
+pub(crate) fn check_type(v: &Value, path: &str) -> Result<()> {
     // DeePMD-kit's multi-task input: another schema (model_dict, loss_dict, data_dict).
     if v.get("model_dict").is_some() {
         return Err(ConfigError::unsupported(
@@ -542,7 +427,7 @@ fn check_known(
 }
 
 /// The model section, its type already checked by [`check_type`].
-pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfig> {
+pub(crate) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfig> {
     if v.get("type").and_then(Value::as_str) == Some("linear_ener") {
         return super::linear::parse_linear(v, path, base_dir);
     }
@@ -659,111 +544,43 @@ fn descriptor_type<'v>(v: &'v Value, path: &str) -> Result<(DescriptorType, &'v 
     Ok((descriptor, kind))
 }
 
-/// One descriptor; `in_hybrid` for an item of a hybrid's list.
-fn parse_descriptor(
+/// One descriptor, read by its registered type; `in_hybrid` for an item of a hybrid's list.
+pub(crate) fn parse_descriptor(
     v: &Value,
     path: &str,
     ntypes: usize,
     in_hybrid: bool,
 ) -> Result<DescriptorConfig> {
     // The type decides which keys are valid, so it is checked before the keys are.
-    let type_path = join(path, "type");
-    let (descriptor, kind) = descriptor_type(v, path)?;
-    let schema = match descriptor {
-        DescriptorType::SeE2A => &DESCRIPTOR,
-        DescriptorType::SeE2R => &DESCRIPTOR_R,
-        DescriptorType::SeE3 => &DESCRIPTOR_T,
-        DescriptorType::SeAtten | DescriptorType::SeAttenV2 | DescriptorType::SeE3Tebd
-            if in_hybrid =>
-        {
-            return Err(ConfigError::unsupported(
-                type_path,
-                format!("{kind} inside hybrid is not supported"),
-            ))
-        }
-        DescriptorType::SeAtten => &DESCRIPTOR_ATTEN,
-        DescriptorType::SeAttenV2 => &DESCRIPTOR_ATTEN_V2,
-        DescriptorType::Hybrid if in_hybrid => {
-            return Err(ConfigError::unsupported(
-                type_path,
-                "a hybrid descriptor inside hybrid is not supported; list its sub-descriptors \
-                 in the outer hybrid's list",
-            ))
-        }
-        DescriptorType::Hybrid => return parse_hybrid(v, path, ntypes),
-        DescriptorType::Dpa3 => return super::dpa3::parse(v, path, ntypes, in_hybrid),
-        DescriptorType::Dpa2 => return super::dpa2::parse(v, path, ntypes, in_hybrid),
-        DescriptorType::SeE3Tebd => return super::se_e3_tebd::parse(v, path, ntypes),
-    };
-    let sec = Section::new(v, path, schema)?;
-    let sel = match sec.get("sel") {
-        _ if descriptor.is_attention() => mixed_sel(&sec)?,
-        Some(v) => Sel::parse(v, &sec.path_of("sel"), ntypes)?,
-        None => Sel::Auto(1.1),
-    };
-    if in_hybrid && matches!(sel, Sel::Auto(_)) {
+    let (descriptor, name) = descriptor_type(v, path)?;
+    let r = descriptor.registered();
+    if in_hybrid && !r.in_hybrid {
         return Err(ConfigError::unsupported(
-            sec.path_of("sel"),
-            "sel \"auto\" (or no sel) inside hybrid is not supported; give each \
-             sub-descriptor's sel as numbers, one per type",
+            join(path, "type"),
+            match descriptor {
+                DescriptorType::Hybrid => "a hybrid descriptor inside hybrid is not supported; \
+                                           list its sub-descriptors in the outer hybrid's list"
+                    .into(),
+                _ => format!("{name} inside hybrid is not supported"),
+            },
         ));
     }
-    let (rcut, rcut_smth) = cutoffs(&sec)?;
-    let neuron = widths(&sec, "neuron", &[10, 20, 40])?;
-    // se_e2_r and se_e3 have no second factor (M2 = 1). DeePMD-kit 3.2.0's se_e2_r has one
-    // embedding net per neighbour type only: its dpmodel refuses `type_one_side: false`, its
-    // PyTorch backend ignores it; se_e3's nets are per pair of neighbour types and its schema
-    // has no type_one_side key.
-    let (axis_neuron, type_one_side) = match descriptor {
-        DescriptorType::SeE2R => {
-            if !sec.bool_or("type_one_side", true)? {
-                return Err(ConfigError::unsupported(
-                    sec.path_of("type_one_side"),
-                    "se_e2_r has one embedding net per neighbour type only (DeePMD-kit 3.2.0 \
-                     has no type_one_side false for it); remove the key or set it to true",
-                ));
-            }
-            (1, true)
-        }
-        DescriptorType::SeE3 => (1, false),
-        _ => (
-            sec.usize_or("axis_neuron", 4)?,
-            sec.bool_or("type_one_side", false)?,
-        ),
-    };
-    let m1 = *neuron.last().expect("widths() is non-empty");
-    if axis_neuron == 0 || axis_neuron > m1 {
-        return Err(ConfigError::invalid(
-            sec.path_of("axis_neuron"),
-            format!("must be between 1 and the last embedding width ({m1}), found {axis_neuron}"),
-        ));
-    }
-    Ok(DescriptorConfig {
-        kind: descriptor,
-        r#type: kind.to_string(),
-        sel,
-        rcut,
-        rcut_smth,
-        neuron,
-        axis_neuron,
-        resnet_dt: sec.bool_or("resnet_dt", false)?,
-        type_one_side,
-        precision: precision(&sec)?,
-        trainable: sec.bool_or("trainable", true)?,
-        seed: sec.opt_u64("seed")?,
-        env_protection: sec.f64_or("env_protection", 0.0)?,
-        // DeePMD-kit 3.2.0: true for se_atten, false for se_atten_v2 and the others.
-        set_davg_zero: sec.bool_or("set_davg_zero", descriptor == DescriptorType::SeAtten)?,
-        own: match descriptor.is_attention() {
-            true => OwnKeys::Attention(parse_attention(&sec, descriptor)?),
-            false => OwnKeys::Se,
-        },
-        auto_lists: vec![],
-    })
+    let mut d = (r.parse)(descriptor, v, path, ntypes)?;
+    // out.json keeps the alias given.
+    d.r#type = name.to_string();
+    Ok(d)
+}
+
+/// A descriptor as out.json writes it: its keys, with their defaults filled in, and the sizes
+/// of the lists given as "auto".
+pub(crate) fn descriptor_json(d: &DescriptorConfig) -> Value {
+    let mut v = (d.kind.registered().to_json)(d);
+    (d.auto_lists.iter()).for_each(|a| a.write(&mut v));
+    v
 }
 
 /// `rcut` and `rcut_smth`, at argcheck's defaults of the se_* descriptors (6.0, 0.5).
-pub(super) fn cutoffs(sec: &Section) -> Result<(f64, f64)> {
+pub(crate) fn cutoffs(sec: &Section) -> Result<(f64, f64)> {
     let rcut = positive(sec.f64_or("rcut", 6.0)?, &sec.path_of("rcut"))?;
     let rcut_smth = non_negative(sec.f64_or("rcut_smth", 0.5)?, &sec.path_of("rcut_smth"))?;
     if rcut_smth >= rcut {
@@ -778,7 +595,7 @@ pub(super) fn cutoffs(sec: &Section) -> Result<(f64, f64)> {
 /// The size of a mixed-type list at `sel` (DPA-1's, se_e3_tebd's): a number, or a list of
 /// which DeePMD-kit uses only the sum (of any length: it serializes a number n as [n]), kept
 /// as given; "auto[:factor]" also where left out.
-pub(super) fn mixed_sel(sec: &Section) -> Result<Sel> {
+pub(crate) fn mixed_sel(sec: &Section) -> Result<Sel> {
     let path = sec.path_of("sel");
     match sec.get("sel") {
         Some(v) if v.is_number() => Ok(Sel::Fixed(vec![to_usize(v, &path)?])),
@@ -795,124 +612,6 @@ pub(super) fn mixed_sel(sec: &Section) -> Result<Sel> {
         Some(v) => Sel::parse(v, &path, 1),
         None => Ok(Sel::Auto(1.1)),
     }
-}
-
-/// se_atten / se_atten_v2's own keys (the schema has already refused the unsupported values).
-fn parse_attention(sec: &Section, kind: DescriptorType) -> Result<AttentionConfig> {
-    if let Some(v) = sec.get_nonnull("lmax") {
-        let lmax = to_usize(v, &sec.path_of("lmax"))?;
-        if lmax != 1 {
-            return Err(ConfigError::unsupported(
-                sec.path_of("lmax"),
-                format!(
-                    "lmax {lmax} (DeePMD-kit's higher-degree moment basis) is not supported; \
-                     dpw implements lmax 1, the default"
-                ),
-            ));
-        }
-    }
-    let v2 = kind == DescriptorType::SeAttenV2;
-    let tebd_input_mode = if v2 {
-        TebdInputMode::Strip
-    } else {
-        // DeePMD-kit: a given stripped_type_embedding (true/false) overrides tebd_input_mode.
-        let stripped = match sec.get_nonnull("stripped_type_embedding") {
-            Some(v) => Some(to_bool(v, &sec.path_of("stripped_type_embedding"))?),
-            None => None,
-        };
-        let mode = sec.string_or("tebd_input_mode", "concat")?;
-        match (stripped, mode.as_str()) {
-            (Some(true), _) => TebdInputMode::Strip,
-            (Some(false), _) => TebdInputMode::Concat,
-            (None, "concat") => TebdInputMode::Concat,
-            (None, "strip") => TebdInputMode::Strip,
-            (None, other) => {
-                return Err(ConfigError::invalid(
-                    sec.path_of("tebd_input_mode"),
-                    format!("must be \"concat\" or \"strip\", found {other:?}"),
-                ))
-            }
-        }
-    };
-    let tebd_dim = sec.usize_or("tebd_dim", 8)?;
-    at_least_one(tebd_dim, &sec.path_of("tebd_dim"))?;
-    let attn = sec.usize_or("attn", 128)?;
-    at_least_one(attn, &sec.path_of("attn"))?;
-    let temperature = sec.opt_f64("temperature")?;
-    if let Some(t) = temperature {
-        positive(t, &sec.path_of("temperature"))?;
-    }
-    let ln_eps = match sec.opt_f64("ln_eps")? {
-        Some(e) => positive(e, &sec.path_of("ln_eps"))?,
-        None => 1e-5,
-    };
-    Ok(AttentionConfig {
-        tebd_dim,
-        tebd_input_mode,
-        attn,
-        attn_layer: sec.usize_or("attn_layer", 2)?,
-        attn_dotr: sec.bool_or("attn_dotr", true)?,
-        scaling_factor: positive(
-            sec.f64_or("scaling_factor", 1.0)?,
-            &sec.path_of("scaling_factor"),
-        )?,
-        normalize: sec.bool_or("normalize", true)?,
-        temperature,
-        trainable_ln: sec.bool_or("trainable_ln", true)?,
-        ln_eps,
-        smooth_type_embedding: v2 || sec.bool_or("smooth_type_embedding", false)?,
-        concat_output_tebd: sec.bool_or("concat_output_tebd", true)?,
-        use_tebd_bias: sec.bool_or("use_tebd_bias", false)?,
-    })
-}
-
-/// `hybrid`: `list`, a non-empty list of descriptors, each parsed by its own type's schema.
-fn parse_hybrid(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig> {
-    let sec = Section::new(v, path, &DESCRIPTOR_HYBRID)?;
-    let lpath = sec.path_of("list");
-    let expected = "a non-empty list of descriptors, e.g. [{\"type\": \"se_e2_a\", ...}, \
-                    {\"type\": \"se_e2_r\", ...}]";
-    let items = to_list(sec.required("list", expected)?, &lpath, expected)?;
-    if items.is_empty() {
-        return Err(ConfigError::invalid(
-            &lpath,
-            format!("is empty; expected {expected}"),
-        ));
-    }
-    let list = (items.iter().enumerate())
-        .map(|(i, item)| parse_descriptor(item, &format!("{lpath}[{i}]"), ntypes, true))
-        .collect::<Result<Vec<_>>>()?;
-    // dpw trains a model in one precision: float64 where any part asks for it
-    // (train::setup::model_precision warns of the others).
-    let precision = match list.iter().any(|d| d.precision == Precision::F64) {
-        true => Precision::F64,
-        false => Precision::F32,
-    };
-    let fixed = |d: &DescriptorConfig| match &d.sel {
-        Sel::Fixed(s) => s.clone(),
-        Sel::Auto(_) => unreachable!("refused inside hybrid"),
-    };
-    let sel = (0..ntypes)
-        .map(|t| list.iter().map(|d| fixed(d)[t]).max().unwrap_or(0))
-        .collect();
-    Ok(DescriptorConfig {
-        kind: DescriptorType::Hybrid,
-        r#type: "hybrid".into(),
-        sel: Sel::Fixed(sel),
-        rcut: list.iter().map(|d| d.rcut).fold(0.0, f64::max),
-        rcut_smth: (list.iter().map(|d| d.rcut_smth)).fold(f64::INFINITY, f64::min),
-        neuron: vec![],
-        axis_neuron: 0,
-        resnet_dt: false,
-        type_one_side: false,
-        precision,
-        trainable: list.iter().all(|d| d.trainable),
-        seed: None,
-        env_protection: 0.0,
-        set_davg_zero: false,
-        auto_lists: vec![],
-        own: OwnKeys::Hybrid(list),
-    })
 }
 
 /// The fitting's section, its keys checked against those of its `type`, and its type.
@@ -987,7 +686,7 @@ fn default_fparam(sec: &Section) -> Result<Option<Vec<f64>>> {
 }
 
 impl ModelConfig {
-    pub(super) fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let descriptor = descriptor_json(&self.descriptor);
 
         let f = &self.fitting_net;
@@ -1036,82 +735,7 @@ impl ModelConfig {
     }
 }
 
-/// A descriptor as out.json writes it: its keys, with their defaults filled in.
-fn descriptor_json(d: &DescriptorConfig) -> Value {
-    let own = |mut v: Value| {
-        (d.auto_lists.iter()).for_each(|a| a.write(&mut v));
-        v
-    };
-    let attention = match &d.own {
-        OwnKeys::Dpa3(_) => return own(super::dpa3::to_json(d)),
-        OwnKeys::Dpa2(_) => return own(super::dpa2::to_json(d)),
-        OwnKeys::SeE3Tebd(_) => return own(super::se_e3_tebd::to_json(d)),
-        OwnKeys::Hybrid(list) => {
-            return json!({
-                "type": d.r#type,
-                "list": list.iter().map(descriptor_json).collect::<Vec<_>>(),
-            })
-        }
-        OwnKeys::Attention(a) => Some(a),
-        OwnKeys::Se => None,
-    };
-    let mut descriptor = json!({
-        "type": d.r#type,
-        "sel": d.sel.to_value(),
-        "rcut": d.rcut,
-        "rcut_smth": d.rcut_smth,
-        "neuron": d.neuron,
-        "axis_neuron": d.axis_neuron,
-        "resnet_dt": d.resnet_dt,
-        "type_one_side": d.type_one_side,
-        "precision": d.precision.as_str(),
-        "trainable": d.trainable,
-        "seed": d.seed,
-        "env_protection": d.env_protection,
-        "set_davg_zero": d.set_davg_zero,
-    });
-    let o = object(&mut descriptor);
-    match d.kind {
-        DescriptorType::SeE2R => {
-            o.remove("axis_neuron");
-        }
-        DescriptorType::SeE3 => {
-            o.remove("axis_neuron");
-            o.remove("type_one_side");
-        }
-        _ => {}
-    }
-    if let Some(a) = attention {
-        for (k, v) in [
-            ("tebd_dim", json!(a.tebd_dim)),
-            ("attn", json!(a.attn)),
-            ("attn_layer", json!(a.attn_layer)),
-            ("attn_dotr", json!(a.attn_dotr)),
-            ("scaling_factor", json!(a.scaling_factor)),
-            ("normalize", json!(a.normalize)),
-            ("trainable_ln", json!(a.trainable_ln)),
-            ("ln_eps", json!(a.ln_eps)),
-            ("concat_output_tebd", json!(a.concat_output_tebd)),
-            ("use_tebd_bias", json!(a.use_tebd_bias)),
-            // null when not given, which out.json leaves out (DeePMD-kit refuses it).
-            ("temperature", json!(a.temperature)),
-        ] {
-            o.insert(k.into(), v);
-        }
-        if d.kind == DescriptorType::SeAtten {
-            // The mode resolved from tebd_input_mode and stripped_type_embedding.
-            o.insert("tebd_input_mode".into(), json!(a.tebd_input_mode.as_str()));
-            o.insert("stripped_type_embedding".into(), Value::Null);
-            o.insert(
-                "smooth_type_embedding".into(),
-                json!(a.smooth_type_embedding),
-            );
-        }
-    }
-    descriptor
-}
-
 /// The map inside a `json!({...})` literal.
-pub(super) fn object(v: &mut Value) -> &mut Map<String, Value> {
+pub(crate) fn object(v: &mut Value) -> &mut Map<String, Value> {
     v.as_object_mut().expect("built from an object literal")
 }

@@ -2,14 +2,29 @@
 //! registry knows them by (`BaseDescriptor.register("se_e2_r")` and `register("se_r")`): the
 //! one table input.json, `.yaml` files and messages read names from.
 
+use serde_json::Value;
+
 use super::yaml::PartYaml;
 use super::DescriptorType;
+use crate::config::{ConfigError, DescriptorConfig};
 
-/// A registered descriptor: its kind, its names (DeePMD-kit's canonical `type` first) and its
-/// `.yaml` (its folder's).
+/// A registered descriptor: its kind, its names (DeePMD-kit's canonical `type` first), its
+/// input.json keys and its `.yaml` (its folder's).
 pub struct Registered {
     pub kind: DescriptorType,
     pub names: &'static [&'static str],
+    /// Whether a hybrid may list it.
+    pub in_hybrid: bool,
+    /// Its keys in input.json at `path`, `ntypes` types (the kind tells a family's members
+    /// apart); the config's `type` is its canonical name.
+    pub(crate) parse: fn(
+        kind: DescriptorType,
+        v: &Value,
+        path: &str,
+        ntypes: usize,
+    ) -> Result<DescriptorConfig, ConfigError>,
+    /// Its keys as out.json writes them, every default filled in.
+    pub(crate) to_json: fn(&DescriptorConfig) -> Value,
     pub(super) yaml: PartYaml,
 }
 
@@ -18,46 +33,73 @@ pub static DESCRIPTORS: &[Registered] = &[
     Registered {
         kind: DescriptorType::SeE2A,
         names: &["se_e2_a", "se_a"],
+        in_hybrid: true,
+        parse: super::se::input::parse,
+        to_json: super::se::input::to_json,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE2R,
         names: &["se_e2_r", "se_r"],
+        in_hybrid: true,
+        parse: super::se::input::parse,
+        to_json: super::se::input::to_json,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE3,
         names: &["se_e3", "se_at", "se_a_3be", "se_t"],
+        in_hybrid: true,
+        parse: super::se::input::parse,
+        to_json: super::se::input::to_json,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeAtten,
         names: &["se_atten", "dpa1"],
+        in_hybrid: false,
+        parse: super::se_atten::input::parse,
+        to_json: super::se_atten::input::to_json,
         yaml: PartYaml::One(&super::se_atten::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeAttenV2,
         names: &["se_atten_v2"],
+        in_hybrid: false,
+        parse: super::se_atten::input::parse,
+        to_json: super::se_atten::input::to_json,
         yaml: PartYaml::One(&super::se_atten::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Dpa3,
         names: &["dpa3"],
+        in_hybrid: false,
+        parse: super::dpa3::input::parse,
+        to_json: super::dpa3::input::to_json,
         yaml: PartYaml::One(&super::dpa3::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Dpa2,
         names: &["dpa2"],
+        in_hybrid: false,
+        parse: super::dpa2::input::parse,
+        to_json: super::dpa2::input::to_json,
         yaml: PartYaml::One(&super::dpa2::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::SeE3Tebd,
         names: &["se_e3_tebd"],
+        in_hybrid: false,
+        parse: super::se_e3_tebd::input::parse,
+        to_json: super::se_e3_tebd::input::to_json,
         yaml: PartYaml::One(&super::se_e3_tebd::yaml::YAML),
     },
     Registered {
         kind: DescriptorType::Hybrid,
         names: &["hybrid"],
+        in_hybrid: false,
+        parse: super::hybrid::input::parse,
+        to_json: super::hybrid::input::to_json,
         yaml: PartYaml::List(&super::hybrid::yaml::YAML),
     },
 ];
@@ -71,7 +113,7 @@ impl DescriptorType {
     }
 
     /// Its entry in the registry.
-    fn registered(self) -> &'static Registered {
+    pub(crate) fn registered(self) -> &'static Registered {
         (DESCRIPTORS.iter())
             .find(|r| r.kind == self)
             .expect("every kind is registered")

@@ -4,6 +4,7 @@
 //! `backend/cpu/repformer.rs`.
 
 mod args;
+pub(crate) mod input;
 pub(super) mod yaml;
 
 pub use args::RepinitShared;

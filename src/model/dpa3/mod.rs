@@ -2,6 +2,7 @@
 //! `dpa3_repflow_args`, docs/deepmd-spec.md §18.1) and where its tensors live in the parameter
 //! vector. The math is `backend/cpu/repflow.rs`.
 
+pub(crate) mod input;
 pub(super) mod yaml;
 
 use serde::{Deserialize, Serialize};

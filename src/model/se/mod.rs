@@ -3,4 +3,5 @@
 //! (docs/deepmd-spec.md §2–§4). Its input keys are `config/model.rs`'s shared ones; this folder
 //! holds its `.yaml`.
 
+pub(crate) mod input;
 pub(super) mod yaml;

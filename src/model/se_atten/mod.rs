@@ -2,6 +2,7 @@
 //! ([`AttentionConfig`], beside the shared ones of [`super::DescriptorSpec`]), where its tensors
 //! live ([`AttnLayout`]) and its `.yaml`. The math is `backend/cpu/attn.rs`.
 
+pub(crate) mod input;
 pub(super) mod yaml;
 
 use serde::{Deserialize, Serialize};

@@ -6,6 +6,7 @@
 //! tests/reference/dpa2/se_e3_tebd_water's `grad.*` arrays. The math is
 //! `backend/cpu/three_body.rs`.
 
+pub(crate) mod input;
 pub(super) mod yaml;
 
 use serde::{Deserialize, Serialize};

@@ -3,10 +3,10 @@
 
 use serde_json::Value;
 
-use super::block_keys::{activation, tebd_input_mode};
-use super::error::ConfigError;
-use super::keys::{at_least_one, non_negative, Schema, Section};
-use super::model::{cutoffs, mixed_sel, precision, type_pairs, widths, DescriptorConfig};
+use crate::config::block_keys::{activation, tebd_input_mode};
+use crate::config::error::ConfigError;
+use crate::config::keys::{at_least_one, non_negative, Schema, Section};
+use crate::config::model::{cutoffs, mixed_sel, precision, type_pairs, widths, DescriptorConfig};
 use crate::model::se_e3_tebd::{SeE3TebdConfig, Shared};
 use crate::model::DescriptorType;
 use crate::model::OwnKeys;
@@ -44,7 +44,12 @@ static DESCRIPTOR: Schema = Schema {
 
 /// The `se_e3_tebd` descriptor of input.json (not in a hybrid), at argcheck's defaults (which
 /// differ from the class's in neuron and use_tebd_bias, spec §20.1).
-pub(super) fn parse(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorConfig> {
+pub(crate) fn parse(
+    _: DescriptorType,
+    v: &Value,
+    path: &str,
+    ntypes: usize,
+) -> Result<DescriptorConfig> {
     let sec = Section::new(v, path, &DESCRIPTOR)?;
     let (rcut, rcut_smth) = cutoffs(&sec)?;
     let trainable = sec.bool_or("trainable", true)?;
@@ -82,7 +87,7 @@ pub(super) fn parse(v: &Value, path: &str, ntypes: usize) -> Result<DescriptorCo
 }
 
 /// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
-pub(super) fn to_json(d: &DescriptorConfig) -> Value {
+pub(crate) fn to_json(d: &DescriptorConfig) -> Value {
     let c = d.own.se_e3_tebd().expect("an se_e3_tebd config");
     let shared = Shared {
         sel: d.sel.to_value(),

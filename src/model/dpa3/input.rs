@@ -3,10 +3,10 @@
 
 use serde_json::{json, Value};
 
-use super::block_keys::{activation, update_keys};
-use super::error::ConfigError;
-use super::keys::{non_negative, positive, Schema, Section};
-use super::model::{precision, type_pairs, AutoList, DescriptorConfig, Sel, SelList};
+use crate::config::block_keys::{activation, update_keys};
+use crate::config::error::ConfigError;
+use crate::config::keys::{non_negative, positive, Schema, Section};
+use crate::config::model::{precision, type_pairs, AutoList, DescriptorConfig, Sel, SelList};
 use crate::model::dpa3::Dpa3Config;
 use crate::model::DescriptorType;
 use crate::model::OwnKeys;
@@ -78,19 +78,13 @@ static REPFLOW: Schema = Schema {
 };
 
 /// The `dpa3` descriptor of input.json.
-pub(super) fn parse(
+pub(crate) fn parse(
+    _: DescriptorType,
     v: &Value,
     path: &str,
     ntypes: usize,
-    in_hybrid: bool,
 ) -> Result<DescriptorConfig> {
     let sec = Section::new(v, path, &DESCRIPTOR)?;
-    if in_hybrid {
-        return Err(ConfigError::unsupported(
-            sec.path_of("type"),
-            "dpa3 inside hybrid is not supported",
-        ));
-    }
     let rpath = sec.path_of("repflow");
     let r = Section::new(
         sec.required("repflow", "an object of DPA-3's repflow keys")?,
@@ -175,7 +169,7 @@ pub(super) fn parse(
 }
 
 /// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
-pub(super) fn to_json(d: &DescriptorConfig) -> Value {
+pub(crate) fn to_json(d: &DescriptorConfig) -> Value {
     let c = d.own.dpa3().expect("a DPA-3 config");
     json!({
         "type": "dpa3",

@@ -4,10 +4,12 @@
 
 use serde_json::Value;
 
-use super::block_keys::{activation, tebd_input_mode, update_keys};
-use super::error::ConfigError;
-use super::keys::{at_least_one, non_negative, positive, to_f64, Schema, Section};
-use super::model::{precision, type_pairs, widths, AutoList, DescriptorConfig, Sel, SelList};
+use crate::config::block_keys::{activation, tebd_input_mode, update_keys};
+use crate::config::error::ConfigError;
+use crate::config::keys::{at_least_one, non_negative, positive, to_f64, Schema, Section};
+use crate::config::model::{
+    precision, type_pairs, widths, AutoList, DescriptorConfig, Sel, SelList,
+};
 use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
 use crate::model::DescriptorType;
 use crate::model::OwnKeys;
@@ -181,19 +183,13 @@ fn parse_repformer(r: &Section, auto: &mut Vec<AutoList>) -> Result<RepformerCon
 }
 
 /// The `dpa2` descriptor of input.json.
-pub(super) fn parse(
+pub(crate) fn parse(
+    _: DescriptorType,
     v: &Value,
     path: &str,
     ntypes: usize,
-    in_hybrid: bool,
 ) -> Result<DescriptorConfig> {
     let sec = Section::new(v, path, &DESCRIPTOR)?;
-    if in_hybrid {
-        return Err(ConfigError::unsupported(
-            sec.path_of("type"),
-            "dpa2 inside hybrid is not supported",
-        ));
-    }
     let block = |key: &str, what: &str, schema: &'static Schema| {
         let value = sec.required(key, what)?;
         Section::new(value, &sec.path_of(key), schema)
@@ -252,7 +248,7 @@ pub(super) fn parse(
 }
 
 /// The descriptor as out.json writes it: every key at its value, as `dp train` fills them.
-pub(super) fn to_json(d: &DescriptorConfig) -> Value {
+pub(crate) fn to_json(d: &DescriptorConfig) -> Value {
     let c = d.own.dpa2().expect("a DPA-2 config");
     // An "auto" nsel is written back as it was given (0 here, replaced below).
     let nsel = match &d.sel {
