@@ -53,6 +53,11 @@ pub const RESIDENT_MB: MiB = MiB {
 pub const DATA_CACHE_MB: MiB = MiB {
     name: "DPW_DATA_CACHE_MB",
 };
+/// MiB of wgpu's largest storage binding, below the adapter's (default: the adapter's): a
+/// smaller device's, as a browser's WebGPU (128), to try a run's fallbacks on.
+pub const WGPU_MAX_BINDING_MB: MiB = MiB {
+    name: "DPW_WGPU_MAX_BINDING_MB",
+};
 /// The wgpu dense kernels (default: by the kind of adapter).
 pub const WGPU_DENSE: Choice = Choice {
     name: "DPW_WGPU_DENSE",
@@ -78,7 +83,7 @@ pub const CUDA_TAPE: Choice = Choice {
 };
 
 const SWITCHES: [&Switch; 4] = [&CUDA_GRAPH, &WGPU_PROFILE, &NCCL, &NO_AVX512];
-const SIZES: [&MiB; 2] = [&RESIDENT_MB, &DATA_CACHE_MB];
+const SIZES: [&MiB; 3] = [&RESIDENT_MB, &DATA_CACHE_MB, &WGPU_MAX_BINDING_MB];
 const CHOICES: [&Choice; 4] = [&WGPU_DENSE, &WGPU_PASSES, &CUDA_ATTN, &CUDA_TAPE];
 
 /// Checks every setting's value; the first bad one is the error.

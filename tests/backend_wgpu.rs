@@ -902,3 +902,38 @@ fn parity_mixed_sizes_f32() {
         suite::parity::mixed_sizes::<f32, _>,
     );
 }
+
+/// A device whose largest storage binding is below the buffers of a block's tape (as DeePMD-kit's
+/// dynamic-sel DPA-3 input is on a browser's 128 MiB): the blocks run their host bodies, which
+/// read the batch back, and still give DeePMD-kit's gradients. On devices of their own, as the
+/// counts are per device.
+#[test]
+fn blocks_past_the_largest_binding_run_on_the_host() {
+    if wgpu_for::<f64>(&this_test()).is_none() {
+        return;
+    }
+    let readbacks = |case: &str, max_binding: Option<u64>| {
+        let mut w = Wgpu::new(PowerPreference::HighPerformance).unwrap();
+        if let Some(bytes) = max_binding {
+            w.set_max_binding(bytes);
+        }
+        let before = w.counts();
+        suite::descriptors::training_gradients(&w, case);
+        w.counts().since(&before).readbacks
+    };
+    for case in [
+        suite::descriptors::DPA3_CASES[0],
+        suite::descriptors::DPA2_CASES[0],
+    ] {
+        let (whole, small) = (readbacks(case, None), readbacks(case, Some(SMALL_BINDING)));
+        eprintln!("{case}: {whole} read-backs on the tape, {small} on the host bodies");
+        assert!(
+            small > whole,
+            "{case}: {small} read-backs on the small device, {whole} on the whole"
+        );
+    }
+}
+
+/// Below the largest buffer of the reference DPA-3 and DPA-2 cases' tapes (8 MiB holds them),
+/// above every other buffer of their steps (0.4 MiB).
+const SMALL_BINDING: u64 = 1 << 20;

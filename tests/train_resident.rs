@@ -207,3 +207,39 @@ fn wgpu_resident_mixed_type_run_is_identical() {
         check_same_run(tmp.path(), mixed_input, "wgpu", "float64");
     }
 }
+
+/// A device whose largest storage binding cannot hold a system's frames
+/// (`DPW_WGPU_MAX_BINDING_MB`, as a browser's WebGPU) keeps none of them, says why, and trains
+/// as a run that keeps none.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_frames_past_the_largest_binding_are_written_every_step() {
+    if !common::wgpu_f64_present("wgpu_frames_past_the_largest_binding_are_written_every_step") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let written = run(tmp.path(), input, "wgpu", "float32", "0");
+    let dir = tmp.path().join("small-binding");
+    input(&dir, "float32");
+    let out = Command::new(env!("CARGO_BIN_EXE_dpw"))
+        .args(["train", "input.json", "--backend", "wgpu"])
+        .env("DPW_RESIDENT_MB", "4096")
+        .env("DPW_WGPU_MAX_BINDING_MB", "8")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("training frames on the device: 0 of 2 systems")
+            && log
+                .contains("(2 with an array over this adapter's largest storage binding (8.0 MiB"),
+        "{log}"
+    );
+    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&written.0),
+        String::from_utf8_lossy(&read("lcurve.out"))
+    );
+    assert!(written.1 == read("model.ckpt-9"), "checkpoints differ");
+}

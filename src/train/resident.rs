@@ -250,9 +250,11 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
     ) -> Result<Self> {
         // Each array is one buffer: none may be larger than the device's largest (a storage
         // binding's on wgpu: 128 MiB on some adapters, below the budget).
-        let largest = b.memory_limits().largest.map_or(usize::MAX, |(l, _)| {
-            usize::try_from(l).unwrap_or(usize::MAX)
+        let limits = b.memory_limits().largest;
+        let largest = limits.as_ref().map_or(usize::MAX, |(l, _)| {
+            usize::try_from(*l).unwrap_or(usize::MAX)
         });
+        let mut too_large = 0;
         let mut used = 0usize;
         let mut systems = Vec::new();
         let mut frames = 0;
@@ -272,6 +274,7 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
                 && spec.fitting.output.is_ener()
                 && used.saturating_add(need) <= budget
                 && fits;
+            too_large += usize::from(!fits);
             systems.push(if keep {
                 used += need;
                 frames += info.nframes;
@@ -287,10 +290,12 @@ impl<T: Real, B: Backend<T>> Resident<T, B> {
             systems.len(),
             used as f64 / (1u64 << 20) as f64,
             budget >> 20,
-            if kept < systems.len() {
-                "; the others are written every step"
-            } else {
-                ""
+            match (kept < systems.len(), &limits) {
+                (true, Some((_, limit))) if too_large > 0 => format!(
+                    "; the others are written every step ({too_large} with an array over {limit})"
+                ),
+                (true, _) => "; the others are written every step".into(),
+                (false, _) => String::new(),
             }
         );
         Ok(Resident { systems })

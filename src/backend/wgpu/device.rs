@@ -322,7 +322,13 @@ impl Wgpu {
             })
             .await
             .map_err(|e| anyhow!("wgpu device on {} ({:?}): {e}", info.name, info.backend))?;
-        let max_binding = device.limits().max_storage_buffer_binding_size;
+        let max_binding = match crate::settings::WGPU_MAX_BINDING_MB.bytes()? {
+            Some(bytes) => device
+                .limits()
+                .max_storage_buffer_binding_size
+                .min(bytes as u64),
+            None => device.limits().max_storage_buffer_binding_size,
+        };
         let dense = DenseKernels::choose(&info)?;
         let passes = Passes::choose()?;
         let profile = profiling.then(|| Mutex::new(Profile::new(&device, &queue)));
@@ -395,6 +401,14 @@ impl Wgpu {
     /// launches); at least one centre goes in each.
     pub fn set_attn_scratch(&mut self, bytes: usize) {
         self.attn_scratch = bytes;
+    }
+
+    /// Lowers the largest storage binding the device answers for, as a smaller device's (a
+    /// browser's WebGPU allows 128 MiB): what buffers are checked against and what a block's
+    /// tape and the resident systems must fit (a test's way to reach those limits).
+    pub fn set_max_binding(&mut self, bytes: u64) {
+        self.max_binding = self.max_binding.min(bytes);
+        self.attn_scratch = self.attn_scratch.min(self.max_binding as usize);
     }
 
     pub fn supports_f64(&self) -> bool {
