@@ -5,7 +5,8 @@
 //! `tebd.layer0.{w,b}` (the type embedding), `embed.layer{l}.{w,b,idt}` (its one embedding
 //! net, [`DescriptorLayout::embed`]`[0]`), `embed_strip.layer{l}.*` (strip's type net),
 //! `attn{k}.{in,out,ln}.{w,b}` (the attention layers), then `fit.layer{l}.*` (one fitting net
-//! for every type): all but the embedding and fitting nets in [`DescriptorLayout::attn`].
+//! for every type): all but the embedding and fitting nets in [`DescriptorLayout::own`]
+//! ([`OwnNets::Attention`]).
 
 use std::ops::Range;
 

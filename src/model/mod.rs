@@ -92,18 +92,16 @@ impl DescriptorType {
         matches!(self, DescriptorType::SeAtten | DescriptorType::SeAttenV2)
     }
 
-    /// One mixed-type neighbour list and one fitting net for every type (DPA-1, DPA-2, DPA-3).
+    /// One mixed-type neighbour list and one fitting net for every type (DPA-1, DPA-2, DPA-3,
+    /// se_e3_tebd).
     pub fn is_mixed(self) -> bool {
-        self.is_attention() || self.reads_rij()
+        self.registered().mixed
     }
 
     /// Reads the slots' r_ij itself rather than R̂ (DPA-2, DPA-3, se_e3_tebd): its training
     /// seed is ṙ_ij.
     pub fn reads_rij(self) -> bool {
-        matches!(
-            self,
-            DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd
-        )
+        self.registered().reads_rij
     }
 
     /// se_e2_a: files written before descriptors had a type read as it, and it is written

@@ -15,6 +15,14 @@ pub struct Registered {
     pub names: &'static [&'static str],
     /// Whether a hybrid may list it.
     pub in_hybrid: bool,
+    /// Its neighbour list: one section per type, or one mixed-type list (whose model has one
+    /// fitting net for every type).
+    pub mixed: bool,
+    /// Whether it reads the slots' r_ij itself rather than R̂ (its training seed is ṙ_ij).
+    pub reads_rij: bool,
+    /// The columns of the environment rows its davg/dstd cover in DeePMD-kit's files (0 for a
+    /// hybrid, whose parts have their own).
+    pub env_columns: usize,
     /// Its keys in input.json at `path`, `ntypes` types (the kind tells a family's members
     /// apart); the config's `type` is its canonical name.
     pub(crate) parse: fn(
@@ -34,6 +42,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::SeE2A,
         names: &["se_e2_a", "se_a"],
         in_hybrid: true,
+        mixed: false,
+        reads_rij: false,
+        env_columns: 4,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
         yaml: PartYaml::One(&super::se::yaml::YAML),
@@ -42,6 +53,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::SeE2R,
         names: &["se_e2_r", "se_r"],
         in_hybrid: true,
+        mixed: false,
+        reads_rij: false,
+        env_columns: 1,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
         yaml: PartYaml::One(&super::se::yaml::YAML),
@@ -50,6 +64,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::SeE3,
         names: &["se_e3", "se_at", "se_a_3be", "se_t"],
         in_hybrid: true,
+        mixed: false,
+        reads_rij: false,
+        env_columns: 4,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
         yaml: PartYaml::One(&super::se::yaml::YAML),
@@ -58,6 +75,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::SeAtten,
         names: &["se_atten", "dpa1"],
         in_hybrid: false,
+        mixed: true,
+        reads_rij: false,
+        env_columns: 4,
         parse: super::se_atten::input::parse,
         to_json: super::se_atten::input::to_json,
         yaml: PartYaml::One(&super::se_atten::yaml::YAML),
@@ -66,6 +86,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::SeAttenV2,
         names: &["se_atten_v2"],
         in_hybrid: false,
+        mixed: true,
+        reads_rij: false,
+        env_columns: 4,
         parse: super::se_atten::input::parse,
         to_json: super::se_atten::input::to_json,
         yaml: PartYaml::One(&super::se_atten::yaml::YAML),
@@ -74,6 +97,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::Dpa3,
         names: &["dpa3"],
         in_hybrid: false,
+        mixed: true,
+        reads_rij: true,
+        env_columns: 4,
         parse: super::dpa3::input::parse,
         to_json: super::dpa3::input::to_json,
         yaml: PartYaml::One(&super::dpa3::yaml::YAML),
@@ -82,6 +108,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::Dpa2,
         names: &["dpa2"],
         in_hybrid: false,
+        mixed: true,
+        reads_rij: true,
+        env_columns: 4,
         parse: super::dpa2::input::parse,
         to_json: super::dpa2::input::to_json,
         yaml: PartYaml::One(&super::dpa2::yaml::YAML),
@@ -90,6 +119,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::SeE3Tebd,
         names: &["se_e3_tebd"],
         in_hybrid: false,
+        mixed: true,
+        reads_rij: true,
+        env_columns: 4,
         parse: super::se_e3_tebd::input::parse,
         to_json: super::se_e3_tebd::input::to_json,
         yaml: PartYaml::One(&super::se_e3_tebd::yaml::YAML),
@@ -98,6 +130,9 @@ pub static DESCRIPTORS: &[Registered] = &[
         kind: DescriptorType::Hybrid,
         names: &["hybrid"],
         in_hybrid: false,
+        mixed: false,
+        reads_rij: false,
+        env_columns: 0,
         parse: super::hybrid::input::parse,
         to_json: super::hybrid::input::to_json,
         yaml: PartYaml::List(&super::hybrid::yaml::YAML),
@@ -224,5 +259,30 @@ mod tests {
         }
         assert_eq!(DescriptorType::from_name("dpa4"), None);
         assert!(descriptor_names().starts_with("se_e2_a (se_a), se_e2_r (se_r), se_e3 ("));
+    }
+
+    /// An entry's flags agree with one another: what reads r_ij has a mixed-type list, a hybrid
+    /// lists no mixed-type descriptor, and only a hybrid has no environment columns of its own.
+    #[test]
+    fn the_flags_of_each_entry_agree() {
+        for r in DESCRIPTORS {
+            let name = r.names[0];
+            assert!(!r.reads_rij || r.mixed, "{name}");
+            assert!(!(r.in_hybrid && r.mixed), "{name}");
+            assert_eq!(
+                r.env_columns == 0,
+                r.kind == DescriptorType::Hybrid,
+                "{name}"
+            );
+        }
+        let mixed: Vec<_> = DESCRIPTORS
+            .iter()
+            .filter(|r| r.mixed)
+            .map(|r| r.names[0])
+            .collect();
+        assert_eq!(
+            mixed,
+            ["se_atten", "se_atten_v2", "dpa3", "dpa2", "se_e3_tebd"]
+        );
     }
 }

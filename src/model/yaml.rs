@@ -949,17 +949,9 @@ pub(super) fn stats_tree(stats: [&[f64]; 2], nt: usize, nnei: usize, ncol: usize
 
 /// How many columns of the environment rows a descriptor's davg/dstd cover in DeePMD-kit's files.
 pub(super) fn env_columns(kind: DescriptorType) -> usize {
-    match kind {
-        DescriptorType::SeE2A
-        | DescriptorType::SeE3
-        | DescriptorType::SeAtten
-        | DescriptorType::SeAttenV2
-        | DescriptorType::Dpa3
-        | DescriptorType::Dpa2
-        | DescriptorType::SeE3Tebd => 4,
-        DescriptorType::SeE2R => 1,
-        DescriptorType::Hybrid => unreachable!("a hybrid's parts have their own"),
-    }
+    let n = kind.registered().env_columns;
+    assert!(n > 0, "a hybrid's parts have their own");
+    n
 }
 
 /// Now in UTC as Python's `str(datetime.now(timezone.utc))`: `2026-11-22 04:59:50.455372+00:00`.
