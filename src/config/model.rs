@@ -159,7 +159,7 @@ impl AutoList {
     }
 
     /// The descriptor's out.json with the list still `"auto:<factor>"`.
-    pub(crate) fn write(&self, descriptor: &mut Value) {
+    pub(super) fn write(&self, descriptor: &mut Value) {
         let (block, key) = self.list.json_key();
         descriptor[block][key] = Sel::Auto(self.factor).to_value();
     }
@@ -371,7 +371,7 @@ pub(crate) fn precision(sec: &Section) -> Result<Precision> {
 
 /// `model.type`, checked before any other key of the input: a model dpw lacks (DPA-4's
 /// `"type": "DPA4"`) comes with keys of its own at every level, and the model is what to name.
-pub(crate) fn check_type(v: &Value, path: &str) -> Result<()> {
+pub(super) fn check_type(v: &Value, path: &str) -> Result<()> {
     // DeePMD-kit's multi-task input: another schema (model_dict, loss_dict, data_dict).
     if v.get("model_dict").is_some() {
         return Err(ConfigError::unsupported(
@@ -427,7 +427,7 @@ fn check_known(
 }
 
 /// The model section, its type already checked by [`check_type`].
-pub(crate) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfig> {
+pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfig> {
     if v.get("type").and_then(Value::as_str) == Some("linear_ener") {
         return super::linear::parse_linear(v, path, base_dir);
     }
@@ -686,7 +686,7 @@ fn default_fparam(sec: &Section) -> Result<Option<Vec<f64>>> {
 }
 
 impl ModelConfig {
-    pub(crate) fn to_json(&self) -> Value {
+    pub(super) fn to_json(&self) -> Value {
         let descriptor = descriptor_json(&self.descriptor);
 
         let f = &self.fitting_net;

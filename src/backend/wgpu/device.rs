@@ -322,17 +322,11 @@ impl Wgpu {
             })
             .await
             .map_err(|e| anyhow!("wgpu device on {} ({:?}): {e}", info.name, info.backend))?;
-        let max_binding = match crate::settings::WGPU_MAX_BINDING_MB.bytes()? {
-            Some(bytes) => device
-                .limits()
-                .max_storage_buffer_binding_size
-                .min(bytes as u64),
-            None => device.limits().max_storage_buffer_binding_size,
-        };
+        let max_binding = device.limits().max_storage_buffer_binding_size;
         let dense = DenseKernels::choose(&info)?;
         let passes = Passes::choose()?;
         let profile = profiling.then(|| Mutex::new(Profile::new(&device, &queue)));
-        Ok(Wgpu {
+        let mut w = Wgpu {
             adapter,
             info,
             device,
@@ -360,7 +354,11 @@ impl Wgpu {
             passes,
             attn_scratch: ATTN_BLOCK_SCRATCH.min(max_binding as usize),
             profile,
-        })
+        };
+        if let Some(bytes) = crate::settings::WGPU_MAX_BINDING_MB.bytes()? {
+            w.set_max_binding(bytes as u64);
+        }
+        Ok(w)
     }
 
     pub fn adapter_name(&self) -> &str {
