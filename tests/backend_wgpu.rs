@@ -802,7 +802,7 @@ fn ten_steps(model: &dpw::model::Model, batches: &[dpw::train::batch::HostBatch]
             nominal: op,
             op,
             find_v: true,
-            dos: [0.0; 4],
+            coef: 1.0,
         };
         let sums = batch_gradient(w, &mut dm, &mut cache, batch, pf.op)
             .unwrap()

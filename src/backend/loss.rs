@@ -21,8 +21,11 @@ pub struct LossSums {
 }
 
 impl LossSums {
+    /// How many values the [`super::TrainOps::loss`] op writes.
+    pub const LEN: usize = 3;
+
     /// The 3 values, as [`crate::train::loss::Loss::metrics`] reads them.
-    pub fn values(&self) -> [f64; 3] {
+    pub fn values(&self) -> [f64; Self::LEN] {
         [self.e2, self.f2, self.v2]
     }
 

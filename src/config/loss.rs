@@ -1,12 +1,15 @@
-//! The `loss` section: `ener`, or `property` (read by [`crate::fitting::property::config`]).
+//! The `loss` section: `ener`, the backend's, or a loss scored on the host, read by its
+//! fitting's folder and found in [`crate::fitting::registry::LOSSES`].
 
 use serde_json::{json, Value};
 
 use super::error::ConfigError;
-use super::keys::{non_negative, Schema, Section};
+use super::keys::{join, non_negative, Schema, Section};
 use crate::fitting::dos::config::DosLossConfig;
-use crate::fitting::property::config::{parse_loss, PropertyLossConfig};
+use crate::fitting::property::config::PropertyLossConfig;
+use crate::fitting::registry;
 use crate::fitting::tensor::config::TensorLossConfig;
+use crate::fitting::traits::LossType;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -36,14 +39,28 @@ pub enum LossConfig {
     Tensor(TensorLossConfig),
 }
 
+/// Where a loss is scored: `ener` on the backend, the others by their fitting's head.
+pub enum LossKind<'a> {
+    Ener(&'a EnerLossConfig),
+    Host(&'a dyn LossType),
+}
+
 impl LossConfig {
+    /// Where it is scored: the one place that asks which loss it is.
+    pub fn kind(&self) -> LossKind<'_> {
+        match self {
+            LossConfig::Ener(l) => LossKind::Ener(l),
+            LossConfig::Property(l) => LossKind::Host(l),
+            LossConfig::Dos(l) => LossKind::Host(l),
+            LossConfig::Tensor(l) => LossKind::Host(l),
+        }
+    }
+
     /// DeePMD-kit's `loss.type`.
     pub fn type_name(&self) -> &'static str {
-        match self {
-            LossConfig::Ener(_) => "ener",
-            LossConfig::Property(_) => "property",
-            LossConfig::Dos(_) => "dos",
-            LossConfig::Tensor(_) => "tensor",
+        match self.kind() {
+            LossKind::Ener(_) => "ener",
+            LossKind::Host(l) => l.type_name(),
         }
     }
 
@@ -56,11 +73,9 @@ impl LossConfig {
     }
 
     pub(super) fn to_json(&self) -> Value {
-        match self {
-            LossConfig::Ener(l) => l.to_json(),
-            LossConfig::Property(l) => l.to_json(),
-            LossConfig::Dos(l) => l.to_json(),
-            LossConfig::Tensor(l) => l.to_json(),
+        match self.kind() {
+            LossKind::Ener(l) => l.to_json(),
+            LossKind::Host(l) => l.to_json(),
         }
     }
 }
@@ -93,10 +108,6 @@ static LOSS: Schema = Schema {
         "intensive_ener_virial",
     ]],
     unsupported: &[&[
-        (
-            "type",
-            "dpw trains the \"ener\", \"property\", \"dos\" and \"tensor\" losses",
-        ),
         ("start_pref_ae", NO_AE),
         ("limit_pref_ae", NO_AE),
         ("start_pref_pf", NO_PF),
@@ -114,16 +125,18 @@ static LOSS: Schema = Schema {
 };
 
 pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
-    match v {
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("property") => {
-            Ok(LossConfig::Property(parse_loss(v, path)?))
-        }
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("dos") => Ok(LossConfig::Dos(
-            crate::fitting::dos::config::parse_loss(v, path)?,
-        )),
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("tensor") => Ok(
-            LossConfig::Tensor(crate::fitting::tensor::config::parse_loss(v, path)?),
-        ),
+    // A `type` that is not a string is left to the `ener` schema, which names what it expects.
+    match (v, v.and_then(|v| v.get("type")).and_then(Value::as_str)) {
+        (Some(v), Some(name)) if name != "ener" => match registry::find_loss(name) {
+            Some(parse) => parse(v, path),
+            None => Err(ConfigError::unsupported(
+                join(path, "type"),
+                format!(
+                    "loss type {name:?} is not known; dpw trains the {} losses",
+                    registry::loss_names()
+                ),
+            )),
+        },
         _ => parse_ener(v, path).map(LossConfig::Ener),
     }
 }
@@ -173,5 +186,43 @@ impl EnerLossConfig {
             "relative_f": self.relative_f,
             "intensive_ener_virial": self.intensive_ener_virial,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loss_type_dpw_lacks_is_refused_naming_those_it_trains() {
+        let e = parse(Some(&json!({"type": "ener_spin"})), "loss").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "loss.type: loss type \"ener_spin\" is not known; dpw trains the \"ener\", \
+             \"property\", \"dos\" and \"tensor\" losses"
+        );
+    }
+
+    /// Each registered loss is read under its name, and its out.json section reads back as
+    /// itself.
+    #[test]
+    fn each_registered_loss_reads_back_its_own_section() {
+        for (name, _) in registry::LOSSES {
+            let v = match *name {
+                "tensor" => json!({"type": name, "pref": 1.0, "pref_atomic": 0.5}),
+                _ => json!({"type": name}),
+            };
+            let loss = parse(Some(&v), "loss").unwrap();
+            assert_eq!(loss.type_name(), *name);
+            assert_eq!(
+                parse(Some(&loss.to_json()), "loss").unwrap(),
+                loss,
+                "{name}"
+            );
+        }
+        let ener = parse(Some(&json!({"type": "ener"})), "loss").unwrap();
+        assert_eq!(ener.type_name(), "ener");
+        assert_eq!(parse(None, "loss").unwrap(), ener);
+        assert_eq!(parse(Some(&ener.to_json()), "loss").unwrap(), ener);
     }
 }

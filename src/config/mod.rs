@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 pub use error::ConfigError;
 pub use learning_rate::{LearningRateConfig, ScaleByWorker, DEFAULT_STOP_LR};
-pub use loss::{EnerLossConfig, LossConfig};
+pub use loss::{EnerLossConfig, LossConfig, LossKind};
 pub use model::{
     AttentionConfig, DescriptorConfig, FittingConfig, ModelConfig, Precision, Sel, SelList,
     TebdInputMode,

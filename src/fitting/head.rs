@@ -3,19 +3,16 @@
 //! statistics, and the loss and seeds the head gives back (docs/design.md §12).
 
 use crate::backend::loss::Prefactors;
-use crate::fitting::property::config::PropertyLossConfig;
+use crate::config::loss::LossConfig;
 use crate::fitting::{outputs, Centres, OutStat};
 
-/// What the step's loss needs beside the batch: the ener loss's prefactors, the property
-/// loss's settings, the DOS loss's prefactors (its terms' order of
-/// [`crate::fitting::dos::config::TERMS`]) or the tensor loss's.
+/// What the step's loss needs beside the batch: the ener loss's prefactors, which the backend
+/// takes, or a host head's loss and the learning-rate ratio lr/start_lr its prefactors
+/// follow.
 #[derive(Clone, Copy, Debug)]
 pub enum StepLoss<'a> {
     Ener(Prefactors),
-    Property(&'a PropertyLossConfig),
-    Dos([f64; 4]),
-    /// The tensor loss's prefactors (atomic, frame).
-    Tensor((f64, f64)),
+    Host { loss: &'a LossConfig, coef: f64 },
 }
 
 impl From<Prefactors> for StepLoss<'_> {

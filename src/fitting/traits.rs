@@ -74,6 +74,20 @@ pub trait FittingType {
     }
 }
 
+/// A `loss.type` scored on the host (every loss but `ener`, whose sums the backend leaves):
+/// DeePMD-kit's `TaskLoss` as the trainer sees it beside the head that computes it.
+pub trait LossType {
+    /// DeePMD-kit's `loss.type`.
+    fn type_name(&self) -> &'static str;
+
+    /// Its section in out.json.
+    fn to_json(&self) -> Json;
+
+    /// lcurve.out's values of a batch's loss sums, in its fitting's [`FittingType::metrics`]
+    /// order (`None`: not shown), over `nvalues` frame values and `natoms` atoms a frame.
+    fn metric_values(&self, sums: &[f64], nvalues: usize, natoms: usize) -> Vec<Option<f64>>;
+}
+
 /// What [`FittingType::write_yaml`] completes.
 pub struct YamlOut<'a> {
     /// The `fitting` node of the serialisation.

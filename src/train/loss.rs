@@ -1,13 +1,10 @@
 //! The loss of a training step as the host sees it: DeePMD-kit's `ener` loss around the
 //! backend's residual op (docs/deepmd-spec.md §9: prefactor interpolation, the loss value and
-//! the displayed RMSEs, from the per-batch sums of squared errors), or a property's
-//! ([`crate::fitting::property::head`]).
+//! the displayed RMSEs, from the per-batch sums of squared errors), or a host head's
+//! ([`crate::fitting::traits::LossType`]).
 
 use crate::backend::{LossSums, Prefactors};
-use crate::config::{EnerLossConfig, LossConfig};
-use crate::fitting::dos::head as dos;
-use crate::fitting::property::head::{self, NSUMS};
-use crate::fitting::tensor::head as tensor;
+use crate::config::{EnerLossConfig, LossConfig, LossKind};
 use crate::model::FitOutput;
 
 use super::lcurve::Metrics;
@@ -19,8 +16,10 @@ pub struct Loss {
     pub start_lr: f64,
     /// The fitting's values per atom (a property's task_dim; 1 for an energy).
     pub dim_out: usize,
-    /// The metrics of the model's fitting (a tensor loss's name its tensor).
+    /// The metrics of the model's fitting, lcurve.out's columns of a host head's loss.
     pub fit_metrics: &'static [&'static str],
+    /// The loss sums a step leaves on the device: the backend's three of `ener`, a head's own.
+    nsums: usize,
 }
 
 /// Prefactors of one batch: as DeePMD-kit defines them, and as the backend's loss op takes them
@@ -31,51 +30,38 @@ pub struct BatchPrefactors {
     pub op: Prefactors,
     /// The batch has virial labels.
     pub find_v: bool,
-    /// A DOS loss's prefactors (its terms' order); 0 for the others.
-    pub dos: [f64; 4],
+    /// lr/start_lr, which a host head's prefactors follow.
+    pub coef: f64,
 }
 
 impl Loss {
-    pub fn new(cfg: &LossConfig, start_lr: f64) -> Self {
+    /// The loss `cfg` of a model of fitting `output`.
+    pub fn new(cfg: &LossConfig, start_lr: f64, output: &FitOutput) -> Self {
+        let fitting = output.fitting();
         Loss {
             cfg: cfg.clone(),
             start_lr,
-            dim_out: 1,
-            fit_metrics: &[],
-        }
-    }
-
-    /// The loss of a model of fitting `output`.
-    pub fn with_output(self, output: &FitOutput) -> Self {
-        Loss {
-            dim_out: output.fitting().dim(),
-            fit_metrics: output.fitting().metrics(),
-            ..self
+            dim_out: fitting.dim(),
+            fit_metrics: fitting.metrics(),
+            nsums: fitting.head().map_or(LossSums::LEN, |h| h.nsums()),
         }
     }
 
     /// The loss sums a step leaves on the device.
     pub fn nsums(&self) -> usize {
-        match self.cfg {
-            LossConfig::Ener(_) => 3,
-            LossConfig::Property(_) => NSUMS,
-            LossConfig::Dos(_) => dos::NSUMS,
-            LossConfig::Tensor(_) => tensor::NSUMS,
-        }
+        self.nsums
     }
 
     /// What the step needs of the loss, at prefactors `p`.
     pub fn step_loss(&self, p: &BatchPrefactors) -> StepLoss<'_> {
         match &self.cfg {
             LossConfig::Ener(_) => StepLoss::Ener(p.op),
-            LossConfig::Property(c) => StepLoss::Property(c),
-            LossConfig::Dos(_) => StepLoss::Dos(p.dos),
-            LossConfig::Tensor(c) => StepLoss::Tensor(c.prefactors()),
+            loss => StepLoss::Host { loss, coef: p.coef },
         }
     }
 
     /// `pref = limit + (start − limit)·lr/start_lr` for active terms, 0 otherwise; the virial
-    /// one times `find_virial`. A property loss has none (all 0); a DOS loss has its own.
+    /// one times `find_virial`. A host head's loss has none here (all 0): it reads `coef`.
     pub fn prefactors(&self, pref_lr: f64, natoms: usize, find_v: bool) -> BatchPrefactors {
         let coef = pref_lr / self.start_lr;
         let LossConfig::Ener(c) = &self.cfg else {
@@ -88,10 +74,7 @@ impl Loss {
                 nominal: zero,
                 op: zero,
                 find_v,
-                dos: match &self.cfg {
-                    LossConfig::Dos(c) => c.prefactors(coef),
-                    _ => [0.0; 4],
-                },
+                coef,
             };
         };
         let interp = |on: bool, start: f64, limit: f64| {
@@ -119,7 +102,7 @@ impl Loss {
                 v: nominal.v * extra,
             },
             find_v,
-            dos: [0.0; 4],
+            coef,
         }
     }
 
@@ -132,18 +115,10 @@ impl Loss {
         natoms: usize,
         p: &BatchPrefactors,
     ) -> Metrics {
-        let c = match &self.cfg {
-            LossConfig::Ener(c) => c,
-            LossConfig::Property(c) => {
-                let v = head::metric_values(c, sums, nframes * self.dim_out);
-                return Metrics::new(head::METRICS, &v);
-            }
-            LossConfig::Dos(c) => {
-                let v = dos::metric_values(std::array::from_fn(|t| c.active(t)), sums, natoms);
-                return Metrics::new(dos::METRICS, &v);
-            }
-            LossConfig::Tensor(c) => {
-                let v = tensor::metric_values(c.prefactors(), sums);
+        let c = match self.cfg.kind() {
+            LossKind::Ener(c) => c,
+            LossKind::Host(host) => {
+                let v = host.metric_values(sums, nframes * self.dim_out, natoms);
                 return Metrics::new(self.fit_metrics, &v);
             }
         };
@@ -164,26 +139,20 @@ impl Loss {
     /// Whether a batch's loss is finite: the `ener` loss's root (its `rmse`), a host head's loss
     /// (whose metrics may be NaN where a batch lacks a term's labels).
     pub fn is_finite(&self, sums: &[f64], m: &Metrics) -> bool {
-        match self.cfg {
-            LossConfig::Ener(_) => m.get("rmse").is_some_and(f64::is_finite),
-            _ => sums[0].is_finite(),
+        match self.cfg.kind() {
+            LossKind::Ener(_) => m.get("rmse").is_some_and(f64::is_finite),
+            LossKind::Host(_) => sums[0].is_finite(),
         }
     }
 
     /// Which metrics are shown, with zero values (the shape of [`Metrics`] for this loss).
     pub fn zero_metrics(&self) -> Metrics {
-        match &self.cfg {
-            LossConfig::Ener(c) => ener_zero(c),
-            LossConfig::Property(c) => {
-                let v = head::metric_values(c, &[0.0; NSUMS], 1);
-                Metrics::new(head::METRICS, &v)
-            }
-            LossConfig::Dos(c) => {
-                let v = dos::metric_values(std::array::from_fn(|t| c.active(t)), &[0.0; 5], 1);
-                Metrics::new(dos::METRICS, &v)
-            }
-            LossConfig::Tensor(c) => {
-                let v = tensor::metric_values(c.prefactors(), &[0.0, 0.0, 0.0, 1.0]);
+        match self.cfg.kind() {
+            LossKind::Ener(c) => ener_zero(c),
+            LossKind::Host(host) => {
+                // The values of empty sums may be 0/0: only which are shown matters.
+                let shown = host.metric_values(&vec![0.0; self.nsums], 1, 1);
+                let v: Vec<_> = shown.iter().map(|v| v.map(|_| 0.0)).collect();
                 Metrics::new(self.fit_metrics, &v)
             }
         }

@@ -235,7 +235,7 @@ impl<T: Real, B: Backend<T>> Run<T, B> {
         resume: Resume<T>,
     ) -> Self {
         let tc = &cfg.training;
-        let loss = Loss::new(&cfg.loss, schedule.start_lr).with_output(&model.spec.fitting.output);
+        let loss = Loss::new(&cfg.loss, schedule.start_lr, &model.spec.fitting.output);
         let mut dm = DeviceModel::<T, B>::new(b, model);
         if let Some((m, v)) = &resume.adam {
             // A linear model's DP models' moments one after the other.

@@ -4,7 +4,7 @@
 //! A property or DOS model's step is the forward alone, its loss on the host, then the dual
 //! reverse with a zero tangent: the plain gradient (docs/design.md §12).
 
-use crate::backend::{Backend, Dims, Real};
+use crate::backend::{Backend, Dims, LossSums, Real};
 pub use crate::fitting::head::StepLoss;
 use crate::fitting::head::{HeadInputs, HeadLabels};
 use crate::fitting::Centres;
@@ -85,7 +85,7 @@ impl<T: Real, B: Backend<T>> Workspace<T, B> {
         let centre_atom = centre_atoms(dims);
         let (no, nsums) = match &m.head {
             Some(h) => (h.dim(), h.nsums()),
-            None => (1, 3),
+            None => (1, LossSums::LEN),
         };
         let mut centre_type = vec![0; nc];
         for t in 0..dims.ntypes {

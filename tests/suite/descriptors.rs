@@ -349,7 +349,7 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
     for (cfg_key, prefix) in runs {
         let l = &meta[cfg_key];
         let cfg = loss_config(l);
-        let loss = Loss::new(&cfg, f(&meta["start_lr"]));
+        let loss = Loss::new(&cfg, f(&meta["start_lr"]), &model.spec.fitting.output);
         let p = loss.prefactors(f(&meta["lr"]), natoms, fr.virial.is_some());
         let (sums, grad, _) = loss_and_grad(b, &model, &fr.atype, &frames, p.op).unwrap();
         let mine = (loss.metrics(&sums.values(), frames.len(), natoms, &p))

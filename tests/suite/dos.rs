@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use dpw::backend::Backend;
+use dpw::config::LossConfig;
 use dpw::fitting::dos::config::{DosLossConfig, TERMS};
 use dpw::model::{read_deepmd_yaml, Model};
 use dpw::train::predict::{predict, step_of};
@@ -86,14 +87,13 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
             "more_loss_atomic",
         ),
     ] {
-        let cfg = loss_of(&meta[key]);
-        let pref = cfg.prefactors(coef);
+        let loss = LossConfig::Dos(loss_of(&meta[key]));
         let (sums, grad, _) = step_of(
             b,
             &model,
             &fr.atype,
             &fr.all(true, true),
-            StepLoss::Dos(pref),
+            StepLoss::Host { loss: &loss, coef },
         )
         .unwrap();
         let want = meta[value].as_f64().unwrap();
@@ -134,13 +134,13 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
         }
     }
     // Without atomic labels, the full loss is its frame terms'.
-    let pref = loss_of(&meta["loss"]).prefactors(coef);
+    let loss = LossConfig::Dos(loss_of(&meta["loss"]));
     let (sums, grad, _) = step_of(
         b,
         &model,
         &fr.atype,
         &fr.all(true, false),
-        StepLoss::Dos(pref),
+        StepLoss::Host { loss: &loss, coef },
     )
     .unwrap();
     let want = meta["loss_value_global"].as_f64().unwrap();

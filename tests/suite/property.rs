@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use dpw::backend::Backend;
+use dpw::config::LossConfig;
 use dpw::fitting::property::config::{LossFunc, PropertyLossConfig};
 use dpw::model::{read_deepmd_yaml, Model};
 use dpw::train::predict::{predict, step_of};
@@ -80,9 +81,12 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
         ("loss", "loss_value", "grad"),
         ("loss_mse", "loss_value_mse", "grad_mse"),
     ] {
-        let cfg = loss_of(&meta[key]);
-        let (sums, grad, pred) =
-            step_of(b, &model, &fr.atype, &frames, StepLoss::Property(&cfg)).unwrap();
+        let loss = LossConfig::Property(loss_of(&meta[key]));
+        let step = StepLoss::Host {
+            loss: &loss,
+            coef: 1.0,
+        };
+        let (sums, grad, pred) = step_of(b, &model, &fr.atype, &frames, step).unwrap();
         let want = meta[value].as_f64().unwrap();
         let rl = (sums[0] - want).abs() / want;
         let mae = sums[2] / pred.property.len() as f64;

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use dpw::backend::Backend;
+use dpw::config::LossConfig;
+use dpw::fitting::tensor::config::TensorLossConfig;
 use dpw::model::read_deepmd_yaml;
 use dpw::train::batch::Frame;
 use dpw::train::predict::{predict, step_of};
@@ -62,12 +64,15 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
     let metric = meta["tensor_loss_args"]["tensor_name"].as_str().unwrap();
     let check = |key: &str, value: &str, prefix: &str, more: &Value, frames: &[Frame]| {
         let l = &meta[key];
-        let pref = (
-            l["pref_atomic"].as_f64().unwrap(),
-            l["pref"].as_f64().unwrap(),
-        );
-        let (sums, grad, _) =
-            step_of(b, &model, &fr.atype, frames, StepLoss::Tensor(pref)).unwrap();
+        let loss = LossConfig::Tensor(TensorLossConfig {
+            pref_atomic: l["pref_atomic"].as_f64().unwrap(),
+            pref: l["pref"].as_f64().unwrap(),
+        });
+        let step = StepLoss::Host {
+            loss: &loss,
+            coef: 1.0,
+        };
+        let (sums, grad, _) = step_of(b, &model, &fr.atype, frames, step).unwrap();
         let want = meta[value].as_f64().unwrap();
         let rl = (sums[0] - want).abs() / want;
         let worst = worst_tensor(
@@ -122,13 +127,19 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
     );
     // Without frame labels, the full loss is its atomic term's.
     let missing = &meta["global_label_missing"];
-    let pref = (1.0, 1.0);
+    let loss = LossConfig::Tensor(TensorLossConfig {
+        pref_atomic: 1.0,
+        pref: 1.0,
+    });
     let (sums, grad, _) = step_of(
         b,
         &model,
         &fr.atype,
         &fr.all(false, true),
-        StepLoss::Tensor(pref),
+        StepLoss::Host {
+            loss: &loss,
+            coef: 1.0,
+        },
     )
     .unwrap();
     let want = missing["loss_value"].as_f64().unwrap();

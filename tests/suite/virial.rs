@@ -106,7 +106,7 @@ fn case<B: Backend<f64>>(b: &B, name: &str) {
         };
         let l = &meta[cfg_key];
         let cfg = super::descriptors::loss_config(l);
-        let loss = Loss::new(&cfg, start_lr);
+        let loss = Loss::new(&cfg, start_lr, &model.spec.fitting.output);
         let p = loss.prefactors(lr, sys.natoms, true);
         let (sums, grad, pred) = loss_and_grad(b, &model, &sys.atype, &frames, p.op).unwrap();
         let mine = loss

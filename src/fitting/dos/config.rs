@@ -6,7 +6,9 @@ use serde_json::{json, Value};
 use crate::config::error::ConfigError;
 use crate::config::keys::{at_least_one, non_negative, Schema, Section};
 
+use super::head::metric_values;
 use super::DosSpec;
+use crate::fitting::traits::LossType;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -48,14 +50,24 @@ impl DosLossConfig {
             false => 0.0,
         })
     }
+}
 
-    pub fn to_json(&self) -> Value {
+impl LossType for DosLossConfig {
+    fn type_name(&self) -> &'static str {
+        "dos"
+    }
+
+    fn to_json(&self) -> Value {
         let mut v = json!({"type": "dos"});
         for (t, name) in TERMS.iter().enumerate() {
             v[format!("start_pref_{name}")] = json!(self.start[t]);
             v[format!("limit_pref_{name}")] = json!(self.limit[t]);
         }
         v
+    }
+
+    fn metric_values(&self, sums: &[f64], _: usize, natoms: usize) -> Vec<Option<f64>> {
+        metric_values(std::array::from_fn(|t| self.active(t)), sums, natoms).to_vec()
     }
 }
 

@@ -125,9 +125,14 @@ impl HeadType for DosSpec {
         x: &HeadInputs,
         labels: &HeadLabels,
     ) -> HeadLoss {
-        let StepLoss::Dos(pref) = step else {
+        let StepLoss::Host {
+            loss: LossConfig::Dos(cfg),
+            coef,
+        } = step
+        else {
             unreachable!("a DOS model trained by {step:?}")
         };
+        let pref = cfg.prefactors(coef);
         let k = self.numb_dos;
         let (atomic, frame) = self.outputs(stat, c, x);
         let (sums, da, df) = loss(pref, k, &atomic, &frame, labels);

@@ -6,7 +6,9 @@ use serde_json::{json, Value};
 use crate::config::error::ConfigError;
 use crate::config::keys::{at_least_one, positive, to_list, to_str, Schema, Section};
 
+use super::head::metric_values;
 use super::PropertySpec;
+use crate::fitting::traits::LossType;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -137,8 +139,16 @@ pub fn parse_loss(v: &Value, path: &str) -> Result<PropertyLossConfig> {
     })
 }
 
-impl PropertyLossConfig {
-    pub fn to_json(&self) -> Value {
+impl LossType for PropertyLossConfig {
+    fn type_name(&self) -> &'static str {
+        "property"
+    }
+
+    fn metric_values(&self, sums: &[f64], nvalues: usize, _: usize) -> Vec<Option<f64>> {
+        metric_values(self, sums, nvalues).to_vec()
+    }
+
+    fn to_json(&self) -> Value {
         json!({
             "type": "property",
             "loss_func": self.loss_func.as_str(),

@@ -137,7 +137,11 @@ impl HeadType for PropertySpec {
         x: &HeadInputs,
         labels: &HeadLabels,
     ) -> HeadLoss {
-        let StepLoss::Property(cfg) = step else {
+        let StepLoss::Host {
+            loss: LossConfig::Property(cfg),
+            ..
+        } = step
+        else {
             unreachable!("a property model trained by {step:?}")
         };
         let k = self.task_dim;

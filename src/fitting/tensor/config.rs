@@ -6,7 +6,9 @@ use serde_json::{json, Value};
 use crate::config::error::ConfigError;
 use crate::config::keys::{non_negative, to_f64, to_list, Schema, Section};
 
+use super::head::metric_values;
 use super::{Tensor, TensorSpec};
+use crate::fitting::traits::LossType;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -132,8 +134,18 @@ impl TensorLossConfig {
     pub fn prefactors(&self) -> (f64, f64) {
         (self.pref_atomic, self.pref)
     }
+}
 
-    pub fn to_json(&self) -> Value {
+impl LossType for TensorLossConfig {
+    fn type_name(&self) -> &'static str {
+        "tensor"
+    }
+
+    fn to_json(&self) -> Value {
         json!({"type": "tensor", "pref": self.pref, "pref_atomic": self.pref_atomic})
+    }
+
+    fn metric_values(&self, sums: &[f64], _: usize, _: usize) -> Vec<Option<f64>> {
+        metric_values(self.prefactors(), sums).to_vec()
     }
 }

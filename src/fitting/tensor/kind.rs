@@ -280,9 +280,14 @@ impl<K: TensorKind> HeadType for TensorFitting<K> {
         x: &HeadInputs,
         labels: &HeadLabels,
     ) -> HeadLoss {
-        let StepLoss::Tensor(pref) = step else {
+        let StepLoss::Host {
+            loss: LossConfig::Tensor(cfg),
+            ..
+        } = step
+        else {
             unreachable!("a tensor model trained by {step:?}")
         };
+        let pref = cfg.prefactors();
         let t = self.tensor_head(stat);
         let (atomic, frame) = t.outputs(c, &x.y, &x.rot);
         let with_tensor: Vec<bool> = c.types.iter().map(|&ty| !self.spec.excluded(ty)).collect();
