@@ -451,9 +451,8 @@ pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfi
         Some(v) => tensor::config::types(v, &exclude_path, type_map.len())?,
         None => vec![],
     };
-    // se_e2_a alone gives the rotation matrix a tensor fitting reads.
-    let rot_width = (descriptor.kind == DescriptorType::SeE2A)
-        .then(|| *descriptor.neuron.last().expect("se_e2_a has layers"));
+    let rot_width = (descriptor.kind.registered().gives_rot)
+        .then(|| *descriptor.neuron.last().expect("a descriptor has layers"));
     let ctx = FitContext {
         ntypes: type_map.len(),
         descriptor: descriptor.kind.as_str(),

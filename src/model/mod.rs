@@ -362,6 +362,19 @@ impl DescriptorSpec {
         }
     }
 
+    /// Its keys for the log: those it has (se_e3 has neither axis_neuron nor type_one_side; a
+    /// hybrid only its list).
+    pub fn describe(&self) -> String {
+        let head = format!(
+            "{} sel {:?} rcut {} neuron {:?}",
+            self.kind.as_str(),
+            self.sel,
+            self.rcut,
+            self.neuron
+        );
+        (self.kind.registered().describe)(self, head)
+    }
+
     /// Width of the descriptor of one atom (a hybrid's: the sum of its parts'): M1·axis_neuron,
     /// and for DPA-1 with `concat_output_tebd` the centre's type embedding (tebd_dim) after it.
     pub fn dim(&self) -> usize {

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::yaml::PartYaml;
-use super::DescriptorType;
+use super::{DescriptorSpec, DescriptorType};
 use crate::config::{ConfigError, DescriptorConfig};
 
 /// A registered descriptor: its kind, its names (DeePMD-kit's canonical `type` first), its
@@ -20,6 +20,9 @@ pub struct Registered {
     pub mixed: bool,
     /// Whether it reads the slots' r_ij itself rather than R̂ (its training seed is ṙ_ij).
     pub reads_rij: bool,
+    /// Whether it gives the rotation matrix a dipole or polar fitting reads (DeePMD-kit's
+    /// `get_rot_mat`).
+    pub gives_rot: bool,
     /// The columns of the environment rows its davg/dstd cover in DeePMD-kit's files (0 for a
     /// hybrid, whose parts have their own).
     pub env_columns: usize,
@@ -33,6 +36,9 @@ pub struct Registered {
     ) -> Result<DescriptorConfig, ConfigError>,
     /// Its keys as out.json writes them, every default filled in.
     pub(crate) to_json: fn(&DescriptorConfig) -> Value,
+    /// Its line in the training log from `head` (its type, sel, rcut and neuron): the keys it
+    /// has.
+    pub(crate) describe: fn(d: &DescriptorSpec, head: String) -> String,
     pub(super) yaml: PartYaml,
 }
 
@@ -44,9 +50,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: true,
         mixed: false,
         reads_rij: false,
+        gives_rot: true,
         env_columns: 4,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        describe: super::se::describe,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
@@ -55,9 +63,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: true,
         mixed: false,
         reads_rij: false,
+        gives_rot: false,
         env_columns: 1,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        describe: super::se::describe,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
@@ -66,9 +76,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: true,
         mixed: false,
         reads_rij: false,
+        gives_rot: false,
         env_columns: 4,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        describe: super::se::describe,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
     Registered {
@@ -77,9 +89,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: false,
+        gives_rot: false,
         env_columns: 4,
         parse: super::se_atten::input::parse,
         to_json: super::se_atten::input::to_json,
+        describe: super::se_atten::describe,
         yaml: PartYaml::One(&super::se_atten::yaml::YAML),
     },
     Registered {
@@ -88,9 +102,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: false,
+        gives_rot: false,
         env_columns: 4,
         parse: super::se_atten::input::parse,
         to_json: super::se_atten::input::to_json,
+        describe: super::se_atten::describe,
         yaml: PartYaml::One(&super::se_atten::yaml::YAML),
     },
     Registered {
@@ -99,9 +115,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: true,
+        gives_rot: false,
         env_columns: 4,
         parse: super::dpa3::input::parse,
         to_json: super::dpa3::input::to_json,
+        describe: super::dpa3::describe,
         yaml: PartYaml::One(&super::dpa3::yaml::YAML),
     },
     Registered {
@@ -110,9 +128,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: true,
+        gives_rot: false,
         env_columns: 4,
         parse: super::dpa2::input::parse,
         to_json: super::dpa2::input::to_json,
+        describe: super::dpa2::describe,
         yaml: PartYaml::One(&super::dpa2::yaml::YAML),
     },
     Registered {
@@ -121,9 +141,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: true,
+        gives_rot: false,
         env_columns: 4,
         parse: super::se_e3_tebd::input::parse,
         to_json: super::se_e3_tebd::input::to_json,
+        describe: super::se_e3_tebd::describe,
         yaml: PartYaml::One(&super::se_e3_tebd::yaml::YAML),
     },
     Registered {
@@ -132,9 +154,11 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: false,
         reads_rij: false,
+        gives_rot: false,
         env_columns: 0,
         parse: super::hybrid::input::parse,
         to_json: super::hybrid::input::to_json,
+        describe: super::hybrid::describe,
         yaml: PartYaml::List(&super::hybrid::yaml::YAML),
     },
 ];

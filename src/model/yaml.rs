@@ -72,7 +72,14 @@ pub(super) struct DescriptorYaml {
     /// Its tree, and the `model_def_script` section that builds it, from the parameters and its
     /// davg/dstd rows.
     pub write: DescriptorTree,
+    /// The nodes that hold its davg/dstd (under their `@variables`), each with its slots per
+    /// type, in the order of dpw's rows ([`DescriptorSpec::stat_blocks`]): [`own_stats`] where
+    /// they are the descriptor node's own.
+    pub stat_nodes: StatNodes,
 }
+
+/// [`DescriptorYaml::stat_nodes`]: (its node, its spec) → the nodes and their slots per type.
+pub(super) type StatNodes = for<'a> fn(&At<'a>, &DescriptorSpec) -> Result<Vec<(At<'a>, usize)>>;
 
 /// [`DescriptorYaml::write`]: (spec, layout, index among a hybrid's parts, parameters,
 /// davg/dstd rows, type map) → (file tree, model_def_script section).
@@ -315,9 +322,11 @@ pub(super) fn standard_model(m: &At) -> Result<YamlModel> {
 
     let parts = spec.descriptor.parts();
     let dl = &layout.descriptor;
+    let mut stats = Vec::new();
     for (k, (part, at)) in parts.iter().zip(&items).enumerate() {
         let y = part.kind.yaml().one().expect("a part is no composition");
         (y.read_params)(at, part, dl, k, &mut params)?;
+        stats.push((y.stat_nodes)(at, part)?);
     }
     // One fitting net in a collection of ndim 0 for a mixed-type descriptor, else one per type.
     let fit_ndim = if spec.descriptor.is_mixed() { 0 } else { 1 };
@@ -328,8 +337,8 @@ pub(super) fn standard_model(m: &At) -> Result<YamlModel> {
         &mut params,
     )?;
     let (mut davg, mut dstd) = (Vec::new(), Vec::new());
-    for (part, at) in parts.iter().zip(&items) {
-        for (node, nnei) in stat_nodes(at, part)? {
+    for (part, nodes) in parts.iter().zip(stats) {
+        for (node, nnei) in nodes {
             let [a, s] = read_stats(&node, nt, nnei, env_columns(part.kind))?;
             davg.extend(a);
             dstd.extend(s);
@@ -547,21 +556,13 @@ pub(super) fn read_tebd(te: &At, t: &TebdLayout, params: &mut [f64]) -> Result<(
     Ok(())
 }
 
-/// The nodes that hold a descriptor's davg/dstd (under their `@variables`), each with its
-/// slots per type, in the order of dpw's rows: the descriptor's own, DPA-3's block's, DPA-2's
-/// blocks ([`DescriptorSpec::stat_blocks`]).
-fn stat_nodes<'a>(d: &At<'a>, spec: &DescriptorSpec) -> Result<Vec<(At<'a>, usize)>> {
-    Ok(match spec.kind {
-        DescriptorType::Dpa3 => vec![(d.key("repflow_variable")?, spec.nnei())],
-        DescriptorType::Dpa2 => super::dpa2::yaml::stat_nodes(d, spec)?,
-        _ => vec![(
-            At {
-                v: d.v,
-                path: d.path.clone(),
-            },
-            spec.nnei(),
-        )],
-    })
+/// [`DescriptorYaml::stat_nodes`] of a descriptor whose node holds its davg/dstd itself.
+pub(super) fn own_stats<'a>(d: &At<'a>, spec: &DescriptorSpec) -> Result<Vec<(At<'a>, usize)>> {
+    let node = At {
+        v: d.v,
+        path: d.path.clone(),
+    };
+    Ok(vec![(node, spec.nnei())])
 }
 
 /// One node's davg and dstd `[nt][nnei][ncol]`, one row of 4 per type.

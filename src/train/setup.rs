@@ -16,8 +16,7 @@ use crate::dist;
 use crate::fitting::traits::OutputStat;
 use crate::geometry::EnvStats;
 use crate::model::{
-    read_model_to_train, DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, OwnKeys,
-    MAX_NNEI,
+    read_model_to_train, DescriptorSpec, FittingSpec, Model, ModelSpec, OwnKeys, MAX_NNEI,
 };
 
 use super::batch::{check_mixed_batches, check_mixed_data, check_params};
@@ -926,96 +925,13 @@ fn log_model(model: &Model, precision: Precision) {
         .sum();
     tracing::info!(
         "model: {}, fitting {:?}; {} parameters ({} descriptor, {} fitting), {}",
-        describe(&spec.descriptor),
+        spec.descriptor.describe(),
         spec.fitting.neuron,
         layout.len,
         layout.len - nfit,
         nfit,
         precision.as_str()
     );
-}
-
-/// A descriptor's keys for the log: only those it has (se_e3 has neither axis_neuron nor
-/// type_one_side; a hybrid only its list).
-fn describe(d: &DescriptorSpec) -> String {
-    let head = format!(
-        "{} sel {:?} rcut {} neuron {:?}",
-        d.kind.as_str(),
-        d.sel,
-        d.rcut,
-        d.neuron
-    );
-    match &d.own {
-        OwnKeys::Se => match d.kind {
-            DescriptorType::SeE2A => format!(
-                "{head} axis {} type_one_side {}",
-                d.axis_neuron, d.type_one_side
-            ),
-            DescriptorType::SeE2R => format!("{head} type_one_side {}", d.type_one_side),
-            _ => head,
-        },
-        OwnKeys::SeE3Tebd(c) => format!(
-            "{head} tebd_dim {} {}",
-            c.tebd_dim,
-            c.tebd_input_mode.as_str()
-        ),
-        OwnKeys::Attention(a) => format!(
-            "{head} axis {} tebd_dim {} {} attn {} × {} layers{}{}",
-            d.axis_neuron,
-            a.tebd_dim,
-            a.tebd_input_mode.as_str(),
-            a.attn,
-            a.attn_layer,
-            if a.smooth_type_embedding {
-                ", smooth"
-            } else {
-                ""
-            },
-            if d.type_one_side {
-                ", type_one_side"
-            } else {
-                ""
-            },
-        ),
-        OwnKeys::Dpa3(c) => format!(
-            "{head} e_dim {} a_dim {} nlayers {} a_rcut {} a_sel {} {}{}",
-            c.e_dim,
-            c.a_dim,
-            c.nlayers,
-            c.a_rcut,
-            c.a_sel,
-            c.update_style.as_str(),
-            if c.update_angle {
-                ""
-            } else {
-                ", no angle update"
-            },
-        ),
-        OwnKeys::Dpa2(c) => {
-            let r = &c.repformer;
-            format!(
-                "{head} axis {} tebd_dim {}{}; repformer rcut {} nsel {} {} layers g1 {} \
-                 g2 {} {}",
-                d.axis_neuron,
-                c.repinit.tebd_dim,
-                if c.repinit.use_three_body {
-                    ", three-body"
-                } else {
-                    ""
-                },
-                r.rcut,
-                r.nsel,
-                r.nlayers,
-                r.g1_dim,
-                r.g2_dim,
-                r.update_style.as_str(),
-            )
-        }
-        OwnKeys::Hybrid(list) => {
-            let parts: Vec<String> = list.iter().map(describe).collect();
-            format!("hybrid of [{}]", parts.join("; "))
-        }
-    }
 }
 
 fn log_schedule(schedule: &LrSchedule, cfg: &Config) {

@@ -15,7 +15,7 @@ use crate::fitting::property::PropertySpec;
 use crate::geometry::{
     energy_bias, frame_rows, protected_std, Cell, EnvStats, FrameRows, ImageGrid,
 };
-use crate::model::{DescriptorSpec, DescriptorType, FittingSpec};
+use crate::model::{DescriptorSpec, FittingSpec};
 
 use super::dataset::{load_data_visiting, phase_bar, window, DataSet, Kept};
 
@@ -258,10 +258,10 @@ pub fn env_davg_dstd(d: &DescriptorSpec, env: &[EnvStats]) -> (Vec<f64>, Vec<f64
     let (mut davg, mut dstd) = (Vec::new(), Vec::new());
     for (p, env) in d.stat_parts().iter().zip(env) {
         let (a, mut s) = env.davg_dstd(p.set_davg_zero);
-        if p.kind == DescriptorType::SeE2R {
-            // Its statistics are of the radial column alone; the others go unused.
-            s.chunks_mut(4).for_each(|row| row[1..].fill(1.0));
-        }
+        // Where its statistics cover fewer columns than the rows' four (se_e2_r's, the radial
+        // one alone), the others go unused.
+        let columns = p.kind.registered().env_columns;
+        s.chunks_mut(4).for_each(|row| row[columns..].fill(1.0));
         davg.extend(a);
         dstd.extend(s);
     }

@@ -75,9 +75,14 @@ impl TensorKind for PolarTensor {
 /// Why a tensor fitting cannot sit on descriptor `kind`: the input's refusal, and the stage's
 /// for a model read from a file.
 pub fn needs_rot(kind: &str) -> String {
+    let gives: Vec<&str> = (crate::model::registry::DESCRIPTORS.iter())
+        .filter(|r| r.gives_rot)
+        .map(|r| r.names[0])
+        .collect();
     format!(
         "the dipole and polar fittings read the descriptor's rotation matrix, which dpw gives \
-         for se_e2_a only, not for {kind}"
+         for {} only, not for {kind}",
+        gives.join(", ")
     )
 }
 

@@ -15,7 +15,30 @@ use super::dpa3::UpdateStyle;
 use super::layout::{Builder, Layer, Net, TebdLayout};
 use super::se_e3_tebd::three_body_nets;
 use super::Activation;
+use super::DescriptorSpec;
 use super::TebdInputMode;
+
+/// Its keys for the log.
+pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
+    let c = d.own.dpa2().expect("DPA-2 has its keys");
+    let r = &c.repformer;
+    format!(
+        "{head} axis {} tebd_dim {}{}; repformer rcut {} nsel {} {} layers g1 {} g2 {} {}",
+        d.axis_neuron,
+        c.repinit.tebd_dim,
+        if c.repinit.use_three_body {
+            ", three-body"
+        } else {
+            ""
+        },
+        r.rcut,
+        r.nsel,
+        r.nlayers,
+        r.g1_dim,
+        r.g2_dim,
+        r.update_style.as_str(),
+    )
+}
 
 /// The repinit keys that [`super::DescriptorSpec`] does not hold (it holds rcut, rcut_smth,
 /// nsel as its one sel, neuron, axis_neuron, type_one_side, resnet_dt and set_davg_zero).

@@ -131,6 +131,7 @@ pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
     read_spec,
     read_params,
     write,
+    stat_nodes,
 };
 
 /// The descriptor's keys; the shared ones of the spec hold the repinit's list and net.
@@ -172,10 +173,7 @@ pub(in crate::model) fn read_spec(d: &At, _: DescriptorType, nt: usize) -> Resul
 
 /// The nodes holding DPA-2's statistics, in dpw's order of rows (repinit, repformer,
 /// three-body), each with its nsel.
-pub(in crate::model) fn stat_nodes<'a>(
-    d: &At<'a>,
-    spec: &DescriptorSpec,
-) -> Result<Vec<(At<'a>, usize)>> {
+fn stat_nodes<'a>(d: &At<'a>, spec: &DescriptorSpec) -> Result<Vec<(At<'a>, usize)>> {
     let c = spec.own.dpa2().expect("a DPA-2 spec");
     let mut nodes = vec![
         (d.key("repinit_variable")?, spec.sel[0]),

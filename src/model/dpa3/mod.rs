@@ -9,6 +9,26 @@ use serde::{Deserialize, Serialize};
 
 use super::layout::{Builder, Layer, TebdLayout};
 use super::Activation;
+use super::DescriptorSpec;
+
+/// Its keys for the log.
+pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
+    let c = d.own.dpa3().expect("DPA-3 has its keys");
+    format!(
+        "{head} e_dim {} a_dim {} nlayers {} a_rcut {} a_sel {} {}{}",
+        c.e_dim,
+        c.a_dim,
+        c.nlayers,
+        c.a_rcut,
+        c.a_sel,
+        c.update_style.as_str(),
+        if c.update_angle {
+            ""
+        } else {
+            ", no angle update"
+        },
+    )
+}
 
 /// How a layer adds its updates (`update_style`, docs/deepmd-spec.md §18.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -61,7 +61,13 @@ pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
     read_spec,
     read_params,
     write,
+    stat_nodes,
 };
+
+/// Its davg/dstd: its block's.
+fn stat_nodes<'a>(d: &At<'a>, spec: &DescriptorSpec) -> Result<Vec<(At<'a>, usize)>> {
+    Ok(vec![(d.key("repflow_variable")?, spec.nnei())])
+}
 
 /// The descriptor's keys. DeePMD-kit's dpmodel refuses unknown keys (`cls(**data)`); so does
 /// this.

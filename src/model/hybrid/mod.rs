@@ -4,3 +4,11 @@
 
 pub(crate) mod input;
 pub(super) mod yaml;
+
+use super::DescriptorSpec;
+
+/// Its list for the log: its parts' lines (its own head would repeat theirs).
+pub(super) fn describe(d: &DescriptorSpec, _: String) -> String {
+    let parts: Vec<String> = d.parts().iter().map(DescriptorSpec::describe).collect();
+    format!("hybrid of [{}]", parts.join("; "))
+}

@@ -5,3 +5,17 @@
 
 pub(crate) mod input;
 pub(super) mod yaml;
+
+use super::{DescriptorSpec, DescriptorType};
+
+/// Its keys for the log: se_e3 has neither axis_neuron nor type_one_side.
+pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
+    match d.kind {
+        DescriptorType::SeE2A => format!(
+            "{head} axis {} type_one_side {}",
+            d.axis_neuron, d.type_one_side
+        ),
+        DescriptorType::SeE2R => format!("{head} type_one_side {}", d.type_one_side),
+        _ => head,
+    }
+}

@@ -21,6 +21,7 @@ pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
     read_spec,
     read_params,
     write,
+    stat_nodes: crate::model::yaml::own_stats,
 };
 
 /// The descriptor's keys: DeePMD-kit's dpmodel writes them all.

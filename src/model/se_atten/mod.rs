@@ -10,6 +10,29 @@ use serde::{Deserialize, Serialize};
 use super::layout::{Builder, DescriptorLayout, Layer, Net, OwnNets, TebdLayout};
 use super::{Activation, DescriptorSpec, TebdInputMode};
 
+/// Its keys for the log.
+pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
+    let a = d.attn().expect("DPA-1 has its keys");
+    format!(
+        "{head} axis {} tebd_dim {} {} attn {} × {} layers{}{}",
+        d.axis_neuron,
+        a.tebd_dim,
+        a.tebd_input_mode.as_str(),
+        a.attn,
+        a.attn_layer,
+        if a.smooth_type_embedding {
+            ", smooth"
+        } else {
+            ""
+        },
+        if d.type_one_side {
+            ", type_one_side"
+        } else {
+            ""
+        },
+    )
+}
+
 /// The keys se_atten and se_atten_v2 add to the common descriptor keys (DeePMD-kit 3.2.0's
 /// `descrpt_se_atten_args`, `descrpt_se_atten_v2_args`), with its defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

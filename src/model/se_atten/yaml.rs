@@ -20,6 +20,7 @@ pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
     read_spec,
     read_params,
     write,
+    stat_nodes: crate::model::yaml::own_stats,
 };
 
 #[rustfmt::skip]

@@ -15,6 +15,16 @@ use serde_json::{json, Value};
 use super::layout::{Builder, Net, TebdLayout};
 use super::{pair_excluded, Activation, DescriptorSpec, TebdInputMode};
 
+/// Its keys for the log.
+pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
+    let c = d.own.se_e3_tebd().expect("se_e3_tebd has its keys");
+    format!(
+        "{head} tebd_dim {} {}",
+        c.tebd_dim,
+        c.tebd_input_mode.as_str()
+    )
+}
+
 /// se_e3_tebd's own keys.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeE3TebdConfig {

@@ -32,6 +32,7 @@ pub(in crate::model) static YAML: DescriptorYaml = DescriptorYaml {
     read_spec,
     read_params,
     write,
+    stat_nodes: crate::model::yaml::own_stats,
 };
 
 /// The descriptor's keys, at the class's defaults where absent. use_tebd_bias is the type

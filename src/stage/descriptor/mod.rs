@@ -143,7 +143,7 @@ impl<T: Real, B: Backend<T>> Descriptor<T, B> {
         centre_atom: &[i32],
     ) -> anyhow::Result<Self> {
         let rot = m.head.as_ref().is_some_and(|h| h.output.reads_rot());
-        if rot && m.desc.kind != DescriptorType::SeE2A {
+        if rot && !m.desc.kind.registered().gives_rot {
             anyhow::bail!(crate::fitting::tensor::needs_rot(m.desc.kind.as_str()));
         }
         Ok(if m.desc.kind == DescriptorType::Hybrid {
