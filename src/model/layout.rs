@@ -14,7 +14,7 @@ use super::dpa2::Dpa2Layout;
 use super::dpa3::Dpa3Layout;
 use super::se_atten::AttnLayout;
 use super::se_e3_tebd::SeE3TebdLayout;
-use super::{Activation, DescriptorSpec, DescriptorType, ModelSpec};
+use super::{Activation, DescriptorSpec, ModelSpec};
 
 /// The skip connection of a layer, decided by its widths alone (docs/deepmd-spec.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,84 +254,18 @@ impl DescriptorLayout {
         }
     }
 
+    /// Its descriptor's layout, built by its folder ([`super::registry::Registered::layout`]).
     fn new(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
-        if let Some(c) = d.own.dpa3() {
-            return DescriptorLayout {
-                embed: vec![],
-                parts: std::iter::once(0..0).collect(),
-                own: OwnNets::Dpa3(Dpa3Layout::new(c, d.m1(), nt, b)),
-                frozen: vec![],
-            };
-        }
-        if let Some(c) = d.own.dpa2() {
-            let start = b.len();
-            let l = Dpa2Layout::new(
-                c,
-                &d.neuron,
-                d.axis_neuron,
-                d.type_one_side,
-                d.resnet_dt,
-                nt,
-                b,
-            );
-            return DescriptorLayout {
-                embed: vec![],
-                parts: std::iter::once(0..0).collect(),
-                own: OwnNets::Dpa2(Box::new(l)),
-                frozen: untrained(c.trainable, start, b),
-            };
-        }
-        if let Some(c) = d.own.se_e3_tebd() {
-            let start = b.len();
-            let l = SeE3TebdLayout::new(d, nt, b);
-            return DescriptorLayout {
-                embed: vec![],
-                parts: std::iter::once(0..0).collect(),
-                own: OwnNets::SeE3Tebd(l),
-                frozen: untrained(c.trainable, start, b),
-            };
-        }
-        if d.is_mixed() {
-            return Self::mixed(d, nt, b);
-        }
-        let hybrid = d.kind == DescriptorType::Hybrid;
-        let mut embed = Vec::new();
-        let mut parts = Vec::new();
-        for (k, d) in d.parts().iter().enumerate() {
-            // A hybrid's sub-descriptor k has its nets under `d{k}.`.
-            let prefix = if hybrid {
-                format!("d{k}.")
-            } else {
-                String::new()
-            };
-            let names: Vec<String> = if d.kind == DescriptorType::SeE3 {
-                (pair_types(nt).iter())
-                    .map(|(ti, tj)| format!("embed.t{ti}_t{tj}"))
-                    .collect()
-            } else if d.type_one_side {
-                (0..nt).map(|k| format!("embed.t{k}")).collect()
-            } else {
-                (0..nt * nt)
-                    .map(|k| format!("embed.c{}_n{}", k % nt, k / nt))
-                    .collect()
-            };
-            let start = embed.len();
-            embed.extend((names.into_iter()).map(|name| {
-                b.net(
-                    format!("{prefix}{name}"),
-                    1,
-                    &d.neuron,
-                    (d.resnet_dt, Activation::Tanh),
-                    None,
-                )
-            }));
-            parts.push(start..embed.len());
-        }
+        (d.kind.registered().layout)(d, nt, b)
+    }
+
+    /// A layout of the descriptor's own tensors alone, `frozen` where its `trainable` is false.
+    pub(super) fn own(own: OwnNets, frozen: Vec<Range<usize>>) -> Self {
         DescriptorLayout {
-            embed,
-            parts,
-            own: OwnNets::Embed,
-            frozen: vec![],
+            embed: vec![],
+            parts: std::iter::once(0..0).collect(),
+            own,
+            frozen,
         }
     }
 
@@ -349,7 +283,7 @@ impl DescriptorLayout {
 }
 
 /// The tensors allocated since `start`, held fixed where the descriptor's `trainable` is false.
-fn untrained(trainable: bool, start: usize, b: &Builder) -> Vec<Range<usize>> {
+pub(super) fn untrained(trainable: bool, start: usize, b: &Builder) -> Vec<Range<usize>> {
     (!trainable).then_some(start..b.len()).into_iter().collect()
 }
 

@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+use super::layout::{Builder, DescriptorLayout};
 use super::yaml::PartYaml;
 use super::{DescriptorSpec, DescriptorType};
 use crate::config::{ConfigError, DescriptorConfig};
@@ -36,6 +37,8 @@ pub struct Registered {
     ) -> Result<DescriptorConfig, ConfigError>,
     /// Its keys as out.json writes them, every default filled in.
     pub(crate) to_json: fn(&DescriptorConfig) -> Value,
+    /// Where its tensors live in the parameter vector, allocated from `b` in its files' order.
+    pub(super) layout: fn(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout,
     /// Its line in the training log from `head` (its type, sel, rcut and neuron): the keys it
     /// has.
     pub(crate) describe: fn(d: &DescriptorSpec, head: String) -> String,
@@ -54,6 +57,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 4,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        layout: super::se::layout,
         describe: super::se::describe,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
@@ -67,6 +71,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 1,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        layout: super::se::layout,
         describe: super::se::describe,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
@@ -80,6 +85,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 4,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        layout: super::se::layout,
         describe: super::se::describe,
         yaml: PartYaml::One(&super::se::yaml::YAML),
     },
@@ -93,6 +99,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 4,
         parse: super::se_atten::input::parse,
         to_json: super::se_atten::input::to_json,
+        layout: super::se_atten::layout,
         describe: super::se_atten::describe,
         yaml: PartYaml::One(&super::se_atten::yaml::YAML),
     },
@@ -106,6 +113,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 4,
         parse: super::se_atten::input::parse,
         to_json: super::se_atten::input::to_json,
+        layout: super::se_atten::layout,
         describe: super::se_atten::describe,
         yaml: PartYaml::One(&super::se_atten::yaml::YAML),
     },
@@ -119,6 +127,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 4,
         parse: super::dpa3::input::parse,
         to_json: super::dpa3::input::to_json,
+        layout: super::dpa3::layout,
         describe: super::dpa3::describe,
         yaml: PartYaml::One(&super::dpa3::yaml::YAML),
     },
@@ -132,6 +141,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 4,
         parse: super::dpa2::input::parse,
         to_json: super::dpa2::input::to_json,
+        layout: super::dpa2::layout,
         describe: super::dpa2::describe,
         yaml: PartYaml::One(&super::dpa2::yaml::YAML),
     },
@@ -145,6 +155,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 4,
         parse: super::se_e3_tebd::input::parse,
         to_json: super::se_e3_tebd::input::to_json,
+        layout: super::se_e3_tebd::layout,
         describe: super::se_e3_tebd::describe,
         yaml: PartYaml::One(&super::se_e3_tebd::yaml::YAML),
     },
@@ -158,6 +169,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         env_columns: 0,
         parse: super::hybrid::input::parse,
         to_json: super::hybrid::input::to_json,
+        layout: super::hybrid::layout,
         describe: super::hybrid::describe,
         yaml: PartYaml::List(&super::hybrid::yaml::YAML),
     },

@@ -12,7 +12,7 @@ pub use args::RepinitShared;
 use serde::{Deserialize, Serialize};
 
 use super::dpa3::UpdateStyle;
-use super::layout::{Builder, Layer, Net, TebdLayout};
+use super::layout::{untrained, Builder, DescriptorLayout, Layer, Net, OwnNets, TebdLayout};
 use super::se_e3_tebd::three_body_nets;
 use super::Activation;
 use super::DescriptorSpec;
@@ -38,6 +38,23 @@ pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
         r.g2_dim,
         r.update_style.as_str(),
     )
+}
+
+/// Its layout: its blocks' tensors ([`Dpa2Layout`]), held fixed where it is not `trainable`.
+pub(super) fn layout(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout {
+    let c = d.own.dpa2().expect("DPA-2 has its keys");
+    let start = b.len();
+    let l = Dpa2Layout::new(
+        c,
+        &d.neuron,
+        d.axis_neuron,
+        d.type_one_side,
+        d.resnet_dt,
+        nt,
+        b,
+    );
+    let frozen = untrained(c.trainable, start, b);
+    DescriptorLayout::own(OwnNets::Dpa2(Box::new(l)), frozen)
 }
 
 /// The repinit keys that [`super::DescriptorSpec`] does not hold (it holds rcut, rcut_smth,

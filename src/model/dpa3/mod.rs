@@ -7,7 +7,7 @@ pub(super) mod yaml;
 
 use serde::{Deserialize, Serialize};
 
-use super::layout::{Builder, Layer, TebdLayout};
+use super::layout::{Builder, DescriptorLayout, Layer, OwnNets, TebdLayout};
 use super::Activation;
 use super::DescriptorSpec;
 
@@ -28,6 +28,12 @@ pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
             ", no angle update"
         },
     )
+}
+
+/// Its layout: its block's tensors (tensor order in [`Dpa3Layout`]).
+pub(super) fn layout(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout {
+    let c = d.own.dpa3().expect("DPA-3 has its keys");
+    DescriptorLayout::own(OwnNets::Dpa3(Dpa3Layout::new(c, d.m1(), nt, b)), vec![])
 }
 
 /// How a layer adds its updates (`update_style`, docs/deepmd-spec.md §18.4).

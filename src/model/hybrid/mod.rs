@@ -5,7 +5,13 @@
 pub(crate) mod input;
 pub(super) mod yaml;
 
+use super::layout::{Builder, DescriptorLayout};
 use super::DescriptorSpec;
+
+/// Its parts' embedding nets, part k's under `d{k}.`.
+pub(super) fn layout(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout {
+    super::se::embed_layout(d.parts(), nt, b, |k| format!("d{k}."))
+}
 
 /// Its list for the log: its parts' lines (its own head would repeat theirs).
 pub(super) fn describe(d: &DescriptorSpec, _: String) -> String {

@@ -93,57 +93,55 @@ pub struct AttnLayerLayout {
     pub ln_b: usize,
 }
 
-impl DescriptorLayout {
-    /// DPA-1's layout (tensor order in the module's doc).
-    pub(super) fn mixed(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> Self {
-        let a = d.attn().expect("a DPA-1 spec has its attention keys");
-        let tebd = b.tebd(nt, a.tebd_dim, a.use_tebd_bias);
-        let (nin, strip_nin) = embed_inputs(d);
-        let embed = vec![b.net(
-            "embed".into(),
-            nin,
+/// DPA-1's layout (tensor order in the module's doc).
+pub(super) fn layout(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout {
+    let a = d.attn().expect("a DPA-1 spec has its attention keys");
+    let tebd = b.tebd(nt, a.tebd_dim, a.use_tebd_bias);
+    let (nin, strip_nin) = embed_inputs(d);
+    let embed = vec![b.net(
+        "embed".into(),
+        nin,
+        &d.neuron,
+        (d.resnet_dt, Activation::Tanh),
+        None,
+    )];
+    let strip = strip_nin.map(|n| {
+        b.net(
+            "embed_strip".into(),
+            n,
             &d.neuron,
             (d.resnet_dt, Activation::Tanh),
             None,
-        )];
-        let strip = strip_nin.map(|n| {
-            b.net(
-                "embed_strip".into(),
-                n,
-                &d.neuron,
-                (d.resnet_dt, Activation::Tanh),
-                None,
-            )
-        });
-        let m1 = d.m1();
-        let mut frozen = Vec::new();
-        let layers = (0..a.attn_layer)
-            .map(|k| {
-                let proj_in = b.linear(format!("attn{k}.in"), m1, 3 * a.attn);
-                let proj_out = b.linear(format!("attn{k}.out"), a.attn, m1);
-                let ln_w = b.alloc(format!("attn{k}.ln.w"), vec![m1]);
-                let ln_b = b.alloc(format!("attn{k}.ln.b"), vec![m1]);
-                if !a.trainable_ln {
-                    frozen.push(ln_w..ln_b + m1);
-                }
-                AttnLayerLayout {
-                    proj_in,
-                    proj_out,
-                    ln_w,
-                    ln_b,
-                }
-            })
-            .collect();
-        DescriptorLayout {
-            embed,
-            parts: std::iter::once(0..1).collect(),
-            own: OwnNets::Attention(AttnLayout {
-                tebd,
-                strip,
-                layers,
-            }),
-            frozen,
-        }
+        )
+    });
+    let m1 = d.m1();
+    let mut frozen = Vec::new();
+    let layers = (0..a.attn_layer)
+        .map(|k| {
+            let proj_in = b.linear(format!("attn{k}.in"), m1, 3 * a.attn);
+            let proj_out = b.linear(format!("attn{k}.out"), a.attn, m1);
+            let ln_w = b.alloc(format!("attn{k}.ln.w"), vec![m1]);
+            let ln_b = b.alloc(format!("attn{k}.ln.b"), vec![m1]);
+            if !a.trainable_ln {
+                frozen.push(ln_w..ln_b + m1);
+            }
+            AttnLayerLayout {
+                proj_in,
+                proj_out,
+                ln_w,
+                ln_b,
+            }
+        })
+        .collect();
+    DescriptorLayout {
+        embed,
+        parts: std::iter::once(0..1).collect(),
+        own: OwnNets::Attention(AttnLayout {
+            tebd,
+            strip,
+            layers,
+        }),
+        frozen,
     }
 }
 

@@ -12,7 +12,7 @@ pub(super) mod yaml;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::layout::{Builder, Net, TebdLayout};
+use super::layout::{untrained, Builder, DescriptorLayout, Net, OwnNets, TebdLayout};
 use super::{pair_excluded, Activation, DescriptorSpec, TebdInputMode};
 
 /// Its keys for the log.
@@ -23,6 +23,16 @@ pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
         c.tebd_dim,
         c.tebd_input_mode.as_str()
     )
+}
+
+/// Its layout: its block's tensors ([`SeE3TebdLayout`]), held fixed where it is not
+/// `trainable`.
+pub(super) fn layout(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout {
+    let c = d.own.se_e3_tebd().expect("se_e3_tebd has its keys");
+    let start = b.len();
+    let l = SeE3TebdLayout::new(d, nt, b);
+    let frozen = untrained(c.trainable, start, b);
+    DescriptorLayout::own(OwnNets::SeE3Tebd(l), frozen)
 }
 
 /// se_e3_tebd's own keys.
