@@ -1,15 +1,9 @@
-//! What the ener loss op takes (the prefactors of a step) and gives (the sums the loss and
-//! the displayed RMSEs follow from); the fittings' host heads take the prefactors too.
+//! What the ener loss op takes (the prefactors of a step, the ener fitting's) and gives (the
+//! sums the loss and the displayed RMSEs follow from).
+
+pub use crate::fitting::ener::Prefactors;
 
 use super::real::Real;
-
-/// Loss prefactors in effect at a step, already multiplied by the label's presence (docs/deepmd-spec.md §9).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Prefactors {
-    pub e: f64,
-    pub f: f64,
-    pub v: f64,
-}
 
 /// Per-batch sums from which the loss and the displayed RMSEs follow.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -34,6 +34,7 @@ pub mod timed;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
+pub use crate::config::WeightDecay;
 pub use attn::{AttnArgs, AttnOpts, BlockPass, StripArgs};
 pub use block::{BlockArgs, BlockOpts, Dpa2Opts, HostBlock, RepflowOpts};
 pub use dims::{Dims, Pairs};
@@ -96,17 +97,6 @@ pub struct AdamStep {
     /// stepped at every step of the run).
     pub tail: Option<AdamTail>,
     pub decay: WeightDecay,
-}
-
-/// torch's weight decay of a parameter p with gradient g at learning rate lr.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub enum WeightDecay {
-    #[default]
-    None,
-    /// torch.optim.Adam's `weight_decay` λ: an L2 term, g + λp, before the moments.
-    L2(f64),
-    /// torch.optim.AdamW's: p·(1 − lr·λ) before the update.
-    Decoupled(f64),
 }
 
 /// The parts of the parameter vector whose Adam steps are counted apart ([`AdamStep::tail`]):

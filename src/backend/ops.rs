@@ -585,7 +585,7 @@ macro_rules! compute_ops {
 
         /// A pair table mixed into the DP model's energy (`use_srtab`, `linear_ener`;
         /// docs/deepmd-spec.md §19): the batch's weights and table terms
-        /// ([`ShortRangeBatch`](crate::model::pairtab::ShortRangeBatch), made on the host, since
+        /// ([`ShortRangeBatch`](crate::stage::pairtab::ShortRangeBatch), made on the host, since
         /// the table has no parameters) applied to the DP model's atomic energies, to ∂E/∂r_ij
         /// and to the loss's energy seed. Host bodies as the defaults (`pairtab.rs`): a few
         /// values per centre and slot.

@@ -31,7 +31,7 @@ pub use model::{
     AttentionConfig, DescriptorConfig, FittingConfig, ModelConfig, Precision, Sel, SelList,
     TebdInputMode,
 };
-pub use optimizer::OptimizerConfig;
+pub use optimizer::{OptimizerConfig, WeightDecay};
 pub use pairtab::PairConfig;
 pub use training::{
     AutoProb, BatchSizeSpec, DataConfig, ProbBlock, TrainingConfig, ValidationDataConfig,

@@ -5,9 +5,18 @@ use serde_json::{json, Value};
 
 use super::error::ConfigError;
 use super::keys::{Schema, Section};
-use crate::backend::WeightDecay;
-
 type Result<T> = std::result::Result<T, ConfigError>;
+
+/// torch's weight decay of a parameter p with gradient g at learning rate lr.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum WeightDecay {
+    #[default]
+    None,
+    /// torch.optim.Adam's `weight_decay` λ: an L2 term, g + λp, before the moments.
+    L2(f64),
+    /// torch.optim.AdamW's: p·(1 − lr·λ) before the update.
+    Decoupled(f64),
+}
 
 /// `torch.optim.Adam` or `torch.optim.AdamW` as DeePMD-kit's PT backend uses them.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,6 +10,7 @@ mod lmdb;
 mod load;
 mod mixed;
 mod npy;
+mod open;
 mod sampler;
 mod search;
 mod source;

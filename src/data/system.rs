@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use super::error::DataError;
 use super::files::Files;
-use super::source::{Location, NpyDir, Source};
-use super::types::TypeIndex;
+use super::open::with_source;
+use super::source::{Location, Source};
+use super::types::{read_raw_types, TypeIndex};
 
 /// One system: all frames of all its `set.*` directories, the atoms of each frame sorted by
 /// model type (stable). A mixed-type system (`set.*/real_atom_types.npy`, see mixed.rs) gives
@@ -287,22 +288,6 @@ pub fn in_hdf5_file(path: &Path) -> bool {
     matches!(Location::parse(path), Location::Hdf5 { .. })
 }
 
-/// Runs `f` on the source of the system at `path`.
-pub(crate) fn with_source<R>(
-    fs: &dyn Files,
-    path: &Path,
-    f: impl FnOnce(&dyn Source) -> Result<R, DataError>,
-) -> Result<R, DataError> {
-    match Location::parse(path) {
-        Location::Dir(dir) => f(&NpyDir { fs, dir }),
-        Location::Hdf5 { file, group } => super::hdf5::with_group(&file, &group, f),
-        #[cfg(feature = "lmdb")]
-        Location::Lmdb { file, group } => super::lmdb::with_group(&file, group, f),
-        #[cfg(not(feature = "lmdb"))]
-        Location::Lmdb { file, .. } => Err(super::lmdb_missing(&file)),
-    }
-}
-
 /// What a system is without its frames: enough to size batches, draw from it and print it.
 #[derive(Debug, Clone)]
 pub struct SystemInfo {
@@ -580,28 +565,6 @@ fn push_sorted(types: &[usize], atype: &mut Vec<usize>, orig_index: &mut Vec<usi
     order.sort_by_key(|&i| types[i]);
     atype.extend(order.iter().map(|&i| types[i]));
     orig_index.extend(order);
-}
-
-/// The integers of `type.raw`, at least one.
-pub(super) fn read_raw_types(src: &dyn Source) -> Result<Vec<usize>, DataError> {
-    let type_path = src.path("type.raw");
-    let types = src
-        .tokens("type.raw")?
-        .iter()
-        .map(|tok| {
-            tok.parse::<usize>().map_err(|_| DataError::Invalid {
-                path: type_path.clone(),
-                reason: format!("{tok:?} is not a non-negative integer atom type"),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if types.is_empty() {
-        return Err(DataError::Invalid {
-            path: type_path,
-            reason: "no atoms".into(),
-        });
-    }
-    Ok(types)
 }
 
 /// The `set.*` entries of a system, sorted by name; at least one.

@@ -93,14 +93,13 @@ pub fn systems_type_map(
 ) -> Result<Option<Vec<String>>, DataError> {
     let mut names: Option<(PathBuf, Vec<String>)> = None;
     for path in paths {
-        let found =
-            super::system::with_source(fs, path, |src| match src.has_file("type_map.raw") {
-                true => Ok(Some((
-                    src.path("type_map.raw"),
-                    src.tokens("type_map.raw")?,
-                ))),
-                false => Ok(None),
-            })?;
+        let found = super::open::with_source(fs, path, |src| match src.has_file("type_map.raw") {
+            true => Ok(Some((
+                src.path("type_map.raw"),
+                src.tokens("type_map.raw")?,
+            ))),
+            false => Ok(None),
+        })?;
         let Some((at, these)) = found else { continue };
         if let Some((first, known)) = &names {
             if !(known.iter().zip(&these)).all(|(a, b)| a == b) {
@@ -128,8 +127,30 @@ pub fn systems_type_map(
 pub fn unnamed_types(fs: &dyn super::Files, paths: &[PathBuf]) -> Result<Vec<String>, DataError> {
     let mut ntypes = 0;
     for path in paths {
-        let types = super::system::with_source(fs, path, super::system::read_raw_types)?;
+        let types = super::open::with_source(fs, path, read_raw_types)?;
         ntypes = ntypes.max(types.iter().max().map_or(0, |t| t + 1));
     }
     Ok((0..ntypes).map(|t| format!("Type_{t}")).collect())
+}
+
+/// The integers of `type.raw`, at least one.
+pub(super) fn read_raw_types(src: &dyn Source) -> Result<Vec<usize>, DataError> {
+    let type_path = src.path("type.raw");
+    let types = src
+        .tokens("type.raw")?
+        .iter()
+        .map(|tok| {
+            tok.parse::<usize>().map_err(|_| DataError::Invalid {
+                path: type_path.clone(),
+                reason: format!("{tok:?} is not a non-negative integer atom type"),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if types.is_empty() {
+        return Err(DataError::Invalid {
+            path: type_path,
+            reason: "no atoms".into(),
+        });
+    }
+    Ok(types)
 }

@@ -15,6 +15,15 @@ use super::keys::{schema, YAML_KEYS};
 use super::output::{EnerFitting, FitContext, FitOutput, Registered};
 use super::traits::{FittingType, OutputStat, YamlOut};
 
+/// The ener loss's prefactors in effect at a step, already multiplied by the label's presence
+/// (docs/deepmd-spec.md §9): what the backend's loss op takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Prefactors {
+    pub e: f64,
+    pub f: f64,
+    pub v: f64,
+}
+
 /// The ener loss's metrics, in lcurve.out's order: the loss's root, then each active term's
 /// RMSE.
 pub const METRICS: &[&str] = &["rmse", "rmse_e", "rmse_f", "rmse_v"];

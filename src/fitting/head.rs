@@ -2,8 +2,8 @@
 //! backend; what the step reads back of them, the batch's labels, the model's output
 //! statistics, and the loss and seeds the head gives back (docs/design.md §12).
 
-use crate::backend::loss::Prefactors;
 use crate::config::loss::LossConfig;
+use crate::fitting::ener::Prefactors;
 use crate::fitting::{outputs, Centres, OutStat};
 
 /// What the step's loss needs beside the batch: the ener loss's prefactors, which the backend

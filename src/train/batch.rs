@@ -9,8 +9,8 @@ use crate::backend::Dims;
 use crate::data::Draw;
 use crate::fitting::head::HeadLabels;
 use crate::geometry::{build_nlist, build_nlist_mixed, Cell};
-use crate::model::pairtab::{ShortRangeBatch, TableInput};
 use crate::model::{DescriptorType, FittingSpec, ModelSpec};
+use crate::stage::pairtab::{ShortRangeBatch, TableInput};
 
 /// One frame as the model sees it; atoms sorted by type.
 #[derive(Clone, Copy, Debug)]

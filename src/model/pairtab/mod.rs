@@ -2,7 +2,6 @@
 //! `use_srtab` (ZBL-style: a per-atom switch between the two by the softmin distance of the
 //! neighbours) and `linear_ener` (constant weights). docs/deepmd-spec.md §19.
 
-mod batch;
 mod build;
 pub(super) mod yaml;
 
@@ -10,7 +9,6 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 pub use super::linear::Weights;
-pub use batch::{ShortRangeBatch, TableInput};
 
 /// A tabulated pair energy E_{ti,tj}(r) as clamped cubic splines on a uniform grid.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -3,7 +3,10 @@
 
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
-use crate::model::pairtab::{Mix, ShortRangeBatch};
+use crate::model::pairtab::Mix;
+
+mod batch;
+pub use batch::{ShortRangeBatch, TableInput};
 
 use super::net::Zeros;
 

@@ -3,9 +3,9 @@
 
 use anyhow::{bail, Result};
 
-use super::{Mix, ShortRange};
 use crate::backend::Dims;
 use crate::geometry::{build_nlist_mixed, Cell};
+use crate::model::pairtab::{Mix, ShortRange};
 
 /// Per centre, slot, atom and frame, in the batch's order ([`Dims`]); with e_DP the DP model's
 /// atomic energy, the model's is e_i = weight_i·e_DP,i + pair_e_i + bias. Everything of the
