@@ -266,6 +266,11 @@ impl TryFrom<SpecFile> for DescriptorSpec {
     }
 }
 
+/// [`DescriptorSpec::stat_parts`] of a descriptor whose statistics are its own, in one block.
+fn one_block(d: &DescriptorSpec) -> Vec<DescriptorSpec> {
+    vec![d.clone()]
+}
+
 impl DescriptorSpec {
     /// The hybrid of `list`: DeePMD-kit's one neighbour list has the largest rcut and, per type,
     /// the largest sel of the sub-descriptors. The keys a hybrid does not have (neuron,
@@ -317,26 +322,7 @@ impl DescriptorSpec {
     /// hybrid's parts; DPA-2's repinit, repformer and three-body block, each on its own list
     /// (spec §20.8); else the descriptor itself.
     pub fn stat_parts(&self) -> Vec<DescriptorSpec> {
-        let Some(c) = self.own.dpa2() else {
-            return self.parts().to_vec();
-        };
-        let block = |rcut, rcut_smth, sel, set_davg_zero| DescriptorSpec {
-            rcut,
-            rcut_smth,
-            sel: vec![sel],
-            set_davg_zero,
-            ..self.clone()
-        };
-        let (r, i) = (&c.repformer, &c.repinit);
-        let mut v = vec![
-            self.clone(),
-            block(r.rcut, r.rcut_smth, r.nsel, r.set_davg_zero),
-        ];
-        if i.use_three_body {
-            let (rc, rs) = (i.three_body_rcut, i.three_body_rcut_smth);
-            v.push(block(rc, rs, i.three_body_sel, self.set_davg_zero));
-        }
-        v
+        (self.kind.registered().stat_parts)(self)
     }
 
     /// Whether pairs of types ti, tj are left out of the environment (DPA-2's and
@@ -378,17 +364,7 @@ impl DescriptorSpec {
     /// Width of the descriptor of one atom (a hybrid's: the sum of its parts'): M1·axis_neuron,
     /// and for DPA-1 with `concat_output_tebd` the centre's type embedding (tebd_dim) after it.
     pub fn dim(&self) -> usize {
-        (self.parts().iter())
-            .map(|d| match &d.own {
-                OwnKeys::Dpa3(c) => d.m1() * if c.concat_output_tebd { 2 } else { 1 },
-                OwnKeys::Dpa2(c) => c.dim(),
-                OwnKeys::SeE3Tebd(c) => c.dim(d.m1()),
-                OwnKeys::Attention(a) if a.concat_output_tebd => {
-                    d.m1() * d.axis_neuron + a.tebd_dim
-                }
-                _ => d.m1() * d.axis_neuron,
-            })
-            .sum()
+        (self.kind.registered().dim)(self)
     }
 
     /// The `[ntypes][4]` blocks of davg/dstd rows: one per part of a hybrid, DPA-2's repinit,

@@ -40,6 +40,34 @@ pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
     )
 }
 
+/// [`Dpa2Config::dim`].
+pub(super) fn dim(d: &DescriptorSpec) -> usize {
+    d.own.dpa2().expect("DPA-2 has its keys").dim()
+}
+
+/// Its repinit's, repformer's and (with use_three_body) three-body block's statistics, each on
+/// its own list (spec §20.8).
+pub(super) fn stat_parts(d: &DescriptorSpec) -> Vec<DescriptorSpec> {
+    let c = d.own.dpa2().expect("DPA-2 has its keys");
+    let block = |rcut, rcut_smth, sel, set_davg_zero| DescriptorSpec {
+        rcut,
+        rcut_smth,
+        sel: vec![sel],
+        set_davg_zero,
+        ..d.clone()
+    };
+    let (r, i) = (&c.repformer, &c.repinit);
+    let mut v = vec![
+        d.clone(),
+        block(r.rcut, r.rcut_smth, r.nsel, r.set_davg_zero),
+    ];
+    if i.use_three_body {
+        let (rc, rs) = (i.three_body_rcut, i.three_body_rcut_smth);
+        v.push(block(rc, rs, i.three_body_sel, d.set_davg_zero));
+    }
+    v
+}
+
 /// Its layout: its blocks' tensors ([`Dpa2Layout`]), held fixed where it is not `trainable`.
 pub(super) fn layout(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout {
     let c = d.own.dpa2().expect("DPA-2 has its keys");

@@ -30,6 +30,12 @@ pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
     )
 }
 
+/// The node width, twice with `concat_output_tebd`.
+pub(super) fn dim(d: &DescriptorSpec) -> usize {
+    let c = d.own.dpa3().expect("DPA-3 has its keys");
+    d.m1() * if c.concat_output_tebd { 2 } else { 1 }
+}
+
 /// Its layout: its block's tensors (tensor order in [`Dpa3Layout`]).
 pub(super) fn layout(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout {
     let c = d.own.dpa3().expect("DPA-3 has its keys");

@@ -18,3 +18,13 @@ pub(super) fn describe(d: &DescriptorSpec, _: String) -> String {
     let parts: Vec<String> = d.parts().iter().map(DescriptorSpec::describe).collect();
     format!("hybrid of [{}]", parts.join("; "))
 }
+
+/// Its parts' widths, summed.
+pub(super) fn dim(d: &DescriptorSpec) -> usize {
+    d.parts().iter().map(DescriptorSpec::dim).sum()
+}
+
+/// Its parts, each with statistics of its own.
+pub(super) fn stat_parts(d: &DescriptorSpec) -> Vec<DescriptorSpec> {
+    d.parts().to_vec()
+}

@@ -69,3 +69,8 @@ pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
         _ => head,
     }
 }
+
+/// M1·axis_neuron.
+pub(super) fn dim(d: &DescriptorSpec) -> usize {
+    d.m1() * d.axis_neuron
+}

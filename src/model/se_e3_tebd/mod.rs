@@ -25,6 +25,12 @@ pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
     )
 }
 
+/// [`SeE3TebdConfig::dim`] of its net's width.
+pub(super) fn dim(d: &DescriptorSpec) -> usize {
+    let c = d.own.se_e3_tebd().expect("se_e3_tebd has its keys");
+    c.dim(d.m1())
+}
+
 /// Its layout: its block's tensors ([`SeE3TebdLayout`]), held fixed where it is not
 /// `trainable`.
 pub(super) fn layout(d: &DescriptorSpec, nt: usize, b: &mut Builder) -> DescriptorLayout {
