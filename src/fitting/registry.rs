@@ -15,7 +15,7 @@ use crate::config::loss::LossConfig;
 pub type LossParse = fn(v: &Value, path: &str) -> Result<LossConfig, ConfigError>;
 
 /// Every loss scored on the host, by DeePMD-kit's `loss.type` (`ener`, the default, is the
-/// backend's: [`crate::config::loss`]).
+/// backend's: [`LossConfig::Ener`]).
 pub static LOSSES: &[(&str, LossParse)] = &[
     ("property", |v, p| {
         property::config::parse_loss(v, p).map(LossConfig::Property)
