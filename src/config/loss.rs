@@ -125,18 +125,20 @@ static LOSS: Schema = Schema {
 };
 
 pub(super) fn parse(v: Option<&Value>, path: &str) -> Result<LossConfig> {
-    // A `type` that is not a string is left to the `ener` schema, which names what it expects.
-    match (v, v.and_then(|v| v.get("type")).and_then(Value::as_str)) {
-        (Some(v), Some(name)) if name != "ener" => match registry::find_loss(name) {
-            Some(parse) => parse(v, path),
-            None => Err(ConfigError::unsupported(
-                join(path, "type"),
-                format!(
-                    "loss type {name:?} is not known; dpw trains the {} losses",
-                    registry::loss_names()
-                ),
-            )),
-        },
+    // The type first: the keys that follow it are those of the loss it names.
+    match (v, v.and_then(|v| v.get("type"))) {
+        (Some(v), Some(ty)) if ty.as_str() != Some("ener") => {
+            match ty.as_str().and_then(registry::find_loss) {
+                Some(parse) => parse(v, path),
+                None => Err(ConfigError::unsupported(
+                    join(path, "type"),
+                    format!(
+                        "loss type {ty} is not known; dpw trains the {} losses",
+                        registry::loss_names()
+                    ),
+                )),
+            }
+        }
         _ => parse_ener(v, path).map(LossConfig::Ener),
     }
 }
@@ -200,6 +202,12 @@ mod tests {
             e.to_string(),
             "loss.type: loss type \"ener_spin\" is not known; dpw trains the \"ener\", \
              \"property\", \"dos\" and \"tensor\" losses"
+        );
+        let e = parse(Some(&json!({"type": 1, "start_pref_ae": 1})), "loss").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("loss.type: loss type 1 is not known"),
+            "{e}"
         );
     }
 
