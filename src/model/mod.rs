@@ -266,9 +266,10 @@ impl TryFrom<SpecFile> for DescriptorSpec {
     }
 }
 
-/// [`DescriptorSpec::stat_parts`] of a descriptor whose statistics are its own, in one block.
-fn one_block(d: &DescriptorSpec) -> Vec<DescriptorSpec> {
-    vec![d.clone()]
+/// [`DescriptorSpec::stat_parts`] where each of its [`DescriptorSpec::parts`] keeps statistics
+/// of its own (the descriptor itself, or each part of a hybrid).
+fn each_part(d: &DescriptorSpec) -> Vec<DescriptorSpec> {
+    d.parts().to_vec()
 }
 
 impl DescriptorSpec {

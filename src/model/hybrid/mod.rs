@@ -23,8 +23,3 @@ pub(super) fn describe(d: &DescriptorSpec, _: String) -> String {
 pub(super) fn dim(d: &DescriptorSpec) -> usize {
     d.parts().iter().map(DescriptorSpec::dim).sum()
 }
-
-/// Its parts, each with statistics of its own.
-pub(super) fn stat_parts(d: &DescriptorSpec) -> Vec<DescriptorSpec> {
-    d.parts().to_vec()
-}

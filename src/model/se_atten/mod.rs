@@ -33,11 +33,11 @@ pub(super) fn describe(d: &DescriptorSpec, head: String) -> String {
     )
 }
 
-/// M1·axis_neuron, and with `concat_output_tebd` the centre's type embedding (tebd_dim) after
-/// it.
+/// se_e2_a's width, and with `concat_output_tebd` the centre's type embedding (tebd_dim)
+/// after it.
 pub(super) fn dim(d: &DescriptorSpec) -> usize {
     let a = d.attn().expect("DPA-1 has its keys");
-    d.m1() * d.axis_neuron + if a.concat_output_tebd { a.tebd_dim } else { 0 }
+    super::se::dim(d) + if a.concat_output_tebd { a.tebd_dim } else { 0 }
 }
 
 /// The keys se_atten and se_atten_v2 add to the common descriptor keys (DeePMD-kit 3.2.0's

@@ -1,12 +1,13 @@
 //! A pair table's terms of the loaded batch on the device ([`ShortRangeBatch`]), for a model
 //! that mixes one into its DP energy (docs/deepmd-spec.md §19).
 
+mod batch;
+
+pub use batch::{ShortRangeBatch, TableInput};
+
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
 use crate::model::pairtab::Mix;
-
-mod batch;
-pub use batch::{ShortRangeBatch, TableInput};
 
 use super::net::Zeros;
 
