@@ -2,18 +2,17 @@
 //! DeePMD-kit `.yaml`), so a damaged or hand-edited file is refused with the key it breaks
 //! instead of training or predicting garbage. Keys are named as in input.json and the yaml.
 
-use anyhow::{anyhow, bail, ensure, Result};
+use anyhow::{bail, ensure, Result};
 use serde_json::{json, Value};
 
-use super::dpa2::Dpa2Config;
 use super::{DescriptorSpec, DescriptorType, Model, ModelSpec, OwnKeys};
 
 /// Most neighbour slots per atom (Σsel). Dense matter within a 12 Å cut-off has about 1500
 /// neighbours; far more only exhausts memory (every slot holds a row of the embedding).
 pub const MAX_NNEI: usize = 4096;
 /// Widest layer, and most layers of a net.
-const MAX_WIDTH: usize = 1 << 16;
-const MAX_LAYERS: usize = 64;
+pub(super) const MAX_WIDTH: usize = 1 << 16;
+pub(super) const MAX_LAYERS: usize = 64;
 /// Most element types.
 const MAX_TYPES: usize = 256;
 /// Most trainable parameters (512 MiB in f64; DeePMD-kit's large models have a few million).
@@ -183,80 +182,7 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
             d.sel.len()
         );
     }
-    match &d.own {
-        OwnKeys::Dpa3(c) => {
-            c.check(d.m1(), d.rcut, d.sel[0])
-                .map_err(|e| anyhow!("{key}.repflow: {e}"))?;
-            for (name, v) in [
-                ("e_dim", c.e_dim),
-                ("a_dim", c.a_dim),
-                ("n_dim", d.m1()),
-                ("axis_neuron", c.axis_neuron),
-                ("n_multi_edge_message", c.n_multi_edge_message),
-            ] {
-                ensure!(
-                    (1..=MAX_WIDTH).contains(&v),
-                    "{key}.repflow.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
-                );
-            }
-            ensure!(
-                c.nlayers <= MAX_LAYERS,
-                "{key}.repflow.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
-                c.nlayers
-            );
-        }
-        OwnKeys::Dpa2(c) => check_dpa2(c, d, key)?,
-        OwnKeys::SeE3Tebd(c) => {
-            ensure!(
-                (1..=MAX_WIDTH).contains(&c.tebd_dim),
-                "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
-                c.tebd_dim
-            );
-        }
-        OwnKeys::Attention(a) => {
-            ensure!(
-                (1..=MAX_WIDTH).contains(&a.tebd_dim),
-                "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
-                a.tebd_dim
-            );
-            ensure!(
-                (1..=MAX_WIDTH).contains(&a.attn),
-                "{key}.attn: must be between 1 and {MAX_WIDTH}, found {}",
-                a.attn
-            );
-            ensure!(
-                a.attn_layer <= MAX_LAYERS,
-                "{key}.attn_layer: at most {MAX_LAYERS} layers are supported, found {}",
-                a.attn_layer
-            );
-            ensure!(
-                a.ln_eps.is_finite() && a.ln_eps > 0.0,
-                "{key}.ln_eps: must be a positive number, found {}",
-                a.ln_eps
-            );
-            ensure!(
-                a.scaling_factor.is_finite() && a.scaling_factor > 0.0,
-                "{key}.scaling_factor: must be a positive number, found {}",
-                a.scaling_factor
-            );
-            if let Some(t) = a.temperature {
-                ensure!(
-                    t.is_finite() && t > 0.0,
-                    "{key}.temperature: must be a positive number, found {t}"
-                );
-            }
-        }
-        OwnKeys::Hybrid(_) => {
-            bail!("{key}.type: a hybrid descriptor inside hybrid is not supported")
-        }
-        OwnKeys::Se => {
-            ensure!(
-                d.sel.len() == nt,
-                "{key}.sel: {} entries for {nt} types in type_map",
-                d.sel.len()
-            );
-        }
-    }
+    (d.kind.registered().check)(d, nt, key)?;
     let nnei = d.sel.iter().try_fold(0usize, |a, &s| a.checked_add(s));
     if nnei.is_none_or(|n| n > MAX_NNEI) {
         bail!(
@@ -286,61 +212,7 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
     Ok(())
 }
 
-/// DPA-2's own keys (the repinit's list and net are the spec's, checked by the caller).
-fn check_dpa2(c: &Dpa2Config, d: &DescriptorSpec, key: &str) -> Result<()> {
-    (c.check(d.rcut, d.sel[0], d.m1(), d.axis_neuron)).map_err(|e| anyhow!("{key}: {e}"))?;
-    let (i, r) = (&c.repinit, &c.repformer);
-    for (name, v) in [
-        ("repinit.tebd_dim", i.tebd_dim),
-        ("repformer.g1_dim", r.g1_dim),
-        ("repformer.g2_dim", r.g2_dim),
-        ("repformer.axis_neuron", r.axis_neuron),
-        ("repformer.attn1_hidden", r.attn1_hidden),
-        ("repformer.attn1_nhead", r.attn1_nhead),
-        ("repformer.attn2_hidden", r.attn2_hidden),
-        ("repformer.attn2_nhead", r.attn2_nhead),
-    ] {
-        ensure!(
-            (1..=MAX_WIDTH).contains(&v),
-            "{key}.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
-        );
-    }
-    widths(
-        &format!("{key}.repinit.three_body_neuron"),
-        &i.three_body_neuron,
-    )?;
-    ensure!(
-        r.nlayers <= MAX_LAYERS,
-        "{key}.repformer.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
-        r.nlayers
-    );
-    ensure!(
-        i.three_body_sel <= MAX_NNEI,
-        "{key}.repinit.three_body_sel: at most {MAX_NNEI} neighbours, found {}",
-        i.three_body_sel
-    );
-    for (name, rc, rs) in [
-        ("repformer", r.rcut, r.rcut_smth),
-        (
-            "repinit.three_body",
-            i.three_body_rcut,
-            i.three_body_rcut_smth,
-        ),
-    ] {
-        ensure!(
-            rc.is_finite() && rc > 0.0 && rs.is_finite() && rs >= 0.0,
-            "{key}.{name}: rcut must be positive and rcut_smth >= 0, found {rc} and {rs}"
-        );
-    }
-    ensure!(
-        r.ln_eps.is_finite() && r.ln_eps > 0.0,
-        "{key}.repformer.ln_eps: must be a positive number, found {}",
-        r.ln_eps
-    );
-    Ok(())
-}
-
-fn widths(key: &str, w: &[usize]) -> Result<()> {
+pub(super) fn widths(key: &str, w: &[usize]) -> Result<()> {
     ensure!(
         (1..=MAX_LAYERS).contains(&w.len()),
         "{key}: {} layers (1 to {MAX_LAYERS} are supported)",
@@ -517,7 +389,8 @@ fn descriptor_differences(
         }
         return;
     }
-    let (ka, kb) = (input_keys(a), input_keys(b));
+    let keys = |d: &DescriptorSpec| (d.kind.registered().spec_keys)(d);
+    let (ka, kb) = (keys(a), keys(b));
     let mut names: Vec<&String> = ka.keys().chain(kb.keys()).collect();
     names.sort();
     names.dedup();
@@ -530,22 +403,19 @@ fn descriptor_differences(
     }
 }
 
-/// A descriptor's keys (not a hybrid's) as input.json gives them: only those of its type, and
-/// DPA-1's sel as the one number it is (the sum of a list).
-fn input_keys(d: &DescriptorSpec) -> serde_json::Map<String, Value> {
-    if let Some(c) = d.own.se_e3_tebd() {
-        let Value::Object(mut m) = c.input_json(&d.into(), "float64") else {
-            unreachable!("built from an object literal")
-        };
-        m.remove("type");
-        m.remove("precision");
-        return m;
-    }
-    let mut m = serde_json::Map::new();
+/// The keys every descriptor but a hybrid shares as input.json gives them (its folder's
+/// `spec_keys` adds its own): axis_neuron and type_one_side where its type has them, and a
+/// mixed-type list's sel as the one number it is (the sum of a list).
+pub(super) fn shared_keys(
+    d: &DescriptorSpec,
+    axis_neuron: bool,
+    type_one_side: bool,
+) -> serde_json::Map<String, Value> {
     let sel = match d.is_mixed() {
         true => json!(d.nnei()),
         false => json!(d.sel),
     };
+    let mut m = serde_json::Map::new();
     for (k, v) in [
         ("rcut", json!(d.rcut)),
         ("rcut_smth", json!(d.rcut_smth)),
@@ -557,26 +427,22 @@ fn input_keys(d: &DescriptorSpec) -> serde_json::Map<String, Value> {
     ] {
         m.insert(k.into(), v);
     }
-    if matches!(d.kind, DescriptorType::SeE2A) || d.is_mixed() {
+    if axis_neuron {
         m.insert("axis_neuron".into(), json!(d.axis_neuron));
     }
-    if d.kind != DescriptorType::SeE3 {
+    if type_one_side {
         m.insert("type_one_side".into(), json!(d.type_one_side));
     }
-    // DPA-3's repflow keys and DPA-2's repinit and repformer sections, each as one value.
-    let own = match &d.own {
-        OwnKeys::Attention(a) => json!(a),
-        OwnKeys::Dpa3(c) => json!({ "repflow": c }),
-        OwnKeys::Dpa2(c) => json!(c),
-        OwnKeys::Se | OwnKeys::SeE3Tebd(_) | OwnKeys::Hybrid(_) => json!({}),
-    };
+    m
+}
+
+/// `m` with the keys of `own`, an object.
+pub(super) fn with_own(
+    mut m: serde_json::Map<String, Value>,
+    own: Value,
+) -> serde_json::Map<String, Value> {
     if let Value::Object(own) = own {
         m.extend(own);
-    }
-    if d.kind == DescriptorType::SeAttenV2 {
-        // Fixed for se_atten_v2: input.json has neither key.
-        m.remove("tebd_input_mode");
-        m.remove("smooth_type_embedding");
     }
     m
 }

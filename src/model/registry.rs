@@ -2,7 +2,7 @@
 //! registry knows them by (`BaseDescriptor.register("se_e2_r")` and `register("se_r")`): the
 //! one table input.json, `.yaml` files and messages read names from.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::layout::{Builder, DescriptorLayout};
 use super::yaml::PartYaml;
@@ -24,6 +24,9 @@ pub struct Registered {
     /// Whether it gives the rotation matrix a dipole or polar fitting reads (DeePMD-kit's
     /// `get_rot_mat`).
     pub gives_rot: bool,
+    /// Whether its embedding net runs on every pair of a centre's neighbour slots (se_e3), not
+    /// on every slot: its rows grow as sel², which the memory budget says.
+    pub embeds_pairs: bool,
     /// The columns of the environment rows its davg/dstd cover in DeePMD-kit's files (0 for a
     /// hybrid, whose parts have their own).
     pub env_columns: usize,
@@ -37,6 +40,12 @@ pub struct Registered {
     ) -> Result<DescriptorConfig, ConfigError>,
     /// Its keys as out.json writes them, every default filled in.
     pub(crate) to_json: fn(&DescriptorConfig) -> Value,
+    /// Its own keys' ranges (`{key}.…` in its errors), `nt` types, after the ones every
+    /// descriptor shares.
+    pub(super) check: fn(d: &DescriptorSpec, nt: usize, key: &str) -> anyhow::Result<()>,
+    /// Its keys as input.json gives them, read back from a spec (what
+    /// `ModelSpec::differences` compares).
+    pub(super) spec_keys: fn(&DescriptorSpec) -> Map<String, Value>,
     /// The width of its descriptor of one atom.
     pub(super) dim: fn(d: &DescriptorSpec) -> usize,
     /// The blocks that keep statistics of their own, in the order of its davg/dstd rows
@@ -59,9 +68,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: false,
         reads_rij: false,
         gives_rot: true,
+        embeds_pairs: false,
         env_columns: 4,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        spec_keys: super::se::input::spec_keys,
+        check: super::se::input::check,
         dim: super::se::dim,
         stat_parts: super::each_part,
         layout: super::se::layout,
@@ -75,9 +87,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: false,
         reads_rij: false,
         gives_rot: false,
+        embeds_pairs: false,
         env_columns: 1,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        spec_keys: super::se::input::spec_keys,
+        check: super::se::input::check,
         dim: super::se::dim,
         stat_parts: super::each_part,
         layout: super::se::layout,
@@ -91,9 +106,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: false,
         reads_rij: false,
         gives_rot: false,
+        embeds_pairs: true,
         env_columns: 4,
         parse: super::se::input::parse,
         to_json: super::se::input::to_json,
+        spec_keys: super::se::input::spec_keys,
+        check: super::se::input::check,
         dim: super::se::dim,
         stat_parts: super::each_part,
         layout: super::se::layout,
@@ -107,9 +125,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: true,
         reads_rij: false,
         gives_rot: false,
+        embeds_pairs: false,
         env_columns: 4,
         parse: super::se_atten::input::parse,
         to_json: super::se_atten::input::to_json,
+        spec_keys: super::se_atten::input::spec_keys,
+        check: super::se_atten::input::check,
         dim: super::se_atten::dim,
         stat_parts: super::each_part,
         layout: super::se_atten::layout,
@@ -123,9 +144,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: true,
         reads_rij: false,
         gives_rot: false,
+        embeds_pairs: false,
         env_columns: 4,
         parse: super::se_atten::input::parse,
         to_json: super::se_atten::input::to_json,
+        spec_keys: super::se_atten::input::spec_keys,
+        check: super::se_atten::input::check,
         dim: super::se_atten::dim,
         stat_parts: super::each_part,
         layout: super::se_atten::layout,
@@ -139,9 +163,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: true,
         reads_rij: true,
         gives_rot: false,
+        embeds_pairs: false,
         env_columns: 4,
         parse: super::dpa3::input::parse,
         to_json: super::dpa3::input::to_json,
+        spec_keys: super::dpa3::input::spec_keys,
+        check: super::dpa3::input::check,
         dim: super::dpa3::dim,
         stat_parts: super::each_part,
         layout: super::dpa3::layout,
@@ -155,9 +182,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: true,
         reads_rij: true,
         gives_rot: false,
+        embeds_pairs: false,
         env_columns: 4,
         parse: super::dpa2::input::parse,
         to_json: super::dpa2::input::to_json,
+        spec_keys: super::dpa2::input::spec_keys,
+        check: super::dpa2::input::check,
         dim: super::dpa2::dim,
         stat_parts: super::dpa2::stat_parts,
         layout: super::dpa2::layout,
@@ -171,9 +201,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: true,
         reads_rij: true,
         gives_rot: false,
+        embeds_pairs: false,
         env_columns: 4,
         parse: super::se_e3_tebd::input::parse,
         to_json: super::se_e3_tebd::input::to_json,
+        spec_keys: super::se_e3_tebd::input::spec_keys,
+        check: super::se_e3_tebd::input::check,
         dim: super::se_e3_tebd::dim,
         stat_parts: super::each_part,
         layout: super::se_e3_tebd::layout,
@@ -187,9 +220,12 @@ pub static DESCRIPTORS: &[Registered] = &[
         mixed: false,
         reads_rij: false,
         gives_rot: false,
+        embeds_pairs: false,
         env_columns: 0,
         parse: super::hybrid::input::parse,
         to_json: super::hybrid::input::to_json,
+        spec_keys: super::hybrid::input::spec_keys,
+        check: super::hybrid::input::check,
         dim: super::hybrid::dim,
         stat_parts: super::each_part,
         layout: super::hybrid::layout,

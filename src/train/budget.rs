@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use crate::backend::{Backend, Dims, Real};
 use crate::mem::OutOfMemory;
-use crate::model::{DescriptorType, ModelSpec};
+use crate::model::ModelSpec;
 use crate::stage::DeviceModel;
 
 use super::dataset::DataSet;
@@ -65,8 +65,8 @@ fn need<T: Real, B: Backend<T>>(b: &B, m: &DeviceModel<T, B>, dims: &Dims) -> Ne
             (per_row, widest.unwrap_or(0))
         };
         let slots = sel.iter().sum();
-        let (rows_per_atom, (per_row, widest)) = match kind {
-            DescriptorType::SeE3 => {
+        let (rows_per_atom, (per_row, widest)) = match kind.registered().embeds_pairs {
+            true => {
                 let pairs: u128 = (0..sel.len())
                     .map(|i| sel[i] * sel[i..].iter().sum::<u128>())
                     .sum();

@@ -2,7 +2,8 @@
 //! `repinit` and `repformer` blocks, `dpa2_repinit_args`, `dpa2_repformer_args`;
 //! docs/deepmd-spec.md §20.1), and their out.json form.
 
-use serde_json::Value;
+use anyhow::{anyhow, ensure};
+use serde_json::{Map, Value};
 
 use crate::config::block_keys::{activation, tebd_input_mode, update_keys};
 use crate::config::error::ConfigError;
@@ -10,9 +11,11 @@ use crate::config::keys::{at_least_one, non_negative, positive, to_f64, Schema, 
 use crate::config::model::{
     precision, type_pairs, widths, AutoList, DescriptorConfig, Sel, SelList,
 };
+use crate::model::check::{self, MAX_LAYERS, MAX_NNEI, MAX_WIDTH};
+use crate::model::check::{shared_keys, with_own};
 use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
-use crate::model::DescriptorType;
 use crate::model::OwnKeys;
+use crate::model::{DescriptorSpec, DescriptorType};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -271,4 +274,66 @@ pub(crate) fn to_json(d: &DescriptorConfig) -> Value {
         v["repinit"]["nsel"] = d.sel.to_value();
     }
     v
+}
+
+/// Its keys as input.json gives them, read back from a spec (`ModelSpec::differences` compares
+/// them): the repinit's the spec holds, then its repinit and repformer sections.
+pub(crate) fn spec_keys(d: &DescriptorSpec) -> Map<String, Value> {
+    with_own(shared_keys(d, true, true), serde_json::json!(d.own.dpa2()))
+}
+
+/// Its own keys' ranges, after the ones every descriptor shares (`ModelSpec::check`; the
+/// repinit's list and net are the spec's, checked there).
+pub(crate) fn check(d: &DescriptorSpec, _: usize, key: &str) -> anyhow::Result<()> {
+    let c = d.own.dpa2().expect("a DPA-2 spec holds its keys");
+    (c.check(d.rcut, d.sel[0], d.m1(), d.axis_neuron)).map_err(|e| anyhow!("{key}: {e}"))?;
+    let (i, r) = (&c.repinit, &c.repformer);
+    for (name, v) in [
+        ("repinit.tebd_dim", i.tebd_dim),
+        ("repformer.g1_dim", r.g1_dim),
+        ("repformer.g2_dim", r.g2_dim),
+        ("repformer.axis_neuron", r.axis_neuron),
+        ("repformer.attn1_hidden", r.attn1_hidden),
+        ("repformer.attn1_nhead", r.attn1_nhead),
+        ("repformer.attn2_hidden", r.attn2_hidden),
+        ("repformer.attn2_nhead", r.attn2_nhead),
+    ] {
+        ensure!(
+            (1..=MAX_WIDTH).contains(&v),
+            "{key}.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
+        );
+    }
+    check::widths(
+        &format!("{key}.repinit.three_body_neuron"),
+        &i.three_body_neuron,
+    )?;
+    ensure!(
+        r.nlayers <= MAX_LAYERS,
+        "{key}.repformer.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
+        r.nlayers
+    );
+    ensure!(
+        i.three_body_sel <= MAX_NNEI,
+        "{key}.repinit.three_body_sel: at most {MAX_NNEI} neighbours, found {}",
+        i.three_body_sel
+    );
+    for (name, rc, rs) in [
+        ("repformer", r.rcut, r.rcut_smth),
+        (
+            "repinit.three_body",
+            i.three_body_rcut,
+            i.three_body_rcut_smth,
+        ),
+    ] {
+        ensure!(
+            rc.is_finite() && rc > 0.0 && rs.is_finite() && rs >= 0.0,
+            "{key}.{name}: rcut must be positive and rcut_smth >= 0, found {rc} and {rs}"
+        );
+    }
+    ensure!(
+        r.ln_eps.is_finite() && r.ln_eps > 0.0,
+        "{key}.repformer.ln_eps: must be a positive number, found {}",
+        r.ln_eps
+    );
+    Ok(())
 }

@@ -1,12 +1,13 @@
 //! hybrid's keys in input.json (DeePMD-kit 3.2.0's `descrpt_hybrid_args`: its list of
 //! sub-descriptors, each read by its own type), and their out.json form.
 
-use serde_json::{json, Value};
+use anyhow::bail;
+use serde_json::{json, Map, Value};
 
 use crate::config::error::ConfigError;
 use crate::config::keys::{join, to_list, Schema, Section};
 use crate::config::model::{descriptor_json, parse_descriptor, DescriptorConfig, Precision, Sel};
-use crate::model::{DescriptorType, OwnKeys};
+use crate::model::{DescriptorSpec, DescriptorType, OwnKeys};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -89,4 +90,16 @@ pub(crate) fn to_json(d: &DescriptorConfig) -> Value {
         "type": d.r#type,
         "list": d.own.list().iter().map(descriptor_json).collect::<Vec<_>>(),
     })
+}
+
+/// None of its own: its keys are its list's, which `ModelSpec::differences` compares part by
+/// part.
+pub(crate) fn spec_keys(_: &DescriptorSpec) -> Map<String, Value> {
+    Map::new()
+}
+
+/// A hybrid's parts are checked one by one (`ModelSpec::check`); this is asked of a part alone,
+/// where a hybrid is refused.
+pub(crate) fn check(_: &DescriptorSpec, _: usize, key: &str) -> anyhow::Result<()> {
+    bail!("{key}.type: a hybrid descriptor inside hybrid is not supported")
 }

@@ -2,12 +2,14 @@
 //! `descrpt_se_a_args`, `descrpt_se_r_args`, `descrpt_se_t_args`), and their out.json form; DPA-1
 //! (`se_atten/input.rs`) reads and writes these keys too.
 
-use serde_json::{json, Value};
+use anyhow::ensure;
+use serde_json::{json, Map, Value};
 
 use crate::config::error::ConfigError;
 use crate::config::keys::{Schema, Section};
 use crate::config::model::{cutoffs, object, precision, widths, DescriptorConfig, Sel};
-use crate::model::{DescriptorType, OwnKeys};
+use crate::model::check::shared_keys;
+use crate::model::{DescriptorSpec, DescriptorType, OwnKeys};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -165,4 +167,25 @@ pub(crate) fn to_json(d: &DescriptorConfig) -> Value {
         _ => {}
     }
     descriptor
+}
+
+/// Its keys as input.json gives them, read back from a spec (`ModelSpec::differences` compares
+/// them): se_e2_r and se_e3 have no axis_neuron, se_e3 no type_one_side.
+pub(crate) fn spec_keys(d: &DescriptorSpec) -> Map<String, Value> {
+    let kind = d.kind;
+    shared_keys(
+        d,
+        kind == DescriptorType::SeE2A,
+        kind != DescriptorType::SeE3,
+    )
+}
+
+/// Its own keys' ranges, after the ones every descriptor shares (`ModelSpec::check`).
+pub(crate) fn check(d: &DescriptorSpec, nt: usize, key: &str) -> anyhow::Result<()> {
+    ensure!(
+        d.sel.len() == nt,
+        "{key}.sel: {} entries for {nt} types in type_map",
+        d.sel.len()
+    );
+    Ok(())
 }

@@ -1,15 +1,17 @@
 //! se_e3_tebd's keys in input.json (`"type": "se_e3_tebd"`: DeePMD-kit 3.2.0's
 //! `descrpt_se_e3_tebd_args`, docs/deepmd-spec.md §20.1), and their out.json form.
 
-use serde_json::Value;
+use anyhow::ensure;
+use serde_json::{Map, Value};
 
 use crate::config::block_keys::{activation, tebd_input_mode};
 use crate::config::error::ConfigError;
 use crate::config::keys::{at_least_one, non_negative, Schema, Section};
 use crate::config::model::{cutoffs, mixed_sel, precision, type_pairs, widths, DescriptorConfig};
+use crate::model::check::MAX_WIDTH;
 use crate::model::se_e3_tebd::{SeE3TebdConfig, Shared};
-use crate::model::DescriptorType;
 use crate::model::OwnKeys;
+use crate::model::{DescriptorSpec, DescriptorType};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -101,4 +103,33 @@ pub(crate) fn to_json(d: &DescriptorConfig) -> Value {
     let mut v = c.input_json(&shared, d.precision.as_str());
     v["seed"] = d.seed.into();
     v
+}
+
+/// Its keys as input.json gives them, read back from a spec (`ModelSpec::differences` compares
+/// them).
+pub(crate) fn spec_keys(d: &DescriptorSpec) -> Map<String, Value> {
+    let c = d
+        .own
+        .se_e3_tebd()
+        .expect("a se_e3_tebd spec holds its keys");
+    let Value::Object(mut m) = c.input_json(&d.into(), "float64") else {
+        unreachable!("built from an object literal")
+    };
+    m.remove("type");
+    m.remove("precision");
+    m
+}
+
+/// Its own keys' ranges, after the ones every descriptor shares (`ModelSpec::check`).
+pub(crate) fn check(d: &DescriptorSpec, _: usize, key: &str) -> anyhow::Result<()> {
+    let c = d
+        .own
+        .se_e3_tebd()
+        .expect("a se_e3_tebd spec holds its keys");
+    ensure!(
+        (1..=MAX_WIDTH).contains(&c.tebd_dim),
+        "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
+        c.tebd_dim
+    );
+    Ok(())
 }
