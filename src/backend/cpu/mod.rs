@@ -26,6 +26,7 @@ pub(crate) mod tape;
 pub mod tape_block;
 pub mod three_body;
 mod tile;
+mod zeroed;
 
 use std::ops::Range;
 

@@ -13,6 +13,7 @@ use super::act::{cst, eval3_slice};
 use super::block_in::BlockIn;
 use super::dual::{Dual, Num};
 use super::gemm::{transpose, Mat, Prod};
+use super::zeroed::{zeroed_with, zeros};
 use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
 use crate::model::dpa3::{Dpa3Layout, RepflowLayerLayout, UpdateStyle};
@@ -1614,21 +1615,25 @@ impl<T: Real> RepflowIn<'_, T> {
             }
         }
         let wa = &p[l.angle_embd..l.angle_embd + ad];
-        let mut a0 = vec![N::zero(); nc * a * a * ad];
         let pi = cst::<T>(1.0 / std::f64::consts::PI.sqrt());
         let kappa = cst::<T>(COS_SHRINK);
-        for cc in 0..nc {
-            let s0 = d.mixed_slots(cc).start;
-            for j in 0..a {
-                for k in 0..a {
-                    let cos = cosine(&geo, s0 + j, s0 + k, kappa);
-                    let out = &mut a0[((cc * a + j) * a + k) * ad..][..ad];
-                    for (v, &wv) in out.iter_mut().zip(wa) {
-                        *v = cos.scale(pi * wv);
+        let a0 = zeroed_with(
+            nc * a * a * ad,
+            a * a * ad,
+            || (),
+            |_, cc, centre| {
+                let s0 = d.mixed_slots(cc).start;
+                for j in 0..a {
+                    for k in 0..a {
+                        let cos = cosine(&geo, s0 + j, s0 + k, kappa);
+                        let out = &mut centre[(j * a + k) * ad..][..ad];
+                        for (v, &wv) in out.iter_mut().zip(wa) {
+                            *v = cos.scale(pi * wv);
+                        }
                     }
                 }
-            }
-        }
+            },
+        );
         let mut st = State {
             geo,
             owner_c,
@@ -1651,9 +1656,9 @@ impl<T: Real> RepflowIn<'_, T> {
                     st.edges.last().unwrap(),
                     st.angles.last().unwrap(),
                 );
-                let mut nodes = vec![N::zero(); nc * n];
-                let mut edges = vec![N::zero(); ns * e];
-                let mut angles = vec![N::zero(); nc * a * a * ad];
+                let mut nodes = zeros(nc * n);
+                let mut edges = zeros(ns * e);
+                let mut angles = zeros(nc * a * a * ad);
                 let per_slot = o.s * e;
                 nodes
                     .par_chunks_mut(n)
@@ -1729,8 +1734,8 @@ impl<T: Real> RepflowIn<'_, T> {
                 );
             }
         }
-        let mut be: Vec<N> = vec![z; ns * e];
-        let mut ba: Vec<N> = vec![z; nc * a * a * ad];
+        let mut be: Vec<N> = zeros(ns * e);
+        let mut ba: Vec<N> = zeros(nc * a * a * ad);
         // The slot geometry's adjoints, summed over the layers.
         let mut bh = vec![z; ns * 3];
         let mut bsw = vec![z; ns];
@@ -1750,10 +1755,10 @@ impl<T: Real> RepflowIn<'_, T> {
         };
         for (li, ll) in self.l.layers.iter().enumerate().rev() {
             let (ni, ei, ai) = (&st.nodes[li], &st.edges[li], &st.angles[li]);
-            let mut bn_own = vec![z; nc * n];
-            let mut bn_nei = vec![z; ns * n];
-            let mut be_in = vec![z; ns * e];
-            let mut ba_in = vec![z; nc * a * a * ad];
+            let mut bn_own = zeros(nc * n);
+            let mut bn_nei = zeros(ns * n);
+            let mut be_in = zeros(ns * e);
+            let mut ba_in = zeros(nc * a * a * ad);
             let span = ll.params.clone();
             let groups: Vec<Vec<N>> = bn_own
                 .par_chunks_mut(GRAD_GROUP * n)
@@ -1865,21 +1870,28 @@ impl<T: Real> RepflowIn<'_, T> {
         let wa = &p[l.angle_embd..l.angle_embd + ad];
         let pi = cst::<T>(1.0 / std::f64::consts::PI.sqrt());
         let kappa = cst::<T>(COS_SHRINK);
-        let mut bcos = vec![z; nc * a * a];
-        for cc in 0..nc {
-            let s0 = d.mixed_slots(cc).start;
-            for j in 0..a {
-                for k in 0..a {
-                    let q = (cc * a + j) * a + k;
-                    let bav = &ba[q * ad..(q + 1) * ad];
-                    bcos[q] = bav
-                        .iter()
-                        .zip(wa)
+        let bcos = zeroed_with(
+            nc * a * a,
+            a * a,
+            || (),
+            |_, cc, row| {
+                for (qc, b) in row.iter_mut().enumerate() {
+                    let bav = &ba[(cc * a * a + qc) * ad..][..ad];
+                    *b = (bav.iter().zip(wa))
                         .fold(z, |acc, (&b, &wv)| acc + b.scale(wv))
                         .scale(pi);
-                    if let Some(g) = grad.as_deref_mut() {
+                }
+            },
+        );
+        if let Some(g) = grad.as_deref_mut() {
+            let ga = &mut g[l.angle_embd..l.angle_embd + ad];
+            for cc in 0..nc {
+                let s0 = d.mixed_slots(cc).start;
+                for j in 0..a {
+                    for k in 0..a {
+                        let q = (cc * a + j) * a + k;
                         let cos = cosine(&st.geo, s0 + j, s0 + k, kappa).scale(pi);
-                        for (gv, &b) in g[l.angle_embd..l.angle_embd + ad].iter_mut().zip(bav) {
+                        for (gv, &b) in ga.iter_mut().zip(&ba[q * ad..(q + 1) * ad]) {
                             *gv += cos * b;
                         }
                     }

@@ -18,6 +18,7 @@ use super::dual::Num;
 use super::gemm::{Mat, Prod};
 use super::repflow::switch3;
 use super::tanh::tanh_in_place;
+use super::zeroed::{zeroed_with, zeros};
 use crate::backend::Real;
 use crate::model::Activation;
 
@@ -243,24 +244,21 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         let (rows, nin) = self.shape(x);
         self.node((rows, out), Op::Linear { x, w, b }, |t| {
             let wv = &t.params[w..w + nin * out];
-            let mut y = vec![N::zero(); rows * out];
-            if let Some(b) = b {
-                let bv = &t.params[b..b + out];
-                for row in y.chunks_mut(out) {
-                    for (y, &b) in row.iter_mut().zip(bv) {
-                        *y = N::of(b);
+            let xv = &t.nodes[x.0].val;
+            zeroed_with(rows * out, CHUNK * out, Vec::new, |work, k, yc| {
+                if let Some(b) = b {
+                    let bv = &t.params[b..b + out];
+                    for row in yc.chunks_mut(out) {
+                        for (y, &b) in row.iter_mut().zip(bv) {
+                            *y = N::of(b);
+                        }
                     }
                 }
-            }
-            let xv = &t.nodes[x.0].val;
-            y.par_chunks_mut(CHUNK * out)
-                .zip(xv.par_chunks(CHUNK * nin))
-                .for_each_init(Vec::new, |work, (yc, xc)| {
-                    let m = xc.len() / nin.max(1);
-                    let p = prod(m, nin, out, b.is_some());
-                    N::gemm_r(p, mat(xc, nin), wv, yc, work);
-                });
-            y
+                let xc = &xv[k * CHUNK * nin..][..yc.len() / out.max(1) * nin];
+                let m = xc.len() / nin.max(1);
+                let p = prod(m, nin, out, b.is_some());
+                N::gemm_r(p, mat(xc, nin), wv, yc, work);
+            })
         })
     }
 
@@ -290,17 +288,12 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
             tb,
         };
         self.node((batch * m, n), op, |t| {
-            let mut c = vec![N::zero(); batch * m * n];
             let (av, bv) = (t.val(a), t.val(b));
-            c.par_chunks_mut((m * n).max(1)).enumerate().for_each_init(
-                Vec::new,
-                |work, (i, cb)| {
-                    let ab = &av[i * m * k..(i + 1) * m * k];
-                    let bb = &bv[i * k * n..(i + 1) * k * n];
-                    matmul(m, k, n, (ab, ta), (bb, tb), cb, false, work);
-                },
-            );
-            c
+            zeroed_with(batch * m * n, m * n, Vec::new, |work, i, cb| {
+                let ab = &av[i * m * k..(i + 1) * m * k];
+                let bb = &bv[i * k * n..(i + 1) * k * n];
+                matmul(m, k, n, (ab, ta), (bb, tb), cb, false, work);
+            })
         })
     }
 
@@ -331,7 +324,7 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
             return self.push(Vec::new(), rows, cols, Op::Map(x, Elem::Act(a), Vec::new()));
         }
         let xv = self.val(x);
-        let (mut val, mut slope) = (vec![N::zero(); xv.len()], vec![N::zero(); xv.len()]);
+        let (mut val, mut slope) = (zeros(xv.len()), zeros(xv.len()));
         (val.par_chunks_mut(CHUNK).zip(slope.par_chunks_mut(CHUNK)))
             .zip(xv.par_chunks(CHUNK))
             .for_each(|((yc, sc), xc)| {
@@ -388,13 +381,18 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         };
         self.node(shape, op, |t| {
             let xv = t.val(x);
-            let mut y = vec![N::zero(); shape.0 * shape.1];
-            (y.par_chunks_mut(w.max(1)).zip(idx.par_iter())).for_each(|(yu, &i)| {
-                if i != NONE {
-                    yu.copy_from_slice(&xv[i as usize * w..][..w]);
-                }
-            });
-            y
+            zeroed_with(
+                shape.0 * shape.1,
+                CHUNK * w,
+                || (),
+                |_, k, yc| {
+                    for (yu, &i) in yc.chunks_mut(w.max(1)).zip(&idx[k * CHUNK..]) {
+                        if i != NONE {
+                            yu.copy_from_slice(&xv[i as usize * w..][..w]);
+                        }
+                    }
+                },
+            )
         })
     }
 
@@ -420,17 +418,18 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         assert_eq!(rows % k, 0, "sum_rows: {rows} rows in groups of {k}");
         self.node((rows / k, cols), Op::SumRows(x, k), |t| {
             let xv = t.val(x);
-            let mut y = vec![N::zero(); rows / k * cols];
-            y.par_chunks_mut(cols.max(1))
-                .enumerate()
-                .for_each(|(g, yr)| {
+            zeroed_with(
+                rows / k * cols,
+                cols,
+                || (),
+                |_, g, yr| {
                     for r in 0..k {
                         for (o, &v) in yr.iter_mut().zip(&xv[(g * k + r) * cols..][..cols]) {
                             *o += v;
                         }
                     }
-                });
-            y
+                },
+            )
         })
     }
 
@@ -488,18 +487,21 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
         }
         let total: usize = widths.iter().sum();
         self.node((rows, total), Op::Concat(xs.to_vec()), |t| {
-            let mut y = vec![N::zero(); rows * total];
-            (y.par_chunks_mut(CHUNK * total.max(1)).enumerate()).for_each(|(c, yc)| {
-                let mut at = 0;
-                for (&x, &w) in xs.iter().zip(&widths) {
-                    let xc = &t.val(x)[c * CHUNK * w..];
-                    for (yr, xr) in yc.chunks_mut(total).zip(xc.chunks(w.max(1))) {
-                        yr[at..at + w].copy_from_slice(xr);
+            zeroed_with(
+                rows * total,
+                CHUNK * total,
+                || (),
+                |_, c, yc| {
+                    let mut at = 0;
+                    for (&x, &w) in xs.iter().zip(&widths) {
+                        let xc = &t.val(x)[c * CHUNK * w..];
+                        for (yr, xr) in yc.chunks_mut(total).zip(xc.chunks(w.max(1))) {
+                            yr[at..at + w].copy_from_slice(xr);
+                        }
+                        at += w;
                     }
-                    at += w;
-                }
-            });
-            y
+                },
+            )
         })
     }
 
@@ -679,14 +681,17 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
                     let mut at = 0;
                     for &x in xs {
                         let w = self.nodes[x.0].cols;
-                        let mut xbar = vec![N::zero(); rows * w];
-                        (xbar.par_chunks_mut(CHUNK * w.max(1)))
-                            .zip(ybar.par_chunks(CHUNK * cols.max(1)))
-                            .for_each(|(xc, yc)| {
+                        let xbar = zeroed_with(
+                            rows * w,
+                            CHUNK * w,
+                            || (),
+                            |_, c, xc| {
+                                let yc = &ybar[c * CHUNK * cols..];
                                 for (xr, yr) in xc.chunks_mut(w.max(1)).zip(yc.chunks(cols)) {
                                     xr.copy_from_slice(&yr[at..at + w]);
                                 }
-                            });
+                            },
+                        );
                         put(&mut adj, x, xbar);
                         at += w;
                     }
@@ -711,13 +716,13 @@ impl<N: Copy> Grads<N> {
 }
 
 /// Runs `f` on v's adjoint, made (zero) on first use.
-fn acc<T, N: Copy + Default>(
+fn acc<T, N: Copy + Default + Send + Sync>(
     adj: &mut [Option<Vec<N>>],
     v: V,
     nodes: &[Node<T, N>],
     f: impl FnOnce(&mut [N]),
 ) {
-    let a = adj[v.0].get_or_insert_with(|| vec![N::default(); nodes[v.0].val.len()]);
+    let a = adj[v.0].get_or_insert_with(|| zeros(nodes[v.0].val.len()));
     f(a);
 }
 
@@ -835,7 +840,7 @@ fn zip_bcast<N: Copy + Default + Send + Sync>(
             .map(|(&x, &y)| f(x, y))
             .collect();
     }
-    let mut y = vec![N::default(); rows * cols];
+    let mut y = zeros(rows * cols);
     bcast_rows(&mut y, av, bv, shapes, |o, x, b| *o = f(x, b));
     y
 }
