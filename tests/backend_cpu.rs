@@ -25,6 +25,12 @@ fn reference_weight_decay_steps_f32() {
     suite::reference::weight_decay_steps::<f32, _>(&dpw::backend::cpu::Cpu::default(), "float32");
 }
 
+/// The five fittings against DeePMD-kit's numbers in float32.
+#[test]
+fn reference_fittings_f32() {
+    suite::fittings_f32(&dpw::backend::cpu::Cpu::default());
+}
+
 /// The profiling decorator forwards every op unchanged, the fused embedding ops included.
 mod timed {
     crate::backend_suite!(dpw::backend::timed::Timed::new(dpw::backend::cpu::Cpu {

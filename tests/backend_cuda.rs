@@ -60,6 +60,13 @@ fn reference_weight_decay_steps_f32() {
     suite::reference::weight_decay_steps::<f32, _>(cuda_or_skip!(), "float32");
 }
 
+/// The five fittings against DeePMD-kit's numbers in float32.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --release --features cuda --test backend_cuda -- --include-ignored"]
+fn reference_fittings_f32() {
+    suite::fittings_f32(cuda_or_skip!());
+}
+
 #[test]
 fn new_never_panics() {
     // Without a driver library this checks the error path; with one, that the device opens or

@@ -166,6 +166,14 @@ fn reference_weight_decay_steps_f32() {
     suite::reference::weight_decay_steps::<f32, _>(w, "float32");
 }
 
+/// The five fittings against DeePMD-kit's numbers in float32.
+#[test]
+fn reference_fittings_f32() {
+    if let Some(w) = wgpu_for::<f32>("reference_fittings_f32") {
+        suite::fittings_f32(w);
+    }
+}
+
 #[test]
 fn parity_with_cpu_f32() {
     parity::<f32>("parity_with_cpu_f32", 1e-5);

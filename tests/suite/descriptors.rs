@@ -10,13 +10,14 @@ use ndarray::ArrayD;
 use ndarray_npy::NpzReader;
 use serde_json::Value;
 
-use dpw::backend::Backend;
+use dpw::backend::{Backend, Real};
 use dpw::config::{EnerLossConfig, LossConfig};
 use dpw::model::{read_deepmd_yaml, Model};
 use dpw::train::batch::Frame;
 use dpw::train::loss::Loss;
 use dpw::train::predict::{loss_and_grad, predict};
 
+use super::Tol;
 use crate::common::*;
 
 /// The DPA-1 cases (`tests/reference/dpa1/`): se_atten without and with attention layers, with
@@ -224,6 +225,11 @@ pub fn training_inputs(case: &str) -> (Model, Frames) {
 /// Energies, atomic energies, forces and virials of the three eval frames, each ≤ 1e-10
 /// relative to its largest value.
 pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
+    predictions_at::<f64, B>(b, case, Tol::F64);
+}
+
+/// [`predictions`] in `T`, to `tol`.
+pub fn predictions_at<T: Real, B: Backend<T>>(b: &B, case: &str, tol: Tol) {
     let model = model(case);
     let mut z = npz(&case_dir(case).join("eval.npz"));
     let fr = Frames::read(&mut z);
@@ -247,7 +253,7 @@ pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
     let shown: Vec<String> = errs.iter().map(|(w, e)| format!("{w} {e:.1e}")).collect();
     eprintln!("{case}: relative to DeePMD-kit: {}", shown.join(", "));
     for (what, e) in errs {
-        assert!(e <= 1e-10, "{case}: {what} off by {e:e} relative");
+        assert!(e <= tol.pred, "{case}: {what} off by {e:e} relative");
     }
 }
 
@@ -333,6 +339,18 @@ fn gradient_tolerance(case: &str) -> f64 {
 }
 
 pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
+    training_gradients_at::<f64, B>(
+        b,
+        case,
+        Tol {
+            grad: gradient_tolerance(case),
+            ..Tol::F64
+        },
+    );
+}
+
+/// [`training_gradients`] in `T`, to `tol`.
+pub fn training_gradients_at<T: Real, B: Backend<T>>(b: &B, case: &str, tol: Tol) {
     let model = model(case);
     let dir = case_dir(case);
     let meta: Value =
@@ -366,9 +384,9 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
              gradient error {:.1e} ({})",
             worst.0, worst.1
         );
-        assert!(rl < 1e-12, "{case}: {cfg_key} off by {rl:e} relative");
+        assert!(rl < tol.loss, "{case}: {cfg_key} off by {rl:e} relative");
         assert!(
-            worst.0 < gradient_tolerance(case),
+            worst.0 < tol.grad,
             "{case}: {prefix} of {} off by {:e}",
             worst.1,
             worst.0

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use dpw::backend::Backend;
+use dpw::backend::{Backend, Real};
 use dpw::config::LossConfig;
 use dpw::fitting::dos::config::{DosLossConfig, TERMS};
 use dpw::model::{read_deepmd_yaml, Model};
@@ -17,6 +17,7 @@ use dpw::train::step::StepLoss;
 
 use super::descriptors::worst_tensor;
 use super::labelled::LabelledFrames;
+use super::Tol;
 use crate::common::*;
 
 const CASE: &str = "dos_water";
@@ -32,6 +33,11 @@ pub fn model() -> Model {
 /// The frame and atomic DOS of the three eval frames, each ≤ 1e-10 relative to its largest
 /// value.
 pub fn predictions<B: Backend<f64>>(b: &B) {
+    predictions_at::<f64, B>(b, Tol::F64);
+}
+
+/// [`predictions`] in `T`, to `tol`.
+pub fn predictions_at<T: Real, B: Backend<T>>(b: &B, tol: Tol) {
     let model = model();
     let fr = LabelledFrames::read(&dir().join("eval.npz"), "dos");
     let p = predict(b, &model, &fr.atype, &fr.all(true, true)).unwrap();
@@ -46,7 +52,7 @@ pub fn predictions<B: Backend<f64>>(b: &B) {
     ];
     eprintln!("{CASE}: relative to DeePMD-kit: {errs:?}");
     for (what, e) in errs {
-        assert!(e <= 1e-10, "{CASE}: {what} off by {e:e} relative");
+        assert!(e <= tol.pred, "{CASE}: {what} off by {e:e} relative");
     }
 }
 
@@ -65,6 +71,11 @@ fn loss_of(l: &Value) -> DosLossConfig {
 /// labels missing from the data: then the loss is the frame terms', as DeePMD-kit's with
 /// `find_atom_dos` 0); and the loss's displayed metrics.
 pub fn training_gradients<B: Backend<f64>>(b: &B) {
+    training_gradients_at::<f64, B>(b, Tol::F64);
+}
+
+/// [`training_gradients`] in `T`, to `tol`.
+pub fn training_gradients_at<T: Real, B: Backend<T>>(b: &B, tol: Tol) {
     let model = model();
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir().join("train_step.json")).unwrap())
@@ -104,9 +115,9 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
              gradient error {:.1e} ({})",
             sums[0], worst.0, worst.1
         );
-        assert!(rl < 1e-12, "{CASE}: {key} off by {rl:e} relative");
+        assert!(rl < tol.loss, "{CASE}: {key} off by {rl:e} relative");
         assert!(
-            worst.0 < 1e-12,
+            worst.0 < tol.grad,
             "{CASE}: {prefix} of {} off by {:e}",
             worst.1,
             worst.0
@@ -127,7 +138,7 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
                 let per = if t >= 2 { 1.0 / natoms } else { 1.0 };
                 let mine = sums[1 + t].sqrt() * per;
                 assert!(
-                    (mine - w).abs() <= 1e-12 * w,
+                    (mine - w).abs() <= tol.loss * w,
                     "{key}: rmse_{name} {mine} vs {w}"
                 );
             }
@@ -145,14 +156,14 @@ pub fn training_gradients<B: Backend<f64>>(b: &B) {
     .unwrap();
     let want = meta["loss_value_global"].as_f64().unwrap();
     assert!(
-        (sums[0] - want).abs() < 1e-12 * want,
+        (sums[0] - want).abs() < tol.loss * want,
         "no atomic labels: {}",
         sums[0]
     );
     assert!(sums[1].is_nan() && sums[2].is_nan());
     let worst = worst_tensor(&model, &grad, &mut z, "grad_global");
     assert!(
-        worst.0 < 1e-12,
+        worst.0 < tol.grad,
         "no atomic labels: {} off by {:e}",
         worst.1,
         worst.0

@@ -12,6 +12,53 @@ pub mod reference;
 pub mod tensor;
 pub mod virial;
 
+use dpw::backend::Backend;
+
+/// How close a backend's numbers come to DeePMD-kit 3.2.0's float64 ones: predictions relative
+/// to their largest value, a loss relative to itself, its gradient per parameter tensor.
+#[derive(Clone, Copy, Debug)]
+pub struct Tol {
+    pub pred: f64,
+    pub loss: f64,
+    pub grad: f64,
+}
+
+impl Tol {
+    /// float64: the same numbers up to the sums' rounding.
+    pub const F64: Tol = Tol {
+        pred: 1e-10,
+        loss: 1e-12,
+        grad: 1e-12,
+    };
+    /// float32 (the model's weights and the passes in float32, the loss summed in float64),
+    /// against DeePMD-kit's float64 numbers.
+    pub const F32: Tol = Tol {
+        pred: 1e-5,
+        loss: 1e-5,
+        grad: 2e-4,
+    };
+}
+
+/// The five fittings of issue 53 (ener with frame and atomic parameters, property, dos,
+/// dipole and polar) against DeePMD-kit's numbers in float32: their predictions and one step's
+/// loss and gradient.
+pub fn fittings_f32<B: Backend<f32>>(b: &B) {
+    for case in descriptors::FITTING_CASES {
+        descriptors::predictions_at(b, case, Tol::F32);
+        descriptors::training_gradients_at(b, case, Tol::F32);
+    }
+    for case in property::PROPERTY_CASES {
+        property::predictions_at(b, case, Tol::F32);
+        property::training_gradients_at(b, case, Tol::F32);
+    }
+    dos::predictions_at(b, Tol::F32);
+    dos::training_gradients_at(b, Tol::F32);
+    for &case in tensor::TENSOR_CASES {
+        tensor::predictions_at(b, case, Tol::F32);
+        tensor::training_gradients_at(b, case, Tol::F32);
+    }
+}
+
 /// Instantiates the whole suite for a backend expression implementing `Backend<f64>`; attributes
 /// before it (e.g. `#[ignore = "..."]`) go on every test.
 #[macro_export]

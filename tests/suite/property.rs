@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use dpw::backend::Backend;
+use dpw::backend::{Backend, Real};
 use dpw::config::LossConfig;
 use dpw::fitting::property::config::{LossFunc, PropertyLossConfig};
 use dpw::model::{read_deepmd_yaml, Model};
@@ -16,6 +16,7 @@ use dpw::train::step::StepLoss;
 
 use super::descriptors::worst_tensor;
 use super::labelled::LabelledFrames;
+use super::Tol;
 use crate::common::*;
 
 /// se_e2_a with an extensive property on water (periodic), DPA-1 with an intensive one on
@@ -33,6 +34,11 @@ pub fn model(case: &str) -> Model {
 /// The frame and atomic properties of the three eval frames, each ≤ 1e-10 relative to its
 /// largest value.
 pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
+    predictions_at::<f64, B>(b, case, Tol::F64);
+}
+
+/// [`predictions`] in `T`, to `tol`.
+pub fn predictions_at<T: Real, B: Backend<T>>(b: &B, case: &str, tol: Tol) {
     let model = model(case);
     let fr = LabelledFrames::read(&dir(case).join("eval.npz"), "property");
     let p = predict(b, &model, &fr.atype, &fr.all(true, false)).unwrap();
@@ -50,7 +56,7 @@ pub fn predictions<B: Backend<f64>>(b: &B, case: &str) {
     ];
     eprintln!("{case}: relative to DeePMD-kit: {errs:?}");
     for (what, e) in errs {
-        assert!(e <= 1e-10, "{case}: {what} off by {e:e} relative");
+        assert!(e <= tol.pred, "{case}: {what} off by {e:e} relative");
     }
 }
 
@@ -70,6 +76,11 @@ fn loss_of(l: &Value) -> PropertyLossConfig {
 /// PropertyLoss and its gradient, per tensor ≤ 1e-12 relative to DeePMD-kit's backward pass,
 /// for smooth_mae (both of its branches are taken) and mse; and its mae metric.
 pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
+    training_gradients_at::<f64, B>(b, case, Tol::F64);
+}
+
+/// [`training_gradients`] in `T`, to `tol`.
+pub fn training_gradients_at<T: Real, B: Backend<T>>(b: &B, case: &str, tol: Tol) {
     let model = model(case);
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir(case).join("train_step.json")).unwrap())
@@ -97,13 +108,13 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, case: &str) {
              per-tensor relative gradient error {:.1e} ({})",
             sums[0], worst.0, worst.1
         );
-        assert!(rl < 1e-12, "{case}: {key} off by {rl:e} relative");
+        assert!(rl < tol.loss, "{case}: {key} off by {rl:e} relative");
         assert!(
-            (mae - want_mae).abs() <= 1e-12 * want_mae,
+            (mae - want_mae).abs() <= tol.loss * want_mae,
             "{case}: mae {mae}"
         );
         assert!(
-            worst.0 < 1e-12,
+            worst.0 < tol.grad,
             "{case}: {prefix} of {} off by {:e}",
             worst.1,
             worst.0

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use dpw::backend::Backend;
+use dpw::backend::{Backend, Real};
 use dpw::config::LossConfig;
 use dpw::fitting::tensor::config::TensorLossConfig;
 use dpw::model::read_deepmd_yaml;
@@ -18,6 +18,7 @@ use dpw::train::step::StepLoss;
 
 use super::descriptors::worst_tensor;
 use super::labelled::LabelledFrames;
+use super::Tol;
 use crate::common::*;
 
 /// Each case and its label's name (`{name}.npy`).
@@ -34,6 +35,11 @@ fn dir(case: &str) -> PathBuf {
 /// The frame and atomic tensors of the three eval frames, each ≤ 1e-10 relative to its largest
 /// value (an excluded type's atomic tensor is zero in both).
 pub fn predictions<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
+    predictions_at::<f64, B>(b, (case, name), Tol::F64);
+}
+
+/// [`predictions`] in `T`, to `tol`.
+pub fn predictions_at<T: Real, B: Backend<T>>(b: &B, (case, name): (&str, &str), tol: Tol) {
     let model = read_deepmd_yaml(&dir(case).join("model.yaml")).unwrap();
     let fr = LabelledFrames::read(&dir(case).join("eval.npz"), name);
     let p = predict(b, &model, &fr.atype, &fr.all(true, true)).unwrap();
@@ -48,7 +54,7 @@ pub fn predictions<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
     ];
     eprintln!("{case}: relative to DeePMD-kit: {errs:?}");
     for (what, e) in errs {
-        assert!(e <= 1e-10, "{case}: {what} off by {e:e} relative");
+        assert!(e <= tol.pred, "{case}: {what} off by {e:e} relative");
     }
 }
 
@@ -57,6 +63,11 @@ pub fn predictions<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
 /// the frame labels missing: then it is the atomic term's, as DeePMD-kit's with `find_{name}`
 /// 0); and the loss's displayed metrics.
 pub fn training_gradients<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
+    training_gradients_at::<f64, B>(b, (case, name), Tol::F64);
+}
+
+/// [`training_gradients`] in `T`, to `tol`.
+pub fn training_gradients_at<T: Real, B: Backend<T>>(b: &B, (case, name): (&str, &str), tol: Tol) {
     let model = read_deepmd_yaml(&dir(case).join("model.yaml")).unwrap();
     let meta: Value = json_file(&dir(case).join("train_step.json"));
     let fr = LabelledFrames::read(&dir(case).join("train_step.npz"), name);
@@ -86,9 +97,9 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
              gradient error {:.1e} ({})",
             sums[0], worst.0, worst.1
         );
-        assert!(rl < 1e-12, "{case}: {key} off by {rl:e} relative");
+        assert!(rl < tol.loss, "{case}: {key} off by {rl:e} relative");
         assert!(
-            worst.0 < 1e-12,
+            worst.0 < tol.grad,
             "{case}: {prefix} of {} off by {:e}",
             worst.1,
             worst.0
@@ -103,7 +114,7 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
                 let per = if slot == 2 { 1.0 / sums[3] } else { 1.0 };
                 let mine = sums[slot].sqrt() * per;
                 assert!(
-                    (mine - w).abs() <= 1e-12 * w,
+                    (mine - w).abs() <= tol.loss * w,
                     "{case}, {key}: rmse_{which} {mine} vs {w}"
                 );
             }
@@ -144,14 +155,14 @@ pub fn training_gradients<B: Backend<f64>>(b: &B, (case, name): (&str, &str)) {
     .unwrap();
     let want = missing["loss_value"].as_f64().unwrap();
     assert!(
-        (sums[0] - want).abs() < 1e-12 * want,
+        (sums[0] - want).abs() < tol.loss * want,
         "{case}: no frame labels: {}",
         sums[0]
     );
     assert!(sums[2].is_nan());
     let worst = worst_tensor(&model, &grad, &mut z, "grad_atomic");
     assert!(
-        worst.0 < 1e-12,
+        worst.0 < tol.grad,
         "{case}: no frame labels: {} off by {:e}",
         worst.1,
         worst.0
