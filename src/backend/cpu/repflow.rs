@@ -1883,7 +1883,7 @@ impl<T: Real> RepflowIn<'_, T> {
                 }
             },
         );
-        if let Some(g) = grad.as_deref_mut() {
+        if let Some(g) = grad {
             let ga = &mut g[l.angle_embd..l.angle_embd + ad];
             for cc in 0..nc {
                 let s0 = d.mixed_slots(cc).start;
