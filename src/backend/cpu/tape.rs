@@ -18,7 +18,7 @@ use super::dual::Num;
 use super::gemm::{Mat, Prod};
 use super::repflow::switch3;
 use super::tanh::tanh_in_place;
-use super::zeroed::{zeroed_with, zeros};
+use super::zeroed::{zeroed_pair, zeroed_with, zeros};
 use crate::backend::Real;
 use crate::model::Activation;
 
@@ -324,15 +324,13 @@ impl<'p, T: Real, N: Num<T>> Tape<'p, T, N> {
             return self.push(Vec::new(), rows, cols, Op::Map(x, Elem::Act(a), Vec::new()));
         }
         let xv = self.val(x);
-        let (mut val, mut slope) = (zeros(xv.len()), zeros(xv.len()));
-        (val.par_chunks_mut(CHUNK).zip(slope.par_chunks_mut(CHUNK)))
-            .zip(xv.par_chunks(CHUNK))
-            .for_each(|((yc, sc), xc)| {
-                let f = act_chunk(a, xc);
-                for (((y, s), &v), &[f, df, d2f]) in yc.iter_mut().zip(sc).zip(xc).zip(&f) {
-                    (*y, *s) = (v.apply(|_| (f, df)), v.apply(|_| (df, d2f)));
-                }
-            });
+        let (val, slope) = zeroed_pair(xv.len(), CHUNK, |k, yc, sc| {
+            let xc = &xv[k * CHUNK..][..yc.len()];
+            let f = act_chunk(a, xc);
+            for (((y, s), &v), &[f, df, d2f]) in yc.iter_mut().zip(sc).zip(xc).zip(&f) {
+                (*y, *s) = (v.apply(|_| (f, df)), v.apply(|_| (df, d2f)));
+            }
+        });
         self.push(val, rows, cols, Op::Map(x, Elem::Act(a), slope))
     }
 

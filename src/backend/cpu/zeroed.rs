@@ -21,17 +21,41 @@ where
     v.spare_capacity_mut()[..len]
         .par_chunks_mut(chunk.max(1))
         .enumerate()
-        .for_each_init(init, |work, (k, c)| {
-            c.fill(MaybeUninit::new(N::default()));
-            // SAFETY: every entry of `c` was written just above, and `MaybeUninit<N>` has N's
-            // layout.
-            let c = unsafe { &mut *(c as *mut [MaybeUninit<N>] as *mut [N]) };
-            fill(work, k, c);
-        });
-    // SAFETY: the chunks cover `[0, len)` of the capacity, and each was initialised above (a
-    // panic in `fill` propagates before this line, and the vector drops with length 0).
+        .for_each_init(init, |work, (k, c)| fill(work, k, zero(c)));
+    // SAFETY: the chunks cover `[0, len)` of the capacity, and `zero` initialised each (a panic
+    // in `fill` propagates before this line, and the vector drops with length 0).
     unsafe { v.set_len(len) };
     v
+}
+
+/// Two tensors of `len` zeros made side by side, `chunk` at a time in parallel: chunk k of
+/// each handed to `fill(k, a, b)` (an op with two outputs, as an activation and its slope).
+pub(super) fn zeroed_pair<N>(
+    len: usize,
+    chunk: usize,
+    fill: impl Fn(usize, &mut [N], &mut [N]) + Sync + Send,
+) -> (Vec<N>, Vec<N>)
+where
+    N: Copy + Default + Send + Sync,
+{
+    let (mut a, mut b): (Vec<N>, Vec<N>) = (Vec::with_capacity(len), Vec::with_capacity(len));
+    (a.spare_capacity_mut()[..len].par_chunks_mut(chunk.max(1)))
+        .zip(b.spare_capacity_mut()[..len].par_chunks_mut(chunk.max(1)))
+        .enumerate()
+        .for_each(|(k, (ca, cb))| fill(k, zero(ca), zero(cb)));
+    // SAFETY: as in `zeroed_with`, for each of the two.
+    unsafe {
+        a.set_len(len);
+        b.set_len(len);
+    }
+    (a, b)
+}
+
+/// `c` zeroed, as the numbers it now holds.
+fn zero<N: Copy + Default>(c: &mut [MaybeUninit<N>]) -> &mut [N] {
+    c.fill(MaybeUninit::new(N::default()));
+    // SAFETY: every entry of `c` was written just above, and `MaybeUninit<N>` has N's layout.
+    unsafe { &mut *(c as *mut [MaybeUninit<N>] as *mut [N]) }
 }
 
 /// `len` zeros, zeroed in parallel.
@@ -63,5 +87,12 @@ mod tests {
             }
         }
         assert!(zeros::<f32>(100_000).iter().all(|&x| x == 0.0));
+        let (a, b) = zeroed_pair(10, 4, |k, a: &mut [f64], b| {
+            assert!(a.iter().chain(&*b).all(|&x| x == 0.0));
+            a[0] = k as f64 + 1.0;
+            b[a.len() - 1] = -(k as f64) - 1.0;
+        });
+        assert_eq!(a, [1., 0., 0., 0., 2., 0., 0., 0., 3., 0.]);
+        assert_eq!(b, [0., 0., 0., -1., 0., 0., 0., -2., 0., -3.]);
     }
 }
