@@ -11,8 +11,8 @@ use super::{DescriptorSpec, DescriptorType, Model, ModelSpec, OwnKeys};
 /// neighbours; far more only exhausts memory (every slot holds a row of the embedding).
 pub const MAX_NNEI: usize = 4096;
 /// Widest layer, and most layers of a net.
-pub(super) const MAX_WIDTH: usize = 1 << 16;
-pub(super) const MAX_LAYERS: usize = 64;
+const MAX_WIDTH: usize = 1 << 16;
+const MAX_LAYERS: usize = 64;
 /// Most element types.
 const MAX_TYPES: usize = 256;
 /// Most trainable parameters (512 MiB in f64; DeePMD-kit's large models have a few million).
@@ -157,11 +157,7 @@ impl ModelSpec {
 
 /// The keys of one (not hybrid) descriptor, named under `key`.
 fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
-    ensure!(
-        d.rcut.is_finite() && d.rcut > 0.0,
-        "{key}.rcut: must be a positive number, found {}",
-        d.rcut
-    );
+    positive_number(&format!("{key}.rcut"), d.rcut)?;
     ensure!(
         d.rcut_smth.is_finite() && d.rcut_smth >= 0.0 && d.rcut_smth < d.rcut,
         "{key}.rcut_smth: must be >= 0 and smaller than rcut ({}), found {}",
@@ -208,6 +204,35 @@ fn check_descriptor(d: &DescriptorSpec, nt: usize, key: &str) -> Result<()> {
              found {}",
         d.m1(),
         d.axis_neuron
+    );
+    Ok(())
+}
+
+/// Each width `(name, v)` of a descriptor's own keys, named `{key}.{name}`: 1 to MAX_WIDTH.
+pub(super) fn own_widths(key: &str, widths: &[(&str, usize)]) -> Result<()> {
+    for &(name, v) in widths {
+        ensure!(
+            (1..=MAX_WIDTH).contains(&v),
+            "{key}.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
+        );
+    }
+    Ok(())
+}
+
+/// A layer count at `key`: at most MAX_LAYERS.
+pub(super) fn layer_count(key: &str, n: usize) -> Result<()> {
+    ensure!(
+        n <= MAX_LAYERS,
+        "{key}: at most {MAX_LAYERS} layers are supported, found {n}"
+    );
+    Ok(())
+}
+
+/// A number at `key` that must be finite and positive.
+pub(super) fn positive_number(key: &str, v: f64) -> Result<()> {
+    ensure!(
+        v.is_finite() && v > 0.0,
+        "{key}: must be a positive number, found {v}"
     );
     Ok(())
 }

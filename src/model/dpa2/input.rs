@@ -11,8 +11,7 @@ use crate::config::keys::{at_least_one, non_negative, positive, to_f64, Schema, 
 use crate::config::model::{
     precision, type_pairs, widths, AutoList, DescriptorConfig, Sel, SelList,
 };
-use crate::model::check::{self, MAX_LAYERS, MAX_NNEI, MAX_WIDTH};
-use crate::model::check::{shared_keys, with_own};
+use crate::model::check::{self, shared_keys, with_own, MAX_NNEI};
 use crate::model::dpa2::{Dpa2Config, RepformerConfig, RepinitConfig, RepinitShared};
 use crate::model::OwnKeys;
 use crate::model::{DescriptorSpec, DescriptorType};
@@ -288,30 +287,24 @@ pub(crate) fn check(d: &DescriptorSpec, _: usize, key: &str) -> anyhow::Result<(
     let c = d.own.dpa2().expect("a DPA-2 spec holds its keys");
     (c.check(d.rcut, d.sel[0], d.m1(), d.axis_neuron)).map_err(|e| anyhow!("{key}: {e}"))?;
     let (i, r) = (&c.repinit, &c.repformer);
-    for (name, v) in [
-        ("repinit.tebd_dim", i.tebd_dim),
-        ("repformer.g1_dim", r.g1_dim),
-        ("repformer.g2_dim", r.g2_dim),
-        ("repformer.axis_neuron", r.axis_neuron),
-        ("repformer.attn1_hidden", r.attn1_hidden),
-        ("repformer.attn1_nhead", r.attn1_nhead),
-        ("repformer.attn2_hidden", r.attn2_hidden),
-        ("repformer.attn2_nhead", r.attn2_nhead),
-    ] {
-        ensure!(
-            (1..=MAX_WIDTH).contains(&v),
-            "{key}.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
-        );
-    }
+    check::own_widths(
+        key,
+        &[
+            ("repinit.tebd_dim", i.tebd_dim),
+            ("repformer.g1_dim", r.g1_dim),
+            ("repformer.g2_dim", r.g2_dim),
+            ("repformer.axis_neuron", r.axis_neuron),
+            ("repformer.attn1_hidden", r.attn1_hidden),
+            ("repformer.attn1_nhead", r.attn1_nhead),
+            ("repformer.attn2_hidden", r.attn2_hidden),
+            ("repformer.attn2_nhead", r.attn2_nhead),
+        ],
+    )?;
     check::widths(
         &format!("{key}.repinit.three_body_neuron"),
         &i.three_body_neuron,
     )?;
-    ensure!(
-        r.nlayers <= MAX_LAYERS,
-        "{key}.repformer.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
-        r.nlayers
-    );
+    check::layer_count(&format!("{key}.repformer.nlayers"), r.nlayers)?;
     ensure!(
         i.three_body_sel <= MAX_NNEI,
         "{key}.repinit.three_body_sel: at most {MAX_NNEI} neighbours, found {}",
@@ -330,10 +323,5 @@ pub(crate) fn check(d: &DescriptorSpec, _: usize, key: &str) -> anyhow::Result<(
             "{key}.{name}: rcut must be positive and rcut_smth >= 0, found {rc} and {rs}"
         );
     }
-    ensure!(
-        r.ln_eps.is_finite() && r.ln_eps > 0.0,
-        "{key}.repformer.ln_eps: must be a positive number, found {}",
-        r.ln_eps
-    );
-    Ok(())
+    check::positive_number(&format!("{key}.repformer.ln_eps"), r.ln_eps)
 }

@@ -1,15 +1,14 @@
 //! DPA-3's keys in input.json (`"type": "dpa3"`: DeePMD-kit 3.2.0's `descrpt_dpa3_args` with its
 //! `repflow` block, `dpa3_repflow_args`; docs/deepmd-spec.md §18.1), and their out.json form.
 
-use anyhow::{anyhow, ensure};
+use anyhow::anyhow;
 use serde_json::{json, Map, Value};
 
 use crate::config::block_keys::{activation, update_keys};
 use crate::config::error::ConfigError;
 use crate::config::keys::{non_negative, positive, Schema, Section};
 use crate::config::model::{precision, type_pairs, AutoList, DescriptorConfig, Sel, SelList};
-use crate::model::check::{shared_keys, with_own};
-use crate::model::check::{MAX_LAYERS, MAX_WIDTH};
+use crate::model::check::{layer_count, own_widths, shared_keys, with_own};
 use crate::model::dpa3::Dpa3Config;
 use crate::model::OwnKeys;
 use crate::model::{DescriptorSpec, DescriptorType};
@@ -238,22 +237,15 @@ pub(crate) fn check(d: &DescriptorSpec, _: usize, key: &str) -> anyhow::Result<(
     let c = d.own.dpa3().expect("a DPA-3 spec holds its keys");
     c.check(d.m1(), d.rcut, d.sel[0])
         .map_err(|e| anyhow!("{key}.repflow: {e}"))?;
-    for (name, v) in [
-        ("e_dim", c.e_dim),
-        ("a_dim", c.a_dim),
-        ("n_dim", d.m1()),
-        ("axis_neuron", c.axis_neuron),
-        ("n_multi_edge_message", c.n_multi_edge_message),
-    ] {
-        ensure!(
-            (1..=MAX_WIDTH).contains(&v),
-            "{key}.repflow.{name}: must be between 1 and {MAX_WIDTH}, found {v}"
-        );
-    }
-    ensure!(
-        c.nlayers <= MAX_LAYERS,
-        "{key}.repflow.nlayers: at most {MAX_LAYERS} layers are supported, found {}",
-        c.nlayers
-    );
-    Ok(())
+    own_widths(
+        &format!("{key}.repflow"),
+        &[
+            ("e_dim", c.e_dim),
+            ("a_dim", c.a_dim),
+            ("n_dim", d.m1()),
+            ("axis_neuron", c.axis_neuron),
+            ("n_multi_edge_message", c.n_multi_edge_message),
+        ],
+    )?;
+    layer_count(&format!("{key}.repflow.nlayers"), c.nlayers)
 }

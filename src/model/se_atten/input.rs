@@ -2,15 +2,13 @@
 //! `descrpt_se_atten_args` and `descrpt_se_atten_v2_args`), the se family's and its own, and
 //! their out.json form.
 
-use anyhow::ensure;
 use serde_json::{json, Map, Value};
 
 use super::AttentionConfig;
 use crate::config::error::ConfigError;
 use crate::config::keys::{at_least_one, positive, to_bool, to_usize, Schema, Section};
 use crate::config::model::{mixed_sel, object, DescriptorConfig};
-use crate::model::check::{shared_keys, with_own};
-use crate::model::check::{MAX_LAYERS, MAX_WIDTH};
+use crate::model::check::{layer_count, own_widths, positive_number, shared_keys, with_own};
 use crate::model::se::input::{shared, SE_KEYS, SE_UNSUPPORTED};
 use crate::model::{DescriptorSpec, DescriptorType, OwnKeys, TebdInputMode};
 
@@ -208,36 +206,12 @@ pub(crate) fn spec_keys(d: &DescriptorSpec) -> Map<String, Value> {
 /// Its own keys' ranges, after the ones every descriptor shares (`ModelSpec::check`).
 pub(crate) fn check(d: &DescriptorSpec, _: usize, key: &str) -> anyhow::Result<()> {
     let a = d.own.attention().expect("a DPA-1 spec holds its keys");
-    ensure!(
-        (1..=MAX_WIDTH).contains(&a.tebd_dim),
-        "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
-        a.tebd_dim
-    );
-    ensure!(
-        (1..=MAX_WIDTH).contains(&a.attn),
-        "{key}.attn: must be between 1 and {MAX_WIDTH}, found {}",
-        a.attn
-    );
-    ensure!(
-        a.attn_layer <= MAX_LAYERS,
-        "{key}.attn_layer: at most {MAX_LAYERS} layers are supported, found {}",
-        a.attn_layer
-    );
-    ensure!(
-        a.ln_eps.is_finite() && a.ln_eps > 0.0,
-        "{key}.ln_eps: must be a positive number, found {}",
-        a.ln_eps
-    );
-    ensure!(
-        a.scaling_factor.is_finite() && a.scaling_factor > 0.0,
-        "{key}.scaling_factor: must be a positive number, found {}",
-        a.scaling_factor
-    );
-    if let Some(t) = a.temperature {
-        ensure!(
-            t.is_finite() && t > 0.0,
-            "{key}.temperature: must be a positive number, found {t}"
-        );
+    own_widths(key, &[("tebd_dim", a.tebd_dim), ("attn", a.attn)])?;
+    layer_count(&format!("{key}.attn_layer"), a.attn_layer)?;
+    positive_number(&format!("{key}.ln_eps"), a.ln_eps)?;
+    positive_number(&format!("{key}.scaling_factor"), a.scaling_factor)?;
+    match a.temperature {
+        Some(t) => positive_number(&format!("{key}.temperature"), t),
+        None => Ok(()),
     }
-    Ok(())
 }

@@ -1,14 +1,13 @@
 //! se_e3_tebd's keys in input.json (`"type": "se_e3_tebd"`: DeePMD-kit 3.2.0's
 //! `descrpt_se_e3_tebd_args`, docs/deepmd-spec.md §20.1), and their out.json form.
 
-use anyhow::ensure;
 use serde_json::{Map, Value};
 
 use crate::config::block_keys::{activation, tebd_input_mode};
 use crate::config::error::ConfigError;
 use crate::config::keys::{at_least_one, non_negative, Schema, Section};
 use crate::config::model::{cutoffs, mixed_sel, precision, type_pairs, widths, DescriptorConfig};
-use crate::model::check::MAX_WIDTH;
+use crate::model::check::own_widths;
 use crate::model::se_e3_tebd::{SeE3TebdConfig, Shared};
 use crate::model::OwnKeys;
 use crate::model::{DescriptorSpec, DescriptorType};
@@ -126,10 +125,5 @@ pub(crate) fn check(d: &DescriptorSpec, _: usize, key: &str) -> anyhow::Result<(
         .own
         .se_e3_tebd()
         .expect("a se_e3_tebd spec holds its keys");
-    ensure!(
-        (1..=MAX_WIDTH).contains(&c.tebd_dim),
-        "{key}.tebd_dim: must be between 1 and {MAX_WIDTH}, found {}",
-        c.tebd_dim
-    );
-    Ok(())
+    own_widths(key, &[("tebd_dim", c.tebd_dim)])
 }
