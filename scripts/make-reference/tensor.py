@@ -2,12 +2,12 @@
 "dipole" / "polar", loss.type "tensor").
 
 Run with the DeePMD-kit 3.2.0 virtual environment from the repository root:
-`python scripts/make-reference/tensor.py [case ...]` (no argument: all three cases; a few
-minutes on 2 cores: per case it also runs `dp train` for one step twice and `dp test` twice).
-Writes tests/reference/fittings/<case>/{input.json, model.yaml, eval.npz, eval.json,
+`python scripts/make-reference/tensor.py [case ...]` (no argument: all six cases; 1-1.5
+minutes a case on 2 cores: per case it also runs `dp train` for one step twice and `dp test`
+twice). Writes tests/reference/fittings/<case>/{input.json, model.yaml, eval.npz, eval.json,
 train_step.npz, train_step.json}; tests/reference/fittings/README.md describes them.
 
-Cases (all on property.py's water case: se_e2_a float64 with fparam.py's davg/dstd by hand,
+Cases on se_e2_a (property.py's water case: se_e2_a float64 with fparam.py's davg/dstd by hand,
 DeePMD-kit's water frames 0, 1, 2; train frame 0; fitting neuron [16, 16, 16], resnet_dt, seed 1):
 - dipole_water: `dipole` fitting, model-level `atom_exclude_types: [1]` (H), as DeePMD-kit's
   examples/water_tensor/dipole/dipole_input_torch.json.
@@ -16,6 +16,23 @@ DeePMD-kit's water frames 0, 1, 2; train frame 0; fitting neuron [16, 16, 16], r
 - polar_water_diag: `polar` fitting, fit_diag true, shift_diag true, scale [1.5, 0.7], no
   exclusion.
 
+Cases on the descriptors that give a rotation matrix besides se_e2_a (same frames, labels as
+dipole_water's (seed 31), `dipole` fitting neuron [8, 8], resnet_dt, seed 1, one net for all
+types (the descriptor mixes types), atom_exclude_types [1]; the descriptor made as the
+descriptor's own script makes it, whose helpers are imported: dpa1.py, dpa2.py, dpa3.py):
+- dipole_dpa1: se_atten (DPA-1) sel 40, rcut 4, neuron [4, 8], axis_neuron 4, tebd_dim 4
+  concat, two attention layers (attn 8, attn_dotr), smooth_type_embedding, set_davg_zero false
+  (davg/dstd by hand, dpa1.py's water values); rotation matrix of width neuron[-1] = 8.
+- dipole_dpa2: dpa2, repinit as dpa2.py's cases, repformer 2 layers, g1_dim 8, g2_dim 6, the
+  gated g2 self-attention (attn2) on; davg/dstd DeePMD-kit's own statistics; width g2_dim 6.
+- dipole_dpa3: dpa3, repflow n_dim 8, e_dim 6, a_dim 4, 2 layers (dpa3.py's water geometry and
+  defaults); width e_dim 6.
+For these eval.npz also holds DeePMD-kit's descriptor output (`descriptor`) and rotation matrix
+(`rot_mat` [nf, natoms, width, 3], frame atom order), from the dpmodel descriptor's `call` on
+the model's own neighbour list; eval.json `rot_mat` checks it against the PyTorch descriptor and
+against the formula written out in numpy from the descriptor block's last pair features
+(`rot_mat_checks`), and says which normalisation matches.
+
 Labels are drawn here (seeded): atomic `atom_<label>` [nf, natoms, 3 | 9] per type (polar:
 symmetric, diagonal mean 5 for O, 1.5 for H) and global `<label>` [nf, 3 | 9] = the sum of the
 atomic labels over the atoms the model predicts (not the excluded ones) plus noise. The excluded
@@ -23,7 +40,8 @@ type's atomic labels are deliberately not zero (DeePMD-kit's example data has ze
 that the reference shows they are ignored by the loss (the model's mask).
 
 - The fitting's weights are those of DeePMD-kit's PyTorch `get_model` (seeded); the descriptor
-  is replaced by fparam.py's (dpmodel, seeded, davg/dstd by hand), as in property.py / dos.py.
+  is replaced by fparam.py's (dpmodel, seeded, davg/dstd by hand), as in property.py / dos.py
+  (the DPA cases: by the one its script's make_model builds, see DESCRIPTORS).
 - Output statistics (out_bias, out_std of the atomic model, [1, ntypes, 3 | 9]): DeePMD-kit's
   own `compute_or_load_out_stat` on DeePMD-kit's own statistics sample (`DpLoaderSet` with
   TensorLoss's label requirement + `make_stat_input` over a copy of the eval frames written as a
@@ -57,6 +75,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import descriptors as D  # noqa: E402
+# the DPA-1/2/3 descriptor cases (their descriptor dicts, davg/dstd and dpw's parameter names)
+import dpa1  # noqa: E402
+import dpa2  # noqa: E402  (imports dpa3, which replaces descriptors.pt_eval / loss_fn by
+import dpa3  # noqa: E402   box-None-capable twins; tensor.py uses neither)
 # JSON writing, DeePMD-kit log lines, and the PyTorch model's build, evaluation and gradients
 from dos import (  # noqa: E402
     clean, dump, inputs, param_grads, pt_eval, pt_get_model, strip_log, subset, with_stats,
@@ -95,11 +117,25 @@ LABELS = {
 }
 
 
-def case(kind, fitting, excl, seed):
-    c = dict(D.WATER, descriptor=D.se_a([46, 92], 6.0, True, 1), kind=kind,
-             fitting=dict({"type": kind, **fitting}, **FIT), atom_exclude_types=excl,
+def case(kind, fitting, excl, seed, descriptor=None, base=D.WATER, fit=FIT):
+    c = dict(base, descriptor=descriptor or D.se_a([46, 92], 6.0, True, 1), kind=kind,
+             fitting=dict({"type": kind, **fitting}, **fit), atom_exclude_types=excl,
              label_seed=seed)
     return c
+
+
+# The descriptors with a rotation matrix besides se_e2_a, small. sel / nsel: at least the most
+# neighbours within each cut-off on water frames 0-2 (36 within 4.0 Å, 24 within 3.5 (DPA-3's
+# e_sel 24 exactly), 13 within 3.0; checked and recorded in eval.json `neighbours`), so that no
+# list is truncated.
+FIT_SMALL = {"neuron": [8, 8], "resnet_dt": True, "seed": 1, "precision": "float64"}
+DPA1 = dpa1.atten("se_atten", 40, 4.0, neuron=[4, 8], axis_neuron=4, attn=8, attn_layer=2,
+                  attn_dotr=True, tebd_dim=4, smooth_type_embedding=True,
+                  type_one_side=False, set_davg_zero=False)
+DPA2 = dpa2.dpa2(dpa2.W_INIT, dpa2.W_FORM, None, {
+    "g1_dim": 8, "g2_dim": 6, "update_g2_has_attn": True, "attn2_has_gate": True,
+    "attn2_hidden": 7, "attn2_nhead": 3})
+DPA3 = dpa3.dpa3(dpa3.WATER_GEOM, {"n_dim": 8, "e_dim": 6, "a_dim": 4, "nlayers": 2})
 
 
 CASES = {
@@ -108,6 +144,33 @@ CASES = {
                         [1], 37),
     "polar_water_diag": case("polar", {"fit_diag": True, "shift_diag": True,
                                        "scale": [1.5, 0.7]}, [], 41),
+    "dipole_dpa1": case("dipole", {}, [1], 31, DPA1, dpa1.WATER, FIT_SMALL),
+    "dipole_dpa2": case("dipole", {}, [1], 31, DPA2, D.WATER, FIT_SMALL),
+    "dipole_dpa3": case("dipole", {}, [1], 31, DPA3, D.WATER, FIT_SMALL),
+}
+
+# per descriptor type (input.json's): the script whose make_model builds the descriptor
+# (None: descriptors.py's), the dpmodel block whose last pair features make the rotation
+# matrix, how davg/dstd are made, and the descriptor tensors whose gradient is also checked by
+# finite differences (beside the fitting's first and last layer)
+DESCRIPTORS = {
+    "se_e2_a": {"script": None, "block": None,
+                "davg_dstd": "by hand, as fparam.py / descriptors.py's water cases",
+                "fd": ["embed.t0.layer0.w"]},
+    "se_atten": {"script": dpa1, "block": "se_atten",
+                 "davg_dstd": "by hand, dpa1.py's WATER (davg of the radial column [0.15, "
+                 "0.17] per centre type, set_davg_zero false; dstd radial / angular [[0.12, "
+                 "0.09], [0.11, 0.08]]), every slot equal",
+                 "fd": ["tebd.layer0.w", "attn1.in.w"]},
+    "dpa2": {"script": dpa2, "block": "repformers",
+             "davg_dstd": "DeePMD-kit's own compute_input_stats on the eval frames, per block "
+             "(dpa2.py make_model; set_davg_zero true in both: davg 0)",
+             "fd": ["tebd.layer0.w", "layer0.attn2g_map.mapqk.w"]},
+    "dpa3": {"script": dpa3, "block": "repflows",
+             "davg_dstd": "fix_stat_std 0.3: DeePMD-kit's constant statistics (davg 0, dstd "
+             "0.3); res_residual weights seeded random instead of DeePMD-kit's constants "
+             "(dpa3.py make_model)",
+             "fd": ["tebd.layer0.w", "layer1.edge_self_linear.w"]},
 }
 
 
@@ -269,6 +332,31 @@ def numpy_stats(c, data, exclude=True):
     return {"global": (g_bias, g_std), "atomic": (a_bias, a_std)}
 
 
+def descriptor_serialized(c, ev):
+    """The descriptor as its own script makes it (dpmodel get_model, seeded; davg/dstd as
+    DESCRIPTORS says); that script's energy fitting and bias are not used."""
+    nf = len(ev["coord"])
+    script = DESCRIPTORS[c["descriptor"]["type"]]["script"]
+    if script is None:
+        return D.make_model(c, {"atype": ev["atype"], "energy": np.zeros(nf)})[1]["descriptor"]
+    own = {k: v for k, v in c.items() if k != "fitting"}
+    return script.make_model(own, dict(ev, energy=np.zeros(nf)))[1]["descriptor"]
+
+
+def dpw_names(pt, ser, c):
+    """{PyTorch parameter name: dpw's name}, as the descriptor's own script maps them (a
+    mixed-type descriptor has one fitting net: `fit.layer<l>.*`, else `fit.t<type>.layer<l>.*`)."""
+    kind = c["descriptor"]["type"]
+    if kind == "se_e2_a":
+        return D.dpw_names(pt, ser)
+    if kind == "se_atten":
+        return dpa1.dpw_names(pt)
+    script = DESCRIPTORS[kind]["script"]
+    names = {k: script.dpw_name(k) for k, p in pt.named_parameters() if p.numel() > 0}
+    assert sorted(names.values()) == sorted(script.model_params(ser)), "name map"
+    return names
+
+
 def make_model(c, ev):
     params = model_params(c)
     check_argcheck_defaults(params)
@@ -276,9 +364,8 @@ def make_model(c, ev):
     again = pt_get_model(params)
     for (k, a), (_, b) in zip(pt.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), k
-    _, dser = D.make_model(c, {"atype": ev["atype"], "energy": np.zeros(len(ev["coord"]))})
     ser = pt.serialize()
-    ser["descriptor"] = dser["descriptor"]
+    ser["descriptor"] = descriptor_serialized(c, ev)
     situations = {"a_global_only": ("global",), "b_atomic_only": ("atomic",),
                   "c_both": ("global", "atomic")}
     hand = numpy_stats(c, ev)
@@ -364,32 +451,56 @@ def deep_tensor(pth, c, data):
                          "output_tensor_name": dp.output_tensor_name}
 
 
-def numpy_forward(ser, data):
-    """The atomic tensor from DeePMD-kit's se_e2_a output (descriptor D_i [64] and rot_mat gr_i
-    [16, 3], dpmodel) and the fitting nets of the serialization (dpmodel FittingNet), with the
-    rest written out in numpy: o = net_t(D_i) + bias_atom_e[t]; dipole: o @ gr; polar: o = o *
-    scale[t], P = diag(o) (fit_diag) or (O + O^T)/2 (O = o as [16, 16]), alpha = gr^T P gr, plus
-    mean(diag(out_bias[t])) * scale[t] * I if shift_diag; zero for excluded types."""
+def descriptor_call(ser, data):
+    """DeePMD-kit's descriptor (dpmodel) on the frames, on the neighbour list its model builds
+    (extend_input_and_build_neighbor_list at the descriptor's rcut and sel, one list for all
+    types where the descriptor mixes types): descriptor D [nf, n, dim_out], rot_mat gr [nf, n,
+    dim_emb, 3], the extended inputs (coord, atype, mapping, nlist), and what the descriptor
+    block whose last pair features make gr returned (DESCRIPTORS' `block`; None for se_e2_a)."""
     from deepmd.dpmodel.descriptor.base_descriptor import BaseDescriptor
-    from deepmd.dpmodel.utils.network import NetworkCollection
     from deepmd.dpmodel.utils.nlist import extend_input_and_build_neighbor_list
 
     desc = BaseDescriptor.deserialize(copy.deepcopy(ser["descriptor"]))
-    fit = ser["fitting"]
-    nets = NetworkCollection.deserialize(copy.deepcopy(fit["nets"]))
     nf, n = data["coord"].shape[:2]
     atype = np.tile(data["atype"], (nf, 1))
     ext, aext, mapping, nl = extend_input_and_build_neighbor_list(
         data["coord"].reshape(nf, -1), atype, desc.get_rcut(), desc.get_sel(),
-        mixed_types=False, box=data["box"].reshape(nf, 9))
+        mixed_types=desc.mixed_types(), box=data["box"].reshape(nf, 9))
+    seen = []
+    kind = ser["descriptor"]["type"]
+    block = DESCRIPTORS[{"dpa1": "se_atten"}.get(kind, kind)]["block"]  # serialized: "dpa1"
+    if block is not None:  # record the block's outputs (NativeOP.__call__ calls self.call)
+        blk = getattr(desc, block)
+        own = blk.call
+        blk.call = lambda *a, **k: seen.append(own(*a, **k)) or seen[-1]
     dd, gr, *_ = desc.call(ext, aext, nl, mapping)
     dd, gr = np.asarray(dd), np.asarray(gr).reshape(nf, n, -1, 3)
+    return desc, (ext, aext, mapping, nl), dd, gr, (seen[-1] if seen else None)
+
+
+def numpy_forward(ser, data):
+    """The atomic tensor from DeePMD-kit's descriptor output (descriptor D_i and rot_mat gr_i
+    [m, 3], dpmodel; se_e2_a: [64] and [16, 3]) and the fitting nets of the serialization
+    (dpmodel FittingNet), with the rest written out in numpy: o = net_t(D_i) + bias_atom_e[t]
+    (one net for all types where the descriptor mixes types); dipole: o @ gr; polar: o = o *
+    scale[t], P = diag(o) (fit_diag) or (O + O^T)/2 (O = o as [m, m]), alpha = gr^T P gr, plus
+    mean(diag(out_bias[t])) * scale[t] * I if shift_diag; zero for excluded types."""
+    from deepmd.dpmodel.utils.network import NetworkCollection
+
+    fit = ser["fitting"]
+    nets = NetworkCollection.deserialize(copy.deepcopy(fit["nets"]))
+    nf, n = data["coord"].shape[:2]
+    _, _, dd, gr, _ = descriptor_call(ser, data)
     m = gr.shape[2]
     t = data["atype"]
-    o = np.zeros((nf, n, fit["nets"]["networks"][0]["layers"][-1]["@variables"]["w"].shape[1]))
-    for ti in range(len(ser["type_map"])):
-        sel = t == ti
-        o[:, sel] = nets[(ti,)](dd[:, sel]) + fit["@variables"]["bias_atom_e"][ti]
+    if fit["mixed_types"]:
+        o = nets[()](dd) + fit["@variables"]["bias_atom_e"][t][None]
+    else:
+        o = np.zeros((nf, n, fit["nets"]["networks"][0]["layers"][-1]["@variables"]["w"]
+                      .shape[1]))
+        for ti in range(len(ser["type_map"])):
+            sel = t == ti
+            o[:, sel] = nets[(ti,)](dd[:, sel]) + fit["@variables"]["bias_atom_e"][ti]
     if fit["type"] == "dipole":
         out = np.einsum("fim,fimk->fik", o, gr)
     else:
@@ -474,6 +585,116 @@ def forward_checks(ser, c, data, pred_atom):
     else:
         out["dipole_out_bias_applied"] = bool(np.abs(raw - pred_atom).max() > 0)
     return out
+
+
+def neighbour_counts(c, ser, data):
+    """The most neighbours within each cut-off of the descriptor on the frames (all periodic
+    images), against its sel / nsel."""
+    from deepmd.dpmodel.utils.region import normalize_coord
+    from deepmd.dpmodel.utils.nlist import extend_coord_with_ghosts
+
+    d = c["descriptor"]
+    if d["type"] == "se_atten":
+        lists = {"se_atten": (d["rcut"], d["sel"])}
+    elif d["type"] == "dpa2":
+        lists = {b: (d[b]["rcut"], d[b]["nsel"]) for b in ("repinit", "repformer")}
+    else:
+        r = d["repflow"]
+        lists = {"edge": (r["e_rcut"], r["e_sel"]), "angle": (r["a_rcut"], r["a_sel"])}
+    nf, n = data["coord"].shape[:2]
+    rmax = max(rc for rc, _ in lists.values())
+    x = normalize_coord(data["coord"], data["box"])
+    ext, _, _ = extend_coord_with_ghosts(x, np.tile(data["atype"], (nf, 1)), data["box"], rmax)
+    ext = np.asarray(ext).reshape(nf, -1, 3)
+    r = np.linalg.norm(ext[:, None, :, :] - x[:, :, None, :], axis=-1)  # [nf, n, nall]
+    out = {}
+    for k, (rc, sel) in lists.items():
+        most = int(((r < rc) & (r > 0)).sum(-1).max())
+        assert most <= sel, (k, most, sel)
+        out[k] = {"rcut": rc, "sel": sel, "max_neighbours_within_rcut": most,
+                  "pair_distance_nearest_rcut_relative_offset": float(
+                      (r.ravel() - rc)[np.argmin(np.abs(r.ravel() - rc))] / rc)}
+    return out
+
+
+def hg(g, h, sw, smooth, sqrt, eps=1e-4):
+    """DeePMD-kit's _cal_hg written out: rot_mat[e, c] = norm * sum_j g_j[e] h_j[c] (g masked by
+    the list; smooth: g times sw, norm 1/nnei or 1/sqrt(nnei) with nnei the list width; not
+    smooth: norm 1/(eps + count) or 1/(eps + sqrt(count)), count = neighbours in the list)."""
+    nnei = g.shape[2]
+    mask = (sw > 0).astype(g.dtype)  # sw > 0 exactly on the list's real neighbours
+    if smooth:
+        w = g * sw[..., None]
+        norm = 1.0 / (np.sqrt(nnei) if sqrt else nnei)
+    else:
+        w = g * mask[..., None]
+        cnt = mask.sum(-1)[..., None, None]
+        norm = 1.0 / (eps + (np.sqrt(cnt) if sqrt else cnt))
+    return np.einsum("fijc,fije->fiec", h, w) * norm
+
+
+def rot_mat_checks(ser, c, data):
+    """DeePMD-kit's rotation matrix and descriptor output (dpmodel) on the frames, against its
+    PyTorch descriptor on the same inputs and against the formula written out from the
+    block's outputs (last layer's pair features g, equivariant pair rows h = the normalised
+    environment rows' columns 1:4, switch sw); every normalisation variant tried, so that the
+    one DeePMD-kit uses shows as the one that is 0."""
+    desc, (ext, aext, mapping, nl), dd, gr, blk = descriptor_call(ser, data)
+    nf, n = data["coord"].shape[:2]
+    kind = ser["descriptor"]["type"]
+    ptd = D.pt_model(ser).atomic_model.descriptor
+    with torch.no_grad():
+        r = ptd(torch.tensor(np.asarray(ext).reshape(nf, -1)), torch.tensor(np.asarray(aext)),
+                torch.tensor(np.asarray(nl)), mapping=torch.tensor(np.asarray(mapping)))
+    pt_dd, pt_gr = r[0].numpy(), r[1].numpy().reshape(gr.shape)
+    g, h, rot, sw = (np.asarray(a) for a in (blk[1], blk[2], blk[3], blk[4]))
+    sw = sw.reshape(g.shape[:3])
+    assert np.array_equal(np.asarray(rot).reshape(gr.shape), gr)
+    if kind == "dpa1":  # se_atten
+        nnei = g.shape[2]
+        variants = {"sum_j h_j g_j / nnei": np.einsum("fijc,fije->fiec", h, g) / nnei,
+                    "sum_j h_j g_j / sqrt(nnei)": np.einsum("fijc,fije->fiec", h, g)
+                    / np.sqrt(nnei)}
+        settings = {"nnei (= sel)": nnei, "smooth_type_embedding": desc.se_atten.smooth}
+        how = ("DescrptDPA1.call (dense) -> DescrptBlockSeAtten: gg = the neighbour embedding "
+               "G_j [nnei, 8] after the attention layers; gr = (1/nnei) sum_j R_j^T gg_j [4, 8] "
+               "over all nnei = sel slots (padding included: its h is 0 since the angular davg "
+               "is 0), R_j the normalised environment row (s, s x/r, s y/r, s z/r) (- davg) / "
+               "dstd; rot_mat = gr[1:4]^T [8, 3]; no switch in this sum (sw enters gg "
+               "through the smooth type embedding and the attention)")
+    else:
+        b = desc.repformers if kind == "dpa2" else desc.repflows
+        smooth = getattr(b, "smooth", True) if kind == "dpa2" else True
+        sqrt = getattr(b, "use_sqrt_nnei", True) if kind == "dpa2" else True
+        variants = {f"{'smooth' if sm else 'count'}, {'1/sqrt' if sq else '1/'}(nnei)":
+                    hg(g, h, sw, sm, sq) for sm in (True, False) for sq in (True, False)}
+        settings = {"nnei (list width)": g.shape[2], "smooth": smooth, "use_sqrt_nnei": sqrt,
+                    "epsilon": getattr(b, "epsilon", None)}
+        what = ("repformer: g = g2 as the layers leave it [nnei, g2_dim] (the last layer "
+                "updates g1 only: g2 is layer nlayers-2's output, the only layer with linear2 "
+                "and the g2 attention here), h = h2 (the list's normalised rows' columns 1:4; "
+                "update_h2 false)" if kind == "dpa2"
+                else "repflow: g = the edge features of the last layer [nnei, e_dim], h = the "
+                "normalised environment rows' columns 1:4")
+        how = (f"the descriptor's call (dense) -> {type(b).__name__}.call: {what}; h2g2 = "
+               f"_cal_hg(g, h, nlist_mask, sw, smooth={smooth}, use_sqrt_nnei={sqrt}) [3, "
+               f"dim_emb] = h^T (g * sw) / sqrt(nnei) with nnei the block's list width (sel), "
+               f"padding slots 0 (sw 0, g masked); rot_mat = h2g2^T [dim_emb, 3]")
+    diffs = {k: float(np.abs(v - gr).max()) for k, v in variants.items()}
+    return dd, gr, {
+        "how": how,
+        "dim_emb": int(desc.get_dim_emb()),
+        "fitting_embedding_width": int(ser["fitting"]["embedding_width"]),
+        "descriptor_dim_out": int(desc.get_dim_out()),
+        "shape": list(gr.shape),
+        "atom_order": "the frame's (type.raw's); DeePMD-kit's dpmodel descriptor `call` on "
+                      "extend_input_and_build_neighbor_list's extended frame and list",
+        "block_settings": settings,
+        "formula_max_abs_diff": diffs,
+        "max_abs": float(np.abs(gr).max()),
+        "pt_vs_dpmodel_rot_mat_max_abs": float(np.abs(pt_gr - gr).max()),
+        "pt_vs_dpmodel_descriptor_max_abs": float(np.abs(pt_dd - dd).max()),
+    }
 
 
 def dp_test(pth, c, data, tmp):
@@ -626,12 +847,24 @@ def run_case(name, c):
     yaml_path = os.path.join(out, "model.yaml")
     save_dp_model(yaml_path, {"model": ser, "model_def_script": params, "backend": "dpmodel",
                               "software": "deepmd-kit", "version": deepmd.__version__})
-    # the descriptor is property_water's (same construction)
-    pw = os.path.join(ROOT, "property_water", "model.yaml")
-    same_desc = None
-    if os.path.exists(pw):
-        o = load_dp_model(pw)["model"]["descriptor"]
-        same_desc = D.array_diff(ser["descriptor"], o)
+    dkind = c["descriptor"]["type"]
+    if dkind == "se_e2_a":
+        # the descriptor is property_water's (same construction)
+        pw = os.path.join(ROOT, "property_water", "model.yaml")
+        same_desc = None
+        if os.path.exists(pw):
+            o = load_dp_model(pw)["model"]["descriptor"]
+            same_desc = D.array_diff(ser["descriptor"], o)
+        desc_meta = {"descriptor_max_abs_diff_vs_property_water": same_desc,
+                     "davg_dstd": DESCRIPTORS[dkind]["davg_dstd"]}
+        desc_arrays = {}
+    else:
+        dd, gr, rinfo = rot_mat_checks(ser, c, ev)
+        desc_meta = {"davg_dstd": DESCRIPTORS[dkind]["davg_dstd"],
+                     "neighbours": neighbour_counts(c, ser, ev), "rot_mat": rinfo}
+        desc_arrays = {"rot_mat": gr, "descriptor": dd}
+        brief = {k: v for k, v in rinfo.items() if k not in ("how", "atom_order")}
+        print(f"{name}: rot_mat {json.dumps(clean(brief))}", flush=True)
     pt = D.pt_model(ser)
     dp = D.dp_model(ser)
     g_pt, a_pt, r = pt_tensors(pt, c, ev)
@@ -658,7 +891,7 @@ def run_case(name, c):
     arrays = {"coord": ev["coord"].reshape(nf, -1), "box": ev["box"].reshape(nf, 9),
               "atype": ev["atype"], f"{lk}_label": ev["label"],
               f"atom_{lk}_label": ev["atom_label"], lk: g_pt, f"atom_{lk}": a_pt,
-              f"{lk}_dpmodel": g_dp, f"atom_{lk}_dpmodel": a_dp}
+              f"{lk}_dpmodel": g_dp, f"atom_{lk}_dpmodel": a_dp, **desc_arrays}
     np.savez(os.path.join(out, "eval.npz"), **arrays)
     fit_ser = ser["fitting"]
     excl = np.isin(ev["atype"], c["atom_exclude_types"])
@@ -675,8 +908,7 @@ def run_case(name, c):
         "natoms_per_type": np.bincount(ev["atype"], minlength=nt).tolist(),
         "atom_exclude_types": c["atom_exclude_types"],
         "descriptor": c["descriptor"],
-        "descriptor_max_abs_diff_vs_property_water": same_desc,
-        "davg_dstd": "by hand, as fparam.py / descriptors.py's water cases",
+        **desc_meta,
         "fitting": c["fitting"],
         "fitting_serialized": {kk: fit_ser[kk] for kk in (
             "type", "var_name", "embedding_width", "dim_descrpt", "fit_diag", "shift_diag",
@@ -772,7 +1004,7 @@ def run_case(name, c):
           f" bias_atom_e {fc['nonzero_bias_atom_e']['max_abs_vs_pt']:.1e}", flush=True)
 
     # ---- train step
-    names = D.dpw_names(pt, ser)
+    names = dpw_names(pt, ser, c)
     ntr = tr["coord"].shape[0]
     tg, ta, tr_r = pt_tensors(pt, c, tr, train=True)
     tg, ta = tg.detach().numpy(), ta.detach().numpy()
@@ -796,11 +1028,12 @@ def run_case(name, c):
             arrays[f"grad{suf}.{kk}"] = res[suf]["g"][kk]
     for kk in sorted(res[""]["hg"]):
         arrays["grad_f64." + kk] = res[""]["hg"][kk]
-    fit0 = "fit.t0.layer0.w"
-    fitlast = sorted(kk for kk in res[""]["g"] if kk.startswith("fit.t0") and kk.endswith(".w"))[-1]
-    emb0 = "embed.t0.layer0.w"
+    # the fitting's first and last layer (type 0's net where there is one per type) and the
+    # descriptor's tensors of DESCRIPTORS
+    fitp = "fit.t0." if "fit.t0.layer0.w" in res[""]["g"] else "fit."
+    fitw = sorted(kk for kk in res[""]["g"] if kk.startswith(fitp) and kk.endswith(".w"))
     fds = []
-    for key in [fit0, emb0, fitlast]:
+    for key in [fitw[0], *DESCRIPTORS[dkind]["fd"], fitw[-1]]:
         for suf, lab in [("", "loss (pref 1, pref_atomic 1)"),
                          ("_global", "loss_global (pref 1, pref_atomic 0)"),
                          ("_atomic", "loss_atomic (pref 0, pref_atomic 1)")]:
