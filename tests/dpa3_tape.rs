@@ -33,7 +33,8 @@ fn repflow_on_the_tape_equals_repflow_by_hand() {
         let (m, fr) = suite::descriptors::training_inputs(case);
         let batch = assemble(&m.spec, &fr.atype, &fr.all()).unwrap();
         let d = &batch.dims;
-        let Some(BlockOpts::Repflow(o)) = BlockOpts::of(&m.spec.descriptor, m.spec.ntypes()) else {
+        let Some(BlockOpts::Repflow(o)) = BlockOpts::of(&m.spec.descriptor, m.spec.ntypes(), false)
+        else {
             panic!("{case}: not a DPA-3 model");
         };
         let layout = m.layout();

@@ -70,10 +70,13 @@ fn input(case: &str, systems: &[&Path], loss: Value, steps: usize) -> Value {
     })
 }
 
-const CASES: [(&str, &str); 3] = [
+const CASES: [(&str, &str); 6] = [
     ("dipole_water", "dipole"),
     ("polar_water", "polarizability"),
     ("polar_water_diag", "polarizability"),
+    ("dipole_dpa1", "dipole"),
+    ("dipole_dpa2", "dipole"),
+    ("dipole_dpa3", "dipole"),
 ];
 
 /// DeePMD-kit's output bias (eval.json `stats`): from frame labels alone (least squares over the
@@ -105,7 +108,14 @@ fn deepmd_kits_yaml_both_ways() {
     for (case, _) in CASES {
         let m = read_deepmd_yaml(&case_dir(case).join("model.yaml")).unwrap();
         let (_, spec) = m.spec.fitting.output.tensor().expect("a tensor fitting");
-        assert_eq!(spec.embedding_width, 16, "{case}");
+        // The descriptor's rotation matrix width (se_e2_a's and DPA-1's last embedding width,
+        // DPA-2's g2_dim, DPA-3's e_dim: DeePMD-kit's get_dim_emb), as DeePMD-kit's fitting has it.
+        let eval = json_file(&case_dir(case).join("eval.json"));
+        let want = eval["fitting_serialized"]["embedding_width"]
+            .as_u64()
+            .unwrap() as usize;
+        assert_eq!(spec.embedding_width, want, "{case}");
+        assert_eq!(m.spec.descriptor.rot_width(), Some(want), "{case}");
         let tmp = TempDir::new().unwrap();
         let out = tmp.path().join("back.yaml");
         write_deepmd_yaml(&m, &out).unwrap();

@@ -4,7 +4,8 @@ Run from the repository root with the DeePMD-kit 3.2.0 virtual environment's pyt
 beside it), after `cargo build --release`:
 `python scripts/make-reference/dp_evaluates_tensor_model.py`. Two kinds of case:
 
-- tests/reference/fittings/{dipole_water, polar_water, polar_water_diag}: the three eval frames
+- tests/reference/fittings/{dipole_water, polar_water, polar_water_diag} (se_e2_a) and
+  {dipole_dpa1, dipole_dpa2, dipole_dpa3} (DPA-1, DPA-2, DPA-3): the three eval frames
   written as a deepmd/npy system with their `<name>.npy` and `atomic_<name>.npy` (name dipole or
   polarizability), the reference's model section trained 5 steps with dpw on it
   (`loss.type: "tensor"`, pref 1, pref_atomic 1);
@@ -20,26 +21,30 @@ predictions), between the printed RMSE, RMSE/sqrtN and RMSE/N, and whether the d
 are equal. `dpw test` writes no atomic tensors, so only the frame ones are compared; the atomic
 ones of DeepDipole/DeepPolar are checked to sum to the frame ones.
 
-2026-12-03 (float64, CPU; `rel` is relative to the largest predicted frame value):
+2026-12-03 (float64, CPU; `rel` is relative to the largest predicted frame value; the DPA
+cases 2026-12-07, the other rows the same then):
 
     case              max|frame|  DeepTensor vs dpw  rel      dp test .out  rel      RMSE rel  hdr
     dipole_water      5.22e+00    2.6e-15            4.9e-16  2.4e-15       4.7e-16  0.0e+00   same
     polar_water       6.30e+02    2.3e-13            3.6e-16  1.1e-13       1.8e-16  0.0e+00   same
     polar_water_diag  6.05e+02    6.8e-13            1.1e-15  4.2e-16       6.9e-19  0.0e+00   same
+    dipole_dpa1       7.41e-01    2.2e-15            3.0e-15  2.3e-15       3.1e-15  0.0e+00   same
+    dipole_dpa2       4.32e+00    1.2e-14            2.9e-15  1.2e-14       2.9e-15  0.0e+00   same
+    dipole_dpa3       7.26e+00    3.6e-15            4.9e-16  3.6e-15       4.9e-16  0.0e+00   same
     example dipole    1.05e+02    2.1e-14            2.0e-16  1.4e-14       1.4e-16  0.0e+00   same
     example polar     2.59e+02    1.1e-13            4.4e-16  1.1e-13       4.4e-16  0.0e+00   same
 
 RMSE rel: the largest relative difference of the printed RMSE, RMSE/sqrtN and RMSE/N lines
 (both print 7 significant digits: the strings are identical); the RMSE recomputed in full
-precision from the two detail files agrees to 2.2e-16 relative, and the labels of dpw's detail
-file are the data's exactly. DeePMD-kit's atomic tensors sum to its frame ones to 1.1e-15
-relative. RMSE/sqrtN and RMSE/N divide by the number of atoms of the types not in
-atom_exclude_types in both (64 of 192 in dipole_water, polar_water and both examples; 192 in
-polar_water_diag). The detail headers (`# data_x ... pred_z`, polar `# data_pxx ... pred_pzz`)
-and the row format (np.savetxt's %.18e) are the same. The printed reports differ only in form:
-`dp test` says "output of dp test" where dpw says "dpw test", ends two lines with a space, and
-prints its "weighted average of errors" block (RMSE only) even for one system, which dpw test
-prints only for two systems or more.
+precision from the two detail files agrees to 2.2e-16 relative (1.8e-15 for dipole_dpa2), and
+the labels of dpw's detail file are the data's exactly. DeePMD-kit's atomic tensors sum to its
+frame ones to 1.1e-15 relative. RMSE/sqrtN and RMSE/N divide by the number of atoms of the
+types not in atom_exclude_types in both (64 of 192 in dipole_water, polar_water, the DPA cases
+and both examples; 192 in polar_water_diag). The detail headers (`# data_x ... pred_z`, polar
+`# data_pxx ... pred_pzz`) and the row format (np.savetxt's %.18e) are the same. The printed
+reports differ only in form: `dp test` says "output of dp test" where dpw says "dpw test", ends
+two lines with a space, and prints its "weighted average of errors" block (RMSE only) even for
+one system, which dpw test prints only for two systems or more.
 """
 
 import json
@@ -155,7 +160,8 @@ def example(fitting, rows):
 
 def main():
     rows = []
-    cases = ["dipole_water", "polar_water", "polar_water_diag"]
+    cases = ["dipole_water", "polar_water", "polar_water_diag", "dipole_dpa1", "dipole_dpa2",
+             "dipole_dpa3"]
     for case in cases:
         reference(case, rows)
     for fitting in ["dipole", "polar"]:

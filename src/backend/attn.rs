@@ -153,6 +153,9 @@ pub struct AttnArgs<'a, B, I> {
     pub sw: &'a B,
     pub dsw: &'a B,
     pub owner: &'a I,
+    /// ∂L/∂A `[ncentres][4][M1]` of a tensor fitting, which the dual reverse adds to the
+    /// contraction's Ā (`None` but there).
+    pub abar: Option<&'a B>,
 }
 
 /// [`AttnArgs`] on the host: downloaded, or borrowed where the buffers are host vectors.
@@ -164,6 +167,7 @@ struct HostArgs<'h, T: Clone> {
     sw: Cow<'h, [T]>,
     dsw: Cow<'h, [T]>,
     owner: Cow<'h, [i32]>,
+    abar: Option<Cow<'h, [T]>>,
 }
 
 impl<'a, B, I> AttnArgs<'a, B, I> {
@@ -176,6 +180,7 @@ impl<'a, B, I> AttnArgs<'a, B, I> {
             sw: b.download(self.sw).into(),
             dsw: b.download(self.dsw).into(),
             owner: b.download_idx(self.owner).into(),
+            abar: self.abar.map(|a| b.download(a).into()),
         }
     }
 
@@ -199,6 +204,7 @@ impl<'a, B, I> AttnArgs<'a, B, I> {
             sw: &h.sw,
             dsw: &h.dsw,
             owner: &h.owner,
+            abar: h.abar.as_deref(),
         })
     }
 }
@@ -214,6 +220,7 @@ impl<T: Real> AttnArgs<'_, Vec<T>, Vec<i32>> {
             sw: self.sw.into(),
             dsw: self.dsw.into(),
             owner: self.owner.into(),
+            abar: self.abar.map(|a| a.into()),
         };
         self.run(&h, f)
     }
@@ -245,10 +252,17 @@ pub fn attn_forward<T: Real, B: Device<T> + ?Sized>(
     a: &AttnArgs<B::Buf, B::Idx>,
     desc: &mut B::Buf,
     stride: usize,
+    rot: Option<&mut B::Buf>,
 ) {
     let mut out = b.download(desc);
-    a.with(b, |x| host::forward(d, x, &mut out, stride));
+    let mut a_out = rot.as_deref().map(|r| b.download(r));
+    a.with(b, |x| {
+        host::forward(d, x, &mut out, stride, a_out.as_deref_mut())
+    });
     b.write(desc, &out);
+    if let (Some(rot), Some(v)) = (rot, a_out) {
+        b.write(rot, &v);
+    }
 }
 
 pub fn attn_backward<T: Real, B: Device<T> + ?Sized>(

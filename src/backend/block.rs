@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use super::cpu::block_in::BlockIn;
 use super::cpu::repflow::{self, RepflowIn};
 use super::cpu::repformer::Dpa2In;
-use super::cpu::tape_block::{self, Recorded};
+use super::cpu::tape_block::{self, Recorded, TapeBlock};
 use super::cpu::three_body::SeE3TebdIn;
 use super::keep::{Keep, Key};
 use super::{Device, Dims, Real};
@@ -42,11 +42,11 @@ pub enum BlockOpts {
 
 impl BlockOpts {
     /// The block of a message-passing descriptor (DPA-3, DPA-2) or se_e3_tebd; `None` for the
-    /// others.
-    pub fn of(d: &DescriptorSpec, nt: usize) -> Option<Self> {
+    /// others. With `rot`, a message-passing block gives the rotation matrix after D.
+    pub fn of(d: &DescriptorSpec, nt: usize, rot: bool) -> Option<Self> {
         match d.kind {
-            DescriptorType::Dpa3 => Some(BlockOpts::Repflow(RepflowOpts::new(d, nt))),
-            DescriptorType::Dpa2 => Some(BlockOpts::Repformer(Dpa2Opts::new(d, nt))),
+            DescriptorType::Dpa3 => Some(BlockOpts::Repflow(RepflowOpts::new(d, nt, rot))),
+            DescriptorType::Dpa2 => Some(BlockOpts::Repformer(Dpa2Opts::new(d, nt, rot))),
             DescriptorType::SeE3Tebd => Some(BlockOpts::SeE3Tebd(SeE3TebdOpts::new(d, nt))),
             _ => None,
         }
@@ -74,6 +74,22 @@ impl HostBlock<'_> {
             HostBlock::Repformer(o, _) => o.width(),
             HostBlock::SeE3Tebd(o, _) => o.width(),
         }
+    }
+
+    /// M of the rotation matrix A `[4][M]` per centre the block gives after D, where it gives
+    /// one.
+    pub fn rot_width(&self) -> Option<usize> {
+        match self {
+            HostBlock::Repflow(o, _) => o.rot_width(),
+            HostBlock::Repformer(o, _) => o.rot_width(),
+            HostBlock::SeE3Tebd(o, _) => o.rot_width(),
+        }
+    }
+
+    /// The values of the block's output (and of its adjoint) for `nc` centres: D's, then A's
+    /// where it gives A (`tape_block::output`).
+    pub fn out_len(&self, nc: usize) -> usize {
+        nc * tape_block::out_width(self.width(), self.rot_width())
     }
 }
 
@@ -428,7 +444,7 @@ pub fn block_forward<T: Real, B: Device<T> + ?Sized>(
     a: &BlockArgs<B::Buf, B::Idx>,
     desc: &mut B::Buf,
 ) {
-    let mut out = vec![T::zero(); d.ncentres() * a.block.width()];
+    let mut out = vec![T::zero(); a.block.out_len(d.ncentres())];
     a.with(b, |x| x.forward(d, &mut out));
     b.write(desc, &out);
 }
@@ -454,7 +470,7 @@ pub fn block_tangent<T: Real, B: Device<T> + ?Sized>(
     ddot: &mut B::Buf,
 ) {
     let rijdot = b.download(rijdot);
-    let mut out = vec![T::zero(); d.ncentres() * a.block.width()];
+    let mut out = vec![T::zero(); a.block.out_len(d.ncentres())];
     a.with(b, |x| x.tangent(d, &rijdot, &mut out));
     b.write(ddot, &out);
 }

@@ -461,16 +461,18 @@ macro_rules! compute_ops {
             }
 
             /// DPA-1's attention layers and contraction, per centre: D `[nc][stride]` (its first
-            /// M1·M2 columns) from G⁰ and R̂ (docs/design.md §11.1).
+            /// M1·M2 columns) from G⁰ and R̂ (docs/design.md §11.1), and where given A
+            /// `[nc][4][M1]`, whose rows 1..3 are the rotation matrix a tensor fitting reads.
             fn attn_forward(
                 &self,
                 d: &Dims,
                 a: &AttnArgs<Self::Buf, Self::Idx>,
                 desc: &mut Self::Buf,
                 stride: usize,
+                rot: Option<&mut Self::Buf>,
             ) as AttnForward;
             flops(_) { attn_flops(d, a) }
-            default { crate::backend::attn::attn_forward(self, d, a, desc, stride) }
+            default { crate::backend::attn::attn_forward(self, d, a, desc, stride, rot) }
 
             /// Forces of the attention block: q = ∂E/∂r_ij per slot from D̄, through R̂, σ and G⁰'s
             /// dependence on ŝ (docs/design.md §11.2).
@@ -498,8 +500,9 @@ macro_rules! compute_ops {
             flops(_) { 2.0 * attn_flops(d, a) }
             default { crate::backend::attn::attn_tangent(self, d, a, rdot, ddot, stride) }
 
-            /// The dual reverse of the attention block from (D̄, Ḋ̄): its layers' gradient added to
-            /// `grad`, Ḡ⁰ and Ġ̄⁰ per slot written (docs/design.md §11.4).
+            /// The dual reverse of the attention block from (D̄, Ḋ̄) and a tensor fitting's Ā
+            /// (`a.abar`): its layers' gradient added to `grad`, Ḡ⁰ and Ġ̄⁰ per slot written
+            /// (docs/design.md §11.4).
             fn attn_dual(
                 &self,
                 d: &Dims,

@@ -400,6 +400,11 @@ impl DescriptorSpec {
     pub fn nnei(&self) -> usize {
         self.sel.iter().sum()
     }
+    /// M of the rotation matrix `[M][3]` per atom it gives a dipole or polar fitting (DeePMD-kit's
+    /// `get_dim_emb`), where its kind gives one.
+    pub fn rot_width(&self) -> Option<usize> {
+        (self.kind.registered().gives_rot).then(|| self.own.pair_width().unwrap_or(self.m1()))
+    }
     /// Width of the embedding output (M1).
     pub fn m1(&self) -> usize {
         *self.neuron.last().expect("neuron is never empty")

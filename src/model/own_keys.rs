@@ -67,6 +67,17 @@ impl<D> OwnKeys<D> {
         }
     }
 
+    /// The width of the pair features a message-passing descriptor's rotation matrix is made
+    /// from (DPA-2's g2_dim, DPA-3's e_dim: DeePMD-kit's `get_dim_emb`); `None` for the others,
+    /// whose rotation matrix, where they give one, is their embedding net's output's.
+    pub fn pair_width(&self) -> Option<usize> {
+        match self {
+            OwnKeys::Dpa3(c) => Some(c.e_dim),
+            OwnKeys::Dpa2(c) => Some(c.repformer.g2_dim),
+            _ => None,
+        }
+    }
+
     /// A hybrid's sub-descriptors; empty for every other descriptor.
     pub fn list(&self) -> &[D] {
         match self {

@@ -22,7 +22,7 @@ pub struct Registered {
     /// Whether it reads the slots' r_ij itself rather than R̂ (its training seed is ṙ_ij).
     pub reads_rij: bool,
     /// Whether it gives the rotation matrix a dipole or polar fitting reads (DeePMD-kit's
-    /// `get_rot_mat`).
+    /// `rot_mat`, `[M][3]` per atom, M its `get_dim_emb`: [`DescriptorSpec::rot_width`]).
     pub gives_rot: bool,
     /// Whether its embedding net runs on every pair of a centre's neighbour slots (se_e3), not
     /// on every slot: its rows grow as sel², which the memory budget says.
@@ -124,7 +124,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: false,
-        gives_rot: false,
+        gives_rot: true,
         embeds_pairs: false,
         env_columns: 4,
         parse: super::se_atten::input::parse,
@@ -143,7 +143,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: false,
-        gives_rot: false,
+        gives_rot: true,
         embeds_pairs: false,
         env_columns: 4,
         parse: super::se_atten::input::parse,
@@ -162,7 +162,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: true,
-        gives_rot: false,
+        gives_rot: true,
         embeds_pairs: false,
         env_columns: 4,
         parse: super::dpa3::input::parse,
@@ -181,7 +181,7 @@ pub static DESCRIPTORS: &[Registered] = &[
         in_hybrid: false,
         mixed: true,
         reads_rij: true,
-        gives_rot: false,
+        gives_rot: true,
         embeds_pairs: false,
         env_columns: 4,
         parse: super::dpa2::input::parse,

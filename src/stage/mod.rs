@@ -181,7 +181,11 @@ impl<T: Real, B: Backend<T>> DeviceModel<T, B> {
                 env: d.env(),
                 type_one_side: d.type_one_side,
                 attention: d.own.attention().cloned(),
-                block: BlockOpts::of(d, model.spec.ntypes()),
+                block: BlockOpts::of(
+                    d,
+                    model.spec.ntypes(),
+                    model.spec.fitting.output.reads_rot(),
+                ),
                 // Read by the host bodies and tape records of the message-passing blocks.
                 davg: b.upload_kept(to_t(&model.davg)),
                 dstd: b.upload_kept(to_t(&model.dstd)),

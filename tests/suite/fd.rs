@@ -3,12 +3,17 @@
 //! of every net, on periodic, triclinic and non-periodic systems.
 
 use dpw::backend::{Backend, Prefactors};
+use dpw::config::LossConfig;
+use dpw::fitting::output::FitOutput;
+use dpw::fitting::tensor::config::TensorLossConfig;
+use dpw::fitting::tensor::{TensorFitting, TensorSpec};
 use dpw::model::{
     DescriptorSpec, DescriptorType, FittingSpec, Model, ModelSpec, OwnKeys, TebdInputMode,
     TensorInfo,
 };
 use dpw::train::batch::Frame;
-use dpw::train::predict::{loss_and_grad, predict, Prediction};
+use dpw::train::predict::{loss_and_grad, predict, step_of, Prediction};
+use dpw::train::step::StepLoss;
 
 /// A small owned system.
 #[derive(Clone)]
@@ -478,43 +483,55 @@ pub fn loss_gradient_along<B: Backend<f64>>(b: &B, directions: Directions) {
                 n,
             )
         };
-        // The five-point stencil (error O(h⁴)) at a step where the loss's rounding, ε·L/h,
-        // is about 1e-10: the two-point one at h = 1e-6 carried rounding noise of ~1e-8,
-        // near this test's bound for small gradients.
-        let h = 1e-4;
-        let mut worst = 0.0f64;
-        let layout = m.layout();
-        let groups = group_tensors(&layout.tensors, directions);
-        for (group, tensors) in &groups {
-            // Every entry of the group moved, by an irregular weight in [−1, 1]: ∂L/∂θ·v
-            // against the loss along v, four predictions a direction (per-entry checks took
-            // three entries a tensor at twelve).
-            let v: Vec<(usize, f64)> = (tensors.iter())
-                .flat_map(|&(ti, t)| {
-                    (0..t.len()).map(move |k| {
-                        let vk = ((k as f64 + 1.0) * 12.9898 + ti as f64 * 78.233).sin();
-                        (t.offset + k, vk)
-                    })
-                })
-                .collect();
-            let along = |dx: f64| {
-                let mut p = m.params.clone();
-                v.iter().for_each(|&(at, vk)| p[at] += dx * vk);
-                loss_at(&p)
-            };
-            let fd =
-                (8.0 * (along(h) - along(-h)) - (along(2.0 * h) - along(-2.0 * h))) / (12.0 * h);
-            let g: f64 = v.iter().map(|&(at, vk)| grad[at] * vk).sum();
-            let err = (fd - g).abs() / (fd.abs() + g.abs()).max(1e-3);
-            if err > 1e-6 {
-                eprintln!("  {name} {group}: analytic {g} vs FD {fd} along v");
-            }
-            worst = worst.max(err);
-        }
-        let checked = groups.len();
+        let (worst, checked) = worst_along(&m, &grad, directions, loss_at, name);
         eprintln!("{name}: {checked} directions, worst relative |∂L/∂θ·v − FD| = {worst:.2e}");
         assert!(worst < 1e-6, "{name}: loss gradient vs FD off by {worst}");
     }
+}
+
+/// The worst relative difference between the gradient `grad` of `m`'s loss along each
+/// direction of `directions` and finite differences of `loss_at` (the loss at given
+/// parameters) along it, and how many directions.
+fn worst_along(
+    m: &Model,
+    grad: &[f64],
+    directions: Directions,
+    loss_at: impl Fn(&[f64]) -> f64,
+    name: &str,
+) -> (f64, usize) {
+    // The five-point stencil (error O(h⁴)) at a step where the loss's rounding, ε·L/h, is
+    // about 1e-10: the two-point one at h = 1e-6 carried rounding noise of ~1e-8, near this
+    // test's bound for small gradients.
+    let h = 1e-4;
+    let mut worst = 0.0f64;
+    let layout = m.layout();
+    let groups = group_tensors(&layout.tensors, directions);
+    for (group, tensors) in &groups {
+        // Every entry of the group moved, by an irregular weight in [−1, 1]: ∂L/∂θ·v against
+        // the loss along v, four predictions a direction (per-entry checks took three entries
+        // a tensor at twelve).
+        let v: Vec<(usize, f64)> = (tensors.iter())
+            .flat_map(|&(ti, t)| {
+                (0..t.len()).map(move |k| {
+                    let vk = ((k as f64 + 1.0) * 12.9898 + ti as f64 * 78.233).sin();
+                    (t.offset + k, vk)
+                })
+            })
+            .collect();
+        let along = |dx: f64| {
+            let mut p = m.params.clone();
+            v.iter().for_each(|&(at, vk)| p[at] += dx * vk);
+            loss_at(&p)
+        };
+        let fd = (8.0 * (along(h) - along(-h)) - (along(2.0 * h) - along(-2.0 * h))) / (12.0 * h);
+        let g: f64 = v.iter().map(|&(at, vk)| grad[at] * vk).sum();
+        let err = (fd - g).abs() / (fd.abs() + g.abs()).max(1e-3);
+        if err > 1e-6 {
+            eprintln!("  {name} {group}: analytic {g} vs FD {fd} along v");
+        }
+        worst = worst.max(err);
+    }
+    (worst, groups.len())
 }
 
 /// The tensors (with their index in the layout) that move together, by name: a net's tensors
@@ -535,4 +552,104 @@ fn group_tensors(
         }
     }
     groups
+}
+
+/// A dipole or polar fitting (nets [12, 12]) in place of `m`'s: the model's descriptor and
+/// statistics, its nets drawn anew.
+fn with_tensor_fitting(m: &Model, polar: bool, seed: u64) -> Model {
+    let mut spec = m.spec.clone();
+    let t = TensorSpec {
+        embedding_width: (spec.descriptor.rot_width())
+            .expect("a descriptor with a rotation matrix"),
+        fit_diag: false,
+        scale: vec![],
+        shift_diag: false,
+        exclude_types: vec![],
+    };
+    spec.fitting = FittingSpec::new(vec![12, 12], true);
+    spec.fitting.output = if polar {
+        FitOutput::Polar(TensorFitting::new(t))
+    } else {
+        FitOutput::Dipole(TensorFitting::new(t))
+    };
+    let mut out = Model::new(spec, seed);
+    out.davg.clone_from(&m.davg);
+    out.dstd.clone_from(&m.dstd);
+    out
+}
+
+/// The tensor loss's parameter gradient against finite differences of the loss, one direction
+/// per net, for a dipole or polar fitting on each descriptor that gives the rotation matrix:
+/// ∂L/∂A reaching every descriptor net through its backward (se_e2_a's contraction, DPA-1's
+/// attention block, DPA-2's repformers and DPA-3's RepFlow layers through their tapes).
+pub fn tensor_loss_gradient<B: Backend<f64>>(b: &B) {
+    let water = |seed| random_system(&[4, 6], None, seed);
+    let cell = Some([5.4, 0.0, 0.0, 0.4, 5.7, 0.0, -0.3, 0.5, 6.0]);
+    let cases = [
+        (
+            "se_e2_a dipole",
+            small_model(2, true, vec![10, 12], 8),
+            false,
+            water(31),
+        ),
+        (
+            "dpa1 (se_atten_v2) dipole",
+            deepmd_model("dpa1/se_atten_v2_alloy"),
+            false,
+            random_system(&[3, 3, 3], None, 32),
+        ),
+        (
+            "dpa1 polar, periodic",
+            deepmd_model("dpa1/se_atten_l2_alloy"),
+            true,
+            random_system(&[3, 3, 3], cell, 33),
+        ),
+        (
+            "dpa2 dipole, periodic",
+            deepmd_model("dpa2/water_attn"),
+            false,
+            random_system(&[4, 6], cell, 34),
+        ),
+        ("dpa3 polar", deepmd_model("dpa3/water"), true, water(35)),
+        (
+            "dpa3 dipole, dynamic sel",
+            deepmd_model("dpa3/alloy_dynamic_sel"),
+            false,
+            random_system(&[3, 3, 3], cell, 36),
+        ),
+    ];
+    let loss = LossConfig::Tensor(TensorLossConfig {
+        pref_atomic: 0.7,
+        pref: 1.3,
+    });
+    let step = || StepLoss::Host {
+        loss: &loss,
+        coef: 1.0,
+    };
+    for (k, (name, m, polar, s)) in cases.into_iter().enumerate() {
+        let m = with_tensor_fitting(&m, polar, 40 + k as u64);
+        let size = if polar { 9 } else { 3 };
+        let n = s.atype.len();
+        let mut rng = Lcg(50 + k as u64);
+        let label: Vec<f64> = (0..size).map(|_| 4.0 * (rng.next() - 0.5)).collect();
+        let atom_label: Vec<f64> = (0..n * size).map(|_| rng.next() - 0.5).collect();
+        let frame = Frame {
+            label: Some(&label),
+            atom_label: Some(&atom_label),
+            ..s.frame()
+        };
+        let frames = [frame];
+        let (_, grad, _) = step_of(b, &m, &s.atype, &frames, step()).unwrap();
+        let loss_at = |p: &[f64]| {
+            let mut mm = m.clone();
+            mm.params.copy_from_slice(p);
+            step_of(b, &mm, &s.atype, &frames, step()).unwrap().0[0]
+        };
+        let (worst, checked) = worst_along(&m, &grad, Directions::PerNet, loss_at, name);
+        eprintln!("{name}: {checked} directions, worst relative |∂L/∂θ·v − FD| = {worst:.2e}");
+        assert!(
+            worst < 1e-6,
+            "{name}: tensor loss gradient vs FD off by {worst}"
+        );
+    }
 }

@@ -86,6 +86,11 @@ macro_rules! backend_suite {
         }
         #[test]
         $(#[$attr])?
+        fn fd_tensor_loss_gradient() {
+            $crate::suite::fd::tensor_loss_gradient(&$backend);
+        }
+        #[test]
+        $(#[$attr])?
         fn reference_env_mat_and_descriptor() {
             $crate::suite::reference::env_mat_and_descriptor(&$backend);
         }

@@ -562,9 +562,10 @@ fn attn_outputs<T: Real, B: Backend<T>>(
                 sw: &sw,
                 dsw: &dsw,
                 owner: &owner,
+                abar: None,
             };
             let mut x = up(&start);
-            b.attn_forward(d, &a, &mut x, stride);
+            b.attn_forward(d, &a, &mut x, stride, None);
             take(format!("attn_forward {tag}"), &x);
             let mut x = up(&start);
             b.attn_tangent(d, &a, &rdot, &mut x, stride);

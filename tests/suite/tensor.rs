@@ -1,6 +1,6 @@
 //! The `dipole` and `polar` fittings against DeePMD-kit 3.2.0's own numbers (`tests/reference/
-//! fittings/{dipole_water, polar_water, polar_water_diag}`, made by `scripts/make-reference/
-//! tensor.py`): models DeePMD-kit wrote, read from their `.yaml`; the frame and atomic tensors of
+//! fittings/{dipole_water, polar_water, polar_water_diag}` on se_e2_a, `dipole_dpa{1,2,3}` on
+//! DPA-1, DPA-2 and DPA-3, made by `scripts/make-reference/tensor.py`): models DeePMD-kit wrote, read from their `.yaml`; the frame and atomic tensors of
 //! three frames; and the gradient of DeePMD-kit's `TensorLoss` (both terms, the frame term
 //! alone, the atomic term alone) against its own backward pass.
 
@@ -26,6 +26,9 @@ pub const TENSOR_CASES: &[(&str, &str)] = &[
     ("dipole_water", "dipole"),
     ("polar_water", "polarizability"),
     ("polar_water_diag", "polarizability"),
+    ("dipole_dpa1", "dipole"),
+    ("dipole_dpa2", "dipole"),
+    ("dipole_dpa3", "dipole"),
 ];
 
 fn dir(case: &str) -> PathBuf {

@@ -127,6 +127,9 @@ struct Work<N, R> {
     qkvbar: Vec<N>,
     rdbar: Vec<N>,
     abar: Vec<N>,
+    /// ∂L/∂A `[4][M1]` of a tensor fitting, which the backward adds to Ā (0 but in its dual
+    /// reverse).
+    abar_in: Vec<N>,
     gemm: Vec<R>,
 }
 
@@ -161,6 +164,7 @@ impl<R: Real, N: Num<R>> Work<N, R> {
             qkvbar: Vec::new(),
             rdbar: Vec::new(),
             abar: vec![z; 4 * m],
+            abar_in: vec![z; 4 * m],
             gemm: Vec::new(),
         };
         t.fit(o, n);
@@ -739,7 +743,8 @@ impl AttnOpts {
     ) {
         let (m, h, n) = (self.m1, self.h, x.len());
         let m2 = self.m2;
-        // Ā[k][c] = Σ_b D̄[c][b] A[k][b] + [c < M2] Σ_c' D̄[c'][c] A[k][c'].
+        // Ā[k][c] = Σ_b D̄[c][b] A[k][b] + [c < M2] Σ_c' D̄[c'][c] A[k][c'], + a tensor
+        // fitting's ∂L/∂A.
         for k in 0..4 {
             let ak = &t.a[k * m..(k + 1) * m];
             for c in 0..m {
@@ -750,7 +755,7 @@ impl AttnOpts {
                         s += t.dbar[cp * m2 + c] * av;
                     }
                 }
-                t.abar[k * m + c] = s;
+                t.abar[k * m + c] = s + t.abar_in[k * m + c];
             }
         }
         let inv_n = R::of(x.inv_nnei);
@@ -913,6 +918,8 @@ pub struct AttnIn<'a, T> {
     pub sw: &'a [T],
     pub dsw: &'a [T],
     pub owner: &'a [i32],
+    /// ∂L/∂A `[ncentres][4][M1]` of a tensor fitting, for the dual reverse.
+    pub abar: Option<&'a [T]>,
 }
 
 impl<T: Real> AttnIn<'_, T> {
@@ -977,14 +984,39 @@ fn per_centre<T: Real, N: Num<T>>(
         .for_each_init(|| x.work(d), |w, (c, o)| f(w, c, d.mixed_slots(c), o));
 }
 
-/// D `[ncentres][stride]` (its first M1·M2 columns) of every centre.
-pub fn forward<T: Real>(d: &Dims, x: &AttnIn<'_, T>, desc: &mut [T], stride: usize) {
+/// D `[ncentres][stride]` (its first M1·M2 columns) of every centre, and where asked A
+/// `[ncentres][4][M1]`, whose rows 1..3 are the rotation matrix (DeePMD-kit's `gr[..., 1:]`).
+pub fn forward<T: Real>(
+    d: &Dims,
+    x: &AttnIn<'_, T>,
+    desc: &mut [T],
+    stride: usize,
+    rot: Option<&mut [T]>,
+) {
     let o = &x.opts;
-    per_centre(d, x, desc, stride, |(cx, t), _, s, dc| {
+    let (dw, aw) = (o.m1 * o.m2, 4 * o.m1);
+    // With A, a row of D's values and A's each, then split.
+    let with_a = rot.is_some();
+    let mut both = with_a.then(|| vec![T::zero(); d.ncentres() * (dw + aw)]);
+    let (out, width) = match &mut both {
+        Some(v) => (&mut v[..], dw + aw),
+        None => (&mut desc[..], stride),
+    };
+    per_centre(d, x, out, width, |(cx, t), _, s, row| {
         cx.load(x, t, s, None);
         o.forward(x.layers, cx, t);
-        dc[..o.m1 * o.m2].copy_from_slice(&t.desc);
+        row[..dw].copy_from_slice(&t.desc);
+        if with_a {
+            row[dw..].copy_from_slice(&t.a);
+        }
     });
+    if let (Some(both), Some(rot)) = (both, rot) {
+        let rows = both.chunks(dw + aw).zip(desc.chunks_mut(stride));
+        for ((row, dc), ra) in rows.zip(rot.chunks_mut(aw)) {
+            dc[..dw].copy_from_slice(&row[..dw]);
+            ra.copy_from_slice(&row[dw..]);
+        }
+    }
 }
 
 /// Ḋ `[ncentres][stride]` (first M1·M2 columns) for the tangent Ṙ `[nslots][4]` of R̂.
@@ -1092,6 +1124,12 @@ pub fn dual<T: Real>(
                     // the ε part the values' (dual.rs).
                     for (sd, i) in t.dbar.iter_mut().zip(c * stride..) {
                         *sd = Dual::new(ddotbar[i], dbar[i]);
+                    }
+                    if let Some(ab) = x.abar {
+                        let am = 4 * m;
+                        for (sa, &v) in t.abar_in.iter_mut().zip(&ab[c * am..(c + 1) * am]) {
+                            *sa = Dual::new(T::zero(), v);
+                        }
                     }
                     o.backward(x.layers, &wt, cx, t, Some(&mut acc));
                     // The slots left out are copies of the last slot taken (see Centre).
@@ -1243,6 +1281,7 @@ mod tests {
                 sw: &self.sw,
                 dsw: &self.dsw,
                 owner: &self.owner,
+                abar: None,
             }
         }
 
@@ -1253,7 +1292,7 @@ mod tests {
         fn desc(&self) -> Vec<f64> {
             let l = layers(&self.opts, &self.params);
             let mut out = vec![0.0; self.d.ncentres() * self.width()];
-            forward(&self.d, &self.input(&l), &mut out, self.width());
+            forward(&self.d, &self.input(&l), &mut out, self.width(), None);
             out
         }
 

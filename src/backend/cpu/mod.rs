@@ -452,8 +452,9 @@ impl<T: Real> AttnOps<T> for Generic<'_, Cpu> {
         a: &AttnArgs<Vec<T>, Vec<i32>>,
         desc: &mut Vec<T>,
         stride: usize,
+        rot: Option<&mut Vec<T>>,
     ) {
-        a.in_place(|x| attn::forward(d, x, desc, stride));
+        a.in_place(|x| attn::forward(d, x, desc, stride, rot.map(|r| &mut r[..])));
     }
 
     fn attn_backward(

@@ -13,6 +13,7 @@ use super::act::{cst, eval3_slice};
 use super::block_in::BlockIn;
 use super::dual::{Dual, Num};
 use super::gemm::{transpose, Mat, Prod};
+use super::repflow_tape;
 use super::zeroed::{zeroed_with, zeros};
 use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
@@ -64,10 +65,12 @@ pub struct RepflowOpts {
     pub rho_scale: f64,
     /// `[nt][nt]`: whether edges between the two types are removed.
     pub exclude: Vec<bool>,
+    /// Whether the block gives the rotation matrix after D (a tensor fitting reads it).
+    pub rot: bool,
 }
 
 impl RepflowOpts {
-    pub fn new(d: &DescriptorSpec, nt: usize) -> Self {
+    pub fn new(d: &DescriptorSpec, nt: usize, rot: bool) -> Self {
         let c = d.own.dpa3().expect("a DPA-3 spec");
         let n = d.m1();
         let (nc, ec) = c.compressed(n);
@@ -110,6 +113,7 @@ impl RepflowOpts {
             u3_scale: f / s as f64,
             rho_scale: 1.0 / (a as f64 / f).sqrt(),
             exclude: (0..nt * nt).map(|k| c.excludes(k / nt, k % nt)).collect(),
+            rot,
         }
     }
 
@@ -2006,8 +2010,15 @@ impl<T: Real> RepflowIn<'_, T> {
     }
 }
 
+// Where the block gives the rotation matrix (a dipole or polar fitting's model), each pass is
+// the tape's (repflow_tape.rs), which derives A's passes from its forward; these passes give D
+// alone.
+
 /// D `[nc][width]` of every centre; the state kept for the backward.
 pub fn forward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, desc: &mut [T]) {
+    if x.o.rot {
+        return repflow_tape::forward(d, x, keep, desc);
+    }
     let st = x.run::<T>(d, None);
     x.desc(d, &st, desc);
     keep.put(x.key(d, None), st);
@@ -2015,6 +2026,9 @@ pub fn forward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, desc: &mut 
 
 /// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`; the state kept for the dual reverse.
 pub fn tangent<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, rdot: &[T], ddot: &mut [T]) {
+    if x.o.rot {
+        return repflow_tape::tangent(d, x, keep, rdot, ddot);
+    }
     let st = x.run::<Dual<T>>(d, Some(rdot));
     let mut out = vec![Dual::default(); ddot.len()];
     x.desc(d, &st, &mut out);
@@ -2026,6 +2040,9 @@ pub fn tangent<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, rdot: &[T],
 
 /// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[nc][width]`.
 pub fn backward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, dbar: &[T], q: &mut [T]) {
+    if x.o.rot {
+        return repflow_tape::backward(d, x, keep, dbar, q);
+    }
     let st = x.kept::<T>(d, keep, None);
     x.back(d, &st, dbar, Some(q), None);
 }
@@ -2041,6 +2058,9 @@ pub fn dual<T: Real>(
     ddotbar: &[T],
     grad: &mut [T],
 ) {
+    if x.o.rot {
+        return repflow_tape::dual(d, x, keep, rdot, (dbar, ddotbar), grad);
+    }
     let st = x.kept::<Dual<T>>(d, keep, Some(rdot));
     // Cotangent Ḋ̄ + ε D̄: the ε part of the result is the parameters' adjoint (dual.rs).
     let seed: Vec<Dual<T>> = (ddotbar.iter().zip(dbar))

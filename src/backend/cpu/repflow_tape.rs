@@ -1,7 +1,8 @@
 //! DPA-3's RepFlow block (docs/deepmd-spec.md §18) written once as a forward on the tape, as
 //! DPA-2's is (tape_block.rs gives its passes): what a device runs (`backend/device_tape`).
-//! The cpu backend runs repflow.rs's hand-written passes instead, about twice as fast there;
-//! the two agree to rounding (tests/dpa3_tape.rs).
+//! The cpu backend runs repflow.rs's hand-written passes instead, about twice as fast there
+//! (the two agree to rounding: tests/dpa3_tape.rs), except where the block gives the rotation
+//! matrix, which only this one derives.
 //!
 //! The tape runs a centre's whole lists, e_sel and a_sel slots: a batch's shapes are then the
 //! model's, and so are a device's buffers (the host bodies' cut to the widest real list,
@@ -38,7 +39,15 @@ impl TapeBlock for RepflowOpts {
         self.exclude[ti * self.nt + tj]
     }
 
-    fn build<T: Real, N: Num<T>>(ctx: &Ctx<'_, Self, T>, t: &mut Tape<'_, T, N>, rij: V) -> V {
+    fn rot_width(&self) -> Option<usize> {
+        self.rot.then_some(self.e)
+    }
+
+    fn build<T: Real, N: Num<T>>(
+        ctx: &Ctx<'_, Self, T>,
+        t: &mut Tape<'_, T, N>,
+        rij: V,
+    ) -> (V, Option<V>) {
         ctx.repflow(t, rij)
     }
 }
@@ -87,8 +96,10 @@ fn ones<T: Real, N: Num<T>>(t: &mut Tape<'_, T, N>, on: &[bool]) -> V {
 
 impl<T: Real> Ctx<'_, RepflowOpts, T> {
     /// D `[nc][width]` from the r_ij leaf (spec §18): the initial node, edge and angle
-    /// features, the layers, the last nodes (with T[t_i] where concat_output_tebd).
-    fn repflow<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V) -> V {
+    /// features, the layers, the last nodes (with T[t_i] where concat_output_tebd); and where
+    /// the model asks for the rotation matrix, hg of the last edges (DeePMD-kit's repflows'
+    /// `rot_mat`: the weights h·sw/√S of the node symmetrisation).
+    fn repflow<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V) -> (V, Option<V>) {
         let (o, l) = (self.x.o, self.x.l);
         let list = List {
             s: o.s,
@@ -121,11 +132,13 @@ impl<T: Real> Ctx<'_, RepflowOpts, T> {
         for ll in &l.layers {
             (n, e, a) = self.layer(t, &f, ll, (n, e, a));
         }
-        if o.concat_output_tebd {
+        let hg = (o.rot).then(|| t.bmm(f.hw, e, self.nc, 3, f.e.s, o.e, true, false));
+        let desc = if o.concat_output_tebd {
             t.concat(&[n, ti])
         } else {
             n
-        }
+        };
+        (desc, hg)
     }
 
     fn flow<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, e: BlockEnv) -> Flow {
@@ -364,8 +377,8 @@ impl<T: Real> Ctx<'_, RepflowOpts, T> {
     }
 }
 
-// The block's passes on the cpu's tape, for checking the tape a device runs against
-// repflow.rs's passes (tests/dpa3_tape.rs): the cpu backend runs repflow.rs's.
+// The block's passes on the cpu's tape: for checking the tape a device runs against
+// repflow.rs's passes (tests/dpa3_tape.rs), and the cpu's where the block gives A.
 
 /// D `[nc][width]` of every centre; the tape kept for the backward.
 pub fn forward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, desc: &mut [T]) {

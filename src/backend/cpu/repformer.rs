@@ -31,10 +31,12 @@ pub struct Dpa2Opts {
     pub a1: usize,
     pub type_one_side: bool,
     pub protection: f64,
+    /// Whether the block gives the rotation matrix after D (a tensor fitting reads it).
+    pub rot: bool,
 }
 
 impl Dpa2Opts {
-    pub fn new(d: &DescriptorSpec, nt: usize) -> Self {
+    pub fn new(d: &DescriptorSpec, nt: usize, rot: bool) -> Self {
         Dpa2Opts {
             nt,
             c: d.own.dpa2().cloned().expect("a DPA-2 spec"),
@@ -45,6 +47,7 @@ impl Dpa2Opts {
             a1: d.axis_neuron,
             type_one_side: d.type_one_side,
             protection: d.env_protection,
+            rot,
         }
     }
 
@@ -97,7 +100,15 @@ impl TapeBlock for Dpa2Opts {
         self.c.excludes(ti, tj)
     }
 
-    fn build<T: Real, N: Num<T>>(ctx: &Ctx<'_, Self, T>, t: &mut Tape<'_, T, N>, rij: V) -> V {
+    fn rot_width(&self) -> Option<usize> {
+        self.rot.then_some(self.c.repformer.g2_dim)
+    }
+
+    fn build<T: Real, N: Num<T>>(
+        ctx: &Ctx<'_, Self, T>,
+        t: &mut Tape<'_, T, N>,
+        rij: V,
+    ) -> (V, Option<V>) {
         ctx.dpa2(t, rij)
     }
 }
@@ -152,8 +163,9 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         t.reshape(dm, nc, m1 * a1)
     }
 
-    /// The whole descriptor `[nc][width]` from the r_ij leaf.
-    fn dpa2<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V) -> V {
+    /// The whole descriptor `[nc][width]` from the r_ij leaf, and hg where the model asks for
+    /// the rotation matrix ([`TapeBlock::build`]).
+    fn dpa2<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V) -> (V, Option<V>) {
         let (o, l) = (self.x.o, self.x.l);
         let c = &o.c;
         let tt = tebd(t, &l.tebd);
@@ -179,12 +191,13 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
             out = t.add(out, add);
         }
         let g1 = t.act(out, c.repformer.activation);
-        let g1 = self.repformer(t, rij, g1);
-        if c.concat_output_tebd {
+        let (g1, hg) = self.repformer(t, rij, g1);
+        let desc = if c.concat_output_tebd {
             t.concat(&[g1, ti])
         } else {
             g1
-        }
+        };
+        (desc, hg)
     }
 }
 
@@ -201,7 +214,9 @@ struct Rep {
 }
 
 impl<T: Real> Ctx<'_, Dpa2Opts, T> {
-    fn repformer<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, mut g1: V) -> V {
+    /// The repformer layers on g1, and hg of their last g2 and h2 where the model asks for it
+    /// (DeePMD-kit's repformers' `rot_mat`, with their smooth and use_sqrt_nnei).
+    fn repformer<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rij: V, mut g1: V) -> (V, Option<V>) {
         let o = self.x.o;
         let r = &o.c.repformer;
         let smooth = o.c.smooth;
@@ -252,7 +267,8 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
             let (n1, n2, n3) = self.layer(t, &rep, ll, (g1, g2, h2));
             (g1, g2, h2) = (n1, n2, n3);
         }
-        g1
+        let hg = o.rot.then(|| self.hg(t, &rep, h2, g2));
+        (g1, hg)
     }
 
     /// Per-centre constants `v` as a `[nc·k][1]` tensor (each repeated k times).
@@ -268,15 +284,22 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         t.mul(sum, nu)
     }
 
-    /// G(g) `[nc][A2·n_g]` (spec §20.6's symmetrisation op).
-    fn sym<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rep: &Rep, h2: V, g: V) -> V {
-        let r = &self.x.o.c.repformer;
-        let (nc, s, a2) = (self.nc, rep.e.s, r.axis_neuron);
+    /// κ_i Σ_j h2_ij ⊗ w_ij g_ij `[nc·3][n_g]` (DeePMD-kit's `_cal_hg`).
+    fn hg<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rep: &Rep, h2: V, g: V) -> V {
+        let (nc, s) = (self.nc, rep.e.s);
         let ng = t.shape(g).1;
         let gw = t.mul(g, rep.w);
         let hg = t.bmm(h2, gw, nc, 3, s, ng, true, false);
         let kappa = self.per_centre(t, &rep.kappa, 3);
-        let hg = t.mul(hg, kappa);
+        t.mul(hg, kappa)
+    }
+
+    /// G(g) `[nc][A2·n_g]` (spec §20.6's symmetrisation op).
+    fn sym<N: Num<T>>(&self, t: &mut Tape<'_, T, N>, rep: &Rep, h2: V, g: V) -> V {
+        let r = &self.x.o.c.repformer;
+        let (nc, a2) = (self.nc, r.axis_neuron);
+        let ng = t.shape(g).1;
+        let hg = self.hg(t, rep, h2, g);
         let hga = t.cols(hg, 0..a2);
         let gm = t.bmm(hga, hg, nc, a2, 3, ng, true, false);
         let gm = t.scale(gm, T::one() / cst::<T>(3.0));

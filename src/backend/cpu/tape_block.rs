@@ -31,8 +31,41 @@ pub(crate) trait TapeBlock: Clone + PartialEq + Send + 'static {
     fn protection(&self) -> f64;
     /// Whether a pair of types is excluded.
     fn excludes(&self, ti: usize, tj: usize) -> bool;
-    /// D `[nc][width]` from the slots' r_ij `[nslots][3]`.
-    fn build<T: Real, N: Num<T>>(ctx: &Ctx<'_, Self, T>, t: &mut Tape<'_, T, N>, rij: V) -> V;
+    /// M, the rotation matrix's width, where the model's fitting reads it (a dipole or polar
+    /// fitting): the block then gives A after D ([`output`]).
+    fn rot_width(&self) -> Option<usize>;
+    /// D `[nc][width]` from the slots' r_ij `[nslots][3]`, and where [`TapeBlock::rot_width`]
+    /// asks for it, hg `[nc·3][M]`: per centre Σ_j h_ij ⊗ w_ij g_ij on the last layer's pair
+    /// features g (DeePMD-kit's `_cal_hg`, whose transpose is the `rot_mat` it returns).
+    fn build<T: Real, N: Num<T>>(
+        ctx: &Ctx<'_, Self, T>,
+        t: &mut Tape<'_, T, N>,
+        rij: V,
+    ) -> (V, Option<V>);
+}
+
+/// Values per centre of a block's output: D's width, then A's `4·M` where it gives the
+/// rotation matrix.
+pub(crate) fn out_width(width: usize, rot_width: Option<usize>) -> usize {
+    width + rot_width.map_or(0, |m| 4 * m)
+}
+
+/// The block's one output node: D's `nc·width` values, then where it gives one A `[nc][4][M]`
+/// (row 0 zero, rows 1..3 hg: se_e2_a's A's layout, which a tensor fitting's head reads), so
+/// that every pass on every backend (the tape's backward, the forward on duals, a device's
+/// walk) carries A as it carries D.
+fn output<T: Real, N: Num<T>>(t: &mut Tape<'_, T, N>, (desc, hg): (V, Option<V>)) -> V {
+    let Some(hg) = hg else {
+        return desc;
+    };
+    let ((rows, m), (nc, w)) = (t.shape(hg), t.shape(desc));
+    assert_eq!(rows, 3 * nc, "hg has three rows per centre");
+    let hg = t.reshape(hg, nc, 3 * m);
+    let zero = t.consts(&vec![T::zero(); nc * m], nc, m);
+    let a = t.concat(&[zero, hg]);
+    let a = t.reshape(a, 1, nc * 4 * m);
+    let desc = t.reshape(desc, 1, nc * w);
+    t.concat(&[desc, a])
 }
 
 /// What every pass reads: the model and the batch (davg, dstd: `[nt][4]` of each block's
@@ -358,7 +391,8 @@ fn run<O: TapeBlock, T: Real, N: Num<T>>(
         .map(|e| N::pair(x.rij[e], rdot.map_or(T::zero(), |r| r[e])))
         .collect();
     let rij = t.leaf(rv, ns, 3);
-    let desc = O::build(&ctx, &mut t, rij);
+    let built = O::build(&ctx, &mut t, rij);
+    let desc = output(&mut t, built);
     (t.owned(), rij, desc)
 }
 
@@ -368,7 +402,8 @@ pub(crate) fn record<O: TapeBlock, T: Real>(x: &TapeIn<'_, O, T>, d: &Dims) -> B
     let ctx = Ctx::new(x, d);
     let mut t = Tape::record();
     let rij = t.leaf(Vec::new(), d.nslots(), 3);
-    let desc = O::build(&ctx, &mut t, rij);
+    let built = O::build(&ctx, &mut t, rij);
+    let desc = output(&mut t, built);
     (t, rij, desc)
 }
 
@@ -385,7 +420,8 @@ pub(crate) fn record_on<O: TapeBlock, T: Real>(
     let mut t = Tape::record();
     let batch = t.leaf(Vec::new(), nslots, 3);
     let rij = t.rows(batch, slot);
-    let desc = O::build(&ctx, &mut t, rij);
+    let built = O::build(&ctx, &mut t, rij);
+    let desc = output(&mut t, built);
     (t, batch, desc)
 }
 
@@ -399,7 +435,7 @@ fn kept<O: TapeBlock, T: Real, N: Num<T> + Send + 'static>(
     (keep.take(|k| x.made(k, d, rdot))).unwrap_or_else(|| run(x, d, rdot))
 }
 
-/// D `[nc][width]` of every centre; the tape kept for the backward.
+/// D `[nc][width]` of every centre (then A, [`output`]); the tape kept for the backward.
 pub(crate) fn forward<O: TapeBlock, T: Real>(
     d: &Dims,
     x: &TapeIn<'_, O, T>,
@@ -411,7 +447,8 @@ pub(crate) fn forward<O: TapeBlock, T: Real>(
     keep.put(x.key(d, None), built);
 }
 
-/// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`; the tape kept for the dual reverse.
+/// Ḋ `[nc][width]` (then Ȧ) for the tangent ṙ_ij `[nslots][3]`; the tape kept for the dual
+/// reverse.
 pub(crate) fn tangent<O: TapeBlock, T: Real>(
     d: &Dims,
     x: &TapeIn<'_, O, T>,
@@ -426,7 +463,7 @@ pub(crate) fn tangent<O: TapeBlock, T: Real>(
     keep.put(x.key(d, Some(rdot)), built);
 }
 
-/// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[nc][width]`.
+/// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[nc][width]` (then Ā).
 pub(crate) fn backward<O: TapeBlock, T: Real>(
     d: &Dims,
     x: &TapeIn<'_, O, T>,
@@ -442,7 +479,8 @@ pub(crate) fn backward<O: TapeBlock, T: Real>(
     }
 }
 
-/// The dual reverse from (D̄, Ḋ̄) for the tangent ṙ_ij: the parameter gradient added to `grad`.
+/// The dual reverse from (D̄, Ḋ̄) (each then A's) for the tangent ṙ_ij: the parameter gradient
+/// added to `grad`.
 pub(crate) fn dual<O: TapeBlock, T: Real>(
     d: &Dims,
     x: &TapeIn<'_, O, T>,

@@ -121,8 +121,17 @@ impl TapeBlock for SeE3TebdOpts {
         self.c.excludes(ti, tj)
     }
 
+    /// se_e3_tebd gives no rotation matrix (DeePMD-kit's none).
+    fn rot_width(&self) -> Option<usize> {
+        None
+    }
+
     /// D = D3, then T[t_i] with concat_output_tebd (spec §20.4).
-    fn build<T: Real, N: Num<T>>(ctx: &Ctx<'_, Self, T>, t: &mut Tape<'_, T, N>, rij: V) -> V {
+    fn build<T: Real, N: Num<T>>(
+        ctx: &Ctx<'_, Self, T>,
+        t: &mut Tape<'_, T, N>,
+        rij: V,
+    ) -> (V, Option<V>) {
         let (o, l) = (ctx.x.o, ctx.x.l);
         let tt = tebd(t, &l.tebd);
         let b = ThreeBody {
@@ -140,11 +149,12 @@ impl TapeBlock for SeE3TebdOpts {
             smooth: o.c.smooth,
         };
         let d3 = ctx.three_body(t, rij, tt, &b);
-        if o.c.concat_output_tebd {
+        let desc = if o.c.concat_output_tebd {
             let ti = t.rows(tt, &ctx.centre_rows());
             t.concat(&[d3, ti])
         } else {
             d3
-        }
+        };
+        (desc, None)
     }
 }

@@ -1747,9 +1747,11 @@ impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
         a: &AttnArgs<CudaBuf<T>, CudaIdx>,
         desc: &mut CudaBuf<T>,
         stride: usize,
+        rot: Option<&mut CudaBuf<T>>,
     ) {
-        if !self.attn_kernels {
-            return crate::backend::attn::attn_forward(self, d, a, desc, stride);
+        // The kernels give D alone: a tensor fitting's model runs the block's host bodies.
+        if !self.attn_kernels || rot.is_some() {
+            return crate::backend::attn::attn_forward(self, d, a, desc, stride, rot);
         }
         self.attn_block(d, a, None, stride, BlockPass::Forward(desc));
     }
@@ -1793,7 +1795,7 @@ impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
         (g0bar, g0dotbar): (&mut CudaBuf<T>, &mut CudaBuf<T>),
         grad: &mut CudaBuf<T>,
     ) {
-        if !self.attn_kernels {
+        if !self.attn_kernels || a.abar.is_some() {
             let (g0_adjoints, adjoints) = ((g0bar, g0dotbar), (dbar, ddotbar));
             return crate::backend::attn::attn_dual(
                 self,

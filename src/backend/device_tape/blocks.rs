@@ -118,7 +118,7 @@ fn back<T: Real, D: TapeDevice<T>>(
                 let Some(prep) = recorded(dev, &body, d) else {
                     return false;
                 };
-                let mut out = dev.zeros(d.ncentres() * a.block.width());
+                let mut out = dev.zeros(a.block.out_len(d.ncentres()));
                 let run = forward(dev, pool(a), &prep, (a.rij, rdot), a.params, &mut out);
                 (prep, run)
             }

@@ -1022,7 +1022,18 @@ impl<T: GpuReal> PairOps<T> for Generic<'_, Wgpu> {}
 /// block (shaders/attn_block.wgsl: one forward and one backward, on reals and on duals, give
 /// its four passes).
 impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
-    fn attn_forward(&self, d: &Dims, a: &AttnArgs<Buf<T>, Idx>, desc: &mut Buf<T>, stride: usize) {
+    fn attn_forward(
+        &self,
+        d: &Dims,
+        a: &AttnArgs<Buf<T>, Idx>,
+        desc: &mut Buf<T>,
+        stride: usize,
+        rot: Option<&mut Buf<T>>,
+    ) {
+        // The kernels give D alone: a tensor fitting's model runs the block's host bodies.
+        if rot.is_some() {
+            return crate::backend::attn::attn_forward(self, d, a, desc, stride, rot);
+        }
         self.attn_block(d, a, None, stride, BlockPass::Forward(desc));
     }
 
@@ -1059,6 +1070,19 @@ impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
         (g0bar, g0dotbar): (&mut Buf<T>, &mut Buf<T>),
         grad: &mut Buf<T>,
     ) {
+        if a.abar.is_some() {
+            let (g0_adjoints, adjoints) = ((g0bar, g0dotbar), (dbar, ddotbar));
+            return crate::backend::attn::attn_dual(
+                self,
+                d,
+                a,
+                rdot,
+                adjoints,
+                stride,
+                g0_adjoints,
+                grad,
+            );
+        }
         let pass = BlockPass::Dual {
             dbar,
             ddotbar,

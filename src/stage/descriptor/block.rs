@@ -5,7 +5,7 @@
 //! neighbours' owners and types, and ṙ_ij in training.
 
 use crate::backend::keep::Keep;
-use crate::backend::{Backend, BlockArgs, Dims, Real};
+use crate::backend::{Backend, BlockArgs, Dims, Real, Span};
 use crate::mem::OutOfMemory;
 
 use super::super::env::Env;
@@ -19,6 +19,43 @@ pub struct Block<B: ?Sized + Backend<T>, T: Real> {
     ddot: B::Buf,
     /// The forward's state for the backward, the tangent's for the dual reverse.
     keep: Keep,
+    /// Where a tensor fitting reads the rotation matrix.
+    rot: Option<Rot<B::Buf>>,
+}
+
+/// A block that gives the rotation matrix: its ops' one output is D's values then A's
+/// (`HostBlock::out_len`), which the stage splits, and their adjoints are put together here.
+struct Rot<Buf> {
+    /// D and A, Ḋ and Ȧ, of the block's ops.
+    out: Buf,
+    outdot: Buf,
+    /// A `[nc][4][M]` (row 0 zero, rows 1..3 DeePMD-kit's `rot_mat` transposed) and ∂L/∂A.
+    a: Buf,
+    abar: Buf,
+    /// The adjoints of the ops' output: (D̄, Ā) and (Ḋ̄, 0), whose A part stays 0 (the loss
+    /// reads no Ȧ; the backward of forces reads none of A).
+    seed: Buf,
+    seeddot: Buf,
+    /// D's values (where A begins) and A's.
+    at: usize,
+    a_len: usize,
+}
+
+impl<Buf> Rot<Buf> {
+    /// D's values and A's in the ops' output.
+    fn spans(&self) -> ([Span; 1], [Span; 1]) {
+        let d = Span {
+            src: 0,
+            dst: 0,
+            len: self.at,
+        };
+        let a = Span {
+            src: self.at,
+            dst: 0,
+            len: self.a_len,
+        };
+        ([d], [a])
+    }
 }
 
 fn args<'a, T: Real, B: Backend<T>>(
@@ -44,17 +81,38 @@ fn rijdot<T: Real, B: Backend<T>>(env: &Env<T, B>) -> &B::Buf {
 }
 
 impl<T: Real, B: Backend<T>> Block<B, T> {
+    /// With `rot`, the block gives the rotation matrix (its opts say so: `BlockOpts::of`).
     pub fn new(
         m: &DescModel<'_, T, B>,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
+        rot: bool,
     ) -> Result<Self, OutOfMemory> {
         let o = m.block.expect("a message-passing model has its block");
-        let n = d.ncentres() * o.width();
+        let nc = d.ncentres();
+        let n = nc * o.width();
+        assert_eq!(rot, o.rot_width().is_some(), "the block's rotation matrix");
+        let rot = match o.rot_width() {
+            Some(w) => {
+                let len = o.out_len(nc);
+                Some(Rot {
+                    out: zeros(len)?,
+                    outdot: zeros(len)?,
+                    a: zeros(nc * 4 * w)?,
+                    abar: zeros(nc * 4 * w)?,
+                    seed: zeros(len)?,
+                    seeddot: zeros(len)?,
+                    at: n,
+                    a_len: nc * 4 * w,
+                })
+            }
+            None => None,
+        };
         Ok(Block {
             desc: zeros(n)?,
             ddot: zeros(n)?,
             keep: Keep::default(),
+            rot,
         })
     }
 }
@@ -68,12 +126,31 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Block<B, T> {
         &self.ddot
     }
 
+    fn rot(&self) -> Option<&B::Buf> {
+        self.rot.as_ref().map(|r| &r.a)
+    }
+
+    fn rot_bar_mut(&mut self) -> Option<&mut B::Buf> {
+        self.rot.as_mut().map(|r| &mut r.abar)
+    }
+
     fn buffers(&self) -> Vec<&B::Buf> {
-        vec![&self.desc, &self.ddot]
+        let mut v = vec![&self.desc, &self.ddot];
+        if let Some(r) = &self.rot {
+            v.extend([&r.out, &r.outdot, &r.a, &r.abar, &r.seed, &r.seeddot]);
+        }
+        v
     }
 
     fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
-        b.block_forward(d, &args(m, env, &self.keep), &mut self.desc);
+        let args = args(m, env, &self.keep);
+        let Some(r) = &mut self.rot else {
+            return b.block_forward(d, &args, &mut self.desc);
+        };
+        b.block_forward(d, &args, &mut r.out);
+        let (ds, a) = r.spans();
+        b.gather(&r.out, &mut self.desc, &ds);
+        b.gather(&r.out, &mut r.a, &a);
     }
 
     fn backward(
@@ -85,11 +162,21 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Block<B, T> {
         dbar: &B::Buf,
         q: &mut B::Buf,
     ) {
-        b.block_backward(d, &args(m, env, &self.keep), dbar, q);
+        let args = args(m, env, &self.keep);
+        let Some(r) = &mut self.rot else {
+            return b.block_backward(d, &args, dbar, q);
+        };
+        b.copy(dbar, &mut r.seeddot, 0);
+        b.block_backward(d, &args, &r.seeddot, q);
     }
 
     fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
-        b.block_tangent(d, &args(m, env, &self.keep), rijdot(env), &mut self.ddot);
+        let args = args(m, env, &self.keep);
+        let Some(r) = &mut self.rot else {
+            return b.block_tangent(d, &args, rijdot(env), &mut self.ddot);
+        };
+        b.block_tangent(d, &args, rijdot(env), &mut r.outdot);
+        b.gather(&r.outdot, &mut self.ddot, &r.spans().0);
     }
 
     fn dual(
@@ -99,8 +186,15 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for Block<B, T> {
         grad: &mut B::Buf,
         d: &Dims,
         env: &Env<T, B>,
-        adjoints: (&B::Buf, &B::Buf),
+        (dbar, ddotbar): (&B::Buf, &B::Buf),
     ) {
-        b.block_dual(d, &args(m, env, &self.keep), rijdot(env), adjoints, grad);
+        let args = args(m, env, &self.keep);
+        let Some(r) = &mut self.rot else {
+            return b.block_dual(d, &args, rijdot(env), (dbar, ddotbar), grad);
+        };
+        b.copy(dbar, &mut r.seed, 0);
+        b.copy(&r.abar, &mut r.seed, r.at);
+        b.copy(ddotbar, &mut r.seeddot, 0);
+        b.block_dual(d, &args, rijdot(env), (&r.seed, &r.seeddot), grad);
     }
 }

@@ -76,7 +76,7 @@ pub trait Stage<T: Real, B: Backend<T>> {
 pub type BoxedStage<T, B> = Box<dyn Stage<T, B>>;
 
 /// The stage of descriptor `m.kind` for batch shape `d`, keeping A for a tensor fitting where
-/// `rot` (se_e2_a's alone: [`Descriptor::new`] refuses the others): the one place a
+/// `rot` (for the kinds that give it: [`Descriptor::new`] refuses the others): the one place a
 /// descriptor's kind picks its module. An error where memory runs out or an option is not
 /// built.
 fn stage<T: Real, B: Backend<T>>(
@@ -91,10 +91,10 @@ fn stage<T: Real, B: Backend<T>>(
         DescriptorType::SeE2R => Box::new(SeE2R::new(b, m.layout, d, zeros)?),
         DescriptorType::SeE3 => Box::new(SeE3::new(b, m.layout, d, zeros)?),
         DescriptorType::SeAtten | DescriptorType::SeAttenV2 => {
-            Box::new(SeAtten::new(b, m, d, zeros)?)
+            Box::new(SeAtten::new(b, m, d, zeros, rot)?)
         }
         DescriptorType::Dpa3 | DescriptorType::Dpa2 | DescriptorType::SeE3Tebd => {
-            Box::new(Block::new(m, d, zeros)?)
+            Box::new(Block::new(m, d, zeros, rot)?)
         }
         DescriptorType::Hybrid => unreachable!("a hybrid is a composition of stages, not one"),
     })

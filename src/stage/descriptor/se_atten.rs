@@ -33,6 +33,8 @@ pub struct SeAtten<T: Real, B: Backend<T>> {
     /// Ḡ⁰, Ġ̄⁰ per slot.
     g0bar: B::Buf,
     g0dotbar: B::Buf,
+    /// A `[nc][4][M1]` and ∂L/∂A, where a tensor fitting reads the rotation matrix.
+    rot: Option<(B::Buf, B::Buf)>,
 }
 
 /// How G⁰ is made.
@@ -90,11 +92,13 @@ impl<Buf, Idx> Input<Buf, Idx> {
 }
 
 impl<Buf> Block<Buf> {
+    /// The ops' arguments; `abar`, a tensor fitting's ∂L/∂A, for the dual reverse.
     fn args<'a, T: Real, B: Backend<T, Buf = Buf>>(
         &'a self,
         input: &'a Input<Buf, B::Idx>,
         m: &'a DescModel<'_, T, B>,
         env: &'a Env<T, B>,
+        abar: Option<&'a Buf>,
     ) -> AttnArgs<'a, Buf, B::Idx> {
         let (g0, g0p) = input.g0();
         AttnArgs {
@@ -107,6 +111,7 @@ impl<Buf> Block<Buf> {
             sw: &self.sw,
             dsw: &self.dsw,
             owner: &env.owner,
+            abar,
         }
     }
 }
@@ -135,6 +140,7 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
         m: &DescModel<'_, T, B>,
         d: &Dims,
         zeros: &Zeros<B::Buf>,
+        rot: bool,
     ) -> anyhow::Result<Self> {
         let cfg = m.attention.expect("a DPA-1 model has its attention keys");
         let attn = attn_layout(m);
@@ -210,6 +216,11 @@ impl<T: Real, B: Backend<T>> SeAtten<T, B> {
             ddot: alloc(nc * stride)?,
             g0bar: alloc(ns * m1)?,
             g0dotbar: alloc(ns * m1)?,
+            rot: if rot {
+                Some((alloc(nc * 4 * m1)?, alloc(nc * 4 * m1)?))
+            } else {
+                None
+            },
         })
     }
 
@@ -276,7 +287,16 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeAtten<T, B> {
             &self.g0bar,
             &self.g0dotbar,
         ]);
+        v.extend(self.rot.iter().flat_map(|(a, abar)| [a, abar]));
         v
+    }
+
+    fn rot(&self) -> Option<&B::Buf> {
+        self.rot.as_ref().map(|(a, _)| a)
+    }
+
+    fn rot_bar_mut(&mut self) -> Option<&mut B::Buf> {
+        self.rot.as_mut().map(|(_, abar)| abar)
     }
 
     fn forward(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
@@ -317,8 +337,9 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeAtten<T, B> {
                 b.strip_forward(&args, &mut st.g0, &mut st.g0p);
             }
         }
-        let args = self.block.args(&self.input, m, env);
-        b.attn_forward(d, &args, &mut self.desc, self.stride);
+        let args = self.block.args(&self.input, m, env, None);
+        let rot = self.rot.as_mut().map(|(a, _)| a);
+        b.attn_forward(d, &args, &mut self.desc, self.stride, rot);
         if self.concat_output {
             let at = self.block.opts.m1 * self.block.opts.m2;
             let types = [&self.centre_type];
@@ -344,12 +365,12 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeAtten<T, B> {
         dbar: &B::Buf,
         q: &mut B::Buf,
     ) {
-        let args = self.block.args(&self.input, m, env);
+        let args = self.block.args(&self.input, m, env, None);
         b.attn_backward(d, &args, &env.jac, dbar, self.stride, q);
     }
 
     fn tangent(&mut self, b: &B, m: &DescModel<'_, T, B>, d: &Dims, env: &Env<T, B>) {
-        let args = self.block.args(&self.input, m, env);
+        let args = self.block.args(&self.input, m, env, None);
         b.attn_tangent(d, &args, &env.rdot, &mut self.ddot, self.stride);
     }
 
@@ -363,7 +384,8 @@ impl<T: Real, B: Backend<T>> Stage<T, B> for SeAtten<T, B> {
         (dbar, ddotbar): (&B::Buf, &B::Buf),
     ) {
         let g0_adjoints = (&mut self.g0bar, &mut self.g0dotbar);
-        let args = self.block.args(&self.input, m, env);
+        let abar = self.rot.as_ref().map(|(_, abar)| abar);
+        let args = self.block.args(&self.input, m, env, abar);
         b.attn_dual(
             d,
             &args,
