@@ -2,7 +2,8 @@
 //! repflow.rs's hand-written passes (what the cpu backend runs), on the training frames of
 //! every reference case (tests/reference/dpa3/, one or two options each, its README has the
 //! table): the descriptor, the backward's ∂E/∂r_ij, the tangent's Ḋ and the dual reverse's
-//! parameter gradient, in float64.
+//! parameter gradient, in float64; each also with the rotation matrix a tensor fitting reads
+//! (A after D, its adjoint in the seeds).
 mod common;
 mod suite;
 
@@ -29,17 +30,20 @@ fn rel(a: &[f64], b: &[f64]) -> f64 {
 #[test]
 fn repflow_on_the_tape_equals_repflow_by_hand() {
     let mut failures = Vec::new();
-    for case in suite::descriptors::DPA3_CASES {
+    let cases = suite::descriptors::DPA3_CASES.iter();
+    for (case, rot) in cases.flat_map(|c| [(c, false), (c, true)]) {
         let (m, fr) = suite::descriptors::training_inputs(case);
         let batch = assemble(&m.spec, &fr.atype, &fr.all()).unwrap();
         let d = &batch.dims;
-        let Some(BlockOpts::Repflow(o)) = BlockOpts::of(&m.spec.descriptor, m.spec.ntypes(), false)
-        else {
+        let opts = BlockOpts::of(&m.spec.descriptor, m.spec.ntypes(), rot);
+        let Some(BlockOpts::Repflow(o)) = &opts else {
             panic!("{case}: not a DPA-3 model");
         };
         let layout = m.layout();
+        let out_len = (opts.as_ref().unwrap().host(&layout.descriptor)).out_len(d.ncentres());
+        let case = format!("{case}{}", if rot { " with A" } else { "" });
         let x = BlockIn {
-            o: &o,
+            o,
             l: layout.descriptor.own.dpa3().unwrap(),
             params: &m.params,
             davg: &m.davg,
@@ -49,7 +53,7 @@ fn repflow_on_the_tape_equals_repflow_by_hand() {
             nei_type: &batch.nei_type,
             centre_atom: &batch.centre_atom,
         };
-        let (nd, nq) = (d.ncentres() * o.width(), 3 * d.nslots());
+        let (nd, nq) = (out_len, 3 * d.nslots());
         let mut rng = Lcg(54);
         let (dbar, ddotbar, rdot) = (rng.vec(nd), rng.vec(nd), rng.vec(nq));
         // Each pass on a keep of its own: the backward and the dual reverse take the state

@@ -13,7 +13,6 @@ use super::act::{cst, eval3_slice};
 use super::block_in::BlockIn;
 use super::dual::{Dual, Num};
 use super::gemm::{transpose, Mat, Prod};
-use super::repflow_tape;
 use super::zeroed::{zeroed_with, zeros};
 use crate::backend::keep::Keep;
 use crate::backend::{Dims, Real};
@@ -1704,6 +1703,69 @@ impl<T: Real> RepflowIn<'_, T> {
                 row[n..].copy_from_slice(&st.tebd[t * n..(t + 1) * n]);
             }
         }
+        if o.rot {
+            self.rot(d, st, &mut out[d.ncentres() * w..]);
+        }
+    }
+
+    /// A `[nc][4][E]` after D where the block gives the rotation matrix: rows 1..3 are
+    /// Σ_j h_j·sw_j·g ⊗ e_j over the last edges (DeePMD-kit's repflows' `rot_mat` transposed,
+    /// with node_sym's weights), row 0 zero.
+    fn rot<N: Num<T>>(&self, d: &Dims, st: &State<N>, out: &mut [N]) {
+        let o = self.o;
+        let (e, s) = (o.e, o.s);
+        let (edges, g) = (st.edges.last().unwrap(), &st.geo);
+        let gs = cst::<T>(o.g_scale);
+        for (cc, ac) in out.chunks_mut(4 * e).enumerate() {
+            ac.fill(N::zero());
+            let s0 = d.mixed_slots(cc).start;
+            for sl in (s0..s0 + s).filter(|&sl| g.real[sl]) {
+                let f = g.sw[sl].scale(gs);
+                for k in 0..3 {
+                    let hf = g.h[3 * sl + k] * f;
+                    let row = &mut ac[(k + 1) * e..(k + 2) * e];
+                    for (av, &ev) in row.iter_mut().zip(&edges[sl * e..(sl + 1) * e]) {
+                        *av += hf * ev;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Back through [`RepflowIn::rot`] from Ā `[nc][4][E]`: the last edges' adjoint into `be`,
+    /// the slots' h and sw adjoints added to `bh`, `bsw`.
+    fn rot_backward<N: Num<T>>(
+        &self,
+        d: &Dims,
+        st: &State<N>,
+        abar: &[N],
+        be: &mut [N],
+        (bh, bsw): (&mut [N], &mut [N]),
+    ) {
+        let o = self.o;
+        let (e, s) = (o.e, o.s);
+        let (edges, g) = (st.edges.last().unwrap(), &st.geo);
+        let gs = cst::<T>(o.g_scale);
+        for (cc, ab) in abar.chunks(4 * e).enumerate() {
+            let s0 = d.mixed_slots(cc).start;
+            for sl in (s0..s0 + s).filter(|&sl| g.real[sl]) {
+                let f = g.sw[sl].scale(gs);
+                let ej = &edges[sl * e..(sl + 1) * e];
+                let mut dsw = N::zero();
+                for k in 0..3 {
+                    let row = &ab[(k + 1) * e..(k + 2) * e];
+                    let hk = g.h[3 * sl + k];
+                    let hf = hk * f;
+                    let dot = (row.iter().zip(ej)).fold(N::zero(), |acc, (&b, &v)| acc + b * v);
+                    for (bv, &b) in be[sl * e..(sl + 1) * e].iter_mut().zip(row) {
+                        *bv += hf * b;
+                    }
+                    bh[3 * sl + k] += dot * f;
+                    dsw += (hk * dot).scale(gs);
+                }
+                bsw[sl] += dsw;
+            }
+        }
     }
 
     /// The backward pass on numbers N from D̄ `[nc][width]`: q = ∂E/∂r_ij `[nslots][3]` where
@@ -1744,6 +1806,9 @@ impl<T: Real> RepflowIn<'_, T> {
         let mut bh = vec![z; ns * 3];
         let mut bsw = vec![z; ns];
         let mut basw = vec![z; nc * a];
+        if o.rot {
+            self.rot_backward(d, st, &dbar[nc * w..], &mut be, (&mut bh, &mut bsw));
+        }
         // The slots owned by each centre, in slot order.
         let mut owned: Vec<Vec<usize>> = vec![Vec::new(); nc];
         for (sl, &oc) in st.owner_c.iter().enumerate() {
@@ -2010,15 +2075,9 @@ impl<T: Real> RepflowIn<'_, T> {
     }
 }
 
-// Where the block gives the rotation matrix (a dipole or polar fitting's model), each pass is
-// the tape's (repflow_tape.rs), which derives A's passes from its forward; these passes give D
-// alone.
-
-/// D `[nc][width]` of every centre; the state kept for the backward.
+/// D `[nc][width]` of every centre (then A where the block gives it); the state kept for the
+/// backward.
 pub fn forward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, desc: &mut [T]) {
-    if x.o.rot {
-        return repflow_tape::forward(d, x, keep, desc);
-    }
     let st = x.run::<T>(d, None);
     x.desc(d, &st, desc);
     keep.put(x.key(d, None), st);
@@ -2026,9 +2085,6 @@ pub fn forward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, desc: &mut 
 
 /// Ḋ `[nc][width]` for the tangent ṙ_ij `[nslots][3]`; the state kept for the dual reverse.
 pub fn tangent<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, rdot: &[T], ddot: &mut [T]) {
-    if x.o.rot {
-        return repflow_tape::tangent(d, x, keep, rdot, ddot);
-    }
     let st = x.run::<Dual<T>>(d, Some(rdot));
     let mut out = vec![Dual::default(); ddot.len()];
     x.desc(d, &st, &mut out);
@@ -2040,9 +2096,6 @@ pub fn tangent<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, rdot: &[T],
 
 /// q = ∂E/∂r_ij `[nslots][3]` from D̄ `[nc][width]`.
 pub fn backward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, dbar: &[T], q: &mut [T]) {
-    if x.o.rot {
-        return repflow_tape::backward(d, x, keep, dbar, q);
-    }
     let st = x.kept::<T>(d, keep, None);
     x.back(d, &st, dbar, Some(q), None);
 }
@@ -2058,9 +2111,6 @@ pub fn dual<T: Real>(
     ddotbar: &[T],
     grad: &mut [T],
 ) {
-    if x.o.rot {
-        return repflow_tape::dual(d, x, keep, rdot, (dbar, ddotbar), grad);
-    }
     let st = x.kept::<Dual<T>>(d, keep, Some(rdot));
     // Cotangent Ḋ̄ + ε D̄: the ε part of the result is the parameters' adjoint (dual.rs).
     let seed: Vec<Dual<T>> = (ddotbar.iter().zip(dbar))

@@ -1,8 +1,7 @@
 //! DPA-3's RepFlow block (docs/deepmd-spec.md §18) written once as a forward on the tape, as
 //! DPA-2's is (tape_block.rs gives its passes): what a device runs (`backend/device_tape`).
-//! The cpu backend runs repflow.rs's hand-written passes instead, about twice as fast there
-//! (the two agree to rounding: tests/dpa3_tape.rs), except where the block gives the rotation
-//! matrix, which only this one derives.
+//! The cpu backend runs repflow.rs's hand-written passes instead, about twice as fast there;
+//! the two agree to rounding (tests/dpa3_tape.rs).
 //!
 //! The tape runs a centre's whole lists, e_sel and a_sel slots: a batch's shapes are then the
 //! model's, and so are a device's buffers (the host bodies' cut to the widest real list,
@@ -377,8 +376,8 @@ impl<T: Real> Ctx<'_, RepflowOpts, T> {
     }
 }
 
-// The block's passes on the cpu's tape: for checking the tape a device runs against
-// repflow.rs's passes (tests/dpa3_tape.rs), and the cpu's where the block gives A.
+// The block's passes on the cpu's tape, for checking the tape a device runs against
+// repflow.rs's passes (tests/dpa3_tape.rs): the cpu backend runs repflow.rs's.
 
 /// D `[nc][width]` of every centre; the tape kept for the backward.
 pub fn forward<T: Real>(d: &Dims, x: &RepflowIn<'_, T>, keep: &Keep, desc: &mut [T]) {
