@@ -18,12 +18,17 @@ fn reference(rel: &str) -> PathBuf {
 /// A case's input in a fresh folder that sees the repository's `examples/` and `tests/` (the inputs' data
 /// paths are repository-relative), with `model` changed by `edit`.
 fn folder(case: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
+    folder_with(case, |input| edit(&mut input["model"]))
+}
+
+/// [`folder`] with the whole input changed by `edit`.
+fn folder_with(case: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
     for d in ["examples", "tests"] {
         std::os::unix::fs::symlink(repo(d), tmp.path().join(d)).unwrap();
     }
     let mut input = json_file(&reference(&format!("{case}/input.json")));
-    edit(&mut input["model"]);
+    edit(&mut input);
     std::fs::write(tmp.path().join("input.json"), input.to_string()).unwrap();
     tmp
 }
@@ -317,4 +322,66 @@ fn use_pretrain_script_takes_the_heads_model_section() {
     let out = json_file(&tmp.path().join("out.json"));
     assert_eq!(out["model"]["descriptor"]["type"], "se_atten");
     assert_eq!(out["model"]["type_map"], json!(["Al", "Ni", "Cu"]));
+}
+
+/// A pretrained energy model's input with a dipole fitting, the tensor loss and DeePMD-kit's
+/// water_tensor dipole data, in a fresh folder.
+fn dipole_folder() -> tempfile::TempDir {
+    folder_with("ft_se_a", |input| {
+        let m = &mut input["model"];
+        m["fitting_net"] = json!({"type": "dipole", "neuron": [8, 8], "resnet_dt": true,
+                                  "precision": "float64", "seed": 2});
+        m["atom_exclude_types"] = json!([1]);
+        input["loss"] = json!({"type": "tensor", "pref": 1.0, "pref_atomic": 1.0});
+        let data = "tests/data/deepmd-kit/examples/water_tensor/dipole/training_data_reformat";
+        input["training"]["training_data"]["systems"] = json!([
+            format!("{data}/atomic_system"),
+            format!("{data}/global_system")
+        ]);
+    })
+}
+
+/// A dipole fitting net on a pretrained energy model's descriptor, `--model-branch RANDOM`, as
+/// DeePMD-kit fine-tunes a pretrained model to another property: the descriptor's parameters
+/// and statistics are the pretrained model's, the dipole's output statistics those of its data
+/// (a fresh dipole model's on the same input: set-by-statistic), and no energy is read. Without
+/// RANDOM the fitting nets differ and the run is refused; a pretrained dipole fitting, whose
+/// bias would be changed by statistic, is refused by name.
+#[test]
+fn a_new_dipole_fitting_on_a_pretrained_descriptor() {
+    let pre = reference("pre_se_a/model.ckpt.pt");
+    let tmp = dipole_folder();
+    let (ok, log) = finetune(
+        tmp.path(),
+        &[pre.to_str().unwrap(), "--model-branch", "RANDOM"],
+    );
+    assert!(ok, "{log}");
+    let mine = read_model(&tmp.path().join("model.ckpt-0")).unwrap();
+    let before = read_model_head(&pre, None).unwrap();
+    let dlen = mine.layout().descriptor_len();
+    assert_eq!(
+        mine.params[..dlen],
+        before.params[..dlen],
+        "the pretrained descriptor"
+    );
+    assert_eq!((&mine.davg, &mine.dstd), (&before.davg, &before.dstd));
+    let fresh = dipole_folder();
+    let (ok, log) = dpw_in(fresh.path(), &["train", "input.json", "--backend", "cpu"]);
+    assert!(ok, "{log}");
+    let fresh = read_model(&fresh.path().join("model.ckpt-0")).unwrap();
+    assert_eq!(
+        mine.bias, fresh.bias,
+        "the dipole's output statistics of its data"
+    );
+    assert!(mine.bias.iter().any(|&b| b != 0.0), "{:?}", mine.bias);
+
+    let (ok, log) = finetune(dipole_folder().path(), &[pre.to_str().unwrap()]);
+    let named = "model.fitting_net.type: \"dipole\" in input.json, \"ener\" in the --finetune";
+    assert!(!ok && log.contains(named), "{log}");
+    let dipole = tmp.path().join("model.ckpt-0");
+    let (ok, log) = finetune(dipole_folder().path(), &[dipole.to_str().unwrap()]);
+    assert!(
+        !ok && log.contains("changes its output bias by statistic, which dpw does for the ener"),
+        "{log}"
+    );
 }

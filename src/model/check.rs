@@ -375,6 +375,19 @@ impl ModelSpec {
         ] {
             push(&format!("model.fitting_net.{key}"), Some(a), Some(b));
         }
+        // The fitting's type, or where the types agree its own keys (a dipole's
+        // embedding_width, a property's task_dim, ...), as its checkpoint form names them.
+        let (a, b) = (json!(self.fitting.output), json!(other.fitting.output));
+        if a["type"] != b["type"] {
+            let key = "model.fitting_net.type";
+            push(key, Some(a["type"].clone()), Some(b["type"].clone()));
+        } else if let (Some(ao), Some(bo)) = (a.as_object(), b.as_object()) {
+            let keys: std::collections::BTreeSet<&String> = ao.keys().chain(bo.keys()).collect();
+            for key in keys {
+                let key_of = format!("model.fitting_net.{key}");
+                push(&key_of, ao.get(key).cloned(), bo.get(key).cloned());
+            }
+        }
         if out.is_empty() && self != other {
             // Keys no input.json sets (a crafted file's): say so rather than list nothing.
             out.push(format!(

@@ -70,10 +70,20 @@ pub enum Refit {
 }
 
 impl Refit {
-    /// The bias of `m` re-fitted on `frames` of `data`.
+    /// The bias of `m` re-fitted on `frames` of `data`. A new fitting net of another type than
+    /// `ener` starts from the output statistics its model drew from this data: that is the
+    /// set-by-statistic. Changing another type's pretrained bias by statistic is not built.
     pub fn apply(self, m: &mut Model, data: &DataSet, frames: &[Vec<usize>]) -> Result<()> {
+        let output = &m.spec.fitting.output;
+        let fitting = output.fitting().type_name();
         match self {
             Refit::None => Ok(()),
+            Refit::Set if !output.is_ener() => Ok(()),
+            Refit::Change if !output.is_ener() => bail!(
+                "fine-tuning the pretrained {fitting} fitting net changes its output bias by \
+                 statistic, which dpw does for the ener fitting only; --model-branch RANDOM \
+                 trains a new {fitting} fitting net on the pretrained descriptor"
+            ),
             Refit::Change => super::finetune::change_by_statistic(m, data, frames),
             Refit::Set => super::finetune::set_by_statistic(m, data, frames),
         }
