@@ -919,3 +919,51 @@ fn a_multitask_finetune_to_a_new_element_is_deepmd_kits_start() {
     let b = max_abs_diff(&refit.bias, &m.bias);
     assert!(b <= 1e-9, "{b}");
 }
+
+/// An energy head and a dipole head on one shared descriptor (DPA-1 here; DeePMD-kit trains
+/// such a model as it trains two energy heads): both train, lcurve.out has each head's columns,
+/// and each frozen head holds the same descriptor beside its own fitting.
+#[test]
+fn an_energy_head_and_a_dipole_head_share_a_descriptor() {
+    let mut input = json_file(&repo("tests/reference/multitask/mt_stats/input.json"));
+    let dict = input["model"]["model_dict"].as_object_mut().unwrap();
+    let mut dipole = dict.remove("alloy").unwrap();
+    dipole["fitting_net"]["type"] = json!("dipole");
+    dipole["atom_exclude_types"] = json!([1]);
+    dict.insert("dipole".into(), dipole);
+    let losses = input["loss_dict"].as_object_mut().unwrap();
+    losses.remove("alloy");
+    losses.insert(
+        "dipole".into(),
+        json!({"type": "tensor", "pref": 1.0, "pref_atomic": 1.0}),
+    );
+    let data = "tests/data/deepmd-kit/examples/water_tensor/dipole/training_data_reformat";
+    let training = &mut input["training"];
+    training["model_prob"] = json!({"water": 1.0, "dipole": 1.0});
+    training["data_dict"]
+        .as_object_mut()
+        .unwrap()
+        .remove("alloy");
+    training["data_dict"]["dipole"] = json!({"training_data": {
+        "systems": [format!("{data}/atomic_system"), format!("{data}/global_system")],
+        "batch_size": 1}});
+    training["numb_steps"] = json!(4);
+    let t = tree();
+    std::fs::write(t.path().join("input.json"), input.to_string()).unwrap();
+    let (ok, log) = dpw_in(t.path(), &["train", "input.json", "--backend", "cpu"]);
+    assert!(ok, "{log}");
+    let lcurve = std::fs::read_to_string(t.path().join("lcurve.out")).unwrap();
+    let header = lcurve.lines().next().unwrap();
+    for column in ["rmse_e_trn_water", "rmse_local_dipole_trn_dipole"] {
+        assert!(header.contains(column), "{header}");
+    }
+    let (water, dipole) = (head(t.path(), "water"), head(t.path(), "dipole"));
+    assert!(dipole.spec.fitting.output.reads_rot());
+    assert!(water.spec.fitting.output.is_ener());
+    let dlen = water.layout().descriptor_len();
+    assert_eq!(
+        water.params[..dlen],
+        dipole.params[..dlen],
+        "one descriptor"
+    );
+}
