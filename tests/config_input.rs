@@ -1464,3 +1464,19 @@ fn assert_alias_beside_its_key_is_refused(
     parent.insert(canonical.into(), value.clone());
     assert_mentions(&error_of(&both), &["is an alias of", canonical]);
 }
+
+/// `training.enable_compile` (DeePMD-kit's switch to compile its step with torch.compile, which
+/// changes its speed alone) is taken either way, as the scripts/gpu-check.sh inputs for
+/// `--pt-expt` set it; the config is the same as without it.
+#[test]
+fn enable_compile_is_taken_either_way() {
+    let water = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/water");
+    let text = std::fs::read_to_string(water.join("input.json")).unwrap();
+    let base: Value = serde_json::from_str(&text).unwrap();
+    let want = Config::from_value(&base, &water).unwrap();
+    for on in [true, false] {
+        let mut v = base.clone();
+        v["training"]["enable_compile"] = json!(on);
+        assert_eq!(Config::from_value(&v, &water).unwrap(), want, "{on}");
+    }
+}

@@ -296,10 +296,12 @@ static TRAINING: Schema = Schema {
         ("enable_ema", "EMA of the parameters is not implemented"),
         ("zero_stage", "ZeRO sharding is not implemented"),
     ]],
-    // stat_file: dpw recomputes the statistics each run (warned about); the others only
-    // configure features that are off.
+    // stat_file: dpw recomputes the statistics each run (warned about); enable_compile:
+    // DeePMD-kit's switch to torch.compile its step, which changes its speed alone (dpw's step
+    // is compiled code); the others only configure features that are off.
     ignored: &[
         "stat_file",
+        "enable_compile",
         "tensorboard_log_dir",
         "tensorboard_freq",
         "profiling_file",
