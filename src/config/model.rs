@@ -451,10 +451,8 @@ pub(super) fn parse(v: &Value, path: &str, base_dir: &Path) -> Result<ModelConfi
         Some(v) => tensor::config::types(v, &exclude_path, type_map.len())?,
         None => vec![],
     };
-    let rot_width = (descriptor.kind.registered().gives_rot).then(|| {
-        (descriptor.own.pair_width())
-            .unwrap_or_else(|| *descriptor.neuron.last().expect("a descriptor has layers"))
-    });
+    let rot_width = (descriptor.kind.registered().gives_rot)
+        .then(|| descriptor.own.rot_width(&descriptor.neuron));
     let ctx = FitContext {
         ntypes: type_map.len(),
         descriptor: descriptor.kind.as_str(),

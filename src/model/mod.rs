@@ -403,7 +403,7 @@ impl DescriptorSpec {
     /// M of the rotation matrix `[M][3]` per atom it gives a dipole or polar fitting (DeePMD-kit's
     /// `get_dim_emb`), where its kind gives one.
     pub fn rot_width(&self) -> Option<usize> {
-        (self.kind.registered().gives_rot).then(|| self.own.pair_width().unwrap_or(self.m1()))
+        (self.kind.registered().gives_rot).then(|| self.own.rot_width(&self.neuron))
     }
     /// Width of the embedding output (M1).
     pub fn m1(&self) -> usize {

@@ -67,14 +67,15 @@ impl<D> OwnKeys<D> {
         }
     }
 
-    /// The width of the pair features a message-passing descriptor's rotation matrix is made
-    /// from (DPA-2's g2_dim, DPA-3's e_dim: DeePMD-kit's `get_dim_emb`); `None` for the others,
-    /// whose rotation matrix, where they give one, is their embedding net's output's.
-    pub fn pair_width(&self) -> Option<usize> {
+    /// M of the rotation matrix `[M][3]` per atom (DeePMD-kit's `get_dim_emb`) of a descriptor
+    /// with these keys and embedding widths `neuron`, where its kind gives one: the width of
+    /// the pair features it is made from (DPA-2's g2_dim, DPA-3's e_dim), else the embedding
+    /// net's last.
+    pub fn rot_width(&self, neuron: &[usize]) -> usize {
         match self {
-            OwnKeys::Dpa3(c) => Some(c.e_dim),
-            OwnKeys::Dpa2(c) => Some(c.repformer.g2_dim),
-            _ => None,
+            OwnKeys::Dpa3(c) => c.e_dim,
+            OwnKeys::Dpa2(c) => c.repformer.g2_dim,
+            _ => *neuron.last().expect("a descriptor has layers"),
         }
     }
 
