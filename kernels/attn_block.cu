@@ -61,6 +61,7 @@ struct Blk {
   __device__ i64 at_desc(int cl) const { return base(cl) + u.o_desc; }
   __device__ i64 at_dbar(int cl) const { return base(cl) + u.o_dbar; }
   __device__ i64 at_abar(int cl, int k) const { return base(cl) + u.o_abar + (i64)k * u.m1; }
+  __device__ i64 at_abar_in(int cl) const { return base(cl) + u.o_abar_in; }
   __device__ i64 at_gbar(int cl, int j) const { return base(cl) + u.o_gbar + (i64)j * u.m1; }
   __device__ i64 at_rbar(int cl, int j) const { return base(cl) + u.o_rbar + 4 * (i64)j; }
   __device__ i64 at_rdbar(int cl, int j) const { return base(cl) + u.o_rdbar + 3 * (i64)j; }
@@ -349,6 +350,8 @@ struct Blk {
       for (int b = 0; b < m2; ++b) s = s + ld(at_dbar(cl) + cc * m2 + b) * ld(ak + b);
       if (cc < m2)
         for (int cp = 0; cp < m; ++cp) s = s + ld(at_dbar(cl) + cp * m2 + cc) * ld(ak + cp);
+      // A tensor fitting's Ā (attn_block_abar).
+      if (u.with_abar != 0) s = s + ld(at_abar_in(cl) + e);
       st(at_abar(cl, k) + cc, s);
     }
     __syncthreads();
@@ -654,6 +657,33 @@ __device__ void attn_block_q ATTN_BLOCK_Q_PARAMS(T) {
   }
 }
 DPW_INSTANTIATE(attn_block_q, ATTN_BLOCK_Q_PARAMS, (u, ws, g0p, dsw, jac, q))
+
+// A [4][M1] of each centre of the launch, after attn_block_forward.
+#define ATTN_BLOCK_ROT_PARAMS(T) (AttnBlockParams u, const T* __restrict__ ws, T* __restrict__ rot)
+
+template <typename T>
+__device__ void attn_block_rot ATTN_BLOCK_ROT_PARAMS(T) {
+  i64 id = global_index();
+  int am = 4 * u.m1;
+  if (id >= (i64)u.ncentres * am) return;
+  rot[(i64)u.centre0 * am + id] = ws[(id / am) * (i64)u.per_centre + u.o_a + id % am];
+}
+DPW_INSTANTIATE(attn_block_rot, ATTN_BLOCK_ROT_PARAMS, (u, ws, rot))
+
+// A tensor fitting's Ā of each centre of the launch into its scratch, as the ε part of the
+// dual reverse's cotangent (the value part, Ā's tangent, is 0), before attn_block_dual.
+#define ATTN_BLOCK_ABAR_PARAMS(T) (AttnBlockParams u, T* __restrict__ ws, const T* __restrict__ abar)
+
+template <typename T>
+__device__ void attn_block_abar ATTN_BLOCK_ABAR_PARAMS(T) {
+  i64 id = global_index();
+  int am = 4 * u.m1;
+  if (id >= (i64)u.ncentres * am) return;
+  i64 at = (id / am) * (i64)u.per_centre + u.o_abar_in + id % am;
+  ws[2 * at] = T(0);
+  ws[2 * at + 1] = abar[(i64)u.centre0 * am + id];
+}
+DPW_INSTANTIATE(attn_block_abar, ATTN_BLOCK_ABAR_PARAMS, (u, ws, abar))
 
 // The dual reverse's Ḡ⁰ (the ε parts) and Ġ̄⁰ (the values) of each slot of the launch.
 #define ATTN_BLOCK_G0BAR_PARAMS(T) \

@@ -43,6 +43,10 @@
 @group(0) @binding(19) var<storage, read_write> q: array<real>;
 @group(0) @binding(20) var<storage, read_write> g0bar: array<real>;
 @group(0) @binding(21) var<storage, read_write> g0dotbar: array<real>;
+// A tensor fitting's model: the forward's A [ncentres][4][M1] (rows 1..3 the rotation matrix),
+// and the fitting's Ā [ncentres][4][M1] that the dual reverse adds to the contraction's.
+@group(0) @binding(22) var<storage, read_write> rot: array<real>;
+@group(0) @binding(23) var<storage, read> abar: array<real>;
 
 // DeePMD-kit's attnw_shift, and the floor of torch's normalize.
 const SHIFT = 20.0;
@@ -176,6 +180,9 @@ fn at_dbar(cl: u32) -> u32 {
 }
 fn at_abar(cl: u32, k: u32) -> u32 {
     return cl * u.per_centre + u.o_abar + k * u.m1;
+}
+fn at_abar_in(cl: u32) -> u32 {
+    return cl * u.per_centre + u.o_abar_in;
 }
 fn at_gbar(cl: u32, j: u32) -> u32 {
     return cl * u.per_centre + u.o_gbar + j * u.m1;
@@ -498,6 +505,31 @@ fn attn_block_forward(@builtin(workgroup_id) wg: vec3<u32>,
     }
 }
 
+// A of each centre of the launch, after attn_block_forward.
+@compute @workgroup_size(64)
+fn attn_block_rot(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    let am = 4u * u.m1;
+    if (id >= u.ncentres * am) {
+        return;
+    }
+    rot[u.centre0 * am + id] = nv(ws_ld(at_a(id / am, 0u) + id % am));
+}
+
+// The fitting's Ā of each centre of the launch into its scratch as the ε part of the dual
+// reverse's cotangent (its value part, Ā's tangent, is 0), before attn_block_backward.
+@compute @workgroup_size(64)
+fn attn_block_abar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_id) l: vec3<u32>) {
+    let id = flat_id(wg, nwg, l);
+    let am = 4u * u.m1;
+    if (id >= u.ncentres * am) {
+        return;
+    }
+    ws_st(at_abar_in(id / am) + id % am, npair(real(0), abar[u.centre0 * am + id]));
+}
+
 // Adjoint of normalize_at from its output y (at `y`) and divisor nr, on ȳ at `yb` in place:
 // x̄ = (ȳ − y⟨y, ȳ⟩)/n, or ȳ/n where the floor held (then n is a constant).
 fn normalize_backward_at(y: u32, nr: num, yb: u32, k: u32) {
@@ -618,7 +650,8 @@ fn backward(cl: u32, t: u32, n: u32) {
     let inv_m = cst[3];
     let nl = u.nlayers;
     let want_grad = u.want_grad != 0u;
-    // Ā[k][c] = Σ_b D̄[c][b] A[k][b] + [c < M2] Σ_c' D̄[c'][c] A[k][c'].
+    // Ā[k][c] = Σ_b D̄[c][b] A[k][b] + [c < M2] Σ_c' D̄[c'][c] A[k][c'], + a tensor
+    // fitting's Ā.
     for (var e = t; e < 4u * m; e += WG) {
         let k = e / m;
         let c = e % m;
@@ -631,6 +664,9 @@ fn backward(cl: u32, t: u32, n: u32) {
             for (var cp = 0u; cp < m; cp++) {
                 s = nadd(s, nmul(ws_ld(at_dbar(cl) + cp * m2 + c), ws_ld(ak + cp)));
             }
+        }
+        if (u.with_abar != 0u) {
+            s = nadd(s, ws_ld(at_abar_in(cl) + e));
         }
         ws_st(at_abar(cl, k) + c, s);
     }

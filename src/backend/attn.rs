@@ -227,10 +227,10 @@ impl<T: Real> AttnArgs<'_, Vec<T>, Vec<i32>> {
 }
 
 /// What one run of the attention block's kernels computes, on a backend with them (wgpu, cuda):
-/// D (on duals Ḋ); the forces' q from D̄; the dual reverse's Ḡ⁰, Ġ̄⁰ and parameter gradient
-/// from (D̄, Ḋ̄).
+/// D (on duals Ḋ), and A where asked; the forces' q from D̄; the dual reverse's Ḡ⁰, Ġ̄⁰ and
+/// parameter gradient from (D̄, Ḋ̄) and a tensor fitting's Ā (`AttnArgs::abar`).
 pub enum BlockPass<'a, B> {
-    Forward(&'a mut B),
+    Forward(&'a mut B, Option<&'a mut B>),
     Backward {
         jac: &'a B,
         dbar: &'a B,

@@ -640,6 +640,12 @@ gpu_struct! {
         pub want_grad: u32,
         /// The parameters of all layers.
         pub plen: u32,
+        /// A tensor fitting's Ā `[4][M1]` (as the dual reverse's ε part), which the backward
+        /// adds to the contraction's; read where `with_abar`.
+        pub o_abar_in: u32,
+        pub with_abar: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
     }
 }
 
@@ -695,6 +701,7 @@ impl AttnBlockParams {
             o_grad: next(if grad { l * o.layer_len() } else { 0 }),
             o_slots: next(nnei * (m + 6)),
             o_adj: next(nnei * (m + 5)),
+            o_abar_in: next(if grad { 4 * m } else { 0 }),
             want_grad: grad.into(),
             plen: count(l * o.layer_len()),
             ..Default::default()

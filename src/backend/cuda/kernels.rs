@@ -118,6 +118,8 @@ pub const FILES: &[KernelFile] = &[
             "attn_block_backward",
             "attn_block_dual",
             "attn_block_q",
+            "attn_block_rot",
+            "attn_block_abar",
             "attn_block_g0bar",
             "attn_block_grad",
         ],

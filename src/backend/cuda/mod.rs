@@ -1612,7 +1612,8 @@ impl Cuda {
         let grad = matches!(pass, BlockPass::Dual { .. });
         let o = &a.opts;
         let (nl, len) = (a.layout.layers.len(), o.layer_len());
-        let u = AttnBlockParams::new(o, nl, d.nnei, stride, grad);
+        let mut u = AttnBlockParams::new(o, nl, d.nnei, stride, grad);
+        u.with_abar = (grad && a.abar.is_some()).into();
         let lp = self.scratch::<T>(nl * len);
         for (l, layer) in a.layout.layers.iter().enumerate() {
             let [w_in, b_in, w_out, b_out, gamma, beta] =
@@ -1665,12 +1666,22 @@ impl Cuda {
             let one_per_centre = grid(n * 64, 64);
             let (lp, ws) = (self.addr(&lp), self.addr(&ws));
             match &mut pass {
-                BlockPass::Forward(out) => launch!(
-                    self,
-                    &kernel("attn_block_forward", "attn_block_tangent"),
-                    one_per_centre,
-                    [u, lp, alpha, ln_eps, inv_nnei, inv_m, ws, self.ptr(out)]
-                ),
+                BlockPass::Forward(out, rot) => {
+                    launch!(
+                        self,
+                        &kernel("attn_block_forward", "attn_block_tangent"),
+                        one_per_centre,
+                        [u, lp, alpha, ln_eps, inv_nnei, inv_m, ws, self.ptr(out)]
+                    );
+                    if let Some(rot) = rot {
+                        launch!(
+                            self,
+                            &name::<T>("attn_block_rot"),
+                            grid(n * 4 * o.m1, BLOCK),
+                            [u, ws, self.ptr(rot)]
+                        );
+                    }
+                }
                 BlockPass::Backward { jac, dbar, q } => {
                     let dbar = self.ptr(dbar);
                     launch!(
@@ -1700,6 +1711,14 @@ impl Cuda {
                     g0dotbar,
                     grad,
                 } => {
+                    if let Some(abar) = a.abar {
+                        launch!(
+                            self,
+                            &name::<T>("attn_block_abar"),
+                            grid(n * 4 * o.m1, BLOCK),
+                            [u, ws, self.ptr(abar)]
+                        );
+                    }
                     let seeds = (self.ptr(ddotbar), self.ptr(dbar));
                     launch!(
                         self,
@@ -1749,11 +1768,10 @@ impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
         stride: usize,
         rot: Option<&mut CudaBuf<T>>,
     ) {
-        // The kernels give D alone: a tensor fitting's model runs the block's host bodies.
-        if !self.attn_kernels || rot.is_some() {
+        if !self.attn_kernels {
             return crate::backend::attn::attn_forward(self, d, a, desc, stride, rot);
         }
-        self.attn_block(d, a, None, stride, BlockPass::Forward(desc));
+        self.attn_block(d, a, None, stride, BlockPass::Forward(desc, rot));
     }
 
     fn attn_backward(
@@ -1782,7 +1800,7 @@ impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
         if !self.attn_kernels {
             return crate::backend::attn::attn_tangent(self, d, a, rdot, ddot, stride);
         }
-        self.attn_block(d, a, Some(rdot), stride, BlockPass::Forward(ddot));
+        self.attn_block(d, a, Some(rdot), stride, BlockPass::Forward(ddot, None));
     }
 
     fn attn_dual(
@@ -1795,7 +1813,7 @@ impl<T: CudaReal> AttnOps<T> for Generic<'_, Cuda> {
         (g0bar, g0dotbar): (&mut CudaBuf<T>, &mut CudaBuf<T>),
         grad: &mut CudaBuf<T>,
     ) {
-        if !self.attn_kernels || a.abar.is_some() {
+        if !self.attn_kernels {
             let (g0_adjoints, adjoints) = ((g0bar, g0dotbar), (dbar, ddotbar));
             return crate::backend::attn::attn_dual(
                 self,

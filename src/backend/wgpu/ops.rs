@@ -166,7 +166,8 @@ impl Wgpu {
             "attn_block",
             &[o.alpha, o.ln_eps, inv(d.nnei), inv(o.m1)],
         );
-        let u = AttnBlockParams::new(o, nl, d.nnei, stride, grad);
+        let mut u = AttnBlockParams::new(o, nl, d.nnei, stride, grad);
+        u.with_abar = (grad && a.abar.is_some()).into();
         let per_centre = u.per_centre as usize * ns * sz;
         let chunk = (self.attn_scratch / per_centre).clamp(1, nc.max(1));
         let ws = self.scratch(&op, "attn_block.ws", (chunk * per_centre) as u64);
@@ -191,9 +192,13 @@ impl Wgpu {
             let one_per_centre = grid1(n * WG as usize);
             let per_slot = grid1(n * d.nnei);
             match &mut pass {
-                BlockPass::Forward(out) => {
+                BlockPass::Forward(out, rot) => {
                     let kern = kernels(&k::ATTN_BLOCK_FORWARD, &k::ATTN_BLOCK_TANGENT);
                     self.go::<T>(kern, &u, &[&lp, &cst, &ws, &out.buf], one_per_centre);
+                    if let Some(rot) = rot {
+                        let per_entry = grid1(n * 4 * o.m1);
+                        self.go::<T>(&k::ATTN_BLOCK_ROT, &u, &[&ws, &rot.buf], per_entry);
+                    }
                 }
                 BlockPass::Backward { jac, dbar, q } => {
                     let bufs = [&lp, &cst, &ws, &dbar.buf, &dbar.buf];
@@ -208,6 +213,10 @@ impl Wgpu {
                     g0dotbar,
                     grad,
                 } => {
+                    if let Some(abar) = a.abar {
+                        let per_entry = grid1(n * 4 * o.m1);
+                        self.go::<T>(&k::ATTN_BLOCK_ABAR, &u, &[&ws, &abar.buf], per_entry);
+                    }
                     let bufs = [&lp, &cst, &ws, &ddotbar.buf, &dbar.buf];
                     self.go::<T>(&k::ATTN_BLOCK_DUAL, &u, &bufs, one_per_centre);
                     let bufs = [&ws, &g0bar.buf, &g0dotbar.buf];
@@ -1030,11 +1039,7 @@ impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
         stride: usize,
         rot: Option<&mut Buf<T>>,
     ) {
-        // The kernels give D alone: a tensor fitting's model runs the block's host bodies.
-        if rot.is_some() {
-            return crate::backend::attn::attn_forward(self, d, a, desc, stride, rot);
-        }
-        self.attn_block(d, a, None, stride, BlockPass::Forward(desc));
+        self.attn_block(d, a, None, stride, BlockPass::Forward(desc, rot));
     }
 
     fn attn_backward(
@@ -1057,7 +1062,7 @@ impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
         ddot: &mut Buf<T>,
         stride: usize,
     ) {
-        self.attn_block(d, a, Some(rdot), stride, BlockPass::Forward(ddot));
+        self.attn_block(d, a, Some(rdot), stride, BlockPass::Forward(ddot, None));
     }
 
     fn attn_dual(
@@ -1070,19 +1075,6 @@ impl<T: GpuReal> AttnOps<T> for Generic<'_, Wgpu> {
         (g0bar, g0dotbar): (&mut Buf<T>, &mut Buf<T>),
         grad: &mut Buf<T>,
     ) {
-        if a.abar.is_some() {
-            let (g0_adjoints, adjoints) = ((g0bar, g0dotbar), (dbar, ddotbar));
-            return crate::backend::attn::attn_dual(
-                self,
-                d,
-                a,
-                rdot,
-                adjoints,
-                stride,
-                g0_adjoints,
-                grad,
-            );
-        }
         let pass = BlockPass::Dual {
             dbar,
             ddotbar,

@@ -504,6 +504,18 @@ kernel!(
     [(4, W), (7, R), (11, R), (18, R), (19, W)]
 );
 kernel!(
+    ATTN_BLOCK_ROT,
+    AttnBlock,
+    "attn_block_rot",
+    [(4, W), (22, W)]
+);
+kernel!(
+    ATTN_BLOCK_ABAR,
+    AttnBlockDual,
+    "attn_block_abar",
+    [(4, W), (23, R)]
+);
+kernel!(
     ATTN_BLOCK_G0BAR,
     AttnBlockDual,
     "attn_block_g0bar",
@@ -766,6 +778,8 @@ pub const ALL_KERNELS: &[&Kernel] = &[
     &ATTN_BLOCK_BACKWARD,
     &ATTN_BLOCK_DUAL,
     &ATTN_BLOCK_Q,
+    &ATTN_BLOCK_ROT,
+    &ATTN_BLOCK_ABAR,
     &ATTN_BLOCK_G0BAR,
     &ATTN_BLOCK_GRAD,
     &SCATTER_ATOM_ENERGY,
