@@ -381,7 +381,7 @@ fn linear_backward<R: Real, N: Num<R>>(
             c_rs: c,
             acc: true,
         };
-        N::gemm(p, Mat { v: x, rs: 1, cs: k }, ybar, wbar, work);
+        N::gemm_grad(p, Mat { v: x, rs: 1, cs: k }, ybar, wbar, work);
         for (i, yi) in ybar.chunks(c).enumerate() {
             for _ in 0..copies(i) {
                 for (bv, &y) in bbar.iter_mut().zip(yi) {

@@ -63,6 +63,10 @@ pub trait Num<R: Real>:
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>);
     /// [`Num::gemm`] with B real (a layer's weights).
     fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], work: &mut Vec<R>);
+    /// [`Num::gemm`] into a parameter gradient: of a dual product only the ε part is formed
+    /// (C's value parts are left as they are), as the dual reverse reads the ε parts alone;
+    /// the value part was a third of the product.
+    fn gemm_grad(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>);
 
     fn zero() -> Self {
         Self::of(R::zero())
@@ -106,6 +110,9 @@ impl<R: Real> Num<R> for R {
         Self::gemm_r(p, a, b, c, &mut Vec::new());
     }
     fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], _: &mut Vec<R>) {
+        small_gemm_into(p, a, b, c);
+    }
+    fn gemm_grad(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], _: &mut Vec<R>) {
         small_gemm_into(p, a, b, c);
     }
 }
@@ -232,21 +239,16 @@ impl<R: Real> Num<R> for Dual<R> {
         );
     }
     fn gemm(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>) {
-        // The kernel reads B's rows in place, so B's parts are copied out; A's are read
-        // through strides.
-        let (kn, mn) = (p.k * p.n, p.m * p.n);
-        let (bv, bd, cv, cd) = split_work(work, [kn, kn, mn, mn]);
-        for (i, row) in b.chunks(p.b_rs).take(p.k).enumerate() {
-            for (j, x) in row[..p.n].iter().enumerate() {
-                bv[i * p.n + j] = x.v;
-                bd[i * p.n + j] = x.d;
+        let (cv, cd) = dual_gemm(p, a, b, true, work);
+        join(p, cv, cd, c);
+    }
+    fn gemm_grad(p: Prod, a: Mat<Self>, b: &[Self], c: &mut [Self], work: &mut Vec<R>) {
+        let (_, cd) = dual_gemm(p, a, b, false, work);
+        for (row, d) in c.chunks_mut(p.c_rs).zip(cd.chunks(p.n)).take(p.m) {
+            for (x, &d) in row[..p.n].iter_mut().zip(d) {
+                x.d = if p.acc { x.d + d } else { d };
             }
         }
-        let (av, ad) = mat_parts(a);
-        small_gemm(p.m, p.k, p.n, av, bv, p.n, false, cv);
-        small_gemm(p.m, p.k, p.n, ad, bv, p.n, false, cd);
-        small_gemm(p.m, p.k, p.n, av, bd, p.n, true, cd);
-        join(p, cv, cd, c);
     }
     fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], work: &mut Vec<R>) {
         let mn = p.m * p.n;
@@ -256,6 +258,34 @@ impl<R: Real> Num<R> for Dual<R> {
         small_gemm(p.m, p.k, p.n, ad, b, p.b_rs, false, cd);
         join(p, cv, cd, c);
     }
+}
+
+/// The parts of the dual product A·B into scratch: (AB, A'B + AB'), the first formed only
+/// `with_value`.
+fn dual_gemm<'w, R: Real>(
+    p: Prod,
+    a: Mat<'_, Dual<R>>,
+    b: &[Dual<R>],
+    with_value: bool,
+    work: &'w mut Vec<R>,
+) -> (&'w [R], &'w [R]) {
+    // The kernel reads B's rows in place, so B's parts are copied out; A's are read through
+    // strides.
+    let (kn, mn) = (p.k * p.n, p.m * p.n);
+    let (bv, bd, cv, cd) = split_work(work, [kn, kn, if with_value { mn } else { 0 }, mn]);
+    for (i, row) in b.chunks(p.b_rs).take(p.k).enumerate() {
+        for (j, x) in row[..p.n].iter().enumerate() {
+            bv[i * p.n + j] = x.v;
+            bd[i * p.n + j] = x.d;
+        }
+    }
+    let (av, ad) = mat_parts(a);
+    if with_value {
+        small_gemm(p.m, p.k, p.n, av, bv, p.n, false, cv);
+    }
+    small_gemm(p.m, p.k, p.n, ad, bv, p.n, false, cd);
+    small_gemm(p.m, p.k, p.n, av, bd, p.n, true, cd);
+    (cv, cd)
 }
 
 /// The reals of a slice of duals: v₀, d₀, v₁, d₁, …

@@ -397,7 +397,7 @@ impl<N> Grad<'_, N> {
         };
         let off = l.w + row0 * l.nout - self.base;
         let g = &mut self.g[off..off + k * l.nout];
-        N::gemm(p, Mat { v: x, rs: 1, cs: k }, ybar, g, gemm);
+        N::gemm_grad(p, Mat { v: x, rs: 1, cs: k }, ybar, g, gemm);
     }
 }
 

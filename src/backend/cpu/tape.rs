@@ -881,7 +881,7 @@ fn weight_grad<T: Real, N: Num<T>>(nin: usize, xv: &[N], ybar: &[N], wbar: &mut 
         cs: nin,
     };
     if rows <= GRAD_ROWS {
-        return N::gemm(
+        return N::gemm_grad(
             prod(nin, rows, nout, true),
             xt(0),
             ybar,
@@ -895,7 +895,7 @@ fn weight_grad<T: Real, N: Num<T>>(nin: usize, xv: &[N], ybar: &[N], wbar: &mut 
             let (r0, r1) = (k * GRAD_ROWS, ((k + 1) * GRAD_ROWS).min(rows));
             let mut part = vec![N::zero(); nin * nout];
             let yb = &ybar[r0 * nout..r1 * nout];
-            N::gemm(prod(nin, r1 - r0, nout, false), xt(r0), yb, &mut part, work);
+            N::gemm_grad(prod(nin, r1 - r0, nout, false), xt(r0), yb, &mut part, work);
             part
         })
         .collect();
