@@ -15,7 +15,7 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 use num_traits::Float;
 
 use super::exp::exp_in_place;
-use super::gemm::{small_gemm, small_gemm_into, Mat, Prod};
+use super::gemm::{small_gemm, small_gemm_into, small_gemm_to, Mat, MatMut, Prod};
 use crate::backend::Real;
 
 /// What the generic passes compute with: a real `R`, or a [`Dual`] of `R`.
@@ -250,13 +250,23 @@ impl<R: Real> Num<R> for Dual<R> {
             }
         }
     }
-    fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], work: &mut Vec<R>) {
-        let mn = p.m * p.n;
-        let (cv, cd, _, _) = split_work(work, [mn, mn, 0, 0]);
+    fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], _: &mut Vec<R>) {
+        // B real: C's values and tangents are each a real product, written in place.
         let (av, ad) = mat_parts(a);
-        small_gemm(p.m, p.k, p.n, av, b, p.b_rs, false, cv);
-        small_gemm(p.m, p.k, p.n, ad, b, p.b_rs, false, cd);
-        join(p, cv, cd, c);
+        // SAFETY: as in `parts`.
+        let f = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<R>(), 2 * c.len()) };
+        let (rs, cs) = (2 * p.c_rs, 2);
+        small_gemm_to(
+            p,
+            ad,
+            b,
+            MatMut {
+                v: &mut f[1..],
+                rs,
+                cs,
+            },
+        );
+        small_gemm_to(p, av, b, MatMut { v: f, rs, cs });
     }
 }
 

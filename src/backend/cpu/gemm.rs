@@ -105,6 +105,12 @@ pub(super) fn small_gemm_into<T: Real>(p: Prod, a: Mat<T>, b: &[T], c: &mut [T])
         rs: p.c_rs,
         cs: 1,
     };
+    small_gemm_to(p, a, b, c);
+}
+
+/// [`small_gemm`] of shape `p` into C given by strides (`p.c_rs` unread): the values or the
+/// tangents of a matrix of duals in place.
+pub(super) fn small_gemm_to<T: Real>(p: Prod, a: Mat<T>, b: &[T], c: MatMut<T>) {
     if let Some(p) = Problem::new(p.m, p.k, p.n, a, b, p.b_rs, p.acc, c) {
         p.run();
     }
@@ -201,7 +207,7 @@ impl<T: Real> Problem<T> {
             return None;
         }
         // Distinct (i, j) must be distinct elements of C: parallel tasks write them.
-        assert!((c.cs == 1 && c.rs >= n) || (c.rs == 1 && c.cs >= m));
+        assert!((c.cs >= 1 && c.rs >= n * c.cs) || (c.rs == 1 && c.cs >= m));
         assert!((m - 1) * c.rs + (n - 1) * c.cs < c.v.len());
         if k == 0 {
             if !accumulate {
