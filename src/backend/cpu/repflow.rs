@@ -510,6 +510,9 @@ struct Ctx<'a, T, N> {
     geo: &'a Geo<N>,
     /// The centre owning each slot's neighbour, or −1.
     owner_c: &'a [i32],
+    /// Every centre's node features through the neighbour rows of u³'s and v¹'s linears
+    /// `[nc][H·N + E]` ([`RepflowIn::neighbour_parts`]): a slot reads its owner's row.
+    nei: &'a [N],
 }
 
 /// The update of x by `u` (spec §18.4): res_avg, res_incr, or res_residual with the layer's
@@ -720,10 +723,17 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         resized(&mut w.pre3, hn, N::zero());
         mv(&w.ni, we3, hn, Some(b3), &mut w.pre3);
         resized(&mut w.z3, s * hn, N::zero());
+        self.neighbour_rows(c, 0..hn, &mut w.z3);
         let ej = if o.sequential { &w.eu } else { &w.ej };
-        let sc = &mut w.sc;
-        mm(&w.nj, n, (&we3[n * hn..], hn), &mut w.z3, hn, false, sc);
-        mm(ej, e, (&we3[2 * n * hn..], hn), &mut w.z3, hn, true, sc);
+        mm(
+            ej,
+            e,
+            (&we3[2 * n * hn..], hn),
+            &mut w.z3,
+            hn,
+            true,
+            &mut w.sc,
+        );
         self.per_real_slot(c, &w.pre3, &mut w.z3);
         let real = |j: usize| self.geo.real[s0 + j];
         w.f3.of(o.act, &w.z3, hn, real);
@@ -738,12 +748,35 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         resized(&mut w.pre4, e, N::zero());
         mv(&w.ni, we4, e, Some(b4), &mut w.pre4);
         resized(&mut w.z4, s * e, N::zero());
-        let sc = &mut w.sc;
-        mm(&w.nj, n, (&we4[n * e..], e), &mut w.z4, e, false, sc);
-        mm(&w.ej, e, (&we4[2 * n * e..], e), &mut w.z4, e, true, sc);
+        let hn = o.h * n;
+        self.neighbour_rows(c, hn..hn + e, &mut w.z4);
+        mm(
+            &w.ej,
+            e,
+            (&we4[2 * n * e..], e),
+            &mut w.z4,
+            e,
+            true,
+            &mut w.sc,
+        );
         self.per_real_slot(c, &w.pre4, &mut w.z4);
         let real = |j: usize| self.geo.real[s0 + j];
         w.f4.of(o.act, &w.z4, e, real);
+    }
+
+    /// Each slot's row of z from its owner's columns `cols` of the neighbour parts (`nei`),
+    /// zero where the slot is not real.
+    fn neighbour_rows(&self, c: usize, cols: std::ops::Range<usize>, z: &mut [N]) {
+        let s0 = self.d.mixed_slots(c).start;
+        let width = self.x.o.h * self.x.o.n + self.x.o.e;
+        for (j, row) in z.chunks_mut(cols.len()).enumerate() {
+            match usize::try_from(self.owner_c[s0 + j]) {
+                Ok(oc) if self.geo.real[s0 + j] => {
+                    row.copy_from_slice(&self.nei[oc * width..][cols.clone()]);
+                }
+                _ => row.fill(N::zero()),
+            }
+        }
     }
 
     /// The centre's part `pre` added to each real slot's row of z; the others' rows zeroed.
@@ -1216,8 +1249,9 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
 
     /// Back through a message's per-edge linear over [n_i, n_j, e_ij] — u³'s (`node_edge`, from
     /// z̄3; it read eu in the sequential update) or v¹'s (`edge_self`, from z̄4) — rows of the
-    /// slots not real being zero: n̄_j, the edges' adjoints, n̄_i from z̄ summed over the edges,
-    /// and the layer's gradient.
+    /// slots not real being zero: the edges' adjoints, n̄_i from z̄ summed over the edges, and
+    /// the layer's gradient. n_j's part goes back per owner after all centres (z̄3 and z̄4
+    /// summed over each atom's slots, then through the weights once: [`RepflowIn::back`]).
     fn back_linear(&self, l: &Layer, u3: bool, w: &mut Work<T, N>, g: Option<&mut Grad<'_, N>>) {
         let (bz, edges, bedges) = match (u3, self.o().sequential) {
             (true, true) => (&w.bz3, &w.eu, &mut w.beu),
@@ -1229,11 +1263,9 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let (sum, sc) = (&mut w.tmp, &mut w.sc);
         sized(sum, nout, N::zero());
         bz.chunks(nout).for_each(|b| add(sum, b));
-        mm_t(bz, nout, (&wt[n * nout..], nout), &mut w.bnj, n, sc);
         mm_t(bz, nout, (&wt[2 * n * nout..], nout), bedges, e, sc);
         mtv_acc(sum, wt, nout, &mut w.bni);
         if let Some(g) = g {
-            g.outer_rows(l, n, (&w.nj, n), bz, &mut sc.gemm);
             g.outer_rows(l, 2 * n, (edges, e), bz, &mut sc.gemm);
             g.outer(l, 0, &w.ni, sum);
             g.bias(l, sum);
@@ -1648,17 +1680,19 @@ impl<T: Real> RepflowIn<'_, T> {
         };
         for ll in &l.layers {
             let (nodes, edges, angles) = {
-                let ctx = Ctx {
-                    x: self,
-                    d,
-                    geo: &st.geo,
-                    owner_c: &st.owner_c,
-                };
                 let (ni, ei, ai) = (
                     st.nodes.last().unwrap(),
                     st.edges.last().unwrap(),
                     st.angles.last().unwrap(),
                 );
+                let nei = self.neighbour_parts(ll, ni);
+                let ctx = Ctx {
+                    x: self,
+                    d,
+                    geo: &st.geo,
+                    owner_c: &st.owner_c,
+                    nei: &nei,
+                };
                 let mut nodes = zeros(nc * n);
                 let mut edges = zeros(ns * e);
                 let mut angles = zeros(nc * a * a * ad);
@@ -1679,6 +1713,72 @@ impl<T: Real> RepflowIn<'_, T> {
             st.angles.push(angles);
         }
         st
+    }
+
+    /// Every centre's nodes `[nc][N]` through the neighbour rows of u³'s and v¹'s linears,
+    /// `[nc][H·N + E]`: once per atom, where each slot's product was once per slot (as
+    /// DeePMD-kit's `optim_update`).
+    fn neighbour_parts<N: Num<T>>(&self, ll: &RepflowLayerLayout, nodes: &[N]) -> Vec<N> {
+        let o = self.o;
+        let (n, e, hn) = (o.n, o.e, o.h * o.n);
+        let nc = nodes.len() / n;
+        let width = hn + e;
+        let mut out = vec![N::zero(); nc * width];
+        let mut work = Vec::new();
+        let (w3, w4) = (
+            wb(self.params, &ll.node_edge).0,
+            wb(self.params, &ll.edge_self).0,
+        );
+        for (col, nout, w) in [(0, hn, &w3[n * hn..]), (hn, e, &w4[n * e..])] {
+            let p = Prod {
+                m: nc,
+                k: n,
+                n: nout,
+                b_rs: nout,
+                c_rs: width,
+                acc: false,
+            };
+            let x = Mat {
+                v: nodes,
+                rs: n,
+                cs: 1,
+            };
+            N::gemm_r(p, x, w, &mut out[col..], &mut work);
+        }
+        out
+    }
+
+    /// The adjoint of [`RepflowIn::neighbour_parts`] from its `bz` `[nc][H·N + E]`: added to
+    /// the nodes' `bn` `[nc][N]` and to the weights' rows in `grad`.
+    fn neighbour_parts_backward<N: Num<T>>(
+        &self,
+        ll: &RepflowLayerLayout,
+        nodes: &[N],
+        bz: &[N],
+        bn: &mut [N],
+        grad: Option<&mut [N]>,
+    ) {
+        let o = self.o;
+        let (n, hn) = (o.n, o.h * o.n);
+        let width = hn + o.e;
+        let mut sc = Scratch {
+            gemm: Vec::new(),
+            wt: Vec::new(),
+        };
+        let mut g = grad.map(|g| Grad { g, base: 0 });
+        for (col, l) in [(0, &ll.node_edge), (hn, &ll.edge_self)] {
+            let nout = l.nout;
+            // This linear's columns of bz, contiguous.
+            let part: Vec<N> = (bz.chunks(width))
+                .flat_map(|r| &r[col..col + nout])
+                .copied()
+                .collect();
+            let w = wb(self.params, l).0;
+            mm_t(&part, nout, (&w[n * nout..], nout), bn, n, &mut sc);
+            if let Some(g) = g.as_mut() {
+                g.outer_rows(l, n, (nodes, n), &part, &mut sc.gemm);
+            }
+        }
     }
 
     /// T `[nt][N]`: the one-hot rows through the type embedding's layer, with its skip.
@@ -1816,16 +1916,21 @@ impl<T: Real> RepflowIn<'_, T> {
                 owned[oc as usize].push(sl);
             }
         }
-        let ctx = Ctx {
-            x: self,
-            d,
-            geo: &st.geo,
-            owner_c: &st.owner_c,
-        };
+        let (hn, pw) = (o.h * n, o.h * n + e);
         for (li, ll) in self.l.layers.iter().enumerate().rev() {
             let (ni, ei, ai) = (&st.nodes[li], &st.edges[li], &st.angles[li]);
+            let nei = self.neighbour_parts(ll, ni);
+            let ctx = Ctx {
+                x: self,
+                d,
+                geo: &st.geo,
+                owner_c: &st.owner_c,
+                nei: &nei,
+            };
             let mut bn_own = zeros(nc * n);
             let mut bn_nei = zeros(ns * n);
+            // z̄3 and z̄4 of every slot, for n_j's part of their linears.
+            let mut bz_nei = zeros(ns * pw);
             let mut be_in = zeros(ns * e);
             let mut ba_in = zeros(nc * a * a * ad);
             let span = ll.params.clone();
@@ -1837,10 +1942,11 @@ impl<T: Real> RepflowIn<'_, T> {
                 .zip(bh.par_chunks_mut(GRAD_GROUP * s * 3))
                 .zip(bsw.par_chunks_mut(GRAD_GROUP * s))
                 .zip(basw.par_chunks_mut(GRAD_GROUP * a))
+                .zip(bz_nei.par_chunks_mut(GRAD_GROUP * s * pw))
                 .enumerate()
                 .map_init(
                     Work::default,
-                    |w, (gi, ((((((own, nei), bei), bai), bhg), bswg), baswg))| {
+                    |w, (gi, (((((((own, nei), bei), bai), bhg), bswg), baswg), bzg))| {
                         let mut acc = vec![z; if want_grad { span.len() } else { 0 }];
                         let first = gi * GRAD_GROUP;
                         for cc in first..(first + GRAD_GROUP).min(nc) {
@@ -1870,6 +1976,12 @@ impl<T: Real> RepflowIn<'_, T> {
                             nei[k * s * n..(k + 1) * s * n].copy_from_slice(&w.bnj);
                             bei[k * s * e..(k + 1) * s * e].copy_from_slice(&w.bej);
                             bai[k * a * a * ad..(k + 1) * a * a * ad].copy_from_slice(&w.baa);
+                            let rows = bzg[k * s * pw..(k + 1) * s * pw].chunks_mut(pw);
+                            let parts = w.bz3.chunks(hn).zip(w.bz4.chunks(e));
+                            for (row, (b3, b4)) in rows.zip(parts) {
+                                row[..hn].copy_from_slice(b3);
+                                row[hn..].copy_from_slice(b4);
+                            }
                         }
                         acc
                     },
@@ -1880,13 +1992,20 @@ impl<T: Real> RepflowIn<'_, T> {
                     add(&mut g[span.clone()], &acc);
                 }
             }
-            // The neighbours' adjoints to their owners, in slot order.
-            bn.par_chunks_mut(n).enumerate().for_each(|(cc, row)| {
-                row.copy_from_slice(&bn_own[cc * n..(cc + 1) * n]);
-                for &sl in &owned[cc] {
-                    add(row, &bn_nei[sl * n..(sl + 1) * n]);
-                }
-            });
+            // The neighbours' adjoints to their owners, in slot order; z̄3 and z̄4 likewise,
+            // then through n_j's rows of the weights once per atom.
+            let mut bz_own = zeros(nc * pw);
+            bn.par_chunks_mut(n)
+                .zip(bz_own.par_chunks_mut(pw))
+                .enumerate()
+                .for_each(|(cc, (row, bz))| {
+                    row.copy_from_slice(&bn_own[cc * n..(cc + 1) * n]);
+                    for &sl in &owned[cc] {
+                        add(row, &bn_nei[sl * n..(sl + 1) * n]);
+                        add(bz, &bz_nei[sl * pw..(sl + 1) * pw]);
+                    }
+                });
+            self.neighbour_parts_backward(ll, ni, &bz_own, &mut bn, grad.as_deref_mut());
             be = be_in;
             ba = ba_in;
         }
