@@ -13,6 +13,9 @@
 #                between the same precisions
 #   DPW=path     times that dpw binary instead of building this checkout's
 #   DP_BACKENDS  DeePMD-kit's backends to time (default "tf", "tf pt" with COMPARE_PT=1)
+#   COMPILE=1    sets `training.enable_compile: true` for both programs: DeePMD-kit's `--pt-expt`
+#                then trains through torch.compile (its compiled PyTorch); dpw takes the key and
+#                trains as ever
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
@@ -34,7 +37,7 @@ if [[ "$wanted" == *" pt "* ]] && ! "$venv/bin/python" -c "import torch" 2>/dev/
 fi
 
 # The example input with absolute data paths, a fixed number of steps and no checkpoints.
-python3 - "$work/input.json" "$steps" "$input" "${BATCH:-}" <<'PY'
+python3 - "$work/input.json" "$steps" "$input" "${BATCH:-}" "${COMPILE:-}" <<'PY'
 import json, os, sys
 src = sys.argv[3]
 d = json.load(open(src))
@@ -49,6 +52,8 @@ d["training"]["disp_freq"] = min(100, max(1, int(sys.argv[2]) // 4))
 d["training"]["save_freq"] = 10 ** 9
 if sys.argv[4]:
     d["training"]["training_data"]["batch_size"] = int(sys.argv[4])
+if sys.argv[5]:
+    d["training"]["enable_compile"] = True
 json.dump(d, open(sys.argv[1], "w"), indent=2)
 PY
 

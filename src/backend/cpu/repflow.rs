@@ -1686,13 +1686,7 @@ impl<T: Real> RepflowIn<'_, T> {
                     st.angles.last().unwrap(),
                 );
                 let nei = self.neighbour_parts(ll, ni);
-                let ctx = Ctx {
-                    x: self,
-                    d,
-                    geo: &st.geo,
-                    owner_c: &st.owner_c,
-                    nei: &nei,
-                };
+                let ctx = self.ctx(d, &st, &nei);
                 let mut nodes = zeros(nc * n);
                 let mut edges = zeros(ns * e);
                 let mut angles = zeros(nc * a * a * ad);
@@ -1713,6 +1707,17 @@ impl<T: Real> RepflowIn<'_, T> {
             st.angles.push(angles);
         }
         st
+    }
+
+    /// What a layer's passes read, with its neighbour parts `nei`.
+    fn ctx<'a, N>(&'a self, d: &'a Dims, st: &'a State<N>, nei: &'a [N]) -> Ctx<'a, T, N> {
+        Ctx {
+            x: self,
+            d,
+            geo: &st.geo,
+            owner_c: &st.owner_c,
+            nei,
+        }
     }
 
     /// Every centre's nodes `[nc][N]` through the neighbour rows of u³'s and v¹'s linears,
@@ -1920,13 +1925,7 @@ impl<T: Real> RepflowIn<'_, T> {
         for (li, ll) in self.l.layers.iter().enumerate().rev() {
             let (ni, ei, ai) = (&st.nodes[li], &st.edges[li], &st.angles[li]);
             let nei = self.neighbour_parts(ll, ni);
-            let ctx = Ctx {
-                x: self,
-                d,
-                geo: &st.geo,
-                owner_c: &st.owner_c,
-                nei: &nei,
-            };
+            let ctx = self.ctx(d, st, &nei);
             let mut bn_own = zeros(nc * n);
             let mut bn_nei = zeros(ns * n);
             // z̄3 and z̄4 of every slot, for n_j's part of their linears.
