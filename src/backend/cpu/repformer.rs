@@ -380,7 +380,10 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         }
         if k.conv_in {
             let w = ll.proj_g1g2.expect("conv's projection");
-            let c = t.linear(gg1, w, None, g2d);
+            // The projection of each atom's g1 once, then gathered: the same rows as the
+            // neighbours' g1 projected slot by slot.
+            let c = t.linear(g1, w, None, g2d);
+            let c = t.rows(c, &rep.e.owner);
             let c = t.mul(g2, c);
             let c = t.mul(c, rep.w);
             parts.push(self.conv_sum(t, rep, c));
@@ -395,7 +398,7 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         let z = t.linear(cat, ll.linear1.w, Some(ll.linear1.b), g1d);
         g1_terms.push(t.act(z, act));
         if k.g1_attn {
-            g1_terms.push(self.local_atten(t, rep, ll, g1, gg1));
+            g1_terms.push(self.local_atten(t, rep, ll, g1));
         }
         let new_g1 = update(t, r.update_style, g1, &g1_terms, &ll.g1_residual, g1d);
         if !k.chnnl_2 {
@@ -433,13 +436,14 @@ impl<T: Real> Ctx<'_, Dpa2Opts, T> {
         rep: &Rep,
         ll: &RepformerLayerLayout,
         g1: V,
-        gg1: V,
     ) -> V {
         let o = self.x.o;
         let r = &o.c.repformer;
         let (nc, s, g1d, h1, n1) = (self.nc, rep.e.s, r.g1_dim, r.attn1_hidden, r.attn1_nhead);
         let q = t.linear(g1, ll.loc_mapq.expect("mapq"), None, h1 * n1);
-        let kv = t.linear(gg1, ll.loc_mapkv.expect("mapkv"), None, (h1 + g1d) * n1);
+        // Each atom's keys and values once, then gathered per slot (as in the conv above).
+        let kv = t.linear(g1, ll.loc_mapkv.expect("mapkv"), None, (h1 + g1d) * n1);
+        let kv = t.rows(kv, &rep.e.owner);
         let qh = self.heads(t, q, 1, n1, h1, n1, 0);
         let kh = self.heads(t, kv, s, n1, h1, n1, 0);
         let vh = self.heads(t, kv, s, n1, g1d, n1, h1 * n1);
