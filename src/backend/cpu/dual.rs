@@ -373,7 +373,7 @@ mod tests {
         let val = |i: usize, s: f64| Dual::new((i as f64 * s).sin(), (i as f64 * s).cos());
         let a: Vec<Dual<f64>> = (0..m * k).map(|i| val(i, 0.3)).collect();
         let b: Vec<Dual<f64>> = (0..k * (n + 2)).map(|i| val(i, 0.7)).collect();
-        let mut c = vec![Dual::new(1.0, 2.0); m * (n + 1)];
+        let c = vec![Dual::new(1.0, 2.0); m * (n + 1)];
         let p = Prod {
             m,
             k,
@@ -387,18 +387,28 @@ mod tests {
             rs: 1,
             cs: m,
         };
-        Num::gemm(p, at, &b, &mut c, &mut Vec::new());
+        // The product in full, with B real (its values), and into a gradient (ε parts alone).
+        let br: Vec<f64> = b.iter().map(|x| x.v).collect();
+        let (mut full, mut real, mut grad) = (c.clone(), c.clone(), c.clone());
+        Num::gemm(p, at, &b, &mut full, &mut Vec::new());
+        Num::gemm_r(p, at, &br, &mut real, &mut Vec::new());
+        Num::gemm_grad(p, at, &b, &mut grad, &mut Vec::new());
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-13;
         for i in 0..m {
             for j in 0..n + 1 {
-                let want = if j < n {
-                    (0..k).fold(Dual::new(1.0, 2.0), |s, q| {
-                        s + a[q * m + i] * b[q * (n + 2) + j]
-                    })
+                let (want, want_r) = if j < n {
+                    let sum = |b: &dyn Fn(usize) -> Dual<f64>| {
+                        (0..k).fold(Dual::new(1.0, 2.0), |s, q| s + a[q * m + i] * b(q))
+                    };
+                    let at = |q: usize| q * (n + 2) + j;
+                    (sum(&|q| b[at(q)]), sum(&|q| Dual::new(br[at(q)], 0.0)))
                 } else {
-                    Dual::new(1.0, 2.0)
+                    (Dual::new(1.0, 2.0), Dual::new(1.0, 2.0))
                 };
-                let got = c[i * (n + 1) + j];
-                assert!((got.v - want.v).abs() < 1e-13 && (got.d - want.d).abs() < 1e-13);
+                let e = i * (n + 1) + j;
+                assert!(close(full[e].v, want.v) && close(full[e].d, want.d));
+                assert!(close(real[e].v, want_r.v) && close(real[e].d, want_r.d));
+                assert!(grad[e].v == 1.0 && close(grad[e].d, want.d));
             }
         }
     }
