@@ -102,13 +102,16 @@ ratios() {
   done
 }
 
+# The input's own precision (its descriptor's, as both programs read it; DeePMD-kit's default
+# is float64).
+prec=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))["model"].get("descriptor", {}); print(d.get("precision", "float64") if d.get("precision", "default") != "default" else "float64")' "$work/input.json")
 results=()
 for b in "${backends[@]}"; do
-  results+=("$(dp_time "$b" ../input.json "$b" float64)")
+  results+=("$(dp_time "$b" ../input.json "$b" "$prec")")
 done
 ours=$(dpw_time input.json dpw)
-echo "dpw (cpu, float64): ${ours} s/step, peak memory $(peak_mb "$work/dpw-time.txt") MB"
-ratios float64 "$ours" results
+echo "dpw (cpu, $prec): ${ours} s/step, peak memory $(peak_mb "$work/dpw-time.txt") MB"
+ratios "$prec" "$ours" results
 
 if [ -n "${FLOAT32:-}" ]; then
   python3 - "$work/input.json" "$work/input32.json" <<'PY'
