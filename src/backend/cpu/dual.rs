@@ -253,8 +253,7 @@ impl<R: Real> Num<R> for Dual<R> {
     fn gemm_r(p: Prod, a: Mat<Self>, b: &[R], c: &mut [Self], _: &mut Vec<R>) {
         // B real: C's values and tangents are each a real product, written in place.
         let (av, ad) = mat_parts(a);
-        // SAFETY: as in `parts`.
-        let f = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<R>(), 2 * c.len()) };
+        let f = parts_mut(c);
         let (rs, cs) = (2 * p.c_rs, 2);
         small_gemm_to(
             p,
@@ -303,6 +302,12 @@ fn parts<R: Real>(x: &[Dual<R>]) -> &[R] {
     // SAFETY: `Dual<R>` is `repr(C)` of two R, so n of them are 2n R in this order, aligned
     // as R.
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<R>(), 2 * x.len()) }
+}
+
+/// [`parts`], to write.
+fn parts_mut<R: Real>(x: &mut [Dual<R>]) -> &mut [R] {
+    // SAFETY: as in `parts`; the borrow of x is held by the result.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<R>(), 2 * x.len()) }
 }
 
 /// A matrix of duals as its matrix of values and its matrix of tangents.
