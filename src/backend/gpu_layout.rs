@@ -651,9 +651,18 @@ gpu_struct! {
 
 impl AttnBlockParams {
     /// The block of `o` with `nlayers` layers on slots of `nnei` per centre, D's rows `stride`
-    /// apart, keeping each centre's parameter gradient with `grad`;
-    /// [`AttnBlockParams::launch`] sets the centres.
-    pub fn new(o: &AttnOpts, nlayers: usize, nnei: usize, stride: usize, grad: bool) -> Self {
+    /// apart, keeping each centre's parameter gradient with `grad` (the dual reverse), and with
+    /// `abar` as well a tensor fitting's Ā for it to add; [`AttnBlockParams::launch`] sets the
+    /// centres.
+    pub fn new(
+        o: &AttnOpts,
+        nlayers: usize,
+        nnei: usize,
+        stride: usize,
+        grad: bool,
+        abar: bool,
+    ) -> Self {
+        let abar = grad && abar;
         let (m, h, l) = (o.m1, o.h, nlayers);
         let mut at = 0;
         let mut next = |len: usize| {
@@ -701,8 +710,9 @@ impl AttnBlockParams {
             o_grad: next(if grad { l * o.layer_len() } else { 0 }),
             o_slots: next(nnei * (m + 6)),
             o_adj: next(nnei * (m + 5)),
-            o_abar_in: next(if grad { 4 * m } else { 0 }),
+            o_abar_in: next(if abar { 4 * m } else { 0 }),
             want_grad: grad.into(),
+            with_abar: abar.into(),
             plen: count(l * o.layer_len()),
             ..Default::default()
         };

@@ -621,18 +621,11 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         let p = self.x.params;
         let (n, e, s, a, ad) = (o.n, o.e, o.s, o.a, o.ad);
         let s0 = self.d.mixed_slots(c).start;
-        let g = self.geo;
         let z = N::zero();
         w.ni.clear();
         w.ni.extend_from_slice(&nodes[c * n..(c + 1) * n]);
-        sized(&mut w.nj, s * n, z);
-        for j in 0..s {
-            if let Ok(oc) = usize::try_from(self.owner_c[s0 + j]) {
-                if g.real[s0 + j] {
-                    w.nj[j * n..(j + 1) * n].copy_from_slice(&nodes[oc * n..(oc + 1) * n]);
-                }
-            }
-        }
+        resized(&mut w.nj, s * n, z);
+        self.owner_rows(c, (nodes, n), 0..n, &mut w.nj);
         w.ej.clear();
         w.ej.extend_from_slice(&edges[s0 * e..(s0 + s) * e]);
         w.aa.clear();
@@ -723,7 +716,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         resized(&mut w.pre3, hn, N::zero());
         mv(&w.ni, we3, hn, Some(b3), &mut w.pre3);
         resized(&mut w.z3, s * hn, N::zero());
-        self.neighbour_rows(c, 0..hn, &mut w.z3);
+        self.owner_rows(c, (self.nei, hn + e), 0..hn, &mut w.z3);
         let ej = if o.sequential { &w.eu } else { &w.ej };
         mm(
             ej,
@@ -749,7 +742,7 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         mv(&w.ni, we4, e, Some(b4), &mut w.pre4);
         resized(&mut w.z4, s * e, N::zero());
         let hn = o.h * n;
-        self.neighbour_rows(c, hn..hn + e, &mut w.z4);
+        self.owner_rows(c, (self.nei, hn + e), hn..hn + e, &mut w.z4);
         mm(
             &w.ej,
             e,
@@ -764,15 +757,20 @@ impl<'a, T: Real, N: Num<T>> Ctx<'a, T, N> {
         w.f4.of(o.act, &w.z4, e, real);
     }
 
-    /// Each slot's row of z from its owner's columns `cols` of the neighbour parts (`nei`),
-    /// zero where the slot is not real.
-    fn neighbour_rows(&self, c: usize, cols: std::ops::Range<usize>, z: &mut [N]) {
+    /// Each slot's row of z from its owner's columns `cols` of a per-centre array `[nc][width]`
+    /// (the nodes, or the neighbour parts `nei`), zero where the slot is not real.
+    fn owner_rows(
+        &self,
+        c: usize,
+        (src, width): (&[N], usize),
+        cols: std::ops::Range<usize>,
+        z: &mut [N],
+    ) {
         let s0 = self.d.mixed_slots(c).start;
-        let width = self.x.o.h * self.x.o.n + self.x.o.e;
         for (j, row) in z.chunks_mut(cols.len()).enumerate() {
             match usize::try_from(self.owner_c[s0 + j]) {
                 Ok(oc) if self.geo.real[s0 + j] => {
-                    row.copy_from_slice(&self.nei[oc * width..][cols.clone()]);
+                    row.copy_from_slice(&src[oc * width..][cols.clone()]);
                 }
                 _ => row.fill(N::zero()),
             }

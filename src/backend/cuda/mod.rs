@@ -1612,8 +1612,7 @@ impl Cuda {
         let grad = matches!(pass, BlockPass::Dual { .. });
         let o = &a.opts;
         let (nl, len) = (a.layout.layers.len(), o.layer_len());
-        let mut u = AttnBlockParams::new(o, nl, d.nnei, stride, grad);
-        u.with_abar = (grad && a.abar.is_some()).into();
+        let u = AttnBlockParams::new(o, nl, d.nnei, stride, grad, a.abar.is_some());
         let lp = self.scratch::<T>(nl * len);
         for (l, layer) in a.layout.layers.iter().enumerate() {
             let [w_in, b_in, w_out, b_out, gamma, beta] =

@@ -166,8 +166,7 @@ impl Wgpu {
             "attn_block",
             &[o.alpha, o.ln_eps, inv(d.nnei), inv(o.m1)],
         );
-        let mut u = AttnBlockParams::new(o, nl, d.nnei, stride, grad);
-        u.with_abar = (grad && a.abar.is_some()).into();
+        let u = AttnBlockParams::new(o, nl, d.nnei, stride, grad, a.abar.is_some());
         let per_centre = u.per_centre as usize * ns * sz;
         let chunk = (self.attn_scratch / per_centre).clamp(1, nc.max(1));
         let ws = self.scratch(&op, "attn_block.ws", (chunk * per_centre) as u64);
